@@ -1,0 +1,1 @@
+"""Built-in backends, installed as ``indexcache.backends``; each subpackage exposes ``BACKEND``."""

@@ -1,0 +1,40 @@
+"""The pure-PyTorch backend: every op on any torch device (CPU, CUDA, ROCm), memory-bounded.
+
+It is always available and is the fallback every other backend's unsupported calls land on. Set the
+temporary-memory budget of the chunked ops with :func:`set_memory_budget` or
+``INDEXCACHE_TORCH_MEMORY_BUDGET`` (bytes; default 256 MiB).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from indexcache.backends.torch import logits, quantize, topk, translate
+from indexcache.backends.torch.memory import memory_budget, set_memory_budget
+from indexcache.dispatch import Availability, Backend, OpImpl
+
+
+def _probe() -> Availability:
+    gpu = torch.cuda.is_available()
+    device = "cuda" if gpu else "cpu"
+    return Availability(True, "pure PyTorch runs on every device", auto=True,
+                        mode="GPU" if gpu else "CPU", device=device)
+
+
+BACKEND = Backend(
+    name="torch",
+    priority=0,
+    probe=_probe,
+    ops={
+        "translate": OpImpl(translate.translate),
+        "topk": OpImpl(topk.topk),
+        "topk_translate": OpImpl(topk.topk_translate),
+        "mqa_logits": OpImpl(logits.mqa_logits),
+        "paged_mqa_logits": OpImpl(logits.paged_mqa_logits),
+        "quantize_index_k": OpImpl(quantize.quantize_index_k),
+        "store_index_k": OpImpl(quantize.store_index_k),
+    },
+    info=lambda: {"memory_budget_bytes": memory_budget()},
+)
+
+__all__ = ["BACKEND", "memory_budget", "set_memory_budget"]

@@ -1,0 +1,69 @@
+"""Indexer logits in plain torch, chunked so no ``[T, H, N]`` intermediate ever exists.
+
+Inputs are widened to float32 (exact for fp8 and bf16) and multiplied in float32; each chunk's
+``[tokens, heads, keys]`` product stays under the memory budget of :mod:`.memory`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from indexcache.backends.torch.memory import memory_budget, rows_per_chunk
+from indexcache.layout import split_packed_cache
+
+KEY_CHUNK = 4096
+
+
+def mqa_logits(q, k, k_scale, weights, ks, ke, out):
+    """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``)."""
+    tokens, heads, dim = q.shape
+    n = k.shape[0]
+    if out.numel() == 0:
+        return out
+    key_chunk = max(1, min(n, KEY_CHUNK, memory_budget() // (8 * heads + 4 * dim + 16)))
+    # Per query row of a chunk: the product and its ReLU'd copy, plus the row's q in float32.
+    step = rows_per_chunk(8 * heads * key_chunk + 4 * heads * dim + 8 * key_chunk, tokens)
+    for n0 in range(0, n, key_chunk):
+        n1 = min(n, n0 + key_chunk)
+        kf = k[n0:n1].float()
+        col = torch.arange(n0, n1, device=q.device)[None, :]
+        for t0 in range(0, tokens, step):
+            t1 = min(tokens, t0 + step)
+            prod = torch.matmul(q[t0:t1].float().reshape(-1, dim), kf.t()).view(t1 - t0, heads, n1 - n0)
+            prod.relu_().mul_(weights[t0:t1, :, None])
+            logits = prod.sum(1).mul_(k_scale[None, n0:n1])
+            inside = (col >= ks[t0:t1, None]) & (col < ke[t0:t1, None])
+            out[t0:t1, n0:n1] = torch.where(inside, logits, float("-inf"))
+    return out
+
+
+def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out):
+    """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``)."""
+    batch, next_n, heads, dim = q.shape
+    keys, scales = split_packed_cache(k_cache, dim, q.dtype)
+    cache_pages, page_size = scales.shape
+    table_pages = page_table.shape[1]
+    out.fill_(float("-inf"))
+    if out.numel() == 0 or cache_pages == 0 or table_pages == 0:
+        return out
+    qf = q.float().reshape(batch, next_n * heads, dim)
+    w = weights.view(batch, 1, next_n, heads)
+    # Rows of the visible-key bound per (request, draft token): context - next_n + j + 1.
+    visible = context_lens.long()[:, None] - next_n + 1 + torch.arange(next_n, device=q.device)[None, :]
+    per_key = batch * (8 * next_n * heads + 4 * dim + 32)
+    step = rows_per_chunk(per_key, max_context_len)
+    view = out.view(batch, next_n, max_context_len)
+    for s0 in range(0, max_context_len, step):
+        s1 = min(max_context_len, s0 + step)
+        pos = torch.arange(s0, s1, device=q.device)
+        page = pos // page_size
+        entry = page_table[:, page.clamp(max=table_pages - 1)].long()
+        ok = (page < table_pages)[None, :] & (entry >= 0) & (entry < cache_pages)
+        entry = entry.clamp(0, cache_pages - 1)
+        slot = (pos % page_size)[None, :]
+        kf = keys[entry, slot].float()
+        prod = torch.bmm(kf, qf.transpose(1, 2)).view(batch, s1 - s0, next_n, heads)
+        logits = prod.relu_().mul_(w).sum(-1).mul_(scales[entry, slot][..., None])
+        seen = ok[..., None] & (pos[None, :, None] < visible[:, None, :])
+        view[:, :, s0:s1] = torch.where(seen, logits, float("-inf")).transpose(1, 2)
+    return out

@@ -1,0 +1,1 @@
+"""The conformance suite: cases, comparison rules, runner and report writers."""

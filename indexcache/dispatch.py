@@ -1,0 +1,248 @@
+"""The backend registry: which backend serves an op, and why.
+
+A backend is plain data (:class:`Backend`): a name, a priority, a probe that says whether it can
+run on this machine, and per op an :class:`OpImpl` whose ``supports(**args)`` returns
+``(ok, reason)`` for the exact arguments of a call.
+
+Choice, in order: the ``backend=`` argument of a call, then :func:`use_backend`, then the
+``INDEXCACHE_BACKEND`` environment variable. Such an explicit choice that cannot serve a call raises
+:class:`BackendNotSupportedError` listing every reason. With no explicit choice the default backend
+is resolved lazily at first use (never at import): the available backend with ``auto`` set and the
+highest priority (ROCm, then CUDA, then torch). When it cannot serve a call, the next available
+backend that can does, and the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import importlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+logger = logging.getLogger("indexcache")
+
+ENV_VAR = "INDEXCACHE_BACKEND"
+ENTRY_POINT_GROUP = "indexcache.backends"
+OPS = (
+    "translate",
+    "topk",
+    "topk_translate",
+    "mqa_logits",
+    "paged_mqa_logits",
+    "quantize_index_k",
+    "store_index_k",
+)
+# Modules of the built-in backends, each exposing ``BACKEND``; importing them touches no device.
+BUILTIN_MODULES = (
+    "indexcache.backends.torch",
+)
+
+Support = tuple[bool, str]
+
+
+def always(**_: Any) -> Support:
+    """A ``supports`` check for implementations that take every valid argument."""
+    return True, ""
+
+
+@dataclass(frozen=True)
+class OpImpl:
+    """One backend's implementation of one op: ``fn(**args)`` and its ``supports(**args)`` check."""
+
+    fn: Callable[..., Any]
+    supports: Callable[..., Support] = always
+
+
+@dataclass(frozen=True)
+class Availability:
+    """What a backend's probe found on this machine.
+
+    ``mode`` is "GPU", "interpreted" (Triton on the CPU) or "CPU"; ``device`` is where the backend
+    runs its conformance cases; ``auto`` says whether auto-selection may pick it.
+    """
+
+    available: bool
+    reason: str
+    auto: bool = False
+    mode: str = "CPU"
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend as data: ``ops`` maps op names of :data:`OPS` to implementations.
+
+    ``interpretable`` backends run their Triton kernels on the CPU when ``TRITON_INTERPRET=1``.
+    ``fp8_tensor_core`` says its fp8 logits accumulate on matrix units with reduced precision
+    when run on a GPU (conformance holds it to the looser bound of DESIGN.md then).
+    """
+
+    name: str
+    priority: int
+    probe: Callable[[], Availability]
+    ops: Mapping[str, OpImpl] = field(default_factory=dict)
+    interpretable: bool = False
+    fp8_tensor_core: bool = False
+    info: Callable[[], dict[str, Any]] = dict
+
+
+class BackendNotSupportedError(RuntimeError):
+    """An explicitly chosen backend cannot serve a call; the message lists every reason."""
+
+
+class UnknownBackendError(ValueError):
+    """A backend name that no built-in module or entry point registers."""
+
+
+def _load_backends() -> dict[str, Backend]:
+    found: dict[str, Backend] = {}
+    for module in BUILTIN_MODULES:
+        backend = importlib.import_module(module).BACKEND
+        found[backend.name] = backend
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plugin must not break the library
+            logger.warning("indexcache: backend entry point %r failed to load: %s", ep.name, exc)
+            continue
+        backend = obj() if callable(obj) and not isinstance(obj, Backend) else obj
+        if not isinstance(backend, Backend):
+            logger.warning("indexcache: entry point %r gave %r, not a Backend", ep.name, type(obj))
+            continue
+        if backend.name in found:
+            logger.warning("indexcache: entry point %r redefines backend %r; ignored", ep.name, backend.name)
+            continue
+        found[backend.name] = backend
+    return found
+
+
+@functools.cache
+def registry() -> dict[str, Backend]:
+    """Every known backend by name, built-in and plugins (loaded once, lazily)."""
+    return _load_backends()
+
+
+@functools.cache
+def availability(name: str) -> Availability:
+    """The probe result of backend ``name`` (cached: probing may initialise a device)."""
+    return get(name).probe()
+
+
+def get(name: str) -> Backend:
+    """The backend registered as ``name``; raises :class:`UnknownBackendError` listing known names."""
+    backends = registry()
+    if name not in backends:
+        raise UnknownBackendError(f"backend: expected one of {sorted(backends)}, got {name!r}")
+    return backends[name]
+
+
+def reset() -> None:
+    """Forget registry, probes and the default choice (for tests that change the environment)."""
+    registry.cache_clear()
+    availability.cache_clear()
+    default_backend.cache_clear()
+    _logged.clear()
+
+
+def available_backends() -> list[str]:
+    """Names of the backends usable on this machine, highest priority first."""
+    names = [n for n in registry() if availability(n).available]
+    return sorted(names, key=lambda n: -get(n).priority)
+
+
+@functools.cache
+def default_backend() -> tuple[str, str]:
+    """The automatic choice and why, as ``(name, reason)``; ignores explicit choices."""
+    for name in available_backends():
+        avail = availability(name)
+        if avail.auto:
+            return name, avail.reason
+    raise RuntimeError("indexcache: no backend can run here (the torch backend should always be available)")
+
+
+_context_choice: contextvars.ContextVar[str | None] = contextvars.ContextVar("indexcache_backend", default=None)
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Within the block, ops run on backend ``name`` (an explicit choice: it raises if it cannot serve)."""
+    get(name)
+    token = _context_choice.set(name)
+    try:
+        yield
+    finally:
+        _context_choice.reset(token)
+
+
+def explicit_choice(backend: str | None = None) -> tuple[str, str] | None:
+    """The explicit choice in force, as ``(name, where it came from)``, or None."""
+    if backend is not None:
+        return backend, "backend= argument"
+    if (name := _context_choice.get()) is not None:
+        return name, "use_backend()"
+    if env := os.environ.get(ENV_VAR):
+        return env, f"{ENV_VAR}={env}"
+    return None
+
+
+def get_backend() -> str:
+    """The backend ops run on now: the explicit choice if any, else the automatic one."""
+    chosen = explicit_choice()
+    return chosen[0] if chosen else default_backend()[0]
+
+
+def _reasons(name: str, op: str, args: Mapping[str, Any]) -> list[str]:
+    avail = availability(name)
+    if not avail.available:
+        return [f"not available: {avail.reason}"]
+    impl = get(name).ops.get(op)
+    if impl is None:
+        return [f"does not implement {op}"]
+    ok, reason = impl.supports(**args)
+    return [] if ok else [reason]
+
+
+_logged: set[tuple[str, str, str]] = set()
+
+
+def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tuple[str, OpImpl]:
+    """The backend name and implementation that serve ``op`` with these (validated) arguments."""
+    chosen = explicit_choice(backend)
+    if chosen is not None:
+        name, origin = chosen
+        get(name)
+        reasons = _reasons(name, op, args)
+        if reasons:
+            raise BackendNotSupportedError(
+                f"backend {name!r} (chosen by {origin}) cannot run {op}: " + "; ".join(reasons)
+            )
+        return name, get(name).ops[op]
+    first, _ = default_backend()
+    order = [first] + [n for n in available_backends() if n != first]
+    skipped: list[str] = []
+    for name in order:
+        reasons = _reasons(name, op, args)
+        if not reasons:
+            for prev, why in skipped:
+                key = (op, prev, why)
+                if key not in _logged:
+                    _logged.add(key)
+                    logger.info("indexcache: %s falls back from %s to %s: %s", op, prev, name, why)
+            return name, get(name).ops[op]
+        skipped.append((name, "; ".join(reasons)))
+    raise BackendNotSupportedError(
+        f"no backend can run {op} with these arguments: "
+        + "; ".join(f"{n}: {why}" for n, why in skipped)
+    )
+
+
+def call(op: str, args: Mapping[str, Any], backend: str | None = None) -> Any:
+    """Run ``op`` on the backend :func:`resolve` picks."""
+    _, impl = resolve(op, args, backend)
+    return impl.fn(**args)

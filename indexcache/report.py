@@ -1,0 +1,32 @@
+"""What ``indexcache info`` reports: the selected backend and every backend's availability, as data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from indexcache import dispatch
+
+
+def backend_summary() -> dict[str, Any]:
+    """``{"selected", "why", "backends": [{name, available, reason, mode, device, priority, ops, info}]}``."""
+    chosen = dispatch.explicit_choice()
+    if chosen:
+        selected, why = chosen[0], f"chosen by {chosen[1]}"
+    else:
+        selected, why = dispatch.default_backend()
+        why = f"automatic: {why}"
+    backends = []
+    for name, backend in sorted(dispatch.registry().items(), key=lambda kv: -kv[1].priority):
+        avail = dispatch.availability(name)
+        backends.append({
+            "name": name,
+            "available": avail.available,
+            "reason": avail.reason,
+            "mode": avail.mode,
+            "device": avail.device,
+            "auto": avail.auto,
+            "priority": backend.priority,
+            "ops": sorted(backend.ops),
+            "info": backend.info() if avail.available else {},
+        })
+    return {"selected": selected, "why": why, "backends": backends}
