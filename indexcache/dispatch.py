@@ -40,6 +40,8 @@ OPS = (
 )
 # Modules of the built-in backends, each exposing ``BACKEND``; importing them touches no device.
 BUILTIN_MODULES = (
+    "indexcache.backends.rocm",
+    "indexcache.backends.cuda",
     "indexcache.backends.torch",
 )
 
@@ -76,7 +78,8 @@ class Availability:
 
 @dataclass(frozen=True)
 class Backend:
-    """A backend as data: ``ops`` maps op names of :data:`OPS` to implementations.
+    """A backend as data: ``ops`` maps op names of :data:`OPS` to implementations, or is a function
+    building that map (called once, only when the probe found the backend available).
 
     ``interpretable`` backends run their Triton kernels on the CPU when ``TRITON_INTERPRET=1``.
     ``fp8_tensor_core`` says its fp8 logits accumulate on matrix units with reduced precision
@@ -86,7 +89,7 @@ class Backend:
     name: str
     priority: int
     probe: Callable[[], Availability]
-    ops: Mapping[str, OpImpl] = field(default_factory=dict)
+    ops: Mapping[str, OpImpl] | Callable[[], Mapping[str, OpImpl]] = field(default_factory=dict)
     interpretable: bool = False
     fp8_tensor_core: bool = False
     info: Callable[[], dict[str, Any]] = dict
@@ -134,6 +137,15 @@ def availability(name: str) -> Availability:
     return get(name).probe()
 
 
+@functools.cache
+def ops_of(name: str) -> Mapping[str, OpImpl]:
+    """The ops backend ``name`` implements here (empty when it is not available)."""
+    backend = get(name)
+    if not availability(name).available:
+        return {}
+    return backend.ops() if callable(backend.ops) else backend.ops
+
+
 def get(name: str) -> Backend:
     """The backend registered as ``name``; raises :class:`UnknownBackendError` listing known names."""
     backends = registry()
@@ -146,6 +158,7 @@ def reset() -> None:
     """Forget registry, probes and the default choice (for tests that change the environment)."""
     registry.cache_clear()
     availability.cache_clear()
+    ops_of.cache_clear()
     default_backend.cache_clear()
     _logged.clear()
 
@@ -201,7 +214,7 @@ def _reasons(name: str, op: str, args: Mapping[str, Any]) -> list[str]:
     avail = availability(name)
     if not avail.available:
         return [f"not available: {avail.reason}"]
-    impl = get(name).ops.get(op)
+    impl = ops_of(name).get(op)
     if impl is None:
         return [f"does not implement {op}"]
     ok, reason = impl.supports(**args)
@@ -222,7 +235,7 @@ def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tup
             raise BackendNotSupportedError(
                 f"backend {name!r} (chosen by {origin}) cannot run {op}: " + "; ".join(reasons)
             )
-        return name, get(name).ops[op]
+        return name, ops_of(name)[op]
     first, _ = default_backend()
     order = [first] + [n for n in available_backends() if n != first]
     skipped: list[str] = []
@@ -234,7 +247,7 @@ def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tup
                 if key not in _logged:
                     _logged.add(key)
                     logger.info("indexcache: %s falls back from %s to %s: %s", op, prev, name, why)
-            return name, get(name).ops[op]
+            return name, ops_of(name)[op]
         skipped.append((name, "; ".join(reasons)))
     raise BackendNotSupportedError(
         f"no backend can run {op} with these arguments: "

@@ -26,7 +26,7 @@ def backend_summary() -> dict[str, Any]:
             "device": avail.device,
             "auto": avail.auto,
             "priority": backend.priority,
-            "ops": sorted(backend.ops),
+            "ops": sorted(dispatch.ops_of(name)),
             "info": backend.info() if avail.available else {},
         })
     return {"selected": selected, "why": why, "backends": backends}

@@ -1,0 +1,46 @@
+"""The AMD backend: Triton kernels, fp8 e4m3fnuz on gfx942 (MI300) and e4m3fn on gfx950 (MI355).
+
+Available with a ROCm build of torch, a visible GPU and Triton (auto-selected then), or on any
+machine with ``TRITON_INTERPRET=1`` (interpreted on the CPU, never auto-selected).
+``INDEXCACHE_ROCM_ARCH`` (e.g. ``gfx950``) overrides the architecture whose paths and tuning are used.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from indexcache.backends.rocm.tuning import tuning
+from indexcache.backends.triton.target import Target, detect
+
+from indexcache.dispatch import Availability, Backend, OpImpl
+
+ARCH_ENV = "INDEXCACHE_ROCM_ARCH"
+
+
+@functools.cache
+def _detected() -> tuple[bool, str, Target | None]:
+    return detect("hip", ARCH_ENV, interpreted_arch="gfx942")
+
+
+def _probe() -> Availability:
+    ok, reason, target = _detected()
+    if not ok:
+        return Availability(False, reason)
+    return Availability(True, reason, auto=not target.interpreted,
+                        mode="interpreted" if target.interpreted else "GPU", device=target.device_type)
+
+
+def _ops() -> dict[str, OpImpl]:
+    from indexcache.backends.triton import make_ops
+
+    target = _detected()[2]
+    return make_ops(target, tuning(target.arch))
+
+
+def _info() -> dict:
+    target = _detected()[2]
+    return {"arch": target.arch, "fp8_dtype": str(target.fp8_dtype), "tuning": tuning(target.arch)}
+
+
+BACKEND = Backend(name="rocm", priority=20, probe=_probe, ops=_ops, interpretable=True, fp8_tensor_core=True,
+                  info=_info)

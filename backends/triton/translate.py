@@ -1,0 +1,87 @@
+"""Page translation in Triton: logical token positions → physical KV slots.
+
+One program handles ``BLOCK_R × BLOCK_K`` indices. Every guard of the contract is part of the load
+mask, so the page-table read never leaves the table whatever ``raw`` holds; powers of two take the
+shift path. Any strides are accepted; nothing is allocated and nothing syncs with the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import triton
+import triton.language as tl
+from indexcache.backends.triton.support import launch_options, on_target_device
+from indexcache.backends.triton.target import Target
+
+from indexcache.dispatch import OpImpl
+
+
+@triton.jit
+def translate_kernel(
+    raw_ptr, table_ptr, seq_ptr, r2b_ptr, out_ptr,
+    rows, k, batches, pages, page_size,
+    raw_s0, raw_s1, tab_s0, tab_s1, seq_s0, r2b_s0, out_s0, out_s1,
+    HAS_R2B: tl.constexpr, SHIFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    j = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    r_ok = r < rows
+    inside = r_ok[:, None] & (j < k)[None, :]
+    r64 = r.to(tl.int64)
+    j64 = j.to(tl.int64)
+    x = tl.load(raw_ptr + r64[:, None] * raw_s0 + j64[None, :] * raw_s1, mask=inside, other=-1)
+    seq = tl.load(seq_ptr + r64 * seq_s0, mask=r_ok, other=0)
+    if HAS_R2B:
+        b = tl.load(r2b_ptr + r64 * r2b_s0, mask=r_ok, other=-1)
+    else:
+        b = r
+    if SHIFT >= 0:
+        page = x >> SHIFT
+        offset = x & ((1 << SHIFT) - 1)
+    else:
+        page = x // page_size
+        offset = x % page_size
+    ok = inside & (x >= 0) & (x < seq[:, None]) & (page < pages) & ((b >= 0) & (b < batches))[:, None]
+    entry = tl.load(table_ptr + b.to(tl.int64)[:, None] * tab_s0 + page.to(tl.int64) * tab_s1, mask=ok, other=-1)
+    phys = tl.where(ok & (entry >= 0), entry * page_size + offset, -1)
+    tl.store(out_ptr + r64[:, None] * out_s0 + j64[None, :] * out_s1, phys, mask=inside)
+
+
+def _shift(page_size: int) -> int:
+    return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
+
+
+def translate(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target: Target, cfg: Mapping[str, Any]):
+    """Fill ``out [R, K]`` int32 (contract: ``indexcache.translate``)."""
+    rows, k = raw.shape
+    if rows == 0 or k == 0:
+        return out
+    block_k = min(cfg["BLOCK_K"], triton.next_power_of_2(k))
+    block_r = max(1, min(cfg["ELEMS"] // block_k, triton.next_power_of_2(rows)))
+    r2b = row_to_batch if row_to_batch is not None else seq_lens
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(k, block_k))
+    translate_kernel[grid](
+        raw, page_table, seq_lens, r2b, out,
+        rows, k, page_table.shape[0], page_table.shape[1], page_size,
+        raw.stride(0), raw.stride(1), page_table.stride(0), page_table.stride(1),
+        seq_lens.stride(0), r2b.stride(0), out.stride(0), out.stride(1),
+        HAS_R2B=row_to_batch is not None, SHIFT=_shift(page_size), BLOCK_R=block_r, BLOCK_K=block_k,
+        **launch_options(target, cfg),
+    )
+    return out
+
+
+def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
+    """The translate op of a GPU backend built for ``target`` with its tuning table."""
+    cfg = tuning["translate"]
+
+    def supports(raw, page_table, seq_lens, row_to_batch, out, **_):
+        return on_target_device(target, raw=raw, page_table=page_table, seq_lens=seq_lens,
+                                row_to_batch=row_to_batch, out=out)
+
+    def run(**args):
+        return translate(**args, target=target, cfg=cfg)
+
+    return {"translate": OpImpl(run, supports)}
