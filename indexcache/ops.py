@@ -31,7 +31,7 @@ def _tensor(name: str, t, dtypes, shape: tuple, device: torch.device | None = No
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype {_names(dtypes)}, got {_names([t.dtype])}")
-    if t.dim() != len(shape) or any(want is not None and want != got for want, got in zip(shape, t.shape)):
+    if t.dim() != len(shape) or any(w is not None and w != got for w, got in zip(shape, t.shape, strict=False)):
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
     if device is not None and t.device != device:

@@ -110,9 +110,9 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
                 page = s // page_size
                 if page >= table.shape[1] or not 0 <= int(table[b, page]) < num_pages:
                     continue
-                key = keys[int(table[b, page]), s % page_size].double()
-                dots = (q[b, j].double() @ key).clamp_min(0)
-                out[b * next_n + j, s] = (dots * weights[b, j]).sum() * float(scales[int(table[b, page]), s % page_size])
+                slot = (int(table[b, page]), s % page_size)
+                dots = (q[b, j].double() @ keys[slot].double()).clamp_min(0)
+                out[b * next_n + j, s] = (dots * weights[b, j]).sum() * float(scales[slot])
     return out
 
 

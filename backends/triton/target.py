@@ -58,7 +58,8 @@ def detect(vendor: str, arch_env: str, interpreted_arch: str) -> tuple[bool, str
     runtime = torch.version.cuda if vendor == "cuda" else getattr(torch.version, "hip", None)
     if not runtime:
         other = "ROCm/HIP" if vendor == "hip" else "CUDA"
-        return False, f"this torch build has no {other} support; set {INTERPRET_ENV}=1 to run the kernels on the CPU", None
+        hint = f"set {INTERPRET_ENV}=1 to run the kernels on the CPU"
+        return False, f"this torch build has no {other} support; {hint}", None
     if not torch.cuda.is_available():
         return False, f"no GPU visible to torch; set {INTERPRET_ENV}=1 to run the kernels on the CPU", None
     props = torch.cuda.get_device_properties(0)
