@@ -1,0 +1,391 @@
+"""The layer plan: which layers compute top-k indices (producers, F), which reuse them (shared, S), and
+which have no indexer at all.
+
+Every schedule form that ships in model configs resolves here, with SGLang's precedence:
+``indexer_types``, then ``cli_factor`` > 1, then ``index_topk_pattern``, then ``index_topk_freq`` with
+``index_skip_topk_offset``. The schedule counts *sparse* layers (those with an indexer): every layer of
+a DeepSeek-V3.2 / GLM-style model, only the ratio-4 (C4) layers of a DeepSeek-V4 ``compress_ratios``
+model. MTP (NextN) layers come after the main layers and always compute their own top-k. Every
+invalid input raises ``ValueError`` naming the key, the value and the rule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+PRODUCER = "F"
+SHARED = "S"
+NO_INDEXER = "."
+
+# The schedule keys, highest precedence first; the offset belongs to the freq rule.
+SCHEDULE_KEYS = ("indexer_types", "cli_factor", "index_topk_pattern", "index_topk_freq")
+_SCHEDULE_RANK = {**{key: i for i, key in enumerate(SCHEDULE_KEYS)}, "index_skip_topk_offset": 3}
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers")
+# The optional keyword arguments of LayerPlan, which are also the config keys read.
+CONFIG_KEYS = (
+    "index_topk_freq",
+    "index_skip_topk_offset",
+    "index_topk_pattern",
+    "indexer_types",
+    "cli_factor",
+    "compress_ratios",
+    "num_nextn_predict_layers",
+    "index_topk",
+    "index_n_heads",
+    "index_head_dim",
+    "index_dtype",
+    "page_size",
+)
+_C4_RATIO = 4
+# Without an explicit offset the freq rule is the DSA one, skip(l) = max(l - 1, 0) % freq != 0 (offset
+# 2) for V3.2 / GLM, and skip(r) = r % freq != 0 over C4 ranks (offset 1) for compress_ratios models.
+_DEFAULT_OFFSET = 2
+_DEFAULT_C4_OFFSET = 1
+
+
+def _check_int(key: str, value: Any, minimum: int, rule: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{key}={value!r}: {rule}")
+    return value
+
+
+def _positive(key: str, value: Any) -> int:
+    return _check_int(key, value, 1, "must be an integer >= 1")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: layers ``start .. stop - 1`` and what crosses its edges.
+
+    ``carry_in`` is the producer whose indices the stage must receive from the previous stage (None
+    when it needs none); ``carry_out`` the producer whose indices it must send to the next one (also
+    when it only passes them through). ``promoted`` lists the shared layers this split turned into
+    producers (mode "promote"): they need indexer weights and an index-K cache.
+    """
+
+    index: int
+    start: int
+    stop: int
+    roles: str
+    carry_in: int | None
+    carry_out: int | None
+    promoted: tuple[int, ...]
+
+    @property
+    def producers(self) -> list[int]:
+        """Layer ids (model-wide) that compute top-k in this stage."""
+        return [self.start + i for i, r in enumerate(self.roles) if r == PRODUCER]
+
+    @property
+    def shared(self) -> list[int]:
+        """Layer ids (model-wide) that reuse top-k in this stage."""
+        return [self.start + i for i, r in enumerate(self.roles) if r == SHARED]
+
+
+class LayerPlan:
+    """Per-layer roles of a DSA model under IndexCache.
+
+    ``roles`` is a string with one character per layer (MTP layers last): ``F`` producer, ``S`` shared,
+    ``.`` no indexer; ``schedule`` names the config key that decided it. Keyword arguments carry the
+    config keys' own names, so an error names what the config says:
+    ``LayerPlan(61, index_topk_freq=4)``. ``None`` means "not set" for every optional key. Besides the
+    schedule, the plan keeps what a P/D descriptor needs: ``top_k``, ``index_n_heads``,
+    ``index_head_dim``, ``index_dtype`` and ``page_size`` (the index-K cache's tokens a page).
+    """
+
+    def __init__(
+        self,
+        num_hidden_layers: int,
+        *,
+        index_topk_freq: int | None = None,
+        index_skip_topk_offset: int | None = None,
+        index_topk_pattern: str | None = None,
+        indexer_types: Sequence[str] | None = None,
+        cli_factor: int | None = None,
+        compress_ratios: Sequence[int] | None = None,
+        num_nextn_predict_layers: int | None = None,
+        index_topk: int | None = None,
+        index_n_heads: int | None = None,
+        index_head_dim: int | None = None,
+        index_dtype: str | None = None,
+        page_size: int | None = None,
+    ) -> None:
+        num_main = _positive("num_hidden_layers", num_hidden_layers)
+        num_mtp = _check_int(
+            "num_nextn_predict_layers",
+            0 if num_nextn_predict_layers is None else num_nextn_predict_layers,
+            0,
+            "must be an integer >= 0",
+        )
+        self.top_k = _positive("index_topk", 2048 if index_topk is None else index_topk)
+        self.index_n_heads = _positive("index_n_heads", 64 if index_n_heads is None else index_n_heads)
+        self.index_head_dim = _positive("index_head_dim", 128 if index_head_dim is None else index_head_dim)
+        self.page_size = _positive("page_size", 64 if page_size is None else page_size)
+        dtype = "float8_e4m3fn" if index_dtype is None else index_dtype
+        if not isinstance(dtype, str) or not dtype:
+            raise ValueError(f"index_dtype={dtype!r}: must be a non-empty string such as 'float8_e4m3fn'")
+        self.index_dtype = dtype
+        self.num_mtp_layers = num_mtp
+
+        sparse_flags = _sparse_flags(compress_ratios, num_main, num_mtp)
+        main_sparse = [layer for layer in range(num_main) if sparse_flags[layer]]
+        freq = _positive_or_default(
+            "index_topk_freq",
+            index_topk_freq,
+            "must be an integer >= 1 (null means 1); bools and floats are rejected",
+        )
+        offset = _positive_or_default(
+            "index_skip_topk_offset",
+            index_skip_topk_offset,
+            "must be an integer >= 1 (skip(l) = max(l - offset + 1, 0) % freq != 0)",
+        )
+        factor = _positive_or_default("cli_factor", cli_factor, "must be an integer >= 1")
+        from_types = _per_sparse_layer(
+            "indexer_types", indexer_types, {"full": False, "shared": True}, num_main, main_sparse
+        )
+        from_pattern = _per_sparse_layer(
+            "index_topk_pattern", index_topk_pattern, {PRODUCER: False, SHARED: True}, num_main, main_sparse
+        )
+        if offset is None:
+            offset = _DEFAULT_OFFSET if compress_ratios is None else _DEFAULT_C4_OFFSET
+        freq = 1 if freq is None else freq
+
+        if from_types is not None:
+            self.schedule, skips = "indexer_types", from_types
+        elif factor is not None and factor > 1:
+            self.schedule, skips = "cli_factor", [rank % factor != 0 for rank in range(len(main_sparse))]
+        elif from_pattern is not None:
+            self.schedule, skips = "index_topk_pattern", from_pattern
+        else:
+            self.schedule = "index_topk_freq"
+            skips = [max(rank - offset + 1, 0) % freq != 0 for rank in range(len(main_sparse))]
+
+        roles = [NO_INDEXER if not flag else PRODUCER for flag in sparse_flags]
+        for layer, skip in zip(main_sparse, skips, strict=True):
+            roles[layer] = SHARED if skip else PRODUCER
+        self.roles: str = "".join(roles)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | str | os.PathLike[str], **overrides: Any) -> LayerPlan:
+        """A plan from a model config (a dict or the path of a ``config.json``).
+
+        The layer count comes from ``num_hidden_layers`` or ``num_layers``. ``overrides`` replace config
+        keys (``None`` values are ignored); an override of a schedule key also drops the config's keys
+        of higher precedence, so the override is the one that takes effect.
+        """
+        cfg = dict(_load(config))
+        given = {key: value for key, value in overrides.items() if value is not None}
+        unknown = sorted(set(given) - set(CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"overrides {unknown}: unknown keys; expected some of {list(CONFIG_KEYS)}")
+        for key in given:
+            if key in _SCHEDULE_RANK:
+                for higher in SCHEDULE_KEYS[: _SCHEDULE_RANK[key]]:
+                    if higher not in given:
+                        cfg.pop(higher, None)
+        cfg.update(given)
+        count_key = next((key for key in _LAYER_COUNT_KEYS if cfg.get(key) is not None), None)
+        if count_key is None:
+            raise ValueError("config has no layer count: expected num_hidden_layers or num_layers")
+        num_layers = _positive(count_key, cfg[count_key])
+        return cls(num_layers, **{key: cfg[key] for key in CONFIG_KEYS if cfg.get(key) is not None})
+
+    def __repr__(self) -> str:
+        return f"LayerPlan(roles={self.roles!r}, schedule={self.schedule!r})"
+
+    @property
+    def num_layers(self) -> int:
+        """All layers, the MTP layers included."""
+        return len(self.roles)
+
+    @property
+    def sparse_layers(self) -> list[int]:
+        """Layers that have an indexer (producers and shared)."""
+        return [layer for layer, r in enumerate(self.roles) if r != NO_INDEXER]
+
+    @property
+    def producers(self) -> list[int]:
+        """Layers that run their indexer and compute top-k."""
+        return [layer for layer, r in enumerate(self.roles) if r == PRODUCER]
+
+    @property
+    def shared(self) -> list[int]:
+        """Layers that skip their indexer and reuse an earlier producer's top-k."""
+        return [layer for layer, r in enumerate(self.roles) if r == SHARED]
+
+    @property
+    def sources(self) -> dict[int, int]:
+        """Shared layer id → the producer whose indices it reuses."""
+        return {layer: self.source_of(layer) for layer in self.shared}
+
+    def _check_layer(self, layer: int) -> None:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer {layer!r} is not in 0..{self.num_layers - 1}")
+
+    def role(self, layer: int) -> str | None:
+        """``"F"``, ``"S"``, or None for a layer without an indexer."""
+        self._check_layer(layer)
+        r = self.roles[layer]
+        return None if r == NO_INDEXER else r
+
+    def source_of(self, layer: int) -> int | None:
+        """The producer whose indices ``layer`` uses: itself for a producer, the nearest earlier producer
+        for a shared layer, None for a layer without an indexer."""
+        self._check_layer(layer)
+        if self.roles[layer] == NO_INDEXER:
+            return None
+        return self.roles.rindex(PRODUCER, 0, layer + 1)
+
+    def keeps_topk(self, layer: int) -> bool:
+        """True when the next sparse layer after ``layer`` is shared, so the indices ``layer`` uses must
+        outlive it (SGLang's ``next_skip_topk``)."""
+        self._check_layer(layer)
+        if self.roles[layer] == NO_INDEXER:
+            return False
+        following = self.roles[layer + 1 :].replace(NO_INDEXER, "")
+        return following[:1] == SHARED
+
+    def needs_index_k_cache(self, layer: int) -> bool:
+        """Whether ``layer`` needs an index-K cache: only producers read their own keys."""
+        return self.role(layer) == PRODUCER
+
+    @property
+    def index_k_cache_layers(self) -> frozenset[int]:
+        """The layers that need an index-K cache (the producers); shared layers can skip allocating it."""
+        return frozenset(self.producers)
+
+    def split_stages(self, boundaries: Sequence[int], mode: str = "carry") -> list[Stage]:
+        """Split into pipeline stages; each boundary is the first layer of a new stage.
+
+        ``"carry"`` keeps every role: a stage whose first sparse layer is shared receives the producer's
+        indices from the previous stage (``Stage.carry_in``). ``"promote"`` makes the first sparse layer
+        of each stage a producer, so nothing crosses a boundary; it is refused for an ``indexer_types``
+        plan, whose shared layers ship no indexer weights.
+        """
+        if mode not in ("carry", "promote"):
+            raise ValueError(f"mode={mode!r}: must be 'carry' or 'promote'")
+        edges = [0, *_check_boundaries(boundaries, self.num_layers), self.num_layers]
+        spans = list(pairwise(edges))
+        roles = list(self.roles)
+        promoted: set[int] = set()
+        for start, stop in spans if mode == "promote" else ():
+            first = next((layer for layer in range(start, stop) if roles[layer] != NO_INDEXER), None)
+            if first is not None and roles[first] == SHARED:
+                if self.schedule == "indexer_types":
+                    raise ValueError(
+                        f"mode='promote': the stage starting at layer {start} would make layer {first} a "
+                        "producer, but indexer_types marks it 'shared' and such layers ship no indexer "
+                        "weights; use mode='carry'"
+                    )
+                roles[first] = PRODUCER
+                promoted.add(first)
+        split = "".join(roles)
+        return [
+            Stage(
+                index=i,
+                start=start,
+                stop=stop,
+                roles=split[start:stop],
+                carry_in=_carried_into(split, start),
+                carry_out=_carried_into(split, stop),
+                promoted=tuple(sorted(layer for layer in promoted if start <= layer < stop)),
+            )
+            for i, (start, stop) in enumerate(spans)
+        ]
+
+
+def _carried_into(roles: str, start: int) -> int | None:
+    """The producer before ``start`` whose indices layers from ``start`` on still reuse, if any."""
+    following = roles[start:].replace(NO_INDEXER, "")
+    if following[:1] != SHARED:
+        return None
+    return roles.rindex(PRODUCER, 0, start)
+
+
+def _check_boundaries(boundaries: Sequence[int], num_layers: int) -> list[int]:
+    values = list(boundaries)
+    ok = all(isinstance(b, int) and not isinstance(b, bool) and 0 < b < num_layers for b in values)
+    if not ok or any(a >= b for a, b in pairwise(values)):
+        raise ValueError(
+            f"boundaries={values!r}: must be strictly increasing layer ids in 1..{num_layers - 1}, "
+            "each the first layer of a new stage"
+        )
+    return values
+
+
+def _positive_or_default(key: str, value: Any, rule: str) -> int | None:
+    return None if value is None else _check_int(key, value, 1, rule)
+
+
+def _sparse_flags(compress_ratios: Sequence[int] | None, num_main: int, num_mtp: int) -> list[bool]:
+    """Per layer (MTP included), whether it has an indexer."""
+    if compress_ratios is None:
+        return [True] * (num_main + num_mtp)
+    if isinstance(compress_ratios, (str, bytes)) or not isinstance(compress_ratios, Sequence):
+        raise ValueError(f"compress_ratios={compress_ratios!r}: must be a list of integers, one per layer")
+    ratios = list(compress_ratios)
+    if len(ratios) not in (num_main, num_main + num_mtp):
+        lengths = sorted({num_main, num_main + num_mtp})
+        raise ValueError(
+            f"compress_ratios={ratios!r}: has {len(ratios)} entries; expected one per layer "
+            f"({' or '.join(map(str, lengths))}, MTP layers optional)"
+        )
+    for i, ratio in enumerate(ratios):
+        _check_int(
+            f"compress_ratios[{i}]",
+            ratio,
+            0,
+            "compression ratios must be integers >= 0 (0 sliding window, 4 C4 with an indexer, 128 HCA)",
+        )
+    # MTP layers the list does not cover run their own indexer.
+    return [ratio == _C4_RATIO for ratio in ratios] + [True] * (num_main + num_mtp - len(ratios))
+
+
+def _per_sparse_layer(
+    key: str, value: Any, meaning: dict[str, bool], num_main: int, sparse: list[int]
+) -> list[bool] | None:
+    """Skip flags, one per sparse main layer, from a per-layer or per-sparse-layer value (None if unset)."""
+    if value is None:
+        return None
+    allowed = " or ".join(map(repr, meaning))
+    if key == "index_topk_pattern" and not isinstance(value, str):
+        raise ValueError(f"{key}={value!r}: must be a string of {allowed}, one per layer or per sparse layer")
+    if key != "index_topk_pattern" and (isinstance(value, str) or not isinstance(value, Sequence)):
+        raise ValueError(f"{key}={value!r}: must be a list of {allowed}, one per layer or per sparse layer")
+    items = list(value)
+    for i, item in enumerate(items):
+        if item not in meaning:
+            raise ValueError(f"{key}={value!r}: position {i} is {item!r}; only {allowed} are allowed")
+    if len(items) == num_main:
+        items = [items[layer] for layer in sparse]
+    elif len(items) != len(sparse):
+        raise ValueError(
+            f"{key}={value!r}: has {len(items)} entries, neither the layer count ({num_main}) "
+            f"nor the sparse layer count ({len(sparse)})"
+        )
+    skips = [meaning[item] for item in items]
+    if skips and skips[0]:
+        compute = next(name for name, skip in meaning.items() if not skip)
+        raise ValueError(
+            f"{key}={value!r}: the first sparse layer (layer {sparse[0]}) is {items[0]!r}, but a shared "
+            f"layer needs an earlier producer; it must be {compute!r}"
+        )
+    return skips
+
+
+def _load(config: Mapping[str, Any] | str | os.PathLike[str]) -> Mapping[str, Any]:
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        try:
+            config = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be a JSON object (a dict), got {type(config).__name__}")
+    return config
