@@ -1,0 +1,207 @@
+"""The P/D descriptor: what a prefill engine and a decode engine must agree on before index state moves.
+
+A descriptor is a signature plus the producer-layer set. The signature is a sha256 over a canonical
+JSON of the layout both sides must share (schema version, layer count, which layers are sparse, top-k,
+index heads, head dim, index dtype, page size). The schedule (freq, pattern) is left out on purpose:
+decode may run a different plan as long as every decode producer is also a prefill producer, so the
+index-K cache it needs was computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from indexcache.plan import LayerPlan
+
+SCHEMA_VERSION = 1
+SIGNED_FIELDS = (
+    "schema_version",
+    "num_layers",
+    "sparse_layers",
+    "top_k",
+    "index_n_heads",
+    "index_head_dim",
+    "index_dtype",
+    "page_size",
+)
+
+
+class PDIncompatibleError(ValueError):
+    """Prefill and decode descriptors do not fit together.
+
+    ``differences`` maps each differing signed field to ``(prefill value, decode value)``; ``uncovered``
+    lists the decode producers that prefill does not compute.
+    """
+
+    def __init__(self, differences: dict[str, tuple[Any, Any]], uncovered: tuple[int, ...], message: str):
+        super().__init__(message)
+        self.differences = differences
+        self.uncovered = uncovered
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """The layout a prefill/decode pair must share, and the layers that compute top-k."""
+
+    num_layers: int
+    sparse_layers: tuple[int, ...]
+    top_k: int
+    index_n_heads: int
+    index_head_dim: int
+    index_dtype: str
+    page_size: int
+    producers: tuple[int, ...]
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "top_k", "index_n_heads", "index_head_dim", "page_size"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version={self.schema_version!r}: this indexcache reads version {SCHEMA_VERSION}"
+            )
+        if not isinstance(self.index_dtype, str) or not self.index_dtype:
+            raise ValueError(f"index_dtype={self.index_dtype!r}: must be a non-empty string")
+        for name in ("sparse_layers", "producers"):
+            layers = getattr(self, name)
+            if (
+                not isinstance(layers, tuple)
+                or not all(_is_int(x) for x in layers)
+                or list(layers) != sorted(set(layers))
+            ):
+                raise ValueError(
+                    f"{name}={layers!r}: must be a tuple of distinct layer ids in increasing order"
+                )
+        if self.sparse_layers and not 0 <= self.sparse_layers[0] <= self.sparse_layers[-1] < self.num_layers:
+            raise ValueError(
+                f"sparse_layers={self.sparse_layers!r}: layer ids must be in 0..{self.num_layers - 1}"
+            )
+        if not set(self.producers) <= set(self.sparse_layers):
+            extra = sorted(set(self.producers) - set(self.sparse_layers))
+            raise ValueError(f"producers={self.producers!r}: layers {extra} are not sparse layers")
+
+    @classmethod
+    def from_plan(cls, plan: LayerPlan) -> Descriptor:
+        """The descriptor of an engine running ``plan``."""
+        return cls(
+            num_layers=plan.num_layers,
+            sparse_layers=tuple(plan.sparse_layers),
+            top_k=plan.top_k,
+            index_n_heads=plan.index_n_heads,
+            index_head_dim=plan.index_head_dim,
+            index_dtype=plan.index_dtype,
+            page_size=plan.page_size,
+            producers=tuple(plan.producers),
+        )
+
+    def _signed(self) -> dict[str, Any]:
+        return {name: list(v) if isinstance(v := getattr(self, name), tuple) else v for name in SIGNED_FIELDS}
+
+    @property
+    def signature(self) -> str:
+        """sha256 (hex) of the canonical JSON of the signed fields; the producers are not part of it."""
+        canonical = json.dumps(self._signed(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the signed fields, ``producers`` and ``signature``."""
+        return {**self._signed(), "producers": list(self.producers), "signature": self.signature}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Descriptor:
+        """The inverse of :meth:`to_dict`; a ``signature`` that does not match the fields is refused."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"descriptor must be a JSON object, got {type(data).__name__}")
+        names = {f.name for f in fields(cls)}
+        missing = sorted(names - set(data))
+        unknown = sorted(set(data) - names - {"signature"})
+        if missing or unknown:
+            raise ValueError(f"descriptor keys: missing {missing}, unknown {unknown}")
+        values = {name: tuple(v) if isinstance(v := data[name], list) else v for name in names}
+        descriptor = cls(**values)
+        claimed = data.get("signature")
+        if claimed is not None and claimed != descriptor.signature:
+            raise ValueError(
+                f"signature={claimed!r}: does not match the descriptor's fields, which give {descriptor.signature!r}"
+            )
+        return descriptor
+
+    def to_json(self) -> str:
+        """Canonical JSON text (sorted keys) for a bootstrap payload."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Descriptor:
+        """Parse :meth:`to_json` output; malformed JSON raises ``ValueError``."""
+        return cls.from_dict(json.loads(text))
+
+
+def _layer_difference(prefill: Sequence[int], decode: Sequence[int]) -> str:
+    only_prefill = sorted(set(prefill) - set(decode))
+    only_decode = sorted(set(decode) - set(prefill))
+    return f"only prefill: {only_prefill}, only decode: {only_decode}"
+
+
+def check_pd_compatible(prefill: Descriptor, decode: Descriptor) -> None:
+    """Raise :class:`PDIncompatibleError` unless ``decode`` may consume ``prefill``'s state.
+
+    The signed fields must be equal and every decode producer must be a prefill producer. The error
+    names every differing field and every uncovered decode producer.
+    """
+    differences = {
+        name: (getattr(prefill, name), getattr(decode, name))
+        for name in SIGNED_FIELDS
+        if getattr(prefill, name) != getattr(decode, name)
+    }
+    uncovered = tuple(sorted(set(decode.producers) - set(prefill.producers)))
+    if not differences and not uncovered:
+        return
+    problems = [
+        f"{name} differs ({_layer_difference(*pair)})"
+        if name == "sparse_layers"
+        else f"{name} differs (prefill {pair[0]!r}, decode {pair[1]!r})"
+        for name, pair in differences.items()
+    ]
+    if uncovered:
+        problems.append(
+            f"decode producers {list(uncovered)} are not prefill producers (prefill computes {list(prefill.producers)})"
+        )
+    raise PDIncompatibleError(
+        differences, uncovered, "prefill and decode descriptors are incompatible: " + "; ".join(problems)
+    )
+
+
+def check_ranks_agree(reports: Sequence[Descriptor | None]) -> Descriptor | None:
+    """The one descriptor all prefill ranks report, or None when none reports one.
+
+    ``reports[i]`` is rank i's descriptor (None: it reported none). Raises ``ValueError`` naming the
+    ranks when some report one and some do not, or when they report different descriptors.
+    """
+    if not reports:
+        raise ValueError("no prefill ranks reported")
+    silent = [rank for rank, d in enumerate(reports) if d is None]
+    if len(silent) == len(reports):
+        return None
+    if silent:
+        reporting = [rank for rank, d in enumerate(reports) if d is not None]
+        raise ValueError(f"prefill ranks {silent} report no descriptor while ranks {reporting} report one")
+    groups: dict[Descriptor, list[int]] = {}
+    for rank, descriptor in enumerate(reports):
+        groups.setdefault(descriptor, []).append(rank)
+    if len(groups) > 1:
+        described = "; ".join(
+            f"ranks {ranks}: signature {d.signature[:12]}…, producers {list(d.producers)}"
+            for d, ranks in groups.items()
+        )
+        raise ValueError(f"prefill ranks report {len(groups)} different descriptors: {described}")
+    return reports[0]
