@@ -32,7 +32,87 @@ def _run_info(args) -> int:
     return 0
 
 
-COMMANDS = (_add_info,)
+def _add_plan(sub) -> None:
+    p = sub.add_parser("plan", help="which layers compute top-k and which reuse it, from a model config")
+    p.add_argument("--config", required=True, metavar="PATH", help="the model's config.json")
+    p.add_argument("--freq", type=int, help="override index_topk_freq (a producer every N sparse layers)")
+    p.add_argument("--pattern", help="override index_topk_pattern (F/S per layer or per sparse layer)")
+    p.add_argument("--offset", type=int, help="override index_skip_topk_offset")
+    p.add_argument("--page-size", type=int, help="index-K cache tokens a page (default 64)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_run_plan)
+
+
+def _run_plan(args) -> int:
+    import json
+
+    from indexcache.descriptor import Descriptor
+    from indexcache.plan import LayerPlan
+
+    if args.pattern is not None and (args.freq is not None or args.offset is not None):
+        raise UsageError("give --pattern or --freq/--offset, not both")
+    try:
+        plan = LayerPlan.from_config(
+            args.config,
+            index_topk_freq=args.freq,
+            index_skip_topk_offset=args.offset,
+            index_topk_pattern=args.pattern,
+            page_size=args.page_size,
+        )
+    except OSError as exc:
+        raise UsageError(f"cannot read --config {args.config}: {exc.strerror}") from None
+    signature = Descriptor.from_plan(plan).signature
+    if args.json:
+        out = {
+            "roles": plan.roles,
+            "producers": plan.producers,
+            "shared": plan.shared,
+            "sources": {str(layer): src for layer, src in plan.sources.items()},
+            "signature": signature,
+        }
+        print(json.dumps(out))
+        return 0
+    sparse = len(plan.sparse_layers)
+    print(f"config:    {args.config} (schedule from {plan.schedule})")
+    print(f"roles:     {plan.roles}")
+    print("           F computes top-k, S reuses the nearest earlier F, . has no indexer")
+    print(
+        f"layers:    {plan.num_layers} ({plan.num_mtp_layers} MTP), {sparse} sparse: "
+        f"{len(plan.producers)} producers, {len(plan.shared)} shared"
+    )
+    print(f"producers: {', '.join(map(str, plan.producers))}")
+    print(f"signature: {signature}")
+    return 0
+
+
+def _add_conformance(sub) -> None:
+    p = sub.add_parser(
+        "conformance",
+        help="run the conformance suite per backend against the float64 reference; write reports",
+        description="Run every conformance case on each backend (each in its own process) and compare with the "
+        "float64 reference. Default: the selected backend plus every other available one; 'all' adds the "
+        "Triton backends interpreted on the CPU (TRITON_INTERPRET=1) where their GPU is absent. Exits 1 if any "
+        "case fails.",
+    )
+    p.add_argument("--backend", default=None, metavar="NAME|all", help="one backend, or 'all'")
+    p.add_argument("--out", default="reports", help="directory for conformance-<backend>.json/.md (default: reports)")
+    p.add_argument("--op", default=None, help="only the cases of this op")
+    p.set_defaults(func=_run_conformance)
+
+
+def _run_conformance(args) -> int:
+    from pathlib import Path
+
+    from indexcache.conformance.suite import run_all, table
+
+    out = Path(args.out)
+    reports, ok = run_all(args.backend, out, args.op)
+    print(table(reports))
+    print(f"reports written to {out}/conformance-<backend>.json and .md")
+    return 0 if ok else 1
+
+
+COMMANDS = (_add_info, _add_conformance, _add_plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

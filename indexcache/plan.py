@@ -365,10 +365,10 @@ def _per_sparse_layer(
     if len(items) == num_main:
         items = [items[layer] for layer in sparse]
     elif len(items) != len(sparse):
-        raise ValueError(
-            f"{key}={value!r}: has {len(items)} entries, neither the layer count ({num_main}) "
-            f"nor the sparse layer count ({len(sparse)})"
-        )
+        expected = f"not the layer count ({num_main})"
+        if len(sparse) != num_main:
+            expected = f"neither the layer count ({num_main}) nor the sparse layer count ({len(sparse)})"
+        raise ValueError(f"{key}={value!r}: has {len(items)} entries, {expected}")
     skips = [meaning[item] for item in items]
     if skips and skips[0]:
         compute = next(name for name, skip in meaning.items() if not skip)
