@@ -8,10 +8,11 @@ temporary-memory budget of the chunked ops with :func:`set_memory_budget` or
 from __future__ import annotations
 
 import torch
-
 from indexcache.backends.torch import logits, quantize, topk, translate
 from indexcache.backends.torch.memory import memory_budget, set_memory_budget
+
 from indexcache.dispatch import Availability, Backend, OpImpl
+from indexcache.streams import in_order
 
 
 def _probe() -> Availability:
@@ -33,6 +34,7 @@ BACKEND = Backend(
         "paged_mqa_logits": OpImpl(logits.paged_mqa_logits),
         "quantize_index_k": OpImpl(quantize.quantize_index_k),
         "store_index_k": OpImpl(quantize.store_index_k),
+        "overlap": OpImpl(in_order),
     },
     info=lambda: {"memory_budget_bytes": memory_budget()},
 )

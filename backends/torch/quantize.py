@@ -33,6 +33,6 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype):
     num_pages, page_size = scales.shape
     slot = slot_mapping.long()
     rows = torch.nonzero((slot >= 0) & (slot < num_pages * page_size)).flatten()
-    slot = slot[rows]
-    keys.view(-1, k.shape[1])[slot] = q[rows]
-    scales.view(-1)[slot] = scale[rows, 0]
+    page, offset = slot[rows] // page_size, slot[rows] % page_size
+    keys[page, offset] = q[rows]
+    scales[page, offset] = scale[rows, 0]

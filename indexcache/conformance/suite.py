@@ -1,0 +1,72 @@
+"""``indexcache conformance``: each backend in its own process, then one table.
+
+A backend that is not available natively but can be interpreted (the Triton backends on a machine
+without their GPU) runs with ``TRITON_INTERPRET=1`` in its process, and its report says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from indexcache import dispatch
+from indexcache.backends.triton.target import INTERPRET_ENV
+from indexcache.conformance.runner import summarize
+
+
+def plan_runs(which: str | None) -> list[tuple[str, dict[str, str]]]:
+    """``(backend, extra environment)`` to run: ``None`` = the selected backend plus every other
+    available one; ``"all"`` = also every interpretable backend; else the one named."""
+    if which not in (None, "all"):
+        dispatch.get(which)
+        avail = dispatch.availability(which)
+        if avail.available:
+            return [(which, {})]
+        if dispatch.get(which).interpretable:
+            return [(which, {INTERPRET_ENV: "1"})]
+        raise dispatch.BackendNotSupportedError(f"backend {which!r} cannot run here: {avail.reason}")
+    selected = dispatch.get_backend()
+    names = [selected] + [n for n in dispatch.available_backends() if n != selected]
+    runs = [(n, {}) for n in names]
+    if which == "all":
+        runs += [(n, {INTERPRET_ENV: "1"}) for n, b in dispatch.registry().items()
+                 if n not in names and b.interpretable]
+    return runs
+
+
+def run_all(which: str | None, out_dir: Path, op: str | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """Run each planned backend in a subprocess; return the reports and whether every case passed."""
+    reports, ok = [], True
+    for name, extra in plan_runs(which):
+        env = {**os.environ, **extra}
+        cmd = [sys.executable, "-m", "indexcache.conformance.runner", "--backend", name, "--out", str(out_dir)]
+        if op:
+            cmd += ["--op", op]
+        mode = " (interpreted)" if extra else ""
+        print(f"conformance: running backend {name}{mode} ...", file=sys.stderr, flush=True)
+        proc = subprocess.run(cmd, env=env)
+        path = out_dir / f"conformance-{name}.json"
+        if proc.returncode not in (0, 1) or not path.exists():
+            print(f"conformance: backend {name} crashed (exit {proc.returncode})", file=sys.stderr)
+            ok = False
+            continue
+        report = json.loads(path.read_text())
+        reports.append(report)
+        ok &= proc.returncode == 0
+    return reports, ok
+
+
+def table(reports: list[dict[str, Any]]) -> str:
+    """Backend × op: cases passed/failed/declined, worst error against its bound, mode."""
+    rows = [("backend", "mode", "op", "passed", "failed", "declined", "worst error / bound")]
+    for report in reports:
+        for op, s in summarize(report).items():
+            worst = f"{s['worst'][0]:.1e} / {s['worst'][1]:.0e}" if s["worst"] else ("exact" if s["passed"] else "-")
+            rows.append((report["backend"], report["mode"], op, str(s["passed"]), str(s["failed"]),
+                         str(s["declined"]), worst))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)

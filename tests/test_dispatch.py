@@ -1,0 +1,131 @@
+"""Dispatch rules: automatic choice, explicit choices, fallback with logged reasons, plugins."""
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import indexcache
+from indexcache import dispatch
+
+I32 = torch.int32
+
+
+def _translate_args():
+    return (torch.tensor([[0, 5, -1]], dtype=I32), torch.tensor([[3]], dtype=I32), torch.tensor([8], dtype=I32), 16)
+
+
+PLUGIN = textwrap.dedent('''
+    import torch
+    from indexcache.dispatch import Availability, Backend, OpImpl
+
+    CALLS = []
+
+    def _translate(raw, page_table, seq_lens, page_size, row_to_batch, out):
+        CALLS.append(page_size)
+        return out.fill_(7)
+
+    def _supports(page_size, **_):
+        return (page_size == 16, f"fake serves page_size 16 only, got {page_size}")
+
+    BACKEND = Backend(name="fake", priority=100,
+                      probe=lambda: Availability(True, "always here", auto=True, mode="CPU", device="cpu"),
+                      ops={"translate": OpImpl(_translate, _supports)})
+''')
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch, fresh_dispatch):
+    """A third-party backend registered through the ``indexcache.backends`` entry-point group."""
+    (tmp_path / "fake_backend.py").write_text(PLUGIN)
+    dist = tmp_path / "fake_backend-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-backend\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[indexcache.backends]\nfake = fake_backend:BACKEND\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    dispatch.reset()
+    import fake_backend
+
+    fake_backend.CALLS.clear()
+    yield fake_backend
+    sys.modules.pop("fake_backend", None)
+
+
+def test_cpu_machine_selects_torch(fresh_dispatch):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible; the automatic choice is a GPU backend")
+    name, why = dispatch.default_backend()
+    assert name == "torch" and why
+    assert indexcache.get_backend() == "torch"
+
+
+def test_env_var_is_an_explicit_choice(fresh_dispatch, monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    assert dispatch.explicit_choice() == ("torch", f"{dispatch.ENV_VAR}=torch")
+    assert indexcache.get_backend() == "torch"
+
+
+def test_unknown_backend_names_the_known_ones(fresh_dispatch):
+    with pytest.raises(dispatch.UnknownBackendError, match=r"backend: expected one of .*'torch'.*got 'nope'"):
+        indexcache.translate(*_translate_args(), backend="nope")
+    with pytest.raises(ValueError, match="nope"), indexcache.use_backend("nope"):
+        pass
+
+
+def test_explicit_unavailable_backend_raises_with_reason(fresh_dispatch, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.is_available():
+        pytest.skip("cuda is available here")
+    dispatch.reset()
+    expected = r"'cuda' \(chosen by backend= argument\).*not available"
+    with pytest.raises(dispatch.BackendNotSupportedError, match=expected):
+        indexcache.translate(*_translate_args(), backend="cuda")
+
+
+def test_use_backend_context(fresh_dispatch):
+    with indexcache.use_backend("torch"):
+        assert indexcache.get_backend() == "torch"
+        assert dispatch.explicit_choice() == ("torch", "use_backend()")
+    assert dispatch.explicit_choice() is None
+
+
+def test_plugin_is_auto_selected_and_serves(plugin):
+    assert "fake" in dispatch.registry()
+    assert indexcache.get_backend() == "fake"
+    out = indexcache.translate(*_translate_args())
+    assert out.tolist() == [[7, 7, 7]] and plugin.CALLS == [16]
+
+
+def test_automatic_fallback_logs_reason_once(plugin, caplog):
+    raw, table, seq, _ = _translate_args()
+    with caplog.at_level(logging.INFO, logger="indexcache"):
+        out = indexcache.translate(raw, table, seq, 4)
+        indexcache.translate(raw, table, seq, 4)
+    assert out.tolist() == [[12, -1, -1]]  # served by torch: position 5 lies on page 1, beyond the table
+    assert plugin.CALLS == []
+    messages = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert messages == ["indexcache: translate falls back from fake to torch: fake serves page_size 16 only, got 4"]
+
+
+def test_explicit_choice_that_declines_raises_every_reason(plugin):
+    raw, table, seq, _ = _translate_args()
+    with pytest.raises(dispatch.BackendNotSupportedError, match="fake serves page_size 16 only, got 4"):
+        indexcache.translate(raw, table, seq, 4, backend="fake")
+    declined = pytest.raises(dispatch.BackendNotSupportedError, match="does not implement topk")
+    with declined, indexcache.use_backend("fake"):
+        indexcache.topk(torch.zeros(1, 4), torch.tensor([4], dtype=I32), 2)
+
+
+def test_import_touches_no_device():
+    code = (
+        "import indexcache, torch\n"
+        "from indexcache import dispatch\n"
+        "assert dispatch.availability.cache_info().currsize == 0\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

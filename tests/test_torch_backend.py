@@ -1,0 +1,172 @@
+"""The torch backend against the reference: property tests, argument checks, the memory budget."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import indexcache
+from indexcache import reference
+from indexcache.conformance.check import _check_topk
+
+I32 = torch.int32
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def translate_inputs(draw):
+    rows, k = draw(st.integers(0, 9)), draw(st.integers(0, 20))
+    batches, pages = draw(st.integers(0, 5)), draw(st.integers(0, 6))
+    page_size = draw(st.sampled_from([1, 2, 3, 7, 16, 64]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    span = max(pages * page_size, 1)
+    raw = torch.randint(-2, span + 3, (rows, 2 * k), generator=g, dtype=I32)
+    if draw(st.booleans()):
+        raw = raw[:, ::2]  # non-contiguous
+    else:
+        raw = raw[:, :k]
+    table = torch.randint(-2, 40, (batches, pages), generator=g, dtype=I32)
+    seq = torch.randint(-2, span + 3, (rows,), generator=g, dtype=I32)
+    r2b = torch.randint(-1, batches + 2, (rows,), generator=g, dtype=I32) if draw(st.booleans()) else None
+    return raw, table, seq, page_size, r2b
+
+
+@SETTINGS
+@given(translate_inputs())
+def test_translate_matches_reference(inputs):
+    raw, table, seq, page_size, r2b = inputs
+    got = indexcache.translate(raw, table, seq, page_size, row_to_batch=r2b, backend="torch")
+    assert torch.equal(got, reference.translate(raw, table, seq, page_size, row_to_batch=r2b))
+
+
+@st.composite
+def topk_inputs(draw):
+    rows, cols, k = draw(st.integers(0, 6)), draw(st.integers(0, 300)), draw(st.integers(0, 70))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    kind = draw(st.sampled_from(["distinct", "ties", "special"]))
+    if kind == "distinct":
+        scores = torch.randn(rows, cols, generator=g)
+    else:
+        scores = torch.randint(0, 4, (rows, cols), generator=g).float()
+    if kind == "special" and cols:
+        pick = torch.randint(0, 4, (rows, cols), generator=g)
+        scores[pick == 0] = float("-inf")
+        scores[pick == 1] = float("nan")
+    if draw(st.booleans()):
+        scores = scores.to(torch.bfloat16)
+    lengths = torch.randint(-3, cols + 5, (rows,), generator=g, dtype=I32)
+    starts = torch.randint(-2, cols + 2, (rows,), generator=g, dtype=I32) if draw(st.booleans()) else None
+    return scores, lengths, k, starts
+
+
+@SETTINGS
+@given(topk_inputs(), st.booleans())
+def test_topk_matches_reference(inputs, sort):
+    scores, lengths, k, starts = inputs
+    got = indexcache.topk(scores, lengths, k, row_starts=starts, sorted=sort, backend="torch")
+    assert _check_topk(got, reference.topk(scores, lengths, k, row_starts=starts), sort) == ""
+
+
+@SETTINGS
+@given(topk_inputs(), st.sampled_from([1, 5, 16]))
+def test_topk_translate_is_translate_of_topk(inputs, page_size):
+    scores, lengths, k, starts = inputs
+    rows = scores.shape[0]
+    table = torch.randint(-1, 30, (rows, 8), dtype=I32)
+    raw = torch.empty((rows, k), dtype=I32)
+    phys = indexcache.topk_translate(scores, lengths, k, table, page_size, row_starts=starts, out_raw=raw,
+                                     backend="torch")
+    assert _check_topk(raw, reference.topk(scores, lengths, k, row_starts=starts), False) == ""
+    assert torch.equal(phys, reference.translate(raw, table, lengths, page_size))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: indexcache.translate(torch.zeros(2, 3), torch.zeros(1, 1, dtype=I32), torch.zeros(2, dtype=I32), 4),
+         r"raw: expected dtype int32, got float32"),
+        (lambda: indexcache.translate(torch.zeros(2, 3, dtype=I32), torch.zeros(1, 1, dtype=I32),
+                                      torch.zeros(3, dtype=I32), 4),
+         r"seq_lens: expected shape \[2\], got \[3\]"),
+        (lambda: indexcache.translate(torch.zeros(2, 3, dtype=I32), torch.zeros(1, 1, dtype=I32),
+                                      torch.zeros(2, dtype=I32), 0),
+         r"page_size: expected an int >= 1, got 0"),
+        (lambda: indexcache.translate(torch.zeros(2, 3, dtype=I32), torch.zeros(1, 1, dtype=I32),
+                                      torch.zeros(2, dtype=I32), True),
+         r"page_size: expected an int, got bool"),
+        (lambda: indexcache.topk(torch.zeros(2, 5), torch.zeros(2, dtype=I32), -1), r"k: expected an int >= 0, got -1"),
+        (lambda: indexcache.topk(torch.zeros(2, 5, dtype=torch.float64), torch.zeros(2, dtype=I32), 1),
+         r"scores: expected dtype float32 or bfloat16 or float16, got float64"),
+        (lambda: indexcache.topk(torch.zeros(2, 5), torch.zeros(2, dtype=I32), 3, out=torch.zeros(2, 4, dtype=I32)),
+         r"out: expected shape \[2, 3\], got \[2, 4\]"),
+        (lambda: indexcache.mqa_logits(torch.zeros(2, 4, 8, dtype=torch.bfloat16), torch.zeros(3, 8),
+                                       torch.zeros(3), torch.zeros(2, 4), torch.zeros(2, dtype=I32),
+                                       torch.zeros(2, dtype=I32)),
+         r"k: expected dtype bfloat16, got float32"),
+        (lambda: indexcache.paged_mqa_logits(torch.zeros(1, 1, 4, 128).to(torch.float8_e4m3fn),
+                                             torch.zeros(2, 64 * 130, dtype=torch.uint8), torch.zeros(1, 4),
+                                             torch.zeros(1, dtype=I32), torch.zeros(1, 2, dtype=I32), 128),
+         r"k_cache: expected flat pages of page_size \* 132 bytes, got 8320 bytes a page"),
+        (lambda: indexcache.quantize_index_k(torch.zeros(2, 100)),
+         r"k: expected a last dimension divisible by block=128"),
+        (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.bfloat16),
+         r"fp8_dtype: expected float8_e4m3fn or float8_e4m3fnuz, got torch.bfloat16"),
+    ],
+)
+def test_bad_input_names_argument(call, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        call()
+
+
+def test_translate_writes_into_out():
+    raw, table = torch.tensor([[0, 70]], dtype=I32), torch.tensor([[2, 3]], dtype=I32)
+    seq = torch.tensor([80], dtype=I32)
+    out = torch.full((1, 2), 5, dtype=I32)
+    assert indexcache.translate(raw, table, seq, 64, out=out, backend="torch") is out
+    assert out.tolist() == [[128, 198]]
+
+
+BUDGET_SCRIPT = """
+import resource, torch, indexcache
+from indexcache.backends.torch import set_memory_budget
+torch.manual_seed(0)
+T, H, N, D = 64, 64, 131072, 16   # an unchunked [T, H, N] float32 product would be 2 GiB
+q = torch.randn(T, H, D).to(torch.float8_e4m3fn)
+k = torch.randn(N, D).to(torch.float8_e4m3fn)
+args = (torch.ones(N), torch.randn(T, H), torch.zeros(T, dtype=torch.int32), torch.full((T,), N, dtype=torch.int32))
+out = torch.empty(T, N)
+set_memory_budget(32 * 2**20)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+indexcache.mqa_logits(q, k, *args, out=out, backend="torch")
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+print(grown)
+"""
+
+
+def test_logits_stay_under_memory_budget():
+    """With a 32 MiB budget the peak grows by well under the 2 GiB an unchunked product needs."""
+    proc = subprocess.run([sys.executable, "-c", BUDGET_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    grown = int(proc.stdout.strip())
+    assert grown < 128 * 2**20, f"peak memory grew by {grown / 2**20:.0f} MiB"
+
+
+def test_memory_budget_setting(monkeypatch):
+    from indexcache.backends.torch import memory
+
+    monkeypatch.setenv(memory.ENV_VAR, "1000")
+    assert memory.memory_budget() == 1000
+    memory.set_memory_budget(2048)
+    try:
+        assert memory.memory_budget() == 2048
+    finally:
+        memory.set_memory_budget(None)
+    monkeypatch.setenv(memory.ENV_VAR, "lots")
+    with pytest.raises(ValueError, match="INDEXCACHE_TORCH_MEMORY_BUDGET: expected a positive number of bytes"):
+        memory.memory_budget()
+    with pytest.raises(ValueError, match="nbytes: expected a positive int or None, got 0"):
+        memory.set_memory_budget(0)
