@@ -112,7 +112,39 @@ def _run_conformance(args) -> int:
     return 0 if ok else 1
 
 
-COMMANDS = (_add_info, _add_conformance, _add_plan)
+def _add_bench(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure the machine's ceilings, then each op per backend; print a table",
+        description="Measure copy bandwidth and an empty Triton launch, then time each case of each op on each "
+        "backend (checked against the torch backend first; torch always runs, as the speed-up baseline). "
+        "Off a GPU, times are labelled CPU / interpreted and are not speeds. Exits 1 if a backend disagrees "
+        "with torch or fails.",
+    )
+    p.add_argument("--op", action="append", default=None, metavar="NAME", help="an op to time (repeatable; "
+                   "default: every op)")
+    p.add_argument("--backend", action="append", default=None, metavar="NAME",
+                   help="a backend to time (repeatable; default: every available backend implementing the op)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--quick", action="store_true", help="small shapes and few repeats (for tests)")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args) -> int:
+    from indexcache.bench import failed, format_table, run, write_json
+
+    report = run(args.op, args.backend, quick=args.quick)
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"results written to {args.json}")
+    bad = failed(report)
+    for row in bad:
+        print(f"FAILED {row['op']} / {row['case']} / {row['backend']}: {row['check']}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+COMMANDS = (_add_info, _add_conformance, _add_plan, _add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
