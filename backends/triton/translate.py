@@ -19,6 +19,23 @@ from indexcache.dispatch import OpImpl
 
 
 @triton.jit
+def physical(x, ok, seq, table_row, tab_s1, pages, page_size, SHIFT: tl.constexpr):
+    """Physical slots of logical positions ``x`` (int32), -1 wherever ``ok`` is false, ``x < 0``,
+    ``x >= seq``, the page is beyond the table or its entry is < 0. ``table_row`` points at the row's
+    page-table row; ``ok`` must already hold the batch-range guard (the read is masked by all guards).
+    ``SHIFT`` is log2(page_size) for powers of two, else -1."""
+    if SHIFT >= 0:
+        page = x >> SHIFT
+        offset = x & ((1 << SHIFT) - 1)
+    else:
+        page = x // page_size
+        offset = x % page_size
+    ok = ok & (x >= 0) & (x < seq) & (page < pages)
+    entry = tl.load(table_row + page.to(tl.int64) * tab_s1, mask=ok, other=-1)
+    return tl.where(ok & (entry >= 0), entry * page_size + offset, -1)
+
+
+@triton.jit
 def translate_kernel(
     raw_ptr, table_ptr, seq_ptr, r2b_ptr, out_ptr,
     rows, k, batches, pages, page_size,
@@ -37,19 +54,14 @@ def translate_kernel(
         b = tl.load(r2b_ptr + r64 * r2b_s0, mask=r_ok, other=-1)
     else:
         b = r
-    if SHIFT >= 0:
-        page = x >> SHIFT
-        offset = x & ((1 << SHIFT) - 1)
-    else:
-        page = x // page_size
-        offset = x % page_size
-    ok = inside & (x >= 0) & (x < seq[:, None]) & (page < pages) & ((b >= 0) & (b < batches))[:, None]
-    entry = tl.load(table_ptr + b.to(tl.int64)[:, None] * tab_s0 + page.to(tl.int64) * tab_s1, mask=ok, other=-1)
-    phys = tl.where(ok & (entry >= 0), entry * page_size + offset, -1)
+    b_ok = (b >= 0) & (b < batches)
+    table_row = table_ptr + b.to(tl.int64)[:, None] * tab_s0
+    phys = physical(x, inside & b_ok[:, None], seq[:, None], table_row, tab_s1, pages, page_size, SHIFT)
     tl.store(out_ptr + r64[:, None] * out_s0 + j64[None, :] * out_s1, phys, mask=inside)
 
 
-def _shift(page_size: int) -> int:
+def page_shift(page_size: int) -> int:
+    """log2(page_size) for powers of two (the shift path of :func:`physical`), else -1."""
     return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
 
 
@@ -67,7 +79,7 @@ def translate(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target
         rows, k, page_table.shape[0], page_table.shape[1], page_size,
         raw.stride(0), raw.stride(1), page_table.stride(0), page_table.stride(1),
         seq_lens.stride(0), r2b.stride(0), out.stride(0), out.stride(1),
-        HAS_R2B=row_to_batch is not None, SHIFT=_shift(page_size), BLOCK_R=block_r, BLOCK_K=block_k,
+        HAS_R2B=row_to_batch is not None, SHIFT=page_shift(page_size), BLOCK_R=block_r, BLOCK_K=block_k,
         **launch_options(target, cfg),
     )
     return out
