@@ -275,8 +275,6 @@ def _launch(device: torch.device, timer: Timer, graph_ok: bool) -> dict[str, Any
 def _backends(op: BenchOp, requested: Sequence[str] | None) -> list[str]:
     """The backends to run, the torch baseline first (it always runs: speed-ups are over it)."""
     if requested:
-        for name in requested:
-            dispatch.get(name)
         names = list(requested)
     else:
         names = [n for n in dispatch.available_backends() if op.name in dispatch.ops_of(n)]
@@ -395,6 +393,8 @@ def run(op_names: Sequence[str] | None = None, backends: Sequence[str] | None = 
     unknown = [n for n in names if n not in OPS]
     if unknown:
         raise ValueError(f"--op: expected one of {sorted(OPS)}, got {', '.join(map(repr, unknown))}")
+    for backend in backends or ():
+        dispatch.get(backend)
     gpu = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     warmup, reps, graph_reps = ((2, 5, 3) if quick else (10, 100, 20)) if gpu else ((1, 3, 0) if quick else (1, 5, 0))
