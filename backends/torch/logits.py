@@ -7,8 +7,8 @@ Inputs are widened to float32 (exact for fp8 and bf16) and multiplied in float32
 from __future__ import annotations
 
 import torch
-from indexcache.backends.torch.memory import memory_budget, rows_per_chunk
 
+from indexcache.backends.torch.memory import memory_budget, rows_per_chunk
 from indexcache.layout import split_packed_cache
 
 KEY_CHUNK = 4096

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from indexcache.backends.torch.memory import rows_per_chunk
 from indexcache.backends.torch.translate import translate
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import triton
 import triton.language as tl
+
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
-
 from indexcache.dispatch import OpImpl
 
 
