@@ -158,7 +158,7 @@ def descriptors(draw) -> Descriptor:
     return Descriptor.from_plan(plan)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(descriptors())
 def test_json_round_trip(descriptor):
     text = descriptor.to_json()

@@ -464,7 +464,7 @@ def plans(draw) -> LayerPlan:
     return LayerPlan(layers, **kwargs)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(plans())
 def test_every_shared_layer_reuses_the_nearest_earlier_producer(plan):
     for layer in plan.shared:
@@ -476,14 +476,14 @@ def test_every_shared_layer_reuses_the_nearest_earlier_producer(plan):
     assert plan.index_k_cache_layers == frozenset(plan.producers)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(plans())
 def test_first_sparse_layer_is_a_producer(plan):
     if plan.sparse_layers:
         assert plan.role(plan.sparse_layers[0]) == "F"
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(plans(), st.data())
 def test_carry_split_keeps_the_unsplit_roles(plan, data):
     inner = list(range(1, plan.num_layers))
@@ -501,7 +501,7 @@ def test_carry_split_keeps_the_unsplit_roles(plan, data):
     assert stages[-1].carry_out is None
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(plans(), st.data())
 def test_promote_split_needs_no_carry(plan, data):
     inner = list(range(1, plan.num_layers))
