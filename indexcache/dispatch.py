@@ -37,6 +37,7 @@ OPS = (
     "paged_mqa_logits",
     "quantize_index_k",
     "store_index_k",
+    "overlap",  # the stream scheduler (indexcache.streams): side-stream work joined to the current stream
 )
 # Modules of the built-in backends, each exposing ``BACKEND``; importing them touches no device.
 BUILTIN_MODULES = (

@@ -32,9 +32,11 @@ def _probe() -> Availability:
 
 def _ops() -> dict[str, OpImpl]:
     from indexcache.backends.triton import make_ops
+    from indexcache.streams import device_overlap
 
     target = _detected()[2]
-    return make_ops(target, tuning(target.arch))
+    # CUDA side streams for overlap(): 5.
+    return {**make_ops(target, tuning(target.arch)), "overlap": device_overlap(target.device_type, side_streams=5)}
 
 
 def _info() -> dict:

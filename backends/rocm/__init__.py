@@ -32,9 +32,11 @@ def _probe() -> Availability:
 
 def _ops() -> dict[str, OpImpl]:
     from indexcache.backends.triton import make_ops
+    from indexcache.streams import device_overlap
 
     target = _detected()[2]
-    return make_ops(target, tuning(target.arch))
+    # HIP side streams for overlap(): 2 (as SGLang allows on ROCm).
+    return {**make_ops(target, tuning(target.arch)), "overlap": device_overlap(target.device_type, side_streams=2)}
 
 
 def _info() -> dict:
