@@ -1,0 +1,158 @@
+"""Context-parallel top-k: the producer's top-k when the key axis is split across ranks.
+
+Every rank of ``group`` holds the scores of the same query rows against its own shard of the keys.
+:func:`cp_topk` runs the selected backend's :func:`indexcache.topk` on the rank's visible keys,
+gathers k candidates per rank and row with one ``all_gather`` (8 bytes each: the fp32 score and the
+global index packed into one int64 sort key) and merges them, on every rank, into exactly what
+:func:`indexcache.topk` gives on the concatenated scores. Any ``torch.distributed`` backend works
+(NCCL, RCCL, gloo): tensors stay on the device of ``local_scores`` and nothing syncs with the host.
+
+Shards (``key_offset``):
+
+- contiguous: an ``int``, the global index of the rank's first local column;
+- any other layout (zigzag load balancing, see :func:`zigzag_key_index`): an int32 tensor ``[N_local]``
+  giving the global index of each local column, strictly increasing (not checked: that would sync).
+
+All index tensors are int32 and -1 marks an empty slot.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from indexcache import ops
+from indexcache.ops import INDEX, SCORE_DTYPES, _check_translate_inputs, _int, _out, _tensor
+
+_INVALID = torch.iinfo(torch.int64).min  # the key of a candidate that must never be chosen
+_INDEX_MAX = torch.iinfo(torch.int32).max
+# torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single; 2.11 has only the old name.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def zigzag_key_index(num_keys: int, world_size: int, rank: int, *, device=None) -> torch.Tensor:
+    """The load-balanced causal layout: ``[0, num_keys)`` cut into ``2 * world_size`` near-equal chunks,
+    rank ``r`` holding chunks ``r`` and ``2 * world_size - 1 - r``. Returns the rank's global key
+    indices ``[N_local]`` int32, increasing: the ``key_offset`` of :func:`cp_topk` for that layout.
+    """
+    _int("num_keys", num_keys, 0)
+    _int("world_size", world_size, 1)
+    if not 0 <= _int("rank", rank, 0) < world_size:
+        raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank}")
+    chunks = 2 * world_size
+    bounds = [num_keys * i // chunks for i in range(chunks + 1)]
+    parts = [torch.arange(bounds[c], bounds[c + 1], device=device) for c in (rank, chunks - 1 - rank)]
+    return torch.cat(parts).to(INDEX)
+
+
+def _check(local_scores, key_offset, lengths, k, row_starts, num_keys) -> None:
+    _tensor("local_scores", local_scores, SCORE_DTYPES, (None, None))
+    rows, cols = local_scores.shape
+    device = local_scores.device
+    _tensor("lengths", lengths, (INDEX,), (rows,), device)
+    _int("k", k, 0)
+    if isinstance(key_offset, torch.Tensor):
+        _tensor("key_offset", key_offset, (INDEX,), (cols,), device)
+    elif _int("key_offset", key_offset, 0) + cols > _INDEX_MAX:
+        raise ValueError(f"key_offset: global indices must fit int32, got {key_offset} + {cols} columns")
+    if row_starts is not None:
+        _tensor("row_starts", row_starts, (INDEX,), (rows,), device)
+    if num_keys is not None:
+        _int("num_keys", num_keys, 0)
+
+
+def _windows(lengths, row_starts, num_keys):
+    """The global window ``[start, start + length)`` of each row (int64), clipped like :func:`indexcache.topk`
+    clips to its columns when ``num_keys`` is known; negative lengths count as 0."""
+    start = torch.zeros_like(lengths, dtype=torch.long) if row_starts is None else row_starts.long().clamp_min(0)
+    length = lengths.long().clamp_min(0)
+    if num_keys is not None:
+        start = start.clamp_max(num_keys)
+        length = torch.minimum(length, num_keys - start)
+    return start, length
+
+
+def _sort_key(scores: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """One int64 per candidate that orders like (score descending, index ascending): the fp32 bits
+    mapped to a monotone int32 in the high word, ``INT32_MAX - index`` in the low word. Candidates
+    that are not ``valid``, NaN or -inf get the smallest int64."""
+    s = scores.float()
+    bits = torch.where(s == 0, 0.0, s).view(torch.int32)  # -0.0 ties with +0.0
+    ordered = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long()
+    valid = valid & ~torch.isnan(s) & (s != float("-inf"))
+    return torch.where(valid, (ordered << 32) | (_INDEX_MAX - rel), _INVALID)
+
+
+def _local_candidates(local_scores, key_offset, start, length, k, backend) -> torch.Tensor:
+    """``[R, k]`` int64 sort keys of this rank's best k visible keys (indices relative to ``start``)."""
+    rows, cols = local_scores.shape
+    if cols == 0:
+        return torch.full((rows, k), _INVALID, dtype=torch.long, device=local_scores.device)
+    end = start + length
+    if isinstance(key_offset, torch.Tensor):
+        global_index = key_offset.long()
+        lo, hi = torch.searchsorted(global_index, start), torch.searchsorted(global_index, end)
+    else:
+        lo, hi = (start - key_offset).clamp(0, cols), (end - key_offset).clamp(0, cols)
+    pos = ops.topk(local_scores, (hi - lo).to(INDEX), k, row_starts=lo.to(INDEX), backend=backend)
+    col = (lo[:, None] + pos).clamp(0, cols - 1)
+    index = global_index[col] if isinstance(key_offset, torch.Tensor) else col + key_offset
+    return _sort_key(local_scores.gather(1, col), index - start[:, None], pos >= 0)
+
+
+def cp_topk(local_scores, key_offset, lengths, k: int, group=None, *, row_starts=None, num_keys: int | None = None,
+            out=None, backend=None) -> torch.Tensor:
+    """Context-parallel :func:`indexcache.topk`: call it on every rank of ``group`` with the same rows.
+
+    ``local_scores [R, N_local]`` float32/bfloat16/float16, this rank's columns of the global scores
+    ``[R, N]``; ``key_offset`` an int (contiguous shard) or int32 ``[N_local]`` (global index of each
+    column, increasing); ``lengths [R]`` int32, the GLOBAL visible length of each row (keys at or past
+    it are invisible on every rank); ``row_starts [R]`` int32, the global window start (0 when None);
+    ``num_keys`` the global key count N, used only to clip windows that run past it (windows are
+    taken as given when None). ``k``, ``R``, the key dtype and ``row_starts``/``num_keys`` presence
+    must agree across ranks.
+
+    Returns ``out [R, k]`` int32 on every rank, equal to ``indexcache.topk(scores, lengths, k,
+    row_starts=row_starts, sorted=True)`` on the global scores: window-relative indices ordered by
+    score descending then index ascending; rows with length ≤ k give ``0 .. len-1`` then -1 without
+    looking at the scores; -inf and NaN are never chosen (their slots are -1); ties go to the lower
+    global index. Communicates ``world_size × R × k × 8`` bytes; no host sync.
+    """
+    _check(local_scores, key_offset, lengths, k, row_starts, num_keys)
+    rows = local_scores.shape[0]
+    device = local_scores.device
+    out = _out("out", out, INDEX, (rows, k), device)
+    if rows == 0 or k == 0:
+        return out
+    start, length = _windows(lengths, row_starts, num_keys)
+    local = _local_candidates(local_scores, key_offset, start, length, k, backend).contiguous()
+    world = dist.get_world_size(group)
+    gathered = torch.empty((world * rows, k), dtype=torch.long, device=device)
+    _all_gather(gathered, local, group=group)
+    merged = gathered.view(world, rows, k).transpose(0, 1).reshape(rows, world * k)
+    best = torch.topk(merged, k, dim=1).values
+    long_rows = torch.where(best == _INVALID, -1, _INDEX_MAX - (best & 0xFFFFFFFF))
+    slot = torch.arange(k, device=device)[None, :]
+    short_rows = torch.where(slot < length[:, None], slot, -1)
+    return out.copy_(torch.where((length > k)[:, None], long_rows, short_rows))
+
+
+def cp_topk_translate(local_scores, key_offset, lengths, k: int, page_table, page_size: int, group=None, *,
+                      row_starts=None, row_to_batch=None, num_keys: int | None = None, out=None, out_raw=None,
+                      backend=None) -> torch.Tensor:
+    """Context-parallel :func:`indexcache.topk_translate`: :func:`cp_topk`, then each rank translates
+    the global logical indices through ``page_table [B, P]`` int32 (``row_to_batch [R]`` int32).
+
+    Returns ``out [R, k]`` int32 physical slots, equal to ``indexcache.translate(cp_topk(...),
+    page_table, lengths, page_size, row_to_batch=...)`` (-1 where either gives -1); ``out_raw [R, k]``
+    int32, when given, receives the logical indices the shared layers reuse.
+    """
+    _check(local_scores, key_offset, lengths, k, row_starts, num_keys)
+    shape = (local_scores.shape[0], k)
+    device = local_scores.device
+    _check_translate_inputs(shape, page_table, lengths, page_size, row_to_batch, device)
+    out = _out("out", out, INDEX, shape, device)
+    raw = _out("out_raw", out_raw, INDEX, shape, device)
+    cp_topk(local_scores, key_offset, lengths, k, group, row_starts=row_starts, num_keys=num_keys, out=raw,
+            backend=backend)
+    return ops.translate(raw, page_table, lengths, page_size, row_to_batch=row_to_batch, out=out, backend=backend)
