@@ -1,0 +1,148 @@
+"""overlap(): the scheduler each backend serves, in-order semantics, and (on a GPU) the event join,
+record_stream protection and CUDA-graph capture."""
+
+import pytest
+import torch
+
+from indexcache import dispatch
+from indexcache.streams import DeviceStreams, device_overlap, in_order, overlap
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+# About 50 ms on an H200 at ~1.9 GHz: far longer than any launch latency.
+SLEEP_CYCLES = 100_000_000
+
+
+def test_cpu_runs_side_then_main_and_returns_both():
+    calls = []
+    out = overlap(lambda: calls.append("side") or "s", lambda: calls.append("main") or "m")
+    assert out == ("s", "m")
+    assert calls == ["side", "main"]
+
+
+def test_cpu_tensors_are_served_in_order_by_torch(fresh_dispatch):
+    args = dict(side_fn=None, main_fn=None, side=0, device=torch.device("cpu"))
+    name, impl = fresh_dispatch.resolve("overlap", args)
+    assert name == "torch"
+    assert impl.fn is in_order
+
+
+def test_every_backend_available_here_serves_overlap(fresh_dispatch):
+    for name in fresh_dispatch.available_backends():
+        assert "overlap" in fresh_dispatch.ops_of(name), name
+
+
+def test_gpu_scheduler_refuses_cpu_tensors_and_interpreted_backends_run_in_order():
+    impl = device_overlap("cuda", side_streams=2)
+    ok, reason = impl.supports(side_fn=None, main_fn=None, side=0, device=torch.device("cpu"))
+    assert not ok and "GPU" in reason
+    assert device_overlap("cpu", side_streams=2).fn is in_order
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, True])
+def test_side_index_is_checked(bad):
+    with pytest.raises(ValueError, match="side"):
+        overlap(lambda: 0, lambda: 0, side=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0])
+def test_side_stream_count_is_checked(bad):
+    with pytest.raises(ValueError, match="side_streams"):
+        DeviceStreams(bad)
+
+
+@gpu
+def test_join_main_reads_what_the_sleeping_side_stream_wrote():
+    x = torch.zeros(1, device="cuda")
+
+    def side():
+        torch.cuda._sleep(SLEEP_CYCLES)
+        x.fill_(1.0)
+
+    overlap(side, lambda: None, device="cuda")
+    seen = x.clone()  # enqueued on the main stream right after the join
+    torch.cuda.synchronize()
+    assert seen.item() == 1.0
+
+
+@gpu
+def test_without_the_join_main_would_read_too_early():
+    """Control for the test above: the same side work with no join is still running when main reads."""
+    x = torch.zeros(1, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        x.fill_(1.0)
+    seen = x.clone()
+    torch.cuda.synchronize()
+    assert seen.item() == 0.0
+
+
+def _device_streams() -> DeviceStreams:
+    """The scheduler serving GPU tensors here; skips unless it uses device streams."""
+    args = dict(side_fn=None, main_fn=None, side=0, device=torch.device("cuda"))
+    name, impl = dispatch.resolve("overlap", args)
+    if not isinstance(impl.fn, DeviceStreams):
+        pytest.skip(f"overlap on GPU tensors is served by {name!r}, which runs in order")
+    return impl.fn
+
+
+@gpu
+def test_side_made_tensors_are_protected_with_record_stream():
+    streams = _device_streams()
+    n = 1 << 20
+
+    def side():
+        torch.cuda._sleep(SLEEP_CYCLES // 10)
+        return torch.full((n,), 7.0, device="cuda")
+
+    made, _ = overlap(side, lambda: None, device="cuda")
+    torch.cuda._sleep(SLEEP_CYCLES)  # main is busy, then reads the side-made tensor
+    total = made.sum()
+    del made
+    # The side stream allocates the same size at once: without record_stream it would get the block
+    # that main has yet to read, and zero it before main reads.
+    with torch.cuda.stream(streams.stream(torch.device("cuda"), 0)):
+        torch.zeros(n, device="cuda")
+    torch.cuda.synchronize()
+    assert total.item() == 7.0 * n
+
+
+@gpu
+def test_side_and_main_run_concurrently():
+    _device_streams()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    overlap(lambda: torch.cuda._sleep(1000), lambda: None, device="cuda")  # creates the streams
+    start.record()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    end.record()
+    torch.cuda.synchronize()
+    alone = start.elapsed_time(end)
+    start.record()
+    overlap(lambda: torch.cuda._sleep(SLEEP_CYCLES), lambda: torch.cuda._sleep(SLEEP_CYCLES), device="cuda")
+    end.record()
+    torch.cuda.synchronize()
+    assert start.elapsed_time(end) < 1.5 * alone
+
+
+@gpu
+def test_captured_overlap_replays_like_the_sequential_order():
+    a = torch.zeros(4096, device="cuda")
+    b = torch.zeros(4096, device="cuda")
+    side_out = torch.empty_like(a)
+    main_out = torch.empty_like(b)
+
+    def step():
+        overlap(lambda: side_out.copy_(a * 2 + 1), lambda: main_out.copy_(b.sin()), device="cuda")
+        return side_out + main_out
+
+    step()  # warm-up creates the side streams before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = step()
+    for seed in range(5):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        a.copy_(torch.randn(a.shape, device="cuda", generator=g))
+        b.copy_(torch.randn(b.shape, device="cuda", generator=g))
+        graph.replay()
+        torch.testing.assert_close(result, a * 2 + 1 + b.sin(), rtol=0, atol=0)
