@@ -1,0 +1,513 @@
+"""Pattern calibration: how much the layers' top-k selections overlap, and which layers to keep as producers.
+
+The IndexCache paper picks the producer (F) / shared (S) pattern greedily: start with every sparse layer
+a producer, then repeatedly turn into a shared layer the producer whose loss costs least, until the
+producer budget is met. This module measures the cross-layer overlap of top-k indices from a dump, runs
+that search under an overlap proxy or a user objective (calibration LM loss from an engine), and writes
+the pattern, an ``index_topk_pattern`` config snippet, a JSON report and two plots.
+
+Dump format (one directory, one file per sparse layer, every layer's indexer run, i.e. all layers F)::
+
+    layer_000.pt  layer_001.pt  ...   or   layer_2.npz  layer_4.npz  ...
+
+- The file name gives the layer id: ``layer_<id>.pt`` or ``layer_<id>.npz``, leading zeros optional;
+  other files are ignored. Only layers with an indexer belong in the dump (all layers of a
+  DeepSeek-V3.2 / GLM-5 style model, the C4 layers of a DeepSeek-V4 one; no MTP layers).
+- ``.pt``: a tensor saved with ``torch.save``. ``.npz``: one array, or several with one named
+  ``indices``.
+- The array holds raw (logical) top-k token positions, ``[rows, k]``, int32 preferred (any integer
+  dtype is read); leading dimensions beyond two are flattened into rows. ``-1`` marks an empty slot
+  (rows shorter than k); no other negative value is allowed. Order inside a row does not matter and a
+  repeated index counts once.
+- Row ``r`` must be the same query token in every layer's file, and every file has the same shape.
+
+Overlap of layers ``i`` and ``j``: per row, ``|T_i ∩ T_j| / n_r`` where ``T`` are the row's valid
+indices and ``n_r`` is the largest valid count any layer has in that row (k for full rows, so this is
+the paper's ``|T_i ∩ T_j| / k``, and a short row whose layers agree still scores 1); averaged over the
+rows with ``n_r > 0``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+PRODUCER = "F"
+SHARED = "S"
+_C4_RATIO = 4
+_LAYER_FILE = re.compile(r"^layer_(\d+)\.(pt|npz)$")
+# Rows are bitmapped over [0, max index]; this many table entries (int64) per batch keeps it in cache.
+_TABLE_ENTRIES = 1 << 17
+# Rows whose bitsets are intersected together: L x (rows x union/64) words stays around a megabyte.
+_BLOCK_ROWS = 8
+
+IndexArray = np.ndarray | torch.Tensor
+Objective = Callable[[str], float]
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def load_dump(path: str | os.PathLike[str]) -> tuple[list[int], list[np.ndarray]]:
+    """Read a dump directory: the layer ids (ascending) and one ``[rows, k]`` integer array per layer.
+
+    See the module docstring for the format. Raises ``FileNotFoundError`` for a missing or empty
+    directory and ``ValueError`` for a duplicate layer id, a bad file or mismatched shapes.
+    """
+    directory = Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such directory")
+    files: dict[int, Path] = {}
+    for file in sorted(directory.iterdir()):
+        match = _LAYER_FILE.match(file.name)
+        if match is None:
+            continue
+        layer = int(match.group(1))
+        if layer in files:
+            raise ValueError(f"{directory}: layer {layer} appears twice ({files[layer].name}, {file.name})")
+        files[layer] = file
+    if not files:
+        raise FileNotFoundError(f"{directory}: no layer_<id>.pt or layer_<id>.npz files")
+    layers = sorted(files)
+    arrays = [_read_layer(files[layer]) for layer in layers]
+    _check_shapes(arrays, [files[layer].name for layer in layers])
+    return layers, arrays
+
+
+def _read_layer(file: Path) -> np.ndarray:
+    if file.suffix == ".pt":
+        value = torch.load(file, map_location="cpu", weights_only=True)
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{file}: holds a {type(value).__name__}, expected one tensor [rows, k]")
+        return _as_rows(value, file.name)
+    with np.load(file) as npz:
+        names = list(npz.files)
+        if len(names) != 1 and "indices" not in names:
+            raise ValueError(f"{file}: holds arrays {names}; expected one array, or one named 'indices'")
+        return _as_rows(npz[names[0] if len(names) == 1 else "indices"], file.name)
+
+
+def _as_rows(value: IndexArray, what: str) -> np.ndarray:
+    """``value`` as a ``[rows, k]`` integer numpy array (leading dimensions flattened, no copy if possible)."""
+    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{what}: dtype {array.dtype}; top-k indices must be integers (int32)")
+    if array.ndim < 2:
+        raise ValueError(f"{what}: shape {tuple(array.shape)}; expected [rows, k]")
+    return array.reshape(-1, array.shape[-1])
+
+
+def _check_shapes(arrays: Sequence[np.ndarray], names: Sequence[str]) -> None:
+    shape = arrays[0].shape
+    for array, name in zip(arrays, names, strict=True):
+        if array.shape != shape:
+            raise ValueError(
+                f"{name}: shape {array.shape}, but {names[0]} has {shape}; every layer must hold the "
+                "same query rows with the same k"
+            )
+    if shape[0] == 0 or shape[1] == 0:
+        raise ValueError(f"{names[0]}: shape {shape}; need at least one row and k >= 1")
+
+
+# --------------------------------------------------------------------------------------------- overlap
+
+
+def overlap_matrix(indices: Sequence[IndexArray], *, threads: int | None = None) -> np.ndarray:
+    """Mean top-k overlap of every pair of layers: ``[L, L]`` float64, symmetric.
+
+    ``indices[l]`` is layer ``l``'s ``[rows, k]`` integer array (numpy or torch; -1 = empty slot); every
+    layer has the same shape and row ``r`` is the same query everywhere. ``out[i, j]`` averages
+    ``|T_i ∩ T_j| / n_r`` over rows with ``n_r > 0`` (see the module docstring); the diagonal is 1 when
+    every layer fills the same number of slots.
+
+    Vectorized: each row's union of indices is ranked once, every layer becomes a bitset over that
+    union, and a pair's intersection is a popcount of an AND. ``threads`` row blocks run at once
+    (default: the CPUs this process may use).
+    """
+    arrays = [_as_rows(a, f"indices[{i}]") for i, a in enumerate(indices)]
+    if not arrays:
+        raise ValueError("indices: no layers")
+    _check_shapes(arrays, [f"indices[{i}]" for i in range(len(arrays))])
+    low = min(int(a.min()) for a in arrays)
+    if low < -1:
+        raise ValueError(f"indices hold {low}; -1 marks an empty slot and no other negative value is valid")
+    span = max(int(a.max()) for a in arrays) + 2  # column 0 of each row's table takes the -1 slots
+    rows = arrays[0].shape[0]
+    batch = max(1, min(_TABLE_ENTRIES // span, rows))
+    block = max(_BLOCK_ROWS, batch)
+    workers = threads if threads is not None else len(os.sched_getaffinity(0))
+    num = len(arrays)
+    total = np.zeros((num, num))
+    counted = 0
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        jobs = [
+            pool.submit(_block_counts, arrays, start, min(rows, start + block), span, batch)
+            for start in range(0, rows, block)
+        ]
+        for job in jobs:
+            counts = job.result()  # [L, L, rows], upper triangle
+            fill = counts[np.arange(num), np.arange(num)].max(axis=0)
+            total += counts @ np.where(fill > 0, 1.0 / np.maximum(fill, 1), 0.0)
+            counted += int(np.count_nonzero(fill))
+    if counted == 0:
+        raise ValueError("indices: every slot of every row is -1; nothing to compare")
+    total = np.triu(total) + np.triu(total, 1).T
+    return total / counted
+
+
+def _block_counts(arrays: Sequence[np.ndarray], start: int, stop: int, span: int, batch: int) -> np.ndarray:
+    """Intersection sizes ``[L, L, stop - start]`` (uint32, upper triangle) of rows ``start:stop``."""
+    num, k = len(arrays), arrays[0].shape[1]
+    keys = np.empty((num, batch, k), np.int64)
+    words, row_words = [], []
+    offset = 0
+    for first in range(start, stop, batch):
+        count = min(batch, stop - first)
+        bits, row_start = _bitsets(arrays, first, count, span, keys[:, :count])
+        words.append(bits)
+        row_words.append(row_start + offset)
+        offset += bits.shape[1]
+    bits = np.concatenate(words, axis=1)
+    row_start = np.concatenate(row_words)
+    counts = np.zeros((num, num, stop - start), np.uint32)
+    both = np.empty_like(bits)
+    ones = np.empty(bits.shape, np.uint8)
+    for i in range(num):
+        np.bitwise_and(bits[i], bits[i:], out=both[i:])
+        np.bitwise_count(both[i:], out=ones[i:])
+        counts[i, i:] = np.add.reduceat(ones[i:], row_start, axis=1, dtype=np.uint32)
+    return counts
+
+
+def _bitsets(
+    arrays: Sequence[np.ndarray], first: int, count: int, span: int, keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, rows ``first:first+count`` as bitsets over each row's union of indices.
+
+    Returns ``bits [L, words]`` uint64 and ``row_start [count]``, the first word of each row. A row gets
+    slot 0 (for its -1 entries, cleared) plus one slot per distinct index, rounded up to whole words.
+    """
+    num = len(arrays)
+    row_offset = (np.arange(count, dtype=np.int64) * span + 1)[:, None]
+    for layer, array in enumerate(arrays):
+        np.add(array[first : first + count], row_offset, out=keys[layer])
+    present = np.zeros(count * span, bool)
+    present[keys] = True
+    present[::span] = False
+    rank = np.cumsum(present, dtype=np.int64).reshape(count, span)  # union members up to here
+    before = rank[:, 0].copy()
+    row_words = (rank[:, -1] - before + 64) // 64
+    row_start = np.zeros(count, np.int64)
+    np.cumsum(row_words[:-1], out=row_start[1:])
+    width = int(row_words.sum()) * 64
+    rank += (row_start * 64 - before)[:, None]  # index -> its bit within the chunk (slot 0 for -1)
+    slots = rank.reshape(-1)[keys]
+    slots += (np.arange(num, dtype=np.int64) * width)[:, None, None]
+    flags = np.zeros((num, width), bool)
+    flags.reshape(-1)[slots] = True
+    flags[:, row_start * 64] = False
+    return np.packbits(flags, axis=1, bitorder="little").view(np.uint64), row_start
+
+
+# ---------------------------------------------------------------------------------------------- search
+
+
+def c4_layers(compress_ratios: Sequence[int]) -> list[int]:
+    """The sparse layers of a DeepSeek-V4 style model: those whose compression ratio is 4 (C4)."""
+    return [layer for layer, ratio in enumerate(compress_ratios) if ratio == _C4_RATIO]
+
+
+def producer_budget(num_sparse: int, *, keep: float | None = None, producers: int | None = None) -> int:
+    """How many producers to keep among ``num_sparse`` sparse layers: give exactly one of the two.
+
+    ``keep`` is a fraction in (0, 1], rounded up (``keep=0.25`` of 61 layers keeps 16, as
+    ``index_topk_freq=4`` does); ``producers`` is a count in 1..num_sparse.
+    """
+    if (keep is None) == (producers is None):
+        raise ValueError("give exactly one of keep (a fraction of the sparse layers) and producers (a count)")
+    if producers is not None:
+        if isinstance(producers, bool) or not isinstance(producers, int) or not 1 <= producers <= num_sparse:
+            raise ValueError(f"producers={producers!r}: must be an integer in 1..{num_sparse} (the sparse layers)")
+        return producers
+    if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 < keep <= 1:
+        raise ValueError(f"keep={keep!r}: must be a fraction in (0, 1]; use producers= for a count")
+    return max(1, math.ceil(keep * num_sparse - 1e-9))
+
+
+def uniform_pattern(num_sparse: int, producers: int) -> str:
+    """``producers`` producers spread evenly over ``num_sparse`` sparse layers, the first one included."""
+    chosen = {i * num_sparse // producers for i in range(producers)}
+    return "".join(PRODUCER if i in chosen else SHARED for i in range(num_sparse))
+
+
+def check_pattern(pattern: str, num_sparse: int) -> None:
+    """Raise ``ValueError`` unless ``pattern`` is one ``F``/``S`` per sparse layer starting with ``F``."""
+    if not isinstance(pattern, str) or len(pattern) != num_sparse or set(pattern) - {PRODUCER, SHARED}:
+        raise ValueError(f"pattern {pattern!r}: must be {num_sparse} characters of 'F'/'S', one per sparse layer")
+    if pattern[0] != PRODUCER:
+        raise ValueError(f"pattern {pattern!r}: the first sparse layer must be 'F' (shared layers need a producer)")
+
+
+def overlap_objective(overlap: np.ndarray) -> Objective:
+    """The overlap proxy: ``pattern -> mean over sparse layers of (1 - overlap[source, layer])``.
+
+    ``overlap`` is ``[L, L]`` over the sparse layers in order; a shared layer's source is the nearest
+    producer before it, a producer costs 0. Lower is better: 0 for all-F, and the fraction of a layer's
+    own top-k it does not see, averaged over layers, otherwise.
+    """
+    matrix = np.asarray(overlap, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"overlap: shape {matrix.shape}; expected a square [L, L] matrix")
+    num = matrix.shape[0]
+
+    def overlap_loss(pattern: str) -> float:
+        check_pattern(pattern, num)
+        loss, source = 0.0, 0
+        for layer, role in enumerate(pattern):
+            if role == PRODUCER:
+                source = layer
+            else:
+                loss += 1.0 - float(matrix[source, layer])
+        return loss / num
+
+    return overlap_loss
+
+
+class CachedObjective:
+    """``objective(pattern) -> float`` (lower is better) evaluated once per distinct pattern.
+
+    ``calls`` counts evaluations of the wrapped function; ``cache`` maps pattern to value. Reuse one
+    instance across searches (other budgets, a re-run) to pay for each pattern once.
+    """
+
+    def __init__(self, objective: Objective, name: str | None = None) -> None:
+        self.objective = objective
+        self.name = name or getattr(objective, "__name__", type(objective).__name__)
+        self.cache: dict[str, float] = {}
+        self.calls = 0
+
+    def __call__(self, pattern: str) -> float:
+        if pattern not in self.cache:
+            value = float(self.objective(pattern))
+            self.calls += 1
+            if not math.isfinite(value):
+                raise ValueError(f"objective({pattern!r}) = {value}; it must return a finite number")
+            self.cache[pattern] = value
+        return self.cache[pattern]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One point of the greedy trajectory: the pattern with ``producers`` producers and its objective.
+
+    ``flipped`` is the layer id turned shared at this step (None at the all-F start);
+    ``uniform_objective`` is the evenly spaced pattern's objective at the same budget.
+    """
+
+    producers: int
+    pattern: str
+    objective: float
+    flipped: int | None
+    uniform_objective: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The greedy search's outcome; ``steps`` run from all-F down to the budget."""
+
+    layers: tuple[int, ...]
+    steps: tuple[Step, ...]
+    objective_name: str
+
+    @property
+    def pattern(self) -> str:
+        """The chosen pattern, one ``F``/``S`` per sparse layer (an ``index_topk_pattern`` value)."""
+        return self.steps[-1].pattern
+
+    @property
+    def producers(self) -> list[int]:
+        """Layer ids of the chosen producers."""
+        return [layer for layer, role in zip(self.layers, self.pattern, strict=True) if role == PRODUCER]
+
+    def config(self) -> dict[str, str]:
+        """The config snippet that selects this pattern: ``{"index_topk_pattern": ...}``."""
+        return {"index_topk_pattern": self.pattern}
+
+    def roles(self, num_layers: int) -> list[str | None]:
+        """Per model layer: ``"F"``, ``"S"``, or None for a layer without an indexer."""
+        if self.layers and self.layers[-1] >= num_layers:
+            raise ValueError(f"num_layers={num_layers}: the sparse layers go up to {self.layers[-1]}")
+        roles: list[str | None] = [None] * num_layers
+        for layer, role in zip(self.layers, self.pattern, strict=True):
+            roles[layer] = role
+        return roles
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary: pattern, config, producers, objective, uniform baseline, trajectory."""
+        last = self.steps[-1]
+        return {
+            "sparse_layers": list(self.layers),
+            "pattern": self.pattern,
+            "config": self.config(),
+            "producers": self.producers,
+            "objective": self.objective_name,
+            "objective_value": last.objective,
+            "uniform": {
+                "pattern": uniform_pattern(len(self.layers), last.producers),
+                "objective_value": last.uniform_objective,
+            },
+            "trajectory": [vars(step) for step in self.steps],
+        }
+
+
+def greedy_search(
+    layers: Sequence[int], objective: Objective, *, producers: int, name: str | None = None
+) -> SearchResult:
+    """The paper's greedy pattern search over the sparse layers ``layers`` (ascending layer ids).
+
+    Starts with every sparse layer a producer and, while more than ``producers`` remain, turns into a
+    shared layer the producer (never the first sparse layer) whose flip gives the lowest
+    ``objective(pattern)``; ties go to the earliest layer. ``objective`` takes a pattern of one
+    ``F``/``S`` per sparse layer and returns a float, lower is better (a loss); it is cached per
+    pattern (pass a :class:`CachedObjective` to share the cache). Costs about ``n * (n - producers)``
+    evaluations for ``n`` sparse layers.
+    """
+    ids = [int(layer) for layer in layers]
+    if not ids or ids != sorted(set(ids)) or ids[0] < 0:
+        raise ValueError(f"layers={list(layers)!r}: must be distinct, ascending, non-negative layer ids")
+    num = len(ids)
+    budget = producer_budget(num, producers=producers)
+    cached = objective if isinstance(objective, CachedObjective) else CachedObjective(objective, name)
+    pattern = PRODUCER * num
+    steps = [Step(num, pattern, cached(pattern), None, cached(uniform_pattern(num, num)))]
+    for count in range(num - 1, budget - 1, -1):
+        flippable = [position for position in range(1, num) if pattern[position] == PRODUCER]
+        candidates = [pattern[:position] + SHARED + pattern[position + 1 :] for position in flippable]
+        values = [cached(candidate) for candidate in candidates]
+        best = min(range(len(candidates)), key=values.__getitem__)  # the first of equal values
+        pattern = candidates[best]
+        steps.append(Step(count, pattern, values[best], ids[flippable[best]], cached(uniform_pattern(num, count))))
+    return SearchResult(tuple(ids), tuple(steps), name or cached.name)
+
+
+# --------------------------------------------------------------------------------------------- outputs
+
+
+def write_outputs(
+    out: str | os.PathLike[str],
+    result: SearchResult,
+    overlap: np.ndarray,
+    *,
+    info: Mapping[str, Any] | None = None,
+    plots: bool = True,
+) -> dict[str, Path]:
+    """Write the calibration's files into ``out`` (created if needed); returns ``{name: path}``.
+
+    ``pattern.txt`` (the pattern and a newline), ``config.json`` (``{"index_topk_pattern": ...}``),
+    ``report.json`` (``info``, the search summary of :meth:`SearchResult.to_dict`, the overlap matrix)
+    and, with ``plots``, ``overlap.png`` (heatmap) and ``objective.png`` (objective vs producers).
+    """
+    if plots:
+        _figure_class()  # fail before writing anything when matplotlib is missing
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    matrix = np.asarray(overlap, dtype=np.float64)
+    paths = {name: directory / name for name in ("pattern.txt", "config.json", "report.json")}
+    paths["pattern.txt"].write_text(result.pattern + "\n")
+    paths["config.json"].write_text(json.dumps(result.config(), indent=2) + "\n")
+    report = {
+        **(info or {}),
+        **result.to_dict(),
+        "adjacent_overlap": [round(float(matrix[i, i + 1]), 6) for i in range(len(matrix) - 1)],
+        "overlap": np.round(matrix, 6).tolist(),
+    }
+    paths["report.json"].write_text(json.dumps(report, indent=2) + "\n")
+    if plots:
+        paths["overlap.png"] = plot_overlap(matrix, result.layers, directory / "overlap.png", result=result)
+        paths["objective.png"] = plot_objective(result, directory / "objective.png")
+    return paths
+
+
+def _figure_class() -> type:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError("the calibration plots need matplotlib: pip install 'indexcache[bench]'") from exc
+    return Figure
+
+
+def plot_overlap(
+    overlap: np.ndarray,
+    layers: Sequence[int],
+    path: str | os.PathLike[str],
+    *,
+    result: SearchResult | None = None,
+) -> Path:
+    """Heatmap of the ``[L, L]`` overlap matrix, axes labelled with layer ids, saved as a PNG.
+
+    With ``result``, producers are boxed on the diagonal and each shared layer's (source, layer) cell,
+    the overlap the pattern relies on, is dotted.
+    """
+    figure = _figure_class()(figsize=(7.5, 6.5), layout="constrained")
+    axes = figure.subplots()
+    image = axes.imshow(overlap, vmin=0.0, vmax=1.0, cmap="viridis")
+    figure.colorbar(image, ax=axes, label="mean |T_i ∩ T_j| / k over rows")
+    ticks = list(range(0, len(layers), max(1, len(layers) // 16)))
+    axes.set_xticks(ticks, [str(layers[t]) for t in ticks])
+    axes.set_yticks(ticks, [str(layers[t]) for t in ticks])
+    axes.set_xlabel("layer")
+    axes.set_ylabel("layer")
+    axes.set_title("Top-k overlap between sparse layers")
+    if result is not None:
+        sources, source = [], 0
+        for position, role in enumerate(result.pattern):
+            if role == PRODUCER:
+                source = position
+            else:
+                sources.append((source, position))
+        boxes = [position for position, role in enumerate(result.pattern) if role == PRODUCER]
+        axes.scatter(
+            boxes, boxes, marker="s", s=40, facecolors="none", edgecolors="red", label=f"producer ({len(boxes)})"
+        )
+        if sources:
+            axes.scatter(
+                [j for _, j in sources],
+                [i for i, _ in sources],
+                marker=".",
+                s=12,
+                color="white",
+                label="shared layer's source cell",
+            )
+        axes.legend(loc="lower left", fontsize="small")
+    figure.savefig(path, dpi=110)
+    return Path(path)
+
+
+def plot_objective(result: SearchResult, path: str | os.PathLike[str]) -> Path:
+    """The objective along the greedy trajectory against the number of producers, with the evenly
+    spaced pattern at each budget for comparison, saved as a PNG."""
+    figure = _figure_class()(figsize=(7.5, 4.5), layout="constrained")
+    axes = figure.subplots()
+    counts = [step.producers for step in result.steps]
+    axes.plot(counts, [step.objective for step in result.steps], marker="o", markersize=3, label="greedy search")
+    axes.plot(
+        counts, [step.uniform_objective for step in result.steps], linestyle="--", label="evenly spaced producers"
+    )
+    axes.axvline(counts[-1], color="gray", linestyle=":", label=f"budget: {counts[-1]} of {counts[0]}")
+    axes.invert_xaxis()
+    axes.set_xlabel("producers (F layers)")
+    axes.set_ylabel(f"{result.objective_name} (lower is better)")
+    axes.set_title("Pattern search: objective as producers are turned into shared layers")
+    axes.legend()
+    figure.savefig(path, dpi=110)
+    return Path(path)
