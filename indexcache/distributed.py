@@ -109,14 +109,15 @@ def cp_topk(local_scores, key_offset, lengths, k: int, group=None, *, row_starts
     column, increasing); ``lengths [R]`` int32, the GLOBAL visible length of each row (keys at or past
     it are invisible on every rank); ``row_starts [R]`` int32, the global window start (0 when None);
     ``num_keys`` the global key count N, used only to clip windows that run past it (windows are
-    taken as given when None). ``k``, ``R``, the key dtype and ``row_starts``/``num_keys`` presence
-    must agree across ranks.
+    taken as given when None). ``R``, ``k``, ``lengths``, ``row_starts`` and ``num_keys`` must be the
+    same on every rank; the score dtype may differ (candidates travel as fp32).
 
     Returns ``out [R, k]`` int32 on every rank, equal to ``indexcache.topk(scores, lengths, k,
     row_starts=row_starts, sorted=True)`` on the global scores: window-relative indices ordered by
     score descending then index ascending; rows with length ≤ k give ``0 .. len-1`` then -1 without
     looking at the scores; -inf and NaN are never chosen (their slots are -1); ties go to the lower
-    global index. Communicates ``world_size × R × k × 8`` bytes; no host sync.
+    global index. Communicates ``world_size × R × k × 8`` bytes in one all-gather; never syncs with the
+    host (on NCCL/RCCL the collective is enqueued on the communicator's stream like any other).
     """
     _check(local_scores, key_offset, lengths, k, row_starts, num_keys)
     rows = local_scores.shape[0]
