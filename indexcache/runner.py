@@ -1,0 +1,105 @@
+"""Executes a :class:`~indexcache.plan.LayerPlan`'s indexer part, layer by layer.
+
+Per layer, by its role: a **producer** (F) computes its indexer scores and selects top-k into the
+forward's :class:`~indexcache.state.TopkState`; a **shared** layer (S) skips its indexer and
+translates the producer's logical indices through its own page table; a layer **without an indexer**
+returns None and leaves the state alone.
+
+Integration in an engine's layer loop (the small model in :mod:`indexcache.model` does exactly this)::
+
+    plan = LayerPlan.from_config(config)                  # once
+    runner = IndexerRunner(plan)                           # or IndexerRunner(plan, stage=stages[pp_rank])
+    state = TopkState(max_rows, plan.top_k, device)        # once per micro-batch, before graph capture
+
+    # each forward (rows = query tokens of this micro-batch):
+    runner.begin(state, rows)                              # or state.load_carry(*received) on a stage with carry_in
+    for layer in runner.layers:
+        ...
+        slots = runner.layer(layer, state,
+                             scores=lambda: my_indexer_logits(layer, hidden),  # called by producers only
+                             lengths=lengths,              # [rows] int32 visible length of each row
+                             page_table=page_tables[layer],  # this layer's own table
+                             row_starts=ks, row_to_batch=req_of_row)
+        # slots: [rows, k] int32 physical KV slots (-1 = empty), or None for a layer without an indexer
+        ...sparse attention over slots...
+    if runner.stage is not None and runner.stage.carry_out is not None:
+        send(*state.to_carry())                            # to the next pipeline stage
+
+``scores`` is a callable so shared layers never compute logits; it returns ``[rows, N]`` scores
+(``indexcache.mqa_logits`` / ``paged_mqa_logits`` output, -inf outside a row's window). To overlap
+the producer's indexer with the rest of the layer, call ``runner.layer`` inside the side function of
+:func:`indexcache.streams.overlap`. Everything here is host-side bookkeeping around preallocated
+buffers: valid under CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from indexcache.plan import NO_INDEXER, PRODUCER, LayerPlan, Stage
+from indexcache.state import TopkState
+
+
+class IndexerRunner:
+    """The indexer part of ``plan`` (or of one pipeline ``stage`` of it, whose roles then apply).
+
+    ``k`` and ``page_size`` default to the plan's ``top_k`` and ``page_size``; ``page_size`` is the
+    KV page size of the page tables given to :meth:`layer`.
+    """
+
+    def __init__(self, plan: LayerPlan, *, stage: Stage | None = None, k: int | None = None,
+                 page_size: int | None = None) -> None:
+        roles = plan.roles
+        if stage is not None:
+            if not 0 <= stage.start < stage.stop <= plan.num_layers or len(stage.roles) != stage.stop - stage.start:
+                raise ValueError(f"stage: layers {stage.start}..{stage.stop - 1} do not fit the plan's "
+                                 f"{plan.num_layers} layers")
+            roles = roles[: stage.start] + stage.roles + roles[stage.stop :]
+        self.plan = plan
+        self.stage = stage
+        self.roles = roles
+        self.k = plan.top_k if k is None else k
+        self.page_size = plan.page_size if page_size is None else page_size
+        self.layers = range(stage.start, stage.stop) if stage is not None else range(plan.num_layers)
+
+    def role(self, layer: int) -> str | None:
+        """"F", "S" or None (no indexer) for ``layer`` as this runner executes it."""
+        if layer not in self.layers:
+            raise IndexError(f"layer {layer!r} is not run here (layers {self.layers.start}..{self.layers.stop - 1})")
+        r = self.roles[layer]
+        return None if r == NO_INDEXER else r
+
+    def source_of(self, layer: int) -> int | None:
+        """The producer whose indices ``layer`` uses (itself for a producer; None without an indexer)."""
+        if self.role(layer) is None:
+            return None
+        return self.roles.rindex(PRODUCER, 0, layer + 1)
+
+    def begin(self, state: TopkState, rows: int) -> None:
+        """Start a forward of ``rows`` query rows on ``state`` (0 rows clears it)."""
+        if state.k != self.k:
+            raise ValueError(f"state: holds k={state.k}, but this runner selects k={self.k}")
+        state.begin(rows)
+
+    def layer(self, layer: int, state: TopkState, *, scores: Callable[[], torch.Tensor], lengths: torch.Tensor,
+              page_table: torch.Tensor, row_starts: torch.Tensor | None = None,
+              row_to_batch: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Run ``layer``'s indexer part; returns its physical KV slots ``[rows, k]`` int32 (-1 = empty,
+        a view of ``state.physical`` valid until the next sparse layer) or None without an indexer.
+
+        ``scores()`` is called only for a producer. ``lengths [rows]`` int32: each row's visible length
+        (and, for a producer, its window length in the scores); ``page_table [B, P]`` int32: this layer's
+        own table; ``row_starts [rows]``: window starts in the scores; ``row_to_batch [rows]``: table row
+        of each row (identity when None). A shared layer whose producer has not run raises
+        :class:`~indexcache.state.MissingProducerError`.
+        """
+        role = self.role(layer)
+        if role is None:
+            return None
+        if role == PRODUCER:
+            return state.produce(layer, scores(), lengths, page_table, self.page_size, row_starts=row_starts,
+                                 row_to_batch=row_to_batch)
+        return state.reuse(layer, page_table, lengths, self.page_size, row_to_batch=row_to_batch,
+                           source=self.source_of(layer))

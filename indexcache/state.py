@@ -1,0 +1,194 @@
+"""TopkState: the producer's top-k indices, carried across the layers of one forward.
+
+One state per forward in flight (one per micro-batch, so two-batch overlap keeps them apart). It owns
+two int32 buffers of a fixed capacity ``[max_rows, k]``, allocated once at construction (before any
+CUDA-graph capture):
+
+- ``raw``: the raw *logical* token positions the last producer selected, -1 in empty slots. A
+  producer writes them through ``indexcache.topk_translate(..., out_raw=...)``; rows past the live
+  batch are set to -1 every time, so one request never sees another's stale rows.
+- ``physical``: the physical KV slots of the sparse layer being run, through *that layer's* page
+  table (a producer's from ``topk_translate``, a shared layer's from ``indexcache.translate`` of
+  ``raw``); valid until the next sparse layer runs.
+
+All checks are on host-side metadata (row counts, which layer produced), so nothing here syncs with
+the device, and every write goes into the preallocated buffers. A shared layer with no producer output
+in this forward raises :class:`MissingProducerError` instead of reading whatever the buffer holds; an
+empty batch clears the state. Across a pipeline-stage boundary the state travels as a tensor plus a
+:class:`CarryHeader` (:meth:`TopkState.to_carry` / :meth:`TopkState.load_carry`). A recorder hook
+(:attr:`TopkState.recorder`, None by default: then it costs one attribute test per layer) sees every
+sparse layer's logical indices, reused ones included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import indexcache
+from indexcache.ops import INDEX
+
+CARRY_VERSION = 1
+
+
+class MissingProducerError(RuntimeError):
+    """A shared layer ran with no producer output in its forward's state."""
+
+
+@dataclass(frozen=True)
+class CarryHeader:
+    """What travels with the carried ``raw [rows, k]`` tensor across a pipeline-stage boundary."""
+
+    producer: int
+    rows: int
+    k: int
+    version: int = CARRY_VERSION
+
+    def to_tensor(self) -> torch.Tensor:
+        """The header as int64 ``[4]`` (version, producer, rows, k), for tensor-only transports."""
+        return torch.tensor([self.version, self.producer, self.rows, self.k], dtype=torch.int64)
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> CarryHeader:
+        """Inverse of :meth:`to_tensor` (reads 4 integers; a device tensor is copied to the host)."""
+        version, producer, rows, k = (int(v) for v in t.tolist())
+        return cls(producer=producer, rows=rows, k=k, version=version)
+
+
+Recorder = Callable[[int, torch.Tensor], None]
+
+
+class TopkState:
+    """Per-forward top-k state with buffers of capacity ``[max_rows, k]`` int32 on ``device``."""
+
+    def __init__(self, max_rows: int, k: int, device: torch.device | str = "cpu") -> None:
+        for name, value in (("max_rows", max_rows), ("k", k)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
+        self.raw = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
+        self.physical = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
+        self.producer: int | None = None
+        self.rows = 0
+        self.recorder: Recorder | None = None
+
+    @property
+    def max_rows(self) -> int:
+        return self.raw.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.raw.shape[1]
+
+    def __repr__(self) -> str:
+        return f"TopkState(rows={self.rows}/{self.max_rows}, k={self.k}, producer={self.producer})"
+
+    def begin(self, rows: int) -> None:
+        """Start a forward of ``rows`` live rows (query tokens): no producer yet; 0 rows clears the state."""
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= self.max_rows:
+            raise ValueError(f"rows: expected an int in 0..{self.max_rows} (the state's capacity), got {rows!r}")
+        if rows == 0:
+            self.clear()
+        self.rows = rows
+        self.producer = None
+
+    def clear(self) -> None:
+        """Forget the producer and set every raw index to -1."""
+        self.raw.fill_(-1)
+        self.producer = None
+        self.rows = 0
+
+    def _check_rows(self, name: str, t: torch.Tensor) -> None:
+        if t.shape[0] != self.rows:
+            raise ValueError(f"{name}: expected {self.rows} rows (the live batch given to begin()), got {t.shape[0]}")
+
+    def produce(self, layer: int, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor,
+                page_size: int, *, row_starts: torch.Tensor | None = None,
+                row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
+        """Producer ``layer``: top-k of ``scores [rows, N]`` into ``raw`` and ``physical``; returns the
+        physical slots ``[rows, k]`` int32 (-1 = empty) through ``page_table``.
+
+        Arguments as for :func:`indexcache.topk_translate`: ``lengths [rows]`` int32 is each row's
+        window length and visible length, ``row_starts [rows]`` its window start in ``scores``.
+        """
+        self._check_rows("scores", scores)
+        rows = self.rows
+        out = indexcache.topk_translate(scores, lengths, self.k, page_table, page_size, row_starts=row_starts,
+                                        row_to_batch=row_to_batch, out=self.physical[:rows],
+                                        out_raw=self.raw[:rows])
+        self.raw[rows:].fill_(-1)
+        self.producer = layer
+        if self.recorder is not None:
+            self.recorder(layer, self.raw[:rows])
+        return out
+
+    def reuse(self, layer: int, page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, *,
+              row_to_batch: torch.Tensor | None = None, source: int | None = None) -> torch.Tensor:
+        """Shared ``layer``: the producer's raw indices through this layer's own ``page_table``; returns
+        the physical slots ``[rows, k]`` int32 (-1 = empty).
+
+        ``seq_lens [rows]`` int32 is each row's visible length. ``source`` (the producer the plan says
+        this layer reuses) is checked against the producer that wrote the state.
+        """
+        if self.producer is None:
+            raise MissingProducerError(
+                f"layer {layer} is shared but no producer wrote top-k indices in this forward (the state was "
+                "cleared or just begun): run the producer first, or, on a pipeline stage that starts on a "
+                "shared layer, load the previous stage's carry (TopkState.load_carry) or promote the layer"
+            )
+        if source is not None and source != self.producer:
+            raise MissingProducerError(
+                f"layer {layer} reuses layer {source}'s top-k, but the state holds layer {self.producer}'s"
+            )
+        self._check_rows("seq_lens", seq_lens)
+        rows = self.rows
+        out = indexcache.translate(self.raw[:rows], page_table, seq_lens, page_size, row_to_batch=row_to_batch,
+                                   out=self.physical[:rows])
+        if self.recorder is not None:
+            self.recorder(layer, self.raw[:rows])
+        return out
+
+    def to_carry(self) -> tuple[torch.Tensor, CarryHeader]:
+        """``(raw [rows, k] int32, header)`` to send to the next pipeline stage (a view: send it before
+        the next forward reuses this state)."""
+        if self.producer is None:
+            raise MissingProducerError("to_carry(): no producer wrote top-k indices in this forward")
+        return self.raw[: self.rows], CarryHeader(producer=self.producer, rows=self.rows, k=self.k)
+
+    def load_carry(self, raw: torch.Tensor, header: CarryHeader) -> None:
+        """Begin a forward from the previous stage's carry: ``raw [header.rows, k]`` int32 is copied in
+        and ``header.producer`` becomes the producer shared layers reuse."""
+        if header.version != CARRY_VERSION:
+            raise ValueError(f"carry header: version {header.version}, this library reads {CARRY_VERSION}")
+        if header.k != self.k:
+            raise ValueError(f"carry header: k={header.k}, but this state holds k={self.k}")
+        if tuple(raw.shape) != (header.rows, header.k) or raw.dtype != INDEX:
+            raise ValueError(f"carry: expected int32 [{header.rows}, {header.k}], got {raw.dtype} {list(raw.shape)}")
+        self.begin(header.rows)
+        self.raw[: header.rows].copy_(raw)
+        self.raw[header.rows :].fill_(-1)
+        self.producer = header.producer
+
+    @classmethod
+    def from_carry(cls, raw: torch.Tensor, header: CarryHeader, max_rows: int | None = None) -> TopkState:
+        """A new state on ``raw.device`` (capacity ``max_rows``, default ``header.rows``) loaded from a carry."""
+        state = cls(header.rows if max_rows is None else max_rows, header.k, raw.device)
+        state.load_carry(raw, header)
+        return state
+
+
+class IndexRecorder:
+    """A :attr:`TopkState.recorder`: keeps a copy of every sparse layer's logical indices.
+
+    ``indices[layer]`` lists ``[rows, k]`` int32 tensors, one per forward, in call order (a shared layer
+    records the indices it reused). Recording copies, so it must not run inside a CUDA-graph capture.
+    """
+
+    def __init__(self) -> None:
+        self.indices: dict[int, list[torch.Tensor]] = {}
+
+    def __call__(self, layer: int, raw: torch.Tensor) -> None:
+        if raw.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("IndexRecorder: recording copies tensors and cannot run inside a CUDA-graph capture")
+        self.indices.setdefault(layer, []).append(raw.clone())

@@ -1,0 +1,300 @@
+"""TopkState and IndexerRunner: producers, shared layers, layers without an indexer, stale rows, empty
+batches, pipeline carries and the recorder hook, on small synthetic inputs (and, on a GPU, under
+CUDA-graph capture)."""
+
+import os
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from indexcache import reference
+from indexcache.plan import LayerPlan
+from indexcache.runner import IndexerRunner
+from indexcache.state import CarryHeader, IndexRecorder, MissingProducerError, TopkState
+
+K = 4
+PAGE = 4
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Two busy shared cores: one torch thread is many times faster than two here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def inputs(rows, cols=24, seed=0, layers=8, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(rows, cols, generator=g)
+    lengths = torch.randint(0, cols + 1, (rows,), generator=g, dtype=torch.int32)
+    pages = -(-cols // PAGE)
+    tables = torch.stack([torch.randperm(rows * pages, generator=g).view(rows, pages) for _ in range(layers)])
+    return scores.to(device), lengths.to(device), tables.to(device=device, dtype=torch.int32)
+
+
+def expected(scores, lengths, table):
+    raw = reference.topk(scores, lengths, K)
+    return raw, reference.translate(raw, table, lengths, PAGE)
+
+
+def same_sets(a, b):
+    """Equal row by row as sets (the order inside a top-k row is unspecified)."""
+    return torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)
+
+
+def run(runner, state, scores, lengths, tables, layers=None, calls=None):
+    out = {}
+    for layer in runner.layers if layers is None else layers:
+        def score_fn(layer=layer):
+            if calls is not None:
+                calls.append(layer)
+            return scores
+        got = runner.layer(layer, state, scores=score_fn, lengths=lengths, page_table=tables[layer])
+        out[layer] = None if got is None else got.clone()
+    return out
+
+
+def test_producer_selects_and_shared_layers_translate_through_their_own_table():
+    scores, lengths, tables = inputs(6)
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    assert runner.roles == "FFSSSFSS"
+    state = TopkState(8, K)
+    runner.begin(state, 6)
+    calls = []
+    out = run(runner, state, scores, lengths, tables, calls=calls)
+    assert calls == [0, 1, 5]
+    raw, _ = expected(scores, lengths, tables[0])
+    for layer in range(8):
+        assert same_sets(out[layer], reference.translate(raw, tables[layer], lengths, PAGE)), layer
+    assert same_sets(state.raw[:6], raw)
+    assert state.producer == 5
+    assert not torch.equal(out[2], out[3]), "different page tables must give different physical slots"
+
+
+def test_layers_without_an_indexer_return_none_and_leave_the_state_alone():
+    scores, lengths, tables = inputs(5, layers=6)
+    plan = LayerPlan(6, compress_ratios=[0, 4, 128, 4, 0, 4], index_topk_freq=2, index_topk=K, page_size=PAGE)
+    runner = IndexerRunner(plan)
+    assert runner.roles == ".F.S.F"
+    state = TopkState(5, K)
+    runner.begin(state, 5)
+    calls = []
+    out = run(runner, state, scores, lengths, tables, layers=[0, 1, 2], calls=calls)
+    before = state.raw.clone()
+    assert out[0] is None and out[2] is None
+    assert calls == [1]
+    assert runner.layer(4, state, scores=lambda: pytest.fail("no indexer"), lengths=lengths,
+                        page_table=tables[4]) is None
+    assert torch.equal(state.raw, before) and state.producer == 1
+    raw, _ = expected(scores, lengths, tables[1])
+    assert same_sets(run(runner, state, scores, lengths, tables, layers=[3])[3],
+                     reference.translate(raw, tables[3], lengths, PAGE))
+
+
+def test_shared_layer_before_any_producer_raises():
+    scores, lengths, tables = inputs(3)
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    state = TopkState(4, K)
+    runner.begin(state, 3)
+    with pytest.raises(MissingProducerError, match="layer 2 is shared but no producer"):
+        runner.layer(2, state, scores=lambda: scores, lengths=lengths, page_table=tables[2])
+
+
+def test_shared_layer_refuses_another_producers_indices():
+    scores, lengths, tables = inputs(3)
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    state = TopkState(4, K)
+    runner.begin(state, 3)
+    run(runner, state, scores, lengths, tables, layers=[0, 1, 5])
+    with pytest.raises(MissingProducerError, match="reuses layer 1's top-k, but the state holds layer 5's"):
+        runner.layer(2, state, scores=lambda: scores, lengths=lengths, page_table=tables[2])
+
+
+def test_rows_past_the_live_batch_are_minus_one_and_never_leak():
+    scores, lengths, tables = inputs(8, seed=1)
+    lengths.fill_(24)  # every row long: all slots valid in the big batch
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    state = TopkState(8, K)
+    runner.begin(state, 8)
+    run(runner, state, scores, lengths, tables)
+    assert bool((state.raw >= 0).all())
+    small = inputs(3, seed=2)
+    runner.begin(state, 3)
+    out = run(runner, state, *small)
+    assert bool((state.raw[3:] == -1).all())
+    fresh = TopkState(3, K)
+    runner.begin(fresh, 3)
+    assert all(torch.equal(out[layer], got) for layer, got in run(runner, fresh, *small).items())
+
+
+def test_padding_rows_select_nothing():
+    scores, lengths, tables = inputs(4)
+    lengths[2] = 0
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    state = TopkState(4, K)
+    runner.begin(state, 4)
+    out = run(runner, state, scores, lengths, tables)
+    assert all(bool((o[2] == -1).all()) for o in out.values())
+
+
+def test_empty_batch_clears_the_state_and_runs():
+    scores, lengths, tables = inputs(4)
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    state = TopkState(4, K)
+    runner.begin(state, 4)
+    run(runner, state, scores, lengths, tables)
+    runner.begin(state, 0)
+    assert state.producer is None and state.rows == 0 and bool((state.raw == -1).all())
+    with pytest.raises(MissingProducerError):
+        runner.layer(2, state, scores=lambda: scores, lengths=lengths[:0], page_table=tables[2])
+    out = run(runner, state, scores[:0], lengths[:0], tables)
+    assert all(o.shape == (0, K) for o in out.values())
+
+
+def test_capacity_and_row_counts_are_checked():
+    scores, lengths, tables = inputs(4)
+    state = TopkState(4, K)
+    with pytest.raises(ValueError, match="capacity"):
+        state.begin(5)
+    state.begin(3)
+    with pytest.raises(ValueError, match="expected 3 rows"):
+        state.produce(0, scores, lengths, tables[0], PAGE)
+    with pytest.raises(ValueError, match="k=4"):
+        IndexerRunner(LayerPlan(8, index_topk=8)).begin(state, 2)
+
+
+def test_carry_round_trip_equals_the_unsplit_run():
+    scores, lengths, tables = inputs(5)
+    plan = LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE)
+    whole = IndexerRunner(plan)
+    state = TopkState(5, K)
+    whole.begin(state, 5)
+    unsplit = run(whole, state, scores, lengths, tables)
+
+    first, second = plan.split_stages([3], mode="carry")
+    assert second.carry_in == 1
+    one, two = IndexerRunner(plan, stage=first), IndexerRunner(plan, stage=second)
+    s1 = TopkState(8, K)
+    one.begin(s1, 5)
+    got = run(one, s1, scores, lengths, tables)
+    raw, header = s1.to_carry()
+    header = CarryHeader.from_tensor(header.to_tensor())  # what a tensor-only transport delivers
+    s2 = TopkState(8, K)
+    with pytest.raises(MissingProducerError):  # the stage without its carry
+        two.begin(s2, 5)
+        run(two, s2, scores, lengths, tables)
+    s2.load_carry(raw.clone(), header)
+    got.update(run(two, s2, scores, lengths, tables))
+    assert got.keys() == unsplit.keys()
+    assert all(torch.equal(got[layer], unsplit[layer]) for layer in unsplit)
+    assert bool((s2.raw[5:] == -1).all())
+    assert TopkState.from_carry(raw, header).producer == 1
+
+
+def test_promote_runs_the_promoted_layers_indexer():
+    scores, lengths, tables = inputs(5)
+    plan = LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE)
+    stage = plan.split_stages([3], mode="promote")[1]
+    assert stage.promoted == (3,)
+    runner = IndexerRunner(plan, stage=stage)
+    state = TopkState(5, K)
+    runner.begin(state, 5)
+    calls = []
+    run(runner, state, scores, lengths, tables, calls=calls)
+    assert calls == [3, 5]
+
+
+def test_carry_checks_its_header():
+    state = TopkState(4, K)
+    raw = torch.zeros(2, K, dtype=torch.int32)
+    with pytest.raises(ValueError, match="k=8"):
+        state.load_carry(raw, CarryHeader(producer=0, rows=2, k=8))
+    with pytest.raises(ValueError, match="version"):
+        state.load_carry(raw, CarryHeader(producer=0, rows=2, k=K, version=99))
+    with pytest.raises(ValueError, match=r"\[3, 4\]"):
+        state.load_carry(raw, CarryHeader(producer=0, rows=3, k=K))
+    with pytest.raises(MissingProducerError):
+        state.to_carry()
+
+
+def _c_calls(fn):
+    """Names of the C functions (torch ops included) that ``fn`` calls, counted."""
+    names = Counter()
+
+    def profile(frame, event, arg):
+        if event == "c_call":
+            names[getattr(arg, "__name__", "?")] += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def test_recorder_is_off_by_default_and_free_when_off():
+    scores, lengths, tables = inputs(5)
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    state = TopkState(5, K)
+    assert state.recorder is None
+
+    def forward():
+        runner.begin(state, 5)
+        run(runner, state, scores, lengths, tables)
+
+    off = _c_calls(forward)
+    recorder = IndexRecorder()
+    state.recorder = recorder
+    on = _c_calls(forward)
+    state.recorder = None
+    assert _c_calls(forward) == off
+    assert sorted(recorder.indices) == list(range(8))
+    assert on - off == Counter(clone=8, setdefault=8, append=8), "recording is all the hook adds"
+    assert not off - on
+    for layer in range(8):
+        source = runner.source_of(layer)
+        assert torch.equal(recorder.indices[layer][0], recorder.indices[source][0])
+
+
+@gpu
+def test_captured_producer_and_shared_layers_replay_like_eager_without_allocating():
+    replays = int(os.environ.get("INDEXCACHE_GRAPH_REPLAYS", "1000"))
+    rows, cols = 16, 512
+    plan = LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE)
+    runner = IndexerRunner(plan)
+    state = TopkState(rows, K, "cuda")
+    scores, lengths, tables = (torch.zeros_like(t) for t in inputs(rows, cols, device="cuda"))
+    outs = {layer: torch.empty(rows, K, dtype=torch.int32, device="cuda") for layer in range(8)}
+
+    def step():
+        runner.begin(state, rows)
+        for layer, got in run(runner, state, scores, lengths, tables).items():
+            outs[layer].copy_(got)
+
+    def load(seed):
+        new = inputs(rows, cols, seed=seed, device="cuda")
+        new[1][seed % rows] = 0  # a padding row
+        for dst, src in zip((scores, lengths, tables), new, strict=True):
+            dst.copy_(src)
+
+    load(0)
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    allocated = 0
+    for seed in range(replays):
+        load(seed)
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        graph.replay()
+        allocated += torch.cuda.memory_stats()["allocation.all.allocated"] - before
+        got = {layer: o.clone() for layer, o in outs.items()}
+        step()
+        assert all(torch.equal(got[layer], outs[layer]) for layer in outs), f"replay {seed}"
+    assert allocated == 0
