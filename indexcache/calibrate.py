@@ -418,7 +418,7 @@ def write_outputs(
     and, with ``plots``, ``overlap.png`` (heatmap) and ``objective.png`` (objective vs producers).
     """
     if plots:
-        _figure_class()  # fail before writing anything when matplotlib is missing
+        check_plotting()  # fail before writing anything
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
     matrix = np.asarray(overlap, dtype=np.float64)
@@ -436,6 +436,11 @@ def write_outputs(
         paths["overlap.png"] = plot_overlap(matrix, result.layers, directory / "overlap.png", result=result)
         paths["objective.png"] = plot_objective(result, directory / "objective.png")
     return paths
+
+
+def check_plotting() -> None:
+    """Raise ``ImportError`` telling how to install matplotlib when the plots cannot be drawn."""
+    _figure_class()
 
 
 def _figure_class() -> type:

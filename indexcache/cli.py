@@ -144,7 +144,86 @@ def _run_bench(args) -> int:
     return 1 if bad else 0
 
 
-COMMANDS = (_add_info, _add_conformance, _add_plan, _add_bench)
+def _add_calibrate(sub) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="choose the F/S pattern from a dump of every layer's top-k indices (overlap + greedy search)",
+        description="Read one top-k index file per sparse layer (layer_<id>.pt or .npz, [rows, k] int32, -1 = "
+        "empty; see indexcache.calibrate), measure how much every pair of layers' selections overlap, and "
+        "search greedily for the producers to keep: starting from all-F, repeatedly turn into a shared layer "
+        "the producer whose loss lowers the mean overlap with its source least. Writes pattern.txt, "
+        "config.json, report.json, overlap.png and objective.png.",
+    )
+    p.add_argument("--dump", required=True, metavar="DIR", help="directory with one top-k file per sparse layer")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--keep", type=float, metavar="FRACTION", help="fraction of sparse layers kept as producers, rounded up "
+        "(default 0.25)"
+    )
+    budget.add_argument("--producers", type=int, metavar="COUNT", help="number of producers to keep instead")
+    p.add_argument("--out", default="calibration", metavar="DIR", help="output directory (default: calibration)")
+    p.add_argument(
+        "--config", metavar="PATH", help="the model's config.json: check that the dump holds exactly its sparse layers"
+    )
+    p.add_argument("--no-plots", action="store_true", help="skip the PNGs (they need matplotlib)")
+    p.add_argument("--threads", type=int, default=None, help="row blocks processed at once (default: all CPUs)")
+    p.set_defaults(func=_run_calibrate)
+
+
+def _run_calibrate(args) -> int:
+    import json
+    import time
+
+    from indexcache import calibrate
+
+    if not args.no_plots:
+        try:
+            calibrate.check_plotting()
+        except ImportError as exc:
+            raise UsageError(f"{exc} (or pass --no-plots)") from None
+    layers, arrays = calibrate.load_dump(args.dump)
+    if args.config is not None:
+        from indexcache.plan import LayerPlan
+
+        try:
+            plan = LayerPlan.from_config(args.config)
+        except OSError as exc:
+            raise UsageError(f"cannot read --config {args.config}: {exc.strerror}") from None
+        main_layers = plan.num_layers - plan.num_mtp_layers
+        expected = [layer for layer in plan.sparse_layers if layer < main_layers]
+        if layers != expected:
+            missing, extra = sorted(set(expected) - set(layers)), sorted(set(layers) - set(expected))
+            raise UsageError(
+                f"--dump {args.dump} does not hold the sparse layers of {args.config}: missing {missing}, "
+                f"unexpected {extra} (MTP layers always run their own indexer and do not belong in the dump)"
+            )
+    keep = 0.25 if args.keep is None and args.producers is None else args.keep
+    budget = calibrate.producer_budget(len(layers), keep=keep, producers=args.producers)
+    start = time.perf_counter()
+    overlap = calibrate.overlap_matrix(arrays, threads=args.threads)
+    seconds = time.perf_counter() - start
+    result = calibrate.greedy_search(
+        layers, calibrate.overlap_objective(overlap), producers=budget, name="overlap loss"
+    )
+    rows, k = arrays[0].shape
+    info = {"dump": str(args.dump), "rows": rows, "k": k, "keep": keep, "overlap_seconds": round(seconds, 3)}
+    paths = calibrate.write_outputs(args.out, result, overlap, info=info, plots=not args.no_plots)
+    last = result.steps[-1]
+    adjacent = [overlap[i, i + 1] for i in range(len(layers) - 1)]
+    print(f"dump:      {args.dump}: {len(layers)} sparse layers ({layers[0]}..{layers[-1]}), {rows} rows, k {k}")
+    print(
+        f"overlap:   {seconds:.2f} s (CPU); adjacent layers share "
+        f"{sum(adjacent) / len(adjacent) if adjacent else 1.0:.3f} on average"
+    )
+    print(f"producers: {budget} of {len(layers)}: {', '.join(map(str, result.producers))}")
+    print(f"pattern:   {result.pattern}")
+    print(f"config:    {json.dumps(result.config())}")
+    print(f"objective: overlap loss {last.objective:.4f} (evenly spaced producers: {last.uniform_objective:.4f})")
+    print(f"wrote:     {', '.join(str(path) for path in paths.values())}")
+    return 0
+
+
+COMMANDS = (_add_info, _add_conformance, _add_plan, _add_bench, _add_calibrate)
 
 
 def build_parser() -> argparse.ArgumentParser:

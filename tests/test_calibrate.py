@@ -1,0 +1,346 @@
+"""Pattern calibration: overlap matrix against brute force, dump loading, greedy-search rules, planted
+layer groups, objective caching, and the ``indexcache calibrate`` command end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from indexcache import calibrate
+from indexcache.calibrate import (
+    CachedObjective,
+    c4_layers,
+    greedy_search,
+    load_dump,
+    overlap_matrix,
+    overlap_objective,
+    producer_budget,
+    uniform_pattern,
+)
+from indexcache.cli import main
+from indexcache.plan import LayerPlan
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "configs"
+
+
+def brute_overlap(stack: np.ndarray) -> np.ndarray:
+    """Python sets, row by row: mean over rows with any index of |T_i & T_j| / (largest row fill)."""
+    layers, rows, _ = stack.shape
+    total, counted = np.zeros((layers, layers)), 0
+    for r in range(rows):
+        sets = [{int(x) for x in stack[layer, r] if x >= 0} for layer in range(layers)]
+        fill = max(len(s) for s in sets)
+        if fill == 0:
+            continue
+        counted += 1
+        for i in range(layers):
+            for j in range(layers):
+                total[i, j] += len(sets[i] & sets[j]) / fill
+    return total / counted
+
+
+def planted_stack(group_sizes: list[int], seed: int, rows: int = 24, k: int = 16, span: int = 5000) -> np.ndarray:
+    """Layers in a group keep ~90 % of their group's per-row base set; groups draw independent bases."""
+    rng = np.random.default_rng(seed)
+    layers = []
+    for size in group_sizes:
+        base = np.stack([rng.choice(span, k, replace=False) for _ in range(rows)])
+        for _ in range(size):
+            layer = base.copy()
+            fresh = rng.random((rows, k)) < 0.1
+            layer[fresh] = rng.integers(0, span, int(fresh.sum()))
+            layers.append(layer)
+    return np.stack(layers).astype(np.int32)
+
+
+def leaders_pattern(group_sizes: list[int]) -> str:
+    return "".join("F" + "S" * (size - 1) for size in group_sizes)
+
+
+# ----------------------------------------------------------------------------------------------- overlap
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layers=st.integers(1, 5),
+    rows=st.integers(1, 20),
+    k=st.integers(1, 12),
+    span=st.sampled_from([1, 3, 40, 300_000]),
+    empty=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**32 - 1),
+    threads=st.integers(1, 2),
+)
+def test_overlap_matches_brute_force(layers, rows, k, span, empty, seed, threads):
+    rng = np.random.default_rng(seed)
+    stack = rng.integers(0, span, (layers, rows, k)).astype(np.int32)
+    stack[rng.random(stack.shape) < empty] = -1
+    if not (stack >= 0).any():
+        stack[0, 0, 0] = 0
+    got = overlap_matrix(list(stack), threads=threads)
+    np.testing.assert_allclose(got, brute_overlap(stack), rtol=0, atol=1e-12)
+
+
+def test_overlap_accepts_torch_int64_and_flattens_leading_dims():
+    rng = np.random.default_rng(0)
+    stack = rng.integers(-1, 30, (3, 4, 5, 6)).astype(np.int64)  # layer, batch, token, k
+    tensors = [torch.from_numpy(layer) for layer in stack]
+    np.testing.assert_allclose(overlap_matrix(tensors), brute_overlap(stack.reshape(3, 20, 6)), atol=1e-12)
+
+
+def test_overlap_identical_disjoint_and_short_rows():
+    same = np.array([[0, 5, 9, -1], [1, 2, -1, -1]], np.int32)  # short rows: overlap is still 1
+    disjoint = np.array([[1, 2, 3, -1], [3, 4, -1, -1]], np.int32)
+    got = overlap_matrix([same, same.copy(), disjoint])
+    np.testing.assert_allclose(got[:2, :2], 1.0)
+    np.testing.assert_allclose(got[0, 2], 0.0)
+    np.testing.assert_allclose(got, got.T)
+
+
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        ([], "no layers"),
+        ([np.array([[0, -2]])], "-2"),
+        ([np.full((2, 3), -1)], "every slot"),
+        ([np.zeros((2, 3), np.int32), np.zeros((3, 3), np.int32)], "shape"),
+        ([np.zeros((2, 3), np.float32)], "integers"),
+        ([np.zeros(3, np.int32)], r"\[rows, k\]"),
+    ],
+)
+def test_overlap_rejects_bad_input(arrays, message):
+    with pytest.raises(ValueError, match=message):
+        overlap_matrix(arrays)
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+
+def test_load_dump_reads_pt_and_npz_by_layer_id(tmp_path):
+    rng = np.random.default_rng(1)
+    arrays = {layer: rng.integers(-1, 50, (6, 4)).astype(np.int32) for layer in (2, 4, 10)}
+    torch.save(torch.from_numpy(arrays[2]), tmp_path / "layer_002.pt")
+    np.savez(tmp_path / "layer_4.npz", arrays[4])
+    np.savez(tmp_path / "layer_10.npz", indices=arrays[10], lengths=np.arange(6))
+    (tmp_path / "notes.txt").write_text("ignored")
+    torch.save(torch.zeros(1), tmp_path / "layer_x.pt")  # not a layer file name: ignored
+    layers, loaded = load_dump(tmp_path)
+    assert layers == [2, 4, 10]
+    for layer, array in zip(layers, loaded, strict=True):
+        np.testing.assert_array_equal(array, arrays[layer])
+
+
+def test_load_dump_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        load_dump(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="no layer_"):
+        load_dump(tmp_path)
+    torch.save(torch.zeros(2, 3, dtype=torch.int32), tmp_path / "layer_1.pt")
+    np.savez(tmp_path / "layer_001.npz", np.zeros((2, 3), np.int32))
+    with pytest.raises(ValueError, match="layer 1 appears twice"):
+        load_dump(tmp_path)
+    (tmp_path / "layer_001.npz").unlink()
+    np.savez(tmp_path / "layer_2.npz", a=np.zeros((2, 3), np.int32), b=np.zeros((2, 3), np.int32))
+    with pytest.raises(ValueError, match="'indices'"):
+        load_dump(tmp_path)
+    np.savez(tmp_path / "layer_2.npz", np.zeros((2, 4), np.int32))
+    with pytest.raises(ValueError, match="layer_2.npz: shape"):
+        load_dump(tmp_path)
+    torch.save({"indices": torch.zeros(2, 3)}, tmp_path / "layer_2.pt")
+    (tmp_path / "layer_2.npz").unlink()
+    with pytest.raises(ValueError, match="holds a dict"):
+        load_dump(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ search
+
+
+def test_producer_budget():
+    assert producer_budget(61, keep=0.25) == 16  # as index_topk_freq=4 on DeepSeek-V3.2
+    assert producer_budget(21, keep=0.25) == 6  # as freq 4 on V4-Flash's 21 C4 layers
+    assert producer_budget(30, keep=0.1) == 3  # no float round-up to 4
+    assert producer_budget(5, keep=0.01) == 1
+    assert producer_budget(5, keep=1.0) == 5
+    assert producer_budget(5, producers=2) == 2
+    for kwargs in (
+        {},
+        {"keep": 0.5, "producers": 2},
+        {"keep": 0.0},
+        {"keep": 1.5},
+        {"keep": True},
+        {"producers": 0},
+        {"producers": 6},
+        {"producers": 2.0},
+    ):
+        with pytest.raises(ValueError):
+            producer_budget(5, **kwargs)
+
+
+def test_uniform_pattern():
+    assert uniform_pattern(8, 2) == "FSSSFSSS"
+    assert uniform_pattern(5, 5) == "FFFFF"
+    assert uniform_pattern(61, 16).count("F") == 16
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ratios=st.lists(st.sampled_from([0, 4, 128]), min_size=1, max_size=24).filter(lambda r: 4 in r),
+    data=st.data(),
+    seed=st.integers(0, 2**32 - 1),
+    use_proxy=st.booleans(),
+)
+def test_search_respects_the_rules(ratios, data, seed, use_proxy):
+    layers = c4_layers(ratios)
+    num = len(layers)
+    budget = data.draw(st.integers(1, num), label="producers")
+    rng = np.random.default_rng(seed)
+    if use_proxy:
+        matrix = rng.random((num, num))
+        objective = overlap_objective((matrix + matrix.T) / 2)
+    else:
+        values: dict[str, float] = {}
+
+        def objective(pattern: str) -> float:
+            calibrate.check_pattern(pattern, num)  # the callback only ever sees valid patterns
+            return values.setdefault(pattern, float(rng.integers(0, 4)))  # ties on purpose
+
+    result = greedy_search(layers, objective, producers=budget)
+    pattern = result.pattern
+    assert len(pattern) == num and set(pattern) <= {"F", "S"}
+    assert pattern[0] == "F" and pattern.count("F") == budget
+    assert [step.producers for step in result.steps] == list(range(num, budget - 1, -1))
+    assert result.steps[0].pattern == "F" * num and result.steps[0].flipped is None
+    for before, step in zip(result.steps, result.steps[1:], strict=False):
+        changed = [i for i in range(num) if before.pattern[i] != step.pattern[i]]
+        assert len(changed) == 1 and changed[0] > 0
+        assert before.pattern[changed[0]] == "F" and step.pattern[changed[0]] == "S"
+        assert step.flipped == layers[changed[0]]
+        alternatives = [
+            objective(before.pattern[:i] + "S" + before.pattern[i + 1 :])
+            for i in range(1, num)
+            if before.pattern[i] == "F"
+        ]
+        assert step.objective == objective(step.pattern) == min(alternatives)
+    roles = result.roles(len(ratios))
+    assert [role is None for role in roles] == [ratio != 4 for ratio in ratios]
+    assert [role for role in roles if role is not None] == list(pattern)
+    plan = LayerPlan(len(ratios), compress_ratios=ratios, index_topk_pattern=pattern)
+    assert plan.producers == result.producers
+
+
+@settings(max_examples=25, deadline=None)
+@given(group_sizes=st.lists(st.integers(1, 5), min_size=2, max_size=6), seed=st.integers(0, 2**32 - 1))
+def test_search_finds_planted_group_leaders(group_sizes, seed):
+    stack = planted_stack(group_sizes, seed)
+    layers = list(range(len(stack)))
+    result = greedy_search(layers, overlap_objective(overlap_matrix(list(stack))), producers=len(group_sizes))
+    assert result.pattern == leaders_pattern(group_sizes)
+    if result.pattern != uniform_pattern(len(layers), len(group_sizes)):
+        assert result.steps[-1].objective < result.steps[-1].uniform_objective
+
+
+def test_callback_objective_is_cached():
+    stack = planted_stack([3, 4, 2, 3], seed=7)
+    num, proxy = len(stack), overlap_objective(overlap_matrix(list(stack)))
+    seen: list[str] = []
+
+    def lm_loss(pattern: str) -> float:
+        seen.append(pattern)
+        return proxy(pattern)
+
+    greedy = 1 + sum(range(4, num))  # all-F, then one candidate per flippable producer per step
+    result = greedy_search(range(num), lm_loss, producers=4)
+    assert len(seen) == len(set(seen))
+    assert greedy <= len(seen) <= greedy + (num - 4)  # plus the evenly spaced baselines not met already
+
+    seen.clear()
+    cached = CachedObjective(lm_loss)
+    first = greedy_search(range(num), cached, producers=4)
+    assert cached.calls == len(seen) == len(cached.cache)
+    assert first.pattern == result.pattern == leaders_pattern([3, 4, 2, 3])
+    assert first.objective_name == "lm_loss"
+    again = greedy_search(range(num), cached, producers=4)
+    assert again == first and cached.calls == len(seen)
+    calls = cached.calls
+    deeper = greedy_search(range(num), cached, producers=2)
+    assert deeper.steps[: len(first.steps)] == first.steps
+    assert 3 + 2 <= cached.calls - calls <= 3 + 2 + 2  # only the two new steps' candidates and baselines
+    assert len(seen) == len(set(seen)) == cached.calls
+
+
+def test_search_rejects_bad_input():
+    with pytest.raises(ValueError, match="ascending"):
+        greedy_search([3, 1], lambda p: 0.0, producers=1)
+    with pytest.raises(ValueError, match="producers"):
+        greedy_search([0, 1], lambda p: 0.0, producers=3)
+    with pytest.raises(ValueError, match="finite"):
+        greedy_search([0, 1, 2], lambda p: math.nan, producers=1)
+    with pytest.raises(ValueError, match="first sparse layer"):
+        overlap_objective(np.eye(2))("SF")
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+def write_dump(directory: Path, stack: np.ndarray, layers: list[int]) -> None:
+    directory.mkdir()
+    for layer, array in zip(layers, stack, strict=True):
+        if layer % 2:
+            torch.save(torch.from_numpy(array), directory / f"layer_{layer:03d}.pt")
+        else:
+            np.savez(directory / f"layer_{layer:03d}.npz", indices=array)
+
+
+def test_cli_calibrate_end_to_end(tmp_path, capsys):
+    groups = [3, 1, 4]
+    stack = planted_stack(groups, seed=3)
+    write_dump(tmp_path / "dump", stack, list(range(len(stack))))
+    out = tmp_path / "out"
+    assert main(["calibrate", "--dump", str(tmp_path / "dump"), "--producers", "3", "--out", str(out)]) == 0
+    pattern = leaders_pattern(groups)
+    assert (out / "pattern.txt").read_text() == pattern + "\n"
+    assert json.loads((out / "config.json").read_text()) == {"index_topk_pattern": pattern}
+    report = json.loads((out / "report.json").read_text())
+    assert report["pattern"] == pattern and report["producers"] == [0, 3, 4]
+    assert report["rows"] == stack.shape[1] and report["k"] == stack.shape[2]
+    assert [step["producers"] for step in report["trajectory"]] == list(range(8, 2, -1))
+    np.testing.assert_allclose(report["overlap"], overlap_matrix(list(stack)), atol=1e-6)
+    assert report["objective_value"] < report["uniform"]["objective_value"]
+    for name in ("overlap.png", "objective.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"pattern:   {pattern}" in capsys.readouterr().out
+
+    assert main(["calibrate", "--dump", str(tmp_path / "dump"), "--out", str(out), "--no-plots"]) == 0
+    assert json.loads((out / "report.json").read_text())["producers"] == [0, 4]  # default keep 0.25 of 8
+
+
+def test_cli_calibrate_checks_the_dump_against_a_config(tmp_path, capsys):
+    config = EXAMPLES / "deepseek-v4-flash.json"
+    c4 = c4_layers(json.loads(config.read_text())["compress_ratios"])
+    stack = np.random.default_rng(0).integers(-1, 64, (len(c4), 4, 8)).astype(np.int32)
+    write_dump(tmp_path / "dump", stack, c4)
+    args = ["calibrate", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "out"), "--no-plots"]
+    assert main([*args, "--config", str(config)]) == 0
+    pattern = (tmp_path / "out" / "pattern.txt").read_text().strip()
+    plan = LayerPlan.from_config(config, index_topk_pattern=pattern)
+    assert plan.producers == json.loads((tmp_path / "out" / "report.json").read_text())["producers"]
+    (tmp_path / "dump" / f"layer_{c4[-1]:03d}.pt").unlink(missing_ok=True)
+    (tmp_path / "dump" / f"layer_{c4[-1]:03d}.npz").unlink(missing_ok=True)
+    capsys.readouterr()
+    assert main([*args, "--config", str(config)]) == 2
+    assert f"missing [{c4[-1]}]" in capsys.readouterr().err
+
+
+def test_cli_calibrate_without_matplotlib(tmp_path, capsys, monkeypatch):
+    write_dump(tmp_path / "dump", planted_stack([1, 1], seed=0), [0, 1])
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    assert main(["calibrate", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "out")]) == 2
+    assert "pip install 'indexcache[bench]'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
