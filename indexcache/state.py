@@ -22,8 +22,10 @@ sparse layer's logical indices, reused ones included.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -192,3 +194,18 @@ class IndexRecorder:
         if raw.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("IndexRecorder: recording copies tensors and cannot run inside a CUDA-graph capture")
         self.indices.setdefault(layer, []).append(raw.clone())
+
+    def stacked(self) -> dict[int, torch.Tensor]:
+        """Per layer, every recorded forward's rows in one ``[total_rows, k]`` int32 tensor."""
+        return {layer: torch.cat(chunks) for layer, chunks in sorted(self.indices.items())}
+
+    def save(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """Write :meth:`stacked` as ``layer_<id>.pt`` files, the dump :mod:`indexcache.calibrate` reads
+        (record an all-producer run so every layer's rows are its own)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for layer, rows in self.stacked().items():
+            paths.append(out / f"layer_{layer:03d}.pt")
+            torch.save(rows.cpu(), paths[-1])
+        return paths

@@ -298,3 +298,19 @@ def test_captured_producer_and_shared_layers_replay_like_eager_without_allocatin
         step()
         assert all(torch.equal(got[layer], outs[layer]) for layer in outs), f"replay {seed}"
     assert allocated == 0
+
+
+def test_recorded_indices_save_as_a_calibration_dump(tmp_path):
+    from indexcache.calibrate import load_dump
+
+    scores, lengths, tables = inputs(5)
+    runner = IndexerRunner(LayerPlan(4, index_topk=K, page_size=PAGE))
+    state = TopkState(5, K)
+    state.recorder = IndexRecorder()
+    for _ in range(2):
+        runner.begin(state, 5)
+        run(runner, state, scores, lengths, tables)
+    state.recorder.save(tmp_path)
+    layers, arrays = load_dump(tmp_path)
+    assert layers == [0, 1, 2, 3]
+    assert all(a.shape == (10, K) and (a == state.recorder.stacked()[0].numpy()).all() for a in arrays)

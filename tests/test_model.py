@@ -1,0 +1,234 @@
+"""The small DSA model end to end: plans, pipeline stages, micro-batches, prefill vs decode, and (on a
+GPU) a captured decode step replayed against eager."""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+import indexcache
+from indexcache import dispatch
+from indexcache.calibrate import overlap_matrix
+from indexcache.model import Batch, DSAModel, StaticDecode, preset
+from indexcache.plan import LayerPlan
+from indexcache.runner import IndexerRunner
+from indexcache.state import IndexRecorder, TopkState
+
+CFG = preset("v32-like", num_layers=8, hidden=64, heads=2, head_dim=32, index_heads=2, topk=16, page_size=8,
+             vocab=64, window=16)
+PROMPTS = (48, 30)
+STEPS = 3
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Two busy shared cores: one torch thread is many times faster than two here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return DSAModel(CFG)
+
+
+def prompts(lengths=PROMPTS, seed=0, vocab=CFG.vocab):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g) for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def freq1(model):
+    recorder = IndexRecorder()
+    return model.generate(prompts(), STEPS, IndexerRunner(model.plan(1)), recorder=recorder), recorder
+
+
+def test_all_producer_pattern_equals_freq_1_exactly(model, freq1):
+    base, _ = freq1
+    got = model.generate(prompts(), STEPS, IndexerRunner(model.plan(pattern="F" * CFG.num_layers)))
+    assert torch.equal(got.prefill_logits, base.prefill_logits)
+    assert torch.equal(got.decode_logits, base.decode_logits)
+    assert torch.equal(got.tokens, base.tokens)
+
+
+def test_freq_4_differs_from_freq_1_and_reports_its_overlap(model, freq1):
+    base, recorder = freq1
+    plan = model.plan(4)
+    got = model.generate(prompts(), STEPS, IndexerRunner(plan), tokens=base.tokens)
+    assert not torch.equal(got.prefill_logits, base.prefill_logits)
+    drift = (got.decode_logits - base.decode_logits).norm() / base.decode_logits.norm()
+    assert 0 < drift < 1
+    indices = recorder.stacked()
+    overlap = overlap_matrix([indices[layer] for layer in range(CFG.num_layers)])
+    shared = {layer: overlap[layer, plan.source_of(layer)] for layer in plan.shared}
+    assert all(0 < v <= 1 for v in shared.values())
+    # Seeded blocks of 4: layers 2 and 3 reuse layer 1 of their own block, layer 4 reuses it across blocks.
+    assert min(shared[2], shared[3]) > 0.7 > 0.5 > shared[4]
+
+
+def test_prefill_then_decode_equals_a_longer_prefill(model):
+    plan = IndexerRunner(model.plan(2))
+    (prompt,) = prompts((40,))
+    longer = model.generate([prompt], 0, plan).prefill_logits
+    shorter = model.generate([prompt[:-1]], 1, plan, tokens=prompt[-1:, None]).decode_logits[0]
+    torch.testing.assert_close(shorter, longer, rtol=1e-4, atol=1e-4)
+
+
+def test_chunked_prefill_at_freq_4_equals_one_prefill(model):
+    runner = IndexerRunner(model.plan(4))
+    (prompt,) = prompts((44,))
+    cache = model.new_cache(1, 64)
+    state = TopkState(64, CFG.topk)
+    tables = cache.tables_for([0])
+    whole = model.run(Batch.prefill([prompt], tables), cache, runner, state)[-1]
+    cache = model.new_cache(1, 64)
+    model.run(Batch.prefill([prompt[:25]], tables), cache, runner, state)
+    chunked = model.run(Batch.prefill([prompt[25:]], tables, prefix_lens=[25]), cache, runner, state)[-1]
+    torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-4)
+
+
+def forward_stages(model, plan, stages, batch_tokens, carry=True):
+    cache = model.new_cache(len(batch_tokens), 64)
+    batch = Batch.prefill(batch_tokens, cache.tables_for(range(len(batch_tokens))))
+    x = model.embed(batch)
+    received = None
+    for stage in stages:
+        runner = IndexerRunner(plan, stage=stage)
+        state = TopkState(batch.rows, CFG.topk)
+        if stage.carry_in is not None:
+            assert carry
+            state.load_carry(*received)
+        else:
+            runner.begin(state, batch.rows)
+        x = model.forward(x, batch, cache, runner, state)
+        if stage.carry_out is not None:
+            raw, header = state.to_carry()
+            received = raw.clone(), header
+    return model.head(x)
+
+
+def test_pipeline_carry_equals_the_unsplit_run(model):
+    plan = model.plan(4)
+    tokens = prompts()
+    whole = forward_stages(model, plan, plan.split_stages([]), tokens)
+    stages = plan.split_stages([3, 6], mode="carry")
+    assert [s.carry_in for s in stages] == [None, 1, 5]
+    assert torch.equal(forward_stages(model, plan, stages, tokens), whole)
+
+
+def test_pipeline_promote_equals_the_promoted_plan(model):
+    plan = model.plan(4)
+    tokens = prompts()
+    stages = plan.split_stages([3], mode="promote")
+    promoted = LayerPlan(CFG.num_layers, index_topk_pattern="".join(s.roles for s in stages), index_topk=CFG.topk,
+                         page_size=CFG.page_size)
+    assert promoted.producers == [0, 1, 3, 5]
+    split = forward_stages(model, plan, stages, tokens, carry=False)
+    assert torch.equal(split, forward_stages(model, promoted, promoted.split_stages([]), tokens))
+    assert not torch.equal(split, forward_stages(model, plan, plan.split_stages([]), tokens))
+
+
+def interleaved(model, runner, batches, states):
+    """Run the micro-batches layer by layer in turn (two-batch overlap's order) on one cache."""
+    cache = model.new_cache(2, 64)
+    built = [Batch.prefill([t], cache.tables_for([slot])) for slot, t in enumerate(batches)]
+    xs = [model.embed(b) for b in built]
+    for b, state in zip(built, states, strict=True):
+        runner.begin(state, b.rows)
+    for layer in runner.layers:
+        xs = [model.layer(layer, x, b, cache, runner, state) for x, b, state in zip(xs, built, states, strict=True)]
+    return [model.head(x) for x in xs]
+
+
+def test_two_micro_batches_with_their_own_states_equal_sequential_forwards(model):
+    runner = IndexerRunner(model.plan(4))
+    a, b = prompts((36, 36), seed=3)
+    cache = model.new_cache(2, 64)
+    state = TopkState(36, CFG.topk)
+    sequential = [model.run(Batch.prefill([t], cache.tables_for([slot])), cache, runner, state)
+                  for slot, t in enumerate((a, b))]
+    separate = interleaved(model, runner, (a, b), (TopkState(36, CFG.topk), TopkState(36, CFG.topk)))
+    assert all(torch.equal(s, p) for s, p in zip(separate, sequential, strict=True))
+    one = TopkState(36, CFG.topk)
+    shared_state = interleaved(model, runner, (a, b), (one, one))
+    assert not torch.equal(shared_state[0], sequential[0]), "one state for both micro-batches mixes them up"
+
+
+def test_empty_batch_runs_and_clears_the_state(model):
+    runner = IndexerRunner(model.plan(4))
+    cache = model.new_cache(1, 64)
+    state = TopkState(64, CFG.topk)
+    model.run(Batch.prefill(prompts((40,)), cache.tables_for([0])), cache, runner, state)
+    logits = model.run(Batch.prefill([], cache.tables_for([])), cache, runner, state)
+    assert logits.shape == (0, CFG.vocab)
+    assert bool((state.raw == -1).all())
+
+
+def test_v4_like_preset_runs_windowed_and_sparse_layers():
+    cfg = preset("v4-like", num_layers=8, compress_ratios=(0, 0, 4, 128, 4, 128, 4, 128), hidden=64, heads=2,
+                 head_dim=32, index_heads=2, topk=16, page_size=8, vocab=64, window=16)
+    v4 = DSAModel(cfg)
+    plan = v4.plan(2)
+    assert plan.roles == "..F.S.F."
+    got = v4.generate(prompts(vocab=64), 2, IndexerRunner(plan))
+    assert got.decode_logits.shape == (2, 2, 64)
+    assert bool(torch.isfinite(got.decode_logits).all())
+
+
+def test_presets_and_bad_names():
+    assert preset("v32-like").topk == 2048 and preset("v32-like").compress_ratios is None
+    assert preset("v4-like").topk == 512 and 4 in preset("v4-like").compress_ratios
+    assert preset("v32-like", topk=64).topk == 64
+    with pytest.raises(ValueError, match="preset"):
+        preset("v5")
+
+
+@gpu
+def test_captured_decode_step_replays_like_eager_without_allocating():
+    """Decode steps of the model, captured once and replayed with changing batches (short and long
+    contexts mixed, padding rows) equal eager steps, and replays allocate nothing."""
+    replays = int(os.environ.get("INDEXCACHE_GRAPH_REPLAYS", "1000"))
+    cfg = dataclasses.replace(CFG, topk=64)
+    model = DSAModel(cfg, "cuda")
+    runner = IndexerRunner(model.plan(4))
+    requests, max_len, max_batch = 16, 512, 8
+    cache = model.new_cache(requests, max_len)
+    store_args = dict(k=torch.zeros(1, cfg.index_dim, device="cuda"), k_cache=cache.index_k[0],
+                      slot_mapping=torch.zeros(1, dtype=torch.int32, device="cuda"), fp8_dtype=model.fp8)
+    store_backend = dispatch.resolve("store_index_k", store_args)[0]
+    if store_backend == "torch":
+        pytest.skip("store_index_k resolves to the torch backend, whose store picks valid slots with "
+                    "torch.nonzero (a host sync) and cannot be captured; needs a graph-safe store")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    slots = cache.kv.shape[1] - 1
+    cache.kv.copy_(torch.randn(cache.kv.shape, device="cuda", generator=g))
+    for k_cache in cache.index_k.values():  # a context's worth of index keys in every slot
+        keys = torch.randn(slots, cfg.index_dim, device="cuda", generator=g)
+        indexcache.store_index_k(keys, k_cache, torch.arange(slots, dtype=torch.int32, device="cuda"), model.fp8)
+    static = StaticDecode(model, cache, runner, max_batch)
+    graph = static.capture()
+
+    cpu = torch.Generator().manual_seed(1)
+    allocated, empty_slots = 0, 0
+    for i in range(replays):
+        b = int(torch.randint(1, max_batch + 1, (1,), generator=cpu))
+        reqs = torch.randperm(requests, generator=cpu)[:b]
+        short = torch.randint(1, cfg.topk, (b,), generator=cpu)
+        long = torch.randint(cfg.topk + 1, max_len + 1, (b,), generator=cpu)
+        seq_lens = torch.where(torch.rand(b, generator=cpu) < 0.5, short, long).to(torch.int32)
+        tokens = torch.randint(0, cfg.vocab, (b,), generator=cpu)
+        static.load(tokens.cuda(), seq_lens.cuda(), cache.tables_for(reqs))
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        graph.replay()
+        allocated += torch.cuda.memory_stats()["allocation.all.allocated"] - before
+        replayed, raw = static.logits.clone(), static.state.raw.clone()
+        static.step()
+        torch.testing.assert_close(replayed, static.logits, rtol=1e-5, atol=1e-5, msg=f"replay {i}")
+        assert torch.equal(raw, static.state.raw), f"replay {i}: top-k indices differ"
+        empty_slots += int((raw[:b] == -1).sum())
+    assert allocated == 0
+    assert empty_slots > 0
