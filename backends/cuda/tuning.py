@@ -7,6 +7,15 @@ from typing import Any
 # translate is memory-bound: 2K indices a program, 1K contiguous along k, 4 warps (16-byte accesses).
 _COMMON: dict[str, dict[str, Any]] = {
     "translate": {"BLOCK_K": 1024, "ELEMS": 2048, "num_warps": 4},
+    # Logits (KERNELS.md recipe): keys on M, COLS = tokens × heads on N (2 tokens at H = 64), warps along keys.
+    # One warpgroup a program, three resident a SM (≤ 168 registers, 40 KB shared) so epilogues overlap MMAs.
+    "mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
+                   "PROGRAMS_PER_SM": 3},
+    # Paged decode is memory-bound: 64-key tiles gathered through the page table, at most SPLIT keys and
+    # COLS dot columns (draft tokens × heads) a program, at least WAVES programs a SM when the batch allows.
+    "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "SPLIT": 2048, "WAVES": 4,
+                         "num_warps": 4, "num_stages": 3},
+    "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
 }
 
 

@@ -7,6 +7,13 @@ from typing import Any
 
 _COMMON: dict[str, dict[str, Any]] = {
     "translate": {"BLOCK_K": 1024, "ELEMS": 4096, "num_warps": 4, "waves_per_eu": 2},
+    # Logits: MFMA keeps accumulator rows in registers, so heads stay on M as in aiter (one token of 64
+    # heads a program block, 128-key steps, 4 waves, 2 stages); KEYS_ON_M=True is the NVIDIA orientation.
+    "mqa_logits": {"KEYS_ON_M": False, "COLS": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
+                   "waves_per_eu": 2, "PROGRAMS_PER_SM": 2},
+    "paged_mqa_logits": {"KEYS_ON_M": False, "COLS": 128, "BLOCK_KEYS": 64, "SPLIT": 2048, "WAVES": 4, "num_warps": 4,
+                         "num_stages": 2, "waves_per_eu": 2},
+    "quantize_index_k": {"ELEMS": 4096, "num_warps": 4, "waves_per_eu": 2},  # also store_index_k
 }
 
 

@@ -1,0 +1,340 @@
+"""Indexer logits in Triton: ragged prefill (``mqa_logits``) and paged decode (``paged_mqa_logits``).
+
+``out[t, n] = k_scale[n] · Σ_h w[t, h] · relu(q[t, h] · k[n])`` with one ``tl.dot`` a tile, fp32
+accumulation, and the ReLU + weighted head sum in registers right after it.
+
+Orientation (``KEYS_ON_M`` in the tuning table; KERNELS.md, logits recipe): on NVIDIA the dot is
+flipped, ``dot(k [keys, D], trans(q [tokens·H, D]))``, so each thread holds whole head groups of a
+key row and the head sum is in-thread adds plus shuffles; on AMD (MFMA keeps accumulator rows in
+registers) the heads may stay on M, ``dot(q, trans(k))``. k_scale is applied once after the head
+sum (it is positive, so it commutes with the ReLU).
+
+Prefill: a persistent grid of ``SMs × PROGRAMS_PER_SM`` programs takes blocks of ``BLOCK_Q`` tokens
+(``BLOCK_Q · H = COLS`` dot columns) round-robin, last block first (causal prefill: longest rows
+first). A program loads its Q tile and weights once and walks the union of its rows' windows in
+``BLOCK_N``-key tiles; a tile inside every row's window stores without a mask, a boundary tile
+stores ``where(inside, s, -inf)``; the columns outside the union are filled with -inf afterwards.
+
+Decode: one program per (draft-token group, request, ``SPLIT`` keys of its context); Q
+``[group · H, D]`` stays resident while the program walks ``BLOCK_KEYS``-key tiles, each key row
+gathered through the page table from the packed cache (fp8 bytes, then the page's fp32 scales). A
+group is next_n padded to a power of two, at most ``COLS`` dot columns (next_n 3-4 at H = 64 take
+two programs, adjacent in launch order so the second reads the keys from L2); rows that see fewer
+keys (causal inside the next_n block) are masked at the store.
+
+Windows are clipped to ``[0, N)``; keys whose page is beyond the table, whose entry is < 0 or
+beyond the cache, or beyond the context are -inf and never read. Nothing is allocated, nothing
+syncs with the host, and the grid depends only on shapes.
+
+fp8 keys must be the target's native format. On GPUs without fp8 matrix units (sm80, gfx90a) fp8
+is widened to fp16 before the dot (exact). Interpreted bf16 is widened to fp32 before the dot,
+because the CPU interpreter has no bf16 ``tl.dot``: the interpreted check then covers everything
+but the dot's input precision (bf16 × bf16 products are exact in fp32 anyway).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from indexcache.backends.triton.support import launch_options, on_target_device
+from indexcache.backends.triton.target import Target
+from indexcache.dispatch import OpImpl
+from indexcache.layout import FP8_DTYPES, cache_page_size
+
+NEG_INF = tl.constexpr(float("-inf"))
+INTERPRETED_SMS = 3  # programs of the persistent grid under the interpreter (exercises the round-robin)
+
+
+@triton.jit
+def _widen(x, WIDEN: tl.constexpr):
+    """The dot operand in the precision the dot runs in (0: as is, 1: fp16, 2: fp32)."""
+    if WIDEN == 1:
+        x = x.to(tl.float16)
+    elif WIDEN == 2:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _head_sum(k, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, KEYS_ON_M: tl.constexpr,
+              WIDEN: tl.constexpr):
+    """Σ_h w · relu(q · k) for a key tile ``k [ROWS, D]`` and ``q [GROUPS · H, D]``, ``w [GROUPS, H]``.
+
+    Returns fp32 ``[ROWS, GROUPS]`` when ``KEYS_ON_M`` else ``[GROUPS, ROWS]``.
+    """
+    precision: tl.constexpr = "ieee" if WIDEN == 2 else None
+    if KEYS_ON_M:
+        acc = tl.dot(_widen(k, WIDEN), tl.trans(_widen(q, WIDEN)), input_precision=precision)
+        acc = tl.reshape(acc, (ROWS, GROUPS, H))
+        s = tl.sum(tl.maximum(acc, 0.0) * w[None, :, :], axis=2)
+    else:
+        acc = tl.dot(_widen(q, WIDEN), tl.trans(_widen(k, WIDEN)), input_precision=precision)
+        acc = tl.reshape(acc, (GROUPS, H, ROWS))
+        s = tl.sum(tl.maximum(acc, 0.0) * w[:, :, None], axis=1)
+    return s
+
+
+@triton.jit
+def _pair(a, b, A_ON_ROWS: tl.constexpr):
+    """``(a[:, None], b[None, :])`` or its transpose: the [keys, groups] / [groups, keys] tile shape."""
+    if A_ON_ROWS:
+        pair = a[:, None], b[None, :]
+    else:
+        pair = a[None, :], b[:, None]
+    return pair
+
+
+@triton.jit
+def mqa_logits_kernel(
+    q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
+    T, N,
+    q_s0, q_s1, q_s2, k_s0, k_s1, scale_s0, w_s0, w_s1, ks_s0, ke_s0, out_s0, out_s1,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PROGRAMS: tl.constexpr,
+    KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    blocks = tl.cdiv(T, BLOCK_Q)
+    rows = tl.arange(0, BLOCK_Q * H)
+    dims = tl.arange(0, D)
+    keys = tl.arange(0, BLOCK_N)
+    for i in range(pid, blocks, PROGRAMS):
+        t0 = (blocks - 1 - i) * BLOCK_Q
+        tok = t0 + tl.arange(0, BLOCK_Q)
+        tok_ok = tok < T
+        tok64 = tok.to(tl.int64)
+        # Each row's window clipped to [0, N); empty and missing rows become [N, 0) so they widen nothing.
+        ks = tl.minimum(tl.maximum(tl.load(ks_ptr + tok64 * ks_s0, mask=tok_ok, other=0), 0), N)
+        ke = tl.minimum(tl.maximum(tl.load(ke_ptr + tok64 * ke_s0, mask=tok_ok, other=0), 0), N)
+        empty = (ke <= ks) | ~tok_ok
+        ks = tl.where(empty, N, ks)
+        ke = tl.where(empty, 0, ke)
+        lo = tl.min(ks, axis=0)
+        hi = tl.max(ke, axis=0)
+        clean_lo = tl.max(ks, axis=0)
+        clean_hi = tl.min(ke, axis=0)
+        start = (lo // BLOCK_N) * BLOCK_N
+        tiles = tl.where(hi > lo, tl.cdiv(hi - start, BLOCK_N), 0)
+        stop = start + tiles * BLOCK_N
+
+        qrow = (t0 + rows // H).to(tl.int64) * q_s0 + (rows % H) * q_s1
+        q = tl.load(q_ptr + qrow[:, None] + dims[None, :] * q_s2, mask=(t0 + rows // H < T)[:, None], other=0.0)
+        w = tl.load(w_ptr + tok64[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=tok_ok[:, None],
+                    other=0.0)
+        out_rows = tok64 * out_s0
+        for n0 in range(start, stop, BLOCK_N):
+            n = n0 + keys
+            n_ok = n < N
+            k = tl.load(k_ptr + n.to(tl.int64)[:, None] * k_s0 + dims[None, :] * k_s1, mask=n_ok[:, None], other=0.0)
+            s = _head_sum(k, q, w, BLOCK_N, BLOCK_Q, H, KEYS_ON_M, WIDEN)
+            sc = tl.load(scale_ptr + n * scale_s0, mask=n_ok, other=0.0)
+            if KEYS_ON_M:
+                s = s * sc[:, None]
+            else:
+                s = s * sc[None, :]
+            col, row = _pair(n.to(tl.int64) * out_s1, out_rows, KEYS_ON_M)
+            ptrs = out_ptr + col + row
+            if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
+                tl.store(ptrs, s)
+            else:
+                n2, ks2 = _pair(n, ks, KEYS_ON_M)
+                n2, ke2 = _pair(n, ke, KEYS_ON_M)
+                n_ok2, tok_ok2 = _pair(n_ok, tok_ok, KEYS_ON_M)
+                tl.store(ptrs, tl.where((n2 >= ks2) & (n2 < ke2), s, NEG_INF), mask=n_ok2 & tok_ok2)
+        # -inf outside the union of the rows' windows.
+        fill = tl.full((BLOCK_Q, BLOCK_N), NEG_INF, tl.float32)
+        for n0 in range(0, start, BLOCK_N):
+            n = n0 + keys
+            tl.store(out_ptr + out_rows[:, None] + n[None, :] * out_s1, fill, mask=tok_ok[:, None])
+        for n0 in range(stop, N, BLOCK_N):
+            n = n0 + keys
+            tl.store(out_ptr + out_rows[:, None] + n[None, :] * out_s1, fill, mask=tok_ok[:, None] & (n < N)[None, :])
+
+
+@triton.jit
+def paged_mqa_logits_kernel(
+    q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr,
+    max_ctx, num_pages, table_pages, split,
+    q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, out_s0, out_s1,
+    NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr,
+):
+    j0 = tl.program_id(0) * GROUPS
+    b = tl.program_id(1)
+    first = tl.program_id(2) * split
+    last = tl.minimum(first + split, max_ctx)
+    rows = tl.arange(0, GROUPS * H)
+    dims = tl.arange(0, D)
+    keys = tl.arange(0, BLOCK_KEYS)
+    grp = j0 + tl.arange(0, GROUPS)
+    grp_ok = grp < NEXT_N
+    ctx = tl.maximum(tl.load(ctx_ptr + b * ctx_s0), 0)
+    # Row j of the next_n block sees keys [0, ctx - NEXT_N + j + 1); no row sees past ctx.
+    visible = ctx - NEXT_N + 1 + grp
+    kend = tl.minimum(ctx, last)
+    tiles = tl.where(kend > first, tl.cdiv(kend - first, BLOCK_KEYS), 0)
+    stop = first + tiles * BLOCK_KEYS
+
+    j = j0 + rows // H
+    q = tl.load(q_ptr + b.to(tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
+                mask=(j < NEXT_N)[:, None], other=0.0)
+    out_row = b * NEXT_N + grp
+    w = tl.load(w_ptr + out_row[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=grp_ok[:, None], other=0.0)
+    out_rows = out_row.to(tl.int64) * out_s0
+    page_words = PAGE * (D + 4) // 4
+    for n0 in range(first, stop, BLOCK_KEYS):
+        s = n0 + keys
+        page = s // PAGE
+        off = s % PAGE
+        live = (s < kend) & (page < table_pages)
+        entry = tl.load(table_ptr + b * tab_s0 + page * tab_s1, mask=live, other=-1)
+        ok = live & (entry >= 0) & (entry < num_pages)
+        entry = entry.to(tl.int64)
+        k = tl.load(kv_ptr + (entry * (PAGE * (D + 4)) + off * D)[:, None] + dims[None, :], mask=ok[:, None],
+                    other=0.0)
+        sc = tl.load(kv_scale_ptr + entry * page_words + (PAGE * D // 4) + off, mask=ok, other=0.0)
+        acc = _head_sum(k, q, w, BLOCK_KEYS, GROUPS, H, KEYS_ON_M, WIDEN)
+        if KEYS_ON_M:
+            acc = acc * sc[:, None]
+        else:
+            acc = acc * sc[None, :]
+        seen_s, vis = _pair(tl.where(ok, s, ctx), visible, KEYS_ON_M)
+        col, row = _pair(s.to(tl.int64) * out_s1, out_rows, KEYS_ON_M)
+        s_ok, g_ok = _pair(s < last, grp_ok, KEYS_ON_M)
+        tl.store(out_ptr + col + row, tl.where(seen_s < vis, acc, NEG_INF), mask=s_ok & g_ok)
+    fill = tl.full((GROUPS, BLOCK_KEYS), NEG_INF, tl.float32)
+    for n0 in range(stop, last, BLOCK_KEYS):
+        s = n0 + keys
+        tl.store(out_ptr + out_rows[:, None] + s[None, :] * out_s1, fill, mask=grp_ok[:, None] & (s < last)[None, :])
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def _fp8_native(target: Target) -> bool:
+    """Whether the target has fp8 matrix instructions (sm89+, gfx942, gfx950)."""
+    if target.vendor == "cuda":
+        return int(target.arch.removeprefix("sm").rstrip("a")) >= 89
+    return target.arch in ("gfx942", "gfx950")
+
+
+def _widen_mode(dtype: torch.dtype, target: Target) -> int:
+    """0: dot on the inputs as they are; 1: fp8 widened to fp16; 2: widened to fp32 (interpreted bf16)."""
+    if dtype in FP8_DTYPES:
+        return 0 if _fp8_native(target) else 1
+    return 2 if target.interpreted else 0
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _programs(target: Target, device: torch.device) -> int:
+    return INTERPRETED_SMS if target.interpreted else _sm_count(device.index or 0)
+
+
+def _check_dtype(name: str, dtype: torch.dtype, target: Target, bf16: bool) -> tuple[bool, str]:
+    if dtype in FP8_DTYPES:
+        if dtype != target.fp8_dtype:
+            return False, (f"{name} is {str(dtype).removeprefix('torch.')}, but {target.arch}'s native fp8 format is "
+                           f"{str(target.fp8_dtype).removeprefix('torch.')}")
+        return True, ""
+    if bf16 and dtype == torch.bfloat16:
+        return True, ""
+    return False, f"{name} dtype {dtype} is not handled by the Triton logits kernels"
+
+
+def _check_shape(heads: int, dim: int) -> tuple[bool, str]:
+    if not _is_pow2(heads):
+        return False, f"heads={heads}: the Triton logits kernels need a power of two"
+    if not _is_pow2(dim) or not 32 <= dim <= 256:
+        return False, f"head dim {dim}: the Triton logits kernels need a power of two in [32, 256]"
+    return True, ""
+
+
+def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any]):
+    """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``); ``q [T, H, D]``, ``k [N, D]``."""
+    tokens, heads, dim = q.shape
+    n = k.shape[0]
+    if out.numel() == 0:
+        return out
+    block_q = max(1, cfg["COLS"] // heads, 16 // heads)
+    blocks = triton.cdiv(tokens, block_q)
+    programs = min(blocks, _programs(target, q.device) * cfg.get("PROGRAMS_PER_SM", 1))
+    mqa_logits_kernel[(programs,)](
+        q, k, k_scale, weights, ks, ke, out,
+        tokens, n,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
+        weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1),
+        H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], PROGRAMS=programs,
+        KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=_widen_mode(q.dtype, target),
+        **launch_options(target, cfg),
+    )
+    return out
+
+
+def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
+                     cfg: Mapping[str, Any]):
+    """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``)."""
+    batch, next_n, heads, dim = q.shape
+    if out.numel() == 0:
+        return out
+    page = cache_page_size(k_cache, dim)
+    flat = k_cache.view(-1)
+    block_keys = cfg["BLOCK_KEYS"]
+    # Keys a program: enough programs to fill the GPU, at most SPLIT (Q is reloaded once a program).
+    per_program = triton.cdiv(batch * max_context_len, _programs(target, q.device) * cfg["WAVES"])
+    split = min(cfg["SPLIT"], max(block_keys, triton.next_power_of_2(per_program)))
+    # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range).
+    groups = max(min(triton.next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
+    grid = (triton.cdiv(next_n, groups), batch, triton.cdiv(max_context_len, split))
+    paged_mqa_logits_kernel[grid](
+        q, flat.view(q.dtype), flat.view(torch.float32), weights, context_lens, page_table, out,
+        max_context_len, k_cache.shape[0], page_table.shape[1], split,
+        q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
+        context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1),
+        NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page,
+        BLOCK_KEYS=block_keys, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=_widen_mode(q.dtype, target),
+        **launch_options(target, cfg),
+    )
+    return out
+
+
+def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
+    """``mqa_logits`` and ``paged_mqa_logits`` of a GPU backend built for ``target`` with its tuning table."""
+    prefill, decode = tuning["mqa_logits"], tuning["paged_mqa_logits"]
+
+    def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
+        ok, why = on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out)
+        if ok:
+            ok, why = _check_dtype("q", q.dtype, target, bf16=True)
+        if ok:
+            ok, why = _check_shape(q.shape[1], q.shape[2])
+        return ok, why
+
+    def supports_decode(q, k_cache, weights, context_lens, page_table, out, **_):
+        ok, why = on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
+                                   page_table=page_table, out=out)
+        if ok:
+            ok, why = _check_dtype("q", q.dtype, target, bf16=False)
+        if ok:
+            ok, why = _check_shape(q.shape[2], q.shape[3])
+        if ok and k_cache.storage_offset() % 4:
+            ok, why = False, "k_cache: the Triton kernel reads the scales as float32 and needs a 4-byte aligned view"
+        return ok, why
+
+    def run_prefill(**args):
+        return mqa_logits(**args, target=target, cfg=prefill)
+
+    def run_decode(**args):
+        return paged_mqa_logits(**args, target=target, cfg=decode)
+
+    return {"mqa_logits": OpImpl(run_prefill, supports_prefill),
+            "paged_mqa_logits": OpImpl(run_decode, supports_decode)}

@@ -1,0 +1,175 @@
+"""Block fp8 quantization with power-of-two scales, and the store into the packed index-K cache, in Triton.
+
+``scale = 2 ** ceil(log2(max(amax, 1e-4) / fp8_max))`` is found exactly: log2 gives a first
+exponent and two exact comparisons against ``fp8_max · 2^e`` correct it; the power of two is built
+from its exponent bits, and dividing by it is exact. The quotient is rounded to nearest-even on the
+e4m3 grid with fp32 bit arithmetic, so the final cast is exact and the bytes match the reference bit
+for bit on every target (the CPU interpreter's own fp8 downcast does not carry a rounded-up mantissa
+into the exponent). The store takes one scale a token (block = D) and writes the fp8 bytes and the fp32 scale of
+each token to its slot; slots < 0 or beyond the cache are masked out on the device (no host sync,
+safe inside a captured graph). Nothing is allocated beyond the op's own output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from indexcache.backends.triton.support import launch_options, on_target_device
+from indexcache.backends.triton.target import Target
+from indexcache.dispatch import OpImpl
+from indexcache.layout import FP8_DTYPES, cache_page_size, fp8_max
+
+
+@triton.jit
+def _pow2(e):
+    """2^e as float32 for integer e in [-126, 127], built from the exponent bits (exact)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_e4m3(y, MIN_EXP: tl.constexpr):
+    """fp32 ``y`` (|y| ≤ the format's max) rounded to nearest-even on the e4m3 grid (3 mantissa bits, normals
+    from 2^MIN_EXP, subnormal step 2^(MIN_EXP - 3)), still in fp32: the cast to fp8 is then exact everywhere."""
+    bits = y.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    normal = (mag + 0x7FFFF + ((mag >> 20) & 1)) & -0x100000
+    magic: tl.constexpr = 2.0 ** (MIN_EXP + 20)  # adding it rounds to multiples of the subnormal step
+    tiny = ((tl.abs(y) + magic) - magic).to(tl.int32, bitcast=True)
+    mag = tl.where(mag >= (127 + MIN_EXP) << 23, normal, tiny)
+    return (mag | (bits & -0x80000000)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_rows(x, LIMIT: tl.constexpr, MIN_EXP: tl.constexpr):
+    """``(x / s, s)`` per row of fp32 ``x [R, C]``: the smallest power of two ``s`` with amax ≤ LIMIT · s;
+    ``x / s`` already on the fp8 grid."""
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+    e = tl.ceil(tl.log2(amax / LIMIT)).to(tl.int32)
+    e = tl.where(amax > LIMIT * _pow2(e), e + 1, e)
+    e = tl.where(amax <= LIMIT * _pow2(e - 1), e - 1, e)
+    return _round_e4m3(x * _pow2(-e)[:, None], MIN_EXP), _pow2(e)
+
+
+@triton.jit
+def quantize_kernel(
+    k_ptr, q_ptr, s_ptr, rows, cols,
+    k_s0, k_s1, q_s0, q_s1, s_s0, s_s1,
+    LIMIT: tl.constexpr, MIN_EXP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.arange(0, BLOCK_P2)
+    blk = tl.program_id(1)
+    col = blk * BLOCK + c
+    ok = (r < rows)[:, None] & (c < BLOCK)[None, :]
+    r64 = r.to(tl.int64)
+    x = tl.load(k_ptr + r64[:, None] * k_s0 + col[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
+    y, scale = _quantize_rows(x, LIMIT, MIN_EXP)
+    tl.store(q_ptr + r64[:, None] * q_s0 + col[None, :] * q_s1, y.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(s_ptr + r64 * s_s0 + blk * s_s1, scale, mask=r < rows)
+
+
+@triton.jit
+def store_kernel(
+    k_ptr, slot_ptr, kv_ptr, kv_scale_ptr, rows, slots,
+    k_s0, k_s1, slot_s0,
+    LIMIT: tl.constexpr, MIN_EXP: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.arange(0, D_P2)
+    r64 = r.to(tl.int64)
+    slot = tl.load(slot_ptr + r64 * slot_s0, mask=r < rows, other=-1).to(tl.int64)
+    live = (slot >= 0) & (slot < slots)
+    ok = live[:, None] & (c < D)[None, :]
+    x = tl.load(k_ptr + r64[:, None] * k_s0 + c[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
+    y, scale = _quantize_rows(x, LIMIT, MIN_EXP)
+    page = slot // PAGE
+    off = slot % PAGE
+    tl.store(kv_ptr + (page * (PAGE * (D + 4)) + off * D)[:, None] + c[None, :], y.to(kv_ptr.dtype.element_ty),
+             mask=ok)
+    tl.store(kv_scale_ptr + page * (PAGE * (D + 4) // 4) + PAGE * D // 4 + off, scale, mask=live)
+
+
+def _min_exp(fp8_dtype: torch.dtype) -> int:
+    """Exponent of the smallest normal of an fp8 format (-6 for e4m3fn, -7 for e4m3fnuz)."""
+    return int(math.log2(torch.finfo(fp8_dtype).smallest_normal))
+
+
+def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any]):
+    """``(k_fp8 [N, D] fp8_dtype, scale [N, D // block] float32)`` (contract: ``indexcache.quantize_index_k``)."""
+    rows, cols = k.shape
+    q = torch.empty((rows, cols), dtype=fp8_dtype, device=k.device)
+    scale = torch.empty((rows, cols // block), dtype=torch.float32, device=k.device)
+    if q.numel() == 0:
+        return q, scale
+    block_p2 = triton.next_power_of_2(block)
+    block_r = max(1, min(cfg["ELEMS"] // block_p2, triton.next_power_of_2(rows)))
+    quantize_kernel[(triton.cdiv(rows, block_r), cols // block)](
+        k, q, scale, rows, cols,
+        k.stride(0), k.stride(1), q.stride(0), q.stride(1), scale.stride(0), scale.stride(1),
+        LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), BLOCK=block, BLOCK_P2=block_p2, BLOCK_R=block_r,
+        **launch_options(target, cfg),
+    )
+    return q, scale
+
+
+def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any]) -> None:
+    """Quantize ``k [N, D]`` into the packed cache at ``slot_mapping [N]`` (contract: ``indexcache.store_index_k``)."""
+    rows, dim = k.shape
+    if rows == 0 or k_cache.numel() == 0:
+        return
+    page = cache_page_size(k_cache, dim)
+    flat = k_cache.view(-1)
+    d_p2 = triton.next_power_of_2(dim)
+    block_r = max(1, min(cfg["ELEMS"] // d_p2, triton.next_power_of_2(rows)))
+    store_kernel[(triton.cdiv(rows, block_r),)](
+        k, slot_mapping, flat.view(fp8_dtype), flat.view(torch.float32), rows, k_cache.shape[0] * page,
+        k.stride(0), k.stride(1), slot_mapping.stride(0),
+        LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), D=dim, D_P2=d_p2, PAGE=page, BLOCK_R=block_r,
+        **launch_options(target, cfg),
+    )
+
+
+def _fp8_policy(fp8_dtype: torch.dtype, target: Target) -> tuple[bool, str]:
+    if fp8_dtype in FP8_DTYPES and fp8_dtype != target.fp8_dtype:
+        return False, (f"fp8_dtype is {str(fp8_dtype).removeprefix('torch.')}, but {target.arch}'s native fp8 format "
+                       f"is {str(target.fp8_dtype).removeprefix('torch.')}")
+    return True, ""
+
+
+def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
+    """``quantize_index_k`` and ``store_index_k`` of a GPU backend built for ``target`` with its tuning table."""
+    cfg = tuning["quantize_index_k"]
+
+    def supports_quantize(k, fp8_dtype, block, **_):
+        ok, why = on_target_device(target, k=k)
+        if ok:
+            ok, why = _fp8_policy(fp8_dtype, target)
+        if ok and block > cfg["ELEMS"]:
+            ok, why = False, f"block={block}: the Triton kernel holds one block in registers, at most {cfg['ELEMS']}"
+        return ok, why
+
+    def supports_store(k, k_cache, slot_mapping, fp8_dtype, **_):
+        ok, why = on_target_device(target, k=k, k_cache=k_cache, slot_mapping=slot_mapping)
+        if ok:
+            ok, why = _fp8_policy(fp8_dtype, target)
+        if ok and (k.shape[1] % 4 or k_cache.storage_offset() % 4):
+            ok, why = False, "the Triton store writes the scales as float32: it needs D % 4 == 0 and an aligned cache"
+        if ok and k.shape[1] > cfg["ELEMS"]:
+            ok, why = False, f"D={k.shape[1]}: the Triton store holds one token in registers, at most {cfg['ELEMS']}"
+        return ok, why
+
+    def run_quantize(**args):
+        return quantize_index_k(**args, target=target, cfg=cfg)
+
+    def run_store(**args):
+        return store_index_k(**args, target=target, cfg=cfg)
+
+    return {"quantize_index_k": OpImpl(run_quantize, supports_quantize),
+            "store_index_k": OpImpl(run_store, supports_store)}
