@@ -1,0 +1,265 @@
+"""The Triton logits, quantize and store kernels of the cuda and rocm backends, interpreted on the CPU.
+
+Each case compares with :mod:`indexcache.reference` by DESIGN.md's rule: -inf positions identical,
+relative RMS error of the finite values ≤ 1e-5 for fp8 (fp32 accumulation) and ≤ 1e-2 for bf16, no
+NaN; quantize and store are bit-exact. Outputs are views into guarded buffers, so a write out of
+bounds fails the test. Interpreted bf16 widens to fp32 before the dot (the interpreter has no bf16
+``tl.dot``), so the bf16 cases check everything but the dot's input precision.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import indexcache
+from indexcache import dispatch, reference
+from indexcache.backends import cuda as cuda_backend
+from indexcache.backends import rocm as rocm_backend
+from indexcache.layout import new_packed_cache, split_packed_cache
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/logits_gpu.py is for GPUs")
+
+FP8 = {"cuda": torch.float8_e4m3fn, "rocm": torch.float8_e4m3fnuz}
+BACKENDS = ("cuda", "rocm")
+GUARD = 3
+
+
+def _reset() -> None:
+    cuda_backend._detected.cache_clear()
+    rocm_backend._detected.cache_clear()
+    dispatch.reset()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreted():
+    """TRITON_INTERPRET=1 before the backends are probed; probes forgotten afterwards."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        mp.delenv(dispatch.ENV_VAR, raising=False)
+        _reset()
+        yield
+    _reset()
+
+
+def _guarded(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(buffer, out)``: ``out [rows, cols]`` float32 inside a buffer with NaN guard rows around it."""
+    buf = torch.full((rows + 2 * GUARD, cols), float("nan"))
+    return buf, buf[GUARD:GUARD + rows]
+
+
+def _check_guards(buf: torch.Tensor) -> None:
+    assert buf[:GUARD].isnan().all() and buf[-GUARD:].isnan().all(), "a kernel wrote outside its output"
+
+
+def _assert_logits(out: torch.Tensor, ref: torch.Tensor, bound: float) -> None:
+    assert not out.isnan().any()
+    assert torch.equal(out == float("-inf"), ref == float("-inf")), "-inf placement differs"
+    finite = torch.isfinite(ref)
+    assert torch.isfinite(out[finite]).all()
+    if finite.any() and ref[finite].norm() > 0:
+        err = (out[finite].double() - ref[finite]).norm() / ref[finite].norm()
+        assert err <= bound, f"relative RMS error {err:.3g} > {bound}"
+
+
+def _fp8(shape, dtype, scale=1.0) -> torch.Tensor:
+    return (torch.randn(shape) * scale).clamp(-200, 200).to(dtype)
+
+
+# ---------------------------------------------------------------- ragged prefill
+
+
+def _prefill(backend, q, k, k_scale, w, ks, ke, bound):
+    buf, out = _guarded(q.shape[0], k.shape[0])
+    indexcache.mqa_logits(q, k, k_scale, w, ks, ke, out=out, backend=backend)
+    _check_guards(buf)
+    _assert_logits(out, reference.mqa_logits(q, k, k_scale, w, ks, ke), bound)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+def test_prefill_windows(backend, kind):
+    """Full, empty, inverted, CP-shaped (ks > 0), causal and out-of-range windows in one batch."""
+    torch.manual_seed(1)
+    t, n, h, d = 20, 200, 16, 64
+    dtype = FP8[backend] if kind == "fp8" else torch.bfloat16
+    q, k = _fp8((t, h, d), dtype, 4), _fp8((n, d), dtype, 4)
+    k_scale, w = torch.rand(n) + 0.25, torch.randn(t, h)
+    ks = torch.tensor([0, 0, 7, 9, 64, 150, -5, 0, 199, 100] + [30 + i for i in range(10)], dtype=torch.int32)
+    ke = torch.tensor([200, 0, 7, 3, 128, 400, 20, 1, 200, 101] + [120 + 7 * i for i in range(10)], dtype=torch.int32)
+    _prefill(backend, q, k, k_scale, w, ks, ke, 1e-5 if kind == "fp8" else 1e-2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefill_full_windows_d128(backend):
+    """Every row sees every key: the unmasked store path, with D = 128 and H = 8."""
+    torch.manual_seed(2)
+    t, n, h, d = 6, 150, 8, 128
+    q, k = _fp8((t, h, d), FP8[backend]), _fp8((n, d), FP8[backend])
+    ks, ke = torch.zeros(t, dtype=torch.int32), torch.full((t,), n, dtype=torch.int32)
+    _prefill(backend, q, k, torch.rand(n) + 0.5, torch.randn(t, h), ks, ke, 1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefill_fp8_and_scale_extremes(backend):
+    """fp8 max and subnormals in q and k, scales from 2^-40 to 2^40: finite, exact placement, no NaN."""
+    dtype = FP8[backend]
+    info = torch.finfo(dtype)
+    t, n, h, d = 4, 70, 16, 64
+    torch.manual_seed(3)
+    q, k = _fp8((t, h, d), dtype), _fp8((n, d), dtype)
+    q[0] = info.max
+    q[1, :, ::2] = -info.max
+    q[2] = info.smallest_normal / 8  # subnormal
+    k[:10] = info.max
+    k[10:20] = -info.max
+    k[20:30] = info.smallest_normal / 4
+    k_scale = torch.exp2(torch.linspace(-40, 40, n))
+    ks, ke = torch.tensor([0, 3, 0, 69], dtype=torch.int32), torch.tensor([70, 60, 35, 70], dtype=torch.int32)
+    _prefill(backend, q, k, k_scale, torch.randn(t, h), ks, ke, 1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefill_declines_with_reasons(backend):
+    other = FP8["rocm" if backend == "cuda" else "cuda"]
+    q, k = torch.zeros(2, 16, 64).to(other), torch.zeros(8, 64).to(other)
+    args = (torch.ones(8), torch.ones(2, 16), torch.zeros(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
+    with pytest.raises(dispatch.BackendNotSupportedError, match="native fp8 format"):
+        indexcache.mqa_logits(q, k, *args, backend=backend)
+    q, k = torch.zeros(2, 12, 64).to(FP8[backend]), torch.zeros(8, 64).to(FP8[backend])
+    with pytest.raises(dispatch.BackendNotSupportedError, match="heads=12"):
+        indexcache.mqa_logits(q, k, args[0], torch.ones(2, 12), *args[2:], backend=backend)
+
+
+# ---------------------------------------------------------------- paged decode
+
+
+def _cache(num_pages, page_size, d, dtype, four_d=False):
+    """A packed cache filled through the reference store, NaN-free, as the flat or DeepGEMM 4-D view."""
+    cache = new_packed_cache(num_pages, page_size, d)
+    keys = torch.randn(num_pages * page_size, d) * 3
+    cache = reference.store_index_k(keys, cache, torch.arange(num_pages * page_size, dtype=torch.int32), dtype)
+    return cache.view(num_pages, page_size, 1, d + 4) if four_d else cache
+
+
+def _decode_case(backend, next_n, page_size, *, heads=16, d=64, seed=0):
+    torch.manual_seed(seed)
+    dtype = FP8[backend]
+    batch, pages, table_pages = 4, 10, 5
+    cache = _cache(pages, page_size, d, dtype, four_d=page_size == 64)
+    q = _fp8((batch, next_n, heads, d), dtype, 3)
+    w = torch.randn(batch * next_n, heads)
+    table = torch.randint(0, pages, (batch, table_pages), dtype=torch.int32)
+    table[0, 1] = -1  # a hole
+    table[1, 2] = pages  # beyond the cache
+    table[2, 0] = -7
+    cap = table_pages * page_size
+    context = torch.tensor([cap - 3, 0, cap + 9, next_n + 1], dtype=torch.int32)  # full, empty, past the table
+    return q, cache, w, context, table, cap - page_size // 2  # max_context_len cuts the longest row
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("next_n", "page_size"), [(1, 16), (2, 32), (3, 64), (4, 128)])
+def test_paged_decode(backend, next_n, page_size):
+    args = _decode_case(backend, next_n, page_size)
+    rows, max_len = args[0].shape[0] * next_n, args[-1]
+    buf, out = _guarded(rows, max_len)
+    indexcache.paged_mqa_logits(*args, out=out, backend=backend)
+    _check_guards(buf)
+    _assert_logits(out, reference.paged_mqa_logits(*args), 1e-5)
+
+
+def test_paged_decode_split_draft_groups():
+    """next_n = 3 over two programs a key range (COLS = 2 tokens × H), small splits: same result."""
+    from indexcache.backends.triton import logits
+
+    target = cuda_backend._detected()[2]
+    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], COLS=32, SPLIT=64, BLOCK_KEYS=32)
+    args = _decode_case("cuda", 3, 16, seed=4)
+    buf, out = _guarded(args[0].shape[0] * 3, args[-1])
+    logits.paged_mqa_logits(*args, out, target=target, cfg=cfg)
+    _check_guards(buf)
+    _assert_logits(out, reference.paged_mqa_logits(*args), 1e-5)
+
+
+# ---------------------------------------------------------------- quantize and store
+
+
+def _inputs(dtype: torch.dtype, fp8: torch.dtype) -> torch.Tensor:
+    """Rows over many magnitudes plus the edge rows: zeros, exact fp8_max · 2^k, subnormal quotients, -0."""
+    torch.manual_seed(5)
+    top = 8.0 if dtype == torch.float16 else 1e6
+    k = torch.randn(24, 256) * torch.logspace(-6, torch.log10(torch.tensor(top)).item(), 24)[:, None]
+    k[0] = 0
+    k[1, 7] = torch.finfo(fp8).max * 4  # amax exactly fp8_max · 2^2
+    k[2, :] = 1e-3
+    k[2, 5] = 3.0  # most of the row ends up subnormal
+    k[3, ::3] = -0.0
+    return k.to(dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_is_exact(backend, dtype):
+    fp8 = FP8[backend]
+    k = _inputs(dtype, fp8)
+    q, scale = indexcache.quantize_index_k(k, fp8, block=128, backend=backend)
+    rq, rscale = reference.quantize_index_k(k, fp8, block=128)
+    assert q.dtype == fp8 and torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+    assert torch.equal(scale, rscale)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_store_is_exact_and_skips_bad_slots(backend, page_size):
+    fp8 = FP8[backend]
+    k = _inputs(torch.bfloat16, fp8)[:, :128]
+    cache = new_packed_cache(3, page_size, 128)
+    capacity = 3 * page_size
+    slots = torch.randperm(capacity)[: k.shape[0]].int()
+    slots[::5] = -1
+    slots[1] = capacity  # beyond the cache
+    if page_size == 64:
+        cache = cache.view(3, page_size, 1, 132)
+    ref = reference.store_index_k(k, cache, slots, fp8)
+    indexcache.store_index_k(k, cache, slots, fp8, backend=backend)
+    assert torch.equal(cache, ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quantize_declines_the_other_fp8(backend):
+    other = FP8["rocm" if backend == "cuda" else "cuda"]
+    with pytest.raises(dispatch.BackendNotSupportedError, match="native fp8 format"):
+        indexcache.quantize_index_k(torch.ones(2, 128), other, backend=backend)
+    with pytest.raises(dispatch.BackendNotSupportedError, match="native fp8 format"):
+        indexcache.store_index_k(torch.ones(2, 128), new_packed_cache(1, 16), torch.zeros(2, dtype=torch.int32),
+                                 other, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stored_cache_read_back_by_both_logits_ops(backend):
+    """store_index_k writes the packed cache; paged_mqa_logits and mqa_logits (on its views) read it."""
+    torch.manual_seed(6)
+    fp8, page_size, pages, d, h = FP8[backend], 32, 4, 128, 16
+    cache = new_packed_cache(pages, page_size, d)
+    tokens = torch.randn(pages * page_size, d) * 2
+    order = torch.randperm(pages * page_size).int()
+    indexcache.store_index_k(tokens, cache, order, fp8, backend=backend)
+    keys, scales = split_packed_cache(cache, d, fp8)
+    # Paged: one request whose table lists the pages in order; token s lives in slot order[s].
+    q = _fp8((1, 2, h, d), fp8, 3)
+    w = torch.randn(2, h)
+    table = torch.arange(pages, dtype=torch.int32)[None]
+    context = torch.tensor([pages * page_size - 5], dtype=torch.int32)
+    paged = indexcache.paged_mqa_logits(q, cache, w, context, table, pages * page_size, backend=backend)
+    _assert_logits(paged, reference.paged_mqa_logits(q, cache, w, context, table, pages * page_size), 1e-5)
+    # Prefill over the same keys in slot order, through the views.
+    k, k_scale = keys.reshape(-1, d), scales.reshape(-1)
+    ks = torch.zeros(2, dtype=torch.int32)
+    ke = torch.tensor([40, pages * page_size], dtype=torch.int32)
+    prefill = indexcache.mqa_logits(q[0], k, k_scale, w, ks, ke, backend=backend)
+    _assert_logits(prefill, reference.mqa_logits(q[0], k, k_scale, w, ks, ke), 1e-5)
+    # Slot order[s] holds token s, quantized.
+    rq, rscale = reference.quantize_index_k(tokens, fp8, block=d)
+    assert torch.equal(k[order.long()].view(torch.uint8), rq.view(torch.uint8))
+    assert torch.equal(k_scale[order.long()], rscale[:, 0])
