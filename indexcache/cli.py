@@ -223,7 +223,119 @@ def _run_calibrate(args) -> int:
     return 0
 
 
-COMMANDS = (_add_info, _add_conformance, _add_plan, _add_bench, _add_calibrate)
+def _add_demo(sub) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run a small random-weight DSA model with every layer a producer and with IndexCache; compare",
+        description="Run the small DSA model of indexcache.model (random seeded weights, NOT a trained model; "
+        "neighbouring indexers are correlated on purpose so top-k overlaps look like a trained model's) with "
+        "freq 1 and with --freq, prefill then decode, on the selected backend. Prints the time of each phase, "
+        "the top-k overlap between each shared layer and its producer, and how far the outputs drift from freq 1.",
+    )
+    p.add_argument("--preset", default="v32-like", choices=("v32-like", "v4-like"))
+    p.add_argument("--freq", type=int, default=4, help="index_topk_freq to compare with freq 1 (default 4)")
+    p.add_argument("--backend", default=None, metavar="NAME", help="run every op on this backend (default: automatic)")
+    p.add_argument("--batch", type=int, default=2, help="requests (default 2)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens a request (default 4096 on a GPU, "
+                   "512 on a CPU)")
+    p.add_argument("--decode-steps", type=int, default=None, help="decode steps (default 32 on a GPU, 8 on a CPU)")
+    p.add_argument("--topk", type=int, default=None, help="top-k (default: the preset's on a GPU, 128 on a CPU)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and prompts (default 0)")
+    p.add_argument("--plot", default=None, metavar="PATH", help="save a PNG of the overlap by layer")
+    p.set_defaults(func=_run_demo)
+
+
+def _run_demo(args) -> int:
+    import contextlib
+
+    import torch
+
+    from indexcache import dispatch
+    from indexcache.model import DSAModel, compare_plans, preset
+
+    for name in ("freq", "batch", "prompt_len", "decode_steps", "topk"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    backend = args.backend or dispatch.get_backend()
+    avail = dispatch.availability(backend)
+    if not avail.available:
+        raise UsageError(f"backend {backend!r} is not available here: {avail.reason}")
+    gpu = avail.device != "cpu"
+    overrides = {"seed": args.seed}
+    fp8 = dispatch.get(backend).info().get("fp8_dtype")
+    if fp8:
+        overrides["index_dtype"] = str(fp8).removeprefix("torch.")
+    config = preset(args.preset, **overrides)
+    topk = args.topk or (config.topk if gpu else 128)
+    config = preset(args.preset, topk=topk, **overrides)
+    prompt_len = args.prompt_len or (4096 if gpu else 512)
+    steps = args.decode_steps or (32 if gpu else 8)
+    if args.plot:
+        from indexcache.calibrate import check_plotting
+
+        try:
+            check_plotting()
+        except ImportError as exc:
+            raise UsageError(str(exc)) from None
+    choice = dispatch.use_backend(args.backend) if args.backend else contextlib.nullcontext()
+    with choice:
+        model = DSAModel(config, avail.device)
+        plan = model.plan(args.freq)
+        gen = torch.Generator().manual_seed(args.seed)
+        prompts = [torch.randint(0, config.vocab, (prompt_len,), generator=gen) for _ in range(args.batch)]
+        result = compare_plans(model, plan, prompts, steps)
+    scaled = "" if topk == preset(args.preset).topk else f" (preset {preset(args.preset).topk}; scaled)"
+    sparse = plan.sparse_layers
+    print(f"model:   {args.preset}, random seeded weights (not a trained model): {config.num_layers} layers, "
+          f"{len(sparse)} sparse, top-k {topk}{scaled}, page {config.page_size}")
+    print(f"backend: {backend} ({avail.mode} on {avail.device}); batch {args.batch} x {prompt_len} prompt tokens, "
+          f"{steps} decode steps")
+    print(f"\n{'plan':<10}{'producers':>11}{'prefill s':>12}{'decode ms/step':>16}")
+    for label, run, producers in (("freq 1", result.baseline, len(sparse)),
+                                  (f"freq {args.freq}", result.candidate, len(plan.producers))):
+        print(f"{label:<10}{f'{producers}/{len(sparse)}':>11}{run.prefill_s:>12.3f}"
+              f"{1e3 * run.decode_s / steps:>16.2f}")
+    print(f"\ntop-k overlap with the producer freq {args.freq} reuses (on freq 1's decode steps; 1 = same tokens):")
+    print(f"{'layer':>6}{'role':>6}{'source':>8}{'overlap':>9}{'vs previous sparse layer':>26}")
+    for layer in sparse:
+        adjacent = f"{result.adjacent[layer]:.3f}" if layer in result.adjacent else "-"
+        print(f"{layer:>6}{plan.role(layer):>6}{plan.source_of(layer):>8}{result.overlap[layer]:>9.3f}{adjacent:>26}")
+    shared = [result.overlap[layer] for layer in plan.shared]
+    if shared:
+        print(f"shared layers: mean overlap {sum(shared) / len(shared):.3f}, lowest {min(shared):.3f}")
+    print(f"\ndrift from freq 1: prefill logits {result.prefill_drift:.4f}, decode logits {result.decode_drift:.4f} "
+          f"(relative L2); greedy tokens agree at {100 * result.agreement:.1f}% of decode positions")
+    if args.plot:
+        _plot_demo(result, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _plot_demo(result, path: str) -> None:
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    plan = result.plan
+    layers = plan.sparse_layers
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    axes = figure.subplots()
+    colors = ["tab:blue" if plan.role(layer) == "S" else "tab:gray" for layer in layers]
+    axes.bar(layers, [result.overlap[layer] for layer in layers], color=colors)
+    adjacent = sorted(result.adjacent)
+    (line,) = axes.plot(adjacent, [result.adjacent[layer] for layer in adjacent], "o--", color="tab:orange",
+                        label="vs the previous sparse layer")
+    handles = [Patch(color="tab:blue", label="shared layer vs the producer it reuses"),
+               Patch(color="tab:gray", label="producer (its own top-k)"), line]
+    axes.set_ylim(0, 1.05)
+    axes.set_xlabel("layer")
+    axes.set_ylabel("top-k overlap (fraction of k)")
+    axes.set_title(f"IndexCache demo, roles {plan.roles}: random-weight model, not a trained one")
+    figure.legend(handles=handles, loc="outside lower center", ncols=3, fontsize="small")
+    figure.savefig(path, dpi=110)
+
+
+COMMANDS = (_add_info, _add_conformance, _add_plan, _add_bench, _add_calibrate, _add_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,7 +42,7 @@ from indexcache.layout import new_packed_cache, split_packed_cache
 from indexcache.ops import INDEX
 from indexcache.plan import LayerPlan
 from indexcache.runner import IndexerRunner
-from indexcache.state import Recorder, TopkState
+from indexcache.state import IndexRecorder, Recorder, TopkState
 from indexcache.streams import overlap
 
 ROPE_BASE = 10000.0
@@ -83,7 +83,7 @@ _V4_RATIOS = (0, 0) + (4, 128) * 9
 
 PRESETS: dict[str, ModelConfig] = {
     "v32-like": ModelConfig(),
-    "v4-like": ModelConfig(num_layers=len(_V4_RATIOS), compress_ratios=_V4_RATIOS, topk=512, block=3),
+    "v4-like": ModelConfig(num_layers=len(_V4_RATIOS), compress_ratios=_V4_RATIOS, topk=512),
 }
 
 
@@ -448,6 +448,54 @@ class Generation:
     tokens: torch.Tensor
     prefill_s: float
     decode_s: float
+
+
+@dataclass(frozen=True)
+class PlanComparison:
+    """A plan run against the all-producer baseline on the same prompts and decode inputs.
+
+    ``overlap[layer]`` is the top-k overlap (``|T_layer ∩ T_source| / k``, as in
+    :func:`indexcache.calibrate.overlap_matrix`) between each sparse layer's own selection and that of
+    the producer the plan makes it reuse (1 for producers), measured on the baseline's decode steps;
+    ``adjacent[layer]`` the same against the previous sparse layer. Drifts are relative L2 distances
+    of the logits from the baseline's; ``agreement`` the fraction of decode positions where both pick
+    the same greedy token.
+    """
+
+    plan: LayerPlan
+    baseline: Generation
+    candidate: Generation
+    overlap: dict[int, float]
+    adjacent: dict[int, float]
+    prefill_drift: float
+    decode_drift: float
+    agreement: float
+
+
+def _drift(got: torch.Tensor, base: torch.Tensor) -> float:
+    return float((got - base).norm() / base.norm().clamp_min(1e-30))
+
+
+def compare_plans(model: DSAModel, plan: LayerPlan, prompts: Sequence[torch.Tensor], steps: int) -> PlanComparison:
+    """Generate with every sparse layer a producer, then with ``plan`` fed the same tokens; compare."""
+    from indexcache.calibrate import overlap_matrix
+
+    recorder = IndexRecorder()
+    baseline = model.generate(prompts, steps, IndexerRunner(model.plan(1)), recorder=recorder)
+    candidate = model.generate(prompts, steps, IndexerRunner(plan), tokens=baseline.tokens)
+    sparse = plan.sparse_layers
+    overlap, adjacent = {}, {}
+    if steps:
+        recorded = recorder.stacked()
+        matrix = overlap_matrix([recorded[layer] for layer in sparse])
+        position = {layer: i for i, layer in enumerate(sparse)}
+        overlap = {layer: float(matrix[i, position[plan.source_of(layer)]]) for i, layer in enumerate(sparse)}
+        adjacent = {layer: float(matrix[i, i - 1]) for i, layer in enumerate(sparse) if i}
+    agree = (candidate.decode_logits.argmax(-1) == baseline.decode_logits.argmax(-1)).float()
+    return PlanComparison(plan=plan, baseline=baseline, candidate=candidate, overlap=overlap, adjacent=adjacent,
+                          prefill_drift=_drift(candidate.prefill_logits, baseline.prefill_logits),
+                          decode_drift=_drift(candidate.decode_logits, baseline.decode_logits) if steps else 0.0,
+                          agreement=float(agree.mean()) if steps else 1.0)
 
 
 class StaticDecode:

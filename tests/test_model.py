@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import indexcache
-from indexcache import dispatch
+from indexcache import cli, dispatch
 from indexcache.calibrate import overlap_matrix
-from indexcache.model import Batch, DSAModel, StaticDecode, preset
+from indexcache.model import Batch, DSAModel, StaticDecode, compare_plans, preset
 from indexcache.plan import LayerPlan
 from indexcache.runner import IndexerRunner
 from indexcache.state import IndexRecorder, TopkState
@@ -232,3 +232,26 @@ def test_captured_decode_step_replays_like_eager_without_allocating():
         empty_slots += int((raw[:b] == -1).sum())
     assert allocated == 0
     assert empty_slots > 0
+
+
+def test_compare_plans_reports_overlap_and_drift(model):
+    result = compare_plans(model, model.plan(4), prompts(), 2)
+    assert sorted(result.overlap) == list(range(CFG.num_layers))
+    assert all(result.overlap[layer] == 1.0 for layer in result.plan.producers)
+    assert 0 < result.prefill_drift < 1 and 0 < result.decode_drift < 1
+    assert 0 <= result.agreement <= 1
+    assert torch.equal(result.candidate.tokens, result.baseline.tokens)
+
+
+def test_demo_command_prints_phases_overlap_drift_and_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "overlap.png"
+    argv = ["demo", "--backend", "torch", "--prompt-len", "40", "--topk", "16", "--decode-steps", "2", "--batch", "1",
+            "--plot", str(png)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    for text in ("not a trained model", "freq 1", "freq 4", "prefill s", "decode ms/step", "mean overlap",
+                 "drift from freq 1"):
+        assert text in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["demo", "--batch", "0"]) == 2
