@@ -1,0 +1,363 @@
+"""Indexer logits on one GPU: correctness, the machine's ceilings, our Triton kernels against the torch backend.
+
+    pip install -e . && python bench/logits_gpu.py --out reports/gpu/logits.json
+
+In one run: (a) checks on the GPU — small prefill and paged-decode cases against the float64
+reference (-inf placement exact, relative RMS ≤ 1e-3 for fp8 on tensor cores, ≤ 1e-2 for bf16,
+no NaN), the large cases against the torch backend, and fp8 quantize/store bit-exact; (b) the
+ceilings — fp8 ``torch._scaled_mm`` and bf16 matmul rates on 8192³, device-to-device copy
+bandwidth; (c) timings (CUDA events, median after warm-up) of ``indexcache.mqa_logits`` (4096
+queries × 32K / 64K keys, causal and full windows, fp8 and bf16, H = 64, D = 128) and
+``indexcache.paged_mqa_logits`` (64 requests × 32K / 128K context, page 64, next_n 1 and 2) on the
+Triton backend and the torch backend; (d) a small sweep of tile configurations. TFLOP/s count
+in-window pairs only (2·H·D FLOPs a pair); decode bandwidth counts 132 bytes a cached token read
+plus 4 bytes a logit written. Prints a table, writes JSON to ``--out``, exits 1 when a check fails.
+Uses no Triton API (runs with Triton 3.6 and later); about two minutes on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import indexcache
+from indexcache import dispatch, reference
+from indexcache.layout import new_packed_cache, split_packed_cache
+
+H, D, PAGE = 64, 128, 64
+PAIR_FLOPS = 2 * H * D
+TOKEN_BYTES = D + 4
+TARGETS = {"fp8": 0.60, "bf16": 0.50, "decode": 0.70, "speedup": 10.0}
+TOKENS, PREFILL_KEYS = 4096, (32768, 65536)
+BATCH, CONTEXTS = 64, (32768, 131072)
+MATMUL = 8192
+PREFILL_SWEEP = [  # (COLS, BLOCK_N, num_warps, num_stages, PROGRAMS_PER_SM)
+    (128, 64, 4, 3, 3), (128, 64, 4, 2, 3), (128, 64, 4, 4, 2), (128, 64, 4, 3, 2),
+    (128, 128, 8, 3, 1), (128, 128, 8, 2, 1), (128, 128, 4, 3, 2), (256, 64, 4, 3, 2), (64, 64, 4, 3, 4),
+]
+DECODE_SWEEP = [  # (BLOCK_KEYS, num_warps, num_stages, SPLIT)
+    (64, 4, 3, 2048), (64, 4, 4, 2048), (64, 4, 2, 2048), (128, 8, 3, 2048), (64, 4, 3, 512), (128, 4, 3, 4096),
+]
+
+
+def _timed(fn: Callable[[], object], budget_s: float = 0.4, min_reps: int = 3, max_reps: int = 50) -> float:
+    """Median milliseconds of ``fn`` (one warm-up call first), CUDA events around each call."""
+    fn()
+    torch.cuda.synchronize()
+    times: list[float] = []
+    stop = time.perf_counter() + budget_s
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < stop):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _err(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float, str]:
+    """DESIGN.md's logits rule: ``(same -inf and no NaN, relative RMS of finite values, what differs)``."""
+    out, ref = out.double().cpu(), ref.double().cpu()
+    if out.isnan().any():
+        return False, float("nan"), "NaN in output"
+    if not torch.equal(out == float("-inf"), ref == float("-inf")):
+        return False, float("nan"), f"-inf placement differs at {(out == float('-inf')).ne(ref == float('-inf')).sum()}"
+    finite = torch.isfinite(ref)
+    norm = ref[finite].norm()
+    err = float((out[finite] - ref[finite]).norm() / norm) if norm > 0 else 0.0
+    return True, err, ""
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def _prefill_inputs(tokens: int, keys: int, kind: str, causal: bool, dev, fp8: torch.dtype):
+    k_raw = torch.randn(keys, D, device=dev)
+    if kind == "fp8":
+        k, scale = indexcache.quantize_index_k(k_raw, fp8)
+        q = (torch.randn(tokens, H, D, device=dev) * 24).clamp(-400, 400).to(fp8)
+        k_scale = scale[:, 0].contiguous()
+    else:
+        k, k_scale = k_raw.bfloat16(), torch.rand(keys, device=dev) + 0.5
+        q = torch.randn(tokens, H, D, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(tokens, H, device=dev) * H ** -0.5
+    t = torch.arange(tokens, device=dev, dtype=torch.int32)
+    ks = torch.zeros(tokens, device=dev, dtype=torch.int32)
+    ke = (keys - tokens + 1 + t) if causal else torch.full_like(t, keys)
+    return q, k, k_scale, w, ks, ke.int()
+
+
+def _prefill_case(kind: str, keys: int, causal: bool) -> str:
+    return f"{kind} {TOKENS}x{keys // 1024}K {'causal' if causal else 'full'}"
+
+
+def _pairs(ks: torch.Tensor, ke: torch.Tensor, keys: int) -> int:
+    return int((ke.clamp(0, keys) - ks.clamp(0, keys)).clamp_min(0).sum())
+
+
+def _decode_inputs(batch: int, context: int, next_n: int, dev, fp8: torch.dtype, holes: bool = False):
+    pages_per = -(-context // PAGE)
+    cache = new_packed_cache(batch * pages_per, PAGE, D, device=dev)
+    keys, scales = split_packed_cache(cache, D, fp8)
+    keys.copy_((torch.randn(keys.shape, device=dev, dtype=torch.bfloat16) * 40).to(fp8))
+    scales.copy_(torch.rand(scales.shape, device=dev) * 0.01 + 1e-3)
+    table = torch.randperm(batch * pages_per, device=dev, dtype=torch.int32).view(batch, pages_per)
+    lens = torch.full((batch,), context, device=dev, dtype=torch.int32)
+    if holes:
+        table[0, 1] = -1
+        table[-1, 0] = batch * pages_per + 5
+        lens[1] = 0
+        lens[-1] = context // 3
+    q = (torch.randn(batch, next_n, H, D, device=dev) * 24).clamp(-400, 400).to(fp8)
+    w = torch.randn(batch * next_n, H, device=dev) * H ** -0.5
+    return q, cache, w, lens, table, context
+
+
+# ---------------------------------------------------------------- sections
+
+
+def ceilings(dev) -> dict:
+    """fp8 and bf16 matmul rates (8192³) and device-to-device copy bandwidth, measured now.
+
+    The fp8 ceiling is the faster of ``_scaled_mm`` with and without fast accumulation (our kernels do not
+    promote either)."""
+    rates = _matmul_rates(MATMUL, dev)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    copy_ms = _timed(lambda: dst.copy_(src))
+    fp8 = max(rates["fp8_promoted_tflops"], rates["fp8_fast_accum_tflops"])
+    return rates | {"fp8_tflops": fp8, "copy_gbps": 2 * src.numel() / copy_ms / 1e6}
+
+
+def _matmul_rates(n: int, dev) -> dict:
+    a = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device=dev)
+    rates = {}
+    for fast in (False, True):
+        ms = _timed(lambda f=fast: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                                    use_fast_accum=f))
+        rates["fp8_fast_accum_tflops" if fast else "fp8_promoted_tflops"] = 2 * n ** 3 / ms / 1e9
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    rates["bf16_tflops"] = 2 * n ** 3 / _timed(lambda: a16 @ b16) / 1e9
+    return rates
+
+
+def checks(dev, fp8: torch.dtype) -> list[dict]:
+    """Small cases against the float64 reference, large ones against the torch backend, quantize/store exact."""
+    rows: list[dict] = []
+
+    def record(name, ok, err, bound, why=""):
+        rows.append({"check": name, "ok": bool(ok and err <= bound), "error": err, "bound": bound, "detail": why})
+
+    torch.manual_seed(0)
+    for kind, bound in (("fp8", 1e-3), ("bf16", 1e-2)):
+        q, k, k_scale, w, ks, ke = _prefill_inputs(96, 1000, kind, True, dev, fp8)
+        ks[::7] = 300  # CP-shaped windows, some empty
+        ke[5] = 0
+        ke[6] = 5000
+        out = indexcache.mqa_logits(q, k, k_scale, w, ks, ke, backend="cuda")
+        record(f"prefill {kind} vs reference", *_err(out, reference.mqa_logits(q, k, k_scale, w, ks, ke))[:2], bound)
+    for next_n in (1, 2, 4):
+        args = _decode_inputs(3, 700, next_n, dev, fp8, holes=True)
+        out = indexcache.paged_mqa_logits(*args, backend="cuda")
+        ok, err, why = _err(out, reference.paged_mqa_logits(*args))
+        record(f"decode next_n={next_n} vs reference", ok, err, 1e-3, why)
+    for kind in ("fp8", "bf16"):
+        args = _prefill_inputs(TOKENS, PREFILL_KEYS[0], kind, True, dev, fp8)
+        ok, err, why = _err(indexcache.mqa_logits(*args, backend="cuda"), indexcache.mqa_logits(*args, backend="torch"))
+        record(f"prefill {kind} {TOKENS}x{PREFILL_KEYS[0]} causal vs torch", ok, err, 1e-3 if kind == "fp8" else 1e-2,
+               why)
+    args = _decode_inputs(BATCH, CONTEXTS[0], 2, dev, fp8, holes=True)
+    ok, err, why = _err(indexcache.paged_mqa_logits(*args, backend="cuda"),
+                        indexcache.paged_mqa_logits(*args, backend="torch"))
+    record(f"decode {BATCH}x{CONTEXTS[0]} next_n=2 vs torch", ok, err, 1e-3, why)
+    k = torch.randn(500, D, device=dev) * torch.logspace(-4, 4, 500, device=dev)[:, None]
+    qk, scale = indexcache.quantize_index_k(k, fp8, backend="cuda")
+    rq, rscale = reference.quantize_index_k(k, fp8)
+    same = torch.equal(qk.cpu().view(torch.uint8), rq.view(torch.uint8)) and torch.equal(scale.cpu(), rscale)
+    record("quantize_index_k bit-exact", same, 0.0, 0.0)
+    cache = new_packed_cache(10, PAGE, D, device=dev)
+    slots = torch.randperm(10 * PAGE, device=dev)[:500].int()
+    slots[::9] = -1
+    ref = reference.store_index_k(k, cache, slots, fp8)
+    indexcache.store_index_k(k, cache, slots, fp8, backend="cuda")
+    record("store_index_k bit-exact", torch.equal(cache.cpu(), ref), 0.0, 0.0)
+    return rows
+
+
+def prefill(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
+    rows = []
+    for kind in ("fp8", "bf16"):
+        for keys in PREFILL_KEYS:
+            for causal in (True, False):
+                args = _prefill_inputs(TOKENS, keys, kind, causal, dev, fp8)
+                out = torch.empty(TOKENS, keys, device=dev)
+                flops = _pairs(args[4], args[5], keys) * PAIR_FLOPS
+                ours = _timed(lambda a=args, o=out: indexcache.mqa_logits(*a, out=o, backend="cuda"))
+                base = _timed(lambda a=args, o=out: indexcache.mqa_logits(*a, out=o, backend="torch"), 0, 1, 3)
+                rate = flops / ours / 1e9
+                frac = rate / ceil[f"{kind}_tflops"]
+                rows.append({"op": "mqa_logits", "case": _prefill_case(kind, keys, causal),
+                             "ms": ours, "torch_ms": base, "tflops": rate, "fraction": frac, "speedup": base / ours,
+                             "meets_target": frac >= TARGETS[kind] and base / ours >= TARGETS["speedup"]})
+                del args, out
+    return rows
+
+
+def decode(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
+    rows = []
+    for context in CONTEXTS:
+        for next_n in (1, 2):
+            args = _decode_inputs(BATCH, context, next_n, dev, fp8)
+            out = torch.empty(BATCH * next_n, context, device=dev)
+            moved = TOKEN_BYTES * int(args[3].sum()) + 4 * out.numel()
+            ours = _timed(lambda a=args, o=out: indexcache.paged_mqa_logits(*a, out=o, backend="cuda"))
+            base = _timed(lambda a=args, o=out: indexcache.paged_mqa_logits(*a, out=o, backend="torch"), 0, 1, 2)
+            gbps = moved / ours / 1e6
+            frac = gbps / ceil["copy_gbps"]
+            rows.append({"op": "paged_mqa_logits", "case": f"{BATCH}x{context // 1024}K next_n={next_n}", "ms": ours,
+                         "torch_ms": base, "gbps": gbps, "fraction": frac, "speedup": base / ours,
+                         "meets_target": frac >= TARGETS["decode"] and base / ours >= TARGETS["speedup"]})
+            del args, out
+    return rows
+
+
+def sweep(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
+    """Tile configurations of both kernels, called directly with each configuration."""
+    from indexcache.backends.cuda import _detected, tuning
+    from indexcache.backends.triton import logits
+
+    target = _detected()[2]
+    table = tuning(target.arch)
+    rows = []
+    for kind, keys, causal in (("fp8", PREFILL_KEYS[0], True), ("fp8", PREFILL_KEYS[-1], False),
+                               ("bf16", PREFILL_KEYS[0], True)):
+        args = _prefill_inputs(TOKENS, keys, kind, causal, dev, fp8)
+        out = torch.empty(TOKENS, keys, device=dev)
+        flops = _pairs(args[4], args[5], keys) * PAIR_FLOPS
+        configs = PREFILL_SWEEP if kind == "fp8" else PREFILL_SWEEP[:1] + PREFILL_SWEEP[4:7]
+        for cols, block_n, warps, stages, per_sm in configs:
+            cfg = dict(table["mqa_logits"], COLS=cols, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+                       PROGRAMS_PER_SM=per_sm)
+            name = f"COLS={cols} BLOCK_N={block_n} warps={warps} stages={stages} per_sm={per_sm}"
+            row = {"op": "mqa_logits", "case": _prefill_case(kind, keys, causal), "config": name}
+            try:
+                ms = _timed(lambda c=cfg, a=args, o=out: logits.mqa_logits(*a, o, target=target, cfg=c), 0.2)
+                row |= {"ms": ms, "tflops": flops / ms / 1e9, "fraction": flops / ms / 1e9 / ceil[f"{kind}_tflops"]}
+            except Exception as exc:  # a configuration that does not compile or fit is a result too
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rows.append(row)
+        del args, out
+    args = _decode_inputs(BATCH, CONTEXTS[-1], 1, dev, fp8)
+    out = torch.empty(BATCH, CONTEXTS[-1], device=dev)
+    moved = TOKEN_BYTES * int(args[3].sum()) + 4 * out.numel()
+    for block_keys, warps, stages, split in DECODE_SWEEP:
+        cfg = dict(table["paged_mqa_logits"], BLOCK_KEYS=block_keys, num_warps=warps, num_stages=stages, SPLIT=split)
+        row = {"op": "paged_mqa_logits", "case": f"{BATCH}x{CONTEXTS[-1] // 1024}K next_n=1",
+               "config": f"BLOCK_KEYS={block_keys} warps={warps} stages={stages} SPLIT={split}"}
+        try:
+            ms = _timed(lambda c=cfg: logits.paged_mqa_logits(*args, out, target=target, cfg=c), 0.2)
+            row |= {"ms": ms, "gbps": moved / ms / 1e6, "fraction": moved / ms / 1e6 / ceil["copy_gbps"]}
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- report
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
+    cells = [[f"{r.get(c, ''):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
+             for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    print(f"\n{title}")
+    for row in [columns] + cells:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="where the JSON report goes")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the tile-configuration sweep")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no GPU visible: this script measures a GPU (the interpreted checks are tests/test_triton_logits.py)")
+        return 2
+    import triton
+
+    dispatch.reset()
+    dev = torch.device("cuda")
+    fp8 = torch.float8_e4m3fn
+    props = torch.cuda.get_device_properties(dev)
+    report: dict = {"schema": "indexcache-logits-gpu/1", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                    "gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+                    "triton": triton.__version__, "python": platform.python_version(), "commit": _commit(),
+                    "targets": TARGETS, "errors": {}}
+    started = time.perf_counter()
+    sections = [("ceilings", lambda: ceilings(dev)), ("checks", lambda: checks(dev, fp8)),
+                ("prefill", lambda: prefill(dev, fp8, report["ceilings"])),
+                ("decode", lambda: decode(dev, fp8, report["ceilings"]))]
+    if not args.no_sweep:
+        sections.append(("sweep", lambda: sweep(dev, fp8, report["ceilings"])))
+    for name, run in sections:
+        t0 = time.perf_counter()
+        try:
+            report[name] = run()
+        except Exception:
+            report["errors"][name] = traceback.format_exc()
+            print(f"{name} failed:\n{report['errors'][name]}", file=sys.stderr)
+            if name == "ceilings":
+                break
+        report[f"{name}_s"] = time.perf_counter() - t0
+        torch.cuda.empty_cache()
+    report["total_s"] = time.perf_counter() - started
+
+    print(f"{props.name}, torch {torch.__version__}, Triton {triton.__version__}, commit {report['commit']}")
+    if "ceilings" in report:
+        c = report["ceilings"]
+        print(f"ceilings: fp8 {c['fp8_tflops']:.0f} TFLOP/s, bf16 {c['bf16_tflops']:.0f} TFLOP/s, "
+              f"copy {c['copy_gbps']:.0f} GB/s")
+    _print_table("checks", report.get("checks", []), ["check", "ok", "error", "bound", "detail"])
+    _print_table("prefill (mqa_logits)", report.get("prefill", []),
+                 ["case", "ms", "tflops", "fraction", "torch_ms", "speedup", "meets_target"])
+    _print_table("decode (paged_mqa_logits)", report.get("decode", []),
+                 ["case", "ms", "gbps", "fraction", "torch_ms", "speedup", "meets_target"])
+    if report.get("sweep"):
+        _print_table("sweep", report["sweep"], ["case", "config", "ms", "tflops", "gbps", "fraction", "error"])
+        for op in ("mqa_logits", "paged_mqa_logits"):
+            for case in dict.fromkeys(r["case"] for r in report["sweep"] if r["op"] == op):
+                done = [r for r in report["sweep"] if r["case"] == case and r["op"] == op and "ms" in r]
+                if done:
+                    best = min(done, key=lambda r: r["ms"])
+                    print(f"best {op} {case}: {best['config']} ({best['fraction']:.1%} of its ceiling)")
+    print(f"total {report['total_s']:.0f} s; errors in: {sorted(report['errors']) or 'none'}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    failed = report["errors"] or not all(r["ok"] for r in report.get("checks", []))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
