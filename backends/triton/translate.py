@@ -97,3 +97,18 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return translate(**args, target=target, cfg=cfg)
 
     return {"translate": OpImpl(run, supports)}
+
+
+def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
+    """What :func:`translate` builds for ``target`` (cross-compile check): the table's full tile (a smaller k or
+    fewer rows only shrink it) with and without ``row_to_batch``, on the shift and the division path, for
+    contiguous tensors (unit strides are specialised to constants, as a launch does)."""
+    from indexcache.backends.triton.crosscompile import KernelSpec
+
+    cfg = tuning["translate"]
+    tile = {"BLOCK_R": max(1, cfg["ELEMS"] // cfg["BLOCK_K"]), "BLOCK_K": cfg["BLOCK_K"]}
+    unit = {"raw_s1": 1, "tab_s1": 1, "seq_s0": 1, "r2b_s0": 1, "out_s1": 1}
+    ptrs = {name: "*i32" for name in ("raw_ptr", "table_ptr", "seq_ptr", "r2b_ptr", "out_ptr")}
+    return [KernelSpec("translate", translate_kernel, ptrs, {"HAS_R2B": r2b, "SHIFT": shift, **tile, **unit},
+                       launch_options(target, cfg), aligned=("raw_s0", "out_s0"))
+            for r2b in (False, True) for shift in (page_shift(64), -1)]

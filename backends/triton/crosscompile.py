@@ -1,0 +1,340 @@
+"""Cross-compile check: every Triton kernel of a GPU backend, built for each GPU generation it targets on a
+machine without that GPU, and checked.
+
+Each module of :data:`KERNEL_MODULES` declares ``compile_specs(target, tuning) -> list[KernelSpec]``:
+every configuration its tuning table can choose on ``target`` (block shapes, fp8 dtype, code paths,
+launch options). :func:`check` compiles them with ``triton.compile`` for the backend's targets (the
+Triton wheel carries ptxas and the AMDGPU LLVM backend: no GPU, driver or ROCm install is needed) and
+reads back registers, spills, scratch, shared memory / LDS and the matrix instructions. A result fails
+when the kernel does not compile, spills or uses scratch, needs more shared memory or threads than a
+block may have, is a matrix kernel without the target's matrix instructions for its operand type, or
+feeds gfx950 the gfx942-only fnuz fp8 formats. A kernel module without ``compile_specs``, or a
+``*_kernel`` that no spec covers, fails too, so kernels added later are never skipped silently.
+
+This proves the kernels build for the target and use its matrix units; it runs nothing, so it says
+nothing about speed or numerics on the card. Triton is imported only when something is compiled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import re
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from indexcache.backends.triton import KERNEL_MODULES
+from indexcache.backends.triton.target import Target, _target
+
+# Targets of each GPU backend's cross-compile check.
+TARGETS: dict[str, tuple[str, ...]] = {
+    "cuda": ("sm80", "sm89", "sm90", "sm100", "sm120"),
+    "rocm": ("gfx942", "gfx950"),
+}
+_VENDOR = {"cuda": "cuda", "rocm": "hip"}
+
+# Shared memory (LDS) one block may use, in bytes (static + dynamic).
+# NVIDIA: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability", maximum shared memory
+# per thread block (opt-in): 163 KB (8.0), 99 KB (8.6, 8.9, 12.0), 227 KB (9.0, 10.0); the SM has 1 KB more
+# (164 / 100 / 228 KB, Ampere and Hopper tuning guides), which the system reserves for each block.
+# AMD: ROCm "AMD GPU specifications" (rocm.docs.amd.com/en/latest/reference/gpu-specs.html): LDS 64 KiB on
+# MI300X / MI325X (gfx942) and 160 KiB on MI350X / MI355X (gfx950), all of it addressable by one workgroup.
+SHARED_LIMIT: dict[str, int] = {
+    "sm80": 163 * 1024,
+    "sm89": 99 * 1024,
+    "sm90": 227 * 1024,
+    "sm100": 227 * 1024,
+    "sm120": 99 * 1024,
+    "gfx942": 64 * 1024,
+    "gfx950": 160 * 1024,
+}
+MAX_THREADS = 1024  # threads a block (NVIDIA) / work-items a workgroup (AMD), every target above
+
+# Matrix instructions: MFMA on CDNA; mma.sync (sm80-sm89, sm120), wgmma (sm90), tcgen05 (sm100) in PTX.
+_MATRIX = {"hip": re.compile(r"\bv_s?mfmac?_\w+"),
+           "cuda": re.compile(r"\b(?:mma\.sync|wgmma\.mma_async|tcgen05\.mma)[\w.:]*")}
+_FP8_TOKENS = {"e4m3", "e5m2", "fp8", "bf8", "f8f6f4"}
+_FNUZ = re.compile(r"f8E4M3FNUZ|f8E5M2FNUZ")  # fp8e4b8 / fp8e5b16 in the TTIR
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One build of a Triton kernel: what a launch with one configuration of the tuning table compiles.
+
+    ``types``: the Triton type of each parameter that is not an int32 scalar ("*fp8e4nv", "*i32", "fp32");
+    ``constexprs``: compile-time values, including ints a launch specialises to constants (unit strides);
+    ``aligned``: int parameters a typical launch passes divisible by 16 (pointers always are);
+    ``options``: launch options (num_warps, num_stages, waves_per_eu); ``matrix``: the operand type whose
+    matrix instructions the kernel must use ("fp8", "bf16", "fp16"), None for kernels without ``tl.dot``.
+    """
+
+    op: str
+    fn: Any
+    types: Mapping[str, str]
+    constexprs: Mapping[str, Any]
+    options: Mapping[str, Any]
+    matrix: str | None = None
+    aligned: tuple[str, ...] = field(default=())
+
+    @property
+    def kernel(self) -> str:
+        """The kernel's name."""
+        return self.fn.__name__
+
+    def signature(self) -> dict[str, str]:
+        """Every parameter's Triton type, "constexpr" for compile-time ones."""
+        return {name: "constexpr" if name in self.constexprs else self.types.get(name, "i32")
+                for name in self.fn.arg_names}
+
+    def config(self) -> dict[str, Any]:
+        """The configuration as JSON-able data: the kernel's constexpr parameters, then launch options (ints
+        specialised to constants, such as unit strides, are left out)."""
+        plain = (bool, int, float, str, type(None))
+        declared = {p.name for p in self.fn.params if p.is_constexpr}
+        chosen = {k: v for k, v in self.constexprs.items() if k in declared} | dict(self.options)
+        return {k: v if isinstance(v, plain) else str(v) for k, v in chosen.items()}
+
+
+def pointer(dtype: Any) -> str:
+    """The Triton pointer type of a torch dtype (``torch.float8_e4m3fn`` → "*fp8e4nv")."""
+    from triton._utils import type_canonicalisation_dict
+
+    return "*" + type_canonicalisation_dict[str(dtype).removeprefix("torch.")]
+
+
+def gpu_target(backend: str, arch: str) -> Target:
+    """The :class:`Target` the backend builds for ``arch`` on that GPU (its fp8 policy included)."""
+    return _target(_VENDOR[backend], arch, interpreted=False)
+
+
+def _triton_target(target: Target):
+    from triton.backends.compiler import GPUTarget
+
+    arch = int(target.arch.removeprefix("sm")) if target.vendor == "cuda" else target.arch
+    return GPUTarget(target.vendor, arch, target.warp_size)
+
+
+def _amd_resources(compiled) -> dict[str, int]:
+    fields = dict(re.findall(r"^\s*-?\s*\.(\w+_count|\w+_segment_fixed_size):\s+(\d+)\s*$", compiled.asm["amdgcn"],
+                             re.M))
+    return {"vgpr": int(fields["vgpr_count"]), "agpr": int(fields["agpr_count"]), "sgpr": int(fields["sgpr_count"]),
+            "vgpr_spills": int(fields["vgpr_spill_count"]), "sgpr_spills": int(fields["sgpr_spill_count"]),
+            "scratch_bytes": int(fields["private_segment_fixed_size"]),
+            "shared_bytes": int(fields["group_segment_fixed_size"]) + compiled.metadata.shared}
+
+
+def _nvidia_resources(compiled) -> dict[str, int]:
+    """From ``cuobjdump --dump-resource-usage`` of the cubin (ptxas puts spills in the stack frame)."""
+    from triton import knobs
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        out = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", cubin.name], check=True,
+                             capture_output=True, text=True).stdout
+    usage = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", out)}
+    return {"regs": usage["REG"], "stack_bytes": usage["STACK"], "scratch_bytes": usage["LOCAL"],
+            "shared_bytes": usage["SHARED"] + compiled.metadata.shared}
+
+
+def operand_types(instruction: str) -> set[str]:
+    """The operand types ("fp8", "bf16", "fp16", "tf32") a matrix instruction multiplies."""
+    tokens = set(re.split(r"[._:]+", instruction))
+    found = {"fp8"} if tokens & _FP8_TOKENS else set()
+    if "bf16" in tokens or ("kind" in tokens and "f16" in tokens):  # tcgen05 kind::f16 takes fp16 and bf16
+        found.add("bf16")
+    if "f16" in tokens:
+        found.add("fp16")
+    if tokens & {"tf32", "xf32"}:
+        found.add("tf32")
+    return found
+
+
+def _rules(spec: KernelSpec, target: Target, res: Mapping[str, int], matrix: list[str], ttir: str) -> list[str]:
+    reasons = []
+    spills = {k.removesuffix("_spills"): v for k, v in res.items() if k.endswith("_spills") and v}
+    if spills:
+        reasons.append("spills: " + ", ".join(f"{n} {kind.upper()}s" for kind, n in spills.items()))
+    if res.get("stack_bytes"):
+        reasons.append(f"spills: a {res['stack_bytes']}-byte stack frame in local memory")
+    if res["scratch_bytes"]:
+        reasons.append(f"scratch: {res['scratch_bytes']} bytes of local/private memory a thread")
+    limit = SHARED_LIMIT[target.arch]
+    if res["shared_bytes"] > limit:
+        reasons.append(f"shared memory: {res['shared_bytes']} bytes, above {target.arch}'s {limit} a block")
+    if spec.matrix and not any(spec.matrix in operand_types(i) for i in matrix):
+        found = ", ".join(matrix) or "none"
+        reasons.append(f"matrix kernel without {spec.matrix} matrix instructions (found: {found})")
+    if target.arch == "gfx950" and _FNUZ.search(ttir):
+        reasons.append("gfx950 fed fnuz fp8 (e4m3fnuz/e5m2fnuz), a gfx942-only format: Triton upcasts it to fp16")
+    return reasons
+
+
+def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
+    """Compile ``spec`` for ``target`` and apply the rules: one JSON-able result."""
+    import triton
+    from triton.compiler import ASTSource
+
+    result: dict[str, Any] = {"target": target.arch, "op": spec.op, "kernel": spec.kernel, "config": spec.config(),
+                              "status": "failed", "reasons": [], "resources": {}, "matrix": spec.matrix,
+                              "matrix_instructions": [], "warnings": []}
+    threads = spec.options.get("num_warps", 4) * target.warp_size
+    if threads > MAX_THREADS:
+        result["reasons"].append(f"{threads} threads a block ({spec.options['num_warps']} warps of "
+                                 f"{target.warp_size}), above {MAX_THREADS}")
+    signature = spec.signature()
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(signature.items())
+             if ty.startswith("*") or name in spec.aligned}
+    start = time.perf_counter()
+    try:
+        # ptxas failures print the whole PTX on stdout; the error itself is kept.
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("always")
+            compiled = triton.compile(ASTSource(spec.fn, signature, dict(spec.constexprs), attrs),
+                                      target=_triton_target(target), options=dict(spec.options))
+    except Exception as exc:  # the compiler's error is the result
+        result["seconds"] = round(time.perf_counter() - start, 2)
+        result["reasons"].append(f"compile error: {type(exc).__name__}: {str(exc).strip()[:1500]}")
+        return result
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    result["warnings"] = [str(w.message) for w in caught if "triton/language" in w.filename.replace("\\", "/")]
+    asm = compiled.asm["amdgcn" if target.vendor == "hip" else "ptx"]
+    result["resources"] = _amd_resources(compiled) if target.vendor == "hip" else _nvidia_resources(compiled)
+    result["matrix_instructions"] = sorted(set(_MATRIX[target.vendor].findall(asm)))
+    result["reasons"] += _rules(spec, target, result["resources"], result["matrix_instructions"],
+                                compiled.asm["ttir"])
+    result["status"] = "failed" if result["reasons"] else "passed"
+    return result
+
+
+def _declared(backend: str, arch: str) -> list[tuple[str, list[KernelSpec] | None, list[str]]]:
+    """Per kernel module: its specs for ``arch`` (None without ``compile_specs``) and its ``*_kernel`` names."""
+    tuning = importlib.import_module(f"indexcache.backends.{backend}.tuning").tuning(arch)
+    target = gpu_target(backend, arch)
+    found = []
+    for name in KERNEL_MODULES:
+        module = importlib.import_module(f"indexcache.backends.triton.{name}")
+        kernels = sorted(k for k, v in vars(module).items()
+                         if k.endswith("_kernel") and getattr(v, "__module__", None) == module.__name__)
+        specs = module.compile_specs(target, tuning) if hasattr(module, "compile_specs") else None
+        found.append((name, specs, kernels))
+    return found
+
+
+def _failure(backend: str, arch: str, module: str, kernel: str | None, reason: str) -> dict[str, Any]:
+    return {"backend": backend, "target": arch, "module": module, "op": None, "kernel": kernel, "config": {},
+            "status": "failed", "reasons": [reason], "resources": {}, "matrix": None, "matrix_instructions": [],
+            "warnings": []}
+
+
+_CACHE: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+
+def check_target(backend: str, arch: str, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Every declared kernel configuration of ``backend`` compiled for ``arch``; cached for the process."""
+    key = (backend, arch)
+    if key in _CACHE:
+        return _CACHE[key]
+    target = gpu_target(backend, arch)
+    results = []
+    for module, specs, kernels in _declared(backend, arch):
+        if specs is None:
+            results.append(_failure(backend, arch, module, None, "no compile specs declared"))
+            continue
+        for kernel in sorted(set(kernels) - {s.kernel for s in specs}):
+            results.append(_failure(backend, arch, module, kernel, "kernel has no compile spec"))
+        for spec in specs:
+            result = {"backend": backend, "module": module, **compile_spec(spec, target)}
+            results.append(result)
+            if progress:
+                progress(f"[{backend} {arch}] {result['status']:<6} {result['kernel']} {result['seconds']:.1f}s "
+                         f"{_config_text(result['config'])}")
+    _CACHE[key] = results
+    return results
+
+
+def check(backend: str, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Every declared kernel configuration of ``backend`` ("cuda" or "rocm") on each of its targets."""
+    return [r for arch in TARGETS[backend] for r in check_target(backend, arch, progress)]
+
+
+def failed(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results that break a rule."""
+    return [r for r in results if r["status"] == "failed"]
+
+
+def _config_text(config: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
+def _registers(res: Mapping[str, int]) -> str:
+    if "regs" in res:
+        return str(res["regs"])
+    return f"{res['vgpr']} v / {res['agpr']} a / {res['sgpr']} s" if res else "-"
+
+
+def _spills(res: Mapping[str, int]) -> str:
+    if not res:
+        return "-"
+    spilled = [f"{res[k]} {k.removesuffix('_spills')}" for k in ("vgpr_spills", "sgpr_spills") if res.get(k)]
+    if res.get("stack_bytes"):
+        spilled.append(f"{res['stack_bytes']} B stack")
+    if res["scratch_bytes"]:
+        spilled.append(f"{res['scratch_bytes']} B scratch")
+    return ", ".join(spilled) or "0"
+
+
+def _matrix(result: Mapping[str, Any]) -> str:
+    if not result["matrix"]:
+        return "-"
+    return ", ".join(result["matrix_instructions"]) or "none"
+
+
+def rows(results: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """Table rows: target, kernel, config, status, registers, spills/scratch, shared bytes, matrix instructions,
+    and why it failed."""
+    out = []
+    for r in results:
+        res = r["resources"]
+        out.append((r["target"], r["kernel"] or r["module"], _config_text(r["config"]), r["status"], _registers(res),
+                    _spills(res), str(res["shared_bytes"]) if res else "-", _matrix(r), "; ".join(r["reasons"])))
+    return out
+
+
+HEADER = ("target", "kernel", "config", "status", "registers", "spills / scratch", "shared B", "matrix instructions",
+          "why it failed")
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    """A plain-text table of the results."""
+    table = [HEADER, *rows(results)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
+
+
+def markdown(results: list[dict[str, Any]]) -> list[str]:
+    """The "compiled for" section of a backend's conformance report."""
+    import triton
+
+    targets = ", ".join(dict.fromkeys(r["target"] for r in results))
+    lines = [
+        "## Compiled for (cross-compiled, not run)",
+        "",
+        f"Triton {triton.__version__} built every kernel configuration this backend's tuning tables can choose "
+        f"for {targets} on this machine. Nothing ran on those GPUs: this shows the kernels build and use the "
+        "matrix units, not their speed or numerics there. Rules: compiles; no spills or scratch; shared memory "
+        f"within the target's limit a block; at most {MAX_THREADS} threads a block; matrix kernels use the "
+        "target's matrix instructions for their operand type; no fnuz fp8 on gfx950.",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
+    for row in rows(results):
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    return lines
