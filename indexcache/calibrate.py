@@ -167,13 +167,14 @@ def overlap_matrix(indices: Sequence[IndexArray], *, threads: int | None = None)
 
 def _block_counts(arrays: Sequence[np.ndarray], start: int, stop: int, span: int, batch: int) -> np.ndarray:
     """Intersection sizes ``[L, L, stop - start]`` (uint32, upper triangle) of rows ``start:stop``."""
-    num, k = len(arrays), arrays[0].shape[1]
+    block = np.stack([array[start:stop] for array in arrays])  # [L, rows, k]
+    num, k = len(arrays), block.shape[2]
     keys = np.empty((num, batch, k), np.int64)
     words, row_words = [], []
     offset = 0
-    for first in range(start, stop, batch):
-        count = min(batch, stop - first)
-        bits, row_start = _bitsets(arrays, first, count, span, keys[:, :count])
+    for first in range(0, stop - start, batch):
+        count = min(batch, stop - start - first)
+        bits, row_start = _bitsets(block[:, first : first + count], span, keys[:, :count])
         words.append(bits)
         row_words.append(row_start + offset)
         offset += bits.shape[1]
@@ -189,18 +190,14 @@ def _block_counts(arrays: Sequence[np.ndarray], start: int, stop: int, span: int
     return counts
 
 
-def _bitsets(
-    arrays: Sequence[np.ndarray], first: int, count: int, span: int, keys: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer, rows ``first:first+count`` as bitsets over each row's union of indices.
+def _bitsets(rows: np.ndarray, span: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, ``rows [L, count, k]`` as bitsets over each row's union of indices (``keys``: scratch).
 
     Returns ``bits [L, words]`` uint64 and ``row_start [count]``, the first word of each row. A row gets
     slot 0 (for its -1 entries, cleared) plus one slot per distinct index, rounded up to whole words.
     """
-    num = len(arrays)
-    row_offset = (np.arange(count, dtype=np.int64) * span + 1)[:, None]
-    for layer, array in enumerate(arrays):
-        np.add(array[first : first + count], row_offset, out=keys[layer])
+    num, count = rows.shape[:2]
+    np.add(rows, (np.arange(count, dtype=np.int64) * span + 1)[:, None], out=keys)
     present = np.zeros(count * span, bool)
     present[keys] = True
     present[::span] = False
