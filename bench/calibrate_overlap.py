@@ -2,6 +2,7 @@
 
     python bench/calibrate_overlap.py                      # 61 layers x 4096 rows x k 2048
     python bench/calibrate_overlap.py --pool 65536         # harder: fresh picks from the whole context
+    python bench/calibrate_overlap.py --rows 256 --write-dump /tmp/dump   # a dump for indexcache calibrate
 
 Synthetic stack: layers come in groups of 4 that share a drifting base set (each group keeps 70 % of
 the previous group's, each layer 90 % of its group's), drawn from ``--pool`` candidate tokens of a
@@ -17,6 +18,7 @@ import argparse
 import os
 import platform
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -51,6 +53,7 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=8192, help="tokens any layer ever picks (default 4 k)")
     parser.add_argument("--threads", type=int, default=None, help="default: every CPU this process may use")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--write-dump", metavar="DIR", help="also save the stack as layer_<id>.npz files there")
     args = parser.parse_args()
     if args.context & (args.context - 1):
         parser.error("--context must be a power of 2 (rows relabel tokens with xor)")
@@ -60,6 +63,10 @@ def main() -> None:
     flip = rng.integers(0, args.context, (args.rows, 1), dtype=np.int32)
     shift = rng.integers(0, args.context, (args.rows, 1), dtype=np.int32)
     stack = [((s.astype(np.int32)[None, :] ^ flip) + shift) & (args.context - 1) for s in sets]
+    if args.write_dump:
+        Path(args.write_dump).mkdir(parents=True, exist_ok=True)
+        for layer, indices in enumerate(stack):
+            np.savez(Path(args.write_dump) / f"layer_{layer:03d}.npz", indices=indices)
     union = len(np.unique(sets))
     truth = np.array([[len(np.intersect1d(a, b)) / args.k for b in sets] for a in sets])
 
