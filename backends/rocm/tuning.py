@@ -11,7 +11,8 @@ _COMMON: dict[str, dict[str, Any]] = {
     # heads a program block, 128-key steps, 4 waves, 2 stages); KEYS_ON_M=True is the NVIDIA orientation.
     "mqa_logits": {"KEYS_ON_M": False, "COLS": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
                    "waves_per_eu": 2, "PROGRAMS_PER_SM": 2},
-    "paged_mqa_logits": {"KEYS_ON_M": False, "COLS": 128, "BLOCK_KEYS": 64, "SPLIT": 2048, "WAVES": 4, "num_warps": 4,
+    # Decode keeps keys on M: heads on M spilled on gfx950 at next_n = 2 (Triton 3.9) and used more VGPRs on gfx942.
+    "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "SPLIT": 2048, "WAVES": 4, "num_warps": 4,
                          "num_stages": 2, "waves_per_eu": 2},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4, "waves_per_eu": 2},  # also store_index_k
 }
