@@ -170,11 +170,11 @@ def test_paged_decode(backend, next_n, page_size):
 
 
 def test_paged_decode_split_draft_groups():
-    """next_n = 3 over two programs a key range (COLS = 2 tokens × H), small splits: same result."""
+    """next_n = 3 over two programs a key range (COLS = 2 tokens × H), small splits, heads on M: same result."""
     from indexcache.backends.triton import logits
 
     target = cuda_backend._detected()[2]
-    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], COLS=32, SPLIT=64, BLOCK_KEYS=32)
+    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], COLS=32, SPLIT=64, BLOCK_KEYS=32, KEYS_ON_M=False)
     args = _decode_case("cuda", 3, 16, seed=4)
     buf, out = _guarded(args[0].shape[0] * 3, args[-1])
     logits.paged_mqa_logits(*args, out, target=target, cfg=cfg)
