@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from indexcache.calibrate import overlap_matrix
+from indexcache.calibrate import overlap_matrix, usable_cpus
 
 
 def layer_sets(layers: int, k: int, pool: int, context: int, seed: int) -> np.ndarray:
@@ -70,7 +70,7 @@ def main() -> None:
     union = len(np.unique(sets))
     truth = np.array([[len(np.intersect1d(a, b)) / args.k for b in sets] for a in sets])
 
-    threads = args.threads or len(os.sched_getaffinity(0))
+    threads = args.threads or usable_cpus()
     start, cpu = time.perf_counter(), time.process_time()
     got = overlap_matrix(stack, threads=threads)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu

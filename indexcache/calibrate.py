@@ -145,7 +145,9 @@ def overlap_matrix(indices: Sequence[IndexArray], *, threads: int | None = None)
     rows = arrays[0].shape[0]
     batch = max(1, min(_TABLE_ENTRIES // span, rows))
     block = max(_BLOCK_ROWS, batch)
-    workers = threads if threads is not None else len(os.sched_getaffinity(0))
+    if not hasattr(np, "bitwise_count"):
+        raise ImportError(f"overlap_matrix needs numpy >= 2.0 (np.bitwise_count); this is numpy {np.__version__}")
+    workers = threads if threads is not None else usable_cpus()
     num = len(arrays)
     total = np.zeros((num, num))
     counted = 0
@@ -163,6 +165,13 @@ def overlap_matrix(indices: Sequence[IndexArray], *, threads: int | None = None)
         raise ValueError("indices: every slot of every row is -1; nothing to compare")
     total = np.triu(total) + np.triu(total, 1).T
     return total / counted
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (the default number of row blocks processed at once)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _block_counts(arrays: Sequence[np.ndarray], start: int, stop: int, span: int, batch: int) -> np.ndarray:

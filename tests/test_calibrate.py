@@ -344,3 +344,9 @@ def test_cli_calibrate_without_matplotlib(tmp_path, capsys, monkeypatch):
     assert main(["calibrate", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "out")]) == 2
     assert "pip install 'indexcache[bench]'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_overlap_names_the_numpy_it_needs(monkeypatch):
+    monkeypatch.delattr(np, "bitwise_count")
+    with pytest.raises(ImportError, match="numpy >= 2.0"):
+        overlap_matrix([np.zeros((1, 1), np.int32)])
