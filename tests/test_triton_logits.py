@@ -15,7 +15,7 @@ import torch
 import indexcache
 from indexcache import dispatch, reference
 from indexcache.backends import cuda as cuda_backend
-from indexcache.backends import rocm as rocm_backend
+from indexcache.backends.triton.target import detect
 from indexcache.layout import new_packed_cache, split_packed_cache
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/logits_gpu.py is for GPUs")
@@ -26,8 +26,6 @@ GUARD = 3
 
 
 def _reset() -> None:
-    cuda_backend._detected.cache_clear()
-    rocm_backend._detected.cache_clear()
     dispatch.reset()
 
 
@@ -173,7 +171,7 @@ def test_paged_decode_split_draft_groups():
     """next_n = 3 over two programs a key range (COLS = 2 tokens × H), small splits, heads on M: same result."""
     from indexcache.backends.triton import logits
 
-    target = cuda_backend._detected()[2]
+    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
     cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], COLS=32, SPLIT=64, BLOCK_KEYS=32, KEYS_ON_M=False)
     args = _decode_case("cuda", 3, 16, seed=4)
     buf, out = _guarded(args[0].shape[0] * 3, args[-1])

@@ -1,48 +1,17 @@
 """The AMD backend: Triton kernels, fp8 e4m3fnuz on gfx942 (MI300) and e4m3fn on gfx950 (MI355).
 
 Available with a ROCm build of torch, a visible GPU and Triton (auto-selected then), or on any
-machine with ``TRITON_INTERPRET=1`` (interpreted on the CPU, never auto-selected).
+machine with ``TRITON_INTERPRET=1`` (interpreted on the CPU as gfx942, never auto-selected).
 ``INDEXCACHE_ROCM_ARCH`` (e.g. ``gfx950``) overrides the architecture whose paths and tuning are used.
+``overlap()`` may use 2 side streams (SGLang overlaps only the compressors on ROCm).
 """
 
 from __future__ import annotations
 
-import functools
-
 from indexcache.backends.rocm.tuning import tuning
-from indexcache.backends.triton.target import Target, detect
-
-from indexcache.dispatch import Availability, Backend, OpImpl
+from indexcache.backends.triton.backend import gpu_backend
 
 ARCH_ENV = "INDEXCACHE_ROCM_ARCH"
 
-
-@functools.cache
-def _detected() -> tuple[bool, str, Target | None]:
-    return detect("hip", ARCH_ENV, interpreted_arch="gfx942")
-
-
-def _probe() -> Availability:
-    ok, reason, target = _detected()
-    if not ok:
-        return Availability(False, reason)
-    return Availability(True, reason, auto=not target.interpreted,
-                        mode="interpreted" if target.interpreted else "GPU", device=target.device_type)
-
-
-def _ops() -> dict[str, OpImpl]:
-    from indexcache.backends.triton import make_ops
-    from indexcache.streams import device_overlap
-
-    target = _detected()[2]
-    # HIP side streams for overlap(): 2 (as SGLang allows on ROCm).
-    return {**make_ops(target, tuning(target.arch)), "overlap": device_overlap(target.device_type, side_streams=2)}
-
-
-def _info() -> dict:
-    target = _detected()[2]
-    return {"arch": target.arch, "fp8_dtype": str(target.fp8_dtype), "tuning": tuning(target.arch)}
-
-
-BACKEND = Backend(name="rocm", priority=20, probe=_probe, ops=_ops, interpretable=True, fp8_tensor_core=True,
-                  info=_info)
+BACKEND = gpu_backend("rocm", "hip", priority=20, arch_env=ARCH_ENV, interpreted_arch="gfx942", tuning=tuning,
+                      side_streams=2)
