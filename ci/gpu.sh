@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The GPU run, from the repository root of a CUDA machine with no network:  bash ci/gpu.sh
+#
+# Installs indexcache offline, then: indexcache info; the conformance suite on every backend;
+# compute-sanitizer memcheck over adversarial translate cases; the CUDA-graph tests; the translate
+# benchmark; and the other GPU scripts (bench/topk_gpu.py, bench/logits_gpu.py) where present.
+# Every step runs even when an earlier one failed; the exit status is 1 if any failed. Output, in
+# $OUT (default ./out), five files:
+#   gpu.log               every step's output, the summary last
+#   summary.txt           one line a step: status, exit code, seconds
+#   info.json             indexcache info --json
+#   bench-translate.json  indexcache bench --op translate --json
+#   reports.tar.gz        conformance reports, pytest junit XML, nvidia-smi, the optional scripts' --out folders
+# Settings: PYTHON (default python3); GPU_SH_BUDGET, seconds for all steps (default 470); INDEXCACHE_COMMIT,
+# the commit recorded in the bench JSON where the tree has no .git.
+set -u
+export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+PY=${PYTHON:-python3}
+BUDGET=${GPU_SH_BUDGET:-470}
+mkdir -p "${OUT:=./out}"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d)
+SITE=$(mktemp -d)
+LOG=$OUT/gpu.log
+SUMMARY=$OUT/summary.txt
+: >"$LOG"
+: >"$SUMMARY"
+START=$SECONDS
+FAILED=0
+
+say() { echo "$*" | tee -a "$LOG"; }
+
+# record NAME STATUS RC SECONDS: one summary line; any status but ok / absent / fell back marks the run failed.
+record() {
+  printf '%-22s %-34s rc=%-4s %ss\n' "$1" "$2" "$3" "$4" >>"$SUMMARY"
+  case $2 in ok* | absent* | "fell back"*) ;; *) FAILED=1 ;; esac
+}
+
+# step NAME LIMIT CMD...: run CMD (an executable, not a shell function), output to the console and the log,
+# killed after LIMIT seconds or when the budget runs out. ON_FAIL names the status of a failure (default FAILED).
+step() {
+  local name=$1 limit=$2 left rc t0 status=ok
+  shift 2
+  left=$((BUDGET - (SECONDS - START)))
+  if ((left < 20)); then
+    say "=== $name: not run, the ${BUDGET}s budget is spent"
+    record "$name" "NOT RUN (budget spent)" - 0
+    return 1
+  fi
+  ((limit > left)) && limit=$left
+  say "=== $name (limit ${limit}s): $*"
+  t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  if ((rc == 124 || rc == 137)); then status="TIMED OUT"; elif ((rc != 0)); then status=${ON_FAIL:-FAILED}; fi
+  record "$name" "$status" "$rc" $((SECONDS - t0))
+  return "$rc"
+}
+
+say "=== gpu.sh $(date -u +%FT%TZ) in $(pwd); commit ${INDEXCACHE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+step nvidia-smi 30 bash -c 'nvidia-smi >"$0"; rc=$?; cat "$0"; exit $rc' "$WORK/nvidia-smi.txt"
+step python 60 "$PY" -c 'import sys, torch, triton; print(sys.version); print("torch", torch.__version__, "cuda",
+torch.version.cuda, "gpu", torch.cuda.is_available() and torch.cuda.get_device_name()); print("triton", triton.__version__)'
+
+# Install without network: editable first; where that fails, a plain install into a folder of its own; where
+# building fails too, that folder gets the sources linked in place (indexcache/ with backends/ inside, as the
+# package-dir mapping of pyproject.toml has it). With a folder, PYTHONSAFEPATH keeps the checkout's indexcache/
+# (which lacks backends/) from shadowing it.
+IMPORT_CHECK='import indexcache, indexcache.backends.torch, indexcache.cli; print("indexcache from", indexcache.__file__)'
+if ON_FAIL="fell back" step install-editable 180 "$PY" -m pip install --no-build-isolation --no-deps --no-index -e . \
+  && ON_FAIL="fell back" step import-check 60 "$PY" -c "$IMPORT_CHECK"; then
+  :
+else
+  say "=== editable install unusable: installing into $SITE instead"
+  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1
+  if ! ON_FAIL="fell back" step install-target 180 "$PY" -m pip install --no-build-isolation --no-deps --no-index \
+    --target "$SITE" .; then
+    say "=== building failed: linking the sources into $SITE"
+    rm -rf "${SITE:?}"/* && cp -rs "$PWD/indexcache" "$SITE/indexcache" && ln -s "$PWD/backends" "$SITE/indexcache/backends"
+  fi
+  step import-check-folder 60 "$PY" -c "$IMPORT_CHECK"
+fi
+
+IC=("$PY" -m indexcache.cli)
+step info 60 bash -c '"$@" info --json >"$0"; rc=$?; cat "$0"; exit $rc' "$OUT/info.json" "${IC[@]}"
+step conformance 240 "${IC[@]}" conformance --backend all --out "$WORK/reports"
+
+if SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null); then
+  step memcheck 200 "$SANITIZER" --tool memcheck --error-exitcode 1 "$PY" ci/memcheck_translate.py
+else
+  say "=== memcheck: compute-sanitizer not found"
+  record memcheck "FAILED (no compute-sanitizer)" - 0
+fi
+
+step graph-tests 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_translate_graph.py \
+  --junitxml "$WORK/graph-tests.xml"
+# On a GPU these tests must run: a skip there would hide the check, so it counts as a failure.
+step graph-tests-ran 30 "$PY" -c 'import sys, xml.etree.ElementTree as E
+s = sum(int(x.get("skipped", 0)) for x in E.parse(sys.argv[1]).getroot().iter("testsuite"))
+print(f"{s} graph tests skipped on the GPU"); sys.exit(s > 0)' "$WORK/graph-tests.xml"
+
+step bench-translate 200 "${IC[@]}" bench --op translate --json "$OUT/bench-translate.json"
+
+for hook in topk logits; do
+  if [[ -f bench/${hook}_gpu.py ]]; then
+    step "$hook-gpu" 150 "$PY" "bench/${hook}_gpu.py" --out "$WORK/$hook"
+  else
+    record "$hook-gpu" "absent (bench/${hook}_gpu.py)" - 0
+  fi
+done
+
+tar -czf "$OUT/reports.tar.gz" -C "$WORK" . || record pack "FAILED (tar)" - 0
+if (($(stat -c %s "$LOG") > 15 * 1024 * 1024)); then  # files over 16 MiB do not come back: keep both ends
+  { head -c 4M "$LOG"; printf '\n[... gpu.sh cut the middle of this log ...]\n'; tail -c 10M "$LOG"; } >"$LOG.cut"
+  mv "$LOG.cut" "$LOG"
+fi
+say "=== summary ($((SECONDS - START))s; reports.tar.gz holds: $(cd "$WORK" && find . -type f | sort | tr '\n' ' '))"
+tee -a "$LOG" <"$SUMMARY"
+if ((FAILED)); then say "gpu.sh: some steps failed"; else say "gpu.sh: all steps ok"; fi
+exit "$FAILED"
