@@ -305,6 +305,10 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else num / den
 
 
+DERIVED = ("device_us", "device_timing", "rate", "rate_unit", "ceiling_fraction", "launch_ratio", "launch_ratio_graph",
+           "speedup_vs_torch")  # set by _derive for every timed row; None in the others
+
+
 def _run_case(op: BenchOp, case: Case, backend: str, timer_for: Callable[[torch.device], Timer], baseline: Any,
               sets_cache: dict[str, list]) -> tuple[dict[str, Any], Any]:
     """Check then time one backend on one case; returns the result row and the checked output."""
@@ -312,7 +316,8 @@ def _run_case(op: BenchOp, case: Case, backend: str, timer_for: Callable[[torch.
     row: dict[str, Any] = {"op": op.name, "case": case.name, "params": dict(case.params), "note": case.note,
                            "backend": backend, "mode": avail.mode if avail.available else None,
                            "device": avail.device, "bytes": op.bytes(case), "flops": op.flops(case),
-                           "eager_us": None, "graph_us": None, "graph_error": None, "sets": None}
+                           "eager_us": None, "graph_us": None, "graph_error": None, "sets": None,
+                           **dict.fromkeys(DERIVED)}
     if not avail.available:
         return {**row, "check": f"skipped: {avail.reason}"}, None
     device = torch.device(avail.device)

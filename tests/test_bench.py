@@ -109,6 +109,7 @@ def test_a_crashing_backend_is_reported_and_the_rest_still_run(fresh_dispatch):
     rows = {r["backend"]: r for r in report["results"]}
     assert rows["broken"]["check"].startswith("error: RuntimeError: kernel exploded")
     assert rows["torch"]["eager_us"] > 0
+    assert set(rows["broken"]) == set(rows["torch"]), "every row has the same JSON keys, timed or not"
 
 
 def test_an_op_plugs_in_as_data(fresh_dispatch, monkeypatch):
