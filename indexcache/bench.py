@@ -246,16 +246,17 @@ def _launch(device: torch.device, timer: Timer, graph_ok: bool) -> dict[str, Any
     """An empty Triton kernel launch: eager (host issue + device) and, on a GPU, inside a graph."""
     from indexcache.backends.triton.target import interpreting
 
+    found: dict[str, Any] = {"mode": None, "reason": "", "eager_us": None, "graph_us": None, "graph_error": None}
     try:
         import triton  # noqa: F401
     except ImportError:
-        return {"mode": None, "reason": "Triton is not installed"}
+        return {**found, "reason": "Triton is not installed"}
     if interpreting():
         mode, where = "interpreted", torch.device("cpu")
     elif _gpu(device):
         mode, where = "GPU", device
     else:
-        return {"mode": None, "reason": "no GPU: compiled Triton cannot launch (TRITON_INTERPRET=1 interprets it)"}
+        return {**found, "reason": "no GPU: compiled Triton cannot launch (TRITON_INTERPRET=1 interprets it)"}
     kernel = _empty_kernel()
     buf = torch.zeros(1, dtype=torch.int32, device=where)
 
@@ -263,9 +264,12 @@ def _launch(device: torch.device, timer: Timer, graph_ok: bool) -> dict[str, Any
         kernel[(1,)](buf)
 
     t = timer if where == timer.device else Timer(where, timer.warmup, timer.reps, timer.graph_reps)
-    found = {"mode": mode, "reason": "", "eager_us": t.eager_us(launch), "graph_us": None}
+    found.update(mode=mode, eager_us=t.eager_us(launch))
     if graph_ok and mode == "GPU":
-        found["graph_us"] = t.graph_us(launch, 100)
+        try:
+            found["graph_us"] = t.graph_us(launch, 100)
+        except Exception as exc:  # reported with the ceiling; the ops still run
+            found["graph_error"] = f"{type(exc).__name__}: {exc}"
     return found
 
 
@@ -493,8 +497,9 @@ def format_table(report: Mapping[str, Any]) -> str:
             if c["mode"] is None:
                 lines.append(f"ceiling empty Triton launch: not measured ({c['reason']})")
             else:
+                graph = f"graph capture failed: {c['graph_error']}" if c["graph_error"] else _us(c["graph_us"])
                 lines.append(f"ceiling empty Triton launch ({c['mode']}): {_us(c['eager_us'])} eager, "
-                             f"{_us(c['graph_us'])} in a graph")
+                             f"{graph} in a graph")
         else:
             lines.append(f"ceiling {name} ({c['mode']}): {c['rate'] / c['scale']:.0f} {c['unit']}")
     by_op: dict[str, list] = {}
