@@ -338,3 +338,41 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
 
     return {"mqa_logits": OpImpl(run_prefill, supports_prefill),
             "paged_mqa_logits": OpImpl(run_decode, supports_decode)}
+
+
+def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
+    """What the logits ops build for ``target`` (cross-compile check), at the indexer shape of the shipped
+    models (H = 64, D = 128, 64-token pages), for contiguous tensors: prefill with the target's fp8 format and
+    with bf16, decode for next_n 1-4 (MTP drafts); the tile shapes and launch options are the table's."""
+    from indexcache.backends.triton.crosscompile import KernelSpec, pointer
+
+    heads, dim, page = 64, 128, 64
+    prefill, decode = tuning["mqa_logits"], tuning["paged_mqa_logits"]
+    # PROGRAMS is the persistent loop's stride (SMs × PROGRAMS_PER_SM); any value builds the same code.
+    programs = 132 * prefill.get("PROGRAMS_PER_SM", 1)
+    specs = []
+    for dtype in (target.fp8_dtype, torch.bfloat16):
+        widen = _widen_mode(dtype, target)
+        operand = "bf16" if dtype == torch.bfloat16 else "fp16" if widen == 1 else "fp8"
+        specs.append(KernelSpec(
+            "mqa_logits", mqa_logits_kernel,
+            {"q_ptr": pointer(dtype), "k_ptr": pointer(dtype), "scale_ptr": "*fp32", "w_ptr": "*fp32",
+             "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"},
+            {"H": heads, "D": dim, "BLOCK_Q": max(1, prefill["COLS"] // heads, 16 // heads),
+             "BLOCK_N": prefill["BLOCK_N"], "PROGRAMS": programs, "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen,
+             "q_s2": 1, "k_s1": 1, "scale_s0": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
+            launch_options(target, prefill), matrix=operand, aligned=("q_s0", "q_s1", "k_s0", "w_s0")))
+    fp8 = pointer(target.fp8_dtype)
+    widen = _widen_mode(target.fp8_dtype, target)
+    for next_n in (1, 2, 3, 4):
+        groups = max(min(triton.next_power_of_2(next_n), max(1, decode["COLS"] // heads)), 16 // heads)
+        specs.append(KernelSpec(
+            "paged_mqa_logits", paged_mqa_logits_kernel,
+            {"q_ptr": fp8, "kv_ptr": fp8, "kv_scale_ptr": "*fp32", "w_ptr": "*fp32", "ctx_ptr": "*i32",
+             "table_ptr": "*i32", "out_ptr": "*fp32"},
+            {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
+             "BLOCK_KEYS": decode["BLOCK_KEYS"], "KEYS_ON_M": decode["KEYS_ON_M"], "WIDEN": widen,
+             "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
+            launch_options(target, decode), matrix="fp16" if widen == 1 else "fp8",
+            aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
+    return specs

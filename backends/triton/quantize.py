@@ -173,3 +173,27 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
 
     return {"quantize_index_k": OpImpl(run_quantize, supports_quantize),
             "store_index_k": OpImpl(run_store, supports_store)}
+
+
+def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
+    """What quantize_index_k and store_index_k build for ``target`` (cross-compile check): the target's fp8
+    format from fp32, bf16 and fp16 keys, at D = 128 (one 128-wide block a token, 64-token pages), with the
+    table's rows a program, for contiguous tensors."""
+    from indexcache.backends.triton.crosscompile import KernelSpec, pointer
+
+    cfg = tuning["quantize_index_k"]
+    dim, page, fp8 = 128, 64, target.fp8_dtype
+    fmt = {"LIMIT": fp8_max(fp8), "MIN_EXP": _min_exp(fp8)}
+    rows = max(1, cfg["ELEMS"] // dim)
+    specs = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        specs.append(KernelSpec(
+            "quantize_index_k", quantize_kernel, {"k_ptr": pointer(dtype), "q_ptr": pointer(fp8), "s_ptr": "*fp32"},
+            {**fmt, "BLOCK": dim, "BLOCK_P2": dim, "BLOCK_R": rows, "k_s1": 1, "q_s1": 1, "s_s1": 1},
+            launch_options(target, cfg), aligned=("k_s0", "q_s0")))
+        specs.append(KernelSpec(
+            "store_index_k", store_kernel,
+            {"k_ptr": pointer(dtype), "slot_ptr": "*i32", "kv_ptr": pointer(fp8), "kv_scale_ptr": "*fp32"},
+            {**fmt, "D": dim, "D_P2": dim, "PAGE": page, "BLOCK_R": rows, "k_s1": 1, "slot_s0": 1},
+            launch_options(target, cfg), aligned=("k_s0",)))
+    return specs
