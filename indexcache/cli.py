@@ -97,6 +97,8 @@ def _add_conformance(sub) -> None:
     p.add_argument("--backend", default=None, metavar="NAME|all", help="one backend, or 'all'")
     p.add_argument("--out", default="reports", help="directory for conformance-<backend>.json/.md (default: reports)")
     p.add_argument("--op", default=None, help="only the cases of this op")
+    p.add_argument("--compile", action="store_true", help="also cross-compile the cuda/rocm kernels for each GPU "
+                   "generation (as indexcache compile-check) and add a 'compiled for' section to their reports")
     p.set_defaults(func=_run_conformance)
 
 
@@ -106,7 +108,7 @@ def _run_conformance(args) -> int:
     from indexcache.conformance.suite import run_all, table
 
     out = Path(args.out)
-    reports, ok = run_all(args.backend, out, args.op)
+    reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile)
     print(table(reports))
     print(f"reports written to {out}/conformance-<backend>.json and .md")
     return 0 if ok else 1
@@ -335,7 +337,55 @@ def _plot_demo(result, path: str) -> None:
     figure.savefig(path, dpi=110)
 
 
-COMMANDS = (_add_info, _add_conformance, _add_plan, _add_bench, _add_calibrate, _add_demo)
+def _add_compile_check(sub) -> None:
+    p = sub.add_parser(
+        "compile-check",
+        help="cross-compile every Triton kernel for the GPU generations of cuda/rocm; check registers, spills, "
+        "shared memory and matrix instructions",
+        description="Compile every kernel configuration the cuda and rocm tuning tables can choose, with Triton, "
+        "for sm80, sm89, sm90, sm100, sm120 (cuda) and gfx942, gfx950 (rocm), on this machine: no GPU needed, "
+        "nothing is run. Fails (exit 1) on a compile error, a spill or scratch use, shared memory or threads "
+        "beyond a block's limit, a matrix kernel without the target's matrix instructions, or fnuz fp8 on gfx950.",
+    )
+    p.add_argument("--backend", default="all", choices=("cuda", "rocm", "all"), help="default: all")
+    p.add_argument("--target", action="append", default=None, metavar="ARCH",
+                   help="only this target, e.g. sm90 or gfx950 (repeatable)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="compile N targets at a time, each in its own "
+                   "process (default 1)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    p.set_defaults(func=_run_compile_check)
+
+
+def _run_compile_check(args) -> int:
+    import importlib.util
+    import json
+
+    if importlib.util.find_spec("triton") is None:
+        raise UsageError("the compile check needs Triton (pip install triton)")
+    from indexcache.backends.triton.crosscompile import TARGETS, check_targets, failed, format_table, to_stderr, why
+
+    backends = list(TARGETS) if args.backend == "all" else [args.backend]
+    runs = [(b, arch) for b in backends for arch in TARGETS[b] if not args.target or arch in args.target]
+    if not runs:
+        known = ", ".join(arch for b in backends for arch in TARGETS[b])
+        raise UsageError(f"no target of --backend {args.backend} matches --target {' '.join(args.target)} "
+                         f"(known: {known})")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    results = check_targets(runs, args.jobs, progress=to_stderr)
+    print(format_table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"results written to {args.json}")
+    bad = failed(results)
+    print(f"{len(results) - len(bad)} of {len(results)} kernel builds pass (cross-compiled, not run)")
+    for r in bad:
+        print(f"FAILED {r['backend']} {r['target']} {r['kernel'] or r['module']}: {why(r)}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+COMMANDS = (_add_info, _add_conformance, _add_plan, _add_bench, _add_calibrate, _add_demo, _add_compile_check)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,17 +20,23 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import json
+import multiprocessing
+import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from indexcache.backends.triton import KERNEL_MODULES
-from indexcache.backends.triton.target import Target, _target
+from indexcache.backends.triton.target import INTERPRET_ENV, Target, _target, interpreting
 
 # Targets of each GPU backend's cross-compile check.
 TARGETS: dict[str, tuple[str, ...]] = {
@@ -80,7 +86,7 @@ class KernelSpec:
     constexprs: Mapping[str, Any]
     options: Mapping[str, Any]
     matrix: str | None = None
-    aligned: tuple[str, ...] = field(default=())
+    aligned: tuple[str, ...] = ()
 
     @property
     def kernel(self) -> str:
@@ -93,11 +99,13 @@ class KernelSpec:
                 for name in self.fn.arg_names}
 
     def config(self) -> dict[str, Any]:
-        """The configuration as JSON-able data: the kernel's constexpr parameters, then launch options (ints
-        specialised to constants, such as unit strides, are left out)."""
+        """The configuration as JSON-able data: the pointers' element types, the kernel's constexpr parameters,
+        then launch options (ints specialised to constants, such as unit strides, are left out)."""
         plain = (bool, int, float, str, type(None))
         declared = {p.name for p in self.fn.params if p.is_constexpr}
-        chosen = {k: v for k, v in self.constexprs.items() if k in declared} | dict(self.options)
+        dtypes = dict.fromkeys(t.removeprefix("*") for t in self.signature().values() if t.startswith("*"))
+        chosen = {"dtypes": "/".join(dtypes), **{k: v for k, v in self.constexprs.items() if k in declared},
+                  **self.options}
         return {k: v if isinstance(v, plain) else str(v) for k, v in chosen.items()}
 
 
@@ -264,9 +272,46 @@ def check(backend: str, progress: Callable[[str], None] | None = None) -> list[d
     return [r for arch in TARGETS[backend] for r in check_target(backend, arch, progress)]
 
 
+def to_stderr(line: str) -> None:
+    """A progress callback: the line on stderr."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def check_targets(runs: list[tuple[str, str]], jobs: int = 1,
+                  progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """:func:`check_target` for each ``(backend, arch)``, in ``jobs`` worker processes when > 1 (``progress``
+    must then be a module-level function, such as :func:`to_stderr`)."""
+    if jobs <= 1:
+        return [r for backend, arch in runs for r in check_target(backend, arch, progress)]
+    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold Triton/torch threads
+    with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        futures = [pool.submit(check_target, backend, arch, progress) for backend, arch in runs]
+        return [r for future in futures for r in future.result()]
+
+
+def compiled_for(backend: str) -> list[dict[str, Any]]:
+    """:func:`check` for a conformance report; in a child process without ``TRITON_INTERPRET`` when this
+    one interprets Triton (interpreted kernels cannot be compiled). Progress goes to stderr."""
+    if not interpreting():
+        return check(backend, progress=to_stderr)
+    env = {k: v for k, v in os.environ.items() if k != INTERPRET_ENV}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "compile.json"
+        cmd = [sys.executable, "-m", "indexcache.cli", "compile-check", "--backend", backend, "--json", str(path)]
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
+        if not path.exists():
+            raise RuntimeError(f"the compile check of {backend} crashed (exit {proc.returncode})")
+        return json.loads(path.read_text())
+
+
 def failed(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The results that break a rule."""
     return [r for r in results if r["status"] == "failed"]
+
+
+def why(result: Mapping[str, Any]) -> str:
+    """The result's reasons on one line."""
+    return "; ".join(" ".join(reason.split()) for reason in result["reasons"])
 
 
 def _config_text(config: Mapping[str, Any]) -> str:
@@ -291,7 +336,7 @@ def _spills(res: Mapping[str, int]) -> str:
 
 
 def _matrix(result: Mapping[str, Any]) -> str:
-    if not result["matrix"]:
+    if not result["matrix"] or not result["resources"]:
         return "-"
     return ", ".join(result["matrix_instructions"]) or "none"
 
@@ -303,7 +348,7 @@ def rows(results: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     for r in results:
         res = r["resources"]
         out.append((r["target"], r["kernel"] or r["module"], _config_text(r["config"]), r["status"], _registers(res),
-                    _spills(res), str(res["shared_bytes"]) if res else "-", _matrix(r), "; ".join(r["reasons"])))
+                    _spills(res), str(res["shared_bytes"]) if res else "-", _matrix(r), why(r)))
     return out
 
 

@@ -86,6 +86,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         bound = "" if r["bound"] is None else f"{r['bound']:.0e}"
         detail = r["detail"].replace("|", "\\|")[:200]
         lines.append(f"| {r['op']} | {r['case']} | {r['status']} | {err} | {bound} | {detail} |")
+    if "compiled_for" in report:
+        from indexcache.backends.triton.crosscompile import markdown
+
+        lines += ["", *markdown(report["compiled_for"])]
     return "\n".join(lines) + "\n"
 
 
@@ -104,10 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--op", default=None, help="only the cases of this op")
+    parser.add_argument("--compile", action="store_true", help="add the cross-compile check (cuda, rocm)")
     args = parser.parse_args(argv)
     report = run_backend(args.backend, args.op, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.compile and args.backend in ("cuda", "rocm"):
+        from indexcache.backends.triton.crosscompile import compiled_for
+
+        report["compiled_for"] = compiled_for(args.backend)
     write_report(report, args.out)
-    return 1 if any(r["status"] == "failed" for r in report["results"]) else 0
+    return 1 if any(r["status"] == "failed" for r in report["results"] + report.get("compiled_for", [])) else 0
 
 
 if __name__ == "__main__":

@@ -38,14 +38,18 @@ def plan_runs(which: str | None) -> list[tuple[str, dict[str, str]]]:
     return runs
 
 
-def run_all(which: str | None, out_dir: Path, op: str | None = None) -> tuple[list[dict[str, Any]], bool]:
-    """Run each planned backend in a subprocess; return the reports and whether every case passed."""
+def run_all(which: str | None, out_dir: Path, op: str | None = None,
+            compile_check: bool = False) -> tuple[list[dict[str, Any]], bool]:
+    """Run each planned backend in a subprocess (``compile_check``: with the cross-compile check of cuda and rocm);
+    return the reports and whether every case passed."""
     reports, ok = [], True
     for name, extra in plan_runs(which):
         env = {**os.environ, **extra}
         cmd = [sys.executable, "-m", "indexcache.conformance.runner", "--backend", name, "--out", str(out_dir)]
         if op:
             cmd += ["--op", op]
+        if compile_check:
+            cmd.append("--compile")
         mode = " (interpreted)" if extra else ""
         print(f"conformance: running backend {name}{mode} ...", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, env=env)
@@ -68,5 +72,9 @@ def table(reports: list[dict[str, Any]]) -> str:
             worst = f"{s['worst'][0]:.1e} / {s['worst'][1]:.0e}" if s["worst"] else ("exact" if s["passed"] else "-")
             rows.append((report["backend"], report["mode"], op, str(s["passed"]), str(s["failed"]),
                          str(s["declined"]), worst))
+        if "compiled_for" in report:  # kernel builds of the cross-compile check
+            bad = sum(r["status"] == "failed" for r in report["compiled_for"])
+            rows.append((report["backend"], "cross-compiled", "(compile)", str(len(report["compiled_for"]) - bad),
+                         str(bad), "0", "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)

@@ -1,0 +1,199 @@
+"""The cross-compile check (indexcache.backends.triton.crosscompile): real kernels build for each vendor and use
+the matrix units; broken configurations are caught with their reason; the CLI and the conformance report
+carry the results. Compiles for GPUs this machine does not have; runs nothing."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from indexcache import cli
+from indexcache.backends.cuda.tuning import tuning as cuda_tuning
+from indexcache.backends.rocm.tuning import tuning as rocm_tuning
+from indexcache.backends.triton import crosscompile as cc
+from indexcache.backends.triton import logits, translate
+from indexcache.conformance.runner import to_markdown
+from indexcache.conformance.suite import table
+
+TUNING = {"cuda": cuda_tuning, "rocm": rocm_tuning}
+
+
+def specs(module, backend: str, arch: str) -> list[cc.KernelSpec]:
+    """The module's specs as ``backend`` declares them for ``arch``."""
+    return module.compile_specs(cc.gpu_target(backend, arch), TUNING[backend](arch))
+
+
+def decode_spec(backend: str, arch: str) -> cc.KernelSpec:
+    """paged_mqa_logits with one draft token: an fp8 matrix kernel."""
+    return next(s for s in specs(logits, backend, arch) if s.op == "paged_mqa_logits" and s.constexprs["NEXT_N"] == 1)
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """The check with an empty per-process cache, restored afterwards."""
+    monkeypatch.setattr(cc, "_CACHE", {})
+    return cc
+
+
+@pytest.mark.parametrize(("backend", "arch"), [("rocm", "gfx942"), ("rocm", "gfx950"), ("cuda", "sm80"),
+                                               ("cuda", "sm90")])
+def test_translate_builds_without_spills(backend, arch):
+    result = cc.compile_spec(specs(translate, backend, arch)[0], cc.gpu_target(backend, arch))
+    assert result["status"] == "passed", result["reasons"]
+    res = result["resources"]
+    assert (res.get("regs") or res.get("vgpr")) > 0
+    assert res["scratch_bytes"] == 0 and res["shared_bytes"] <= cc.SHARED_LIMIT[arch]
+    assert result["matrix"] is None
+
+
+@pytest.mark.parametrize(("backend", "arch", "instruction"), [
+    ("rocm", "gfx942", "v_mfma_f32_32x32x16_fp8_fp8"),
+    ("rocm", "gfx950", "v_mfma_f32_32x32x64_f8f6f4"),
+    ("cuda", "sm89", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+    ("cuda", "sm90", "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"),
+    ("cuda", "sm100", "tcgen05.mma.cta_group::1.kind::f8f6f4"),
+    ("cuda", "sm120", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+])
+def test_fp8_decode_uses_the_fp8_matrix_instructions(backend, arch, instruction):
+    result = cc.compile_spec(decode_spec(backend, arch), cc.gpu_target(backend, arch))
+    assert instruction in result["matrix_instructions"]
+    assert not [r for r in result["reasons"] if "matrix" in r]
+
+
+def test_32_warps_on_a_wave64_target_is_caught():
+    spec = specs(translate, "rocm", "gfx942")[0]
+    result = cc.compile_spec(dataclasses.replace(spec, options={**spec.options, "num_warps": 32}),
+                             cc.gpu_target("rocm", "gfx942"))
+    assert result["status"] == "failed"
+    assert any("2048 threads a block (32 warps of 64), above 1024" in r for r in result["reasons"])
+
+
+@pytest.mark.parametrize(("backend", "arch", "why"), [("rocm", "gfx942", "spills: "),
+                                                      ("cuda", "sm90", "stack frame in local memory")])
+def test_a_tile_that_must_spill_is_caught(backend, arch, why):
+    """4K indices a program held by one warp: more values a thread than registers."""
+    spec = specs(translate, backend, arch)[0]
+    big = dataclasses.replace(spec, constexprs={**spec.constexprs, "BLOCK_R": 4, "BLOCK_K": 1024},
+                              options={"num_warps": 1})
+    result = cc.compile_spec(big, cc.gpu_target(backend, arch))
+    assert result["status"] == "failed"
+    assert any(why in r for r in result["reasons"]), result["reasons"]
+
+
+def test_fnuz_fp8_on_gfx950_is_caught():
+    """gfx942's fp8 format (e4m3fnuz) fed to gfx950: Triton upcasts it to fp16, no fp8 MFMA."""
+    result = cc.compile_spec(decode_spec("rocm", "gfx942"), cc.gpu_target("rocm", "gfx950"))
+    assert result["status"] == "failed"
+    assert any(r.startswith("gfx950 fed fnuz fp8") for r in result["reasons"])
+    assert any(r.startswith("matrix kernel without fp8 matrix instructions") for r in result["reasons"])
+    assert not any("fp8" in cc.operand_types(i) for i in result["matrix_instructions"])
+
+
+def test_ocp_fp8_on_gfx942_lacks_the_fp8_matrix_instructions():
+    """gfx950's fp8 format (e4m3fn) on gfx942 is emulated: the dot runs in fp16."""
+    result = cc.compile_spec(decode_spec("rocm", "gfx950"), cc.gpu_target("rocm", "gfx942"))
+    assert result["status"] == "failed"
+    assert any(r.startswith("matrix kernel without fp8 matrix instructions (found: v_mfma_") for r in result["reasons"])
+
+
+def test_shared_memory_beyond_the_block_limit_is_caught():
+    spec = specs(translate, "cuda", "sm89")[0]
+    target = cc.gpu_target("cuda", "sm89")
+    within = {"regs": 32, "stack_bytes": 0, "scratch_bytes": 0, "shared_bytes": 99 * 1024}
+    assert cc._rules(spec, target, within, [], "") == []
+    reasons = cc._rules(spec, target, {**within, "shared_bytes": 99 * 1024 + 1}, [], "")
+    assert reasons == ["shared memory: 101377 bytes, above sm89's 101376 a block"]
+
+
+@pytest.mark.parametrize(("instruction", "types"), [
+    ("v_mfma_f32_32x32x16_fp8_fp8", {"fp8"}),
+    ("v_mfma_f32_32x32x64_f8f6f4", {"fp8"}),
+    ("v_mfma_f32_32x32x8_bf16", {"bf16"}),
+    ("v_mfma_f32_32x32x8_f16", {"fp16"}),
+    ("v_mfma_f32_32x32x4_xf32", {"tf32"}),
+    ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", {"bf16"}),
+    ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", {"fp16"}),
+    ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", {"fp8"}),
+    ("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", {"fp8"}),
+    ("tcgen05.mma.cta_group::1.kind::f8f6f4", {"fp8"}),
+    ("tcgen05.mma.cta_group::1.kind::f16", {"bf16", "fp16"}),
+    ("tcgen05.mma.cta_group::1.kind::tf32", {"tf32"}),
+])
+def test_operand_types_of_matrix_instructions(instruction, types):
+    assert cc.operand_types(instruction) == types
+
+
+def test_a_module_without_compile_specs_fails(fresh, monkeypatch):
+    monkeypatch.setattr(fresh, "KERNEL_MODULES", ("support",))
+    [result] = fresh.check_target("rocm", "gfx942")
+    assert (result["module"], result["status"], result["reasons"]) == ("support", "failed",
+                                                                       ["no compile specs declared"])
+
+
+def test_a_kernel_without_a_spec_fails(fresh, monkeypatch):
+    monkeypatch.setattr(fresh, "KERNEL_MODULES", ("translate",))
+    monkeypatch.setattr(translate, "compile_specs", lambda target, tuning: [])
+    [result] = fresh.check_target("cuda", "sm90")
+    assert (result["kernel"], result["reasons"]) == ("translate_kernel", ["kernel has no compile spec"])
+
+
+@pytest.mark.parametrize("backend", sorted(cc.TARGETS))
+def test_every_kernel_module_covers_its_kernels(backend):
+    for arch in cc.TARGETS[backend]:
+        for module, declared, kernels in cc._declared(backend, arch):
+            assert declared is not None, f"{module} declares no compile specs"
+            assert set(kernels) <= {s.kernel for s in declared}, f"{module}: kernels without a spec on {arch}"
+
+
+def test_specs_follow_the_backend_fp8_policy():
+    for backend, arch, fp8 in (("rocm", "gfx942", torch.float8_e4m3fnuz), ("rocm", "gfx950", torch.float8_e4m3fn),
+                               ("cuda", "sm90", torch.float8_e4m3fn)):
+        assert decode_spec(backend, arch).types["q_ptr"] == cc.pointer(fp8)
+
+
+def test_cli_writes_json_and_a_table(fresh, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(fresh, "KERNEL_MODULES", ("translate",))
+    path = tmp_path / "compile.json"
+    assert cli.main(["compile-check", "--backend", "rocm", "--target", "gfx942", "--json", str(path)]) == 0
+    results = json.loads(path.read_text())
+    assert len(results) == len(specs(translate, "rocm", "gfx942"))
+    assert {(r["backend"], r["target"], r["kernel"], r["status"]) for r in results} == {
+        ("rocm", "gfx942", "translate_kernel", "passed")}
+    out = capsys.readouterr().out
+    assert "translate_kernel" in out and f"{len(results)} of {len(results)} kernel builds pass" in out
+
+
+def test_cli_exits_1_on_a_broken_configuration(fresh, monkeypatch, capsys):
+    monkeypatch.setattr(fresh, "KERNEL_MODULES", ("translate",))
+    declared = translate.compile_specs
+
+    def broken(target, tuning):
+        return [dataclasses.replace(s, options={**s.options, "num_warps": 32}) for s in declared(target, tuning)[:1]]
+
+    monkeypatch.setattr(translate, "compile_specs", broken)
+    assert cli.main(["compile-check", "--backend", "rocm", "--target", "gfx950"]) == 1
+    assert "FAILED rocm gfx950 translate_kernel: 2048 threads a block" in capsys.readouterr().err
+
+
+def test_cli_rejects_an_unknown_target(capsys):
+    assert cli.main(["compile-check", "--backend", "rocm", "--target", "sm90"]) == 2
+    assert "no target of --backend rocm matches --target sm90" in capsys.readouterr().err
+
+
+def test_conformance_report_has_a_compiled_for_section(fresh, monkeypatch):
+    monkeypatch.setattr(fresh, "KERNEL_MODULES", ("translate",))
+    results = fresh.check_target("rocm", "gfx942")
+    report = {"backend": "rocm", "mode": "interpreted", "device": "cpu", "device_name": "cpu", "reason": "test",
+              "date": "today", "torch": torch.__version__, "results": [], "compiled_for": results}
+    text = to_markdown(report)
+    assert "## Compiled for (cross-compiled, not run)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| gfx942 | translate_kernel |")]
+    assert len(rows) == len(results) and all("| passed |" in row for row in rows)
+
+
+def test_conformance_table_counts_kernel_builds():
+    build = {"status": "passed"}
+    report = {"backend": "rocm", "mode": "interpreted", "results": [],
+              "compiled_for": [build, {**build, "status": "failed"}, build]}
+    assert table([report]).splitlines()[-1].split() == ["rocm", "cross-compiled", "(compile)", "2", "1", "0", "-"]
