@@ -3,8 +3,10 @@
 The IndexCache paper picks the producer (F) / shared (S) pattern greedily: start with every sparse layer
 a producer, then repeatedly turn into a shared layer the producer whose loss costs least, until the
 producer budget is met. This module measures the cross-layer overlap of top-k indices from a dump, runs
-that search under an overlap proxy or a user objective (calibration LM loss from an engine), and writes
-the pattern, an ``index_topk_pattern`` config snippet, a JSON report and two plots.
+that search under an overlap proxy or a user objective (calibration LM loss from an engine), compares it
+with the ``index_topk_freq`` rule, and writes the pattern, an ``index_topk_pattern`` config snippet, a
+JSON report and two plots. Without a dump, :func:`collect_from_model` records one from a prefill of the
+small random-weight model of :mod:`indexcache.model`.
 
 Dump format (one directory, one file per sparse layer, every layer's indexer run, i.e. all layers F)::
 
@@ -29,6 +31,7 @@ rows with ``n_r > 0``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -41,6 +44,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from indexcache.plan import LayerPlan
 
 PRODUCER = "F"
 SHARED = "S"
@@ -117,6 +122,62 @@ def _check_shapes(arrays: Sequence[np.ndarray], names: Sequence[str]) -> None:
             )
     if shape[0] == 0 or shape[1] == 0:
         raise ValueError(f"{names[0]}: shape {shape}; need at least one row and k >= 1")
+
+
+# ------------------------------------------------------------------------------------------- collecting
+
+
+def collect_from_model(
+    name: str,
+    *,
+    backend: str | None = None,
+    prompt_len: int = 512,
+    batch: int = 2,
+    topk: int = 128,
+    seed: int = 0,
+) -> tuple[list[int], list[np.ndarray]]:
+    """A dump from the small model of :mod:`indexcache.model`: every sparse layer's top-k in one prefill.
+
+    Builds preset ``name`` ("v32-like" or "v4-like"; random seeded weights, **not a trained model**)
+    with top-k ``topk`` on ``backend`` (default: the automatic choice) and every sparse layer a
+    producer, prefills ``batch`` random prompts of ``prompt_len`` tokens drawn from ``seed`` and records
+    each sparse layer's raw indices (:class:`~indexcache.state.IndexRecorder`). Rows whose context is at
+    most ``topk`` tokens are dropped: every layer selects all of them. Returns what :func:`load_dump`
+    returns. The defaults are sizes for a CPU (seconds); the preset's own k (2048 / 512) and longer
+    prompts suit a GPU.
+    """
+    from indexcache import dispatch
+    from indexcache.model import Batch, DSAModel, preset
+    from indexcache.runner import IndexerRunner
+    from indexcache.state import IndexRecorder, TopkState
+
+    for key, value in (("prompt_len", prompt_len), ("batch", batch), ("topk", topk)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}={value!r}: must be an integer >= 1")
+    if prompt_len <= topk:
+        raise ValueError(f"prompt_len={prompt_len} must exceed topk={topk}: shorter contexts select every token")
+    chosen = backend or dispatch.get_backend()
+    avail = dispatch.availability(chosen)
+    if not avail.available:
+        raise ValueError(f"backend {chosen!r} is not available here: {avail.reason}")
+    fp8 = dispatch.get(chosen).info().get("fp8_dtype")
+    overrides = {"index_dtype": str(fp8).removeprefix("torch.")} if fp8 else {}
+    config = preset(name, topk=topk, seed=seed, **overrides)
+    with dispatch.use_backend(backend) if backend else contextlib.nullcontext():
+        model = DSAModel(config, avail.device)
+        runner = IndexerRunner(model.plan(1))
+        cache = model.new_cache(batch, prompt_len, seed=seed)
+        state = TopkState(batch * prompt_len, topk, model.device)
+        recorder = IndexRecorder()
+        state.recorder = recorder
+        generator = torch.Generator().manual_seed(seed)
+        prompts = [torch.randint(0, config.vocab, (prompt_len,), generator=generator) for _ in range(batch)]
+        rows = Batch.prefill(prompts, cache.tables_for(range(batch)))
+        model.run(rows, cache, runner, state)
+    keep = (rows.lengths > topk).cpu()
+    recorded = recorder.stacked()
+    layers = config.sparse_layers
+    return layers, [recorded[layer].cpu()[keep].numpy() for layer in layers]
 
 
 # --------------------------------------------------------------------------------------------- overlap
@@ -254,6 +315,47 @@ def uniform_pattern(num_sparse: int, producers: int) -> str:
     """``producers`` producers spread evenly over ``num_sparse`` sparse layers, the first one included."""
     chosen = {i * num_sparse // producers for i in range(producers)}
     return "".join(PRODUCER if i in chosen else SHARED for i in range(num_sparse))
+
+
+@dataclass(frozen=True)
+class FreqBaseline:
+    """The pattern the ``index_topk_freq`` rule gives at ``freq``, and its objective."""
+
+    freq: int
+    pattern: str
+    objective: float
+
+    @property
+    def producers(self) -> int:
+        """How many producers the rule keeps."""
+        return self.pattern.count(PRODUCER)
+
+
+def freq_baselines(
+    layers: Sequence[int], objective: Objective, plan_for: Callable[..., LayerPlan], *, min_producers: int = 1
+) -> list[FreqBaseline]:
+    """The ``index_topk_freq`` rule's patterns over the sparse ``layers`` with their objective: the
+    baseline engines ship, to set beside the searched pattern.
+
+    ``plan_for(index_topk_freq=f)`` returns the model's :class:`~indexcache.plan.LayerPlan` under that
+    freq (e.g. ``functools.partial(LayerPlan.from_config, path)``); its main sparse layers must be
+    ``layers``. One baseline per producer count of at least ``min_producers``: the smallest freq in
+    2 .. len(layers) that keeps that many.
+    """
+    ids = [int(layer) for layer in layers]
+    baselines: list[FreqBaseline] = []
+    counts: set[int] = set()
+    for freq in range(2, len(ids) + 1):
+        plan = plan_for(index_topk_freq=freq)
+        main = [layer for layer in plan.sparse_layers if layer < plan.num_layers - plan.num_mtp_layers]
+        if main != ids:
+            raise ValueError(f"index_topk_freq={freq}: the plan's sparse layers {main} are not the dump's {ids}")
+        pattern = "".join(plan.roles[layer] for layer in ids)
+        count = pattern.count(PRODUCER)
+        if count >= min_producers and count not in counts:
+            counts.add(count)
+            baselines.append(FreqBaseline(freq, pattern, float(objective(pattern))))
+    return baselines
 
 
 def check_pattern(pattern: str, num_sparse: int) -> None:
@@ -415,13 +517,15 @@ def write_outputs(
     overlap: np.ndarray,
     *,
     info: Mapping[str, Any] | None = None,
+    freq_rule: Sequence[FreqBaseline] = (),
     plots: bool = True,
 ) -> dict[str, Path]:
     """Write the calibration's files into ``out`` (created if needed); returns ``{name: path}``.
 
     ``pattern.txt`` (the pattern and a newline), ``config.json`` (``{"index_topk_pattern": ...}``),
-    ``report.json`` (``info``, the search summary of :meth:`SearchResult.to_dict`, the overlap matrix)
-    and, with ``plots``, ``overlap.png`` (heatmap) and ``objective.png`` (objective vs producers).
+    ``report.json`` (``info``, the search summary of :meth:`SearchResult.to_dict`, the ``freq_rule``
+    baselines beside the search's objective at their producer count, the overlap matrix) and, with
+    ``plots``, ``overlap.png`` (heatmap) and ``objective.png`` (objective vs producers).
     """
     if plots:
         check_plotting()  # fail before writing anything
@@ -431,16 +535,27 @@ def write_outputs(
     paths = {name: directory / name for name in ("pattern.txt", "config.json", "report.json")}
     paths["pattern.txt"].write_text(result.pattern + "\n")
     paths["config.json"].write_text(json.dumps(result.config(), indent=2) + "\n")
+    searched = {step.producers: step.objective for step in result.steps}
     report = {
         **(info or {}),
         **result.to_dict(),
+        "freq_rule": [
+            {
+                "index_topk_freq": baseline.freq,
+                "pattern": baseline.pattern,
+                "producers": baseline.producers,
+                "objective_value": baseline.objective,
+                "search_objective_value": searched.get(baseline.producers),
+            }
+            for baseline in freq_rule
+        ],
         "adjacent_overlap": [round(float(matrix[i, i + 1]), 6) for i in range(len(matrix) - 1)],
         "overlap": np.round(matrix, 6).tolist(),
     }
     paths["report.json"].write_text(json.dumps(report, indent=2) + "\n")
     if plots:
         paths["overlap.png"] = plot_overlap(matrix, result.layers, directory / "overlap.png", result=result)
-        paths["objective.png"] = plot_objective(result, directory / "objective.png")
+        paths["objective.png"] = plot_objective(result, directory / "objective.png", freq_rule=freq_rule)
     return paths
 
 
@@ -504,9 +619,11 @@ def plot_overlap(
     return Path(path)
 
 
-def plot_objective(result: SearchResult, path: str | os.PathLike[str]) -> Path:
+def plot_objective(
+    result: SearchResult, path: str | os.PathLike[str], *, freq_rule: Sequence[FreqBaseline] = ()
+) -> Path:
     """The objective along the greedy trajectory against the number of producers, with the evenly
-    spaced pattern at each budget for comparison, saved as a PNG."""
+    spaced pattern at each budget and the ``freq_rule`` baselines for comparison, saved as a PNG."""
     figure = _figure_class()(figsize=(7.5, 4.5), layout="constrained")
     axes = figure.subplots()
     counts = [step.producers for step in result.steps]
@@ -514,8 +631,28 @@ def plot_objective(result: SearchResult, path: str | os.PathLike[str]) -> Path:
     axes.plot(
         counts, [step.uniform_objective for step in result.steps], linestyle="--", label="evenly spaced producers"
     )
+    shown = [baseline for baseline in freq_rule if counts[-1] <= baseline.producers <= counts[0]]
+    if shown:
+        axes.scatter(
+            [baseline.producers for baseline in shown],
+            [baseline.objective for baseline in shown],
+            marker="^",
+            color="tab:red",
+            zorder=3,
+            label="index_topk_freq rule",
+        )
+        for baseline in shown:
+            axes.annotate(
+                f"freq {baseline.freq}",
+                (baseline.producers, baseline.objective),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize="small",
+            )
     axes.axvline(counts[-1], color="gray", linestyle=":", label=f"budget: {counts[-1]} of {counts[0]}")
     axes.invert_xaxis()
+    axes.margins(y=0.12)  # room for the freq labels
     axes.set_xlabel("producers (F layers)")
     axes.set_ylabel(f"{result.objective_name} (lower is better)")
     axes.set_title("Pattern search: objective as producers are turned into shared layers")

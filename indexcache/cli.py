@@ -151,12 +151,19 @@ def _add_calibrate(sub) -> None:
         "calibrate",
         help="choose the F/S pattern from a dump of every layer's top-k indices (overlap + greedy search)",
         description="Read one top-k index file per sparse layer (layer_<id>.pt or .npz, [rows, k] int32, -1 = "
-        "empty; see indexcache.calibrate), measure how much every pair of layers' selections overlap, and "
-        "search greedily for the producers to keep: starting from all-F, repeatedly turn into a shared layer "
-        "the producer whose loss lowers the mean overlap with its source least. Writes pattern.txt, "
-        "config.json, report.json, overlap.png and objective.png.",
+        "empty; see indexcache.calibrate), or record them from a seeded prefill of the small random-weight "
+        "model (--from-model; not a trained model), measure how much every pair of layers' selections "
+        "overlap, and search greedily for the producers to keep: starting from all-F, repeatedly turn into a "
+        "shared layer the producer whose loss lowers the mean overlap with its source least. Compares with "
+        "evenly spaced producers and the index_topk_freq rule. Writes pattern.txt, config.json, report.json, "
+        "overlap.png and objective.png.",
     )
-    p.add_argument("--dump", required=True, metavar="DIR", help="directory with one top-k file per sparse layer")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dump", metavar="DIR", help="directory with one top-k file per sparse layer")
+    source.add_argument(
+        "--from-model", choices=("v32-like", "v4-like"), help="record the top-k of every sparse layer (all "
+        "producers) in a seeded prefill of this small model preset (random weights, not a trained model)"
+    )
     budget = p.add_mutually_exclusive_group()
     budget.add_argument(
         "--keep", type=float, metavar="FRACTION", help="fraction of sparse layers kept as producers, rounded up "
@@ -169,24 +176,49 @@ def _add_calibrate(sub) -> None:
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs (they need matplotlib)")
     p.add_argument("--threads", type=int, default=None, help="row blocks processed at once (default: all CPUs)")
+    model = p.add_argument_group("--from-model options")
+    model.add_argument("--backend", metavar="NAME", help="run the model on this backend (default: automatic)")
+    model.add_argument("--prompt-len", type=int, metavar="N", help="tokens a prompt, 2 prompts (default 512; rows "
+                       "whose context is at most --topk are dropped)")
+    model.add_argument("--topk", type=int, metavar="K", help="top-k (default 128, scaled down for a CPU; the "
+                       "presets' own: 2048 v32-like, 512 v4-like)")
+    model.add_argument("--seed", type=int, metavar="N", help="seed of the weights and prompts (default 0)")
     p.set_defaults(func=_run_calibrate)
 
 
 def _run_calibrate(args) -> int:
     import json
     import time
+    from functools import partial
 
     from indexcache import calibrate
+    from indexcache.plan import LayerPlan
 
     if not args.no_plots:
         try:
             calibrate.check_plotting()
         except ImportError as exc:
             raise UsageError(f"{exc} (or pass --no-plots)") from None
-    layers, arrays = calibrate.load_dump(args.dump)
-    if args.config is not None:
-        from indexcache.plan import LayerPlan
+    given = {name: getattr(args, name) for name in ("backend", "prompt_len", "topk", "seed")}
+    given = {name: value for name, value in given.items() if value is not None}
+    if args.from_model is not None:
+        if args.config is not None:
+            raise UsageError("--config checks a --dump against a model's config; --from-model knows its layers")
+        from indexcache.model import preset
 
+        layers, arrays = calibrate.collect_from_model(args.from_model, **given)
+        model = preset(args.from_model)
+        plan_for = partial(LayerPlan, model.num_layers, compress_ratios=model.compress_ratios)
+        source = {"model": args.from_model, "weights": "random seeded, not a trained model", **given}
+        what = f"{args.from_model} model (random seeded weights, not a trained model), prefill"
+    elif given:
+        raise UsageError(f"--{next(iter(given)).replace('_', '-')} only applies with --from-model")
+    else:
+        layers, arrays = calibrate.load_dump(args.dump)
+        # Without a config, a dump of layers 0..n-1 is taken for a model whose every layer is sparse.
+        plan_for = partial(LayerPlan, len(layers)) if layers == list(range(len(layers))) else None
+        source, what = {"dump": str(args.dump)}, f"dump {args.dump}"
+    if args.config is not None:
         try:
             plan = LayerPlan.from_config(args.config)
         except OSError as exc:
@@ -199,20 +231,24 @@ def _run_calibrate(args) -> int:
                 f"--dump {args.dump} does not hold the sparse layers of {args.config}: missing {missing}, "
                 f"unexpected {extra} (MTP layers always run their own indexer and do not belong in the dump)"
             )
+        plan_for = partial(LayerPlan.from_config, args.config)
     keep = 0.25 if args.keep is None and args.producers is None else args.keep
     budget = calibrate.producer_budget(len(layers), keep=keep, producers=args.producers)
     start = time.perf_counter()
     overlap = calibrate.overlap_matrix(arrays, threads=args.threads)
     seconds = time.perf_counter() - start
-    result = calibrate.greedy_search(
-        layers, calibrate.overlap_objective(overlap), producers=budget, name="overlap loss"
-    )
+    objective = calibrate.CachedObjective(calibrate.overlap_objective(overlap), "overlap loss")
+    result = calibrate.greedy_search(layers, objective, producers=budget)
+    freq_rule = [] if plan_for is None else calibrate.freq_baselines(layers, objective, plan_for, min_producers=budget)
     rows, k = arrays[0].shape
-    info = {"dump": str(args.dump), "rows": rows, "k": k, "keep": keep, "overlap_seconds": round(seconds, 3)}
-    paths = calibrate.write_outputs(args.out, result, overlap, info=info, plots=not args.no_plots)
+    info = {**source, "rows": rows, "k": k, "keep": keep, "overlap_seconds": round(seconds, 3)}
+    paths = calibrate.write_outputs(
+        args.out, result, overlap, info=info, freq_rule=freq_rule, plots=not args.no_plots
+    )
     last = result.steps[-1]
+    searched = {step.producers: step.objective for step in result.steps}
     adjacent = [overlap[i, i + 1] for i in range(len(layers) - 1)]
-    print(f"dump:      {args.dump}: {len(layers)} sparse layers ({layers[0]}..{layers[-1]}), {rows} rows, k {k}")
+    print(f"source:    {what}: {len(layers)} sparse layers ({layers[0]}..{layers[-1]}), {rows} rows, k {k}")
     print(
         f"overlap:   {seconds:.2f} s (CPU); adjacent layers share "
         f"{sum(adjacent) / len(adjacent) if adjacent else 1.0:.3f} on average"
@@ -221,6 +257,13 @@ def _run_calibrate(args) -> int:
     print(f"pattern:   {result.pattern}")
     print(f"config:    {json.dumps(result.config())}")
     print(f"objective: overlap loss {last.objective:.4f} (evenly spaced producers: {last.uniform_objective:.4f})")
+    for baseline in freq_rule:
+        print(
+            f"freq rule: index_topk_freq={baseline.freq} keeps {baseline.producers}: overlap loss "
+            f"{baseline.objective:.4f} (search at {baseline.producers}: {searched[baseline.producers]:.4f})"
+        )
+    if plan_for is None:
+        print("freq rule: not compared (pass --config: the dump's layer ids are not 0..n-1)")
     print(f"wrote:     {', '.join(str(path) for path in paths.values())}")
     return 0
 

@@ -1,11 +1,13 @@
 """Pattern calibration: overlap matrix against brute force, dump loading, greedy-search rules, planted
-layer groups, objective caching, and the ``indexcache calibrate`` command end to end."""
+layer groups, objective caching, the index_topk_freq baselines, dumps from the small model, and the
+``indexcache calibrate`` command end to end."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,8 @@ from indexcache import calibrate
 from indexcache.calibrate import (
     CachedObjective,
     c4_layers,
+    collect_from_model,
+    freq_baselines,
     greedy_search,
     load_dump,
     overlap_matrix,
@@ -29,6 +33,27 @@ from indexcache.cli import main
 from indexcache.plan import LayerPlan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "configs"
+# The small model at test sizes: 2 prompts x 160 tokens, k 32, so 2 x 128 rows with more context than k.
+MODEL_SIZES = {"prompt_len": 160, "topk": 32}
+
+
+@pytest.fixture
+def one_thread():
+    """Two busy shared cores: one torch thread is many times faster than two here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def v32_dump():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield collect_from_model("v32-like", **MODEL_SIZES)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def brute_overlap(stack: np.ndarray) -> np.ndarray:
@@ -286,6 +311,68 @@ def test_search_rejects_bad_input():
         overlap_objective(np.eye(2))("SF")
 
 
+def test_freq_baselines_follow_the_plan():
+    ratios = [0, 0] + [4, 128] * 9  # DeepSeek-V4 style: the freq rule counts C4 layers only
+    layers = c4_layers(ratios)
+    plan_for = partial(LayerPlan, len(ratios), compress_ratios=ratios)
+    seen: list[str] = []
+
+    def objective(pattern: str) -> float:
+        seen.append(pattern)
+        return pattern.count("S") / len(pattern)
+
+    baselines = freq_baselines(layers, objective, plan_for, min_producers=2)
+    assert [(b.freq, b.producers) for b in baselines] == [(2, 5), (3, 3), (5, 2)]  # freq 4 also keeps 3
+    for baseline in baselines:
+        plan = plan_for(index_topk_freq=baseline.freq)
+        assert [layer for layer, role in zip(layers, baseline.pattern, strict=True) if role == "F"] == plan.producers
+        assert baseline.objective == objective(baseline.pattern)
+    assert set(seen) == {b.pattern for b in baselines}
+    v32 = freq_baselines(range(12), objective, partial(LayerPlan, 12))
+    assert next(b for b in v32 if b.freq == 4).pattern == "FFSSSFSSSFSS"  # skip(l) = max(l - 1, 0) % 4 != 0
+    with pytest.raises(ValueError, match="sparse layers"):
+        freq_baselines(layers, objective, partial(LayerPlan, len(ratios)))
+
+
+# ----------------------------------------------------------------------------------------- the small model
+
+
+def test_model_dump_rows_are_full_and_show_the_blocks(v32_dump):
+    layers, arrays = v32_dump
+    assert layers == list(range(12))
+    for array in arrays:
+        assert array.shape == (2 * (160 - 32), 32) and array.dtype == np.int32
+        assert (array >= 0).all()  # rows with context <= k (which select everything) are dropped
+        assert all(len(set(row)) == 32 for row in array[:20].tolist())
+    overlap = overlap_matrix(arrays)
+    adjacent = np.diag(overlap, 1)
+    inside = [adjacent[i] for i in range(11) if (i + 1) % 4]  # the preset's indexers come in blocks of 4
+    across = [adjacent[i] for i in (3, 7)]
+    assert min(inside) > 0.7 and max(across) < 0.6
+    assert max(inside) < 0.999  # every layer recorded its own top-k, not a reused one
+
+
+def test_search_beats_the_freq_rule_on_the_small_model(v32_dump):
+    layers, arrays = v32_dump
+    objective = overlap_objective(overlap_matrix(arrays))
+    rule = LayerPlan(len(layers), index_topk_freq=4)
+    freq4 = "".join(rule.role(layer) for layer in layers)
+    assert rule.producers == [0, 1, 5, 9]
+    result = greedy_search(layers, objective, producers=len(rule.producers))
+    assert result.steps[-1].objective < objective(freq4) - 0.02
+    assert result.steps[-1].objective <= result.steps[-1].uniform_objective
+    assert result.pattern != freq4
+
+
+def test_collect_from_model_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="must exceed topk"):
+        collect_from_model("v32-like", prompt_len=32, topk=32)
+    with pytest.raises(ValueError, match="batch"):
+        collect_from_model("v32-like", batch=0)
+    with pytest.raises(ValueError, match="preset"):
+        collect_from_model("v5-like")
+
+
 # ---------------------------------------------------------------------------------------------------- CLI
 
 
@@ -313,6 +400,9 @@ def test_cli_calibrate_end_to_end(tmp_path, capsys):
     assert [step["producers"] for step in report["trajectory"]] == list(range(8, 2, -1))
     np.testing.assert_allclose(report["overlap"], overlap_matrix(list(stack)), atol=1e-6)
     assert report["objective_value"] < report["uniform"]["objective_value"]
+    # Layers 0..7 and no config: the freq rule of a model whose every layer is sparse, freqs 2, 3, 4.
+    assert [(row["index_topk_freq"], row["producers"]) for row in report["freq_rule"]] == [(2, 5), (3, 4), (4, 3)]
+    assert report["freq_rule"][-1]["search_objective_value"] == report["objective_value"]
     for name in ("overlap.png", "objective.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"pattern:   {pattern}" in capsys.readouterr().out
@@ -330,7 +420,12 @@ def test_cli_calibrate_checks_the_dump_against_a_config(tmp_path, capsys):
     assert main([*args, "--config", str(config)]) == 0
     pattern = (tmp_path / "out" / "pattern.txt").read_text().strip()
     plan = LayerPlan.from_config(config, index_topk_pattern=pattern)
-    assert plan.producers == json.loads((tmp_path / "out" / "report.json").read_text())["producers"]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert plan.producers == report["producers"]
+    assert {row["index_topk_freq"] for row in report["freq_rule"]} >= {2}  # the config's C4 layers, freq 2
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "freq rule: not compared" in capsys.readouterr().out  # C4 layer ids, and no config to place them
     (tmp_path / "dump" / f"layer_{c4[-1]:03d}.pt").unlink(missing_ok=True)
     (tmp_path / "dump" / f"layer_{c4[-1]:03d}.npz").unlink(missing_ok=True)
     capsys.readouterr()
@@ -350,3 +445,31 @@ def test_overlap_names_the_numpy_it_needs(monkeypatch):
     monkeypatch.delattr(np, "bitwise_count")
     with pytest.raises(ImportError, match="numpy >= 2.0"):
         overlap_matrix([np.zeros((1, 1), np.int32)])
+
+
+def test_cli_calibrate_from_model(tmp_path, capsys, one_thread):
+    out = tmp_path / "out"
+    args = ["calibrate", "--from-model", "v32-like", "--prompt-len", "48", "--topk", "16", "--out", str(out)]
+    assert main([*args, "--producers", "4"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["model"] == "v32-like" and "not a trained model" in report["weights"]
+    assert report["rows"] == 2 * (48 - 16) and report["k"] == 16 and report["prompt_len"] == 48
+    assert report["sparse_layers"] == list(range(12)) and report["pattern"].count("F") == 4
+    freq4 = next(row for row in report["freq_rule"] if row["index_topk_freq"] == 4)
+    assert freq4["producers"] == 4 and freq4["pattern"] == "FFSSSFSSSFSS"
+    assert freq4["search_objective_value"] == report["objective_value"] < freq4["objective_value"]
+    assert (out / "pattern.txt").read_text() == report["pattern"] + "\n"
+    for name in ("overlap.png", "objective.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "random seeded weights, not a trained model" in printed and "index_topk_freq=4 keeps 4" in printed
+
+    for bad, message in (
+        ([*args, "--config", str(EXAMPLES / "deepseek-v4-flash.json")], "--config checks a --dump"),
+        (["calibrate", "--dump", str(tmp_path), "--topk", "16"], "--topk only applies with --from-model"),
+        ([*args[:3], "--prompt-len", "16", "--topk", "16"], "must exceed topk"),
+    ):
+        assert main(bad) == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--from-model", "v32-like", "--dump", str(tmp_path)])
