@@ -16,6 +16,12 @@ _COMMON: dict[str, dict[str, Any]] = {
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "SPLIT": 2048, "WAVES": 4,
                          "num_warps": 4, "num_stages": 3},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
+    # Top-k (radix select): 2K-value tiles over 16 warps (4 values a thread: 8 spilled on sm90 at 8 warps or
+    # 4K tiles), 256 coarse bins (quarter octaves); one resident program a SM for the persistent one-row-a-
+    # program kernel (≤ 118 registers); rows split into ≥ 16K-column chunks, about 4 a SM, when rows are few;
+    # a tie stash of max(4096, 4k) entries a row.
+    "topk": {"TILE": 2048, "BITS": 8, "num_warps": 16, "PROGRAMS_PER_SM": 1, "CHUNKS_PER_SM": 4,
+             "MIN_CHUNK": 16384, "PLAN_CHUNKS": 16, "STASH": 4096, "STASH_PER_K": 4},
 }
 
 

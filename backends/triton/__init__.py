@@ -15,7 +15,7 @@ from indexcache.backends.triton.target import Target
 
 from indexcache.dispatch import OpImpl
 
-KERNEL_MODULES = ("translate", "logits", "quantize")
+KERNEL_MODULES = ("translate", "logits", "quantize", "topk")
 
 
 def make_ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:

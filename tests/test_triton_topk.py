@@ -1,0 +1,222 @@
+"""The Triton top-k and fused top-k + translation of the cuda and rocm backends, interpreted on the CPU.
+
+Every row is compared with :mod:`indexcache.reference` by DESIGN.md's rule, tightened: our tie rule is
+deterministic (lower index wins), so each row's index set must equal the reference's exactly, -1 slots
+included. Outputs are views into guarded buffers, so a write out of bounds fails the test. The split-row
+path and the stash-overflow fallback are forced through a small tuning table passed to the kernel
+functions directly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import indexcache
+from indexcache import dispatch, reference
+from indexcache.backends.triton.target import _target
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/topk_gpu.py is for GPUs")
+
+BACKENDS = ("cuda", "rocm")
+GUARD = 2
+SENTINEL = -7
+NEG_INF, NAN = float("-inf"), float("nan")
+# 512-value tiles, 128 coarse bins, a stash of max(256, k) entries (overflows on purpose), auto split.
+SMALL = {"TILE": 512, "BITS": 7, "num_warps": 4, "PROGRAMS_PER_SM": 2, "CHUNKS_PER_SM": 4, "MIN_CHUNK": 1024,
+         "PLAN_CHUNKS": 4, "STASH": 256, "STASH_PER_K": 1}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreted():
+    """TRITON_INTERPRET=1 before the backends are probed; probes forgotten afterwards."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        mp.delenv(dispatch.ENV_VAR, raising=False)
+        dispatch.reset()
+        yield
+    dispatch.reset()
+
+
+def _kernels():
+    """The kernel module, imported only once TRITON_INTERPRET=1 is set."""
+    from indexcache.backends.triton import topk
+
+    return topk
+
+
+def _guarded(rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    buf = torch.full((rows + 2 * GUARD, k), SENTINEL, dtype=torch.int32)
+    return buf, buf[GUARD:GUARD + rows]
+
+
+def _check_guards(buf: torch.Tensor) -> None:
+    assert (buf[:GUARD] == SENTINEL).all() and (buf[-GUARD:] == SENTINEL).all(), "a kernel wrote outside its output"
+
+
+def _assert_rows(out: torch.Tensor, ref: torch.Tensor) -> None:
+    for r in range(out.shape[0]):
+        got, want = out[r].tolist(), ref[r].tolist()
+        chosen = [i for i in got if i >= 0]
+        assert len(chosen) == len(set(chosen)), f"row {r}: repeated indices"
+        assert sorted(got) == sorted(want), f"row {r}: {sorted(got)[:10]}... != {sorted(want)[:10]}..."
+
+
+def _public(backend, scores, lengths, k, row_starts=None):
+    buf, out = _guarded(scores.shape[0], k)
+    indexcache.topk(scores, lengths, k, row_starts=row_starts, out=out, backend=backend)
+    _check_guards(buf)
+    return out
+
+
+def _direct(scores, lengths, k, cfg, row_starts=None):
+    """The kernel function with a tuning table of the test's choosing (cuda target, interpreted)."""
+    buf, out = _guarded(scores.shape[0], k)
+    _kernels().topk(scores, lengths, k, row_starts, out, False, target=_target("cuda", "sm90", True), cfg=cfg)
+    _check_guards(buf)
+    return out
+
+
+def _lengths(*values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def _mixed_rows(cols: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows that together cover the contract: random, random with a short window, all ties, few distinct
+    values, all -inf, NaN and -inf with fewer than k finite values, lengths 0 / 1 / k / k + 1 / negative /
+    past the columns, and ±0.0, ±inf mixed in."""
+    scores = torch.randn(12, cols, generator=gen)
+    scores[2] = 0.75
+    scores[3] = torch.randint(0, 4, (cols,), generator=gen).float()
+    scores[4] = NEG_INF
+    scores[5, :] = NAN
+    scores[5, ::7] = NEG_INF
+    scores[5, 1 : k // 2 : 3] = torch.randn(len(range(1, k // 2, 3)), generator=gen)
+    scores[11, ::5] = -0.0
+    scores[11, 1::5] = 0.0
+    scores[11, 7] = float("inf")
+    scores[11, 8] = NEG_INF
+    lengths = _lengths(cols, cols // 2 + 3, cols, cols, cols, cols, 0, 1, k, k + 1, -5, cols + 100)
+    return scores, lengths
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k", [1, 64, 513])
+def test_topk_contract(backend, k):
+    """Every kind of row in one batch, through the public op and the backend's own tuning table."""
+    gen = torch.Generator().manual_seed(k)
+    scores, lengths = _mixed_rows(1500, k, gen)
+    out = _public(backend, scores, lengths, k)
+    _assert_rows(out, reference.topk(scores, lengths, k))
+
+
+def test_topk_k2048_row_starts_bf16():
+    """GLM-size k on bf16 scores (many exact ties) with windows that start inside the row."""
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.randn(3, 2600, generator=gen).to(torch.bfloat16)
+    lengths, starts = _lengths(2500, 2049, 2600), _lengths(100, 551, -3)
+    out = _public("cuda", scores, lengths, 2048, row_starts=starts)
+    _assert_rows(out, reference.topk(scores, lengths, 2048, row_starts=starts))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_topk_strided_scores(dtype):
+    """A non-contiguous (transposed) score view, with row_starts past the end and negative."""
+    gen = torch.Generator().manual_seed(2)
+    scores = torch.randn(1200, 4, generator=gen).to(dtype).t()
+    lengths, starts = _lengths(1200, 700, 50, 900), _lengths(0, 400, 1300, -10)
+    out = _public("rocm", scores, lengths, 100, row_starts=starts)
+    _assert_rows(out, reference.topk(scores, lengths, 100, row_starts=starts))
+
+
+@pytest.mark.parametrize("chunk", [0, 1024])
+def test_split_rows_and_stash_overflow(chunk):
+    """Few long rows split into chunks (auto and forced), and tie bins larger than the stash."""
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(3, 5000, generator=gen)
+    scores[1] = torch.randint(0, 3, (5000,), generator=gen).float()
+    scores[2, 4000:] = NEG_INF
+    lengths, starts = _lengths(5000, 4700, 4990), _lengths(0, 300, 7)
+    out = _direct(scores, lengths, 200, {**SMALL, "CHUNK": chunk}, row_starts=starts)
+    _assert_rows(out, reference.topk(scores, lengths, 200, row_starts=starts))
+
+
+def test_fused_stash_overflow_and_tiny_tiles():
+    """One program a row: bins beyond the stash rescan the row; windows that straddle tiles."""
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randn(3, 1800, generator=gen)
+    scores[0] = 1.0
+    scores[1] = (torch.randn(1800, generator=gen) * 1e-3 + 100.0)
+    lengths, starts = _lengths(1800, 1700, 1000), _lengths(0, 77, 513)
+    out = _direct(scores, lengths, 300, {**SMALL, "CHUNKS_PER_SM": 1, "MIN_CHUNK": 1 << 20}, row_starts=starts)
+    _assert_rows(out, reference.topk(scores, lengths, 300, row_starts=starts))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", [64, 3])
+def test_topk_translate_equals_translate_of_topk(backend, page_size):
+    """Physical and raw outputs of one pass equal translate(topk(...)); row_to_batch maps rows to tables with
+    holes (-1 entries), short tables and an out-of-range batch."""
+    gen = torch.Generator().manual_seed(page_size)
+    rows, cols, k = 6, 1100, 96
+    scores = torch.randn(rows, cols, generator=gen)
+    lengths, starts = _lengths(1100, 900, 50, 0, 1000, -1), _lengths(0, 100, 7, 0, 50, 0)
+    pages = cols // page_size + 1
+    table = torch.randint(0, 500, (3, pages), generator=gen, dtype=torch.int32)
+    table[0, 2] = -1
+    table[2, pages // 2 :] = -1
+    r2b = _lengths(0, 1, 2, 0, 5, 1)
+    buf, out = _guarded(rows, k)
+    raw_buf, raw = _guarded(rows, k)
+    indexcache.topk_translate(scores, lengths, k, table, page_size, row_starts=starts, row_to_batch=r2b,
+                              out=out, out_raw=raw, backend=backend)
+    _check_guards(buf)
+    _check_guards(raw_buf)
+    want_raw = reference.topk(scores, lengths, k, row_starts=starts)
+    _assert_rows(raw, want_raw)
+    assert torch.equal(out, reference.translate(raw, table, lengths, page_size, row_to_batch=r2b))
+    alone = indexcache.topk_translate(scores, lengths, k, table, page_size, row_starts=starts, row_to_batch=r2b,
+                                      backend=backend)
+    assert torch.equal(alone, out)
+
+
+def test_topk_translate_split_path():
+    """The fused producer step on split rows, identity row_to_batch, shift path."""
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(2, 3000, generator=gen)
+    lengths = _lengths(3000, 2100)
+    table = torch.arange(2 * 47, dtype=torch.int32).view(2, 47).flip(1).contiguous()
+    out, raw = torch.empty(2, 150, dtype=torch.int32), torch.empty(2, 150, dtype=torch.int32)
+    _kernels().topk_translate(scores, lengths, 150, table, 64, None, None, out, raw, False,
+                              target=_target("cuda", "sm90", True), cfg={**SMALL, "CHUNK": 1024})
+    _assert_rows(raw, reference.topk(scores, lengths, 150))
+    assert torch.equal(out, reference.translate(raw, table, lengths, 64))
+
+
+def test_empty_shapes_and_workspace_reuse():
+    """k = 0 and zero rows write nothing; a repeated call allocates no new workspace."""
+    scores = torch.randn(2, 300)
+    assert _public("cuda", scores, _lengths(300, 5), 0).shape == (2, 0)
+    assert indexcache.topk(torch.randn(0, 300), _lengths(), 4, backend="cuda").shape == (0, 4)
+    out = _public("cuda", scores, _lengths(300, 5), 10)
+    kernels = _kernels()
+    before = dict(kernels._SCRATCH)
+    assert torch.equal(_public("cuda", scores, _lengths(300, 5), 10), out)
+    assert kernels._SCRATCH.keys() == before.keys()
+    assert all(kernels._SCRATCH[key] is before[key] for key in before)
+
+
+def test_sorted_is_declined_with_a_reason():
+    scores = torch.randn(1, 50)
+    with pytest.raises(dispatch.BackendNotSupportedError, match="sorted=True"):
+        indexcache.topk(scores, _lengths(50), 4, sorted=True, backend="cuda")
+
+
+def test_split_chunk_depends_on_shape_only():
+    kernels = _kernels()
+    cfg = {**SMALL, "TILE": 4096, "CHUNKS_PER_SM": 4, "MIN_CHUNK": 16384}
+    assert kernels.split_chunk(2048, 32768, 132, cfg) == 0
+    chunk = kernels.split_chunk(64, 131072, 132, cfg)
+    assert chunk % 4096 == 0 and 16384 <= chunk < 131072
+    assert kernels.split_chunk(1, 1 << 20, 132, cfg) == 16384
+    assert kernels.split_chunk(1, 1000, 132, cfg) == 0
