@@ -89,6 +89,14 @@ step info 60 bash -c '"$@" info --json >"$0"; rc=$?; cat "$0"; exit $rc' "$OUT/i
 PARTS=" ${GPU_SH_PARTS:-core kernels runtime} "
 part() { [[ $PARTS == *" $1 "* ]]; }
 
+run_hook() {  # run_hook NAME LIMIT: bench/NAME_gpu.py --out WORK/NAME, when the script exists
+  if [[ -f bench/$1_gpu.py ]]; then
+    step "$1-gpu" "$2" "$PY" "bench/$1_gpu.py" --out "$WORK/$1"
+  else
+    record "$1-gpu" "absent (bench/$1_gpu.py)" - 0
+  fi
+}
+
 if part core; then
 # The default backends: those available on this machine (cuda and torch, compiled); CI interprets the rest.
 step conformance 240 "${IC[@]}" conformance --out "$WORK/reports"
@@ -108,16 +116,9 @@ s = sum(int(x.get("skipped", 0)) for x in E.parse(sys.argv[1]).getroot().iter("t
 print(f"{s} graph tests skipped on the GPU"); sys.exit(s > 0)' "$WORK/graph-tests.xml"
 
 step bench-translate 200 "${IC[@]}" bench --op translate --json "$OUT/bench-translate.json"
+run_hook launch_overhead 60
 
 fi
-
-run_hook() {  # run_hook NAME LIMIT: bench/NAME_gpu.py --out WORK/NAME, when the script exists
-  if [[ -f bench/$1_gpu.py ]]; then
-    step "$1-gpu" "$2" "$PY" "bench/$1_gpu.py" --out "$WORK/$1"
-  else
-    record "$1-gpu" "absent (bench/$1_gpu.py)" - 0
-  fi
-}
 
 if part kernels; then
   run_hook topk 150
