@@ -168,28 +168,26 @@ def _classify(row_ptr, s1, lo, hi, start, b, base_a, base_e, k, cap, stash_key, 
 def _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count,
             CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
     """Tile ``t`` of the tie candidates: the stash, or (after a stash overflow) the row's bin-``b``
-    entries. Returns keys, window positions and the mask, in index order."""
+    entries. Returns keys (INT_MIN for slots that hold no candidate) and window positions, in index order."""
     pos = t + tl.arange(0, TILE)
     if from_row:
-        m = (pos >= start) & (pos < hi)
-        key, coarse = _load_keys(row_ptr, s1, pos, m, CONTIG, BITS)
-        m = m & (key != INT_MIN) & (coarse == b)
+        key, coarse = _load_keys(row_ptr, s1, pos, (pos >= start) & (pos < hi), CONTIG, BITS)
+        key = tl.where(coarse == b, key, INT_MIN)
         idx = pos - start
     else:
-        m = pos < count
-        key = tl.load(stash_key + pos, mask=m, other=INT_MIN)
-        idx = tl.load(stash_idx + pos, mask=m, other=-1)
-    return key, idx, m
+        key = tl.load(stash_key + pos, mask=pos < count, other=INT_MIN)
+        idx = tl.load(stash_idx + pos, mask=pos < count, other=-1)
+    return key, idx
 
 
 @triton.jit
-def _count_at_least(thr, key0, m0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count,
+def _count_at_least(thr, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count,
                     CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
-    """How many candidates have a key >= ``thr`` (the first tile is held in registers)."""
-    n = tl.sum((m0 & (key0 >= thr)).to(tl.int32), 0)
+    """How many candidates have a key >= ``thr`` > INT_MIN (the first tile is held in registers)."""
+    n = tl.sum((key0 >= thr).to(tl.int32), 0)
     for t in range(t_lo + TILE, t_hi, TILE):
-        key, idx, m = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count, CONTIG, BITS, TILE)
-        n += tl.sum((m & (key >= thr)).to(tl.int32), 0)
+        key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count, CONTIG, BITS, TILE)
+        n += tl.sum((key >= thr).to(tl.int32), 0)
     return n
 
 
@@ -205,14 +203,13 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
     from_row = tied > cap
     t_lo = tl.where(from_row, start // TILE * TILE, 0)
     t_hi = tl.where(from_row, hi, tl.where(need > 0, tied, 0))
-    key0, idx0, m0 = _source(t_lo, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied,
-                             CONTIG, BITS, TILE)
-    kmin = tl.min(tl.where(m0, key0, INT_MAX), 0)
-    kmax = tl.max(tl.where(m0, key0, INT_MIN), 0)
+    key0, _ = _source(t_lo, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
+    kmin = tl.min(tl.where(key0 != INT_MIN, key0, INT_MAX), 0)
+    kmax = tl.max(key0, 0)
     for t in range(t_lo + TILE, t_hi, TILE):
-        key, idx, m = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
-        kmin = tl.minimum(kmin, tl.min(tl.where(m, key, INT_MAX), 0))
-        kmax = tl.maximum(kmax, tl.max(tl.where(m, key, INT_MIN), 0))
+        key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
+        kmin = tl.minimum(kmin, tl.min(tl.where(key != INT_MIN, key, INT_MAX), 0))
+        kmax = tl.maximum(kmax, tl.max(key, 0))
     # The need-th best key shares the common prefix of kmin and kmax; find the bits below it, high to low,
     # in the unsigned order (key ^ INT_MIN).
     diff = kmin ^ kmax
@@ -226,19 +223,19 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
     for i in range(32):
         if ((low >> (31 - i)) & 1) != 0:
             cand = thr | (1 << (31 - i))
-            n = _count_at_least(cand ^ INT_MIN, key0, m0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b,
+            n = _count_at_least(cand ^ INT_MIN, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b,
                                 stash_key, stash_idx, tied, CONTIG, BITS, TILE)
             thr = tl.where(n >= need, cand, thr)
     pivot = thr ^ INT_MIN
     # Entries above the pivot all go; of those equal to it, the first ``take`` in index order.
-    take = need - _count_at_least(pivot + 1, key0, m0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b,
+    take = need - _count_at_least(pivot + 1, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b,
                                   stash_key, stash_idx, tied, CONTIG, BITS, TILE)
     run_gt = 0
     run_eq = 0
     for t in range(t_lo, t_hi, TILE):
-        key, idx, m = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
-        gt = (m & (key > pivot)).to(tl.int32)
-        eq = (m & (key == pivot)).to(tl.int32)
+        key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
+        gt = (key > pivot).to(tl.int32)
+        eq = (key == pivot).to(tl.int32)
         ranks = tl.cumsum(gt + (eq << 16), 0)
         n_gt = run_gt + (ranks & 0xFFFF) - gt
         n_eq = run_eq + (ranks >> 16) - eq
