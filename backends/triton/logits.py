@@ -157,12 +157,71 @@ def mqa_logits_kernel(
 
 
 @triton.jit
+def _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys,
+                    PAGE: tl.constexpr, BLOCK_KEYS: tl.constexpr):
+    """Page-table entries of the tile at ``n0``: ``(entry, ok [BLOCK_KEYS])``.
+
+    A tile inside one page (PAGE ≥ BLOCK_KEYS) reads its entry once, as a scalar; a tile of several pages
+    reads one entry a key (the same address for a page's keys: one L1 line). ``ok``: the key is before
+    ``kend``, its page is in the table and its entry names a page of the cache."""
+    s = n0 + keys
+    if PAGE >= BLOCK_KEYS:
+        page = n0 // PAGE
+        entry = tl.load(table_row + page * tab_s1, mask=(n0 < kend) & (page < table_pages), other=-1)
+        entry_k = entry + 0 * keys  # the tile's keys share it (-1 when not read)
+        ok = (s < kend) & (entry_k >= 0) & (entry_k < num_pages)
+    else:
+        page = s // PAGE
+        live = (s < kend) & (page < table_pages)
+        entry = tl.load(table_row + page * tab_s1, mask=live, other=-1)
+        ok = live & (entry >= 0) & (entry < num_pages)
+    return entry.to(tl.int64), ok
+
+
+@triton.jit
+def _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE: tl.constexpr, D: tl.constexpr,
+                   BLOCK_KEYS: tl.constexpr):
+    """The tile's fp8 key rows ``[BLOCK_KEYS, D]`` and fp32 scales ``[BLOCK_KEYS]`` (zero where not ``ok``).
+
+    Inside one page the rows are ``BLOCK_KEYS · D`` contiguous bytes and the scales ``BLOCK_KEYS`` contiguous
+    words at the page's end."""
+    if PAGE >= BLOCK_KEYS:
+        row = entry * (PAGE * (D + 4)) + (n0 % PAGE) * D
+        k = tl.load(kv_ptr + row + (keys * D)[:, None] + dims[None, :], mask=ok[:, None], other=0.0)
+        sc = tl.load(kv_scale_ptr + (entry * (PAGE * (D + 4) // 4) + (PAGE * D // 4) + n0 % PAGE) + keys, mask=ok,
+                     other=0.0)
+    else:
+        off = (n0 + keys) % PAGE
+        k = tl.load(kv_ptr + (entry * (PAGE * (D + 4)) + off * D)[:, None] + dims[None, :], mask=ok[:, None],
+                    other=0.0)
+        sc = tl.load(kv_scale_ptr + entry * (PAGE * (D + 4) // 4) + (PAGE * D // 4) + off, mask=ok, other=0.0)
+    return k, sc
+
+
+@triton.jit
+def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
+                  GROUPS: tl.constexpr, H: tl.constexpr, BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr,
+                  WIDEN: tl.constexpr):
+    """Logits of one tile: the head sum scaled by the keys' scales, -inf where a row must not see the key."""
+    s = n0 + keys
+    acc = _head_sum(k, q, w, BLOCK_KEYS, GROUPS, H, KEYS_ON_M, WIDEN)
+    if KEYS_ON_M:
+        acc = acc * sc[:, None]
+    else:
+        acc = acc * sc[None, :]
+    seen_s, vis = _pair(tl.where(ok, s, ctx), visible, KEYS_ON_M)
+    col, row = _pair(s.to(tl.int64) * out_s1, out_rows, KEYS_ON_M)
+    s_ok, g_ok = _pair(s < last, grp_ok, KEYS_ON_M)
+    tl.store(out_ptr + col + row, tl.where(seen_s < vis, acc, NEG_INF), mask=s_ok & g_ok)
+
+
+@triton.jit
 def paged_mqa_logits_kernel(
     q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr,
     max_ctx, num_pages, table_pages, split,
     q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, out_s0, out_s1,
     NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr,
+    BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
     j0 = tl.program_id(0) * GROUPS
     b = tl.program_id(1)
@@ -179,6 +238,7 @@ def paged_mqa_logits_kernel(
     kend = tl.minimum(ctx, last)
     tiles = tl.where(kend > first, tl.cdiv(kend - first, BLOCK_KEYS), 0)
     stop = first + tiles * BLOCK_KEYS
+    table_row = table_ptr + b.to(tl.int64) * tab_s0
 
     j = j0 + rows // H
     q = tl.load(q_ptr + b.to(tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
@@ -186,27 +246,30 @@ def paged_mqa_logits_kernel(
     out_row = b * NEXT_N + grp
     w = tl.load(w_ptr + out_row[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=grp_ok[:, None], other=0.0)
     out_rows = out_row.to(tl.int64) * out_s0
-    page_words = PAGE * (D + 4) // 4
-    for n0 in range(first, stop, BLOCK_KEYS):
-        s = n0 + keys
-        page = s // PAGE
-        off = s % PAGE
-        live = (s < kend) & (page < table_pages)
-        entry = tl.load(table_ptr + b * tab_s0 + page * tab_s1, mask=live, other=-1)
-        ok = live & (entry >= 0) & (entry < num_pages)
-        entry = entry.to(tl.int64)
-        k = tl.load(kv_ptr + (entry * (PAGE * (D + 4)) + off * D)[:, None] + dims[None, :], mask=ok[:, None],
-                    other=0.0)
-        sc = tl.load(kv_scale_ptr + entry * page_words + (PAGE * D // 4) + off, mask=ok, other=0.0)
-        acc = _head_sum(k, q, w, BLOCK_KEYS, GROUPS, H, KEYS_ON_M, WIDEN)
-        if KEYS_ON_M:
-            acc = acc * sc[:, None]
-        else:
-            acc = acc * sc[None, :]
-        seen_s, vis = _pair(tl.where(ok, s, ctx), visible, KEYS_ON_M)
-        col, row = _pair(s.to(tl.int64) * out_s1, out_rows, KEYS_ON_M)
-        s_ok, g_ok = _pair(s < last, grp_ok, KEYS_ON_M)
-        tl.store(out_ptr + col + row, tl.where(seen_s < vis, acc, NEG_INF), mask=s_ok & g_ok)
+    if PREFETCH:
+        # Software pipeline in registers: while tile i is multiplied, tile i + 1's rows and scales and tile
+        # i + 2's table entries are in flight (all masked beyond kend, so nothing past the context is read).
+        entry, ok = _decode_entries(table_row, first, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
+        k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, first, keys, dims, PAGE, D, BLOCK_KEYS)
+        entry_n, ok_n = _decode_entries(table_row, first + BLOCK_KEYS, kend, num_pages, table_pages, tab_s1, keys,
+                                        PAGE, BLOCK_KEYS)
+        for n0 in range(first, stop, BLOCK_KEYS):
+            k_n, sc_n = _decode_gather(kv_ptr, kv_scale_ptr, entry_n, ok_n, n0 + BLOCK_KEYS, keys, dims, PAGE, D,
+                                       BLOCK_KEYS)
+            entry_nn, ok_nn = _decode_entries(table_row, n0 + 2 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
+                                              keys, PAGE, BLOCK_KEYS)
+            _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
+                          GROUPS, H, BLOCK_KEYS, KEYS_ON_M, WIDEN)
+            k, sc, ok = k_n, sc_n, ok_n
+            entry_n, ok_n = entry_nn, ok_nn
+    else:
+        # Loads in the iteration that uses them (Triton's pipeliner stages them when num_stages > 1).
+        for n0 in range(first, stop, BLOCK_KEYS):
+            entry, ok = _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
+            k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE, D, BLOCK_KEYS)
+            _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
+                          GROUPS, H, BLOCK_KEYS, KEYS_ON_M, WIDEN)
+    # -inf past the context inside this program's key range.
     fill = tl.full((GROUPS, BLOCK_KEYS), NEG_INF, tl.float32)
     for n0 in range(stop, last, BLOCK_KEYS):
         s = n0 + keys
@@ -302,7 +365,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
         context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1),
         NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page,
         BLOCK_KEYS=block_keys, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=_widen_mode(q.dtype, target),
-        **launch_options(target, cfg),
+        PREFETCH=cfg.get("PREFETCH", 1), **launch_options(target, cfg),
     )
     return out
 
@@ -372,7 +435,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "table_ptr": "*i32", "out_ptr": "*fp32"},
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
              "BLOCK_KEYS": decode["BLOCK_KEYS"], "KEYS_ON_M": decode["KEYS_ON_M"], "WIDEN": widen,
-             "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
+             "PREFETCH": decode.get("PREFETCH", 1), "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
             launch_options(target, decode), matrix="fp16" if widen == 1 else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs
