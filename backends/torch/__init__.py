@@ -8,9 +8,9 @@ temporary-memory budget of the chunked ops with :func:`set_memory_budget` or
 from __future__ import annotations
 
 import torch
+
 from indexcache.backends.torch import logits, quantize, topk, translate
 from indexcache.backends.torch.memory import memory_budget, set_memory_budget
-
 from indexcache.dispatch import Availability, Backend, OpImpl
 from indexcache.streams import in_order
 

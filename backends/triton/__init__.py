@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from indexcache.backends.triton.target import Target
-
 from indexcache.dispatch import OpImpl
 
 KERNEL_MODULES = ("translate", "logits", "quantize", "topk")
