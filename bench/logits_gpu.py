@@ -51,13 +51,13 @@ PREFILL_SWEEP = [  # (COLS, BLOCK_N, num_warps, num_stages, PROGRAMS_PER_SM)
     (128, 64, 4, 3, 3), (128, 64, 4, 2, 3), (128, 64, 4, 4, 2), (128, 64, 4, 3, 2),
     (128, 128, 8, 3, 1), (128, 128, 8, 2, 1), (128, 128, 4, 3, 2), (256, 64, 4, 3, 2), (64, 64, 4, 3, 4),
 ]
-# (PREFETCH, BLOCK_KEYS, num_warps, num_stages, SPLIT, WAVES): PREFETCH 1 is the register software pipeline (tile
-# i + 1's rows and scales in flight while tile i is multiplied), 0 loads in the iteration that uses them (Triton's
-# pipeliner stages them when num_stages > 1). Timed on 64 x 32K and 64 x 128K, next_n 1 and 2, as a CUDA graph.
+# (PREFETCH, BLOCK_KEYS, num_warps, num_stages, SPLIT, WAVES): PREFETCH 1 / 2 is the register software pipeline
+# (tiles i + 1 [and i + 2]: rows and scales in flight while tile i is multiplied), 0 loads in the iteration that
+# uses them (Triton's pipeliner stages them when num_stages > 1). Timed on 64 x 32K and 64 x 128K, next_n 1 and 2, as a CUDA graph.
 DECODE_SWEEP = [
-    (0, 64, 4, 3, 2048, 4), (1, 64, 4, 1, 2048, 4), (1, 64, 4, 2, 2048, 4), (1, 64, 4, 1, 1024, 8),
-    (1, 64, 4, 1, 4096, 2), (1, 64, 8, 1, 2048, 4), (1, 128, 4, 1, 2048, 4), (1, 128, 8, 1, 2048, 4),
-    (1, 128, 8, 1, 4096, 4), (1, 256, 8, 1, 4096, 4), (0, 128, 8, 3, 2048, 4), (0, 64, 4, 4, 1024, 8),
+    (0, 64, 4, 3, 2048, 4), (0, 64, 4, 5, 2048, 4), (1, 64, 4, 1, 2048, 4), (1, 64, 4, 1, 4096, 4),
+    (1, 64, 4, 1, 1024, 8), (1, 64, 8, 1, 2048, 4), (1, 128, 4, 1, 2048, 4), (1, 128, 8, 1, 2048, 4),
+    (2, 64, 4, 1, 2048, 4), (2, 64, 4, 1, 4096, 4), (2, 64, 4, 1, 1024, 8), (2, 64, 8, 1, 2048, 4),
 ]
 DECODE_CASES = [(BATCH, c, n) for c in CONTEXTS for n in (1, 2)] + [(1, CONTEXTS[-1], 1), (8, CONTEXTS[-1], 2)]
 

@@ -246,7 +246,28 @@ def paged_mqa_logits_kernel(
     out_row = b * NEXT_N + grp
     w = tl.load(w_ptr + out_row[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=grp_ok[:, None], other=0.0)
     out_rows = out_row.to(tl.int64) * out_s0
-    if PREFETCH:
+    if PREFETCH == 2:
+        # Software pipeline in registers, two tiles deep: while tile i is multiplied, tiles i + 1 and i + 2's
+        # rows and scales and tile i + 3's table entries are in flight.
+        entry, ok = _decode_entries(table_row, first, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
+        k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, first, keys, dims, PAGE, D, BLOCK_KEYS)
+        entry_1, ok_1 = _decode_entries(table_row, first + BLOCK_KEYS, kend, num_pages, table_pages, tab_s1, keys,
+                                        PAGE, BLOCK_KEYS)
+        k_1, sc_1 = _decode_gather(kv_ptr, kv_scale_ptr, entry_1, ok_1, first + BLOCK_KEYS, keys, dims, PAGE, D,
+                                   BLOCK_KEYS)
+        entry_2, ok_2 = _decode_entries(table_row, first + 2 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
+                                        keys, PAGE, BLOCK_KEYS)
+        for n0 in range(first, stop, BLOCK_KEYS):
+            k_2, sc_2 = _decode_gather(kv_ptr, kv_scale_ptr, entry_2, ok_2, n0 + 2 * BLOCK_KEYS, keys, dims, PAGE,
+                                       D, BLOCK_KEYS)
+            entry_3, ok_3 = _decode_entries(table_row, n0 + 3 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
+                                            keys, PAGE, BLOCK_KEYS)
+            _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
+                          GROUPS, H, BLOCK_KEYS, KEYS_ON_M, WIDEN)
+            k, sc, ok = k_1, sc_1, ok_1
+            k_1, sc_1, ok_1 = k_2, sc_2, ok_2
+            entry_2, ok_2 = entry_3, ok_3
+    elif PREFETCH == 1:
         # Software pipeline in registers: while tile i is multiplied, tile i + 1's rows and scales and tile
         # i + 2's table entries are in flight (all masked beyond kend, so nothing past the context is read).
         entry, ok = _decode_entries(table_row, first, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
