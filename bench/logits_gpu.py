@@ -51,13 +51,16 @@ PREFILL_SWEEP = [  # (COLS, BLOCK_N, num_warps, num_stages, PROGRAMS_PER_SM)
     (128, 64, 4, 3, 3), (128, 64, 4, 2, 3), (128, 64, 4, 4, 2), (128, 64, 4, 3, 2),
     (128, 128, 8, 3, 1), (128, 128, 8, 2, 1), (128, 128, 4, 3, 2), (256, 64, 4, 3, 2), (64, 64, 4, 3, 4),
 ]
-# (PREFETCH, BLOCK_KEYS, num_warps, num_stages, SPLIT, WAVES): PREFETCH 1 / 2 is the register software pipeline
-# (tiles i + 1 [and i + 2]: rows and scales in flight while tile i is multiplied), 0 loads in the iteration that
-# uses them (Triton's pipeliner stages them when num_stages > 1). Timed on 64 x 32K and 64 x 128K, next_n 1 and 2, as a CUDA graph.
+# (PREFETCH, WORDS, BLOCK_KEYS, num_warps, num_stages, SPLIT, WAVES). PREFETCH 0: loads in the iteration that
+# uses them (Triton's pipeliner stages them when num_stages > 1); 1: tile i + 1's rows and scales in flight
+# while tile i is multiplied (register software pipeline); 2: tiles in pairs, two in flight. WORDS 1 carries the
+# prefetched rows as int32 words (fp8 carried across iterations takes a register a byte). Timed on 64 x 32K and
+# 64 x 128K, next_n 1 and 2, as CUDA-graph replays.
 DECODE_SWEEP = [
-    (0, 64, 4, 3, 2048, 4), (0, 64, 4, 5, 2048, 4), (1, 64, 4, 1, 2048, 4), (1, 64, 4, 1, 4096, 4),
-    (1, 64, 4, 1, 1024, 8), (1, 64, 8, 1, 2048, 4), (1, 128, 4, 1, 2048, 4), (1, 128, 8, 1, 2048, 4),
-    (2, 64, 4, 1, 2048, 4), (2, 64, 4, 1, 4096, 4), (2, 64, 4, 1, 1024, 8), (2, 64, 8, 1, 2048, 4),
+    (0, 0, 64, 4, 3, 2048, 4), (0, 0, 64, 4, 1, 2048, 4), (0, 0, 128, 4, 1, 2048, 4), (0, 0, 256, 8, 1, 4096, 4),
+    (1, 0, 64, 4, 1, 2048, 4), (1, 0, 64, 4, 1, 4096, 4), (1, 0, 64, 4, 1, 1024, 8), (1, 0, 64, 8, 1, 2048, 4),
+    (1, 0, 128, 4, 1, 2048, 4), (1, 1, 64, 4, 1, 2048, 4), (2, 1, 64, 4, 1, 2048, 4), (2, 1, 64, 4, 1, 4096, 4),
+    (2, 1, 64, 8, 1, 2048, 4), (2, 0, 64, 8, 1, 2048, 4),
 ]
 DECODE_CASES = [(BATCH, c, n) for c in CONTEXTS for n in (1, 2)] + [(1, CONTEXTS[-1], 1), (8, CONTEXTS[-1], 2)]
 
@@ -311,12 +314,12 @@ def sweep(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
             args = _decode_inputs(BATCH, context, next_n, dev, fp8)
             out = torch.empty(BATCH * next_n, context, device=dev)
             moved = TOKEN_BYTES * int(args[3].sum()) + 4 * out.numel()
-            for prefetch, block_keys, warps, stages, split, waves in DECODE_SWEEP:
-                cfg = dict(table["paged_mqa_logits"], PREFETCH=prefetch, BLOCK_KEYS=block_keys, num_warps=warps,
-                           num_stages=stages, SPLIT=split, WAVES=waves)
+            for prefetch, words, block_keys, warps, stages, split, waves in DECODE_SWEEP:
+                cfg = dict(table["paged_mqa_logits"], PREFETCH=prefetch, WORDS=words, BLOCK_KEYS=block_keys,
+                           num_warps=warps, num_stages=stages, SPLIT=split, WAVES=waves)
                 row = {"op": "paged_mqa_logits", "case": f"{BATCH}x{context // 1024}K next_n={next_n} (graph)",
-                       "config": f"PREFETCH={prefetch} BLOCK_KEYS={block_keys} warps={warps} stages={stages} "
-                                 f"SPLIT={split} WAVES={waves}"}
+                       "config": f"PREFETCH={prefetch} WORDS={words} BLOCK_KEYS={block_keys} warps={warps} "
+                                 f"stages={stages} SPLIT={split} WAVES={waves}"}
                 try:
                     ms = _graph_timed(lambda c=cfg, a=args, o=out: logits.paged_mqa_logits(*a, o, target=target, cfg=c),
                                       0.1)

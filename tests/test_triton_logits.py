@@ -180,16 +180,18 @@ def test_paged_decode_split_draft_groups():
     _assert_logits(out, reference.paged_mqa_logits(*args), 1e-5)
 
 
-@pytest.mark.parametrize(("prefetch", "block_keys", "page_size", "next_n"),
-                         [(0, 64, 16, 2), (2, 64, 64, 1), (2, 32, 128, 2), (1, 128, 32, 1)])
-def test_paged_decode_pipeline_variants(prefetch, block_keys, page_size, next_n):
-    """The decode loop without a register pipeline (0) and with one (1) or two (2) tiles prefetched, tiles of
-    several pages and tiles inside a page, small splits (many programs end mid-tile or past the context)."""
+@pytest.mark.parametrize(("prefetch", "words", "block_keys", "page_size", "next_n"),
+                         [(0, 0, 64, 16, 2), (2, 1, 64, 64, 1), (2, 0, 32, 128, 2), (1, 1, 128, 32, 1),
+                          (0, 1, 32, 64, 3)])
+def test_paged_decode_pipeline_variants(prefetch, words, block_keys, page_size, next_n):
+    """The decode loop without a register pipeline (0) and with one (1) or two (2) tiles prefetched, rows
+    carried as fp8 or as int32 words, tiles of several pages and tiles inside a page, small splits (many
+    programs end mid-tile or past the context; PREFETCH 2 runs pairs of tiles)."""
     from indexcache.backends.triton import logits
 
     target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
-    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], PREFETCH=prefetch, BLOCK_KEYS=block_keys,
-               SPLIT=2 * block_keys)
+    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], PREFETCH=prefetch, WORDS=words,
+               BLOCK_KEYS=block_keys, SPLIT=(3 if prefetch == 2 else 2) * block_keys)
     args = _decode_case("cuda", next_n, page_size, seed=5)
     buf, out = _guarded(args[0].shape[0] * next_n, args[-1])
     logits.paged_mqa_logits(*args, out, target=target, cfg=cfg)

@@ -180,30 +180,56 @@ def _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys,
 
 @triton.jit
 def _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE: tl.constexpr, D: tl.constexpr,
-                   BLOCK_KEYS: tl.constexpr):
-    """The tile's fp8 key rows ``[BLOCK_KEYS, D]`` and fp32 scales ``[BLOCK_KEYS]`` (zero where not ``ok``).
+                   BLOCK_KEYS: tl.constexpr, WORDS: tl.constexpr):
+    """The tile's key rows and fp32 scales ``[BLOCK_KEYS]`` (zero where not ``ok``).
 
-    Inside one page the rows are ``BLOCK_KEYS · D`` contiguous bytes and the scales ``BLOCK_KEYS`` contiguous
-    words at the page's end."""
+    Rows: fp8 ``[BLOCK_KEYS, D]``, or with ``WORDS`` the same bytes as int32 ``[BLOCK_KEYS, D // 4]`` (a tile
+    carried across loop iterations as fp8 takes a register a byte; as words, one a 4 bytes). Inside one page
+    the rows are ``BLOCK_KEYS · D`` contiguous bytes and the scales ``BLOCK_KEYS`` contiguous words at the
+    page's end."""
+    page_words = PAGE * (D + 4) // 4
     if PAGE >= BLOCK_KEYS:
-        row = entry * (PAGE * (D + 4)) + (n0 % PAGE) * D
-        k = tl.load(kv_ptr + row + (keys * D)[:, None] + dims[None, :], mask=ok[:, None], other=0.0)
-        sc = tl.load(kv_scale_ptr + (entry * (PAGE * (D + 4) // 4) + (PAGE * D // 4) + n0 % PAGE) + keys, mask=ok,
-                     other=0.0)
+        first_key = n0 % PAGE
+        sc = tl.load(kv_scale_ptr + (entry * page_words + (PAGE * D // 4) + first_key) + keys, mask=ok, other=0.0)
+        if WORDS:
+            wdims = tl.arange(0, D // 4)
+            k = tl.load(kv_scale_ptr.to(tl.pointer_type(tl.int32)) + (entry * page_words + first_key * (D // 4))
+                        + (keys * (D // 4))[:, None] + wdims[None, :], mask=ok[:, None], other=0)
+        else:
+            k = tl.load(kv_ptr + (entry * (PAGE * (D + 4)) + first_key * D) + (keys * D)[:, None] + dims[None, :],
+                        mask=ok[:, None], other=0.0)
     else:
         off = (n0 + keys) % PAGE
-        k = tl.load(kv_ptr + (entry * (PAGE * (D + 4)) + off * D)[:, None] + dims[None, :], mask=ok[:, None],
-                    other=0.0)
-        sc = tl.load(kv_scale_ptr + entry * (PAGE * (D + 4) // 4) + (PAGE * D // 4) + off, mask=ok, other=0.0)
+        sc = tl.load(kv_scale_ptr + entry * page_words + (PAGE * D // 4) + off, mask=ok, other=0.0)
+        if WORDS:
+            wdims = tl.arange(0, D // 4)
+            k = tl.load(kv_scale_ptr.to(tl.pointer_type(tl.int32)) + (entry * page_words + off * (D // 4))[:, None]
+                        + wdims[None, :], mask=ok[:, None], other=0)
+        else:
+            k = tl.load(kv_ptr + (entry * (PAGE * (D + 4)) + off * D)[:, None] + dims[None, :], mask=ok[:, None],
+                        other=0.0)
     return k, sc
 
 
 @triton.jit
+def _unpack_words(words, dtype: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr):
+    """int32 ``[ROWS, D // 4]`` → its bytes as ``dtype`` ``[ROWS, D]`` (little-endian: byte 0 first)."""
+    b0 = (words & 0xFF).to(tl.uint8)
+    b1 = ((words >> 8) & 0xFF).to(tl.uint8)
+    b2 = ((words >> 16) & 0xFF).to(tl.uint8)
+    b3 = ((words >> 24) & 0xFF).to(tl.uint8)
+    x = tl.join(tl.join(b0, b2), tl.join(b1, b3))  # [ROWS, D // 4, 2, 2]; [..., i, j] is byte 2 i + j
+    return tl.reshape(x, (ROWS, D)).to(dtype, bitcast=True)
+
+
+@triton.jit
 def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                  GROUPS: tl.constexpr, H: tl.constexpr, BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr,
-                  WIDEN: tl.constexpr):
+                  GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_KEYS: tl.constexpr,
+                  KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, WORDS: tl.constexpr):
     """Logits of one tile: the head sum scaled by the keys' scales, -inf where a row must not see the key."""
     s = n0 + keys
+    if WORDS:
+        k = _unpack_words(k, q.dtype, BLOCK_KEYS, D)
     acc = _head_sum(k, q, w, BLOCK_KEYS, GROUPS, H, KEYS_ON_M, WIDEN)
     if KEYS_ON_M:
         acc = acc * sc[:, None]
@@ -222,6 +248,7 @@ def paged_mqa_logits_kernel(
     q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, out_s0, out_s1,
     NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, PREFETCH: tl.constexpr = 1,
+    WORDS: tl.constexpr = 0,
 ):
     j0 = tl.program_id(0) * GROUPS
     b = tl.program_id(1)
@@ -247,49 +274,53 @@ def paged_mqa_logits_kernel(
     w = tl.load(w_ptr + out_row[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=grp_ok[:, None], other=0.0)
     out_rows = out_row.to(tl.int64) * out_s0
     if PREFETCH == 2:
-        # Software pipeline in registers, two tiles deep: while tile i is multiplied, tiles i + 1 and i + 2's
-        # rows and scales and tile i + 3's table entries are in flight.
-        entry, ok = _decode_entries(table_row, first, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
-        k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, first, keys, dims, PAGE, D, BLOCK_KEYS)
-        entry_1, ok_1 = _decode_entries(table_row, first + BLOCK_KEYS, kend, num_pages, table_pages, tab_s1, keys,
-                                        PAGE, BLOCK_KEYS)
-        k_1, sc_1 = _decode_gather(kv_ptr, kv_scale_ptr, entry_1, ok_1, first + BLOCK_KEYS, keys, dims, PAGE, D,
-                                   BLOCK_KEYS)
-        entry_2, ok_2 = _decode_entries(table_row, first + 2 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
-                                        keys, PAGE, BLOCK_KEYS)
-        for n0 in range(first, stop, BLOCK_KEYS):
-            k_2, sc_2 = _decode_gather(kv_ptr, kv_scale_ptr, entry_2, ok_2, n0 + 2 * BLOCK_KEYS, keys, dims, PAGE,
-                                       D, BLOCK_KEYS)
-            entry_3, ok_3 = _decode_entries(table_row, n0 + 3 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
-                                            keys, PAGE, BLOCK_KEYS)
-            _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                          GROUPS, H, BLOCK_KEYS, KEYS_ON_M, WIDEN)
-            k, sc, ok = k_1, sc_1, ok_1
-            k_1, sc_1, ok_1 = k_2, sc_2, ok_2
-            entry_2, ok_2 = entry_3, ok_3
+        # Two tiles in flight without register moves: tiles go in pairs (a, b) and each buffer is reloaded
+        # right after it is multiplied, so tile i + 2 is read while tile i + 1 is multiplied (a pair past
+        # ``stop`` is all masked: -inf written inside [stop, last), nothing read).
+        entry, ok_a = _decode_entries(table_row, first, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
+        k_a, sc_a = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok_a, first, keys, dims, PAGE, D, BLOCK_KEYS, WORDS)
+        entry, ok_b = _decode_entries(table_row, first + BLOCK_KEYS, kend, num_pages, table_pages, tab_s1, keys,
+                                      PAGE, BLOCK_KEYS)
+        k_b, sc_b = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok_b, first + BLOCK_KEYS, keys, dims, PAGE, D,
+                                   BLOCK_KEYS, WORDS)
+        for n0 in range(first, stop, 2 * BLOCK_KEYS):
+            entry_a, ok_a2 = _decode_entries(table_row, n0 + 2 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
+                                             keys, PAGE, BLOCK_KEYS)
+            entry_b, ok_b2 = _decode_entries(table_row, n0 + 3 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
+                                             keys, PAGE, BLOCK_KEYS)
+            _decode_store(out_ptr, k_a, sc_a, ok_a, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
+                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS)
+            k_a, sc_a = _decode_gather(kv_ptr, kv_scale_ptr, entry_a, ok_a2, n0 + 2 * BLOCK_KEYS, keys, dims, PAGE, D,
+                                       BLOCK_KEYS, WORDS)
+            ok_a = ok_a2
+            _decode_store(out_ptr, k_b, sc_b, ok_b, q, w, n0 + BLOCK_KEYS, ctx, visible, last, out_rows, grp_ok, keys,
+                          out_s1, GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS)
+            k_b, sc_b = _decode_gather(kv_ptr, kv_scale_ptr, entry_b, ok_b2, n0 + 3 * BLOCK_KEYS, keys, dims, PAGE, D,
+                                       BLOCK_KEYS, WORDS)
+            ok_b = ok_b2
     elif PREFETCH == 1:
         # Software pipeline in registers: while tile i is multiplied, tile i + 1's rows and scales and tile
         # i + 2's table entries are in flight (all masked beyond kend, so nothing past the context is read).
         entry, ok = _decode_entries(table_row, first, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
-        k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, first, keys, dims, PAGE, D, BLOCK_KEYS)
+        k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, first, keys, dims, PAGE, D, BLOCK_KEYS, WORDS)
         entry_n, ok_n = _decode_entries(table_row, first + BLOCK_KEYS, kend, num_pages, table_pages, tab_s1, keys,
                                         PAGE, BLOCK_KEYS)
         for n0 in range(first, stop, BLOCK_KEYS):
             k_n, sc_n = _decode_gather(kv_ptr, kv_scale_ptr, entry_n, ok_n, n0 + BLOCK_KEYS, keys, dims, PAGE, D,
-                                       BLOCK_KEYS)
+                                       BLOCK_KEYS, WORDS)
             entry_nn, ok_nn = _decode_entries(table_row, n0 + 2 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
                                               keys, PAGE, BLOCK_KEYS)
             _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                          GROUPS, H, BLOCK_KEYS, KEYS_ON_M, WIDEN)
+                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS)
             k, sc, ok = k_n, sc_n, ok_n
             entry_n, ok_n = entry_nn, ok_nn
     else:
         # Loads in the iteration that uses them (Triton's pipeliner stages them when num_stages > 1).
         for n0 in range(first, stop, BLOCK_KEYS):
             entry, ok = _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
-            k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE, D, BLOCK_KEYS)
+            k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE, D, BLOCK_KEYS, WORDS)
             _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                          GROUPS, H, BLOCK_KEYS, KEYS_ON_M, WIDEN)
+                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS)
     # -inf past the context inside this program's key range.
     fill = tl.full((GROUPS, BLOCK_KEYS), NEG_INF, tl.float32)
     for n0 in range(stop, last, BLOCK_KEYS):
@@ -386,7 +417,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
         context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1),
         NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page,
         BLOCK_KEYS=block_keys, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=_widen_mode(q.dtype, target),
-        PREFETCH=cfg.get("PREFETCH", 1), **launch_options(target, cfg),
+        PREFETCH=cfg.get("PREFETCH", 1), WORDS=cfg.get("WORDS", 0), **launch_options(target, cfg),
     )
     return out
 
@@ -456,7 +487,8 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "table_ptr": "*i32", "out_ptr": "*fp32"},
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
              "BLOCK_KEYS": decode["BLOCK_KEYS"], "KEYS_ON_M": decode["KEYS_ON_M"], "WIDEN": widen,
-             "PREFETCH": decode.get("PREFETCH", 1), "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
+             "PREFETCH": decode.get("PREFETCH", 1), "WORDS": decode.get("WORDS", 0),
+             "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
             launch_options(target, decode), matrix="fp16" if widen == 1 else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs
