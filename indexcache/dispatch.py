@@ -211,15 +211,16 @@ def get_backend() -> str:
     return chosen[0] if chosen else default_backend()[0]
 
 
-def _reasons(name: str, op: str, args: Mapping[str, Any]) -> list[str]:
+def _why_not(name: str, op: str, args: Mapping[str, Any]) -> str:
+    """Why backend ``name`` cannot run ``op`` with ``args`` ("" when it can)."""
     avail = availability(name)
     if not avail.available:
-        return [f"not available: {avail.reason}"]
+        return f"not available: {avail.reason}"
     impl = ops_of(name).get(op)
     if impl is None:
-        return [f"does not implement {op}"]
+        return f"does not implement {op}"
     ok, reason = impl.supports(**args)
-    return [] if ok else [reason]
+    return "" if ok else reason
 
 
 _logged: set[tuple[str, str, str]] = set()
@@ -231,28 +232,26 @@ def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tup
     if chosen is not None:
         name, origin = chosen
         get(name)
-        reasons = _reasons(name, op, args)
-        if reasons:
-            raise BackendNotSupportedError(
-                f"backend {name!r} (chosen by {origin}) cannot run {op}: " + "; ".join(reasons)
-            )
+        if why := _why_not(name, op, args):
+            raise BackendNotSupportedError(f"backend {name!r} (chosen by {origin}) cannot run {op}: {why}")
         return name, ops_of(name)[op]
     first, _ = default_backend()
-    order = [first] + [n for n in available_backends() if n != first]
-    skipped: list[str] = []
-    for name in order:
-        reasons = _reasons(name, op, args)
-        if not reasons:
-            for prev, why in skipped:
-                key = (op, prev, why)
-                if key not in _logged:
-                    _logged.add(key)
-                    logger.info("indexcache: %s falls back from %s to %s: %s", op, prev, name, why)
-            return name, ops_of(name)[op]
-        skipped.append((name, "; ".join(reasons)))
+    if not (why := _why_not(first, op, args)):
+        return first, ops_of(first)[op]
+    skipped = [(first, why)]
+    for name in available_backends():
+        if name == first:
+            continue
+        if why := _why_not(name, op, args):
+            skipped.append((name, why))
+            continue
+        for prev, reason in skipped:
+            if (op, prev, reason) not in _logged:
+                _logged.add((op, prev, reason))
+                logger.info("indexcache: %s falls back from %s to %s: %s", op, prev, name, reason)
+        return name, ops_of(name)[op]
     raise BackendNotSupportedError(
-        f"no backend can run {op} with these arguments: "
-        + "; ".join(f"{n}: {why}" for n, why in skipped)
+        f"no backend can run {op} with these arguments: " + "; ".join(f"{n}: {why}" for n, why in skipped)
     )
 
 

@@ -31,9 +31,10 @@ def _tensor(name: str, t, dtypes, shape: tuple, device: torch.device | None = No
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype {_names(dtypes)}, got {_names([t.dtype])}")
-    if t.dim() != len(shape) or any(w is not None and w != got for w, got in zip(shape, t.shape, strict=False)):
+    got = t.shape
+    if len(got) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got, strict=True)):
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
+        raise ValueError(f"{name}: expected shape {want}, got {list(got)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
 
