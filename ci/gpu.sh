@@ -100,6 +100,9 @@ run_hook() {  # run_hook NAME LIMIT: bench/NAME_gpu.py --out WORK/NAME, when the
 if part core; then
 # The default backends: those available on this machine (cuda and torch, compiled); CI interprets the rest.
 step conformance 240 "${IC[@]}" conformance --out "$WORK/reports"
+# The A100 (sm80) path forced on this GPU: fp8 read as bytes and decoded to fp16 before an fp16 mma.sync,
+# quantize/store encoding e4m3 bytes with bit arithmetic; its own report folder.
+step conformance-sm80 240 env INDEXCACHE_CUDA_ARCH=sm80 "${IC[@]}" conformance --backend cuda --out "$WORK/reports-sm80"
 
 if SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null); then
   step memcheck 200 "$SANITIZER" --tool memcheck --error-exitcode 1 "$PY" ci/memcheck_translate.py

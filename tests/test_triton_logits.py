@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import indexcache
 from indexcache import dispatch, reference
 from indexcache.backends import cuda as cuda_backend
-from indexcache.backends.triton.target import detect
+from indexcache.backends.triton.logits import _e4m3_bytes_to_fp16
+from indexcache.backends.triton.target import Target, detect
 from indexcache.layout import new_packed_cache, split_packed_cache
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/logits_gpu.py is for GPUs")
@@ -280,3 +283,60 @@ def test_stored_cache_read_back_by_both_logits_ops(backend):
     rq, rscale = reference.quantize_index_k(tokens, fp8, block=d)
     assert torch.equal(k[order.long()].view(torch.uint8), rq.view(torch.uint8))
     assert torch.equal(k_scale[order.long()], rscale[:, 0])
+
+
+# ---------------------------------------------------------------- sm80: fp8 as bytes (no fp8 instructions)
+
+SM80 = Target("cuda", "sm80", 32, torch.float8_e4m3fn, interpreted=True)
+
+
+@triton.jit
+def _decode_bytes_kernel(x_ptr, o_ptr, BIAS: tl.constexpr):
+    i = tl.arange(0, 256)
+    tl.store(o_ptr + i, _e4m3_bytes_to_fp16(tl.load(x_ptr + i), BIAS))
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_sm80_byte_decode_is_exact(fp8):
+    """Every e4m3 byte decoded to fp16 with bit arithmetic equals torch's cast (NaN bytes aside)."""
+    x = torch.arange(256, dtype=torch.uint8)
+    out = torch.empty(256, dtype=torch.float16)
+    _decode_bytes_kernel[(1,)](x, out, BIAS=7 if fp8 == torch.float8_e4m3fn else 8)
+    ref = x.view(fp8).float()
+    keep = ~ref.isnan()
+    assert torch.equal(out.float()[keep], ref[keep]) and torch.equal(out[keep].signbit(), ref[keep].signbit())
+
+
+def test_sm80_logits_quantize_store():
+    """The sm80 table (FP8_DOT fp16, FP8_CVT bits) on the interpreter: prefill and decode read fp8 as bytes, quantize
+    and store write bytes; same results as the reference (bit-exact for quantize and store)."""
+    from indexcache.backends.triton import logits, quantize
+
+    table = cuda_backend.tuning("sm80")
+    assert table["mqa_logits"]["FP8_DOT"] == "fp16" and table["quantize_index_k"]["FP8_CVT"] == "bits"
+    fp8 = torch.float8_e4m3fn
+    torch.manual_seed(7)
+    t, n, h, d = 5, 90, 16, 64
+    q, k = _fp8((t, h, d), fp8, 4), _fp8((n, d), fp8, 4)
+    k[:4] = torch.finfo(fp8).max
+    k[4:8] = torch.finfo(fp8).smallest_normal / 4
+    args = (q, k, torch.rand(n) + 0.25, torch.randn(t, h), torch.tensor([0, 3, 0, 89, 10], dtype=torch.int32),
+            torch.tensor([90, 60, 35, 90, 10], dtype=torch.int32))
+    buf, out = _guarded(t, n)
+    logits.mqa_logits(*args, out, target=SM80, cfg=table["mqa_logits"])
+    _check_guards(buf)
+    _assert_logits(out, reference.mqa_logits(*args), 1e-5)
+    args = _decode_case("cuda", 2, 32, seed=8)
+    buf, out = _guarded(args[0].shape[0] * 2, args[-1])
+    logits.paged_mqa_logits(*args, out, target=SM80, cfg=table["paged_mqa_logits"])
+    _check_guards(buf)
+    _assert_logits(out, reference.paged_mqa_logits(*args), 1e-5)
+    x = _inputs(torch.float32, fp8)
+    qk, scale = quantize.quantize_index_k(x, fp8, 128, target=SM80, cfg=table["quantize_index_k"])
+    rq, rscale = reference.quantize_index_k(x, fp8, block=128)
+    assert torch.equal(qk.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(scale, rscale)
+    cache, slots = new_packed_cache(2, 16, 128), torch.randperm(32)[:24].int()
+    slots[3] = -1
+    ref = reference.store_index_k(x[:, :128], cache.clone(), slots, fp8)
+    quantize.store_index_k(x[:, :128], cache, slots, fp8, target=SM80, cfg=table["quantize_index_k"])
+    assert torch.equal(cache, ref)

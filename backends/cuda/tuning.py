@@ -27,6 +27,43 @@ _COMMON: dict[str, dict[str, Any]] = {
 }
 
 
+# What each compute capability has (CUDA C++ Programming Guide, compute capabilities; the matrix instruction is
+# what Triton 3.9 emits there): shared memory per SM, fp8 matrix instructions and fp8 conversions (from sm89),
+# TMA (from sm90), the MMA instruction (warp-group MMA only on sm90; tcgen05 on sm100). Unlisted architectures
+# take the nearest listed one below them of the same major (sm87 → sm86, sm103 → sm100, sm121 → sm120).
+_ARCH: dict[str, dict[str, Any]] = {
+    "sm80": {"shared_per_sm": 164 * 1024, "fp8_mma": False, "tma": False, "mma": "mma.sync"},
+    "sm86": {"shared_per_sm": 100 * 1024, "fp8_mma": False, "tma": False, "mma": "mma.sync"},
+    "sm89": {"shared_per_sm": 100 * 1024, "fp8_mma": True, "tma": False, "mma": "mma.sync"},
+    "sm90": {"shared_per_sm": 228 * 1024, "fp8_mma": True, "tma": True, "mma": "wgmma"},
+    "sm100": {"shared_per_sm": 228 * 1024, "fp8_mma": True, "tma": True, "mma": "tcgen05"},
+    "sm120": {"shared_per_sm": 100 * 1024, "fp8_mma": True, "tma": True, "mma": "mma.sync"},
+}
+_PREFILL_SHARED = 42 * 1024  # an fp8 prefill program's shared memory at 3 stages (sm90, sm100; 34 KB on sm89, sm120)
+
+
+def capabilities(arch: str) -> dict[str, Any]:
+    """The row of :data:`_ARCH` for ``arch`` ("sm80", "sm90a", …), or the nearest one below it."""
+    number = int(arch.removeprefix("sm").rstrip("af"))
+    known = [a for a in _ARCH if int(a[2:]) <= number and int(a[2:]) // 10 == number // 10]
+    if not known:
+        known = [a for a in _ARCH if int(a[2:]) <= number] or ["sm80"]
+    return dict(_ARCH[max(known, key=lambda a: int(a[2:]))])
+
+
 def tuning(arch: str) -> dict[str, dict[str, Any]]:
-    """The table for an NVIDIA architecture ("sm80", "sm90", …)."""
-    return {op: dict(cfg) for op, cfg in _COMMON.items()}
+    """The table for an NVIDIA architecture ("sm80", "sm90", …): the common entries with the choices that depend
+    on the capability, and that capability itself under "arch" (shown by ``indexcache info``)."""
+    caps = capabilities(arch)
+    table = {op: dict(cfg) for op, cfg in _COMMON.items()}
+    # fp8 logits: the fp8 dot where there are fp8 matrix instructions; before sm89 (A100) the kernels read the
+    # fp8 cache as bytes and decode e4m3 to fp16 in registers before an fp16 mma.sync (exact), and quantize /
+    # store build the e4m3 bytes with bit arithmetic (no fp8 conversion instructions either).
+    fp8 = caps["fp8_mma"]
+    table["mqa_logits"]["FP8_DOT"] = table["paged_mqa_logits"]["FP8_DOT"] = "fp8" if fp8 else "fp16"
+    table["quantize_index_k"]["FP8_CVT"] = "native" if fp8 else "bits"
+    # Resident prefill programs a SM: as many as shared memory holds, at most the three of the Hopper recipe; two
+    # with the fp16 decode (about 250 registers a thread: the register file holds two 128-thread programs).
+    per_sm = 3 if fp8 else 2
+    table["mqa_logits"]["PROGRAMS_PER_SM"] = max(1, min(per_sm, caps["shared_per_sm"] // _PREFILL_SHARED))
+    return {**table, "arch": {"name": arch, **caps}}

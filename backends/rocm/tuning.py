@@ -7,9 +7,11 @@ from typing import Any
 
 _COMMON: dict[str, dict[str, Any]] = {
     "translate": {"BLOCK_K": 1024, "ELEMS": 4096, "num_warps": 4, "waves_per_eu": 2},
-    # Logits: MFMA keeps accumulator rows in registers, so heads stay on M as in aiter (one token of 64
-    # heads a program block, 128-key steps, 4 waves, 2 stages); KEYS_ON_M=True is the NVIDIA orientation.
-    "mqa_logits": {"KEYS_ON_M": False, "COLS": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
+    # Logits: one token of 64 heads a program block, 128-key steps, 4 waves, 2 stages, keys on M (the NVIDIA
+    # orientation). Heads on M (aiter's) spilled 10 SGPRs on gfx942 and 12 on gfx950 (Triton 3.9: the persistent
+    # loop's per-token window scalars, at 1 or 2 stages, 2 to 8 warps, 64- or 128-key steps); keys on M needs
+    # 64-73 SGPRs and still multiplies with MFMA fp8 (v_mfma_f32_32x32x16_fp8_fp8, gfx950: ..._f8f6f4).
+    "mqa_logits": {"KEYS_ON_M": True, "COLS": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
                    "waves_per_eu": 2, "PROGRAMS_PER_SM": 2},
     # Decode keeps keys on M: heads on M spilled on gfx950 at next_n = 2 (Triton 3.9) and used more VGPRs on gfx942.
     # Tile i + 1 prefetched in registers while tile i is multiplied (PREFETCH), so no stream pipelining.

@@ -26,8 +26,10 @@ Windows are clipped to ``[0, N)``; keys whose page is beyond the table, whose en
 beyond the cache, or beyond the context are -inf and never read. Nothing is allocated, nothing
 syncs with the host, and the grid depends only on shapes.
 
-fp8 keys must be the target's native format. On GPUs without fp8 matrix units (sm80, gfx90a) fp8
-is widened to fp16 before the dot (exact). Interpreted bf16 is widened to fp32 before the dot,
+fp8 keys must be the target's native format. On GPUs without fp8 matrix units or fp8 conversions
+(sm80: the tuning table's ``FP8_DOT = "fp16"``) the kernels take the fp8 tensors as their bytes
+(uint8; the cache layout is the same) and decode e4m3 to fp16 with integer bit arithmetic before an
+fp16 dot (exact: fp16 holds every e4m3 value). Interpreted bf16 is widened to fp32 before the dot,
 because the CPU interpreter has no bf16 ``tl.dot``: the interpreted check then covers everything
 but the dot's input precision (bf16 × bf16 products are exact in fp32 anyway).
 """
@@ -52,10 +54,25 @@ INTERPRETED_SMS = 3  # programs of the persistent grid under the interpreter (ex
 
 
 @triton.jit
+def _e4m3_bytes_to_fp16(x, BIAS: tl.constexpr):
+    """e4m3 bytes (uint8; exponent bias 7: e4m3fn, 8: e4m3fnuz) as fp16, exactly, without fp8 instructions: the
+    7 magnitude bits go to fp16's exponent and mantissa fields (2^(e - 15) · (1 + m/8), or m · 2^-17 when
+    e = 0), the sign to bit 15, then one exact multiply by 2^(15 - BIAS) (every e4m3 value is an fp16 normal).
+    NaN bytes are not decoded as NaN (the cache holds none)."""
+    SCALE: tl.constexpr = 2.0 ** (15 - BIAS)
+    b = x.to(tl.uint16)
+    h = (((b & 0x7F) << 7) | ((b & 0x80) << 8)).to(tl.float16, bitcast=True)
+    return h * SCALE
+
+
+@triton.jit
 def _widen(x, WIDEN: tl.constexpr):
-    """The dot operand in the precision the dot runs in (0: as is, 1: fp16, 2: fp32)."""
+    """The dot operand in the precision the dot runs in (0: as is, 1: e4m3fn bytes decoded to fp16, 2: fp32,
+    3: e4m3fnuz bytes decoded to fp16)."""
     if WIDEN == 1:
-        x = x.to(tl.float16)
+        x = _e4m3_bytes_to_fp16(x, 7)
+    elif WIDEN == 3:
+        x = _e4m3_bytes_to_fp16(x, 8)
     elif WIDEN == 2:
         x = x.to(tl.float32)
     return x
@@ -339,11 +356,19 @@ def _fp8_native(target: Target) -> bool:
     return target.arch in ("gfx942", "gfx950")
 
 
-def _widen_mode(dtype: torch.dtype, target: Target) -> int:
-    """0: dot on the inputs as they are; 1: fp8 widened to fp16; 2: widened to fp32 (interpreted bf16)."""
+def _widen_mode(dtype: torch.dtype, target: Target, cfg: Mapping[str, Any] | None = None) -> int:
+    """0: dot on the inputs as they are; 1 (e4m3fn) / 3 (e4m3fnuz): fp8 passed as bytes and decoded to fp16 in
+    the kernel (the table's ``FP8_DOT`` is "fp16", or, without one, no fp8 matrix units); 2: widened to fp32
+    (interpreted bf16)."""
     if dtype in FP8_DTYPES:
-        return 0 if _fp8_native(target) else 1
+        dot = (cfg or {}).get("FP8_DOT") or ("fp8" if _fp8_native(target) else "fp16")
+        return 0 if dot == "fp8" else 3 if dtype == torch.float8_e4m3fnuz else 1
     return 2 if target.interpreted else 0
+
+
+def _as_bytes(x: torch.Tensor, widen: int) -> torch.Tensor:
+    """``x`` as the kernels take it: its bytes (uint8) when fp8 is decoded in the kernel."""
+    return x.view(torch.uint8) if widen in (1, 3) else x
 
 
 @functools.cache
@@ -383,13 +408,14 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapp
     block_q = max(1, cfg["COLS"] // heads, 16 // heads)
     blocks = triton.cdiv(tokens, block_q)
     programs = min(blocks, _programs(target, q.device) * cfg.get("PROGRAMS_PER_SM", 1))
+    widen = _widen_mode(q.dtype, target, cfg)
     mqa_logits_kernel[(programs,)](
-        q, k, k_scale, weights, ks, ke, out,
+        _as_bytes(q, widen), _as_bytes(k, widen), k_scale, weights, ks, ke, out,
         tokens, n,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
         weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1),
         H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], PROGRAMS=programs,
-        KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=_widen_mode(q.dtype, target),
+        KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
         **launch_options(target, cfg),
     )
     return out
@@ -410,13 +436,15 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range).
     groups = max(min(triton.next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
     grid = (triton.cdiv(next_n, groups), batch, triton.cdiv(max_context_len, split))
+    widen = _widen_mode(q.dtype, target, cfg)
     paged_mqa_logits_kernel[grid](
-        q, flat.view(q.dtype), flat.view(torch.float32), weights, context_lens, page_table, out,
+        _as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights, context_lens,
+        page_table, out,
         max_context_len, k_cache.shape[0], page_table.shape[1], split,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
         context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1),
         NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page,
-        BLOCK_KEYS=block_keys, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=_widen_mode(q.dtype, target),
+        BLOCK_KEYS=block_keys, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
         PREFETCH=cfg.get("PREFETCH", 1), WORDS=cfg.get("WORDS", 0), **launch_options(target, cfg),
     )
     return out
@@ -467,18 +495,19 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     programs = 132 * prefill.get("PROGRAMS_PER_SM", 1)
     specs = []
     for dtype in (target.fp8_dtype, torch.bfloat16):
-        widen = _widen_mode(dtype, target)
-        operand = "bf16" if dtype == torch.bfloat16 else "fp16" if widen == 1 else "fp8"
+        widen = _widen_mode(dtype, target, prefill)
+        operand = "bf16" if dtype == torch.bfloat16 else "fp16" if widen in (1, 3) else "fp8"
+        data = "*u8" if widen in (1, 3) else pointer(dtype)
         specs.append(KernelSpec(
             "mqa_logits", mqa_logits_kernel,
-            {"q_ptr": pointer(dtype), "k_ptr": pointer(dtype), "scale_ptr": "*fp32", "w_ptr": "*fp32",
+            {"q_ptr": data, "k_ptr": data, "scale_ptr": "*fp32", "w_ptr": "*fp32",
              "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"},
             {"H": heads, "D": dim, "BLOCK_Q": max(1, prefill["COLS"] // heads, 16 // heads),
              "BLOCK_N": prefill["BLOCK_N"], "PROGRAMS": programs, "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen,
              "q_s2": 1, "k_s1": 1, "scale_s0": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
             launch_options(target, prefill), matrix=operand, aligned=("q_s0", "q_s1", "k_s0", "w_s0")))
-    fp8 = pointer(target.fp8_dtype)
-    widen = _widen_mode(target.fp8_dtype, target)
+    widen = _widen_mode(target.fp8_dtype, target, decode)
+    fp8 = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
     for next_n in (1, 2, 3, 4):
         groups = max(min(triton.next_power_of_2(next_n), max(1, decode["COLS"] // heads)), 16 // heads)
         specs.append(KernelSpec(
@@ -489,6 +518,6 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "BLOCK_KEYS": decode["BLOCK_KEYS"], "KEYS_ON_M": decode["KEYS_ON_M"], "WIDEN": widen,
              "PREFETCH": decode.get("PREFETCH", 1), "WORDS": decode.get("WORDS", 0),
              "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
-            launch_options(target, decode), matrix="fp16" if widen == 1 else "fp8",
+            launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs

@@ -5,7 +5,9 @@ exponent and two exact comparisons against ``fp8_max · 2^e`` correct it; the po
 from its exponent bits, and dividing by it is exact. The quotient is rounded to nearest-even on the
 e4m3 grid with fp32 bit arithmetic, so the final cast is exact and the bytes match the reference bit
 for bit on every target (the CPU interpreter's own fp8 downcast does not carry a rounded-up mantissa
-into the exponent). The store takes one scale a token (block = D) and writes the fp8 bytes and the fp32 scale of
+into the exponent). On targets without fp8 conversions (sm80: the tuning table's ``FP8_CVT = "bits"``)
+the output is taken as bytes (uint8) and the e4m3 byte is built from the rounded fp32 with integer bit
+arithmetic, the same bytes. The store takes one scale a token (block = D) and writes the fp8 bytes and the fp32 scale of
 each token to its slot; slots < 0 or beyond the cache are masked out on the device (no host sync,
 safe inside a captured graph). Nothing is allocated beyond the op's own output.
 """
@@ -46,6 +48,28 @@ def _round_e4m3(y, MIN_EXP: tl.constexpr):
 
 
 @triton.jit
+def _fp8_out(y, ptr, MIN_EXP: tl.constexpr):
+    """``y`` (fp32 on the e4m3 grid, |y| ≤ the format's max) as ``ptr``'s element type: an exact cast to the fp8
+    type, or for a uint8 ``ptr`` the e4m3 byte from bit arithmetic (exponent bias 1 - MIN_EXP): a normal's fp32
+    exponent rebiased above its top 3 mantissa bits, a subnormal's multiple of 2^(MIN_EXP - 3), the sign in
+    bit 7 (not for zero in e4m3fnuz, whose 0x80 is NaN)."""
+    if ptr.dtype.element_ty == tl.uint8:
+        STEP: tl.constexpr = 2.0 ** (3 - MIN_EXP)
+        bits = y.to(tl.int32, bitcast=True)
+        mag = bits & 0x7FFFFFFF
+        normal = (mag >> 20) - ((126 + MIN_EXP) << 3)
+        tiny = (tl.abs(y) * STEP).to(tl.int32)
+        code = tl.where(mag >= (127 + MIN_EXP) << 23, normal, tiny)
+        sign = (bits >> 24) & 0x80
+        if MIN_EXP == -7:
+            sign = tl.where(mag == 0, 0, sign)
+        out = (code | sign).to(tl.uint8)
+    else:
+        out = y.to(ptr.dtype.element_ty)
+    return out
+
+
+@triton.jit
 def _quantize_rows(x, LIMIT: tl.constexpr, MIN_EXP: tl.constexpr):
     """``(x / s, s)`` per row of fp32 ``x [R, C]``: the smallest power of two ``s`` with amax ≤ LIMIT · s;
     ``x / s`` already on the fp8 grid."""
@@ -70,7 +94,7 @@ def quantize_kernel(
     r64 = r.to(tl.int64)
     x = tl.load(k_ptr + r64[:, None] * k_s0 + col[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
     y, scale = _quantize_rows(x, LIMIT, MIN_EXP)
-    tl.store(q_ptr + r64[:, None] * q_s0 + col[None, :] * q_s1, y.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(q_ptr + r64[:, None] * q_s0 + col[None, :] * q_s1, _fp8_out(y, q_ptr, MIN_EXP), mask=ok)
     tl.store(s_ptr + r64 * s_s0 + blk * s_s1, scale, mask=r < rows)
 
 
@@ -91,7 +115,7 @@ def store_kernel(
     y, scale = _quantize_rows(x, LIMIT, MIN_EXP)
     page = slot // PAGE
     off = slot % PAGE
-    tl.store(kv_ptr + (page * (PAGE * (D + 4)) + off * D)[:, None] + c[None, :], y.to(kv_ptr.dtype.element_ty),
+    tl.store(kv_ptr + (page * (PAGE * (D + 4)) + off * D)[:, None] + c[None, :], _fp8_out(y, kv_ptr, MIN_EXP),
              mask=ok)
     tl.store(kv_scale_ptr + page * (PAGE * (D + 4) // 4) + PAGE * D // 4 + off, scale, mask=live)
 
@@ -99,6 +123,11 @@ def store_kernel(
 def _min_exp(fp8_dtype: torch.dtype) -> int:
     """Exponent of the smallest normal of an fp8 format (-6 for e4m3fn, -7 for e4m3fnuz)."""
     return int(math.log2(torch.finfo(fp8_dtype).smallest_normal))
+
+
+def _fp8_bits(cfg: Mapping[str, Any]) -> bool:
+    """Whether the kernels write fp8 as bytes built with bit arithmetic (the table's ``FP8_CVT`` is "bits")."""
+    return cfg.get("FP8_CVT", "native") == "bits"
 
 
 def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any]):
@@ -111,7 +140,7 @@ def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, A
     block_p2 = triton.next_power_of_2(block)
     block_r = max(1, min(cfg["ELEMS"] // block_p2, triton.next_power_of_2(rows)))
     quantize_kernel[(triton.cdiv(rows, block_r), cols // block)](
-        k, q, scale, rows, cols,
+        k, q.view(torch.uint8) if _fp8_bits(cfg) else q, scale, rows, cols,
         k.stride(0), k.stride(1), q.stride(0), q.stride(1), scale.stride(0), scale.stride(1),
         LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), BLOCK=block, BLOCK_P2=block_p2, BLOCK_R=block_r,
         **launch_options(target, cfg),
@@ -129,7 +158,8 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: M
     d_p2 = triton.next_power_of_2(dim)
     block_r = max(1, min(cfg["ELEMS"] // d_p2, triton.next_power_of_2(rows)))
     store_kernel[(triton.cdiv(rows, block_r),)](
-        k, slot_mapping, flat.view(fp8_dtype), flat.view(torch.float32), rows, k_cache.shape[0] * page,
+        k, slot_mapping, flat.view(torch.uint8 if _fp8_bits(cfg) else fp8_dtype), flat.view(torch.float32), rows,
+        k_cache.shape[0] * page,
         k.stride(0), k.stride(1), slot_mapping.stride(0),
         LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), D=dim, D_P2=d_p2, PAGE=page, BLOCK_R=block_r,
         **launch_options(target, cfg),
@@ -183,17 +213,18 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
 
     cfg = tuning["quantize_index_k"]
     dim, page, fp8 = 128, 64, target.fp8_dtype
+    out = "*u8" if _fp8_bits(cfg) else pointer(fp8)
     fmt = {"LIMIT": fp8_max(fp8), "MIN_EXP": _min_exp(fp8)}
     rows = max(1, cfg["ELEMS"] // dim)
     specs = []
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         specs.append(KernelSpec(
-            "quantize_index_k", quantize_kernel, {"k_ptr": pointer(dtype), "q_ptr": pointer(fp8), "s_ptr": "*fp32"},
+            "quantize_index_k", quantize_kernel, {"k_ptr": pointer(dtype), "q_ptr": out, "s_ptr": "*fp32"},
             {**fmt, "BLOCK": dim, "BLOCK_P2": dim, "BLOCK_R": rows, "k_s1": 1, "q_s1": 1, "s_s1": 1},
             launch_options(target, cfg), aligned=("k_s0", "q_s0")))
         specs.append(KernelSpec(
             "store_index_k", store_kernel,
-            {"k_ptr": pointer(dtype), "slot_ptr": "*i32", "kv_ptr": pointer(fp8), "kv_scale_ptr": "*fp32"},
+            {"k_ptr": pointer(dtype), "slot_ptr": "*i32", "kv_ptr": out, "kv_scale_ptr": "*fp32"},
             {**fmt, "D": dim, "D_P2": dim, "PAGE": page, "BLOCK_R": rows, "k_s1": 1, "slot_s0": 1},
             launch_options(target, cfg), aligned=("k_s0",)))
     return specs
