@@ -12,11 +12,12 @@ _COMMON: dict[str, dict[str, Any]] = {
     "mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
                    "PROGRAMS_PER_SM": 3},
     # Paged decode is memory-bound: 64-key tiles (one page: a scalar table entry, contiguous rows and scales)
-    # in a register software pipeline (PREFETCH: tile i + 1 in flight while tile i is multiplied; Triton's
-    # own pipeliner off, num_stages 1), at most SPLIT keys and COLS dot columns (draft tokens × heads) a
+    # through Triton's own pipeliner, 5 stages deep (measured best on the H200, reports/gpu/2026-11-29-run2:
+    # 74 % / 90 % of copy bandwidth at 64 x 32K / 128K, next_n 1; the register prefetch variants PREFETCH 1-2
+    # measured slower), at most SPLIT keys and COLS dot columns (draft tokens × heads) a
     # program, at least WAVES programs a SM when the batch allows.
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "SPLIT": 2048, "WAVES": 4,
-                         "PREFETCH": 1, "num_warps": 4, "num_stages": 1},
+                         "PREFETCH": 0, "num_warps": 4, "num_stages": 5},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
     # Top-k (radix select): 2K-value tiles over 16 warps (4 values a thread: 8 spilled on sm90 at 8 warps or
     # 4K tiles), 256 coarse bins (quarter octaves); one resident program a SM for the persistent one-row-a-
