@@ -23,7 +23,7 @@ SENTINEL = -7
 NEG_INF, NAN = float("-inf"), float("nan")
 # 512-value tiles, 128 coarse bins, a stash of max(256, k) entries (overflows on purpose), auto split.
 SMALL = {"TILE": 512, "BITS": 7, "num_warps": 4, "PROGRAMS_PER_SM": 2, "CHUNKS_PER_SM": 4, "MIN_CHUNK": 1024,
-         "PLAN_CHUNKS": 4, "STASH": 256, "STASH_PER_K": 1}
+         "PLAN_CHUNKS": 4, "STASH": 256, "STASH_PER_K": 1, "STASH_COLS_SHIFT": 16}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -140,12 +140,15 @@ def test_split_rows_and_stash_overflow(chunk):
 
 
 def test_fused_stash_overflow_and_tiny_tiles():
-    """One program a row: bins beyond the stash rescan the row; windows that straddle tiles."""
+    """One program a row: bins beyond the stash rescan the row; windows that straddle tiles; pivots that
+    differ from their neighbours only in low mantissa bits, and subnormals of both signs (one fp16 bin)."""
     gen = torch.Generator().manual_seed(4)
-    scores = torch.randn(3, 1800, generator=gen)
+    scores = torch.randn(4, 1800, generator=gen)
     scores[0] = 1.0
     scores[1] = (torch.randn(1800, generator=gen) * 1e-3 + 100.0)
-    lengths, starts = _lengths(1800, 1700, 1000), _lengths(0, 77, 513)
+    scores[2] = torch.randn(1800, generator=gen) * 1e-39
+    scores[3] = -torch.rand(1800, generator=gen) * 1e-30
+    lengths, starts = _lengths(1800, 1700, 1000, 1200), _lengths(0, 77, 513, 0)
     out = _direct(scores, lengths, 300, {**SMALL, "CHUNKS_PER_SM": 1, "MIN_CHUNK": 1 << 20}, row_starts=starts)
     _assert_rows(out, reference.topk(scores, lengths, 300, row_starts=starts))
 
@@ -217,3 +220,15 @@ def test_split_chunk_depends_on_shape_only():
     assert chunk % 4096 == 0 and 16384 <= chunk < 131072
     assert kernels.split_chunk(1, 1 << 20, 132, cfg) == 16384
     assert kernels.split_chunk(1, 1000, 132, cfg) == 0
+
+
+def test_bf16_subnormals_and_signed_zeros():
+    """bf16 subnormals keep their order (converted by their bits) and ±0.0 tie."""
+    gen = torch.Generator().manual_seed(6)
+    scores = (torch.randn(2, 1000, generator=gen) * 1e-39).to(torch.bfloat16)
+    scores[1, ::2] = -0.0
+    scores[1, 1::2] = 0.0
+    scores[1, 500:520] = 1e-40
+    lengths = _lengths(1000, 1000)
+    out = _public("cuda", scores, lengths, 100)
+    _assert_rows(out, reference.topk(scores, lengths, 100))

@@ -8,10 +8,11 @@ A radix select that streams each row twice and never sorts it:
    fewer than k entries lie above it, at least k at or above it.
 2. Pass B: entries above ``b`` go straight to the output (compaction by ``tl.cumsum`` plus a running
    base); entries of bin ``b`` are appended in index order to a preallocated stash.
-3. Finish: the exact 32-bit key of the ``need``-th best stash entry is found bit by bit (only the bits
-   below the common prefix of the stash's min and max key), the entries above it and the first tied
-   ones in index order are written, so the lower index wins ties deterministically. When bin ``b``
-   held more entries than the stash, the same search rescans the row instead (exact, slower).
+3. Finish: the exact 32-bit key of the ``need``-th best stash entry is radix-selected, one 8-bit digit
+   a round, below the common prefix of the stash's min and max key (at most 4 rounds, none for pure
+   ties); the entries above it and the first tied ones in index order are written, so the lower index
+   wins ties deterministically. When bin ``b`` held more entries than the stash, the same rounds
+   rescan the row instead (exact, slower).
    Slots that valid entries cannot fill get -1.
 
 Keys: fp32 bits with negatives' magnitude bits flipped (a signed int32 order); -0.0 is made +0.0,
@@ -29,7 +30,7 @@ shapes only. Calls sharing a device must not run concurrently on different strea
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from indexcache.dispatch import OpImpl
 
 INT_MIN = tl.constexpr(-2147483648)
 INT_MAX = tl.constexpr(2147483647)
+NEG_INF_BITS = tl.constexpr(-8388608)  # 0xFF800000
 _MAX_COLS = 2**31 - 2**16  # int32 column arithmetic with a tile of headroom
 
 
@@ -53,12 +55,15 @@ def _load_keys(row_ptr, s1, col, m, CONTIG: tl.constexpr, BITS: tl.constexpr):
         x = tl.load(row_ptr + col, mask=m, other=float("-inf"))
     else:
         x = tl.load(row_ptr + col.to(tl.int64) * s1, mask=m, other=float("-inf"))
-    x = x.to(tl.float32)
-    x = tl.where(x == 0.0, 0.0, x)
-    bits = x.to(tl.int32, bitcast=True)
+    if x.dtype == tl.bfloat16:  # by its bits: exact for subnormals, which the interpreter's conversion is not
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
+    else:
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+    # Integer tests only, so a target that flushes subnormals in float compares still orders them exactly.
+    bits = tl.where(bits == INT_MIN, 0, bits)  # -0.0 -> +0.0
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    key = tl.where((x != x) | (x == float("-inf")), INT_MIN, key)
-    half = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+    key = tl.where(((bits & 0x7FFFFFFF) > 0x7F800000) | (bits == NEG_INF_BITS), INT_MIN, key)  # NaN, -inf
+    half = bits.to(tl.float32, bitcast=True).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
     coarse = ((half ^ ((half >> 15) & 0x7FFF)) + 32768) >> (16 - BITS)
     return key, coarse
 
@@ -100,14 +105,13 @@ def _emit(out_row, o_s1, raw_row, w_s1, pos, raw, m, seq, b_ok, tab_row, tab_s1,
 
 
 @triton.jit
-def _short_row(out_row, o_s1, raw_row, w_s1, length, k, seq, b_ok, tab_row, tab_s1, pages, page_size,
-               TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr):
-    """A row with ``length <= k``: ``0 .. length-1`` then -1, scores unread."""
-    for j0 in range(0, k, TILE):
+def _fill(out_row, o_s1, raw_row, w_s1, lo, short, k, seq, b_ok, tab_row, tab_s1, pages, page_size,
+          TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr):
+    """Slots ``[lo, k)`` of a row: position j below ``short`` (a short row's length, else 0), then -1."""
+    for j0 in range(lo // TILE * TILE, k, TILE):
         j = j0 + tl.arange(0, TILE)
-        raw = tl.where(j < length, j, -1)
-        _emit(out_row, o_s1, raw_row, w_s1, j, raw, j < k, seq, b_ok, tab_row, tab_s1, pages, page_size,
-              TRANSLATE, HAS_RAW, SHIFT)
+        _emit(out_row, o_s1, raw_row, w_s1, j, tl.where(j < short, j, -1), (j >= lo) & (j < k), seq, b_ok, tab_row,
+              tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
 
 
 @triton.jit
@@ -181,14 +185,19 @@ def _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count,
 
 
 @triton.jit
-def _count_at_least(thr, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count,
-                    CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
-    """How many candidates have a key >= ``thr`` > INT_MIN (the first tile is held in registers)."""
-    n = tl.sum((key0 >= thr).to(tl.int32), 0)
+def _digit_histogram(lo, hi_mask, thr, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx,
+                     count, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
+    """Counts of the 8-bit digit at bit ``lo`` (unsigned order) of the candidates whose bits under
+    ``hi_mask`` equal ``thr``'s (the first tile is held in registers)."""
+    u = key0 ^ INT_MIN
+    m = (key0 != INT_MIN) & (((u ^ thr) & hi_mask) == 0)
+    hist = tl.histogram((u >> lo) & 0xFF, 256, mask=m)
     for t in range(t_lo + TILE, t_hi, TILE):
         key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count, CONTIG, BITS, TILE)
-        n += tl.sum((key >= thr).to(tl.int32), 0)
-    return n
+        u = key ^ INT_MIN
+        m = (key != INT_MIN) & (((u ^ thr) & hi_mask) == 0)
+        hist += tl.histogram((u >> lo) & 0xFF, 256, mask=m)
+    return hist
 
 
 @triton.jit
@@ -196,22 +205,23 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
             out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
             TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, CONTIG: tl.constexpr,
             BITS: tl.constexpr, TILE: tl.constexpr):
-    """Fill slots ``[above, k)`` of a long row: the best ``need`` tie candidates (exact key, then lower
-    index), then -1 where valid entries ran out."""
+    """Slots ``[above, above + need)`` of a long row: the best ``need`` tie candidates (exact key, then lower
+    index). Returns ``above + need``, where the -1 fill starts (valid entries ran out)."""
     need = tl.minimum(k - above, tied)
     hi = start + length
     from_row = tied > cap
     t_lo = tl.where(from_row, start // TILE * TILE, 0)
     t_hi = tl.where(from_row, hi, tl.where(need > 0, tied, 0))
-    key0, _ = _source(t_lo, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
+    key0, idx0 = _source(t_lo, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
     kmin = tl.min(tl.where(key0 != INT_MIN, key0, INT_MAX), 0)
     kmax = tl.max(key0, 0)
     for t in range(t_lo + TILE, t_hi, TILE):
         key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
         kmin = tl.minimum(kmin, tl.min(tl.where(key != INT_MIN, key, INT_MAX), 0))
         kmax = tl.maximum(kmax, tl.max(key, 0))
-    # The need-th best key shares the common prefix of kmin and kmax; find the bits below it, high to low,
-    # in the unsigned order (key ^ INT_MIN).
+    # The pivot (the need-th best key) shares the common prefix of kmin and kmax: radix-select the bits below
+    # it, one 8-bit digit a round from the top, in the unsigned order (key ^ INT_MIN); digits wholly inside
+    # the prefix are skipped. ``take`` ends as the number of pivot-equal candidates to keep.
     diff = kmin ^ kmax
     low = diff | (diff >> 1)
     low = low | (low >> 2)
@@ -220,16 +230,18 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
     low = low | (low >> 16)
     low = tl.where(need > 0, low, 0)
     thr = (kmin ^ INT_MIN) & ~low
-    for i in range(32):
-        if ((low >> (31 - i)) & 1) != 0:
-            cand = thr | (1 << (31 - i))
-            n = _count_at_least(cand ^ INT_MIN, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b,
-                                stash_key, stash_idx, tied, CONTIG, BITS, TILE)
-            thr = tl.where(n >= need, cand, thr)
+    take = need
+    for r in range(4):
+        lo = 24 - 8 * r
+        if (low >> lo) != 0:
+            hi_mask = (tl.cast(-(1 << (31 - 8 * r)), tl.int64) * 2).to(tl.int32)  # bits >= lo + 8; 0 when lo = 24
+            hist = _digit_histogram(lo, hi_mask, thr, key0, t_lo, t_hi, from_row, row_ptr, s1,
+                                    start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
+            digit, above_digit, in_digit = _threshold_bin(hist, take, 256)
+            take -= above_digit
+            thr = thr | (digit << lo)
     pivot = thr ^ INT_MIN
-    # Entries above the pivot all go; of those equal to it, the first ``take`` in index order.
-    take = need - _count_at_least(pivot + 1, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b,
-                                  stash_key, stash_idx, tied, CONTIG, BITS, TILE)
+    # Candidates above the pivot all go; of those equal to it, the first ``take`` in index order.
     run_gt = 0
     run_eq = 0
     for t in range(t_lo, t_hi, TILE):
@@ -246,12 +258,7 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
         last = tl.max(ranks, 0)
         run_gt += last & 0xFFFF
         run_eq += last >> 16
-    for j0 in range((above + need) // TILE * TILE, k, TILE):
-        j = j0 + tl.arange(0, TILE)
-        fill = (j >= above + need) & (j < k)
-        tl.store(out_row + j * o_s1, -1, mask=fill)
-        if HAS_RAW:
-            tl.store(raw_row + j * w_s1, -1, mask=fill)
+    return above + need
 
 
 @triton.jit
@@ -272,19 +279,19 @@ def topk_rows_kernel(
         r64 = tl.cast(r, tl.int64)
         out_row = out_ptr + r64 * o_s0
         raw_row = raw_ptr + r64 * w_s0
-        if length <= k:
-            _short_row(out_row, o_s1, raw_row, w_s1, length, k, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                       TRANSLATE, HAS_RAW, SHIFT, TILE)
-        else:
+        filled = 0
+        if length > k:
             row_ptr = scores_ptr + r64 * s_s0
             hist = _histogram(row_ptr, s_s1, start, start + length, CONTIG, BITS, TILE)
             b, above, tied = _threshold_bin(hist, k, 1 << BITS)
             _classify(row_ptr, s_s1, start, start + length, start, b, 0, 0, k, cap, stash_key, stash_idx,
                       out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
                       TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
-            _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
-                    out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                    TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
+            filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
+                             out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
+                             TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
+        _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row, tab_s1,
+              pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
 
 
 @triton.jit
@@ -368,22 +375,22 @@ def topk_finish_kernel(
     HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
     SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
 ):
-    """Split rows, launch 4: short rows, then the ties and the -1 fill of long rows."""
+    """Split rows, launch 4: the ties of long rows, then every row's tail (short rows: all of it)."""
     r = tl.program_id(0)
     start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
     b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
     r64 = tl.cast(r, tl.int64)
     out_row = out_ptr + r64 * o_s0
     raw_row = raw_ptr + r64 * w_s0
-    if length <= k:
-        _short_row(out_row, o_s1, raw_row, w_s1, length, k, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                   TRANSLATE, HAS_RAW, SHIFT, TILE)
-    else:
+    filled = 0
+    if length > k:
         info = info_ptr + r64 * 4
         stash_key = stash_ptr + r64 * 2 * cap
-        _finish(scores_ptr + r64 * s_s0, s_s1, start, length, tl.load(info), tl.load(info + 1), tl.load(info + 2),
-                k, cap, stash_key, stash_key + cap, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1,
-                pages, page_size, TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
+        filled = _finish(scores_ptr + r64 * s_s0, s_s1, start, length, tl.load(info), tl.load(info + 1),
+                         tl.load(info + 2), k, cap, stash_key, stash_key + cap, out_row, o_s1, raw_row, w_s1, seq,
+                         b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
+    _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row, tab_s1, pages,
+          page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
 
 
 _SCRATCH: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -409,6 +416,15 @@ def _sms(target: Target, device: torch.device) -> int:
     return 1 if target.interpreted else _sm_count(device.index if device.index is not None else 0)
 
 
+def _options(target: Target, cfg: Mapping[str, Any]) -> dict:
+    """Launch options; on NVIDIA also ``maxnreg`` (ptxas otherwise spills a few cold values on some targets
+    to fit two programs an SM)."""
+    opts = launch_options(target, cfg)
+    if target.vendor == "cuda" and "maxnreg" in cfg:
+        opts["maxnreg"] = cfg["maxnreg"]
+    return opts
+
+
 def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
     """Columns per chunk when rows are split across programs, or 0 to run the fused one-program-per-row kernel.
 
@@ -426,16 +442,21 @@ def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
 
 
 def stash_capacity(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
-    """Tie-stash entries a row: ``STASH_PER_K`` × k (at least ``STASH``), never more than the row holds."""
-    want = max(cfg["STASH"], cfg["STASH_PER_K"] * triton.next_power_of_2(k))
-    return min(want, triton.next_power_of_2(max(cols, 1)))
+    """Tie-stash entries a row: the most of ``STASH``, ``STASH_PER_K`` × k and columns >> ``STASH_COLS_SHIFT`` (a
+    coarse bin holds more entries in longer rows), never more than the row holds (powers of two)."""
+    width = triton.next_power_of_2(max(cols, 1))
+    want = max(cfg["STASH"], cfg["STASH_PER_K"] * triton.next_power_of_2(k), width >> cfg["STASH_COLS_SHIFT"])
+    return min(want, width)
 
 
-def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
-            target: Target, cfg: Mapping[str, Any]):
+def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, target: Target,
+             cfg: Mapping[str, Any]) -> list[tuple[str, Callable[[], None]]]:
+    """The kernel launches of one call, in order, as ``(name, launch)``: one fused launch, or the four of the
+    split path. Arguments as :func:`topk_translate` (``page_table`` None for plain top-k); the workspace
+    is taken here, so launching needs no allocation (and a benchmark can time each launch alone)."""
     rows, cols = scores.shape
     if rows == 0 or k == 0:
-        return out
+        return []
     device = scores.device
     tile, bits, cap = cfg["TILE"], cfg["BITS"], stash_capacity(cols, k, cfg)
     translate = page_table is not None
@@ -443,39 +464,44 @@ def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size,
     r2b = row_to_batch if row_to_batch is not None else lengths
     starts = row_starts if row_starts is not None else lengths
     raw = out_raw if out_raw is not None else out
+    opts = _options(target, cfg)
+    scan = dict(s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
+                HAS_STARTS=row_starts is not None, CONTIG=scores.stride(1) == 1, BITS=bits, TILE=tile, **opts)
     common = dict(
-        s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
         o_s0=out.stride(0), o_s1=out.stride(1), w_s0=raw.stride(0), w_s1=raw.stride(1), r2b_s0=r2b.stride(0),
-        tab_s0=table.stride(0), tab_s1=table.stride(1),
-        HAS_STARTS=row_starts is not None, HAS_R2B=row_to_batch is not None, TRANSLATE=translate,
-        HAS_RAW=out_raw is not None, SHIFT=page_shift(page_size) if translate else 0, CONTIG=scores.stride(1) == 1,
-        BITS=bits, TILE=tile, **launch_options(target, cfg),
+        tab_s0=table.stride(0), tab_s1=table.stride(1), HAS_R2B=row_to_batch is not None, TRANSLATE=translate,
+        HAS_RAW=out_raw is not None, SHIFT=page_shift(page_size) if translate else 0,
+        batches=table.shape[0] if translate else 0, pages=table.shape[1] if translate else 0,
+        page_size=page_size if translate else 1, **scan,
     )
-    table_args = dict(batches=table.shape[0] if translate else 0, pages=table.shape[1] if translate else 0,
-                      page_size=page_size if translate else 1)
     sms = _sms(target, device)
     chunk = split_chunk(rows, cols, sms, cfg)
     if not chunk:
         programs = min(rows, sms * cfg["PROGRAMS_PER_SM"])
         stash = _scratch(device, programs * 2 * cap)
-        topk_rows_kernel[(programs,)](
-            scores, lengths, starts, out, raw, r2b, table, stash, rows, cols, k, cap, **table_args, **common)
-        return out
+        return [("rows", lambda: topk_rows_kernel[(programs,)](
+            scores, lengths, starts, out, raw, r2b, table, stash, rows, cols, k, cap, **common))]
     chunks = triton.cdiv(cols, chunk)
-    nb = 1 << bits
-    hist_n, plan_n, info_n = rows * chunks * nb, rows * chunks * 2, rows * 4
+    hist_n, plan_n, info_n = rows * chunks * (1 << bits), rows * chunks * 2, rows * 4
     ws = _scratch(device, hist_n + plan_n + info_n + rows * 2 * cap)
     hist, plan = ws[:hist_n], ws[hist_n:hist_n + plan_n]
     info, stash = ws[hist_n + plan_n:hist_n + plan_n + info_n], ws[hist_n + plan_n + info_n:]
-    scan = {key: common[key] for key in ("s_s0", "s_s1", "len_s0", "st_s0", "HAS_STARTS", "CONTIG", "BITS", "TILE")}
-    opts = launch_options(target, cfg)
-    topk_hist_kernel[(rows, chunks)](scores, lengths, starts, hist, cols, k, chunk, **scan, **opts)
-    topk_plan_kernel[(rows,)](hist, plan, info, k, chunks, BITS=bits, BLOCK_S=cfg["PLAN_CHUNKS"], **opts)
-    topk_classify_kernel[(rows, chunks)](
-        scores, lengths, starts, out, raw, r2b, table, plan, info, stash, cols, k, chunk, cap, **table_args,
-        **common)
-    topk_finish_kernel[(rows,)](
-        scores, lengths, starts, out, raw, r2b, table, info, stash, cols, k, cap, **table_args, **common)
+    return [
+        ("hist", lambda: topk_hist_kernel[(rows, chunks)](scores, lengths, starts, hist, cols, k, chunk, **scan)),
+        ("plan", lambda: topk_plan_kernel[(rows,)](hist, plan, info, k, chunks, BITS=bits,
+                                                   BLOCK_S=cfg["PLAN_CHUNKS"], **opts)),
+        ("classify", lambda: topk_classify_kernel[(rows, chunks)](
+            scores, lengths, starts, out, raw, r2b, table, plan, info, stash, cols, k, chunk, cap, **common)),
+        ("finish", lambda: topk_finish_kernel[(rows,)](
+            scores, lengths, starts, out, raw, r2b, table, info, stash, cols, k, cap, **common)),
+    ]
+
+
+def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
+            target: Target, cfg: Mapping[str, Any]):
+    for _, launch in launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch,
+                              target=target, cfg=cfg):
+        launch()
     return out
 
 
@@ -528,7 +554,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     from indexcache.backends.triton.crosscompile import KernelSpec, pointer
 
     cfg = tuning["topk"]
-    opts = launch_options(target, cfg)
+    opts = _options(target, cfg)
     shape = {"BITS": cfg["BITS"], "TILE": cfg["TILE"]}
     unit = {"len_s0": 1, "st_s0": 1, "o_s1": 1, "w_s1": 1, "r2b_s0": 1, "tab_s1": 1}
     aligned = ("s_s0", "o_s0", "w_s0", "tab_s0")

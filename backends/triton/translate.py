@@ -32,7 +32,11 @@ def physical(x, ok, seq, table_row, tab_s1, pages, page_size, SHIFT: tl.constexp
         offset = x % page_size
     ok = ok & (x >= 0) & (x < seq) & (page < pages)
     entry = tl.load(table_row + page.to(tl.int64) * tab_s1, mask=ok, other=-1)
-    return tl.where(ok & (entry >= 0), entry * page_size + offset, -1)
+    if SHIFT >= 0:
+        slot = (entry << SHIFT) + offset
+    else:
+        slot = entry * page_size + offset
+    return tl.where(ok & (entry >= 0), slot, -1)
 
 
 @triton.jit
