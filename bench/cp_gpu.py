@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import torch.multiprocessing as mp
 
 import indexcache
 from indexcache import dispatch
-from indexcache.bench import Timer
+from indexcache.bench import Timer, checkout_commit
 from indexcache.distributed import _all_gather, _local_candidates, _windows, cp_topk, zigzag_key_index
 
 SCHEMA = "indexcache-cp-bench/1"
@@ -136,10 +135,6 @@ def _cell(name: str, value) -> str:
     return str(value)
 
 
-def _commit() -> str | None:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
-                          capture_output=True, text=True)
-    return head.stdout.strip() or os.environ.get("INDEXCACHE_COMMIT")
 
 
 def _report(results: list[dict], args, world: int, device) -> None:
@@ -163,7 +158,7 @@ def _report(results: list[dict], args, world: int, device) -> None:
         "world_size": world,
         "versions": {"indexcache": indexcache.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
                      "nccl": nccl},
-        "commit": _commit(),
+        "commit": checkout_commit(),
         "settings": {"dist_backend": args.dist_backend, "rows": args.rows, "k": args.k, "reps": args.reps,
                      "statistic": "median", "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"),
                      "logits": f"mqa_logits H={HEADS} D={DIM} float8_e4m3fn over the rank's keys"},

@@ -28,7 +28,6 @@ import datetime
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -40,6 +39,7 @@ import torch
 
 import indexcache
 from indexcache import dispatch
+from indexcache.bench import checkout_commit
 from indexcache.layout import new_packed_cache, split_packed_cache
 from indexcache.plan import LayerPlan
 from indexcache.runner import IndexerRunner
@@ -342,12 +342,6 @@ def allocator_section(stack: Stack, s: Shapes, dev: torch.device, steps: int = 2
 # ---------------------------------------------------------------- report
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _print_report(report: dict) -> None:
@@ -415,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {
         "schema": "indexcache-e2e-gpu/1", "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-        "triton": triton_version, "python": platform.python_version(), "commit": _commit(),
+        "triton": triton_version, "python": platform.python_version(), "commit": checkout_commit(),
         "smoke": args.smoke, "backend": backend, "fp8": str(fp8), "shapes": shapes.__dict__, "targets": TARGETS,
         "scenarios": [], "errors": {},
     }

@@ -370,6 +370,11 @@ def _l2_bytes(device: torch.device) -> int:
     return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
 
 
+def checkout_commit() -> str | None:
+    """The git commit of this checkout, else ``$INDEXCACHE_COMMIT`` (a copied tree without .git), else None."""
+    return _git()[0]
+
+
 def _git() -> tuple[str | None, bool | None]:
     root = Path(__file__).resolve().parents[1]
     try:
