@@ -19,12 +19,12 @@ _COMMON: dict[str, dict[str, Any]] = {
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "SPLIT": 2048, "WAVES": 4,
                          "PREFETCH": 0, "num_warps": 4, "num_stages": 5},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
-    # Top-k (radix select): 1K-value tiles over 8 warps, 256 coarse bins (quarter octaves), two resident
-    # programs a SM (≤ 113 registers; maxnreg 128, without which ptxas spilled to fit more on sm89) so one
-    # program's latency-bound tie search overlaps another's streaming; rows split into ≥ 8K-column chunks,
-    # about 8 a SM, when rows are few; a tie stash of max(4096, 4k, columns / 32) entries a row. Best or
-    # near-best of the H200 sweep in reports/gpu/2026-11-29-run2 (bisection tie search then).
-    "topk": {"TILE": 1024, "BITS": 8, "num_warps": 8, "maxnreg": 128, "PROGRAMS_PER_SM": 2, "CHUNKS_PER_SM": 8,
+    # Top-k (radix select): 1K-value tiles over 4 warps, 256 coarse bins (quarter octaves), four resident
+    # programs a SM (maxnreg 128, without which ptxas spilled to fit more on sm89): the passes are load-latency
+    # bound, so more programs in flight pay; rows split into
+    # ≥ 8K-column chunks, about 8 a SM, when rows are few; a tie stash of max(4096, 4k, columns / 32) entries a
+    # row. The H200 sweep at 53a8c19 (.device/4): 4 warps x 4 a SM 727 us vs 904 at 2048x32K, equal elsewhere.
+    "topk": {"TILE": 1024, "BITS": 8, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4, "CHUNKS_PER_SM": 8,
              "MIN_CHUNK": 8192, "PLAN_CHUNKS": 16, "STASH": 4096, "STASH_PER_K": 4, "STASH_COLS_SHIFT": 5},
 }
 
