@@ -49,12 +49,18 @@ _MAX_COLS = 2**31 - 2**16  # int32 column arithmetic with a tile of headroom
 
 
 @triton.jit
-def _load_keys(row_ptr, s1, col, m, CONTIG: tl.constexpr, BITS: tl.constexpr):
-    """Exact int32 keys (INT_MIN for NaN, -inf and masked entries) and coarse bins of a tile."""
+def _load(row_ptr, s1, col, m, CONTIG: tl.constexpr):
+    """A tile of raw scores (-inf where masked)."""
     if CONTIG:
         x = tl.load(row_ptr + col, mask=m, other=float("-inf"))
     else:
         x = tl.load(row_ptr + col.to(tl.int64) * s1, mask=m, other=float("-inf"))
+    return x
+
+
+@triton.jit
+def _keys(x, BITS: tl.constexpr):
+    """Exact int32 keys (INT_MIN for NaN and -inf) and coarse bins of a tile of raw scores."""
     if x.dtype == tl.bfloat16:  # by its bits: exact for subnormals, which the interpreter's conversion is not
         bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
     else:
@@ -66,6 +72,12 @@ def _load_keys(row_ptr, s1, col, m, CONTIG: tl.constexpr, BITS: tl.constexpr):
     half = bits.to(tl.float32, bitcast=True).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
     coarse = ((half ^ ((half >> 15) & 0x7FFF)) + 32768) >> (16 - BITS)
     return key, coarse
+
+
+@triton.jit
+def _load_keys(row_ptr, s1, col, m, CONTIG: tl.constexpr, BITS: tl.constexpr):
+    """Exact int32 keys (INT_MIN for NaN, -inf and masked entries) and coarse bins of a tile."""
+    return _keys(_load(row_ptr, s1, col, m, CONTIG), BITS)
 
 
 @triton.jit
@@ -116,12 +128,25 @@ def _fill(out_row, o_s1, raw_row, w_s1, lo, short, k, seq, b_ok, tab_row, tab_s1
 
 @triton.jit
 def _histogram(row_ptr, s1, lo, hi, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
-    """Coarse-bin counts of the valid entries in columns ``[lo, hi)`` (pass A)."""
-    hist = tl.zeros([1 << BITS], tl.int32)
-    for t in range(lo // TILE * TILE, hi, TILE):
-        col = t + tl.arange(0, TILE)
-        m = (col >= lo) & (col < hi)
-        key, coarse = _load_keys(row_ptr, s1, col, m, CONTIG, BITS)
+    """Coarse-bin counts of the valid entries in columns ``[lo, hi)`` (pass A). The edge tiles are masked by
+    the window; the whole tiles between them by a tile-aligned bound only (vector loads), each loaded while
+    the one before it is counted (two tiles in flight: the pass is latency bound)."""
+    t0 = lo // TILE * TILE
+    t1 = hi // TILE * TILE
+    col = t0 + tl.arange(0, TILE)
+    key, coarse = _load_keys(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG, BITS)
+    hist = tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
+    col = t0 + TILE + tl.arange(0, TILE)
+    x = _load(row_ptr, s1, col, col < t1, CONTIG)
+    for t in range(t0 + TILE, t1, TILE):
+        nxt = t + TILE + tl.arange(0, TILE)
+        x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
+        key, coarse = _keys(x, BITS)
+        hist += tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
+        x = x_next
+    if t1 > t0:
+        col = t1 + tl.arange(0, TILE)
+        key, coarse = _load_keys(row_ptr, s1, col, col < hi, CONTIG, BITS)
         hist += tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
     return hist
 
@@ -139,33 +164,60 @@ def _threshold_bin(hist, k, NB: tl.constexpr):
 
 
 @triton.jit
+def _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx,
+                   out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
+                   TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr):
+    """One tile of pass B (raw scores ``x`` at columns ``col``, -inf where masked); returns the new bases."""
+    key, coarse = _keys(x, BITS)
+    valid = key != INT_MIN
+    above = (valid & (coarse > b)).to(tl.int32)
+    tied = (valid & (coarse == b)).to(tl.int32)
+    ranks = tl.cumsum(above + (tied << 16), 0)
+    slot = base_a + (ranks & 0xFFFF) - above
+    entry = base_e + (ranks >> 16) - tied
+    raw = col - start
+    _emit(out_row, o_s1, raw_row, w_s1, slot, raw, (above != 0) & (slot < k), seq, b_ok, tab_row, tab_s1,
+          pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
+    keep = (tied != 0) & (entry < cap)
+    tl.store(stash_key + entry, key, mask=keep)
+    tl.store(stash_idx + entry, raw, mask=keep)
+    last = tl.max(ranks, 0)
+    return base_a + (last & 0xFFFF), base_e + (last >> 16)
+
+
+@triton.jit
 def _classify(row_ptr, s1, lo, hi, start, b, base_a, base_e, k, cap, stash_key, stash_idx,
               out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
               TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, CONTIG: tl.constexpr,
               BITS: tl.constexpr, TILE: tl.constexpr):
     """Pass B over columns ``[lo, hi)``: entries above bin ``b`` to output slots from ``base_a``, entries
-    of bin ``b`` to stash slots from ``base_e`` (those past ``cap`` are dropped), both in index order."""
+    of bin ``b`` to stash slots from ``base_e`` (those past ``cap`` are dropped), both in index order. Tiles
+    as in :func:`_histogram` (masked edges, vector loads between them, the next tile prefetched)."""
     base_a = tl.cast(base_a, tl.int32)
     base_e = tl.cast(base_e, tl.int32)
-    for t in range(lo // TILE * TILE, hi, TILE):
+    t0 = lo // TILE * TILE
+    t1 = hi // TILE * TILE
+    col = t0 + tl.arange(0, TILE)
+    x = _load(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG)
+    base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row, o_s1,
+                                    raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
+                                    SHIFT, BITS)
+    col = t0 + TILE + tl.arange(0, TILE)
+    x = _load(row_ptr, s1, col, col < t1, CONTIG)
+    for t in range(t0 + TILE, t1, TILE):
         col = t + tl.arange(0, TILE)
-        m = (col >= lo) & (col < hi)
-        key, coarse = _load_keys(row_ptr, s1, col, m, CONTIG, BITS)
-        valid = key != INT_MIN
-        above = (valid & (coarse > b)).to(tl.int32)
-        tied = (valid & (coarse == b)).to(tl.int32)
-        ranks = tl.cumsum(above + (tied << 16), 0)
-        slot = base_a + (ranks & 0xFFFF) - above
-        entry = base_e + (ranks >> 16) - tied
-        raw = col - start
-        _emit(out_row, o_s1, raw_row, w_s1, slot, raw, (above != 0) & (slot < k), seq, b_ok, tab_row, tab_s1,
-              pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
-        keep = (tied != 0) & (entry < cap)
-        tl.store(stash_key + entry, key, mask=keep)
-        tl.store(stash_idx + entry, raw, mask=keep)
-        last = tl.max(ranks, 0)
-        base_a += last & 0xFFFF
-        base_e += last >> 16
+        nxt = col + TILE
+        x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
+        base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row,
+                                        o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE,
+                                        HAS_RAW, SHIFT, BITS)
+        x = x_next
+    if t1 > t0:
+        col = t1 + tl.arange(0, TILE)
+        x = _load(row_ptr, s1, col, col < hi, CONTIG)
+        base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row,
+                                        o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE,
+                                        HAS_RAW, SHIFT, BITS)
 
 
 @triton.jit
