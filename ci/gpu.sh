@@ -14,7 +14,8 @@
 # Settings: PYTHON (default python3); GPU_SH_BUDGET, seconds for all steps (default 470); INDEXCACHE_COMMIT,
 # the commit recorded in the bench JSON where the tree has no .git; GPU_SH_PARTS, which parts to run (default
 # "core kernels runtime"; one device call holds about two of them): core = conformance, memcheck, graph tests,
-# translate bench; kernels = the top-k and logits GPU scripts; runtime = the stream/runtime/model GPU tests,
+# translate bench; kernels = indexcache bench --op mqa_logits / paged_mqa_logits / topk / topk_translate (JSON in
+# reports.tar.gz under bench/), the top-k and logits GPU scripts; runtime = the stream/runtime/model GPU tests,
 # the end-to-end and context-parallel scripts.
 set -u
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
@@ -127,6 +128,11 @@ run_hook launch_overhead 60
 fi
 
 if part kernels; then
+  # indexcache bench for the kernel ops, each well under a minute on an H200; JSON under $WORK/bench (reports.tar.gz:
+  # $OUT keeps at most 8 files).
+  for op in mqa_logits paged_mqa_logits topk topk_translate; do
+    step "bench-$op" 120 "${IC[@]}" bench --op "$op" --json "$WORK/bench/bench-$op.json"
+  done
   run_hook topk 150
   run_hook logits 240
 fi

@@ -118,13 +118,17 @@ def _add_bench(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="measure the machine's ceilings, then each op per backend; print a table",
-        description="Measure copy bandwidth and an empty Triton launch, then time each case of each op on each "
-        "backend (checked against the torch backend first; torch always runs, as the speed-up baseline). "
-        "Off a GPU, times are labelled CPU / interpreted and are not speeds. Exits 1 if a backend disagrees "
-        "with torch or fails.",
+        description="Measure the ceilings the requested ops need (copy bandwidth; for the logits ops also the fp8 "
+        "torch._scaled_mm and bf16 matmul rates on 8192^3) and an empty Triton launch, then time each case of "
+        "each op on each backend (checked against the torch backend first: translate exactly, logits by -inf "
+        "placement and relative error, top-k by each row's index set; torch always runs, as the speed-up "
+        "baseline). mqa_logits is set against the matmul rate of its dtype (TFLOP/s of in-window pairs), "
+        "paged_mqa_logits against copy bandwidth (132 bytes a cached token, 4 a logit); topk and "
+        "topk_translate against one read of their scores, with torch.topk as an extra row. Off a GPU, times "
+        "are labelled CPU / interpreted and are not speeds. Exits 1 if a backend disagrees with torch or fails.",
     )
-    p.add_argument("--op", action="append", default=None, metavar="NAME", help="an op to time (repeatable; "
-                   "default: every op)")
+    p.add_argument("--op", action="append", default=None, metavar="NAME", help="an op to time: translate, "
+                   "mqa_logits, paged_mqa_logits, topk, topk_translate (repeatable; default: every op)")
     p.add_argument("--backend", action="append", default=None, metavar="NAME",
                    help="a backend to time (repeatable; default: every available backend implementing the op)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
