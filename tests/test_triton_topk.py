@@ -127,15 +127,16 @@ def test_topk_strided_scores(dtype):
     _assert_rows(out, reference.topk(scores, lengths, 100, row_starts=starts))
 
 
-@pytest.mark.parametrize("chunk", [0, 1024])
-def test_split_rows_and_stash_overflow(chunk):
-    """Few long rows split into chunks (auto and forced), and tie bins larger than the stash."""
+@pytest.mark.parametrize(("chunk", "finish_tile"), [(0, 512), (1024, 512), (1000, 2048)])
+def test_split_rows_and_stash_overflow(chunk, finish_tile):
+    """Few long rows split into chunks (auto and forced; whole tiles, and chunks that straddle tiles), and tie
+    bins larger than the stash; the finishing kernel on the pass tile and on a wider one."""
     gen = torch.Generator().manual_seed(3)
     scores = torch.randn(3, 5000, generator=gen)
     scores[1] = torch.randint(0, 3, (5000,), generator=gen).float()
     scores[2, 4000:] = NEG_INF
     lengths, starts = _lengths(5000, 4700, 4990), _lengths(0, 300, 7)
-    out = _direct(scores, lengths, 200, {**SMALL, "CHUNK": chunk}, row_starts=starts)
+    out = _direct(scores, lengths, 200, {**SMALL, "CHUNK": chunk, "FINISH_TILE": finish_tile}, row_starts=starts)
     _assert_rows(out, reference.topk(scores, lengths, 200, row_starts=starts))
 
 

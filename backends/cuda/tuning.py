@@ -21,10 +21,12 @@ _COMMON: dict[str, dict[str, Any]] = {
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
     # Top-k (radix select): 1K-value tiles over 4 warps, 256 coarse bins (quarter octaves), four resident
     # programs a SM (maxnreg 128, without which ptxas spilled to fit more on sm89): the passes are load-latency
-    # bound, so more programs in flight pay; rows split into
-    # ≥ 8K-column chunks, about 8 a SM, when rows are few; a tie stash of max(4096, 4k, columns / 32) entries a
-    # row. The H200 sweep at 53a8c19 (.device/4): 4 warps x 4 a SM 727 us vs 904 at 2048x32K, equal elsewhere.
+    # bound, so more programs in flight pay (H200 sweep at 53a8c19: 4 warps x 4 a SM 727 us vs 904 at
+    # 2048x32K, equal elsewhere). Rows split into ≥ 8K-column chunks, about 8 a SM, when rows are few; their
+    # finishing kernel takes 4K tiles over 16 warps (the same 8 values a thread: a typical stash stays in
+    # registers). A tie stash of max(4096, 4k, columns / 32) entries a row.
     "topk": {"TILE": 1024, "BITS": 8, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4, "CHUNKS_PER_SM": 8,
+             "FINISH_TILE": 4096, "FINISH_WARPS": 16,
              "MIN_CHUNK": 8192, "PLAN_CHUNKS": 16, "STASH": 4096, "STASH_PER_K": 4, "STASH_COLS_SHIFT": 5},
 }
 

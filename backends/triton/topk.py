@@ -477,6 +477,15 @@ def _options(target: Target, cfg: Mapping[str, Any]) -> dict:
     return opts
 
 
+def _finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, dict]:
+    """Tile and launch options of the split path's finishing kernel (``FINISH_TILE`` values over ``FINISH_WARPS``
+    warps; the pass tile and warps by default): one program a row walks the stash several times, so a wider
+    tile holds a typical stash in registers and cuts the serial L2 round trips."""
+    tile = cfg.get("FINISH_TILE", cfg["TILE"])
+    opts = _options(target, dict(cfg, num_warps=cfg.get("FINISH_WARPS", cfg["num_warps"])))
+    return tile, opts
+
+
 def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
     """Columns per chunk when rows are split across programs, or 0 to run the fused one-program-per-row kernel.
 
@@ -517,6 +526,7 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     starts = row_starts if row_starts is not None else lengths
     raw = out_raw if out_raw is not None else out
     opts = _options(target, cfg)
+    fin_tile, fin_opts = _finish_shape(target, cfg)
     scan = dict(s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
                 HAS_STARTS=row_starts is not None, CONTIG=scores.stride(1) == 1, BITS=bits, TILE=tile, **opts)
     common = dict(
@@ -545,7 +555,8 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
         ("classify", lambda: topk_classify_kernel[(rows, chunks)](
             scores, lengths, starts, out, raw, r2b, table, plan, info, stash, cols, k, chunk, cap, **common)),
         ("finish", lambda: topk_finish_kernel[(rows,)](
-            scores, lengths, starts, out, raw, r2b, table, info, stash, cols, k, cap, **common)),
+            scores, lengths, starts, out, raw, r2b, table, info, stash, cols, k, cap,
+            **dict(common, TILE=fin_tile, **fin_opts))),
     ]
 
 
@@ -607,6 +618,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
 
     cfg = tuning["topk"]
     opts = _options(target, cfg)
+    fin_tile, fin_opts = _finish_shape(target, cfg)
     shape = {"BITS": cfg["BITS"], "TILE": cfg["TILE"]}
     unit = {"len_s0": 1, "st_s0": 1, "o_s1": 1, "w_s1": 1, "r2b_s0": 1, "tab_s1": 1}
     aligned = ("s_s0", "o_s0", "w_s0", "tab_s0")
@@ -625,8 +637,9 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         op = "topk_translate" if translate else "topk"
         specs.append(KernelSpec(op, topk_hist_kernel, ptrs, {**flags, "len_s0": 1, "st_s0": 1}, opts,
                                 aligned=("s_s0",)))
-        for kernel in (topk_rows_kernel, topk_classify_kernel, topk_finish_kernel):
+        for kernel in (topk_rows_kernel, topk_classify_kernel):
             specs.append(KernelSpec(op, kernel, ptrs, full, opts, aligned=aligned))
+        specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile), fin_opts, aligned=aligned))
     specs.append(KernelSpec("topk", topk_plan_kernel, index_ptrs, {"BITS": cfg["BITS"], "BLOCK_S": cfg["PLAN_CHUNKS"]},
                             opts))
     return specs
