@@ -24,10 +24,12 @@ _COMMON: dict[str, dict[str, Any]] = {
     # bound, so more programs in flight pay (H200 sweep at 53a8c19: 4 warps x 4 a SM 727 us vs 904 at
     # 2048x32K, equal elsewhere). Rows split into ≥ 8K-column chunks, about 8 a SM, when rows are few; their
     # finishing kernel takes 4K tiles over 16 warps (the same 8 values a thread: a typical stash stays in
-    # registers). A tie stash of max(4096, 4k, columns / 32) entries a row.
+    # registers), their plan 64 chunk histograms a step over 16 warps (a 1M row's 128 chunks in 2 steps, not 8).
+    # A tie stash of max(4096, 4k, columns / 32) entries a row.
     "topk": {"TILE": 1024, "BITS": 8, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4, "CHUNKS_PER_SM": 8,
              "FINISH_TILE": 4096, "FINISH_WARPS": 16,
-             "MIN_CHUNK": 8192, "PLAN_CHUNKS": 16, "STASH": 4096, "STASH_PER_K": 4, "STASH_COLS_SHIFT": 5},
+             "MIN_CHUNK": 8192, "PLAN_CHUNKS": 64, "PLAN_WARPS": 16, "STASH": 4096, "STASH_PER_K": 4,
+             "STASH_COLS_SHIFT": 5},
 }
 
 

@@ -486,6 +486,12 @@ def _finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, dict]:
     return tile, opts
 
 
+def _plan_options(target: Target, cfg: Mapping[str, Any]) -> dict:
+    """Launch options of the split path's plan kernel (``PLAN_WARPS`` warps, else the pass warps): it reads
+    ``PLAN_CHUNKS`` chunk histograms a step, so a wide block takes a long row's chunks in few serial steps."""
+    return _options(target, dict(cfg, num_warps=cfg.get("PLAN_WARPS", cfg["num_warps"])))
+
+
 def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
     """Columns per chunk when rows are split across programs, or 0 to run the fused one-program-per-row kernel.
 
@@ -527,6 +533,7 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     raw = out_raw if out_raw is not None else out
     opts = _options(target, cfg)
     fin_tile, fin_opts = _finish_shape(target, cfg)
+    plan_opts = _plan_options(target, cfg)
     scan = dict(s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
                 HAS_STARTS=row_starts is not None, CONTIG=scores.stride(1) == 1, BITS=bits, TILE=tile, **opts)
     common = dict(
@@ -551,7 +558,7 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     return [
         ("hist", lambda: topk_hist_kernel[(rows, chunks)](scores, lengths, starts, hist, cols, k, chunk, **scan)),
         ("plan", lambda: topk_plan_kernel[(rows,)](hist, plan, info, k, chunks, BITS=bits,
-                                                   BLOCK_S=cfg["PLAN_CHUNKS"], **opts)),
+                                                   BLOCK_S=cfg["PLAN_CHUNKS"], **plan_opts)),
         ("classify", lambda: topk_classify_kernel[(rows, chunks)](
             scores, lengths, starts, out, raw, r2b, table, plan, info, stash, cols, k, chunk, cap, **common)),
         ("finish", lambda: topk_finish_kernel[(rows,)](
@@ -641,5 +648,5 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             specs.append(KernelSpec(op, kernel, ptrs, full, opts, aligned=aligned))
         specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile), fin_opts, aligned=aligned))
     specs.append(KernelSpec("topk", topk_plan_kernel, index_ptrs, {"BITS": cfg["BITS"], "BLOCK_S": cfg["PLAN_CHUNKS"]},
-                            opts))
+                            _plan_options(target, cfg)))
     return specs
