@@ -13,7 +13,9 @@ A radix select that streams each row twice and never sorts it:
    ties); the entries above it and the first tied ones in index order are written, so the lower index
    wins ties deterministically. When bin ``b`` held more entries than the stash, the same rounds
    rescan the row instead (exact, slower).
-   Slots that valid entries cannot fill get -1.
+   Slots that valid entries cannot fill get -1. When translating, the passes write raw positions (to
+   ``out_raw`` when given, else to ``out``) and the finish translates the row's slots once at the end, so no
+   page-table read sits in the streaming loops.
 
 Keys: fp32 bits with negatives' magnitude bits flipped (a signed int32 order); -0.0 is made +0.0,
 NaN and -inf become INT32_MIN and are never counted. bf16/fp16 scores are widened to fp32 first.
@@ -117,6 +119,34 @@ def _emit(out_row, o_s1, raw_row, w_s1, pos, raw, m, seq, b_ok, tab_row, tab_s1,
 
 
 @triton.jit
+def _stage(out_row, o_s1, raw_row, w_s1, pos, raw, m, HAS_RAW: tl.constexpr):
+    """Write window positions ``raw`` at slots ``pos``: to ``out_raw`` when given, else to ``out`` (translated
+    in place by :func:`_translate` when translating), so no page-table read delays the passes."""
+    if HAS_RAW:
+        tl.store(raw_row + pos * w_s1, raw, mask=m)
+    else:
+        tl.store(out_row + pos * o_s1, raw, mask=m)
+
+
+@triton.jit
+def _translate(out_row, o_s1, raw_row, w_s1, n, seq, b_ok, tab_row, tab_s1, pages, page_size,
+               TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr):
+    """When translating: slots ``[0, n)`` staged by this program (and earlier launches) get their physical slots."""
+    if TRANSLATE:
+        tl.debug_barrier()  # the staged slots were written by other threads of this program
+        for j0 in range(0, n, TILE):
+            j = j0 + tl.arange(0, TILE)
+            m = j < n
+            if HAS_RAW:
+                raw = tl.load(raw_row + j * w_s1, mask=m, other=-1)
+            else:
+                raw = tl.load(out_row + j * o_s1, mask=m, other=-1)
+            # The batch guard folds into the length (a scalar bool & tensor mask breaks the interpreter).
+            val = physical(raw, m, tl.where(b_ok, seq, 0), tab_row, tab_s1, pages, page_size, SHIFT)
+            tl.store(out_row + j * o_s1, val, mask=m)
+
+
+@triton.jit
 def _fill(out_row, o_s1, raw_row, w_s1, lo, short, k, seq, b_ok, tab_row, tab_s1, pages, page_size,
           TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr):
     """Slots ``[lo, k)`` of a row: position j below ``short`` (a short row's length, else 0), then -1."""
@@ -176,8 +206,7 @@ def _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_id
     slot = base_a + (ranks & 0xFFFF) - above
     entry = base_e + (ranks >> 16) - tied
     raw = col - start
-    _emit(out_row, o_s1, raw_row, w_s1, slot, raw, (above != 0) & (slot < k), seq, b_ok, tab_row, tab_s1,
-          pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
+    _stage(out_row, o_s1, raw_row, w_s1, slot, raw, (above != 0) & (slot < k), HAS_RAW)
     keep = (tied != 0) & (entry < cap)
     tl.store(stash_key + entry, key, mask=keep)
     tl.store(stash_idx + entry, raw, mask=keep)
@@ -305,8 +334,7 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
         n_eq = run_eq + (ranks >> 16) - eq
         slot = above + n_gt + tl.minimum(n_eq, take)
         chosen = (gt != 0) | ((eq != 0) & (n_eq < take))
-        _emit(out_row, o_s1, raw_row, w_s1, slot, idx, chosen & (slot < k), seq, b_ok, tab_row, tab_s1, pages,
-              page_size, TRANSLATE, HAS_RAW, SHIFT)
+        _stage(out_row, o_s1, raw_row, w_s1, slot, idx, chosen & (slot < k), HAS_RAW)
         last = tl.max(ranks, 0)
         run_gt += last & 0xFFFF
         run_eq += last >> 16
@@ -342,6 +370,8 @@ def topk_rows_kernel(
             filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
                              out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
                              TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
+            _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
+                       TRANSLATE, HAS_RAW, SHIFT, TILE)
         _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row, tab_s1,
               pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
 
@@ -441,6 +471,8 @@ def topk_finish_kernel(
         filled = _finish(scores_ptr + r64 * s_s0, s_s1, start, length, tl.load(info), tl.load(info + 1),
                          tl.load(info + 2), k, cap, stash_key, stash_key + cap, out_row, o_s1, raw_row, w_s1, seq,
                          b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
+        _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
+                   TRANSLATE, HAS_RAW, SHIFT, TILE)
     _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row, tab_s1, pages,
           page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
 
