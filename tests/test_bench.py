@@ -275,3 +275,16 @@ def test_topk_checks_compare_index_sets(fresh_dispatch):
     checks = {r["backend"]: r["check"] for r in report["results"]}
     assert checks["reversed"] == "ok" and checks["torch.topk"] == "ok", checks
     assert checks["wrong"].startswith("MISMATCH: row 0"), checks
+
+
+def test_torch_topk_row_is_checked_by_the_scores_it_picks():
+    """torch.topk breaks ties its own way: a row of equal scores must still pass; a wrong pick must not."""
+    case = bench.TOPK.cases(True)[0]
+    args = bench.TOPK.build(case, torch.Generator().manual_seed(0))
+    args["scores"][0] = 1.0
+    base = bench.ops.topk(args["scores"], args["lengths"], args["k"], backend="torch")
+    assert bench._same_topk(bench._torch_topk(args), base, case) == ""
+    idx, scores = bench._torch_topk(args)
+    idx = idx.clone()
+    idx[1, 0] = scores[1].argmin()
+    assert bench._same_topk((idx, scores), base, case) != ""
