@@ -1,7 +1,9 @@
 """``indexcache bench``: the machine's ceilings and every op per backend, measured in one run.
 
-The ceilings come first: device-to-device copy bandwidth (a large copy, bytes read plus written)
-and the time of an empty Triton kernel launch. Then each case of each op runs on each backend:
+The ceilings come first, only those the requested ops need: device-to-device copy bandwidth (a
+large copy, bytes read plus written), the fp8 (``torch._scaled_mm``) and bf16 matmul rates on 8192³
+for the logits ops, and the time of an empty Triton kernel launch; top-k's roofline is per case (one
+read of its scores). Then each case of each op runs on each backend:
 checked against the torch backend on fresh inputs, then timed as the median of many calls after
 warm-up (CUDA events on a GPU, the host clock elsewhere), rotating through enough input sets to
 exceed four times the L2 cache. On a GPU each case is also timed as replays of one CUDA graph
