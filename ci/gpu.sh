@@ -13,7 +13,7 @@
 #   reports.tar.gz        conformance reports, pytest junit XML, nvidia-smi, the optional scripts' --out folders
 # Settings: PYTHON (default python3); GPU_SH_BUDGET, seconds for all steps (default 470); INDEXCACHE_COMMIT,
 # the commit recorded in the bench JSON where the tree has no .git; GPU_SH_PARTS, which parts to run (default
-# "core kernels runtime"; one device call holds about two of them): core = conformance, memcheck, graph tests,
+# "core kernels runtime"; one device call holds about two of them); GPU_SH_SKIP, step names not to run: core = conformance, memcheck, graph tests,
 # translate bench; kernels = indexcache bench --op mqa_logits / paged_mqa_logits / topk / topk_translate (JSON in
 # reports.tar.gz under bench/), the top-k and logits GPU scripts; runtime = the stream/runtime/model GPU tests,
 # the end-to-end and context-parallel scripts.
@@ -45,6 +45,11 @@ record() {
 step() {
   local name=$1 limit=$2 left rc t0 status=ok
   shift 2
+  if [[ " ${GPU_SH_SKIP:-} " == *" $name "* ]]; then
+    say "=== $name: skipped (GPU_SH_SKIP)"
+    record "$name" "absent (GPU_SH_SKIP)" - 0
+    return 0
+  fi
   left=$((BUDGET - (SECONDS - START)))
   if ((left < 20)); then
     say "=== $name: not run, the ${BUDGET}s budget is spent"
