@@ -13,10 +13,11 @@
 #   reports.tar.gz        conformance reports, pytest junit XML, nvidia-smi, the optional scripts' --out folders
 # Settings: PYTHON (default python3); GPU_SH_BUDGET, seconds for all steps (default 470); INDEXCACHE_COMMIT,
 # the commit recorded in the bench JSON where the tree has no .git; GPU_SH_PARTS, which parts to run (default
-# "core kernels runtime"; one device call holds about two of them); GPU_SH_SKIP, step names not to run: core = conformance, memcheck, graph tests,
-# translate bench; kernels = indexcache bench --op mqa_logits / paged_mqa_logits / topk / topk_translate (JSON in
-# reports.tar.gz under bench/), the top-k and logits GPU scripts; runtime = the stream/runtime/model GPU tests,
-# the end-to-end and context-parallel scripts.
+# "core kernels runtime"; one device call holds about two of them): core = conformance (sm90 and forced sm80),
+# memcheck, graph tests, translate bench; kernels = indexcache bench --op mqa_logits / paged_mqa_logits / topk /
+# topk_translate (JSON in reports.tar.gz under bench/), the top-k and logits GPU scripts; runtime = the
+# stream/runtime/model GPU tests (and under compute-sanitizer), the end-to-end and context-parallel scripts;
+# GPU_SH_SKIP, names of steps to leave out (e.g. "logits-gpu").
 set -u
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 PY=${PYTHON:-python3}
