@@ -166,14 +166,20 @@ def _histogram(row_ptr, s1, lo, hi, CONTIG: tl.constexpr, BITS: tl.constexpr, TI
     col = t0 + tl.arange(0, TILE)
     key, coarse = _load_keys(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG, BITS)
     hist = tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
-    col = t0 + TILE + tl.arange(0, TILE)
-    x = _load(row_ptr, s1, col, col < t1, CONTIG)
-    for t in range(t0 + TILE, t1, TILE):
-        nxt = t + TILE + tl.arange(0, TILE)
-        x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
-        key, coarse = _keys(x, BITS)
-        hist += tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
-        x = x_next
+    if CONTIG:  # strided rows load one tile at a time (64-bit addresses: no registers for a second tile)
+        col = t0 + TILE + tl.arange(0, TILE)
+        x = _load(row_ptr, s1, col, col < t1, CONTIG)
+        for t in range(t0 + TILE, t1, TILE):
+            nxt = t + TILE + tl.arange(0, TILE)
+            x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
+            key, coarse = _keys(x, BITS)
+            hist += tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
+            x = x_next
+    else:
+        for t in range(t0 + TILE, t1, TILE):
+            col = t + tl.arange(0, TILE)
+            key, coarse = _load_keys(row_ptr, s1, col, col < t1, CONTIG, BITS)
+            hist += tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
     if t1 > t0:
         col = t1 + tl.arange(0, TILE)
         key, coarse = _load_keys(row_ptr, s1, col, col < hi, CONTIG, BITS)
@@ -231,16 +237,24 @@ def _classify(row_ptr, s1, lo, hi, start, b, base_a, base_e, k, cap, stash_key, 
     base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row, o_s1,
                                     raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
                                     SHIFT, BITS)
-    col = t0 + TILE + tl.arange(0, TILE)
-    x = _load(row_ptr, s1, col, col < t1, CONTIG)
-    for t in range(t0 + TILE, t1, TILE):
-        col = t + tl.arange(0, TILE)
-        nxt = col + TILE
-        x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
-        base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row,
-                                        o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE,
-                                        HAS_RAW, SHIFT, BITS)
-        x = x_next
+    if CONTIG:  # as in _histogram
+        col = t0 + TILE + tl.arange(0, TILE)
+        x = _load(row_ptr, s1, col, col < t1, CONTIG)
+        for t in range(t0 + TILE, t1, TILE):
+            col = t + tl.arange(0, TILE)
+            nxt = col + TILE
+            x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
+            base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row,
+                                            o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
+                                            TRANSLATE, HAS_RAW, SHIFT, BITS)
+            x = x_next
+    else:
+        for t in range(t0 + TILE, t1, TILE):
+            col = t + tl.arange(0, TILE)
+            x = _load(row_ptr, s1, col, col < t1, CONTIG)
+            base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row,
+                                            o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
+                                            TRANSLATE, HAS_RAW, SHIFT, BITS)
     if t1 > t0:
         col = t1 + tl.arange(0, TILE)
         x = _load(row_ptr, s1, col, col < hi, CONTIG)
