@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -38,6 +36,7 @@ import torch
 
 import indexcache
 from indexcache import dispatch, reference
+from indexcache.bench import checkout_commit
 from indexcache.layout import new_packed_cache, split_packed_cache
 
 H, D, PAGE = 64, 128, 64
@@ -339,15 +338,6 @@ def sweep(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
 # ---------------------------------------------------------------- report
 
 
-def _commit() -> str | None:
-    """``git rev-parse HEAD`` of this checkout, else ``$INDEXCACHE_COMMIT`` (a copy without .git or git)."""
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("INDEXCACHE_COMMIT") or None
-
-
 def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
     cells = [[f"{r.get(c, ''):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
              for r in rows]
@@ -373,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(dev)
     report: dict = {"schema": "indexcache-logits-gpu/1", "date": datetime.datetime.now().isoformat(timespec="seconds"),
                     "gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-                    "triton": triton.__version__, "python": platform.python_version(), "commit": _commit(),
+                    "triton": triton.__version__, "python": platform.python_version(), "commit": checkout_commit(),
                     "targets": TARGETS, "errors": {}}
     started = time.perf_counter()
     sections = [("ceilings", lambda: ceilings(dev)), ("checks", lambda: checks(dev, fp8)),

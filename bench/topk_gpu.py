@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -35,6 +33,7 @@ import torch
 
 import indexcache
 from indexcache import dispatch, reference
+from indexcache.bench import checkout_commit
 
 PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
@@ -381,14 +380,6 @@ def _breakdown_shape(rows: int, cols: int, k: int, chunk: int, target, cfg: dict
 # ---------------------------------------------------------------- report
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("INDEXCACHE_COMMIT") or None
-
-
 def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
     cells = [[f"{r.get(c):.3g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
@@ -411,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     dispatch.reset()
     report: dict = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(dev), "commit": _commit(), "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(dev), "commit": checkout_commit(), "torch": torch.__version__,
         "triton": triton.__version__, "python": platform.python_version(),
         "tuning": dispatch.get("cuda").info().get("tuning", {}).get("topk"), "errors": [],
     }

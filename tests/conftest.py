@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 
 from indexcache import dispatch
 
@@ -18,6 +19,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rpartition(".")[2].startswith(INTERPRETED_MODULES):
             item.add_marker(skip)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: on two busy shared cores it is many times faster than two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -37,15 +37,6 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "configs"
 MODEL_SIZES = {"prompt_len": 160, "topk": 32}
 
 
-@pytest.fixture
-def one_thread():
-    """Two busy shared cores: one torch thread is many times faster than two here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def v32_dump():
     threads = torch.get_num_threads()

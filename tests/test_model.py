@@ -15,20 +15,13 @@ from indexcache.plan import LayerPlan
 from indexcache.runner import IndexerRunner
 from indexcache.state import IndexRecorder, TopkState
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CFG = preset("v32-like", num_layers=8, hidden=64, heads=2, head_dim=32, index_heads=2, topk=16, page_size=8,
              vocab=64, window=16)
 PROMPTS = (48, 30)
 STEPS = 3
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two busy shared cores: one torch thread is many times faster than two here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -14,18 +14,11 @@ from indexcache.plan import LayerPlan
 from indexcache.runner import IndexerRunner
 from indexcache.state import CarryHeader, IndexRecorder, MissingProducerError, TopkState
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 K = 4
 PAGE = 4
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two busy shared cores: one torch thread is many times faster than two here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def inputs(rows, cols=24, seed=0, layers=8, device="cpu"):
