@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from indexcache import reference
-from indexcache.layout import new_packed_cache
+from indexcache.layout import fp8_max, new_packed_cache
 
 I32 = torch.int32
 E4M3 = torch.float8_e4m3fn
@@ -23,19 +23,21 @@ E4M3_FNUZ = torch.float8_e4m3fnuz
 
 @dataclass(frozen=True)
 class Case:
-    """One conformance case: ``build(gen, device)`` gives the op's keyword arguments."""
+    """One conformance case: ``build(gen, device)`` gives the op's keyword arguments; a ``native_fp8`` case's
+    ``build(gen, device, fp8)`` takes the backend's own fp8 format, so every backend runs it."""
 
     op: str
     name: str
-    build: Callable[[torch.Generator, torch.device], dict[str, Any]]
+    build: Callable[..., dict[str, Any]]
+    native_fp8: bool = False
 
 
 CASES: list[Case] = []
 
 
-def case(op: str, name: str):
+def case(op: str, name: str, native_fp8: bool = False):
     def register(build):
-        CASES.append(Case(op, name, build))
+        CASES.append(Case(op, name, build, native_fp8))
         return build
 
     return register
@@ -311,34 +313,35 @@ for _dt, _label in ((E4M3, "fp8 e4m3fn"), (E4M3_FNUZ, "fp8 e4m3fnuz"), (torch.bf
         lambda gen, dev, dt=_dt: _mqa_args(gen, dev, 24, 300, 64, dt))
 
 
-@case("mqa_logits", "full, empty and context-parallel windows, fp8")
-def _(gen, dev):
+@case("mqa_logits", "full, empty and context-parallel windows, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
     tokens, keys = 12, 257
     ks = torch.tensor([0, 0, 5, 100, 256, 257, 300, -4, 30, 0, 128, 64], dtype=I32)
     ke = torch.tensor([257, 0, 5, 200, 257, 257, 400, 10, 20, 1, 256, 2**31 - 1], dtype=I32)
-    return _mqa_args(gen, dev, tokens, keys, 16, E4M3, ks=ks, ke=ke)
+    return _mqa_args(gen, dev, tokens, keys, 16, fp8, ks=ks, ke=ke)
 
 
-@case("mqa_logits", "fp8 extremes (max and subnormal values)")
-def _(gen, dev):
-    args = _mqa_args(gen, dev, 6, 130, 8, E4M3)
-    big = torch.tensor([448.0, -448.0, 2.0**-9, -(2.0**-9), 2.0**-7, 0.0])
+@case("mqa_logits", "native fp8 extremes (max and subnormal values)", native_fp8=True)
+def _(gen, dev, fp8):
+    args = _mqa_args(gen, dev, 6, 130, 8, fp8)
+    top = fp8_max(fp8)
+    big = torch.tensor([top, -top, 2.0**-9, -(2.0**-9), 2.0**-7, 0.0])
     pick = torch.randint(0, 6, (130, 128), generator=gen)
-    args["k"] = big[pick].to(E4M3).to(dev)
-    args["q"][0] = torch.full((8, 128), 448.0).to(E4M3).to(dev)
+    args["k"] = big[pick].to(fp8).to(dev)
+    args["q"][0] = torch.full((8, 128), top).to(fp8).to(dev)
     return args
 
 
-@case("mqa_logits", "scale extremes")
-def _(gen, dev):
-    args = _mqa_args(gen, dev, 8, 200, 16, E4M3)
+@case("mqa_logits", "scale extremes, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    args = _mqa_args(gen, dev, 8, 200, 16, fp8)
     args["k_scale"] = torch.exp2(torch.randint(-40, 40, (200,), generator=gen).float()).to(dev)
     return args
 
 
-@case("mqa_logits", "no keys")
-def _(gen, dev):
-    return _mqa_args(gen, dev, 4, 0, 8, E4M3, ks=torch.zeros(4, dtype=I32), ke=torch.zeros(4, dtype=I32))
+@case("mqa_logits", "no keys, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return _mqa_args(gen, dev, 4, 0, 8, fp8, ks=torch.zeros(4, dtype=I32), ke=torch.zeros(4, dtype=I32))
 
 
 def _paged_args(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, holes=False, pages_per_req=None):
@@ -361,22 +364,22 @@ def _paged_args(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, 
 
 
 for _ps in (16, 32, 64, 128):
-    case("paged_mqa_logits", f"decode, page {_ps}")(
-        lambda gen, dev, ps=_ps: _paged_args(gen, dev, 3, 1, 32, ps, [300, 1, 257]))
+    case("paged_mqa_logits", f"decode, page {_ps}, native fp8", native_fp8=True)(
+        lambda gen, dev, fp8, ps=_ps: _paged_args(gen, dev, 3, 1, 32, ps, [300, 1, 257], dtype=fp8))
 
 for _nn in (2, 3, 4):
-    case("paged_mqa_logits", f"speculative verify, next_n {_nn}, page 64")(
-        lambda gen, dev, nn=_nn: _paged_args(gen, dev, 3, nn, 16, 64, [200, nn, 129]))
+    case("paged_mqa_logits", f"speculative verify, next_n {_nn}, page 64, native fp8", native_fp8=True)(
+        lambda gen, dev, fp8, nn=_nn: _paged_args(gen, dev, 3, nn, 16, 64, [200, nn, 129], dtype=fp8))
 
 
-@case("paged_mqa_logits", "page table with holes and entries beyond the cache")
-def _(gen, dev):
-    return _paged_args(gen, dev, 2, 2, 16, 32, [250, 190], holes=True)
+@case("paged_mqa_logits", "page table with holes and entries beyond the cache, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return _paged_args(gen, dev, 2, 2, 16, 32, [250, 190], dtype=fp8, holes=True)
 
 
-@case("paged_mqa_logits", "context length 0 and contexts beyond the table")
-def _(gen, dev):
-    return _paged_args(gen, dev, 3, 1, 8, 64, [0, 10**6, 64], pages_per_req=2)
+@case("paged_mqa_logits", "context length 0 and contexts beyond the table, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return _paged_args(gen, dev, 3, 1, 8, 64, [0, 10**6, 64], dtype=fp8, pages_per_req=2)
 
 
 @case("paged_mqa_logits", "fp8 e4m3fnuz cache, H 64")
@@ -384,9 +387,9 @@ def _(gen, dev):
     return _paged_args(gen, dev, 2, 1, 64, 64, [190, 64], dtype=E4M3_FNUZ)
 
 
-@case("paged_mqa_logits", "DeepGEMM's 4-D cache view")
-def _(gen, dev):
-    args = _paged_args(gen, dev, 2, 1, 16, 64, [100, 128])
+@case("paged_mqa_logits", "DeepGEMM's 4-D cache view, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    args = _paged_args(gen, dev, 2, 1, 16, 64, [100, 128], dtype=fp8)
     args["k_cache"] = args["k_cache"].view(args["k_cache"].shape[0], 64, 1, 132)
     return args
 

@@ -138,12 +138,19 @@ def _judge(case: Case, args: dict, backend: str, accumulation: str) -> tuple[str
     raise ValueError(f"op: unknown op {op!r}")
 
 
+def native_fp8(backend: str) -> torch.dtype:
+    """The fp8 format a backend computes in (its info's ``fp8_dtype``; e4m3fn when it names none)."""
+    name = dispatch.get(backend).info().get("fp8_dtype", "torch.float8_e4m3fn")
+    return getattr(torch, name.removeprefix("torch."))
+
+
 def run_case(case: Case, backend: str, seed: int = 0) -> CaseResult:
     """Build the case on the backend's device, run it there through the public op, judge it."""
     avail = dispatch.availability(backend)
     accumulation = "tensor-core" if dispatch.get(backend).fp8_tensor_core and avail.mode == "GPU" else "fp32"
     gen = torch.Generator().manual_seed(seed)
-    args = case.build(gen, torch.device(avail.device))
+    device = torch.device(avail.device)
+    args = case.build(gen, device, native_fp8(backend)) if case.native_fp8 else case.build(gen, device)
     start = time.perf_counter()
     try:
         detail, err, bound = _judge(case, args, backend, accumulation)
