@@ -36,7 +36,7 @@ import torch
 
 import indexcache
 from indexcache import dispatch, reference
-from indexcache.bench import checkout_commit
+from indexcache.bench import checkout_commit, print_rows
 from indexcache.layout import new_packed_cache, split_packed_cache
 
 H, D, PAGE = 64, 128, 64
@@ -338,15 +338,6 @@ def sweep(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
 # ---------------------------------------------------------------- report
 
 
-def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
-    cells = [[f"{r.get(c, ''):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
-             for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    print(f"\n{title}")
-    for row in [columns] + cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where the JSON report goes")
@@ -389,13 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         c = report["ceilings"]
         print(f"ceilings: fp8 {c['fp8_tflops']:.0f} TFLOP/s, bf16 {c['bf16_tflops']:.0f} TFLOP/s, "
               f"copy {c['copy_gbps']:.0f} GB/s")
-    _print_table("checks", report.get("checks", []), ["check", "ok", "error", "bound", "detail"])
-    _print_table("prefill (mqa_logits)", report.get("prefill", []),
+    print_rows("checks", report.get("checks", []), ["check", "ok", "error", "bound", "detail"])
+    print_rows("prefill (mqa_logits)", report.get("prefill", []),
                  ["case", "ms", "tflops", "fraction", "torch_ms", "speedup", "meets_target"])
-    _print_table("decode (paged_mqa_logits)", report.get("decode", []),
+    print_rows("decode (paged_mqa_logits)", report.get("decode", []),
                  ["case", "ms", "graph_ms", "floor_ms", "gbps", "fraction", "torch_ms", "speedup", "meets_target"])
     if report.get("sweep"):
-        _print_table("sweep", report["sweep"], ["case", "config", "ms", "tflops", "gbps", "fraction", "error"])
+        print_rows("sweep", report["sweep"], ["case", "config", "ms", "tflops", "gbps", "fraction", "error"])
         for op in ("mqa_logits", "paged_mqa_logits"):
             for case in dict.fromkeys(r["case"] for r in report["sweep"] if r["op"] == op):
                 done = [r for r in report["sweep"] if r["case"] == case and r["op"] == op and "ms" in r]

@@ -33,7 +33,7 @@ import torch
 
 import indexcache
 from indexcache import dispatch, reference
-from indexcache.bench import checkout_commit
+from indexcache.bench import checkout_commit, print_rows
 
 PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
@@ -380,14 +380,6 @@ def _breakdown_shape(rows: int, cols: int, k: int, chunk: int, target, cfg: dict
 # ---------------------------------------------------------------- report
 
 
-def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
-    cells = [[f"{r.get(c):.3g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    print(f"\n{title}")
-    for row in [columns] + cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where the JSON report goes")
@@ -422,19 +414,19 @@ def main(argv: list[str] | None = None) -> int:
             print(traceback.format_exc(), file=sys.stderr, flush=True)
         torch.cuda.empty_cache()
     report["seconds"] = round(time.perf_counter() - start, 1)
-    _print_table("timings (µs; graph replays, inputs rotated past L2; torch backend eager)", report.get("timings", []),
-                 ["case", "read_us", "torch_topk_us", "torch_backend_us", "topk_us", "topk_eager_us",
-                  "topk_translate_us", "x_read", "speedup_vs_torch_topk", "translate_over_topk"])
+    print_rows("timings (µs; graph replays, inputs rotated past L2; torch backend eager)", report.get("timings", []),
+               ["case", "read_us", "torch_topk_us", "torch_backend_us", "topk_us", "topk_eager_us",
+                "topk_translate_us", "x_read", "speedup_vs_torch_topk", "translate_over_topk"], digits=3)
     for row in report.get("timings", []):
         for name, t in row["targets"].items():
             value = "n/a" if t["value"] is None else f"{t['value']:.3g}"
             print(f"  target {row['case']}: {name} {t['goal']}: {value} {'met' if t['met'] else 'NOT MET'}")
     if report.get("breakdown"):
-        _print_table("per-launch (µs, graph replays)", report["breakdown"],
-                     ["case", "rows_us", "hist_us", "plan_us", "classify_us", "finish_us"])
+        print_rows("per-launch (µs, graph replays)", report["breakdown"],
+                   ["case", "rows_us", "hist_us", "plan_us", "classify_us", "finish_us"], digits=3)
     if report.get("sweep"):
-        _print_table("sweep (µs, graph replays)", report["sweep"],
-                     ["case", "config", "path", "us", "equal_to_torch_backend", "error"])
+        print_rows("sweep (µs, graph replays)", report["sweep"],
+                   ["case", "config", "path", "us", "equal_to_torch_backend", "error"], digits=3)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.out} ({report['seconds']} s)")

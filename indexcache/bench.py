@@ -878,6 +878,16 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} µs"
 
 
+def print_rows(title: str, rows: list[dict], columns: list[str], digits: int = 4) -> None:
+    """Print ``rows`` (dicts) as a right-aligned table of ``columns``, floats to ``digits`` significant digits."""
+    cells = [[f"{r[c]:.{digits}g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
+             for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    print(f"\n{title}")
+    for row in [columns] + cells:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+
+
 def format_table(report: Mapping[str, Any]) -> str:
     """The report as text: a header (machine, versions, ceilings) and one table per op."""
     v = report["versions"]
