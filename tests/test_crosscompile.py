@@ -197,3 +197,14 @@ def test_conformance_table_counts_kernel_builds():
     report = {"backend": "rocm", "mode": "interpreted", "results": [],
               "compiled_for": [build, {**build, "status": "failed"}, build]}
     assert table([report]).splitlines()[-1].split() == ["rocm", "cross-compiled", "(compile)", "2", "1", "0", "-"]
+
+
+@pytest.mark.parametrize(("vgpr", "sgpr", "scratch", "failed"), [(0, 12, 0, False), (3, 0, 0, True),
+                                                                 (0, 12, 64, True), (0, 40, 0, True)])
+def test_sgpr_spills_into_vgpr_lanes_pass_and_memory_spills_fail(vgpr, sgpr, scratch, failed):
+    """A few AMD SGPR spills land in VGPR lanes (no memory traffic) and pass; many, VGPR spills or scratch fail."""
+    spec = specs(translate, "rocm", "gfx942")[0]
+    res = {"vgpr": 64, "agpr": 0, "sgpr": 106, "vgpr_spills": vgpr, "sgpr_spills": sgpr, "scratch_bytes": scratch,
+           "shared_bytes": 0}
+    reasons = cc._rules(spec, cc.gpu_target("rocm", "gfx942"), res, [], "")
+    assert bool(reasons) is failed, reasons

@@ -22,8 +22,9 @@ GUARD = 2
 SENTINEL = -7
 NEG_INF, NAN = float("-inf"), float("nan")
 # 512-value tiles, 128 coarse bins, a stash of max(256, k) entries (overflows on purpose), auto split.
-SMALL = {"TILE": 512, "BITS": 7, "num_warps": 4, "PROGRAMS_PER_SM": 2, "CHUNKS_PER_SM": 4, "MIN_CHUNK": 1024,
-         "PLAN_CHUNKS": 4, "STASH": 256, "STASH_PER_K": 1, "STASH_COLS_SHIFT": 16}
+SMALL = {"TILE": 512, "BITS": 7, "DIGIT": 5, "num_warps": 4, "PROGRAMS_PER_SM": 2, "CHUNKS_PER_SM": 4,
+         "MIN_CHUNK": 1024, "GATHER_CHUNKS": 4, "SAMPLE": 256, "SAMPLE_RANK": 16, "STASH": 256, "STASH_PER_K": 1,
+         "STASH_COLS_SHIFT": 16}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -233,3 +234,26 @@ def test_bf16_subnormals_and_signed_zeros():
     lengths = _lengths(1000, 1000)
     out = _public("cuda", scores, lengths, 100)
     _assert_rows(out, reference.topk(scores, lengths, 100))
+
+
+def test_sampled_threshold_finishes_random_rows_in_the_first_launch():
+    """Random rows (normal, uniform, strongly skewed) are finished by the fused kernel alone: the sampled
+    threshold kept their whole top-k in the stash. A row of ties overflows the stash, is left to the finishing
+    launch (its slots untouched until then) and comes out exact from the fallback."""
+    gen = torch.Generator().manual_seed(7)
+    cols, k = 6000, 300
+    scores = torch.randn(4, cols, generator=gen)
+    scores[1] = torch.rand(cols, generator=gen)
+    scores[2] = torch.randn(cols, generator=gen).exp() ** 3
+    scores[3] = 0.5
+    lengths = _lengths(cols, cols, 5000, cols)
+    out = torch.full((4, k), SENTINEL, dtype=torch.int32)
+    steps = _kernels().launches(scores, lengths, k, None, out, None, None, 1, None,
+                                target=_target("cuda", "sm90", True), cfg=SMALL | {"STASH": 1024})
+    assert [name for name, _ in steps] == ["rows", "finish"]
+    steps[0][1]()
+    want = reference.topk(scores, lengths, k)
+    _assert_rows(out[:3], want[:3])
+    assert (out[3] == SENTINEL).all()
+    steps[1][1]()
+    _assert_rows(out, want)

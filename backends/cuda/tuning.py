@@ -26,9 +26,9 @@ _COMMON: dict[str, dict[str, Any]] = {
     # finishing kernel takes 4K tiles over 16 warps (the same 8 values a thread: a typical stash stays in
     # registers), their plan 64 chunk histograms a step over 16 warps (a 1M row's 128 chunks in 2 steps, not 8).
     # A tie stash of max(4096, 4k, columns / 32) entries a row.
-    "topk": {"TILE": 1024, "BITS": 8, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4, "CHUNKS_PER_SM": 8,
-             "FINISH_TILE": 4096, "FINISH_WARPS": 16,
-             "MIN_CHUNK": 8192, "PLAN_CHUNKS": 64, "PLAN_WARPS": 16, "STASH": 4096, "STASH_PER_K": 4,
+    "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
+             "CHUNKS_PER_SM": 8, "FINISH_TILE": 2048, "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 16,
+             "MIN_CHUNK": 8192, "SAMPLE": 4096, "SAMPLE_RANK": 16, "STASH": 4096, "STASH_PER_K": 4,
              "STASH_COLS_SHIFT": 5},
 }
 

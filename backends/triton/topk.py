@@ -1,18 +1,23 @@
 """Top-k selection (and the fused producer step, top-k + page translation) in Triton.
 
-A radix select that streams each row twice and never sorts it:
+A sampled-threshold select that reads each row once, with an exact radix select as its fallback:
 
-1. Pass A: a histogram of a coarse order-preserving key (the top ``BITS`` bits of the value rounded
-   to fp16: sign, exponent and a few mantissa bits; monotone, so coarse order never contradicts the
-   exact one) over the valid entries of the window. Its suffix sum gives the threshold bin ``b``:
-   fewer than k entries lie above it, at least k at or above it.
-2. Pass B: entries above ``b`` go straight to the output (compaction by ``tl.cumsum`` plus a running
-   base); entries of bin ``b`` are appended in index order to a preallocated stash.
-3. Finish: the exact 32-bit key of the ``need``-th best stash entry is radix-selected, one 8-bit digit
-   a round, below the common prefix of the stash's min and max key (at most 4 rounds, none for pure
-   ties); the entries above it and the first tied ones in index order are written, so the lower index
-   wins ties deterministically. When bin ``b`` held more entries than the stash, the same rounds
-   rescan the row instead (exact, slower).
+1. Sample: a few thousand entries spread evenly over the window give a coarse histogram (the top ``BITS``
+   bits of the value rounded to fp16: sign, exponent and a few mantissa bits; monotone, so coarse order
+   never contradicts the exact one). From it a threshold ``T``, the floor of the bin that holds the sample's
+   ``m``-th best entry, with ``m`` set so that ``T`` lies below the row's k-th best score with overwhelming
+   odds (``m = λ + 4·√λ + 2``, ``λ`` the sample entries expected above the k-th best).
+2. Filter: every valid entry ``>= T`` is appended, in index order, to a candidate stash (compaction by
+   ``tl.cumsum`` plus a running base): a compare or two an entry, no histogram over the row.
+3. Finish: when the row gave ``k <= C <= cap`` candidates they hold the whole top-k (every entry at or
+   above the k-th best candidate is ``>= T``), so the exact 32-bit key of the k-th best is radix-selected
+   over the stash, ``DIGIT`` bits a round below the common prefix of its min and max key, stopping as soon
+   as the pivot's digit holds exactly the entries still needed; the entries above it and the first tied
+   ones in index order are written, so the lower index wins ties deterministically.
+4. Fallback (``C < k``: the sample overshot; ``C > cap``: heavy ties or a threshold far too low), exact
+   and slower: a histogram of the whole row gives the threshold bin ``b``; entries above it go straight to
+   the output, those of bin ``b`` to the stash, and the finish above selects among them (rescanning the row
+   when bin ``b`` held more than the stash).
    Slots that valid entries cannot fill get -1. When translating, the passes write raw positions (to
    ``out_raw`` when given, else to ``out``) and the finish translates the row's slots once at the end, so no
    page-table read sits in the streaming loops.
@@ -21,12 +26,13 @@ Keys: fp32 bits with negatives' magnitude bits flipped (a signed int32 order); -
 NaN and -inf become INT32_MIN and are never counted. bf16/fp16 scores are widened to fp32 first.
 
 Launches: many rows run one fused kernel, a persistent grid over rows with one stash per program.
-Few long rows are split into chunks fixed by the shape and the SM count (never by the data): a
-histogram per chunk, a per-row plan (threshold bin, each chunk's output and stash base by chunk-order
-prefix), classification per chunk, then a finishing program per row. Rows with ``len <= k`` give
-``0..len-1`` then -1 without reading scores. The workspace is one int32 buffer per (device, size
-bucket), allocated on first use and reused: no allocation after that, no host sync, grids from
-shapes only. Calls sharing a device must not run concurrently on different streams.
+Few long rows are split into chunks fixed by the shape and the SM count (never by the data): each chunk
+program samples the row (the same sample, so the same ``T``) and filters its chunk into its own region of
+the workspace; then one program a row gathers the regions in chunk order into the row's stash and
+finishes (or falls back). Rows with ``len <= k`` give ``0..len-1`` then -1 without reading scores. The
+workspace is one int32 buffer per (device, size bucket), allocated on first use and reused (at most about
+the size of fp32 scores plus the stashes): no allocation after that, no host sync, grids from shapes only.
+Calls sharing a device must not run concurrently on different streams.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from indexcache.dispatch import OpImpl
 INT_MIN = tl.constexpr(-2147483648)
 INT_MAX = tl.constexpr(2147483647)
 NEG_INF_BITS = tl.constexpr(-8388608)  # 0xFF800000
+KEY_MIN_VALID = tl.constexpr(-2139095040)  # the key of -FLT_MAX (0x80800000): -inf and NaN lie below or above
+KEY_INF = tl.constexpr(2139095040)  # the key of +inf (0x7F800000); +NaN keys lie above it
 _MAX_COLS = 2**31 - 2**16  # int32 column arithmetic with a tile of headroom
 
 
@@ -61,12 +69,20 @@ def _load(row_ptr, s1, col, m, CONTIG: tl.constexpr):
 
 
 @triton.jit
-def _keys(x, BITS: tl.constexpr):
-    """Exact int32 keys (INT_MIN for NaN and -inf) and coarse bins of a tile of raw scores."""
-    if x.dtype == tl.bfloat16:  # by its bits: exact for subnormals, which the interpreter's conversion is not
+def _bits(x):
+    """fp32 bits of a tile of raw scores as int32 (bf16 by its bits: exact for subnormals, which the
+    interpreter's conversion is not)."""
+    if x.dtype == tl.bfloat16:
         bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
     else:
         bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+    return bits
+
+
+@triton.jit
+def _keys(x, BITS: tl.constexpr):
+    """Exact int32 keys (INT_MIN for NaN and -inf) and coarse bins of a tile of raw scores."""
+    bits = _bits(x)
     # Integer tests only, so a target that flushes subnormals in float compares still orders them exactly.
     bits = tl.where(bits == INT_MIN, 0, bits)  # -0.0 -> +0.0
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
@@ -200,9 +216,105 @@ def _threshold_bin(hist, k, NB: tl.constexpr):
 
 
 @triton.jit
+def _bin_floor(b, BITS: tl.constexpr):
+    """A key at or below every value of coarse bin ``b``: the key of the bin's lowest fp16 value (fp16's
+    largest finite value for the bin of +inf, the lowest normal of the sign for a bin of subnormals, the
+    lowest valid key for ``b < 0`` or a bin of -inf)."""
+    o = (b << (16 - BITS)) - 32768  # the bin's lowest fp16 in the signed order of its bits
+    half = o ^ ((o >> 15) & 0x7FFF)
+    mag = half & 0x7FFF
+    neg = half < 0
+    bits = tl.where(mag >= 0x7C00, 0x477FE000,  # inf / NaN patterns: 65504.0
+                    tl.where(mag < 0x400, tl.where(neg, 0x00800000, 0), (mag << 13) + 0x38000000))
+    bits = tl.where(neg, bits | INT_MIN, bits)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return tl.where((b < 0) | (neg & (mag >= 0x7C00)), KEY_MIN_VALID, key)
+
+
+@triton.jit
+def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, BITS: tl.constexpr,
+                  SAMPLES: tl.constexpr, SAMPLE_TILE: tl.constexpr):
+    """The filter threshold of a row (``length > 0``), as a key at or below the ``m``-th best of ``SAMPLES``
+    entries spread evenly over the window, ``m = λ + 4·√λ + 2`` with ``λ = SAMPLES·k/length`` the sample
+    entries expected at or above the k-th best (so it lies below the k-th best unless the sample is off by
+    more than four standard deviations). Two histograms of the sample: the coarse bin ``b`` holding the
+    ``m``-th best, then 256 steps of the exact key inside ``b`` (a coarse bin spans ``2^(29 - BITS)`` keys),
+    so a bounded distribution (uniform scores) keeps few more candidates than needed. -0.0 and +0.0 stay
+    tied: a threshold of +0.0 is lowered to take -0.0 in too."""
+    hist = tl.zeros([1 << BITS], tl.int32)
+    for i0 in range(0, SAMPLES, SAMPLE_TILE):
+        i = i0 + tl.arange(0, SAMPLE_TILE)
+        pos = start + ((i.to(tl.int64) * length) // SAMPLES).to(tl.int32)
+        key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, BITS)
+        hist += tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
+    lam = k.to(tl.float32) * SAMPLES / length.to(tl.float32)
+    m = (lam + 4.0 * tl.sqrt(lam) + 3.0).to(tl.int32)  # >= ceil(λ + 4√λ + 2)
+    b, above, tied = _threshold_bin(hist, m, 1 << BITS)
+    floor = _bin_floor(b, BITS)
+    fine = tl.zeros([256], tl.int32)
+    for i0 in range(0, SAMPLES, SAMPLE_TILE):
+        i = i0 + tl.arange(0, SAMPLE_TILE)
+        pos = start + ((i.to(tl.int64) * length) // SAMPLES).to(tl.int32)
+        key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, BITS)
+        step = tl.minimum(tl.maximum((key - floor) >> (21 - BITS), 0), 255)  # clamped: fp16 rounding, edge bins
+        fine += tl.histogram(step, 256, mask=(key != INT_MIN) & (coarse == b))
+    sub, sub_above, sub_tied = _threshold_bin(fine, m - above, 256)
+    floor += tl.maximum(sub, 0) << (21 - BITS)
+    return tl.where(floor == 0, -1, floor)
+
+
+@triton.jit
+def _filter_tile(x, col, floor, base, start, cap, stash_key, stash_idx, STORE_KEY: tl.constexpr):
+    """One tile of the filter: valid entries with key ``>= floor`` to stash slots from ``base`` (those past
+    ``cap`` are dropped), in index order; returns the new base. The stash key is the raw order key (-0.0
+    as -1; :func:`_source` makes it +0.0)."""
+    key = _bits(x)
+    key = key ^ ((key >> 31) & 0x7FFFFFFF)
+    cand = ((key >= floor) & (key <= KEY_INF)).to(tl.int32)  # floor > the key of -inf: NaN, -inf never pass
+    ranks = tl.cumsum(cand, 0)
+    entry = base + ranks - cand
+    keep = (cand != 0) & (entry < cap)
+    if STORE_KEY:
+        tl.store(stash_key + entry, key, mask=keep)
+    tl.store(stash_idx + entry, col - start, mask=keep)
+    return base + tl.max(ranks, 0)
+
+
+@triton.jit
+def _filter(row_ptr, s1, lo, hi, start, floor, cap, stash_key, stash_idx,
+            STORE_KEY: tl.constexpr, CONTIG: tl.constexpr, TILE: tl.constexpr):
+    """The filter over columns ``[lo, hi)``: window positions of the valid entries ``>= floor`` to
+    ``stash_idx`` (keys to ``stash_key`` when ``STORE_KEY``) from slot 0, in index order, at most ``cap``;
+    returns how many there were (all of them, also past ``cap``). Tiles as in :func:`_histogram`."""
+    t0 = lo // TILE * TILE
+    t1 = hi // TILE * TILE
+    col = t0 + tl.arange(0, TILE)
+    x = _load(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG)
+    count = _filter_tile(x, col, floor, 0, start, cap, stash_key, stash_idx, STORE_KEY)
+    if CONTIG:  # as in _histogram
+        col = t0 + TILE + tl.arange(0, TILE)
+        x = _load(row_ptr, s1, col, col < t1, CONTIG)
+        for t in range(t0 + TILE, t1, TILE):
+            col = t + tl.arange(0, TILE)
+            nxt = col + TILE
+            x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
+            count = _filter_tile(x, col, floor, count, start, cap, stash_key, stash_idx, STORE_KEY)
+            x = x_next
+    else:
+        for t in range(t0 + TILE, t1, TILE):
+            col = t + tl.arange(0, TILE)
+            x = _load(row_ptr, s1, col, col < t1, CONTIG)
+            count = _filter_tile(x, col, floor, count, start, cap, stash_key, stash_idx, STORE_KEY)
+    if t1 > t0:
+        col = t1 + tl.arange(0, TILE)
+        x = _load(row_ptr, s1, col, col < hi, CONTIG)
+        count = _filter_tile(x, col, floor, count, start, cap, stash_key, stash_idx, STORE_KEY)
+    return count
+
+
+@triton.jit
 def _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx,
-                   out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                   TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr):
+                   out_row, o_s1, raw_row, w_s1, HAS_RAW: tl.constexpr, BITS: tl.constexpr):
     """One tile of pass B (raw scores ``x`` at columns ``col``, -inf where masked); returns the new bases."""
     key, coarse = _keys(x, BITS)
     valid = key != INT_MIN
@@ -221,22 +333,17 @@ def _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_id
 
 
 @triton.jit
-def _classify(row_ptr, s1, lo, hi, start, b, base_a, base_e, k, cap, stash_key, stash_idx,
-              out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
-              TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, CONTIG: tl.constexpr,
-              BITS: tl.constexpr, TILE: tl.constexpr):
-    """Pass B over columns ``[lo, hi)``: entries above bin ``b`` to output slots from ``base_a``, entries
-    of bin ``b`` to stash slots from ``base_e`` (those past ``cap`` are dropped), both in index order. Tiles
-    as in :func:`_histogram` (masked edges, vector loads between them, the next tile prefetched)."""
-    base_a = tl.cast(base_a, tl.int32)
-    base_e = tl.cast(base_e, tl.int32)
+def _classify(row_ptr, s1, lo, hi, start, b, k, cap, stash_key, stash_idx, out_row, o_s1, raw_row, w_s1,
+              HAS_RAW: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
+    """Pass B over columns ``[lo, hi)``: entries above bin ``b`` to output slots from 0, entries of bin ``b``
+    to stash slots from 0 (those past ``cap`` are dropped), both in index order. Tiles as in
+    :func:`_histogram` (masked edges, vector loads between them, the next tile prefetched)."""
     t0 = lo // TILE * TILE
     t1 = hi // TILE * TILE
     col = t0 + tl.arange(0, TILE)
     x = _load(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG)
-    base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row, o_s1,
-                                    raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
-                                    SHIFT, BITS)
+    base_a, base_e = _classify_tile(x, col, b, 0, 0, start, k, cap, stash_key, stash_idx, out_row, o_s1, raw_row,
+                                    w_s1, HAS_RAW, BITS)
     if CONTIG:  # as in _histogram
         col = t0 + TILE + tl.arange(0, TILE)
         x = _load(row_ptr, s1, col, col < t1, CONTIG)
@@ -245,29 +352,26 @@ def _classify(row_ptr, s1, lo, hi, start, b, base_a, base_e, k, cap, stash_key, 
             nxt = col + TILE
             x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
             base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row,
-                                            o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                                            TRANSLATE, HAS_RAW, SHIFT, BITS)
+                                            o_s1, raw_row, w_s1, HAS_RAW, BITS)
             x = x_next
     else:
         for t in range(t0 + TILE, t1, TILE):
             col = t + tl.arange(0, TILE)
             x = _load(row_ptr, s1, col, col < t1, CONTIG)
             base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row,
-                                            o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                                            TRANSLATE, HAS_RAW, SHIFT, BITS)
+                                            o_s1, raw_row, w_s1, HAS_RAW, BITS)
     if t1 > t0:
         col = t1 + tl.arange(0, TILE)
         x = _load(row_ptr, s1, col, col < hi, CONTIG)
-        base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row,
-                                        o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE,
-                                        HAS_RAW, SHIFT, BITS)
+        _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row, o_s1, raw_row, w_s1,
+                       HAS_RAW, BITS)
 
 
 @triton.jit
 def _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count,
             CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
-    """Tile ``t`` of the tie candidates: the stash, or (after a stash overflow) the row's bin-``b``
-    entries. Returns keys (INT_MIN for slots that hold no candidate) and window positions, in index order."""
+    """Tile ``t`` of the candidates: the stash, or (after a stash overflow) the row's bin-``b`` entries.
+    Returns keys (INT_MIN for slots that hold no candidate) and window positions, in index order."""
     pos = t + tl.arange(0, TILE)
     if from_row:
         key, coarse = _load_keys(row_ptr, s1, pos, (pos >= start) & (pos < hi), CONTIG, BITS)
@@ -275,38 +379,44 @@ def _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count,
         idx = pos - start
     else:
         key = tl.load(stash_key + pos, mask=pos < count, other=INT_MIN)
+        key = tl.where(key == -1, 0, key)  # -0.0 as the filter stores it -> +0.0
         idx = tl.load(stash_idx + pos, mask=pos < count, other=-1)
     return key, idx
 
 
 @triton.jit
-def _digit_histogram(lo, hi_mask, thr, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx,
-                     count, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
-    """Counts of the 8-bit digit at bit ``lo`` (unsigned order) of the candidates whose bits under
-    ``hi_mask`` equal ``thr``'s (the first tile is held in registers)."""
+def _digit_histogram(lo, fixed, thr, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx,
+                     count, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr):
+    """Counts of the ``DIGIT``-bit digit at bit ``lo`` (unsigned order) of the candidates whose bits under
+    ``fixed`` equal ``thr``'s (the first tile is held in registers)."""
     u = key0 ^ INT_MIN
-    m = (key0 != INT_MIN) & (((u ^ thr) & hi_mask) == 0)
-    hist = tl.histogram((u >> lo) & 0xFF, 256, mask=m)
+    m = (key0 != INT_MIN) & (((u ^ thr) & fixed) == 0)
+    hist = tl.histogram((u >> lo) & ((1 << DIGIT) - 1), 1 << DIGIT, mask=m)
     for t in range(t_lo + TILE, t_hi, TILE):
         key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count, CONTIG, BITS, TILE)
         u = key ^ INT_MIN
-        m = (key != INT_MIN) & (((u ^ thr) & hi_mask) == 0)
-        hist += tl.histogram((u >> lo) & 0xFF, 256, mask=m)
+        m = (key != INT_MIN) & (((u ^ thr) & fixed) == 0)
+        hist += tl.histogram((u >> lo) & ((1 << DIGIT) - 1), 1 << DIGIT, mask=m)
     return hist
 
 
 @triton.jit
 def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
-            out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
-            TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, CONTIG: tl.constexpr,
-            BITS: tl.constexpr, TILE: tl.constexpr):
-    """Slots ``[above, above + need)`` of a long row: the best ``need`` tie candidates (exact key, then lower
-    index). Returns ``above + need``, where the -1 fill starts (valid entries ran out)."""
+            out_row, o_s1, raw_row, w_s1, HAS_RAW: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr,
+            TILE: tl.constexpr, DIGIT: tl.constexpr, MAY_RESCAN: tl.constexpr):
+    """Slots ``[above, above + need)`` of a long row: the best ``need`` of ``tied`` candidates (exact key, then
+    lower index), from the stash, or (``MAY_RESCAN`` and ``tied > cap``) from the row's bin-``b`` entries.
+    Returns ``above + need``, where the -1 fill starts (valid entries ran out)."""
     need = tl.minimum(k - above, tied)
     hi = start + length
-    from_row = tied > cap
-    t_lo = tl.where(from_row, start // TILE * TILE, 0)
-    t_hi = tl.where(from_row, hi, tl.where(need > 0, tied, 0))
+    if MAY_RESCAN:
+        from_row = tied > cap
+        t_lo = tl.where(from_row, start // TILE * TILE, 0)
+        t_hi = tl.where(from_row, hi, tl.where(need > 0, tied, 0))
+    else:
+        from_row: tl.constexpr = False
+        t_lo = 0
+        t_hi = tl.where(need > 0, tied, 0)
     key0, idx0 = _source(t_lo, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
     kmin = tl.min(tl.where(key0 != INT_MIN, key0, INT_MAX), 0)
     kmax = tl.max(key0, 0)
@@ -315,8 +425,10 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
         kmin = tl.minimum(kmin, tl.min(tl.where(key != INT_MIN, key, INT_MAX), 0))
         kmax = tl.maximum(kmax, tl.max(key, 0))
     # The pivot (the need-th best key) shares the common prefix of kmin and kmax: radix-select the bits below
-    # it, one 8-bit digit a round from the top, in the unsigned order (key ^ INT_MIN); digits wholly inside
-    # the prefix are skipped. ``take`` ends as the number of pivot-equal candidates to keep.
+    # it, one DIGIT-bit digit a round from the top, in the unsigned order (key ^ INT_MIN), on the candidates
+    # that match the bits settled so far (``fixed``). Rounds wholly inside the prefix are skipped; once the
+    # pivot's digit holds exactly the ``take`` entries still needed, the rest are too. The last round
+    # overlaps bits already settled when DIGIT does not divide 32 (those bits match by construction).
     diff = kmin ^ kmax
     low = diff | (diff >> 1)
     low = low | (low >> 2)
@@ -324,25 +436,30 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
     low = low | (low >> 8)
     low = low | (low >> 16)
     low = tl.where(need > 0, low, 0)
-    thr = (kmin ^ INT_MIN) & ~low
+    fixed = ~low
+    thr = (kmin ^ INT_MIN) & fixed
     take = need
-    for r in range(4):
-        lo = 24 - 8 * r
-        if (low >> lo) != 0:
-            hi_mask = (tl.cast(-(1 << (31 - 8 * r)), tl.int64) * 2).to(tl.int32)  # bits >= lo + 8; 0 when lo = 24
-            hist = _digit_histogram(lo, hi_mask, thr, key0, t_lo, t_hi, from_row, row_ptr, s1,
-                                    start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
-            digit, above_digit, in_digit = _threshold_bin(hist, take, 256)
+    done = (need <= 0).to(tl.int32)
+    for r in tl.static_range((32 + DIGIT - 1) // DIGIT):
+        lo = max(32 - DIGIT * (r + 1), 0)
+        if (((~fixed) >> lo) != 0) & (done == 0):
+            hist = _digit_histogram(lo, fixed, thr, key0, t_lo, t_hi, from_row, row_ptr, s1,
+                                    start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE, DIGIT)
+            digit, above_digit, in_digit = _threshold_bin(hist, take, 1 << DIGIT)
             take -= above_digit
             thr = thr | (digit << lo)
+            fixed = fixed | (tl.full((), (1 << DIGIT) - 1, tl.int32) << lo)
+            done = (in_digit == take).to(tl.int32)  # the whole digit goes: no lower bit matters
+    # Candidates whose settled bits beat the pivot's all go; of those equal to it, the first ``take`` in
+    # index order. (Unsettled bits are cleared before comparing, in the signed order of the keys.)
     pivot = thr ^ INT_MIN
-    # Candidates above the pivot all go; of those equal to it, the first ``take`` in index order.
     run_gt = 0
     run_eq = 0
     for t in range(t_lo, t_hi, TILE):
         key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
-        gt = (key > pivot).to(tl.int32)
-        eq = (key == pivot).to(tl.int32)
+        settled = ((key ^ INT_MIN) & fixed) ^ INT_MIN
+        gt = ((key != INT_MIN) & (settled > pivot)).to(tl.int32)
+        eq = ((key != INT_MIN) & (settled == pivot)).to(tl.int32)
         ranks = tl.cumsum(gt + (eq << 16), 0)
         n_gt = run_gt + (ranks & 0xFFFF) - gt
         n_eq = run_eq + (ranks >> 16) - eq
@@ -356,139 +473,155 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
 
 
 @triton.jit
+def _fallback(row_ptr, s1, start, length, k, cap, stash_key, stash_idx,
+              out_row, o_s1, raw_row, w_s1, HAS_RAW: tl.constexpr, CONTIG: tl.constexpr,
+              BITS: tl.constexpr, TILE: tl.constexpr):
+    """The exact path of a long row whose filter missed: a histogram of the whole window, its threshold bin
+    ``b``, entries above it to the output and its entries to the stash. Returns ``(b, above, tied)`` for
+    :func:`_finish`."""
+    hist = _histogram(row_ptr, s1, start, start + length, CONTIG, BITS, TILE)
+    b, above, tied = _threshold_bin(hist, k, 1 << BITS)
+    _classify(row_ptr, s1, start, start + length, start, b, k, cap, stash_key, stash_idx, out_row, o_s1, raw_row, w_s1,
+              HAS_RAW, CONTIG, BITS, TILE)
+    return b, above, tied
+
+
+@triton.jit
 def topk_rows_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, stash_ptr,
+    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, stash_ptr, counts_ptr,
     rows, cols, k, cap, batches, pages, page_size,
     s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
-    SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
+    SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr,
+    SAMPLES: tl.constexpr, SAMPLE_TILE: tl.constexpr,
 ):
-    """One program per row at a time (persistent over rows), every pass fused; stash per program."""
+    """Many rows, launch 1: one program per row at a time (persistent over rows) samples, filters into the
+    program's stash and, when ``k <= C <= cap``, finishes, translates and fills the row (short rows: fills),
+    marking it done (``counts[r] = -1``); otherwise ``counts[r] = C`` leaves it to the finishing launch."""
     pid = tl.program_id(0)
     stash_key = stash_ptr + pid.to(tl.int64) * 2 * cap
     stash_idx = stash_key + cap
     for r in range(pid, rows, tl.num_programs(0)):
         start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
-        b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
         r64 = tl.cast(r, tl.int64)
         out_row = out_ptr + r64 * o_s0
         raw_row = raw_ptr + r64 * w_s0
-        filled = 0
+        row_ptr = scores_ptr + r64 * s_s0
+        count = tl.zeros_like(length) - 1
         if length > k:
-            row_ptr = scores_ptr + r64 * s_s0
-            hist = _histogram(row_ptr, s_s1, start, start + length, CONTIG, BITS, TILE)
-            b, above, tied = _threshold_bin(hist, k, 1 << BITS)
-            _classify(row_ptr, s_s1, start, start + length, start, b, 0, 0, k, cap, stash_key, stash_idx,
-                      out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                      TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
-            filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
-                             out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                             TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
-            _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                       TRANSLATE, HAS_RAW, SHIFT, TILE)
-        _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row, tab_s1,
-              pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
+            floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, BITS, SAMPLES, SAMPLE_TILE)
+            count = _filter(row_ptr, s_s1, start, start + length, start, floor, cap, stash_key, stash_idx,
+                            True, CONTIG, TILE)
+        if (length <= k) | ((count >= k) & (count <= cap)):
+            filled = 0
+            if length > k:
+                tl.debug_barrier()  # the stash was written by other threads of this program
+                filled = _finish(row_ptr, s_s1, start, length, -1, 0, count, k, cap, stash_key, stash_idx,
+                                 out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, False)
+            b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
+            if length > k:
+                _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
+                           TRANSLATE, HAS_RAW, SHIFT, TILE)
+            _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row,
+                  tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
+            count = tl.zeros_like(length) - 1
+        tl.store(counts_ptr + r, count)
+        tl.debug_barrier()  # the next row reuses the stash
 
 
 @triton.jit
-def topk_hist_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, hist_ptr, cols, k, chunk, s_s0, s_s1, len_s0, st_s0,
+def topk_filter_kernel(
+    scores_ptr, lengths_ptr, starts_ptr, region_ptr, counts_ptr, cols, k, chunk, region_cap,
+    s_s0, s_s1, len_s0, st_s0,
     HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
+    SAMPLES: tl.constexpr, SAMPLE_TILE: tl.constexpr,
 ):
-    """Split rows, launch 1: the coarse histogram of chunk ``(r, s)`` (zeros for short rows)."""
+    """Split rows, launch 1: chunk ``(r, s)`` samples its row and filters its columns into region ``(r, s)``
+    (window positions, at most ``region_cap``); ``counts[r, s]`` = how many passed (0 for short rows)."""
     r = tl.program_id(0)
     s = tl.program_id(1)
     start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
-    lo = tl.maximum(start, s * chunk)
-    hi = tl.minimum(start + length, s * chunk + chunk)
-    hi = tl.where(length > k, hi, lo)
-    hist = _histogram(scores_ptr + r.to(tl.int64) * s_s0, s_s1, lo, hi, CONTIG, BITS, TILE)
-    nb = 1 << BITS
-    tl.store(hist_ptr + (r.to(tl.int64) * tl.num_programs(1) + s) * nb + tl.arange(0, 1 << BITS), hist)
-
-
-@triton.jit
-def topk_plan_kernel(hist_ptr, plan_ptr, info_ptr, k, chunks, BITS: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Split rows, launch 2: the row's threshold bin, counts (``info[r] = b, above, tied``), and each
-    chunk's output and stash bases by chunk-order prefix (``plan[r, s] = base_a, base_e``)."""
-    r = tl.program_id(0)
-    NB = 1 << BITS
-    bins = tl.arange(0, 1 << BITS)
-    hist_row = hist_ptr + r.to(tl.int64) * chunks * NB
-    total = tl.zeros([1 << BITS], tl.int32)
-    for s0 in range(0, chunks, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        total += tl.sum(tl.load(hist_row + s[:, None] * NB + bins[None, :], mask=(s < chunks)[:, None], other=0), 0)
-    b, above, tied = _threshold_bin(total, k, 1 << BITS)
-    run_a = 0
-    run_e = 0
-    plan_row = plan_ptr + r.to(tl.int64) * chunks * 2
-    for s0 in range(0, chunks, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        h = tl.load(hist_row + s[:, None] * NB + bins[None, :], mask=(s < chunks)[:, None], other=0)
-        a = tl.sum(tl.where(bins[None, :] > b, h, 0), 1)
-        e = tl.sum(tl.where(bins[None, :] == b, h, 0), 1)
-        tl.store(plan_row + s * 2, run_a + tl.cumsum(a, 0) - a, mask=s < chunks)
-        tl.store(plan_row + s * 2 + 1, run_e + tl.cumsum(e, 0) - e, mask=s < chunks)
-        run_a += tl.sum(a, 0)
-        run_e += tl.sum(e, 0)
-    info_row = info_ptr + r.to(tl.int64) * 4
-    tl.store(info_row, b)
-    tl.store(info_row + 1, above)
-    tl.store(info_row + 2, tied)
-
-
-@triton.jit
-def topk_classify_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, plan_ptr, info_ptr, stash_ptr,
-    cols, k, chunk, cap, batches, pages, page_size,
-    s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
-    HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
-    SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
-):
-    """Split rows, launch 3: pass B over chunk ``(r, s)`` from the bases the plan gave it."""
-    r = tl.program_id(0)
-    s = tl.program_id(1)
-    start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+    slot = r.to(tl.int64) * tl.num_programs(1) + s
+    count = 0
     if length > k:
-        b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
-        r64 = tl.cast(r, tl.int64)
+        row_ptr = scores_ptr + r.to(tl.int64) * s_s0
+        floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, BITS, SAMPLES, SAMPLE_TILE)
         lo = tl.maximum(start, s * chunk)
         hi = tl.minimum(start + length, s * chunk + chunk)
-        plan = plan_ptr + (r64 * tl.num_programs(1) + s) * 2
-        stash_key = stash_ptr + r64 * 2 * cap
-        _classify(scores_ptr + r64 * s_s0, s_s1, lo, hi, start, tl.load(info_ptr + r64 * 4), tl.load(plan),
-                  tl.load(plan + 1), k, cap, stash_key, stash_key + cap,
-                  out_ptr + r64 * o_s0, o_s1, raw_ptr + r64 * w_s0, w_s1, seq, b_ok, tab_row, tab_s1, pages,
-                  page_size, TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
+        region = region_ptr + slot * region_cap
+        count = _filter(row_ptr, s_s1, lo, hi, start, floor, region_cap, region, region, False, CONTIG, TILE)
+    tl.store(counts_ptr + slot, count)
+
+
+@triton.jit
+def _gather(row_ptr, s1, start, region_row, counts_row, chunks, region_cap, stash_key, stash_idx,
+            CONTIG: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The chunks' regions of a row, in chunk order, into its stash (keys from the scores)."""
+    base = 0
+    for s0 in range(0, chunks, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        n = tl.load(counts_row + s, mask=s < chunks, other=0)
+        dest = base + tl.cumsum(n, 0) - n
+        for c0 in range(0, tl.max(n, 0), BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            m = c[None, :] < n[:, None]
+            idx = tl.load(region_row + s[:, None].to(tl.int64) * region_cap + c[None, :], mask=m, other=0)
+            key, coarse = _load_keys(row_ptr, s1, start + idx, m, CONTIG, 8)
+            tl.store(stash_key + dest[:, None] + c[None, :], key, mask=m)
+            tl.store(stash_idx + dest[:, None] + c[None, :], idx, mask=m)
+        base += tl.sum(n, 0)
 
 
 @triton.jit
 def topk_finish_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, info_ptr, stash_ptr,
-    cols, k, cap, batches, pages, page_size,
+    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, region_ptr, counts_ptr, stash_ptr,
+    rows, cols, k, cap, chunks, region_cap, batches, pages, page_size,
     s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
-    SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
+    SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
-    """Split rows, launch 4: the ties of long rows, then every row's tail (short rows: all of it)."""
-    r = tl.program_id(0)
-    start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
-    b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
-    r64 = tl.cast(r, tl.int64)
-    out_row = out_ptr + r64 * o_s0
-    raw_row = raw_ptr + r64 * w_s0
-    filled = 0
-    if length > k:
-        info = info_ptr + r64 * 4
-        stash_key = stash_ptr + r64 * 2 * cap
-        filled = _finish(scores_ptr + r64 * s_s0, s_s1, start, length, tl.load(info), tl.load(info + 1),
-                         tl.load(info + 2), k, cap, stash_key, stash_key + cap, out_row, o_s1, raw_row, w_s1, seq,
-                         b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, CONTIG, BITS, TILE)
-        _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                   TRANSLATE, HAS_RAW, SHIFT, TILE)
-    _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row, tab_s1, pages,
-          page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
+    """The last launch, one program per row at a time (persistent over rows, a stash per program): rows the
+    first launch finished (a count of -1) are skipped; a long row whose chunks found ``k <= C <= cap``
+    candidates gathers them and finishes, any other long row takes the exact fallback; then translate and
+    fill (short rows: fill only)."""
+    pid = tl.program_id(0)
+    stash_key = stash_ptr + pid.to(tl.int64) * 2 * cap
+    stash_idx = stash_key + cap
+    for r in range(pid, rows, tl.num_programs(0)):
+        r64 = tl.cast(r, tl.int64)
+        counts_row = counts_ptr + r64 * chunks
+        count = 0
+        for s0 in range(0, chunks, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            count += tl.sum(tl.load(counts_row + s, mask=s < chunks, other=0), 0)
+        if count >= 0:
+            start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+            out_row = out_ptr + r64 * o_s0
+            raw_row = raw_ptr + r64 * w_s0
+            filled = 0
+            if length > k:
+                row_ptr = scores_ptr + r64 * s_s0
+                # A region holds min(chunk, cap) entries, so one that overflowed makes count > cap.
+                b = tl.zeros_like(count) - 1
+                above = tl.zeros_like(count)
+                tied = count
+                if (count >= k) & (count <= cap):
+                    _gather(row_ptr, s_s1, start, region_ptr + r64 * chunks * region_cap, counts_row, chunks,
+                            region_cap, stash_key, stash_idx, CONTIG, BLOCK_S, TILE // BLOCK_S)
+                else:
+                    b, above, tied = _fallback(row_ptr, s_s1, start, length, k, cap, stash_key, stash_idx,
+                                               out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE)
+                tl.debug_barrier()  # the stash was written by other threads of this program
+                filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
+                                 out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, True)
+            b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
+            if length > k:
+                _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
+                           TRANSLATE, HAS_RAW, SHIFT, TILE)
+            _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row,
+                  tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
+            tl.debug_barrier()  # the next row reuses the stash
 
 
 _SCRATCH: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -524,18 +657,15 @@ def _options(target: Target, cfg: Mapping[str, Any]) -> dict:
 
 
 def _finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, dict]:
-    """Tile and launch options of the split path's finishing kernel (``FINISH_TILE`` values over ``FINISH_WARPS``
-    warps; the pass tile and warps by default): one program a row walks the stash several times, so a wider
-    tile holds a typical stash in registers and cuts the serial L2 round trips."""
+    """Tile and launch options of the finishing kernel (``FINISH_TILE`` values over ``FINISH_WARPS`` warps; the
+    pass tile and warps by default; ``FINISH_MAXNREG`` registers on NVIDIA, where ptxas otherwise caps itself at 128
+    and spills): a wide tile holds a typical
+    stash in registers and cuts the serial L2 round trips of the rounds over it."""
     tile = cfg.get("FINISH_TILE", cfg["TILE"])
-    opts = _options(target, dict(cfg, num_warps=cfg.get("FINISH_WARPS", cfg["num_warps"])))
+    opts = launch_options(target, dict(cfg, num_warps=cfg.get("FINISH_WARPS", cfg["num_warps"])))
+    if target.vendor == "cuda" and "FINISH_MAXNREG" in cfg:
+        opts["maxnreg"] = cfg["FINISH_MAXNREG"]
     return tile, opts
-
-
-def _plan_options(target: Target, cfg: Mapping[str, Any]) -> dict:
-    """Launch options of the split path's plan kernel (``PLAN_WARPS`` warps, else the pass warps): it reads
-    ``PLAN_CHUNKS`` chunk histograms a step, so a wide block takes a long row's chunks in few serial steps."""
-    return _options(target, dict(cfg, num_warps=cfg.get("PLAN_WARPS", cfg["num_warps"])))
 
 
 def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
@@ -562,16 +692,26 @@ def stash_capacity(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
     return min(want, width)
 
 
+def sample_size(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
+    """Entries sampled a row: enough that about ``SAMPLE_RANK`` of them are expected at or above the k-th
+    best of a full row, a power of two between 64 and ``SAMPLE`` (a longer row with a small k is sampled
+    more thinly: the threshold's safety margin then keeps more candidates)."""
+    want = triton.next_power_of_2(triton.cdiv(cfg["SAMPLE_RANK"] * cols, max(k, 1)))
+    return max(64, min(want, cfg["SAMPLE"]))
+
+
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, target: Target,
              cfg: Mapping[str, Any]) -> list[tuple[str, Callable[[], None]]]:
-    """The kernel launches of one call, in order, as ``(name, launch)``: one fused launch, or the four of the
-    split path. Arguments as :func:`topk_translate` (``page_table`` None for plain top-k); the workspace
-    is taken here, so launching needs no allocation (and a benchmark can time each launch alone)."""
+    """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
+    split rows' filter, then the finishing kernel. Arguments as :func:`topk_translate` (``page_table`` None for
+    plain top-k); the workspace is taken here, so launching needs no allocation (and a benchmark can time each
+    launch alone)."""
     rows, cols = scores.shape
     if rows == 0 or k == 0:
         return []
     device = scores.device
-    tile, bits, cap = cfg["TILE"], cfg["BITS"], stash_capacity(cols, k, cfg)
+    tile, cap = cfg["TILE"], stash_capacity(cols, k, cfg)
+    samples = sample_size(cols, k, cfg)
     translate = page_table is not None
     table = page_table if translate else out
     r2b = row_to_batch if row_to_batch is not None else lengths
@@ -579,38 +719,35 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     raw = out_raw if out_raw is not None else out
     opts = _options(target, cfg)
     fin_tile, fin_opts = _finish_shape(target, cfg)
-    plan_opts = _plan_options(target, cfg)
     scan = dict(s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
-                HAS_STARTS=row_starts is not None, CONTIG=scores.stride(1) == 1, BITS=bits, TILE=tile, **opts)
+                HAS_STARTS=row_starts is not None, CONTIG=scores.stride(1) == 1, BITS=cfg["BITS"], TILE=tile)
     common = dict(
         o_s0=out.stride(0), o_s1=out.stride(1), w_s0=raw.stride(0), w_s1=raw.stride(1), r2b_s0=r2b.stride(0),
         tab_s0=table.stride(0), tab_s1=table.stride(1), HAS_R2B=row_to_batch is not None, TRANSLATE=translate,
         HAS_RAW=out_raw is not None, SHIFT=page_shift(page_size) if translate else 0,
         batches=table.shape[0] if translate else 0, pages=table.shape[1] if translate else 0,
-        page_size=page_size if translate else 1, **scan,
+        page_size=page_size if translate else 1, DIGIT=cfg["DIGIT"], **scan,
     )
+    sampling = dict(SAMPLES=samples, SAMPLE_TILE=min(samples, tile))
     sms = _sms(target, device)
     chunk = split_chunk(rows, cols, sms, cfg)
-    if not chunk:
-        programs = min(rows, sms * cfg["PROGRAMS_PER_SM"])
-        stash = _scratch(device, programs * 2 * cap)
-        return [("rows", lambda: topk_rows_kernel[(programs,)](
-            scores, lengths, starts, out, raw, r2b, table, stash, rows, cols, k, cap, **common))]
-    chunks = triton.cdiv(cols, chunk)
-    hist_n, plan_n, info_n = rows * chunks * (1 << bits), rows * chunks * 2, rows * 4
-    ws = _scratch(device, hist_n + plan_n + info_n + rows * 2 * cap)
-    hist, plan = ws[:hist_n], ws[hist_n:hist_n + plan_n]
-    info, stash = ws[hist_n + plan_n:hist_n + plan_n + info_n], ws[hist_n + plan_n + info_n:]
-    return [
-        ("hist", lambda: topk_hist_kernel[(rows, chunks)](scores, lengths, starts, hist, cols, k, chunk, **scan)),
-        ("plan", lambda: topk_plan_kernel[(rows,)](hist, plan, info, k, chunks, BITS=bits,
-                                                   BLOCK_S=cfg["PLAN_CHUNKS"], **plan_opts)),
-        ("classify", lambda: topk_classify_kernel[(rows, chunks)](
-            scores, lengths, starts, out, raw, r2b, table, plan, info, stash, cols, k, chunk, cap, **common)),
-        ("finish", lambda: topk_finish_kernel[(rows,)](
-            scores, lengths, starts, out, raw, r2b, table, info, stash, cols, k, cap,
-            **dict(common, TILE=fin_tile, **fin_opts))),
-    ]
+    chunks = triton.cdiv(cols, chunk) if chunk else 1
+    region_cap = min(chunk, cap)
+    row_programs = 0 if chunk else min(rows, sms * cfg["PROGRAMS_PER_SM"])
+    finish_programs = min(rows, sms)
+    region_n, counts_n = rows * chunks * region_cap, rows * chunks
+    ws = _scratch(device, region_n + counts_n + max(row_programs, finish_programs) * 2 * cap)
+    region, counts, stash = ws[:region_n], ws[region_n:region_n + counts_n], ws[region_n + counts_n:]
+    if chunk:
+        first = ("filter", lambda: topk_filter_kernel[(rows, chunks)](
+            scores, lengths, starts, region, counts, cols, k, chunk, region_cap, **scan, **sampling, **opts))
+    else:
+        first = ("rows", lambda: topk_rows_kernel[(row_programs,)](
+            scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap, **common, **sampling,
+            **opts))
+    return [first, ("finish", lambda: topk_finish_kernel[(finish_programs,)](
+        scores, lengths, starts, out, raw, r2b, table, region, counts, stash, rows, cols, k, cap, chunks, region_cap,
+        BLOCK_S=cfg["GATHER_CHUNKS"], **dict(common, TILE=fin_tile), **fin_opts))]
 
 
 def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
@@ -672,7 +809,9 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     cfg = tuning["topk"]
     opts = _options(target, cfg)
     fin_tile, fin_opts = _finish_shape(target, cfg)
+    samples = sample_size(1 << 17, 2048, cfg)
     shape = {"BITS": cfg["BITS"], "TILE": cfg["TILE"]}
+    sampling = {"SAMPLES": samples, "SAMPLE_TILE": min(samples, cfg["TILE"])}
     unit = {"len_s0": 1, "st_s0": 1, "o_s1": 1, "w_s1": 1, "r2b_s0": 1, "tab_s1": 1}
     aligned = ("s_s0", "o_s0", "w_s0", "tab_s0")
     variants = (  # dtype, HAS_STARTS, HAS_R2B, TRANSLATE, HAS_RAW, SHIFT, CONTIG
@@ -681,18 +820,17 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         (torch.float16, True, False, True, False, -1, False),
     )
     index_ptrs = {name: "*i32" for name in ("lengths_ptr", "starts_ptr", "out_ptr", "raw_ptr", "r2b_ptr", "table_ptr",
-                                            "stash_ptr", "hist_ptr", "plan_ptr", "info_ptr")}
+                                            "stash_ptr", "region_ptr", "counts_ptr")}
     specs = []
     for dtype, starts, r2b, translate, has_raw, shift, contig in variants:
         ptrs = {**index_ptrs, "scores_ptr": pointer(dtype)}
         flags = {"HAS_STARTS": starts, "CONTIG": contig, **shape, **({"s_s1": 1} if contig else {})}
-        full = {**flags, "HAS_R2B": r2b, "TRANSLATE": translate, "HAS_RAW": has_raw, "SHIFT": shift, **unit}
+        full = {**flags, "HAS_R2B": r2b, "TRANSLATE": translate, "HAS_RAW": has_raw, "SHIFT": shift,
+                "DIGIT": cfg["DIGIT"], **unit}
         op = "topk_translate" if translate else "topk"
-        specs.append(KernelSpec(op, topk_hist_kernel, ptrs, {**flags, "len_s0": 1, "st_s0": 1}, opts,
+        specs.append(KernelSpec(op, topk_filter_kernel, ptrs, {**flags, **sampling, "len_s0": 1, "st_s0": 1}, opts,
                                 aligned=("s_s0",)))
-        for kernel in (topk_rows_kernel, topk_classify_kernel):
-            specs.append(KernelSpec(op, kernel, ptrs, full, opts, aligned=aligned))
-        specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile), fin_opts, aligned=aligned))
-    specs.append(KernelSpec("topk", topk_plan_kernel, index_ptrs, {"BITS": cfg["BITS"], "BLOCK_S": cfg["PLAN_CHUNKS"]},
-                            _plan_options(target, cfg)))
+        specs.append(KernelSpec(op, topk_rows_kernel, ptrs, {**full, **sampling}, opts, aligned=aligned))
+        specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"]),
+                                fin_opts, aligned=aligned))
     return specs
