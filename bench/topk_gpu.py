@@ -39,11 +39,11 @@ PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
 SWEEP_SHAPES = [(64, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
 ADVERSARIAL = [(40000, 2048), (9000, 513)]  # columns, k
-SWEEP = [  # TILE, num_warps, BITS, PROGRAMS_PER_SM, CHUNKS_PER_SM, MIN_CHUNK (the first is the table's)
-    (1024, 4, 8, 4, 8, 8192), (1024, 8, 8, 2, 8, 8192), (2048, 4, 8, 2, 8, 8192), (1024, 4, 7, 4, 8, 8192),
-    (1024, 4, 8, 4, 16, 4096), (512, 4, 8, 4, 8, 8192),
+SWEEP = [  # tuning overrides on the table's entry (the first is the table itself)
+    {}, {"SAMPLE_RANK": 4}, {"SAMPLE_RANK": 64}, {"FINISH_TILE": 4096}, {"BITS": 7},
+    {"TILE": 2048, "num_warps": 8, "PROGRAMS_PER_SM": 2}, {"CHUNKS_PER_SM": 4}, {"TILE": 512},
 ]
-# Per-launch times: the split path's four kernels (and the fused kernel alone); CHUNK forces the split path.
+# Per-launch times: the fused kernel or the split filter, then the finishing kernel; CHUNK forces the split path.
 BREAKDOWN = [(64, 131072, 2048, 0), (1, 1 << 20, 2048, 0), (2048, 32768, 2048, 0), (2048, 32768, 2048, 32768)]
 
 
@@ -326,12 +326,10 @@ def _sweep_shape(rows: int, cols: int, k: int, target, base: dict, dev) -> list[
     want = indexcache.topk(scores[0], lengths, k, backend="torch")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     found = []
-    for tile, warps, bits, per_sm, chunks_per_sm, min_chunk in SWEEP:
-        cfg = dict(base, TILE=tile, num_warps=warps, BITS=bits, PROGRAMS_PER_SM=per_sm, CHUNKS_PER_SM=chunks_per_sm,
-                   MIN_CHUNK=min_chunk)
+    for overrides in SWEEP:
+        cfg = dict(base, **overrides)
         chunk = kernels.split_chunk(rows, cols, sms, cfg)
-        row = {"case": _case(rows, cols, k), "config": f"TILE={tile} warps={warps} BITS={bits} per_sm={per_sm} "
-               f"chunks_per_sm={chunks_per_sm} min_chunk={min_chunk}",
+        row = {"case": _case(rows, cols, k), "config": " ".join(f"{n}={v}" for n, v in overrides.items()) or "table",
                "path": f"split, chunk {chunk}" if chunk else "one program a row"}
 
         def run(i: int, c: dict = cfg) -> torch.Tensor:
@@ -341,6 +339,10 @@ def _sweep_shape(rows: int, cols: int, k: int, target, base: dict, dev) -> list[
             run(0)
             row["equal_to_torch_backend"] = bool(_same_sets(out, want).all())
             row["us"] = _timed(run, sets, True, 0.15)
+            steps = [kernels.launches(s, lengths, k, None, out, None, None, 1, None, target=target, cfg=cfg)
+                     for s in scores]
+            for j, (name, _) in enumerate(steps[0]):
+                row[name + "_us"] = _timed(lambda i, j=j, st=steps: st[i][j][1](), sets, True, 0.1)
         except Exception as exc:  # a configuration that does not compile or fit is a result too
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         found.append(row)
@@ -423,10 +425,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  target {row['case']}: {name} {t['goal']}: {value} {'met' if t['met'] else 'NOT MET'}")
     if report.get("breakdown"):
         print_rows("per-launch (µs, graph replays)", report["breakdown"],
-                   ["case", "rows_us", "hist_us", "plan_us", "classify_us", "finish_us"], digits=3)
+                   ["case", "rows_us", "filter_us", "finish_us"], digits=3)
     if report.get("sweep"):
         print_rows("sweep (µs, graph replays)", report["sweep"],
-                   ["case", "config", "path", "us", "equal_to_torch_backend", "error"], digits=3)
+                   ["case", "config", "path", "us", "rows_us", "filter_us", "finish_us", "equal_to_torch_backend",
+                    "error"], digits=3)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.out} ({report['seconds']} s)")

@@ -247,7 +247,7 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, BITS: tl.
         pos = start + ((i.to(tl.int64) * length) // SAMPLES).to(tl.int32)
         key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, BITS)
         hist += tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
-    lam = k.to(tl.float32) * SAMPLES / length.to(tl.float32)
+    lam = (k * 1.0) * SAMPLES / length.to(tl.float32)  # k may arrive as a constexpr (Triton specialises 1)
     m = (lam + 4.0 * tl.sqrt(lam) + 3.0).to(tl.int32)  # >= ceil(λ + 4√λ + 2)
     b, above, tied = _threshold_bin(hist, m, 1 << BITS)
     floor = _bin_floor(b, BITS)
@@ -801,9 +801,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
     """What the top-k kernels build for ``target`` (cross-compile check), with the table's tile and histogram:
-    plain fp32 topk; the producer step on bf16 with every option (row_starts, row_to_batch, out_raw, shift
-    path); fp16 strided scores with row_starts and a non-power-of-two page size. Unit strides of the index
-    tensors are specialised to constants, as a launch does."""
+    plain fp32 topk with k = 1 (an int argument of 1 arrives as a constant, as a launch specialises it); the
+    producer step on bf16 with every option (row_starts, row_to_batch, out_raw, shift path); fp16 strided
+    scores with row_starts and a non-power-of-two page size. Unit strides of the index tensors are
+    specialised to constants, as a launch does."""
     from indexcache.backends.triton.crosscompile import KernelSpec, pointer
 
     cfg = tuning["topk"]
@@ -826,9 +827,10 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         ptrs = {**index_ptrs, "scores_ptr": pointer(dtype)}
         flags = {"HAS_STARTS": starts, "CONTIG": contig, **shape, **({"s_s1": 1} if contig else {})}
         full = {**flags, "HAS_R2B": r2b, "TRANSLATE": translate, "HAS_RAW": has_raw, "SHIFT": shift,
-                "DIGIT": cfg["DIGIT"], **unit}
+                "DIGIT": cfg["DIGIT"], **unit, **({} if translate else {"k": 1})}
         op = "topk_translate" if translate else "topk"
-        specs.append(KernelSpec(op, topk_filter_kernel, ptrs, {**flags, **sampling, "len_s0": 1, "st_s0": 1}, opts,
+        specs.append(KernelSpec(op, topk_filter_kernel, ptrs, {**flags, **sampling, "len_s0": 1, "st_s0": 1,
+                                                               **({} if translate else {"k": 1})}, opts,
                                 aligned=("s_s0",)))
         specs.append(KernelSpec(op, topk_rows_kernel, ptrs, {**full, **sampling}, opts, aligned=aligned))
         specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"]),
