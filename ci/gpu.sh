@@ -155,6 +155,7 @@ if part runtime; then
   fi
   run_hook e2e 180
   run_hook cp 120
+  run_hook cp_model 120
 fi
 
 tar -czf "$OUT/reports.tar.gz" -C "$WORK" . || record pack "FAILED (tar)" - 0

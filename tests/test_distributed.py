@@ -1,13 +1,17 @@
 """Context-parallel top-k on 2 and 4 gloo ranks (forked by the tests) against the single-rank reference.
 
 Every rank builds the same global scores from a seed, keeps its shard, runs ``cp_topk`` and checks the
-answer against ``reference.topk`` on the whole scores. A failing rank raises, which fails the test.
+answer against ``reference.topk`` on the whole scores. A failing rank raises, which fails the test. The
+small model's context-parallel prefill (``bench/cp_model_gpu.py``'s check) runs the same way on 2 ranks.
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +20,7 @@ import torch.multiprocessing as mp
 
 from indexcache import reference
 from indexcache.distributed import cp_topk, cp_topk_translate, zigzag_key_index
+from indexcache.model import preset
 
 I32 = torch.int32
 
@@ -137,6 +142,26 @@ def test_cp_topk_equals_single_rank_topk(world, tmp_path):
 @pytest.mark.parametrize("world", [2, 4])
 def test_cp_topk_translate_equals_single_rank(world, tmp_path):
     _spawn(world, tmp_path, _check_translate)
+
+
+def _check_model_prefill(rank: int, world: int) -> None:
+    path = Path(__file__).resolve().parents[1] / "bench" / "cp_model_gpu.py"
+    spec = importlib.util.spec_from_file_location("cp_model_gpu", path)
+    script = sys.modules["cp_model_gpu"] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
+    spec.loader.exec_module(script)
+    config = preset("v32-like", num_layers=6, hidden=64, heads=2, head_dim=32, index_heads=2, topk=16, page_size=8,
+                    vocab=64, window=16)
+    # k = 16: below the two longer prompts, above the short one; plan FFSFSF (producers and shared layers).
+    result, _, _ = script.check(rank, world, config, (48, 30, 9), 2, torch.device("cpu"))
+    assert result["plan"] == "FFSFSF" and result["producers"] == [0, 1, 3, 5]
+    assert result["sets_equal"], f"rank {rank}: mismatched rows by producer {result['mismatched_rows']}"
+    assert result["logits_close"], f"rank {rank}: max abs diff {result['max_abs_diff']}"
+
+
+@pytest.mark.skipif(not dist.is_gloo_available() or "fork" not in mp.get_all_start_methods(),
+                    reason="needs torch.distributed with gloo and forked processes")
+def test_cp_model_prefill_equals_single_device(tmp_path):
+    _spawn(2, tmp_path, _check_model_prefill)
 
 
 @pytest.mark.parametrize(("num_keys", "world"), [(100, 3), (5, 4), (0, 2), (8, 1)])

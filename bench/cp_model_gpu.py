@@ -1,0 +1,366 @@
+"""Context-parallel prefill of the small DSA model (the indexer's keys split across ranks) against one device.
+
+    python bench/cp_model_gpu.py --nproc 2 --out reports/gpu/cp_model-2gpu.json    # two GPUs (issue 10)
+    python bench/cp_model_gpu.py --nproc 2 --dist-backend gloo                     # CPU smoke run
+
+Spawns one process per rank (NCCL on ``cuda:rank`` with ``NCCL_NVLS_ENABLE=0``, or gloo on CPU processes
+with the library's CPU backend choice). Every rank builds the same model (:class:`indexcache.model.DSAModel`,
+seeded) and the same prompts (three of different lengths: k is below the longer ones and above the
+short one) and prefills them twice under a plan with producers and shared layers (``--freq``):
+
+- the reference: the plain model and :class:`~indexcache.state.TopkState`, the whole key axis;
+- context parallel: :class:`ShardedIndexerModel` computes each producer's logits on the rank's contiguous
+  shard of the keys only, :class:`CPTopkState` merges the top-k across ranks with
+  :func:`indexcache.distributed.cp_topk_translate`; shared layers reuse it, and everything else (KV
+  cache, sparse attention) runs replicated, so every rank's output must equal the reference.
+
+Checks on every rank: each producer's selected logical indices equal the reference's as sets per row
+(cp_topk returns them by score, topk in an unspecified order: both are compared row-sorted), and the
+final logits agree within 1e-4 of their largest magnitude (max abs difference and bitwise equality are
+reported). Timings, rank 0's, median of ``--reps``: the whole prefill forward on one device vs context
+parallel and, per producer, ``mqa_logits`` of the rank's shard vs ``cp_topk`` (local top-k, all-gather,
+merge) on those scores. CUDA events on GPUs; with gloo they are host-clock smoke numbers, not speeds.
+Prints tables, writes JSON to ``--out`` and exits 1 on a mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import indexcache
+from indexcache import dispatch
+from indexcache.bench import checkout_commit, print_rows
+from indexcache.distributed import cp_topk, cp_topk_translate
+from indexcache.layout import split_packed_cache
+from indexcache.model import Batch, DSAModel, ModelConfig, PagedCache, preset, rope_first_half
+from indexcache.ops import INDEX
+from indexcache.runner import IndexerRunner
+from indexcache.state import IndexRecorder, TopkState
+
+SCHEMA = "indexcache-cp-model-bench/1"
+LOGITS_TOLERANCE = 1e-4  # relative to the largest reference logit (at least 1)
+# Defaults per --dist-backend: (k, prompt lengths, reps). GPUs: DeepSeek-V3.2's k 2048; CPU: small.
+DEFAULTS = {"nccl": (2048, (3072, 2304, 1024), 10), "gloo": (128, (384, 200, 64), 3)}
+
+
+class ShardedIndexerModel(DSAModel):
+    """:class:`DSAModel` whose prefill indexer scores only this rank's contiguous shard of the keys.
+
+    Of the N keys a prefill batch gathers, rank ``rank`` of ``world`` holds ``[key_offset, key_offset +
+    n_local)`` with ``key_offset = N * rank // world``; :meth:`_index_scores` sets ``key_offset`` and
+    ``num_keys`` (N) on each call for :class:`CPTopkState`. When ``captured`` is a dict, each producer's
+    ``mqa_logits`` arguments are kept there by layer (for timing).
+    """
+
+    def __init__(self, config: ModelConfig, device: torch.device | str, rank: int, world: int) -> None:
+        super().__init__(config, device)
+        self.rank, self.world = rank, world
+        self.key_offset = 0
+        self.num_keys = 0
+        self.captured: dict[int, tuple] | None = None
+
+    def _index_scores(self, layer: int, h: torch.Tensor, batch: Batch, cache: PagedCache,
+                      new_slots: torch.Tensor) -> torch.Tensor:
+        """What :meth:`DSAModel._index_scores` computes, but ``mqa_logits`` over the rank's keys only:
+        local logits ``[R, n_local]`` float32 (-inf outside each row's window). Prefill only."""
+        if batch.decode:
+            raise NotImplementedError("ShardedIndexerModel: context parallelism is modelled for prefill only")
+        c = self.config
+        if layer not in cache.index_k:
+            raise ValueError(f"layer {layer} runs its indexer but the cache has no index-K cache for it")
+        w = self.layers[layer]
+        rows, heads, dim = batch.rows, c.index_heads, c.index_dim
+        q = rope_first_half((h @ w.wq_index).view(rows, heads, dim), batch.positions) @ self.hadamard
+        k = rope_first_half(F.layer_norm(h @ w.wk_index, (dim,)), batch.positions) @ self.hadamard
+        k_cache = cache.index_k[layer]
+        indexcache.store_index_k(k, k_cache, new_slots.to(INDEX), self.fp8)
+        q8, q_scale = indexcache.quantize_index_k(q.reshape(rows * heads, dim), self.fp8, block=dim)
+        weights = (h @ w.w_weights) * heads**-0.5 * q_scale.view(rows, heads) * dim**-0.5
+        key_slots = indexcache.translate(batch.key_positions[:, None], batch.tables[layer], batch.key_lengths,
+                                         c.page_size, row_to_batch=batch.key_batch).view(-1).long()
+        keys, scales = split_packed_cache(k_cache, dim, self.fp8)
+        page, offset = key_slots // c.page_size, key_slots % c.page_size
+        k8 = keys.view(torch.uint8)[page, offset].view(self.fp8)
+        k_scale = scales[page, offset]
+        n = k8.shape[0]
+        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
+        self.key_offset, self.num_keys = lo, n
+        ks = batch.key_starts
+        args = (q8.view(rows, heads, dim), k8[lo:hi], k_scale[lo:hi], weights, (ks - lo).clamp(0, hi - lo),
+                (ks + batch.lengths - lo).clamp(0, hi - lo))
+        if self.captured is not None:
+            self.captured[layer] = args
+        return indexcache.mqa_logits(*args)
+
+
+class CPTopkState(TopkState):
+    """A :class:`TopkState` whose producers merge the top-k of ``model``'s key shards across ``group``.
+
+    :meth:`produce` takes the local scores ``[rows, n_local]`` of :class:`ShardedIndexerModel` and fills
+    ``raw`` (global logical indices, -1 = empty) and ``physical`` as :meth:`TopkState.produce` does on
+    the whole scores. When ``captured`` is a dict, each producer's :func:`cp_topk` arguments are kept there.
+    """
+
+    def __init__(self, max_rows: int, k: int, model: ShardedIndexerModel, group: dist.ProcessGroup | None = None
+                 ) -> None:
+        super().__init__(max_rows, k, model.device)
+        self.model = model
+        self.group = group
+        self.captured: dict[int, dict] | None = None
+
+    def produce(self, layer: int, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor,
+                page_size: int, *, row_starts: torch.Tensor | None = None,
+                row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_rows("scores", scores)
+        rows = self.rows
+        shard = dict(local_scores=scores, key_offset=self.model.key_offset, lengths=lengths, k=self.k,
+                     row_starts=row_starts, num_keys=self.model.num_keys)
+        if self.captured is not None:
+            self.captured[layer] = shard
+        out = cp_topk_translate(**shard, page_table=page_table, page_size=page_size, group=self.group,
+                                row_to_batch=row_to_batch, out=self.physical[:rows], out_raw=self.raw[:rows])
+        self.raw[rows:].fill_(-1)
+        self.producer = layer
+        if self.recorder is not None:
+            self.recorder(layer, self.raw[:rows])
+        return out
+
+
+def prompts_of(lengths: Sequence[int], vocab: int, seed: int = 0) -> list[torch.Tensor]:
+    """Prompts of ``lengths`` tokens (int64 ``[n]`` each), the same on every rank for one ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen) for n in lengths]
+
+
+@dataclasses.dataclass
+class Prefill:
+    """One model's prefill of the prompts, ready to run (again): ``run()`` returns logits ``[R, vocab]``."""
+
+    model: DSAModel
+    runner: IndexerRunner
+    state: TopkState
+    batch: Batch
+    cache: PagedCache
+
+    def run(self) -> torch.Tensor:
+        return self.model.run(self.batch, self.cache, self.runner, self.state)
+
+
+def setup(model: DSAModel, freq: int, prompts: Sequence[torch.Tensor], state_of: Callable[[int, int], TopkState]
+          ) -> Prefill:
+    """The prefill of ``prompts`` on ``model`` under ``model.plan(freq)``; ``state_of(rows, k)`` builds the
+    state. The cache (page tables from seed 0) holds index-K caches for the producers only."""
+    runner = IndexerRunner(model.plan(freq))
+    producers = [layer for layer in runner.layers if runner.role(layer) == "F"]
+    cache = model.new_cache(len(prompts), max(int(p.shape[0]) for p in prompts), index_layers=producers)
+    batch = Batch.prefill(prompts, cache.tables_for(range(len(prompts))))
+    return Prefill(model, runner, state_of(batch.rows, runner.k), batch, cache)
+
+
+def check(rank: int, world: int, config: ModelConfig, prompt_lens: Sequence[int], freq: int,
+          device: torch.device, group: dist.ProcessGroup | None = None) -> tuple[dict, Prefill, Prefill]:
+    """Prefill on one device and context parallel on this rank of ``group``; compare (see the module docstring).
+
+    Returns the checks (agreed across ranks: mismatches summed, differences maxed) and both prefills.
+    """
+    prompts = prompts_of(prompt_lens, config.vocab)
+    ref = setup(DSAModel(config, device), freq, prompts, lambda rows, k: TopkState(rows, k, device))
+    model = ShardedIndexerModel(config, device, rank, world)
+    cp = setup(model, freq, prompts, lambda rows, k: CPTopkState(rows, k, model, group))
+    recorded = []
+    for prefill in (ref, cp):
+        prefill.state.recorder = recorder = IndexRecorder()
+        logits = prefill.run()
+        prefill.state.recorder = None
+        recorded.append((logits, recorder.stacked()))
+    (want, want_raw), (got, got_raw) = recorded
+    producers = [layer for layer in ref.runner.layers if ref.runner.role(layer) == "F"]
+    mismatched = torch.tensor([int((want_raw[layer].sort(1).values != got_raw[layer].sort(1).values).any(1).sum())
+                               for layer in producers], dtype=torch.int64, device=device)
+    diff = torch.stack([(got - want).abs().max(), want.abs().max(), (got != want).any().float()])
+    dist.all_reduce(mismatched, group=group)
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX, group=group)
+    max_abs_diff, max_abs_logit, differs = diff.tolist()
+    result = {
+        "world_size": world, "rows": ref.batch.rows, "k": ref.runner.k,
+        "plan": ref.runner.plan.roles, "producers": producers,
+        "mismatched_rows": dict(zip(producers, mismatched.tolist(), strict=True)),
+        "sets_equal": not bool(mismatched.any()),
+        "max_abs_diff": max_abs_diff, "max_abs_logit": max_abs_logit, "logits_bitwise_equal": not differs,
+        "logits_close": max_abs_diff <= LOGITS_TOLERANCE * max(1.0, max_abs_logit),
+    }
+    result["equal"] = result["sets_equal"] and result["logits_close"]
+    return result, ref, cp
+
+
+def median_us(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
+    """Median µs of ``reps`` calls after ``warmup``: CUDA events on a GPU, the host clock on the CPU. The
+    number of calls is fixed, so ``fn`` may hold collectives (every rank calls it as often)."""
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in marks:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(s.elapsed_time(e) for s, e in marks) * 1e3
+
+
+def timings(ref: Prefill, cp: Prefill, device: torch.device, reps: int, group: dist.ProcessGroup | None = None
+            ) -> tuple[dict, list[dict]]:
+    """This rank's times (µs): the whole forward of both prefills, and per producer the shard's
+    ``mqa_logits`` and ``cp_topk`` on its local scores (captured by one more context-parallel forward);
+    also the backends that ran those two ops."""
+    model, state = cp.model, cp.state
+    model.captured, state.captured = {}, {}
+    cp.run()
+    logits_args, topk_args = model.captured, state.captured
+    model.captured = state.captured = None
+    dist.barrier(group=group)
+    forward = {"single_forward_us": median_us(ref.run, device, 1, reps)}
+    dist.barrier(group=group)
+    forward["cp_forward_us"] = median_us(cp.run, device, 1, reps)
+    layers = []
+    for layer, args in logits_args.items():
+        topk = topk_args[layer]
+        out = torch.empty(topk["local_scores"].shape[0], state.k, dtype=INDEX, device=device)
+        dist.barrier(group=group)
+        layers.append({
+            "layer": layer, "local_keys": args[1].shape[0],
+            "local_logits_us": median_us(lambda a=args: indexcache.mqa_logits(*a), device, 2, reps),
+            "cp_topk_us": median_us(lambda t=topk, o=out: cp_topk(**t, group=group, out=o), device, 2, reps),
+        })
+    args, topk = logits_args[layers[0]["layer"]], topk_args[layers[0]["layer"]]
+    scores = topk["local_scores"]
+    forward["logits_backend"] = dispatch.resolve(
+        "mqa_logits", dict(zip(("q", "k", "k_scale", "weights", "ks", "ke"), args, strict=True), out=scores))[0]
+    forward["topk_backend"] = dispatch.resolve("topk", dict(
+        scores=scores, lengths=topk["lengths"], k=state.k, row_starts=topk["row_starts"],
+        out=torch.empty(scores.shape[0], state.k, dtype=INDEX, device=device), sorted=False))[0]
+    return forward, layers
+
+
+def _rank_main(rank: int, world: int, args: argparse.Namespace) -> None:
+    gpu = args.dist_backend == "nccl"
+    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.dist_backend, rank=rank, world_size=world, device_id=device if gpu else None)
+    try:
+        config = preset("v32-like", topk=args.topk)
+        result, ref, cp = check(rank, world, config, args.prompts, args.freq, device)
+        forward, layers = timings(ref, cp, device, args.reps)
+        if rank == 0:
+            _report(result, forward, layers, config, args, world, device)
+    finally:
+        dist.destroy_process_group()
+    if not result["equal"]:
+        sys.exit(1)
+
+
+def _report(result: dict, forward: dict, layers: list[dict], config: ModelConfig, args: argparse.Namespace,
+            world: int, device: torch.device) -> None:
+    gpu = device.type == "cuda"
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if gpu else None
+    machine = torch.cuda.get_device_name(device) if gpu else f"CPU ({platform.processor() or platform.machine()})"
+    clock = "CUDA events" if gpu else "host clock: CPU smoke run, not a GPU measurement"
+    print(f"cp_model: {world} x {machine}, {args.dist_backend}" + (f" {nccl}" if gpu else "")
+          + f", prompts {list(args.prompts)} ({result['rows']} rows and keys), k={result['k']}, "
+          f"plan {result['plan']}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}")
+    print(f"producer top-k sets equal: {result['sets_equal']} (mismatched rows by layer: {result['mismatched_rows']})")
+    print(f"logits: max abs diff {result['max_abs_diff']:.3g} (largest logit {result['max_abs_logit']:.3g}, "
+          f"tolerance {LOGITS_TOLERANCE:g} of it), close: {result['logits_close']}, "
+          f"bitwise equal: {result['logits_bitwise_equal']}")
+    print(f"mqa_logits on {forward['logits_backend']}, top-k on {forward['topk_backend']}")
+    print_rows(f"prefill forward (µs, rank 0, median of {args.reps}; {clock})", [forward],
+               ["single_forward_us", "cp_forward_us"])
+    print_rows(f"per producer (µs, rank 0; {clock})", layers, ["layer", "local_keys", "local_logits_us", "cp_topk_us"])
+    print(f"cp_model: {'OK' if result['equal'] else 'MISMATCH'}")
+    report = {
+        "schema": SCHEMA,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(device) if gpu else None,
+        "gpu_run": gpu,
+        "world_size": world,
+        "versions": {"indexcache": indexcache.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
+                     "nccl": nccl},
+        "commit": checkout_commit(),
+        "settings": {"dist_backend": args.dist_backend, "prompts": list(args.prompts), "freq": args.freq,
+                     "reps": args.reps, "statistic": "median", "timed_on": "rank 0", "clock": clock,
+                     "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"), "model": dataclasses.asdict(config),
+                     "logits_tolerance": f"{LOGITS_TOLERANCE:g} x max(1, largest reference logit)"},
+        "result": result,
+        "forward": forward,
+        "layers": layers,
+    }
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, help="ranks, one GPU each with nccl (default 2, or the GPUs if fewer)")
+    parser.add_argument("--dist-backend", choices=("nccl", "gloo"), default="nccl",
+                        help="nccl on GPUs (default); gloo runs the same on CPU processes (a smoke run)")
+    parser.add_argument("--prompts", type=int, nargs="+",
+                        help=f"prompt lengths (default {DEFAULTS['nccl'][1]} with nccl, {DEFAULTS['gloo'][1]} gloo)")
+    parser.add_argument("--topk", type=int, help="top-k (default 2048 with nccl, 128 with gloo)")
+    parser.add_argument("--freq", type=int, default=2, help="index_topk_freq of the plan (default 2: FFSFSF...)")
+    parser.add_argument("--reps", type=int, help="timed calls per measurement (default 10 with nccl, 3 with gloo)")
+    parser.add_argument("--out", help="write the JSON report here")
+    args = parser.parse_args(argv)
+    gpu = args.dist_backend == "nccl"
+    topk, prompts, reps = DEFAULTS[args.dist_backend]
+    args.prompts = args.prompts or list(prompts)
+    args.topk = args.topk or topk
+    args.reps = args.reps or reps
+    gpus = torch.cuda.device_count()
+    if args.nproc is None:
+        args.nproc = min(2, gpus) if gpu and gpus else 2
+    if gpu and not 1 <= args.nproc <= gpus:
+        parser.error(f"--nproc: expected 1 .. {gpus} (the GPUs here) with nccl, got {args.nproc}")
+    if args.nproc < 1 or args.freq < 1 or args.topk < 1 or args.reps < 1 or min(args.prompts) < 1:
+        parser.error("expected --nproc, --freq, --topk, --reps and every --prompts length >= 1")
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    try:
+        mp.spawn(_rank_main, args=(args.nproc, args), nprocs=args.nproc)
+    except mp.ProcessExitedException as exc:
+        sys.exit(f"cp_model_gpu: {exc} (a mismatch exits 1; see the report)")
+
+
+if __name__ == "__main__":
+    main()
