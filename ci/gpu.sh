@@ -139,7 +139,7 @@ if part kernels; then
   for op in mqa_logits paged_mqa_logits topk topk_translate; do
     step "bench-$op" 120 "${IC[@]}" bench --op "$op" --json "$WORK/bench/bench-$op.json"
   done
-  run_hook topk 150
+  run_hook topk 240
   run_hook logits 240
 fi
 

@@ -730,11 +730,14 @@ def _l2_bytes(device: torch.device) -> int:
 
 
 def checkout_commit() -> str | None:
-    """The git commit of this checkout, else ``$INDEXCACHE_COMMIT`` (a copied tree without .git), else None."""
+    """``$INDEXCACHE_COMMIT`` when set (a copied tree: without .git, or inside another repository's checkout),
+    else the git commit of this checkout, else None."""
     return _git()[0]
 
 
 def _git() -> tuple[str | None, bool | None]:
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV], None
     root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
@@ -744,7 +747,7 @@ def _git() -> tuple[str | None, bool | None]:
             return head.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get(COMMIT_ENV) or None, None
+    return None, None
 
 
 def _versions() -> dict[str, str | None]:
