@@ -8,19 +8,28 @@ with the library's CPU backend choice). Every rank builds the same model (:class
 seeded) and the same prompts (three of different lengths: k is below the longer ones and above the
 short one) and prefills them twice under a plan with producers and shared layers (``--freq``):
 
-- the reference: the plain model and :class:`~indexcache.state.TopkState`, the whole key axis;
+- the reference: the plain model on the whole key axis, its producers selecting with
+  ``indexcache.topk_translate(sorted=True)`` (:class:`SortedTopkState`);
 - context parallel: :class:`ShardedIndexerModel` computes each producer's logits on the rank's contiguous
   shard of the keys only, :class:`CPTopkState` merges the top-k across ranks with
   :func:`indexcache.distributed.cp_topk_translate`; shared layers reuse it, and everything else (KV
   cache, sparse attention) runs replicated, so every rank's output must equal the reference.
 
+Why sorted: ``cp_topk`` orders a row's selection by score (then index), as ``topk(sorted=True)`` does,
+while the plain :class:`~indexcache.state.TopkState` leaves the order to the backend. The order is the
+order in which sparse attention sums the selected slots, so another order changes hidden states in
+their last bits; the next producer's fp8-quantized indexer inputs then flip here and there and a few
+rows select other tokens, more at every producer (on one H200, world size 1, against the plain state:
+0, 1, 3, 10, 11, 20 and 34 of 6400 rows at producers 0 .. 11; logits 6e-3 apart). The sorted reference
+is the same selection in the order the merge gives.
+
 Checks on every rank: each producer's selected logical indices equal the reference's as sets per row
-(cp_topk returns them by score, topk in an unspecified order: both are compared row-sorted), and the
-final logits agree within 1e-4 of their largest magnitude (max abs difference and bitwise equality are
-reported). Timings, rank 0's, median of ``--reps``: the whole prefill forward on one device vs context
-parallel and, per producer, ``mqa_logits`` of the rank's shard vs ``cp_topk`` (local top-k, all-gather,
-merge) on those scores. CUDA events on GPUs; with gloo they are host-clock smoke numbers, not speeds.
-Prints tables, writes JSON to ``--out`` and exits 1 on a mismatch.
+(both row-sorted; whether they are also equal in order is reported), and the final logits agree within
+1e-4 of their largest magnitude (max abs difference and bitwise equality are reported). Timings, rank
+0's, median of ``--reps``: the whole prefill forward on one device vs context parallel and, per
+producer, ``mqa_logits`` of the rank's shard vs ``cp_topk`` (local top-k, all-gather, merge) on those
+scores. CUDA events on GPUs; with gloo they are host-clock smoke numbers, not speeds. Prints tables,
+writes JSON to ``--out`` and exits 1 on a mismatch.
 """
 
 from __future__ import annotations
@@ -109,6 +118,25 @@ class ShardedIndexerModel(DSAModel):
         return indexcache.mqa_logits(*args)
 
 
+class SortedTopkState(TopkState):
+    """A :class:`TopkState` whose producers select with ``topk_translate(sorted=True)``: each row by score
+    descending, then index ascending, as :func:`cp_topk` orders it."""
+
+    def produce(self, layer: int, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor,
+                page_size: int, *, row_starts: torch.Tensor | None = None,
+                row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_rows("scores", scores)
+        rows = self.rows
+        out = indexcache.topk_translate(scores, lengths, self.k, page_table, page_size, row_starts=row_starts,
+                                        row_to_batch=row_to_batch, out=self.physical[:rows],
+                                        out_raw=self.raw[:rows], sorted=True)
+        self.raw[rows:].fill_(-1)
+        self.producer = layer
+        if self.recorder is not None:
+            self.recorder(layer, self.raw[:rows])
+        return out
+
+
 class CPTopkState(TopkState):
     """A :class:`TopkState` whose producers merge the top-k of ``model``'s key shards across ``group``.
 
@@ -180,7 +208,7 @@ def check(rank: int, world: int, config: ModelConfig, prompt_lens: Sequence[int]
     Returns the checks (agreed across ranks: mismatches summed, differences maxed) and both prefills.
     """
     prompts = prompts_of(prompt_lens, config.vocab)
-    ref = setup(DSAModel(config, device), freq, prompts, lambda rows, k: TopkState(rows, k, device))
+    ref = setup(DSAModel(config, device), freq, prompts, lambda rows, k: SortedTopkState(rows, k, device))
     model = ShardedIndexerModel(config, device, rank, world)
     cp = setup(model, freq, prompts, lambda rows, k: CPTopkState(rows, k, model, group))
     recorded = []
@@ -193,15 +221,17 @@ def check(rank: int, world: int, config: ModelConfig, prompt_lens: Sequence[int]
     producers = [layer for layer in ref.runner.layers if ref.runner.role(layer) == "F"]
     mismatched = torch.tensor([int((want_raw[layer].sort(1).values != got_raw[layer].sort(1).values).any(1).sum())
                                for layer in producers], dtype=torch.int64, device=device)
-    diff = torch.stack([(got - want).abs().max(), want.abs().max(), (got != want).any().float()])
+    reordered = any(not torch.equal(want_raw[layer], got_raw[layer]) for layer in producers)
+    diff = torch.tensor([float((got - want).abs().max()), float(want.abs().max()), float((got != want).any()),
+                         float(reordered)], device=device)
     dist.all_reduce(mismatched, group=group)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX, group=group)
-    max_abs_diff, max_abs_logit, differs = diff.tolist()
+    max_abs_diff, max_abs_logit, differs, reordered = diff.tolist()
     result = {
         "world_size": world, "rows": ref.batch.rows, "k": ref.runner.k,
         "plan": ref.runner.plan.roles, "producers": producers,
         "mismatched_rows": dict(zip(producers, mismatched.tolist(), strict=True)),
-        "sets_equal": not bool(mismatched.any()),
+        "sets_equal": not bool(mismatched.any()), "order_equal": not reordered,
         "max_abs_diff": max_abs_diff, "max_abs_logit": max_abs_logit, "logits_bitwise_equal": not differs,
         "logits_close": max_abs_diff <= LOGITS_TOLERANCE * max(1.0, max_abs_logit),
     }
@@ -291,7 +321,8 @@ def _report(result: dict, forward: dict, layers: list[dict], config: ModelConfig
     print(f"cp_model: {world} x {machine}, {args.dist_backend}" + (f" {nccl}" if gpu else "")
           + f", prompts {list(args.prompts)} ({result['rows']} rows and keys), k={result['k']}, "
           f"plan {result['plan']}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}")
-    print(f"producer top-k sets equal: {result['sets_equal']} (mismatched rows by layer: {result['mismatched_rows']})")
+    print(f"producer top-k sets equal: {result['sets_equal']} (mismatched rows by layer: {result['mismatched_rows']}),"
+          f" in the same order: {result['order_equal']}")
     print(f"logits: max abs diff {result['max_abs_diff']:.3g} (largest logit {result['max_abs_logit']:.3g}, "
           f"tolerance {LOGITS_TOLERANCE:g} of it), close: {result['logits_close']}, "
           f"bitwise equal: {result['logits_bitwise_equal']}")

@@ -37,12 +37,13 @@ from indexcache.bench import checkout_commit, print_rows
 
 PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
-SWEEP_SHAPES = [(64, 131072, 2048), (2048, 32768, 2048)]
+SWEEP_SHAPES = [(64, 131072, 2048), (64, 131072, 512), (2048, 32768, 2048)]
 ADVERSARIAL = [(40000, 2048), (9000, 513)]  # columns, k
 SWEEP = [  # tuning overrides on the table's entry (the first is the table itself)
     {}, {"SAMPLE_RANK": 64}, {"SAMPLE_RANK": 4}, {"FINISH_TILE": 4096}, {"TILE": 512},
 ]
-# Per-launch times: the fused kernel or the split filter, then the finishing kernel; CHUNK forces the split path.
+# Per-launch times: the fused kernel, or the split sample and filter, then the finishing kernel; CHUNK forces the
+# split path.
 BREAKDOWN = [(64, 131072, 2048, 0), (1, 1 << 20, 2048, 0), (2048, 32768, 2048, 0), (2048, 32768, 2048, 32768)]
 
 
@@ -424,11 +425,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  target {row['case']}: {name} {t['goal']}: {value} {'met' if t['met'] else 'NOT MET'}")
     if report.get("breakdown"):
         print_rows("per-launch (µs, graph replays)", report["breakdown"],
-                   ["case", "rows_us", "filter_us", "finish_us"], digits=3)
+                   ["case", "rows_us", "sample_us", "filter_us", "finish_us"], digits=3)
     if report.get("sweep"):
         print_rows("sweep (µs, graph replays)", report["sweep"],
-                   ["case", "config", "path", "us", "rows_us", "filter_us", "finish_us", "equal_to_torch_backend",
-                    "error"], digits=3)
+                   ["case", "config", "path", "us", "rows_us", "sample_us", "filter_us", "finish_us",
+                    "equal_to_torch_backend", "error"], digits=3)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.out} ({report['seconds']} s)")

@@ -25,11 +25,12 @@ A sampled-threshold select that reads each row once, with an exact radix select 
 Keys: fp32 bits with negatives' magnitude bits flipped (a signed int32 order); -0.0 is made +0.0,
 NaN and -inf become INT32_MIN and are never counted. bf16/fp16 scores are widened to fp32 first.
 
-Launches: many rows run one fused kernel, a persistent grid over rows with one stash per program.
-Few long rows are split into chunks fixed by the shape and the SM count (never by the data): each chunk
-program samples the row (the same sample, so the same ``T``) and filters its chunk into its own region of
-the workspace; then one program a row gathers the regions in chunk order into the row's stash and
-finishes (or falls back). Rows with ``len <= k`` give ``0..len-1`` then -1 without reading scores. The
+Launches: many rows run one fused kernel, a persistent grid over rows with one stash per program, then a
+persistent finishing kernel that takes only the rows the first left to the fallback.
+Few long rows are split into chunks fixed by the shape and the SM count (never by the data): one program a
+row samples it (``T`` to the workspace), then each chunk program filters its columns into its own region of
+the workspace, then one program a row gathers the regions in chunk order into the row's stash and finishes
+(or falls back). Rows with ``len <= k`` give ``0..len-1`` then -1 without reading scores. The
 workspace is one int32 buffer per (device, size bucket), allocated on first use and reused (at most about
 the size of fp32 scores plus the stashes): no allocation after that, no host sync, grids from shapes only.
 Calls sharing a device must not run concurrently on different streams.
@@ -530,13 +531,27 @@ def topk_rows_kernel(
 
 
 @triton.jit
-def topk_filter_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, region_ptr, counts_ptr, cols, k, chunk, region_cap,
-    s_s0, s_s1, len_s0, st_s0,
-    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
-    SAMPLES: tl.constexpr, SAMPLE_TILE: tl.constexpr,
+def topk_sample_kernel(
+    scores_ptr, lengths_ptr, starts_ptr, floors_ptr, cols, k, s_s0, s_s1, len_s0, st_s0,
+    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, SAMPLES: tl.constexpr,
+    SAMPLE_TILE: tl.constexpr,
 ):
-    """Split rows, launch 1: chunk ``(r, s)`` samples its row and filters its columns into region ``(r, s)``
+    """Split rows, launch 1: the filter threshold of row ``r`` (a key) to ``floors[r]`` (short rows: none)."""
+    r = tl.program_id(0)
+    start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+    if length > k:
+        floor = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, BITS, SAMPLES,
+                              SAMPLE_TILE)
+        tl.store(floors_ptr + r, floor)
+
+
+@triton.jit
+def topk_filter_kernel(
+    scores_ptr, lengths_ptr, starts_ptr, floors_ptr, region_ptr, counts_ptr, cols, k, chunk, region_cap,
+    s_s0, s_s1, len_s0, st_s0,
+    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, TILE: tl.constexpr,
+):
+    """Split rows, launch 2: chunk ``(r, s)`` filters its columns at the row's threshold into region ``(r, s)``
     (window positions, at most ``region_cap``); ``counts[r, s]`` = how many passed (0 for short rows)."""
     r = tl.program_id(0)
     s = tl.program_id(1)
@@ -545,11 +560,11 @@ def topk_filter_kernel(
     count = 0
     if length > k:
         row_ptr = scores_ptr + r.to(tl.int64) * s_s0
-        floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, BITS, SAMPLES, SAMPLE_TILE)
         lo = tl.maximum(start, s * chunk)
         hi = tl.minimum(start + length, s * chunk + chunk)
         region = region_ptr + slot * region_cap
-        count = _filter(row_ptr, s_s1, lo, hi, start, floor, region_cap, region, region, False, CONTIG, TILE)
+        count = _filter(row_ptr, s_s1, lo, hi, start, tl.load(floors_ptr + r), region_cap, region, region, False,
+                        CONTIG, TILE)
     tl.store(counts_ptr + slot, count)
 
 
@@ -703,9 +718,9 @@ def sample_size(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, target: Target,
              cfg: Mapping[str, Any]) -> list[tuple[str, Callable[[], None]]]:
     """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
-    split rows' filter, then the finishing kernel. Arguments as :func:`topk_translate` (``page_table`` None for
-    plain top-k); the workspace is taken here, so launching needs no allocation (and a benchmark can time each
-    launch alone)."""
+    split rows' sample and filter, then the finishing kernel. Arguments as :func:`topk_translate`
+    (``page_table`` None for plain top-k); the workspace is taken here, so launching needs no allocation (and a
+    benchmark can time each launch alone)."""
     rows, cols = scores.shape
     if rows == 0 or k == 0:
         return []
@@ -736,18 +751,25 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     row_programs = 0 if chunk else min(rows, sms * cfg["PROGRAMS_PER_SM"])
     finish_programs = min(rows, sms)
     region_n, counts_n = rows * chunks * region_cap, rows * chunks
-    ws = _scratch(device, region_n + counts_n + max(row_programs, finish_programs) * 2 * cap)
-    region, counts, stash = ws[:region_n], ws[region_n:region_n + counts_n], ws[region_n + counts_n:]
-    if chunk:
-        first = ("filter", lambda: topk_filter_kernel[(rows, chunks)](
-            scores, lengths, starts, region, counts, cols, k, chunk, region_cap, **scan, **sampling, **opts))
-    else:
-        first = ("rows", lambda: topk_rows_kernel[(row_programs,)](
-            scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap, **common, **sampling,
-            **opts))
-    return [first, ("finish", lambda: topk_finish_kernel[(finish_programs,)](
+    ws = _scratch(device, region_n + counts_n + rows + max(row_programs, finish_programs) * 2 * cap)
+    region, counts = ws[:region_n], ws[region_n:region_n + counts_n]
+    floors, stash = ws[region_n + counts_n:region_n + counts_n + rows], ws[region_n + counts_n + rows:]
+    finish = ("finish", lambda: topk_finish_kernel[(finish_programs,)](
         scores, lengths, starts, out, raw, r2b, table, region, counts, stash, rows, cols, k, cap, chunks, region_cap,
-        BLOCK_S=cfg["GATHER_CHUNKS"], **dict(common, TILE=fin_tile), **fin_opts))]
+        BLOCK_S=cfg["GATHER_CHUNKS"], **dict(common, TILE=fin_tile), **fin_opts))
+    if not chunk:
+        return [("rows", lambda: topk_rows_kernel[(row_programs,)](
+            scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap, **common, **sampling,
+            **opts)), finish]
+    no_tile = {name: value for name, value in scan.items() if name != "TILE"}
+    return [
+        ("sample", lambda: topk_sample_kernel[(rows,)](
+            scores, lengths, starts, floors, cols, k, **no_tile, **sampling, **opts)),
+        ("filter", lambda: topk_filter_kernel[(rows, chunks)](
+            scores, lengths, starts, floors, region, counts, cols, k, chunk, region_cap,
+            **{n: v for n, v in scan.items() if n != "BITS"}, **opts)),
+        finish,
+    ]
 
 
 def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
@@ -821,7 +843,8 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         (torch.float16, True, False, True, False, -1, False),
     )
     index_ptrs = {name: "*i32" for name in ("lengths_ptr", "starts_ptr", "out_ptr", "raw_ptr", "r2b_ptr", "table_ptr",
-                                            "stash_ptr", "region_ptr", "counts_ptr")}
+                                            "stash_ptr", "region_ptr", "counts_ptr",
+                                            "floors_ptr")}
     specs = []
     for dtype, starts, r2b, translate, has_raw, shift, contig in variants:
         ptrs = {**index_ptrs, "scores_ptr": pointer(dtype)}
@@ -829,8 +852,12 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         full = {**flags, "HAS_R2B": r2b, "TRANSLATE": translate, "HAS_RAW": has_raw, "SHIFT": shift,
                 "DIGIT": cfg["DIGIT"], **unit, **({} if translate else {"k": 1})}
         op = "topk_translate" if translate else "topk"
-        specs.append(KernelSpec(op, topk_filter_kernel, ptrs, {**flags, **sampling, "len_s0": 1, "st_s0": 1,
-                                                               **({} if translate else {"k": 1})}, opts,
+        k_one = {} if translate else {"k": 1}
+        specs.append(KernelSpec(op, topk_sample_kernel, ptrs, {**{n: v for n, v in flags.items() if n != "TILE"},
+                                                               **sampling, "len_s0": 1, "st_s0": 1, **k_one}, opts,
+                                aligned=("s_s0",)))
+        specs.append(KernelSpec(op, topk_filter_kernel, ptrs, {**{n: v for n, v in flags.items() if n != "BITS"},
+                                                               "len_s0": 1, "st_s0": 1, **k_one}, opts,
                                 aligned=("s_s0",)))
         specs.append(KernelSpec(op, topk_rows_kernel, ptrs, {**full, **sampling}, opts, aligned=aligned))
         specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"]),
