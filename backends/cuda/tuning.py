@@ -19,13 +19,13 @@ _COMMON: dict[str, dict[str, Any]] = {
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "SPLIT": 2048, "WAVES": 4,
                          "PREFETCH": 0, "num_warps": 4, "num_stages": 5},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
-    # Top-k (radix select): 1K-value tiles over 4 warps, 256 coarse bins (quarter octaves), four resident
-    # programs a SM (maxnreg 128, without which ptxas spilled to fit more on sm89): the passes are load-latency
-    # bound, so more programs in flight pay (H200 sweep at 53a8c19: 4 warps x 4 a SM 727 us vs 904 at
-    # 2048x32K, equal elsewhere). Rows split into ≥ 8K-column chunks, about 8 a SM, when rows are few; their
-    # finishing kernel takes 4K tiles over 16 warps (the same 8 values a thread: a typical stash stays in
-    # registers), their plan 64 chunk histograms a step over 16 warps (a 1M row's 128 chunks in 2 steps, not 8).
-    # A tie stash of max(4096, 4k, columns / 32) entries a row.
+    # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
+    # bins (quarter octaves) for the sample, 5-bit digits (32 bins = one a lane) in the finish, four resident
+    # programs a SM for the fused kernel (maxnreg 128). Rows split into >= 8K-column chunks, about 8 a SM, when
+    # rows are few. The finishing kernel (one program an SM, persistent): 2K tiles over 8 warps with up to 224
+    # registers (ptxas capped itself at 128 and spilled). SAMPLE_RANK 16: about 16 sample entries expected above
+    # the k-th best (H200 sweep, run9: 64 and 4 were slower at 64 x 128K and 2048 x 32K k 2048). A stash of
+    # max(4096, 4k, columns / 32) entries a row.
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "FINISH_TILE": 2048, "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 16,
              "MIN_CHUNK": 8192, "SAMPLE": 4096, "SAMPLE_RANK": 16, "STASH": 4096, "STASH_PER_K": 4,
