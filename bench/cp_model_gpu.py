@@ -50,14 +50,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 
 import indexcache
 from indexcache import dispatch
 from indexcache.bench import checkout_commit, print_rows
 from indexcache.distributed import cp_topk, cp_topk_translate
-from indexcache.layout import split_packed_cache
-from indexcache.model import Batch, DSAModel, ModelConfig, PagedCache, preset, rope_first_half
+from indexcache.model import Batch, DSAModel, ModelConfig, PagedCache, preset
 from indexcache.ops import INDEX
 from indexcache.runner import IndexerRunner
 from indexcache.state import IndexRecorder, TopkState
@@ -72,9 +70,9 @@ class ShardedIndexerModel(DSAModel):
     """:class:`DSAModel` whose prefill indexer scores only this rank's contiguous shard of the keys.
 
     Of the N keys a prefill batch gathers, rank ``rank`` of ``world`` holds ``[key_offset, key_offset +
-    n_local)`` with ``key_offset = N * rank // world``; :meth:`_index_scores` sets ``key_offset`` and
-    ``num_keys`` (N) on each call for :class:`CPTopkState`. When ``captured`` is a dict, each producer's
-    ``mqa_logits`` arguments are kept there by layer (for timing).
+    n_local)`` with ``key_offset = N * rank // world``; :meth:`_prefill_logits` sets ``key_offset``,
+    ``num_keys`` (N) and ``layer_scored`` on each call for :class:`CPTopkState`. When ``captured`` is a dict,
+    each producer's ``mqa_logits`` arguments are kept there by layer (for timing).
     """
 
     def __init__(self, config: ModelConfig, device: torch.device | str, rank: int, world: int) -> None:
@@ -82,37 +80,17 @@ class ShardedIndexerModel(DSAModel):
         self.rank, self.world = rank, world
         self.key_offset = 0
         self.num_keys = 0
+        self.layer_scored = -1
         self.captured: dict[int, tuple] | None = None
 
-    def _index_scores(self, layer: int, h: torch.Tensor, batch: Batch, cache: PagedCache,
-                      new_slots: torch.Tensor) -> torch.Tensor:
-        """What :meth:`DSAModel._index_scores` computes, but ``mqa_logits`` over the rank's keys only:
-        local logits ``[R, n_local]`` float32 (-inf outside each row's window). Prefill only."""
-        if batch.decode:
-            raise NotImplementedError("ShardedIndexerModel: context parallelism is modelled for prefill only")
-        c = self.config
-        if layer not in cache.index_k:
-            raise ValueError(f"layer {layer} runs its indexer but the cache has no index-K cache for it")
-        w = self.layers[layer]
-        rows, heads, dim = batch.rows, c.index_heads, c.index_dim
-        q = rope_first_half((h @ w.wq_index).view(rows, heads, dim), batch.positions) @ self.hadamard
-        k = rope_first_half(F.layer_norm(h @ w.wk_index, (dim,)), batch.positions) @ self.hadamard
-        k_cache = cache.index_k[layer]
-        indexcache.store_index_k(k, k_cache, new_slots.to(INDEX), self.fp8)
-        q8, q_scale = indexcache.quantize_index_k(q.reshape(rows * heads, dim), self.fp8, block=dim)
-        weights = (h @ w.w_weights) * heads**-0.5 * q_scale.view(rows, heads) * dim**-0.5
-        key_slots = indexcache.translate(batch.key_positions[:, None], batch.tables[layer], batch.key_lengths,
-                                         c.page_size, row_to_batch=batch.key_batch).view(-1).long()
-        keys, scales = split_packed_cache(k_cache, dim, self.fp8)
-        page, offset = key_slots // c.page_size, key_slots % c.page_size
-        k8 = keys.view(torch.uint8)[page, offset].view(self.fp8)
-        k_scale = scales[page, offset]
+    def _prefill_logits(self, layer: int, q8: torch.Tensor, k8: torch.Tensor, k_scale: torch.Tensor,
+                        weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
+        """``mqa_logits`` over the rank's keys only: local logits ``[R, n_local]`` float32 (-inf outside each
+        row's window, shifted and clipped to the shard)."""
         n = k8.shape[0]
         lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
-        self.key_offset, self.num_keys = lo, n
-        ks = batch.key_starts
-        args = (q8.view(rows, heads, dim), k8[lo:hi], k_scale[lo:hi], weights, (ks - lo).clamp(0, hi - lo),
-                (ks + batch.lengths - lo).clamp(0, hi - lo))
+        self.key_offset, self.num_keys, self.layer_scored = lo, n, layer
+        args = (q8, k8[lo:hi], k_scale[lo:hi], weights, (ks - lo).clamp(0, hi - lo), (ke - lo).clamp(0, hi - lo))
         if self.captured is not None:
             self.captured[layer] = args
         return indexcache.mqa_logits(*args)
@@ -122,27 +100,20 @@ class SortedTopkState(TopkState):
     """A :class:`TopkState` whose producers select with ``topk_translate(sorted=True)``: each row by score
     descending, then index ascending, as :func:`cp_topk` orders it."""
 
-    def produce(self, layer: int, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor,
-                page_size: int, *, row_starts: torch.Tensor | None = None,
-                row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
-        self._check_rows("scores", scores)
-        rows = self.rows
-        out = indexcache.topk_translate(scores, lengths, self.k, page_table, page_size, row_starts=row_starts,
-                                        row_to_batch=row_to_batch, out=self.physical[:rows],
-                                        out_raw=self.raw[:rows], sorted=True)
-        self.raw[rows:].fill_(-1)
-        self.producer = layer
-        if self.recorder is not None:
-            self.recorder(layer, self.raw[:rows])
-        return out
+    def select(self, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor, page_size: int, *,
+               row_starts: torch.Tensor | None, row_to_batch: torch.Tensor | None, out: torch.Tensor,
+               out_raw: torch.Tensor) -> torch.Tensor:
+        return indexcache.topk_translate(scores, lengths, self.k, page_table, page_size, row_starts=row_starts,
+                                         row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=True)
 
 
 class CPTopkState(TopkState):
     """A :class:`TopkState` whose producers merge the top-k of ``model``'s key shards across ``group``.
 
-    :meth:`produce` takes the local scores ``[rows, n_local]`` of :class:`ShardedIndexerModel` and fills
-    ``raw`` (global logical indices, -1 = empty) and ``physical`` as :meth:`TopkState.produce` does on
-    the whole scores. When ``captured`` is a dict, each producer's :func:`cp_topk` arguments are kept there.
+    :meth:`select` takes the local scores ``[rows, n_local]`` of :class:`ShardedIndexerModel` and fills
+    ``out_raw`` (global logical indices, -1 = empty) and ``out`` as :meth:`TopkState.select` does on the
+    whole scores. When ``captured`` is a dict, each producer's :func:`cp_topk` arguments are kept there (by
+    the producer layer the model scored last).
     """
 
     def __init__(self, max_rows: int, k: int, model: ShardedIndexerModel, group: dist.ProcessGroup | None = None
@@ -152,22 +123,15 @@ class CPTopkState(TopkState):
         self.group = group
         self.captured: dict[int, dict] | None = None
 
-    def produce(self, layer: int, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor,
-                page_size: int, *, row_starts: torch.Tensor | None = None,
-                row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
-        self._check_rows("scores", scores)
-        rows = self.rows
+    def select(self, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor, page_size: int, *,
+               row_starts: torch.Tensor | None, row_to_batch: torch.Tensor | None, out: torch.Tensor,
+               out_raw: torch.Tensor) -> torch.Tensor:
         shard = dict(local_scores=scores, key_offset=self.model.key_offset, lengths=lengths, k=self.k,
                      row_starts=row_starts, num_keys=self.model.num_keys)
         if self.captured is not None:
-            self.captured[layer] = shard
-        out = cp_topk_translate(**shard, page_table=page_table, page_size=page_size, group=self.group,
-                                row_to_batch=row_to_batch, out=self.physical[:rows], out_raw=self.raw[:rows])
-        self.raw[rows:].fill_(-1)
-        self.producer = layer
-        if self.recorder is not None:
-            self.recorder(layer, self.raw[:rows])
-        return out
+            self.captured[self.model.layer_scored] = shard
+        return cp_topk_translate(**shard, page_table=page_table, page_size=page_size, group=self.group,
+                                 row_to_batch=row_to_batch, out=out, out_raw=out_raw)
 
 
 def prompts_of(lengths: Sequence[int], vocab: int, seed: int = 0) -> list[torch.Tensor]:

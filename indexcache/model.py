@@ -434,7 +434,14 @@ class DSAModel:
         k8 = keys.view(torch.uint8)[page, offset].view(self.fp8)
         k_scale = scales[page, offset]
         ks = batch.key_starts
-        return indexcache.mqa_logits(q8.view(rows, heads, dim), k8, k_scale, weights, ks, ks + batch.lengths)
+        return self._prefill_logits(layer, q8.view(rows, heads, dim), k8, k_scale, weights, ks, ks + batch.lengths)
+
+    def _prefill_logits(self, layer: int, q8: torch.Tensor, k8: torch.Tensor, k_scale: torch.Tensor,
+                        weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
+        """A prefill producer's logits ``[R, N]`` float32 over the batch's ``N`` gathered keys (``q8 [R, H, D]``,
+        ``k8 [N, D]`` fp8, ``k_scale [N]``, ``weights [R, H]``, window ``[ks, ke)`` int32 ``[R]``):
+        :func:`indexcache.mqa_logits`. A subclass may score a shard of the keys instead (context parallel)."""
+        return indexcache.mqa_logits(q8, k8, k_scale, weights, ks, ke)
 
 
 @dataclass(frozen=True)

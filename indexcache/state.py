@@ -116,14 +116,22 @@ class TopkState:
         """
         self._check_rows("scores", scores)
         rows = self.rows
-        out = indexcache.topk_translate(scores, lengths, self.k, page_table, page_size, row_starts=row_starts,
-                                        row_to_batch=row_to_batch, out=self.physical[:rows],
-                                        out_raw=self.raw[:rows])
+        out = self.select(scores, lengths, page_table, page_size, row_starts=row_starts, row_to_batch=row_to_batch,
+                          out=self.physical[:rows], out_raw=self.raw[:rows])
         self.raw[rows:].fill_(-1)
         self.producer = layer
         if self.recorder is not None:
             self.recorder(layer, self.raw[:rows])
         return out
+
+    def select(self, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor, page_size: int, *,
+               row_starts: torch.Tensor | None, row_to_batch: torch.Tensor | None, out: torch.Tensor,
+               out_raw: torch.Tensor) -> torch.Tensor:
+        """The producer's selection, into ``out`` (physical) and ``out_raw`` (logical) ``[rows, k]`` int32:
+        :func:`indexcache.topk_translate`. A subclass may select otherwise with the same result contract
+        (sorted rows, or the context-parallel merge of ``bench/cp_model_gpu.py``)."""
+        return indexcache.topk_translate(scores, lengths, self.k, page_table, page_size, row_starts=row_starts,
+                                         row_to_batch=row_to_batch, out=out, out_raw=out_raw)
 
     def reuse(self, layer: int, page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, *,
               row_to_batch: torch.Tensor | None = None, source: int | None = None) -> torch.Tensor:

@@ -69,6 +69,25 @@ def test_producer_selects_and_shared_layers_translate_through_their_own_table():
     assert not torch.equal(out[2], out[3]), "different page tables must give different physical slots"
 
 
+def test_a_state_subclass_selects_for_every_producer_and_shared_layers_reuse_its_choice():
+    """``TopkState.select`` is the producer's one selection step: an override (here: the worst k instead of
+    the best) is what producers store and shared layers translate; the bookkeeping stays the state's."""
+
+    class WorstK(TopkState):
+        def select(self, scores, lengths, page_table, page_size, *, row_starts, row_to_batch, out, out_raw):
+            return super().select(-scores, lengths, page_table, page_size, row_starts=row_starts,
+                                  row_to_batch=row_to_batch, out=out, out_raw=out_raw)
+
+    scores, lengths, tables = inputs(6)
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    state = WorstK(8, K)
+    runner.begin(state, 6)
+    out = run(runner, state, scores, lengths, tables)
+    raw, _ = expected(-scores, lengths, tables[0])
+    assert same_sets(state.raw[:6], raw) and (state.raw[6:] == -1).all()
+    assert same_sets(out[2], reference.translate(raw, tables[2], lengths, PAGE))
+
+
 def test_layers_without_an_indexer_return_none_and_leave_the_state_alone():
     scores, lengths, tables = inputs(5, layers=6)
     plan = LayerPlan(6, compress_ratios=[0, 4, 128, 4, 0, 4], index_topk_freq=2, index_topk=K, page_size=PAGE)
