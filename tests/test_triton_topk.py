@@ -257,3 +257,31 @@ def test_sampled_threshold_finishes_random_rows_in_the_first_launch():
     assert (out[3] == SENTINEL).all()
     steps[1][1]()
     _assert_rows(out, want)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_shapes_and_distributions_match_the_reference(seed):
+    """Random row counts, lengths, window starts, k and score distributions (normal, uniform, few distinct
+    values, heavy right tail, bf16 with its many ties, ±0.0 and -inf mixed in), on the fused and the split
+    path with small tiles and samples, and stashes small (the fallback) and large enough for a whole row (the
+    sampled threshold also on rows of ties, where entries equal to the threshold must all be kept)."""
+    gen = torch.Generator().manual_seed(100 + seed)
+    rows = int(torch.randint(1, 6, (), generator=gen))
+    cols = int(torch.randint(300, 4000, (), generator=gen))
+    k = int(torch.randint(1, 400, (), generator=gen))
+    kind = seed % 3
+    scores = torch.randn(rows, cols, generator=gen)
+    if kind == 1:
+        scores = torch.rand(rows, cols, generator=gen).pow(8)
+    elif kind == 2:
+        scores = torch.randint(0, 7, (rows, cols), generator=gen).float() - 3.0
+    scores[:, ::11] = -0.0
+    scores[:, 5::13] = float("-inf")
+    if seed % 2:
+        scores = scores.to(torch.bfloat16)
+    lengths = torch.randint(-2, cols + 50, (rows,), generator=gen, dtype=torch.int32)
+    starts = torch.randint(-5, cols // 3, (rows,), generator=gen, dtype=torch.int32)
+    want = reference.topk(scores, lengths, k, row_starts=starts)
+    fused = SMALL | {"CHUNKS_PER_SM": 1, "MIN_CHUNK": 1 << 20}
+    for cfg in (fused, fused | {"STASH": 4096}, SMALL | {"CHUNK": 1024}, SMALL | {"CHUNK": 1024, "STASH": 4096}):
+        _assert_rows(_direct(scores, lengths, k, cfg, row_starts=starts), want)
