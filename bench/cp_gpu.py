@@ -16,22 +16,17 @@ rank's shard (H=64, D=128, fp8). Prints a table, writes JSON to ``--out`` and ex
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
-import socket
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import indexcache
 from indexcache import dispatch
-from indexcache.bench import Timer, checkout_commit
+from indexcache.bench import Timer
 from indexcache.distributed import _all_gather, _local_candidates, _windows, cp_topk, zigzag_key_index
+from indexcache.ranks import describe, rank_group, run_header, spawn, write_report
 
 SCHEMA = "indexcache-cp-bench/1"
 HEADS, DIM = 64, 128
@@ -103,22 +98,15 @@ def _case(keys: int, layout: str, args, rank: int, world: int, device) -> dict:
 
 
 def _rank_main(rank: int, world: int, args) -> None:
-    gpu = args.dist_backend == "nccl"
-    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
-    if gpu:
-        torch.cuda.set_device(device)
-    dist.init_process_group(args.dist_backend, rank=rank, world_size=world, device_id=device if gpu else None)
-    try:
+    with rank_group(rank, world, args.dist_backend) as device:
         results = []
         for keys in args.keys:
             for layout in ("contiguous", "zigzag"):
                 results.append(_case(keys, layout, args, rank, world, device))
-                if gpu:
+                if device.type == "cuda":
                     torch.cuda.empty_cache()
         if rank == 0:
             _report(results, args, world, device)
-    finally:
-        dist.destroy_process_group()
     if not all(r["equal"] for r in results):
         sys.exit(1)
 
@@ -139,9 +127,7 @@ def _cell(name: str, value) -> str:
 
 def _report(results: list[dict], args, world: int, device) -> None:
     gpu = device.type == "cuda"
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if gpu else None
-    machine = torch.cuda.get_device_name(device) if gpu else f"CPU ({platform.processor() or platform.machine()})"
-    print(f"cp_topk: {world} x {machine}, {args.dist_backend}" + (f" {nccl}" if gpu else "")
+    print(f"cp_topk: {describe(device, world, args.dist_backend)}"
           + f", rows={args.rows}, k={args.k}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}, times in µs"
           + ("" if gpu else " (host clock: CPU smoke run, not a GPU measurement)"))
     table = [list(COLUMNS)] + [[_cell(name, r[name]) for name in COLUMNS] for r in results]
@@ -150,30 +136,13 @@ def _report(results: list[dict], args, world: int, device) -> None:
         print("  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)))
     for r in results:
         print(f"{r['keys']} keys, {r['layout']}: top-k on {r['topk_backend']}, mqa_logits: {r['logits_backend']}")
-    report = {
-        "schema": SCHEMA,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(device) if gpu else None,
-        "gpu_run": gpu,
-        "world_size": world,
-        "versions": {"indexcache": indexcache.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
-                     "nccl": nccl},
-        "commit": checkout_commit(),
+    report = run_header(SCHEMA, device, world) | {
         "settings": {"dist_backend": args.dist_backend, "rows": args.rows, "k": args.k, "reps": args.reps,
                      "statistic": "median", "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"),
                      "logits": f"mqa_logits H={HEADS} D={DIM} float8_e4m3fn over the rank's keys"},
         "results": results,
     }
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    write_report(report, args.out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,13 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--nproc: expected >= 1, got {args.nproc}")
     if args.rows < 3 or args.k < 1 or min(args.keys) <= max(args.rows, args.k):
         parser.error(f"expected --rows >= 3, --k >= 1 and every --keys > both, got {args.rows}, {args.k}, {args.keys}")
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    try:
-        mp.spawn(_rank_main, args=(args.nproc, args), nprocs=args.nproc)
-    except mp.ProcessExitedException as exc:
-        sys.exit(f"cp_gpu: {exc} (a mismatch exits 1; see the table)")
+    spawn(_rank_main, args.nproc, args, "cp_gpu")
 
 
 if __name__ == "__main__":

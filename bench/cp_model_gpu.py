@@ -36,27 +36,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import os
-import platform
-import socket
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import indexcache
 from indexcache import dispatch
-from indexcache.bench import checkout_commit, print_rows
+from indexcache.bench import print_rows
 from indexcache.distributed import cp_topk, cp_topk_translate
 from indexcache.model import Batch, DSAModel, ModelConfig, PagedCache, preset
 from indexcache.ops import INDEX
+from indexcache.ranks import describe, rank_group, run_header, spawn, write_report
 from indexcache.runner import IndexerRunner
 from indexcache.state import IndexRecorder, TopkState
 
@@ -259,30 +254,20 @@ def timings(ref: Prefill, cp: Prefill, device: torch.device, reps: int, group: d
 
 
 def _rank_main(rank: int, world: int, args: argparse.Namespace) -> None:
-    gpu = args.dist_backend == "nccl"
-    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
-    if gpu:
-        torch.cuda.set_device(device)
-    dist.init_process_group(args.dist_backend, rank=rank, world_size=world, device_id=device if gpu else None)
-    try:
+    with rank_group(rank, world, args.dist_backend) as device:
         config = preset("v32-like", topk=args.topk)
         result, ref, cp = check(rank, world, config, args.prompts, args.freq, device)
         forward, layers = timings(ref, cp, device, args.reps)
         if rank == 0:
             _report(result, forward, layers, config, args, world, device)
-    finally:
-        dist.destroy_process_group()
     if not result["equal"]:
         sys.exit(1)
 
 
 def _report(result: dict, forward: dict, layers: list[dict], config: ModelConfig, args: argparse.Namespace,
             world: int, device: torch.device) -> None:
-    gpu = device.type == "cuda"
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if gpu else None
-    machine = torch.cuda.get_device_name(device) if gpu else f"CPU ({platform.processor() or platform.machine()})"
-    clock = "CUDA events" if gpu else "host clock: CPU smoke run, not a GPU measurement"
-    print(f"cp_model: {world} x {machine}, {args.dist_backend}" + (f" {nccl}" if gpu else "")
+    clock = "CUDA events" if device.type == "cuda" else "host clock: CPU smoke run, not a GPU measurement"
+    print(f"cp_model: {describe(device, world, args.dist_backend)}"
           + f", prompts {list(args.prompts)} ({result['rows']} rows and keys), k={result['k']}, "
           f"plan {result['plan']}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}")
     print(f"producer top-k sets equal: {result['sets_equal']} (mismatched rows by layer: {result['mismatched_rows']}),"
@@ -295,15 +280,7 @@ def _report(result: dict, forward: dict, layers: list[dict], config: ModelConfig
                ["single_forward_us", "cp_forward_us"])
     print_rows(f"per producer (µs, rank 0; {clock})", layers, ["layer", "local_keys", "local_logits_us", "cp_topk_us"])
     print(f"cp_model: {'OK' if result['equal'] else 'MISMATCH'}")
-    report = {
-        "schema": SCHEMA,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(device) if gpu else None,
-        "gpu_run": gpu,
-        "world_size": world,
-        "versions": {"indexcache": indexcache.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
-                     "nccl": nccl},
-        "commit": checkout_commit(),
+    report = run_header(SCHEMA, device, world) | {
         "settings": {"dist_backend": args.dist_backend, "prompts": list(args.prompts), "freq": args.freq,
                      "reps": args.reps, "statistic": "median", "timed_on": "rank 0", "clock": clock,
                      "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"), "model": dataclasses.asdict(config),
@@ -312,16 +289,7 @@ def _report(result: dict, forward: dict, layers: list[dict], config: ModelConfig
         "forward": forward,
         "layers": layers,
     }
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    write_report(report, args.out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -348,13 +316,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--nproc: expected 1 .. {gpus} (the GPUs here) with nccl, got {args.nproc}")
     if args.nproc < 1 or args.freq < 1 or args.topk < 1 or args.reps < 1 or min(args.prompts) < 1:
         parser.error("expected --nproc, --freq, --topk, --reps and every --prompts length >= 1")
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    try:
-        mp.spawn(_rank_main, args=(args.nproc, args), nprocs=args.nproc)
-    except mp.ProcessExitedException as exc:
-        sys.exit(f"cp_model_gpu: {exc} (a mismatch exits 1; see the report)")
+    spawn(_rank_main, args.nproc, args, "cp_model_gpu")
 
 
 if __name__ == "__main__":
