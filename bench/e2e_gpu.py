@@ -39,7 +39,7 @@ import torch
 
 import indexcache
 from indexcache import dispatch
-from indexcache.bench import checkout_commit
+from indexcache.bench import call_times_ms, capture_graph, checkout_commit
 from indexcache.layout import new_packed_cache, split_packed_cache
 from indexcache.plan import LayerPlan
 from indexcache.runner import IndexerRunner
@@ -78,29 +78,12 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _once_ms(fn: Callable[[], object], dev: torch.device) -> float:
-    if dev.type != "cuda":
-        start = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - start)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
 def timed(fn: Callable[[], object], dev: torch.device, budget_s: float = 1.0, min_reps: int = 3,
           max_reps: int = 20) -> list[float]:
     """Milliseconds of each timed call of ``fn`` after one warm-up call (CUDA events on a GPU)."""
     fn()
     _sync(dev)
-    times: list[float] = []
-    stop = time.perf_counter() + budget_s
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < stop):
-        times.append(_once_ms(fn, dev))
-    return times
+    return call_times_ms(fn, dev, budget_s, min_reps, max_reps)
 
 
 def capture(fn: Callable[[], object], dev: torch.device) -> tuple[torch.cuda.CUDAGraph | None, str | None]:
@@ -108,14 +91,7 @@ def capture(fn: Callable[[], object], dev: torch.device) -> tuple[torch.cuda.CUD
     if dev.type != "cuda":
         return None, "no CUDA device"
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        graph = capture_graph(fn)
         graph.replay()
         torch.cuda.synchronize()
         return graph, None

@@ -36,7 +36,7 @@ import torch
 
 import indexcache
 from indexcache import dispatch, reference
-from indexcache.bench import checkout_commit, print_rows
+from indexcache.bench import call_times_ms, capture_graph, checkout_commit, print_rows
 from indexcache.layout import new_packed_cache, split_packed_cache
 
 H, D, PAGE = 64, 128, 64
@@ -68,16 +68,7 @@ def _timed(fn: Callable[[], object], budget_s: float = 0.4, min_reps: int = 3, m
     """Median milliseconds of ``fn`` (one warm-up call first), CUDA events around each call."""
     fn()
     torch.cuda.synchronize()
-    times: list[float] = []
-    stop = time.perf_counter() + budget_s
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < stop):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(call_times_ms(fn, torch.device("cuda"), budget_s, min_reps, max_reps))
 
 
 def _graph_timed(fn: Callable[[], object], budget_s: float = 0.3, min_reps: int = 5, max_reps: int = 100) -> float:
@@ -85,27 +76,10 @@ def _graph_timed(fn: Callable[[], object], budget_s: float = 0.3, min_reps: int 
     Python dispatch, no per-kernel launch). ``fn`` is called once eagerly first (compiles, warms caches)."""
     fn()
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # a warm-up on the capture stream, as torch recommends
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(fn)
     graph.replay()
     torch.cuda.synchronize()
-    times: list[float] = []
-    stop = time.perf_counter() + budget_s
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < stop):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times)
+    return statistics.median(call_times_ms(graph.replay, torch.device("cuda"), budget_s, min_reps, max_reps))
 
 
 def _err(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float, str]:

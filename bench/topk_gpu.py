@@ -33,7 +33,7 @@ import torch
 
 import indexcache
 from indexcache import dispatch, reference
-from indexcache.bench import checkout_commit, print_rows
+from indexcache.bench import call_times_ms, capture_graph, checkout_commit, print_rows
 
 PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
@@ -64,40 +64,18 @@ def _check(name: str, ok: bool, detail: str = "") -> dict:
     return {"check": name, "ok": bool(ok), "detail": detail}
 
 
-def _graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
-    """``fn`` captured in a CUDA graph (after an eager warm-up on the capture stream)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return graph
-
-
 def _median_ms(run: Callable[[], object], budget_s: float, min_reps: int = 5, max_reps: int = 200) -> float:
     run()
     torch.cuda.synchronize()
-    times: list[float] = []
-    stop = time.perf_counter() + budget_s
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < stop):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(call_times_ms(run, torch.device("cuda"), budget_s, min_reps, max_reps))
 
 
 def _timed(fn: Callable[[int], object], sets: int, graph: bool, budget_s: float = 0.25) -> float:
     """Median microseconds of one ``fn(i)``: a CUDA graph of ``fn(0) … fn(sets - 1)`` (inputs rotated so L2 holds
     none of them) replayed, divided by ``sets``; or eager calls when ``graph`` is False."""
     if graph:
-        g = _graph(lambda: [fn(i) for i in range(sets)])
+        g = capture_graph(lambda: [fn(i) for i in range(sets)])
+        torch.cuda.synchronize()
         ms = _median_ms(g.replay, budget_s)
         del g
         return 1000 * ms / sets
@@ -216,7 +194,8 @@ def check_graph(dev, replays: int = 1000) -> list[dict]:
         for s, lengths, k, table, page, out, raw in static:
             indexcache.topk_translate(s, lengths, k, table, page, out=out, out_raw=raw, backend="cuda")
 
-    graph = _graph(body)
+    graph = capture_graph(body)
+    torch.cuda.synchronize()
     mismatches = torch.zeros((), device=dev, dtype=torch.int64)
     for i in range(replays):
         j = (i * 7 + i // pool) % pool

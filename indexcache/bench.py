@@ -881,6 +881,41 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} µs"
 
 
+def capture_graph(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph, after one call on the capture's side stream (torch's warm-up);
+    neither replayed nor synchronised here. For the GPU scripts under ``bench/``."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def call_times_ms(fn: Callable[[], Any], device: torch.device, budget_s: float, min_reps: int,
+                  max_reps: int) -> list[float]:
+    """Milliseconds of each call of ``fn`` (no warm-up here): CUDA events around each call on a GPU, the
+    host clock elsewhere; at least ``min_reps`` calls, then more until ``budget_s`` or ``max_reps``."""
+    times: list[float] = []
+    stop = time.perf_counter() + budget_s
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < stop):
+        if device.type != "cuda":
+            start = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - start))
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
 def print_rows(title: str, rows: list[dict], columns: list[str], digits: int = 4) -> None:
     """Print ``rows`` (dicts) as a right-aligned table of ``columns``, floats to ``digits`` significant digits."""
     cells = [[f"{r[c]:.{digits}g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]

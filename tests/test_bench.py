@@ -288,3 +288,14 @@ def test_torch_topk_row_is_checked_by_the_scores_it_picks():
     idx = idx.clone()
     idx[1, 0] = scores[1].argmin()
     assert bench._same_topk((idx, scores), base, case) != ""
+
+
+def test_call_times_ms_counts_calls_between_its_bounds():
+    """At least ``min_reps`` calls, at most ``max_reps``; host-clock milliseconds off the GPU; no warm-up call."""
+    from indexcache.bench import call_times_ms
+
+    calls = []
+    times = call_times_ms(lambda: calls.append(1), torch.device("cpu"), 0.0, 3, 10)
+    assert len(times) == len(calls) == 3 and all(t >= 0 for t in times)
+    calls.clear()
+    assert len(call_times_ms(lambda: calls.append(1), torch.device("cpu"), 60.0, 1, 4)) == len(calls) == 4
