@@ -2,6 +2,7 @@
 batches, pipeline carries and the recorder hook, on small synthetic inputs (and, on a GPU, under
 CUDA-graph capture)."""
 
+import gc
 import os
 import sys
 from collections import Counter
@@ -235,18 +236,26 @@ def test_carry_checks_its_header():
 
 
 def _c_calls(fn):
-    """Names of the C functions (torch ops included) that ``fn`` calls, counted."""
+    """Names of the C functions (torch ops included) that ``fn`` calls, counted.
+
+    The garbage collector is off while counting: a collection runs ``gc.callbacks``
+    (hypothesis installs one that calls ``perf_counter``) at whatever call it lands on.
+    """
     names = Counter()
 
     def profile(frame, event, arg):
         if event == "c_call":
             names[getattr(arg, "__name__", "?")] += 1
 
+    gc_was_on = gc.isenabled()
+    gc.disable()
     sys.setprofile(profile)
     try:
         fn()
     finally:
         sys.setprofile(None)
+        if gc_was_on:
+            gc.enable()
     return names
 
 
