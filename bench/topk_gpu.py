@@ -5,15 +5,16 @@
 In one run: (a) checks on the GPU — the Triton backend's ``topk`` / ``topk_translate`` against the torch
 backend (same contract, same tie rule: each row's index set must be equal) on the target shapes, against
 the float64 reference on a few rows of each, and on adversarial rows (ties, -inf, NaN, short and negative
-lengths, row_starts, bf16, strided scores, tie bins larger than the stash); (b) a CUDA graph of two
+lengths, row_starts, bf16, strided scores, tie bins larger than the stash), and ``sorted=True`` slot by slot
+against the torch backend's and the reference's order; (b) a CUDA graph of two
 ``topk_translate`` calls (the split-row and the one-program-a-row paths) with preallocated out/out_raw,
 replayed 1000 times while scores and lengths change, each replay equal to eager, and no allocation by an
 eager call with preallocated outputs; (c) timings — CUDA-graph replays, median, inputs rotated through more
-than twice the L2 — of our topk and topk_translate, torch.topk, the torch backend (eager) and one read of
-the scores (a sum), on 64 × 128K (k 2048 and 512), 1 × 128K, 1 × 1M and 2048 × 32K fp32, with the issue's
-targets; (d) each kernel launch of a call timed alone, and a small sweep of tuning configurations. Prints
-tables, writes JSON to ``--out``, exits 1 when a check fails. Uses no Triton API (Triton 3.6 and later); under
-three minutes on an H200 (the sweep: per configuration, the call and each launch).
+than twice the L2 — of our topk, topk with sorted=True and topk_translate, torch.topk, the torch backend
+(eager) and one read of the scores (a sum), on 64 × 128K (k 2048 and 512), 1 × 128K, 1 × 1M and 2048 × 32K
+fp32, with the issue's targets; (d) each kernel launch of a call timed alone, and a small sweep of tuning
+configurations. Prints tables, writes JSON to ``--out``, exits 1 when a check fails. Uses no Triton API (Triton
+3.6 and later); about three minutes on an H200 (the sweep: per configuration, the call and each launch).
 """
 
 from __future__ import annotations
@@ -119,6 +120,13 @@ def check_shapes(dev) -> list[dict]:
         out.append(_check(f"{_case(rows, cols, k)}: topk = torch backend on {rows} rows, reference on {len(pick)}; "
                           "topk_translate = translate(topk)", bad == 0 and ref_bad == 0 and fused_ok,
                           f"{bad} rows differ from torch, {ref_bad} from the reference, fused equal: {fused_ok}"))
+        ours = indexcache.topk(scores, lengths, k, sorted=True, backend="cuda")
+        torch_b = indexcache.topk(scores, lengths, k, sorted=True, backend="torch")
+        bad = int((ours != torch_b).any(1).sum())
+        ref_bad = int((ours[pick].cpu() != ref).any(1).sum())
+        out.append(_check(f"{_case(rows, cols, k)}: sorted topk = torch backend's sorted rows slot by slot, reference "
+                          f"on {len(pick)}", bad == 0 and ref_bad == 0,
+                          f"{bad} rows differ from torch, {ref_bad} from the reference"))
         del scores, ours, torch_b, raw, phys, want
     return out
 
@@ -150,6 +158,10 @@ def check_adversarial(dev) -> list[dict]:
             got = indexcache.topk(s, lengths, k, row_starts=starts, backend="cuda").cpu()
             bad = int((~_same_sets(got, want)).sum())
             out.append(_check(f"adversarial rows, {cols} columns, k={k}, {label}", bad == 0, f"{bad} rows differ"))
+            got = indexcache.topk(s, lengths, k, row_starts=starts, sorted=True, backend="cuda").cpu()
+            bad = int((got != want).any(1).sum())
+            out.append(_check(f"adversarial rows, {cols} columns, k={k}, {label}, sorted", bad == 0,
+                              f"{bad} rows differ from the sorted reference"))
     return out
 
 
@@ -245,6 +257,8 @@ def _time_shape(rows: int, cols: int, k: int, dev) -> dict:
         "topk_us": (lambda i: indexcache.topk(scores[i], lengths, k, out=out, backend="cuda"), True),
         "topk_translate_us": (lambda i: indexcache.topk_translate(scores[i], lengths, k, table, page, out=phys,
                                                                   out_raw=raw, backend="cuda"), True),
+        "topk_sorted_us": (lambda i: indexcache.topk(scores[i], lengths, k, out=out, sorted=True, backend="cuda"),
+                           True),
         "topk_eager_us": (lambda i: indexcache.topk(scores[i], lengths, k, out=out, backend="cuda"), False),
         "torch_backend_us": (lambda i: indexcache.topk(scores[i], lengths, k, out=out, backend="torch"), False),
     }
@@ -269,6 +283,8 @@ def _derive(row: dict) -> None:
         row["speedup_vs_torch_backend"] = row["torch_backend_us"] / t
     if t and row.get("topk_translate_us"):
         row["translate_over_topk"] = row["topk_translate_us"] / t
+    if t and row.get("topk_sorted_us"):
+        row["sorted_over_topk"] = row["topk_sorted_us"] / t
     rows, cols = row["rows"], row["cols"]
     goals = {"translate_over_topk": ("<=", 1.15)}
     if rows == 64:

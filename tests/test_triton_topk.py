@@ -2,9 +2,9 @@
 
 Every row is compared with :mod:`indexcache.reference` by DESIGN.md's rule, tightened: our tie rule is
 deterministic (lower index wins), so each row's index set must equal the reference's exactly, -1 slots
-included. Outputs are views into guarded buffers, so a write out of bounds fails the test. The split-row
-path and the stash-overflow fallback are forced through a small tuning table passed to the kernel
-functions directly.
+included; with ``sorted=True`` each row must equal the reference slot by slot. Outputs are views into
+guarded buffers, so a write out of bounds fails the test. The split-row path and the stash-overflow
+fallback are forced through a small tuning table passed to the kernel functions directly.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ NEG_INF, NAN = float("-inf"), float("nan")
 # 512-value tiles, 128 coarse bins, a stash of max(256, k) entries (overflows on purpose), auto split.
 SMALL = {"TILE": 512, "BITS": 7, "DIGIT": 5, "num_warps": 4, "PROGRAMS_PER_SM": 2, "CHUNKS_PER_SM": 4,
          "MIN_CHUNK": 1024, "GATHER_CHUNKS": 4, "SAMPLE": 256, "SAMPLE_RANK": 16, "STASH": 256, "STASH_PER_K": 1,
-         "STASH_COLS_SHIFT": 16}
+         "STASH_COLS_SHIFT": 16, "SORT_PER_WARP": 256}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,10 +69,10 @@ def _public(backend, scores, lengths, k, row_starts=None):
     return out
 
 
-def _direct(scores, lengths, k, cfg, row_starts=None):
+def _direct(scores, lengths, k, cfg, row_starts=None, sorted=False):
     """The kernel function with a tuning table of the test's choosing (cuda target, interpreted)."""
     buf, out = _guarded(scores.shape[0], k)
-    _kernels().topk(scores, lengths, k, row_starts, out, False, target=_target("cuda", "sm90", True), cfg=cfg)
+    _kernels().topk(scores, lengths, k, row_starts, out, sorted, target=_target("cuda", "sm90", True), cfg=cfg)
     _check_guards(buf)
     return out
 
@@ -208,10 +208,64 @@ def test_empty_shapes_and_workspace_reuse():
     assert all(kernels._SCRATCH[key] is before[key] for key in before)
 
 
-def test_sorted_is_declined_with_a_reason():
+@pytest.mark.parametrize(("backend", "k"), [("cuda", 1), ("rocm", 64), ("cuda", 513)])
+def test_sorted_topk_equals_the_reference_slot_by_slot(backend, k):
+    """sorted=True on every kind of row of test_topk_contract: score descending, the lower index first among
+    ties, -1 last, short rows 0..len-1; nothing written outside ``out``."""
+    gen = torch.Generator().manual_seed(k + 1)
+    scores, lengths = _mixed_rows(1500, k, gen)
+    buf, out = _guarded(scores.shape[0], k)
+    indexcache.topk(scores, lengths, k, out=out, sorted=True, backend=backend)
+    _check_guards(buf)
+    assert torch.equal(out, reference.topk(scores, lengths, k))
+
+
+@pytest.mark.parametrize("path", ["fused", "split"])
+def test_sorted_on_both_paths_with_stash_overflow(path):
+    """sorted=True after the fused and the split select, on rows that take the fallback (few distinct values:
+    ties ordered by index) and on windows inside the row."""
+    gen = torch.Generator().manual_seed(8)
+    scores = torch.randn(3, 5000, generator=gen)
+    scores[1] = torch.randint(0, 3, (5000,), generator=gen).float()
+    scores[2, 4000:] = NEG_INF
+    lengths, starts = _lengths(5000, 4700, 4990), _lengths(0, 300, 7)
+    cfg = SMALL | ({"CHUNKS_PER_SM": 1, "MIN_CHUNK": 1 << 20} if path == "fused" else {"CHUNK": 1024})
+    out = _direct(scores, lengths, 200, cfg, row_starts=starts, sorted=True)
+    assert torch.equal(out, reference.topk(scores, lengths, 200, row_starts=starts))
+
+
+@pytest.mark.parametrize(("backend", "page_size", "with_raw"), [("cuda", 64, True), ("rocm", 3, False)])
+def test_sorted_topk_translate(backend, page_size, with_raw):
+    """sorted=True through the page table: out_raw (when given) is the sorted reference, out its translation
+    slot by slot; strided bf16 scores, row_starts, row_to_batch with holes and an out-of-range batch."""
+    gen = torch.Generator().manual_seed(9)
+    rows, cols, k = 6, 1100, 96
+    scores = torch.randn(cols, rows, generator=gen).to(torch.bfloat16).t()
+    lengths, starts = _lengths(1100, 900, 50, 0, 1000, -1), _lengths(0, 100, 7, 0, 50, 0)
+    pages = cols // page_size + 1
+    table = torch.randint(0, 500, (3, pages), generator=gen, dtype=torch.int32)
+    table[0, 2] = -1
+    r2b = _lengths(0, 1, 2, 0, 5, 1)
+    buf, out = _guarded(rows, k)
+    raw_buf, raw = _guarded(rows, k)
+    indexcache.topk_translate(scores, lengths, k, table, page_size, row_starts=starts, row_to_batch=r2b, out=out,
+                              out_raw=raw if with_raw else None, sorted=True, backend=backend)
+    _check_guards(buf)
+    _check_guards(raw_buf)
+    want_phys, want_raw = reference.topk_translate(scores, lengths, k, table, page_size, row_starts=starts,
+                                                   row_to_batch=r2b)
+    assert torch.equal(out, want_phys)
+    if with_raw:
+        assert torch.equal(raw, want_raw)
+    else:
+        assert (raw == SENTINEL).all()
+
+
+def test_sorted_beyond_its_largest_k_is_declined_with_a_reason():
+    kernels = _kernels()
     scores = torch.randn(1, 50)
-    with pytest.raises(dispatch.BackendNotSupportedError, match="sorted=True"):
-        indexcache.topk(scores, _lengths(50), 4, sorted=True, backend="cuda")
+    with pytest.raises(dispatch.BackendNotSupportedError, match=f"k <= {kernels.MAX_SORTED_K}"):
+        indexcache.topk(scores, _lengths(50), kernels.MAX_SORTED_K + 1, sorted=True, backend="cuda")
 
 
 def test_split_chunk_depends_on_shape_only():
@@ -285,3 +339,4 @@ def test_random_shapes_and_distributions_match_the_reference(seed):
     fused = SMALL | {"CHUNKS_PER_SM": 1, "MIN_CHUNK": 1 << 20}
     for cfg in (fused, fused | {"STASH": 4096}, SMALL | {"CHUNK": 1024}, SMALL | {"CHUNK": 1024, "STASH": 4096}):
         _assert_rows(_direct(scores, lengths, k, cfg, row_starts=starts), want)
+    assert torch.equal(_direct(scores, lengths, k, (fused, SMALL)[seed % 2], row_starts=starts, sorted=True), want)

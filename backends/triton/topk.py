@@ -25,6 +25,10 @@ A sampled-threshold select that reads each row once, with an exact radix select 
 Keys: fp32 bits with negatives' magnitude bits flipped (a signed int32 order); -0.0 is made +0.0,
 NaN and -inf become INT32_MIN and are never counted. bf16/fp16 scores are widened to fp32 first.
 
+``sorted=True`` (k up to ``MAX_SORTED_K``): the select writes raw positions, then one program a row sorts its
+``k`` slots in registers (a bitonic ``tl.sort`` of 64-bit keys: exact score key, then the position reversed, so
+ties keep the lower index first and -1 slots go last) and translates them when asked.
+
 Launches: many rows run one fused kernel, a persistent grid over rows with one stash per program, then a
 persistent finishing kernel that takes only the rows the first left to the fallback.
 Few long rows are split into chunks fixed by the shape and the SM count (never by the data): one program a
@@ -55,8 +59,10 @@ INT_MIN = tl.constexpr(-2147483648)
 INT_MAX = tl.constexpr(2147483647)
 NEG_INF_BITS = tl.constexpr(-8388608)  # 0xFF800000
 KEY_MIN_VALID = tl.constexpr(-2139095040)  # the key of -FLT_MAX (0x80800000): -inf and NaN lie below or above
+INT64_MIN = tl.constexpr(-9223372036854775808)
 KEY_INF = tl.constexpr(2139095040)  # the key of +inf (0x7F800000); +NaN keys lie above it
 _MAX_COLS = 2**31 - 2**16  # int32 column arithmetic with a tile of headroom
+MAX_SORTED_K = 4096  # sorted=True: a row's k int64 keys sorted in registers (8 a thread over 16 warps of 32)
 
 
 @triton.jit
@@ -639,6 +645,45 @@ def topk_finish_kernel(
             tl.debug_barrier()  # the next row reuses the stash
 
 
+@triton.jit
+def topk_sort_kernel(
+    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr,
+    cols, k, batches, pages, page_size,
+    s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
+    HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
+    SHIFT: tl.constexpr, CONTIG: tl.constexpr, K_P2: tl.constexpr,
+):
+    """``sorted=True``, after the select wrote raw positions (to ``raw`` when ``HAS_RAW``, else to ``out``), one
+    program a row: a long row's ``k`` slots are ordered by (score desc, position asc) with -1 last, by one bitonic
+    sort of ``K_P2`` 64-bit keys (exact score key above, ``INT_MAX - position`` below); a short row keeps
+    ``0..len-1``. When translating, the row's slots then get their physical slots in ``out``."""
+    r = tl.program_id(0)
+    r64 = tl.cast(r, tl.int64)
+    start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+    out_row = out_ptr + r64 * o_s0
+    raw_row = raw_ptr + r64 * w_s0
+    if length > k:
+        j = tl.arange(0, K_P2)
+        m = j < k
+        if HAS_RAW:
+            pos = tl.load(raw_row + j * w_s1, mask=m, other=-1)
+        else:
+            pos = tl.load(out_row + j * o_s1, mask=m, other=-1)
+        ok = (pos >= 0) & (pos < length)
+        key, _ = _load_keys(scores_ptr + r64 * s_s0, s_s1, start + pos, ok, CONTIG, 8)
+        packed = (key.to(tl.int64) << 32) | (pos ^ INT_MAX).to(tl.int64)  # pos ^ INT_MAX = INT_MAX - pos
+        packed = tl.sort(tl.where(ok, packed, INT64_MIN), descending=True)
+        pos = tl.where(packed == INT64_MIN, -1, (packed & INT_MAX).to(tl.int32) ^ INT_MAX)
+        tl.debug_barrier()  # every thread has read the row's slots before any is overwritten
+        if HAS_RAW:
+            tl.store(raw_row + j * w_s1, pos, mask=m)
+        else:
+            tl.store(out_row + j * o_s1, pos, mask=m)
+    b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
+    _translate(out_row, o_s1, raw_row, w_s1, k, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
+               SHIFT, K_P2)
+
+
 _SCRATCH: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
@@ -715,15 +760,19 @@ def sample_size(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
     return max(64, min(want, cfg["SAMPLE"]))
 
 
-def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, target: Target,
-             cfg: Mapping[str, Any]) -> list[tuple[str, Callable[[], None]]]:
+def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
+             target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Callable[[], None]]]:
     """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
-    split rows' sample and filter, then the finishing kernel. Arguments as :func:`topk_translate`
-    (``page_table`` None for plain top-k); the workspace is taken here, so launching needs no allocation (and a
-    benchmark can time each launch alone)."""
+    split rows' sample and filter, then the finishing kernel; with ``sorted``, those select raw positions
+    (into ``out_raw`` when given, else ``out``) and a sort launch orders and translates them. Arguments as
+    :func:`topk_translate` (``page_table`` None for plain top-k); the workspace is taken here, so launching
+    needs no allocation (and a benchmark can time each launch alone)."""
     rows, cols = scores.shape
     if rows == 0 or k == 0:
         return []
+    if sorted:
+        return _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch,
+                                target=target, cfg=cfg)
     device = scores.device
     tile, cap = cfg["TILE"], stash_capacity(cols, k, cfg)
     samples = sample_size(cols, k, cfg)
@@ -772,30 +821,59 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     ]
 
 
-def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
+def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
+                     target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Callable[[], None]]]:
+    """``sorted=True``: the unsorted select's launches writing raw positions (to ``out_raw`` when given, else to
+    ``out``), then ``topk_sort_kernel``, one program a row."""
+    raw = out_raw if out_raw is not None else out
+    translate = page_table is not None
+    table = page_table if translate else out
+    r2b = row_to_batch if row_to_batch is not None else lengths
+    starts = row_starts if row_starts is not None else lengths
+    width = max(16, triton.next_power_of_2(k))
+    sort = dict(
+        s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
+        o_s0=out.stride(0), o_s1=out.stride(1), w_s0=raw.stride(0), w_s1=raw.stride(1), r2b_s0=r2b.stride(0),
+        tab_s0=table.stride(0), tab_s1=table.stride(1), HAS_STARTS=row_starts is not None,
+        HAS_R2B=row_to_batch is not None, TRANSLATE=translate, HAS_RAW=out_raw is not None,
+        SHIFT=page_shift(page_size) if translate else 0, CONTIG=scores.stride(1) == 1, K_P2=width,
+        **launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg))),
+    )
+    steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, target=target, cfg=cfg)
+    return steps + [("sort", lambda: topk_sort_kernel[(scores.shape[0],)](
+        scores, lengths, starts, out, raw, r2b, table, scores.shape[1], k, table.shape[0] if translate else 0,
+        table.shape[1] if translate else 0, page_size if translate else 1, **sort))]
+
+
+def sort_warps(k: int, cfg: Mapping[str, Any]) -> int:
+    """Warps (wavefronts) of the sort launch: ``SORT_PER_WARP`` keys a warp, at least 4, at most 16."""
+    return max(4, min(16, triton.next_power_of_2(k) // cfg["SORT_PER_WARP"]))
+
+
+def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, sorted, *,
             target: Target, cfg: Mapping[str, Any]):
     for _, launch in launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch,
-                              target=target, cfg=cfg):
+                              sorted=sorted, target=target, cfg=cfg):
         launch()
     return out
 
 
 def topk(scores, lengths, k, row_starts, out, sorted, *, target: Target, cfg: Mapping[str, Any]):
-    """Fill ``out [R, k]`` int32 (contract: ``indexcache.topk``; ``sorted`` must be False)."""
-    return _select(scores, lengths, k, row_starts, out, None, None, 1, None, target=target, cfg=cfg)
+    """Fill ``out [R, k]`` int32 (contract: ``indexcache.topk``)."""
+    return _select(scores, lengths, k, row_starts, out, None, None, 1, None, sorted, target=target, cfg=cfg)
 
 
 def topk_translate(scores, lengths, k, page_table, page_size, row_starts, row_to_batch, out, out_raw, sorted, *,
                    target: Target, cfg: Mapping[str, Any]):
     """Fill ``out [R, k]`` with physical slots and ``out_raw`` (when given) with the raw window positions
-    (contract: ``indexcache.topk_translate``; ``sorted`` must be False)."""
-    return _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch,
+    (contract: ``indexcache.topk_translate``)."""
+    return _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, sorted,
                    target=target, cfg=cfg)
 
 
-def _supports(target: Target, scores, sorted, **tensors) -> tuple[bool, str]:
-    if sorted:
-        return False, "sorted=True is not implemented by the Triton top-k"
+def _supports(target: Target, scores, k, sorted, **tensors) -> tuple[bool, str]:
+    if sorted and k > MAX_SORTED_K:
+        return False, f"sorted=True takes k <= {MAX_SORTED_K} in the Triton top-k (a row sorted in registers), got {k}"
     if scores.shape[1] > _MAX_COLS:
         return False, f"rows longer than {_MAX_COLS} columns are not supported by the Triton top-k"
     return on_target_device(target, scores=scores, **tensors)
@@ -805,11 +883,11 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     """The topk and topk_translate ops of a GPU backend built for ``target`` with its tuning table."""
     cfg = tuning["topk"]
 
-    def supports_topk(scores, lengths, row_starts, out, sorted, **_):
-        return _supports(target, scores, sorted, lengths=lengths, row_starts=row_starts, out=out)
+    def supports_topk(scores, lengths, k, row_starts, out, sorted, **_):
+        return _supports(target, scores, k, sorted, lengths=lengths, row_starts=row_starts, out=out)
 
-    def supports_translate(scores, lengths, row_starts, out, sorted, page_table, row_to_batch, out_raw, **_):
-        return _supports(target, scores, sorted, lengths=lengths, row_starts=row_starts, out=out,
+    def supports_translate(scores, lengths, k, row_starts, out, sorted, page_table, row_to_batch, out_raw, **_):
+        return _supports(target, scores, k, sorted, lengths=lengths, row_starts=row_starts, out=out,
                          page_table=page_table, row_to_batch=row_to_batch, out_raw=out_raw)
 
     def run_topk(**args):
@@ -825,8 +903,8 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     """What the top-k kernels build for ``target`` (cross-compile check), with the table's tile and histogram:
     plain fp32 topk with k = 1 (an int argument of 1 arrives as a constant, as a launch specialises it); the
     producer step on bf16 with every option (row_starts, row_to_batch, out_raw, shift path); fp16 strided
-    scores with row_starts and a non-power-of-two page size. Unit strides of the index tensors are
-    specialised to constants, as a launch does."""
+    scores with row_starts and a non-power-of-two page size; the sort of ``sorted=True`` on each, at k 2048 and
+    (fp32) at its largest k. Unit strides of the index tensors are specialised to constants, as a launch does."""
     from indexcache.backends.triton.crosscompile import KernelSpec, pointer
 
     cfg = tuning["topk"]
@@ -862,4 +940,8 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         specs.append(KernelSpec(op, topk_rows_kernel, ptrs, {**full, **sampling}, opts, aligned=aligned))
         specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"]),
                                 fin_opts, aligned=aligned))
+        width = MAX_SORTED_K if dtype == torch.float32 else 2048  # sorted=True at its largest k and at DSA's
+        sort = {n: v for n, v in full.items() if n not in ("BITS", "TILE", "DIGIT", "k")}
+        specs.append(KernelSpec(op, topk_sort_kernel, ptrs, dict(sort, K_P2=width),
+                                launch_options(target, dict(cfg, num_warps=sort_warps(width, cfg))), aligned=aligned))
     return specs

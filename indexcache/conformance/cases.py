@@ -284,6 +284,23 @@ def _(gen, dev):
     return args
 
 
+@case("topk_translate", "sorted, page 64 with out_raw, ties")
+def _(gen, dev):
+    args = _producer_args(gen, dev, 8, 3000, 300, 64)
+    args["scores"] = args["scores"].round()
+    args["out_raw"] = torch.full((8, 300), 999, dtype=I32, device=dev)
+    args["sorted"] = True
+    return args
+
+
+@case("topk_translate", "sorted, page 1, no out_raw, row_starts")
+def _(gen, dev):
+    args = _producer_args(gen, dev, 6, 2000, 128, 1)
+    args["row_starts"] = _ints(gen, 0, 600, (6,)).to(dev)
+    args["sorted"] = True
+    return args
+
+
 # ---------------------------------------------------------------------------------------------- logits
 
 
