@@ -404,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_sweep:
         sections += [("breakdown", lambda: breakdown(dev)), ("sweep", lambda: sweep(dev))]
     start = time.perf_counter()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name, section in sections:
         print(f"== {name}", flush=True)
         try:
@@ -412,10 +413,12 @@ def main(argv: list[str] | None = None) -> int:
             report["errors"].append({"section": name, "traceback": traceback.format_exc()})
             print(traceback.format_exc(), file=sys.stderr, flush=True)
         torch.cuda.empty_cache()
-    report["seconds"] = round(time.perf_counter() - start, 1)
+        report["seconds"] = round(time.perf_counter() - start, 1)
+        args.out.write_text(json.dumps(report, indent=1))  # after each section: a run killed later keeps these
     print_rows("timings (µs; graph replays, inputs rotated past L2; torch backend eager)", report.get("timings", []),
                ["case", "read_us", "torch_topk_us", "torch_backend_us", "topk_us", "topk_eager_us",
-                "topk_translate_us", "x_read", "speedup_vs_torch_topk", "translate_over_topk"], digits=3)
+                "topk_translate_us", "topk_sorted_us", "x_read", "speedup_vs_torch_topk", "translate_over_topk",
+                "sorted_over_topk"], digits=3)
     for row in report.get("timings", []):
         for name, t in row["targets"].items():
             value = "n/a" if t["value"] is None else f"{t['value']:.3g}"
@@ -427,8 +430,6 @@ def main(argv: list[str] | None = None) -> int:
         print_rows("sweep (µs, graph replays)", report["sweep"],
                    ["case", "config", "path", "us", "rows_us", "sample_us", "filter_us", "finish_us",
                     "equal_to_torch_backend", "error"], digits=3)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.out} ({report['seconds']} s)")
     failed = report["errors"] or not all(r["ok"] for r in report.get("checks", []))
     failed = failed or any(r.get("equal_to_torch_backend") is False for r in report.get("sweep", []))
