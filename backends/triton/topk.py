@@ -760,6 +760,29 @@ def sample_size(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
     return max(64, min(want, cfg["SAMPLE"]))
 
 
+_SCAN_ARGS = ("s_s0", "s_s1", "len_s0", "st_s0", "HAS_STARTS", "CONTIG")  # what the sample and filter kernels take
+
+
+def _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size, row_to_batch) -> tuple[tuple, dict]:
+    """``(starts, raw, r2b, table)``, the row kernels' tensors besides scores, lengths and out (an absent one stood
+    in by a tensor of the call that is never read), and their strides, flags and table shape as keyword
+    arguments."""
+    translate = page_table is not None
+    table = page_table if translate else out
+    r2b = row_to_batch if row_to_batch is not None else lengths
+    starts = row_starts if row_starts is not None else lengths
+    raw = out_raw if out_raw is not None else out
+    args = dict(
+        s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
+        HAS_STARTS=row_starts is not None, CONTIG=scores.stride(1) == 1, o_s0=out.stride(0), o_s1=out.stride(1),
+        w_s0=raw.stride(0), w_s1=raw.stride(1), r2b_s0=r2b.stride(0), tab_s0=table.stride(0), tab_s1=table.stride(1),
+        HAS_R2B=row_to_batch is not None, TRANSLATE=translate, HAS_RAW=out_raw is not None,
+        SHIFT=page_shift(page_size) if translate else 0, batches=table.shape[0] if translate else 0,
+        pages=table.shape[1] if translate else 0, page_size=page_size if translate else 1,
+    )
+    return (starts, raw, r2b, table), args
+
+
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
              target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Callable[[], None]]]:
     """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
@@ -776,22 +799,12 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     device = scores.device
     tile, cap = cfg["TILE"], stash_capacity(cols, k, cfg)
     samples = sample_size(cols, k, cfg)
-    translate = page_table is not None
-    table = page_table if translate else out
-    r2b = row_to_batch if row_to_batch is not None else lengths
-    starts = row_starts if row_starts is not None else lengths
-    raw = out_raw if out_raw is not None else out
+    (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
+                                                    row_to_batch)
     opts = _options(target, cfg)
     fin_tile, fin_opts = _finish_shape(target, cfg)
-    scan = dict(s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
-                HAS_STARTS=row_starts is not None, CONTIG=scores.stride(1) == 1, BITS=cfg["BITS"], TILE=tile)
-    common = dict(
-        o_s0=out.stride(0), o_s1=out.stride(1), w_s0=raw.stride(0), w_s1=raw.stride(1), r2b_s0=r2b.stride(0),
-        tab_s0=table.stride(0), tab_s1=table.stride(1), HAS_R2B=row_to_batch is not None, TRANSLATE=translate,
-        HAS_RAW=out_raw is not None, SHIFT=page_shift(page_size) if translate else 0,
-        batches=table.shape[0] if translate else 0, pages=table.shape[1] if translate else 0,
-        page_size=page_size if translate else 1, DIGIT=cfg["DIGIT"], **scan,
-    )
+    scan = {name: row_args[name] for name in _SCAN_ARGS} | dict(BITS=cfg["BITS"], TILE=tile)
+    common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
     sampling = dict(SAMPLES=samples, SAMPLE_TILE=min(samples, tile))
     sms = _sms(target, device)
     chunk = split_chunk(rows, cols, sms, cfg)
@@ -825,24 +838,13 @@ def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, p
                      target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Callable[[], None]]]:
     """``sorted=True``: the unsorted select's launches writing raw positions (to ``out_raw`` when given, else to
     ``out``), then ``topk_sort_kernel``, one program a row."""
-    raw = out_raw if out_raw is not None else out
-    translate = page_table is not None
-    table = page_table if translate else out
-    r2b = row_to_batch if row_to_batch is not None else lengths
-    starts = row_starts if row_starts is not None else lengths
+    (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
+                                                    row_to_batch)
     width = max(16, triton.next_power_of_2(k))
-    sort = dict(
-        s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
-        o_s0=out.stride(0), o_s1=out.stride(1), w_s0=raw.stride(0), w_s1=raw.stride(1), r2b_s0=r2b.stride(0),
-        tab_s0=table.stride(0), tab_s1=table.stride(1), HAS_STARTS=row_starts is not None,
-        HAS_R2B=row_to_batch is not None, TRANSLATE=translate, HAS_RAW=out_raw is not None,
-        SHIFT=page_shift(page_size) if translate else 0, CONTIG=scores.stride(1) == 1, K_P2=width,
-        **launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg))),
-    )
+    opts = launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg)))
     steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, target=target, cfg=cfg)
     return steps + [("sort", lambda: topk_sort_kernel[(scores.shape[0],)](
-        scores, lengths, starts, out, raw, r2b, table, scores.shape[1], k, table.shape[0] if translate else 0,
-        table.shape[1] if translate else 0, page_size if translate else 1, **sort))]
+        scores, lengths, starts, out, raw, r2b, table, scores.shape[1], k, K_P2=width, **row_args, **opts))]
 
 
 def sort_warps(k: int, cfg: Mapping[str, Any]) -> int:
