@@ -929,10 +929,10 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     for dtype, starts, r2b, translate, has_raw, shift, contig in variants:
         ptrs = {**index_ptrs, "scores_ptr": pointer(dtype)}
         flags = {"HAS_STARTS": starts, "CONTIG": contig, **shape, **({"s_s1": 1} if contig else {})}
-        full = {**flags, "HAS_R2B": r2b, "TRANSLATE": translate, "HAS_RAW": has_raw, "SHIFT": shift,
-                "DIGIT": cfg["DIGIT"], **unit, **({} if translate else {"k": 1})}
-        op = "topk_translate" if translate else "topk"
         k_one = {} if translate else {"k": 1}
+        full = {**flags, "HAS_R2B": r2b, "TRANSLATE": translate, "HAS_RAW": has_raw, "SHIFT": shift,
+                "DIGIT": cfg["DIGIT"], **unit, **k_one}
+        op = "topk_translate" if translate else "topk"
         specs.append(KernelSpec(op, topk_sample_kernel, ptrs, {**{n: v for n, v in flags.items() if n != "TILE"},
                                                                **sampling, "len_s0": 1, "st_s0": 1, **k_one}, opts,
                                 aligned=("s_s0",)))
