@@ -31,6 +31,8 @@ def cache_page_size(k_cache: torch.Tensor, dim: int) -> int:
             raise ValueError(
                 f"k_cache: expected shape [num_pages, page_size, 1, {dim + SCALE_BYTES}], got {list(k_cache.shape)}"
             )
+        if k_cache.shape[1] == 0:
+            raise ValueError(f"k_cache: expected pages of at least one token, got shape {list(k_cache.shape)}")
         return int(k_cache.shape[1])
     if k_cache.dim() == 2:
         page_bytes = int(k_cache.shape[1])
@@ -48,7 +50,7 @@ def split_packed_cache(k_cache: torch.Tensor, dim: int, fp8_dtype: torch.dtype) 
     Both share the cache's memory, so writing into them writes the cache.
     """
     page_size = cache_page_size(k_cache, dim)
-    pages = k_cache.reshape(k_cache.shape[0], -1)
+    pages = k_cache.reshape(k_cache.shape[0], page_size * (dim + SCALE_BYTES))  # also for a cache of 0 pages
     keys = pages[:, : page_size * dim].view(fp8_dtype).view(-1, page_size, dim)
     scales = pages[:, page_size * dim :].view(torch.float32)
     return keys, scales

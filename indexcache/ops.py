@@ -5,7 +5,15 @@ that :mod:`indexcache.dispatch` picks.
 All index tensors are int32 and -1 marks an empty slot, in inputs and outputs. Lengths that are
 negative count as 0 (checking them would need a device sync). Bad arguments raise ``TypeError``
 (wrong type or dtype) or ``ValueError`` (wrong shape, device or value) naming the argument, what
-was expected and what came.
+was expected and what came. ``k`` is at most :data:`MAX_TOPK` and ``page_size`` at most
+:data:`MAX_PAGE_SIZE`; an ``out`` (or ``out_raw``) must not share memory with any input, with the
+other output, or with itself (an expanded, stride-0 view).
+
+Non-finite values, the same on every backend: ``quantize_index_k`` / ``store_index_k`` give a block
+(a token) holding NaN or ±inf the scale NaN and zero fp8 values; the logits propagate NaN (a NaN in
+``q``, ``k``, ``k_scale``, ``weights`` or a cache scale makes the logits it enters NaN, the ReLU keeps
+it) and follow IEEE arithmetic for ±inf; :func:`topk` never selects NaN or -inf. Positions outside a
+row's window are -inf whatever the inputs hold.
 """
 
 from __future__ import annotations
@@ -19,6 +27,10 @@ INDEX = torch.int32
 SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 KEY_DTYPES = (*FP8_DTYPES, torch.bfloat16)
 FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+# The largest k: the shipped models select 512-2048; 65536 leaves room and bounds an output row at 256 KiB.
+MAX_TOPK = 65536
+# Slots are int32, so a page holds at most 2^31 - 1 tokens.
+MAX_PAGE_SIZE = 2**31 - 1
 
 
 def _names(dtypes) -> str:
@@ -39,26 +51,80 @@ def _tensor(name: str, t, dtypes, shape: tuple, device: torch.device | None = No
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
 
 
-def _int(name: str, value, minimum: int) -> int:
+def _int(name: str, value, minimum: int, maximum: int | None = None, why: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name}: expected an int {bounds}{why}, got {value}")
     return value
 
 
-def _out(name: str, out, dtype, shape: tuple, device: torch.device) -> torch.Tensor:
+def _check_k(k) -> int:
+    return _int("k", k, 0, MAX_TOPK, " (indexcache.ops.MAX_TOPK)")
+
+
+def _check_page_size(page_size) -> int:
+    return _int("page_size", page_size, 1, MAX_PAGE_SIZE, " (slots are int32)")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``[first, end)`` a non-empty tensor's elements lie in."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' element ranges share memory (metadata only: never a device sync)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _check_output(name: str, out: torch.Tensor, inputs: dict) -> None:
+    """``out`` must not write one element twice (a stride-0 view) nor share memory with any input."""
+    if any(size > 1 and stride == 0 for size, stride in zip(out.shape, out.stride(), strict=True)):
+        raise ValueError(f"{name}: expected a tensor whose elements have memory of their own, got an expanded view "
+                         f"(shape {list(out.shape)}, strides {list(out.stride())})")
+    for other, t in inputs.items():
+        if isinstance(t, torch.Tensor) and _overlaps(out, t):
+            raise ValueError(f"{name}: expected a tensor that shares no memory with the other tensor arguments, "
+                             f"got one that overlaps {other}")
+
+
+def _out(name: str, out, dtype, shape: tuple, device: torch.device, inputs: dict) -> torch.Tensor:
+    """The output ``out`` checked (dtype, shape, device, no overlap with ``inputs``), or a new one."""
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
     _tensor(name, out, (dtype,), shape, device)
+    _check_output(name, out, inputs)
     return out
+
+
+def _check_cache(k_cache, dim_name: str, dim: int, device: torch.device) -> None:
+    """The packed fp8 cache (:mod:`indexcache.layout`) for keys of ``dim`` elements (``dim_name``'s last
+    dimension): uint8, on ``device``, a page shape that fits, contiguous, float32 scales 4-byte aligned."""
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dtype != torch.uint8:
+        raise TypeError(f"k_cache: expected a uint8 torch.Tensor, got {getattr(k_cache, 'dtype', type(k_cache))}")
+    if k_cache.device != device:
+        raise ValueError(f"k_cache: expected a tensor on {device}, got one on {k_cache.device}")
+    if dim == 0 or dim % 4:
+        raise ValueError(f"{dim_name}: expected a last dimension that is a positive multiple of 4 (the packed "
+                         f"cache keeps float32 scales after each page's keys), got {dim}")
+    cache_page_size(k_cache, dim)
+    if not k_cache.is_contiguous():
+        raise ValueError("k_cache: expected a contiguous tensor, got a strided view")
+    if k_cache.storage_offset() % 4:
+        raise ValueError(f"k_cache: expected a view that starts at a multiple of 4 bytes (its scales are float32), "
+                         f"got storage offset {k_cache.storage_offset()}")
 
 
 def _check_translate_inputs(raw_shape, page_table, seq_lens, page_size, row_to_batch, device):
     rows = raw_shape[0]
     _tensor("page_table", page_table, (INDEX,), (None, None), device)
     _tensor("seq_lens", seq_lens, (INDEX,), (rows,), device)
-    _int("page_size", page_size, 1)
+    _check_page_size(page_size)
     if row_to_batch is not None:
         _tensor("row_to_batch", row_to_batch, (INDEX,), (rows,), device)
 
@@ -76,7 +142,8 @@ def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, o
     _tensor("raw", raw, (INDEX,), (None, None))
     device = raw.device
     _check_translate_inputs(raw.shape, page_table, seq_lens, page_size, row_to_batch, device)
-    out = _out("out", out, INDEX, tuple(raw.shape), device)
+    inputs = dict(raw=raw, page_table=page_table, seq_lens=seq_lens, row_to_batch=row_to_batch)
+    out = _out("out", out, INDEX, tuple(raw.shape), device, inputs)
     args = dict(raw=raw, page_table=page_table, seq_lens=seq_lens, page_size=page_size,
                 row_to_batch=row_to_batch, out=out)
     return dispatch.call("translate", args, backend)
@@ -85,7 +152,7 @@ def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, o
 def _check_topk_inputs(scores, lengths, k, row_starts):
     _tensor("scores", scores, SCORE_DTYPES, (None, None))
     _tensor("lengths", lengths, (INDEX,), (scores.shape[0],), scores.device)
-    _int("k", k, 0)
+    _check_k(k)
     if row_starts is not None:
         _tensor("row_starts", row_starts, (INDEX,), (scores.shape[0],), scores.device)
 
@@ -101,7 +168,8 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
     descending, then index ascending).
     """
     _check_topk_inputs(scores, lengths, k, row_starts)
-    out = _out("out", out, INDEX, (scores.shape[0], k), scores.device)
+    out = _out("out", out, INDEX, (scores.shape[0], k), scores.device,
+               dict(scores=scores, lengths=lengths, row_starts=row_starts))
     args = dict(scores=scores, lengths=lengths, k=k, row_starts=row_starts, out=out, sorted=bool(sorted))
     return dispatch.call("topk", args, backend)
 
@@ -119,9 +187,12 @@ def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_s
     device = scores.device
     _check_translate_inputs(scores.shape, page_table, lengths, page_size, row_to_batch, device)
     shape = (scores.shape[0], k)
-    out = _out("out", out, INDEX, shape, device)
+    inputs = dict(scores=scores, lengths=lengths, page_table=page_table, row_starts=row_starts,
+                  row_to_batch=row_to_batch)
+    out = _out("out", out, INDEX, shape, device, dict(inputs, out_raw=out_raw))
     if out_raw is not None:
         _tensor("out_raw", out_raw, (INDEX,), shape, device)
+        _check_output("out_raw", out_raw, inputs)
     args = dict(scores=scores, lengths=lengths, k=k, page_table=page_table, page_size=page_size,
                 row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=bool(sorted))
     return dispatch.call("topk_translate", args, backend)
@@ -144,7 +215,8 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
     _tensor("weights", weights, (torch.float32,), (tokens, heads), device)
     _tensor("ks", ks, (INDEX,), (tokens,), device)
     _tensor("ke", ke, (INDEX,), (tokens,), device)
-    out = _out("out", out, torch.float32, (tokens, k.shape[0]), device)
+    out = _out("out", out, torch.float32, (tokens, k.shape[0]), device,
+               dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke))
     args = dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out)
     return dispatch.call("mqa_logits", args, backend)
 
@@ -163,18 +235,13 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     _tensor("q", q, FP8_DTYPES, (None, None, None, None))
     batch, next_n, heads, dim = q.shape
     device = q.device
-    if not isinstance(k_cache, torch.Tensor) or k_cache.dtype != torch.uint8:
-        raise TypeError(f"k_cache: expected a uint8 torch.Tensor, got {getattr(k_cache, 'dtype', type(k_cache))}")
-    if k_cache.device != device:
-        raise ValueError(f"k_cache: expected a tensor on {device}, got one on {k_cache.device}")
-    cache_page_size(k_cache, dim)
-    if not k_cache.is_contiguous():
-        raise ValueError("k_cache: expected a contiguous tensor, got a strided view")
+    _check_cache(k_cache, "q", dim, device)
     _tensor("weights", weights, (torch.float32,), (batch * next_n, heads), device)
     _tensor("context_lens", context_lens, (INDEX,), (batch,), device)
     _tensor("page_table", page_table, (INDEX,), (batch, None), device)
     _int("max_context_len", max_context_len, 0)
-    out = _out("out", out, torch.float32, (batch * next_n, max_context_len), device)
+    out = _out("out", out, torch.float32, (batch * next_n, max_context_len), device,
+               dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table))
     args = dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table,
                 max_context_len=max_context_len, out=out)
     return dispatch.call("paged_mqa_logits", args, backend)
@@ -210,13 +277,8 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
     _tensor("k", k, FLOAT_INPUTS, (None, None))
     device = k.device
     _check_fp8(fp8_dtype)
-    if not isinstance(k_cache, torch.Tensor) or k_cache.dtype != torch.uint8:
-        raise TypeError(f"k_cache: expected a uint8 torch.Tensor, got {getattr(k_cache, 'dtype', type(k_cache))}")
-    if k_cache.device != device:
-        raise ValueError(f"k_cache: expected a tensor on {device}, got one on {k_cache.device}")
-    cache_page_size(k_cache, k.shape[1])
-    if not k_cache.is_contiguous():
-        raise ValueError("k_cache: expected a contiguous tensor, got a strided view")
+    _check_cache(k_cache, "k", k.shape[1], device)
     _tensor("slot_mapping", slot_mapping, (INDEX,), (k.shape[0],), device)
+    _check_output("k_cache", k_cache, dict(k=k, slot_mapping=slot_mapping))
     args = dict(k=k, k_cache=k_cache, slot_mapping=slot_mapping, fp8_dtype=fp8_dtype)
     dispatch.call("store_index_k", args, backend)

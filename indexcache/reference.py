@@ -119,14 +119,16 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, block=128):
     """Block-``block`` fp8 with power-of-two scales: ``(k_fp8 [N, D], scale [N, D // block] float32)``.
 
-    ``scale = 2 ** ceil(log2(max(amax, 1e-4) / fp8_max))`` so every ``k / scale`` fits the format.
+    ``scale = 2 ** ceil(log2(max(amax, 1e-4) / fp8_max))`` so every ``k / scale`` fits the format; a block
+    holding NaN or ±inf has scale NaN and zero values.
     """
     k = _cpu(k).double()
     n, d = k.shape
     blocks = k.view(n, d // block, block)
+    finite = torch.isfinite(blocks).all(-1)
     amax = blocks.abs().amax(-1).clamp_min(1e-4)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / fp8_max(fp8_dtype))))
-    q = (blocks / scale[..., None]).view(n, d).float().to(fp8_dtype)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / fp8_max(fp8_dtype)))).masked_fill(~finite, float("nan"))
+    q = (blocks / scale[..., None]).masked_fill(~finite[..., None], 0.0).view(n, d).float().to(fp8_dtype)
     return q, scale.float()
 
 

@@ -87,19 +87,19 @@ class TopkState:
         return f"TopkState(rows={self.rows}/{self.max_rows}, k={self.k}, producer={self.producer})"
 
     def begin(self, rows: int) -> None:
-        """Start a forward of ``rows`` live rows (query tokens): no producer yet; 0 rows clears the state."""
+        """Start a forward of ``rows`` live rows (query tokens): no producer yet; rows past the live batch
+        are -1 in both buffers (an engine reading the whole buffer never sees an earlier batch's slots);
+        0 rows clears the state."""
         if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= self.max_rows:
             raise ValueError(f"rows: expected an int in 0..{self.max_rows} (the state's capacity), got {rows!r}")
-        if rows == 0:
-            self.clear()
+        self.raw[rows:].fill_(-1)
+        self.physical[rows:].fill_(-1)
         self.rows = rows
         self.producer = None
 
     def clear(self) -> None:
-        """Forget the producer and set every raw index to -1."""
-        self.raw.fill_(-1)
-        self.producer = None
-        self.rows = 0
+        """Forget the producer and set every raw index and physical slot to -1."""
+        self.begin(0)
 
     def _check_rows(self, name: str, t: torch.Tensor) -> None:
         if t.shape[0] != self.rows:
@@ -118,7 +118,6 @@ class TopkState:
         rows = self.rows
         out = self.select(scores, lengths, page_table, page_size, row_starts=row_starts, row_to_batch=row_to_batch,
                           out=self.physical[:rows], out_raw=self.raw[:rows])
-        self.raw[rows:].fill_(-1)
         self.producer = layer
         if self.recorder is not None:
             self.recorder(layer, self.raw[:rows])
@@ -177,7 +176,7 @@ class TopkState:
             raise ValueError(f"carry: expected int32 [{header.rows}, {header.k}], got {raw.dtype} {list(raw.shape)}")
         self.begin(header.rows)
         self.raw[: header.rows].copy_(raw)
-        self.raw[header.rows :].fill_(-1)
+        self.physical[: header.rows].fill_(-1)  # this stage's slots come from its own layers' page tables
         self.producer = header.producer
 
     @classmethod

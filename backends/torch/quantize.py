@@ -19,8 +19,10 @@ def quantize_index_k(k, fp8_dtype, block):
     """``(k_fp8 [N, D], scale [N, D // block] float32)`` (contract: ``indexcache.quantize_index_k``)."""
     n, d = k.shape
     blocks = k.float().reshape(n, d // block, block)
-    scale = _pow2_scale(blocks.abs().amax(-1).clamp_min(1e-4), fp8_max(fp8_dtype))
-    return (blocks / scale[..., None]).reshape(n, d).to(fp8_dtype), scale
+    finite = torch.isfinite(blocks).all(-1)
+    scale = _pow2_scale(blocks.abs().amax(-1).clamp_min(1e-4), fp8_max(fp8_dtype)).masked_fill(~finite, float("nan"))
+    q = (blocks / scale[..., None]).masked_fill(~finite[..., None], 0.0)
+    return q.reshape(n, d).to(fp8_dtype), scale
 
 
 def store_index_k(k, k_cache, slot_mapping, fp8_dtype):

@@ -58,11 +58,15 @@ def _e4m3_bytes_to_fp16(x, BIAS: tl.constexpr):
     """e4m3 bytes (uint8; exponent bias 7: e4m3fn, 8: e4m3fnuz) as fp16, exactly, without fp8 instructions: the
     7 magnitude bits go to fp16's exponent and mantissa fields (2^(e - 15) · (1 + m/8), or m · 2^-17 when
     e = 0), the sign to bit 15, then one exact multiply by 2^(15 - BIAS) (every e4m3 value is an fp16 normal).
-    NaN bytes are not decoded as NaN (the cache holds none)."""
+    The NaN bytes (0x7F / 0xFF in e4m3fn, 0x80 in e4m3fnuz) become NaN."""
     SCALE: tl.constexpr = 2.0 ** (15 - BIAS)
     b = x.to(tl.uint16)
     h = (((b & 0x7F) << 7) | ((b & 0x80) << 8)).to(tl.float16, bitcast=True)
-    return h * SCALE
+    if BIAS == 7:
+        nan = (b & 0x7F) == 0x7F
+    else:
+        nan = b == 0x80
+    return tl.where(nan, float("nan"), h * SCALE)
 
 
 @triton.jit
@@ -83,17 +87,18 @@ def _head_sum(k, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr
               WIDEN: tl.constexpr):
     """Σ_h w · relu(q · k) for a key tile ``k [ROWS, D]`` and ``q [GROUPS · H, D]``, ``w [GROUPS, H]``.
 
-    Returns fp32 ``[ROWS, GROUPS]`` when ``KEYS_ON_M`` else ``[GROUPS, ROWS]``.
+    Returns fp32 ``[ROWS, GROUPS]`` when ``KEYS_ON_M`` else ``[GROUPS, ROWS]``. The ReLU keeps NaN (the
+    documented non-finite rule: a NaN product makes its logit NaN on every backend).
     """
     precision: tl.constexpr = "ieee" if WIDEN == 2 else None
     if KEYS_ON_M:
         acc = tl.dot(_widen(k, WIDEN), tl.trans(_widen(q, WIDEN)), input_precision=precision)
         acc = tl.reshape(acc, (ROWS, GROUPS, H))
-        s = tl.sum(tl.maximum(acc, 0.0) * w[None, :, :], axis=2)
+        s = tl.sum(tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2)
     else:
         acc = tl.dot(_widen(q, WIDEN), tl.trans(_widen(k, WIDEN)), input_precision=precision)
         acc = tl.reshape(acc, (GROUPS, H, ROWS))
-        s = tl.sum(tl.maximum(acc, 0.0) * w[:, :, None], axis=1)
+        s = tl.sum(tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[:, :, None], axis=1)
     return s
 
 
@@ -178,11 +183,13 @@ def _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys,
                     PAGE: tl.constexpr, BLOCK_KEYS: tl.constexpr):
     """Page-table entries of the tile at ``n0``: ``(entry, ok [BLOCK_KEYS])``.
 
-    A tile inside one page (PAGE ≥ BLOCK_KEYS) reads its entry once, as a scalar; a tile of several pages
-    reads one entry a key (the same address for a page's keys: one L1 line). ``ok``: the key is before
-    ``kend``, its page is in the table and its entry names a page of the cache."""
+    Tiles start at multiples of BLOCK_KEYS, so when PAGE is a multiple of BLOCK_KEYS a tile lies inside one
+    page and reads its entry once, as a scalar; otherwise (pages smaller than a tile, or of any size that is
+    not a multiple of it, e.g. 96) a tile may cross a page end and reads one entry a key (the same address
+    for a page's keys: one L1 line). ``ok``: the key is before ``kend``, its page is in the table and its
+    entry names a page of the cache."""
     s = n0 + keys
-    if PAGE >= BLOCK_KEYS:
+    if PAGE % BLOCK_KEYS == 0:
         page = n0 // PAGE
         entry = tl.load(table_row + page * tab_s1, mask=(n0 < kend) & (page < table_pages), other=-1)
         entry_k = entry + 0 * keys  # the tile's keys share it (-1 when not read)
@@ -201,11 +208,11 @@ def _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE: tl.con
     """The tile's key rows and fp32 scales ``[BLOCK_KEYS]`` (zero where not ``ok``).
 
     Rows: fp8 ``[BLOCK_KEYS, D]``, or with ``WORDS`` the same bytes as int32 ``[BLOCK_KEYS, D // 4]`` (a tile
-    carried across loop iterations as fp8 takes a register a byte; as words, one a 4 bytes). Inside one page
-    the rows are ``BLOCK_KEYS · D`` contiguous bytes and the scales ``BLOCK_KEYS`` contiguous words at the
-    page's end."""
+    carried across loop iterations as fp8 takes a register a byte; as words, one a 4 bytes). A tile inside one
+    page (PAGE a multiple of BLOCK_KEYS, see :func:`_decode_entries`) has its rows as ``BLOCK_KEYS · D``
+    contiguous bytes and its scales as ``BLOCK_KEYS`` contiguous words at the page's end."""
     page_words = PAGE * (D + 4) // 4
-    if PAGE >= BLOCK_KEYS:
+    if PAGE % BLOCK_KEYS == 0:
         first_key = n0 % PAGE
         sc = tl.load(kv_scale_ptr + (entry * page_words + (PAGE * D // 4) + first_key) + keys, mask=ok, other=0.0)
         if WORDS:
@@ -469,8 +476,6 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
             ok, why = _check_dtype("q", q.dtype, target, bf16=False)
         if ok:
             ok, why = _check_shape(q.shape[2], q.shape[3])
-        if ok and k_cache.storage_offset() % 4:
-            ok, why = False, "k_cache: the Triton kernel reads the scales as float32 and needs a 4-byte aligned view"
         return ok, why
 
     def run_prefill(**args):

@@ -9,7 +9,8 @@ into the exponent). On targets without fp8 conversions (sm80: the tuning table's
 the output is taken as bytes (uint8) and the e4m3 byte is built from the rounded fp32 with integer bit
 arithmetic, the same bytes. The store takes one scale a token (block = D) and writes the fp8 bytes and the fp32 scale of
 each token to its slot; slots < 0 or beyond the cache are masked out on the device (no host sync,
-safe inside a captured graph). Nothing is allocated beyond the op's own output.
+safe inside a captured graph). A block holding NaN or ±inf gets scale NaN and zero bytes (the contract's
+non-finite rule). Nothing is allocated beyond the op's own output.
 """
 
 from __future__ import annotations
@@ -72,12 +73,14 @@ def _fp8_out(y, ptr, MIN_EXP: tl.constexpr):
 @triton.jit
 def _quantize_rows(x, LIMIT: tl.constexpr, MIN_EXP: tl.constexpr):
     """``(x / s, s)`` per row of fp32 ``x [R, C]``: the smallest power of two ``s`` with amax ≤ LIMIT · s;
-    ``x / s`` already on the fp8 grid."""
+    ``x / s`` already on the fp8 grid. A row holding NaN or ±inf gets ``s`` NaN and zeros."""
+    bad = tl.max(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), axis=1) > 0
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
     e = tl.ceil(tl.log2(amax / LIMIT)).to(tl.int32)
     e = tl.where(amax > LIMIT * _pow2(e), e + 1, e)
     e = tl.where(amax <= LIMIT * _pow2(e - 1), e - 1, e)
-    return _round_e4m3(x * _pow2(-e)[:, None], MIN_EXP), _pow2(e)
+    y = _round_e4m3(tl.where(bad[:, None], 0.0, x * _pow2(-e)[:, None]), MIN_EXP)
+    return y, tl.where(bad, float("nan"), _pow2(e))
 
 
 @triton.jit
@@ -189,8 +192,6 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         ok, why = on_target_device(target, k=k, k_cache=k_cache, slot_mapping=slot_mapping)
         if ok:
             ok, why = _fp8_policy(fp8_dtype, target)
-        if ok and (k.shape[1] % 4 or k_cache.storage_offset() % 4):
-            ok, why = False, "the Triton store writes the scales as float32: it needs D % 4 == 0 and an aligned cache"
         if ok and k.shape[1] > cfg["ELEMS"]:
             ok, why = False, f"D={k.shape[1]}: the Triton store holds one token in registers, at most {cfg['ELEMS']}"
         return ok, why

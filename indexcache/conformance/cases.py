@@ -77,7 +77,7 @@ def _(gen, dev):
                 seq_lens=torch.tensor([256], dtype=I32, device=dev), page_size=64)
 
 
-for _ps in (1, 3, 16, 64, 100):
+for _ps in (1, 3, 16, 64, 65, 96, 100, 129, 200):
     case("translate", f"random guards, page {_ps}")(
         lambda gen, dev, ps=_ps: _translate_args(gen, dev, rows=24, k=67, batches=24, pages=9, page_size=ps))
 
@@ -276,6 +276,15 @@ def _(gen, dev):
     return args
 
 
+# Page sizes that are not a multiple of a kernel's key tile (64): a tile crosses a page end.
+ODD_PAGES = (65, 96, 100, 129, 200)
+
+for _ps in ODD_PAGES:
+    case("topk_translate", f"page {_ps} (not a multiple of the 64-key tile), out_raw")(
+        lambda gen, dev, ps=_ps: dict(_producer_args(gen, dev, 4, 3 * ps + 5, 96, ps),
+                                      out_raw=torch.empty((4, 96), dtype=I32, device=dev)))
+
+
 @case("topk_translate", "bfloat16, row_starts, page 64")
 def _(gen, dev):
     args = _producer_args(gen, dev, 6, 2500, 200, 64, dtype=torch.bfloat16)
@@ -361,7 +370,29 @@ def _(gen, dev, fp8):
     return _mqa_args(gen, dev, 4, 0, 8, fp8, ks=torch.zeros(4, dtype=I32), ke=torch.zeros(4, dtype=I32))
 
 
-def _paged_args(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, holes=False, pages_per_req=None):
+def _nan_logits_args(gen, dev, dtype):
+    """NaN in weights and k_scale, and for bf16 also in q and k (the Triton interpreter decodes fp8 NaN bytes
+    in a dot as 480, so fp8 NaN operands are left to the GPU tests)."""
+    args = {name: t.cpu() for name, t in _mqa_args(gen, dev, 6, 130, 8, dtype).items()}
+    nan = float("nan")
+    args["weights"][3, 1] = nan
+    args["k_scale"][20] = nan
+    if dtype == torch.bfloat16:
+        args["q"][1, 2, 5] = nan
+        args["k"][7, 0] = nan
+    return {name: t.to(dev) for name, t in args.items()}
+
+
+case("mqa_logits", "NaN in weights and k_scale propagates, native fp8", native_fp8=True)(
+    lambda gen, dev, fp8: _nan_logits_args(gen, dev, fp8))
+case("mqa_logits", "NaN in q, k, weights and k_scale propagates, bf16")(
+    lambda gen, dev: _nan_logits_args(gen, dev, torch.bfloat16))
+
+
+def _paged_args(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, holes=False, pages_per_req=None,
+                last_page=False):
+    """``last_page``: request 0's last table entry is the cache's last page (a read past its end leaves the
+    tensor)."""
     dim = 128
     pages_per_req = pages_per_req or max(1, -(-max(context) // page_size))
     num_pages = batch * pages_per_req + 3
@@ -369,6 +400,9 @@ def _paged_args(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, 
     cache = new_packed_cache(num_pages, page_size, dim)
     cache = reference.store_index_k(k, cache, torch.arange(num_pages * page_size, dtype=I32), dtype)
     table = torch.randperm(num_pages, generator=gen)[: batch * pages_per_req].view(batch, pages_per_req).to(I32)
+    if last_page:
+        table[table == num_pages - 1] = table[0, -1].item()
+        table[0, -1] = num_pages - 1
     if holes:
         table[:, 1::3] = -1
         table[0, 0] = num_pages + 5
@@ -384,6 +418,12 @@ for _ps in (16, 32, 64, 128):
     case("paged_mqa_logits", f"decode, page {_ps}, native fp8", native_fp8=True)(
         lambda gen, dev, fp8, ps=_ps: _paged_args(gen, dev, 3, 1, 32, ps, [300, 1, 257], dtype=fp8))
 
+for _ps in ODD_PAGES:
+    case("paged_mqa_logits", f"page {_ps} (not a multiple of the 64-key tile), cache's last page, next_n 2, "
+         "native fp8", native_fp8=True)(
+        lambda gen, dev, fp8, ps=_ps: _paged_args(gen, dev, 2, 2, 16, ps, [3 * ps, ps + 7], dtype=fp8,
+                                                  last_page=True))
+
 for _nn in (2, 3, 4):
     case("paged_mqa_logits", f"speculative verify, next_n {_nn}, page 64, native fp8", native_fp8=True)(
         lambda gen, dev, fp8, nn=_nn: _paged_args(gen, dev, 3, nn, 16, 64, [200, nn, 129], dtype=fp8))
@@ -397,6 +437,18 @@ def _(gen, dev, fp8):
 @case("paged_mqa_logits", "context length 0 and contexts beyond the table, native fp8", native_fp8=True)
 def _(gen, dev, fp8):
     return _paged_args(gen, dev, 3, 1, 8, 64, [0, 10**6, 64], dtype=fp8, pages_per_req=2)
+
+
+@case("paged_mqa_logits", "NaN key (scale NaN in the cache) and NaN weights propagate, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    args = {name: t.cpu() if isinstance(t, torch.Tensor) else t
+            for name, t in _paged_args(gen, dev, 2, 2, 16, 64, [150, 100], dtype=fp8).items()}
+    bad = torch.randn(2, 128, generator=gen)
+    bad[0, 3], bad[1, 0] = float("nan"), float("inf")
+    slots = (args["page_table"][:, 0].long() * 64 + torch.tensor([10, 70])).to(I32)  # position 10 of each request
+    args["k_cache"] = reference.store_index_k(bad, args["k_cache"], slots, fp8)
+    args["weights"][3, 0] = float("nan")
+    return {name: t.to(dev) if isinstance(t, torch.Tensor) else t for name, t in args.items()}
 
 
 @case("paged_mqa_logits", "fp8 e4m3fnuz cache, H 64")
@@ -432,6 +484,23 @@ def _(gen, dev):
     return dict(k=k.to(dev), fp8_dtype=E4M3)
 
 
+@case("quantize_index_k", "blocks holding NaN, +inf or -inf: scale NaN, zero values, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    k = torch.randn(4, 256, generator=gen)
+    k[0, 5] = float("nan")
+    k[1, 130] = float("inf")
+    k[2, :128] = float("-inf")
+    return dict(k=k.to(dev), fp8_dtype=fp8)
+
+
+@case("store_index_k", "tokens holding NaN, +inf or -inf: scale NaN, zero bytes, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    k = torch.randn(8, 128, generator=gen)
+    k[1, 3], k[2, 0], k[3] = float("nan"), float("inf"), float("-inf")
+    return dict(k=k.to(dev), k_cache=new_packed_cache(2, 64).to(dev), slot_mapping=torch.arange(8, dtype=I32).to(dev),
+                fp8_dtype=fp8)
+
+
 for _dt, _label in ((E4M3, "e4m3fn"), (E4M3_FNUZ, "e4m3fnuz")):
     @case("store_index_k", f"slots with -1 and beyond the cache, page 64, {_label}")
     def _(gen, dev, dt=_dt):
@@ -441,6 +510,18 @@ for _dt, _label in ((E4M3, "e4m3fn"), (E4M3_FNUZ, "e4m3fnuz")):
         slots[4] = 2**31 - 1
         return dict(k=(torch.randn(50, 128, generator=gen) * 5).to(dev), k_cache=new_packed_cache(6, 64).to(dev),
                     slot_mapping=slots.to(dev), fp8_dtype=dt)
+
+
+for _ps in ODD_PAGES:
+    @case("store_index_k", f"page {_ps} (not a multiple of the 64-key tile), the cache's last slots, native fp8",
+          native_fp8=True)
+    def _(gen, dev, fp8, ps=_ps):
+        pages = 3
+        slots = torch.randperm(pages * ps, generator=gen)[:40].to(I32)
+        slots[:3] = torch.tensor([pages * ps - 1, pages * ps - 2, ps], dtype=I32)
+        slots[5] = pages * ps
+        return dict(k=(torch.randn(40, 128, generator=gen) * 5).to(dev), k_cache=new_packed_cache(pages, ps).to(dev),
+                    slot_mapping=slots.to(dev), fp8_dtype=fp8)
 
 
 def cases_for(op: str | None = None) -> list[Case]:
