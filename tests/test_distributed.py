@@ -180,6 +180,7 @@ def test_zigzag_key_index_covers_every_key_once_balanced(num_keys, world):
     (dict(lengths=torch.zeros(2, dtype=torch.int64)), TypeError, "lengths"),
     (dict(lengths=torch.zeros(3, dtype=I32)), ValueError, "lengths"),
     (dict(k=-1), ValueError, "k"),
+    (dict(k=2**16 + 1), ValueError, "MAX_TOPK"),  # checked by every rank, also one holding no keys
     (dict(key_offset=-1), ValueError, "key_offset"),
     (dict(key_offset=2**31 - 2), ValueError, "key_offset"),
     (dict(key_offset=1.0), TypeError, "key_offset"),
@@ -187,9 +188,12 @@ def test_zigzag_key_index_covers_every_key_once_balanced(num_keys, world):
     (dict(row_starts=torch.zeros(2, dtype=torch.int64)), TypeError, "row_starts"),
     (dict(num_keys=-1), ValueError, "num_keys"),
     (dict(out=torch.zeros(2, 3, dtype=I32)), ValueError, "out"),
+    (dict(timeout=0.0), ValueError, "timeout"),
+    (dict(timeout="60"), TypeError, "timeout"),
 ])
 def test_cp_topk_rejects_bad_arguments_before_communicating(kwargs, error, match):
-    # No process group exists here: a check that ran after the all-gather would fail differently.
+    # No process group exists here, so no agreement check runs: the rank's own checks raise, before any all-gather
+    # (one that ran after it would fail differently). With a group, tests/adversarial/test_probe_distributed.py.
     args = dict(local_scores=torch.zeros(2, 3), key_offset=0, lengths=torch.zeros(2, dtype=I32), k=2)
     with pytest.raises(error, match=match):
         cp_topk(**{**args, **kwargs})
