@@ -3,11 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 
 class UsageError(Exception):
     """Bad input from the command line: printed on stderr, exit status 2, no traceback."""
+
+
+def _check_output(option: str, path: str | os.PathLike[str], *, directory: bool = False) -> None:
+    """Refuse, before any work, an output ``path`` (a file, or with ``directory`` a folder) that cannot be written.
+
+    Missing folders on the way are fine (the writers create them); the nearest existing one must be a writable folder.
+    """
+    target, kind = Path(path), "directory" if directory else "file"
+    if os.path.exists(target):
+        if target.is_dir() != directory:
+            found = "directory" if target.is_dir() else "file"
+            raise UsageError(f"{option} {path}: expected a {kind}, got an existing {found}")
+        if not os.access(target, os.W_OK | (os.X_OK if directory else 0)):
+            raise UsageError(f"{option} {path}: expected a writable {kind}, got one without write permission")
+        return
+    parent = target.absolute().parent
+    while not os.path.exists(parent):
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: expected a directory at {parent}, got a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: cannot create it in {parent} (no write permission)")
 
 
 def _add_info(sub) -> None:
@@ -91,26 +115,31 @@ def _add_conformance(sub) -> None:
         help="run the conformance suite per backend against the float64 reference; write reports",
         description="Run every conformance case on each backend (each in its own process) and compare with the "
         "float64 reference. Default: the selected backend plus every other available one; 'all' adds the "
-        "Triton backends interpreted on the CPU (TRITON_INTERPRET=1) where their GPU is absent. Exits 1 if any "
-        "case fails.",
+        "Triton backends interpreted on the CPU (TRITON_INTERPRET=1) where their GPU is absent. A backend's report "
+        "from an earlier run is deleted before it runs. Exits 1 if any case fails or a backend's process crashes "
+        "or writes no report.",
     )
     p.add_argument("--backend", default=None, metavar="NAME|all", help="one backend, or 'all'")
     p.add_argument("--out", default="reports", help="directory for conformance-<backend>.json/.md (default: reports)")
-    p.add_argument("--op", default=None, help="only the cases of this op")
+    p.add_argument("--op", default=None, help="only the cases of this op (an op of the case catalogue)")
     p.add_argument("--compile", action="store_true", help="also cross-compile the cuda/rocm kernels for each GPU "
                    "generation (as indexcache compile-check) and add a 'compiled for' section to their reports")
     p.set_defaults(func=_run_conformance)
 
 
 def _run_conformance(args) -> int:
-    from pathlib import Path
-
+    from indexcache.conformance.runner import catalogue_ops
     from indexcache.conformance.suite import run_all, table
 
+    if args.op is not None and args.op not in catalogue_ops():
+        raise UsageError(f"--op: expected one of {catalogue_ops()}, got {args.op!r}")
+    _check_output("--out", args.out, directory=True)
     out = Path(args.out)
     reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile)
     print(table(reports))
-    print(f"reports written to {out}/conformance-<backend>.json and .md")
+    if reports:
+        written = ", ".join(f"conformance-{r['backend']}" for r in reports)
+        print(f"reports written to {out}: {written} (.json and .md)")
     return 0 if ok else 1
 
 
@@ -139,6 +168,8 @@ def _add_bench(sub) -> None:
 def _run_bench(args) -> int:
     from indexcache.bench import failed, format_table, run, write_json
 
+    if args.json:
+        _check_output("--json", args.json)
     report = run(args.op, args.backend, quick=args.quick)
     print(format_table(report))
     if args.json:
@@ -198,6 +229,7 @@ def _run_calibrate(args) -> int:
     from indexcache import calibrate
     from indexcache.plan import LayerPlan
 
+    _check_output("--out", args.out, directory=True)
     if not args.no_plots:
         try:
             calibrate.check_plotting()
@@ -306,6 +338,8 @@ def _run_demo(args) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.plot:
+        _check_output("--plot", args.plot)
     backend = args.backend or dispatch.get_backend()
     avail = dispatch.availability(backend)
     if not avail.available:
@@ -381,6 +415,7 @@ def _plot_demo(result, path: str) -> None:
     axes.set_ylabel("top-k overlap (fraction of k)")
     axes.set_title(f"IndexCache demo, roles {plan.roles}: random-weight model, not a trained one")
     figure.legend(handles=handles, loc="outside lower center", ncols=3, fontsize="small")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
 
 
@@ -419,9 +454,12 @@ def _run_compile_check(args) -> int:
                          f"(known: {known})")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.json:
+        _check_output("--json", args.json)
     results = check_targets(runs, args.jobs, progress=to_stderr)
     print(format_table(results))
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
         print(f"results written to {args.json}")

@@ -5,7 +5,8 @@ run on this machine, and per op an :class:`OpImpl` whose ``supports(**args)`` re
 ``(ok, reason)`` for the exact arguments of a call.
 
 Choice, in order: the ``backend=`` argument of a call, then :func:`use_backend`, then the
-``INDEXCACHE_BACKEND`` environment variable. Such an explicit choice that cannot serve a call raises
+``INDEXCACHE_BACKEND`` environment variable. Such an explicit choice of a name no backend registers
+raises :class:`UnknownBackendError` listing the known ones; one that cannot serve a call raises
 :class:`BackendNotSupportedError` listing every reason. With no explicit choice the default backend
 is resolved lazily at first use (never at import): the available backend with ``auto`` set and the
 highest priority (ROCm, then CUDA, then torch). When it cannot serve a call, the next available
@@ -195,12 +196,17 @@ def use_backend(name: str) -> Iterator[None]:
 
 
 def explicit_choice(backend: str | None = None) -> tuple[str, str] | None:
-    """The explicit choice in force, as ``(name, where it came from)``, or None."""
+    """The explicit choice in force, as ``(name, where it came from)``, or None.
+
+    A name in ``INDEXCACHE_BACKEND`` that no backend registers raises :class:`UnknownBackendError` naming the variable.
+    """
     if backend is not None:
         return backend, "backend= argument"
     if (name := _context_choice.get()) is not None:
         return name, "use_backend()"
     if env := os.environ.get(ENV_VAR):
+        if env not in registry():
+            raise UnknownBackendError(f"{ENV_VAR}: expected one of {sorted(registry())}, got {env!r}")
         return env, f"{ENV_VAR}={env}"
     return None
 

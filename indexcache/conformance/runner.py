@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from indexcache import dispatch
-from indexcache.conformance.cases import cases_for
+from indexcache.conformance.cases import CASES, cases_for
 from indexcache.conformance.check import CaseResult, run_case
 
 
@@ -27,8 +27,15 @@ def _device_name(device: str) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def catalogue_ops() -> list[str]:
+    """The ops the case catalogue has cases for, in catalogue order."""
+    return list(dict.fromkeys(case.op for case in CASES))
+
+
 def run_backend(name: str, op: str | None = None, progress=None) -> dict[str, Any]:
     """Every case (of ``op``, or all) on backend ``name``: a report dict with a ``results`` list."""
+    if op is not None and op not in catalogue_ops():
+        raise ValueError(f"op: expected one of {catalogue_ops()}, got {op!r}")
     avail = dispatch.availability(name)
     if not avail.available:
         raise dispatch.BackendNotSupportedError(f"backend {name!r} is not available here: {avail.reason}")
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the conformance catalogue on one backend.")
     parser.add_argument("--backend", required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--op", default=None, help="only the cases of this op")
+    parser.add_argument("--op", default=None, choices=catalogue_ops(), help="only the cases of this op")
     parser.add_argument("--compile", action="store_true", help="add the cross-compile check (cuda, rocm)")
     args = parser.parse_args(argv)
     report = run_backend(args.backend, args.op, progress=lambda line: print(line, file=sys.stderr, flush=True))

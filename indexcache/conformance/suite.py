@@ -41,9 +41,13 @@ def plan_runs(which: str | None) -> list[tuple[str, dict[str, str]]]:
 def run_all(which: str | None, out_dir: Path, op: str | None = None,
             compile_check: bool = False) -> tuple[list[dict[str, Any]], bool]:
     """Run each planned backend in a subprocess (``compile_check``: with the cross-compile check of cuda and rocm);
-    return the reports and whether every case passed."""
+    return the reports this run wrote and whether every case passed. A backend whose process fails or writes no
+    report counts as crashed: no report, not ok (a report left by an earlier run is deleted first, never read)."""
     reports, ok = [], True
     for name, extra in plan_runs(which):
+        path = out_dir / f"conformance-{name}.json"
+        path.unlink(missing_ok=True)
+        path.with_suffix(".md").unlink(missing_ok=True)
         env = {**os.environ, **extra}
         cmd = [sys.executable, "-m", "indexcache.conformance.runner", "--backend", name, "--out", str(out_dir)]
         if op:
@@ -53,9 +57,9 @@ def run_all(which: str | None, out_dir: Path, op: str | None = None,
         mode = " (interpreted)" if extra else ""
         print(f"conformance: running backend {name}{mode} ...", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, env=env)
-        path = out_dir / f"conformance-{name}.json"
         if proc.returncode not in (0, 1) or not path.exists():
-            print(f"conformance: backend {name} crashed (exit {proc.returncode})", file=sys.stderr)
+            wrote = "" if path.exists() else ", no report written"
+            print(f"conformance: backend {name} crashed (exit {proc.returncode}{wrote})", file=sys.stderr)
             ok = False
             continue
         report = json.loads(path.read_text())

@@ -1,0 +1,188 @@
+"""Issue 21 (adversarial probe), items 5, 9 and 13: the command line refuses bad input before any work, and
+conformance never passes off an earlier run's report as this run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import types
+
+import pytest
+import torch
+
+import indexcache
+from indexcache import dispatch
+from indexcache.cli import main
+from indexcache.conformance import runner, suite
+from indexcache.conformance.cases import CASES
+
+I32 = torch.int32
+
+
+def _report(case: str) -> dict:
+    """A minimal conformance report of backend torch with one passed translate case named ``case``."""
+    result = {"op": "translate", "case": case, "status": "passed", "error": None, "bound": None, "detail": ""}
+    return {"backend": "torch", "mode": "CPU", "device": "cpu", "results": [result]}
+
+
+def _write_stale(out) -> None:
+    out.mkdir(exist_ok=True)
+    (out / "conformance-torch.json").write_text(json.dumps(_report("stale-from-an-earlier-run")))
+    (out / "conformance-torch.md").write_text("# an earlier run\n")
+
+
+def _fake_workers(monkeypatch, worker) -> list[list[str]]:
+    """Replace the worker processes of the suite by ``worker(cmd) -> returncode``; returns the commands run."""
+    commands = []
+
+    def run(cmd, env=None):
+        commands.append(cmd)
+        return subprocess.CompletedProcess(cmd, worker(cmd))
+
+    monkeypatch.setattr(suite, "subprocess", types.SimpleNamespace(run=run))
+    return commands
+
+
+def _one_line_error(err: str, command: str, option: str) -> None:
+    assert err.startswith(f"indexcache {command}: error: {option}"), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_conformance_refuses_an_unknown_op_before_running(tmp_path, capsys, monkeypatch, fresh_dispatch):
+    """issue 21 item 5: `conformance --op bogus` is a usage error naming the known ops; no worker runs and a
+    good report already in --out is left as it was."""
+    _write_stale(tmp_path)
+    good = (tmp_path / "conformance-torch.json").read_text()
+    commands = _fake_workers(monkeypatch, lambda cmd: pytest.fail(f"a worker ran: {cmd}"))
+    assert main(["conformance", "--backend", "torch", "--op", "bogus", "--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and commands == []
+    _one_line_error(err, "conformance", "--op")
+    assert "'bogus'" in err and all(f"'{case.op}'" in err for case in CASES)
+    assert (tmp_path / "conformance-torch.json").read_text() == good
+
+
+def test_conformance_worker_refuses_an_unknown_op(tmp_path, capsys):
+    """issue 21 item 5: the worker (python -m indexcache.conformance.runner) refuses --op bogus with exit 2
+    instead of writing a report of zero cases."""
+    with pytest.raises(SystemExit) as exc:
+        runner.main(["--backend", "torch", "--out", str(tmp_path), "--op", "bogus"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("returncode", [0, 1, -9], ids=["exit-0", "exit-1", "killed"])
+def test_conformance_worker_that_wrote_nothing_is_a_crash(tmp_path, capsys, monkeypatch, fresh_dispatch, returncode):
+    """issue 21 item 5: a worker that exits without writing its report is a crash: exit 1, no "reports written",
+    and the report an earlier run left in --out is neither shown nor kept."""
+    _write_stale(tmp_path)
+    _fake_workers(monkeypatch, lambda cmd: returncode)
+    assert main(["conformance", "--backend", "torch", "--op", "translate", "--out", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "reports written" not in out and "stale-from-an-earlier-run" not in out
+    assert f"backend torch crashed (exit {returncode}, no report written)" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_conformance_deletes_a_stale_report_before_the_worker_runs(tmp_path, capsys, monkeypatch, fresh_dispatch):
+    """issue 21 item 5: the suite deletes an earlier run's report before starting the worker and reads only the
+    report this run wrote."""
+    _write_stale(tmp_path)
+    seen = []
+
+    def worker(cmd) -> int:
+        seen.append(sorted(path.name for path in tmp_path.iterdir()))
+        (tmp_path / "conformance-torch.json").write_text(json.dumps(_report("fresh-from-this-run")))
+        return 0
+
+    _fake_workers(monkeypatch, worker)
+    assert main(["conformance", "--backend", "torch", "--op", "translate", "--out", str(tmp_path)]) == 0
+    out, _ = capsys.readouterr()
+    assert seen == [[]]
+    assert "reports written" in out and "conformance-torch" in out
+    assert json.loads((tmp_path / "conformance-torch.json").read_text())["results"][0]["case"] == "fresh-from-this-run"
+
+
+def _ran(*_, **__):
+    raise AssertionError("the computation ran before the output path was checked")
+
+
+COMPUTATIONS = {
+    "conformance": ["indexcache.conformance.suite.run_all"],
+    "calibrate": ["indexcache.calibrate.load_dump", "indexcache.calibrate.collect_from_model",
+                  "indexcache.calibrate.overlap_matrix"],
+    "bench": ["indexcache.bench.run"],
+    "demo": ["indexcache.model.DSAModel", "indexcache.model.compare_plans"],
+    "compile-check": ["indexcache.backends.triton.crosscompile.check_targets"],
+}
+# (argv, the option named in the error, what the error says); FILE is an existing regular file, DIR a directory.
+BAD_OUTPUTS = [
+    (["conformance", "--backend", "torch", "--op", "translate", "--out", "FILE/sub"], "--out", "got a file"),
+    (["conformance", "--backend", "torch", "--out", "FILE"], "--out", "expected a directory, got an existing file"),
+    (["calibrate", "--from-model", "v32-like", "--out", "FILE/sub"], "--out", "got a file"),
+    (["calibrate", "--dump", "DIR", "--no-plots", "--out", "FILE"], "--out", "got an existing file"),
+    (["bench", "--op", "translate", "--quick", "--json", "FILE/sub/bench.json"], "--json", "got a file"),
+    (["bench", "--op", "translate", "--json", "DIR"], "--json", "expected a file, got an existing directory"),
+    (["demo", "--plot", "FILE/overlap.png"], "--plot", "got a file"),
+    (["demo", "--plot", "DIR"], "--plot", "expected a file, got an existing directory"),
+    (["compile-check", "--backend", "rocm", "--target", "gfx942", "--json", "FILE/cc.json"], "--json", "got a file"),
+    (["compile-check", "--backend", "rocm", "--target", "gfx942", "--json", "DIR"], "--json", "existing directory"),
+]
+
+
+@pytest.mark.parametrize(("argv", "option", "message"), BAD_OUTPUTS, ids=lambda v: " ".join(v) if isinstance(v, list)
+                         else None)
+def test_bad_output_path_is_refused_before_the_computation(tmp_path, capsys, monkeypatch, fresh_dispatch, argv, option,
+                                                           message):
+    """issue 21 item 9: an output path that cannot be written (a file where a folder is needed, a folder where a
+    file is) is a one-line usage error (exit 2) naming the option, given before the computation starts."""
+    if argv[0] == "compile-check":
+        pytest.importorskip("triton")
+    (tmp_path / "file").write_text("not a folder\n")
+    (tmp_path / "dir").mkdir()
+    argv = [arg.replace("FILE", str(tmp_path / "file")).replace("DIR", str(tmp_path / "dir")) for arg in argv]
+    for target in COMPUTATIONS[argv[0]]:
+        monkeypatch.setattr(target, _ran)
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    _one_line_error(err, argv[0], option)
+    assert message in err
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes in a read-only folder")
+def test_output_in_a_folder_without_write_permission_is_refused(tmp_path, capsys, monkeypatch):
+    """issue 21 item 9: an output folder that cannot be created for lack of permission is a usage error too."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    monkeypatch.setattr("indexcache.bench.run", _ran)
+    assert main(["bench", "--op", "translate", "--quick", "--json", str(locked / "sub" / "bench.json")]) == 2
+    _, err = capsys.readouterr()
+    _one_line_error(err, "bench", "--json")
+    assert "no write permission" in err
+
+
+def test_info_with_an_unknown_backend_in_the_environment(capsys, monkeypatch, fresh_dispatch):
+    """issue 21 item 13: `indexcache info` with INDEXCACHE_BACKEND=bogus exits 2 with one line naming the
+    variable, the value and the known backends, rather than reporting "selected backend: bogus"."""
+    monkeypatch.setenv(dispatch.ENV_VAR, "bogus")
+    for argv in (["info"], ["info", "--json"]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        _one_line_error(err, "info", f"{dispatch.ENV_VAR}: ")
+        assert "'torch'" in err and "got 'bogus'" in err
+
+
+def test_op_call_with_an_unknown_backend_in_the_environment(monkeypatch, fresh_dispatch):
+    """issue 21 item 13: an op call (and get_backend) under INDEXCACHE_BACKEND=bogus raises UnknownBackendError
+    naming the variable, the value and the known backends; it never falls back."""
+    monkeypatch.setenv(dispatch.ENV_VAR, "bogus")
+    expected = rf"{dispatch.ENV_VAR}: expected one of \[.*'torch'.*\], got 'bogus'"
+    with pytest.raises(dispatch.UnknownBackendError, match=expected):
+        indexcache.translate(torch.tensor([[0, 5]], dtype=I32), torch.tensor([[3]], dtype=I32),
+                             torch.tensor([8], dtype=I32), 16)
+    with pytest.raises(dispatch.UnknownBackendError, match=expected):
+        dispatch.get_backend()
