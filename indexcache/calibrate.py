@@ -18,10 +18,14 @@ Dump format (one directory, one file per sparse layer, every layer's indexer run
 - ``.pt``: a tensor saved with ``torch.save``. ``.npz``: one array, or several with one named
   ``indices``.
 - The array holds raw (logical) top-k token positions, ``[rows, k]``, int32 preferred (any integer
-  dtype is read); leading dimensions beyond two are flattened into rows. ``-1`` marks an empty slot
-  (rows shorter than k); no other negative value is allowed. Order inside a row does not matter and a
-  repeated index counts once.
-- Row ``r`` must be the same query token in every layer's file, and every file has the same shape.
+  dtype is read; uint64 values must fit in int64); leading dimensions beyond two are flattened into
+  rows. ``-1`` marks an empty slot (rows shorter than k); no other negative value is allowed. Order
+  inside a row does not matter and a repeated index counts once.
+- Row ``r`` must be the same query token in every layer's file, and every file has the same shape, with
+  at least one row and ``k >= 1``.
+
+A file that cannot be read (corrupt, truncated, empty, refused by ``torch.load(weights_only=True)``) or
+that breaks these rules raises :class:`DumpError` naming the file.
 
 Overlap of layers ``i`` and ``j``: per row, ``|T_i ∩ T_j| / n_r`` where ``T`` are the row's valid
 indices and ``n_r`` is the largest valid count any layer has in that row (k for full rows, so this is
@@ -35,6 +39,7 @@ import contextlib
 import json
 import math
 import os
+import pickle
 import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -53,11 +58,19 @@ _C4_RATIO = 4
 _LAYER_FILE = re.compile(r"^layer_(\d+)\.(pt|npz)$")
 # Rows are bitmapped over [0, max index]; this many table entries (int64) per batch keeps it in cache.
 _TABLE_ENTRIES = 1 << 17
+# When the largest index exceeds this many times L layers x k slots, each row's indices are renumbered densely
+# first (_compact, a sort), so a row's table stays within that, whatever the index values. Below it the table
+# is the faster of the two (the sort costs about what a table of 10-20 x L x k entries does).
+_COMPACT_FACTOR = 16
 # Rows whose bitsets are intersected together: L x (rows x union/64) words stays around a megabyte.
 _BLOCK_ROWS = 8
 
 IndexArray = np.ndarray | torch.Tensor
 Objective = Callable[[str], float]
+
+
+class DumpError(ValueError):
+    """A dump file that cannot be read or breaks the dump format; the message names the file."""
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -67,7 +80,8 @@ def load_dump(path: str | os.PathLike[str]) -> tuple[list[int], list[np.ndarray]
     """Read a dump directory: the layer ids (ascending) and one ``[rows, k]`` integer array per layer.
 
     See the module docstring for the format. Raises ``FileNotFoundError`` for a missing or empty
-    directory and ``ValueError`` for a duplicate layer id, a bad file or mismatched shapes.
+    directory and :class:`DumpError` (a ``ValueError``) for a duplicate layer id, an unreadable or bad
+    file, or mismatched shapes.
     """
     directory = Path(path)
     if not directory.is_dir():
@@ -79,49 +93,89 @@ def load_dump(path: str | os.PathLike[str]) -> tuple[list[int], list[np.ndarray]
             continue
         layer = int(match.group(1))
         if layer in files:
-            raise ValueError(f"{directory}: layer {layer} appears twice ({files[layer].name}, {file.name})")
+            raise DumpError(f"{directory}: layer {layer} appears twice ({files[layer].name}, {file.name})")
         files[layer] = file
     if not files:
         raise FileNotFoundError(f"{directory}: no layer_<id>.pt or layer_<id>.npz files")
     layers = sorted(files)
     arrays = [_read_layer(files[layer]) for layer in layers]
-    _check_shapes(arrays, [files[layer].name for layer in layers])
+    _check_shapes(arrays, [str(files[layer]) for layer in layers], DumpError)
     return layers, arrays
 
 
 def _read_layer(file: Path) -> np.ndarray:
+    """One dump file as ``[rows, k]``; every way it can be unreadable or malformed is a :class:`DumpError`."""
+    if file.stat().st_size == 0:
+        raise DumpError(f"{file}: empty file (0 bytes)")
     if file.suffix == ".pt":
-        value = torch.load(file, map_location="cpu", weights_only=True)
+        try:
+            value = torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise DumpError(
+                f"{file}: torch.load(weights_only=True) refused it: corrupt, or it pickles objects other than "
+                "tensors; save one tensor with torch.save"
+            ) from None
+        except Exception as exc:  # torch reports a damaged file with many exception types
+            raise DumpError(f"{file}: not a readable torch.save file ({_reason(exc)})") from None
         if not isinstance(value, torch.Tensor):
-            raise ValueError(f"{file}: holds a {type(value).__name__}, expected one tensor [rows, k]")
-        return _as_rows(value, file.name)
-    with np.load(file) as npz:
-        names = list(npz.files)
-        if len(names) != 1 and "indices" not in names:
-            raise ValueError(f"{file}: holds arrays {names}; expected one array, or one named 'indices'")
-        return _as_rows(npz[names[0] if len(names) == 1 else "indices"], file.name)
+            raise DumpError(f"{file}: holds a {type(value).__name__}, expected one tensor [rows, k]")
+        rows = _as_rows(value, str(file), DumpError)
+    else:
+        try:
+            with np.load(file) as npz:
+                names = list(npz.files)
+                chosen = names[0] if len(names) == 1 else "indices" if "indices" in names else None
+                value = None if chosen is None else npz[chosen]
+        except Exception as exc:  # numpy and zipfile report a damaged file with many exception types
+            raise DumpError(f"{file}: not a readable .npz archive ({_reason(exc)})") from None
+        if value is None:
+            raise DumpError(f"{file}: holds arrays {names}; expected one array, or one named 'indices'")
+        rows = _as_rows(value, str(file), DumpError)
+    if rows.size == 0:
+        raise DumpError(f"{file}: shape {rows.shape}; need at least one row and k >= 1")
+    low = int(rows.min())
+    if low < -1:
+        raise DumpError(f"{file}: holds {low}; -1 marks an empty slot and no other negative value is valid")
+    return rows
 
 
-def _as_rows(value: IndexArray, what: str) -> np.ndarray:
-    """``value`` as a ``[rows, k]`` integer numpy array (leading dimensions flattened, no copy if possible)."""
+def _reason(exc: Exception) -> str:
+    """The first sentence of ``exc``'s message on one line, for an error that names the file."""
+    text = str(exc).strip().split("\n")[0].split(". ")[0][:160]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _as_rows(value: IndexArray, what: str, error: type[ValueError] = ValueError) -> np.ndarray:
+    """``value`` as a ``[rows, k]`` integer numpy array (leading dimensions flattened, no copy if possible).
+
+    uint64 becomes int64 when every value fits (other integer dtypes mix with int64 exactly); problems
+    raise ``error`` naming ``what``.
+    """
     array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{what}: dtype {array.dtype}; top-k indices must be integers (int32)")
+        raise error(f"{what}: dtype {array.dtype}; top-k indices must be integers (int32)")
     if array.ndim < 2:
-        raise ValueError(f"{what}: shape {tuple(array.shape)}; expected [rows, k]")
-    return array.reshape(-1, array.shape[-1])
+        raise error(f"{what}: shape {tuple(array.shape)}; expected [rows, k]")
+    if array.dtype == np.uint64:
+        if array.size and int(array.max()) > np.iinfo(np.int64).max:
+            raise error(
+                f"{what}: uint64 value {int(array.max())} is beyond int64; top-k indices are token positions "
+                "(int32 preferred, -1 for an empty slot)"
+            )
+        array = array.astype(np.int64)
+    return array.reshape(math.prod(array.shape[:-1]), array.shape[-1])
 
 
-def _check_shapes(arrays: Sequence[np.ndarray], names: Sequence[str]) -> None:
+def _check_shapes(arrays: Sequence[np.ndarray], names: Sequence[str], error: type[ValueError] = ValueError) -> None:
     shape = arrays[0].shape
     for array, name in zip(arrays, names, strict=True):
         if array.shape != shape:
-            raise ValueError(
+            raise error(
                 f"{name}: shape {array.shape}, but {names[0]} has {shape}; every layer must hold the "
                 "same query rows with the same k"
             )
     if shape[0] == 0 or shape[1] == 0:
-        raise ValueError(f"{names[0]}: shape {shape}; need at least one row and k >= 1")
+        raise error(f"{names[0]}: shape {shape}; need at least one row and k >= 1")
 
 
 # ------------------------------------------------------------------------------------------- collecting
@@ -193,7 +247,8 @@ def overlap_matrix(indices: Sequence[IndexArray], *, threads: int | None = None)
 
     Vectorized: each row's union of indices is ranked once, every layer becomes a bitset over that
     union, and a pair's intersection is a popcount of an AND. ``threads`` row blocks run at once
-    (default: the CPUs this process may use).
+    (default: the CPUs this process may use). Memory grows with rows, layers and k, not with the index
+    values: when the largest index exceeds ``16 * L * k``, each row's indices are renumbered densely first.
     """
     arrays = [_as_rows(a, f"indices[{i}]") for i, a in enumerate(indices)]
     if not arrays:
@@ -202,19 +257,21 @@ def overlap_matrix(indices: Sequence[IndexArray], *, threads: int | None = None)
     low = min(int(a.min()) for a in arrays)
     if low < -1:
         raise ValueError(f"indices hold {low}; -1 marks an empty slot and no other negative value is valid")
+    num, (rows, k) = len(arrays), arrays[0].shape
     span = max(int(a.max()) for a in arrays) + 2  # column 0 of each row's table takes the -1 slots
-    rows = arrays[0].shape[0]
+    compact = span > _COMPACT_FACTOR * num * k + 1
+    if compact:  # a row holds at most num * k distinct indices: renumbered, they are 0 .. num * k - 1
+        span = num * k + 1
     batch = max(1, min(_TABLE_ENTRIES // span, rows))
     block = max(_BLOCK_ROWS, batch)
     if not hasattr(np, "bitwise_count"):
         raise ImportError(f"overlap_matrix needs numpy >= 2.0 (np.bitwise_count); this is numpy {np.__version__}")
     workers = threads if threads is not None else usable_cpus()
-    num = len(arrays)
     total = np.zeros((num, num))
     counted = 0
     with ThreadPoolExecutor(max(1, workers)) as pool:
         jobs = [
-            pool.submit(_block_counts, arrays, start, min(rows, start + block), span, batch)
+            pool.submit(_block_counts, arrays, start, min(rows, start + block), span, batch, compact)
             for start in range(0, rows, block)
         ]
         for job in jobs:
@@ -235,9 +292,14 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def _block_counts(arrays: Sequence[np.ndarray], start: int, stop: int, span: int, batch: int) -> np.ndarray:
-    """Intersection sizes ``[L, L, stop - start]`` (uint32, upper triangle) of rows ``start:stop``."""
+def _block_counts(
+    arrays: Sequence[np.ndarray], start: int, stop: int, span: int, batch: int, compact: bool
+) -> np.ndarray:
+    """Intersection sizes ``[L, L, stop - start]`` (uint32, upper triangle) of rows ``start:stop``; with
+    ``compact``, each row's indices are renumbered densely first (:func:`_compact`)."""
     block = np.stack([array[start:stop] for array in arrays])  # [L, rows, k]
+    if compact:
+        block = _compact(block)
     num, k = len(arrays), block.shape[2]
     keys = np.empty((num, batch, k), np.int64)
     words, row_words = [], []
@@ -258,6 +320,24 @@ def _block_counts(arrays: Sequence[np.ndarray], start: int, stop: int, span: int
         np.bitwise_count(both[i:], out=ones[i:])
         counts[i, i:] = np.add.reduceat(ones[i:], row_start, axis=1, dtype=np.uint32)
     return counts
+
+
+def _compact(block: np.ndarray) -> np.ndarray:
+    """``block [L, rows, k]`` with each row's indices replaced by their rank among the row's distinct
+    indices over all layers (0 .. at most L * k - 1); -1 stays -1. Intersections are unchanged."""
+    num, count, k = block.shape
+    flat = block.transpose(1, 0, 2).reshape(count, num * k)
+    order = np.argsort(flat, axis=1)
+    ordered = np.take_along_axis(flat, order, axis=1)
+    first = np.empty(ordered.shape, bool)  # first of its value in the row, and not -1
+    first[:, 0] = True
+    np.not_equal(ordered[:, 1:], ordered[:, :-1], out=first[:, 1:])
+    first &= ordered >= 0
+    rank = np.cumsum(first, axis=1, dtype=np.int32 if num * k < 2**31 else np.int64)
+    rank -= 1  # the -1 slots sort first and keep -1
+    out = np.empty_like(rank)
+    np.put_along_axis(out, order, rank, axis=1)
+    return out.reshape(count, num, k).transpose(1, 0, 2)
 
 
 def _bitsets(rows: np.ndarray, span: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

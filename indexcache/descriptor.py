@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from indexcache.plan import LayerPlan
+from indexcache.plan import LayerPlan, check_index_dtype
 
 SCHEMA_VERSION = 1
 SIGNED_FIELDS = (
@@ -66,12 +66,12 @@ class Descriptor:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be an integer >= 1")
-        if self.schema_version != SCHEMA_VERSION:
+        if not _is_int(self.schema_version) or self.schema_version != SCHEMA_VERSION:
             raise ValueError(
-                f"schema_version={self.schema_version!r}: this indexcache reads version {SCHEMA_VERSION}"
+                f"schema_version={self.schema_version!r}: must be the integer {SCHEMA_VERSION}, the version this "
+                "indexcache reads"
             )
-        if not isinstance(self.index_dtype, str) or not self.index_dtype:
-            raise ValueError(f"index_dtype={self.index_dtype!r}: must be a non-empty string")
+        check_index_dtype(self.index_dtype)
         for name in ("sparse_layers", "producers"):
             layers = getattr(self, name)
             if (
@@ -119,18 +119,19 @@ class Descriptor:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Descriptor:
-        """The inverse of :meth:`to_dict`; a ``signature`` that does not match the fields is refused."""
+        """The inverse of :meth:`to_dict`. The ``signature`` is required and must match the fields, so a
+        payload altered or truncated on the way is refused."""
         if not isinstance(data, Mapping):
             raise ValueError(f"descriptor must be a JSON object, got {type(data).__name__}")
         names = {f.name for f in fields(cls)}
-        missing = sorted(names - set(data))
+        missing = sorted((names | {"signature"}) - set(data))
         unknown = sorted(set(data) - names - {"signature"})
         if missing or unknown:
             raise ValueError(f"descriptor keys: missing {missing}, unknown {unknown}")
         values = {name: tuple(v) if isinstance(v := data[name], list) else v for name in names}
         descriptor = cls(**values)
-        claimed = data.get("signature")
-        if claimed is not None and claimed != descriptor.signature:
+        claimed = data["signature"]
+        if claimed != descriptor.signature:
             raise ValueError(
                 f"signature={claimed!r}: does not match the descriptor's fields, which give {descriptor.signature!r}"
             )

@@ -7,10 +7,17 @@ Every schedule form that ships in model configs resolves here, with SGLang's pre
 a DeepSeek-V3.2 / GLM-style model, only the ratio-4 (C4) layers of a DeepSeek-V4 ``compress_ratios``
 model. MTP (NextN) layers come after the main layers and always compute their own top-k. Every
 invalid input raises ``ValueError`` naming the key, the value and the rule.
+
+A config may hold any other keys (real model configs have many), except keys that look like a
+misspelt schedule key, which would otherwise leave the schedule unset without a word: a key that
+starts with ``index_topk_`` or ``index_skip_`` (the schedule keys' own prefixes), or whose lower-cased
+name is a near-miss of a schedule key (``difflib`` ratio >= 0.83: a letter or two dropped, added or
+swapped, a plural, another case), is refused with the schedule key it resembles.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -43,6 +50,16 @@ CONFIG_KEYS = (
     "page_size",
 )
 _C4_RATIO = 4
+# DeepSeek-V4 compress_ratios values: 0 sliding window only, 4 compressed with an indexer (C4), 128 heavily
+# compressed (HCA). Any other value is refused rather than taken as "no indexer".
+COMPRESS_RATIOS = {0: "sliding window", _C4_RATIO: "C4, with an indexer", 128: "HCA"}
+# The index-K cache dtypes a plan (and so a P/D descriptor) may name: torch dtype names, one spelling
+# each, so that equal layouts give equal signatures.
+INDEX_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "bfloat16")
+# Unknown config keys that are refused as misspelt schedule keys (see the module docstring).
+_SCHEDULE_NAMES = (*SCHEDULE_KEYS, "index_skip_topk_offset")
+_SCHEDULE_PREFIXES = ("index_topk_", "index_skip_")
+_NEAR_MISS = 0.83
 # Without an explicit offset the freq rule is the DSA one, skip(l) = max(l - 1, 0) % freq != 0 (offset
 # 2) for V3.2 / GLM, and skip(r) = r % freq != 0 over C4 ranks (offset 1) for compress_ratios models.
 _DEFAULT_OFFSET = 2
@@ -96,7 +113,8 @@ class LayerPlan:
     config keys' own names, so an error names what the config says:
     ``LayerPlan(61, index_topk_freq=4)``. ``None`` means "not set" for every optional key. Besides the
     schedule, the plan keeps what a P/D descriptor needs: ``top_k``, ``index_n_heads``,
-    ``index_head_dim``, ``index_dtype`` and ``page_size`` (the index-K cache's tokens a page).
+    ``index_head_dim``, ``index_dtype`` (one of :data:`INDEX_DTYPES`) and ``page_size`` (the index-K
+    cache's tokens a page).
     """
 
     def __init__(
@@ -127,10 +145,7 @@ class LayerPlan:
         self.index_n_heads = _positive("index_n_heads", 64 if index_n_heads is None else index_n_heads)
         self.index_head_dim = _positive("index_head_dim", 128 if index_head_dim is None else index_head_dim)
         self.page_size = _positive("page_size", 64 if page_size is None else page_size)
-        dtype = "float8_e4m3fn" if index_dtype is None else index_dtype
-        if not isinstance(dtype, str) or not dtype:
-            raise ValueError(f"index_dtype={dtype!r}: must be a non-empty string such as 'float8_e4m3fn'")
-        self.index_dtype = dtype
+        self.index_dtype = check_index_dtype("float8_e4m3fn" if index_dtype is None else index_dtype)
         self.num_mtp_layers = num_mtp
 
         sparse_flags = _sparse_flags(compress_ratios, num_main, num_mtp)
@@ -177,9 +192,11 @@ class LayerPlan:
 
         The layer count comes from ``num_hidden_layers`` or ``num_layers``. ``overrides`` replace config
         keys (``None`` values are ignored); an override of a schedule key also drops the config's keys
-        of higher precedence, so the override is the one that takes effect.
+        of higher precedence, so the override is the one that takes effect. A config key that looks like a
+        misspelt schedule key raises ``ValueError`` (see the module docstring); other unknown keys are ignored.
         """
         cfg = dict(_load(config))
+        _check_unknown_keys(cfg)
         given = {key: value for key, value in overrides.items() if value is not None}
         unknown = sorted(set(given) - set(CONFIG_KEYS))
         if unknown:
@@ -319,6 +336,31 @@ def _check_boundaries(boundaries: Sequence[int], num_layers: int) -> list[int]:
     return values
 
 
+def check_index_dtype(value: Any) -> str:
+    """``value`` if it is one of :data:`INDEX_DTYPES`; otherwise ``ValueError`` naming the accepted names."""
+    if isinstance(value, str) and value in INDEX_DTYPES:
+        return value
+    close = difflib.get_close_matches(str(value).lower().removeprefix("torch."), INDEX_DTYPES, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    names = ", ".join(map(repr, INDEX_DTYPES))
+    raise ValueError(f"index_dtype={value!r}: must be one of {names} (torch dtype names){hint}")
+
+
+def _check_unknown_keys(cfg: Mapping[str, Any]) -> None:
+    """Refuse a config key that is not read but looks like a misspelt schedule key (module docstring)."""
+    for key in cfg:
+        if not isinstance(key, str) or key in CONFIG_KEYS or key in _LAYER_COUNT_KEYS:
+            continue
+        name = key.lower()
+        close = difflib.get_close_matches(name, _SCHEDULE_NAMES, n=1, cutoff=_NEAR_MISS)
+        if close or name.startswith(_SCHEDULE_PREFIXES):
+            guess = close or difflib.get_close_matches(name, _SCHEDULE_NAMES, n=1, cutoff=0.0)
+            raise ValueError(
+                f"config key {key!r}: not a key indexcache reads, and it looks like a misspelt schedule key; "
+                f"did you mean {guess[0]!r}? (the schedule keys: {', '.join(_SCHEDULE_NAMES)})"
+            )
+
+
 def _positive_or_default(key: str, value: Any, rule: str) -> int | None:
     return None if value is None else _check_int(key, value, 1, rule)
 
@@ -337,12 +379,9 @@ def _sparse_flags(compress_ratios: Sequence[int] | None, num_main: int, num_mtp:
             f"({' or '.join(map(str, lengths))}, MTP layers optional)"
         )
     for i, ratio in enumerate(ratios):
-        _check_int(
-            f"compress_ratios[{i}]",
-            ratio,
-            0,
-            "compression ratios must be integers >= 0 (0 sliding window, 4 C4 with an indexer, 128 HCA)",
-        )
+        if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio not in COMPRESS_RATIOS:
+            allowed = ", ".join(f"{value} ({meaning})" for value, meaning in COMPRESS_RATIOS.items())
+            raise ValueError(f"compress_ratios[{i}]={ratio!r}: layer {i}'s compression ratio must be one of {allowed}")
     # MTP layers the list does not cover run their own indexer.
     return [ratio == _C4_RATIO for ratio in ratios] + [True] * (num_main + num_mtp - len(ratios))
 

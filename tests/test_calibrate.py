@@ -104,6 +104,19 @@ def test_overlap_matches_brute_force(layers, rows, k, span, empty, seed, threads
     np.testing.assert_allclose(got, brute_overlap(stack), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("top", [5000, 2**31 - 1, 2**62])
+def test_renumbered_rows_give_the_table_path_overlap(monkeypatch, top):
+    """Rows renumbered densely (indices far beyond layers x k) give the plain table's overlap, over many blocks."""
+    rng = np.random.default_rng(7)
+    small = np.where(rng.random((4, 300, 8)) < 0.1, -1, rng.integers(0, 200, (4, 300, 8)))
+    large = np.where(small >= 0, top - small, -1)  # the same sets under other names
+    monkeypatch.setattr(calibrate, "_COMPACT_FACTOR", 10**9)
+    plain = overlap_matrix(list(small), threads=2)
+    monkeypatch.setattr(calibrate, "_COMPACT_FACTOR", 0)
+    np.testing.assert_allclose(overlap_matrix(list(large), threads=2), plain, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(plain, brute_overlap(small), rtol=0, atol=1e-12)
+
+
 def test_overlap_accepts_torch_int64_and_flattens_leading_dims():
     rng = np.random.default_rng(0)
     stack = rng.integers(-1, 30, (3, 4, 5, 6)).astype(np.int64)  # layer, batch, token, k

@@ -94,7 +94,7 @@ def test_decode_producers_must_be_a_subset_not_just_fewer():
 def test_every_differing_field_is_named():
     prefill = v32(index_topk_freq=4)
     decode = Descriptor.from_plan(
-        LayerPlan(62, index_topk=512, index_n_heads=32, index_head_dim=64, index_dtype="bf16", page_size=1)
+        LayerPlan(62, index_topk=512, index_n_heads=32, index_head_dim=64, index_dtype="bfloat16", page_size=1)
     )
     with pytest.raises(PDIncompatibleError) as err:
         check_pd_compatible(prefill, decode)
@@ -104,7 +104,7 @@ def test_every_differing_field_is_named():
     assert "top_k differs (prefill 2048, decode 512)" in message
     assert "index_n_heads differs (prefill 64, decode 32)" in message
     assert "index_head_dim differs (prefill 128, decode 64)" in message
-    assert "index_dtype differs (prefill 'float8_e4m3fn', decode 'bf16')" in message
+    assert "index_dtype differs (prefill 'float8_e4m3fn', decode 'bfloat16')" in message
     assert "page_size differs (prefill 64, decode 1)" in message
     assert "decode producers [2, 3, 4" in message
     assert set(err.value.differences) == {
@@ -152,7 +152,7 @@ def descriptors(draw) -> Descriptor:
         index_topk=draw(st.integers(1, 4096)),
         index_n_heads=draw(st.sampled_from([16, 32, 64])),
         index_head_dim=draw(st.sampled_from([64, 128])),
-        index_dtype=draw(st.sampled_from(["float8_e4m3fn", "float8_e4m3fnuz", "bf16"])),
+        index_dtype=draw(st.sampled_from(["float8_e4m3fn", "float8_e4m3fnuz", "bfloat16"])),
         page_size=draw(st.integers(1, 256)),
     )
     return Descriptor.from_plan(plan)
@@ -176,10 +176,11 @@ def test_tampered_signature_is_refused():
         Descriptor.from_dict(data)
 
 
-def test_payload_without_signature_is_accepted():
+def test_payload_without_signature_is_refused():
     data = v32().to_dict()
     del data["signature"]
-    assert Descriptor.from_dict(data) == v32()
+    with pytest.raises(ValueError, match=r"descriptor keys: missing \['signature'\], unknown \[\]"):
+        Descriptor.from_dict(data)
 
 
 @pytest.mark.parametrize(
@@ -187,10 +188,13 @@ def test_payload_without_signature_is_accepted():
     [
         (lambda d: d.pop("page_size"), r"descriptor keys: missing \['page_size'\], unknown \[\]"),
         (lambda d: d.update(freq=4), r"descriptor keys: missing \[\], unknown \['freq'\]"),
-        (lambda d: d.update(schema_version=2), r"schema_version=2: this indexcache reads version 1"),
+        (lambda d: d.update(schema_version=2), r"schema_version=2: must be the integer 1, the version this"),
+        (lambda d: d.update(schema_version=True), r"schema_version=True: must be the integer 1"),
+        (lambda d: d.update(schema_version=1.0), r"schema_version=1\.0: must be the integer 1"),
         (lambda d: d.update(top_k=0), r"top_k=0: must be an integer >= 1"),
         (lambda d: d.update(page_size="64"), r"page_size='64': must be an integer >= 1"),
-        (lambda d: d.update(index_dtype=""), r"index_dtype='': must be a non-empty string"),
+        (lambda d: d.update(index_dtype=""), r"index_dtype='': must be one of 'float8_e4m3fn', "),
+        (lambda d: d.update(index_dtype="fp8"), r"index_dtype='fp8': must be one of "),
         (lambda d: d.update(producers=[5, 1]), r"producers=\(5, 1\): must be a tuple of distinct layer ids"),
         (lambda d: d.update(producers=[1, 1]), r"producers=\(1, 1\): must be a tuple of distinct layer ids"),
         (lambda d: d.update(sparse_layers=[0, 61]), r"sparse_layers=\(0, 61\): layer ids must be in 0\.\.60"),
@@ -201,8 +205,7 @@ def test_payload_without_signature_is_accepted():
     ],
 )
 def test_bad_payload(edit, message):
-    data = v32().to_dict()
-    del data["signature"]
+    data = v32().to_dict()  # the fields are checked before the signature
     edit(data)
     with pytest.raises(ValueError, match=message):
         Descriptor.from_dict(data)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from indexcache.plan import LayerPlan
+from indexcache.plan import INDEX_DTYPES, LayerPlan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 V4_EXAMPLE_RATIOS = [0, 0, 4, 128, 4, 128, 4, 128, 4, 0]
@@ -224,6 +224,28 @@ def test_from_config_path(tmp_path):
     assert LayerPlan.from_config(str(path)).roles == LayerPlan(61, index_topk_freq=4).roles
 
 
+# Keys of DeepSeek-V3.2 / GLM-5 / DeepSeek-V4 style config.json files that indexcache does not read: none may
+# be taken for a misspelt schedule key.
+REAL_CONFIG_KEYS = """architectures attention_bias attention_dropout auto_map bos_token_id eos_token_id ep_size
+first_k_dense_replace hidden_act hidden_size initializer_range intermediate_size kv_lora_rank max_position_embeddings
+model_type moe_intermediate_size moe_layer_freq n_group n_routed_experts n_shared_experts norm_topk_prob
+num_attention_heads num_experts_per_tok num_key_value_heads q_lora_rank qk_nope_head_dim qk_rope_head_dim
+quantization_config rms_norm_eps rope_scaling rope_theta routed_scaling_factor scoring_func tie_word_embeddings
+topk_group topk_method torch_dtype transformers_version use_cache v_head_dim vocab_size indexer_rope_interleave
+rope_parameters compress_rope_theta o_lora_rank o_groups sliding_window hc_mult num_hash_layers swiglu_limit
+index_rope_theta head_dim dtype indexer_topk indexer_n_heads indexer_head_dim layer_types _comment""".split()
+
+
+def test_unknown_keys_of_real_configs_are_ignored():
+    cfg = {"num_hidden_layers": 6, "index_topk_freq": 2, **dict.fromkeys(REAL_CONFIG_KEYS, 1)}
+    assert LayerPlan.from_config(cfg).roles == LayerPlan(6, index_topk_freq=2).roles
+
+
+@pytest.mark.parametrize("dtype", INDEX_DTYPES)
+def test_every_accepted_index_dtype(dtype):
+    assert LayerPlan.from_config({"num_hidden_layers": 2, "index_dtype": dtype}).index_dtype == dtype
+
+
 def test_num_hidden_layers_wins_over_num_layers():
     assert LayerPlan.from_config({"num_hidden_layers": 3, "num_layers": 5}).num_layers == 3
 
@@ -297,7 +319,7 @@ BAD_INPUTS = [
     ({"indexer_types": "full"}, r"indexer_types='full': must be a list of 'full' or 'shared'"),
     (
         {"compress_ratios": [0, 4, -4, 4]},
-        r"compress_ratios\[2\]=-4: compression ratios must be integers >= 0",
+        r"compress_ratios\[2\]=-4: layer 2's compression ratio must be one of 0 \(sliding window\), 4 \(C4",
     ),
     (
         {"compress_ratios": [0, 4, 4]},
@@ -305,7 +327,11 @@ BAD_INPUTS = [
     ),
     (
         {"compress_ratios": [0, 4, 4.0, 4]},
-        r"compress_ratios\[2\]=4\.0: compression ratios must be integers >= 0",
+        r"compress_ratios\[2\]=4\.0: layer 2's compression ratio must be one of 0 ",
+    ),
+    (
+        {"compress_ratios": [0, 4, 8, 4]},
+        r"compress_ratios\[2\]=8: layer 2's compression ratio must be one of .*, 128 \(HCA\)",
     ),
     ({"compress_ratios": "4444"}, r"compress_ratios='4444': must be a list of integers, one per layer"),
     ({"num_nextn_predict_layers": -1}, r"num_nextn_predict_layers=-1: must be an integer >= 0"),
@@ -313,7 +339,9 @@ BAD_INPUTS = [
     ({"index_n_heads": 0}, r"index_n_heads=0: must be an integer >= 1"),
     ({"index_head_dim": 1.5}, r"index_head_dim=1\.5: must be an integer >= 1"),
     ({"page_size": 0}, r"page_size=0: must be an integer >= 1"),
-    ({"index_dtype": ""}, r"index_dtype='': must be a non-empty string"),
+    ({"index_dtype": ""}, r"index_dtype='': must be one of 'float8_e4m3fn', 'float8_e4m3fnuz', 'bfloat16'"),
+    ({"index_dtype": "bf16"}, r"index_dtype='bf16': must be one of .*; did you mean 'bfloat16'\?"),
+    ({"index_topk_frequency": 4}, r"config key 'index_topk_frequency': .* did you mean 'index_topk_freq'\?"),
 ]
 
 
