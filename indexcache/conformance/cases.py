@@ -391,8 +391,8 @@ case("mqa_logits", "NaN in q, k, weights and k_scale propagates, bf16")(
 
 def _paged_args(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, holes=False, pages_per_req=None,
                 last_page=False):
-    """``last_page``: request 0's last table entry is the cache's last page (a read past its end leaves the
-    tensor)."""
+    """``last_page``: request 0's first table entry is the cache's last page, so a key tile that crosses that
+    page's end inside the context reads past the tensor."""
     dim = 128
     pages_per_req = pages_per_req or max(1, -(-max(context) // page_size))
     num_pages = batch * pages_per_req + 3
@@ -401,8 +401,8 @@ def _paged_args(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, 
     cache = reference.store_index_k(k, cache, torch.arange(num_pages * page_size, dtype=I32), dtype)
     table = torch.randperm(num_pages, generator=gen)[: batch * pages_per_req].view(batch, pages_per_req).to(I32)
     if last_page:
-        table[table == num_pages - 1] = table[0, -1].item()
-        table[0, -1] = num_pages - 1
+        table[table == num_pages - 1] = table[0, 0].item()
+        table[0, 0] = num_pages - 1
     if holes:
         table[:, 1::3] = -1
         table[0, 0] = num_pages + 5
@@ -419,7 +419,7 @@ for _ps in (16, 32, 64, 128):
         lambda gen, dev, fp8, ps=_ps: _paged_args(gen, dev, 3, 1, 32, ps, [300, 1, 257], dtype=fp8))
 
 for _ps in ODD_PAGES:
-    case("paged_mqa_logits", f"page {_ps} (not a multiple of the 64-key tile), cache's last page, next_n 2, "
+    case("paged_mqa_logits", f"page {_ps} (not a multiple of the 64-key tile), the cache's last page first, next_n 2, "
          "native fp8", native_fp8=True)(
         lambda gen, dev, fp8, ps=_ps: _paged_args(gen, dev, 2, 2, 16, ps, [3 * ps, ps + 7], dtype=fp8,
                                                   last_page=True))

@@ -51,7 +51,7 @@ def test_paged_logits_on_pages_that_are_not_a_multiple_of_the_tile(backend, page
     cache = _cache_before_poison(pages, page_size, fp8, gen)
     q = (torch.randn(2, 1, 16, 128, generator=gen) * 3).to(fp8)
     weights = torch.randn(2, 16, generator=gen)
-    table = torch.tensor([[1, 0, 3], [2, 3, -1]], dtype=I32)  # request 0 ends on the pool's last page
+    table = torch.tensor([[3, 0, 1], [2, 3, -1]], dtype=I32)  # the pool's last page first: tiles cross its end
     context = torch.tensor([3 * page_size, 2 * page_size - 5], dtype=I32)
     args = (q, cache, weights, context, table, 3 * page_size)
     got = indexcache.paged_mqa_logits(*args, backend=backend)
