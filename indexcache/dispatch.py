@@ -1,8 +1,9 @@
 """The backend registry: which backend serves an op, and why.
 
-A backend is plain data (:class:`Backend`): a name, a priority, a probe that says whether it can
-run on this machine, and per op an :class:`OpImpl` whose ``supports(**args)`` returns
-``(ok, reason)`` for the exact arguments of a call.
+A backend is plain data (:class:`~indexcache.hal.contract.Backend`, the contract backends implement): a
+name, a priority, a probe that says whether it can run on this machine, and per op an
+:class:`~indexcache.hal.contract.OpImpl` whose ``supports(**args)`` lists every reason it cannot serve the
+exact arguments of a call (none: it can).
 
 Choice, in order: the ``backend=`` argument of a call, then :func:`use_backend`, then the
 ``INDEXCACHE_BACKEND`` environment variable. Such an explicit choice of a name no backend registers
@@ -10,7 +11,7 @@ raises :class:`UnknownBackendError` listing the known ones; one that cannot serv
 :class:`BackendNotSupportedError` listing every reason. With no explicit choice the default backend
 is resolved lazily at first use (never at import): the available backend with ``auto`` set and the
 highest priority (ROCm, then CUDA, then torch). When it cannot serve a call, the next available
-backend that can does, and the reason is logged once.
+backend that can does, and the reasons are logged once.
 """
 
 from __future__ import annotations
@@ -21,80 +22,23 @@ import functools
 import importlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Any
+
+# Backend, OpImpl and Availability stay importable from here for plugins written against ``indexcache.dispatch``.
+from indexcache.hal.contract import Availability, Backend, OpImpl
 
 logger = logging.getLogger("indexcache")
 
 ENV_VAR = "INDEXCACHE_BACKEND"
 ENTRY_POINT_GROUP = "indexcache.backends"
-OPS = (
-    "translate",
-    "topk",
-    "topk_translate",
-    "mqa_logits",
-    "paged_mqa_logits",
-    "quantize_index_k",
-    "store_index_k",
-    "overlap",  # the stream scheduler (indexcache.streams): side-stream work joined to the current stream
-)
 # Modules of the built-in backends, each exposing ``BACKEND``; importing them touches no device.
 BUILTIN_MODULES = (
     "indexcache.backends.rocm",
     "indexcache.backends.cuda",
     "indexcache.backends.torch",
 )
-
-Support = tuple[bool, str]
-
-
-def always(**_: Any) -> Support:
-    """A ``supports`` check for implementations that take every valid argument."""
-    return True, ""
-
-
-@dataclass(frozen=True)
-class OpImpl:
-    """One backend's implementation of one op: ``fn(**args)`` and its ``supports(**args)`` check."""
-
-    fn: Callable[..., Any]
-    supports: Callable[..., Support] = always
-
-
-@dataclass(frozen=True)
-class Availability:
-    """What a backend's probe found on this machine.
-
-    ``mode`` is "GPU", "interpreted" (Triton on the CPU) or "CPU"; ``device`` is where the backend
-    runs its conformance cases; ``auto`` says whether auto-selection may pick it.
-    """
-
-    available: bool
-    reason: str
-    auto: bool = False
-    mode: str = "CPU"
-    device: str = "cpu"
-
-
-@dataclass(frozen=True)
-class Backend:
-    """A backend as data: ``ops`` maps op names of :data:`OPS` to implementations, or is a function
-    building that map (called once, only when the probe found the backend available).
-
-    ``interpretable`` backends run their Triton kernels on the CPU when ``TRITON_INTERPRET=1``.
-    ``fp8_tensor_core`` says its fp8 logits accumulate on matrix units with reduced precision
-    when run on a GPU (conformance holds it to the looser bound of DESIGN.md then).
-    """
-
-    name: str
-    priority: int
-    probe: Callable[[], Availability]
-    ops: Mapping[str, OpImpl] | Callable[[], Mapping[str, OpImpl]] = field(default_factory=dict)
-    interpretable: bool = False
-    fp8_tensor_core: bool = False
-    info: Callable[[], dict[str, Any]] = dict
 
 
 class BackendNotSupportedError(RuntimeError):
@@ -217,16 +161,19 @@ def get_backend() -> str:
     return chosen[0] if chosen else default_backend()[0]
 
 
-def _why_not(name: str, op: str, args: Mapping[str, Any]) -> str:
-    """Why backend ``name`` cannot run ``op`` with ``args`` ("" when it can)."""
+def _why_not(name: str, op: str, args: Mapping[str, Any]) -> list[str]:
+    """Every reason backend ``name`` cannot run ``op`` with ``args`` (empty when it can)."""
     avail = availability(name)
     if not avail.available:
-        return f"not available: {avail.reason}"
+        return [f"not available: {avail.reason}"]
     impl = ops_of(name).get(op)
     if impl is None:
-        return f"does not implement {op}"
-    ok, reason = impl.supports(**args)
-    return "" if ok else reason
+        return [f"does not implement {op}"]
+    reasons = impl.supports(**args)
+    if not isinstance(reasons, list):
+        raise TypeError(f"backend {name!r}: supports() of {op} must return a list of reasons (empty: supported), "
+                        f"got {type(reasons).__name__}")
+    return reasons
 
 
 _logged: set[tuple[str, str, str]] = set()
@@ -239,17 +186,17 @@ def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tup
         name, origin = chosen
         get(name)
         if why := _why_not(name, op, args):
-            raise BackendNotSupportedError(f"backend {name!r} (chosen by {origin}) cannot run {op}: {why}")
+            raise BackendNotSupportedError(f"backend {name!r} (chosen by {origin}) cannot run {op}: {'; '.join(why)}")
         return name, ops_of(name)[op]
     first, _ = default_backend()
     if not (why := _why_not(first, op, args)):
         return first, ops_of(first)[op]
-    skipped = [(first, why)]
+    skipped = [(first, "; ".join(why))]
     for name in available_backends():
         if name == first:
             continue
         if why := _why_not(name, op, args):
-            skipped.append((name, why))
+            skipped.append((name, "; ".join(why)))
             continue
         for prev, reason in skipped:
             if (op, prev, reason) not in _logged:
@@ -257,7 +204,7 @@ def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tup
                 logger.info("indexcache: %s falls back from %s to %s: %s", op, prev, name, reason)
         return name, ops_of(name)[op]
     raise BackendNotSupportedError(
-        f"no backend can run {op} with these arguments: " + "; ".join(f"{n}: {why}" for n, why in skipped)
+        f"no backend can run {op} with these arguments: " + " | ".join(f"{n}: {why}" for n, why in skipped)
     )
 
 

@@ -10,6 +10,7 @@ import torch
 
 import indexcache
 from indexcache import dispatch
+from indexcache.hal.contract import Availability, Backend, Capabilities, OpImpl
 
 I32 = torch.int32
 
@@ -20,7 +21,7 @@ def _translate_args():
 
 PLUGIN = textwrap.dedent('''
     import torch
-    from indexcache.dispatch import Availability, Backend, OpImpl
+    from indexcache.hal.contract import Availability, Backend, OpImpl
 
     CALLS = []
 
@@ -28,8 +29,11 @@ PLUGIN = textwrap.dedent('''
         CALLS.append(page_size)
         return out.fill_(7)
 
-    def _supports(page_size, **_):
-        return (page_size == 16, f"fake serves page_size 16 only, got {page_size}")
+    def _supports(page_size, row_to_batch, **_):
+        reasons = [] if page_size == 16 else [f"fake serves page_size 16 only, got {page_size}"]
+        if row_to_batch is not None:
+            reasons.append("fake takes no row_to_batch")
+        return reasons
 
     BACKEND = Backend(name="fake", priority=100,
                       probe=lambda: Availability(True, "always here", auto=True, mode="CPU", device="cpu"),
@@ -106,17 +110,56 @@ def test_automatic_fallback_logs_reason_once(plugin, caplog):
         indexcache.translate(raw, table, seq, 4)
     assert out.tolist() == [[12, -1, -1]]  # served by torch: position 5 lies on page 1, beyond the table
     assert plugin.CALLS == []
-    messages = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    messages = [r.getMessage() for r in caplog.records if "falls back from fake" in r.getMessage()]
     assert messages == ["indexcache: translate falls back from fake to torch: fake serves page_size 16 only, got 4"]
 
 
 def test_explicit_choice_that_declines_raises_every_reason(plugin):
     raw, table, seq, _ = _translate_args()
-    with pytest.raises(dispatch.BackendNotSupportedError, match="fake serves page_size 16 only, got 4"):
+    with pytest.raises(dispatch.BackendNotSupportedError, match="fake serves page_size 16 only, got 4$"):
         indexcache.translate(raw, table, seq, 4, backend="fake")
+    every = "cannot run translate: fake serves page_size 16 only, got 4; fake takes no row_to_batch$"
+    with pytest.raises(dispatch.BackendNotSupportedError, match=every):
+        indexcache.translate(raw, table, seq, 4, row_to_batch=torch.zeros(1, dtype=I32), backend="fake")
     declined = pytest.raises(dispatch.BackendNotSupportedError, match="does not implement topk")
     with declined, indexcache.use_backend("fake"):
         indexcache.topk(torch.zeros(1, 4), torch.tensor([4], dtype=I32), 2)
+
+
+def test_fallback_logs_every_reason(plugin, caplog):
+    raw, table, seq, _ = _translate_args()
+    with caplog.at_level(logging.INFO, logger="indexcache"):
+        indexcache.translate(raw, table, seq, 4, row_to_batch=torch.zeros(1, dtype=I32))
+    messages = [r.getMessage() for r in caplog.records if "falls back from fake" in r.getMessage()]
+    assert messages == ["indexcache: translate falls back from fake to torch: fake serves page_size 16 only, got 4; "
+                        "fake takes no row_to_batch"]
+
+
+def test_supports_must_return_a_list(fresh_dispatch):
+    legacy = Backend(name="legacy", priority=-1, probe=lambda: Availability(True, "test"),
+                     ops={"translate": OpImpl(lambda **_: None, lambda **_: (True, ""))})
+    fresh_dispatch.registry()["legacy"] = legacy
+    with pytest.raises(TypeError, match=r"backend 'legacy': supports\(\) of translate must return a list .*got tuple"):
+        indexcache.translate(*_translate_args(), backend="legacy")
+
+
+def test_backend_names_stay_importable_from_dispatch():
+    assert (dispatch.Backend, dispatch.OpImpl, dispatch.Availability) == (Backend, OpImpl, Availability)
+
+
+def test_capabilities_are_typed_and_info_shows_them(fresh_dispatch, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("INDEXCACHE_ROCM_ARCH", raising=False)
+    fresh_dispatch.reset()
+    if not (avail := fresh_dispatch.availability("rocm")).available:
+        pytest.skip(avail.reason)
+    caps = fresh_dispatch.get("rocm").capabilities()
+    assert (caps.fp8_dtype, caps.arch, caps.side_streams) == (torch.float8_e4m3fnuz, "gfx942", 2)
+    info = fresh_dispatch.get("rocm").info()
+    assert list(info) == ["arch", "fp8_dtype", "side_streams", "tuning"]
+    assert info["fp8_dtype"] == "torch.float8_e4m3fnuz"
+    assert fresh_dispatch.get("torch").capabilities() == Capabilities()
+    assert list(fresh_dispatch.get("torch").info()) == ["memory_budget_bytes"]
 
 
 def test_import_touches_no_device():

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from indexcache import dispatch
-from indexcache.streams import DeviceStreams, device_overlap, in_order, overlap
+from indexcache.backends.torch.streams import in_order
+from indexcache.backends.triton.streams import DeviceStreams, device_overlap
+from indexcache.streams import overlap
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 # About 50 ms on an H200 at ~1.9 GHz: far longer than any launch latency.
@@ -33,8 +35,9 @@ def test_every_backend_available_here_serves_overlap(fresh_dispatch):
 
 def test_gpu_scheduler_refuses_cpu_tensors_and_interpreted_backends_run_in_order():
     impl = device_overlap("cuda", side_streams=2)
-    ok, reason = impl.supports(side_fn=None, main_fn=None, side=0, device=torch.device("cpu"))
-    assert not ok and "GPU" in reason
+    [reason] = impl.supports(side_fn=None, main_fn=None, side=0, device=torch.device("cpu"))
+    assert "GPU" in reason
+    assert impl.supports(side_fn=None, main_fn=None, side=0, device=torch.device("cuda")) == []
     assert device_overlap("cpu", side_streams=2).fn is in_order
 
 

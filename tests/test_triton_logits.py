@@ -130,6 +130,10 @@ def test_prefill_declines_with_reasons(backend):
     q, k = torch.zeros(2, 12, 64).to(FP8[backend]), torch.zeros(8, 64).to(FP8[backend])
     with pytest.raises(dispatch.BackendNotSupportedError, match="heads=12"):
         indexcache.mqa_logits(q, k, args[0], torch.ones(2, 12), *args[2:], backend=backend)
+    q, k = torch.zeros(2, 12, 64).to(other), torch.zeros(8, 64).to(other)
+    with pytest.raises(dispatch.BackendNotSupportedError, match="native fp8 format .*; heads=12") as declined:
+        indexcache.mqa_logits(q, k, args[0], torch.ones(2, 12), *args[2:], backend=backend)
+    assert "head dim" not in str(declined.value)
 
 
 # ---------------------------------------------------------------- paged decode
@@ -254,6 +258,8 @@ def test_quantize_declines_the_other_fp8(backend):
     with pytest.raises(dispatch.BackendNotSupportedError, match="native fp8 format"):
         indexcache.store_index_k(torch.ones(2, 128), new_packed_cache(1, 16), torch.zeros(2, dtype=torch.int32),
                                  other, backend=backend)
+    with pytest.raises(dispatch.BackendNotSupportedError, match="native fp8 format .*; block=8192: .* at most 4096"):
+        indexcache.quantize_index_k(torch.ones(1, 8192), other, block=8192, backend=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from indexcache.hal.device import sm_version
+
 # translate is memory-bound: 2K indices a program, 1K contiguous along k, 4 warps (16-byte accesses).
 _COMMON: dict[str, dict[str, Any]] = {
     "translate": {"BLOCK_K": 1024, "ELEMS": 2048, "num_warps": 4},
-    # Logits (KERNELS.md recipe): keys on M, COLS = tokens × heads on N (2 tokens at H = 64), warps along keys.
+    # Logits (the logits recipe of docs/kernels.md): keys on M, COLS = tokens × heads on N (2 tokens at H = 64),
+    # warps along keys.
     # One warpgroup a program, three resident a SM (≤ 168 registers, 40 KB shared) so epilogues overlap MMAs.
     "mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
                    "PROGRAMS_PER_SM": 3},
@@ -51,11 +54,11 @@ _PREFILL_SHARED = 42 * 1024  # an fp8 prefill program's shared memory at 3 stage
 
 def capabilities(arch: str) -> dict[str, Any]:
     """The row of :data:`_ARCH` for ``arch`` ("sm80", "sm90a", …), or the nearest one below it."""
-    number = int(arch.removeprefix("sm").rstrip("af"))
-    known = [a for a in _ARCH if int(a[2:]) <= number and int(a[2:]) // 10 == number // 10]
+    number = sm_version(arch)
+    known = [a for a in _ARCH if sm_version(a) <= number and sm_version(a) // 10 == number // 10]
     if not known:
-        known = [a for a in _ARCH if int(a[2:]) <= number] or ["sm80"]
-    return dict(_ARCH[max(known, key=lambda a: int(a[2:]))])
+        known = [a for a in _ARCH if sm_version(a) <= number] or ["sm80"]
+    return dict(_ARCH[max(known, key=sm_version)])
 
 
 def _triton_before(major: int, minor: int) -> bool:

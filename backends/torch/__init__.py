@@ -11,8 +11,8 @@ import torch
 
 from indexcache.backends.torch import logits, quantize, topk, translate
 from indexcache.backends.torch.memory import memory_budget, set_memory_budget
-from indexcache.dispatch import Availability, Backend, OpImpl
-from indexcache.streams import in_order
+from indexcache.backends.torch.streams import in_order
+from indexcache.hal.contract import Availability, Backend, OpImpl
 
 
 def _probe() -> Availability:
@@ -36,7 +36,7 @@ BACKEND = Backend(
         "store_index_k": OpImpl(quantize.store_index_k),
         "overlap": OpImpl(in_order),
     },
-    info=lambda: {"memory_budget_bytes": memory_budget()},
+    details=lambda: {"memory_budget_bytes": memory_budget()},
 )
 
 __all__ = ["BACKEND", "memory_budget", "set_memory_budget"]

@@ -1,8 +1,8 @@
 """Triton kernels shared by the GPU backends (cuda, rocm).
 
 Each kernel module exposes ``ops(target, tuning) -> {op name: OpImpl}``; :func:`make_ops` merges
-them for a backend. Importing this package imports Triton, so backends import it only after their
-probe found Triton.
+them for a backend. The kernel modules import Triton, so backends call :func:`make_ops` only after
+their probe found it; importing this package does not.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from indexcache.backends.triton.target import Target
-from indexcache.dispatch import OpImpl
+from indexcache.hal.contract import OpImpl
 
 KERNEL_MODULES = ("translate", "logits", "quantize", "topk")
 

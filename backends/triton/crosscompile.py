@@ -39,6 +39,7 @@ from typing import Any
 
 from indexcache.backends.triton import KERNEL_MODULES
 from indexcache.backends.triton.target import INTERPRET_ENV, Target, _target, interpreting
+from indexcache.hal.device import sm_version
 
 # Targets of each GPU backend's cross-compile check.
 TARGETS: dict[str, tuple[str, ...]] = {
@@ -127,7 +128,7 @@ def gpu_target(backend: str, arch: str) -> Target:
 def _triton_target(target: Target):
     from triton.backends.compiler import GPUTarget
 
-    arch = int(target.arch.removeprefix("sm")) if target.vendor == "cuda" else target.arch
+    arch = sm_version(target.arch) if target.vendor == "cuda" else target.arch
     return GPUTarget(target.vendor, arch, target.warp_size)
 
 

@@ -3,7 +3,7 @@
 ``out[t, n] = k_scale[n] · Σ_h w[t, h] · relu(q[t, h] · k[n])`` with one ``tl.dot`` a tile, fp32
 accumulation, and the ReLU + weighted head sum in registers right after it.
 
-Orientation (``KEYS_ON_M`` in the tuning table; KERNELS.md, logits recipe): on NVIDIA the dot is
+Orientation (``KEYS_ON_M`` in the tuning table; the logits recipe of docs/kernels.md): on NVIDIA the dot is
 flipped, ``dot(k [keys, D], trans(q [tokens·H, D]))``, so each thread holds whole head groups of a
 key row and the head sum is in-thread adds plus shuffles; on AMD (MFMA keeps accumulator rows in
 registers) the heads may stay on M, ``dot(q, trans(k))``. k_scale is applied once after the head
@@ -36,7 +36,6 @@ but the dot's input precision (bf16 × bf16 products are exact in fp32 anyway).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,7 +45,8 @@ import triton.language as tl
 
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
-from indexcache.dispatch import OpImpl
+from indexcache.hal.contract import OpImpl
+from indexcache.hal.device import sm_count, sm_version
 from indexcache.layout import FP8_DTYPES, cache_page_size
 
 NEG_INF = tl.constexpr(float("-inf"))
@@ -359,7 +359,7 @@ def _is_pow2(x: int) -> bool:
 def _fp8_native(target: Target) -> bool:
     """Whether the target has fp8 matrix instructions (sm89+, gfx942, gfx950)."""
     if target.vendor == "cuda":
-        return int(target.arch.removeprefix("sm").rstrip("a")) >= 89
+        return sm_version(target.arch) >= 89
     return target.arch in ("gfx942", "gfx950")
 
 
@@ -378,32 +378,28 @@ def _as_bytes(x: torch.Tensor, widen: int) -> torch.Tensor:
     return x.view(torch.uint8) if widen in (1, 3) else x
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _programs(target: Target, device: torch.device) -> int:
-    return INTERPRETED_SMS if target.interpreted else _sm_count(device.index or 0)
+    return INTERPRETED_SMS if target.interpreted else sm_count(device.index or 0)
 
 
-def _check_dtype(name: str, dtype: torch.dtype, target: Target, bf16: bool) -> tuple[bool, str]:
+def _check_dtype(name: str, dtype: torch.dtype, target: Target, bf16: bool) -> list[str]:
     if dtype in FP8_DTYPES:
-        if dtype != target.fp8_dtype:
-            return False, (f"{name} is {str(dtype).removeprefix('torch.')}, but {target.arch}'s native fp8 format is "
-                           f"{str(target.fp8_dtype).removeprefix('torch.')}")
-        return True, ""
+        if dtype == target.fp8_dtype:
+            return []
+        return [f"{name} is {str(dtype).removeprefix('torch.')}, but {target.arch}'s native fp8 format is "
+                f"{str(target.fp8_dtype).removeprefix('torch.')}"]
     if bf16 and dtype == torch.bfloat16:
-        return True, ""
-    return False, f"{name} dtype {dtype} is not handled by the Triton logits kernels"
+        return []
+    return [f"{name} dtype {dtype} is not handled by the Triton logits kernels"]
 
 
-def _check_shape(heads: int, dim: int) -> tuple[bool, str]:
+def _check_shape(heads: int, dim: int) -> list[str]:
+    reasons = []
     if not _is_pow2(heads):
-        return False, f"heads={heads}: the Triton logits kernels need a power of two"
+        reasons.append(f"heads={heads}: the Triton logits kernels need a power of two")
     if not _is_pow2(dim) or not 32 <= dim <= 256:
-        return False, f"head dim {dim}: the Triton logits kernels need a power of two in [32, 256]"
-    return True, ""
+        reasons.append(f"head dim {dim}: the Triton logits kernels need a power of two in [32, 256]")
+    return reasons
 
 
 def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any]):
@@ -462,21 +458,13 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     prefill, decode = tuning["mqa_logits"], tuning["paged_mqa_logits"]
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
-        ok, why = on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out)
-        if ok:
-            ok, why = _check_dtype("q", q.dtype, target, bf16=True)
-        if ok:
-            ok, why = _check_shape(q.shape[1], q.shape[2])
-        return ok, why
+        return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
+                *_check_dtype("q", q.dtype, target, bf16=True), *_check_shape(q.shape[1], q.shape[2])]
 
     def supports_decode(q, k_cache, weights, context_lens, page_table, out, **_):
-        ok, why = on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
-                                   page_table=page_table, out=out)
-        if ok:
-            ok, why = _check_dtype("q", q.dtype, target, bf16=False)
-        if ok:
-            ok, why = _check_shape(q.shape[2], q.shape[3])
-        return ok, why
+        return [*on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
+                                  page_table=page_table, out=out),
+                *_check_dtype("q", q.dtype, target, bf16=False), *_check_shape(q.shape[2], q.shape[3])]
 
     def run_prefill(**args):
         return mqa_logits(**args, target=target, cfg=prefill)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
-from indexcache.dispatch import OpImpl
+from indexcache.hal.contract import OpImpl
 from indexcache.layout import FP8_DTYPES, cache_page_size, fp8_max
 
 
@@ -169,11 +169,11 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: M
     )
 
 
-def _fp8_policy(fp8_dtype: torch.dtype, target: Target) -> tuple[bool, str]:
+def _fp8_policy(fp8_dtype: torch.dtype, target: Target) -> list[str]:
     if fp8_dtype in FP8_DTYPES and fp8_dtype != target.fp8_dtype:
-        return False, (f"fp8_dtype is {str(fp8_dtype).removeprefix('torch.')}, but {target.arch}'s native fp8 format "
-                       f"is {str(target.fp8_dtype).removeprefix('torch.')}")
-    return True, ""
+        return [f"fp8_dtype is {str(fp8_dtype).removeprefix('torch.')}, but {target.arch}'s native fp8 format "
+                f"is {str(target.fp8_dtype).removeprefix('torch.')}"]
+    return []
 
 
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
@@ -181,20 +181,17 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     cfg = tuning["quantize_index_k"]
 
     def supports_quantize(k, fp8_dtype, block, **_):
-        ok, why = on_target_device(target, k=k)
-        if ok:
-            ok, why = _fp8_policy(fp8_dtype, target)
-        if ok and block > cfg["ELEMS"]:
-            ok, why = False, f"block={block}: the Triton kernel holds one block in registers, at most {cfg['ELEMS']}"
-        return ok, why
+        reasons = [*on_target_device(target, k=k), *_fp8_policy(fp8_dtype, target)]
+        if block > cfg["ELEMS"]:
+            reasons.append(f"block={block}: the Triton kernel holds one block in registers, at most {cfg['ELEMS']}")
+        return reasons
 
     def supports_store(k, k_cache, slot_mapping, fp8_dtype, **_):
-        ok, why = on_target_device(target, k=k, k_cache=k_cache, slot_mapping=slot_mapping)
-        if ok:
-            ok, why = _fp8_policy(fp8_dtype, target)
-        if ok and k.shape[1] > cfg["ELEMS"]:
-            ok, why = False, f"D={k.shape[1]}: the Triton store holds one token in registers, at most {cfg['ELEMS']}"
-        return ok, why
+        reasons = [*on_target_device(target, k=k, k_cache=k_cache, slot_mapping=slot_mapping),
+                   *_fp8_policy(fp8_dtype, target)]
+        if k.shape[1] > cfg["ELEMS"]:
+            reasons.append(f"D={k.shape[1]}: the Triton store holds one token in registers, at most {cfg['ELEMS']}")
+        return reasons
 
     def run_quantize(**args):
         return quantize_index_k(**args, target=target, cfg=cfg)

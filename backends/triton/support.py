@@ -1,4 +1,5 @@
-"""Reusable ``supports`` checks for Triton ops: each returns ``(ok, reason)``."""
+"""Reusable ``supports`` checks for Triton ops, each returning its reasons to decline (empty: none), and the
+launch options of a tuning entry."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import torch
 from indexcache.backends.triton.target import Target
 
 
-def on_target_device(target: Target, **tensors: torch.Tensor | None) -> tuple[bool, str]:
-    """All given tensors live where the target's kernels run (a GPU, or the CPU when interpreted)."""
+def on_target_device(target: Target, **tensors: torch.Tensor | None) -> list[str]:
+    """One reason per device other than where the target's kernels run (a GPU, or the CPU when interpreted),
+    naming the given tensors (None: absent) that live there."""
+    away: dict[torch.device, list[str]] = {}
     for name, t in tensors.items():
         if t is not None and t.device.type != target.device_type:
-            mode = "interpreted Triton runs on CPU tensors" if target.interpreted else "Triton kernels need GPU tensors"
-            return False, f"{name} is on {t.device}: {mode}"
-    return True, ""
+            away.setdefault(t.device, []).append(name)
+    mode = "interpreted Triton runs on CPU tensors" if target.interpreted else "Triton kernels need GPU tensors"
+    return [f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} on {device}: {mode}"
+            for device, names in away.items()]
 
 
 def launch_options(target: Target, cfg) -> dict:

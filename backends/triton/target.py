@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from indexcache.hal.device import device_arch, fp8_format
+
 INTERPRET_ENV = "TRITON_INTERPRET"
 
 
@@ -62,18 +64,12 @@ def detect(vendor: str, arch_env: str, interpreted_arch: str) -> tuple[bool, str
         return False, f"this torch build has no {other} support; {hint}", None
     if not torch.cuda.is_available():
         return False, f"no GPU visible to torch; set {INTERPRET_ENV}=1 to run the kernels on the CPU", None
-    props = torch.cuda.get_device_properties(0)
-    if vendor == "cuda":
-        detected = f"sm{props.major}{props.minor}"
-    else:
-        detected = props.gcnArchName.split(":")[0]
+    detected = device_arch(0)
     arch = override or detected
     forced = f" (forced by {arch_env})" if override else ""
-    return True, f"{props.name} ({detected}{forced}) with Triton {version}", _target(vendor, arch, interpreted=False)
+    return True, f"{torch.cuda.get_device_name(0)} ({detected}{forced}) with Triton {version}", _target(
+        vendor, arch, interpreted=False)
 
 
 def _target(vendor: str, arch: str, interpreted: bool) -> Target:
-    if vendor == "hip":
-        fp8 = torch.float8_e4m3fnuz if arch == "gfx942" else torch.float8_e4m3fn
-        return Target("hip", arch, 64, fp8, interpreted)
-    return Target("cuda", arch, 32, torch.float8_e4m3fn, interpreted)
+    return Target(vendor, arch, 64 if vendor == "hip" else 32, fp8_format(arch), interpreted)

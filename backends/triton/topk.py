@@ -42,7 +42,6 @@ Calls sharing a device must not run concurrently on different streams.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,7 +52,8 @@ import triton.language as tl
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.translate import page_shift, physical
-from indexcache.dispatch import OpImpl
+from indexcache.hal.contract import OpImpl
+from indexcache.hal.device import sm_count
 
 INT_MIN = tl.constexpr(-2147483648)
 INT_MAX = tl.constexpr(2147483647)
@@ -697,14 +697,9 @@ def _scratch(device: torch.device, numel: int) -> torch.Tensor:
     return _SCRATCH[key]
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _sms(target: Target, device: torch.device) -> int:
     """Multiprocessors (CUs on AMD) of the device; 1 when interpreted."""
-    return 1 if target.interpreted else _sm_count(device.index if device.index is not None else 0)
+    return 1 if target.interpreted else sm_count(device.index if device.index is not None else 0)
 
 
 def _options(target: Target, cfg: Mapping[str, Any]) -> dict:
@@ -873,12 +868,14 @@ def topk_translate(scores, lengths, k, page_table, page_size, row_starts, row_to
                    target=target, cfg=cfg)
 
 
-def _supports(target: Target, scores, k, sorted, **tensors) -> tuple[bool, str]:
+def _supports(target: Target, scores, k, sorted, **tensors) -> list[str]:
+    reasons = on_target_device(target, scores=scores, **tensors)
     if sorted and k > MAX_SORTED_K:
-        return False, f"sorted=True takes k <= {MAX_SORTED_K} in the Triton top-k (a row sorted in registers), got {k}"
+        reasons.append(f"sorted=True takes k <= {MAX_SORTED_K} in the Triton top-k (a row sorted in registers), "
+                       f"got {k}")
     if scores.shape[1] > _MAX_COLS:
-        return False, f"rows longer than {_MAX_COLS} columns are not supported by the Triton top-k"
-    return on_target_device(target, scores=scores, **tensors)
+        reasons.append(f"rows longer than {_MAX_COLS} columns are not supported by the Triton top-k")
+    return reasons
 
 
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
-from indexcache.dispatch import OpImpl
+from indexcache.hal.contract import OpImpl
 
 
 @triton.jit

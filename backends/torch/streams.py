@@ -1,0 +1,17 @@
+"""The torch backend's ``overlap`` scheduler: the two functions in order on the current stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+S = TypeVar("S")
+M = TypeVar("M")
+
+
+def in_order(side_fn: Callable[[], S], main_fn: Callable[[], M], side: int, device: torch.device) -> tuple[S, M]:
+    """The sequential scheduler: ``side_fn`` then ``main_fn`` on the current stream."""
+    side_out = side_fn()
+    return side_out, main_fn()

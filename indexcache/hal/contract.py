@@ -1,0 +1,103 @@
+"""The backend contract: what a backend module provides, as data, and what the dispatcher reads from it.
+
+A backend is a :class:`Backend`: a name, a priority, a probe saying whether it can run on this machine
+(:class:`Availability`), per op of :data:`OPS` an :class:`OpImpl`, and the typed facts of the target it
+found (:class:`Capabilities`). ``OpImpl.supports(**args)`` returns the list of reasons it cannot serve a
+call with exactly these arguments, every one of them; an empty list means it can. Backends import this
+module (and ``indexcache.hal.device``, ``indexcache.hal.layout``), never the dispatcher or the runtime;
+how to write one is in ``backends/README.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+OPS = (
+    "translate",
+    "topk",
+    "topk_translate",
+    "mqa_logits",
+    "paged_mqa_logits",
+    "quantize_index_k",
+    "store_index_k",
+    "overlap",  # the stream scheduler behind indexcache.streams.overlap: side-stream work joined to the current stream
+)
+
+
+def always(**_: Any) -> list[str]:
+    """A ``supports`` check for implementations that take every valid argument: no reason to decline."""
+    return []
+
+
+@dataclass(frozen=True)
+class OpImpl:
+    """One backend's implementation of one op: ``fn(**args)``, and ``supports(**args)`` returning every reason
+    it cannot serve those arguments (empty: it can). Arguments arrive validated by the public op."""
+
+    fn: Callable[..., Any]
+    supports: Callable[..., list[str]] = always
+
+
+@dataclass(frozen=True)
+class Availability:
+    """What a backend's probe found on this machine.
+
+    ``mode`` is "GPU", "interpreted" (Triton on the CPU) or "CPU"; ``device`` is where the backend
+    runs its conformance cases; ``auto`` says whether auto-selection may pick it.
+    """
+
+    available: bool
+    reason: str
+    auto: bool = False
+    mode: str = "CPU"
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an available backend computes with here (None: the backend has no such fact).
+
+    ``fp8_dtype``: the fp8 format its kernels compute in (None: it takes either format as given);
+    ``arch``: the architecture its kernels are built and tuned for ("sm90", "gfx942", ...);
+    ``side_streams``: how many side streams its ``overlap`` scheduler may use on a GPU.
+    """
+
+    fp8_dtype: torch.dtype | None = None
+    arch: str | None = None
+    side_streams: int | None = None
+
+    def as_info(self) -> dict[str, Any]:
+        """The facts that are set, for display (``indexcache info``, conformance reports): dtypes as strings."""
+        facts = {"arch": self.arch, "fp8_dtype": self.fp8_dtype, "side_streams": self.side_streams}
+        return {k: str(v) if k == "fp8_dtype" else v for k, v in facts.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend as data: ``ops`` maps op names of :data:`OPS` to implementations, or is a function
+    building that map (called once, only when the probe found the backend available).
+
+    ``capabilities()`` and ``details()`` are asked only of an available backend: the typed facts of its
+    target, and further display-only data (tuning table, memory budget). ``interpretable`` backends run
+    their Triton kernels on the CPU when ``TRITON_INTERPRET=1``. ``fp8_tensor_core`` says its fp8 logits
+    accumulate on matrix units with reduced precision when run on a GPU (conformance then bounds their fp8
+    logits' relative RMS error by 1e-3 instead of fp32 accumulation's 1e-5; docs/ops.md).
+    """
+
+    name: str
+    priority: int
+    probe: Callable[[], Availability]
+    ops: Mapping[str, OpImpl] | Callable[[], Mapping[str, OpImpl]] = field(default_factory=dict)
+    capabilities: Callable[[], Capabilities] = Capabilities
+    details: Callable[[], dict[str, Any]] = dict
+    interpretable: bool = False
+    fp8_tensor_core: bool = False
+
+    def info(self) -> dict[str, Any]:
+        """What ``indexcache info`` shows of an available backend: its capabilities, then its details."""
+        return {**self.capabilities().as_info(), **self.details()}

@@ -1,0 +1,43 @@
+"""Device facts, in one place: the GPU's architecture and multiprocessor count (queried once per device and
+cached), how an NVIDIA architecture name reads as a number, and which fp8 format an architecture computes in.
+
+Architectures are named as torch reports them: "sm80", "sm90", "sm100", ... on NVIDIA (an "a" or "f" suffix,
+as in "sm90a", names the same generation), "gfx942", "gfx950", ... on AMD. Nothing here touches a device
+until a function that queries one is called.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def sm_count(index: int = 0) -> int:
+    """Streaming multiprocessors (compute units on AMD) of GPU ``index``."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.cache
+def device_arch(index: int = 0) -> str:
+    """The architecture of GPU ``index``: "sm90" (``sm{major}{minor}``) on CUDA, the ``gcnArchName`` before
+    its feature flags ("gfx942" of "gfx942:sramecc+:xnack-") on ROCm."""
+    props = torch.cuda.get_device_properties(index)
+    if getattr(torch.version, "hip", None):
+        return props.gcnArchName.split(":")[0]
+    return f"sm{props.major}{props.minor}"
+
+
+def sm_version(arch: str) -> int:
+    """The compute capability of an NVIDIA architecture as a number: 90 for "sm90" and "sm90a", 100 for "sm100f"."""
+    digits = arch.removeprefix("sm").rstrip("af")
+    if not arch.startswith("sm") or not digits.isdigit():
+        raise ValueError(f"arch: expected an NVIDIA architecture such as 'sm90', got {arch!r}")
+    return int(digits)
+
+
+def fp8_format(arch: str) -> torch.dtype:
+    """The fp8 format an architecture computes in: e4m3fnuz on the MI300 generation (gfx94x), e4m3fn (OCP)
+    on every other one (NVIDIA sm89+, gfx950)."""
+    return torch.float8_e4m3fnuz if arch.startswith("gfx94") else torch.float8_e4m3fn
