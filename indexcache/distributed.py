@@ -30,7 +30,15 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
 from indexcache import ops
-from indexcache.ops import INDEX, SCORE_DTYPES, _check_k, _check_translate_inputs, _int, _out, _tensor
+from indexcache.hal.checks import (
+    INDEX,
+    SCORE_DTYPES,
+    check_int,
+    check_k,
+    check_tensor,
+    check_translate_inputs,
+    output,
+)
 
 DEFAULT_TIMEOUT = 60.0  # seconds a rank waits in the argument check for its peers
 
@@ -48,9 +56,9 @@ def zigzag_key_index(num_keys: int, world_size: int, rank: int, *, device=None) 
     rank ``r`` holding chunks ``r`` and ``2 * world_size - 1 - r``. Returns the rank's global key
     indices ``[N_local]`` int32, increasing: the ``key_offset`` of :func:`cp_topk` for that layout.
     """
-    _int("num_keys", num_keys, 0)
-    _int("world_size", world_size, 1)
-    if not 0 <= _int("rank", rank, 0) < world_size:
+    check_int("num_keys", num_keys, 0)
+    check_int("world_size", world_size, 1)
+    if not 0 <= check_int("rank", rank, 0) < world_size:
         raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank}")
     chunks = 2 * world_size
     bounds = [num_keys * i // chunks for i in range(chunks + 1)]
@@ -59,19 +67,19 @@ def zigzag_key_index(num_keys: int, world_size: int, rank: int, *, device=None) 
 
 
 def _check(local_scores, key_offset, lengths, k, row_starts, num_keys) -> None:
-    _tensor("local_scores", local_scores, SCORE_DTYPES, (None, None))
+    check_tensor("local_scores", local_scores, SCORE_DTYPES, (None, None))
     rows, cols = local_scores.shape
     device = local_scores.device
-    _tensor("lengths", lengths, (INDEX,), (rows,), device)
-    _check_k(k)  # here, not first in the local top-k, which a rank holding no keys skips
+    check_tensor("lengths", lengths, (INDEX,), (rows,), device)
+    check_k(k)  # here, not first in the local top-k, which a rank holding no keys skips
     if isinstance(key_offset, torch.Tensor):
-        _tensor("key_offset", key_offset, (INDEX,), (cols,), device)
-    elif _int("key_offset", key_offset, 0) + cols > _INDEX_MAX:
+        check_tensor("key_offset", key_offset, (INDEX,), (cols,), device)
+    elif check_int("key_offset", key_offset, 0) + cols > _INDEX_MAX:
         raise ValueError(f"key_offset: global indices must fit int32, got {key_offset} + {cols} columns")
     if row_starts is not None:
-        _tensor("row_starts", row_starts, (INDEX,), (rows,), device)
+        check_tensor("row_starts", row_starts, (INDEX,), (rows,), device)
     if num_keys is not None:
-        _int("num_keys", num_keys, 0)
+        check_int("num_keys", num_keys, 0)
 
 
 def _timeout(timeout) -> datetime.timedelta:
@@ -218,7 +226,7 @@ def cp_topk(local_scores, key_offset, lengths, k: int, group=None, *, row_starts
     def local() -> torch.Tensor:
         _check(local_scores, key_offset, lengths, k, row_starts, num_keys)
         inputs = dict(local_scores=local_scores, key_offset=key_offset, lengths=lengths, row_starts=row_starts)
-        return _out("out", out, INDEX, (local_scores.shape[0], k), local_scores.device, inputs)
+        return output("out", out, INDEX, (local_scores.shape[0], k), local_scores.device, inputs)
 
     out = _agreed("cp_topk", local, local_scores, k, row_starts, num_keys, group, check_agreement, timeout)
     return _merged(local_scores, key_offset, lengths, k, group, row_starts, num_keys, out, backend)
@@ -260,11 +268,11 @@ def cp_topk_translate(local_scores, key_offset, lengths, k: int, page_table, pag
         _check(local_scores, key_offset, lengths, k, row_starts, num_keys)
         shape = (local_scores.shape[0], k)
         device = local_scores.device
-        _check_translate_inputs(shape, page_table, lengths, page_size, row_to_batch, device)
+        check_translate_inputs(shape, page_table, lengths, page_size, row_to_batch, device)
         inputs = dict(local_scores=local_scores, key_offset=key_offset, lengths=lengths, page_table=page_table,
                       row_starts=row_starts, row_to_batch=row_to_batch)
-        return (_out("out", out, INDEX, shape, device, dict(inputs, out_raw=out_raw)),
-                _out("out_raw", out_raw, INDEX, shape, device, inputs))
+        return (output("out", out, INDEX, shape, device, dict(inputs, out_raw=out_raw)),
+                output("out_raw", out_raw, INDEX, shape, device, inputs))
 
     out, raw = _agreed("cp_topk_translate", local, local_scores, k, row_starts, num_keys, group, check_agreement,
                        timeout)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import indexcache
 from indexcache import reference
-from indexcache.conformance.check import _check_topk
+from indexcache.hal.specs.topk import check_topk
 
 I32 = torch.int32
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -68,7 +68,7 @@ def topk_inputs(draw):
 def test_topk_matches_reference(inputs, sort):
     scores, lengths, k, starts = inputs
     got = indexcache.topk(scores, lengths, k, row_starts=starts, sorted=sort, backend="torch")
-    assert _check_topk(got, reference.topk(scores, lengths, k, row_starts=starts), sort) == ""
+    assert check_topk(got, reference.topk(scores, lengths, k, row_starts=starts), sort) == ""
 
 
 @SETTINGS
@@ -80,7 +80,7 @@ def test_topk_translate_is_translate_of_topk(inputs, page_size):
     raw = torch.empty((rows, k), dtype=I32)
     phys = indexcache.topk_translate(scores, lengths, k, table, page_size, row_starts=starts, out_raw=raw,
                                      backend="torch")
-    assert _check_topk(raw, reference.topk(scores, lengths, k, row_starts=starts), False) == ""
+    assert check_topk(raw, reference.topk(scores, lengths, k, row_starts=starts), False) == ""
     assert torch.equal(phys, reference.translate(raw, table, lengths, page_size))
 
 

@@ -1,0 +1,128 @@
+"""The argument checks the ops share: metadata only (shapes, dtypes, devices), never a device sync.
+
+Each raises ``TypeError`` (wrong type or dtype) or ``ValueError`` (wrong shape, device or value) naming the
+argument, what was expected and what came.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from indexcache.layout import FP8_DTYPES, cache_page_size
+
+INDEX = torch.int32  # every index tensor; -1 marks an empty slot
+SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KEY_DTYPES = (*FP8_DTYPES, torch.bfloat16)
+FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+# The largest k: the shipped models select 512-2048; 65536 leaves room and bounds an output row at 256 KiB.
+MAX_TOPK = 65536
+# Slots are int32, so a page holds at most 2^31 - 1 tokens.
+MAX_PAGE_SIZE = 2**31 - 1
+
+
+def dtype_names(dtypes) -> str:
+    """``"float32 or bfloat16"``: dtypes as an error message names them."""
+    return " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def check_tensor(name: str, t, dtypes, shape: tuple, device: torch.device | None = None) -> None:
+    """Check ``t`` is a tensor of one of ``dtypes`` whose shape matches ``shape`` (None = any size)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype {dtype_names(dtypes)}, got {dtype_names([t.dtype])}")
+    got = t.shape
+    if len(got) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got, strict=True)):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name}: expected shape {want}, got {list(got)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
+
+
+def check_int(name: str, value, minimum: int, maximum: int | None = None, why: str = "") -> int:
+    """``value``, checked to be an int (not a bool) in ``[minimum, maximum]``; ``why`` explains the bound."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name}: expected an int {bounds}{why}, got {value}")
+    return value
+
+
+def check_k(k) -> int:
+    """``k`` in ``[0, MAX_TOPK]``."""
+    return check_int("k", k, 0, MAX_TOPK, " (indexcache.ops.MAX_TOPK)")
+
+
+def check_page_size(page_size) -> int:
+    """``page_size`` in ``[1, MAX_PAGE_SIZE]``."""
+    return check_int("page_size", page_size, 1, MAX_PAGE_SIZE, " (slots are int32)")
+
+
+def check_fp8(fp8_dtype) -> None:
+    """``fp8_dtype`` is one of the fp8 formats the packed cache holds."""
+    if fp8_dtype not in FP8_DTYPES:
+        raise TypeError(f"fp8_dtype: expected {dtype_names(FP8_DTYPES)}, got {fp8_dtype}")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``[first, end)`` a non-empty tensor's elements lie in."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' element ranges share memory (metadata only: never a device sync)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def check_output(name: str, out: torch.Tensor, inputs: dict) -> None:
+    """``out`` must not write one element twice (a stride-0 view) nor share memory with any input."""
+    if any(size > 1 and stride == 0 for size, stride in zip(out.shape, out.stride(), strict=True)):
+        raise ValueError(f"{name}: expected a tensor whose elements have memory of their own, got an expanded view "
+                         f"(shape {list(out.shape)}, strides {list(out.stride())})")
+    for other, t in inputs.items():
+        if isinstance(t, torch.Tensor) and overlaps(out, t):
+            raise ValueError(f"{name}: expected a tensor that shares no memory with the other tensor arguments, "
+                             f"got one that overlaps {other}")
+
+
+def output(name: str, out, dtype, shape: tuple, device: torch.device, inputs: dict) -> torch.Tensor:
+    """The output ``out`` checked (dtype, shape, device, no overlap with ``inputs``), or a new one."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    check_tensor(name, out, (dtype,), shape, device)
+    check_output(name, out, inputs)
+    return out
+
+
+def check_cache(k_cache, dim_name: str, dim: int, device: torch.device) -> None:
+    """The packed fp8 cache (:mod:`indexcache.layout`) for keys of ``dim`` elements (``dim_name``'s last
+    dimension): uint8, on ``device``, a page shape that fits, contiguous, float32 scales 4-byte aligned."""
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dtype != torch.uint8:
+        raise TypeError(f"k_cache: expected a uint8 torch.Tensor, got {getattr(k_cache, 'dtype', type(k_cache))}")
+    if k_cache.device != device:
+        raise ValueError(f"k_cache: expected a tensor on {device}, got one on {k_cache.device}")
+    if dim == 0 or dim % 4:
+        raise ValueError(f"{dim_name}: expected a last dimension that is a positive multiple of 4 (the packed "
+                         f"cache keeps float32 scales after each page's keys), got {dim}")
+    cache_page_size(k_cache, dim)
+    if not k_cache.is_contiguous():
+        raise ValueError("k_cache: expected a contiguous tensor, got a strided view")
+    if k_cache.storage_offset() % 4:
+        raise ValueError(f"k_cache: expected a view that starts at a multiple of 4 bytes (its scales are float32), "
+                         f"got storage offset {k_cache.storage_offset()}")
+
+
+def check_translate_inputs(raw_shape, page_table, seq_lens, page_size, row_to_batch, device) -> None:
+    """The page-table arguments of a translation of ``raw_shape [R, K]`` indices: ``page_table [B, P]``,
+    ``seq_lens [R]`` and ``row_to_batch [R]`` (or None) int32 on ``device``, ``page_size`` in range."""
+    rows = raw_shape[0]
+    check_tensor("page_table", page_table, (INDEX,), (None, None), device)
+    check_tensor("seq_lens", seq_lens, (INDEX,), (rows,), device)
+    check_page_size(page_size)
+    if row_to_batch is not None:
+        check_tensor("row_to_batch", row_to_batch, (INDEX,), (rows,), device)

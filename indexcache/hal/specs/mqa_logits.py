@@ -1,0 +1,155 @@
+"""mqa_logits: ragged prefill indexer logits (contract: :func:`indexcache.mqa_logits`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from indexcache.hal.checks import INDEX, KEY_DTYPES, check_tensor, output
+from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, CaseList, OpSpec, Verdict, cpu, to_fp8
+from indexcache.layout import fp8_max
+
+# The logits' relative RMS error bound by (key dtype kind, accumulation). fp8 inputs are exact values, so only
+# the accumulation differs: 1e-5 in fp32 (CPU, torch), 1e-3 on tensor cores (Hopper's fp8 MMA accumulates with
+# reduced precision: a plain Triton kernel measured 1.2e-4 on the H200); bfloat16 inputs 1e-2.
+BOUNDS = {("fp8", "fp32"): 1e-5, ("fp8", "tensor-core"): 1e-3, ("bf16", "fp32"): 1e-2, ("bf16", "tensor-core"): 1e-2}
+
+
+def check(q, k, k_scale, weights, ks, ke, *, out=None) -> dict[str, Any]:
+    check_tensor("q", q, KEY_DTYPES, (None, None, None))
+    tokens, heads, dim = q.shape
+    device = q.device
+    check_tensor("k", k, (q.dtype,), (None, dim), device)
+    check_tensor("k_scale", k_scale, (torch.float32,), (k.shape[0],), device)
+    check_tensor("weights", weights, (torch.float32,), (tokens, heads), device)
+    check_tensor("ks", ks, (INDEX,), (tokens,), device)
+    check_tensor("ke", ke, (INDEX,), (tokens,), device)
+    out = output("out", out, torch.float32, (tokens, k.shape[0]), device,
+                 dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke))
+    return dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out)
+
+
+def reference(q, k, k_scale, weights, ks, ke) -> torch.Tensor:
+    """Ragged prefill logits ``[T, N]`` float64, -inf outside ``[ks[t], ke[t])``.
+
+    ``out[t, n] = k_scale[n] * sum_h weights[t, h] * relu(q[t, h] . k[n])``.
+    """
+    q, k = cpu(q).double(), cpu(k).double()
+    k_scale, weights = cpu(k_scale).double(), cpu(weights).double()
+    ks, ke = cpu(ks).long(), cpu(ke).long()
+    n = k.shape[0]
+    logits = torch.einsum("thd,nd->thn", q, k).clamp_min(0)
+    logits = (logits * weights[:, :, None]).sum(1) * k_scale[None, :]
+    col = torch.arange(n)[None, :]
+    inside = (col >= ks[:, None]) & (col < ke[:, None])
+    return logits.masked_fill(~inside, float("-inf"))
+
+
+def check_logits(got: torch.Tensor, want: torch.Tensor, bound: float) -> tuple[str, float]:
+    """``(what differs or "", relative RMS error)``: float32, -inf and NaN where the reference has them (NaN
+    only where a non-finite input puts it), no +inf among finite values, and the relative RMS error of the
+    finite values within ``bound``."""
+    if got.shape != want.shape:
+        return f"shape {list(got.shape)}, expected {list(want.shape)}", float("inf")
+    if got.dtype != torch.float32:
+        return f"dtype {got.dtype}, expected float32", float("inf")
+    want_nan, got_nan = torch.isnan(want), torch.isnan(got)
+    if not torch.equal(want_nan, got_nan):
+        return f"NaN placement differs at {int((want_nan != got_nan).sum())} positions", float("inf")
+    got = got.double()
+    want_inf, got_inf = torch.isneginf(want), torch.isneginf(got)
+    if not torch.equal(want_inf, got_inf):
+        return f"-inf placement differs at {int((want_inf != got_inf).sum())} positions", float("inf")
+    finite = ~want_inf & ~want_nan
+    if torch.isinf(got[finite]).any():
+        return "+inf among finite values", float("inf")
+    if not finite.any():
+        return "", 0.0
+    ref_norm = want[finite].norm().item()
+    err = (got[finite] - want[finite]).norm().item() / max(ref_norm, 1e-300)
+    return ("" if err <= bound else f"relative RMS error {err:.3g} > {bound:g}"), err
+
+
+def judge(args: dict, got: torch.Tensor, want: torch.Tensor, accumulation: str) -> Verdict:
+    """:func:`check_logits` within the bound of ``q``'s dtype and the accumulation (:data:`BOUNDS`)."""
+    bound = BOUNDS[("bf16" if args["q"].dtype == torch.bfloat16 else "fp8", accumulation)]
+    detail, err = check_logits(cpu(got), want, bound)
+    return detail, err, bound
+
+
+cases = CaseList("mqa_logits")
+
+
+def _args(gen, dev, tokens, keys, heads, dtype, ks=None, ke=None, dim=128, scale=4.0):
+    q = torch.randn(tokens, heads, dim, generator=gen) * scale
+    k = torch.randn(keys, dim, generator=gen) * scale
+    if dtype == torch.bfloat16:
+        q, k = q.to(dtype), k.to(dtype)
+    else:
+        q, k = to_fp8(q, dtype), to_fp8(k, dtype)
+    if ks is None:  # causal prefill over a prefix of keys - tokens
+        ke = torch.arange(keys - tokens + 1, keys + 1, dtype=I32).clamp(min=0)
+        ks = torch.zeros(tokens, dtype=I32)
+    k_scale = torch.exp2(torch.randint(-8, 2, (keys,), generator=gen).float())
+    weights = torch.randn(tokens, heads, generator=gen) / heads
+    return dict(q=q.to(dev), k=k.to(dev), k_scale=k_scale.to(dev), weights=weights.to(dev), ks=ks.to(dev),
+                ke=ke.to(dev))
+
+
+for _dt, _label in ((E4M3, "fp8 e4m3fn"), (E4M3_FNUZ, "fp8 e4m3fnuz"), (torch.bfloat16, "bf16")):
+    cases.add(f"causal prefill, H 64, {_label}")(
+        lambda gen, dev, dt=_dt: _args(gen, dev, 24, 300, 64, dt))
+
+
+@cases.add("full, empty and context-parallel windows, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    tokens, keys = 12, 257
+    ks = torch.tensor([0, 0, 5, 100, 256, 257, 300, -4, 30, 0, 128, 64], dtype=I32)
+    ke = torch.tensor([257, 0, 5, 200, 257, 257, 400, 10, 20, 1, 256, 2**31 - 1], dtype=I32)
+    return _args(gen, dev, tokens, keys, 16, fp8, ks=ks, ke=ke)
+
+
+@cases.add("native fp8 extremes (max and subnormal values)", native_fp8=True)
+def _(gen, dev, fp8):
+    args = _args(gen, dev, 6, 130, 8, fp8)
+    top = fp8_max(fp8)
+    big = torch.tensor([top, -top, 2.0**-9, -(2.0**-9), 2.0**-7, 0.0])
+    pick = torch.randint(0, 6, (130, 128), generator=gen)
+    args["k"] = big[pick].to(fp8).to(dev)
+    args["q"][0] = torch.full((8, 128), top).to(fp8).to(dev)
+    return args
+
+
+@cases.add("scale extremes, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    args = _args(gen, dev, 8, 200, 16, fp8)
+    args["k_scale"] = torch.exp2(torch.randint(-40, 40, (200,), generator=gen).float()).to(dev)
+    return args
+
+
+@cases.add("no keys, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return _args(gen, dev, 4, 0, 8, fp8, ks=torch.zeros(4, dtype=I32), ke=torch.zeros(4, dtype=I32))
+
+
+def _nan_args(gen, dev, dtype):
+    """NaN in weights and k_scale, and for bf16 also in q and k (the Triton interpreter decodes fp8 NaN bytes
+    in a dot as 480, so fp8 NaN operands are left to the GPU tests)."""
+    args = {name: t.cpu() for name, t in _args(gen, dev, 6, 130, 8, dtype).items()}
+    nan = float("nan")
+    args["weights"][3, 1] = nan
+    args["k_scale"][20] = nan
+    if dtype == torch.bfloat16:
+        args["q"][1, 2, 5] = nan
+        args["k"][7, 0] = nan
+    return {name: t.to(dev) for name, t in args.items()}
+
+
+cases.add("NaN in weights and k_scale propagates, native fp8", native_fp8=True)(
+    lambda gen, dev, fp8: _nan_args(gen, dev, fp8))
+cases.add("NaN in q, k, weights and k_scale propagates, bf16")(
+    lambda gen, dev: _nan_args(gen, dev, torch.bfloat16))
+
+
+SPEC = OpSpec("mqa_logits", check, reference, judge, tuple(cases))

@@ -1,0 +1,134 @@
+"""paged_mqa_logits: paged decode / speculative-verify indexer logits over the packed fp8 cache
+(contract: :func:`indexcache.paged_mqa_logits`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from indexcache.hal.checks import INDEX, check_cache, check_int, check_tensor, output
+from indexcache.hal.specs import mqa_logits, store_index_k
+from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList, OpSpec, cpu, to_fp8
+from indexcache.layout import FP8_DTYPES, new_packed_cache, split_packed_cache
+
+
+def check(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None) -> dict[str, Any]:
+    check_tensor("q", q, FP8_DTYPES, (None, None, None, None))
+    batch, next_n, heads, dim = q.shape
+    device = q.device
+    check_cache(k_cache, "q", dim, device)
+    check_tensor("weights", weights, (torch.float32,), (batch * next_n, heads), device)
+    check_tensor("context_lens", context_lens, (INDEX,), (batch,), device)
+    check_tensor("page_table", page_table, (INDEX,), (batch, None), device)
+    check_int("max_context_len", max_context_len, 0)
+    out = output("out", out, torch.float32, (batch * next_n, max_context_len), device,
+                 dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table))
+    return dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table,
+                max_context_len=max_context_len, out=out)
+
+
+def reference(q, k_cache, weights, context_lens, page_table, max_context_len) -> torch.Tensor:
+    """Paged decode logits ``[B * next_n, max_context_len]`` float64.
+
+    Row ``b * next_n + j`` sees keys ``0 .. context_lens[b] - next_n + j``; keys past that, keys
+    whose page lies beyond the table and keys whose table entry is < 0 or beyond the cache are -inf.
+    """
+    q = cpu(q)
+    batch, next_n, heads, dim = q.shape
+    keys, scales = split_packed_cache(cpu(k_cache), dim, q.dtype)
+    num_pages, page_size = scales.shape
+    table, context_lens = cpu(page_table).long(), cpu(context_lens).long()
+    weights = cpu(weights).double().view(batch, next_n, heads)
+    out = torch.full((batch * next_n, max_context_len), float("-inf"), dtype=torch.float64)
+    for b in range(batch):
+        for j in range(next_n):
+            visible = min(int(context_lens[b]) - next_n + j + 1, max_context_len)
+            for s in range(max(visible, 0)):
+                page = s // page_size
+                if page >= table.shape[1] or not 0 <= int(table[b, page]) < num_pages:
+                    continue
+                slot = (int(table[b, page]), s % page_size)
+                dots = (q[b, j].double() @ keys[slot].double()).clamp_min(0)
+                out[b * next_n + j, s] = (dots * weights[b, j]).sum() * float(scales[slot])
+    return out
+
+
+cases = CaseList("paged_mqa_logits")
+
+
+def _args(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, holes=False, pages_per_req=None,
+          last_page=False):
+    """``last_page``: request 0's first table entry is the cache's last page, so a key tile that crosses that
+    page's end inside the context reads past the tensor."""
+    dim = 128
+    pages_per_req = pages_per_req or max(1, -(-max(context) // page_size))
+    num_pages = batch * pages_per_req + 3
+    k = torch.randn(num_pages * page_size, dim, generator=gen) * 3
+    cache = new_packed_cache(num_pages, page_size, dim)
+    cache = store_index_k.reference(k, cache, torch.arange(num_pages * page_size, dtype=I32), dtype)
+    table = torch.randperm(num_pages, generator=gen)[: batch * pages_per_req].view(batch, pages_per_req).to(I32)
+    if last_page:
+        table[table == num_pages - 1] = table[0, 0].item()
+        table[0, 0] = num_pages - 1
+    if holes:
+        table[:, 1::3] = -1
+        table[0, 0] = num_pages + 5
+    q = to_fp8(torch.randn(batch, next_n, heads, dim, generator=gen) * 3, dtype)
+    weights = torch.randn(batch * next_n, heads, generator=gen) / heads
+    lens = torch.tensor(context, dtype=I32)
+    max_len = pages_per_req * page_size
+    return dict(q=q.to(dev), k_cache=cache.to(dev), weights=weights.to(dev), context_lens=lens.to(dev),
+                page_table=table.to(dev), max_context_len=max_len)
+
+
+for _ps in (16, 32, 64, 128):
+    cases.add(f"decode, page {_ps}, native fp8", native_fp8=True)(
+        lambda gen, dev, fp8, ps=_ps: _args(gen, dev, 3, 1, 32, ps, [300, 1, 257], dtype=fp8))
+
+for _ps in ODD_PAGES:
+    cases.add(f"page {_ps} (not a multiple of the 64-key tile), the cache's last page first, next_n 2, "
+              "native fp8", native_fp8=True)(
+        lambda gen, dev, fp8, ps=_ps: _args(gen, dev, 2, 2, 16, ps, [3 * ps, ps + 7], dtype=fp8, last_page=True))
+
+for _nn in (2, 3, 4):
+    cases.add(f"speculative verify, next_n {_nn}, page 64, native fp8", native_fp8=True)(
+        lambda gen, dev, fp8, nn=_nn: _args(gen, dev, 3, nn, 16, 64, [200, nn, 129], dtype=fp8))
+
+
+@cases.add("page table with holes and entries beyond the cache, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return _args(gen, dev, 2, 2, 16, 32, [250, 190], dtype=fp8, holes=True)
+
+
+@cases.add("context length 0 and contexts beyond the table, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return _args(gen, dev, 3, 1, 8, 64, [0, 10**6, 64], dtype=fp8, pages_per_req=2)
+
+
+@cases.add("NaN key (scale NaN in the cache) and NaN weights propagate, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    args = {name: t.cpu() if isinstance(t, torch.Tensor) else t
+            for name, t in _args(gen, dev, 2, 2, 16, 64, [150, 100], dtype=fp8).items()}
+    bad = torch.randn(2, 128, generator=gen)
+    bad[0, 3], bad[1, 0] = float("nan"), float("inf")
+    slots = (args["page_table"][:, 0].long() * 64 + torch.tensor([10, 70])).to(I32)  # position 10 of each request
+    args["k_cache"] = store_index_k.reference(bad, args["k_cache"], slots, fp8)
+    args["weights"][3, 0] = float("nan")
+    return {name: t.to(dev) if isinstance(t, torch.Tensor) else t for name, t in args.items()}
+
+
+@cases.add("fp8 e4m3fnuz cache, H 64")
+def _(gen, dev):
+    return _args(gen, dev, 2, 1, 64, 64, [190, 64], dtype=E4M3_FNUZ)
+
+
+@cases.add("DeepGEMM's 4-D cache view, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    args = _args(gen, dev, 2, 1, 16, 64, [100, 128], dtype=fp8)
+    args["k_cache"] = args["k_cache"].view(args["k_cache"].shape[0], 64, 1, 132)
+    return args
+
+
+# Judged like mqa_logits: the same rule and bounds.
+SPEC = OpSpec("paged_mqa_logits", check, reference, mqa_logits.judge, tuple(cases))

@@ -1,0 +1,81 @@
+"""store_index_k: quantize keys (one power-of-two scale a token) into the packed fp8 cache, in place
+(contract: :func:`indexcache.store_index_k`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from indexcache.hal.checks import FLOAT_INPUTS, INDEX, check_cache, check_fp8, check_output, check_tensor
+from indexcache.hal.specs import quantize_index_k
+from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu
+from indexcache.layout import new_packed_cache, split_packed_cache
+
+
+def check(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn) -> dict[str, Any]:
+    check_tensor("k", k, FLOAT_INPUTS, (None, None))
+    device = k.device
+    check_fp8(fp8_dtype)
+    check_cache(k_cache, "k", k.shape[1], device)
+    check_tensor("slot_mapping", slot_mapping, (INDEX,), (k.shape[0],), device)
+    check_output("k_cache", k_cache, dict(k=k, slot_mapping=slot_mapping))
+    return dict(k=k, k_cache=k_cache, slot_mapping=slot_mapping, fp8_dtype=fp8_dtype)
+
+
+def reference(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn) -> torch.Tensor:
+    """A copy of the packed cache with ``k [N, D]`` quantized (one scale a token) into ``slot_mapping [N]``.
+
+    Slot ``s`` is token ``s % page_size`` of page ``s // page_size``; slots < 0 or beyond the cache
+    are skipped.
+    """
+    cache = cpu(k_cache).clone()
+    q, scale = quantize_index_k.reference(k, fp8_dtype, block=k.shape[1])
+    keys, scales = split_packed_cache(cache, k.shape[1], fp8_dtype)
+    num_pages, page_size = scales.shape
+    for i, slot in enumerate(cpu(slot_mapping).tolist()):
+        if 0 <= slot < num_pages * page_size:
+            keys[slot // page_size, slot % page_size] = q[i]
+            scales[slot // page_size, slot % page_size] = scale[i, 0]
+    return cache
+
+
+def judge(args: dict, got: None, want: torch.Tensor, accumulation: str) -> Verdict:
+    """The cache, written in place, byte-exact."""
+    return ("" if quantize_index_k.bytes_equal(cpu(args["k_cache"]), want) else "cache bytes differ"), None, None
+
+
+cases = CaseList("store_index_k")
+
+
+@cases.add("tokens holding NaN, +inf or -inf: scale NaN, zero bytes, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    k = torch.randn(8, 128, generator=gen)
+    k[1, 3], k[2, 0], k[3] = float("nan"), float("inf"), float("-inf")
+    return dict(k=k.to(dev), k_cache=new_packed_cache(2, 64).to(dev), slot_mapping=torch.arange(8, dtype=I32).to(dev),
+                fp8_dtype=fp8)
+
+
+for _dt, _label in ((E4M3, "e4m3fn"), (E4M3_FNUZ, "e4m3fnuz")):
+    @cases.add(f"slots with -1 and beyond the cache, page 64, {_label}")
+    def _(gen, dev, dt=_dt):
+        slots = torch.randperm(6 * 64, generator=gen)[:50].to(I32)
+        slots[::7] = -1
+        slots[3] = 6 * 64
+        slots[4] = 2**31 - 1
+        return dict(k=(torch.randn(50, 128, generator=gen) * 5).to(dev), k_cache=new_packed_cache(6, 64).to(dev),
+                    slot_mapping=slots.to(dev), fp8_dtype=dt)
+
+
+for _ps in ODD_PAGES:
+    @cases.add(f"page {_ps} (not a multiple of the 64-key tile), the cache's last slots, native fp8", native_fp8=True)
+    def _(gen, dev, fp8, ps=_ps):
+        pages = 3
+        slots = torch.randperm(pages * ps, generator=gen)[:40].to(I32)
+        slots[:3] = torch.tensor([pages * ps - 1, pages * ps - 2, ps], dtype=I32)
+        slots[5] = pages * ps
+        return dict(k=(torch.randn(40, 128, generator=gen) * 5).to(dev), k_cache=new_packed_cache(pages, ps).to(dev),
+                    slot_mapping=slots.to(dev), fp8_dtype=fp8)
+
+
+SPEC = OpSpec("store_index_k", check, reference, judge, tuple(cases))

@@ -1,0 +1,202 @@
+"""topk: per row, the k best positions of a window of scores (contract: :func:`indexcache.topk`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from indexcache.hal.checks import INDEX, SCORE_DTYPES, check_k, check_tensor, output
+from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints
+
+
+def check_inputs(scores, lengths, k, row_starts) -> None:
+    """``scores [R, N]``, ``lengths [R]``, ``k`` and ``row_starts [R]`` (or None), as :func:`check` takes them."""
+    check_tensor("scores", scores, SCORE_DTYPES, (None, None))
+    check_tensor("lengths", lengths, (INDEX,), (scores.shape[0],), scores.device)
+    check_k(k)
+    if row_starts is not None:
+        check_tensor("row_starts", row_starts, (INDEX,), (scores.shape[0],), scores.device)
+
+
+def check(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = False) -> dict[str, Any]:
+    check_inputs(scores, lengths, k, row_starts)
+    out = output("out", out, INDEX, (scores.shape[0], k), scores.device,
+                 dict(scores=scores, lengths=lengths, row_starts=row_starts))
+    return dict(scores=scores, lengths=lengths, k=k, row_starts=row_starts, out=out, sorted=bool(sorted))
+
+
+def _window(scores: torch.Tensor, start: int, length: int) -> tuple[int, int]:
+    """The row's window ``[start, start + length)`` clipped to the columns; negative length is 0."""
+    n = scores.shape[-1]
+    start = min(max(start, 0), n)
+    return start, min(max(length, 0), n - start)
+
+
+def reference(scores, lengths, k, *, row_starts=None) -> torch.Tensor:
+    """Per row the k best window positions, ``[R, k]`` int32, sorted by (score desc, index asc).
+
+    Rows whose window holds ≤ k positions give ``0 .. len-1`` then -1 without looking at the
+    scores. Otherwise -inf and NaN are never chosen (slots they would fill are -1) and among
+    equal scores the lower index wins.
+    """
+    scores, lengths = cpu(scores).double(), cpu(lengths).long()
+    rows = scores.shape[0]
+    starts = torch.zeros(rows, dtype=torch.long) if row_starts is None else cpu(row_starts).long()
+    out = torch.full((rows, k), -1, dtype=torch.int64)
+    for r in range(rows):
+        start, length = _window(scores, int(starts[r]), int(lengths[r]))
+        if length <= k:
+            out[r, :length] = torch.arange(length)
+            continue
+        row = scores[r, start : start + length].tolist()
+        ranked = sorted((i for i in range(length) if row[i] == row[i] and row[i] != float("-inf")),
+                        key=lambda i: (-row[i], i))[:k]
+        out[r, : len(ranked)] = torch.tensor(ranked, dtype=torch.long)
+    return out.int()
+
+
+def check_topk(got: torch.Tensor, want: torch.Tensor, sort: bool) -> str:
+    """What differs ("" when nothing does): per row the same set of positions as the reference (our tie rule
+    is deterministic, so this is stricter than "the same multiset of scores"), no duplicates, -1 only in
+    empty slots; the exact order when ``sort``."""
+    if got.shape != want.shape:
+        return f"shape {list(got.shape)}, expected {list(want.shape)}"
+    if sort:
+        bad = (got != want).any(1).nonzero().flatten()
+        return f"rows {bad[:5].tolist()} differ from the sorted reference" if bad.numel() else ""
+    for r, (g, w) in enumerate(zip(got.tolist(), want.tolist(), strict=True)):
+        picked = [v for v in g if v != -1]
+        if len(set(picked)) != len(picked):
+            return f"row {r}: duplicate indices"
+        if sorted(picked) != sorted(v for v in w if v != -1):
+            missing = sorted(set(w) - set(g) - {-1})[:5]
+            extra = sorted(set(g) - set(w) - {-1})[:5]
+            return f"row {r}: index set differs (missing {missing}, extra {extra})"
+    return ""
+
+
+def judge(args: dict, got: torch.Tensor, want: torch.Tensor, accumulation: str) -> Verdict:
+    """:func:`check_topk`."""
+    return check_topk(cpu(got), want, args.get("sorted", False)), None, None
+
+
+cases = CaseList("topk")
+
+
+def scores_of(gen, rows, cols, dtype=torch.float32, distinct=True) -> torch.Tensor:
+    """``[rows, cols]`` scores: normal, or integers in [0, 8) when not ``distinct`` (rows full of ties)."""
+    if distinct:
+        s = torch.randn(rows, cols, generator=gen)
+    else:
+        s = torch.randint(0, 8, (rows, cols), generator=gen).float()
+    return s.to(dtype)
+
+
+def args_of(gen, dev, scores, k, lengths=None, starts=None, **extra) -> dict[str, Any]:
+    """The op's arguments for ``scores`` on ``dev``; random lengths in [0, N] when none are given."""
+    rows, cols = scores.shape
+    if lengths is None:
+        lengths = ints(gen, 0, cols + 1, (rows,))
+    args = dict(scores=scores.to(dev), lengths=lengths.to(dev), k=k, **extra)
+    if starts is not None:
+        args["row_starts"] = starts.to(dev)
+    return args
+
+
+@cases.add("random rows, k 64")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 12, 3000), 64)
+
+
+@cases.add("full rows, k 2048 of 20000")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 2, 20000), 2048, lengths=torch.tensor([20000, 15000], dtype=I32))
+
+
+@cases.add("k 513, odd")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 4, 4000), 513, lengths=torch.tensor([4000, 514, 513, 3001], dtype=I32))
+
+
+@cases.add("k 1")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 6, 700), 1)
+
+
+@cases.add("rows full of ties (lower index wins)")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 6, 2500, distinct=False), 100)
+
+
+@cases.add("all scores equal")
+def _(gen, dev):
+    return args_of(gen, dev, torch.ones(3, 1000), 37, lengths=torch.tensor([1000, 500, 38], dtype=I32))
+
+
+@cases.add("-inf rows and NaN never selected")
+def _(gen, dev):
+    s = scores_of(gen, 5, 1200)
+    s[0] = float("-inf")
+    s[1, ::3] = float("nan")
+    s[2] = float("nan")
+    s[3, 10:] = float("-inf")
+    s[4, :] = float("-inf")
+    s[4, 5] = float("nan")
+    s[4, 7] = float("inf")
+    return args_of(gen, dev, s, 50, lengths=torch.full((5,), 1200, dtype=I32))
+
+
+@cases.add("lengths 0, 1, k, k+1 and negative")
+def _(gen, dev):
+    k = 64
+    lengths = torch.tensor([0, 1, k - 1, k, k + 1, -1, -(2**31), 2**31 - 1], dtype=I32)
+    return args_of(gen, dev, scores_of(gen, 8, 1500), k, lengths=lengths)
+
+
+@cases.add("row_starts windows (clipped to the columns)")
+def _(gen, dev):
+    starts = torch.tensor([0, 100, 1999, 2000, 1500, -7, 2**31 - 1, 300], dtype=I32)
+    lengths = torch.tensor([2000, 900, 5, 10, 1000, 100, 100, 1700], dtype=I32)
+    return args_of(gen, dev, scores_of(gen, 8, 2000), 128, lengths=lengths, starts=starts)
+
+
+@cases.add("non-contiguous scores")
+def _(gen, dev):
+    args = args_of(gen, dev, scores_of(gen, 6, 5000), 200)
+    args["scores"] = args["scores"][:, ::2]
+    args["lengths"] = args["lengths"].clamp(max=2500)
+    return args
+
+
+@cases.add("bfloat16 scores")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 6, 3000, dtype=torch.bfloat16), 256)
+
+
+@cases.add("sorted output")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 4, 1000, distinct=False), 90, sorted=True)
+
+
+@cases.add("k = 0")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 3, 100), 0)
+
+
+@cases.add("rows = 0")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 0, 100), 16)
+
+
+@cases.add("k larger than the columns")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 3, 40), 64)
+
+
+@cases.add("preallocated out")
+def _(gen, dev):
+    return args_of(gen, dev, scores_of(gen, 5, 2000), 100, out=torch.full((5, 100), 777, dtype=I32, device=dev))
+
+
+SPEC = OpSpec("topk", check, reference, judge, tuple(cases))

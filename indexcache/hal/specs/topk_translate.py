@@ -1,0 +1,127 @@
+"""topk_translate: :func:`indexcache.topk` then :func:`indexcache.translate` in one pass, the producer step
+(contract: :func:`indexcache.topk_translate`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from indexcache.hal.checks import INDEX, check_output, check_tensor, check_translate_inputs, output
+from indexcache.hal.specs import topk, translate
+from indexcache.hal.specs.base import I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu, ints
+
+
+def check(scores, lengths, k: int, page_table, page_size: int, *, row_starts=None, row_to_batch=None, out=None,
+          out_raw=None, sorted: bool = False) -> dict[str, Any]:
+    topk.check_inputs(scores, lengths, k, row_starts)
+    device = scores.device
+    check_translate_inputs(scores.shape, page_table, lengths, page_size, row_to_batch, device)
+    shape = (scores.shape[0], k)
+    inputs = dict(scores=scores, lengths=lengths, page_table=page_table, row_starts=row_starts,
+                  row_to_batch=row_to_batch)
+    out = output("out", out, INDEX, shape, device, dict(inputs, out_raw=out_raw))
+    if out_raw is not None:
+        check_tensor("out_raw", out_raw, (INDEX,), shape, device)
+        check_output("out_raw", out_raw, inputs)
+    return dict(scores=scores, lengths=lengths, k=k, page_table=page_table, page_size=page_size,
+                row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=bool(sorted))
+
+
+def reference(scores, lengths, k, page_table, page_size, *, row_starts=None, row_to_batch=None):
+    """``(physical, raw)``: :func:`topk` then :func:`translate` through the page table by ``lengths``."""
+    raw = topk.reference(scores, lengths, k, row_starts=row_starts)
+    return translate.reference(raw, page_table, lengths, page_size, row_to_batch=row_to_batch), raw
+
+
+def _rows_as_sets(idx: torch.Tensor) -> list[list[int]]:
+    return [sorted(v for v in row if v >= 0) for row in idx.tolist()]
+
+
+def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor], accumulation: str) -> Verdict:
+    """With ``out_raw``: ``out_raw`` judged like :func:`indexcache.topk`, and ``out`` exactly
+    ``translate(out_raw)``. Without: per row the same physical slots (in order when sorted)."""
+    got = cpu(got)
+    want_phys, want_raw = want
+    sort = args.get("sorted", False)
+    if args.get("out_raw") is None:
+        if sort:
+            return topk.check_topk(got, want_phys, True), None, None
+        # Order is unspecified: compare the physical sets row by row.
+        sets_got, sets_want = _rows_as_sets(got), _rows_as_sets(want_phys)
+        bad = [r for r, (a, b) in enumerate(zip(sets_got, sets_want, strict=True)) if a != b]
+        return (f"rows {bad[:5]} differ" if bad else ""), None, None
+    raw = cpu(args["out_raw"])
+    if detail := topk.check_topk(raw, want_raw, sort):
+        return f"out_raw: {detail}", None, None
+    again = translate.reference(raw, cpu(args["page_table"]), cpu(args["lengths"]), args["page_size"],
+                                row_to_batch=cpu(args.get("row_to_batch")))
+    return ("" if torch.equal(got, again) else "out is not translate(out_raw)"), None, None
+
+
+cases = CaseList("topk_translate")
+
+
+def _args(gen, dev, rows, cols, k, page_size, batches=None, dtype=torch.float32):
+    args = topk.args_of(gen, dev, topk.scores_of(gen, rows, cols, dtype=dtype), k)
+    batches = batches or rows
+    pages = -(-cols // page_size) + 1
+    args["page_table"] = ints(gen, -1, 50 * pages, (batches, pages)).to(dev)
+    args["page_size"] = page_size
+    if batches != rows:
+        args["row_to_batch"] = ints(gen, 0, batches, (rows,)).to(dev)
+    return args
+
+
+@cases.add("page 64 with out_raw")
+def _(gen, dev):
+    args = _args(gen, dev, 8, 3000, 128, 64)
+    args["out_raw"] = torch.full((8, 128), 999, dtype=I32, device=dev)
+    return args
+
+
+@cases.add("page 1 token table, no out_raw")
+def _(gen, dev):
+    return _args(gen, dev, 6, 1500, 100, 1)
+
+
+@cases.add("page 48 (not a power of two), row_to_batch, ties")
+def _(gen, dev):
+    args = _args(gen, dev, 10, 2000, 77, 48, batches=3)
+    args["scores"] = args["scores"].round()
+    args["out_raw"] = torch.empty((10, 77), dtype=I32, device=dev)
+    return args
+
+
+for _ps in ODD_PAGES:
+    cases.add(f"page {_ps} (not a multiple of the 64-key tile), out_raw")(
+        lambda gen, dev, ps=_ps: dict(_args(gen, dev, 4, 3 * ps + 5, 96, ps),
+                                      out_raw=torch.empty((4, 96), dtype=I32, device=dev)))
+
+
+@cases.add("bfloat16, row_starts, page 64")
+def _(gen, dev):
+    args = _args(gen, dev, 6, 2500, 200, 64, dtype=torch.bfloat16)
+    args["row_starts"] = ints(gen, 0, 600, (6,)).to(dev)
+    args["out_raw"] = torch.empty((6, 200), dtype=I32, device=dev)
+    return args
+
+
+@cases.add("sorted, page 64 with out_raw, ties")
+def _(gen, dev):
+    args = _args(gen, dev, 8, 3000, 300, 64)
+    args["scores"] = args["scores"].round()
+    args["out_raw"] = torch.full((8, 300), 999, dtype=I32, device=dev)
+    args["sorted"] = True
+    return args
+
+
+@cases.add("sorted, page 1, no out_raw, row_starts")
+def _(gen, dev):
+    args = _args(gen, dev, 6, 2000, 128, 1)
+    args["row_starts"] = ints(gen, 0, 600, (6,)).to(dev)
+    args["sorted"] = True
+    return args
+
+
+SPEC = OpSpec("topk_translate", check, reference, judge, tuple(cases))
