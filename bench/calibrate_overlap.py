@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
 
+from indexcache.bench.timing import host_seconds
 from indexcache.calibrate import overlap_matrix, usable_cpus
 
 
@@ -71,9 +71,7 @@ def main() -> None:
     truth = np.array([[len(np.intersect1d(a, b)) / args.k for b in sets] for a in sets])
 
     threads = args.threads or usable_cpus()
-    start, cpu = time.perf_counter(), time.process_time()
-    got = overlap_matrix(stack, threads=threads)
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    got, seconds, cpu = host_seconds(lambda: overlap_matrix(stack, threads=threads))
     error = float(np.abs(got - truth).max())
     adjacent = float(np.mean(np.diag(truth, 1)))
     print(

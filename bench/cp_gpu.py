@@ -24,9 +24,10 @@ import torch.distributed as dist
 
 import indexcache
 from indexcache import dispatch
-from indexcache.bench import Timer
+from indexcache.bench.output import print_rows
+from indexcache.bench.ranks import describe, rank_group, run_header, spawn, write_report
+from indexcache.bench.timing import Timer
 from indexcache.distributed import _all_gather, _local_candidates, _windows, cp_topk, zigzag_key_index
-from indexcache.ranks import describe, rank_group, run_header, spawn, write_report
 
 SCHEMA = "indexcache-cp-bench/1"
 HEADS, DIM = 64, 128
@@ -74,7 +75,9 @@ def _case(keys: int, layout: str, args, rank: int, world: int, device) -> dict:
     mismatched = (got != want).any(1).sum().reshape(1)
     dist.all_reduce(mismatched)
 
-    timer = Timer(device, warmup=3, reps=args.reps, graph_reps=0)
+    # Fixed numbers of calls (budget_s=None): cp_topk and the all-gather are collectives, so every rank must make
+    # as many (a count fitted to each rank's own time could differ between ranks).
+    timer = Timer(device, warmup=3, reps=args.reps, graph_reps=0, budget_s=None)
     start, length = _windows(lengths, None, keys)
     candidates = _local_candidates(local, key_offset, start, length, k, None).contiguous()
     gathered = torch.empty(world * rows, k, dtype=torch.long, device=device)
@@ -127,17 +130,11 @@ def _cell(name: str, value) -> str:
     return str(value)
 
 
-
-
 def _report(results: list[dict], args, world: int, device) -> None:
     gpu = device.type == "cuda"
-    print(f"cp_topk: {describe(device, world, args.dist_backend)}"
-          + f", rows={args.rows}, k={args.k}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}, times in µs"
-          + ("" if gpu else " (host clock: CPU smoke run, not a GPU measurement)"))
-    table = [list(COLUMNS)] + [[_cell(name, r[name]) for name in COLUMNS] for r in results]
-    widths = [max(len(line[c]) for line in table) for c in range(len(COLUMNS))]
-    for line in table:
-        print("  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)))
+    print_rows(f"cp_topk: {describe(device, world, args.dist_backend)}"
+               + f", rows={args.rows}, k={args.k}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}, times in µs"
+               + ("" if gpu else " (host clock: CPU smoke run, not a GPU measurement)"), results, COLUMNS, cell=_cell)
     for r in results:
         print(f"{r['keys']} keys, {r['layout']}: top-k on {r['topk_backend']}, mqa_logits: {r['logits_backend']}")
     report = run_header(SCHEMA, device, world) | {

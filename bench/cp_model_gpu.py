@@ -37,9 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -47,11 +45,12 @@ import torch.distributed as dist
 
 import indexcache
 from indexcache import dispatch
-from indexcache.bench import print_rows
+from indexcache.bench.output import print_rows
+from indexcache.bench.ranks import describe, rank_group, run_header, spawn, write_report
+from indexcache.bench.timing import Timer
 from indexcache.distributed import cp_topk, cp_topk_translate
 from indexcache.model import Batch, DSAModel, ModelConfig, PagedCache, preset
 from indexcache.ops import INDEX
-from indexcache.ranks import describe, rank_group, run_header, spawn, write_report
 from indexcache.runner import IndexerRunner
 from indexcache.state import IndexRecorder, TopkState
 
@@ -198,41 +197,23 @@ def check(rank: int, world: int, config: ModelConfig, prompt_lens: Sequence[int]
     return result, ref, cp
 
 
-def median_us(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
-    """Median µs of ``reps`` calls after ``warmup``: CUDA events on a GPU, the host clock on the CPU. The
-    number of calls is fixed, so ``fn`` may hold collectives (every rank calls it as often)."""
-    for _ in range(warmup):
-        fn()
-    if device.type != "cuda":
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(times)
-    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in marks:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize(device)
-    return statistics.median(s.elapsed_time(e) for s, e in marks) * 1e3
-
-
 def timings(ref: Prefill, cp: Prefill, device: torch.device, reps: int, group: dist.ProcessGroup | None = None
             ) -> tuple[dict, list[dict]]:
     """This rank's times (µs): the whole forward of both prefills, and per producer the shard's
     ``mqa_logits`` and ``cp_topk`` on its local scores (captured by one more context-parallel forward);
-    also the backends that ran those two ops."""
+    also the backends that ran those two ops. The numbers of calls are fixed (``budget_s=None``): the calls
+    hold collectives, so every rank must make as many."""
     model, state = cp.model, cp.state
     model.captured, state.captured = {}, {}
     cp.run()
     logits_args, topk_args = model.captured, state.captured
     model.captured = state.captured = None
+    forwards = Timer(device, warmup=1, reps=reps, graph_reps=0, budget_s=None)
+    op_calls = Timer(device, warmup=2, reps=reps, graph_reps=0, budget_s=None)
     dist.barrier(group=group)
-    forward = {"single_forward_us": median_us(ref.run, device, 1, reps)}
+    forward = {"single_forward_us": forwards.eager_us(lambda i: ref.run())}
     dist.barrier(group=group)
-    forward["cp_forward_us"] = median_us(cp.run, device, 1, reps)
+    forward["cp_forward_us"] = forwards.eager_us(lambda i: cp.run())
     layers = []
     for layer, args in logits_args.items():
         topk = topk_args[layer]
@@ -240,9 +221,9 @@ def timings(ref: Prefill, cp: Prefill, device: torch.device, reps: int, group: d
         dist.barrier(group=group)
         layers.append({
             "layer": layer, "local_keys": args[1].shape[0],
-            "local_logits_us": median_us(lambda a=args: indexcache.mqa_logits(*a), device, 2, reps),
-            "cp_topk_us": median_us(lambda t=topk, o=out: cp_topk(**t, group=group, out=o, check_agreement=False),
-                                    device, 2, reps),
+            "local_logits_us": op_calls.eager_us(lambda i, a=args: indexcache.mqa_logits(*a)),
+            "cp_topk_us": op_calls.eager_us(lambda i, t=topk, o=out: cp_topk(**t, group=group, out=o,
+                                                                             check_agreement=False)),
         })
     args, topk = logits_args[layers[0]["layer"]], topk_args[layers[0]["layer"]]
     scores = topk["local_scores"]

@@ -24,9 +24,6 @@ script itself (its times mean nothing).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 import statistics
 import sys
 import time
@@ -39,7 +36,9 @@ import torch
 
 import indexcache
 from indexcache import dispatch
-from indexcache.bench import call_times_ms, capture_graph, checkout_commit
+from indexcache.bench.output import write_json
+from indexcache.bench.provenance import checkout_commit, device_name, now, versions
+from indexcache.bench.timing import capture_graph, times_ms
 from indexcache.layout import new_packed_cache, split_packed_cache
 from indexcache.plan import LayerPlan
 from indexcache.runner import IndexerRunner
@@ -73,17 +72,10 @@ SMOKE = Shapes(layers=6, heads=4, dim=128, topk=64, page=16, batch=4, contexts=(
 # ---------------------------------------------------------------- timing
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def timed(fn: Callable[[], object], dev: torch.device, budget_s: float = 1.0, min_reps: int = 3,
-          max_reps: int = 20) -> list[float]:
-    """Milliseconds of each timed call of ``fn`` after one warm-up call (CUDA events on a GPU)."""
-    fn()
-    _sync(dev)
-    return call_times_ms(fn, dev, budget_s, min_reps, max_reps)
+def timed(fn: Callable[[], object], dev: torch.device) -> list[float]:
+    """Milliseconds of each timed call of ``fn`` after one warm-up call (CUDA events on a GPU): 3 to 20 calls
+    within 1 s."""
+    return times_ms(fn, dev, 1.0, 3, 20)
 
 
 def capture(fn: Callable[[], object], dev: torch.device) -> tuple[torch.cuda.CUDAGraph | None, str | None]:
@@ -318,8 +310,6 @@ def allocator_section(stack: Stack, s: Shapes, dev: torch.device, steps: int = 2
 # ---------------------------------------------------------------- report
 
 
-
-
 def _print_report(report: dict) -> None:
     print(f"{report['device']}, torch {report['torch']}, Triton {report['triton']}, commit {report['commit']}")
     print("\nindexer + translation per forward (ms, median)")
@@ -373,19 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = SMOKE if args.smoke else FULL
     backend = dispatch.get_backend()
-    fp8 = getattr(torch, str(dispatch.get(backend).info().get("fp8_dtype", "float8_e4m3fn")).removeprefix("torch."))
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
+    fp8 = dispatch.get(backend).capabilities().fp8_dtype or torch.float8_e4m3fn
+    v = versions()
     started = time.perf_counter()
     deadline = started + args.budget_s
     report: dict = {
-        "schema": "indexcache-e2e-gpu/1", "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-        "triton": triton_version, "python": platform.python_version(), "commit": checkout_commit(),
+        "schema": "indexcache-e2e-gpu/1", "date": now(), "device": device_name(dev) or "cpu", "torch": v["torch"],
+        "triton": v["triton"], "python": v["python"], "commit": checkout_commit(),
         "smoke": args.smoke, "backend": backend, "fp8": str(fp8), "shapes": shapes.__dict__, "targets": TARGETS,
         "scenarios": [], "errors": {},
     }
@@ -424,8 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         section("allocator", lambda: allocator_section(stacks[first], shapes, dev))
     report["total_s"] = time.perf_counter() - started
     _print_report(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    write_json(report, args.out, indent=1)
     print(f"results written to {args.out}")
     return 1 if report["errors"] else 0
 

@@ -1,6 +1,7 @@
 """Where the eager time of a small translate call goes on a GPU: Python checks, dispatch, Triton's launcher.
 
-Times (median of CUDA-event-timed loops of back-to-back calls, so host-bound calls show their host cost):
+Times (after 20 warm-up calls, the median of 15 CUDA-event-timed bursts of 200 back-to-back calls, per call, so
+host-bound calls show their host cost):
 an empty Triton kernel with no arguments, the same with translate's 18 arguments, the translate kernel
 launched directly, the backend function, and the public op. Prints a table; ``--out`` writes JSON.
 """
@@ -8,8 +9,6 @@ launched directly, the backend function, and the public op. Prints a table; ``--
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 
 import torch
 import triton
@@ -19,6 +18,9 @@ import indexcache
 from indexcache.backends.cuda import ARCH_ENV, tuning
 from indexcache.backends.triton import translate as tr
 from indexcache.backends.triton.target import detect
+from indexcache.bench.output import write_json
+from indexcache.bench.provenance import device_name, versions
+from indexcache.bench.timing import median_ms
 
 
 @triton.jit
@@ -30,21 +32,6 @@ def _empty():
 def _empty_args(a, b, c, d, e, r, k, bt, p, ps, s0, s1, s2, s3, s4, s5, s6, s7,
                 HAS: tl.constexpr, SHIFT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
     pass
-
-
-def _per_call_us(fn, calls: int = 200, repeats: int = 15) -> float:
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -74,15 +61,14 @@ def main() -> None:
                                                                               backend="cuda")),
         ("indexcache.translate() automatic", lambda: indexcache.translate(raw, table, seq, 64, out=out)),
     ]
-    results = {name: _per_call_us(fn) for name, fn in rows_}
+    results = {name: 1e3 * median_ms(fn, dev, 0.0, 15, 15, warmup=20, calls=200) for name, fn in rows_}
     width = max(map(len, results))
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    gpu, v = device_name(dev), versions()
+    print(f"{gpu}  torch {v['torch']}  triton {v['triton']}")
     for name, us in results.items():
         print(f"{name:<{width}}  {us:8.1f} µs/call (eager, back to back)")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "us_per_call": results}, f,
-                      indent=2)
+        write_json({"gpu": gpu, "triton": v["triton"], "us_per_call": results}, args.out)
 
 
 if __name__ == "__main__":

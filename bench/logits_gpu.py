@@ -14,7 +14,8 @@ decode also as the replay of a captured CUDA graph (``graph_ms``, what an engine
 eager ``ms`` adds Python dispatch and the launch), and judged on it; (d) a sweep of tile configurations
 (decode: every ``DECODE_SWEEP`` entry on the four target shapes, graph-timed). TFLOP/s count in-window
 pairs only (2·H·D FLOPs a pair); decode bandwidth counts 132 bytes a cached token read plus 4 bytes a
-logit written. The report's ``commit`` is ``git rev-parse HEAD``, or ``$INDEXCACHE_COMMIT`` without git.
+logit written. The report's ``commit`` is ``git rev-parse HEAD``, or ``$INDEXCACHE_COMMIT`` without git. The
+ceilings are ``indexcache bench``'s (:mod:`indexcache.bench.ceilings`), measured the same way.
 Prints a table, writes JSON to ``--out``, exits 1 when a check fails.
 Uses no Triton API (runs with Triton 3.6 and later); about two to three minutes on an H200.
 """
@@ -22,10 +23,6 @@ Uses no Triton API (runs with Triton 3.6 and later); about two to three minutes 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
-import statistics
 import sys
 import time
 import traceback
@@ -36,16 +33,19 @@ import torch
 
 import indexcache
 from indexcache import dispatch, reference
-from indexcache.bench import call_times_ms, capture_graph, checkout_commit, print_rows
+from indexcache.bench.ceilings import bf16_matmul, copy_bandwidth, fp8_matmul
+from indexcache.bench.output import print_rows, write_json
+from indexcache.bench.provenance import checkout_commit, now, versions
+from indexcache.bench.timing import Timer, capture_graph, median_ms
 from indexcache.layout import new_packed_cache, split_packed_cache
 
+CUDA = torch.device("cuda")
 H, D, PAGE = 64, 128, 64
 PAIR_FLOPS = 2 * H * D
 TOKEN_BYTES = D + 4
 TARGETS = {"fp8": 0.60, "bf16": 0.50, "decode": 0.70, "speedup": 10.0}
 TOKENS, PREFILL_KEYS = 4096, (32768, 65536)
 BATCH, CONTEXTS = 64, (32768, 131072)
-MATMUL = 8192
 PREFILL_SWEEP = [  # (COLS, BLOCK_N, num_warps, num_stages, PROGRAMS_PER_SM)
     (128, 64, 4, 3, 3), (128, 64, 4, 2, 3), (128, 64, 4, 4, 2), (128, 64, 4, 3, 2),
     (128, 128, 8, 3, 1), (128, 128, 8, 2, 1), (128, 128, 4, 3, 2), (256, 64, 4, 3, 2), (64, 64, 4, 3, 4),
@@ -66,24 +66,20 @@ DECODE_CASES = [(BATCH, c, n) for c in CONTEXTS for n in (1, 2)] + [(1, CONTEXTS
 
 def _timed(fn: Callable[[], object], budget_s: float = 0.4, min_reps: int = 3, max_reps: int = 50) -> float:
     """Median milliseconds of ``fn`` (one warm-up call first), CUDA events around each call."""
-    fn()
-    torch.cuda.synchronize()
-    return statistics.median(call_times_ms(fn, torch.device("cuda"), budget_s, min_reps, max_reps))
+    return median_ms(fn, CUDA, budget_s, min_reps, max_reps)
 
 
-def _graph_timed(fn: Callable[[], object], budget_s: float = 0.3, min_reps: int = 5, max_reps: int = 100) -> float:
+def _graph_timed(fn: Callable[[], object], budget_s: float = 0.3) -> float:
     """Median milliseconds of one replay of ``fn`` captured in a CUDA graph (what a decode engine sees: no
-    Python dispatch, no per-kernel launch). ``fn`` is called once eagerly first (compiles, warms caches)."""
+    Python dispatch, no per-kernel launch); 5 to 100 replays after one. ``fn`` is called once eagerly first
+    (compiles, warms caches)."""
     fn()
-    torch.cuda.synchronize()
-    graph = capture_graph(fn)
-    graph.replay()
-    torch.cuda.synchronize()
-    return statistics.median(call_times_ms(graph.replay, torch.device("cuda"), budget_s, min_reps, max_reps))
+    return median_ms(capture_graph(fn).replay, CUDA, budget_s, 5, 100)
 
 
 def _err(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float, str]:
-    """DESIGN.md's logits rule: ``(same -inf and no NaN, relative RMS of finite values, what differs)``."""
+    """The logits rule: ``(same -inf positions and no NaN, relative RMS error ‖out − ref‖ / ‖ref‖ of the finite
+    values, what differs)``; the bound is the caller's (docs/ops.md, "How conformance judges a backend")."""
     out, ref = out.double().cpu(), ref.double().cpu()
     if out.isnan().any():
         return False, float("nan"), "NaN in output"
@@ -144,30 +140,18 @@ def _decode_inputs(batch: int, context: int, next_n: int, dev, fp8: torch.dtype,
 
 
 def ceilings(dev) -> dict:
-    """fp8 and bf16 matmul rates (8192³) and device-to-device copy bandwidth, measured now.
+    """fp8 and bf16 matmul rates (8192³) and device-to-device copy bandwidth (1 GiB), measured now as
+    ``indexcache bench`` measures them on a GPU (10 warm-up and up to 100 timed calls).
 
     The fp8 ceiling is the faster of ``_scaled_mm`` with and without fast accumulation (our kernels do not
     promote either)."""
-    rates = _matmul_rates(MATMUL, dev)
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    copy_ms = _timed(lambda: dst.copy_(src))
-    fp8 = max(rates["fp8_promoted_tflops"], rates["fp8_fast_accum_tflops"])
-    return rates | {"fp8_tflops": fp8, "copy_gbps": 2 * src.numel() / copy_ms / 1e6}
-
-
-def _matmul_rates(n: int, dev) -> dict:
-    a = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
-    b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()
-    one = torch.ones((), device=dev)
-    rates = {}
-    for fast in (False, True):
-        ms = _timed(lambda f=fast: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
-                                                    use_fast_accum=f))
-        rates["fp8_fast_accum_tflops" if fast else "fp8_promoted_tflops"] = 2 * n ** 3 / ms / 1e9
-    a16, b16 = a.bfloat16(), b.bfloat16()
-    rates["bf16_tflops"] = 2 * n ** 3 / _timed(lambda: a16 @ b16) / 1e9
-    return rates
+    timer = Timer(dev, warmup=10, reps=100, graph_reps=0)
+    fp8, f = fp8_matmul(timer, quick=False)
+    flops = 2 * f["n"] ** 3
+    return {"fp8_promoted_tflops": flops / f["promoted_us"] / 1e6,
+            "fp8_fast_accum_tflops": flops / f["fast_accum_us"] / 1e6,
+            "bf16_tflops": bf16_matmul(timer, quick=False)[0] / 1e12, "fp8_tflops": fp8 / 1e12,
+            "copy_gbps": copy_bandwidth(timer, quick=False)[0] / 1e9}
 
 
 def checks(dev, fp8: torch.dtype) -> list[dict]:
@@ -320,16 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no GPU visible: this script measures a GPU (the interpreted checks are tests/test_triton_logits.py)")
         return 2
-    import triton
-
     dispatch.reset()
-    dev = torch.device("cuda")
+    dev = CUDA
     fp8 = torch.float8_e4m3fn
     props = torch.cuda.get_device_properties(dev)
-    report: dict = {"schema": "indexcache-logits-gpu/1", "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                    "gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-                    "triton": triton.__version__, "python": platform.python_version(), "commit": checkout_commit(),
-                    "targets": TARGETS, "errors": {}}
+    v = versions()
+    report: dict = {"schema": "indexcache-logits-gpu/1", "date": now(), "gpu": props.name,
+                    "sms": props.multi_processor_count, "torch": v["torch"], "triton": v["triton"],
+                    "python": v["python"], "commit": checkout_commit(), "targets": TARGETS, "errors": {}}
     started = time.perf_counter()
     sections = [("ceilings", lambda: ceilings(dev)), ("checks", lambda: checks(dev, fp8)),
                 ("prefill", lambda: prefill(dev, fp8, report["ceilings"])),
@@ -349,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     report["total_s"] = time.perf_counter() - started
 
-    print(f"{props.name}, torch {torch.__version__}, Triton {triton.__version__}, commit {report['commit']}")
+    print(f"{props.name}, torch {v['torch']}, Triton {v['triton']}, commit {report['commit']}")
     if "ceilings" in report:
         c = report["ceilings"]
         print(f"ceilings: fp8 {c['fp8_tflops']:.0f} TFLOP/s, bf16 {c['bf16_tflops']:.0f} TFLOP/s, "
@@ -368,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                     best = min(done, key=lambda r: r["ms"])
                     print(f"best {op} {case}: {best['config']} ({best['fraction']:.1%} of its ceiling)")
     print(f"total {report['total_s']:.0f} s; errors in: {sorted(report['errors']) or 'none'}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    write_json(report, args.out, indent=1)
     failed = report["errors"] or not all(r["ok"] for r in report.get("checks", []))
     return 1 if failed else 0
 

@@ -9,11 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+from indexcache.bench.output import markdown_table
 
 
 def _f(x, fmt: str = ".1f") -> str:
@@ -29,8 +25,8 @@ def translate(path: Path) -> str:
     rows = [[r["case"], r["backend"], _f(r["eager_us"]), _f(r["graph_us"]), _f(r["rate"], ".0f"),
              _f(100 * r["ceiling_fraction"], ".0f") + " %", _f(r["launch_ratio"], ".2f"),
              _f(r["speedup_vs_torch"], ".1f")] for r in d["results"]]
-    return head + "\n\n" + _table(["case", "backend", "eager µs", "graph µs", "GB/s", "% copy", "eager × empty launch",
-                                   "× torch"], rows)
+    header = ["case", "backend", "eager µs", "graph µs", "GB/s", "% copy", "eager × empty launch", "× torch"]
+    return head + "\n\n" + markdown_table(header, rows)
 
 
 def logits(path: Path) -> str:
@@ -44,9 +40,10 @@ def logits(path: Path) -> str:
             _f(r["gbps"], ".0f"), _f(100 * r["fraction"], ".1f") + " %", _f(r["speedup"], ".1f")] for r in d["decode"]]
     return "\n\n".join([
         head,
-        _table(["prefill (mqa_logits)", "ms", "TFLOP/s (in-window)", "of matmul rate", "torch ms", "× torch"], pre),
-        _table(["decode (paged_mqa_logits)", "eager µs", "graph µs", "floor µs", "GB/s (graph)", "of copy", "× torch"],
-               dec),
+        markdown_table(["prefill (mqa_logits)", "ms", "TFLOP/s (in-window)", "of matmul rate", "torch ms", "× torch"],
+                       pre),
+        markdown_table(["decode (paged_mqa_logits)", "eager µs", "graph µs", "floor µs", "GB/s (graph)", "of copy",
+                        "× torch"], dec),
     ])
 
 
@@ -56,8 +53,9 @@ def topk(path: Path) -> str:
     rows = [[r["case"], _f(r["read_us"]), _f(r["torch_topk_us"]), _f(r["topk_us"]), _f(r["topk_translate_us"]),
              _f(r["torch_backend_us"], ".0f"), _f(r["x_read"], ".2f"), _f(r["speedup_vs_torch_topk"], ".2f"),
              _f(r["translate_over_topk"], ".2f")] for r in d["timings"]]
-    return head + "\n\n" + _table(["case", "read once µs", "torch.topk µs", "topk µs", "topk_translate µs",
-                                   "torch backend µs", "× read", "× faster than torch.topk", "translate / topk"], rows)
+    return head + "\n\n" + markdown_table(["case", "read once µs", "torch.topk µs", "topk µs", "topk_translate µs",
+                                          "torch backend µs", "× read", "× faster than torch.topk", "translate / topk"],
+                                         rows)
 
 
 def main(run: str) -> None:

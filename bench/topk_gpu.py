@@ -20,10 +20,6 @@ configurations. Prints tables, writes JSON to ``--out``, exits 1 when a check fa
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
-import statistics
 import sys
 import time
 import traceback
@@ -34,8 +30,12 @@ import torch
 
 import indexcache
 from indexcache import dispatch, reference
-from indexcache.bench import call_times_ms, capture_graph, checkout_commit, print_rows
+from indexcache.bench.output import print_rows, write_json
+from indexcache.bench.provenance import checkout_commit, device_name, now, versions
+from indexcache.bench.timing import capture_graph, l2_bytes, median_ms
+from indexcache.hal.device import sm_count
 
+CUDA = torch.device("cuda")
 PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
 SWEEP_SHAPES = [(64, 131072, 2048), (64, 131072, 512), (2048, 32768, 2048)]
@@ -65,28 +65,20 @@ def _check(name: str, ok: bool, detail: str = "") -> dict:
     return {"check": name, "ok": bool(ok), "detail": detail}
 
 
-def _median_ms(run: Callable[[], object], budget_s: float, min_reps: int = 5, max_reps: int = 200) -> float:
-    run()
-    torch.cuda.synchronize()
-    return statistics.median(call_times_ms(run, torch.device("cuda"), budget_s, min_reps, max_reps))
-
-
 def _timed(fn: Callable[[int], object], sets: int, graph: bool, budget_s: float = 0.25) -> float:
     """Median microseconds of one ``fn(i)``: a CUDA graph of ``fn(0) … fn(sets - 1)`` (inputs rotated so L2 holds
-    none of them) replayed, divided by ``sets``; or eager calls when ``graph`` is False."""
+    none of them) replayed, divided by ``sets``; or eager calls rotating through the sets when ``graph`` is False.
+    One warm-up call (replay) first, then 5 to 200 timed within ``budget_s``."""
     if graph:
-        g = capture_graph(lambda: [fn(i) for i in range(sets)])
-        torch.cuda.synchronize()
-        ms = _median_ms(g.replay, budget_s)
-        del g
-        return 1000 * ms / sets
+        replay = capture_graph(lambda: [fn(i) for i in range(sets)]).replay
+        return 1000 * median_ms(replay, CUDA, budget_s, 5, 200) / sets
     state = {"i": 0}
 
     def step():
         fn(state["i"] % sets)
         state["i"] += 1
 
-    return 1000 * _median_ms(step, budget_s)
+    return 1000 * median_ms(step, CUDA, budget_s, 5, 200)
 
 
 def _table(page_size: int, rows: int, cols: int, dev) -> tuple[torch.Tensor, int]:
@@ -229,8 +221,8 @@ def check_graph(dev, replays: int = 1000) -> list[dict]:
 
 
 def _rotation(nbytes: int, dev) -> int:
-    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 << 20)
-    return max(2, min(64, -(-2 * l2 // nbytes)))
+    """Input sets that together hold more than twice the L2 (2 to 64)."""
+    return max(2, min(64, -(-2 * l2_bytes(dev) // nbytes)))
 
 
 def time_shapes(dev) -> list[dict]:
@@ -321,7 +313,7 @@ def _sweep_shape(rows: int, cols: int, k: int, target, base: dict, dev) -> list[
     lengths = torch.full((rows,), cols, device=dev, dtype=torch.int32)
     out = torch.empty(rows, k, device=dev, dtype=torch.int32)
     want = indexcache.topk(scores[0], lengths, k, backend="torch")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sms = sm_count(dev.index or 0)
     found = []
     for overrides in SWEEP:
         cfg = dict(base, **overrides)
@@ -387,14 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no GPU visible: this script measures a GPU (the interpreted checks are tests/test_triton_topk.py)")
         return 2
-    import triton
-
-    dev = torch.device("cuda")
+    dev = CUDA
     dispatch.reset()
+    v = versions()
     report: dict = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(dev), "commit": checkout_commit(), "torch": torch.__version__,
-        "triton": triton.__version__, "python": platform.python_version(),
+        "date": now(), "gpu": device_name(dev), "commit": checkout_commit(), "torch": v["torch"],
+        "triton": v["triton"], "python": v["python"],
         "tuning": dispatch.get("cuda").info().get("tuning", {}).get("topk"), "errors": [],
     }
     sections: list[tuple[str, Callable[[], list[dict]]]] = [
@@ -404,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_sweep:
         sections += [("breakdown", lambda: breakdown(dev)), ("sweep", lambda: sweep(dev))]
     start = time.perf_counter()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name, section in sections:
         print(f"== {name}", flush=True)
         try:
@@ -414,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             print(traceback.format_exc(), file=sys.stderr, flush=True)
         torch.cuda.empty_cache()
         report["seconds"] = round(time.perf_counter() - start, 1)
-        args.out.write_text(json.dumps(report, indent=1))  # after each section: a run killed later keeps these
+        write_json(report, args.out, indent=1)  # after each section: a run killed later keeps these
     print_rows("timings (µs; graph replays, inputs rotated past L2; torch backend eager)", report.get("timings", []),
                ["case", "read_us", "torch_topk_us", "torch_backend_us", "topk_us", "topk_eager_us",
                 "topk_translate_us", "topk_sorted_us", "x_read", "speedup_vs_torch_topk", "translate_over_topk",

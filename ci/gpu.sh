@@ -15,9 +15,9 @@
 # the commit recorded in the bench JSON where the tree has no .git; GPU_SH_PARTS, which parts to run (default
 # "core kernels runtime"; one device call holds about two of them): core = conformance (sm90 and forced sm80),
 # memcheck, graph tests, translate bench; kernels = indexcache bench --op mqa_logits / paged_mqa_logits / topk /
-# topk_translate (JSON in reports.tar.gz under bench/), the top-k and logits GPU scripts; runtime = the
-# stream/runtime/model GPU tests (and under compute-sanitizer), the end-to-end and context-parallel scripts;
-# GPU_SH_SKIP, names of steps to leave out (e.g. "logits-gpu").
+# topk_translate / quantize_index_k / store_index_k (JSON in reports.tar.gz under bench/), the top-k and logits GPU
+# scripts; runtime = the stream/runtime/model GPU tests (and under compute-sanitizer), the end-to-end and
+# context-parallel scripts; GPU_SH_SKIP, names of steps to leave out (e.g. "logits-gpu").
 set -u
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 PY=${PYTHON:-python3}
@@ -139,7 +139,7 @@ fi
 if part kernels; then
   # indexcache bench for the kernel ops, each well under a minute on an H200; JSON under $WORK/bench (reports.tar.gz:
   # $OUT keeps at most 8 files).
-  for op in mqa_logits paged_mqa_logits topk topk_translate; do
+  for op in mqa_logits paged_mqa_logits topk topk_translate quantize_index_k store_index_k; do
     step "bench-$op" 120 "${IC[@]}" bench --op "$op" --json "$WORK/bench/bench-$op.json"
   done
   run_hook topk 240

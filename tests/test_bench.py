@@ -1,17 +1,24 @@
-"""``indexcache bench`` on the CPU: end to end on tiny shapes, honest labels, checks that can fail."""
+"""``indexcache bench`` on the CPU: end to end on tiny shapes, honest labels, checks that can fail; the
+benchmarking package's timer and tables; the ``bench/`` scripts' CPU paths."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from indexcache import bench, cli
+from indexcache import bench, cli, ops
+from indexcache.bench import ceilings, harness, output, timing
+from indexcache.bench import ops as bench_ops
 from indexcache.dispatch import Availability, Backend, OpImpl
+
+ROOT = Path(__file__).resolve().parents[1]
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU labels; this machine has a GPU")
 
@@ -42,11 +49,11 @@ def test_cpu_results_are_labelled_not_gpu(interpreted_run):
 @no_gpu
 def test_every_backend_agrees_and_is_timed(interpreted_run):
     _, report = interpreted_run
-    cases = {c.name for c in bench.TRANSLATE.cases(True)}
+    cases = {c.name for c in bench_ops.TRANSLATE.cases(True)}
     assert {r["case"] for r in report["results"]} == cases
     for r in report["results"]:
         assert r["check"] == "ok", r
-        assert r["eager_us"] > 0 and r["graph_us"] is None and r["sets"] >= bench.MIN_SETS
+        assert r["eager_us"] > 0 and r["graph_us"] is None and r["sets"] >= harness.MIN_SETS
         assert r["bytes"] == 12 * r["params"]["requests"] * r["params"]["rows_per_request"] * r["params"]["k"]
 
 
@@ -67,7 +74,7 @@ def test_json_has_what_the_table_shows(interpreted_run):
     assert {"torch", "triton"} <= set(report["versions"])
     assert {"copy_bandwidth", "launch"} <= set(report["ceilings"])
     for r in report["results"]:
-        assert {key for _, key, _ in bench.COLUMNS} <= set(r)
+        assert {key for _, key, _ in output.COLUMNS} <= set(r)
         line = next(x for x in stdout.splitlines() if x.startswith(r["case"]) and f" {r['backend']} " in x)
         assert r["mode"] in line and r["check"] in line
     assert "GB/s" in stdout and "% copy_bandwidth" in stdout
@@ -116,14 +123,14 @@ def test_an_op_plugs_in_as_data(fresh_dispatch, monkeypatch):
     def build(case, gen):
         return {"x": torch.randn(case.params["n"], generator=gen), "out": torch.full((case.params["n"],), float("nan"))}
 
-    op = bench.BenchOp(
+    op = bench_ops.BenchOp(
         name="negate",
-        cases=lambda quick: [bench.Case("n16", {"n": 16})],
+        cases=lambda quick: [bench_ops.Case("n16", {"n": 16})],
         build=build,
         call=lambda a, backend: torch.neg(a["x"], out=a["out"]),
         bytes=lambda case: 8 * case.params["n"],
     )
-    monkeypatch.setitem(bench.OPS, "negate", op)
+    monkeypatch.setitem(bench_ops.OPS, "negate", op)
     report = bench.run(["negate"], ["torch"], quick=True)
     (row,) = report["results"]
     assert (row["op"], row["case"], row["check"], row["bytes"], row["flops"]) == ("negate", "n16", "ok", 128, 0)
@@ -140,18 +147,18 @@ def test_unknown_names_exit_2(capsys):
 
 # ----------------------------------------------------------------------------------------------- logits and top-k
 
-KERNEL_OPS = ["mqa_logits", "paged_mqa_logits", "topk", "topk_translate"]
+KERNEL_OPS = ["mqa_logits", "paged_mqa_logits", "topk", "topk_translate", "quantize_index_k", "store_index_k"]
 
 
 @pytest.fixture(scope="module")
 def kernel_ops_run():
-    """The four kernel ops, --quick, torch backend on the CPU (in process)."""
+    """The kernel ops, --quick, torch backend on the CPU (in process)."""
     return bench.run(KERNEL_OPS, ["torch"], quick=True)
 
 
 @pytest.fixture(scope="module")
 def kernel_ops_interpreted(tmp_path_factory):
-    """The four kernel ops, --quick, the cuda Triton backend interpreted against torch: (stdout, report)."""
+    """The kernel ops, --quick, the cuda Triton backend interpreted against torch: (stdout, report)."""
     path = tmp_path_factory.mktemp("bench") / "kernels.json"
     env = {k: v for k, v in os.environ.items() if k != "INDEXCACHE_BACKEND"} | {"TRITON_INTERPRET": "1"}
     command = [sys.executable, "-m", "indexcache.cli", "bench", "--quick", "--backend", "cuda", "--json", str(path)]
@@ -163,18 +170,19 @@ def kernel_ops_interpreted(tmp_path_factory):
 
 
 def test_only_the_ceilings_an_op_needs_are_measured(interpreted_run, kernel_ops_run):
-    assert bench.needed_ceilings(["translate"]) == ["copy_bandwidth"]
-    assert set(bench.needed_ceilings(["mqa_logits"])) == {"fp8_matmul", "bf16_matmul", "copy_bandwidth"}
-    assert set(bench.needed_ceilings(["paged_mqa_logits"])) == {"fp8_matmul", "bf16_matmul", "copy_bandwidth"}
-    assert bench.needed_ceilings(["topk", "topk_translate"]) == ["read_once"]
+    assert harness.needed_ceilings(["translate"]) == ["copy_bandwidth"]
+    assert set(harness.needed_ceilings(["mqa_logits"])) == {"fp8_matmul", "bf16_matmul", "copy_bandwidth"}
+    assert set(harness.needed_ceilings(["paged_mqa_logits"])) == {"fp8_matmul", "bf16_matmul", "copy_bandwidth"}
+    assert harness.needed_ceilings(["topk", "topk_translate"]) == ["read_once"]
+    assert harness.needed_ceilings(["quantize_index_k", "store_index_k"]) == ["copy_bandwidth"]
     assert "fp8_matmul" not in interpreted_run[1]["ceilings"] and "read_once" not in interpreted_run[1]["ceilings"]
     assert {"fp8_matmul", "bf16_matmul", "copy_bandwidth", "read_once", "launch"} == set(kernel_ops_run["ceilings"])
 
 
 def test_matmul_ceilings_run_here():
     """torch._scaled_mm with unit tensor-wide scales (keywords scale_a / scale_b / out_dtype / use_fast_accum)."""
-    timer = bench.Timer(torch.device("cpu"), 1, 2, 0)
-    for measure in (bench._fp8_matmul, bench._bf16_matmul):
+    timer = timing.Timer(torch.device("cpu"), 1, 2, 0)
+    for measure in (ceilings.fp8_matmul, ceilings.bf16_matmul):
         rate, details = measure(timer, True)
         assert rate > 0 and details["n"] == 128
 
@@ -185,7 +193,7 @@ def test_kernel_ops_cpu_rows_are_labelled_and_checked(kernel_ops_run):
     assert report["gpu_run"] is False and "not a GPU run" in report["notice"]
     assert {r["op"] for r in report["results"]} == set(KERNEL_OPS)
     for name in KERNEL_OPS:
-        cases = {c.name for c in bench.OPS[name].cases(True)}
+        cases = {c.name for c in bench_ops.OPS[name].cases(True)}
         assert {r["case"] for r in report["results"] if r["op"] == name} == cases
     for r in report["results"]:
         assert r["mode"] == "CPU" and r["check"] == "ok" and r["eager_us"] > 0 and r["graph_us"] is None, r
@@ -198,7 +206,7 @@ def test_logits_rows_count_in_window_pairs_and_cached_bytes(kernel_ops_run):
     for r in kernel_ops_run["results"]:
         p = r["params"]
         if r["op"] == "mqa_logits":
-            args = bench.MQA_LOGITS.build(bench.Case(r["case"], p), torch.Generator().manual_seed(0))
+            args = bench_ops.MQA_LOGITS.build(bench_ops.Case(r["case"], p), torch.Generator().manual_seed(0))
             pairs = int((args["ke"].clamp(0, p["keys"]) - args["ks"]).clamp_min(0).sum())
             assert r["flops"] == 2 * p["heads"] * p["dim"] * pairs
             assert r["roofline"] == f"{p['kind']}_matmul" and r["rate_unit"] == "TFLOP/s"
@@ -210,7 +218,7 @@ def test_logits_rows_count_in_window_pairs_and_cached_bytes(kernel_ops_run):
 
 def test_topk_rows_have_torch_topk_and_the_read_once_floor(kernel_ops_run):
     rows = [r for r in kernel_ops_run["results"] if r["op"] == "topk"]
-    assert [r["backend"] for r in rows] == ["torch", "torch.topk"] * len(bench.TOPK.cases(True))
+    assert [r["backend"] for r in rows] == ["torch", "torch.topk"] * len(bench_ops.TOPK.cases(True))
     for r in rows:
         assert r["extra"] == (r["backend"] == "torch.topk") and r["roofline"] == "read_once"
         assert r["floor_us"] > 0 and r["ceiling_fraction"] == pytest.approx(r["floor_us"] / r["device_us"])
@@ -255,7 +263,8 @@ def test_logits_checks_catch_unwritten_and_wrong_values(fresh_dispatch):
     assert checks == {("mqa_logits", "MISMATCH"), ("paged_mqa_logits", "MISMATCH")}
     details = " ".join(r["check"] for r in report["results"] if r["backend"] == "bad")
     assert "NaN" in details and "relative RMS error" in details
-    assert len(bench.failed(report)) == len(bench.MQA_LOGITS.cases(True)) + len(bench.PAGED_MQA_LOGITS.cases(True))
+    assert len(bench.failed(report)) == (len(bench_ops.MQA_LOGITS.cases(True))
+                                         + len(bench_ops.PAGED_MQA_LOGITS.cases(True)))
 
 
 def test_topk_checks_compare_index_sets(fresh_dispatch):
@@ -279,23 +288,143 @@ def test_topk_checks_compare_index_sets(fresh_dispatch):
 
 def test_torch_topk_row_is_checked_by_the_scores_it_picks():
     """torch.topk breaks ties its own way: a row of equal scores must still pass; a wrong pick must not."""
-    case = bench.TOPK.cases(True)[0]
-    args = bench.TOPK.build(case, torch.Generator().manual_seed(0))
+    case = bench_ops.TOPK.cases(True)[0]
+    args = bench_ops.TOPK.build(case, torch.Generator().manual_seed(0))
     args["scores"][0] = 1.0
-    base = bench.ops.topk(args["scores"], args["lengths"], args["k"], backend="torch")
-    assert bench._same_topk(bench._torch_topk(args), base, case) == ""
-    idx, scores = bench._torch_topk(args)
+    base = ops.topk(args["scores"], args["lengths"], args["k"], backend="torch")
+    assert bench_ops._same_topk(bench_ops._torch_topk(args), base, case) == ""
+    idx, scores = bench_ops._torch_topk(args)
     idx = idx.clone()
     idx[1, 0] = scores[1].argmin()
-    assert bench._same_topk((idx, scores), base, case) != ""
+    assert bench_ops._same_topk((idx, scores), base, case) != ""
 
 
 def test_call_times_ms_counts_calls_between_its_bounds():
     """At least ``min_reps`` calls, at most ``max_reps``; host-clock milliseconds off the GPU; no warm-up call."""
-    from indexcache.bench import call_times_ms
-
     calls = []
-    times = call_times_ms(lambda: calls.append(1), torch.device("cpu"), 0.0, 3, 10)
+    times = timing.call_times_ms(lambda: calls.append(1), torch.device("cpu"), 0.0, 3, 10)
     assert len(times) == len(calls) == 3 and all(t >= 0 for t in times)
     calls.clear()
-    assert len(call_times_ms(lambda: calls.append(1), torch.device("cpu"), 60.0, 1, 4)) == len(calls) == 4
+    assert len(timing.call_times_ms(lambda: calls.append(1), torch.device("cpu"), 60.0, 1, 4)) == len(calls) == 4
+
+
+# ----------------------------------------------------------------------------------------------- fp8 cache ops
+
+
+def test_fp8_cache_rows_count_the_bytes_moved(kernel_ops_run):
+    rows = [r for r in kernel_ops_run["results"] if r["op"] in ("quantize_index_k", "store_index_k")]
+    assert {r["op"] for r in rows} == {"quantize_index_k", "store_index_k"}
+    for r in rows:
+        p = r["params"]
+        elem = {"bf16": 2, "fp32": 4}[p["kind"]]
+        if r["op"] == "quantize_index_k":  # k read; fp8 values and a float32 scale a block written
+            assert r["bytes"] == p["tokens"] * p["dim"] * (elem + 1) + 4 * p["tokens"] * p["dim"] // p["block"]
+        else:  # k and the slots read; D fp8 bytes and a float32 scale a token written
+            assert r["bytes"] == p["tokens"] * (p["dim"] * elem + 4 + p["dim"] + 4)
+        assert r["roofline"] == "copy_bandwidth" and r["rate_unit"] == "GB/s" and r["check"] == "ok"
+
+
+def test_fp8_cache_cases_are_decode_and_prefill_at_d128():
+    for op in (bench_ops.QUANTIZE_INDEX_K, bench_ops.STORE_INDEX_K):
+        cases = op.cases(False)
+        assert {(c.params["tokens"], c.params["kind"]) for c in cases} == {(64, "bf16"), (64, "fp32"),
+                                                                          (8192, "bf16"), (8192, "fp32")}
+        assert all(c.params["dim"] == 128 for c in cases)
+    for case in bench_ops.STORE_INDEX_K.cases(False):
+        p = case.params
+        slots = bench_ops.STORE_INDEX_K.build(case, torch.Generator().manual_seed(0))["slot_mapping"].long()
+        assert slots.unique().numel() == p["tokens"] and 0 <= slots.min() and slots.max() < p["pages"] * p["page_size"]
+        pages = (slots // p["page_size"]).unique().numel()
+        assert pages == (p["tokens"] if p["decode"] else p["tokens"] // p["page_size"])
+
+
+def test_fp8_cache_checks_catch_wrong_bytes(fresh_dispatch):
+    def coarse(k, fp8_dtype, block):
+        q, scale = ops.quantize_index_k(k, fp8_dtype, block=block, backend="torch")
+        return q, scale * 2
+
+    def skips_one(k, k_cache, slot_mapping, fp8_dtype):
+        ops.store_index_k(k[1:], k_cache, slot_mapping[1:], fp8_dtype, backend="torch")
+
+    _with_ops(fresh_dispatch, "bad", quantize_index_k=coarse, store_index_k=skips_one)
+    report = bench.run(["quantize_index_k", "store_index_k"], ["bad"], quick=True)
+    checks = {(r["op"], r["check"]) for r in report["results"] if r["backend"] == "bad"}
+    assert checks == {("quantize_index_k", "MISMATCH: scales differ from the torch backend's"),
+                      ("store_index_k", "MISMATCH: cache bytes differ from the torch backend's")}
+
+
+# ----------------------------------------------------------------------------------------------- timer, tables
+
+
+def test_timer_without_a_budget_makes_exactly_warmup_then_reps_calls():
+    calls = []
+    timer = timing.Timer(torch.device("cpu"), warmup=2, reps=5, graph_reps=0, budget_s=None)
+    assert timer.eager_us(calls.append) >= 0 and calls == list(range(7))
+
+
+def test_times_ms_warms_up_then_times_bursts():
+    calls = []
+    times = timing.times_ms(lambda: calls.append(1), torch.device("cpu"), 0.0, 3, 3, warmup=4, calls=10)
+    assert len(times) == 3 and len(calls) == 4 + 3 * 10
+    result, wall, cpu = timing.host_seconds(lambda: sum(range(1000)))
+    assert result == 499500 and wall >= 0 and cpu >= 0
+
+
+def test_print_rows_and_markdown_table(capsys):
+    output.print_rows("title", [{"a": 1.23456, "b": None}], ["a", "b"], digits=3)
+    output.print_rows("dashes", [{"a": None}], ["a"], cell=lambda column, value: "-" if value is None else str(value))
+    assert capsys.readouterr().out == "\ntitle\n   a     b\n1.23  None\n\ndashes\na\n-\n"
+    assert output.markdown_table(["x", "y"], [["1", "2"]]) == "| x | y |\n|---|---|\n| 1 | 2 |"
+
+
+# ----------------------------------------------------------------------------------------------- bench/ scripts
+
+SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "report_tables")
+
+
+def _script(name: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "INDEXCACHE_BACKEND"}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_bench_script_imports_and_parses(name, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # dataclasses look the module up there
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        script.main()
+    assert exit_.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_report_tables_reads_a_committed_run():
+    run = max(p.parent for p in (ROOT / "reports" / "gpu").glob("*/bench-translate.json"))
+    assert "| case | backend | eager µs |" in _script("report_tables", str(run)).stdout
+
+
+def test_calibrate_overlap_runs_small():
+    done = _script("calibrate_overlap", "--layers", "8", "--rows", "16", "--k", "64", "--context", "4096", "--pool",
+                   "512")
+    assert "max error 0.0e+00" in done.stdout
+
+
+@no_gpu
+def test_e2e_smoke_runs_on_the_cpu(tmp_path):
+    _script("e2e_gpu", "--smoke", "--out", str(tmp_path / "e2e.json"))
+    report = json.loads((tmp_path / "e2e.json").read_text())
+    assert {"schema", "date", "device", "torch", "triton", "python", "commit", "scenarios"} <= set(report)
+    assert report["device"] == "cpu" and not report["errors"]
+
+
+@pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs torch.distributed with gloo")
+def test_cp_gpu_runs_on_gloo_ranks(tmp_path):
+    _script("cp_gpu", "--nproc", "2", "--dist-backend", "gloo", "--keys", "4096", "--rows", "8", "--k", "16",
+            "--reps", "2", "--out", str(tmp_path / "cp.json"))
+    report = json.loads((tmp_path / "cp.json").read_text())
+    assert report["schema"] == "indexcache-cp-bench/1" and report["world_size"] == 2
+    assert all(r["equal"] and r["cp_topk_us"] > 0 for r in report["results"])

@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import os
 import platform
 import socket
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import indexcache
-from indexcache.bench import checkout_commit
+from indexcache.bench.output import write_json
+from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 
 
 def _free_port() -> int:
@@ -74,13 +71,14 @@ def _nccl() -> str:
 def run_header(schema: str, device: torch.device, world: int) -> dict:
     """The report's first fields: schema, date, GPU, world size, versions and commit."""
     gpu = device.type == "cuda"
+    v = versions()
     return {
         "schema": schema,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(device) if gpu else None,
+        "date": now(),
+        "gpu": device_name(device),
         "gpu_run": gpu,
         "world_size": world,
-        "versions": {"indexcache": indexcache.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "versions": {"indexcache": v["indexcache"], "torch": v["torch"], "cuda": v["cuda"],
                      "nccl": _nccl() if gpu else None},
         "commit": checkout_commit(),
     }
@@ -89,6 +87,5 @@ def run_header(schema: str, device: torch.device, world: int) -> dict:
 def write_report(report: dict, out: str | None) -> None:
     """``report`` as indented JSON to ``out`` (nothing when None)."""
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(report, out)
         print(f"wrote {out}")

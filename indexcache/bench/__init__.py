@@ -1,0 +1,18 @@
+"""Benchmarking: one timer, the machine's ceilings, provenance, output, and the ``indexcache bench`` harness.
+
+- :mod:`~indexcache.bench.timing` — the one timer (:class:`~indexcache.bench.timing.Timer`,
+  :func:`~indexcache.bench.timing.median_ms`, :func:`~indexcache.bench.timing.capture_graph`, ...);
+- :mod:`~indexcache.bench.ceilings` — copy bandwidth, fp8 / bf16 matmul rates, the empty Triton launch;
+- :mod:`~indexcache.bench.provenance` — commit, versions, device, date;
+- :mod:`~indexcache.bench.output` — the JSON schema, the tables;
+- :mod:`~indexcache.bench.ops` — each op's cases, inputs, bytes / FLOPs and check;
+- :mod:`~indexcache.bench.harness` — ``indexcache bench``: :func:`run`, :func:`failed`;
+- :mod:`~indexcache.bench.ranks` — one process per rank for the multi-GPU scripts.
+
+The ``bench/*.py`` scripts and ``ci/gpu.sh`` use these; ``indexcache bench`` uses what is exported here.
+"""
+
+from indexcache.bench.harness import failed, run
+from indexcache.bench.output import format_table, write_json
+
+__all__ = ["failed", "format_table", "run", "write_json"]
