@@ -1,31 +1,46 @@
 """indexcache: cross-layer reuse of sparse-attention top-k indices (IndexCache) on any backend.
 
-Importing touches no device; the backend is chosen at the first op call (see
+Importing touches no device and imports no torch: the public names below load their module at first use
+(PEP 562), so ``import indexcache.plan`` stays pure Python. The backend is chosen at the first op call (see
 :mod:`indexcache.dispatch`).
 """
 
-from indexcache.dispatch import available_backends, get_backend, use_backend
-from indexcache.ops import (
-    mqa_logits,
-    paged_mqa_logits,
-    quantize_index_k,
-    store_index_k,
-    topk,
-    topk_translate,
-    translate,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "available_backends",
-    "get_backend",
-    "mqa_logits",
-    "paged_mqa_logits",
-    "quantize_index_k",
-    "store_index_k",
-    "topk",
-    "topk_translate",
-    "translate",
-    "use_backend",
-]
+# Public name -> the module that defines it.
+_PUBLIC = {
+    "available_backends": "indexcache.dispatch",
+    "get_backend": "indexcache.dispatch",
+    "use_backend": "indexcache.dispatch",
+    "mqa_logits": "indexcache.ops",
+    "paged_mqa_logits": "indexcache.ops",
+    "quantize_index_k": "indexcache.ops",
+    "store_index_k": "indexcache.ops",
+    "topk": "indexcache.ops",
+    "topk_translate": "indexcache.ops",
+    "translate": "indexcache.ops",
+}
+# Submodules that ``import indexcache`` used to load, still reachable as attributes after it.
+_SUBMODULES = ("dispatch", "layout", "ops")
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC, *_SUBMODULES})

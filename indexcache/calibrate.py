@@ -5,8 +5,8 @@ a producer, then repeatedly turn into a shared layer the producer whose loss cos
 producer budget is met. This module measures the cross-layer overlap of top-k indices from a dump, runs
 that search under an overlap proxy or a user objective (calibration LM loss from an engine), compares it
 with the ``index_topk_freq`` rule, and writes the pattern, an ``index_topk_pattern`` config snippet, a
-JSON report and two plots. Without a dump, :func:`collect_from_model` records one from a prefill of the
-small random-weight model of :mod:`indexcache.model`.
+JSON report and two plots (:func:`calibrate_dump` does all of it for a dump directory). It only analyses
+dumps: :func:`indexcache.model.record_dump` records one from a prefill of the small random-weight model.
 
 Dump format (one directory, one file per sparse layer, every layer's indexer run, i.e. all layers F)::
 
@@ -35,15 +35,16 @@ rows with ``n_r > 0``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import pickle
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,13 @@ IndexArray = np.ndarray | torch.Tensor
 Objective = Callable[[str], float]
 
 
-class DumpError(ValueError):
-    """A dump file that cannot be read or breaks the dump format; the message names the file."""
+class CalibrationError(ValueError):
+    """Bad input to a calibration: indices, a setting (``keep``, ``producers``, a pattern) or layers that break a
+    rule; the message names it."""
+
+
+class DumpError(CalibrationError):
+    """A dump that cannot be read, breaks the dump format or does not fit the model; the message names the file."""
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -145,7 +151,7 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _as_rows(value: IndexArray, what: str, error: type[ValueError] = ValueError) -> np.ndarray:
+def _as_rows(value: IndexArray, what: str, error: type[ValueError] = CalibrationError) -> np.ndarray:
     """``value`` as a ``[rows, k]`` integer numpy array (leading dimensions flattened, no copy if possible).
 
     uint64 becomes int64 when every value fits (other integer dtypes mix with int64 exactly); problems
@@ -166,7 +172,9 @@ def _as_rows(value: IndexArray, what: str, error: type[ValueError] = ValueError)
     return array.reshape(math.prod(array.shape[:-1]), array.shape[-1])
 
 
-def _check_shapes(arrays: Sequence[np.ndarray], names: Sequence[str], error: type[ValueError] = ValueError) -> None:
+def _check_shapes(
+    arrays: Sequence[np.ndarray], names: Sequence[str], error: type[ValueError] = CalibrationError
+) -> None:
     shape = arrays[0].shape
     for array, name in zip(arrays, names, strict=True):
         if array.shape != shape:
@@ -176,62 +184,6 @@ def _check_shapes(arrays: Sequence[np.ndarray], names: Sequence[str], error: typ
             )
     if shape[0] == 0 or shape[1] == 0:
         raise error(f"{names[0]}: shape {shape}; need at least one row and k >= 1")
-
-
-# ------------------------------------------------------------------------------------------- collecting
-
-
-def collect_from_model(
-    name: str,
-    *,
-    backend: str | None = None,
-    prompt_len: int = 512,
-    batch: int = 2,
-    topk: int = 128,
-    seed: int = 0,
-) -> tuple[list[int], list[np.ndarray]]:
-    """A dump from the small model of :mod:`indexcache.model`: every sparse layer's top-k in one prefill.
-
-    Builds preset ``name`` ("v32-like" or "v4-like"; random seeded weights, **not a trained model**)
-    with top-k ``topk`` on ``backend`` (default: the automatic choice) and every sparse layer a
-    producer, prefills ``batch`` random prompts of ``prompt_len`` tokens drawn from ``seed`` and records
-    each sparse layer's raw indices (:class:`~indexcache.state.IndexRecorder`). Rows whose context is at
-    most ``topk`` tokens are dropped: every layer selects all of them. Returns what :func:`load_dump`
-    returns. The defaults are sizes for a CPU (seconds); the preset's own k (2048 / 512) and longer
-    prompts suit a GPU.
-    """
-    from indexcache import dispatch
-    from indexcache.model import Batch, DSAModel, preset
-    from indexcache.runner import IndexerRunner
-    from indexcache.state import IndexRecorder, TopkState
-
-    for key, value in (("prompt_len", prompt_len), ("batch", batch), ("topk", topk)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{key}={value!r}: must be an integer >= 1")
-    if prompt_len <= topk:
-        raise ValueError(f"prompt_len={prompt_len} must exceed topk={topk}: shorter contexts select every token")
-    chosen = backend or dispatch.get_backend()
-    avail = dispatch.availability(chosen)
-    if not avail.available:
-        raise ValueError(f"backend {chosen!r} is not available here: {avail.reason}")
-    fp8 = dispatch.get(chosen).info().get("fp8_dtype")
-    overrides = {"index_dtype": str(fp8).removeprefix("torch.")} if fp8 else {}
-    config = preset(name, topk=topk, seed=seed, **overrides)
-    with dispatch.use_backend(backend) if backend else contextlib.nullcontext():
-        model = DSAModel(config, avail.device)
-        runner = IndexerRunner(model.plan(1))
-        cache = model.new_cache(batch, prompt_len, seed=seed)
-        state = TopkState(batch * prompt_len, topk, model.device)
-        recorder = IndexRecorder()
-        state.recorder = recorder
-        generator = torch.Generator().manual_seed(seed)
-        prompts = [torch.randint(0, config.vocab, (prompt_len,), generator=generator) for _ in range(batch)]
-        rows = Batch.prefill(prompts, cache.tables_for(range(batch)))
-        model.run(rows, cache, runner, state)
-    keep = (rows.lengths > topk).cpu()
-    recorded = recorder.stacked()
-    layers = config.sparse_layers
-    return layers, [recorded[layer].cpu()[keep].numpy() for layer in layers]
 
 
 # --------------------------------------------------------------------------------------------- overlap
@@ -252,11 +204,11 @@ def overlap_matrix(indices: Sequence[IndexArray], *, threads: int | None = None)
     """
     arrays = [_as_rows(a, f"indices[{i}]") for i, a in enumerate(indices)]
     if not arrays:
-        raise ValueError("indices: no layers")
+        raise CalibrationError("indices: no layers")
     _check_shapes(arrays, [f"indices[{i}]" for i in range(len(arrays))])
     low = min(int(a.min()) for a in arrays)
     if low < -1:
-        raise ValueError(f"indices hold {low}; -1 marks an empty slot and no other negative value is valid")
+        raise CalibrationError(f"indices hold {low}; -1 marks an empty slot and no other negative value is valid")
     num, (rows, k) = len(arrays), arrays[0].shape
     span = max(int(a.max()) for a in arrays) + 2  # column 0 of each row's table takes the -1 slots
     compact = span > _COMPACT_FACTOR * num * k + 1
@@ -280,7 +232,7 @@ def overlap_matrix(indices: Sequence[IndexArray], *, threads: int | None = None)
             total += counts @ np.where(fill > 0, 1.0 / np.maximum(fill, 1), 0.0)
             counted += int(np.count_nonzero(fill))
     if counted == 0:
-        raise ValueError("indices: every slot of every row is -1; nothing to compare")
+        raise CalibrationError("indices: every slot of every row is -1; nothing to compare")
     total = np.triu(total) + np.triu(total, 1).T
     return total / counted
 
@@ -381,13 +333,15 @@ def producer_budget(num_sparse: int, *, keep: float | None = None, producers: in
     ``index_topk_freq=4`` does); ``producers`` is a count in 1..num_sparse.
     """
     if (keep is None) == (producers is None):
-        raise ValueError("give exactly one of keep (a fraction of the sparse layers) and producers (a count)")
+        raise CalibrationError("give exactly one of keep (a fraction of the sparse layers) and producers (a count)")
     if producers is not None:
         if isinstance(producers, bool) or not isinstance(producers, int) or not 1 <= producers <= num_sparse:
-            raise ValueError(f"producers={producers!r}: must be an integer in 1..{num_sparse} (the sparse layers)")
+            raise CalibrationError(
+                f"producers={producers!r}: must be an integer in 1..{num_sparse} (the sparse layers)"
+            )
         return producers
     if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 < keep <= 1:
-        raise ValueError(f"keep={keep!r}: must be a fraction in (0, 1]; use producers= for a count")
+        raise CalibrationError(f"keep={keep!r}: must be a fraction in (0, 1]; use producers= for a count")
     return max(1, math.ceil(keep * num_sparse - 1e-9))
 
 
@@ -429,7 +383,7 @@ def freq_baselines(
         plan = plan_for(index_topk_freq=freq)
         main = [layer for layer in plan.sparse_layers if layer < plan.num_layers - plan.num_mtp_layers]
         if main != ids:
-            raise ValueError(f"index_topk_freq={freq}: the plan's sparse layers {main} are not the dump's {ids}")
+            raise CalibrationError(f"index_topk_freq={freq}: the plan's sparse layers {main} are not the dump's {ids}")
         pattern = "".join(plan.roles[layer] for layer in ids)
         count = pattern.count(PRODUCER)
         if count >= min_producers and count not in counts:
@@ -439,11 +393,15 @@ def freq_baselines(
 
 
 def check_pattern(pattern: str, num_sparse: int) -> None:
-    """Raise ``ValueError`` unless ``pattern`` is one ``F``/``S`` per sparse layer starting with ``F``."""
+    """Raise :class:`CalibrationError` unless ``pattern`` is one ``F``/``S`` per sparse layer starting with ``F``."""
     if not isinstance(pattern, str) or len(pattern) != num_sparse or set(pattern) - {PRODUCER, SHARED}:
-        raise ValueError(f"pattern {pattern!r}: must be {num_sparse} characters of 'F'/'S', one per sparse layer")
+        raise CalibrationError(
+            f"pattern {pattern!r}: must be {num_sparse} characters of 'F'/'S', one per sparse layer"
+        )
     if pattern[0] != PRODUCER:
-        raise ValueError(f"pattern {pattern!r}: the first sparse layer must be 'F' (shared layers need a producer)")
+        raise CalibrationError(
+            f"pattern {pattern!r}: the first sparse layer must be 'F' (shared layers need a producer)"
+        )
 
 
 def overlap_objective(overlap: np.ndarray) -> Objective:
@@ -455,7 +413,7 @@ def overlap_objective(overlap: np.ndarray) -> Objective:
     """
     matrix = np.asarray(overlap, dtype=np.float64)
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
-        raise ValueError(f"overlap: shape {matrix.shape}; expected a square [L, L] matrix")
+        raise CalibrationError(f"overlap: shape {matrix.shape}; expected a square [L, L] matrix")
     num = matrix.shape[0]
 
     def overlap_loss(pattern: str) -> float:
@@ -527,6 +485,10 @@ class SearchResult:
         """Layer ids of the chosen producers."""
         return [layer for layer, role in zip(self.layers, self.pattern, strict=True) if role == PRODUCER]
 
+    def objective_at(self, producers: int) -> float | None:
+        """The objective of the searched pattern with ``producers`` producers (None: the search never had that many)."""
+        return next((step.objective for step in self.steps if step.producers == producers), None)
+
     def config(self) -> dict[str, str]:
         """The config snippet that selects this pattern: ``{"index_topk_pattern": ...}``."""
         return {"index_topk_pattern": self.pattern}
@@ -534,7 +496,7 @@ class SearchResult:
     def roles(self, num_layers: int) -> list[str | None]:
         """Per model layer: ``"F"``, ``"S"``, or None for a layer without an indexer."""
         if self.layers and self.layers[-1] >= num_layers:
-            raise ValueError(f"num_layers={num_layers}: the sparse layers go up to {self.layers[-1]}")
+            raise CalibrationError(f"num_layers={num_layers}: the sparse layers go up to {self.layers[-1]}")
         roles: list[str | None] = [None] * num_layers
         for layer, role in zip(self.layers, self.pattern, strict=True):
             roles[layer] = role
@@ -572,7 +534,7 @@ def greedy_search(
     """
     ids = [int(layer) for layer in layers]
     if not ids or ids != sorted(set(ids)) or ids[0] < 0:
-        raise ValueError(f"layers={list(layers)!r}: must be distinct, ascending, non-negative layer ids")
+        raise CalibrationError(f"layers={list(layers)!r}: must be distinct, ascending, non-negative layer ids")
     num = len(ids)
     budget = producer_budget(num, producers=producers)
     cached = objective if isinstance(objective, CachedObjective) else CachedObjective(objective, name)
@@ -586,6 +548,124 @@ def greedy_search(
         pattern = candidates[best]
         steps.append(Step(count, pattern, values[best], ids[flippable[best]], cached(uniform_pattern(num, count))))
     return SearchResult(tuple(ids), tuple(steps), name or cached.name)
+
+
+# ----------------------------------------------------------------------------------------- a calibration
+
+DEFAULT_KEEP = 0.25
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`calibrate_arrays` found and wrote.
+
+    ``source`` says in words where the indices came from; ``layers`` are the sparse layer ids, each holding
+    ``rows`` rows of ``k`` indices; ``overlap`` is their ``[L, L]`` overlap matrix, measured in
+    ``overlap_seconds`` on the CPU; ``search`` is the greedy search down to the producer budget; ``freq_rule``
+    the ``index_topk_freq`` baselines, or None when they could not be compared (the layers could not be placed
+    in a model); ``paths`` the files written (see :func:`write_outputs`).
+    """
+
+    source: str
+    layers: tuple[int, ...]
+    rows: int
+    k: int
+    overlap: np.ndarray
+    overlap_seconds: float
+    search: SearchResult
+    freq_rule: tuple[FreqBaseline, ...] | None
+    paths: dict[str, Path]
+
+    @property
+    def adjacent_overlap(self) -> float:
+        """Mean overlap of neighbouring sparse layers (1.0 for a single layer)."""
+        adjacent = np.diag(self.overlap, 1)
+        return float(sum(adjacent) / len(adjacent)) if len(adjacent) else 1.0
+
+
+def calibrate_arrays(
+    layers: Sequence[int],
+    indices: Sequence[IndexArray],
+    out: str | os.PathLike[str],
+    *,
+    keep: float | None = None,
+    producers: int | None = None,
+    plan_for: Callable[..., LayerPlan] | None = None,
+    source: str = "indices",
+    info: Mapping[str, Any] | None = None,
+    threads: int | None = None,
+    plots: bool = True,
+) -> Calibration:
+    """Calibrate the pattern of the sparse ``layers`` from their top-k ``indices`` and write the files into ``out``.
+
+    ``indices[l]`` is layer ``layers[l]``'s ``[rows, k]`` integer array (-1 = empty slot). Keeps ``producers``
+    producers, or the fraction ``keep`` of the sparse layers (default 0.25 when neither is given): measures the
+    overlap (:func:`overlap_matrix`, ``threads`` row blocks at once), runs :func:`greedy_search` under the
+    overlap proxy, compares the ``index_topk_freq`` rule when ``plan_for`` places the layers in a model (see
+    :func:`freq_baselines`) and writes the outputs (:func:`write_outputs`; ``info`` and the sizes head
+    ``report.json``; ``plots`` draws the PNGs). ``source`` says where the indices came from, for a summary.
+    """
+    if keep is None and producers is None:
+        keep = DEFAULT_KEEP
+    budget = producer_budget(len(layers), keep=keep, producers=producers)
+    start = time.perf_counter()
+    overlap = overlap_matrix(indices, threads=threads)
+    seconds = time.perf_counter() - start
+    objective = CachedObjective(overlap_objective(overlap), "overlap loss")
+    search = greedy_search(layers, objective, producers=budget)
+    freq_rule = None if plan_for is None else freq_baselines(layers, objective, plan_for, min_producers=budget)
+    rows, k = _as_rows(indices[0], "indices[0]").shape
+    report = {**(info or {}), "rows": rows, "k": k, "keep": keep, "overlap_seconds": round(seconds, 3)}
+    paths = write_outputs(out, search, overlap, info=report, freq_rule=freq_rule or (), plots=plots)
+    return Calibration(
+        source=source,
+        layers=search.layers,
+        rows=rows,
+        k=k,
+        overlap=overlap,
+        overlap_seconds=seconds,
+        search=search,
+        freq_rule=None if freq_rule is None else tuple(freq_rule),
+        paths=paths,
+    )
+
+
+def calibrate_dump(
+    dump: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    keep: float | None = None,
+    producers: int | None = None,
+    threads: int | None = None,
+    plots: bool = True,
+) -> Calibration:
+    """:func:`calibrate_arrays` on the dump directory ``dump`` (:func:`load_dump`).
+
+    With the model's ``config`` (a dict or the path of its ``config.json``) the dump must hold exactly the
+    config's main sparse layers (:class:`DumpError` otherwise; MTP layers run their own indexer and are never
+    dumped) and the ``index_topk_freq`` rule is compared under that config. Without one, a dump of layers
+    0..n-1 is taken for a model whose every layer is sparse, and other layer ids leave the rule uncompared.
+    """
+    layers, arrays = load_dump(dump)
+    if config is None:
+        plan_for = partial(LayerPlan, len(layers)) if layers == list(range(len(layers))) else None
+    else:
+        plan = LayerPlan.from_config(config)
+        main_layers = plan.num_layers - plan.num_mtp_layers
+        expected = [layer for layer in plan.sparse_layers if layer < main_layers]
+        if layers != expected:
+            missing, extra = sorted(set(expected) - set(layers)), sorted(set(layers) - set(expected))
+            named = config if isinstance(config, (str, os.PathLike)) else "the config"
+            raise DumpError(
+                f"dump {dump} does not hold the sparse layers of {named}: missing {missing}, unexpected {extra} "
+                "(MTP layers always run their own indexer and do not belong in the dump)"
+            )
+        plan_for = partial(LayerPlan.from_config, config)
+    return calibrate_arrays(
+        layers, arrays, out, keep=keep, producers=producers, plan_for=plan_for, source=f"dump {dump}",
+        info={"dump": str(dump)}, threads=threads, plots=plots,
+    )
 
 
 # --------------------------------------------------------------------------------------------- outputs
@@ -615,7 +695,6 @@ def write_outputs(
     paths = {name: directory / name for name in ("pattern.txt", "config.json", "report.json")}
     paths["pattern.txt"].write_text(result.pattern + "\n")
     paths["config.json"].write_text(json.dumps(result.config(), indent=2) + "\n")
-    searched = {step.producers: step.objective for step in result.steps}
     report = {
         **(info or {}),
         **result.to_dict(),
@@ -625,7 +704,7 @@ def write_outputs(
                 "pattern": baseline.pattern,
                 "producers": baseline.producers,
                 "objective_value": baseline.objective,
-                "search_objective_value": searched.get(baseline.producers),
+                "search_objective_value": result.objective_at(baseline.producers),
             }
             for baseline in freq_rule
         ],

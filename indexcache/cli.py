@@ -1,15 +1,43 @@
-"""The ``indexcache`` command. Each subcommand registers itself through one ``_add_*`` function."""
+"""The ``indexcache`` command. Each subcommand registers itself through one ``_add_*`` function; its ``_run_*``
+function parses what argparse cannot check, calls the library and prints.
+
+Bad input (a :class:`UsageError`, or one of the library's input errors a subcommand names in
+:func:`_input_errors`) is one line on stderr and exit status 2; any other exception is a bug and propagates
+with its traceback. Library modules are imported inside the subcommands, so ``indexcache plan`` never
+imports torch.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 
 class UsageError(Exception):
     """Bad input from the command line: printed on stderr, exit status 2, no traceback."""
+
+
+@contextlib.contextmanager
+def _input_errors(*errors: type[Exception]) -> Iterator[None]:
+    """Turn the library's input errors ``errors`` raised inside into a :class:`UsageError`; anything else
+    propagates."""
+    try:
+        yield
+    except errors as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _check_input(option: str, path: str | os.PathLike[str]) -> None:
+    """Refuse, before any work, an input file ``path`` that cannot be read (missing, a directory, no permission)."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot read {option} {path}: {exc.strerror}") from None
 
 
 def _check_output(option: str, path: str | os.PathLike[str], *, directory: bool = False) -> None:
@@ -43,9 +71,11 @@ def _add_info(sub) -> None:
 def _run_info(args) -> int:
     import json
 
-    from indexcache.report import backend_summary
+    from indexcache.dispatch import UnknownBackendError
+    from indexcache.tools.backend_status import backend_status
 
-    summary = backend_summary()
+    with _input_errors(UnknownBackendError):
+        summary = backend_status()
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
@@ -71,11 +101,12 @@ def _run_plan(args) -> int:
     import json
 
     from indexcache.descriptor import Descriptor
-    from indexcache.plan import LayerPlan
+    from indexcache.plan import ConfigError, LayerPlan
 
     if args.pattern is not None and (args.freq is not None or args.offset is not None):
         raise UsageError("give --pattern or --freq/--offset, not both")
-    try:
+    _check_input("--config", args.config)
+    with _input_errors(ConfigError):
         plan = LayerPlan.from_config(
             args.config,
             index_topk_freq=args.freq,
@@ -83,8 +114,6 @@ def _run_plan(args) -> int:
             index_topk_pattern=args.pattern,
             page_size=args.page_size,
         )
-    except OSError as exc:
-        raise UsageError(f"cannot read --config {args.config}: {exc.strerror}") from None
     signature = Descriptor.from_plan(plan).signature
     if args.json:
         out = {
@@ -130,12 +159,14 @@ def _add_conformance(sub) -> None:
 def _run_conformance(args) -> int:
     from indexcache.conformance.runner import catalogue_ops
     from indexcache.conformance.suite import run_all, table
+    from indexcache.dispatch import UnknownBackendError
 
     if args.op is not None and args.op not in catalogue_ops():
         raise UsageError(f"--op: expected one of {catalogue_ops()}, got {args.op!r}")
     _check_output("--out", args.out, directory=True)
     out = Path(args.out)
-    reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile)
+    with _input_errors(UnknownBackendError):
+        reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile)
     print(table(reports))
     if reports:
         written = ", ".join(f"conformance-{r['backend']}" for r in reports)
@@ -167,10 +198,16 @@ def _add_bench(sub) -> None:
 
 def _run_bench(args) -> int:
     from indexcache.bench import failed, format_table, run, write_json
+    from indexcache.bench.ops import OPS
+    from indexcache.dispatch import UnknownBackendError
 
     if args.json:
         _check_output("--json", args.json)
-    report = run(args.op, args.backend, quick=args.quick)
+    unknown = [name for name in args.op or () if name not in OPS]
+    if unknown:
+        raise UsageError(f"--op: expected one of {sorted(OPS)}, got {', '.join(map(repr, unknown))}")
+    with _input_errors(UnknownBackendError):
+        report = run(args.op, args.backend, quick=args.quick)
     print(format_table(report))
     if args.json:
         write_json(report, args.json)
@@ -223,11 +260,11 @@ def _add_calibrate(sub) -> None:
 
 def _run_calibrate(args) -> int:
     import json
-    import time
     from functools import partial
 
-    from indexcache import calibrate
-    from indexcache.plan import LayerPlan
+    from indexcache import calibrate, model
+    from indexcache.dispatch import UnknownBackendError
+    from indexcache.plan import ConfigError
 
     _check_output("--out", args.out, directory=True)
     if not args.no_plots:
@@ -235,72 +272,40 @@ def _run_calibrate(args) -> int:
             calibrate.check_plotting()
         except ImportError as exc:
             raise UsageError(f"{exc} (or pass --no-plots)") from None
-    given = {name: getattr(args, name) for name in ("backend", "prompt_len", "topk", "seed")}
-    given = {name: value for name, value in given.items() if value is not None}
+    options = {name: getattr(args, name) for name in ("backend", "prompt_len", "topk", "seed")}
+    errors = (calibrate.CalibrationError, ConfigError, model.ModelSettingError, UnknownBackendError)
     if args.from_model is not None:
         if args.config is not None:
             raise UsageError("--config checks a --dump against a model's config; --from-model knows its layers")
-        from indexcache.model import preset
-
-        layers, arrays = calibrate.collect_from_model(args.from_model, **given)
-        model = preset(args.from_model)
-        plan_for = partial(LayerPlan, model.num_layers, compress_ratios=model.compress_ratios)
-        source = {"model": args.from_model, "weights": "random seeded, not a trained model", **given}
-        what = f"{args.from_model} model (random seeded weights, not a trained model), prefill"
-    elif given:
-        raise UsageError(f"--{next(iter(given)).replace('_', '-')} only applies with --from-model")
+        run = partial(model.calibrate_model, args.from_model, **options)
     else:
-        layers, arrays = calibrate.load_dump(args.dump)
-        # Without a config, a dump of layers 0..n-1 is taken for a model whose every layer is sparse.
-        plan_for = partial(LayerPlan, len(layers)) if layers == list(range(len(layers))) else None
-        source, what = {"dump": str(args.dump)}, f"dump {args.dump}"
-    if args.config is not None:
-        try:
-            plan = LayerPlan.from_config(args.config)
-        except OSError as exc:
-            raise UsageError(f"cannot read --config {args.config}: {exc.strerror}") from None
-        main_layers = plan.num_layers - plan.num_mtp_layers
-        expected = [layer for layer in plan.sparse_layers if layer < main_layers]
-        if layers != expected:
-            missing, extra = sorted(set(expected) - set(layers)), sorted(set(layers) - set(expected))
-            raise UsageError(
-                f"--dump {args.dump} does not hold the sparse layers of {args.config}: missing {missing}, "
-                f"unexpected {extra} (MTP layers always run their own indexer and do not belong in the dump)"
-            )
-        plan_for = partial(LayerPlan.from_config, args.config)
-    keep = 0.25 if args.keep is None and args.producers is None else args.keep
-    budget = calibrate.producer_budget(len(layers), keep=keep, producers=args.producers)
-    start = time.perf_counter()
-    overlap = calibrate.overlap_matrix(arrays, threads=args.threads)
-    seconds = time.perf_counter() - start
-    objective = calibrate.CachedObjective(calibrate.overlap_objective(overlap), "overlap loss")
-    result = calibrate.greedy_search(layers, objective, producers=budget)
-    freq_rule = [] if plan_for is None else calibrate.freq_baselines(layers, objective, plan_for, min_producers=budget)
-    rows, k = arrays[0].shape
-    info = {**source, "rows": rows, "k": k, "keep": keep, "overlap_seconds": round(seconds, 3)}
-    paths = calibrate.write_outputs(
-        args.out, result, overlap, info=info, freq_rule=freq_rule, plots=not args.no_plots
-    )
-    last = result.steps[-1]
-    searched = {step.producers: step.objective for step in result.steps}
-    adjacent = [overlap[i, i + 1] for i in range(len(layers) - 1)]
-    print(f"source:    {what}: {len(layers)} sparse layers ({layers[0]}..{layers[-1]}), {rows} rows, k {k}")
-    print(
-        f"overlap:   {seconds:.2f} s (CPU); adjacent layers share "
-        f"{sum(adjacent) / len(adjacent) if adjacent else 1.0:.3f} on average"
-    )
-    print(f"producers: {budget} of {len(layers)}: {', '.join(map(str, result.producers))}")
-    print(f"pattern:   {result.pattern}")
-    print(f"config:    {json.dumps(result.config())}")
+        given = [name for name, value in options.items() if value is not None]
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} only applies with --from-model")
+        if args.config is not None:
+            _check_input("--config", args.config)
+        run = partial(calibrate.calibrate_dump, args.dump, config=args.config)
+        errors += (FileNotFoundError,)  # a missing or empty --dump directory
+    with _input_errors(*errors):
+        found = run(args.out, keep=args.keep, producers=args.producers, threads=args.threads, plots=not args.no_plots)
+    search, layers = found.search, found.layers
+    last = search.steps[-1]
+    print(f"source:    {found.source}: {len(layers)} sparse layers ({layers[0]}..{layers[-1]}), {found.rows} rows, "
+          f"k {found.k}")
+    print(f"overlap:   {found.overlap_seconds:.2f} s (CPU); adjacent layers share {found.adjacent_overlap:.3f} on "
+          "average")
+    print(f"producers: {last.producers} of {len(layers)}: {', '.join(map(str, search.producers))}")
+    print(f"pattern:   {search.pattern}")
+    print(f"config:    {json.dumps(search.config())}")
     print(f"objective: overlap loss {last.objective:.4f} (evenly spaced producers: {last.uniform_objective:.4f})")
-    for baseline in freq_rule:
+    for baseline in found.freq_rule or ():
         print(
             f"freq rule: index_topk_freq={baseline.freq} keeps {baseline.producers}: overlap loss "
-            f"{baseline.objective:.4f} (search at {baseline.producers}: {searched[baseline.producers]:.4f})"
+            f"{baseline.objective:.4f} (search at {baseline.producers}: {search.objective_at(baseline.producers):.4f})"
         )
-    if plan_for is None:
+    if found.freq_rule is None:
         print("freq rule: not compared (pass --config: the dump's layer ids are not 0..n-1)")
-    print(f"wrote:     {', '.join(str(path) for path in paths.values())}")
+    print(f"wrote:     {', '.join(str(path) for path in found.paths.values())}")
     return 0
 
 
@@ -327,12 +332,9 @@ def _add_demo(sub) -> None:
 
 
 def _run_demo(args) -> int:
-    import contextlib
-
-    import torch
-
-    from indexcache import dispatch
-    from indexcache.model import DSAModel, compare_plans, preset
+    from indexcache.calibrate import check_plotting
+    from indexcache.dispatch import UnknownBackendError
+    from indexcache.model import ModelSettingError, plot_demo, preset, run_demo
 
     for name in ("freq", "batch", "prompt_len", "decode_steps", "topk"):
         value = getattr(args, name)
@@ -340,40 +342,22 @@ def _run_demo(args) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.plot:
         _check_output("--plot", args.plot)
-    backend = args.backend or dispatch.get_backend()
-    avail = dispatch.availability(backend)
-    if not avail.available:
-        raise UsageError(f"backend {backend!r} is not available here: {avail.reason}")
-    gpu = avail.device != "cpu"
-    overrides = {"seed": args.seed}
-    fp8 = dispatch.get(backend).info().get("fp8_dtype")
-    if fp8:
-        overrides["index_dtype"] = str(fp8).removeprefix("torch.")
-    config = preset(args.preset, **overrides)
-    topk = args.topk or (config.topk if gpu else 128)
-    config = preset(args.preset, topk=topk, **overrides)
-    prompt_len = args.prompt_len or (4096 if gpu else 512)
-    steps = args.decode_steps or (32 if gpu else 8)
-    if args.plot:
-        from indexcache.calibrate import check_plotting
-
         try:
             check_plotting()
         except ImportError as exc:
             raise UsageError(str(exc)) from None
-    choice = dispatch.use_backend(args.backend) if args.backend else contextlib.nullcontext()
-    with choice:
-        model = DSAModel(config, avail.device)
-        plan = model.plan(args.freq)
-        gen = torch.Generator().manual_seed(args.seed)
-        prompts = [torch.randint(0, config.vocab, (prompt_len,), generator=gen) for _ in range(args.batch)]
-        result = compare_plans(model, plan, prompts, steps)
-    scaled = "" if topk == preset(args.preset).topk else f" (preset {preset(args.preset).topk}; scaled)"
+    with _input_errors(ModelSettingError, UnknownBackendError):
+        demo = run_demo(args.preset, freq=args.freq, backend=args.backend, batch=args.batch,
+                        prompt_len=args.prompt_len, decode_steps=args.decode_steps, topk=args.topk, seed=args.seed)
+    config, result, steps = demo.config, demo.comparison, demo.steps
+    plan = result.plan
     sparse = plan.sparse_layers
+    preset_topk = preset(args.preset).topk
+    scaled = "" if config.topk == preset_topk else f" (preset {preset_topk}; scaled)"
     print(f"model:   {args.preset}, random seeded weights (not a trained model): {config.num_layers} layers, "
-          f"{len(sparse)} sparse, top-k {topk}{scaled}, page {config.page_size}")
-    print(f"backend: {backend} ({avail.mode} on {avail.device}); batch {args.batch} x {prompt_len} prompt tokens, "
-          f"{steps} decode steps")
+          f"{len(sparse)} sparse, top-k {config.topk}{scaled}, page {config.page_size}")
+    print(f"backend: {demo.backend} ({demo.mode} on {demo.device}); batch {demo.batch} x {demo.prompt_len} prompt "
+          f"tokens, {steps} decode steps")
     print(f"\n{'plan':<10}{'producers':>11}{'prefill s':>12}{'decode ms/step':>16}")
     for label, run, producers in (("freq 1", result.baseline, len(sparse)),
                                   (f"freq {args.freq}", result.candidate, len(plan.producers))):
@@ -390,33 +374,9 @@ def _run_demo(args) -> int:
     print(f"\ndrift from freq 1: prefill logits {result.prefill_drift:.4f}, decode logits {result.decode_drift:.4f} "
           f"(relative L2); greedy tokens agree at {100 * result.agreement:.1f}% of decode positions")
     if args.plot:
-        _plot_demo(result, args.plot)
+        plot_demo(result, args.plot)
         print(f"plot written to {args.plot}")
     return 0
-
-
-def _plot_demo(result, path: str) -> None:
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-
-    plan = result.plan
-    layers = plan.sparse_layers
-    figure = Figure(figsize=(8, 4.5), layout="constrained")
-    axes = figure.subplots()
-    colors = ["tab:blue" if plan.role(layer) == "S" else "tab:gray" for layer in layers]
-    axes.bar(layers, [result.overlap[layer] for layer in layers], color=colors)
-    adjacent = sorted(result.adjacent)
-    (line,) = axes.plot(adjacent, [result.adjacent[layer] for layer in adjacent], "o--", color="tab:orange",
-                        label="vs the previous sparse layer")
-    handles = [Patch(color="tab:blue", label="shared layer vs the producer it reuses"),
-               Patch(color="tab:gray", label="producer (its own top-k)"), line]
-    axes.set_ylim(0, 1.05)
-    axes.set_xlabel("layer")
-    axes.set_ylabel("top-k overlap (fraction of k)")
-    axes.set_title(f"IndexCache demo, roles {plan.roles}: random-weight model, not a trained one")
-    figure.legend(handles=handles, loc="outside lower center", ncols=3, fontsize="small")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
 
 
 def _add_compile_check(sub) -> None:
@@ -488,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ValueError, TypeError, FileNotFoundError) as exc:
+    except UsageError as exc:
         print(f"indexcache {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

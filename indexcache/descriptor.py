@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from indexcache.plan import LayerPlan, check_index_dtype
+from indexcache.plan import ConfigError, LayerPlan, check_index_dtype
 
 SCHEMA_VERSION = 1
 SIGNED_FIELDS = (
@@ -30,7 +30,11 @@ SIGNED_FIELDS = (
 )
 
 
-class PDIncompatibleError(ValueError):
+class DescriptorError(ValueError):
+    """A descriptor, a payload of one or the ranks' reports that break a rule; the message names the field."""
+
+
+class PDIncompatibleError(DescriptorError):
     """Prefill and decode descriptors do not fit together.
 
     ``differences`` maps each differing signed field to ``(prefill value, decode value)``; ``uncovered``
@@ -65,13 +69,16 @@ class Descriptor:
         for name in ("num_layers", "top_k", "index_n_heads", "index_head_dim", "page_size"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+                raise DescriptorError(f"{name}={value!r}: must be an integer >= 1")
         if not _is_int(self.schema_version) or self.schema_version != SCHEMA_VERSION:
-            raise ValueError(
+            raise DescriptorError(
                 f"schema_version={self.schema_version!r}: must be the integer {SCHEMA_VERSION}, the version this "
                 "indexcache reads"
             )
-        check_index_dtype(self.index_dtype)
+        try:
+            check_index_dtype(self.index_dtype)
+        except ConfigError as exc:
+            raise DescriptorError(str(exc)) from None
         for name in ("sparse_layers", "producers"):
             layers = getattr(self, name)
             if (
@@ -79,16 +86,16 @@ class Descriptor:
                 or not all(_is_int(x) for x in layers)
                 or list(layers) != sorted(set(layers))
             ):
-                raise ValueError(
+                raise DescriptorError(
                     f"{name}={layers!r}: must be a tuple of distinct layer ids in increasing order"
                 )
         if self.sparse_layers and not 0 <= self.sparse_layers[0] <= self.sparse_layers[-1] < self.num_layers:
-            raise ValueError(
+            raise DescriptorError(
                 f"sparse_layers={self.sparse_layers!r}: layer ids must be in 0..{self.num_layers - 1}"
             )
         if not set(self.producers) <= set(self.sparse_layers):
             extra = sorted(set(self.producers) - set(self.sparse_layers))
-            raise ValueError(f"producers={self.producers!r}: layers {extra} are not sparse layers")
+            raise DescriptorError(f"producers={self.producers!r}: layers {extra} are not sparse layers")
 
     @classmethod
     def from_plan(cls, plan: LayerPlan) -> Descriptor:
@@ -122,17 +129,17 @@ class Descriptor:
         """The inverse of :meth:`to_dict`. The ``signature`` is required and must match the fields, so a
         payload altered or truncated on the way is refused."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"descriptor must be a JSON object, got {type(data).__name__}")
+            raise DescriptorError(f"descriptor must be a JSON object, got {type(data).__name__}")
         names = {f.name for f in fields(cls)}
         missing = sorted((names | {"signature"}) - set(data))
         unknown = sorted(set(data) - names - {"signature"})
         if missing or unknown:
-            raise ValueError(f"descriptor keys: missing {missing}, unknown {unknown}")
+            raise DescriptorError(f"descriptor keys: missing {missing}, unknown {unknown}")
         values = {name: tuple(v) if isinstance(v := data[name], list) else v for name in names}
         descriptor = cls(**values)
         claimed = data["signature"]
         if claimed != descriptor.signature:
-            raise ValueError(
+            raise DescriptorError(
                 f"signature={claimed!r}: does not match the descriptor's fields, which give {descriptor.signature!r}"
             )
         return descriptor
@@ -143,8 +150,12 @@ class Descriptor:
 
     @classmethod
     def from_json(cls, text: str) -> Descriptor:
-        """Parse :meth:`to_json` output; malformed JSON raises ``ValueError``."""
-        return cls.from_dict(json.loads(text))
+        """Parse :meth:`to_json` output; malformed JSON raises :class:`DescriptorError`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DescriptorError(f"descriptor: not valid JSON: {exc}") from None
+        return cls.from_dict(data)
 
 
 def _layer_difference(prefill: Sequence[int], decode: Sequence[int]) -> str:
@@ -185,17 +196,17 @@ def check_pd_compatible(prefill: Descriptor, decode: Descriptor) -> None:
 def check_ranks_agree(reports: Sequence[Descriptor | None]) -> Descriptor | None:
     """The one descriptor all prefill ranks report, or None when none reports one.
 
-    ``reports[i]`` is rank i's descriptor (None: it reported none). Raises ``ValueError`` naming the
+    ``reports[i]`` is rank i's descriptor (None: it reported none). Raises :class:`DescriptorError` naming the
     ranks when some report one and some do not, or when they report different descriptors.
     """
     if not reports:
-        raise ValueError("no prefill ranks reported")
+        raise DescriptorError("no prefill ranks reported")
     silent = [rank for rank, d in enumerate(reports) if d is None]
     if len(silent) == len(reports):
         return None
     if silent:
         reporting = [rank for rank, d in enumerate(reports) if d is not None]
-        raise ValueError(f"prefill ranks {silent} report no descriptor while ranks {reporting} report one")
+        raise DescriptorError(f"prefill ranks {silent} report no descriptor while ranks {reporting} report one")
     groups: dict[Descriptor, list[int]] = {}
     for rank, descriptor in enumerate(reports):
         groups.setdefault(descriptor, []).append(rank)
@@ -204,5 +215,5 @@ def check_ranks_agree(reports: Sequence[Descriptor | None]) -> Descriptor | None
             f"ranks {ranks}: signature {d.signature[:12]}…, producers {list(d.producers)}"
             for d, ranks in groups.items()
         )
-        raise ValueError(f"prefill ranks report {len(groups)} different descriptors: {described}")
+        raise DescriptorError(f"prefill ranks report {len(groups)} different descriptors: {described}")
     return reports[0]

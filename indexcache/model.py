@@ -24,20 +24,31 @@ shared layer's translation matters. The producer's indexer runs on a side stream
 Presets: ``"v32-like"`` (every layer sparse, k 2048) and ``"v4-like"`` (``compress_ratios``: only
 ratio-4 layers have an indexer, k 512; KV compression itself is not modelled). Pass ``topk=`` to
 scale k down for quick CPU runs; k only matters once contexts are longer than k.
+
+Runs of the whole model: :func:`run_demo` (``indexcache demo``: a plan against every sparse layer a
+producer), :func:`record_dump` (every sparse layer's top-k, a calibration dump) and :func:`calibrate_model`
+(``indexcache calibrate --from-model``). A setting they cannot use raises :class:`ModelSettingError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 import indexcache
+from indexcache import dispatch
+from indexcache.calibrate import Calibration, calibrate_arrays, overlap_matrix
 from indexcache.layout import new_packed_cache, split_packed_cache
 from indexcache.ops import INDEX
 from indexcache.plan import LayerPlan
@@ -47,6 +58,11 @@ from indexcache.streams import overlap
 
 ROPE_BASE = 10000.0
 ATTENTION_CHUNK_BYTES = 64 * 2**20
+
+
+class ModelSettingError(ValueError):
+    """A setting of the small model or of a run of it (preset, sizes, backend) that cannot be used; the message
+    names it."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +106,7 @@ PRESETS: dict[str, ModelConfig] = {
 def preset(name: str, **overrides) -> ModelConfig:
     """The config of preset ``name`` ("v32-like" or "v4-like") with ``overrides`` (e.g. ``topk=64``)."""
     if name not in PRESETS:
-        raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}")
+        raise ModelSettingError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}")
     return dataclasses.replace(PRESETS[name], **overrides)
 
 
@@ -264,7 +280,7 @@ class DSAModel:
 
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu") -> None:
         if config.index_dim % 4 or config.index_dim & (config.index_dim - 1):
-            raise ValueError(f"index_dim: expected a power of two >= 4, got {config.index_dim}")
+            raise ModelSettingError(f"index_dim: expected a power of two >= 4, got {config.index_dim}")
         self.config = config
         self.device = torch.device(device)
         self.fp8 = getattr(torch, config.index_dtype)
@@ -485,8 +501,6 @@ def _drift(got: torch.Tensor, base: torch.Tensor) -> float:
 
 def compare_plans(model: DSAModel, plan: LayerPlan, prompts: Sequence[torch.Tensor], steps: int) -> PlanComparison:
     """Generate with every sparse layer a producer, then with ``plan`` fed the same tokens; compare."""
-    from indexcache.calibrate import overlap_matrix
-
     recorder = IndexRecorder()
     baseline = model.generate(prompts, steps, IndexerRunner(model.plan(1)), recorder=recorder)
     candidate = model.generate(prompts, steps, IndexerRunner(plan), tokens=baseline.tokens)
@@ -503,6 +517,183 @@ def compare_plans(model: DSAModel, plan: LayerPlan, prompts: Sequence[torch.Tens
                           prefill_drift=_drift(candidate.prefill_logits, baseline.prefill_logits),
                           decode_drift=_drift(candidate.decode_logits, baseline.decode_logits) if steps else 0.0,
                           agreement=float(agree.mean()) if steps else 1.0)
+
+
+# ------------------------------------------------------------------------------------------ runs of the model
+
+
+def _check_sizes(**sizes: int | None) -> None:
+    """Raise :class:`ModelSettingError` unless every given size (None: the default) is an integer >= 1."""
+    for key, value in sizes.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ModelSettingError(f"{key}={value!r}: must be an integer >= 1")
+
+
+def _backend_setup(backend: str | None) -> tuple[str, dispatch.Availability, dict[str, str]]:
+    """``backend`` (None: the automatic choice), its availability here, and the config overrides it needs (the fp8
+    format its kernels compute in). An unknown name raises ``UnknownBackendError``; one that cannot run here
+    :class:`ModelSettingError`."""
+    chosen = backend or dispatch.get_backend()
+    avail = dispatch.availability(chosen)
+    if not avail.available:
+        raise ModelSettingError(f"backend {chosen!r} is not available here: {avail.reason}")
+    fp8 = dispatch.get(chosen).capabilities().fp8_dtype
+    return chosen, avail, ({"index_dtype": str(fp8).removeprefix("torch.")} if fp8 is not None else {})
+
+
+def _prompts(config: ModelConfig, batch: int, length: int, seed: int) -> list[torch.Tensor]:
+    """``batch`` random prompts of ``length`` tokens (int64), drawn from ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, config.vocab, (length,), generator=generator) for _ in range(batch)]
+
+
+def record_dump(
+    name: str,
+    *,
+    backend: str | None = None,
+    prompt_len: int = 512,
+    batch: int = 2,
+    topk: int = 128,
+    seed: int = 0,
+) -> tuple[list[int], list[np.ndarray]]:
+    """A calibration dump from the small model: every sparse layer's top-k in one prefill.
+
+    Builds preset ``name`` ("v32-like" or "v4-like"; random seeded weights, **not a trained model**)
+    with top-k ``topk`` on ``backend`` (default: the automatic choice) and every sparse layer a
+    producer, prefills ``batch`` random prompts of ``prompt_len`` tokens drawn from ``seed`` and records
+    each sparse layer's raw indices (:class:`~indexcache.state.IndexRecorder`). Rows whose context is at
+    most ``topk`` tokens are dropped: every layer selects all of them. Returns what
+    :func:`indexcache.calibrate.load_dump` returns: the sparse layer ids and one ``[rows, topk]`` int32 array
+    each. The defaults are sizes for a CPU (seconds); the preset's own k (2048 / 512) and longer prompts suit
+    a GPU. Bad sizes, an unknown preset or a backend that cannot run here raise :class:`ModelSettingError`.
+    """
+    _check_sizes(prompt_len=prompt_len, batch=batch, topk=topk)
+    if prompt_len <= topk:
+        raise ModelSettingError(
+            f"prompt_len={prompt_len} must exceed topk={topk}: shorter contexts select every token"
+        )
+    _, avail, overrides = _backend_setup(backend)
+    config = preset(name, topk=topk, seed=seed, **overrides)
+    with dispatch.use_backend(backend) if backend else contextlib.nullcontext():
+        model = DSAModel(config, avail.device)
+        runner = IndexerRunner(model.plan(1))
+        cache = model.new_cache(batch, prompt_len, seed=seed)
+        state = TopkState(batch * prompt_len, topk, model.device)
+        recorder = IndexRecorder()
+        state.recorder = recorder
+        rows = Batch.prefill(_prompts(config, batch, prompt_len, seed), cache.tables_for(range(batch)))
+        model.run(rows, cache, runner, state)
+    keep = (rows.lengths > topk).cpu()
+    recorded = recorder.stacked()
+    layers = config.sparse_layers
+    return layers, [recorded[layer].cpu()[keep].numpy() for layer in layers]
+
+
+def calibrate_model(
+    name: str,
+    out: str | os.PathLike[str],
+    *,
+    keep: float | None = None,
+    producers: int | None = None,
+    threads: int | None = None,
+    plots: bool = True,
+    backend: str | None = None,
+    prompt_len: int | None = None,
+    topk: int | None = None,
+    seed: int | None = None,
+) -> Calibration:
+    """:func:`indexcache.calibrate.calibrate_arrays` on a dump :func:`record_dump` records from preset ``name``.
+
+    ``backend``, ``prompt_len``, ``topk`` and ``seed`` go to :func:`record_dump` (None: its default) and, when
+    given, into ``report.json``; the ``index_topk_freq`` rule is compared on the preset's layers.
+    """
+    given = {"backend": backend, "prompt_len": prompt_len, "topk": topk, "seed": seed}
+    given = {key: value for key, value in given.items() if value is not None}
+    layers, arrays = record_dump(name, **given)
+    config = preset(name)
+    return calibrate_arrays(
+        layers, arrays, out, keep=keep, producers=producers,
+        plan_for=partial(LayerPlan, config.num_layers, compress_ratios=config.compress_ratios),
+        source=f"{name} model (random seeded weights, not a trained model), prefill",
+        info={"model": name, "weights": "random seeded, not a trained model", **given}, threads=threads, plots=plots,
+    )
+
+
+@dataclass(frozen=True)
+class Demo:
+    """What :func:`run_demo` ran: preset ``name`` at ``config`` on ``backend`` (``mode`` on ``device``), ``batch``
+    prompts of ``prompt_len`` tokens then ``steps`` decode steps, and the ``comparison`` of the plan with every
+    sparse layer a producer."""
+
+    name: str
+    config: ModelConfig
+    backend: str
+    mode: str
+    device: str
+    batch: int
+    prompt_len: int
+    steps: int
+    comparison: PlanComparison
+
+
+def run_demo(
+    name: str = "v32-like",
+    *,
+    freq: int = 4,
+    backend: str | None = None,
+    batch: int = 2,
+    prompt_len: int | None = None,
+    decode_steps: int | None = None,
+    topk: int | None = None,
+    seed: int = 0,
+) -> Demo:
+    """Run preset ``name`` (random seeded weights, not a trained model) with every sparse layer a producer and
+    with ``index_topk_freq=freq``, prefill then decode, on ``backend`` (None: the automatic choice): see
+    :func:`compare_plans`.
+
+    ``batch`` random prompts of ``prompt_len`` tokens (default 4096 on a GPU, 512 on a CPU), ``decode_steps``
+    decode steps (default 32 on a GPU, 8 on a CPU), top-k ``topk`` (default: the preset's on a GPU, 128 on a
+    CPU); weights and prompts from ``seed``. Bad sizes, an unknown preset or a backend that cannot run here
+    raise :class:`ModelSettingError`.
+    """
+    _check_sizes(freq=freq, batch=batch, prompt_len=prompt_len, decode_steps=decode_steps, topk=topk)
+    chosen, avail, overrides = _backend_setup(backend)
+    gpu = avail.device != "cpu"
+    config = preset(name, topk=topk or (preset(name).topk if gpu else 128), seed=seed, **overrides)
+    prompt_len = prompt_len or (4096 if gpu else 512)
+    steps = decode_steps or (32 if gpu else 8)
+    with dispatch.use_backend(backend) if backend else contextlib.nullcontext():
+        model = DSAModel(config, avail.device)
+        comparison = compare_plans(model, model.plan(freq), _prompts(config, batch, prompt_len, seed), steps)
+    return Demo(name=name, config=config, backend=chosen, mode=avail.mode, device=avail.device, batch=batch,
+                prompt_len=prompt_len, steps=steps, comparison=comparison)
+
+
+def plot_demo(comparison: PlanComparison, path: str | os.PathLike[str]) -> Path:
+    """A PNG at ``path`` of each sparse layer's top-k overlap with the producer it reuses (bars) and with the
+    previous sparse layer (line), from :func:`compare_plans`; needs matplotlib."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    plan = comparison.plan
+    layers = plan.sparse_layers
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    axes = figure.subplots()
+    colors = ["tab:blue" if plan.role(layer) == "S" else "tab:gray" for layer in layers]
+    axes.bar(layers, [comparison.overlap[layer] for layer in layers], color=colors)
+    adjacent = sorted(comparison.adjacent)
+    (line,) = axes.plot(adjacent, [comparison.adjacent[layer] for layer in adjacent], "o--", color="tab:orange",
+                        label="vs the previous sparse layer")
+    handles = [Patch(color="tab:blue", label="shared layer vs the producer it reuses"),
+               Patch(color="tab:gray", label="producer (its own top-k)"), line]
+    axes.set_ylim(0, 1.05)
+    axes.set_xlabel("layer")
+    axes.set_ylabel("top-k overlap (fraction of k)")
+    axes.set_title(f"IndexCache demo, roles {plan.roles}: random-weight model, not a trained one")
+    figure.legend(handles=handles, loc="outside lower center", ncols=3, fontsize="small")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    return Path(path)
 
 
 class StaticDecode:

@@ -6,7 +6,7 @@ Every schedule form that ships in model configs resolves here, with SGLang's pre
 ``index_skip_topk_offset``. The schedule counts *sparse* layers (those with an indexer): every layer of
 a DeepSeek-V3.2 / GLM-style model, only the ratio-4 (C4) layers of a DeepSeek-V4 ``compress_ratios``
 model. MTP (NextN) layers come after the main layers and always compute their own top-k. Every
-invalid input raises ``ValueError`` naming the key, the value and the rule.
+invalid input raises :class:`ConfigError` (a ``ValueError``) naming the key, the value and the rule.
 
 A config may hold any other keys (real model configs have many), except keys that look like a
 misspelt schedule key, which would otherwise leave the schedule unset without a word: a key that
@@ -17,6 +17,7 @@ swapped, a plural, another case), is refused with the schedule key it resembles.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import os
@@ -66,9 +67,14 @@ _DEFAULT_OFFSET = 2
 _DEFAULT_C4_OFFSET = 1
 
 
+class ConfigError(ValueError):
+    """A model config, an override or a plan argument that breaks a rule; the message names the key, the value
+    and the rule."""
+
+
 def _check_int(key: str, value: Any, minimum: int, rule: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{key}={value!r}: {rule}")
+        raise ConfigError(f"{key}={value!r}: {rule}")
     return value
 
 
@@ -190,17 +196,18 @@ class LayerPlan:
     def from_config(cls, config: Mapping[str, Any] | str | os.PathLike[str], **overrides: Any) -> LayerPlan:
         """A plan from a model config (a dict or the path of a ``config.json``).
 
-        The layer count comes from ``num_hidden_layers`` or ``num_layers``. ``overrides`` replace config
-        keys (``None`` values are ignored); an override of a schedule key also drops the config's keys
-        of higher precedence, so the override is the one that takes effect. A config key that looks like a
-        misspelt schedule key raises ``ValueError`` (see the module docstring); other unknown keys are ignored.
+        The layer count comes from ``num_hidden_layers`` or ``num_layers``. ``overrides`` replace config keys
+        (``None`` values are ignored); an override of a schedule key also drops the config's keys of higher
+        precedence, so the override is the one that takes effect. A config key that looks like a misspelt
+        schedule key raises :class:`ConfigError` (see the module docstring); other unknown keys are ignored. A
+        file that cannot be read raises ``OSError``.
         """
         cfg = dict(_load(config))
         _check_unknown_keys(cfg)
         given = {key: value for key, value in overrides.items() if value is not None}
         unknown = sorted(set(given) - set(CONFIG_KEYS))
         if unknown:
-            raise ValueError(f"overrides {unknown}: unknown keys; expected some of {list(CONFIG_KEYS)}")
+            raise ConfigError(f"overrides {unknown}: unknown keys; expected some of {list(CONFIG_KEYS)}")
         for key in given:
             if key in _SCHEDULE_RANK:
                 for higher in SCHEDULE_KEYS[: _SCHEDULE_RANK[key]]:
@@ -209,7 +216,7 @@ class LayerPlan:
         cfg.update(given)
         count_key = next((key for key in _LAYER_COUNT_KEYS if cfg.get(key) is not None), None)
         if count_key is None:
-            raise ValueError("config has no layer count: expected num_hidden_layers or num_layers")
+            raise ConfigError("config has no layer count: expected num_hidden_layers or num_layers")
         num_layers = _positive(count_key, cfg[count_key])
         return cls(num_layers, **{key: cfg[key] for key in CONFIG_KEYS if cfg.get(key) is not None})
 
@@ -286,7 +293,7 @@ class LayerPlan:
         plan, whose shared layers ship no indexer weights.
         """
         if mode not in ("carry", "promote"):
-            raise ValueError(f"mode={mode!r}: must be 'carry' or 'promote'")
+            raise ConfigError(f"mode={mode!r}: must be 'carry' or 'promote'")
         edges = [0, *_check_boundaries(boundaries, self.num_layers), self.num_layers]
         spans = list(pairwise(edges))
         roles = list(self.roles)
@@ -295,7 +302,7 @@ class LayerPlan:
             first = next((layer for layer in range(start, stop) if roles[layer] != NO_INDEXER), None)
             if first is not None and roles[first] == SHARED:
                 if self.schedule == "indexer_types":
-                    raise ValueError(
+                    raise ConfigError(
                         f"mode='promote': the stage starting at layer {start} would make layer {first} a "
                         "producer, but indexer_types marks it 'shared' and such layers ship no indexer "
                         "weights; use mode='carry'"
@@ -317,6 +324,19 @@ class LayerPlan:
         ]
 
 
+    def for_stage(self, stage: Stage) -> LayerPlan:
+        """This plan as pipeline ``stage`` runs it: the stage's roles over its layers (so a ``"promote"`` split's
+        promoted layers are producers), the plan's roles elsewhere. :meth:`role` and :meth:`source_of` of the
+        result answer for the stage's layers."""
+        if not 0 <= stage.start < stage.stop <= self.num_layers or len(stage.roles) != stage.stop - stage.start:
+            raise ConfigError(
+                f"stage: layers {stage.start}..{stage.stop - 1} do not fit the plan's {self.num_layers} layers"
+            )
+        plan = copy.copy(self)
+        plan.roles = self.roles[: stage.start] + stage.roles + self.roles[stage.stop :]
+        return plan
+
+
 def _carried_into(roles: str, start: int) -> int | None:
     """The producer before ``start`` whose indices layers from ``start`` on still reuse, if any."""
     following = roles[start:].replace(NO_INDEXER, "")
@@ -329,7 +349,7 @@ def _check_boundaries(boundaries: Sequence[int], num_layers: int) -> list[int]:
     values = list(boundaries)
     ok = all(isinstance(b, int) and not isinstance(b, bool) and 0 < b < num_layers for b in values)
     if not ok or any(a >= b for a, b in pairwise(values)):
-        raise ValueError(
+        raise ConfigError(
             f"boundaries={values!r}: must be strictly increasing layer ids in 1..{num_layers - 1}, "
             "each the first layer of a new stage"
         )
@@ -337,13 +357,13 @@ def _check_boundaries(boundaries: Sequence[int], num_layers: int) -> list[int]:
 
 
 def check_index_dtype(value: Any) -> str:
-    """``value`` if it is one of :data:`INDEX_DTYPES`; otherwise ``ValueError`` naming the accepted names."""
+    """``value`` if it is one of :data:`INDEX_DTYPES`; otherwise :class:`ConfigError` naming the accepted names."""
     if isinstance(value, str) and value in INDEX_DTYPES:
         return value
     close = difflib.get_close_matches(str(value).lower().removeprefix("torch."), INDEX_DTYPES, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     names = ", ".join(map(repr, INDEX_DTYPES))
-    raise ValueError(f"index_dtype={value!r}: must be one of {names} (torch dtype names){hint}")
+    raise ConfigError(f"index_dtype={value!r}: must be one of {names} (torch dtype names){hint}")
 
 
 def _check_unknown_keys(cfg: Mapping[str, Any]) -> None:
@@ -355,7 +375,7 @@ def _check_unknown_keys(cfg: Mapping[str, Any]) -> None:
         close = difflib.get_close_matches(name, _SCHEDULE_NAMES, n=1, cutoff=_NEAR_MISS)
         if close or name.startswith(_SCHEDULE_PREFIXES):
             guess = close or difflib.get_close_matches(name, _SCHEDULE_NAMES, n=1, cutoff=0.0)
-            raise ValueError(
+            raise ConfigError(
                 f"config key {key!r}: not a key indexcache reads, and it looks like a misspelt schedule key; "
                 f"did you mean {guess[0]!r}? (the schedule keys: {', '.join(_SCHEDULE_NAMES)})"
             )
@@ -370,18 +390,18 @@ def _sparse_flags(compress_ratios: Sequence[int] | None, num_main: int, num_mtp:
     if compress_ratios is None:
         return [True] * (num_main + num_mtp)
     if isinstance(compress_ratios, (str, bytes)) or not isinstance(compress_ratios, Sequence):
-        raise ValueError(f"compress_ratios={compress_ratios!r}: must be a list of integers, one per layer")
+        raise ConfigError(f"compress_ratios={compress_ratios!r}: must be a list of integers, one per layer")
     ratios = list(compress_ratios)
     if len(ratios) not in (num_main, num_main + num_mtp):
         lengths = sorted({num_main, num_main + num_mtp})
-        raise ValueError(
+        raise ConfigError(
             f"compress_ratios={ratios!r}: has {len(ratios)} entries; expected one per layer "
             f"({' or '.join(map(str, lengths))}, MTP layers optional)"
         )
     for i, ratio in enumerate(ratios):
         if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio not in COMPRESS_RATIOS:
             allowed = ", ".join(f"{value} ({meaning})" for value, meaning in COMPRESS_RATIOS.items())
-            raise ValueError(f"compress_ratios[{i}]={ratio!r}: layer {i}'s compression ratio must be one of {allowed}")
+            raise ConfigError(f"compress_ratios[{i}]={ratio!r}: layer {i}'s compression ratio must be one of {allowed}")
     # MTP layers the list does not cover run their own indexer.
     return [ratio == _C4_RATIO for ratio in ratios] + [True] * (num_main + num_mtp - len(ratios))
 
@@ -394,24 +414,24 @@ def _per_sparse_layer(
         return None
     allowed = " or ".join(map(repr, meaning))
     if key == "index_topk_pattern" and not isinstance(value, str):
-        raise ValueError(f"{key}={value!r}: must be a string of {allowed}, one per layer or per sparse layer")
+        raise ConfigError(f"{key}={value!r}: must be a string of {allowed}, one per layer or per sparse layer")
     if key != "index_topk_pattern" and (isinstance(value, str) or not isinstance(value, Sequence)):
-        raise ValueError(f"{key}={value!r}: must be a list of {allowed}, one per layer or per sparse layer")
+        raise ConfigError(f"{key}={value!r}: must be a list of {allowed}, one per layer or per sparse layer")
     items = list(value)
     for i, item in enumerate(items):
         if item not in meaning:
-            raise ValueError(f"{key}={value!r}: position {i} is {item!r}; only {allowed} are allowed")
+            raise ConfigError(f"{key}={value!r}: position {i} is {item!r}; only {allowed} are allowed")
     if len(items) == num_main:
         items = [items[layer] for layer in sparse]
     elif len(items) != len(sparse):
         expected = f"not the layer count ({num_main})"
         if len(sparse) != num_main:
             expected = f"neither the layer count ({num_main}) nor the sparse layer count ({len(sparse)})"
-        raise ValueError(f"{key}={value!r}: has {len(items)} entries, {expected}")
+        raise ConfigError(f"{key}={value!r}: has {len(items)} entries, {expected}")
     skips = [meaning[item] for item in items]
     if skips and skips[0]:
         compute = next(name for name, skip in meaning.items() if not skip)
-        raise ValueError(
+        raise ConfigError(
             f"{key}={value!r}: the first sparse layer (layer {sparse[0]}) is {items[0]!r}, but a shared "
             f"layer needs an earlier producer; it must be {compute!r}"
         )
@@ -424,7 +444,7 @@ def _load(config: Mapping[str, Any] | str | os.PathLike[str]) -> Mapping[str, An
         try:
             config = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(config, Mapping):
-        raise ValueError(f"config must be a JSON object (a dict), got {type(config).__name__}")
+        raise ConfigError(f"config must be a JSON object (a dict), got {type(config).__name__}")
     return config

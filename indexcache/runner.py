@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import torch
 
-from indexcache.plan import NO_INDEXER, PRODUCER, LayerPlan, Stage
+from indexcache.plan import PRODUCER, LayerPlan, Stage
 from indexcache.state import TopkState
 
 
@@ -51,31 +51,27 @@ class IndexerRunner:
 
     def __init__(self, plan: LayerPlan, *, stage: Stage | None = None, k: int | None = None,
                  page_size: int | None = None) -> None:
-        roles = plan.roles
-        if stage is not None:
-            if not 0 <= stage.start < stage.stop <= plan.num_layers or len(stage.roles) != stage.stop - stage.start:
-                raise ValueError(f"stage: layers {stage.start}..{stage.stop - 1} do not fit the plan's "
-                                 f"{plan.num_layers} layers")
-            roles = roles[: stage.start] + stage.roles + roles[stage.stop :]
         self.plan = plan
         self.stage = stage
-        self.roles = roles
+        self._run = plan if stage is None else plan.for_stage(stage)  # the roles as run here
+        self.roles = self._run.roles
         self.k = plan.top_k if k is None else k
         self.page_size = plan.page_size if page_size is None else page_size
         self.layers = range(stage.start, stage.stop) if stage is not None else range(plan.num_layers)
 
-    def role(self, layer: int) -> str | None:
-        """"F", "S" or None (no indexer) for ``layer`` as this runner executes it."""
+    def _check_layer(self, layer: int) -> None:
         if layer not in self.layers:
             raise IndexError(f"layer {layer!r} is not run here (layers {self.layers.start}..{self.layers.stop - 1})")
-        r = self.roles[layer]
-        return None if r == NO_INDEXER else r
+
+    def role(self, layer: int) -> str | None:
+        """"F", "S" or None (no indexer) for ``layer`` as this runner executes it."""
+        self._check_layer(layer)
+        return self._run.role(layer)
 
     def source_of(self, layer: int) -> int | None:
         """The producer whose indices ``layer`` uses (itself for a producer; None without an indexer)."""
-        if self.role(layer) is None:
-            return None
-        return self.roles.rindex(PRODUCER, 0, layer + 1)
+        self._check_layer(layer)
+        return self._run.source_of(layer)
 
     def begin(self, state: TopkState, rows: int) -> None:
         """Start a forward of ``rows`` query rows on ``state`` (0 rows clears it)."""

@@ -20,7 +20,6 @@ from indexcache import calibrate
 from indexcache.calibrate import (
     CachedObjective,
     c4_layers,
-    collect_from_model,
     freq_baselines,
     greedy_search,
     load_dump,
@@ -30,6 +29,7 @@ from indexcache.calibrate import (
     uniform_pattern,
 )
 from indexcache.cli import main
+from indexcache.model import ModelSettingError, record_dump
 from indexcache.plan import LayerPlan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "configs"
@@ -42,7 +42,7 @@ def v32_dump():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield collect_from_model("v32-like", **MODEL_SIZES)
+        yield record_dump("v32-like", **MODEL_SIZES)
     finally:
         torch.set_num_threads(threads)
 
@@ -368,13 +368,13 @@ def test_search_beats_the_freq_rule_on_the_small_model(v32_dump):
     assert result.pattern != freq4
 
 
-def test_collect_from_model_rejects_bad_sizes():
-    with pytest.raises(ValueError, match="must exceed topk"):
-        collect_from_model("v32-like", prompt_len=32, topk=32)
-    with pytest.raises(ValueError, match="batch"):
-        collect_from_model("v32-like", batch=0)
-    with pytest.raises(ValueError, match="preset"):
-        collect_from_model("v5-like")
+def test_record_dump_rejects_bad_sizes():
+    with pytest.raises(ModelSettingError, match="must exceed topk"):
+        record_dump("v32-like", prompt_len=32, topk=32)
+    with pytest.raises(ModelSettingError, match="batch"):
+        record_dump("v32-like", batch=0)
+    with pytest.raises(ModelSettingError, match="preset"):
+        record_dump("v5-like")
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
@@ -413,6 +413,48 @@ def test_cli_calibrate_end_to_end(tmp_path, capsys):
 
     assert main(["calibrate", "--dump", str(tmp_path / "dump"), "--out", str(out), "--no-plots"]) == 0
     assert json.loads((out / "report.json").read_text())["producers"] == [0, 4]  # default keep 0.25 of 8
+
+
+def test_calibrate_dump_returns_what_it_wrote(tmp_path):
+    groups = [3, 1, 4]
+    stack = planted_stack(groups, seed=3)
+    write_dump(tmp_path / "dump", stack, list(range(len(stack))))
+    found = calibrate.calibrate_dump(tmp_path / "dump", tmp_path / "out", producers=3, plots=False)
+    assert found.search.pattern == leaders_pattern(groups) and found.search.producers == [0, 3, 4]
+    assert found.layers == tuple(range(8)) and (found.rows, found.k) == stack.shape[1:]
+    assert found.source == f"dump {tmp_path / 'dump'}"
+    np.testing.assert_allclose(found.overlap, overlap_matrix(list(stack)))
+    assert found.adjacent_overlap == pytest.approx(float(np.diag(found.overlap, 1).mean()))
+    assert [(b.freq, b.producers) for b in found.freq_rule] == [(2, 5), (3, 4), (4, 3)]
+    assert found.search.objective_at(3) == found.search.steps[-1].objective and found.search.objective_at(2) is None
+    assert sorted(found.paths) == ["config.json", "pattern.txt", "report.json"]
+    report = json.loads(found.paths["report.json"].read_text())
+    assert report["dump"] == str(tmp_path / "dump") and report["keep"] is None and report["rows"] == found.rows
+    default = calibrate.calibrate_dump(tmp_path / "dump", tmp_path / "out", plots=False)
+    assert default.search.steps[-1].producers == 2  # keep 0.25 of 8 when neither keep nor producers is given
+    with pytest.raises(calibrate.CalibrationError, match="give exactly one of keep"):
+        calibrate.calibrate_dump(tmp_path / "dump", tmp_path / "out", keep=0.5, producers=2, plots=False)
+
+
+def test_calibrate_dump_places_the_layers_with_a_config_dict(tmp_path):
+    config = json.loads((EXAMPLES / "deepseek-v4-flash.json").read_text())
+    c4 = c4_layers(config["compress_ratios"])
+    stack = np.random.default_rng(0).integers(-1, 64, (len(c4), 4, 8)).astype(np.int32)
+    write_dump(tmp_path / "dump", stack, c4)
+    assert calibrate.calibrate_dump(tmp_path / "dump", tmp_path / "out", plots=False).freq_rule is None
+    found = calibrate.calibrate_dump(tmp_path / "dump", tmp_path / "out", config=config, plots=False)
+    assert found.layers == tuple(c4) and {b.freq for b in found.freq_rule} >= {2}
+    with pytest.raises(calibrate.DumpError, match=r"sparse layers of the config: missing \[\], unexpected \[2\]"):
+        calibrate.calibrate_dump(tmp_path / "dump", tmp_path / "out", config={**config, "compress_ratios": [
+            0 if layer == c4[0] else ratio for layer, ratio in enumerate(config["compress_ratios"])]}, plots=False)
+
+
+def test_calibrate_arrays_takes_torch_indices_and_no_model(tmp_path):
+    stack = planted_stack([2, 2], seed=1)
+    found = calibrate.calibrate_arrays([3, 5, 7, 9], [torch.from_numpy(a) for a in stack], tmp_path, producers=2,
+                                       source="a test", plots=False)
+    assert found.search.pattern == "FSFS" and found.search.producers == [3, 7] and found.freq_rule is None
+    assert (found.rows, found.k, found.source) == (*stack.shape[1:], "a test")
 
 
 def test_cli_calibrate_checks_the_dump_against_a_config(tmp_path, capsys):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from indexcache.descriptor import (
     SCHEMA_VERSION,
     Descriptor,
+    DescriptorError,
     PDIncompatibleError,
     check_pd_compatible,
     check_ranks_agree,
@@ -207,12 +208,12 @@ def test_payload_without_signature_is_refused():
 def test_bad_payload(edit, message):
     data = v32().to_dict()  # the fields are checked before the signature
     edit(data)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(DescriptorError, match=message):
         Descriptor.from_dict(data)
 
 
 def test_bad_json_text():
-    with pytest.raises(ValueError):
+    with pytest.raises(DescriptorError, match="descriptor: not valid JSON"):
         Descriptor.from_json("{not json")
     with pytest.raises(ValueError, match=r"descriptor must be a JSON object, got list"):
         Descriptor.from_json("[1, 2]")

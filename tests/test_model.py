@@ -2,7 +2,10 @@
 GPU) a captured decode step replayed against eager."""
 
 import dataclasses
+import importlib.util
+import json
 import os
+import types
 
 import pytest
 import torch
@@ -10,7 +13,17 @@ import torch
 import indexcache
 from indexcache import cli, dispatch
 from indexcache.calibrate import overlap_matrix
-from indexcache.model import Batch, DSAModel, StaticDecode, compare_plans, preset
+from indexcache.model import (
+    Batch,
+    DSAModel,
+    ModelSettingError,
+    StaticDecode,
+    calibrate_model,
+    compare_plans,
+    plot_demo,
+    preset,
+    run_demo,
+)
 from indexcache.plan import LayerPlan
 from indexcache.runner import IndexerRunner
 from indexcache.state import IndexRecorder, TopkState
@@ -234,6 +247,39 @@ def test_compare_plans_reports_overlap_and_drift(model):
     assert 0 < result.prefill_drift < 1 and 0 < result.decode_drift < 1
     assert 0 <= result.agreement <= 1
     assert torch.equal(result.candidate.tokens, result.baseline.tokens)
+
+
+def test_run_demo_compares_the_freq_plan_with_freq_1(tmp_path):
+    demo = run_demo("v32-like", freq=4, backend="torch", batch=1, prompt_len=40, decode_steps=2, topk=16, seed=1)
+    assert (demo.name, demo.backend, demo.device, demo.batch, demo.prompt_len, demo.steps) == (
+        "v32-like", "torch", "cpu", 1, 40, 2)
+    assert demo.config.topk == 16 and demo.config.seed == 1
+    result = demo.comparison
+    assert result.plan.roles == DSAModel(demo.config).plan(4).roles
+    assert result.baseline.decode_logits.shape[0] == 2 and torch.equal(result.candidate.tokens, result.baseline.tokens)
+    if importlib.util.find_spec("matplotlib"):
+        assert plot_demo(result, tmp_path / "o.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_refuse_settings_they_cannot_use(monkeypatch):
+    with pytest.raises(ModelSettingError, match="batch=0: must be an integer >= 1"):
+        run_demo(batch=0)
+    with pytest.raises(ModelSettingError, match="preset: expected one of"):
+        run_demo("v5-like", backend="torch")
+    with pytest.raises(dispatch.UnknownBackendError):
+        run_demo(backend="bogus")
+    monkeypatch.setattr(dispatch, "availability", lambda name: types.SimpleNamespace(available=False, reason="gone"))
+    with pytest.raises(ModelSettingError, match="backend 'torch' is not available here: gone"):
+        run_demo(backend="torch")
+
+
+def test_calibrate_model_records_and_searches(tmp_path):
+    found = calibrate_model("v32-like", tmp_path, producers=4, prompt_len=48, topk=16, plots=False)
+    assert found.layers == tuple(range(12)) and (found.rows, found.k) == (2 * (48 - 16), 16)
+    assert found.search.pattern.count("F") == 4 and "not a trained model" in found.source
+    assert next(b for b in found.freq_rule if b.freq == 4).pattern == "FFSSSFSSSFSS"
+    report = json.loads(found.paths["report.json"].read_text())
+    assert (report["model"], report["prompt_len"], report["topk"]) == ("v32-like", 48, 16) and "seed" not in report
 
 
 def test_demo_command_prints_phases_overlap_drift_and_plots(tmp_path, capsys):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from indexcache.plan import INDEX_DTYPES, LayerPlan
+from indexcache.plan import INDEX_DTYPES, ConfigError, LayerPlan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 V4_EXAMPLE_RATIOS = [0, 0, 4, 128, 4, 128, 4, 128, 4, 0]
@@ -22,7 +22,7 @@ def skip_pairs(plan: LayerPlan) -> list[tuple[bool, bool]]:
     return [(plan.role(layer) == "S", plan.keeps_topk(layer)) for layer in plan.sparse_layers]
 
 
-# --- REFERENCE.md's worked examples -------------------------------------------------------------
+# --- worked examples: the producer counts of shipped models (V3.2, GLM-5, V4) under their freq rule ---------
 
 
 def test_deepseek_v32_freq4_has_16_producers():
@@ -349,7 +349,7 @@ BAD_INPUTS = [
     ("extra", "message"), BAD_INPUTS, ids=[re.sub(r"\W+", "-", m)[:40] for _, m in BAD_INPUTS]
 )
 def test_bad_input_names_key_value_and_rule(extra, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         LayerPlan.from_config({"num_hidden_layers": 4, **extra})
 
 
@@ -380,14 +380,14 @@ def test_a_bad_key_is_refused_even_when_a_higher_precedence_key_decides():
     ],
 )
 def test_bad_layer_count_or_config(config, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         LayerPlan.from_config(config)
 
 
 def test_invalid_json_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_text("{not json")
-    with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
+    with pytest.raises(ConfigError, match=r"config\.json: not valid JSON"):
         LayerPlan.from_config(path)
 
 
@@ -397,7 +397,7 @@ def test_missing_file():
 
 
 def test_unknown_override():
-    with pytest.raises(ValueError, match=r"overrides \['index_topk_freqs'\]: unknown keys"):
+    with pytest.raises(ConfigError, match=r"overrides \['index_topk_freqs'\]: unknown keys"):
         LayerPlan.from_config({"num_hidden_layers": 4}, index_topk_freqs=4)
 
 
@@ -443,6 +443,19 @@ def test_promote_refused_for_indexer_types():
     assert plan.split_stages([3], mode="promote")[1].promoted == ()  # stage starts on a producer: fine
     with pytest.raises(ValueError, match=r"mode='promote': .* layer 2 .* indexer_types marks it 'shared'"):
         plan.split_stages([2], mode="promote")
+
+
+def test_for_stage_runs_the_stage_roles_over_its_layers():
+    plan = LayerPlan(61, index_topk_freq=4)
+    carry, promote = plan.split_stages([15])[1], plan.split_stages([15], mode="promote")[1]
+    assert plan.for_stage(carry).roles == plan.roles
+    staged = plan.for_stage(promote)
+    assert staged.roles == plan.roles[:15] + promote.roles and staged.role(15) == "F" and plan.role(15) == "S"
+    assert staged.source_of(16) == 15 and plan.source_of(16) == 13
+    assert (staged.top_k, staged.page_size, staged.schedule) == (plan.top_k, plan.page_size, plan.schedule)
+    other = LayerPlan(10).split_stages([5])[1]
+    with pytest.raises(ConfigError, match=r"stage: layers 5\.\.9 do not fit the plan's 8 layers"):
+        LayerPlan(8).for_stage(other)
 
 
 def test_no_boundaries_is_one_stage():

@@ -111,7 +111,7 @@ def _ran(*_, **__):
 
 COMPUTATIONS = {
     "conformance": ["indexcache.conformance.suite.run_all"],
-    "calibrate": ["indexcache.calibrate.load_dump", "indexcache.calibrate.collect_from_model",
+    "calibrate": ["indexcache.calibrate.load_dump", "indexcache.model.record_dump",
                   "indexcache.calibrate.overlap_matrix"],
     "bench": ["indexcache.bench.run"],
     "demo": ["indexcache.model.DSAModel", "indexcache.model.compare_plans"],

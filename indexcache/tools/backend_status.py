@@ -1,4 +1,4 @@
-"""What ``indexcache info`` reports: the selected backend and every backend's availability, as data."""
+"""What ``indexcache info`` prints: which backend is selected and why, and every backend's availability, as data."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ from typing import Any
 from indexcache import dispatch
 
 
-def backend_summary() -> dict[str, Any]:
-    """``{"selected", "why", "backends": [{name, available, reason, mode, device, priority, ops, info}]}``."""
+def backend_status() -> dict[str, Any]:
+    """``{"selected", "why", "backends": [{name, available, reason, mode, device, auto, priority, ops, info}]}``.
+
+    An unknown name in ``INDEXCACHE_BACKEND`` raises :class:`~indexcache.dispatch.UnknownBackendError`.
+    """
     chosen = dispatch.explicit_choice()
     if chosen:
         selected, why = chosen[0], f"chosen by {chosen[1]}"

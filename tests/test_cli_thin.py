@@ -1,0 +1,99 @@
+"""The command line is a thin layer: only bad input exits 2 with one line, a bug surfaces with its traceback, and
+``indexcache plan`` (pure config logic) never imports torch; ``import indexcache`` loads its public names lazily."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import indexcache
+from indexcache.cli import main
+
+V32 = str(Path(__file__).resolve().parent.parent / "examples" / "configs" / "deepseek-v3.2.json")
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def _bug(*_, **__):
+    raise ValueError("an internal bug, not bad input")
+
+
+def _type_bug(*_, **__):
+    raise TypeError("an internal bug, not bad input")
+
+
+INTERNAL = [
+    (["plan", "--config", V32], "indexcache.descriptor.Descriptor.from_plan", _bug),
+    (["plan", "--config", V32, "--json"], "indexcache.plan.LayerPlan.from_config", _type_bug),
+    (["info"], "indexcache.tools.backend_status.backend_status", _bug),
+    (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"], "indexcache.calibrate.overlap_matrix", _bug),
+    (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"], "indexcache.calibrate.greedy_search", _type_bug),
+    (["demo", "--backend", "torch", "--prompt-len", "40", "--topk", "16"], "indexcache.model.compare_plans", _bug),
+]
+
+
+@pytest.mark.parametrize(("argv", "target", "bug"), INTERNAL, ids=lambda v: " ".join(v) if isinstance(v, list)
+                         else v if isinstance(v, str) else None)
+def test_an_internal_error_propagates_instead_of_exiting_2(tmp_path, monkeypatch, fresh_dispatch, argv, target, bug):
+    """A ValueError / TypeError raised by a library call (a bug) is not taken for bad input: it propagates."""
+    import numpy as np
+
+    (tmp_path / "dump").mkdir()
+    for layer in range(3):
+        np.savez(tmp_path / "dump" / f"layer_{layer}.npz", np.arange(8, dtype=np.int32).reshape(2, 4) + layer)
+    argv = [arg.replace("DUMP", str(tmp_path / "dump")).replace("OUT", str(tmp_path / "out")) for arg in argv]
+    monkeypatch.setattr(target, bug)
+    with pytest.raises((ValueError, TypeError), match="an internal bug"):
+        main(argv)
+
+
+def test_an_internal_error_prints_its_traceback():
+    result = _python(
+        "import indexcache.plan as plan\n"
+        "def bug(*args, **kwargs): raise ValueError('an internal bug')\n"
+        "plan.LayerPlan.from_config = bug\n"
+        f"from indexcache.cli import main; main(['plan', '--config', {V32!r}])"
+    )
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "ValueError: an internal bug" in result.stderr
+    assert "indexcache plan: error" not in result.stderr
+
+
+def test_plan_never_imports_torch():
+    """`indexcache plan` is pure config logic: neither the command (output or a usage error) nor
+    ``import indexcache.plan`` / ``indexcache.descriptor`` imports torch."""
+    result = _python(
+        "import sys\n"
+        "import indexcache.plan, indexcache.descriptor\n"
+        "assert 'torch' not in sys.modules, 'import indexcache.plan imported torch'\n"
+        "from indexcache.cli import main\n"
+        f"assert main(['plan', '--config', {V32!r}, '--json']) == 0\n"
+        f"assert main(['plan', '--config', {V32!r}, '--freq', '0']) == 2\n"
+        "assert main(['plan', '--config', '/nonexistent/config.json']) == 2\n"
+        "loaded = sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.'))\n"
+        "assert not loaded, loaded\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"producers": [0, 1, 5,' in result.stdout
+
+
+def test_the_package_exports_its_public_names_lazily():
+    assert indexcache.__all__ == sorted(
+        ["available_backends", "get_backend", "use_backend", "mqa_logits", "paged_mqa_logits", "quantize_index_k",
+         "store_index_k", "topk", "topk_translate", "translate"]
+    )
+    assert set(indexcache.__all__) <= set(dir(indexcache))
+    from indexcache import dispatch, ops
+
+    for name in indexcache.__all__:
+        assert getattr(indexcache, name) is getattr(dispatch if "backend" in name else ops, name)
+    assert indexcache.ops is ops and indexcache.dispatch is dispatch
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        indexcache.no_such_name  # noqa: B018
+    result = _python("from indexcache import *; print(' '.join(sorted(n for n in dir() if not n.startswith('_'))))")
+    assert result.returncode == 0 and result.stdout.split() == indexcache.__all__, result.stderr
