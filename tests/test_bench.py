@@ -13,10 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from indexcache import bench, cli, ops
+from indexcache import bench
 from indexcache.bench import ceilings, harness, output, timing
-from indexcache.bench import ops as bench_ops
-from indexcache.dispatch import Availability, Backend, OpImpl
+from indexcache.hal import ops
+from indexcache.hal.dispatch import Availability, Backend, OpImpl
+from indexcache.hal.specs import SPECS
+from indexcache.hal.specs.bench import BenchCase, BenchSpec
+from indexcache.tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,8 +31,8 @@ def interpreted_run(tmp_path_factory):
     """One quick ``indexcache bench --op translate`` with the Triton backends interpreted: (stdout, report)."""
     path = tmp_path_factory.mktemp("bench") / "translate.json"
     env = {k: v for k, v in os.environ.items() if k != "INDEXCACHE_BACKEND"} | {"TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-m", "indexcache.cli", "bench", "--op", "translate", "--quick", "--json",
-                           str(path)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "indexcache.tools.cli", "bench", "--op", "translate", "--quick",
+                           "--json", str(path)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout, json.loads(path.read_text())
 
@@ -49,7 +52,7 @@ def test_cpu_results_are_labelled_not_gpu(interpreted_run):
 @no_gpu
 def test_every_backend_agrees_and_is_timed(interpreted_run):
     _, report = interpreted_run
-    cases = {c.name for c in bench_ops.TRANSLATE.cases(True)}
+    cases = {c.name for c in harness.OPS["translate"].cases(True)}
     assert {r["case"] for r in report["results"]} == cases
     for r in report["results"]:
         assert r["check"] == "ok", r
@@ -123,19 +126,24 @@ def test_an_op_plugs_in_as_data(fresh_dispatch, monkeypatch):
     def build(case, gen):
         return {"x": torch.randn(case.params["n"], generator=gen), "out": torch.full((case.params["n"],), float("nan"))}
 
-    op = bench_ops.BenchOp(
+    op = BenchSpec(
         name="negate",
-        cases=lambda quick: [bench_ops.Case("n16", {"n": 16})],
+        cases=lambda quick: [BenchCase("n16", {"n": 16})],
         build=build,
         call=lambda a, backend: torch.neg(a["x"], out=a["out"]),
         bytes=lambda case: 8 * case.params["n"],
     )
-    monkeypatch.setitem(bench_ops.OPS, "negate", op)
+    monkeypatch.setitem(harness.OPS, "negate", op)
     report = bench.run(["negate"], ["torch"], quick=True)
     (row,) = report["results"]
     assert (row["op"], row["case"], row["check"], row["bytes"], row["flops"]) == ("negate", "n16", "ok", 128, 0)
     assert row["rate"] > 0 and row["rate_unit"] == "GB/s"
     assert "op negate" in bench.format_table(report)
+
+
+def test_every_op_is_benchmarked_by_its_spec_record():
+    assert list(harness.OPS) == list(SPECS)
+    assert all(harness.OPS[name] is spec.bench and spec.bench.name == name for name, spec in SPECS.items())
 
 
 def test_unknown_names_exit_2(capsys):
@@ -161,7 +169,8 @@ def kernel_ops_interpreted(tmp_path_factory):
     """The kernel ops, --quick, the cuda Triton backend interpreted against torch: (stdout, report)."""
     path = tmp_path_factory.mktemp("bench") / "kernels.json"
     env = {k: v for k, v in os.environ.items() if k != "INDEXCACHE_BACKEND"} | {"TRITON_INTERPRET": "1"}
-    command = [sys.executable, "-m", "indexcache.cli", "bench", "--quick", "--backend", "cuda", "--json", str(path)]
+    command = [sys.executable, "-m", "indexcache.tools.cli", "bench", "--quick", "--backend", "cuda", "--json",
+               str(path)]
     for op in KERNEL_OPS:
         command += ["--op", op]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
@@ -193,7 +202,7 @@ def test_kernel_ops_cpu_rows_are_labelled_and_checked(kernel_ops_run):
     assert report["gpu_run"] is False and "not a GPU run" in report["notice"]
     assert {r["op"] for r in report["results"]} == set(KERNEL_OPS)
     for name in KERNEL_OPS:
-        cases = {c.name for c in bench_ops.OPS[name].cases(True)}
+        cases = {c.name for c in harness.OPS[name].cases(True)}
         assert {r["case"] for r in report["results"] if r["op"] == name} == cases
     for r in report["results"]:
         assert r["mode"] == "CPU" and r["check"] == "ok" and r["eager_us"] > 0 and r["graph_us"] is None, r
@@ -206,7 +215,7 @@ def test_logits_rows_count_in_window_pairs_and_cached_bytes(kernel_ops_run):
     for r in kernel_ops_run["results"]:
         p = r["params"]
         if r["op"] == "mqa_logits":
-            args = bench_ops.MQA_LOGITS.build(bench_ops.Case(r["case"], p), torch.Generator().manual_seed(0))
+            args = harness.OPS["mqa_logits"].build(BenchCase(r["case"], p), torch.Generator().manual_seed(0))
             pairs = int((args["ke"].clamp(0, p["keys"]) - args["ks"]).clamp_min(0).sum())
             assert r["flops"] == 2 * p["heads"] * p["dim"] * pairs
             assert r["roofline"] == f"{p['kind']}_matmul" and r["rate_unit"] == "TFLOP/s"
@@ -218,7 +227,7 @@ def test_logits_rows_count_in_window_pairs_and_cached_bytes(kernel_ops_run):
 
 def test_topk_rows_have_torch_topk_and_the_read_once_floor(kernel_ops_run):
     rows = [r for r in kernel_ops_run["results"] if r["op"] == "topk"]
-    assert [r["backend"] for r in rows] == ["torch", "torch.topk"] * len(bench_ops.TOPK.cases(True))
+    assert [r["backend"] for r in rows] == ["torch", "torch.topk"] * len(harness.OPS["topk"].cases(True))
     for r in rows:
         assert r["extra"] == (r["backend"] == "torch.topk") and r["roofline"] == "read_once"
         assert r["floor_us"] > 0 and r["ceiling_fraction"] == pytest.approx(r["floor_us"] / r["device_us"])
@@ -263,8 +272,8 @@ def test_logits_checks_catch_unwritten_and_wrong_values(fresh_dispatch):
     assert checks == {("mqa_logits", "MISMATCH"), ("paged_mqa_logits", "MISMATCH")}
     details = " ".join(r["check"] for r in report["results"] if r["backend"] == "bad")
     assert "NaN" in details and "relative RMS error" in details
-    assert len(bench.failed(report)) == (len(bench_ops.MQA_LOGITS.cases(True))
-                                         + len(bench_ops.PAGED_MQA_LOGITS.cases(True)))
+    assert len(bench.failed(report)) == (len(harness.OPS["mqa_logits"].cases(True))
+                                         + len(harness.OPS["paged_mqa_logits"].cases(True)))
 
 
 def test_topk_checks_compare_index_sets(fresh_dispatch):
@@ -288,15 +297,16 @@ def test_topk_checks_compare_index_sets(fresh_dispatch):
 
 def test_torch_topk_row_is_checked_by_the_scores_it_picks():
     """torch.topk breaks ties its own way: a row of equal scores must still pass; a wrong pick must not."""
-    case = bench_ops.TOPK.cases(True)[0]
-    args = bench_ops.TOPK.build(case, torch.Generator().manual_seed(0))
+    topk = harness.OPS["topk"]
+    case = topk.cases(True)[0]
+    args = topk.build(case, torch.Generator().manual_seed(0))
     args["scores"][0] = 1.0
     base = ops.topk(args["scores"], args["lengths"], args["k"], backend="torch")
-    assert bench_ops._same_topk(bench_ops._torch_topk(args), base, case) == ""
-    idx, scores = bench_ops._torch_topk(args)
+    assert topk.same(topk.extras["torch.topk"](args), base, case) == ""
+    idx, scores = topk.extras["torch.topk"](args)
     idx = idx.clone()
     idx[1, 0] = scores[1].argmin()
-    assert bench_ops._same_topk((idx, scores), base, case) != ""
+    assert topk.same((idx, scores), base, case) != ""
 
 
 def test_call_times_ms_counts_calls_between_its_bounds():
@@ -325,14 +335,15 @@ def test_fp8_cache_rows_count_the_bytes_moved(kernel_ops_run):
 
 
 def test_fp8_cache_cases_are_decode_and_prefill_at_d128():
-    for op in (bench_ops.QUANTIZE_INDEX_K, bench_ops.STORE_INDEX_K):
+    for op in (harness.OPS["quantize_index_k"], harness.OPS["store_index_k"]):
         cases = op.cases(False)
         assert {(c.params["tokens"], c.params["kind"]) for c in cases} == {(64, "bf16"), (64, "fp32"),
                                                                           (8192, "bf16"), (8192, "fp32")}
         assert all(c.params["dim"] == 128 for c in cases)
-    for case in bench_ops.STORE_INDEX_K.cases(False):
+    store = harness.OPS["store_index_k"]
+    for case in store.cases(False):
         p = case.params
-        slots = bench_ops.STORE_INDEX_K.build(case, torch.Generator().manual_seed(0))["slot_mapping"].long()
+        slots = store.build(case, torch.Generator().manual_seed(0))["slot_mapping"].long()
         assert slots.unique().numel() == p["tokens"] and 0 <= slots.min() and slots.max() < p["pages"] * p["page_size"]
         pages = (slots // p["page_size"]).unique().numel()
         assert pages == (p["tokens"] if p["decode"] else p["tokens"] // p["page_size"])

@@ -5,8 +5,8 @@
 - :mod:`~indexcache.bench.ceilings` — copy bandwidth, fp8 / bf16 matmul rates, the empty Triton launch;
 - :mod:`~indexcache.bench.provenance` — commit, versions, device, date;
 - :mod:`~indexcache.bench.output` — the JSON schema, the tables;
-- :mod:`~indexcache.bench.ops` — each op's cases, inputs, bytes / FLOPs and check;
-- :mod:`~indexcache.bench.harness` — ``indexcache bench``: :func:`run`, :func:`failed`;
+- :mod:`~indexcache.bench.harness` — ``indexcache bench``: :func:`run`, :func:`failed`, over each op's
+  cases, inputs, bytes / FLOPs and check (the ``bench`` field of its spec record, :mod:`indexcache.hal.specs`);
 - :mod:`~indexcache.bench.ranks` — one process per rank for the multi-GPU scripts.
 
 The ``bench/*.py`` scripts and ``ci/gpu.sh`` use these; ``indexcache bench`` uses what is exported here.

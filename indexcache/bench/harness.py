@@ -1,7 +1,8 @@
 """``indexcache bench``: the machine's ceilings and every op per backend, measured in one run.
 
 The ceilings come first, only those the requested ops need (:mod:`indexcache.bench.ceilings`); top-k's
-roofline is per case (one read of its scores). Then each case of each op (:mod:`indexcache.bench.ops`) runs
+roofline is per case (one read of its scores). Then each case of each op (:data:`OPS`: the ``bench`` field of
+the ops' spec records, :mod:`indexcache.hal.specs`) runs
 on each backend: checked against the torch backend on fresh inputs, then timed (:class:`Timer`) as the
 median of many calls after warm-up (CUDA events on a GPU, the host clock elsewhere), rotating through
 enough input sets to exceed four times the L2 cache. On a GPU each case is also timed as replays of one
@@ -9,7 +10,7 @@ CUDA graph holding one call per input set (the device time without the host's la
 
 Derived numbers (fraction of a ceiling, ratio to the empty launch, speed-up over torch) only compare
 measurements of one mode: a CPU or interpreted-Triton time is never set against a GPU one, nor reported as
-a speed. The orchestration knows an op only by its :class:`BenchOp` fields.
+a speed. The orchestration knows an op only by its :class:`~indexcache.hal.specs.bench.BenchSpec` fields.
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ from typing import Any
 
 import torch
 
-from indexcache import dispatch
 from indexcache.bench.ceilings import CEILINGS, Ceiling, empty_launch
-from indexcache.bench.ops import BASELINE, OPS, BenchOp, Case
 from indexcache.bench.output import SCHEMA
 from indexcache.bench.provenance import device_name, git_state, now, versions
 from indexcache.bench.timing import Timer, l2_bytes, on_gpu
+from indexcache.hal import dispatch
+from indexcache.hal.specs import SPECS
+from indexcache.hal.specs.bench import BASELINE, BenchCase, BenchSpec
+
+# The ops benchmarked, by name, in catalogue order.
+OPS: dict[str, BenchSpec] = {name: spec.bench for name, spec in SPECS.items() if spec.bench}
 
 MIN_SETS, MAX_SETS = 2, 256  # input sets a case rotates through
 
 
-def _backends(op: BenchOp, requested: Sequence[str] | None) -> list[str]:
+def _backends(op: BenchSpec, requested: Sequence[str] | None) -> list[str]:
     """The backends to run, the torch baseline first (it always runs: speed-ups are over it)."""
     if requested:
         names = list(requested)
@@ -47,7 +52,7 @@ def _nbytes(args: Mapping[str, Any]) -> int:
     return sum(v.numel() * v.element_size() for v in args.values() if isinstance(v, torch.Tensor))
 
 
-def _input_sets(op: BenchOp, case: Case, device: torch.device, rotate_bytes: int,
+def _input_sets(op: BenchSpec, case: BenchCase, device: torch.device, rotate_bytes: int,
                 first: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Enough input sets that one pass over them exceeds ``rotate_bytes``: a copy of ``first`` (the seed-0
     set), then sets built from seeds 2, 3, …; at least MIN_SETS, so an input set larger than the rotation
@@ -70,7 +75,7 @@ DERIVED = ("device_us", "device_timing", "rate", "rate_unit", "floor_us", "ceili
            "launch_ratio_graph", "speedup_vs_torch", "speedup_vs_extra")  # set by _derive for timed rows
 
 
-def _verdict(op: BenchOp, result: Any, baseline: Any, case: Case) -> str:
+def _verdict(op: BenchSpec, result: Any, baseline: Any, case: BenchCase) -> str:
     """"ok", or "MISMATCH" with what differs where ``same`` says."""
     found = op.same(result, baseline, case)
     if found is True or found == "":
@@ -78,7 +83,8 @@ def _verdict(op: BenchOp, result: Any, baseline: Any, case: Case) -> str:
     return f"MISMATCH: {found}" if isinstance(found, str) else "MISMATCH"
 
 
-def _new_row(op: BenchOp, case: Case, backend: str, mode: str | None, device: str, extra: bool) -> dict[str, Any]:
+def _new_row(op: BenchSpec, case: BenchCase, backend: str, mode: str | None, device: str,
+             extra: bool) -> dict[str, Any]:
     return {"op": op.name, "case": case.name, "params": dict(case.params), "note": case.note, "backend": backend,
             "extra": extra, "mode": mode, "device": device, "roofline": op.roofline_of(case), "bytes": op.bytes(case),
             "flops": op.flops(case), "eager_us": None, "graph_us": None, "graph_error": None, "sets": None,
@@ -96,7 +102,7 @@ def _time_row(row: dict[str, Any], fn: Callable[[Mapping[str, Any]], Any], sets:
             row["graph_error"] = f"{type(exc).__name__}: {exc}"
 
 
-def _run_case(op: BenchOp, case: Case, backend: str, timer_for: Callable[[torch.device], Timer], baseline: Any,
+def _run_case(op: BenchSpec, case: BenchCase, backend: str, timer_for: Callable[[torch.device], Timer], baseline: Any,
               sets_cache: dict[str, list], fresh: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
     """Check then time one backend on one case; returns the result row and the checked output.
 
@@ -124,7 +130,7 @@ def _run_case(op: BenchOp, case: Case, backend: str, timer_for: Callable[[torch.
     return row, result
 
 
-def _run_extra(op: BenchOp, case: Case, label: str, fn: Callable, base_row: dict[str, Any] | None, baseline: Any,
+def _run_extra(op: BenchSpec, case: BenchCase, label: str, fn: Callable, base_row: dict[str, Any] | None, baseline: Any,
                timer_for: Callable[[torch.device], Timer], sets_cache: dict[str, list],
                fresh: Mapping[str, Any]) -> dict[str, Any]:
     """An extra row (e.g. torch.topk) on the torch backend's device and input sets, checked like a backend."""
@@ -141,7 +147,7 @@ def _run_extra(op: BenchOp, case: Case, label: str, fn: Callable, base_row: dict
     return row
 
 
-def _floors(op: BenchOp, sets_cache: dict[str, list], timer_for: Callable[[torch.device], Timer]) -> dict[str, Any]:
+def _floors(op: BenchSpec, sets_cache: dict[str, list], timer_for: Callable[[torch.device], Timer]) -> dict[str, Any]:
     """Per device the op's per-case roofline: ``floor`` timed on the same input sets (graph on a GPU)."""
     found: dict[str, Any] = {}
     if op.floor is None:
@@ -188,8 +194,8 @@ def needed_ceilings(names: Sequence[str], quick: bool = False) -> list[str]:
     return list(dict.fromkeys(found + [c for n in names for c in OPS[n].ceilings]))
 
 
-def _run_op_case(op: BenchOp, case: Case, backends: Sequence[str] | None, timer_for: Callable[[torch.device], Timer],
-                 ceilings: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _run_op_case(op: BenchSpec, case: BenchCase, backends: Sequence[str] | None,
+                 timer_for: Callable[[torch.device], Timer], ceilings: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every backend, then the extra rows, on one case; the per-case floor; derived numbers. The rows."""
     spec = CEILINGS[op.roofline_of(case)]
     fresh = op.build(case, torch.Generator().manual_seed(0))

@@ -1,5 +1,6 @@
 """One spec record per op (:class:`~indexcache.hal.specs.base.OpSpec`): its checks, float64 reference, judge
-rule and conformance cases, each op in its own module. Adding a case to an op touches that op's module."""
+rule, conformance cases and benchmark definition (:class:`~indexcache.hal.specs.bench.BenchSpec`), each op in
+its own module. Adding a case to an op touches that op's module."""
 
 from indexcache.hal.specs import (
     mqa_logits,

@@ -1,8 +1,9 @@
 """The spec record of an op (:class:`OpSpec`) and its conformance cases (:class:`Case`).
 
 An op's record says, in one place, how its arguments are checked, what its float64 reference computes,
-how a backend's answer is judged against that reference, and which inputs every backend is judged on.
-:mod:`indexcache.ops` runs the checks, the conformance suite runs the cases and the judge.
+how a backend's answer is judged against that reference, which inputs every backend is judged on, and
+the shapes it is benchmarked at. :mod:`indexcache.hal.ops` runs the checks, the conformance suite runs the
+cases and the judge, ``indexcache bench`` the benchmark definition (:mod:`indexcache.hal.specs.bench`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from indexcache.hal.specs.bench import BenchSpec
 
 I32 = torch.int32
 E4M3 = torch.float8_e4m3fn
@@ -62,7 +65,10 @@ class OpSpec:
       with them, outputs included) with the reference's ``want``; ``accumulation`` is "fp32" or
       "tensor-core" (the logits bound depends on it); returns a :data:`Verdict`;
     - ``cases``: the conformance cases, in catalogue order;
-    - ``bench``: the benchmark shapes with their bytes and FLOPs, or None.
+    - ``bench``: the benchmark definition (:class:`~indexcache.hal.specs.bench.BenchSpec`): the shapes
+      ``indexcache bench`` times, an input builder, the bytes and FLOPs a call moves and does, the roofline it
+      is set against and how a backend's result is checked against the torch backend's; None for an op that
+      is not benchmarked.
     """
 
     name: str
@@ -70,7 +76,7 @@ class OpSpec:
     reference: Callable[..., Any]
     judge: Callable[[dict[str, Any], Any, Any, str], Verdict]
     cases: tuple[Case, ...]
-    bench: Any = None
+    bench: BenchSpec | None = None
 
 
 def cpu(x):

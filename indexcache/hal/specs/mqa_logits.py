@@ -1,14 +1,20 @@
-"""mqa_logits: ragged prefill indexer logits (contract: :func:`indexcache.mqa_logits`)."""
+"""mqa_logits: ragged prefill indexer logits (contract: :func:`indexcache.mqa_logits`). Its record's ``bench``:
+fp8 and bf16 keys, causal and full windows, FLOPs counted over in-window pairs and set against the matmul
+ceiling of the key dtype; checked by :func:`same_logits` (also paged_mqa_logits' check)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from indexcache.hal import dispatch
 from indexcache.hal.checks import INDEX, KEY_DTYPES, check_tensor, output
+from indexcache.hal.layout import fp8_max
+from indexcache.hal.specs import quantize_index_k
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, CaseList, OpSpec, Verdict, cpu, to_fp8
-from indexcache.layout import fp8_max
+from indexcache.hal.specs.bench import BASELINE, DIM, HEADS, BenchCase, BenchSpec
 
 # The logits' relative RMS error bound by (key dtype kind, accumulation). fp8 inputs are exact values, so only
 # the accumulation differs: 1e-5 in fp32 (CPU, torch), 1e-3 on tensor cores (Hopper's fp8 MMA accumulates with
@@ -151,5 +157,74 @@ cases.add("NaN in weights and k_scale propagates, native fp8", native_fp8=True)(
 cases.add("NaN in q, k, weights and k_scale propagates, bf16")(
     lambda gen, dev: _nan_args(gen, dev, torch.bfloat16))
 
+# ----------------------------------------------------------------------------------------------- benchmark
 
-SPEC = OpSpec("mqa_logits", check, reference, judge, tuple(cases))
+
+def same_logits(got: torch.Tensor, want: torch.Tensor, case: BenchCase) -> str:
+    """The conformance rule against the torch backend: -inf in the same places, no NaN, relative RMS error
+    of the finite values within the tensor-core bound of the key dtype (fp8 1e-3, bf16 1e-2)."""
+    bound = BOUNDS[(case.params.get("kind", "fp8"), "tensor-core")]
+    return check_logits(got, want.to(got.device), bound)[0]
+
+
+def bench_cases(quick: bool) -> list[BenchCase]:
+    def case(tokens: int, keys: int, heads: int, kind: str, causal: bool) -> BenchCase:
+        size = f"{keys // 1024}K" if keys >= 1024 else str(keys)
+        return BenchCase(f"{kind} {tokens}x{size} {'causal' if causal else 'full'} H{heads}",
+                         dict(tokens=tokens, keys=keys, heads=heads, dim=DIM, kind=kind, causal=causal))
+
+    if quick:
+        return [case(16, 200, 16, "fp8", True), case(16, 200, 16, "fp8", False), case(16, 200, 16, "bf16", True)]
+    return [case(4096, 32768, HEADS, kind, causal) for kind in ("fp8", "bf16") for causal in (True, False)]
+
+
+def bench_build(case: BenchCase, gen: torch.Generator) -> dict[str, Any]:
+    """q, k random; fp8 keys quantized per token (torch backend), bf16 keys with a random scale; the causal
+    window of query t is keys [0, keys - tokens + 1 + t), the full one every key."""
+    p = case.params
+    tokens, keys, heads, dim = p["tokens"], p["keys"], p["heads"], p["dim"]
+    k_raw = torch.randn(keys, dim, generator=gen)
+    if p["kind"] == "fp8":
+        k, scale = dispatch.call("quantize_index_k", quantize_index_k.check(k_raw, E4M3), BASELINE)
+        k_scale = scale.reshape(keys).contiguous()
+        q = (torch.randn(tokens, heads, dim, generator=gen) * 24).clamp(-400, 400).to(E4M3)
+    else:
+        k, k_scale = k_raw.bfloat16(), torch.rand(keys, generator=gen) + 0.5
+        q = torch.randn(tokens, heads, dim, generator=gen).bfloat16()
+    weights = torch.randn(tokens, heads, generator=gen) * heads**-0.5
+    t = torch.arange(tokens, dtype=torch.int32)
+    ke = keys - tokens + 1 + t if p["causal"] else torch.full_like(t, keys)
+    return dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=torch.zeros_like(t), ke=ke.int(),
+                out=torch.full((tokens, keys), float("nan")))
+
+
+def _pairs(case: BenchCase) -> int:
+    p = case.params
+    tokens, keys = p["tokens"], p["keys"]
+    if not p["causal"]:
+        return tokens * keys
+    return sum(max(0, min(keys, keys - tokens + 1 + t)) for t in range(tokens))
+
+
+def bench_flops(case: BenchCase) -> int:
+    """2·H·D FLOPs an in-window (query, key) pair; pairs outside the window are not counted."""
+    return 2 * case.params["heads"] * case.params["dim"] * _pairs(case)
+
+
+def bench_bytes(case: BenchCase) -> int:
+    """q, k, scales, weights and windows read once; the [T, N] float32 logits written."""
+    p = case.params
+    elem = 1 if p["kind"] == "fp8" else 2
+    tokens, keys, heads, dim = p["tokens"], p["keys"], p["heads"], p["dim"]
+    return elem * (tokens * heads * dim + keys * dim) + 4 * keys + 4 * tokens * heads + 8 * tokens + 4 * tokens * keys
+
+
+def bench_call(a: Mapping[str, Any], backend: str) -> torch.Tensor:
+    args = check(a["q"], a["k"], a["k_scale"], a["weights"], a["ks"], a["ke"], out=a["out"])
+    return dispatch.call("mqa_logits", args, backend)
+
+
+SPEC = OpSpec("mqa_logits", check, reference, judge, tuple(cases),
+              bench=BenchSpec("mqa_logits", bench_cases, bench_build, bench_call, bench_bytes, flops=bench_flops,
+                              roofline=lambda case: f"{case.params['kind']}_matmul", same=same_logits,
+                              ceilings=("copy_bandwidth",)))

@@ -1,16 +1,20 @@
 """paged_mqa_logits: paged decode / speculative-verify indexer logits over the packed fp8 cache
-(contract: :func:`indexcache.paged_mqa_logits`)."""
+(contract: :func:`indexcache.paged_mqa_logits`). Its record's ``bench``: 32K and 128K contexts, next_n 1 and 2,
+132 bytes a cached token read, checked like mqa_logits."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from indexcache.hal import dispatch
 from indexcache.hal.checks import INDEX, check_cache, check_int, check_tensor, output
+from indexcache.hal.layout import FP8_DTYPES, new_packed_cache, split_packed_cache
 from indexcache.hal.specs import mqa_logits, store_index_k
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList, OpSpec, cpu, to_fp8
-from indexcache.layout import FP8_DTYPES, new_packed_cache, split_packed_cache
+from indexcache.hal.specs.bench import DIM, HEADS, PAGE, BenchCase, BenchSpec
 
 
 def check(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None) -> dict[str, Any]:
@@ -129,6 +133,59 @@ def _(gen, dev, fp8):
     args["k_cache"] = args["k_cache"].view(args["k_cache"].shape[0], 64, 1, 132)
     return args
 
+# ----------------------------------------------------------------------------------------------- benchmark
 
-# Judged like mqa_logits: the same rule and bounds.
-SPEC = OpSpec("paged_mqa_logits", check, reference, mqa_logits.judge, tuple(cases))
+TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
+
+
+def bench_cases(quick: bool) -> list[BenchCase]:
+    def case(batch: int, context: int, next_n: int, heads: int, page: int) -> BenchCase:
+        size = f"{context // 1024}K" if context >= 1024 else str(context)
+        return BenchCase(f"{batch}x{size} next_n={next_n} page{page} H{heads}",
+                         dict(batch=batch, context=context, next_n=next_n, heads=heads, dim=DIM, page_size=page,
+                              kind="fp8"))
+
+    if quick:
+        return [case(2, 300, 1, 16, 64), case(2, 300, 2, 16, 64)]
+    return [case(64, context, next_n, HEADS, PAGE) for context in (32768, 131072) for next_n in (1, 2)]
+
+
+def bench_build(case: BenchCase, gen: torch.Generator) -> dict[str, Any]:
+    """A packed fp8 cache of batch × context tokens in randomly permuted pages, every request at full length.
+    The key bytes repeat a random block of up to 64 pages (finite e4m3 values, no NaN): building 1 GiB of
+    distinct random values on the CPU would take longer than the whole measurement."""
+    p = case.params
+    batch, context, next_n, heads, dim, page = (p[n] for n in ("batch", "context", "next_n", "heads", "dim",
+                                                               "page_size"))
+    per_request = -(-context // page)
+    pages = batch * per_request
+    span = min(pages, 64)
+    block = new_packed_cache(span, page, dim)
+    keys, scales = split_packed_cache(block, dim, E4M3)
+    draw = torch.randint(0, 0xE0, (span, page, dim), generator=gen, dtype=torch.uint8)
+    keys.view(torch.uint8).copy_(draw + (draw >= 0x70).to(torch.uint8) * 0x10)  # 0x00-0x6f, 0x80-0xef: finite
+    scales.copy_(torch.rand(span, page, generator=gen) * 0.01 + 1e-3)
+    cache = block.repeat(-(-pages // span), 1)[:pages]
+    table = torch.randperm(pages, generator=gen, dtype=torch.int32).view(batch, per_request)
+    q = (torch.randn(batch, next_n, heads, dim, generator=gen) * 24).clamp(-400, 400).to(E4M3)
+    weights = torch.randn(batch * next_n, heads, generator=gen) * heads**-0.5
+    return dict(q=q, k_cache=cache, weights=weights, context_lens=torch.full((batch,), context, dtype=torch.int32),
+                page_table=table, max_context_len=context, out=torch.full((batch * next_n, context), float("nan")))
+
+
+def bench_bytes(case: BenchCase) -> int:
+    """132 bytes a cached token read (128 fp8 + a float32 scale), 4 bytes a logit written."""
+    p = case.params
+    return TOKEN_BYTES * p["batch"] * p["context"] + 4 * p["batch"] * p["next_n"] * p["context"]
+
+
+def bench_call(a: Mapping[str, Any], backend: str) -> torch.Tensor:
+    args = check(a["q"], a["k_cache"], a["weights"], a["context_lens"], a["page_table"], a["max_context_len"],
+                 out=a["out"])
+    return dispatch.call("paged_mqa_logits", args, backend)
+
+
+# Judged and benchmark-checked like mqa_logits: the same rule and bounds.
+SPEC = OpSpec("paged_mqa_logits", check, reference, mqa_logits.judge, tuple(cases),
+              bench=BenchSpec("paged_mqa_logits", bench_cases, bench_build, bench_call, bench_bytes,
+                              same=mqa_logits.same_logits, ceilings=("fp8_matmul", "bf16_matmul")))

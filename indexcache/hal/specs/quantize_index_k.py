@@ -1,14 +1,19 @@
-"""quantize_index_k: block fp8 quantization with power-of-two scales (contract: :func:`indexcache.quantize_index_k`)."""
+"""quantize_index_k: block fp8 quantization with power-of-two scales (contract: :func:`indexcache.quantize_index_k`).
+Its record's ``bench``: decode and prefill batches of bf16 and fp32 keys at D 128 (shared with store_index_k),
+checked byte-exact."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from indexcache.hal import dispatch
 from indexcache.hal.checks import FLOAT_INPUTS, check_fp8, check_int, check_tensor
+from indexcache.hal.layout import fp8_max
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, CaseList, OpSpec, Verdict, cpu
-from indexcache.layout import fp8_max
+from indexcache.hal.specs.bench import DIM, BenchCase, BenchSpec
 
 
 def check(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128) -> dict[str, Any]:
@@ -81,5 +86,67 @@ def _(gen, dev, fp8):
     k[2, :128] = float("-inf")
     return dict(k=k.to(dev), fp8_dtype=fp8)
 
+# ----------------------------------------------------------------------------------------------- benchmark
 
-SPEC = OpSpec("quantize_index_k", check, reference, judge, tuple(cases))
+KEY_INPUTS = {"bf16": torch.bfloat16, "fp32": torch.float32}  # the dtypes the keys come to the fp8 ops in
+
+
+def bench_shapes(quick: bool) -> list[tuple[str, int, str]]:
+    """``(what, tokens, kind)``: decode (64 new tokens, one a request) and prefill (8K consecutive tokens),
+    bf16 and fp32 keys; also store_index_k's."""
+    if quick:
+        return [("decode", 16, "bf16"), ("prefill", 256, "fp32")]
+    return [(what, tokens, kind) for what, tokens in (("decode", 64), ("prefill", 8192)) for kind in KEY_INPUTS]
+
+
+def tokens_label(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens >= 1024 else str(tokens)
+
+
+def bench_cases(quick: bool) -> list[BenchCase]:
+    return [BenchCase(f"{what} {tokens_label(tokens)} tokens D{DIM} {kind}",
+                      dict(tokens=tokens, dim=DIM, kind=kind, block=DIM)) for what, tokens, kind in bench_shapes(quick)]
+
+
+def bench_keys(case: BenchCase, gen: torch.Generator) -> torch.Tensor:
+    """Normal keys ``[tokens, D]`` in the case's dtype."""
+    p = case.params
+    return torch.randn(p["tokens"], p["dim"], generator=gen).to(KEY_INPUTS[p["kind"]])
+
+
+def bench_build(case: BenchCase, gen: torch.Generator) -> dict[str, Any]:
+    """Normal keys ``[tokens, D]`` in the case's dtype, quantized to e4m3fn with one scale a token."""
+    return dict(k=bench_keys(case, gen), fp8_dtype=E4M3, block=case.params["block"])
+
+
+def bench_call(a: Mapping[str, Any], backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return dispatch.call("quantize_index_k", check(a["k"], a["fp8_dtype"], block=a["block"]), backend)
+
+
+def bench_bytes(case: BenchCase) -> int:
+    """The keys read once; the fp8 values and a float32 scale a block written."""
+    p = case.params
+    values = p["tokens"] * p["dim"]
+    return KEY_INPUTS[p["kind"]].itemsize * values + values + 4 * values // p["block"]
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().view(torch.uint8)
+
+
+def same_bytes(got: Any, want: Any, case: BenchCase) -> str:
+    """Byte-exact, as the conformance suite judges quantize_index_k and store_index_k: the fp8 values and the
+    scales (``(values, scales)``), or the packed cache."""
+    if isinstance(got, tuple):
+        named = list(zip(("fp8 values", "scales"), got, want, strict=True))
+    else:
+        named = [("cache bytes", got, want)]
+    for name, g, w in named:
+        if g.shape != w.shape or not torch.equal(_bytes_of(g), _bytes_of(w)):
+            return f"{name} differ from the torch backend's"
+    return ""
+
+
+SPEC = OpSpec("quantize_index_k", check, reference, judge, tuple(cases),
+              bench=BenchSpec("quantize_index_k", bench_cases, bench_build, bench_call, bench_bytes,
+                              same=same_bytes))

@@ -1,16 +1,20 @@
 """store_index_k: quantize keys (one power-of-two scale a token) into the packed fp8 cache, in place
-(contract: :func:`indexcache.store_index_k`)."""
+(contract: :func:`indexcache.store_index_k`). Its record's ``bench``: quantize_index_k's decode and prefill
+batches into a page-64 cache (decode one token a page, prefill whole pages), checked byte-exact."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from indexcache.hal import dispatch
 from indexcache.hal.checks import FLOAT_INPUTS, INDEX, check_cache, check_fp8, check_output, check_tensor
+from indexcache.hal.layout import new_packed_cache, split_packed_cache
 from indexcache.hal.specs import quantize_index_k
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu
-from indexcache.layout import new_packed_cache, split_packed_cache
+from indexcache.hal.specs.bench import DIM, PAGE, BenchCase, BenchSpec
 
 
 def check(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn) -> dict[str, Any]:
@@ -77,5 +81,48 @@ for _ps in ODD_PAGES:
         return dict(k=(torch.randn(40, 128, generator=gen) * 5).to(dev), k_cache=new_packed_cache(pages, ps).to(dev),
                     slot_mapping=slots.to(dev), fp8_dtype=fp8)
 
+# ----------------------------------------------------------------------------------------------- benchmark
 
-SPEC = OpSpec("store_index_k", check, reference, judge, tuple(cases))
+CACHE_PAGES = 4096  # the packed cache the keys go to: 4096 pages of 64 tokens (35 MB at D 128); 64 when quick
+
+
+def bench_cases(quick: bool) -> list[BenchCase]:
+    pages = 64 if quick else CACHE_PAGES
+    found = []
+    for what, tokens, kind in quantize_index_k.bench_shapes(quick):
+        note = (f"one token a request, at a random slot of a page of its own ({pages}-page cache)" if what == "decode"
+                else f"consecutive tokens filling randomly chosen whole pages of a {pages}-page cache")
+        found.append(BenchCase(f"{what} {quantize_index_k.tokens_label(tokens)} tokens D{DIM} {kind} page{PAGE}",
+                               dict(tokens=tokens, dim=DIM, kind=kind, block=DIM, page_size=PAGE, pages=pages,
+                                    decode=what == "decode"), note))
+    return found
+
+
+def bench_build(case: BenchCase, gen: torch.Generator) -> dict[str, Any]:
+    """Normal keys ``[tokens, D]`` and a zeroed packed cache; decode slots one token a request, each at a
+    random position of a page of its own; prefill slots consecutive, filling randomly chosen whole pages."""
+    p = case.params
+    tokens, page, pages = p["tokens"], p["page_size"], p["pages"]
+    if p["decode"]:
+        slots = torch.randperm(pages, generator=gen)[:tokens] * page + torch.randint(0, page, (tokens,), generator=gen)
+    else:
+        chosen = torch.randperm(pages, generator=gen)[:-(-tokens // page)]
+        slots = (chosen[:, None] * page + torch.arange(page)).flatten()[:tokens]
+    return dict(k=quantize_index_k.bench_keys(case, gen), k_cache=new_packed_cache(pages, page, p["dim"]),
+                slot_mapping=slots.to(torch.int32), fp8_dtype=E4M3)
+
+
+def bench_call(a: Mapping[str, Any], backend: str) -> torch.Tensor:
+    dispatch.call("store_index_k", check(a["k"], a["k_cache"], a["slot_mapping"], a["fp8_dtype"]), backend)
+    return a["k_cache"]
+
+
+def bench_bytes(case: BenchCase) -> int:
+    """The keys and slots read once; per token D fp8 bytes and a float32 scale written."""
+    p = case.params
+    return (quantize_index_k.KEY_INPUTS[p["kind"]].itemsize * p["dim"] + 4 + p["dim"] + 4) * p["tokens"]
+
+
+SPEC = OpSpec("store_index_k", check, reference, judge, tuple(cases),
+              bench=BenchSpec("store_index_k", bench_cases, bench_build, bench_call, bench_bytes,
+                              same=quantize_index_k.same_bytes))

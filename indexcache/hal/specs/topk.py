@@ -1,13 +1,18 @@
-"""topk: per row, the k best positions of a window of scores (contract: :func:`indexcache.topk`)."""
+"""topk: per row, the k best positions of a window of scores (contract: :func:`indexcache.topk`). Its record's
+``bench``: full rows of normal scores (shared with topk_translate), set against one read of the scores and
+against ``torch.topk``, checked by each row's index set."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from indexcache.hal import dispatch
 from indexcache.hal.checks import INDEX, SCORE_DTYPES, check_k, check_tensor, output
 from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints
+from indexcache.hal.specs.bench import POISON, BenchCase, BenchSpec
 
 
 def check_inputs(scores, lengths, k, row_starts) -> None:
@@ -198,5 +203,73 @@ def _(gen, dev):
 def _(gen, dev):
     return args_of(gen, dev, scores_of(gen, 5, 2000), 100, out=torch.full((5, 100), 777, dtype=I32, device=dev))
 
+# ----------------------------------------------------------------------------------------------- benchmark
 
-SPEC = OpSpec("topk", check, reference, judge, tuple(cases))
+BENCH_PAGE = 64  # the page size of topk_translate's table
+
+
+def bench_cases(quick: bool) -> list[BenchCase]:
+    """Also topk_translate's shapes (``page_size`` is for its table)."""
+    def case(rows: int, cols: int, k: int) -> BenchCase:
+        size = f"{cols >> 20}M" if cols >= 1 << 20 else f"{cols >> 10}K" if cols >= 1024 else str(cols)
+        return BenchCase(f"{rows}x{size} k{k}", dict(rows=rows, cols=cols, k=k, page_size=BENCH_PAGE))
+
+    if quick:
+        return [case(4, 4096, 64), case(1, 16384, 512)]
+    return [case(64, 131072, 2048), case(64, 131072, 512), case(1, 131072, 2048), case(1, 1 << 20, 2048),
+            case(2048, 32768, 2048)]
+
+
+def bench_build(case: BenchCase, gen: torch.Generator) -> dict[str, Any]:
+    """float32 normal scores, every row at full length (so torch.topk answers the same question); for the
+    fused op a page table of randomly permuted pages."""
+    p = case.params
+    rows, cols, k, page = p["rows"], p["cols"], p["k"], p["page_size"]
+    pages = -(-cols // page)
+    return dict(scores=torch.randn(rows, cols, generator=gen), lengths=torch.full((rows,), cols, dtype=torch.int32),
+                k=k, page_size=page,
+                page_table=torch.randperm(rows * pages, generator=gen, dtype=torch.int32).view(rows, pages),
+                out=torch.full((rows, k), POISON, dtype=torch.int32),
+                out_raw=torch.full((rows, k), POISON, dtype=torch.int32))
+
+
+def bench_call(a: Mapping[str, Any], backend: str) -> torch.Tensor:
+    return dispatch.call("topk", check(a["scores"], a["lengths"], a["k"], out=a["out"]), backend)
+
+
+def torch_topk(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk's indices, with the scores: its tie rule is not ours, so it is checked by the scores it picks."""
+    return torch.topk(a["scores"], a["k"], dim=1, sorted=False).indices, a["scores"]
+
+
+def read_once(a: Mapping[str, Any]) -> torch.Tensor:
+    """One read of the scores: the least time a top-k call can take."""
+    return a["scores"].sum()
+
+
+def bench_bytes(case: BenchCase) -> int:
+    """The scores read once, the int32 result written."""
+    p = case.params
+    return 4 * p["rows"] * p["cols"] + 4 * p["rows"] * p["k"]
+
+
+def same_topk(got: torch.Tensor, want: torch.Tensor, case: BenchCase | None = None) -> str:
+    """Per row the same set of positions, no duplicates (order is unspecified): the conformance rule. Rows
+    sorted and compared on the device first (equal sorted rows of a duplicate-free baseline are the same
+    sets); the conformance check, row by row in Python, only says what differs.
+
+    ``got`` as ``(indices, scores)`` (torch.topk, whose tie rule differs): per row the same multiset of
+    selected scores."""
+    if isinstance(got, tuple):
+        idx, scores = got
+        picked = scores.gather(1, idx.long()).sort(1).values
+        same = torch.equal(picked, scores.gather(1, want.to(idx.device).long()).sort(1).values)
+        return "" if same else "selected scores differ from the torch backend's"
+    if got.shape == want.shape and torch.equal(got.long().sort(1).values, want.to(got.device).long().sort(1).values):
+        return ""
+    return check_topk(got.cpu(), want.cpu(), False) or "differs"
+
+
+SPEC = OpSpec("topk", check, reference, judge, tuple(cases),
+              bench=BenchSpec("topk", bench_cases, bench_build, bench_call, bench_bytes, roofline="read_once",
+                              same=same_topk, extras={"torch.topk": torch_topk}, floor=read_once))

@@ -1,15 +1,19 @@
 """topk_translate: :func:`indexcache.topk` then :func:`indexcache.translate` in one pass, the producer step
-(contract: :func:`indexcache.topk_translate`)."""
+(contract: :func:`indexcache.topk_translate`). Its record's ``bench``: topk's shapes through a page-64 table,
+set against one read of the scores; ``out_raw`` checked by index set and ``out`` as ``translate(out_raw)``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from indexcache.hal import dispatch
 from indexcache.hal.checks import INDEX, check_output, check_tensor, check_translate_inputs, output
 from indexcache.hal.specs import topk, translate
 from indexcache.hal.specs.base import I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu, ints
+from indexcache.hal.specs.bench import BASELINE, BenchCase, BenchSpec
 
 
 def check(scores, lengths, k: int, page_table, page_size: int, *, row_starts=None, row_to_batch=None, out=None,
@@ -123,5 +127,31 @@ def _(gen, dev):
     args["sorted"] = True
     return args
 
+# ----------------------------------------------------------------------------------------------- benchmark
 
-SPEC = OpSpec("topk_translate", check, reference, judge, tuple(cases))
+
+def bench_call(a: Mapping[str, Any], backend: str) -> tuple:
+    args = check(a["scores"], a["lengths"], a["k"], a["page_table"], a["page_size"], out=a["out"],
+                 out_raw=a["out_raw"])
+    return dispatch.call("topk_translate", args, backend), a["out_raw"], a
+
+
+def bench_bytes(case: BenchCase) -> int:
+    """The scores read once; raw and physical int32 results written, a table entry read for each."""
+    p = case.params
+    return 4 * p["rows"] * p["cols"] + 12 * p["rows"] * p["k"]
+
+
+def same_topk_translate(got: tuple, want: tuple, case: BenchCase) -> str:
+    """``out_raw`` has each row's index set, and ``out`` is ``translate(out_raw)`` slot by slot (translate
+    by the torch backend, itself checked exactly against the reference by the conformance suite)."""
+    phys, raw, a = got
+    if detail := topk.same_topk(raw, want[1]):
+        return f"out_raw: {detail}"
+    again = dispatch.call("translate", translate.check(raw, a["page_table"], a["lengths"], a["page_size"]), BASELINE)
+    return "" if torch.equal(phys, again) else "out is not translate(out_raw)"
+
+
+SPEC = OpSpec("topk_translate", check, reference, judge, tuple(cases),
+              bench=BenchSpec("topk_translate", topk.bench_cases, topk.bench_build, bench_call, bench_bytes,
+                              roofline="read_once", same=same_topk_translate, floor=topk.read_once))

@@ -1,14 +1,18 @@
 """translate: logical token positions → physical KV slots through a page table
-(contract: :func:`indexcache.translate`)."""
+(contract: :func:`indexcache.translate`). Its record's ``bench``: prefill rows sharing a request's table
+row, decode rows and a token-level table, 12 bytes an index, checked exactly."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from indexcache.hal import dispatch
 from indexcache.hal.checks import INDEX, check_tensor, check_translate_inputs, output
 from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints
+from indexcache.hal.specs.bench import POISON, BenchCase, BenchSpec
 
 
 def check(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, out=None) -> dict[str, Any]:
@@ -68,14 +72,14 @@ def _args(gen, dev, rows, k, batches, pages, page_size, r2b=False, strided=False
     return args
 
 
-@cases.add("worked example, page 64 (REFERENCE)")
+@cases.add("worked example, page 64")
 def _(gen, dev):
     return dict(raw=torch.tensor([[0, 63, 64, -1]], dtype=I32, device=dev),
                 page_table=torch.tensor([[10, 11]], dtype=I32, device=dev),
                 seq_lens=torch.tensor([128], dtype=I32, device=dev), page_size=64)
 
 
-@cases.add("worked example, holes and beyond seq_len (REFERENCE)")
+@cases.add("worked example, holes and beyond seq_len")
 def _(gen, dev):
     table = torch.tensor([[100, 101, 102, -1, 5, 6, 7, 8, 9]], dtype=I32, device=dev)
     return dict(raw=torch.tensor([[0, 63, 64, 127, 128, -1, 512]], dtype=I32, device=dev), page_table=table,
@@ -134,4 +138,62 @@ def _(gen, dev):
     return args
 
 
-SPEC = OpSpec("translate", check, reference, judge, tuple(cases))
+# ----------------------------------------------------------------------------------------------- benchmark
+
+
+def bench_cases(quick: bool) -> list[BenchCase]:
+    r2b = "row_to_batch maps each query row to its request's table row (the table is not copied per row)"
+    per_row = "one table row per query row (row_to_batch=None)"
+    if quick:
+        return [
+            BenchCase("prefill 2x8 rows k64 page4", dict(requests=2, rows_per_request=8, k=64, page_size=4,
+                                                         context=512), r2b),
+            BenchCase("decode 4 rows k48 page3", dict(requests=4, rows_per_request=1, k=48, page_size=3, context=300),
+                      per_row),
+            BenchCase("token table 4 rows k64 page1", dict(requests=4, rows_per_request=1, k=64, page_size=1,
+                                                           context=1024), per_row),
+        ]
+    ctx = 128 * 1024
+    return [
+        BenchCase("prefill 8x1024 rows k2048 page64 128K", dict(requests=8, rows_per_request=1024, k=2048,
+                                                                page_size=64, context=ctx), r2b),
+        BenchCase("decode 64 rows k2048 page64 128K", dict(requests=64, rows_per_request=1, k=2048, page_size=64,
+                                                          context=ctx), per_row),
+        BenchCase("decode 64 rows k512 page64 128K", dict(requests=64, rows_per_request=1, k=512, page_size=64,
+                                                         context=ctx), per_row),
+        BenchCase("token table 64 rows k2048 page1 128K", dict(requests=64, rows_per_request=1, k=2048, page_size=1,
+                                                              context=ctx), per_row),
+    ]
+
+
+def bench_build(case: BenchCase, gen: torch.Generator) -> dict[str, Any]:
+    """Requests whose pages are a random permutation of one pool; query rows are the last
+    ``rows_per_request`` tokens of each request (causal), so every raw index is visible and valid."""
+    p = case.params
+    requests, per_request, k, page_size, context = (p[n] for n in ("requests", "rows_per_request", "k", "page_size",
+                                                                   "context"))
+    rows, pages = requests * per_request, -(-context // page_size)
+    table = torch.randperm(requests * pages, generator=gen, dtype=torch.int32).view(requests, pages)
+    first_len = context - per_request + 1
+    seq_lens = (first_len + torch.arange(per_request, dtype=torch.int32)).repeat(requests)
+    raw = torch.randint(0, first_len, (rows, k), generator=gen, dtype=torch.int32)
+    row_to_batch = torch.arange(rows, dtype=torch.int32) // per_request if per_request > 1 else None
+    out = torch.full((rows, k), POISON, dtype=torch.int32)
+    return dict(raw=raw, page_table=table, seq_lens=seq_lens, page_size=page_size, row_to_batch=row_to_batch,
+                out=out)
+
+
+def bench_call(a: Mapping[str, Any], backend: str) -> torch.Tensor:
+    args = check(a["raw"], a["page_table"], a["seq_lens"], a["page_size"], row_to_batch=a["row_to_batch"],
+                 out=a["out"])
+    return dispatch.call("translate", args, backend)
+
+
+def bench_bytes(case: BenchCase) -> int:
+    """12 bytes an index: the raw index read, its table entry read, the result written."""
+    p = case.params
+    return 12 * p["requests"] * p["rows_per_request"] * p["k"]
+
+
+SPEC = OpSpec("translate", check, reference, judge, tuple(cases),
+              bench=BenchSpec("translate", bench_cases, bench_build, bench_call, bench_bytes))
