@@ -23,11 +23,11 @@ import torch
 import torch.distributed as dist
 
 import indexcache
-from indexcache import dispatch
 from indexcache.bench.output import print_rows
 from indexcache.bench.ranks import describe, rank_group, run_header, spawn, write_report
 from indexcache.bench.timing import Timer
-from indexcache.distributed import _all_gather, _local_candidates, _windows, cp_topk, zigzag_key_index
+from indexcache.hal import dispatch
+from indexcache.runtime.distributed import _all_gather, _local_candidates, _windows, cp_topk, zigzag_key_index
 
 SCHEMA = "indexcache-cp-bench/1"
 HEADS, DIM = 64, 128

@@ -4,7 +4,7 @@
     python bench/cp_model_gpu.py --nproc 2 --dist-backend gloo                     # CPU smoke run
 
 Spawns one process per rank (NCCL on ``cuda:rank`` with ``NCCL_NVLS_ENABLE=0``, or gloo on CPU processes
-with the library's CPU backend choice). Every rank builds the same model (:class:`indexcache.model.DSAModel`,
+with the library's CPU backend choice). Every rank builds the same model (:class:`indexcache.tools.model.DSAModel`,
 seeded) and the same prompts (three of different lengths: k is below the longer ones and above the
 short one) and prefills them twice under a plan with producers and shared layers (``--freq``):
 
@@ -12,11 +12,11 @@ short one) and prefills them twice under a plan with producers and shared layers
   ``indexcache.topk_translate(sorted=True)`` (:class:`SortedTopkState`);
 - context parallel: :class:`ShardedIndexerModel` computes each producer's logits on the rank's contiguous
   shard of the keys only, :class:`CPTopkState` merges the top-k across ranks with
-  :func:`indexcache.distributed.cp_topk_translate`; shared layers reuse it, and everything else (KV
+  :func:`indexcache.runtime.distributed.cp_topk_translate`; shared layers reuse it, and everything else (KV
   cache, sparse attention) runs replicated, so every rank's output must equal the reference.
 
 Why sorted: ``cp_topk`` orders a row's selection by score (then index), as ``topk(sorted=True)`` does,
-while the plain :class:`~indexcache.state.TopkState` leaves the order to the backend. The order is the
+while the plain :class:`~indexcache.runtime.state.TopkState` leaves the order to the backend. The order is the
 order in which sparse attention sums the selected slots, so another order changes hidden states in
 their last bits; the next producer's fp8-quantized indexer inputs then flip here and there and a few
 rows select other tokens, more at every producer (on one H200, world size 1, against the plain state:
@@ -44,15 +44,15 @@ import torch
 import torch.distributed as dist
 
 import indexcache
-from indexcache import dispatch
 from indexcache.bench.output import print_rows
 from indexcache.bench.ranks import describe, rank_group, run_header, spawn, write_report
 from indexcache.bench.timing import Timer
-from indexcache.distributed import cp_topk, cp_topk_translate
-from indexcache.model import Batch, DSAModel, ModelConfig, PagedCache, preset
-from indexcache.ops import INDEX
-from indexcache.runner import IndexerRunner
-from indexcache.state import IndexRecorder, TopkState
+from indexcache.hal import dispatch
+from indexcache.hal.ops import INDEX
+from indexcache.runtime.distributed import cp_topk, cp_topk_translate
+from indexcache.runtime.runner import IndexerRunner
+from indexcache.runtime.state import IndexRecorder, TopkState
+from indexcache.tools.model import Batch, DSAModel, ModelConfig, PagedCache, preset
 
 SCHEMA = "indexcache-cp-model-bench/1"
 LOGITS_TOLERANCE = 1e-4  # relative to the largest reference logit (at least 1)

@@ -15,7 +15,7 @@ and a 4096-token prefill chunk at the end of a 32K context (eager).
 Also measured: the overlap of the producer's indexer (decode 64 × 32K) on a side stream with an
 equal-length main-stream bf16 GEMM workload, as the fraction of the indexer's time hidden; allocator
 statistics across steady-state decode steps (graph replays and eager forwards). Which backend served
-each op is recorded from ``indexcache.dispatch.resolve`` during a warm-up forward. Prints tables,
+each op is recorded from ``indexcache.hal.dispatch.resolve`` during a warm-up forward. Prints tables,
 writes JSON to ``--out``; about 1–3 minutes on an H200 (most of it in the torch fallback when the
 Triton logits/top-k kernels are absent). ``--smoke`` runs tiny shapes, on the CPU too, to check the
 script itself (its times mean nothing).
@@ -35,15 +35,15 @@ from pathlib import Path
 import torch
 
 import indexcache
-from indexcache import dispatch
 from indexcache.bench.output import write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 from indexcache.bench.timing import capture_graph, times_ms
-from indexcache.layout import new_packed_cache, split_packed_cache
+from indexcache.hal import dispatch
+from indexcache.hal.layout import new_packed_cache, split_packed_cache
 from indexcache.plan import LayerPlan
-from indexcache.runner import IndexerRunner
-from indexcache.state import TopkState
-from indexcache.streams import overlap
+from indexcache.runtime.runner import IndexerRunner
+from indexcache.runtime.state import TopkState
+from indexcache.runtime.streams import overlap
 
 FREQS = (1, 2, 4)
 TARGETS = {"freq4_ratio": 0.30, "overlap_hidden": 0.50, "steady_state_allocations": 0}
@@ -174,7 +174,7 @@ def forward_fn(stack: Stack, runner: IndexerRunner, state: TopkState) -> Callabl
 
 
 def served_backends(fn: Callable[[], object]) -> dict[str, list[str]]:
-    """Run ``fn`` once, recording which backend ``indexcache.dispatch.resolve`` picked for each op."""
+    """Run ``fn`` once, recording which backend ``indexcache.hal.dispatch.resolve`` picked for each op."""
     seen: dict[str, set[str]] = {}
     real = dispatch.resolve
 

@@ -32,12 +32,12 @@ from pathlib import Path
 import torch
 
 import indexcache
-from indexcache import dispatch, reference
 from indexcache.bench.ceilings import bf16_matmul, copy_bandwidth, fp8_matmul
 from indexcache.bench.output import print_rows, write_json
 from indexcache.bench.provenance import checkout_commit, now, versions
 from indexcache.bench.timing import Timer, capture_graph, median_ms
-from indexcache.layout import new_packed_cache, split_packed_cache
+from indexcache.hal import dispatch, reference
+from indexcache.hal.layout import new_packed_cache, split_packed_cache
 
 CUDA = torch.device("cuda")
 H, D, PAGE = 64, 128, 64

@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 import indexcache
-from indexcache import dispatch, reference
 from indexcache.bench.output import print_rows, write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 from indexcache.bench.timing import capture_graph, l2_bytes, median_ms
+from indexcache.hal import dispatch, reference
 from indexcache.hal.device import sm_count
 
 CUDA = torch.device("cuda")

@@ -76,7 +76,7 @@ torch.version.cuda, "gpu", torch.cuda.is_available() and torch.cuda.get_device_n
 # building fails too, that folder gets the sources linked in place (indexcache/ with backends/ inside, as the
 # package-dir mapping of pyproject.toml has it). With a folder, PYTHONSAFEPATH keeps the checkout's indexcache/
 # (which lacks backends/) from shadowing it.
-IMPORT_CHECK='import indexcache, indexcache.backends.torch, indexcache.cli; print("indexcache from", indexcache.__file__)'
+IMPORT_CHECK='import indexcache, indexcache.backends.torch, indexcache.tools.cli; print("indexcache from", indexcache.__file__)'
 if ON_FAIL="fell back" step install-editable 180 "$PY" -m pip install --no-build-isolation --no-deps --no-index -e . \
   && ON_FAIL="fell back" step import-check 60 "$PY" -c "$IMPORT_CHECK"; then
   :
@@ -91,7 +91,7 @@ else
   step import-check-folder 60 "$PY" -c "$IMPORT_CHECK"
 fi
 
-IC=("$PY" -m indexcache.cli)
+IC=("$PY" -m indexcache.tools.cli)
 step info 60 bash -c '"$@" info --json >"$0"; rc=$?; cat "$0"; exit $rc' "$OUT/info.json" "${IC[@]}"
 PARTS=" ${GPU_SH_PARTS:-core kernels runtime} "
 part() { [[ $PARTS == *" $1 "* ]]; }
@@ -118,7 +118,7 @@ if SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sa
     "$PY" ci/memcheck_translate.py
   # Every conformance case of the cuda backend (top-k, logits, quantize/store included) under memcheck.
   step memcheck-conformance 240 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" --tool memcheck --error-exitcode 1 \
-    "$PY" -m indexcache.conformance.runner --backend cuda --out "$WORK/memcheck-reports"
+    "$PY" -m indexcache.conformance.worker --backend cuda --out "$WORK/memcheck-reports"
 else
   say "=== memcheck: compute-sanitizer not found"
   record memcheck "FAILED (no compute-sanitizer)" - 0

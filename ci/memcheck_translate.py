@@ -1,4 +1,4 @@
-"""Adversarial page-translation cases, every backend against ``indexcache.reference.translate``.
+"""Adversarial page-translation cases, every backend against ``indexcache.hal.reference.translate``.
 
 On a GPU, under the memory checker (every tensor is its own device allocation, so an overrun of
 any input or output leaves its allocation)::

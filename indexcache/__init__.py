@@ -2,7 +2,7 @@
 
 Importing touches no device and imports no torch: the public names below load their module at first use
 (PEP 562), so ``import indexcache.plan`` stays pure Python. The backend is chosen at the first op call (see
-:mod:`indexcache.dispatch`).
+:mod:`indexcache.hal.dispatch`).
 """
 
 from __future__ import annotations
@@ -10,20 +10,24 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from indexcache import _moved
+
 __version__ = "0.1.0"
+
+_moved.install()  # the modules that moved into a layer keep their old names (indexcache.state, ...)
 
 # Public name -> the module that defines it.
 _PUBLIC = {
-    "available_backends": "indexcache.dispatch",
-    "get_backend": "indexcache.dispatch",
-    "use_backend": "indexcache.dispatch",
-    "mqa_logits": "indexcache.ops",
-    "paged_mqa_logits": "indexcache.ops",
-    "quantize_index_k": "indexcache.ops",
-    "store_index_k": "indexcache.ops",
-    "topk": "indexcache.ops",
-    "topk_translate": "indexcache.ops",
-    "translate": "indexcache.ops",
+    "available_backends": "indexcache.hal.dispatch",
+    "get_backend": "indexcache.hal.dispatch",
+    "use_backend": "indexcache.hal.dispatch",
+    "mqa_logits": "indexcache.hal.ops",
+    "paged_mqa_logits": "indexcache.hal.ops",
+    "quantize_index_k": "indexcache.hal.ops",
+    "store_index_k": "indexcache.hal.ops",
+    "topk": "indexcache.hal.ops",
+    "topk_translate": "indexcache.hal.ops",
+    "translate": "indexcache.hal.ops",
 }
 # Submodules that ``import indexcache`` used to load, still reachable as attributes after it.
 _SUBMODULES = ("dispatch", "layout", "ops")

@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-from indexcache import dispatch
+from indexcache.hal import dispatch
 
 # Modules that run Triton kernels through the interpreter. Triton picks interpreter mode when a kernel is
 # defined (module import), so they need TRITON_INTERPRET=1 from the start of the process; tox's
@@ -36,4 +36,16 @@ def fresh_dispatch(monkeypatch):
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     dispatch.reset()
     yield dispatch
+    dispatch.reset()
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """For a module's Triton kernel tests: TRITON_INTERPRET=1 before the backends are probed, probes forgotten
+    afterwards (modules use it with ``pytest.mark.usefixtures("interpreted")``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        mp.delenv(dispatch.ENV_VAR, raising=False)
+        dispatch.reset()
+        yield
     dispatch.reset()

@@ -16,8 +16,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from indexcache import calibrate
-from indexcache.calibrate import (
+from indexcache.plan import LayerPlan
+from indexcache.tools import calibrate
+from indexcache.tools.calibrate import (
     CachedObjective,
     c4_layers,
     freq_baselines,
@@ -28,9 +29,8 @@ from indexcache.calibrate import (
     producer_budget,
     uniform_pattern,
 )
-from indexcache.cli import main
-from indexcache.model import ModelSettingError, record_dump
-from indexcache.plan import LayerPlan
+from indexcache.tools.cli import main
+from indexcache.tools.model import ModelSettingError, record_dump
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "configs"
 # The small model at test sizes: 2 prompts x 160 tokens, k 32, so 2 x 128 rows with more context than k.

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from indexcache.cli import main
-from indexcache.descriptor import Descriptor
 from indexcache.plan import LayerPlan
+from indexcache.plan.descriptor import Descriptor
+from indexcache.tools.cli import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 V32 = str(EXAMPLES / "deepseek-v3.2.json")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import indexcache
-from indexcache.cli import main
+from indexcache.tools.cli import main
 
 V32 = str(Path(__file__).resolve().parent.parent / "examples" / "configs" / "deepseek-v3.2.json")
 
@@ -28,12 +28,14 @@ def _type_bug(*_, **__):
 
 
 INTERNAL = [
-    (["plan", "--config", V32], "indexcache.descriptor.Descriptor.from_plan", _bug),
+    (["plan", "--config", V32], "indexcache.plan.descriptor.Descriptor.from_plan", _bug),
     (["plan", "--config", V32, "--json"], "indexcache.plan.LayerPlan.from_config", _type_bug),
     (["info"], "indexcache.tools.backend_status.backend_status", _bug),
-    (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"], "indexcache.calibrate.overlap_matrix", _bug),
-    (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"], "indexcache.calibrate.greedy_search", _type_bug),
-    (["demo", "--backend", "torch", "--prompt-len", "40", "--topk", "16"], "indexcache.model.compare_plans", _bug),
+    (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"], "indexcache.tools.calibrate.overlap_matrix", _bug),
+    (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"], "indexcache.tools.calibrate.greedy_search",
+     _type_bug),
+    (["demo", "--backend", "torch", "--prompt-len", "40", "--topk", "16"], "indexcache.tools.model.compare_plans",
+     _bug),
 ]
 
 
@@ -57,7 +59,7 @@ def test_an_internal_error_prints_its_traceback():
         "import indexcache.plan as plan\n"
         "def bug(*args, **kwargs): raise ValueError('an internal bug')\n"
         "plan.LayerPlan.from_config = bug\n"
-        f"from indexcache.cli import main; main(['plan', '--config', {V32!r}])"
+        f"from indexcache.tools.cli import main; main(['plan', '--config', {V32!r}])"
     )
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "ValueError: an internal bug" in result.stderr
@@ -66,12 +68,12 @@ def test_an_internal_error_prints_its_traceback():
 
 def test_plan_never_imports_torch():
     """`indexcache plan` is pure config logic: neither the command (output or a usage error) nor
-    ``import indexcache.plan`` / ``indexcache.descriptor`` imports torch."""
+    ``import indexcache.plan`` / ``indexcache.plan.descriptor`` imports torch."""
     result = _python(
         "import sys\n"
-        "import indexcache.plan, indexcache.descriptor\n"
+        "import indexcache.plan, indexcache.plan.descriptor\n"
         "assert 'torch' not in sys.modules, 'import indexcache.plan imported torch'\n"
-        "from indexcache.cli import main\n"
+        "from indexcache.tools.cli import main\n"
         f"assert main(['plan', '--config', {V32!r}, '--json']) == 0\n"
         f"assert main(['plan', '--config', {V32!r}, '--freq', '0']) == 2\n"
         "assert main(['plan', '--config', '/nonexistent/config.json']) == 2\n"
@@ -88,11 +90,11 @@ def test_the_package_exports_its_public_names_lazily():
          "store_index_k", "topk", "topk_translate", "translate"]
     )
     assert set(indexcache.__all__) <= set(dir(indexcache))
-    from indexcache import dispatch, ops
+    from indexcache.hal import dispatch, ops
 
     for name in indexcache.__all__:
         assert getattr(indexcache, name) is getattr(dispatch if "backend" in name else ops, name)
-    assert indexcache.ops is ops and indexcache.dispatch is dispatch
+    assert indexcache.hal.ops is ops and indexcache.hal.dispatch is dispatch
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         indexcache.no_such_name  # noqa: B018
     result = _python("from indexcache import *; print(' '.join(sorted(n for n in dir() if not n.startswith('_'))))")

@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from indexcache import cli
 from indexcache.backends.cuda.tuning import tuning as cuda_tuning
 from indexcache.backends.rocm.tuning import tuning as rocm_tuning
 from indexcache.backends.triton import crosscompile as cc
 from indexcache.backends.triton import logits, translate
-from indexcache.conformance.runner import to_markdown
 from indexcache.conformance.suite import table
+from indexcache.conformance.worker import to_markdown
+from indexcache.tools import cli
 
 TUNING = {"cuda": cuda_tuning, "rocm": rocm_tuning}
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from indexcache.descriptor import (
+from indexcache.plan import LayerPlan
+from indexcache.plan.descriptor import (
     SCHEMA_VERSION,
     Descriptor,
     DescriptorError,
@@ -17,7 +18,6 @@ from indexcache.descriptor import (
     check_pd_compatible,
     check_ranks_agree,
 )
-from indexcache.plan import LayerPlan
 
 V4_EXAMPLE_RATIOS = [0, 0, 4, 128, 4, 128, 4, 128, 4, 0]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import indexcache
-from indexcache import dispatch
+from indexcache.hal import dispatch
 from indexcache.hal.contract import Availability, Backend, Capabilities, OpImpl
 
 I32 = torch.int32

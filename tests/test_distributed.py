@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from indexcache import reference
-from indexcache.distributed import cp_topk, cp_topk_translate, zigzag_key_index
-from indexcache.model import preset
+from indexcache.hal import reference
+from indexcache.runtime.distributed import cp_topk, cp_topk_translate, zigzag_key_index
+from indexcache.tools.model import preset
 
 I32 = torch.int32
 

@@ -11,9 +11,13 @@ import pytest
 import torch
 
 import indexcache
-from indexcache import cli, dispatch
-from indexcache.calibrate import overlap_matrix
-from indexcache.model import (
+from indexcache.hal import dispatch
+from indexcache.plan import LayerPlan
+from indexcache.runtime.runner import IndexerRunner
+from indexcache.runtime.state import IndexRecorder, TopkState
+from indexcache.tools import cli
+from indexcache.tools.calibrate import overlap_matrix
+from indexcache.tools.model import (
     Batch,
     DSAModel,
     ModelSettingError,
@@ -24,9 +28,6 @@ from indexcache.model import (
     preset,
     run_demo,
 )
-from indexcache.plan import LayerPlan
-from indexcache.runner import IndexerRunner
-from indexcache.state import IndexRecorder, TopkState
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,10 +6,10 @@ import inspect
 
 import pytest
 
-from indexcache import ops
+from indexcache.hal import ops
 from indexcache.hal.specs import SPECS
 
-EXAMPLES = {t.name.removeprefix("indexcache.ops."): t for t in doctest.DocTestFinder().find(ops) if t.examples}
+EXAMPLES = {t.name.removeprefix("indexcache.hal.ops."): t for t in doctest.DocTestFinder().find(ops) if t.examples}
 
 
 @pytest.mark.parametrize("op", list(SPECS))

@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 import torch
 
-from indexcache import reference
+from indexcache.hal import reference
 from indexcache.plan import LayerPlan
-from indexcache.runner import IndexerRunner
-from indexcache.state import CarryHeader, IndexRecorder, MissingProducerError, TopkState
+from indexcache.runtime.runner import IndexerRunner
+from indexcache.runtime.state import CarryHeader, IndexRecorder, MissingProducerError, TopkState
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -323,7 +323,7 @@ def test_captured_producer_and_shared_layers_replay_like_eager_without_allocatin
 
 
 def test_recorded_indices_save_as_a_calibration_dump(tmp_path):
-    from indexcache.calibrate import load_dump
+    from indexcache.tools.calibrate import load_dump
 
     scores, lengths, tables = inputs(5)
     runner = IndexerRunner(LayerPlan(4, index_topk=K, page_size=PAGE))

@@ -4,10 +4,10 @@ record_stream protection and CUDA-graph capture."""
 import pytest
 import torch
 
-from indexcache import dispatch
 from indexcache.backends.torch.streams import in_order
 from indexcache.backends.triton.streams import DeviceStreams, device_overlap
-from indexcache.streams import overlap
+from indexcache.hal import dispatch
+from indexcache.runtime.streams import overlap
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 # About 50 ms on an H200 at ~1.9 GHz: far longer than any launch latency.

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import indexcache
-from indexcache import reference
+from indexcache.hal import reference
 from indexcache.hal.specs.topk import check_topk
 
 I32 = torch.int32
@@ -99,7 +99,7 @@ def test_topk_translate_is_translate_of_topk(inputs, page_size):
                                       torch.zeros(2, dtype=I32), True),
          r"page_size: expected an int, got bool"),
         (lambda: indexcache.topk(torch.zeros(2, 5), torch.zeros(2, dtype=I32), -1),
-         r"k: expected an int in \[0, 65536\] \(indexcache.ops.MAX_TOPK\), got -1"),
+         r"k: expected an int in \[0, 65536\] \(indexcache.hal.ops.MAX_TOPK\), got -1"),
         (lambda: indexcache.topk(torch.zeros(2, 5, dtype=torch.float64), torch.zeros(2, dtype=I32), 1),
          r"scores: expected dtype float32 or bfloat16 or float16, got float64"),
         (lambda: indexcache.topk(torch.zeros(2, 5), torch.zeros(2, dtype=I32), 3, out=torch.zeros(2, 4, dtype=I32)),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import indexcache
-from indexcache import dispatch, reference
+from indexcache.hal import dispatch, reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device: graph capture and replay need a GPU")

@@ -1,6 +1,6 @@
 """The Triton logits, quantize and store kernels of the cuda and rocm backends, interpreted on the CPU.
 
-Each case compares with :mod:`indexcache.reference` by DESIGN.md's rule: -inf positions identical,
+Each case compares with :mod:`indexcache.hal.reference` by the logits rule of docs/ops.md: -inf positions identical,
 relative RMS error of the finite values ≤ 1e-5 for fp8 (fp32 accumulation) and ≤ 1e-2 for bf16, no
 NaN; quantize and store are bit-exact. Outputs are views into guarded buffers, so a write out of
 bounds fails the test. Interpreted bf16 widens to fp32 before the dot (the interpreter has no bf16
@@ -15,32 +15,20 @@ import triton
 import triton.language as tl
 
 import indexcache
-from indexcache import dispatch, reference
 from indexcache.backends import cuda as cuda_backend
 from indexcache.backends.triton.logits import _e4m3_bytes_to_fp16
 from indexcache.backends.triton.target import Target, detect
-from indexcache.layout import new_packed_cache, split_packed_cache
+from indexcache.hal import dispatch, reference
+from indexcache.hal.layout import new_packed_cache, split_packed_cache
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/logits_gpu.py is for GPUs")
+pytestmark = [
+    pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/logits_gpu.py is for GPUs"),
+    pytest.mark.usefixtures("interpreted"),
+]
 
 FP8 = {"cuda": torch.float8_e4m3fn, "rocm": torch.float8_e4m3fnuz}
 BACKENDS = ("cuda", "rocm")
 GUARD = 3
-
-
-def _reset() -> None:
-    dispatch.reset()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def interpreted():
-    """TRITON_INTERPRET=1 before the backends are probed; probes forgotten afterwards."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        mp.delenv(dispatch.ENV_VAR, raising=False)
-        _reset()
-        yield
-    _reset()
 
 
 def _guarded(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:

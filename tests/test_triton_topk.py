@@ -1,6 +1,6 @@
 """The Triton top-k and fused top-k + translation of the cuda and rocm backends, interpreted on the CPU.
 
-Every row is compared with :mod:`indexcache.reference` by DESIGN.md's rule, tightened: our tie rule is
+Every row is compared with :mod:`indexcache.hal.reference` by the top-k rule of docs/ops.md, tightened: our tie rule is
 deterministic (lower index wins), so each row's index set must equal the reference's exactly, -1 slots
 included; with ``sorted=True`` each row must equal the reference slot by slot. Outputs are views into
 guarded buffers, so a write out of bounds fails the test. The split-row path and the stash-overflow
@@ -13,10 +13,11 @@ import pytest
 import torch
 
 import indexcache
-from indexcache import dispatch, reference
 from indexcache.backends.triton.target import _target
+from indexcache.hal import dispatch, reference
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/topk_gpu.py is for GPUs")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/topk_gpu.py is for GPUs"),
+              pytest.mark.usefixtures("interpreted")]
 
 GUARD = 2
 SENTINEL = -7
@@ -25,17 +26,6 @@ NEG_INF, NAN = float("-inf"), float("nan")
 SMALL = {"TILE": 512, "BITS": 7, "DIGIT": 5, "num_warps": 4, "PROGRAMS_PER_SM": 2, "CHUNKS_PER_SM": 4,
          "MIN_CHUNK": 1024, "GATHER_CHUNKS": 4, "SAMPLE": 256, "SAMPLE_RANK": 16, "STASH": 256, "STASH_PER_K": 1,
          "STASH_COLS_SHIFT": 16, "SORT_PER_WARP": 256}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def interpreted():
-    """TRITON_INTERPRET=1 before the backends are probed; probes forgotten afterwards."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        mp.delenv(dispatch.ENV_VAR, raising=False)
-        dispatch.reset()
-        yield
-    dispatch.reset()
 
 
 def _kernels():

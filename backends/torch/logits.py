@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from indexcache.backends.torch.memory import memory_budget, rows_per_chunk
-from indexcache.layout import split_packed_cache
+from indexcache.hal.layout import split_packed_cache
 
 KEY_CHUNK = 4096
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from indexcache.layout import fp8_max, split_packed_cache
+from indexcache.hal.layout import fp8_max, split_packed_cache
 
 
 def _pow2_scale(amax: torch.Tensor, limit: float) -> torch.Tensor:

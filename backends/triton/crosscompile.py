@@ -303,7 +303,7 @@ def compiled_for(backend: str) -> list[dict[str, Any]]:
     env = {k: v for k, v in os.environ.items() if k != INTERPRET_ENV}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "compile.json"
-        cmd = [sys.executable, "-m", "indexcache.cli", "compile-check", "--backend", backend, "--json", str(path)]
+        cmd = [sys.executable, "-m", "indexcache.tools.cli", "compile-check", "--backend", backend, "--json", str(path)]
         proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
         if not path.exists():
             raise RuntimeError(f"the compile check of {backend} crashed (exit {proc.returncode})")

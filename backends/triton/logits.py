@@ -47,7 +47,7 @@ from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 from indexcache.hal.device import sm_count, sm_version
-from indexcache.layout import FP8_DTYPES, cache_page_size
+from indexcache.hal.layout import FP8_DTYPES, cache_page_size
 
 NEG_INF = tl.constexpr(float("-inf"))
 INTERPRETED_SMS = 3  # programs of the persistent grid under the interpreter (exercises the round-robin)

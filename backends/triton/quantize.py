@@ -26,7 +26,7 @@ import triton.language as tl
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
-from indexcache.layout import FP8_DTYPES, cache_page_size, fp8_max
+from indexcache.hal.layout import FP8_DTYPES, cache_page_size, fp8_max
 
 
 @triton.jit

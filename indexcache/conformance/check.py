@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from indexcache import dispatch, ops
+from indexcache.hal import dispatch, ops
 from indexcache.hal.specs import SPECS
 from indexcache.hal.specs.base import Case, Verdict, cpu
 from indexcache.hal.specs.mqa_logits import BOUNDS

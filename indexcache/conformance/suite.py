@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from indexcache import dispatch
 from indexcache.backends.triton.target import INTERPRET_ENV
-from indexcache.conformance.runner import summarize
+from indexcache.conformance.worker import summarize
+from indexcache.hal import dispatch
 
 
 def plan_runs(which: str | None) -> list[tuple[str, dict[str, str]]]:
@@ -49,7 +49,7 @@ def run_all(which: str | None, out_dir: Path, op: str | None = None,
         path.unlink(missing_ok=True)
         path.with_suffix(".md").unlink(missing_ok=True)
         env = {**os.environ, **extra}
-        cmd = [sys.executable, "-m", "indexcache.conformance.runner", "--backend", name, "--out", str(out_dir)]
+        cmd = [sys.executable, "-m", "indexcache.conformance.worker", "--backend", name, "--out", str(out_dir)]
         if op:
             cmd += ["--op", op]
         if compile_check:

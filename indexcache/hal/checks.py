@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from indexcache.layout import FP8_DTYPES, cache_page_size
+from indexcache.hal.layout import FP8_DTYPES, cache_page_size
 
 INDEX = torch.int32  # every index tensor; -1 marks an empty slot
 SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -51,7 +51,7 @@ def check_int(name: str, value, minimum: int, maximum: int | None = None, why: s
 
 def check_k(k) -> int:
     """``k`` in ``[0, MAX_TOPK]``."""
-    return check_int("k", k, 0, MAX_TOPK, " (indexcache.ops.MAX_TOPK)")
+    return check_int("k", k, 0, MAX_TOPK, " (indexcache.hal.ops.MAX_TOPK)")
 
 
 def check_page_size(page_size) -> int:
@@ -100,7 +100,7 @@ def output(name: str, out, dtype, shape: tuple, device: torch.device, inputs: di
 
 
 def check_cache(k_cache, dim_name: str, dim: int, device: torch.device) -> None:
-    """The packed fp8 cache (:mod:`indexcache.layout`) for keys of ``dim`` elements (``dim_name``'s last
+    """The packed fp8 cache (:mod:`indexcache.hal.layout`) for keys of ``dim`` elements (``dim_name``'s last
     dimension): uint8, on ``device``, a page shape that fits, contiguous, float32 scales 4-byte aligned."""
     if not isinstance(k_cache, torch.Tensor) or k_cache.dtype != torch.uint8:
         raise TypeError(f"k_cache: expected a uint8 torch.Tensor, got {getattr(k_cache, 'dtype', type(k_cache))}")

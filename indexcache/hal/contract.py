@@ -25,7 +25,7 @@ OPS = (
     "paged_mqa_logits",
     "quantize_index_k",
     "store_index_k",
-    "overlap",  # the stream scheduler behind indexcache.streams.overlap: side-stream work joined to the current stream
+    "overlap",  # the stream scheduler behind indexcache.runtime.streams.overlap: side work joined to the current stream
 )
 
 

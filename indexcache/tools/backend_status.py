@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from indexcache import dispatch
+from indexcache.hal import dispatch
 
 
 def backend_status() -> dict[str, Any]:
     """``{"selected", "why", "backends": [{name, available, reason, mode, device, auto, priority, ops, info}]}``.
 
-    An unknown name in ``INDEXCACHE_BACKEND`` raises :class:`~indexcache.dispatch.UnknownBackendError`.
+    An unknown name in ``INDEXCACHE_BACKEND`` raises :class:`~indexcache.hal.dispatch.UnknownBackendError`.
     """
     chosen = dispatch.explicit_choice()
     if chosen:

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import indexcache
-from indexcache import calibrate
-from indexcache.cli import main
+from indexcache.tools import calibrate
+from indexcache.tools.cli import main
 
 # The child of the item 4 test may use this much address space beyond what its imports took; the old
 # calibration asked for 2 GiB (int32 index 2^31 - 1) and 1 TiB (int64 index 2^40) for a 3 x 32 x 8 dump.
@@ -27,7 +27,7 @@ OVERLAP_CHILD = textwrap.dedent(
     """
     import re, resource, sys, tracemalloc
     import numpy as np
-    from indexcache.calibrate import overlap_matrix
+    from indexcache.tools.calibrate import overlap_matrix
 
     top, dtype = int(sys.argv[1]), sys.argv[2]
     size = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import indexcache
-from indexcache import dispatch
-from indexcache.cli import main
-from indexcache.conformance import runner, suite
+from indexcache.conformance import suite, worker
 from indexcache.conformance.cases import CASES
+from indexcache.hal import dispatch
+from indexcache.tools.cli import main
 
 I32 = torch.int32
 
@@ -64,10 +64,10 @@ def test_conformance_refuses_an_unknown_op_before_running(tmp_path, capsys, monk
 
 
 def test_conformance_worker_refuses_an_unknown_op(tmp_path, capsys):
-    """issue 21 item 5: the worker (python -m indexcache.conformance.runner) refuses --op bogus with exit 2
+    """issue 21 item 5: the worker (python -m indexcache.conformance.worker) refuses --op bogus with exit 2
     instead of writing a report of zero cases."""
     with pytest.raises(SystemExit) as exc:
-        runner.main(["--backend", "torch", "--out", str(tmp_path), "--op", "bogus"])
+        worker.main(["--backend", "torch", "--out", str(tmp_path), "--op", "bogus"])
     assert exc.value.code == 2
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
@@ -111,10 +111,10 @@ def _ran(*_, **__):
 
 COMPUTATIONS = {
     "conformance": ["indexcache.conformance.suite.run_all"],
-    "calibrate": ["indexcache.calibrate.load_dump", "indexcache.model.record_dump",
-                  "indexcache.calibrate.overlap_matrix"],
+    "calibrate": ["indexcache.tools.calibrate.load_dump", "indexcache.tools.model.record_dump",
+                  "indexcache.tools.calibrate.overlap_matrix"],
     "bench": ["indexcache.bench.run"],
-    "demo": ["indexcache.model.DSAModel", "indexcache.model.compare_plans"],
+    "demo": ["indexcache.tools.model.DSAModel", "indexcache.tools.model.compare_plans"],
     "compile-check": ["indexcache.backends.triton.crosscompile.check_targets"],
 }
 # (argv, the option named in the error, what the error says); FILE is an existing regular file, DIR a directory.

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from indexcache.descriptor import Descriptor
 from indexcache.plan import LayerPlan
+from indexcache.plan.descriptor import Descriptor
 
 
 @pytest.mark.parametrize(

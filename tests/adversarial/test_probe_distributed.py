@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from indexcache import reference
-from indexcache.distributed import cp_topk, cp_topk_translate
+from indexcache.hal import reference
+from indexcache.runtime.distributed import cp_topk, cp_topk_translate
 
 I32 = torch.int32
 WORLD = 2

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import indexcache
-from indexcache import reference
-from indexcache.layout import new_packed_cache
-from indexcache.ops import MAX_PAGE_SIZE, MAX_TOPK
-from indexcache.state import TopkState
+from indexcache.hal import reference
+from indexcache.hal.layout import new_packed_cache
+from indexcache.hal.ops import MAX_PAGE_SIZE, MAX_TOPK
+from indexcache.runtime.state import TopkState
 
 I32 = torch.int32
 E4M3 = torch.float8_e4m3fn

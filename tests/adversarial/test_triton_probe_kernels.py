@@ -9,25 +9,15 @@ import pytest
 import torch
 
 import indexcache
-from indexcache import dispatch, reference
-from indexcache.layout import new_packed_cache
+from indexcache.hal import reference
+from indexcache.hal.layout import new_packed_cache
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; ci/gpu.sh runs them compiled")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; ci/gpu.sh runs them compiled"),
+              pytest.mark.usefixtures("interpreted")]
 
 FP8 = {"cuda": torch.float8_e4m3fn, "rocm": torch.float8_e4m3fnuz}
 BACKENDS = ("cuda", "rocm")
 I32 = torch.int32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def interpreted():
-    """TRITON_INTERPRET=1 before the backends are probed; probes forgotten afterwards."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        mp.delenv(dispatch.ENV_VAR, raising=False)
-        dispatch.reset()
-        yield
-    dispatch.reset()
 
 
 def _cache_before_poison(pages: int, page_size: int, fp8: torch.dtype, gen: torch.Generator) -> torch.Tensor:

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from indexcache import dispatch
 from indexcache.conformance.cases import CASES
 from indexcache.conformance.check import run_case
+from indexcache.hal import dispatch
 
 
 def _backends() -> list[str]:

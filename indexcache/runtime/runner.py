@@ -1,11 +1,11 @@
 """Executes a :class:`~indexcache.plan.LayerPlan`'s indexer part, layer by layer.
 
 Per layer, by its role: a **producer** (F) computes its indexer scores and selects top-k into the
-forward's :class:`~indexcache.state.TopkState`; a **shared** layer (S) skips its indexer and
+forward's :class:`~indexcache.runtime.state.TopkState`; a **shared** layer (S) skips its indexer and
 translates the producer's logical indices through its own page table; a layer **without an indexer**
 returns None and leaves the state alone.
 
-Integration in an engine's layer loop (the small model in :mod:`indexcache.model` does exactly this)::
+Integration in an engine's layer loop (the small model in :mod:`indexcache.tools.model` does exactly this)::
 
     plan = LayerPlan.from_config(config)                  # once
     runner = IndexerRunner(plan)                           # or IndexerRunner(plan, stage=stages[pp_rank])
@@ -28,7 +28,7 @@ Integration in an engine's layer loop (the small model in :mod:`indexcache.model
 ``scores`` is a callable so shared layers never compute logits; it returns ``[rows, N]`` scores
 (``indexcache.mqa_logits`` / ``paged_mqa_logits`` output, -inf outside a row's window). To overlap
 the producer's indexer with the rest of the layer, call ``runner.layer`` inside the side function of
-:func:`indexcache.streams.overlap`. Everything here is host-side bookkeeping around preallocated
+:func:`indexcache.runtime.streams.overlap`. Everything here is host-side bookkeeping around preallocated
 buffers: valid under CUDA-graph capture.
 """
 
@@ -39,7 +39,7 @@ from collections.abc import Callable
 import torch
 
 from indexcache.plan import PRODUCER, LayerPlan, Stage
-from indexcache.state import TopkState
+from indexcache.runtime.state import TopkState
 
 
 class IndexerRunner:
@@ -89,7 +89,7 @@ class IndexerRunner:
         (and, for a producer, its window length in the scores); ``page_table [B, P]`` int32: this layer's
         own table; ``row_starts [rows]``: window starts in the scores; ``row_to_batch [rows]``: table row
         of each row (identity when None). A shared layer whose producer has not run raises
-        :class:`~indexcache.state.MissingProducerError`.
+        :class:`~indexcache.runtime.state.MissingProducerError`.
         """
         role = self.role(layer)
         if role is None:

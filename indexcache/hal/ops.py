@@ -1,6 +1,6 @@
 """The public ops. Each runs its spec record's checks (:mod:`indexcache.hal.specs`: metadata only, shapes,
 dtypes, devices, never a device sync; the output allocated when none is given), then the backend that
-:mod:`indexcache.dispatch` picks.
+:mod:`indexcache.hal.dispatch` picks.
 
 All index tensors are int32 and -1 marks an empty slot, in inputs and outputs. Lengths that are
 negative count as 0 (checking them would need a device sync). Bad arguments raise ``TypeError``
@@ -16,14 +16,14 @@ it) and follow IEEE arithmetic for ±inf; :func:`topk` never selects NaN or -inf
 row's window are -inf whatever the inputs hold.
 
 Explicit backend choice (``backend=``, :func:`indexcache.use_backend`, ``INDEXCACHE_BACKEND``) that
-cannot serve a call raises :class:`indexcache.dispatch.BackendNotSupportedError` listing every reason.
+cannot serve a call raises :class:`indexcache.hal.dispatch.BackendNotSupportedError` listing every reason.
 """
 
 from __future__ import annotations
 
 import torch
 
-from indexcache import dispatch
+from indexcache.hal import dispatch
 from indexcache.hal.checks import FLOAT_INPUTS, INDEX, KEY_DTYPES, MAX_PAGE_SIZE, MAX_TOPK, SCORE_DTYPES
 from indexcache.hal.specs import SPECS
 
@@ -237,7 +237,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     q : torch.Tensor
         ``[B, next_n, H, D]`` float8_e4m3fn or float8_e4m3fnuz (the cache holds the same format).
     k_cache : torch.Tensor
-        The packed cache (:mod:`indexcache.layout`): uint8, contiguous, ``[num_pages, page_size, 1, D + 4]``
+        The packed cache (:mod:`indexcache.hal.layout`): uint8, contiguous, ``[num_pages, page_size, 1, D + 4]``
         or ``[num_pages, page_size * (D + 4)]``; D a positive multiple of 4.
     weights : torch.Tensor
         ``[B * next_n, H]`` float32.
@@ -267,7 +267,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     Examples
     --------
     >>> import torch, indexcache
-    >>> from indexcache.layout import new_packed_cache
+    >>> from indexcache.hal.layout import new_packed_cache
     >>> cache = new_packed_cache(num_pages=2, page_size=4, dim=128)
     >>> indexcache.store_index_k(torch.full((1, 128), 3.0), cache, torch.tensor([5], dtype=torch.int32),
     ...                          backend="torch")
@@ -333,7 +333,7 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
     k : torch.Tensor
         ``[N, D]`` float32, bfloat16 or float16.
     k_cache : torch.Tensor
-        The packed cache (:mod:`indexcache.layout`) for keys of D elements, as :func:`paged_mqa_logits`
+        The packed cache (:mod:`indexcache.hal.layout`) for keys of D elements, as :func:`paged_mqa_logits`
         takes it; it must not share memory with the other arguments.
     slot_mapping : torch.Tensor
         ``[N]`` int32: token ``i`` goes to slot ``slot_mapping[i]`` (page ``slot // page_size``, offset
@@ -353,7 +353,7 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
     Examples
     --------
     >>> import torch, indexcache
-    >>> from indexcache.layout import new_packed_cache, split_packed_cache
+    >>> from indexcache.hal.layout import new_packed_cache, split_packed_cache
     >>> cache = new_packed_cache(num_pages=2, page_size=4, dim=128)
     >>> indexcache.store_index_k(torch.full((1, 128), 3.0), cache, torch.tensor([5], dtype=torch.int32),
     ...                          backend="torch")

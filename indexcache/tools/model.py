@@ -14,12 +14,12 @@ one shared by its block and its own noise, with variances ``global_share``,
 ``block_share - global_share`` and ``1 - block_share``. Neighbours inside a block then select mostly
 the same tokens, layers in different blocks fewer.
 
-Each layer: RMSNorm; the indexer part through :class:`~indexcache.runner.IndexerRunner` (producer,
+Each layer: RMSNorm; the indexer part through :class:`~indexcache.runtime.runner.IndexerRunner` (producer,
 shared, or — for layers without an indexer — a sliding window of ``ModelConfig.window`` tokens); a
 single-latent MQA attention (MLA-like: keys and values are one latent vector a token) over the selected
 physical KV slots; a residual add. Every layer has its own page table into its own KV cache, so each
 shared layer's translation matters. The producer's indexer runs on a side stream
-(:func:`indexcache.streams.overlap`) while the main stream projects the queries and stores the KV latent.
+(:func:`indexcache.runtime.streams.overlap`) while the main stream projects the queries and stores the KV latent.
 
 Presets: ``"v32-like"`` (every layer sparse, k 2048) and ``"v4-like"`` (``compress_ratios``: only
 ratio-4 layers have an indexer, k 512; KV compression itself is not modelled). Pass ``topk=`` to
@@ -47,14 +47,14 @@ import torch
 import torch.nn.functional as F
 
 import indexcache
-from indexcache import dispatch
-from indexcache.calibrate import Calibration, calibrate_arrays, overlap_matrix
-from indexcache.layout import new_packed_cache, split_packed_cache
-from indexcache.ops import INDEX
+from indexcache.hal import dispatch
+from indexcache.hal.layout import new_packed_cache, split_packed_cache
+from indexcache.hal.ops import INDEX
 from indexcache.plan import LayerPlan
-from indexcache.runner import IndexerRunner
-from indexcache.state import IndexRecorder, Recorder, TopkState
-from indexcache.streams import overlap
+from indexcache.runtime.runner import IndexerRunner
+from indexcache.runtime.state import IndexRecorder, Recorder, TopkState
+from indexcache.runtime.streams import overlap
+from indexcache.tools.calibrate import Calibration, calibrate_arrays, overlap_matrix
 
 ROPE_BASE = 10000.0
 ATTENTION_CHUNK_BYTES = 64 * 2**20
@@ -478,7 +478,7 @@ class PlanComparison:
     """A plan run against the all-producer baseline on the same prompts and decode inputs.
 
     ``overlap[layer]`` is the top-k overlap (``|T_layer ∩ T_source| / k``, as in
-    :func:`indexcache.calibrate.overlap_matrix`) between each sparse layer's own selection and that of
+    :func:`indexcache.tools.calibrate.overlap_matrix`) between each sparse layer's own selection and that of
     the producer the plan makes it reuse (1 for producers), measured on the baseline's decode steps;
     ``adjacent[layer]`` the same against the previous sparse layer. Drifts are relative L2 distances
     of the logits from the baseline's; ``agreement`` the fraction of decode positions where both pick
@@ -561,9 +561,9 @@ def record_dump(
     Builds preset ``name`` ("v32-like" or "v4-like"; random seeded weights, **not a trained model**)
     with top-k ``topk`` on ``backend`` (default: the automatic choice) and every sparse layer a
     producer, prefills ``batch`` random prompts of ``prompt_len`` tokens drawn from ``seed`` and records
-    each sparse layer's raw indices (:class:`~indexcache.state.IndexRecorder`). Rows whose context is at
+    each sparse layer's raw indices (:class:`~indexcache.runtime.state.IndexRecorder`). Rows whose context is at
     most ``topk`` tokens are dropped: every layer selects all of them. Returns what
-    :func:`indexcache.calibrate.load_dump` returns: the sparse layer ids and one ``[rows, topk]`` int32 array
+    :func:`indexcache.tools.calibrate.load_dump` returns: the sparse layer ids and one ``[rows, topk]`` int32 array
     each. The defaults are sizes for a CPU (seconds); the preset's own k (2048 / 512) and longer prompts suit
     a GPU. Bad sizes, an unknown preset or a backend that cannot run here raise :class:`ModelSettingError`.
     """
@@ -602,7 +602,7 @@ def calibrate_model(
     topk: int | None = None,
     seed: int | None = None,
 ) -> Calibration:
-    """:func:`indexcache.calibrate.calibrate_arrays` on a dump :func:`record_dump` records from preset ``name``.
+    """:func:`indexcache.tools.calibrate.calibrate_arrays` on a dump :func:`record_dump` records from preset ``name``.
 
     ``backend``, ``prompt_len``, ``topk`` and ``seed`` go to :func:`record_dump` (None: its default) and, when
     given, into ``report.json``; the ``index_topk_freq`` rule is compared on the preset's layers.

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
-from indexcache import ops
+from indexcache.hal import ops
 from indexcache.hal.checks import (
     INDEX,
     SCORE_DTYPES,

@@ -1,6 +1,6 @@
 """Run the catalogue on one backend and write ``conformance-<backend>.json`` and ``.md``.
 
-``python -m indexcache.conformance.runner --backend NAME --out DIR`` is what ``indexcache
+``python -m indexcache.conformance.worker --backend NAME --out DIR`` is what ``indexcache
 conformance`` starts, one process per backend, so interpreted and compiled Triton never mix.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from indexcache import dispatch
 from indexcache.conformance.cases import CASES, cases_for
 from indexcache.conformance.check import CaseResult, run_case
+from indexcache.hal import dispatch
 
 
 def _device_name(device: str) -> str:

@@ -71,7 +71,7 @@ def _add_info(sub) -> None:
 def _run_info(args) -> int:
     import json
 
-    from indexcache.dispatch import UnknownBackendError
+    from indexcache.hal.dispatch import UnknownBackendError
     from indexcache.tools.backend_status import backend_status
 
     with _input_errors(UnknownBackendError):
@@ -100,8 +100,8 @@ def _add_plan(sub) -> None:
 def _run_plan(args) -> int:
     import json
 
-    from indexcache.descriptor import Descriptor
     from indexcache.plan import ConfigError, LayerPlan
+    from indexcache.plan.descriptor import Descriptor
 
     if args.pattern is not None and (args.freq is not None or args.offset is not None):
         raise UsageError("give --pattern or --freq/--offset, not both")
@@ -157,9 +157,9 @@ def _add_conformance(sub) -> None:
 
 
 def _run_conformance(args) -> int:
-    from indexcache.conformance.runner import catalogue_ops
     from indexcache.conformance.suite import run_all, table
-    from indexcache.dispatch import UnknownBackendError
+    from indexcache.conformance.worker import catalogue_ops
+    from indexcache.hal.dispatch import UnknownBackendError
 
     if args.op is not None and args.op not in catalogue_ops():
         raise UsageError(f"--op: expected one of {catalogue_ops()}, got {args.op!r}")
@@ -188,7 +188,8 @@ def _add_bench(sub) -> None:
         "are labelled CPU / interpreted and are not speeds. Exits 1 if a backend disagrees with torch or fails.",
     )
     p.add_argument("--op", action="append", default=None, metavar="NAME", help="an op to time: translate, "
-                   "mqa_logits, paged_mqa_logits, topk, topk_translate (repeatable; default: every op)")
+                   "topk, topk_translate, mqa_logits, paged_mqa_logits, quantize_index_k, store_index_k (repeatable; "
+                   "default: every op)")
     p.add_argument("--backend", action="append", default=None, metavar="NAME",
                    help="a backend to time (repeatable; default: every available backend implementing the op)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
@@ -198,8 +199,8 @@ def _add_bench(sub) -> None:
 
 def _run_bench(args) -> int:
     from indexcache.bench import failed, format_table, run, write_json
-    from indexcache.bench.ops import OPS
-    from indexcache.dispatch import UnknownBackendError
+    from indexcache.bench.harness import OPS
+    from indexcache.hal.dispatch import UnknownBackendError
 
     if args.json:
         _check_output("--json", args.json)
@@ -223,7 +224,7 @@ def _add_calibrate(sub) -> None:
         "calibrate",
         help="choose the F/S pattern from a dump of every layer's top-k indices (overlap + greedy search)",
         description="Read one top-k index file per sparse layer (layer_<id>.pt or .npz, [rows, k] int32, -1 = "
-        "empty; see indexcache.calibrate), or record them from a seeded prefill of the small random-weight "
+        "empty; see indexcache.tools.calibrate), or record them from a seeded prefill of the small random-weight "
         "model (--from-model; not a trained model), measure how much every pair of layers' selections "
         "overlap, and search greedily for the producers to keep: starting from all-F, repeatedly turn into a "
         "shared layer the producer whose loss lowers the mean overlap with its source least. Compares with "
@@ -262,9 +263,9 @@ def _run_calibrate(args) -> int:
     import json
     from functools import partial
 
-    from indexcache import calibrate, model
-    from indexcache.dispatch import UnknownBackendError
+    from indexcache.hal.dispatch import UnknownBackendError
     from indexcache.plan import ConfigError
+    from indexcache.tools import calibrate, model
 
     _check_output("--out", args.out, directory=True)
     if not args.no_plots:
@@ -313,7 +314,7 @@ def _add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
         help="run a small random-weight DSA model with every layer a producer and with IndexCache; compare",
-        description="Run the small DSA model of indexcache.model (random seeded weights, NOT a trained model; "
+        description="Run the small DSA model of indexcache.tools.model (random seeded weights, NOT a trained model; "
         "neighbouring indexers are correlated on purpose so top-k overlaps look like a trained model's) with "
         "freq 1 and with --freq, prefill then decode, on the selected backend. Prints the time of each phase, "
         "the top-k overlap between each shared layer and its producer, and how far the outputs drift from freq 1.",
@@ -332,9 +333,9 @@ def _add_demo(sub) -> None:
 
 
 def _run_demo(args) -> int:
-    from indexcache.calibrate import check_plotting
-    from indexcache.dispatch import UnknownBackendError
-    from indexcache.model import ModelSettingError, plot_demo, preset, run_demo
+    from indexcache.hal.dispatch import UnknownBackendError
+    from indexcache.tools.calibrate import check_plotting
+    from indexcache.tools.model import ModelSettingError, plot_demo, preset, run_demo
 
     for name in ("freq", "batch", "prompt_len", "decode_steps", "topk"):
         value = getattr(args, name)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import indexcache
-from indexcache.ops import INDEX
+from indexcache.hal.ops import INDEX
 
 CARRY_VERSION = 1
 
@@ -207,7 +207,7 @@ class IndexRecorder:
         return {layer: torch.cat(chunks) for layer, chunks in sorted(self.indices.items())}
 
     def save(self, directory: str | os.PathLike[str]) -> list[Path]:
-        """Write :meth:`stacked` as ``layer_<id>.pt`` files, the dump :mod:`indexcache.calibrate` reads
+        """Write :meth:`stacked` as ``layer_<id>.pt`` files, the dump :mod:`indexcache.tools.calibrate` reads
         (record an all-producer run so every layer's rows are its own)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ producer budget is met. This module measures the cross-layer overlap of top-k in
 that search under an overlap proxy or a user objective (calibration LM loss from an engine), compares it
 with the ``index_topk_freq`` rule, and writes the pattern, an ``index_topk_pattern`` config snippet, a
 JSON report and two plots (:func:`calibrate_dump` does all of it for a dump directory). It only analyses
-dumps: :func:`indexcache.model.record_dump` records one from a prefill of the small random-weight model.
+dumps: :func:`indexcache.tools.model.record_dump` records one from a prefill of the small random-weight model.
 
 Dump format (one directory, one file per sparse layer, every layer's indexer run, i.e. all layers F)::
 

@@ -6,7 +6,7 @@ then waits for the side stream, so whatever follows sees both results, exactly a
 one after the other (side first). Tensors ``side_fn`` returns are safe to read on the current stream:
 device schedulers mark them with ``record_stream`` so their memory is not reused before it has.
 
-The scheduler is the ``overlap`` op of the backend :mod:`indexcache.dispatch` picks, like any other op:
+The scheduler is the ``overlap`` op of the backend :mod:`indexcache.hal.dispatch` picks, like any other op:
 the cuda and rocm backends use device streams (``indexcache.backends.triton.streams``; safe under CUDA-graph
 capture once a first eager call has created the streams) and declare how many side streams they allow;
 the torch backend, and any backend whose tensors live on the CPU, runs the two functions in order
@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import torch
 
-from indexcache import dispatch
+from indexcache.hal import dispatch
 
 S = TypeVar("S")
 M = TypeVar("M")
