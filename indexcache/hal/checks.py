@@ -41,7 +41,8 @@ def check_tensor(name: str, t, dtypes, shape: tuple, device: torch.device | None
 
 def check_int(name: str, value, minimum: int, maximum: int | None = None, why: str = "") -> int:
     """``value``, checked to be an int (not a bool) in ``[minimum, maximum]``; ``why`` explains the bound."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    # A SymInt only comes from Dynamo tracing with dynamic shapes (the custom op checks the real int again).
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     if value < minimum or (maximum is not None and value > maximum):
         bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
@@ -84,6 +85,10 @@ def check_output(name: str, out: torch.Tensor, inputs: dict) -> None:
     if any(size > 1 and stride == 0 for size, stride in zip(out.shape, out.stride(), strict=True)):
         raise ValueError(f"{name}: expected a tensor whose elements have memory of their own, got an expanded view "
                          f"(shape {list(out.shape)}, strides {list(out.stride())})")
+    if torch.compiler.is_compiling():
+        # Dynamo traces fake tensors, which have no data_ptr(): the custom op's real implementation runs this
+        # check again on the real tensors (indexcache.hal.library).
+        return
     for other, t in inputs.items():
         if isinstance(t, torch.Tensor) and overlaps(out, t):
             raise ValueError(f"{name}: expected a tensor that shares no memory with the other tensor arguments, "
@@ -112,7 +117,8 @@ def check_cache(k_cache, dim_name: str, dim: int, device: torch.device) -> None:
     cache_page_size(k_cache, dim)
     if not k_cache.is_contiguous():
         raise ValueError("k_cache: expected a contiguous tensor, got a strided view")
-    if k_cache.storage_offset() % 4:
+    # Dynamo cannot trace storage_offset(): under compile the custom op's real implementation checks it.
+    if not torch.compiler.is_compiling() and k_cache.storage_offset() % 4:
         raise ValueError(f"k_cache: expected a view that starts at a multiple of 4 bytes (its scales are float32), "
                          f"got storage offset {k_cache.storage_offset()}")
 

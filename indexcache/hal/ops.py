@@ -15,6 +15,11 @@ Non-finite values, the same on every backend: ``quantize_index_k`` / ``store_ind
 it) and follow IEEE arithmetic for ±inf; :func:`topk` never selects NaN or -inf. Positions outside a
 row's window are -inf whatever the inputs hold.
 
+Every op is also the ``torch.library`` custom op ``torch.ops.indexcache.<op>``
+(:mod:`indexcache.hal.library`): in eager mode each function below runs its spec check and the backend
+directly (the fast path, no custom-op machinery); under ``torch.compile`` it runs the check on the traced
+tensors and calls the custom op, whose real implementation picks the backend when the graph runs.
+
 Explicit backend choice (``backend=``, :func:`indexcache.use_backend`, ``INDEXCACHE_BACKEND``) that
 cannot serve a call raises :class:`indexcache.hal.dispatch.BackendNotSupportedError` listing every reason.
 """
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from indexcache.hal import dispatch
+from indexcache.hal import dispatch, library
 from indexcache.hal.checks import FLOAT_INPUTS, INDEX, KEY_DTYPES, MAX_PAGE_SIZE, MAX_TOPK, SCORE_DTYPES
 from indexcache.hal.specs import SPECS
 
@@ -79,7 +84,9 @@ def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, o
     tensor([[640, 703, 704,  -1]], dtype=torch.int32)
     """
     args = SPECS["translate"].check(raw, page_table, seq_lens, page_size, row_to_batch=row_to_batch, out=out)
-    return dispatch.call("translate", args, backend)
+    if not torch.compiler.is_compiling():
+        return dispatch.call("translate", args, backend)  # the eager fast path
+    return library.compiled_call("translate", args, backend)
 
 
 def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = False, backend=None):
@@ -127,7 +134,9 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
             [0, 1]], dtype=torch.int32)
     """
     args = SPECS["topk"].check(scores, lengths, k, row_starts=row_starts, out=out, sorted=sorted)
-    return dispatch.call("topk", args, backend)
+    if not torch.compiler.is_compiling():
+        return dispatch.call("topk", args, backend)  # the eager fast path
+    return library.compiled_call("topk", args, backend)
 
 
 def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_starts=None, row_to_batch=None,
@@ -174,7 +183,9 @@ def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_s
     """
     args = SPECS["topk_translate"].check(scores, lengths, k, page_table, page_size, row_starts=row_starts,
                                          row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=sorted)
-    return dispatch.call("topk_translate", args, backend)
+    if not torch.compiler.is_compiling():
+        return dispatch.call("topk_translate", args, backend)  # the eager fast path
+    return library.compiled_call("topk_translate", args, backend)
 
 
 def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
@@ -222,7 +233,9 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
     tensor([[8., 0., -inf]])
     """
     args = SPECS["mqa_logits"].check(q, k, k_scale, weights, ks, ke, out=out)
-    return dispatch.call("mqa_logits", args, backend)
+    if not torch.compiler.is_compiling():
+        return dispatch.call("mqa_logits", args, backend)  # the eager fast path
+    return library.compiled_call("mqa_logits", args, backend)
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None,
@@ -278,7 +291,9 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     tensor([[  0., 384.,   0., -inf]])
     """
     args = SPECS["paged_mqa_logits"].check(q, k_cache, weights, context_lens, page_table, max_context_len, out=out)
-    return dispatch.call("paged_mqa_logits", args, backend)
+    if not torch.compiler.is_compiling():
+        return dispatch.call("paged_mqa_logits", args, backend)  # the eager fast path
+    return library.compiled_call("paged_mqa_logits", args, backend)
 
 
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):
@@ -321,7 +336,9 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, back
     tensor([384., 384., 384.])
     """
     args = SPECS["quantize_index_k"].check(k, fp8_dtype, block=block)
-    return dispatch.call("quantize_index_k", args, backend)
+    if not torch.compiler.is_compiling():
+        return dispatch.call("quantize_index_k", args, backend)  # the eager fast path
+    return library.compiled_call("quantize_index_k", args, backend)
 
 
 def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, backend=None) -> None:
@@ -363,4 +380,7 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
             [0.0000, 0.0078, 0.0000, 0.0000]])
     """
     args = SPECS["store_index_k"].check(k, k_cache, slot_mapping, fp8_dtype)
-    dispatch.call("store_index_k", args, backend)
+    if not torch.compiler.is_compiling():
+        dispatch.call("store_index_k", args, backend)  # the eager fast path
+    else:
+        library.compiled_call("store_index_k", args, backend)

@@ -1,0 +1,153 @@
+"""The public ops as ``torch.library`` custom ops: ``torch.ops.indexcache.<op>``, so a model compiled with
+``torch.compile`` (``fullgraph=True`` included) or captured in a CUDA graph calls them without a graph break.
+
+Every op of :data:`~indexcache.hal.specs.SPECS` is registered here from its spec record: the schema's
+arguments are the spec check's parameters in order (a tensor, an optional tensor where the default is None,
+``SymInt`` / ``bool`` where the check annotates ``int`` / ``bool``, ``ScalarType`` for ``fp8_dtype``), then
+``str? backend``; no argument has a default (the wrapper passes them all). The outputs ``out`` / ``out_raw``
+and ``store_index_k``'s ``k_cache`` are mutated arguments (``Tensor(a!)``): a custom op may not return an
+alias of an input, so those ops return nothing and the Python wrapper (:mod:`indexcache.hal.ops`) returns
+``out``; ``out`` is a required argument of the custom op (the wrapper allocates it from the spec check when
+the caller gave none), ``out_raw`` stays optional. ``quantize_index_k`` is the one op returning new tensors.
+The per-op description below (:data:`WRITES`, :data:`RETURNS`) holds only what the spec's signature does not
+say.
+
+How a call runs:
+
+- **Eager** (not compiling: ``torch.compiler.is_compiling()`` is False): the public wrapper runs the spec
+  check (the overlap check included) and :func:`indexcache.hal.dispatch.call` directly, never through
+  ``torch.ops``: the custom-op machinery costs Python time on every call, and engines call these ops eagerly
+  in prefill, once per layer.
+- **Traced by Dynamo**: the wrapper runs the spec check on the fake tensors (shapes, dtypes and devices; the
+  memory-overlap check, which needs ``data_ptr()``, and the cache's storage-offset alignment, which Dynamo
+  cannot trace, are skipped there) to raise the same errors and allocate
+  ``out``, then calls ``torch.ops.indexcache.<op>``. The graph holds the custom op; its fake implementation
+  gives the shapes, and its mutation annotations let AOTAutograd functionalize the in-place writes.
+- **The compiled graph runs**: the custom op's real implementation runs the spec check again on the real
+  tensors (the overlap check included) and then :func:`indexcache.hal.dispatch.call`, eagerly, outside
+  anything Dynamo traced. So the backend is chosen at run time, per call, exactly as in eager mode: the
+  ``backend=`` string travels as an op argument, and :func:`indexcache.use_backend` (a ContextVar) or
+  ``INDEXCACHE_BACKEND`` in force when the compiled function is *called* are honoured without recompiling.
+  Nothing Dynamo traces reads the ContextVar.
+
+The stream scheduler :func:`indexcache.runtime.streams.overlap` is not a custom op: it takes Python callables and
+schedules them on streams, which no operator schema can carry.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from indexcache.hal import dispatch
+from indexcache.hal.specs import SPECS
+
+NAMESPACE = "indexcache"
+# Arguments every op that has them writes in place: mutated in the schema, never returned by the custom op.
+OUTPUTS = ("out", "out_raw")
+# What the spec records do not say, part 1: the ops that write an input in place (``paged_mqa_logits`` only reads
+# its ``k_cache``).
+WRITES: Mapping[str, tuple[str, ...]] = {"store_index_k": ("k_cache",)}
+
+
+def mutated(op: str) -> tuple[str, ...]:
+    """The arguments ``op`` writes in place, in schema order."""
+    writes = (*OUTPUTS, *WRITES.get(op, ()))
+    return tuple(n for n in inspect.signature(SPECS[op].check).parameters if n in writes)
+
+
+def _fake_quantize(k, fp8_dtype, block, backend=None):
+    return k.new_empty(k.shape, dtype=fp8_dtype), k.new_empty((k.shape[0], k.shape[1] // block), dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class Returns:
+    """What an op returns besides its in-place outputs: the schema's return type and a fake implementation."""
+
+    schema: str
+    fake: Callable[..., Any]
+
+
+# What the spec records do not say, part 2: which op returns new tensors. Every other op returns nothing.
+RETURNS: Mapping[str, Returns] = {"quantize_index_k": Returns("(Tensor, Tensor)", _fake_quantize)}
+
+
+def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
+    annotation = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
+    if alias:
+        return f"Tensor({alias}!)" + ("?" if param.name == "out_raw" else "")
+    if annotation == "int":
+        return "SymInt"
+    if annotation == "bool":
+        return "bool"
+    if isinstance(param.default, torch.dtype):
+        return "ScalarType"
+    if param.default is None:
+        return "Tensor?"
+    if param.default is inspect.Parameter.empty:
+        return "Tensor"
+    raise TypeError(f"indexcache.hal.library: no schema type for {op}'s argument {param.name!r}")
+
+
+def arg_names(op: str) -> tuple[str, ...]:
+    """The custom op's arguments in order: the spec check's parameters, then ``backend``."""
+    return (*inspect.signature(SPECS[op].check).parameters, "backend")
+
+
+def schema(op: str) -> str:
+    """The ``torch.library`` schema of ``op`` (without its name), derived from its spec check's signature."""
+    aliases = dict(zip(mutated(op), "abcdefgh", strict=False))
+    params = inspect.signature(SPECS[op].check).parameters.values()
+    args = [f"{_arg_type(op, p, aliases.get(p.name, ''))} {p.name}" for p in params]
+    returns = RETURNS[op].schema if op in RETURNS else "()"
+    return f"({', '.join([*args, 'str? backend'])}) -> {returns}"
+
+
+def _real(op: str) -> Callable[..., Any]:
+    names = ARGS[op]
+    check = SPECS[op].check
+    returns = op in RETURNS
+
+    def run(*args):
+        kwargs = dict(zip(names, args, strict=True))
+        backend = kwargs.pop("backend")
+        # The real tensors are here: the full check (the memory-overlap one included), then the backend that
+        # dispatch picks now, at run time.
+        result = dispatch.call(op, check(**kwargs), backend)
+        return tuple(result) if returns else None
+
+    run.__name__ = f"{op}_impl"
+    return run
+
+
+def _fake_none(*args):
+    return None
+
+
+def _register() -> dict[str, Any]:
+    ops = {}
+    for op in SPECS:
+        custom = torch.library.custom_op(f"{NAMESPACE}::{op}", _real(op), mutates_args=mutated(op), schema=schema(op))
+        custom.register_fake(RETURNS[op].fake if op in RETURNS else _fake_none)
+        ops[op] = getattr(getattr(torch.ops, NAMESPACE), op).default
+    return ops
+
+
+# Each op's argument names, computed once (Dynamo traces :func:`compiled_call`; it must not run ``inspect``).
+ARGS: dict[str, tuple[str, ...]] = {op: arg_names(op) for op in SPECS}
+# The registered ops by name (``torch.ops.indexcache.<op>.default``).
+OPS: dict[str, Any] = _register()
+
+
+def compiled_call(op: str, args: Mapping[str, Any], backend: str | None) -> Any:
+    """Call the custom op ``op`` with the spec check's ``args`` (what a traced wrapper does); returns what the
+    public op returns: ``out`` for the ops that write one, None for ``store_index_k``, the new tensors of
+    ``quantize_index_k``."""
+    result = OPS[op](*(args[n] for n in ARGS[op][:-1]), backend)
+    if op in RETURNS:
+        return result
+    return args.get("out")

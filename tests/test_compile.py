@@ -1,0 +1,247 @@
+"""The ops as ``torch.library`` custom ops (issue 16): ``torch.library.opcheck`` on every op, every op inside one
+``torch.compile(fullgraph=True)`` equal to eager, the backend chosen at run time under compile, and the small
+model compiled. CPU, torch backend."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import indexcache
+from indexcache.hal import dispatch, library
+from indexcache.hal.dispatch import BackendNotSupportedError
+from indexcache.hal.layout import new_packed_cache
+from indexcache.hal.specs import SPECS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+I32 = torch.int32
+E4M3 = torch.float8_e4m3fn
+
+
+def _cases(op: str, n: int = 2):
+    picked = list(SPECS[op].cases[:n])
+    if op == "mqa_logits":  # a bf16 case too: opcheck's test_schema can run on it (see test_opcheck)
+        picked.append(next(c for c in SPECS[op].cases if "bf16" in c.name))
+    for case in picked:
+        gen = torch.Generator().manual_seed(0)
+        args = case.build(gen, "cpu", E4M3) if case.native_fp8 else case.build(gen, "cpu")
+        yield pytest.param(op, args, id=f"{op}: {case.name}")
+
+
+def test_every_op_is_registered():
+    assert set(library.OPS) == set(SPECS)
+    for op in SPECS:
+        assert getattr(torch.ops.indexcache, op).default is library.OPS[op]
+        assert [a.name for a in library.OPS[op]._schema.arguments] == list(library.ARGS[op])
+    assert library.mutated("store_index_k") == ("k_cache",)
+    assert library.mutated("paged_mqa_logits") == ("out",)  # it only reads its cache
+    assert library.mutated("topk_translate") == ("out", "out_raw")
+
+
+@pytest.mark.parametrize(("op", "args"), [p for op in SPECS for p in _cases(op)])
+def test_opcheck(op, args):
+    kwargs = SPECS[op].check(**args)
+    for name in library.mutated(op):
+        if kwargs[name] is not None and name != "k_cache":
+            kwargs[name].zero_()
+    fp8 = any(isinstance(t, torch.Tensor) and t.dtype.itemsize == 1 and t.dtype.is_floating_point
+              for t in kwargs.values())
+    # opcheck's test_schema compares the inputs before and after with torch.allclose, which fp8 tensors do not
+    # implement on the CPU; the other three checks (autograd registration, fake tensor, AOT dispatch with dynamic
+    # shapes) run on every case, test_schema on the cases without fp8 inputs.
+    utils = [u for u in ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+             if not (fp8 and u == "test_schema")]
+    torch.library.opcheck(library.OPS[op], (*(kwargs[n] for n in library.ARGS[op][:-1]), "torch"), test_utils=utils)
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    rows, n, k, page, dim, heads = 4, 40, 8, 8, 32, 2
+    keys = torch.randn(n, dim, generator=g)
+    return dict(
+        keys=keys,
+        cache=new_packed_cache(num_pages=n // page, page_size=page, dim=dim),
+        slots=torch.randperm(n, generator=g).to(I32),
+        q=torch.randn(rows, heads, dim, generator=g),
+        weights=torch.rand(rows, heads, generator=g),
+        lens=torch.tensor([40, 33, 7, 0], dtype=I32),
+        table=torch.randperm(n // page, generator=g).to(I32).repeat(rows, 1),
+        ks=torch.zeros(rows, dtype=I32),
+        ke=torch.tensor([40, 20, 5, 0], dtype=I32),
+        k=k,
+        page=page,
+    )
+
+
+def every_op(keys, cache, slots, q, weights, lens, table, ks, ke, k, page, backend=None):
+    """All seven ops in one function, each feeding the next."""
+    dim = keys.shape[1]
+    k8, scale = indexcache.quantize_index_k(keys, E4M3, block=dim, backend=backend)
+    indexcache.store_index_k(keys, cache, slots, E4M3, backend=backend)
+    q8, _ = indexcache.quantize_index_k(q.reshape(-1, dim), E4M3, block=dim, backend=backend)
+    q8 = q8.view(q.shape)
+    prefill = indexcache.mqa_logits(q8, k8, scale[:, 0].contiguous(), weights, ks, ke, backend=backend)
+    decode = indexcache.paged_mqa_logits(q8[:, None], cache, weights, lens, table, keys.shape[0], backend=backend)
+    raw = indexcache.topk(decode, lens, k, sorted=True, backend=backend)
+    slots_out = indexcache.translate(raw, table, lens, page, backend=backend)
+    out_raw = torch.empty_like(raw)
+    fused = indexcache.topk_translate(prefill, ke, k, table, page, out_raw=out_raw, sorted=True, backend=backend)
+    return k8.view(torch.uint8), scale, cache, prefill, decode, raw, slots_out, fused, out_raw
+
+
+def _equal(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", [None, "torch"])
+def test_every_op_compiles_with_fullgraph_and_equals_eager(backend):
+    torch._dynamo.reset()
+    want = every_op(**_inputs(), backend=backend)
+    compiled = torch.compile(every_op, fullgraph=True, backend="aot_eager")
+    got = compiled(**_inputs(), backend=backend)
+    _equal(got, want)
+
+
+def test_given_out_is_written_in_place_under_compile():
+    torch._dynamo.reset()
+    raw = torch.tensor([[0, 63, 64, -1]], dtype=I32)
+    table = torch.tensor([[10, 11]], dtype=I32)
+    lens = torch.tensor([128], dtype=I32)
+    out = torch.full_like(raw, 7)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(raw, table, lens, out):
+        return indexcache.translate(raw, table, lens, page_size=64, out=out)
+
+    got = f(raw, table, lens, out)
+    assert torch.equal(out, torch.tensor([[640, 703, 704, -1]], dtype=I32))
+    assert torch.equal(got, out)
+
+
+def test_errors_are_the_same_under_compile():
+    """The spec check runs while Dynamo traces: the same error; with fullgraph, Dynamo reports it as Unsupported
+    naming the same message."""
+    torch._dynamo.reset()
+    raw = torch.zeros(2, 4, dtype=torch.int64)
+
+    def f(r):
+        return indexcache.translate(r, r.int(), r[:, 0].int(), 64)
+
+    with pytest.raises(TypeError, match="raw: expected dtype int32, got int64"):
+        torch.compile(f, backend="aot_eager")(raw)
+    with pytest.raises(Exception, match="raw: expected dtype int32, got int64"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(raw)
+
+
+def test_overlap_is_checked_when_the_compiled_graph_runs():
+    """Fake tensors have no data_ptr(): the custom op's real implementation checks overlap on the real tensors."""
+    torch._dynamo.reset()
+    buf = torch.zeros(8, dtype=I32)
+    raw, out = buf[:4].view(1, 4), buf[2:6].view(1, 4)
+    table, lens = torch.tensor([[10, 11]], dtype=I32), torch.tensor([128], dtype=I32)
+    with pytest.raises(ValueError, match="out: .*overlaps raw"):
+        indexcache.translate(raw, table, lens, 64, out=out)  # eager
+    f = torch.compile(lambda raw, table, lens, out: indexcache.translate(raw, table, lens, 64, out=out),
+                      fullgraph=True, backend="eager")
+    with pytest.raises(ValueError, match="out: .*overlaps raw"):
+        f(raw, table, lens, out)
+
+
+def test_backend_is_chosen_at_run_time_under_compile(monkeypatch):
+    """One compiled graph (fullgraph: no break), the backend picked per call: use_backend() and
+    INDEXCACHE_BACKEND in force when it is called are honoured without recompiling."""
+    torch._dynamo.reset()
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    raw = torch.tensor([[0, 63, 64, -1]], dtype=I32)
+    table = torch.tensor([[10, 11]], dtype=I32)
+    lens = torch.tensor([128], dtype=I32)
+    want = torch.tensor([[640, 703, 704, -1]], dtype=I32)
+    frames = []
+
+    def count(gm, inputs):
+        frames.append(gm)
+        return gm.forward
+
+    f = torch.compile(lambda raw, table, lens: indexcache.translate(raw, table, lens, 64), fullgraph=True,
+                      backend=count)
+    with indexcache.use_backend("torch"):
+        assert torch.equal(f(raw, table, lens), want)
+    # On this CPU machine the cuda backend cannot serve: an explicit choice of it must raise, from the same graph.
+    if "cuda" not in dispatch.available_backends():
+        with indexcache.use_backend("cuda"), pytest.raises(BackendNotSupportedError, match="use_backend"):
+            f(raw, table, lens)
+        monkeypatch.setenv(dispatch.ENV_VAR, "cuda")
+        with pytest.raises(BackendNotSupportedError, match=dispatch.ENV_VAR):
+            f(raw, table, lens)
+        monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+        assert torch.equal(f(raw, table, lens), want)
+    assert len(frames) == 1
+
+
+def test_eager_calls_do_not_go_through_torch_ops(monkeypatch):
+    """The eager fast path: outside compile, the wrapper calls dispatch directly."""
+    def boom(*args, **kwargs):
+        raise AssertionError("went through torch.ops")
+
+    monkeypatch.setitem(library.OPS, "translate", boom)
+    raw = torch.tensor([[0, 63, 64, -1]], dtype=I32)
+    got = indexcache.translate(raw, torch.tensor([[10, 11]], dtype=I32), torch.tensor([128], dtype=I32), 64)
+    assert torch.equal(got, torch.tensor([[640, 703, 704, -1]], dtype=I32))
+
+
+@pytest.mark.skipif(os.environ.get("INDEXCACHE_SKIP_INDUCTOR") == "1", reason="INDEXCACHE_SKIP_INDUCTOR=1")
+def test_inductor_compiles_translate_and_topk():
+    torch._dynamo.reset()
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.7], [0.3, 0.2, 0.0, 0.0]])
+    lens = torch.tensor([4, 2], dtype=I32)
+    table = torch.tensor([[5, 6], [7, 8]], dtype=I32)
+
+    def f(scores, lens, table):
+        raw = indexcache.topk(scores * 2, lens, 2, sorted=True)
+        return indexcache.translate(raw, table, lens, 2) + 1
+
+    assert torch.equal(torch.compile(f, fullgraph=True)(scores, lens, table), f(scores, lens, table))
+
+
+def test_small_model_runs_compiled_and_equals_eager():
+    """The small DSA model's forward under torch.compile (graph breaks allowed: the runner's plan lookups and the
+    stream scheduler ``overlap``, which takes Python callables and is no custom op). ``dynamic=False``: the layer
+    index is a Python int that automatic dynamic shapes would make symbolic; each layer compiles its own graph."""
+    from indexcache.runtime.runner import IndexerRunner
+    from indexcache.tools.model import DSAModel, preset
+
+    torch._dynamo.reset()
+    cfg = preset("v32-like", num_layers=4, hidden=64, heads=2, head_dim=32, index_heads=2, topk=16, page_size=8,
+                 vocab=64, window=16)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, cfg.vocab, (n,), generator=g) for n in (48, 30)]
+    model = DSAModel(cfg)
+    want = model.generate(prompts, 2, IndexerRunner(model.plan(2)))
+    compiled = DSAModel(cfg)
+    with torch._dynamo.config.patch(recompile_limit=64):
+        compiled.forward = torch.compile(compiled.forward, backend="aot_eager", dynamic=False)
+        got = compiled.generate(prompts, 2, IndexerRunner(compiled.plan(2)))
+    assert torch.equal(got.prefill_logits, want.prefill_logits)
+    assert torch.equal(got.decode_logits, want.decode_logits)
+    assert torch.equal(got.tokens, want.tokens)
+
+
+def test_dynamic_shapes_and_ints():
+    """With dynamic=True the sizes and the int arguments (page_size, k) are symbolic while Dynamo traces."""
+    torch._dynamo.reset()
+    translate = torch.compile(lambda raw, table, lens, p: indexcache.translate(raw, table, lens, p), fullgraph=True,
+                              backend="aot_eager", dynamic=True)
+    topk = torch.compile(lambda s, lens, k: indexcache.topk(s, lens, k, sorted=True), fullgraph=True,
+                         backend="aot_eager", dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    table, lens = torch.tensor([[10, 11, 12]], dtype=I32), torch.tensor([100], dtype=I32)
+    for p, n, k in ((64, 4, 2), (32, 6, 3), (16, 9, 5)):
+        raw = torch.arange(n, dtype=I32)[None]
+        assert torch.equal(translate(raw, table, lens, p), indexcache.translate(raw, table, lens, p))
+        scores, lengths = torch.randn(3, 20, generator=g), torch.tensor([20, 4, 10], dtype=I32)
+        assert torch.equal(topk(scores, lengths, k), indexcache.topk(scores, lengths, k, sorted=True))
