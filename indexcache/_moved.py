@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 from types import ModuleType
 
@@ -42,6 +43,11 @@ class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         module.__spec__ = self._specs[module.__name__]  # the import system set the old name's spec on it
+
+    def get_code(self, fullname: str):
+        """The new module's code, so ``python -m indexcache.cli`` still runs the command."""
+        spec = importlib.util.find_spec(MOVED[fullname])
+        return spec.loader.get_code(spec.name)
 
     def __init__(self) -> None:
         self._specs: dict[str, importlib.machinery.ModuleSpec] = {}
