@@ -37,6 +37,7 @@ from indexcache.bench.output import print_rows, write_json
 from indexcache.bench.provenance import checkout_commit, now, versions
 from indexcache.bench.timing import Timer, capture_graph, median_ms
 from indexcache.hal import dispatch, reference
+from indexcache.hal.device import sm_count
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
 
 CUDA = torch.device("cuda")
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(dev)
     v = versions()
     report: dict = {"schema": "indexcache-logits-gpu/1", "date": now(), "gpu": props.name,
-                    "sms": props.multi_processor_count, "torch": v["torch"], "triton": v["triton"],
+                    "sms": sm_count(dev.index or 0), "torch": v["torch"], "triton": v["triton"],
                     "python": v["python"], "commit": checkout_commit(), "targets": TARGETS, "errors": {}}
     started = time.perf_counter()
     sections = [("ceilings", lambda: ceilings(dev)), ("checks", lambda: checks(dev, fp8)),

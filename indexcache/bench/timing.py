@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from indexcache.hal.device import l2_bytes as device_l2_bytes
+
 BUDGET_S = 0.5  # on a GPU, a Timer's warm-up and timed calls each stop after about this long
 MIN_REPS = 3  # ... but never fewer timed calls than this
 
@@ -37,8 +39,8 @@ def on_gpu(device: torch.device) -> bool:
 
 
 def l2_bytes(device: torch.device) -> int:
-    """The L2 cache of a GPU in bytes (64 MiB where torch does not report it): inputs rotate past it."""
-    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
+    """The L2 cache of a GPU in bytes (:func:`indexcache.hal.device.l2_bytes`): inputs rotate past it."""
+    return device_l2_bytes(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def capture_graph(fn: Callable[[], Any], device: torch.device | None = None) -> torch.cuda.CUDAGraph:

@@ -1,5 +1,5 @@
-"""Device facts, in one place: the GPU's architecture and multiprocessor count (queried once per device and
-cached), how an NVIDIA architecture name reads as a number, and which fp8 format an architecture computes in.
+"""Device facts, in one place: the GPU's architecture, multiprocessor count and L2 size (queried once per device
+and cached), how an NVIDIA architecture name reads as a number, and which fp8 format an architecture computes in.
 
 Architectures are named as torch reports them: "sm80", "sm90", "sm100", ... on NVIDIA (an "a" or "f" suffix,
 as in "sm90a", names the same generation), "gfx942", "gfx950", ... on AMD. Nothing here touches a device
@@ -17,6 +17,12 @@ import torch
 def sm_count(index: int = 0) -> int:
     """Streaming multiprocessors (compute units on AMD) of GPU ``index``."""
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.cache
+def l2_bytes(index: int = 0) -> int:
+    """The L2 cache of GPU ``index`` in bytes (64 MiB where torch does not report it)."""
+    return getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 64 * 2**20
 
 
 @functools.cache
