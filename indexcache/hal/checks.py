@@ -67,17 +67,14 @@ def check_fp8(fp8_dtype) -> None:
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
-    """The bytes ``[first, end)`` a non-empty tensor's elements lie in."""
+    """The bytes ``[first, end)`` a tensor's elements lie in (empty for an empty tensor)."""
+    first = t.data_ptr()
+    if t.is_contiguous():  # the common case, without a Python loop over the dimensions
+        return first, first + t.numel() * t.element_size()
+    if t.numel() == 0:
+        return first, first
     last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
-
-
-def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' element ranges share memory (metadata only: never a device sync)."""
-    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
-        return False
-    (a0, a1), (b0, b1) = _span(a), _span(b)
-    return a0 < b1 and b0 < a1
+    return first, first + (last + 1) * t.element_size()
 
 
 def check_output(name: str, out: torch.Tensor, inputs: dict) -> None:
@@ -89,8 +86,12 @@ def check_output(name: str, out: torch.Tensor, inputs: dict) -> None:
         # Dynamo traces fake tensors, which have no data_ptr(): the custom op's real implementation runs this
         # check again on the real tensors (indexcache.hal.library).
         return
+    o0, o1 = _span(out)  # compared with each input's span (metadata only: never a device sync)
     for other, t in inputs.items():
-        if isinstance(t, torch.Tensor) and overlaps(out, t):
+        if not isinstance(t, torch.Tensor):
+            continue
+        t0, t1 = _span(t)
+        if o0 < t1 and t0 < o1 and out.device == t.device:
             raise ValueError(f"{name}: expected a tensor that shares no memory with the other tensor arguments, "
                              f"got one that overlaps {other}")
 
