@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-# Backend, OpImpl and Availability stay importable from here for plugins written against ``indexcache.hal.dispatch``.
+# Backend, OpImpl and Availability stay importable from here for plugins written before the contract had a module.
 from indexcache.hal.contract import Availability, Backend, OpImpl
 
 logger = logging.getLogger("indexcache")
