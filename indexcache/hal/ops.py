@@ -38,6 +38,14 @@ __all__ = [
 ]
 
 
+def _run(op: str, args: dict, backend: str | None):
+    """Eager: the backend directly (the fast path, no custom-op machinery); under ``torch.compile``: the custom
+    op ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
+    if not torch.compiler.is_compiling():
+        return dispatch.call(op, args, backend)
+    return library.compiled_call(op, args, backend)
+
+
 def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, out=None, backend=None):
     """Logical → physical KV slots through a page table.
 
@@ -84,9 +92,7 @@ def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, o
     tensor([[640, 703, 704,  -1]], dtype=torch.int32)
     """
     args = SPECS["translate"].check(raw, page_table, seq_lens, page_size, row_to_batch=row_to_batch, out=out)
-    if not torch.compiler.is_compiling():
-        return dispatch.call("translate", args, backend)  # the eager fast path
-    return library.compiled_call("translate", args, backend)
+    return _run("translate", args, backend)
 
 
 def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = False, backend=None):
@@ -134,9 +140,7 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
             [0, 1]], dtype=torch.int32)
     """
     args = SPECS["topk"].check(scores, lengths, k, row_starts=row_starts, out=out, sorted=sorted)
-    if not torch.compiler.is_compiling():
-        return dispatch.call("topk", args, backend)  # the eager fast path
-    return library.compiled_call("topk", args, backend)
+    return _run("topk", args, backend)
 
 
 def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_starts=None, row_to_batch=None,
@@ -183,9 +187,7 @@ def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_s
     """
     args = SPECS["topk_translate"].check(scores, lengths, k, page_table, page_size, row_starts=row_starts,
                                          row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=sorted)
-    if not torch.compiler.is_compiling():
-        return dispatch.call("topk_translate", args, backend)  # the eager fast path
-    return library.compiled_call("topk_translate", args, backend)
+    return _run("topk_translate", args, backend)
 
 
 def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
@@ -233,9 +235,7 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
     tensor([[8., 0., -inf]])
     """
     args = SPECS["mqa_logits"].check(q, k, k_scale, weights, ks, ke, out=out)
-    if not torch.compiler.is_compiling():
-        return dispatch.call("mqa_logits", args, backend)  # the eager fast path
-    return library.compiled_call("mqa_logits", args, backend)
+    return _run("mqa_logits", args, backend)
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None,
@@ -291,9 +291,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     tensor([[  0., 384.,   0., -inf]])
     """
     args = SPECS["paged_mqa_logits"].check(q, k_cache, weights, context_lens, page_table, max_context_len, out=out)
-    if not torch.compiler.is_compiling():
-        return dispatch.call("paged_mqa_logits", args, backend)  # the eager fast path
-    return library.compiled_call("paged_mqa_logits", args, backend)
+    return _run("paged_mqa_logits", args, backend)
 
 
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):
@@ -336,9 +334,7 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, back
     tensor([384., 384., 384.])
     """
     args = SPECS["quantize_index_k"].check(k, fp8_dtype, block=block)
-    if not torch.compiler.is_compiling():
-        return dispatch.call("quantize_index_k", args, backend)  # the eager fast path
-    return library.compiled_call("quantize_index_k", args, backend)
+    return _run("quantize_index_k", args, backend)
 
 
 def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, backend=None) -> None:
@@ -380,7 +376,4 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
             [0.0000, 0.0078, 0.0000, 0.0000]])
     """
     args = SPECS["store_index_k"].check(k, k_cache, slot_mapping, fp8_dtype)
-    if not torch.compiler.is_compiling():
-        dispatch.call("store_index_k", args, backend)  # the eager fast path
-    else:
-        library.compiled_call("store_index_k", args, backend)
+    _run("store_index_k", args, backend)
