@@ -41,8 +41,9 @@ class CaseResult:
 
 
 def _judge(case: Case, args: dict, backend: str, accumulation: str) -> Verdict:
-    """Run the case through the public op and judge it. The reference runs first, on CPU copies of the
-    inputs: the op may write into one of them (``store_index_k``'s cache)."""
+    """Run the case through the public op and judge it. The reference runs first, on the inputs moved to the
+    CPU (the same tensors when they are there already): the op may write into one of them
+    (``store_index_k``'s cache), and the reference never does."""
     spec = SPECS[case.op]
     want = spec.reference(**{k: cpu(v) for k, v in args.items() if k not in _NOT_FOR_REFERENCE})
     got = getattr(ops, spec.name)(**args, backend=backend)
