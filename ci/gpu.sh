@@ -124,8 +124,9 @@ else
   record memcheck "FAILED (no compute-sanitizer)" - 0
 fi
 
-step graph-tests 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_translate_graph.py \
-  --junitxml "$WORK/graph-tests.xml"
+# The graph tests, and the seven ops compiled (aot_eager, inductor) and captured on the cuda backend.
+step graph-tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_translate_graph.py \
+  tests/test_compile.py::test_every_op_compiles_on_the_gpu_and_equals_eager --junitxml "$WORK/graph-tests.xml"
 # On a GPU these tests must run: a skip there would hide the check, so it counts as a failure.
 step graph-tests-ran 30 "$PY" -c 'import sys, xml.etree.ElementTree as E
 s = sum(int(x.get("skipped", 0)) for x in E.parse(sys.argv[1]).getroot().iter("testsuite"))

@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from indexcache.backends.triton.launcher import Launcher, Options, launch_key_options
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
@@ -352,6 +353,9 @@ def paged_mqa_logits_kernel(
         tl.store(out_ptr + out_rows[:, None] + s[None, :] * out_s1, fill, mask=grp_ok[:, None] & (s < last)[None, :])
 
 
+PREFILL, DECODE = Launcher(mqa_logits_kernel), Launcher(paged_mqa_logits_kernel)
+
+
 def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
@@ -402,7 +406,8 @@ def _check_shape(heads: int, dim: int) -> list[str]:
     return reasons
 
 
-def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any]):
+def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
+               options: Options | None = None):
     """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``); ``q [T, H, D]``, ``k [N, D]``."""
     tokens, heads, dim = q.shape
     n = k.shape[0]
@@ -412,20 +417,21 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapp
     blocks = triton.cdiv(tokens, block_q)
     programs = min(blocks, _programs(target, q.device) * cfg.get("PROGRAMS_PER_SM", 1))
     widen = _widen_mode(q.dtype, target, cfg)
-    mqa_logits_kernel[(programs,)](
+    options = options or launch_key_options(launch_options(target, cfg))
+    PREFILL(
+        (programs,), options,
         _as_bytes(q, widen), _as_bytes(k, widen), k_scale, weights, ks, ke, out,
         tokens, n,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
         weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1),
         H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], PROGRAMS=programs,
         KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
-        **launch_options(target, cfg),
     )
     return out
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
-                     cfg: Mapping[str, Any]):
+                     cfg: Mapping[str, Any], options: Options | None = None):
     """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``)."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
@@ -440,7 +446,9 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     groups = max(min(triton.next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
     grid = (triton.cdiv(next_n, groups), batch, triton.cdiv(max_context_len, split))
     widen = _widen_mode(q.dtype, target, cfg)
-    paged_mqa_logits_kernel[grid](
+    options = options or launch_key_options(launch_options(target, cfg))
+    DECODE(
+        grid, options,
         _as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights, context_lens,
         page_table, out,
         max_context_len, k_cache.shape[0], page_table.shape[1], split,
@@ -448,7 +456,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
         context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1),
         NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page,
         BLOCK_KEYS=block_keys, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
-        PREFETCH=cfg.get("PREFETCH", 1), WORDS=cfg.get("WORDS", 0), **launch_options(target, cfg),
+        PREFETCH=cfg.get("PREFETCH", 1), WORDS=cfg.get("WORDS", 0),
     )
     return out
 
@@ -456,6 +464,8 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
     """``mqa_logits`` and ``paged_mqa_logits`` of a GPU backend built for ``target`` with its tuning table."""
     prefill, decode = tuning["mqa_logits"], tuning["paged_mqa_logits"]
+    prefill_options = launch_key_options(launch_options(target, prefill))
+    decode_options = launch_key_options(launch_options(target, decode))
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
@@ -467,10 +477,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
                 *_check_dtype("q", q.dtype, target, bf16=False), *_check_shape(q.shape[2], q.shape[3])]
 
     def run_prefill(**args):
-        return mqa_logits(**args, target=target, cfg=prefill)
+        return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options)
 
     def run_decode(**args):
-        return paged_mqa_logits(**args, target=target, cfg=decode)
+        return paged_mqa_logits(**args, target=target, cfg=decode, options=decode_options)
 
     return {"mqa_logits": OpImpl(run_prefill, supports_prefill),
             "paged_mqa_logits": OpImpl(run_decode, supports_decode)}

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from indexcache.backends.triton.launcher import Launcher, Options, launch_key_options
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
@@ -123,6 +124,9 @@ def store_kernel(
     tl.store(kv_scale_ptr + page * (PAGE * (D + 4) // 4) + PAGE * D // 4 + off, scale, mask=live)
 
 
+QUANTIZE, STORE = Launcher(quantize_kernel), Launcher(store_kernel)
+
+
 def _min_exp(fp8_dtype: torch.dtype) -> int:
     """Exponent of the smallest normal of an fp8 format (-6 for e4m3fn, -7 for e4m3fnuz)."""
     return int(math.log2(torch.finfo(fp8_dtype).smallest_normal))
@@ -133,7 +137,8 @@ def _fp8_bits(cfg: Mapping[str, Any]) -> bool:
     return cfg.get("FP8_CVT", "native") == "bits"
 
 
-def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any]):
+def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any],
+                     options: Options | None = None):
     """``(k_fp8 [N, D] fp8_dtype, scale [N, D // block] float32)`` (contract: ``indexcache.quantize_index_k``)."""
     rows, cols = k.shape
     q = torch.empty((rows, cols), dtype=fp8_dtype, device=k.device)
@@ -142,16 +147,18 @@ def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, A
         return q, scale
     block_p2 = triton.next_power_of_2(block)
     block_r = max(1, min(cfg["ELEMS"] // block_p2, triton.next_power_of_2(rows)))
-    quantize_kernel[(triton.cdiv(rows, block_r), cols // block)](
+    options = options or launch_key_options(launch_options(target, cfg))
+    QUANTIZE(
+        (triton.cdiv(rows, block_r), cols // block), options,
         k, q.view(torch.uint8) if _fp8_bits(cfg) else q, scale, rows, cols,
         k.stride(0), k.stride(1), q.stride(0), q.stride(1), scale.stride(0), scale.stride(1),
         LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), BLOCK=block, BLOCK_P2=block_p2, BLOCK_R=block_r,
-        **launch_options(target, cfg),
     )
     return q, scale
 
 
-def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any]) -> None:
+def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
+                     options: Options | None = None) -> None:
     """Quantize ``k [N, D]`` into the packed cache at ``slot_mapping [N]`` (contract: ``indexcache.store_index_k``)."""
     rows, dim = k.shape
     if rows == 0 or k_cache.numel() == 0:
@@ -160,12 +167,13 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: M
     flat = k_cache.view(-1)
     d_p2 = triton.next_power_of_2(dim)
     block_r = max(1, min(cfg["ELEMS"] // d_p2, triton.next_power_of_2(rows)))
-    store_kernel[(triton.cdiv(rows, block_r),)](
+    options = options or launch_key_options(launch_options(target, cfg))
+    STORE(
+        (triton.cdiv(rows, block_r),), options,
         k, slot_mapping, flat.view(torch.uint8 if _fp8_bits(cfg) else fp8_dtype), flat.view(torch.float32), rows,
         k_cache.shape[0] * page,
         k.stride(0), k.stride(1), slot_mapping.stride(0),
         LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), D=dim, D_P2=d_p2, PAGE=page, BLOCK_R=block_r,
-        **launch_options(target, cfg),
     )
 
 
@@ -179,6 +187,7 @@ def _fp8_policy(fp8_dtype: torch.dtype, target: Target) -> list[str]:
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
     """``quantize_index_k`` and ``store_index_k`` of a GPU backend built for ``target`` with its tuning table."""
     cfg = tuning["quantize_index_k"]
+    options = launch_key_options(launch_options(target, cfg))
 
     def supports_quantize(k, fp8_dtype, block, **_):
         reasons = [*on_target_device(target, k=k), *_fp8_policy(fp8_dtype, target)]
@@ -194,10 +203,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return reasons
 
     def run_quantize(**args):
-        return quantize_index_k(**args, target=target, cfg=cfg)
+        return quantize_index_k(**args, target=target, cfg=cfg, options=options)
 
     def run_store(**args):
-        return store_index_k(**args, target=target, cfg=cfg)
+        return store_index_k(**args, target=target, cfg=cfg, options=options)
 
     return {"quantize_index_k": OpImpl(run_quantize, supports_quantize),
             "store_index_k": OpImpl(run_store, supports_store)}

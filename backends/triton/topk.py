@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from indexcache.backends.triton.launcher import Launcher, Options, launch_key_options
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.translate import page_shift, physical
@@ -684,6 +685,9 @@ def topk_sort_kernel(
                SHIFT, K_P2)
 
 
+ROWS, SAMPLE, FILTER = Launcher(topk_rows_kernel), Launcher(topk_sample_kernel), Launcher(topk_filter_kernel)
+FINISH, SORT = Launcher(topk_finish_kernel), Launcher(topk_sort_kernel)
+
 _SCRATCH: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
@@ -702,16 +706,16 @@ def _sms(target: Target, device: torch.device) -> int:
     return 1 if target.interpreted else sm_count(device.index if device.index is not None else 0)
 
 
-def _options(target: Target, cfg: Mapping[str, Any]) -> dict:
+def _options(target: Target, cfg: Mapping[str, Any]) -> Options:
     """Launch options; on NVIDIA also ``maxnreg`` (ptxas otherwise spills a few cold values on some targets
     to fit two programs an SM)."""
     opts = launch_options(target, cfg)
     if target.vendor == "cuda" and "maxnreg" in cfg:
         opts["maxnreg"] = cfg["maxnreg"]
-    return opts
+    return launch_key_options(opts)
 
 
-def _finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, dict]:
+def _finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, Options]:
     """Tile and launch options of the finishing kernel (``FINISH_TILE`` values over ``FINISH_WARPS`` warps; the
     pass tile and warps by default; ``FINISH_MAXNREG`` registers on NVIDIA, where ptxas otherwise caps itself at 128
     and spills): a wide tile holds a typical
@@ -720,7 +724,7 @@ def _finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, dict]:
     opts = launch_options(target, dict(cfg, num_warps=cfg.get("FINISH_WARPS", cfg["num_warps"])))
     if target.vendor == "cuda" and "FINISH_MAXNREG" in cfg:
         opts["maxnreg"] = cfg["FINISH_MAXNREG"]
-    return tile, opts
+    return tile, launch_key_options(opts)
 
 
 def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
@@ -811,20 +815,22 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     ws = _scratch(device, region_n + counts_n + rows + max(row_programs, finish_programs) * 2 * cap)
     region, counts = ws[:region_n], ws[region_n:region_n + counts_n]
     floors, stash = ws[region_n + counts_n:region_n + counts_n + rows], ws[region_n + counts_n + rows:]
-    finish = ("finish", lambda: topk_finish_kernel[(finish_programs,)](
+    finish = ("finish", lambda: FINISH(
+        (finish_programs,), fin_opts,
         scores, lengths, starts, out, raw, r2b, table, region, counts, stash, rows, cols, k, cap, chunks, region_cap,
-        BLOCK_S=cfg["GATHER_CHUNKS"], **dict(common, TILE=fin_tile), **fin_opts))
+        BLOCK_S=cfg["GATHER_CHUNKS"], **dict(common, TILE=fin_tile)))
     if not chunk:
-        return [("rows", lambda: topk_rows_kernel[(row_programs,)](
-            scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap, **common, **sampling,
-            **opts)), finish]
+        return [("rows", lambda: ROWS(
+            (row_programs,), opts,
+            scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap, **common, **sampling)),
+            finish]
     no_tile = {name: value for name, value in scan.items() if name != "TILE"}
     return [
-        ("sample", lambda: topk_sample_kernel[(rows,)](
-            scores, lengths, starts, floors, cols, k, **no_tile, **sampling, **opts)),
-        ("filter", lambda: topk_filter_kernel[(rows, chunks)](
-            scores, lengths, starts, floors, region, counts, cols, k, chunk, region_cap,
-            **{n: v for n, v in scan.items() if n != "BITS"}, **opts)),
+        ("sample", lambda: SAMPLE(
+            (rows,), opts, scores, lengths, starts, floors, cols, k, **no_tile, **sampling)),
+        ("filter", lambda: FILTER(
+            (rows, chunks), opts, scores, lengths, starts, floors, region, counts, cols, k, chunk, region_cap,
+            **{n: v for n, v in scan.items() if n != "BITS"})),
         finish,
     ]
 
@@ -836,10 +842,11 @@ def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, p
     (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
                                                     row_to_batch)
     width = max(16, triton.next_power_of_2(k))
-    opts = launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg)))
+    opts = launch_key_options(launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg))))
     steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, target=target, cfg=cfg)
-    return steps + [("sort", lambda: topk_sort_kernel[(scores.shape[0],)](
-        scores, lengths, starts, out, raw, r2b, table, scores.shape[1], k, K_P2=width, **row_args, **opts))]
+    return steps + [("sort", lambda: SORT(
+        (scores.shape[0],), opts, scores, lengths, starts, out, raw, r2b, table, scores.shape[1], k, K_P2=width,
+        **row_args))]
 
 
 def sort_warps(k: int, cfg: Mapping[str, Any]) -> int:
@@ -907,8 +914,9 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     from indexcache.backends.triton.crosscompile import KernelSpec, pointer
 
     cfg = tuning["topk"]
-    opts = _options(target, cfg)
+    opts = dict(_options(target, cfg))
     fin_tile, fin_opts = _finish_shape(target, cfg)
+    fin_opts = dict(fin_opts)
     samples = sample_size(1 << 17, 2048, cfg)
     shape = {"BITS": cfg["BITS"], "TILE": cfg["TILE"]}
     sampling = {"SAMPLES": samples, "SAMPLE_TILE": min(samples, cfg["TILE"])}

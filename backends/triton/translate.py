@@ -13,6 +13,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from indexcache.backends.triton.launcher import Launcher, Options, launch_key_options
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
@@ -69,22 +70,30 @@ def page_shift(page_size: int) -> int:
     return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
 
 
-def translate(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target: Target, cfg: Mapping[str, Any]):
-    """Fill ``out [R, K]`` int32 (contract: ``indexcache.translate``)."""
+TRANSLATE = Launcher(translate_kernel)
+
+
+def translate(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target: Target, cfg: Mapping[str, Any],
+                     options: Options | None = None):
+    """Fill ``out [R, K]`` int32 (contract: ``indexcache.translate``); ``options``: the launch options of
+    ``cfg`` for ``target`` as :func:`~indexcache.backends.triton.launcher.launch_key_options` gives them (computed
+    when None; the backend computes them once)."""
     rows, k = raw.shape
     if rows == 0 or k == 0:
         return out
     block_k = min(cfg["BLOCK_K"], triton.next_power_of_2(k))
     block_r = max(1, min(cfg["ELEMS"] // block_k, triton.next_power_of_2(rows)))
+    options = options or launch_key_options(launch_options(target, cfg))
     r2b = row_to_batch if row_to_batch is not None else seq_lens
-    grid = (triton.cdiv(rows, block_r), triton.cdiv(k, block_k))
-    translate_kernel[grid](
+    raw_s0, raw_s1 = raw.stride()
+    tab_s0, tab_s1 = page_table.stride()
+    out_s0, out_s1 = out.stride()
+    TRANSLATE(
+        ((rows + block_r - 1) // block_r, (k + block_k - 1) // block_k), options,
         raw, page_table, seq_lens, r2b, out,
         rows, k, page_table.shape[0], page_table.shape[1], page_size,
-        raw.stride(0), raw.stride(1), page_table.stride(0), page_table.stride(1),
-        seq_lens.stride(0), r2b.stride(0), out.stride(0), out.stride(1),
+        raw_s0, raw_s1, tab_s0, tab_s1, seq_lens.stride(0), r2b.stride(0), out_s0, out_s1,
         HAS_R2B=row_to_batch is not None, SHIFT=page_shift(page_size), BLOCK_R=block_r, BLOCK_K=block_k,
-        **launch_options(target, cfg),
     )
     return out
 
@@ -92,13 +101,14 @@ def translate(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
     """The translate op of a GPU backend built for ``target`` with its tuning table."""
     cfg = tuning["translate"]
+    options = launch_key_options(launch_options(target, cfg))
 
     def supports(raw, page_table, seq_lens, row_to_batch, out, **_):
         return on_target_device(target, raw=raw, page_table=page_table, seq_lens=seq_lens,
                                 row_to_batch=row_to_batch, out=out)
 
     def run(**args):
-        return translate(**args, target=target, cfg=cfg)
+        return translate(**args, target=target, cfg=cfg, options=options)
 
     return {"translate": OpImpl(run, supports)}
 

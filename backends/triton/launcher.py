@@ -1,0 +1,134 @@
+"""Launching a ``@triton.jit`` kernel with less host work than ``kernel[grid](...)``.
+
+Triton's own launch (``JITFunction.run``) binds the arguments, builds its specialization key, reads its
+knobs and fills launch metadata on every call: on the H200's host 15 µs for an empty kernel and 31 µs
+with translate's 18 arguments (docs/kernels.md, "Host cost of a launch"). A :class:`Launcher` pays that
+once per specialization: the first call of one goes through Triton, which compiles (or loads) the kernel
+and launches it, and the compiled kernel is kept; later calls of the same specialization hand the
+arguments straight to the compiled kernel's launcher.
+
+A specialization is what Triton compiles a kernel for, and the key here is never coarser than Triton's:
+the launch options, the constexpr values, each tensor's dtype and 16-byte alignment (on AMD the backend's
+own rule, which adds whether the storage spans less than 2 GiB), each int's class (1, a multiple of 16,
+32 or 64 bits), the type of anything else, and the current device. Interpreted (``TRITON_INTERPRET=1``)
+and while a launch hook is installed (a profiler such as proton), every call goes through Triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from triton import knobs
+from triton.runtime.jit import JITFunction
+
+Options = tuple[tuple[str, Any], ...]
+
+
+def launch_key_options(options: dict[str, Any]) -> Options:
+    """Launch options (``num_warps``, ``num_stages``, …) as the hashable, ordered tuple a launch takes."""
+    return tuple(sorted(options.items()))
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is installed (Triton calls it with per-launch metadata only on its own path)."""
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and (not hasattr(hook, "calls") or hook.calls):
+            return True
+    return False
+
+
+_I32 = (-(2**31), 2**31)
+_I64 = (-(2**63), 2**63)
+
+
+def _int_class(v: int) -> int:
+    """Triton's classes of an int argument: 1 (a constant), a multiple of 16 or not, 32, 64 or unsigned 64 bits."""
+    if v == 1:
+        return 0
+    width = 1 if _I32[0] <= v < _I32[1] else 2 if _I64[0] <= v < _I64[1] else 3
+    return 2 * width + (v % 16 == 0)
+
+
+class Launcher:
+    """``fn`` launched through its compiled launcher once Triton has built it for a specialization.
+
+    ``launcher(grid, options, *args, **named)``: ``grid`` a tuple of one to three ints, ``options`` from
+    :func:`launch_key_options`, then every parameter of the kernel (no defaults), the first ones by position
+    and the rest by name. Returns nothing.
+    """
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+        self._fast = isinstance(fn, JITFunction)  # not under TRITON_INTERPRET (an InterpretedFunction)
+        self._names: tuple[str, ...] = tuple(fn.arg_names)
+        self._constexpr: tuple[bool, ...] = tuple(p.is_constexpr for p in fn.params) if self._fast else ()
+        self.__name__ = getattr(fn, "__name__", "kernel")
+        self._kernels: dict[tuple, Any] = {}
+        self._driver: tuple | None = None  # (current device, current stream, tensor rule), bound at first use
+
+    def __call__(self, grid: Sequence[int], options: Options, *args: Any, **named: Any) -> None:
+        try:
+            values = args + tuple([named[n] for n in self._names[len(args):]])
+        except KeyError:
+            values = ()
+        if len(values) != len(args) + len(named):
+            rest = self._names[len(args):]
+            raise TypeError(f"{self.__name__}: expected {len(self._names)} arguments, missing "
+                            f"{[n for n in rest if n not in named]}, unexpected {[n for n in named if n not in rest]}")
+        if not self._fast or _hooked():
+            self.fn[tuple(grid)](*args, **named, **dict(options))
+            return
+        if self._driver is None:
+            self._driver = _bind_driver()
+        current_device, current_stream, tensor_rule = self._driver
+        device = current_device()
+        key = (device, options, *self._classes(values, tensor_rule))
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            self._kernels[key] = self.fn[tuple(grid)](*args, **named, **dict(options))
+            return
+        gx = grid[0]
+        gy = grid[1] if len(grid) > 1 else 1
+        gz = grid[2] if len(grid) > 2 else 1
+        kernel.run(gx, gy, gz, current_stream(device), kernel.function, kernel.packed_metadata, None, None, None,
+                   *values)
+
+    def _classes(self, values: tuple, tensor_rule) -> list:
+        """Per parameter, what Triton specializes on (or something finer): see the module docstring."""
+        classes = []
+        for v, constexpr in zip(values, self._constexpr, strict=True):
+            kind = type(v)
+            if constexpr:
+                classes.append(v)
+            elif kind is int:
+                classes.append(_int_class(v))
+            elif isinstance(v, torch.Tensor):
+                classes.append((v.dtype, tensor_rule(v)))
+            else:
+                classes.append(kind)
+        return classes
+
+    def compiled(self) -> int:
+        """How many specializations this launcher holds (for tests)."""
+        return len(self._kernels)
+
+
+def _bind_driver():
+    """The active Triton driver's current-device and current-stream functions, and the tensor rule of its
+    compiler backend (16-byte alignment, plus the backend's own additions where it overrides the rule)."""
+    from triton.backends.compiler import BaseBackend
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.driver import driver
+
+    active = driver.active
+    backend = make_backend(active.get_current_target())
+    rule = type(backend).get_tensor_specialization
+    if rule is BaseBackend.get_tensor_specialization:
+        def tensor_rule(t):
+            return t.data_ptr() % 16 == 0
+    else:
+        def tensor_rule(t):
+            return rule(t, align=True)
+    return active.get_current_device, active.get_current_stream, tensor_rule
