@@ -310,6 +310,56 @@ def allocator_section(stack: Stack, s: Shapes, dev: torch.device, steps: int = 2
 # ---------------------------------------------------------------- report
 
 
+def small_model_section(dev: torch.device, smoke: bool) -> dict:
+    """The small DSA model's decode step (:mod:`indexcache.tools.model`, v32-like, 4 layers, freq 2, 8 requests of
+    2K tokens, top-k 256) three ways: eager; its ``forward`` under ``torch.compile`` (inductor, ``dynamic=False``;
+    graph breaks allowed: the runner's plan lookups and the stream scheduler ``overlap``); and the eager step
+    captured in a CUDA graph and replayed. ms a step (median), and whether the compiled and the replayed step
+    equal eager (the same top-k indices; logits within 1e-4)."""
+    from indexcache.runtime.runner import IndexerRunner
+    from indexcache.tools.model import DSAModel, StaticDecode, preset
+
+    cfg = preset("v32-like", num_layers=4, topk=16 if smoke else 256, page_size=16 if smoke else 64)
+    requests, max_len = (2, 256) if smoke else (8, 2048)
+    model = DSAModel(cfg, dev)
+    runner = IndexerRunner(model.plan(2))
+    cache = model.new_cache(requests, max_len)
+    g = torch.Generator(device=dev).manual_seed(0)
+    slots = cache.kv.shape[1] - 1
+    cache.kv.copy_(torch.randn(cache.kv.shape, device=dev, generator=g))
+    for k_cache in cache.index_k.values():  # a context's worth of index keys in every slot
+        keys = torch.randn(slots, cfg.index_dim, device=dev, generator=g)
+        indexcache.store_index_k(keys, k_cache, torch.arange(slots, dtype=torch.int32, device=dev), model.fp8)
+    static = StaticDecode(model, cache, runner, requests)
+    static.load(torch.randint(0, cfg.vocab, (requests,), device=dev, generator=g),
+                torch.full((requests,), max_len - 1, dtype=torch.int32, device=dev),
+                cache.tables_for(torch.arange(requests)))
+    want_logits, want_raw = static.step().clone(), static.state.raw.clone()
+    result: dict = {"config": {"layers": cfg.num_layers, "topk": cfg.topk, "requests": requests, "context": max_len,
+                               "freq": 2}}
+
+    def same(tag: str) -> None:
+        result[f"{tag}_indices_equal"] = bool(torch.equal(static.state.raw, want_raw))
+        result[f"{tag}_logits_max_abs_diff"] = float((static.logits - want_logits).abs().max())
+        result[f"{tag}_equal"] = result[f"{tag}_indices_equal"] and bool(
+            torch.allclose(static.logits, want_logits, rtol=1e-4, atol=1e-4))
+
+    result["eager_ms"] = statistics.median(timed(static.step, dev))
+    graph, why = capture(static.step, dev)
+    if graph is not None:
+        result["graph_ms"] = statistics.median(timed(graph.replay, dev))
+        same("graph")
+    else:
+        result["graph_error"] = why
+    with torch._dynamo.config.patch(recompile_limit=64):
+        model.forward = torch.compile(model.forward, dynamic=False)
+        static.step()  # compiles
+        same("compiled")
+        result["compiled_ms"] = statistics.median(timed(static.step, dev))
+    torch._dynamo.reset()
+    return result
+
+
 def _print_report(report: dict) -> None:
     print(f"{report['device']}, torch {report['torch']}, Triton {report['triton']}, commit {report['commit']}")
     print("\nindexer + translation per forward (ms, median)")
@@ -347,6 +397,15 @@ def _print_report(report: dict) -> None:
               + "; ".join(f"{mode}: {al[mode]}" for mode in ("graph", "eager") if mode in al)
               + (f"; graph: not captured: {al['graph_error']}" if "graph_error" in al else "")
               + (f" ({al['skipped']})" if "skipped" in al else ""))
+    sm = report.get("small_model")
+    if sm:
+        c = sm["config"]
+        print(f"\nsmall model decode step ({c['layers']} layers, freq {c['freq']}, {c['requests']} x {c['context']}, "
+              f"top-k {c['topk']}): eager {sm['eager_ms']:.3f} ms, "
+              f"compiled {sm.get('compiled_ms', float('nan')):.3f} ms"
+              f" (equal to eager: {sm.get('compiled_equal')}), graph {sm.get('graph_ms', float('nan')):.3f} ms"
+              f" (equal: {sm.get('graph_equal')})" + (f"; graph not captured: {sm['graph_error']}"
+                                                       if "graph_error" in sm else ""))
     print(f"\ntotal {report['total_s']:.0f} s; errors in: {sorted(report['errors']) or 'none'}")
 
 
@@ -402,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         section(f"scenario decode {context}", decode)
     section("scenario prefill", lambda: run_scenario(prefill_stack(shapes, dev, fp8), shapes, dev, graphs=False,
                                                      deadline=deadline))
+    section("small_model", lambda: small_model_section(dev, args.smoke))
     first = f"decode{shapes.contexts[0]}"
     if first in stacks:
         section("overlap", lambda: overlap_section(stacks[first], shapes, dev))

@@ -16,7 +16,8 @@ and while a launch hook is installed (a profiler such as proton), every call goe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -69,14 +70,7 @@ class Launcher:
         self._driver: tuple | None = None  # (current device, current stream, tensor rule), bound at first use
 
     def __call__(self, grid: Sequence[int], options: Options, *args: Any, **named: Any) -> None:
-        try:
-            values = args + tuple([named[n] for n in self._names[len(args):]])
-        except KeyError:
-            values = ()
-        if len(values) != len(args) + len(named):
-            rest = self._names[len(args):]
-            raise TypeError(f"{self.__name__}: expected {len(self._names)} arguments, missing "
-                            f"{[n for n in rest if n not in named]}, unexpected {[n for n in named if n not in rest]}")
+        values = self._values(args, named)
         if not self._fast or _hooked():
             self.fn[tuple(grid)](*args, **named, **dict(options))
             return
@@ -94,6 +88,50 @@ class Launcher:
         gz = grid[2] if len(grid) > 2 else 1
         kernel.run(gx, gy, gz, current_stream(device), kernel.function, kernel.packed_metadata, None, None, None,
                    *values)
+
+    def bind(self, grid: Sequence[int], options: Options, *args: Any, **named: Any) -> Callable[[], None]:
+        """This launch as a callable that repeats it with the same arguments, compiled now (nothing launched).
+
+        The callable keeps the tensors' addresses, not the tensors: it is valid while memory of the same layout
+        lies there (the caller's contract). Interpreted, it keeps the tensors and launches through Triton."""
+        values = self._values(args, named)
+        if not self._fast:
+            fn = self.fn[tuple(grid)]
+            return lambda: fn(*args, **named, **dict(options))
+        if self._driver is None:
+            self._driver = _bind_driver()
+        current_device, current_stream, tensor_rule = self._driver
+        device = current_device()
+        key = (device, options, *self._classes(values, tensor_rule))
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self._kernels[key] = self.fn.warmup(*args, grid=tuple(grid), **named, **dict(options))
+        plain = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
+        gx, gy, gz = (*grid, 1, 1)[:3]
+        run, function, metadata = kernel.run, kernel.function, kernel.packed_metadata
+
+        def launch() -> None:
+            stream = current_stream(device)
+            if _hooked():  # a profiler's hooks get what Triton's own launch gives them
+                hooks = knobs.runtime
+                run(gx, gy, gz, stream, function, metadata, kernel.launch_metadata(grid, stream, *plain),
+                    hooks.launch_enter_hook, hooks.launch_exit_hook, *plain)
+            else:
+                run(gx, gy, gz, stream, function, metadata, None, None, None, *plain)
+
+        return launch
+
+    def _values(self, args: tuple, named: dict) -> tuple:
+        """Every parameter's value in the kernel's order; a TypeError naming what is missing or unexpected."""
+        try:
+            values = args + tuple([named[n] for n in self._names[len(args):]])
+        except KeyError:
+            values = ()
+        if len(values) != len(args) + len(named):
+            rest = self._names[len(args):]
+            raise TypeError(f"{self.__name__}: expected {len(self._names)} arguments, missing "
+                            f"{[n for n in rest if n not in named]}, unexpected {[n for n in named if n not in rest]}")
+        return values
 
     def _classes(self, values: tuple, tensor_rule) -> list:
         """Per parameter, what Triton specializes on (or something finer): see the module docstring."""
@@ -115,6 +153,24 @@ class Launcher:
         return len(self._kernels)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a kernel, as data: ``launch()`` runs it, ``launch.bind()`` gives a callable that repeats it
+    (:meth:`Launcher.bind`)."""
+
+    launcher: Launcher
+    grid: tuple[int, ...]
+    options: Options
+    args: tuple
+    named: dict[str, Any]
+
+    def __call__(self) -> None:
+        self.launcher(self.grid, self.options, *self.args, **self.named)
+
+    def bind(self) -> Callable[[], None]:
+        return self.launcher.bind(self.grid, self.options, *self.args, **self.named)
+
+
 def _bind_driver():
     """The active Triton driver's current-device and current-stream functions, and the tensor rule of its
     compiler backend (16-byte alignment, plus the backend's own additions where it overrides the rule)."""
@@ -132,3 +188,16 @@ def _bind_driver():
         def tensor_rule(t):
             return rule(t, align=True)
     return active.get_current_device, active.get_current_stream, tensor_rule
+
+
+def bound(launches: Sequence[Launch | None]) -> Callable[[], None]:
+    """One callable repeating ``launches`` in order (None: nothing to launch), each bound now."""
+    binds = tuple(launch.bind() for launch in launches if launch is not None)
+    if len(binds) == 1:
+        return binds[0]
+
+    def run() -> None:
+        for launch in binds:
+            launch()
+
+    return run

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from indexcache.backends.triton.launcher import Launcher, Options, launch_key_options
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
@@ -406,36 +406,47 @@ def _check_shape(heads: int, dim: int) -> list[str]:
     return reasons
 
 
-def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
-               options: Options | None = None):
-    """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``); ``q [T, H, D]``, ``k [N, D]``."""
+def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
+                      options: Options | None = None) -> Launch | None:
+    """The launch that fills ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``), None when ``out`` is
+    empty; ``q [T, H, D]``, ``k [N, D]``; ``options``: the launch options of ``cfg`` for ``target``
+    (:func:`~indexcache.backends.triton.launcher.launch_key_options`; computed when None)."""
     tokens, heads, dim = q.shape
     n = k.shape[0]
     if out.numel() == 0:
-        return out
+        return None
     block_q = max(1, cfg["COLS"] // heads, 16 // heads)
     blocks = triton.cdiv(tokens, block_q)
     programs = min(blocks, _programs(target, q.device) * cfg.get("PROGRAMS_PER_SM", 1))
     widen = _widen_mode(q.dtype, target, cfg)
     options = options or launch_key_options(launch_options(target, cfg))
-    PREFILL(
-        (programs,), options,
-        _as_bytes(q, widen), _as_bytes(k, widen), k_scale, weights, ks, ke, out,
-        tokens, n,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
-        weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1),
-        H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], PROGRAMS=programs,
-        KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
+    return Launch(
+        PREFILL, (programs,), options,
+        (_as_bytes(q, widen), _as_bytes(k, widen), k_scale, weights, ks, ke, out,
+         tokens, n,
+         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
+         weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1)),
+        dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], PROGRAMS=programs,
+             KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen),
     )
+
+
+def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
+               options: Options | None = None):
+    """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``); arguments as :func:`mqa_logits_launch`."""
+    launch = mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, target=target, cfg=cfg, options=options)
+    if launch is not None:
+        launch()
     return out
 
 
-def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
-                     cfg: Mapping[str, Any], options: Options | None = None):
-    """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``)."""
+def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
+                            cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
+    """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
+    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
-        return out
+        return None
     page = cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
     block_keys = cfg["BLOCK_KEYS"]
@@ -447,17 +458,27 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     grid = (triton.cdiv(next_n, groups), batch, triton.cdiv(max_context_len, split))
     widen = _widen_mode(q.dtype, target, cfg)
     options = options or launch_key_options(launch_options(target, cfg))
-    DECODE(
-        grid, options,
-        _as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights, context_lens,
-        page_table, out,
-        max_context_len, k_cache.shape[0], page_table.shape[1], split,
-        q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
-        context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1),
-        NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page,
-        BLOCK_KEYS=block_keys, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
-        PREFETCH=cfg.get("PREFETCH", 1), WORDS=cfg.get("WORDS", 0),
+    return Launch(
+        DECODE, grid, options,
+        (_as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights, context_lens,
+         page_table, out,
+         max_context_len, k_cache.shape[0], page_table.shape[1], split,
+         q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
+         context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1)),
+        dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page,
+             BLOCK_KEYS=block_keys, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
+             PREFETCH=cfg.get("PREFETCH", 1), WORDS=cfg.get("WORDS", 0)),
     )
+
+
+def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
+                     cfg: Mapping[str, Any], options: Options | None = None):
+    """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); arguments
+    as :func:`paged_mqa_logits_launch`."""
+    launch = paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out,
+                                     target=target, cfg=cfg, options=options)
+    if launch is not None:
+        launch()
     return out
 
 
@@ -479,11 +500,17 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     def run_prefill(**args):
         return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options)
 
+    def prepare_prefill(**args):
+        return bound([mqa_logits_launch(**args, target=target, cfg=prefill, options=prefill_options)])
+
     def run_decode(**args):
         return paged_mqa_logits(**args, target=target, cfg=decode, options=decode_options)
 
-    return {"mqa_logits": OpImpl(run_prefill, supports_prefill),
-            "paged_mqa_logits": OpImpl(run_decode, supports_decode)}
+    def prepare_decode(**args):
+        return bound([paged_mqa_logits_launch(**args, target=target, cfg=decode, options=decode_options)])
+
+    return {"mqa_logits": OpImpl(run_prefill, supports_prefill, prepare_prefill),
+            "paged_mqa_logits": OpImpl(run_decode, supports_decode, prepare_decode)}
 
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from indexcache.backends.triton.launcher import Launcher, Options, launch_key_options
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
@@ -157,24 +157,33 @@ def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, A
     return q, scale
 
 
-def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
-                     options: Options | None = None) -> None:
-    """Quantize ``k [N, D]`` into the packed cache at ``slot_mapping [N]`` (contract: ``indexcache.store_index_k``)."""
+def store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
+                         options: Options | None = None) -> Launch | None:
+    """The launch that quantizes ``k [N, D]`` into the packed cache at ``slot_mapping [N]`` (contract:
+    ``indexcache.store_index_k``), None when there is nothing to store."""
     rows, dim = k.shape
     if rows == 0 or k_cache.numel() == 0:
-        return
+        return None
     page = cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
     d_p2 = triton.next_power_of_2(dim)
     block_r = max(1, min(cfg["ELEMS"] // d_p2, triton.next_power_of_2(rows)))
     options = options or launch_key_options(launch_options(target, cfg))
-    STORE(
-        (triton.cdiv(rows, block_r),), options,
-        k, slot_mapping, flat.view(torch.uint8 if _fp8_bits(cfg) else fp8_dtype), flat.view(torch.float32), rows,
-        k_cache.shape[0] * page,
-        k.stride(0), k.stride(1), slot_mapping.stride(0),
-        LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), D=dim, D_P2=d_p2, PAGE=page, BLOCK_R=block_r,
+    return Launch(
+        STORE, (triton.cdiv(rows, block_r),), options,
+        (k, slot_mapping, flat.view(torch.uint8 if _fp8_bits(cfg) else fp8_dtype), flat.view(torch.float32), rows,
+         k_cache.shape[0] * page,
+         k.stride(0), k.stride(1), slot_mapping.stride(0)),
+        dict(LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), D=dim, D_P2=d_p2, PAGE=page, BLOCK_R=block_r),
     )
+
+
+def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
+                  options: Options | None = None) -> None:
+    """Quantize ``k [N, D]`` into the packed cache at ``slot_mapping [N]`` (contract: ``indexcache.store_index_k``)."""
+    launch = store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, target=target, cfg=cfg, options=options)
+    if launch is not None:
+        launch()
 
 
 def _fp8_policy(fp8_dtype: torch.dtype, target: Target) -> list[str]:
@@ -208,8 +217,11 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     def run_store(**args):
         return store_index_k(**args, target=target, cfg=cfg, options=options)
 
+    def prepare_store(**args):
+        return bound([store_index_k_launch(**args, target=target, cfg=cfg, options=options)])
+
     return {"quantize_index_k": OpImpl(run_quantize, supports_quantize),
-            "store_index_k": OpImpl(run_store, supports_store)}
+            "store_index_k": OpImpl(run_store, supports_store, prepare_store)}
 
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:

@@ -42,14 +42,14 @@ Calls sharing a device must not run concurrently on different streams.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from indexcache.backends.triton.launcher import Launcher, Options, launch_key_options
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.translate import page_shift, physical
@@ -783,7 +783,7 @@ def _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size, 
 
 
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
-             target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Callable[[], None]]]:
+             target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
     """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
     split rows' sample and filter, then the finishing kernel; with ``sorted``, those select raw positions
     (into ``out_raw`` when given, else ``out``) and a sort launch orders and translates them. Arguments as
@@ -815,28 +815,27 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     ws = _scratch(device, region_n + counts_n + rows + max(row_programs, finish_programs) * 2 * cap)
     region, counts = ws[:region_n], ws[region_n:region_n + counts_n]
     floors, stash = ws[region_n + counts_n:region_n + counts_n + rows], ws[region_n + counts_n + rows:]
-    finish = ("finish", lambda: FINISH(
-        (finish_programs,), fin_opts,
-        scores, lengths, starts, out, raw, r2b, table, region, counts, stash, rows, cols, k, cap, chunks, region_cap,
-        BLOCK_S=cfg["GATHER_CHUNKS"], **dict(common, TILE=fin_tile)))
+    finish = ("finish", Launch(
+        FINISH, (finish_programs,), fin_opts,
+        (scores, lengths, starts, out, raw, r2b, table, region, counts, stash, rows, cols, k, cap, chunks, region_cap),
+        dict(common, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"])))
     if not chunk:
-        return [("rows", lambda: ROWS(
-            (row_programs,), opts,
-            scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap, **common, **sampling)),
-            finish]
-    no_tile = {name: value for name, value in scan.items() if name != "TILE"}
+        return [("rows", Launch(ROWS, (row_programs,), opts,
+                                (scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap),
+                                dict(common, **sampling))),
+                finish]
     return [
-        ("sample", lambda: SAMPLE(
-            (rows,), opts, scores, lengths, starts, floors, cols, k, **no_tile, **sampling)),
-        ("filter", lambda: FILTER(
-            (rows, chunks), opts, scores, lengths, starts, floors, region, counts, cols, k, chunk, region_cap,
-            **{n: v for n, v in scan.items() if n != "BITS"})),
+        ("sample", Launch(SAMPLE, (rows,), opts, (scores, lengths, starts, floors, cols, k),
+                          dict({n: v for n, v in scan.items() if n != "TILE"}, **sampling))),
+        ("filter", Launch(FILTER, (rows, chunks), opts,
+                          (scores, lengths, starts, floors, region, counts, cols, k, chunk, region_cap),
+                          {n: v for n, v in scan.items() if n != "BITS"})),
         finish,
     ]
 
 
 def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
-                     target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Callable[[], None]]]:
+                     target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
     """``sorted=True``: the unsorted select's launches writing raw positions (to ``out_raw`` when given, else to
     ``out``), then ``topk_sort_kernel``, one program a row."""
     (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
@@ -844,9 +843,9 @@ def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, p
     width = max(16, triton.next_power_of_2(k))
     opts = launch_key_options(launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg))))
     steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, target=target, cfg=cfg)
-    return steps + [("sort", lambda: SORT(
-        (scores.shape[0],), opts, scores, lengths, starts, out, raw, r2b, table, scores.shape[1], k, K_P2=width,
-        **row_args))]
+    return steps + [("sort", Launch(SORT, (scores.shape[0],), opts,
+                                    (scores, lengths, starts, out, raw, r2b, table, scores.shape[1], k),
+                                    dict(row_args, K_P2=width)))]
 
 
 def sort_warps(k: int, cfg: Mapping[str, Any]) -> int:
@@ -902,7 +901,17 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     def run_translate(**args):
         return topk_translate(**args, target=target, cfg=cfg)
 
-    return {"topk": OpImpl(run_topk, supports_topk), "topk_translate": OpImpl(run_translate, supports_translate)}
+    def prepare_topk(scores, lengths, k, row_starts, out, sorted):
+        return bound([launch for _, launch in launches(scores, lengths, k, row_starts, out, None, None, 1, None,
+                                                       sorted=sorted, target=target, cfg=cfg)])
+
+    def prepare_translate(scores, lengths, k, page_table, page_size, row_starts, row_to_batch, out, out_raw, sorted):
+        return bound([launch for _, launch in launches(scores, lengths, k, row_starts, out, out_raw, page_table,
+                                                       page_size, row_to_batch, sorted=sorted, target=target,
+                                                       cfg=cfg)])
+
+    return {"topk": OpImpl(run_topk, supports_topk, prepare_topk),
+            "topk_translate": OpImpl(run_translate, supports_translate, prepare_translate)}
 
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:

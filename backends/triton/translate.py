@@ -13,7 +13,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from indexcache.backends.triton.launcher import Launcher, Options, launch_key_options
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
 from indexcache.backends.triton.support import launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
@@ -73,14 +73,15 @@ def page_shift(page_size: int) -> int:
 TRANSLATE = Launcher(translate_kernel)
 
 
-def translate(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target: Target, cfg: Mapping[str, Any],
-                     options: Options | None = None):
-    """Fill ``out [R, K]`` int32 (contract: ``indexcache.translate``); ``options``: the launch options of
-    ``cfg`` for ``target`` as :func:`~indexcache.backends.triton.launcher.launch_key_options` gives them (computed
-    when None; the backend computes them once)."""
+def translate_launch(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target: Target,
+                     cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
+    """The launch that fills ``out [R, K]`` int32 (contract: ``indexcache.translate``), None when it is empty;
+    ``options``: the launch options of ``cfg`` for ``target`` as
+    :func:`~indexcache.backends.triton.launcher.launch_key_options` gives them (computed when None; the backend
+    computes them once)."""
     rows, k = raw.shape
     if rows == 0 or k == 0:
-        return out
+        return None
     block_k = min(cfg["BLOCK_K"], triton.next_power_of_2(k))
     block_r = max(1, min(cfg["ELEMS"] // block_k, triton.next_power_of_2(rows)))
     options = options or launch_key_options(launch_options(target, cfg))
@@ -88,13 +89,22 @@ def translate(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target
     raw_s0, raw_s1 = raw.stride()
     tab_s0, tab_s1 = page_table.stride()
     out_s0, out_s1 = out.stride()
-    TRANSLATE(
-        ((rows + block_r - 1) // block_r, (k + block_k - 1) // block_k), options,
-        raw, page_table, seq_lens, r2b, out,
-        rows, k, page_table.shape[0], page_table.shape[1], page_size,
-        raw_s0, raw_s1, tab_s0, tab_s1, seq_lens.stride(0), r2b.stride(0), out_s0, out_s1,
-        HAS_R2B=row_to_batch is not None, SHIFT=page_shift(page_size), BLOCK_R=block_r, BLOCK_K=block_k,
+    return Launch(
+        TRANSLATE, ((rows + block_r - 1) // block_r, (k + block_k - 1) // block_k), options,
+        (raw, page_table, seq_lens, r2b, out,
+         rows, k, page_table.shape[0], page_table.shape[1], page_size,
+         raw_s0, raw_s1, tab_s0, tab_s1, seq_lens.stride(0), r2b.stride(0), out_s0, out_s1),
+        dict(HAS_R2B=row_to_batch is not None, SHIFT=page_shift(page_size), BLOCK_R=block_r, BLOCK_K=block_k),
     )
+
+
+def translate(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target: Target, cfg: Mapping[str, Any],
+              options: Options | None = None):
+    """Fill ``out [R, K]`` int32 (contract: ``indexcache.translate``); arguments as :func:`translate_launch`."""
+    launch = translate_launch(raw, page_table, seq_lens, page_size, row_to_batch, out, target=target, cfg=cfg,
+                              options=options)
+    if launch is not None:
+        launch()
     return out
 
 
@@ -110,7 +120,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     def run(**args):
         return translate(**args, target=target, cfg=cfg, options=options)
 
-    return {"translate": OpImpl(run, supports)}
+    def prepare(**args):
+        return bound([translate_launch(**args, target=target, cfg=cfg, options=options)])
+
+    return {"translate": OpImpl(run, supports, prepare)}
 
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:

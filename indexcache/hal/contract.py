@@ -37,10 +37,16 @@ def always(**_: Any) -> list[str]:
 @dataclass(frozen=True)
 class OpImpl:
     """One backend's implementation of one op: ``fn(**args)``, and ``supports(**args)`` returning every reason
-    it cannot serve those arguments (empty: it can). Arguments arrive validated by the public op."""
+    it cannot serve those arguments (empty: it can). Arguments arrive validated by the public op.
+
+    ``prepare(**args)``, where a backend has it, does what ``fn(**args)`` does except running: it returns a
+    callable that runs the call (its launches bound, nothing checked again), and that may be called again to
+    repeat the call on whatever memory of the same layout lies at the same addresses. The public ops keep such
+    callables for calls whose outputs are given (docs/ops.md, "Eager calls")."""
 
     fn: Callable[..., Any]
     supports: Callable[..., list[str]] = always
+    prepare: Callable[..., Callable[[], None]] | None = None
 
 
 @dataclass(frozen=True)

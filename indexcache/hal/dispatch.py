@@ -27,6 +27,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 # Backend, OpImpl and Availability stay importable from here for plugins written before the contract had a module.
+from indexcache.hal import memo
 from indexcache.hal.contract import Availability, Backend, OpImpl
 
 logger = logging.getLogger("indexcache")
@@ -101,7 +102,8 @@ def get(name: str) -> Backend:
 
 
 def reset() -> None:
-    """Forget registry, probes and the default choice (for tests that change the environment)."""
+    """Forget registry, probes, the default choice and the kept calls (for tests that change the environment)."""
+    memo.clear()
     registry.cache_clear()
     availability.cache_clear()
     ops_of.cache_clear()

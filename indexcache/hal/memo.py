@@ -1,0 +1,63 @@
+"""Eager calls repeated with the same arguments: the checked, dispatched and bound call, kept by its signature.
+
+An engine calls an op with the same buffers step after step. The first call with a signature runs the spec
+check and the dispatch as always; where the chosen backend can prepare the call
+(:attr:`~indexcache.hal.contract.OpImpl.prepare`) and the call writes only into memory the caller gave
+(``out=``, the cache of ``store_index_k``), its bound launches are kept under the call's signature: the op,
+the explicit backend choice in force, per tensor its address, shape, strides, dtype and device, and every
+other argument as given. A later call with the same signature runs the kept launches directly: the checks
+read nothing but this signature, so they would pass again, and the dispatch would choose the same backend.
+
+The kept launches hold addresses, not tensors (they keep no memory alive). At most :data:`MAX_ENTRIES`
+signatures are kept; a new one beyond that empties the memo first. ``indexcache.hal.dispatch.reset()`` empties
+it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+MAX_ENTRIES = 512
+
+_kept: dict[tuple, Callable[[], None]] = {}
+
+
+def signature(op: str, choice: Any, params: tuple) -> tuple | None:
+    """The key of a call of ``op`` with ``params`` under the explicit backend ``choice``; None where a tensor
+    has no address to key on (a fake tensor)."""
+    try:
+        return (op, choice, *[(p.data_ptr(), p.shape, p.stride(), p.dtype, p.device) if isinstance(p, torch.Tensor)
+                              else p for p in params])
+    except Exception:  # noqa: BLE001  (a tensor without storage: the call simply runs unkept)
+        return None
+
+
+def get(key: tuple) -> Callable[[], None] | None:
+    """The kept launches of the call with this signature, or None (also for a key that cannot be hashed)."""
+    try:
+        return _kept.get(key)
+    except TypeError:
+        return None
+
+
+def keep(key: tuple, launch: Callable[[], None]) -> None:
+    """Keep ``launch`` for later calls with this signature."""
+    if len(_kept) >= MAX_ENTRIES:
+        _kept.clear()
+    try:
+        _kept[key] = launch
+    except TypeError:  # an argument that cannot be hashed: not kept
+        pass
+
+
+def clear() -> None:
+    """Forget every kept call."""
+    _kept.clear()
+
+
+def size() -> int:
+    """How many calls are kept."""
+    return len(_kept)
