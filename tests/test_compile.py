@@ -209,8 +209,8 @@ def test_inductor_compiles_translate_and_topk():
 
 
 def test_small_model_runs_compiled_and_equals_eager():
-    """The small DSA model's forward under torch.compile (graph breaks allowed: the runner's plan lookups and the
-    stream scheduler ``overlap``, which takes Python callables and is no custom op). ``dynamic=False``: the layer
+    """The small DSA model's forward under torch.compile (graph breaks allowed: the runner's plan lookups; the
+    stream scheduler ``overlap`` runs its two functions in order inside the graph). ``dynamic=False``: the layer
     index is a Python int that automatic dynamic shapes would make symbolic; each layer compiles its own graph."""
     from indexcache.runtime.runner import IndexerRunner
     from indexcache.tools.model import DSAModel, preset
@@ -229,6 +229,20 @@ def test_small_model_runs_compiled_and_equals_eager():
     assert torch.equal(got.prefill_logits, want.prefill_logits)
     assert torch.equal(got.decode_logits, want.decode_logits)
     assert torch.equal(got.tokens, want.tokens)
+
+
+def test_overlap_traces_without_a_graph_break():
+    """Under torch.compile ``overlap`` runs side then main in the graph (no stream is traced): fullgraph works."""
+    from indexcache.runtime.streams import overlap
+
+    torch._dynamo.reset()
+
+    def f(x):
+        side, main = overlap(lambda: x * 2, lambda: x + 1, device=x.device)
+        return side - main
+
+    x = torch.arange(6.0)
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="aot_eager")(x), f(x))
 
 
 def test_dynamic_shapes_and_ints():

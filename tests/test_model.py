@@ -253,7 +253,7 @@ def test_compare_plans_reports_overlap_and_drift(model):
 def test_run_demo_compares_the_freq_plan_with_freq_1(tmp_path):
     demo = run_demo("v32-like", freq=4, backend="torch", batch=1, prompt_len=40, decode_steps=2, topk=16, seed=1)
     assert (demo.name, demo.backend, demo.device, demo.batch, demo.prompt_len, demo.steps) == (
-        "v32-like", "torch", "cpu", 1, 40, 2)
+        "v32-like", "torch", dispatch.availability("torch").device, 1, 40, 2)
     assert demo.config.topk == 16 and demo.config.seed == 1
     result = demo.comparison
     assert result.plan.roles == DSAModel(demo.config).plan(4).roles

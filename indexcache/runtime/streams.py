@@ -10,7 +10,8 @@ The scheduler is the ``overlap`` op of the backend :mod:`indexcache.hal.dispatch
 the cuda and rocm backends use device streams (``indexcache.backends.triton.streams``; safe under CUDA-graph
 capture once a first eager call has created the streams) and declare how many side streams they allow;
 the torch backend, and any backend whose tensors live on the CPU, runs the two functions in order
-(``indexcache.backends.torch.streams``).
+(``indexcache.backends.torch.streams``). Under ``torch.compile`` the two run in order on the current stream
+(Inductor traces no streams), so a compiled model has no graph break here.
 """
 
 from __future__ import annotations
@@ -38,5 +39,9 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
     dev = torch.device("cpu" if device is None else device)
     if isinstance(side, bool) or not isinstance(side, int) or side < 0:
         raise ValueError(f"side: expected an int >= 0, got {side!r}")
+    if torch.compiler.is_compiling():
+        # Inductor traces no streams (record_stream cannot be functionalized): in a compiled graph the two run in
+        # order on the current stream, side first, as the join makes them appear anyway.
+        return side_fn(), main_fn()
     args = dict(side_fn=side_fn, main_fn=main_fn, side=side, device=dev)
     return dispatch.call("overlap", args, backend)
