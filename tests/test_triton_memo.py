@@ -1,6 +1,7 @@
 """Eager calls repeated with the same arguments run the kept launches (indexcache.hal.memo), on the cuda backend's
-kernels interpreted on the CPU: no check, no dispatch, the new contents of the same buffers read, and nothing
-kept where the call allocates its output, under another backend choice, or after ``dispatch.reset()``."""
+kernels interpreted on the CPU: a signature's second call binds and keeps its launches, later ones run them with
+no check and no dispatch, reading the new contents of the same buffers; nothing is kept where the call allocates
+its output, under another backend choice, or after ``dispatch.reset()``."""
 
 from __future__ import annotations
 
@@ -41,46 +42,54 @@ def test_a_repeated_call_runs_the_kept_launch_on_the_buffers_new_contents(counte
     dispatch.reset()
     raw, table, lens = _translate_inputs(0)
     out = torch.full_like(raw, -7)
-    indexcache.translate(raw, table, lens, 64, out=out, backend="cuda")
-    assert memo.size() == 1 and len(counted_checks) == 1
-    for seed in (1, 2):
+    for seed in range(4):
         new_raw, new_table, new_lens = _translate_inputs(seed)
         raw.copy_(new_raw), table.copy_(new_table), lens.copy_(new_lens)
         got = indexcache.translate(raw, table, lens, 64, out=out, backend="cuda")
         assert got is out
         assert torch.equal(out, reference.translate(raw, table, lens, 64))
-    assert memo.size() == 1 and len(counted_checks) == 1  # checked once, then run from the memo
+        assert memo.size() == (0 if seed == 0 else 1)  # noted on the first call, kept on the second
+    assert len(counted_checks) == 2  # checked twice, then run from the memo
+
+
+def _twice(fn) -> None:
+    fn()
+    fn()
 
 
 def test_calls_that_differ_are_kept_apart(counted_checks):
     dispatch.reset()
     raw, table, lens = _translate_inputs(0)
     out, other = torch.empty_like(raw), torch.empty_like(raw)
-    indexcache.translate(raw, table, lens, 64, out=out, backend="cuda")
-    indexcache.translate(raw, table, lens, 32, out=out, backend="cuda")  # another page size
-    indexcache.translate(raw, table, lens, 64, out=other, backend="cuda")  # another output
-    indexcache.translate(raw[:, :9], table, lens, 64, out=out[:, :9], backend="cuda")  # another shape
-    assert memo.size() == 4 and len(counted_checks) == 4
-    assert torch.equal(out[:, :9], reference.translate(raw[:, :9], table, lens, 64))
+    _twice(lambda: indexcache.translate(raw, table, lens, 64, out=out, backend="cuda"))
+    _twice(lambda: indexcache.translate(raw, table, lens, 32, out=out, backend="cuda"))  # another page size
+    _twice(lambda: indexcache.translate(raw, table, lens, 64, out=other, backend="cuda"))  # another output
+    _twice(lambda: indexcache.translate(raw[:, :9], table, lens, 64, out=out[:, :9], backend="cuda"))  # a shape
+    assert memo.size() == 4 and len(counted_checks) == 8
+    indexcache.translate(raw, table, lens, 32, out=out, backend="cuda")
+    assert len(counted_checks) == 8
+    assert torch.equal(out, reference.translate(raw, table, lens, 32))
 
 
 def test_allocated_outputs_and_the_torch_backend_are_not_kept(counted_checks):
     dispatch.reset()
     raw, table, lens = _translate_inputs(0)
-    indexcache.translate(raw, table, lens, 64, backend="cuda")  # out allocated: nothing to keep
-    indexcache.translate(raw, table, lens, 64, out=torch.empty_like(raw), backend="torch")  # no prepare
-    assert memo.size() == 0 and len(counted_checks) == 2
+    out = torch.empty_like(raw)
+    for _ in range(3):
+        indexcache.translate(raw, table, lens, 64, backend="cuda")  # out allocated: nothing to keep
+        indexcache.translate(raw, table, lens, 64, out=out, backend="torch")  # no prepare
+    assert memo.size() == 0 and len(counted_checks) == 6
 
 
 def test_the_backend_choice_is_part_of_the_signature(counted_checks):
     dispatch.reset()
     raw, table, lens = _translate_inputs(0)
     out = torch.empty_like(raw)
-    indexcache.translate(raw, table, lens, 64, out=out, backend="cuda")
+    _twice(lambda: indexcache.translate(raw, table, lens, 64, out=out, backend="cuda"))
     with indexcache.use_backend("torch"):
         out.fill_(-5)
         indexcache.translate(raw, table, lens, 64, out=out)
-    assert len(counted_checks) == 2
+    assert len(counted_checks) == 3
     assert torch.equal(out, reference.translate(raw, table, lens, 64))
 
 
@@ -88,60 +97,61 @@ def test_reset_forgets_kept_calls(counted_checks):
     dispatch.reset()
     raw, table, lens = _translate_inputs(0)
     out = torch.empty_like(raw)
-    indexcache.translate(raw, table, lens, 64, out=out, backend="cuda")
+    _twice(lambda: indexcache.translate(raw, table, lens, 64, out=out, backend="cuda"))
+    assert memo.size() == 1
     dispatch.reset()
     assert memo.size() == 0
     indexcache.translate(raw, table, lens, 64, out=out, backend="cuda")
-    assert len(counted_checks) == 2
+    assert len(counted_checks) == 3
 
 
 def test_a_full_memo_is_emptied_before_it_grows(monkeypatch):
     dispatch.reset()
     monkeypatch.setattr(memo, "MAX_ENTRIES", 2)
     raw, table, lens = _translate_inputs(0)
-    outs = [torch.empty_like(raw) for _ in range(3)]
-    for out in outs:
-        indexcache.translate(raw, table, lens, 64, out=out, backend="cuda")
-    assert memo.size() == 1
+    for out in [torch.empty_like(raw) for _ in range(3)]:
+        _twice(lambda out=out: indexcache.translate(raw, table, lens, 64, out=out, backend="cuda"))
+    assert memo.size() == 1 and len(memo._kept) == 1
 
 
 def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
-    """topk (sorted and not), topk_translate, both logits ops and store_index_k: the second call comes from the
-    memo and equals the first."""
+    """topk (sorted and not), topk_translate, both logits ops and store_index_k: the second call binds and keeps, the
+    third comes from the memo, and both equal the first."""
     dispatch.reset()
     g = torch.Generator().manual_seed(3)
     scores = torch.randn(4, 300, generator=g)
     lens = torch.tensor([300, 120, 5, 0], dtype=I32)
     table = torch.randint(0, 40, (4, 40), generator=g, dtype=I32)
+
+    def thrice(call, result):
+        first = call().clone()
+        for _ in range(2):
+            result.fill_(-3)
+            assert torch.equal(call(), first)
+
     for sorted_ in (False, True):
-        out = torch.empty(4, 16, dtype=I32)
-        first = indexcache.topk(scores, lens, 16, out=out, sorted=sorted_, backend="cuda").clone()
-        assert torch.equal(indexcache.topk(scores, lens, 16, out=out, sorted=sorted_, backend="cuda"), first)
-        fused_raw = torch.empty(4, 16, dtype=I32)
-        fused = indexcache.topk_translate(scores, lens, 16, table, 8, out=out, out_raw=fused_raw, sorted=sorted_,
-                                          backend="cuda").clone()
-        assert torch.equal(indexcache.topk_translate(scores, lens, 16, table, 8, out=out, out_raw=fused_raw,
-                                                     sorted=sorted_, backend="cuda"), fused)
+        out, fused_raw = torch.empty(4, 16, dtype=I32), torch.empty(4, 16, dtype=I32)
+        thrice(lambda out=out, s=sorted_: indexcache.topk(scores, lens, 16, out=out, sorted=s, backend="cuda"), out)
+        thrice(lambda out=out, raw=fused_raw, s=sorted_: indexcache.topk_translate(
+            scores, lens, 16, table, 8, out=out, out_raw=raw, sorted=s, backend="cuda"), out)
     keys = torch.randn(32, 64, generator=g)
     cache = new_packed_cache(num_pages=4, page_size=8, dim=64)
     slots = torch.randperm(32, generator=g).to(I32)
-    indexcache.store_index_k(keys, cache, slots, backend="cuda")
-    stored = cache.clone()
-    cache.zero_()
-    indexcache.store_index_k(keys, cache, slots, backend="cuda")
-    assert torch.equal(cache, stored)
+
+    def store():
+        indexcache.store_index_k(keys, cache, slots, backend="cuda")
+        return cache
+
+    thrice(store, cache)
     q = torch.randn(2, 1, 4, 64, generator=g).to(torch.float8_e4m3fn)
     weights = torch.rand(2, 4, generator=g)
     ctx = torch.tensor([32, 20], dtype=I32)
     pages = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]], dtype=I32)
     logits = torch.empty(2, 32)
-    first = indexcache.paged_mqa_logits(q, cache, weights, ctx, pages, 32, out=logits, backend="cuda").clone()
-    assert torch.equal(indexcache.paged_mqa_logits(q, cache, weights, ctx, pages, 32, out=logits, backend="cuda"),
-                       first)
+    thrice(lambda: indexcache.paged_mqa_logits(q, cache, weights, ctx, pages, 32, out=logits, backend="cuda"), logits)
     k8, scale = indexcache.quantize_index_k(keys, block=64, backend="cuda")
+    scale = scale[:, 0].contiguous()
     prefill = torch.empty(2, 32)
     ks, ke = torch.zeros(2, dtype=I32), torch.tensor([32, 10], dtype=I32)
-    scale = scale[:, 0].contiguous()
-    first = indexcache.mqa_logits(q[:, 0], k8, scale, weights, ks, ke, out=prefill, backend="cuda").clone()
-    assert torch.equal(indexcache.mqa_logits(q[:, 0], k8, scale, weights, ks, ke, out=prefill, backend="cuda"), first)
+    thrice(lambda: indexcache.mqa_logits(q[:, 0], k8, scale, weights, ks, ke, out=prefill, backend="cuda"), prefill)
     assert memo.size() == 7  # topk and topk_translate, sorted and not; store; both logits ops

@@ -1,9 +1,10 @@
 """Eager calls repeated with the same arguments: the checked, dispatched and bound call, kept by its signature.
 
-An engine calls an op with the same buffers step after step. The first call with a signature runs the spec
-check and the dispatch as always; where the chosen backend can prepare the call
-(:attr:`~indexcache.hal.contract.OpImpl.prepare`) and the call writes only into memory the caller gave
-(``out=``, the cache of ``store_index_k``), its bound launches are kept under the call's signature: the op,
+An engine calls an op with the same buffers step after step. A call with a new signature runs the spec check
+and the dispatch as always, and its signature is noted; the second call with it, where the chosen backend can
+prepare the call (:attr:`~indexcache.hal.contract.OpImpl.prepare`) and the call writes only into memory the
+caller gave (``out=``, the cache of ``store_index_k``), binds its launches and keeps them under the signature
+(calls whose signature never repeats pay only for the signature): the op,
 the explicit backend choice in force, per tensor its address, shape, strides, dtype and device, and every
 other argument as given. A later call with the same signature runs the kept launches directly: the checks
 read nothing but this signature, so they would pass again, and the dispatch would choose the same backend.
@@ -22,7 +23,7 @@ import torch
 
 MAX_ENTRIES = 512
 
-_kept: dict[tuple, Callable[[], None]] = {}
+_kept: dict[tuple, Callable[[], None] | None] = {}  # None: seen once, not yet kept
 
 
 def signature(op: str, choice: Any, params: tuple) -> tuple | None:
@@ -43,6 +44,19 @@ def get(key: tuple) -> Callable[[], None] | None:
         return None
 
 
+def seen(key: tuple) -> bool:
+    """Whether a call with this signature came before (kept or not); notes it if not."""
+    try:
+        if key in _kept:
+            return True
+        if len(_kept) >= MAX_ENTRIES:
+            _kept.clear()
+        _kept[key] = None
+    except TypeError:  # an argument that cannot be hashed: never kept
+        return False
+    return False
+
+
 def keep(key: tuple, launch: Callable[[], None]) -> None:
     """Keep ``launch`` for later calls with this signature."""
     if len(_kept) >= MAX_ENTRIES:
@@ -59,5 +73,5 @@ def clear() -> None:
 
 
 def size() -> int:
-    """How many calls are kept."""
-    return len(_kept)
+    """How many calls are kept (signatures seen once not counted)."""
+    return sum(launch is not None for launch in _kept.values())

@@ -53,13 +53,13 @@ def _kept(op: str, backend: str | None, *params) -> tuple[tuple | None, bool]:
 
 
 def _run(op: str, args: dict, backend: str | None, key: tuple | None = None):
-    """Eager: the backend directly (the fast path, no custom-op machinery), its prepared launches kept under
-    ``key`` where the backend can prepare the call; under ``torch.compile``: the custom op
-    ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
+    """Eager: the backend directly (the fast path, no custom-op machinery); on the second call with signature
+    ``key``, where the backend can prepare the call, its prepared launches, kept under ``key``. Under
+    ``torch.compile``: the custom op ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
     if torch.compiler.is_compiling():
         return library.compiled_call(op, args, backend)
     _, impl = dispatch.resolve(op, args, backend)
-    if key is None or impl.prepare is None:
+    if key is None or impl.prepare is None or not memo.seen(key):
         return impl.fn(**args)
     launch = impl.prepare(**args)
     launch()
