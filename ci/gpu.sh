@@ -17,7 +17,10 @@
 # memcheck, graph tests, translate bench; kernels = indexcache bench --op mqa_logits / paged_mqa_logits / topk /
 # topk_translate / quantize_index_k / store_index_k (JSON in reports.tar.gz under bench/), the top-k and logits GPU
 # scripts; runtime = the stream/runtime/model GPU tests (and under compute-sanitizer), the end-to-end and
-# context-parallel scripts; GPU_SH_SKIP, names of steps to leave out (e.g. "logits-gpu").
+# context-parallel scripts; peers = bench/peers_gpu.py, ours beside DeepGEMM / FlashInfer / SGLang where they
+# import (not in the default parts; PEER_WHEELS, a folder of peer wheels such as sgl-deep-gemm 0.1.2 and
+# apache-tvm-ffi 0.1.9, installs them into a folder of their own first); GPU_SH_SKIP, names of steps to leave
+# out (e.g. "logits-gpu").
 set -u
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 PY=${PYTHON:-python3}
@@ -161,6 +164,25 @@ if part runtime; then
         "$PY" -m pytest -q -p no:cacheprovider tests/test_model.py tests/test_runtime.py -k captured
     done
   fi
+fi
+
+if part peers; then
+  if [[ -n ${PEER_WHEELS:-} ]]; then
+    # Peers install beside, never into, the environment: a folder of their own on PYTHONPATH. DeepGEMM loads the
+    # CUDA libraries torch's wheels bring (nvrtc among them) and compiles its kernels with the machine's nvcc.
+    PEER_SITE=$(mktemp -d)
+    step peers-install 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$PEER_SITE" \
+      "$PEER_WHEELS"/*.whl
+    export PYTHONPATH=$PEER_SITE${PYTHONPATH:+:$PYTHONPATH}
+    PURELIB=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    for lib in "$PURELIB"/nvidia/*/lib "$PURELIB"/nvidia/cu13/lib /usr/local/cuda/lib64; do
+      [[ -d $lib ]] && LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    done
+    export LD_LIBRARY_PATH
+    [[ -z ${CUDA_HOME:-} && -x /usr/local/cuda/bin/nvcc ]] && export CUDA_HOME=/usr/local/cuda
+    DG_JIT_CACHE_DIR=$(mktemp -d); export DG_JIT_CACHE_DIR
+  fi
+  run_hook peers 420
 fi
 
 tar -czf "$OUT/reports.tar.gz" -C "$WORK" . || record pack "FAILED (tar)" - 0

@@ -434,6 +434,20 @@ def test_e2e_smoke_runs_on_the_cpu(tmp_path):
     assert small["compiled_aot_eager_equal"] and small["compiled_aot_eager_logits_max_abs_diff"] == 0
 
 
+@no_gpu
+def test_peers_smoke_reports_absent_peers_and_checks_ours(tmp_path):
+    """Off a GPU no peer imports: each is reported absent with its reason, and ours still runs every case (the
+    fused top-k checked against the plain one through the table's inverse)."""
+    _script("peers_gpu", "--smoke", "--out", str(tmp_path / "peers.json"))
+    report = json.loads((tmp_path / "peers.json").read_text())
+    assert report["schema"] == "indexcache-peers/1" and not report["errors"]
+    assert set(report["peers"]) == {"DeepGEMM", "FlashInfer", "SGLang"}
+    assert all(state.startswith(("absent: ", "present ")) for state in report["peers"].values())
+    assert [row["op"] for row in report["rows"]] == ["mqa_logits"] * 2 + ["paged_mqa_logits"] * 2 + \
+        ["topk_translate"] * 2
+    assert all(row["ours_fused_agrees"] for row in report["rows"] if row["op"] == "topk_translate")
+
+
 @pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs torch.distributed with gloo")
 def test_cp_gpu_runs_on_gloo_ranks(tmp_path):
     _script("cp_gpu", "--nproc", "2", "--dist-backend", "gloo", "--keys", "4096", "--rows", "8", "--k", "16",
