@@ -2,8 +2,9 @@
 spec record, and what several ops' definitions share.
 
 ``indexcache bench`` (:mod:`indexcache.bench.harness`) knows an op only by these fields. A ``call`` runs the op
-as the public op does, ``dispatch.call(op, check(...), backend)`` (the spec records cannot import the public
-ops, which are built on them). The checks follow the conformance rules against the torch backend:
+as the public op runs a call it does not keep, ``dispatch.call(op, check(...), backend)``: checked and dispatched
+every time (the spec records cannot import the public ops, which are built on them; kept calls are timed by
+``bench/launch_overhead_gpu.py``). The checks follow the conformance rules against the torch backend:
 translate, quantize_index_k and store_index_k exactly; logits with -inf in the same places, no NaN and a
 relative RMS error within the tensor-core bound of the key dtype; top-k by each row's index set.
 """
