@@ -63,3 +63,92 @@ def test_launch_options_are_ordered_and_hashable():
     options = launch_key_options({"num_warps": 4, "num_stages": 2})
     assert options == (("num_stages", 2), ("num_warps", 4))
     assert hash(options) == hash(launch_key_options({"num_stages": 2, "num_warps": 4}))
+
+
+class _Compiled:
+    """A stand-in for Triton's compiled kernel: records what its launcher is called with."""
+
+    def __init__(self, calls: list):
+        self.function, self.packed_metadata, self.calls = "function", "metadata", calls
+
+    def run(self, *args):
+        self.calls.append(("direct", args))
+
+    def launch_metadata(self, grid, stream, *args):
+        return {"grid": grid}
+
+
+class _Jit:
+    """A stand-in for the JITFunction behind a Launcher: Triton's own launch path, recorded."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **named):
+            self.calls.append(("triton", grid, args, named))
+            return _Compiled(self.calls)
+        return launch
+
+    def warmup(self, *args, grid, **named):
+        self.calls.append(("warmup", grid, args, named))
+        return _Compiled(self.calls)
+
+
+def _fast_launcher(monkeypatch) -> tuple[Launcher, _Jit]:
+    """A Launcher whose Triton side is recorded: device 0, stream 77, NVIDIA's alignment rule."""
+    launcher = _launcher()
+    jit = _Jit()
+    monkeypatch.setattr(launcher, "fn", jit)
+    monkeypatch.setattr(launcher, "_driver", (lambda: 0, lambda device: 77, lambda t: t.data_ptr() % 16 == 0))
+    return launcher, jit
+
+
+def test_the_first_call_of_a_specialization_goes_through_triton_then_direct(monkeypatch):
+    launcher, jit = _fast_launcher(monkeypatch)
+    opts = launch_key_options({"num_warps": 4})
+    x = torch.zeros(64, dtype=torch.int32)
+    launcher((2,), opts, x, 32, FLAG=True)
+    launcher((3, 2), opts, x, 48, FLAG=True)  # 48: still a multiple of 16, same specialization
+    assert [c[0] for c in jit.calls] == ["triton", "direct"]
+    assert jit.calls[0][1:] == ((2,), (x, 32), {"FLAG": True, "num_warps": 4})
+    assert jit.calls[1][1] == (3, 2, 1, 77, "function", "metadata", None, None, None, x, 48, True)
+    launcher((2,), opts, x[1:], 48, FLAG=True)  # misaligned: another specialization
+    launcher((2,), opts, x, 17, FLAG=True)  # not a multiple of 16
+    launcher((2,), opts, x, 48, FLAG=False)  # another constexpr
+    launcher((2,), launch_key_options({"num_warps": 8}), x, 48, FLAG=True)  # other options
+    assert [c[0] for c in jit.calls[2:]] == ["triton"] * 4
+
+
+def test_a_bound_launch_holds_addresses_and_launches_directly(monkeypatch):
+    launcher, jit = _fast_launcher(monkeypatch)
+    opts = launch_key_options({"num_warps": 4})
+    x = torch.zeros(64, dtype=torch.int32)
+    launch = launcher.bind((5,), opts, x, 32, FLAG=True)
+    assert [c[0] for c in jit.calls] == ["warmup"]  # compiled, nothing launched
+    launch()
+    launch()
+    assert jit.calls[1] == jit.calls[2] == ("direct", (5, 1, 1, 77, "function", "metadata", None, None, None,
+                                                       x.data_ptr(), 32, True))
+    launcher((5,), opts, x, 32, FLAG=True)  # the bound specialization serves plain calls too
+    assert jit.calls[3][0] == "direct"
+
+
+def test_a_launch_hook_sends_every_call_through_triton(monkeypatch):
+    from triton import knobs
+
+    launcher, jit = _fast_launcher(monkeypatch)
+    opts = launch_key_options({"num_warps": 4})
+    x = torch.zeros(64, dtype=torch.int32)
+    launcher((1,), opts, x, 32, FLAG=True)
+    launch = launcher.bind((1,), opts, x, 32, FLAG=True)
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        launcher((1,), opts, x, 32, FLAG=True)
+        launch()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert jit.calls[1][0] == "triton"
+    kind, args = jit.calls[2]
+    assert kind == "direct" and args[6] == {"grid": (1,)} and args[7] is knobs.runtime.launch_enter_hook

@@ -1,7 +1,7 @@
 """Launching a ``@triton.jit`` kernel with less host work than ``kernel[grid](...)``.
 
 Triton's own launch (``JITFunction.run``) binds the arguments, builds its specialization key, reads its
-knobs and fills launch metadata on every call: on the H200's host 15 µs for an empty kernel and 31 µs
+knobs and fills launch metadata on every call: on the H200's host 10–15 µs for an empty kernel and 20–31 µs
 with translate's 18 arguments (docs/kernels.md, "Host cost of a launch"). A :class:`Launcher` pays that
 once per specialization: the first call of one goes through Triton, which compiles (or loads) the kernel
 and launches it, and the compiled kernel is kept; later calls of the same specialization hand the
@@ -74,11 +74,7 @@ class Launcher:
         if not self._fast or _hooked():
             self.fn[tuple(grid)](*args, **named, **dict(options))
             return
-        if self._driver is None:
-            self._driver = _bind_driver()
-        current_device, current_stream, tensor_rule = self._driver
-        device = current_device()
-        key = (device, options, *self._classes(values, tensor_rule))
+        device, key = self._key(options, values)
         kernel = self._kernels.get(key)
         if kernel is None:
             self._kernels[key] = self.fn[tuple(grid)](*args, **named, **dict(options))
@@ -86,7 +82,7 @@ class Launcher:
         gx = grid[0]
         gy = grid[1] if len(grid) > 1 else 1
         gz = grid[2] if len(grid) > 2 else 1
-        kernel.run(gx, gy, gz, current_stream(device), kernel.function, kernel.packed_metadata, None, None, None,
+        kernel.run(gx, gy, gz, self._driver[1](device), kernel.function, kernel.packed_metadata, None, None, None,
                    *values)
 
     def bind(self, grid: Sequence[int], options: Options, *args: Any, **named: Any) -> Callable[[], None]:
@@ -98,17 +94,15 @@ class Launcher:
         if not self._fast:
             fn = self.fn[tuple(grid)]
             return lambda: fn(*args, **named, **dict(options))
-        if self._driver is None:
-            self._driver = _bind_driver()
-        current_device, current_stream, tensor_rule = self._driver
-        device = current_device()
-        key = (device, options, *self._classes(values, tensor_rule))
+        device, key = self._key(options, values)
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._kernels[key] = self.fn.warmup(*args, grid=tuple(grid), **named, **dict(options))
         plain = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
         gx, gy, gz = (*grid, 1, 1)[:3]
-        run, function, metadata = kernel.run, kernel.function, kernel.packed_metadata
+        current_stream = self._driver[1]
+        run = kernel.run  # first: loads the compiled kernel (its function handle) where only warmed up
+        function, metadata = kernel.function, kernel.packed_metadata
 
         def launch() -> None:
             stream = current_stream(device)
@@ -120,6 +114,14 @@ class Launcher:
                 run(gx, gy, gz, stream, function, metadata, None, None, None, *plain)
 
         return launch
+
+    def _key(self, options: Options, values: tuple) -> tuple[int, tuple]:
+        """``(current device, specialization key)`` of a launch with these values."""
+        if self._driver is None:
+            self._driver = _bind_driver()
+        current_device, _, tensor_rule = self._driver
+        device = current_device()
+        return device, (device, options, *self._classes(values, tensor_rule))
 
     def _values(self, args: tuple, named: dict) -> tuple:
         """Every parameter's value in the kernel's order; a TypeError naming what is missing or unexpected."""
@@ -147,10 +149,6 @@ class Launcher:
             else:
                 classes.append(kind)
         return classes
-
-    def compiled(self) -> int:
-        """How many specializations this launcher holds (for tests)."""
-        return len(self._kernels)
 
 
 @dataclass(frozen=True)
