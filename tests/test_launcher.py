@@ -152,3 +152,13 @@ def test_a_launch_hook_sends_every_call_through_triton(monkeypatch):
     assert jit.calls[1][0] == "triton"
     kind, args = jit.calls[2]
     assert kind == "direct" and args[6] == {"grid": (1,)} and args[7] is knobs.runtime.launch_enter_hook
+
+
+def test_host_launch_arithmetic_equals_tritons():
+    from indexcache.backends.triton.support import cdiv, next_power_of_2
+
+    for n in [*range(0, 4100), 2**31 - 1, 2**31, 2**31 + 1, 2**40 + 3]:
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+    for a in range(0, 300):
+        for b in range(1, 40):
+            assert cdiv(a, b) == triton.cdiv(a, b), (a, b)

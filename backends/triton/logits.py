@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.support import launch_options, on_target_device
+from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 from indexcache.hal.device import sm_count, sm_version
@@ -416,7 +416,7 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
     if out.numel() == 0:
         return None
     block_q = max(1, cfg["COLS"] // heads, 16 // heads)
-    blocks = triton.cdiv(tokens, block_q)
+    blocks = cdiv(tokens, block_q)
     programs = min(blocks, _programs(target, q.device) * cfg.get("PROGRAMS_PER_SM", 1))
     widen = _widen_mode(q.dtype, target, cfg)
     options = options or launch_key_options(launch_options(target, cfg))
@@ -451,11 +451,11 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     flat = k_cache.view(-1)
     block_keys = cfg["BLOCK_KEYS"]
     # Keys a program: enough programs to fill the GPU, at most SPLIT (Q is reloaded once a program).
-    per_program = triton.cdiv(batch * max_context_len, _programs(target, q.device) * cfg["WAVES"])
-    split = min(cfg["SPLIT"], max(block_keys, triton.next_power_of_2(per_program)))
+    per_program = cdiv(batch * max_context_len, _programs(target, q.device) * cfg["WAVES"])
+    split = min(cfg["SPLIT"], max(block_keys, next_power_of_2(per_program)))
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range).
-    groups = max(min(triton.next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
-    grid = (triton.cdiv(next_n, groups), batch, triton.cdiv(max_context_len, split))
+    groups = max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
+    grid = (cdiv(next_n, groups), batch, cdiv(max_context_len, split))
     widen = _widen_mode(q.dtype, target, cfg)
     options = options or launch_key_options(launch_options(target, cfg))
     return Launch(
@@ -539,7 +539,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     widen = _widen_mode(target.fp8_dtype, target, decode)
     fp8 = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
     for next_n in (1, 2, 3, 4):
-        groups = max(min(triton.next_power_of_2(next_n), max(1, decode["COLS"] // heads)), 16 // heads)
+        groups = max(min(next_power_of_2(next_n), max(1, decode["COLS"] // heads)), 16 // heads)
         specs.append(KernelSpec(
             "paged_mqa_logits", paged_mqa_logits_kernel,
             {"q_ptr": fp8, "kv_ptr": fp8, "kv_scale_ptr": "*fp32", "w_ptr": "*fp32", "ctx_ptr": "*i32",

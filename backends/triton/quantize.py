@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.support import launch_options, on_target_device
+from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 from indexcache.hal.layout import FP8_DTYPES, cache_page_size, fp8_max
@@ -145,11 +145,11 @@ def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, A
     scale = torch.empty((rows, cols // block), dtype=torch.float32, device=k.device)
     if q.numel() == 0:
         return q, scale
-    block_p2 = triton.next_power_of_2(block)
-    block_r = max(1, min(cfg["ELEMS"] // block_p2, triton.next_power_of_2(rows)))
+    block_p2 = next_power_of_2(block)
+    block_r = max(1, min(cfg["ELEMS"] // block_p2, next_power_of_2(rows)))
     options = options or launch_key_options(launch_options(target, cfg))
     QUANTIZE(
-        (triton.cdiv(rows, block_r), cols // block), options,
+        (cdiv(rows, block_r), cols // block), options,
         k, q.view(torch.uint8) if _fp8_bits(cfg) else q, scale, rows, cols,
         k.stride(0), k.stride(1), q.stride(0), q.stride(1), scale.stride(0), scale.stride(1),
         LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), BLOCK=block, BLOCK_P2=block_p2, BLOCK_R=block_r,
@@ -166,11 +166,11 @@ def store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target,
         return None
     page = cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
-    d_p2 = triton.next_power_of_2(dim)
-    block_r = max(1, min(cfg["ELEMS"] // d_p2, triton.next_power_of_2(rows)))
+    d_p2 = next_power_of_2(dim)
+    block_r = max(1, min(cfg["ELEMS"] // d_p2, next_power_of_2(rows)))
     options = options or launch_key_options(launch_options(target, cfg))
     return Launch(
-        STORE, (triton.cdiv(rows, block_r),), options,
+        STORE, (cdiv(rows, block_r),), options,
         (k, slot_mapping, flat.view(torch.uint8 if _fp8_bits(cfg) else fp8_dtype), flat.view(torch.float32), rows,
          k_cache.shape[0] * page,
          k.stride(0), k.stride(1), slot_mapping.stride(0)),

@@ -1,5 +1,5 @@
-"""Reusable ``supports`` checks for Triton ops, each returning its reasons to decline (empty: none), and the
-launch options of a tuning entry."""
+"""Reusable ``supports`` checks for Triton ops, each returning its reasons to decline (empty: none), the launch
+options of a tuning entry, and the host arithmetic of launch shapes."""
 
 from __future__ import annotations
 
@@ -26,3 +26,14 @@ def launch_options(target: Target, cfg) -> dict:
     if target.vendor == "hip" and "waves_per_eu" in cfg:
         opts["waves_per_eu"] = cfg["waves_per_eu"]
     return opts
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` of ints on the host: ``triton.cdiv`` is a constexpr function, whose wrapper costs about 3 µs a
+    host call (a few per op call add up on the eager path)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two ≥ ``n`` (0 for 0), as ``triton.next_power_of_2`` without its host-call wrapper."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0

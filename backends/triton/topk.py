@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.support import launch_options, on_target_device
+from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.translate import page_shift, physical
 from indexcache.hal.contract import OpImpl
@@ -694,7 +694,7 @@ _SCRATCH: dict[tuple[torch.device, int], torch.Tensor] = {}
 def _scratch(device: torch.device, numel: int) -> torch.Tensor:
     """An int32 workspace of at least ``numel`` entries, one per (device, power-of-two bucket), kept for
     the life of the process (graphs captured with it stay valid)."""
-    size = triton.next_power_of_2(max(numel, 1))
+    size = next_power_of_2(max(numel, 1))
     key = (device, size)
     if key not in _SCRATCH:
         _SCRATCH[key] = torch.empty(size, dtype=torch.int32, device=device)
@@ -734,20 +734,20 @@ def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
     SM in all, of at least ``MIN_CHUNK`` columns (``CHUNK`` > 0 forces a chunk length)."""
     tile = cfg["TILE"]
     if cfg.get("CHUNK", 0):
-        chunk = triton.cdiv(cfg["CHUNK"], tile) * tile
+        chunk = cdiv(cfg["CHUNK"], tile) * tile
     else:
-        per_row = triton.cdiv(sms * cfg["CHUNKS_PER_SM"], max(rows, 1))
+        per_row = cdiv(sms * cfg["CHUNKS_PER_SM"], max(rows, 1))
         if per_row <= 1:
             return 0
-        chunk = max(cfg["MIN_CHUNK"], triton.cdiv(triton.cdiv(cols, per_row), tile) * tile)
+        chunk = max(cfg["MIN_CHUNK"], cdiv(cdiv(cols, per_row), tile) * tile)
     return chunk if chunk < cols else 0
 
 
 def stash_capacity(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
     """Tie-stash entries a row: the most of ``STASH``, ``STASH_PER_K`` × k and columns >> ``STASH_COLS_SHIFT`` (a
     coarse bin holds more entries in longer rows), never more than the row holds (powers of two)."""
-    width = triton.next_power_of_2(max(cols, 1))
-    want = max(cfg["STASH"], cfg["STASH_PER_K"] * triton.next_power_of_2(k), width >> cfg["STASH_COLS_SHIFT"])
+    width = next_power_of_2(max(cols, 1))
+    want = max(cfg["STASH"], cfg["STASH_PER_K"] * next_power_of_2(k), width >> cfg["STASH_COLS_SHIFT"])
     return min(want, width)
 
 
@@ -755,7 +755,7 @@ def sample_size(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
     """Entries sampled a row: enough that about ``SAMPLE_RANK`` of them are expected at or above the k-th
     best of a full row, a power of two between 64 and ``SAMPLE`` (a longer row with a small k is sampled
     more thinly: the threshold's safety margin then keeps more candidates)."""
-    want = triton.next_power_of_2(triton.cdiv(cfg["SAMPLE_RANK"] * cols, max(k, 1)))
+    want = next_power_of_2(cdiv(cfg["SAMPLE_RANK"] * cols, max(k, 1)))
     return max(64, min(want, cfg["SAMPLE"]))
 
 
@@ -807,7 +807,7 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     sampling = dict(SAMPLES=samples, SAMPLE_TILE=min(samples, tile))
     sms = _sms(target, device)
     chunk = split_chunk(rows, cols, sms, cfg)
-    chunks = triton.cdiv(cols, chunk) if chunk else 1
+    chunks = cdiv(cols, chunk) if chunk else 1
     region_cap = min(chunk, cap)
     row_programs = 0 if chunk else min(rows, sms * cfg["PROGRAMS_PER_SM"])
     finish_programs = min(rows, sms)
@@ -840,7 +840,7 @@ def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, p
     ``out``), then ``topk_sort_kernel``, one program a row."""
     (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
                                                     row_to_batch)
-    width = max(16, triton.next_power_of_2(k))
+    width = max(16, next_power_of_2(k))
     opts = launch_key_options(launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg))))
     steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, target=target, cfg=cfg)
     return steps + [("sort", Launch(SORT, (scores.shape[0],), opts,
@@ -850,7 +850,7 @@ def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, p
 
 def sort_warps(k: int, cfg: Mapping[str, Any]) -> int:
     """Warps (wavefronts) of the sort launch: ``SORT_PER_WARP`` keys a warp, at least 4, at most 16."""
-    return max(4, min(16, triton.next_power_of_2(k) // cfg["SORT_PER_WARP"]))
+    return max(4, min(16, next_power_of_2(k) // cfg["SORT_PER_WARP"]))
 
 
 def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, sorted, *,

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.support import launch_options, on_target_device
+from indexcache.backends.triton.support import launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 
@@ -82,8 +82,8 @@ def translate_launch(raw, page_table, seq_lens, page_size, row_to_batch, out, *,
     rows, k = raw.shape
     if rows == 0 or k == 0:
         return None
-    block_k = min(cfg["BLOCK_K"], triton.next_power_of_2(k))
-    block_r = max(1, min(cfg["ELEMS"] // block_k, triton.next_power_of_2(rows)))
+    block_k = min(cfg["BLOCK_K"], next_power_of_2(k))
+    block_r = max(1, min(cfg["ELEMS"] // block_k, next_power_of_2(rows)))
     options = options or launch_key_options(launch_options(target, cfg))
     r2b = row_to_batch if row_to_batch is not None else seq_lens
     raw_s0, raw_s1 = raw.stride()
