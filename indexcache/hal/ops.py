@@ -38,33 +38,28 @@ __all__ = [
 ]
 
 
-def _kept(op: str, backend: str | None, *params) -> tuple[tuple | None, bool]:
-    """``(signature, ran)``: on an eager call whose outputs the caller gave, its signature
-    (:mod:`indexcache.hal.memo`) and whether the kept launches of an identical earlier call ran it (then the
-    caller returns its given output); ``(None, False)`` under ``torch.compile``."""
-    if torch.compiler.is_compiling():
-        return None, False
-    key = memo.signature(op, dispatch.explicit_choice(backend), params)
-    launch = memo.get(key) if key is not None else None
-    if launch is None:
-        return key, False
-    launch()
-    return key, True
+def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict):
+    """One public call of ``op``: spec check ``SPECS[op].check(*args, **named)`` then the backend.
 
-
-def _run(op: str, args: dict, backend: str | None, key: tuple | None = None):
-    """Eager: the backend directly (the fast path, no custom-op machinery); on the second call with signature
-    ``key``, where the backend can prepare the call, its prepared launches, kept under ``key``. Under
-    ``torch.compile``: the custom op ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
+    Eager, where ``keep`` (the caller gave every output), the call's signature (:mod:`indexcache.hal.memo`) is
+    looked up first: the kept launches of an identical earlier call run instead (returning the given ``out``,
+    or None where the op has none), and a call the backend can prepare is kept from the signature's second call
+    on. Under ``torch.compile``: the custom op ``torch.ops.indexcache.<op>``, which picks the backend when the
+    graph runs."""
     if torch.compiler.is_compiling():
-        return library.compiled_call(op, args, backend)
-    _, impl = dispatch.resolve(op, args, backend)
+        return library.compiled_call(op, SPECS[op].check(*args, **named), backend)
+    key = memo.signature(op, dispatch.explicit_choice(backend), (*args, *named.values())) if keep else None
+    if key is not None and (launch := memo.get(key)) is not None:
+        launch()
+        return named.get("out")
+    checked = SPECS[op].check(*args, **named)
+    _, impl = dispatch.resolve(op, checked, backend)
     if key is None or impl.prepare is None or not memo.seen(key):
-        return impl.fn(**args)
-    launch = impl.prepare(**args)
+        return impl.fn(**checked)
+    launch = impl.prepare(**checked)
     launch()
     memo.keep(key, launch)
-    return args.get("out")
+    return checked.get("out")
 
 
 def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, out=None, backend=None):
@@ -112,12 +107,8 @@ def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, o
     >>> indexcache.translate(raw, table, torch.tensor([128], dtype=torch.int32), 64, backend="torch")
     tensor([[640, 703, 704,  -1]], dtype=torch.int32)
     """
-    key, ran = _kept("translate", backend, raw, page_table, seq_lens, page_size, row_to_batch, out) if out is not None \
-        else (None, False)
-    if ran:
-        return out
-    args = SPECS["translate"].check(raw, page_table, seq_lens, page_size, row_to_batch=row_to_batch, out=out)
-    return _run("translate", args, backend, key)
+    return _call("translate", backend, out is not None, (raw, page_table, seq_lens, page_size),
+                 dict(row_to_batch=row_to_batch, out=out))
 
 
 def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = False, backend=None):
@@ -164,11 +155,8 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
     tensor([[1, 3],
             [0, 1]], dtype=torch.int32)
     """
-    key, ran = _kept("topk", backend, scores, lengths, k, row_starts, out, sorted) if out is not None else (None, False)
-    if ran:
-        return out
-    args = SPECS["topk"].check(scores, lengths, k, row_starts=row_starts, out=out, sorted=sorted)
-    return _run("topk", args, backend, key)
+    return _call("topk", backend, out is not None, (scores, lengths, k),
+                 dict(row_starts=row_starts, out=out, sorted=sorted))
 
 
 def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_starts=None, row_to_batch=None,
@@ -213,13 +201,8 @@ def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_s
     tensor([[11, 13],
             [14, 15]], dtype=torch.int32)
     """
-    key, ran = _kept("topk_translate", backend, scores, lengths, k, page_table, page_size, row_starts, row_to_batch,
-                     out, out_raw, sorted) if out is not None else (None, False)
-    if ran:
-        return out
-    args = SPECS["topk_translate"].check(scores, lengths, k, page_table, page_size, row_starts=row_starts,
-                                         row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=sorted)
-    return _run("topk_translate", args, backend, key)
+    return _call("topk_translate", backend, out is not None, (scores, lengths, k, page_table, page_size),
+                 dict(row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=sorted))
 
 
 def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
@@ -266,11 +249,7 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
     >>> indexcache.mqa_logits(q, k, torch.ones(3), torch.tensor([[2.0]]), *window, backend="torch")
     tensor([[8., 0., -inf]])
     """
-    key, ran = _kept("mqa_logits", backend, q, k, k_scale, weights, ks, ke, out) if out is not None else (None, False)
-    if ran:
-        return out
-    args = SPECS["mqa_logits"].check(q, k, k_scale, weights, ks, ke, out=out)
-    return _run("mqa_logits", args, backend, key)
+    return _call("mqa_logits", backend, out is not None, (q, k, k_scale, weights, ks, ke), dict(out=out))
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None,
@@ -325,12 +304,8 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     ...                             backend="torch")
     tensor([[  0., 384.,   0., -inf]])
     """
-    key, ran = _kept("paged_mqa_logits", backend, q, k_cache, weights, context_lens, page_table, max_context_len,
-                     out) if out is not None else (None, False)
-    if ran:
-        return out
-    args = SPECS["paged_mqa_logits"].check(q, k_cache, weights, context_lens, page_table, max_context_len, out=out)
-    return _run("paged_mqa_logits", args, backend, key)
+    return _call("paged_mqa_logits", backend, out is not None,
+                 (q, k_cache, weights, context_lens, page_table, max_context_len), dict(out=out))
 
 
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):
@@ -372,8 +347,7 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, back
     >>> k_fp8[0, :3].float()
     tensor([384., 384., 384.])
     """
-    args = SPECS["quantize_index_k"].check(k, fp8_dtype, block=block)
-    return _run("quantize_index_k", args, backend)
+    return _call("quantize_index_k", backend, False, (k, fp8_dtype), dict(block=block))
 
 
 def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, backend=None) -> None:
@@ -414,8 +388,4 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
     tensor([[0.0000, 0.0000, 0.0000, 0.0000],
             [0.0000, 0.0078, 0.0000, 0.0000]])
     """
-    key, ran = _kept("store_index_k", backend, k, k_cache, slot_mapping, fp8_dtype)
-    if ran:
-        return
-    args = SPECS["store_index_k"].check(k, k_cache, slot_mapping, fp8_dtype)
-    _run("store_index_k", args, backend, key)
+    _call("store_index_k", backend, True, (k, k_cache, slot_mapping, fp8_dtype), {})
