@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import triton
@@ -84,10 +85,8 @@ def _alternating_us(fns: dict, dev: torch.device, rounds: int = 15, calls: int =
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
-_BOUND: list = []  # the ladder's bound translate launch, timed again in section 3
-
-
-def _ladder(dev: torch.device) -> dict[str, float]:
+def _ladder(dev: torch.device) -> tuple[dict[str, float], Callable[[], None]]:
+    """µs a call of each rung, and the bound translate launch (section 3 times it again)."""
     i32 = torch.int32
     rows, k, pages = 64, 2048, 2048
     raw = torch.randint(-1, pages * 64, (rows, k), dtype=i32, device=dev)
@@ -102,7 +101,6 @@ def _ladder(dev: torch.device) -> dict[str, float]:
     empty_args = Launcher(_empty_args)
     named = dict(HAS_R2B=False, SHIFT=6, BLOCK_R=2, BLOCK_K=1024)
     bound = tr.TRANSLATE.bind((32, 2), key_opts, *args, **named)
-    _BOUND[:] = [bound]
 
     def checked_each_call():
         memo.clear()
@@ -123,7 +121,7 @@ def _ladder(dev: torch.device) -> dict[str, float]:
         "indexcache.translate(backend='cuda'), kept call": lambda: indexcache.translate(raw, table, seq, 64, out=out,
                                                                                        backend="cuda"),
         "indexcache.translate() automatic, kept call": lambda: indexcache.translate(raw, table, seq, 64, out=out),
-    }, dev)
+    }, dev), bound
 
 
 def _inputs(op: str, case: BenchCase, dev: torch.device) -> dict:
@@ -191,7 +189,7 @@ def main() -> None:
     dev = torch.device("cuda")
     gpu, v = device_name(dev), versions()
     print(f"{gpu}  torch {v['torch']}  triton {v['triton']}")
-    ladder = _ladder(dev)
+    ladder, bound = _ladder(dev)
     width = max(map(len, ladder))
     print("\n1. launch ladder, translate decode 64 x 2048 (bursts of 200 back-to-back calls, rows alternating)")
     empty_burst = ladder["empty kernel, no arguments (Triton launch)"]
@@ -200,7 +198,7 @@ def main() -> None:
 
     timer = Timer(dev, warmup=20, reps=200, graph_reps=50)
     empty = timer.eager_us(lambda i: _empty[(1,)]())
-    bound_launch = timer.eager_us(lambda i: _BOUND[0]())
+    bound_launch = timer.eager_us(lambda i: bound())
     measured = [_measure(*row, timer, empty) for row in _calls(dev)]
     host = {label: parts for label, parts, _ in measured}
     rows = [row for _, _, row in measured]
