@@ -13,6 +13,10 @@ otherwise. ``ci/gpu.sh`` installs DeepGEMM from wheels in ``$PEER_WHEELS`` when 
   token-level table (page 1, each row's table a random permutation), ``top_k`` against :func:`indexcache.topk`.
 - SGLang (``sgl_kernel``): ``fast_topk_transform_fused`` against the same ``topk_translate`` (k 2048 only).
 
+With ``--decode-variants`` each decode case also races our kernel under the tuning overrides of
+``DECODE_VARIANTS`` (called through the cuda backend's kernel function, each checked equal to the op first): how a
+tuning change is chosen, beside the same peer.
+
 Every contender of a case is first checked against ours (logits: the same -inf placement and relative RMS error
 over the visible entries; top-k: per row the same multiset of selected scores, and for the fused forms the
 same translated slots) and only then timed: each contender's CUDA graph of ``calls`` back-to-back calls is
@@ -46,6 +50,13 @@ PEERS = {"deep_gemm": "DeepGEMM", "flashinfer": "FlashInfer", "sgl_kernel": "SGL
 FP8 = torch.float8_e4m3fn
 HEADS, DIM, PAGE = 64, 128, 64
 TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
+# Overrides of the cuda table's paged_mqa_logits entry raced beside it (--decode-variants): register caps by dot
+# width (64 columns: next_n 1 at H 64; 128: next_n 2), which set how many programs stay resident.
+DECODE_VARIANTS = {
+    "uncapped": {"MAXNREG": {}},
+    "maxnreg 80 / 128": {"MAXNREG": {64: 80, 128: 128}},
+    "maxnreg 96 / 152": {"MAXNREG": {64: 96, 128: 152}},
+}
 
 
 def size(n: int) -> str:
@@ -153,7 +164,31 @@ def prefill_case(dg: Any, dev: torch.device, tokens: int, keys: int, causal: boo
     return row
 
 
-def decode_case(dg: Any, dev: torch.device, batch: int, context: int, next_n: int, ceil: dict, rounds: int) -> dict:
+def decode_variants(dev: torch.device, args: tuple, want: torch.Tensor, row: dict) -> dict[str, Callable[[], Any]]:
+    """Our decode kernel under each of ``DECODE_VARIANTS``, checked against the op's output ``want`` first (within
+    1e-5 relative, -inf in the same places: off a GPU the op may be the torch backend's)."""
+    from indexcache.backends.cuda import ARCH_ENV, tuning
+    from indexcache.backends.triton import logits
+    from indexcache.backends.triton.target import detect
+
+    target = detect("cuda", ARCH_ENV, "sm90")[2]
+    base = tuning(target.arch)["paged_mqa_logits"]
+    fns = {}
+    for name, override in DECODE_VARIANTS.items():
+        cfg, out = {**base, **override}, torch.empty_like(want)
+
+        def run(cfg=cfg, out=out):
+            return logits.paged_mqa_logits(*args, out, target=target, cfg=cfg)
+
+        if attempt(row, f"ours {name}", run) is not None:
+            row[f"ours {name} agrees"] = bool(torch.allclose(out, want, rtol=1e-5, atol=1e-6, equal_nan=True))
+            if row[f"ours {name} agrees"]:
+                fns[f"ours {name}"] = run
+    return fns
+
+
+def decode_case(dg: Any, dev: torch.device, batch: int, context: int, next_n: int, ceil: dict, rounds: int,
+                variants: bool = False) -> dict:
     gen = torch.Generator(device=dev).manual_seed(0)
     per_request = -(-context // PAGE)
     cache = new_packed_cache(batch * per_request, PAGE, DIM, device=dev)
@@ -172,6 +207,8 @@ def decode_case(dg: Any, dev: torch.device, batch: int, context: int, next_n: in
                  "bytes": moved}
     fns = {"ours": lambda: indexcache.paged_mqa_logits(q, cache, w, lens, table, context, out=out)}
     fns["ours"]()
+    if variants:
+        fns.update(decode_variants(dev, (q, cache, w, lens, table, context), out, row))
     if dg is not None:
         visible = torch.arange(context, device=dev)[None, :] < seen.reshape(-1)[:, None]
         pages = cache.view(cache.shape[0], PAGE, 1, TOKEN_BYTES)
@@ -188,8 +225,8 @@ def decode_case(dg: Any, dev: torch.device, batch: int, context: int, next_n: in
                     fns["DeepGEMM"] = deepgemm
                     fns["DeepGEMM schedule"] = lambda: dg.get_paged_mqa_logits_metadata(seen, PAGE, sms)
     row["us"] = race_us(fns, dev, calls=8, rounds=rounds)
-    for name in ("ours", "DeepGEMM"):
-        if name in row["us"] and ceil["copy_bandwidth"]:
+    for name in row["us"]:
+        if name != "DeepGEMM schedule" and ceil["copy_bandwidth"]:
             row[f"{name}_fraction_of_copy"] = moved / (row["us"][name] * 1e-6) / ceil["copy_bandwidth"]
     if "DeepGEMM" in row["us"]:
         row["ours_over_DeepGEMM"] = row["us"]["ours"] / row["us"]["DeepGEMM"]
@@ -285,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, any device: checks the script itself")
     parser.add_argument("--rounds", type=int, default=30, help="replay rounds a case (default 30)")
+    parser.add_argument("--decode-variants", action="store_true",
+                        help="also race our decode kernel under each tuning override of DECODE_VARIANTS")
+    parser.add_argument("--only", choices=("logits", "topk"), help="run one family of cases")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
         print("no GPU visible: this script compares GPU kernels (pass --smoke to check it on tiny CPU shapes)")
@@ -308,14 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     dg = peers.get("deep_gemm")
     smoke = args.smoke
     cases: list[tuple[str, Callable[[], dict]]] = []
-    for causal in (True, False):
+    for causal in (True, False) if args.only != "topk" else ():
         shape = (64, 256) if smoke else (4096, 32768)
         cases.append((f"prefill {causal}", lambda c=causal, s=shape: prefill_case(dg, dev, *s, c, ceil, rounds)))
-    for context in ((256,) if smoke else (32768, 131072)):
+    for context in ((256,) if smoke else (32768, 131072)) if args.only != "topk" else ():
         for next_n in (1, 2):
             cases.append((f"decode {context} {next_n}", lambda c=context, n=next_n: decode_case(
-                dg, dev, 2 if smoke else 64, c, n, ceil, rounds)))
-    for rows, cols, k, label, causal, ties in topk_cases(smoke):
+                dg, dev, 2 if smoke else 64, c, n, ceil, rounds, args.decode_variants)))
+    for rows, cols, k, label, causal, ties in topk_cases(smoke) if args.only != "logits" else ():
         cases.append((label, lambda r=rows, c=cols, k=k, lb=label, ca=causal, t=ties: topk_case(
             peers, dev, r, c, k, lb, ca, t, rounds)))
     for name, run in cases:

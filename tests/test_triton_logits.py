@@ -163,11 +163,13 @@ def test_paged_decode(backend, next_n, page_size):
 
 
 def test_paged_decode_split_draft_groups():
-    """next_n = 3 over two programs a key range (COLS = 2 tokens × H), small splits, heads on M: same result."""
+    """next_n = 3 over two programs a key range (COLS = 2 tokens × H), many programs a request, heads on M: same
+    result."""
     from indexcache.backends.triton import logits
 
     target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
-    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], COLS=32, SPLIT=64, BLOCK_KEYS=32, KEYS_ON_M=False)
+    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], COLS=32, PROGRAMS_PER_SM=5, BLOCK_KEYS=32,
+               KEYS_ON_M=False)
     args = _decode_case("cuda", 3, 16, seed=4)
     buf, out = _guarded(args[0].shape[0] * 3, args[-1])
     logits.paged_mqa_logits(*args, out, target=target, cfg=cfg)
@@ -180,18 +182,40 @@ def test_paged_decode_split_draft_groups():
                           (0, 1, 32, 64, 3)])
 def test_paged_decode_pipeline_variants(prefetch, words, block_keys, page_size, next_n):
     """The decode loop without a register pipeline (0) and with one (1) or two (2) tiles prefetched, rows
-    carried as fp8 or as int32 words, tiles of several pages and tiles inside a page, small splits (many
-    programs end mid-tile or past the context; PREFETCH 2 runs pairs of tiles)."""
+    carried as fp8 or as int32 words, tiles of several pages and tiles inside a page, shares of a few tiles (many
+    programs start and end inside a request, some hold no tile; PREFETCH 2 runs pairs of tiles)."""
     from indexcache.backends.triton import logits
 
     target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
     cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], PREFETCH=prefetch, WORDS=words,
-               BLOCK_KEYS=block_keys, SPLIT=(3 if prefetch == 2 else 2) * block_keys)
+               BLOCK_KEYS=block_keys, PROGRAMS_PER_SM=7)
     args = _decode_case("cuda", next_n, page_size, seed=5)
     buf, out = _guarded(args[0].shape[0] * next_n, args[-1])
     logits.paged_mqa_logits(*args, out, target=target, cfg=cfg)
     _check_guards(buf)
     _assert_logits(out, reference.paged_mqa_logits(*args), 1e-5)
+
+
+def test_paged_decode_schedule_over_many_requests():
+    """More requests than one step of the schedule reads (BATCH_BLOCK), ragged contexts (negative, empty, short,
+    past max_context_len), more programs than some shares have tiles: every row equals the reference."""
+    from indexcache.backends.triton import logits
+
+    torch.manual_seed(6)
+    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], BLOCK_KEYS=16, PROGRAMS_PER_SM=50)
+    batch, page, table_pages, next_n = logits.BATCH_BLOCK + 44, 16, 3, 2
+    cache = _cache(batch, page, 64, FP8["cuda"], four_d=False)
+    q = _fp8((batch, next_n, 16, 64), FP8["cuda"], 3)
+    w = torch.randn(batch * next_n, 16)
+    table = torch.randint(0, batch, (batch, table_pages), dtype=torch.int32)
+    context = torch.randint(-5, table_pages * page + 8, (batch,), dtype=torch.int32)
+    context[:3] = torch.tensor([0, -1, 1], dtype=torch.int32)
+    max_len = table_pages * page - 5
+    buf, out = _guarded(batch * next_n, max_len)
+    logits.paged_mqa_logits(q, cache, w, context, table, max_len, out, target=target, cfg=cfg)
+    _check_guards(buf)
+    _assert_logits(out, reference.paged_mqa_logits(q, cache, w, context, table, max_len), 1e-5)
 
 
 # ---------------------------------------------------------------- quantize and store

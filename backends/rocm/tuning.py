@@ -14,9 +14,10 @@ _COMMON: dict[str, dict[str, Any]] = {
     "mqa_logits": {"KEYS_ON_M": True, "COLS": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
                    "waves_per_eu": 2, "PROGRAMS_PER_SM": 2},
     # Decode keeps keys on M: heads on M spilled on gfx950 at next_n = 2 (Triton 3.9) and used more VGPRs on gfx942.
-    # Tile i + 1 prefetched in registers while tile i is multiplied (PREFETCH), so no stream pipelining.
-    "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "SPLIT": 2048, "WAVES": 4, "num_warps": 4,
-                         "PREFETCH": 1, "num_stages": 1, "waves_per_eu": 2},
+    # Tile i + 1 prefetched in registers while tile i is multiplied (PREFETCH), so no stream pipelining; a
+    # persistent grid of two four-wave programs a CU (waves_per_eu 2: two waves on each of its four SIMDs).
+    "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "PROGRAMS_PER_SM": 2,
+                         "num_warps": 4, "PREFETCH": 1, "num_stages": 1, "waves_per_eu": 2},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4, "waves_per_eu": 2},  # also store_index_k
     # Top-k: the 64-lane histogram ballots live in SGPRs, so one value a lane (256-value tiles, 4 waves) is
     # what leaves the fused kernel without SGPR spills (Triton 3.9, gfx942); 2 resident programs a CU. sorted=True:

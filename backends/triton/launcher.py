@@ -24,6 +24,8 @@ import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
+from indexcache.hal.device import resident_blocks, sm_limits
+
 Options = tuple[tuple[str, Any], ...]
 
 
@@ -114,6 +116,23 @@ class Launcher:
                 run(gx, gy, gz, stream, function, metadata, None, None, None, *plain)
 
         return launch
+
+    def resident(self, options: Options, *args: Any, **named: Any) -> int | None:
+        """Programs of this specialization one NVIDIA multiprocessor holds at once, from the compiled kernel's
+        registers and shared memory (compiled now where it was not yet; nothing launched). None interpreted or on
+        AMD: the caller's tuning table decides there."""
+        values = self._values(args, named)
+        if not self._fast:
+            return None
+        device, key = self._key(options, values)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self._kernels[key] = self.fn.warmup(*args, grid=(1,), **named, **dict(options))
+        # Reading ``run`` loads the compiled module, which is when Triton learns the register count.
+        if kernel.run is None or kernel.metadata.target.backend != "cuda":
+            return None
+        return resident_blocks(kernel.n_regs, kernel.metadata.shared, kernel.metadata.num_warps * 32,
+                               sm_limits(device))
 
     def _key(self, options: Options, values: tuple) -> tuple[int, tuple]:
         """``(current device, specialization key)`` of a launch with these values."""

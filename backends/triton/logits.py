@@ -15,12 +15,16 @@ first). A program loads its Q tile and weights once and walks the union of its r
 ``BLOCK_N``-key tiles; a tile inside every row's window stores without a mask, a boundary tile
 stores ``where(inside, s, -inf)``; the columns outside the union are filled with -inf afterwards.
 
-Decode: one program per (draft-token group, request, ``SPLIT`` keys of its context); Q
-``[group · H, D]`` stays resident while the program walks ``BLOCK_KEYS``-key tiles, each key row
-gathered through the page table from the packed cache (fp8 bytes, then the page's fp32 scales). A
-group is next_n padded to a power of two, at most ``COLS`` dot columns (next_n 3-4 at H = 64 take
-two programs, adjacent in launch order so the second reads the keys from L2); rows that see fewer
-keys (causal inside the next_n block) are masked at the store.
+Decode: a persistent grid of as many programs as stay resident (the table's ``PROGRAMS_PER_SM`` for the dot's
+width). Every program computes the schedule itself from the context lengths: the batch's key tiles (each
+request's context clipped to ``max_context_len``, ``BLOCK_KEYS`` keys a tile) in request order, cut into equal
+contiguous shares, so a program walks one request's tiles or the end of one and the start of the next, whatever
+the lengths (no metadata kernel, nothing for the host to know). For each request in its share a program loads Q
+``[group · H, D]`` and the weights once, then walks the tiles, each key row gathered through the page table from
+the packed cache (fp8 bytes, then the page's fp32 scales). A group is next_n padded to a power of two, at most
+``COLS`` dot columns (next_n 3-4 at H = 64 take two programs, adjacent in launch order so the second reads the
+keys from L2); rows that see fewer keys (causal inside the next_n block) are masked at the store. The -inf past
+each context is written after, shared evenly over the ``batch × max_context_len`` grid.
 
 Windows are clipped to ``[0, N)``; keys whose page is beyond the table, whose entry is < 0 or
 beyond the cache, or beyond the context are -inf and never read. Nothing is allocated, nothing
@@ -36,7 +40,7 @@ but the dot's input precision (bf16 × bf16 products are exact in fp32 anyway).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -52,6 +56,7 @@ from indexcache.hal.layout import FP8_DTYPES, cache_page_size
 
 NEG_INF = tl.constexpr(float("-inf"))
 INTERPRETED_SMS = 3  # programs of the persistent grid under the interpreter (exercises the round-robin)
+BATCH_BLOCK = 256  # context lengths a step of the decode schedule reads
 
 
 @triton.jit
@@ -267,41 +272,35 @@ def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, gr
 
 
 @triton.jit
-def paged_mqa_logits_kernel(
-    q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr,
-    max_ctx, num_pages, table_pages, split,
-    q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, out_s0, out_s1,
-    NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, PREFETCH: tl.constexpr = 1,
-    WORDS: tl.constexpr = 0,
-):
-    j0 = tl.program_id(0) * GROUPS
-    b = tl.program_id(1)
-    first = tl.program_id(2) * split
-    last = tl.minimum(first + split, max_ctx)
+def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr, out_ptr, b, j0, ctx, first, stop, max_ctx, num_pages,
+                 table_pages, q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, tab_s0, tab_s1, out_s0, out_s1,
+                 NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                 BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, PREFETCH: tl.constexpr,
+                 WORDS: tl.constexpr):
+    """Logits of request ``b``'s keys ``[first, stop)`` (whole tiles of its context, ``ctx`` ≥ 0) for the draft
+    tokens ``j0 .. j0 + GROUPS - 1``: Q and the weights loaded once, then the tiles in order."""
     rows = tl.arange(0, GROUPS * H)
     dims = tl.arange(0, D)
     keys = tl.arange(0, BLOCK_KEYS)
     grp = j0 + tl.arange(0, GROUPS)
     grp_ok = grp < NEXT_N
-    ctx = tl.maximum(tl.load(ctx_ptr + b * ctx_s0), 0)
-    # Row j of the next_n block sees keys [0, ctx - NEXT_N + j + 1); no row sees past ctx.
+    # Row j of the next_n block sees keys [0, ctx - NEXT_N + j + 1); no row sees past ctx. Keys < kend are read,
+    # keys < last stored (a tile past ``stop`` in the paired variant stores nothing).
     visible = ctx - NEXT_N + 1 + grp
-    kend = tl.minimum(ctx, last)
-    tiles = tl.where(kend > first, tl.cdiv(kend - first, BLOCK_KEYS), 0)
-    stop = first + tiles * BLOCK_KEYS
-    table_row = table_ptr + b.to(tl.int64) * tab_s0
+    kend = tl.minimum(ctx, stop)
+    last = tl.minimum(stop, max_ctx)
+    table_row = table_ptr + tl.cast(b, tl.int64) * tab_s0
 
     j = j0 + rows // H
-    q = tl.load(q_ptr + b.to(tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
+    q = tl.load(q_ptr + tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
                 mask=(j < NEXT_N)[:, None], other=0.0)
     out_row = b * NEXT_N + grp
     w = tl.load(w_ptr + out_row[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=grp_ok[:, None], other=0.0)
     out_rows = out_row.to(tl.int64) * out_s0
     if PREFETCH == 2:
         # Two tiles in flight without register moves: tiles go in pairs (a, b) and each buffer is reloaded
-        # right after it is multiplied, so tile i + 2 is read while tile i + 1 is multiplied (a pair past
-        # ``stop`` is all masked: -inf written inside [stop, last), nothing read).
+        # right after it is multiplied, so tile i + 2 is read while tile i + 1 is multiplied (a tile past
+        # ``stop`` is all masked: nothing read, nothing stored).
         entry, ok_a = _decode_entries(table_row, first, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
         k_a, sc_a = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok_a, first, keys, dims, PAGE, D, BLOCK_KEYS, WORDS)
         entry, ok_b = _decode_entries(table_row, first + BLOCK_KEYS, kend, num_pages, table_pages, tab_s1, keys,
@@ -346,11 +345,75 @@ def paged_mqa_logits_kernel(
             k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE, D, BLOCK_KEYS, WORDS)
             _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
                           GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS)
-    # -inf past the context inside this program's key range.
+
+@triton.jit
+def _context_tiles(ctx, max_ctx, BLOCK_KEYS: tl.constexpr):
+    """Tiles of a request's logits that read keys: its context clipped to ``[0, max_ctx]``, in tiles."""
+    return tl.cdiv(tl.minimum(tl.maximum(ctx, 0), max_ctx), BLOCK_KEYS)
+
+
+@triton.jit
+def paged_mqa_logits_kernel(
+    q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr,
+    batch, max_ctx, num_pages, table_pages,
+    q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, out_s0, out_s1,
+    NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_KEYS: tl.constexpr, BLOCK_B: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr,
+    PREFETCH: tl.constexpr = 1, WORDS: tl.constexpr = 0,
+):
+    j0 = tl.program_id(0) * GROUPS
+    p = tl.program_id(1).to(tl.int64)
+    programs = tl.num_programs(1)
+    # The schedule, computed by every program from the context lengths (no metadata kernel): the batch's tiles
+    # that read keys, in request order, cut into ``programs`` contiguous shares of equal size; a share spans
+    # one request or the end of one and the start of the next, whatever the lengths.
+    total = 0
+    for b0 in range(0, batch, BLOCK_B):
+        bs = b0 + tl.arange(0, BLOCK_B)
+        total += tl.sum(_context_tiles(tl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, BLOCK_KEYS))
+    t_begin = p * total // programs
+    t_end = (p + 1) * total // programs
+    # b_lo: the first request whose tiles end past t_begin, ``start`` its first tile; b_hi: requests starting
+    # before t_end.
+    b_lo = 0
+    b_hi = 0
+    start = t_begin * 0
+    ran = 0
+    for b0 in range(0, batch, BLOCK_B):
+        bs = b0 + tl.arange(0, BLOCK_B)
+        tiles = _context_tiles(tl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, BLOCK_KEYS)
+        ends = ran + tl.cumsum(tiles, 0)
+        before = ends <= t_begin
+        b_lo += tl.sum(before.to(tl.int32))
+        start += tl.sum(tl.where(before, tiles, 0))
+        b_hi += tl.sum(((ends - tiles < t_end) & (bs < batch)).to(tl.int32))
+        ran += tl.sum(tiles)
+    for b in range(b_lo, b_hi):
+        ctx = tl.maximum(tl.load(ctx_ptr + b * ctx_s0), 0)
+        tiles = _context_tiles(ctx, max_ctx, BLOCK_KEYS)
+        lo = tl.maximum(t_begin - start, 0)
+        hi = tl.minimum(t_end - start, tiles)
+        _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr, out_ptr, b, j0, ctx, (lo * BLOCK_KEYS).to(tl.int32),
+                     (hi * BLOCK_KEYS).to(tl.int32), max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, q_s3, w_s0,
+                     w_s1, tab_s0, tab_s1, out_s0, out_s1, NEXT_N, GROUPS, H, D, PAGE, BLOCK_KEYS, KEYS_ON_M, WIDEN,
+                     PREFETCH, WORDS)
+        start += tiles
+    # -inf past each context (the keys no tile above stored), shared out evenly over the batch × max_ctx grid.
+    grp = j0 + tl.arange(0, GROUPS)
+    keys = tl.arange(0, BLOCK_KEYS)
     fill = tl.full((GROUPS, BLOCK_KEYS), NEG_INF, tl.float32)
-    for n0 in range(stop, last, BLOCK_KEYS):
-        s = n0 + keys
-        tl.store(out_ptr + out_rows[:, None] + s[None, :] * out_s1, fill, mask=grp_ok[:, None] & (s < last)[None, :])
+    width = tl.cdiv(max_ctx, BLOCK_KEYS)
+    f_begin = p * batch * width // programs
+    f_end = (p + 1) * batch * width // programs
+    for b in range(f_begin // width, tl.cdiv(f_end, width)):
+        tiles = _context_tiles(tl.load(ctx_ptr + b * ctx_s0), max_ctx, BLOCK_KEYS)
+        lo = tl.maximum(f_begin - b * width, tiles)
+        hi = tl.minimum(f_end - b * width, width)
+        out_rows = (b * NEXT_N + grp).to(tl.int64) * out_s0
+        for n0 in range(lo * BLOCK_KEYS, hi * BLOCK_KEYS, BLOCK_KEYS):
+            s = n0 + keys
+            tl.store(out_ptr + out_rows[:, None] + s[None, :] * out_s1, fill,
+                     mask=(grp < NEXT_N)[:, None] & (s < max_ctx)[None, :])
 
 
 PREFILL, DECODE = Launcher(mqa_logits_kernel), Launcher(paged_mqa_logits_kernel)
@@ -384,6 +447,21 @@ def _as_bytes(x: torch.Tensor, widen: int) -> torch.Tensor:
 
 def _programs(target: Target, device: torch.device) -> int:
     return INTERPRETED_SMS if target.interpreted else sm_count(device.index or 0)
+
+
+def _decode_launch(target: Target, cfg: Mapping[str, Any], columns: int) -> dict:
+    """The decode kernel's launch options for a dot of ``columns`` (draft tokens × heads): the table's, with the
+    register cap of ``MAXNREG`` for the narrowest width ≥ ``columns`` where the table has one."""
+    caps = cfg.get("MAXNREG", {})
+    wide_enough = [width for width in caps if width >= columns]
+    if wide_enough:
+        cfg = {**cfg, "maxnreg": caps[min(wide_enough)]}
+    return launch_options(target, cfg)
+
+
+def decode_options(target: Target, cfg: Mapping[str, Any], columns: int) -> Options:
+    """:func:`_decode_launch` as a launch key."""
+    return launch_key_options(_decode_launch(target, cfg, columns))
 
 
 def _check_dtype(name: str, dtype: torch.dtype, target: Target, bf16: bool) -> list[str]:
@@ -441,38 +519,39 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapp
 
 
 def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
-                            cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
+                            cfg: Mapping[str, Any], options: Callable[[int], Options] | None = None) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
-    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`."""
+    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options``: the launch options for a dot width
+    (:func:`decode_options`, memoized by the backend; computed when None)."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
         return None
     page = cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
     block_keys = cfg["BLOCK_KEYS"]
-    # Keys a program: enough programs to fill the GPU, at most SPLIT (Q is reloaded once a program).
-    per_program = cdiv(batch * max_context_len, _programs(target, q.device) * cfg["WAVES"])
-    split = min(cfg["SPLIT"], max(block_keys, next_power_of_2(per_program)))
-    # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range).
+    # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
+    # in launch order so the second reads the keys from L2).
     groups = max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
-    grid = (cdiv(next_n, groups), batch, cdiv(max_context_len, split))
+    options = (options or (lambda cols: decode_options(target, cfg, cols)))(groups * heads)
     widen = _widen_mode(q.dtype, target, cfg)
-    options = options or launch_key_options(launch_options(target, cfg))
-    return Launch(
-        DECODE, grid, options,
-        (_as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights, context_lens,
-         page_table, out,
-         max_context_len, k_cache.shape[0], page_table.shape[1], split,
-         q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
-         context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1)),
-        dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page,
-             BLOCK_KEYS=block_keys, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
-             PREFETCH=cfg.get("PREFETCH", 1), WORDS=cfg.get("WORDS", 0)),
-    )
+    args = (_as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights,
+            context_lens, page_table, out,
+            batch, max_context_len, k_cache.shape[0], page_table.shape[1],
+            q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
+            context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1))
+    named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, BLOCK_KEYS=block_keys, BLOCK_B=BATCH_BLOCK,
+                 KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen, PREFETCH=cfg.get("PREFETCH", 1), WORDS=cfg.get("WORDS", 0))
+    # A persistent grid of exactly the programs that stay resident (on NVIDIA counted from the compiled kernel's
+    # registers and shared memory: a program more a SM would run as a second, mostly idle wave), never more than
+    # there are tiles; the draft-token groups of a key range share the count.
+    per_sm = DECODE.resident(options, *args, **named) or cfg["PROGRAMS_PER_SM"]
+    programs = max(1, min(_programs(target, q.device) * per_sm // cdiv(next_n, groups),
+                          batch * cdiv(max_context_len, block_keys)))
+    return Launch(DECODE, (cdiv(next_n, groups), programs), options, args, named)
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
-                     cfg: Mapping[str, Any], options: Options | None = None):
+                     cfg: Mapping[str, Any], options: Callable[[int], Options] | None = None):
     """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); arguments
     as :func:`paged_mqa_logits_launch`."""
     launch = paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out,
@@ -486,7 +565,12 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     """``mqa_logits`` and ``paged_mqa_logits`` of a GPU backend built for ``target`` with its tuning table."""
     prefill, decode = tuning["mqa_logits"], tuning["paged_mqa_logits"]
     prefill_options = launch_key_options(launch_options(target, prefill))
-    decode_options = launch_key_options(launch_options(target, decode))
+    by_width: dict[int, Options] = {}
+
+    def decode_options_for(columns: int) -> Options:
+        if columns not in by_width:
+            by_width[columns] = decode_options(target, decode, columns)
+        return by_width[columns]
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
@@ -504,10 +588,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return bound([mqa_logits_launch(**args, target=target, cfg=prefill, options=prefill_options)])
 
     def run_decode(**args):
-        return paged_mqa_logits(**args, target=target, cfg=decode, options=decode_options)
+        return paged_mqa_logits(**args, target=target, cfg=decode, options=decode_options_for)
 
     def prepare_decode(**args):
-        return bound([paged_mqa_logits_launch(**args, target=target, cfg=decode, options=decode_options)])
+        return bound([paged_mqa_logits_launch(**args, target=target, cfg=decode, options=decode_options_for)])
 
     return {"mqa_logits": OpImpl(run_prefill, supports_prefill, prepare_prefill),
             "paged_mqa_logits": OpImpl(run_decode, supports_decode, prepare_decode)}
@@ -545,9 +629,9 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             {"q_ptr": fp8, "kv_ptr": fp8, "kv_scale_ptr": "*fp32", "w_ptr": "*fp32", "ctx_ptr": "*i32",
              "table_ptr": "*i32", "out_ptr": "*fp32"},
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
-             "BLOCK_KEYS": decode["BLOCK_KEYS"], "KEYS_ON_M": decode["KEYS_ON_M"], "WIDEN": widen,
-             "PREFETCH": decode.get("PREFETCH", 1), "WORDS": decode.get("WORDS", 0),
+             "BLOCK_KEYS": decode["BLOCK_KEYS"], "BLOCK_B": BATCH_BLOCK, "KEYS_ON_M": decode["KEYS_ON_M"],
+             "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": decode.get("WORDS", 0),
              "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
-            launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
+            _decode_launch(target, decode, groups * heads), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs

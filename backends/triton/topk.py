@@ -707,12 +707,9 @@ def _sms(target: Target, device: torch.device) -> int:
 
 
 def _options(target: Target, cfg: Mapping[str, Any]) -> Options:
-    """Launch options; on NVIDIA also ``maxnreg`` (ptxas otherwise spills a few cold values on some targets
-    to fit two programs an SM)."""
-    opts = launch_options(target, cfg)
-    if target.vendor == "cuda" and "maxnreg" in cfg:
-        opts["maxnreg"] = cfg["maxnreg"]
-    return launch_key_options(opts)
+    """Launch options (with ``maxnreg`` on NVIDIA: ptxas otherwise spills a few cold values on some targets to fit
+    two programs an SM)."""
+    return launch_key_options(launch_options(target, cfg))
 
 
 def _finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, Options]:
@@ -721,10 +718,11 @@ def _finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, Options]
     and spills): a wide tile holds a typical
     stash in registers and cuts the serial L2 round trips of the rounds over it."""
     tile = cfg.get("FINISH_TILE", cfg["TILE"])
-    opts = launch_options(target, dict(cfg, num_warps=cfg.get("FINISH_WARPS", cfg["num_warps"])))
-    if target.vendor == "cuda" and "FINISH_MAXNREG" in cfg:
-        opts["maxnreg"] = cfg["FINISH_MAXNREG"]
-    return tile, launch_key_options(opts)
+    finish = {key: value for key, value in cfg.items() if key != "maxnreg"}
+    finish["num_warps"] = cfg.get("FINISH_WARPS", cfg["num_warps"])
+    if "FINISH_MAXNREG" in cfg:
+        finish["maxnreg"] = cfg["FINISH_MAXNREG"]
+    return tile, launch_key_options(launch_options(target, finish))
 
 
 def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:

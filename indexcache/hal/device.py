@@ -26,6 +26,29 @@ def l2_bytes(index: int = 0) -> int:
 
 
 @functools.cache
+def sm_limits(index: int = 0) -> tuple[int, int, int]:
+    """Registers, shared memory bytes and threads a multiprocessor of NVIDIA GPU ``index`` holds (H100/H200 values
+    where torch does not report one)."""
+    props = torch.cuda.get_device_properties(index)
+    return (getattr(props, "regs_per_multiprocessor", 0) or 65536,
+            getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024,
+            getattr(props, "max_threads_per_multi_processor", 0) or 2048)
+
+
+def resident_blocks(registers: int, shared: int, threads: int, limits: tuple[int, int, int]) -> int:
+    """Thread blocks of one kernel that an NVIDIA multiprocessor with ``limits`` (:func:`sm_limits`) holds at once,
+    given a thread's ``registers``, a block's dynamic ``shared`` bytes and its ``threads`` (at least 1). Registers
+    go to warps in 256s from each of the four schedulers' quarter of the file; the driver keeps 1 KiB of shared
+    memory a block."""
+    regs, smem, max_threads = limits
+    warps = -(-threads // 32)
+    per_warp = -(-registers * 32 // 256) * 256
+    by_regs = 4 * ((regs // 4) // per_warp) // warps if per_warp else 32
+    by_smem = smem // (shared + 1024)
+    return max(1, min(by_regs, by_smem, max_threads // threads, 32))
+
+
+@functools.cache
 def device_arch(index: int = 0) -> str:
     """The architecture of GPU ``index``: "sm90" (``sm{major}{minor}``) on CUDA, the ``gcnArchName`` before
     its feature flags ("gfx942" of "gfx942:sramecc+:xnack-") on ROCm."""
