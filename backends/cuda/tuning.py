@@ -89,7 +89,7 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
     if caps["mma"] == "wgmma" and _triton_before(3, 7):
         # Decode register caps by dot width, so that more programs stay resident without spilling (Triton 3.6,
         # sm90, cross-compiled: 112 and 184 registers uncapped, four and two programs a SM; capped, five and three.
-        # H200, run16: 64 x 32K next_n 1 in 79 µs against 87 µs with four, next_n 2 in 103 against 136 with two).
+        # H200, run18: 64 x 32K next_n 1 in 78.6 µs against 83.6 uncapped, next_n 2 in 102.3 against 137.0).
         # Triton 3.9 spills under these caps, so it runs uncapped.
         table["paged_mqa_logits"]["MAXNREG"] = {64: 88, 128: 168}
         # Prefill, measured on the H200 with Triton 3.6 (reports/gpu/2026-11-29-run2, sweep): 4 tokens a program (256
