@@ -52,7 +52,8 @@ HEADS, DIM, PAGE = 64, 128, 64
 TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
 # Overrides of the cuda table's paged_mqa_logits entry raced beside it (--decode-variants): register caps by dot
 # width (64 columns: next_n 1 at H 64; 128: next_n 2), which set how many programs stay resident, and a shallower
-# pipeline. (Run 18 also raced tiles through the copy engine, TMA with host tensor descriptors: 8-25 % slower.)
+# pipeline. (Run 18 also raced tiles through the copy engine, TMA with host tensor descriptors, 8-25 % slower;
+# run 19 the scales read one tile ahead by hand, 5-15 % slower.)
 DECODE_VARIANTS = {
     "uncapped": {"MAXNREG": {}},
     "maxnreg 80 / 128": {"MAXNREG": {64: 80, 128: 128}},
