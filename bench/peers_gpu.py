@@ -50,13 +50,12 @@ PEERS = {"deep_gemm": "DeepGEMM", "flashinfer": "FlashInfer", "sgl_kernel": "SGL
 FP8 = torch.float8_e4m3fn
 HEADS, DIM, PAGE = 64, 128, 64
 TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
-# Overrides of the cuda table's paged_mqa_logits entry raced beside it (--decode-variants): register caps by dot
-# width (64 columns: next_n 1 at H 64; 128: next_n 2), which set how many programs stay resident, and a shallower
-# pipeline. (Run 18 also raced tiles through the copy engine, TMA with host tensor descriptors, 8-25 % slower;
-# run 19 the scales read one tile ahead by hand, 5-15 % slower.)
+# Overrides of the cuda table's paged_mqa_logits entry raced beside it (--decode-variants): a register cap (more
+# programs resident, or a build that fails where the cap is too low) and a shallower pipeline. Runs 18-19 raced
+# tiles through the copy engine (TMA with host tensor descriptors, 8-25 % slower) and the scales read one tile
+# ahead by hand (5-15 % slower), both since removed.
 DECODE_VARIANTS = {
-    "uncapped": {"MAXNREG": {}},
-    "maxnreg 80 / 128": {"MAXNREG": {64: 80, 128: 128}},
+    "maxnreg 128": {"maxnreg": 128},
     "stages 4": {"num_stages": 4},
 }
 

@@ -17,8 +17,10 @@ _COMMON: dict[str, dict[str, Any]] = {
     # Paged decode is memory-bound: 64-key tiles (one page: a scalar table entry, contiguous rows and scales)
     # through Triton's own pipeliner, 5 stages deep (measured best on the H200, reports/gpu/2026-11-29-run2; the
     # register prefetch variants PREFETCH 1-2 measured slower), at most COLS dot columns (draft tokens × heads) a
-    # program. A persistent grid of the programs that stay resident, counted from the compiled kernel;
-    # PROGRAMS_PER_SM only where that count is not known (the interpreter).
+    # program. A persistent grid of the programs that stay resident, counted from the compiled kernel (Triton 3.6,
+    # sm90: 96 and 168 registers at next_n 1 and 2, five and three programs a SM; register caps that keep more
+    # resident spill, or are slower when they do not: H200, reports/gpu/2026-12-01-run20); PROGRAMS_PER_SM only
+    # where that count is not known (the interpreter).
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "PROGRAMS_PER_SM": 2,
                          "PREFETCH": 0, "num_warps": 4, "num_stages": 5},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
@@ -87,11 +89,6 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         # Decode with the fp16 decoding of fp8 keys: one draft token a program (Triton 3.9 spills 144 bytes at two).
         table["paged_mqa_logits"]["COLS"] = 64
     if caps["mma"] == "wgmma" and _triton_before(3, 7):
-        # Decode register caps by dot width, so that more programs stay resident without spilling (Triton 3.6,
-        # sm90, cross-compiled: 112 and 184 registers uncapped, four and two programs a SM; capped, five and three.
-        # H200, run18: 64 x 32K next_n 1 in 78.6 µs against 83.6 uncapped, next_n 2 in 102.3 against 137.0).
-        # Triton 3.9 spills under these caps, so it runs uncapped.
-        table["paged_mqa_logits"]["MAXNREG"] = {64: 88, 128: 168}
         # Prefill, measured on the H200 with Triton 3.6 (reports/gpu/2026-11-29-run2, sweep): 4 tokens a program (256
         # dot columns), two resident a SM reach 68.5 % of the fp8 matmul rate against 60-65 % for 2 tokens and three.
         # Triton 3.7+ keeps Q in shared memory differently and spills at 256 columns, so it keeps 128.

@@ -40,7 +40,7 @@ but the dot's input precision (bf16 × bf16 products are exact in fp32 anyway).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -193,13 +193,16 @@ def _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys,
     page and reads its entry once, as a scalar; otherwise (pages smaller than a tile, or of any size that is
     not a multiple of it, e.g. 96) a tile may cross a page end and reads one entry a key (the same address
     for a page's keys: one L1 line). ``ok``: the key is before ``kend``, its page is in the table and its
-    entry names a page of the cache."""
+    entry names a page of the cache. A scalar entry always names a page of the cache (page 0 where the table's
+    does not), so that the tile's rows and scales are read without masks: every byte of a page is inside the
+    cache, and the keys that are not ``ok`` store -inf (:func:`_decode_store`)."""
     s = n0 + keys
     if PAGE % BLOCK_KEYS == 0:
         page = n0 // PAGE
         entry = tl.load(table_row + page * tab_s1, mask=(n0 < kend) & (page < table_pages), other=-1)
         entry_k = entry + 0 * keys  # the tile's keys share it (-1 when not read)
         ok = (s < kend) & (entry_k >= 0) & (entry_k < num_pages)
+        entry = tl.where((entry >= 0) & (entry < num_pages), entry, 0)
     else:
         page = s // PAGE
         live = (s < kend) & (page < table_pages)
@@ -211,23 +214,22 @@ def _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys,
 @triton.jit
 def _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE: tl.constexpr, D: tl.constexpr,
                    BLOCK_KEYS: tl.constexpr, WORDS: tl.constexpr):
-    """The tile's key rows and fp32 scales ``[BLOCK_KEYS]`` (zero where not ``ok``).
+    """The tile's key rows and fp32 scales ``[BLOCK_KEYS]`` (zero where not ``ok``, unless read unmasked).
 
     Rows: fp8 ``[BLOCK_KEYS, D]``, or with ``WORDS`` the same bytes as int32 ``[BLOCK_KEYS, D // 4]`` (a tile
     carried across loop iterations as fp8 takes a register a byte; as words, one a 4 bytes). A tile inside one
     page (PAGE a multiple of BLOCK_KEYS, see :func:`_decode_entries`) has its rows as ``BLOCK_KEYS · D``
     contiguous bytes and its scales as ``BLOCK_KEYS`` contiguous words at the page's end."""
     page_words = PAGE * (D + 4) // 4
-    if PAGE % BLOCK_KEYS == 0:
+    if PAGE % BLOCK_KEYS == 0:  # the entry names a page of the cache (_decode_entries): no masks
         first_key = n0 % PAGE
-        sc = tl.load(kv_scale_ptr + (entry * page_words + (PAGE * D // 4) + first_key) + keys, mask=ok, other=0.0)
+        sc = tl.load(kv_scale_ptr + (entry * page_words + (PAGE * D // 4) + first_key) + keys)
         if WORDS:
             wdims = tl.arange(0, D // 4)
             k = tl.load(kv_scale_ptr.to(tl.pointer_type(tl.int32)) + (entry * page_words + first_key * (D // 4))
-                        + (keys * (D // 4))[:, None] + wdims[None, :], mask=ok[:, None], other=0)
+                        + (keys * (D // 4))[:, None] + wdims[None, :])
         else:
-            k = tl.load(kv_ptr + (entry * (PAGE * (D + 4)) + first_key * D) + (keys * D)[:, None] + dims[None, :],
-                        mask=ok[:, None], other=0.0)
+            k = tl.load(kv_ptr + (entry * (PAGE * (D + 4)) + first_key * D) + (keys * D)[:, None] + dims[None, :])
     else:
         off = (n0 + keys) % PAGE
         sc = tl.load(kv_scale_ptr + entry * page_words + (PAGE * D // 4) + off, mask=ok, other=0.0)
@@ -449,21 +451,6 @@ def _programs(target: Target, device: torch.device) -> int:
     return INTERPRETED_SMS if target.interpreted else sm_count(device.index or 0)
 
 
-def _decode_launch(target: Target, cfg: Mapping[str, Any], columns: int) -> dict:
-    """The decode kernel's launch options for a dot of ``columns`` (draft tokens × heads): the table's, with the
-    register cap of ``MAXNREG`` for the narrowest width ≥ ``columns`` where the table has one."""
-    caps = cfg.get("MAXNREG", {})
-    wide_enough = [width for width in caps if width >= columns]
-    if wide_enough:
-        cfg = {**cfg, "maxnreg": caps[min(wide_enough)]}
-    return launch_options(target, cfg)
-
-
-def decode_options(target: Target, cfg: Mapping[str, Any], columns: int) -> Options:
-    """:func:`_decode_launch` as a launch key."""
-    return launch_key_options(_decode_launch(target, cfg, columns))
-
-
 def _check_dtype(name: str, dtype: torch.dtype, target: Target, bf16: bool) -> list[str]:
     if dtype in FP8_DTYPES:
         if dtype == target.fp8_dtype:
@@ -519,10 +506,9 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapp
 
 
 def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
-                            cfg: Mapping[str, Any], options: Callable[[int], Options] | None = None) -> Launch | None:
+                            cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
-    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options``: the launch options for a dot width
-    (:func:`decode_options`, memoized by the backend; computed when None)."""
+    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
         return None
@@ -532,7 +518,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
     # in launch order so the second reads the keys from L2).
     groups = max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
-    options = (options or (lambda cols: decode_options(target, cfg, cols)))(groups * heads)
+    options = options or launch_key_options(launch_options(target, cfg))
     widen = _widen_mode(q.dtype, target, cfg)
     args = (_as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights,
             context_lens, page_table, out,
@@ -551,7 +537,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
-                     cfg: Mapping[str, Any], options: Callable[[int], Options] | None = None):
+                     cfg: Mapping[str, Any], options: Options | None = None):
     """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); arguments
     as :func:`paged_mqa_logits_launch`."""
     launch = paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out,
@@ -565,12 +551,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     """``mqa_logits`` and ``paged_mqa_logits`` of a GPU backend built for ``target`` with its tuning table."""
     prefill, decode = tuning["mqa_logits"], tuning["paged_mqa_logits"]
     prefill_options = launch_key_options(launch_options(target, prefill))
-    by_width: dict[int, Options] = {}
-
-    def decode_options_for(columns: int) -> Options:
-        if columns not in by_width:
-            by_width[columns] = decode_options(target, decode, columns)
-        return by_width[columns]
+    decode_options = launch_key_options(launch_options(target, decode))
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
@@ -588,10 +569,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return bound([mqa_logits_launch(**args, target=target, cfg=prefill, options=prefill_options)])
 
     def run_decode(**args):
-        return paged_mqa_logits(**args, target=target, cfg=decode, options=decode_options_for)
+        return paged_mqa_logits(**args, target=target, cfg=decode, options=decode_options)
 
     def prepare_decode(**args):
-        return bound([paged_mqa_logits_launch(**args, target=target, cfg=decode, options=decode_options_for)])
+        return bound([paged_mqa_logits_launch(**args, target=target, cfg=decode, options=decode_options)])
 
     return {"mqa_logits": OpImpl(run_prefill, supports_prefill, prepare_prefill),
             "paged_mqa_logits": OpImpl(run_decode, supports_decode, prepare_decode)}
@@ -632,6 +613,6 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "BLOCK_KEYS": decode["BLOCK_KEYS"], "BLOCK_B": BATCH_BLOCK, "KEYS_ON_M": decode["KEYS_ON_M"],
              "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": decode.get("WORDS", 0),
              "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
-            _decode_launch(target, decode, groups * heads), matrix="fp16" if widen in (1, 3) else "fp8",
+            launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs
