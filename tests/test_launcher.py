@@ -7,6 +7,7 @@ compared with Triton's ``native_specialize_impl`` on CPU values.
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from triton._C.libtriton import native_specialize_impl  # noqa: E402
 from triton.backends.compiler import BaseBackend  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+from indexcache.backends.triton import launcher as launcher_module  # noqa: E402
 from indexcache.backends.triton.launcher import Launcher, launch_key_options  # noqa: E402
 
 
@@ -68,8 +70,11 @@ def test_launch_options_are_ordered_and_hashable():
 class _Compiled:
     """A stand-in for Triton's compiled kernel: records what its launcher is called with."""
 
-    def __init__(self, calls: list):
+    def __init__(self, calls: list, backend: str = "cuda"):
         self.function, self.packed_metadata, self.calls = "function", "metadata", calls
+        # The decode kernel at next_n 1 with Triton 3.6 on sm90: 96 registers, 34056 bytes of shared memory.
+        self.n_regs, self.metadata = 96, SimpleNamespace(target=SimpleNamespace(backend=backend), shared=34056,
+                                                         num_warps=4)
 
     def run(self, *args):
         self.calls.append(("direct", args))
@@ -132,6 +137,20 @@ def test_a_bound_launch_holds_addresses_and_launches_directly(monkeypatch):
                                                        x.data_ptr(), 32, True))
     launcher((5,), opts, x, 32, FLAG=True)  # the bound specialization serves plain calls too
     assert jit.calls[3][0] == "direct"
+
+
+def test_resident_programs_come_from_the_compiled_kernel(monkeypatch):
+    launcher, jit = _fast_launcher(monkeypatch)
+    monkeypatch.setattr(launcher_module, "sm_limits", lambda device: (65536, 228 * 1024, 2048))  # an H200's SM
+    opts = launch_key_options({"num_warps": 4})
+    x = torch.zeros(64, dtype=torch.int32)
+    assert launcher.resident(opts, x, 32, FLAG=True) == 5  # 96 registers: 5 four-warp programs
+    assert launcher.resident(opts, x, 48, FLAG=True) == 5  # the same specialization: compiled once
+    assert [c[0] for c in jit.calls] == ["warmup"]
+    launcher((7,), opts, x, 32, FLAG=True)  # and launched directly afterwards
+    assert [c[0] for c in jit.calls] == ["warmup", "direct"]
+    monkeypatch.setattr(jit, "warmup", lambda *args, grid, **named: _Compiled(jit.calls, backend="hip"))
+    assert launcher.resident(opts, x, 17, FLAG=True) is None  # AMD: the tuning table decides
 
 
 def test_a_launch_hook_sends_every_call_through_triton(monkeypatch):
