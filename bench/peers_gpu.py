@@ -13,9 +13,9 @@ otherwise. ``ci/gpu.sh`` installs DeepGEMM from wheels in ``$PEER_WHEELS`` when 
   token-level table (page 1, each row's table a random permutation), ``top_k`` against :func:`indexcache.topk`.
 - SGLang (``sgl_kernel``): ``fast_topk_transform_fused`` against the same ``topk_translate`` (k 2048 only).
 
-With ``--decode-variants`` each decode case also races our kernel under the tuning overrides of
-``DECODE_VARIANTS`` (called through the cuda backend's kernel function, each checked equal to the op first): how a
-tuning change is chosen, beside the same peer.
+With ``--variants`` each logits case also races our kernel under the tuning overrides of ``VARIANTS`` (called
+through the cuda backend's kernel function, each checked against the op first): how a tuning change is chosen,
+beside the same peer.
 
 Every contender of a case is first checked against ours (logits: the same -inf placement and relative RMS error
 over the visible entries; top-k: per row the same multiset of selected scores, and for the fused forms the
@@ -50,13 +50,22 @@ PEERS = {"deep_gemm": "DeepGEMM", "flashinfer": "FlashInfer", "sgl_kernel": "SGL
 FP8 = torch.float8_e4m3fn
 HEADS, DIM, PAGE = 64, 128, 64
 TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
-# Overrides of the cuda table's paged_mqa_logits entry raced beside it (--decode-variants): a register cap (more
-# programs resident, or a build that fails where the cap is too low) and a shallower pipeline. Runs 18-19 raced
-# tiles through the copy engine (TMA with host tensor descriptors, 8-25 % slower) and the scales read one tile
-# ahead by hand (5-15 % slower), both since removed.
-DECODE_VARIANTS = {
-    "maxnreg 128": {"maxnreg": 128},
-    "stages 4": {"num_stages": 4},
+# Overrides of the cuda table's logits entries raced beside it (--variants). Decode: a register cap (more programs
+# resident, or a build that fails where the cap is too low) and a shallower pipeline; runs 18-19 raced tiles
+# through the copy engine (TMA with host tensor descriptors, 8-25 % slower) and the scales read one tile ahead by
+# hand (5-15 % slower), both since removed. Prefill (Triton 3.6, sm90, cross-compiled: the table's 4 tokens a
+# program spill 16 bytes at 255 registers): 2 tokens a program (161 registers, three a SM), the same with 128-key
+# tiles over 8 warps (169 registers, one a SM), a deeper pipeline.
+VARIANTS = {
+    "mqa_logits": {
+        "2 tokens, 3/SM": {"COLS": 128, "PROGRAMS_PER_SM": 3},
+        "2 tokens, 128 keys, 8 warps": {"COLS": 128, "BLOCK_N": 128, "num_warps": 8, "PROGRAMS_PER_SM": 1},
+        "stages 4": {"num_stages": 4},
+    },
+    "paged_mqa_logits": {
+        "maxnreg 128": {"maxnreg": 128},
+        "stages 4": {"num_stages": 4},
+    },
 }
 
 
@@ -130,7 +139,8 @@ def logits_agreement(got: torch.Tensor, ours: torch.Tensor, visible: torch.Tenso
             "agrees": rms <= 1e-3 and bool(torch.equal(torch.isfinite(g), finite))}
 
 
-def prefill_case(dg: Any, dev: torch.device, tokens: int, keys: int, causal: bool, ceil: dict, rounds: int) -> dict:
+def prefill_case(dg: Any, dev: torch.device, tokens: int, keys: int, causal: bool, ceil: dict, rounds: int,
+                 variants: bool = False) -> dict:
     gen = torch.Generator(device=dev).manual_seed(0)
     k8, scale = indexcache.quantize_index_k(torch.randn(keys, DIM, device=dev, generator=gen), FP8)
     scale = scale[:, 0].contiguous()
@@ -145,6 +155,8 @@ def prefill_case(dg: Any, dev: torch.device, tokens: int, keys: int, causal: boo
                  "flops": 2 * HEADS * DIM * pairs}
     fns = {"ours": lambda: indexcache.mqa_logits(q, k8, scale, w, ks, ke, out=out)}
     fns["ours"]()
+    if variants:
+        fns.update(kernel_variants("mqa_logits", (q, k8, scale, w, ks, ke), out, row))
     if dg is not None:
         visible = torch.arange(keys, device=dev)[None, :] < ke[:, None]
 
@@ -165,21 +177,21 @@ def prefill_case(dg: Any, dev: torch.device, tokens: int, keys: int, causal: boo
     return row
 
 
-def decode_variants(dev: torch.device, args: tuple, want: torch.Tensor, row: dict) -> dict[str, Callable[[], Any]]:
-    """Our decode kernel under each of ``DECODE_VARIANTS``, checked against the op's output ``want`` first (within
+def kernel_variants(op: str, args: tuple, want: torch.Tensor, row: dict) -> dict[str, Callable[[], Any]]:
+    """Our kernel for ``op`` under each of ``VARIANTS[op]``, checked against the op's output ``want`` first (within
     1e-5 relative, -inf in the same places: off a GPU the op may be the torch backend's)."""
     from indexcache.backends.cuda import ARCH_ENV, tuning
     from indexcache.backends.triton import logits
     from indexcache.backends.triton.target import detect
 
     target = detect("cuda", ARCH_ENV, "sm90")[2]
-    base = tuning(target.arch)["paged_mqa_logits"]
+    base, kernel = tuning(target.arch)[op], getattr(logits, op)
     fns = {}
-    for name, override in DECODE_VARIANTS.items():
+    for name, override in VARIANTS[op].items():
         cfg, out = {**base, **override}, torch.empty_like(want)
 
         def run(cfg=cfg, out=out):
-            return logits.paged_mqa_logits(*args, out, target=target, cfg=cfg)
+            return kernel(*args, out, target=target, cfg=cfg)
 
         if attempt(row, f"ours {name}", run) is not None:
             row[f"ours {name} agrees"] = bool(torch.allclose(out, want, rtol=1e-5, atol=1e-6, equal_nan=True))
@@ -209,7 +221,7 @@ def decode_case(dg: Any, dev: torch.device, batch: int, context: int, next_n: in
     fns = {"ours": lambda: indexcache.paged_mqa_logits(q, cache, w, lens, table, context, out=out)}
     fns["ours"]()
     if variants:
-        fns.update(decode_variants(dev, (q, cache, w, lens, table, context), out, row))
+        fns.update(kernel_variants("paged_mqa_logits", (q, cache, w, lens, table, context), out, row))
     if dg is not None:
         visible = torch.arange(context, device=dev)[None, :] < seen.reshape(-1)[:, None]
         pages = cache.view(cache.shape[0], PAGE, 1, TOKEN_BYTES)
@@ -323,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, any device: checks the script itself")
     parser.add_argument("--rounds", type=int, default=30, help="replay rounds a case (default 30)")
-    parser.add_argument("--decode-variants", action="store_true",
-                        help="also race our decode kernel under each tuning override of DECODE_VARIANTS")
+    parser.add_argument("--variants", action="store_true",
+                        help="also race our logits kernels under each tuning override of VARIANTS")
     parser.add_argument("--only", choices=("logits", "topk"), help="run one family of cases")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -351,11 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     cases: list[tuple[str, Callable[[], dict]]] = []
     for causal in (True, False) if args.only != "topk" else ():
         shape = (64, 256) if smoke else (4096, 32768)
-        cases.append((f"prefill {causal}", lambda c=causal, s=shape: prefill_case(dg, dev, *s, c, ceil, rounds)))
+        cases.append((f"prefill {causal}", lambda c=causal, s=shape: prefill_case(dg, dev, *s, c, ceil, rounds,
+                                                                                  args.variants)))
     for context in ((256,) if smoke else (32768, 131072)) if args.only != "topk" else ():
         for next_n in (1, 2):
             cases.append((f"decode {context} {next_n}", lambda c=context, n=next_n: decode_case(
-                dg, dev, 2 if smoke else 64, c, n, ceil, rounds, args.decode_variants)))
+                dg, dev, 2 if smoke else 64, c, n, ceil, rounds, args.variants)))
     for rows, cols, k, label, causal, ties in topk_cases(smoke) if args.only != "logits" else ():
         cases.append((label, lambda r=rows, c=cols, k=k, lb=label, ca=causal, t=ties: topk_case(
             peers, dev, r, c, k, lb, ca, t, rounds)))
