@@ -14,7 +14,7 @@ _COMMON: dict[str, dict[str, Any]] = {
     # One warpgroup a program, three resident a SM (≤ 168 registers, 40 KB shared) so epilogues overlap MMAs.
     "mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
                    "PROGRAMS_PER_SM": 3},
-    # Paged decode is memory-bound: 64-key tiles (one page: a scalar table entry, contiguous rows and scales)
+    # Paged decode: 64-key tiles (one page: a scalar table entry, contiguous rows and scales)
     # through Triton's own pipeliner, 5 stages deep (measured best on the H200, reports/gpu/2026-11-29-run2; the
     # register prefetch variants PREFETCH 1-2 measured slower), at most COLS dot columns (draft tokens × heads) a
     # program. A persistent grid of the programs that stay resident, counted from the compiled kernel (Triton 3.6,

@@ -15,20 +15,22 @@ first). A program loads its Q tile and weights once and walks the union of its r
 ``BLOCK_N``-key tiles; a tile inside every row's window stores without a mask, a boundary tile
 stores ``where(inside, s, -inf)``; the columns outside the union are filled with -inf afterwards.
 
-Decode: a persistent grid of as many programs as stay resident (the table's ``PROGRAMS_PER_SM`` for the dot's
-width). Every program computes the schedule itself from the context lengths: the batch's key tiles (each
-request's context clipped to ``max_context_len``, ``BLOCK_KEYS`` keys a tile) in request order, cut into equal
-contiguous shares, so a program walks one request's tiles or the end of one and the start of the next, whatever
-the lengths (no metadata kernel, nothing for the host to know). For each request in its share a program loads Q
-``[group · H, D]`` and the weights once, then walks the tiles, each key row gathered through the page table from
-the packed cache (fp8 bytes, then the page's fp32 scales). A group is next_n padded to a power of two, at most
-``COLS`` dot columns (next_n 3-4 at H = 64 take two programs, adjacent in launch order so the second reads the
-keys from L2); rows that see fewer keys (causal inside the next_n block) are masked at the store. The -inf past
-each context is written after, shared evenly over the ``batch × max_context_len`` grid.
+Decode: a persistent grid of as many programs as stay resident (on NVIDIA counted from the compiled kernel's
+registers and shared memory, elsewhere the table's ``PROGRAMS_PER_SM``). Every program computes the schedule itself
+from the context lengths: the batch's key tiles (each request's context clipped to ``max_context_len``,
+``BLOCK_KEYS`` keys a tile) in request order, cut into equal contiguous shares, so a program walks one request's
+tiles or the end of one and the start of the next, whatever the lengths (no metadata kernel, nothing for the host to
+know). For each request in its share a program loads Q ``[group · H, D]`` and the weights once, then walks the
+tiles, each key row gathered through the page table from the packed cache (fp8 bytes, then the page's fp32 scales).
+A group is next_n padded to a power of two, at most ``COLS`` dot columns (next_n 3-4 at H = 64 take two programs,
+adjacent in launch order so the second reads the keys from L2); rows that see fewer keys (causal inside the next_n
+block) are masked at the store. The -inf past each context is written after, shared evenly over the ``batch ×
+max_context_len`` grid.
 
 Windows are clipped to ``[0, N)``; keys whose page is beyond the table, whose entry is < 0 or
-beyond the cache, or beyond the context are -inf and never read. Nothing is allocated, nothing
-syncs with the host, and the grid depends only on shapes.
+beyond the cache, or beyond the context are -inf. Nothing outside the cache is read: a decode tile inside one
+page reads it whole, without masks, from page 0 when the entry names no page of the cache. Nothing is
+allocated, nothing syncs with the host, and the grid depends only on shapes and the compiled kernel.
 
 fp8 keys must be the target's native format. On GPUs without fp8 matrix units or fp8 conversions
 (sm80: the tuning table's ``FP8_DOT = "fp16"``) the kernels take the fp8 tensors as their bytes
