@@ -24,8 +24,8 @@ SENTINEL = -7
 NEG_INF, NAN = float("-inf"), float("nan")
 # 512-value tiles, 128 coarse bins, a stash of max(256, k) entries (overflows on purpose), auto split.
 SMALL = {"TILE": 512, "BITS": 7, "DIGIT": 5, "num_warps": 4, "PROGRAMS_PER_SM": 2, "CHUNKS_PER_SM": 4,
-         "MIN_CHUNK": 1024, "GATHER_CHUNKS": 4, "SAMPLE": 256, "SAMPLE_RANK": 16, "STASH": 256, "STASH_PER_K": 1,
-         "STASH_COLS_SHIFT": 16, "SORT_PER_WARP": 256}
+         "MIN_CHUNK": 1024, "GATHER_CHUNKS": 4, "FINISH_BINS": 256, "SAMPLE": 256, "SAMPLE_RANK": 16, "STASH": 256,
+         "STASH_PER_K": 1, "STASH_COLS_SHIFT": 16, "SORT_PER_WARP": 256}
 
 
 def _kernels():
@@ -185,6 +185,28 @@ def test_topk_translate_split_path():
     assert torch.equal(out, reference.translate(raw, table, lengths, 64))
 
 
+def test_split_path_breaks_pivot_ties_by_position():
+    """Split rows whose stash holds more candidates tied at the pivot than are needed (scores on a coarse grid):
+    the chunks pack their candidates lane by lane, not in index order, so the finish's second select over the
+    tied positions must still keep the lowest ones. The rows take the gathered stash, not the exact fallback
+    (every chunk's count is within the stash)."""
+    gen = torch.Generator().manual_seed(12)
+    scores = (torch.randn(3, 6000, generator=gen) * 8).round() / 8
+    scores[2, ::3] = 1.5  # a long run of one value: the pivot's ties spread over every lane and chunk
+    lengths = _lengths(6000, 5100, 6000)
+    cfg = {**SMALL, "CHUNK": 1024, "STASH": 4096}
+    out = torch.full((3, 200), SENTINEL, dtype=torch.int32)
+    steps = _kernels().launches(scores, lengths, 200, None, out, None, None, 1, None,
+                                target=_target("cuda", "sm90", True), cfg=cfg)
+    assert [name for name, _ in steps] == ["sample", "filter", "finish"]
+    steps[0][1]()
+    steps[1][1]()
+    counts = steps[1][1].args[5][: 3 * 6].view(3, 6).sum(1)
+    assert ((counts >= 200) & (counts <= _kernels().stash_capacity(6000, 200, cfg))).all(), counts
+    steps[2][1]()
+    _assert_rows(out, reference.topk(scores, lengths, 200))
+
+
 def test_empty_shapes_and_workspace_reuse():
     """k = 0 and zero rows write nothing; a repeated call allocates no new workspace."""
     scores = torch.randn(2, 300)
@@ -259,13 +281,17 @@ def test_sorted_beyond_its_largest_k_is_declined_with_a_reason():
 
 
 def test_split_chunk_depends_on_shape_only():
+    """Chunks are powers of two of at least a tile, from the shape and the SM count alone; the finish reads at
+    most a row's chunks side by side."""
     kernels = _kernels()
-    cfg = {**SMALL, "TILE": 4096, "CHUNKS_PER_SM": 4, "MIN_CHUNK": 16384}
+    cfg = {**SMALL, "TILE": 4096, "CHUNKS_PER_SM": 4, "MIN_CHUNK": 16384, "GATHER_CHUNKS": 64}
     assert kernels.split_chunk(2048, 32768, 132, cfg) == 0
     chunk = kernels.split_chunk(64, 131072, 132, cfg)
-    assert chunk % 4096 == 0 and 16384 <= chunk < 131072
+    assert chunk == 16384  # 9 chunks a row wanted: 14564 columns, rounded up to a power of two
     assert kernels.split_chunk(1, 1 << 20, 132, cfg) == 16384
     assert kernels.split_chunk(1, 1000, 132, cfg) == 0
+    assert kernels.split_chunk(1, 50000, 132, {**cfg, "CHUNK": 1000}) == 4096  # forced, then at least a tile
+    assert [kernels.gather_chunks(n, cfg) for n in (1, 3, 4, 16, 100, 4096)] == [1, 2, 4, 16, 64, 64]
 
 
 def test_bf16_subnormals_and_signed_zeros():
@@ -327,6 +353,8 @@ def test_random_shapes_and_distributions_match_the_reference(seed):
     starts = torch.randint(-5, cols // 3, (rows,), generator=gen, dtype=torch.int32)
     want = reference.topk(scores, lengths, k, row_starts=starts)
     fused = SMALL | {"CHUNKS_PER_SM": 1, "MIN_CHUNK": 1 << 20}
-    for cfg in (fused, fused | {"STASH": 4096}, SMALL | {"CHUNK": 1024}, SMALL | {"CHUNK": 1024, "STASH": 4096}):
+    split = SMALL | {"CHUNK": 1024, "STASH": 4096}
+    for cfg in (fused, fused | {"STASH": 4096}, SMALL | {"CHUNK": 1024}, split, split | {"FINISH_BINS": 2},
+                split | {"FINISH_BINS": 4096}):  # split rows' pivot bin: nearly all candidates, or a few
         _assert_rows(_direct(scores, lengths, k, cfg, row_starts=starts), want)
     assert torch.equal(_direct(scores, lengths, k, (fused, SMALL)[seed % 2], row_starts=starts, sorted=True), want)

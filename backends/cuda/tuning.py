@@ -27,15 +27,18 @@ _COMMON: dict[str, dict[str, Any]] = {
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
     # bins (quarter octaves) for the sample, 5-bit digits (32 bins = one a lane) in the finish, four resident
     # programs a SM for the fused kernel (maxnreg 128). Rows split into >= 8K-column chunks, about 8 a SM, when
-    # rows are few. The finishing kernel (one program an SM, persistent): 2K tiles over 8 warps with up to 224
-    # registers (ptxas capped itself at 128 and spilled). SAMPLE_RANK 16: about 16 sample entries expected above
-    # the k-th best (H200 sweep, run9: 64 and 4 were slower at 64 x 128K and 2048 x 32K k 2048). A stash of
-    # max(4096, 4k, columns / 32) entries a row. sorted=True: a row's keys sorted over one warp per SORT_PER_WARP
-    # keys (8 int64 a thread: 2048 keys on 8 warps; from the cross-compiled register counts, not measured).
+    # rows are few; their filter streams with a lane a thread over 8 warps, packing every 8 steps (2K columns:
+    # 64 registers, four programs a SM, cross-compiled). The finishing kernel (one program an SM, persistent): 2K
+    # tiles over 8 warps with up to 224 registers (ptxas capped itself at 128 and spilled). SAMPLE_RANK 16: about
+    # 16 sample entries expected above the k-th best (H200 sweep, run9: 64 and 4 were slower at 64 x 128K and
+    # 2048 x 32K k 2048). A stash of max(4096, 4k, columns / 32) entries a row. sorted=True: a row's keys sorted
+    # over one warp per SORT_PER_WARP keys (8 int64 a thread: 2048 keys on 8 warps; from the cross-compiled
+    # register counts, not measured).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
-             "CHUNKS_PER_SM": 8, "FINISH_TILE": 2048, "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 16,
-             "MIN_CHUNK": 8192, "SAMPLE": 4096, "SAMPLE_RANK": 16, "STASH": 4096, "STASH_PER_K": 4,
-             "STASH_COLS_SHIFT": 5, "SORT_PER_WARP": 256},
+             "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
+             "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "MIN_CHUNK": 4096,
+             "SAMPLE": 4096, "SAMPLE_RANK": 32, "STASH": 4096, "STASH_PER_K": 4, "STASH_COLS_SHIFT": 5,
+             "SORT_PER_WARP": 256},
 }
 
 

@@ -2,18 +2,18 @@
 
 A sampled-threshold select that reads each row once, with an exact radix select as its fallback:
 
-1. Sample: a few thousand entries spread evenly over the window give a coarse histogram (the top ``BITS``
-   bits of the value rounded to fp16: sign, exponent and a few mantissa bits; monotone, so coarse order
-   never contradicts the exact one). From it a threshold ``T``, the floor of the bin that holds the sample's
-   ``m``-th best entry, with ``m`` set so that ``T`` lies below the row's k-th best score with overwhelming
-   odds (``m = λ + 4·√λ + 2``, ``λ`` the sample entries expected above the k-th best).
-2. Filter: every valid entry ``>= T`` is appended, in index order, to a candidate stash (compaction by
-   ``tl.cumsum`` plus a running base): a compare or two an entry, no histogram over the row.
+1. Sample: a few thousand entries spread evenly over the window, held in registers; the threshold ``T`` is
+   the key of the sample's ``m``-th best, radix-selected (``DIGIT`` bits a round), with ``m`` set so that ``T``
+   lies below the row's k-th best score with overwhelming odds (``m = λ + 4·√λ + 2``, ``λ`` the sample
+   entries expected above the k-th best).
+2. Filter: every valid entry ``>= T`` is a candidate, kept with its position (and, on split rows, its key and
+   a count in the row's bin of its key; see below): a compare or two an entry, no histogram over the row.
 3. Finish: when the row gave ``k <= C <= cap`` candidates they hold the whole top-k (every entry at or
    above the k-th best candidate is ``>= T``), so the exact 32-bit key of the k-th best is radix-selected
-   over the stash, ``DIGIT`` bits a round below the common prefix of its min and max key, stopping as soon
-   as the pivot's digit holds exactly the entries still needed; the entries above it and the first tied
-   ones in index order are written, so the lower index wins ties deterministically.
+   over them, ``DIGIT`` bits a round below the common prefix of their min and max key, stopping as soon
+   as the pivot's digit holds exactly the entries still needed; the entries above it are written, and of
+   those tied with it on every bit a second select over their positions keeps the lowest, so the lower index
+   wins ties deterministically whatever order the candidates were kept in.
 4. Fallback (``C < k``: the sample overshot; ``C > cap``: heavy ties or a threshold far too low), exact
    and slower: a histogram of the whole row gives the threshold bin ``b``; entries above it go straight to
    the output, those of bin ``b`` to the stash, and the finish above selects among them (rescanning the row
@@ -29,15 +29,19 @@ NaN and -inf become INT32_MIN and are never counted. bf16/fp16 scores are widene
 ``k`` slots in registers (a bitonic ``tl.sort`` of 64-bit keys: exact score key, then the position reversed, so
 ties keep the lower index first and -1 slots go last) and translates them when asked.
 
-Launches: many rows run one fused kernel, a persistent grid over rows with one stash per program, then a
-persistent finishing kernel that takes only the rows the first left to the fallback.
-Few long rows are split into chunks fixed by the shape and the SM count (never by the data): one program a
-row samples it (``T`` to the workspace), then each chunk program filters its columns into its own region of
-the workspace, then one program a row gathers the regions in chunk order into the row's stash and finishes
-(or falls back). Rows with ``len <= k`` give ``0..len-1`` then -1 without reading scores. The
-workspace is one int32 buffer per (device, size bucket), allocated on first use and reused (at most about
-the size of fp32 scores plus the stashes): no allocation after that, no host sync, grids from shapes only.
-Calls sharing a device must not run concurrently on different streams.
+Launches: many rows run one fused kernel, a persistent grid over rows with one stash per program (filled in
+index order by a running ``tl.cumsum``), then a persistent finishing kernel that takes only the rows the first
+left to the fallback. Few long rows are split into chunks fixed by the shape and the SM count (never by the
+data): one program a row samples it (``T`` and the shift of the row's candidate bins to the workspace, the
+bins zeroed); then each chunk program filters its columns into its own region of the workspace, a lane a thread
+with a run of slots of its own (no scan while streaming; the runs are packed at intervals), counting each
+candidate in its bin (``BINS`` bins of its key's distance above ``T``, an atomic add); then one program a row
+reads the bin counts, which give the bin holding the k-th best, reads the candidates once (those in higher bins
+go straight out) and finishes among that one bin's (or falls back). Rows with ``len <= k`` give ``0..len-1``
+then -1 without reading scores. The output order is deterministic but, on split rows, not by index. The
+workspace is one int32 buffer per (device, size bucket), allocated on first use and reused (on split rows about
+twice the size of fp32 scores, candidates' keys kept beside their positions): no allocation after that, no host
+sync, grids from shapes only. Calls sharing a device must not run concurrently on different streams.
 """
 
 from __future__ import annotations
@@ -74,6 +78,12 @@ def _load(row_ptr, s1, col, m, CONTIG: tl.constexpr):
     else:
         x = tl.load(row_ptr + col.to(tl.int64) * s1, mask=m, other=float("-inf"))
     return x
+
+
+@triton.jit
+def _load_ahead(row_ptr, s1, col, lo, hi, CONTIG: tl.constexpr):
+    """A step of raw scores at columns ``col`` (-inf outside ``[lo, hi)``)."""
+    return _load(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG)
 
 
 @triton.jit
@@ -212,63 +222,54 @@ def _histogram(row_ptr, s1, lo, hi, CONTIG: tl.constexpr, BITS: tl.constexpr, TI
 
 
 @triton.jit
+def _sum_max_min(a_sum, a_max, a_min, b_sum, b_max, b_min):
+    return a_sum + b_sum, tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
+
+
+@triton.jit
 def _threshold_bin(hist, k, NB: tl.constexpr):
     """``(b, above, tied)``: the highest bin with at least k entries at or above it (-1 when the row has
-    fewer than k valid entries), the count above it (< k) and the count in it."""
+    fewer than k valid entries), the count above it (< k) and the count in it. The counts at or above each bin
+    fall with the bin, so all three come from one reduction of them (a round's latency is mostly reductions)."""
     at_or_above = tl.cumsum(hist, 0, reverse=True)
-    b = tl.sum((at_or_above >= k).to(tl.int32), 0) - 1
-    bins = tl.arange(0, NB)
-    above = tl.sum(tl.where(bins > b, hist, 0), 0)
-    tied = tl.sum(tl.where(bins == b, hist, 0), 0)
-    return b, above, tied
+    ge = at_or_above >= k
+    n_ge, above, at_b = tl.reduce((ge.to(tl.int32), tl.where(ge, 0, at_or_above), tl.where(ge, at_or_above, INT_MAX)),
+                                  0, _sum_max_min)
+    return n_ge - 1, above, tl.where(n_ge > 0, at_b - above, 0)
 
 
 @triton.jit
-def _bin_floor(b, BITS: tl.constexpr):
-    """A key at or below every value of coarse bin ``b``: the key of the bin's lowest fp16 value (fp16's
-    largest finite value for the bin of +inf, the lowest normal of the sign for a bin of subnormals, the
-    lowest valid key for ``b < 0`` or a bin of -inf)."""
-    o = (b << (16 - BITS)) - 32768  # the bin's lowest fp16 in the signed order of its bits
-    half = o ^ ((o >> 15) & 0x7FFF)
-    mag = half & 0x7FFF
-    neg = half < 0
-    bits = tl.where(mag >= 0x7C00, 0x477FE000,  # inf / NaN patterns: 65504.0
-                    tl.where(mag < 0x400, tl.where(neg, 0x00800000, 0), (mag << 13) + 0x38000000))
-    bits = tl.where(neg, bits | INT_MIN, bits)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return tl.where((b < 0) | (neg & (mag >= 0x7C00)), KEY_MIN_VALID, key)
-
-
-@triton.jit
-def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, BITS: tl.constexpr,
-                  SAMPLES: tl.constexpr, SAMPLE_TILE: tl.constexpr):
-    """The filter threshold of a row (``length > 0``), as a key at or below the ``m``-th best of ``SAMPLES``
-    entries spread evenly over the window, ``m = λ + 4·√λ + 2`` with ``λ = SAMPLES·k/length`` the sample
-    entries expected at or above the k-th best (so it lies below the k-th best unless the sample is off by
-    more than four standard deviations). Two histograms of the sample: the coarse bin ``b`` holding the
-    ``m``-th best, then 256 steps of the exact key inside ``b`` (a coarse bin spans ``2^(29 - BITS)`` keys),
-    so a bounded distribution (uniform scores) keeps few more candidates than needed. -0.0 and +0.0 stay
-    tied: a threshold of +0.0 is lowered to take -0.0 in too."""
-    hist = tl.zeros([1 << BITS], tl.int32)
-    for i0 in range(0, SAMPLES, SAMPLE_TILE):
-        i = i0 + tl.arange(0, SAMPLE_TILE)
-        pos = start + ((i.to(tl.int64) * length) // SAMPLES).to(tl.int32)
-        key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, BITS)
-        hist += tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
+def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr,
+                  BINS: tl.constexpr):
+    """``(floor, shift)``: the filter threshold of a row (``length > 0``), as a key at or below the ``m``-th best
+    of ``SAMPLES`` entries spread evenly over the window, ``m = λ + 4·√λ + 2`` with ``λ = SAMPLES·k/length`` the
+    sample entries expected at or above the k-th best (so it lies below the k-th best unless the sample is off by
+    more than four standard deviations): the ``m``-th best sample key itself, radix-selected over the sample held
+    in registers (the lowest valid key when fewer than ``m`` are valid). -0.0 and +0.0 stay tied: a threshold of
+    +0.0 is lowered to take -0.0 in too. ``shift``: the fewest low key bits to drop so that ``BINS`` bins from the
+    floor reach the sample's best key (:func:`_bin`)."""
+    i = tl.arange(0, SAMPLES)
+    pos = start + ((i.to(tl.int64) * length) // SAMPLES).to(tl.int32)
+    key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, 8)
+    valid = tl.sum((key != INT_MIN).to(tl.int32), 0)
     lam = (k * 1.0) * SAMPLES / length.to(tl.float32)  # k may arrive as a constexpr (Triton specialises 1)
     m = (lam + 4.0 * tl.sqrt(lam) + 3.0).to(tl.int32)  # >= ceil(λ + 4√λ + 2)
-    b, above, tied = _threshold_bin(hist, m, 1 << BITS)
-    floor = _bin_floor(b, BITS)
-    fine = tl.zeros([256], tl.int32)
-    for i0 in range(0, SAMPLES, SAMPLE_TILE):
-        i = i0 + tl.arange(0, SAMPLE_TILE)
-        pos = start + ((i.to(tl.int64) * length) // SAMPLES).to(tl.int32)
-        key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, BITS)
-        step = tl.minimum(tl.maximum((key - floor) >> (21 - BITS), 0), 255)  # clamped: fp16 rounding, edge bins
-        fine += tl.histogram(step, 256, mask=(key != INT_MIN) & (coarse == b))
-    sub, sub_above, sub_tied = _threshold_bin(fine, m - above, 256)
-    floor += tl.maximum(sub, 0) << (21 - BITS)
-    return tl.where(floor == 0, -1, floor)
+    thr, fixed, take, matched = _pivot(key, pos, tl.minimum(m, valid), valid, 0, 0, False, row_ptr, s1, start, 0, 0,
+                                       row_ptr, row_ptr, 0, 0, 0, CONTIG, 8, SAMPLES, DIGIT, True)
+    floor = tl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
+    floor = tl.where(floor == 0, -1, floor)
+    span = tl.maximum(tl.max(key, 0).to(tl.int64) - floor.to(tl.int64), 0)
+    shift = tl.zeros_like(valid)
+    for _ in tl.static_range(33):
+        shift += ((span >> shift.to(tl.int64)) >= BINS).to(tl.int32)
+    return floor, shift
+
+
+@triton.jit
+def _bin(key, floor, shift, BINS: tl.constexpr):
+    """The bin of candidate keys (``>= floor``, -0.0 as +0.0): their distance above ``floor`` with the low
+    ``shift`` bits dropped, the last bin taking every key beyond."""
+    return tl.minimum((key - floor).to(tl.uint32, bitcast=True) >> shift.to(tl.uint32), BINS - 1).to(tl.int32)
 
 
 @triton.jit
@@ -376,7 +377,7 @@ def _classify(row_ptr, s1, lo, hi, start, b, k, cap, stash_key, stash_idx, out_r
 
 
 @triton.jit
-def _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count,
+def _source(t, from_row: tl.constexpr, row_ptr, s1, start, hi, b, stash_key, stash_idx, count,
             CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
     """Tile ``t`` of the candidates: the stash, or (after a stash overflow) the row's bin-``b`` entries.
     Returns keys (INT_MIN for slots that hold no candidate) and window positions, in index order."""
@@ -393,50 +394,64 @@ def _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count,
 
 
 @triton.jit
-def _digit_histogram(lo, fixed, thr, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx,
-                     count, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr):
+def _select_key(key, idx, MODE: tl.constexpr, pk, pf):
+    """The order a round selects in: the score key (``MODE`` 0), or (``MODE`` 1) the position reversed
+    (``INT_MAX - position``: the lower position ranks higher) of the candidates whose key, under the settled bits
+    ``pf``, equals the pivot ``pk``; INT_MIN for every other slot."""
+    if MODE == 1:
+        settled = ((key ^ INT_MIN) & pf) ^ INT_MIN
+        key = tl.where((key != INT_MIN) & (settled == pk), idx ^ INT_MAX, INT_MIN)
+    return key
+
+
+@triton.jit
+def _digit_histogram(lo, fixed, thr, key0, t_lo, t_hi, from_row: tl.constexpr, row_ptr, s1, start, hi, b,
+                     stash_key, stash_idx, count, MODE: tl.constexpr, pk, pf, CONTIG: tl.constexpr,
+                     BITS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, ONE_TILE: tl.constexpr):
     """Counts of the ``DIGIT``-bit digit at bit ``lo`` (unsigned order) of the candidates whose bits under
-    ``fixed`` equal ``thr``'s (the first tile is held in registers)."""
+    ``fixed`` equal ``thr``'s (the first tile's select keys are held in registers)."""
     u = key0 ^ INT_MIN
     m = (key0 != INT_MIN) & (((u ^ thr) & fixed) == 0)
     hist = tl.histogram((u >> lo) & ((1 << DIGIT) - 1), 1 << DIGIT, mask=m)
-    for t in range(t_lo + TILE, t_hi, TILE):
-        key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count, CONTIG, BITS, TILE)
-        u = key ^ INT_MIN
-        m = (key != INT_MIN) & (((u ^ thr) & fixed) == 0)
-        hist += tl.histogram((u >> lo) & ((1 << DIGIT) - 1), 1 << DIGIT, mask=m)
+    if not ONE_TILE:
+        for t in range(t_lo + TILE, t_hi, TILE):
+            key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count, CONTIG, BITS,
+                               TILE)
+            key = _select_key(key, idx, MODE, pk, pf)
+            u = key ^ INT_MIN
+            m = (key != INT_MIN) & (((u ^ thr) & fixed) == 0)
+            hist += tl.histogram((u >> lo) & ((1 << DIGIT) - 1), 1 << DIGIT, mask=m)
     return hist
 
 
 @triton.jit
-def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
-            out_row, o_s1, raw_row, w_s1, HAS_RAW: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr,
-            TILE: tl.constexpr, DIGIT: tl.constexpr, MAY_RESCAN: tl.constexpr):
-    """Slots ``[above, above + need)`` of a long row: the best ``need`` of ``tied`` candidates (exact key, then
-    lower index), from the stash, or (``MAY_RESCAN`` and ``tied > cap``) from the row's bin-``b`` entries.
-    Returns ``above + need``, where the -1 fill starts (valid entries ran out)."""
-    need = tl.minimum(k - above, tied)
-    hi = start + length
-    if MAY_RESCAN:
-        from_row = tied > cap
-        t_lo = tl.where(from_row, start // TILE * TILE, 0)
-        t_hi = tl.where(from_row, hi, tl.where(need > 0, tied, 0))
-    else:
-        from_row: tl.constexpr = False
-        t_lo = 0
-        t_hi = tl.where(need > 0, tied, 0)
-    key0, idx0 = _source(t_lo, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
-    kmin = tl.min(tl.where(key0 != INT_MIN, key0, INT_MAX), 0)
-    kmax = tl.max(key0, 0)
-    for t in range(t_lo + TILE, t_hi, TILE):
-        key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
-        kmin = tl.minimum(kmin, tl.min(tl.where(key != INT_MIN, key, INT_MAX), 0))
-        kmax = tl.maximum(kmax, tl.max(key, 0))
-    # The pivot (the need-th best key) shares the common prefix of kmin and kmax: radix-select the bits below
-    # it, one DIGIT-bit digit a round from the top, in the unsigned order (key ^ INT_MIN), on the candidates
-    # that match the bits settled so far (``fixed``). Rounds wholly inside the prefix are skipped; once the
-    # pivot's digit holds exactly the ``take`` entries still needed, the rest are too. The last round
-    # overlaps bits already settled when DIGIT does not divide 32 (those bits match by construction).
+def _min_max(key):
+    """The smallest valid key (INT_MAX when none) and the largest key of a tile."""
+    return tl.min(tl.where(key != INT_MIN, key, INT_MAX), 0), tl.max(key, 0)
+
+
+@triton.jit
+def _pivot(key0, idx0, need, count, t_lo, t_hi, from_row: tl.constexpr, row_ptr, s1, start, hi, b, stash_key, stash_idx,
+           MODE: tl.constexpr, pk, pf, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
+           DIGIT: tl.constexpr, ONE_TILE: tl.constexpr):
+    """Radix select of the ``need``-th best select key (:func:`_select_key`) of the candidates: returns ``(thr,
+    fixed, take, matched)``, the pivot's settled bits (unsigned order) and which bits are settled, how many
+    candidates equal to the pivot under them are still needed, and how many there are (``take == matched``
+    unless the select keys tie on every bit). The pivot shares the common prefix of the smallest and largest
+    key, so the rounds, one ``DIGIT``-bit digit a round from the top, start below it; once the pivot's digit
+    holds exactly the ``take`` candidates still needed, the rest are too. The last round overlaps bits already
+    settled when DIGIT does not divide 32 (those bits match by construction). ``ONE_TILE``: the candidates are the
+    first tile alone (no memory is read; the stash arguments are not used)."""
+    key0 = _select_key(key0, idx0, MODE, pk, pf)
+    kmin, kmax = _min_max(key0)
+    if not ONE_TILE:
+        for t in range(t_lo + TILE, t_hi, TILE):
+            key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, count, CONTIG, BITS,
+                               TILE)
+            key = _select_key(key, idx, MODE, pk, pf)
+            t_min, t_max = _min_max(key)
+            kmin = tl.minimum(kmin, t_min)
+            kmax = tl.maximum(kmax, t_max)
     diff = kmin ^ kmax
     low = diff | (diff >> 1)
     low = low | (low >> 2)
@@ -447,32 +462,70 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
     fixed = ~low
     thr = (kmin ^ INT_MIN) & fixed
     take = need
+    matched = count
     done = (need <= 0).to(tl.int32)
-    for r in tl.static_range((32 + DIGIT - 1) // DIGIT):
-        lo = max(32 - DIGIT * (r + 1), 0)
+    for r in range((32 + DIGIT - 1) // DIGIT):  # a loop, not unrolled: one copy of the round's code
+        lo = tl.maximum(32 - DIGIT * (r + 1), 0)
         if (((~fixed) >> lo) != 0) & (done == 0):
-            hist = _digit_histogram(lo, fixed, thr, key0, t_lo, t_hi, from_row, row_ptr, s1,
-                                    start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE, DIGIT)
+            hist = _digit_histogram(lo, fixed, thr, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b, stash_key,
+                                    stash_idx, count, MODE, pk, pf, CONTIG, BITS, TILE, DIGIT, ONE_TILE)
             digit, above_digit, in_digit = _threshold_bin(hist, take, 1 << DIGIT)
             take -= above_digit
+            matched = in_digit
             thr = thr | (digit << lo)
             fixed = fixed | (tl.full((), (1 << DIGIT) - 1, tl.int32) << lo)
             done = (in_digit == take).to(tl.int32)  # the whole digit goes: no lower bit matters
-    # Candidates whose settled bits beat the pivot's all go; of those equal to it, the first ``take`` in
-    # index order. (Unsettled bits are cleared before comparing, in the signed order of the keys.)
+    return thr, fixed, take, tl.where(need > 0, matched, 0)
+
+
+@triton.jit
+def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
+            out_row, o_s1, raw_row, w_s1, HAS_RAW: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr,
+            TILE: tl.constexpr, DIGIT: tl.constexpr, FROM_ROW: tl.constexpr):
+    """Slots ``[above, above + need)`` of a long row: the best ``need`` of ``tied`` candidates (exact key, then
+    lower position), from the stash, or (``FROM_ROW``: ``tied > cap``, the stash overflowed) from the row's
+    bin-``b`` entries. Returns ``above + need``, where the -1 fill starts (valid entries ran out). (``FROM_ROW`` is
+    a constant so that the stash path carries none of the rescan's code.)"""
+    need = tl.minimum(k - above, tied)
+    hi = start + length
+    from_row: tl.constexpr = FROM_ROW
+    if FROM_ROW:
+        t_lo = start // TILE * TILE
+        t_hi = hi
+    else:
+        t_lo = 0
+        t_hi = tl.where(need > 0, tied, 0)
+    key0, idx0 = _source(t_lo, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
+    thr, fixed, take, matched = _pivot(key0, idx0, need, tied, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b,
+                                       stash_key, stash_idx, 0, 0, 0, CONTIG, BITS, TILE, DIGIT, False)
     pivot = thr ^ INT_MIN
+    # Candidates equal to the pivot on every bit (ties) beyond those needed: the lower positions win, so a second
+    # select over the tied candidates' positions settles which (the stash is not in index order). Without ties
+    # it sees no candidate (need 0, the first tile only) and every tied candidate stays in the pivot's class.
+    tie = matched > take
+    thr2, fixed2, take2, _ = _pivot(key0, idx0, tl.where(tie, take, 0), tied, t_lo, tl.where(tie, t_hi, t_lo),
+                                    from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, 1, pivot, fixed,
+                                    CONTIG, BITS, TILE, DIGIT, False)
+    pivot2 = tl.where(tie, thr2 ^ INT_MIN, INT_MIN)
+    fixed2 = tl.where(tie, fixed2, 0)
+    take2 = tl.where(tie, take2, take)
+    # Candidates that beat the pivot (first on the key, then on the reversed position among key ties) all go; of
+    # those equal to it on both, the first ``take2`` in stash order. (Unsettled bits are cleared before comparing,
+    # in the signed order of the keys.)
     run_gt = 0
     run_eq = 0
     for t in range(t_lo, t_hi, TILE):
         key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
         settled = ((key ^ INT_MIN) & fixed) ^ INT_MIN
-        gt = ((key != INT_MIN) & (settled > pivot)).to(tl.int32)
-        eq = ((key != INT_MIN) & (settled == pivot)).to(tl.int32)
+        eq1 = (key != INT_MIN) & (settled == pivot)
+        settled2 = (((idx ^ INT_MAX) ^ INT_MIN) & fixed2) ^ INT_MIN
+        gt = (((key != INT_MIN) & (settled > pivot)) | (eq1 & (settled2 > pivot2))).to(tl.int32)
+        eq = (eq1 & (settled2 == pivot2)).to(tl.int32)
         ranks = tl.cumsum(gt + (eq << 16), 0)
         n_gt = run_gt + (ranks & 0xFFFF) - gt
         n_eq = run_eq + (ranks >> 16) - eq
-        slot = above + n_gt + tl.minimum(n_eq, take)
-        chosen = (gt != 0) | ((eq != 0) & (n_eq < take))
+        slot = above + n_gt + tl.minimum(n_eq, take2)
+        chosen = (gt != 0) | ((eq != 0) & (n_eq < take2))
         _stage(out_row, o_s1, raw_row, w_s1, slot, idx, chosen & (slot < k), HAS_RAW)
         last = tl.max(ranks, 0)
         run_gt += last & 0xFFFF
@@ -501,7 +554,7 @@ def topk_rows_kernel(
     s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
     SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr,
-    SAMPLES: tl.constexpr, SAMPLE_TILE: tl.constexpr,
+    SAMPLES: tl.constexpr,
 ):
     """Many rows, launch 1: one program per row at a time (persistent over rows) samples, filters into the
     program's stash and, when ``k <= C <= cap``, finishes, translates and fills the row (short rows: fills),
@@ -517,7 +570,7 @@ def topk_rows_kernel(
         row_ptr = scores_ptr + r64 * s_s0
         count = tl.zeros_like(length) - 1
         if length > k:
-            floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, BITS, SAMPLES, SAMPLE_TILE)
+            floor, _ = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, SAMPLES, DIGIT, 2)
             count = _filter(row_ptr, s_s1, start, start + length, start, floor, cap, stash_key, stash_idx,
                             True, CONTIG, TILE)
         if (length <= k) | ((count >= k) & (count <= cap)):
@@ -539,74 +592,148 @@ def topk_rows_kernel(
 
 @triton.jit
 def topk_sample_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, floors_ptr, cols, k, s_s0, s_s1, len_s0, st_s0,
-    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, SAMPLES: tl.constexpr,
-    SAMPLE_TILE: tl.constexpr,
+    scores_ptr, lengths_ptr, starts_ptr, hist_ptr, cols, k, s_s0, s_s1, len_s0, st_s0,
+    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr, BINS: tl.constexpr,
 ):
-    """Split rows, launch 1: the filter threshold of row ``r`` (a key) to ``floors[r]`` (short rows: none)."""
+    """Split rows, launch 1: row ``r``'s record in ``hist`` (``BINS + 2`` entries: the candidates' bin counts,
+    zeroed here for the filter, then the filter threshold (a key) and the bins' shift; short rows: counts only)."""
     r = tl.program_id(0)
     start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+    hist_row = hist_ptr + r.to(tl.int64) * (BINS + 2)
+    tl.store(hist_row + tl.arange(0, BINS), tl.zeros([BINS], tl.int32))
     if length > k:
-        floor = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, BITS, SAMPLES,
-                              SAMPLE_TILE)
-        tl.store(floors_ptr + r, floor)
+        floor, shift = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, SAMPLES,
+                                     DIGIT, BINS)
+        tl.store(hist_row + BINS, floor)
+        tl.store(hist_row + BINS + 1, shift)
 
 
 @triton.jit
 def topk_filter_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, floors_ptr, region_ptr, counts_ptr, cols, k, chunk, region_cap,
+    scores_ptr, lengths_ptr, starts_ptr, hist_ptr, region_ptr, counts_ptr, cols, k,
     s_s0, s_s1, len_s0, st_s0,
-    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, TILE: tl.constexpr,
+    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, CHUNK: tl.constexpr, LANES: tl.constexpr, PACK: tl.constexpr,
+    BINS: tl.constexpr,
 ):
-    """Split rows, launch 2: chunk ``(r, s)`` filters its columns at the row's threshold into region ``(r, s)``
-    (window positions, at most ``region_cap``); ``counts[r, s]`` = how many passed (0 for short rows)."""
+    """Split rows, launch 2: chunk ``(r, s)`` filters its ``CHUNK`` columns at the row's threshold into region
+    ``(r, s)``: window positions in its first ``CHUNK`` slots, their keys (-0.0 as +0.0) in the next ``CHUNK``;
+    ``counts[r, s]`` = how many (0 for short rows). Each candidate is also counted in the row's bin of its key
+    (:func:`_bin`, an atomic add), so the finish knows which bin holds the k-th best before it reads a candidate.
+
+    The chunk goes by pieces of ``LANES × PACK`` columns. In a piece, lane ``l`` takes columns ``l, l + LANES, …``
+    (each step reads ``LANES`` adjacent columns) and appends its candidates to a run of ``PACK`` slots of its own
+    (as many as it sees: never full) with a counter of its own, in the piece's own part of the region: no scan, no
+    exchange between lanes while streaming. Then the runs are packed, lane after lane, behind the candidates of the
+    pieces before (read whole into registers first, so none is overwritten before it is read; the packed end
+    never passes the piece's start). The region is in lane order, not index order: the finish breaks ties by
+    position itself."""
     r = tl.program_id(0)
     s = tl.program_id(1)
     start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
     slot = r.to(tl.int64) * tl.num_programs(1) + s
     count = 0
     if length > k:
+        PIECE: tl.constexpr = LANES * PACK
         row_ptr = scores_ptr + r.to(tl.int64) * s_s0
-        lo = tl.maximum(start, s * chunk)
-        hi = tl.minimum(start + length, s * chunk + chunk)
-        region = region_ptr + slot * region_cap
-        count = _filter(row_ptr, s_s1, lo, hi, start, tl.load(floors_ptr + r), region_cap, region, region, False,
-                        CONTIG, TILE)
+        c0 = s * CHUNK
+        lo = tl.maximum(start, c0)
+        hi = tl.minimum(start + length, c0 + CHUNK)
+        idx_region = region_ptr + slot * (2 * CHUNK)
+        key_region = idx_region + CHUNK
+        hist_row = hist_ptr + r.to(tl.int64) * (BINS + 2)
+        floor = tl.load(hist_row + BINS)
+        shift = tl.load(hist_row + BINS + 1)
+        lane = tl.arange(0, LANES)
+        c = tl.arange(0, PACK)
+        first = c0 + (lo - c0) // PIECE * PIECE
+        # Eight steps in flight: each step's read is issued eight steps ahead (across pieces too), since a step's
+        # stores would otherwise keep the next read from being issued before them.
+        x0 = _load_ahead(row_ptr, s_s1, first + lane, lo, hi, CONTIG)
+        x1 = _load_ahead(row_ptr, s_s1, first + LANES + lane, lo, hi, CONTIG)
+        x2 = _load_ahead(row_ptr, s_s1, first + 2 * LANES + lane, lo, hi, CONTIG)
+        x3 = _load_ahead(row_ptr, s_s1, first + 3 * LANES + lane, lo, hi, CONTIG)
+        x4 = _load_ahead(row_ptr, s_s1, first + 4 * LANES + lane, lo, hi, CONTIG)
+        x5 = _load_ahead(row_ptr, s_s1, first + 5 * LANES + lane, lo, hi, CONTIG)
+        x6 = _load_ahead(row_ptr, s_s1, first + 6 * LANES + lane, lo, hi, CONTIG)
+        x7 = _load_ahead(row_ptr, s_s1, first + 7 * LANES + lane, lo, hi, CONTIG)
+        for p0 in range(first, hi, PIECE):
+            run = (p0 - c0) + lane * PACK
+            held = tl.zeros([LANES], tl.int32)
+            for j in tl.static_range(PACK):
+                col = p0 + j * LANES + lane
+                bits = _bits(x0)
+                x0, x1, x2, x3, x4, x5, x6 = x1, x2, x3, x4, x5, x6, x7
+                x7 = _load_ahead(row_ptr, s_s1, col + 8 * LANES, lo, hi, CONTIG)
+                key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+                cand = (key >= floor) & (key <= KEY_INF)  # floor > the key of -inf: NaN, -inf never pass
+                key = tl.where(key == -1, 0, key)  # -0.0 -> +0.0
+                tl.atomic_add(hist_row + _bin(key, floor, shift, BINS), 1, mask=cand, sem="relaxed")
+                tl.store(idx_region + run + held, col - start, mask=cand)
+                tl.store(key_region + run + held, key, mask=cand)
+                held += cand.to(tl.int32)
+            tl.debug_barrier()  # the runs were written by the lanes' own threads
+            m = c[None, :] < held[:, None]
+            idx = tl.load(idx_region + run[:, None] + c[None, :], mask=m)
+            key = tl.load(key_region + run[:, None] + c[None, :], mask=m)
+            tl.debug_barrier()  # every run is read before any is overwritten
+            dest = count + (tl.cumsum(held, 0) - held)[:, None] + c[None, :]
+            tl.store(idx_region + dest, idx, mask=m)
+            tl.store(key_region + dest, key, mask=m)
+            count += tl.sum(held, 0)
     tl.store(counts_ptr + slot, count)
 
 
-@triton.jit
-def _gather(row_ptr, s1, start, region_row, counts_row, chunks, region_cap, stash_key, stash_idx,
-            CONTIG: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The chunks' regions of a row, in chunk order, into its stash (keys from the scores)."""
-    base = 0
+@triton.jit(noinline=True)  # a call of its own: inlined, it spills ~50 SGPRs on gfx942 (Triton 3.9)
+def _split_pass(region_row, counts_row, chunks, chunk, hist_row, k, stash_key, stash_idx, out_row, o_s1, raw_row, w_s1,
+                HAS_RAW: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, BINS: tl.constexpr):
+    """A split row's candidates (the chunks' regions: positions, then keys, ``chunk`` slots each), read once. The
+    row's bin counts give the bin ``p`` holding the k-th best; candidates in higher bins are in the top-k and go
+    straight to output slots ``[0, above)``, those of bin ``p`` to the stash (``tied`` of them), from which the
+    finish selects the rest. Returns ``(above, tied)``."""
+    p, above, tied = _threshold_bin(tl.load(hist_row + tl.arange(0, BINS)), k, BINS)
+    floor = tl.load(hist_row + BINS)
+    shift = tl.load(hist_row + BINS + 1)
+    run_gt = 0
+    run_eq = 0
     for s0 in range(0, chunks, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         n = tl.load(counts_row + s, mask=s < chunks, other=0)
-        dest = base + tl.cumsum(n, 0) - n
         for c0 in range(0, tl.max(n, 0), BLOCK_C):
             c = c0 + tl.arange(0, BLOCK_C)
             m = c[None, :] < n[:, None]
-            idx = tl.load(region_row + s[:, None].to(tl.int64) * region_cap + c[None, :], mask=m, other=0)
-            key, coarse = _load_keys(row_ptr, s1, start + idx, m, CONTIG, 8)
-            tl.store(stash_key + dest[:, None] + c[None, :], key, mask=m)
-            tl.store(stash_idx + dest[:, None] + c[None, :], idx, mask=m)
-        base += tl.sum(n, 0)
+            src = region_row + s[:, None].to(tl.int64) * (2 * chunk) + c[None, :]
+            idx = tl.load(src, mask=m, other=0)
+            key = tl.load(src + chunk, mask=m, other=0)
+            bins = _bin(key, floor, shift, BINS)
+            gt = (m & (bins > p)).to(tl.int32)
+            eq = (m & (bins == p)).to(tl.int32)
+            both = gt + (eq << 16)
+            line = tl.sum(both, 1)
+            rank = (tl.cumsum(line, 0) - line)[:, None] + tl.cumsum(both, 1) - both
+            slot = run_gt + (rank & 0xFFFF)
+            entry = run_eq + (rank >> 16)
+            _stage(out_row, o_s1, raw_row, w_s1, slot, idx, (gt != 0) & (slot < k), HAS_RAW)
+            tl.store(stash_key + entry, key, mask=eq != 0)
+            tl.store(stash_idx + entry, idx, mask=eq != 0)
+            last = tl.sum(line, 0)
+            run_gt += last & 0xFFFF
+            run_eq += last >> 16
+    return above, tied
 
 
 @triton.jit
 def topk_finish_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, region_ptr, counts_ptr, stash_ptr,
-    rows, cols, k, cap, chunks, region_cap, batches, pages, page_size,
+    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, region_ptr, counts_ptr, hist_ptr,
+    stash_ptr, rows, cols, k, cap, chunks, chunk, batches, pages, page_size,
     s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
     SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr, BINS: tl.constexpr,
 ):
     """The last launch, one program per row at a time (persistent over rows, a stash per program): rows the
-    first launch finished (a count of -1) are skipped; a long row whose chunks found ``k <= C <= cap``
-    candidates gathers them and finishes, any other long row takes the exact fallback; then translate and
-    fill (short rows: fill only)."""
+    first launch finished (a count of -1) are skipped; a long split row whose chunks found ``k <= C <= cap``
+    candidates takes :func:`_split_pass` and selects the rest among its pivot bin's candidates, any other long
+    row takes the exact fallback; then translate and fill (short rows: fill only)."""
     pid = tl.program_id(0)
     stash_key = stash_ptr + pid.to(tl.int64) * 2 * cap
     stash_idx = stash_key + cap
@@ -624,19 +751,23 @@ def topk_finish_kernel(
             filled = 0
             if length > k:
                 row_ptr = scores_ptr + r64 * s_s0
-                # A region holds min(chunk, cap) entries, so one that overflowed makes count > cap.
                 b = tl.zeros_like(count) - 1
                 above = tl.zeros_like(count)
                 tied = count
                 if (count >= k) & (count <= cap):
-                    _gather(row_ptr, s_s1, start, region_ptr + r64 * chunks * region_cap, counts_row, chunks,
-                            region_cap, stash_key, stash_idx, CONTIG, BLOCK_S, TILE // BLOCK_S)
+                    above, tied = _split_pass(region_ptr + r64 * chunks * 2 * chunk, counts_row, chunks, chunk,
+                                              hist_ptr + r64 * (BINS + 2), k, stash_key, stash_idx, out_row, o_s1,
+                                              raw_row, w_s1, HAS_RAW, BLOCK_S, TILE // BLOCK_S, BINS)
                 else:
                     b, above, tied = _fallback(row_ptr, s_s1, start, length, k, cap, stash_key, stash_idx,
                                                out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE)
                 tl.debug_barrier()  # the stash was written by other threads of this program
-                filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
-                                 out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, True)
+                if tied > cap:
+                    filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
+                                     out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, True)
+                else:
+                    filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
+                                     out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, False)
             b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
             if length > k:
                 _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
@@ -729,16 +860,41 @@ def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
     """Columns per chunk when rows are split across programs, or 0 to run the fused one-program-per-row kernel.
 
     From the shape, the multiprocessor count and the tuning only: rows get about ``CHUNKS_PER_SM`` chunks an
-    SM in all, of at least ``MIN_CHUNK`` columns (``CHUNK`` > 0 forces a chunk length)."""
-    tile = cfg["TILE"]
+    SM in all, of at least ``MIN_CHUNK`` columns (``CHUNK`` > 0 forces a chunk length); a power of two, at least
+    a tile (the filter's lanes own equal shares of it)."""
     if cfg.get("CHUNK", 0):
-        chunk = cdiv(cfg["CHUNK"], tile) * tile
+        chunk = cfg["CHUNK"]
     else:
         per_row = cdiv(sms * cfg["CHUNKS_PER_SM"], max(rows, 1))
         if per_row <= 1:
             return 0
-        chunk = max(cfg["MIN_CHUNK"], cdiv(cdiv(cols, per_row), tile) * tile)
+        chunk = max(cfg["MIN_CHUNK"], cdiv(cols, per_row))
+    chunk = next_power_of_2(max(chunk, cfg["TILE"]))
     return chunk if chunk < cols else 0
+
+
+def filter_shape(target: Target, chunk: int, cfg: Mapping[str, Any]) -> tuple[int, int, Options]:
+    """``(lanes, pack, options)`` of the split filter: a lane a thread (``FILTER_WARPS`` warps, the pass's warps by
+    default), pieces of ``FILTER_PACK`` reads of ``lanes`` adjacent columns, both cut to fit ``chunk``."""
+    warps = cfg.get("FILTER_WARPS", cfg["num_warps"])
+    lanes = min(target.warp_size * warps, chunk)
+    pack = max(1, min(cfg.get("FILTER_PACK", 8), chunk // lanes))
+    options = {key: value for key, value in cfg.items() if key != "maxnreg"}
+    return lanes, pack, launch_key_options(launch_options(target, dict(options, num_warps=warps)))
+
+
+def gather_chunks(chunks: int, cfg: Mapping[str, Any]) -> int:
+    """Chunks the finish reads side by side (a power of two, at most ``GATHER_CHUNKS`` and the chunks of a row, so
+    that few rows of its tile stand empty)."""
+    return max(1, min(cfg["GATHER_CHUNKS"], 1 << (max(chunks, 1).bit_length() - 1)))
+
+
+def sample_options(target: Target, cfg: Mapping[str, Any]) -> Options:
+    """Launch options of the split rows' sample (``SAMPLE_WARPS`` warps, the pass's by default; no register cap):
+    the whole sample is held in registers."""
+    options = {key: value for key, value in cfg.items() if key != "maxnreg"}
+    return launch_key_options(launch_options(target, dict(options, num_warps=cfg.get("SAMPLE_WARPS",
+                                                                                     cfg["num_warps"]))))
 
 
 def stash_capacity(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
@@ -800,36 +956,47 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
                                                     row_to_batch)
     opts = _options(target, cfg)
     fin_tile, fin_opts = _finish_shape(target, cfg)
-    scan = {name: row_args[name] for name in _SCAN_ARGS} | dict(BITS=cfg["BITS"], TILE=tile)
+    scan = {name: row_args[name] for name in _SCAN_ARGS}
     common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
-    sampling = dict(SAMPLES=samples, SAMPLE_TILE=min(samples, tile))
     sms = _sms(target, device)
     chunk = split_chunk(rows, cols, sms, cfg)
     chunks = cdiv(cols, chunk) if chunk else 1
-    region_cap = min(chunk, cap)
     row_programs = 0 if chunk else min(rows, sms * cfg["PROGRAMS_PER_SM"])
     finish_programs = min(rows, sms)
-    region_n, counts_n = rows * chunks * region_cap, rows * chunks
-    ws = _scratch(device, region_n + counts_n + rows + max(row_programs, finish_programs) * 2 * cap)
-    region, counts = ws[:region_n], ws[region_n:region_n + counts_n]
-    floors, stash = ws[region_n + counts_n:region_n + counts_n + rows], ws[region_n + counts_n + rows:]
+    bins = cfg["FINISH_BINS"]
+    region_n, counts_n = rows * chunks * 2 * chunk, rows * chunks
+    hist_n = rows * (bins + 2) if chunk else 0
+    ws = _scratch(device, region_n + counts_n + hist_n + max(row_programs, finish_programs) * 2 * cap)
+    region, counts, hist, stash = _split(ws, region_n, counts_n, hist_n)
     finish = ("finish", Launch(
         FINISH, (finish_programs,), fin_opts,
-        (scores, lengths, starts, out, raw, r2b, table, region, counts, stash, rows, cols, k, cap, chunks, region_cap),
-        dict(common, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"])))
+        (scores, lengths, starts, out, raw, r2b, table, region, counts, hist, stash, rows, cols, k, cap, chunks,
+         chunk),
+        dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins)))
     if not chunk:
         return [("rows", Launch(ROWS, (row_programs,), opts,
                                 (scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap),
-                                dict(common, **sampling))),
+                                dict(common, SAMPLES=min(samples, 2 * tile)))),
                 finish]
+    lanes, pack, filter_opts = filter_shape(target, chunk, cfg)
     return [
-        ("sample", Launch(SAMPLE, (rows,), opts, (scores, lengths, starts, floors, cols, k),
-                          dict({n: v for n, v in scan.items() if n != "TILE"}, **sampling))),
-        ("filter", Launch(FILTER, (rows, chunks), opts,
-                          (scores, lengths, starts, floors, region, counts, cols, k, chunk, region_cap),
-                          {n: v for n, v in scan.items() if n != "BITS"})),
+        ("sample", Launch(SAMPLE, (rows,), sample_options(target, cfg),
+                          (scores, lengths, starts, hist, cols, k),
+                          dict(scan, SAMPLES=samples, DIGIT=cfg["DIGIT"], BINS=bins))),
+        ("filter", Launch(FILTER, (rows, chunks), filter_opts,
+                          (scores, lengths, starts, hist, region, counts, cols, k),
+                          dict(scan, CHUNK=chunk, LANES=lanes, PACK=pack, BINS=bins))),
         finish,
     ]
+
+
+def _split(ws: torch.Tensor, *sizes: int) -> list[torch.Tensor]:
+    """Consecutive pieces of ``ws`` of the given sizes, then the rest."""
+    pieces, at = [], 0
+    for n in sizes:
+        pieces.append(ws[at:at + n])
+        at += n
+    return pieces + [ws[at:]]
 
 
 def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
@@ -924,9 +1091,9 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     opts = dict(_options(target, cfg))
     fin_tile, fin_opts = _finish_shape(target, cfg)
     fin_opts = dict(fin_opts)
-    samples = sample_size(1 << 17, 2048, cfg)
+    chunk = split_chunk(64, 1 << 17, 132, cfg)  # decode's 64 rows of 128K keys on an H200-sized GPU
+    lanes, pack, filter_opts = filter_shape(target, chunk, cfg)
     shape = {"BITS": cfg["BITS"], "TILE": cfg["TILE"]}
-    sampling = {"SAMPLES": samples, "SAMPLE_TILE": min(samples, cfg["TILE"])}
     unit = {"len_s0": 1, "st_s0": 1, "o_s1": 1, "w_s1": 1, "r2b_s0": 1, "tab_s1": 1}
     aligned = ("s_s0", "o_s0", "w_s0", "tab_s0")
     variants = (  # dtype, HAS_STARTS, HAS_R2B, TRANSLATE, HAS_RAW, SHIFT, CONTIG
@@ -936,7 +1103,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     )
     index_ptrs = {name: "*i32" for name in ("lengths_ptr", "starts_ptr", "out_ptr", "raw_ptr", "r2b_ptr", "table_ptr",
                                             "stash_ptr", "region_ptr", "counts_ptr",
-                                            "floors_ptr")}
+                                            "hist_ptr")}
     specs = []
     for dtype, starts, r2b, translate, has_raw, shift, contig in variants:
         ptrs = {**index_ptrs, "scores_ptr": pointer(dtype)}
@@ -945,15 +1112,20 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         full = {**flags, "HAS_R2B": r2b, "TRANSLATE": translate, "HAS_RAW": has_raw, "SHIFT": shift,
                 "DIGIT": cfg["DIGIT"], **unit, **k_one}
         op = "topk_translate" if translate else "topk"
-        specs.append(KernelSpec(op, topk_sample_kernel, ptrs, {**{n: v for n, v in flags.items() if n != "TILE"},
-                                                               **sampling, "len_s0": 1, "st_s0": 1, **k_one}, opts,
+        specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
+                                {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")},
+                                 "SAMPLES": cfg["SAMPLE"], "DIGIT": cfg["DIGIT"], "BINS": cfg["FINISH_BINS"],
+                                 "len_s0": 1, "st_s0": 1, **k_one},
+                                dict(sample_options(target, cfg)), aligned=("s_s0",)))
+        specs.append(KernelSpec(op, topk_filter_kernel, ptrs,
+                                {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "CHUNK": chunk,
+                                 "LANES": lanes, "PACK": pack, "BINS": cfg["FINISH_BINS"], "len_s0": 1, "st_s0": 1,
+                                 **k_one}, dict(filter_opts),
                                 aligned=("s_s0",)))
-        specs.append(KernelSpec(op, topk_filter_kernel, ptrs, {**{n: v for n, v in flags.items() if n != "BITS"},
-                                                               "len_s0": 1, "st_s0": 1, **k_one}, opts,
-                                aligned=("s_s0",)))
-        specs.append(KernelSpec(op, topk_rows_kernel, ptrs, {**full, **sampling}, opts, aligned=aligned))
-        specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"]),
-                                fin_opts, aligned=aligned))
+        specs.append(KernelSpec(op, topk_rows_kernel, ptrs, {**full, "SAMPLES": min(cfg["SAMPLE"], 2 * cfg["TILE"])},
+                                opts, aligned=aligned))
+        specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"],
+                                                                   BINS=cfg["FINISH_BINS"]), fin_opts, aligned=aligned))
         width = MAX_SORTED_K if dtype == torch.float32 else 2048  # sorted=True at its largest k and at DSA's
         sort = {n: v for n, v in full.items() if n not in ("BITS", "TILE", "DIGIT", "k")}
         specs.append(KernelSpec(op, topk_sort_kernel, ptrs, dict(sort, K_P2=width),
