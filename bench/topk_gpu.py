@@ -12,9 +12,10 @@ replayed 1000 times while scores and lengths change, each replay equal to eager,
 eager call with preallocated outputs; (c) timings — CUDA-graph replays, median, inputs rotated through more
 than twice the L2 — of our topk, topk with sorted=True and topk_translate, torch.topk, the torch backend
 (eager) and one read of the scores (a sum), on 64 × 128K (k 2048 and 512), 1 × 128K, 1 × 1M and 2048 × 32K
-fp32, with the issue's targets; (d) each kernel launch of a call timed alone, and a small sweep of tuning
-configurations. Prints tables, writes JSON to ``--out``, exits 1 when a check fails. Uses no Triton API (Triton
-3.6 and later); about three minutes on an H200 (the sweep: per configuration, the call and each launch).
+fp32, with the issue's targets; (d) each kernel launch of a call timed (the launches up to it less those before
+it), and a small sweep of tuning configurations. Prints tables, writes JSON to ``--out``, exits 1 when a check
+fails. Uses no Triton API (Triton 3.6 and later); about three minutes on an H200 (the sweep: per configuration,
+the call and each launch).
 """
 
 from __future__ import annotations
@@ -40,10 +41,9 @@ PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
 SWEEP_SHAPES = [(64, 131072, 2048), (64, 131072, 512), (2048, 32768, 2048)]
 ADVERSARIAL = [(40000, 2048), (9000, 513)]  # columns, k
-SWEEP = [  # tuning overrides on the table's entry (the first is the table itself); run9 also tried SAMPLE_RANK 4
-    # (2.5-3.4x slower: the stash overflowed into the fallback) and TILE 512 (within 4 %)
-    {}, {"SAMPLE_RANK": 64}, {"FINISH_TILE": 4096}, {"TILE": 2048, "num_warps": 8, "PROGRAMS_PER_SM": 2},
-    {"TILE": 4096, "num_warps": 16, "PROGRAMS_PER_SM": 1},
+SWEEP = [  # tuning overrides on the table's entry (the first is the table itself); runs 23-29 raced more
+    # (BENCHMARKS.md, "Beside the peers: top-k")
+    {}, {"SAMPLE_RANK": 64}, {"FINISH_BINS": 512}, {"CHUNKS_PER_SM": 16}, {"FILTER_PACK": 4},
 ]
 # Per-launch times: the fused kernel, or the split sample and filter, then the finishing kernel; CHUNK forces the
 # split path.
@@ -330,16 +330,27 @@ def _sweep_shape(rows: int, cols: int, k: int, target, base: dict, dev) -> list[
             row["us"] = _timed(run, sets, True, 0.15)
             steps = [kernels.launches(s, lengths, k, None, out, None, None, 1, None, target=target, cfg=cfg)
                      for s in scores]
-            for j, (name, _) in enumerate(steps[0]):
-                row[name + "_us"] = _timed(lambda i, j=j, st=steps: st[i][j][1](), sets, True, 0.1)
+            row.update(_launch_times(steps, sets, 0.1))
         except Exception as exc:  # a configuration that does not compile or fit is a result too
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         found.append(row)
     return found
 
 
+def _launch_times(steps: list, sets: int, budget_s: float) -> dict[str, float]:
+    """Each launch's µs: the graph replay time of the launches up to it minus that of those before it (over the
+    rotated input sets). No launch is replayed alone: the split rows' finish reads the candidate counts that the
+    sample zeroes and the filter adds to."""
+    times, before = {}, 0.0
+    for j, (name, _) in enumerate(steps[0]):
+        upto = _timed(lambda i, j=j: [steps[i][q][1]() for q in range(j + 1)], sets, True, budget_s)
+        times[name + "_us"] = upto - before
+        before = upto
+    return times
+
+
 def breakdown(dev) -> list[dict]:
-    """Each kernel launch of one call timed alone (CUDA-graph replays of that launch over rotated inputs)."""
+    """Each kernel launch of one call (:func:`_launch_times`)."""
     from indexcache.backends.cuda import ARCH_ENV, tuning
     from indexcache.backends.triton.target import detect
 
@@ -359,11 +370,10 @@ def _breakdown_shape(rows: int, cols: int, k: int, chunk: int, target, cfg: dict
     out = torch.empty(rows, k, device=dev, dtype=torch.int32)
     steps = [kernels.launches(s, lengths, k, None, out, None, None, 1, None, target=target, cfg=cfg) for s in scores]
     row = {"case": _case(rows, cols, k) + (f" CHUNK={chunk}" if chunk else ""), "launches": [n for n, _ in steps[0]]}
-    for j, (name, _) in enumerate(steps[0]):
-        try:
-            row[name + "_us"] = _timed(lambda i, j=j: steps[i][j][1](), sets, True, 0.15)
-        except Exception as exc:  # one failing launch must not hide the others
-            row[name + "_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    try:
+        row.update(_launch_times(steps, sets, 0.15))
+    except Exception as exc:  # one failing shape must not hide the others
+        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
     print(f"  {row['case']}: " + ", ".join(f"{n} {v:.1f}" for n, v in row.items() if n.endswith("_us")), flush=True)
     return row
 

@@ -25,15 +25,15 @@ _COMMON: dict[str, dict[str, Any]] = {
                          "PREFETCH": 0, "num_warps": 4, "num_stages": 5},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
-    # bins (quarter octaves) for the sample, 5-bit digits (32 bins = one a lane) in the finish, four resident
-    # programs a SM for the fused kernel (maxnreg 128). Rows split into >= 8K-column chunks, about 8 a SM, when
-    # rows are few; their filter streams with a lane a thread over 8 warps, packing every 8 steps (2K columns:
-    # 64 registers, four programs a SM, cross-compiled). The finishing kernel (one program an SM, persistent): 2K
-    # tiles over 8 warps with up to 224 registers (ptxas capped itself at 128 and spilled). SAMPLE_RANK 16: about
-    # 16 sample entries expected above the k-th best (H200 sweep, run9: 64 and 4 were slower at 64 x 128K and
-    # 2048 x 32K k 2048). A stash of max(4096, 4k, columns / 32) entries a row. sorted=True: a row's keys sorted
-    # over one warp per SORT_PER_WARP keys (8 int64 a thread: 2048 keys on 8 warps; from the cross-compiled
-    # register counts, not measured).
+    # bins for the fallback's row histogram, 5-bit digits (32 bins = one a lane: Triton 3.6 lowers a histogram by
+    # ballots) in the selects, four resident programs a SM for the fused kernel (maxnreg 128). Rows split into
+    # chunks of >= 4K columns (powers of two), about 8 a SM, when rows are few: the sample over 8 warps, the filter
+    # a lane a thread over 8 warps packing every 8 steps (77 registers, three programs a SM), 2048 candidate bins;
+    # the finish (one program an SM, persistent): 2K tiles over 8 warps, up to 224 registers (ptxas capped itself at
+    # 128 and spilled), reading up to 64 chunks side by side. SAMPLE_RANK 32: about 32 sample entries expected above
+    # the k-th best (H200, runs 27-29: 16 left more candidates, 64 sampled longer than it saved). A stash of
+    # max(4096, 4k, columns / 32) entries a row. sorted=True: a row's keys sorted over one warp per SORT_PER_WARP
+    # keys (8 int64 a thread: 2048 keys on 8 warps; from the cross-compiled register counts, not measured).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "MIN_CHUNK": 4096,

@@ -9,10 +9,13 @@
   cases, inputs, bytes / FLOPs and check (the ``bench`` field of its spec record, :mod:`indexcache.hal.specs`);
 - :mod:`~indexcache.bench.ranks` — one process per rank for the multi-GPU scripts.
 
-The ``bench/*.py`` scripts and ``ci/gpu.sh`` use these; ``indexcache bench`` uses what is exported here.
+The ``bench/*.py`` scripts and ``ci/gpu.sh`` use these; ``indexcache bench`` uses what is exported here, and the
+peer harnesses of issues 17 and 18 (kept outside the repository) import the timer's and provenance's names below.
 """
 
 from indexcache.bench.harness import failed, run
 from indexcache.bench.output import format_table, write_json
+from indexcache.bench.provenance import checkout_commit
+from indexcache.bench.timing import call_times_ms, capture_graph
 
-__all__ = ["failed", "format_table", "run", "write_json"]
+__all__ = ["call_times_ms", "capture_graph", "checkout_commit", "failed", "format_table", "run", "write_json"]
