@@ -222,32 +222,25 @@ def _histogram(row_ptr, s1, lo, hi, CONTIG: tl.constexpr, BITS: tl.constexpr, TI
 
 
 @triton.jit
-def _sum_max_min(a_sum, a_max, a_min, b_sum, b_max, b_min):
-    return a_sum + b_sum, tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
-
-
-@triton.jit
 def _threshold_bin(hist, k, NB: tl.constexpr):
     """``(b, above, tied)``: the highest bin with at least k entries at or above it (-1 when the row has
-    fewer than k valid entries), the count above it (< k) and the count in it. The counts at or above each bin
-    fall with the bin, so all three come from one reduction of them (a round's latency is mostly reductions)."""
+    fewer than k valid entries), the count above it (< k) and the count in it."""
     at_or_above = tl.cumsum(hist, 0, reverse=True)
-    ge = at_or_above >= k
-    n_ge, above, at_b = tl.reduce((ge.to(tl.int32), tl.where(ge, 0, at_or_above), tl.where(ge, at_or_above, INT_MAX)),
-                                  0, _sum_max_min)
-    return n_ge - 1, above, tl.where(n_ge > 0, at_b - above, 0)
+    b = tl.sum((at_or_above >= k).to(tl.int32), 0) - 1
+    bins = tl.arange(0, NB)
+    above = tl.sum(tl.where(bins > b, hist, 0), 0)
+    tied = tl.sum(tl.where(bins == b, hist, 0), 0)
+    return b, above, tied
 
 
 @triton.jit
-def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr,
-                  BINS: tl.constexpr):
-    """``(floor, shift)``: the filter threshold of a row (``length > 0``), as a key at or below the ``m``-th best
+def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr):
+    """``(floor, best)``: the filter threshold of a row (``length > 0``), as a key at or below the ``m``-th best
     of ``SAMPLES`` entries spread evenly over the window, ``m = λ + 4·√λ + 2`` with ``λ = SAMPLES·k/length`` the
     sample entries expected at or above the k-th best (so it lies below the k-th best unless the sample is off by
     more than four standard deviations): the ``m``-th best sample key itself, radix-selected over the sample held
     in registers (the lowest valid key when fewer than ``m`` are valid). -0.0 and +0.0 stay tied: a threshold of
-    +0.0 is lowered to take -0.0 in too. ``shift``: the fewest low key bits to drop so that ``BINS`` bins from the
-    floor reach the sample's best key (:func:`_bin`)."""
+    +0.0 is lowered to take -0.0 in too. ``best``: the sample's largest key."""
     i = tl.arange(0, SAMPLES)
     pos = start + ((i.to(tl.int64) * length) // SAMPLES).to(tl.int32)
     key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, 8)
@@ -257,12 +250,17 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: 
     thr, fixed, take, matched = _pivot(key, pos, tl.minimum(m, valid), valid, 0, 0, False, row_ptr, s1, start, 0, 0,
                                        row_ptr, row_ptr, 0, 0, 0, CONTIG, 8, SAMPLES, DIGIT, True)
     floor = tl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
-    floor = tl.where(floor == 0, -1, floor)
-    span = tl.maximum(tl.max(key, 0).to(tl.int64) - floor.to(tl.int64), 0)
-    shift = tl.zeros_like(valid)
+    return tl.where(floor == 0, -1, floor), tl.max(key, 0)
+
+
+@triton.jit
+def _bin_shift(floor, best, BINS: tl.constexpr):
+    """The fewest low key bits to drop so that ``BINS`` bins from ``floor`` reach the key ``best`` (:func:`_bin`)."""
+    span = tl.maximum(best.to(tl.int64) - floor.to(tl.int64), 0)
+    shift = tl.zeros_like(floor)
     for _ in tl.static_range(33):
         shift += ((span >> shift.to(tl.int64)) >= BINS).to(tl.int32)
-    return floor, shift
+    return shift
 
 
 @triton.jit
@@ -517,10 +515,10 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
     for t in range(t_lo, t_hi, TILE):
         key, idx = _source(t, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
         settled = ((key ^ INT_MIN) & fixed) ^ INT_MIN
-        eq1 = (key != INT_MIN) & (settled == pivot)
-        settled2 = (((idx ^ INT_MAX) ^ INT_MIN) & fixed2) ^ INT_MIN
-        gt = (((key != INT_MIN) & (settled > pivot)) | (eq1 & (settled2 > pivot2))).to(tl.int32)
-        eq = (eq1 & (settled2 == pivot2)).to(tl.int32)
+        key2 = _select_key(key, idx, 1, pivot, fixed)  # INT_MIN unless tied with the pivot
+        settled2 = ((key2 ^ INT_MIN) & fixed2) ^ INT_MIN
+        gt = (((key != INT_MIN) & (settled > pivot)) | ((key2 != INT_MIN) & (settled2 > pivot2))).to(tl.int32)
+        eq = ((key2 != INT_MIN) & (settled2 == pivot2)).to(tl.int32)
         ranks = tl.cumsum(gt + (eq << 16), 0)
         n_gt = run_gt + (ranks & 0xFFFF) - gt
         n_eq = run_eq + (ranks >> 16) - eq
@@ -570,7 +568,7 @@ def topk_rows_kernel(
         row_ptr = scores_ptr + r64 * s_s0
         count = tl.zeros_like(length) - 1
         if length > k:
-            floor, _ = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, SAMPLES, DIGIT, 2)
+            floor, _ = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, SAMPLES, DIGIT)
             count = _filter(row_ptr, s_s1, start, start + length, start, floor, cap, stash_key, stash_idx,
                             True, CONTIG, TILE)
         if (length <= k) | ((count >= k) & (count <= cap)):
@@ -602,10 +600,10 @@ def topk_sample_kernel(
     hist_row = hist_ptr + r.to(tl.int64) * (BINS + 2)
     tl.store(hist_row + tl.arange(0, BINS), tl.zeros([BINS], tl.int32))
     if length > k:
-        floor, shift = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, SAMPLES,
-                                     DIGIT, BINS)
+        floor, best = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, SAMPLES,
+                                    DIGIT)
         tl.store(hist_row + BINS, floor)
-        tl.store(hist_row + BINS + 1, shift)
+        tl.store(hist_row + BINS + 1, _bin_shift(floor, best, BINS))
 
 
 @triton.jit
@@ -843,17 +841,22 @@ def _options(target: Target, cfg: Mapping[str, Any]) -> Options:
     return launch_key_options(launch_options(target, cfg))
 
 
+def _own_options(target: Target, cfg: Mapping[str, Any], warps_key: str, maxnreg_key: str | None = None) -> Options:
+    """Launch options of a kernel with warps of its own (``cfg[warps_key]``, the pass's warps by default) and no
+    register cap but ``cfg[maxnreg_key]`` where that is given."""
+    own = {key: value for key, value in cfg.items() if key != "maxnreg"}
+    own["num_warps"] = cfg.get(warps_key, cfg["num_warps"])
+    if maxnreg_key in cfg:
+        own["maxnreg"] = cfg[maxnreg_key]
+    return launch_key_options(launch_options(target, own))
+
+
 def _finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, Options]:
     """Tile and launch options of the finishing kernel (``FINISH_TILE`` values over ``FINISH_WARPS`` warps; the
     pass tile and warps by default; ``FINISH_MAXNREG`` registers on NVIDIA, where ptxas otherwise caps itself at 128
-    and spills): a wide tile holds a typical
-    stash in registers and cuts the serial L2 round trips of the rounds over it."""
-    tile = cfg.get("FINISH_TILE", cfg["TILE"])
-    finish = {key: value for key, value in cfg.items() if key != "maxnreg"}
-    finish["num_warps"] = cfg.get("FINISH_WARPS", cfg["num_warps"])
-    if "FINISH_MAXNREG" in cfg:
-        finish["maxnreg"] = cfg["FINISH_MAXNREG"]
-    return tile, launch_key_options(launch_options(target, finish))
+    and spills): a wide tile holds a typical stash in registers and cuts the serial L2 round trips of the rounds
+    over it."""
+    return cfg.get("FINISH_TILE", cfg["TILE"]), _own_options(target, cfg, "FINISH_WARPS", "FINISH_MAXNREG")
 
 
 def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
@@ -876,25 +879,15 @@ def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
 def filter_shape(target: Target, chunk: int, cfg: Mapping[str, Any]) -> tuple[int, int, Options]:
     """``(lanes, pack, options)`` of the split filter: a lane a thread (``FILTER_WARPS`` warps, the pass's warps by
     default), pieces of ``FILTER_PACK`` reads of ``lanes`` adjacent columns, both cut to fit ``chunk``."""
-    warps = cfg.get("FILTER_WARPS", cfg["num_warps"])
-    lanes = min(target.warp_size * warps, chunk)
+    lanes = min(target.warp_size * cfg.get("FILTER_WARPS", cfg["num_warps"]), chunk)
     pack = max(1, min(cfg.get("FILTER_PACK", 8), chunk // lanes))
-    options = {key: value for key, value in cfg.items() if key != "maxnreg"}
-    return lanes, pack, launch_key_options(launch_options(target, dict(options, num_warps=warps)))
+    return lanes, pack, _own_options(target, cfg, "FILTER_WARPS")
 
 
 def gather_chunks(chunks: int, cfg: Mapping[str, Any]) -> int:
     """Chunks the finish reads side by side (a power of two, at most ``GATHER_CHUNKS`` and the chunks of a row, so
     that few rows of its tile stand empty)."""
     return max(1, min(cfg["GATHER_CHUNKS"], 1 << (max(chunks, 1).bit_length() - 1)))
-
-
-def sample_options(target: Target, cfg: Mapping[str, Any]) -> Options:
-    """Launch options of the split rows' sample (``SAMPLE_WARPS`` warps, the pass's by default; no register cap):
-    the whole sample is held in registers."""
-    options = {key: value for key, value in cfg.items() if key != "maxnreg"}
-    return launch_key_options(launch_options(target, dict(options, num_warps=cfg.get("SAMPLE_WARPS",
-                                                                                     cfg["num_warps"]))))
 
 
 def stash_capacity(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
@@ -980,7 +973,8 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
                 finish]
     lanes, pack, filter_opts = filter_shape(target, chunk, cfg)
     return [
-        ("sample", Launch(SAMPLE, (rows,), sample_options(target, cfg),
+        # The sample's own warps and no register cap: the whole sample is held in registers.
+        ("sample", Launch(SAMPLE, (rows,), _own_options(target, cfg, "SAMPLE_WARPS"),
                           (scores, lengths, starts, hist, cols, k),
                           dict(scan, SAMPLES=samples, DIGIT=cfg["DIGIT"], BINS=bins))),
         ("filter", Launch(FILTER, (rows, chunks), filter_opts,
@@ -1116,7 +1110,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                                 {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")},
                                  "SAMPLES": cfg["SAMPLE"], "DIGIT": cfg["DIGIT"], "BINS": cfg["FINISH_BINS"],
                                  "len_s0": 1, "st_s0": 1, **k_one},
-                                dict(sample_options(target, cfg)), aligned=("s_s0",)))
+                                dict(_own_options(target, cfg, "SAMPLE_WARPS")), aligned=("s_s0",)))
         specs.append(KernelSpec(op, topk_filter_kernel, ptrs,
                                 {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "CHUNK": chunk,
                                  "LANES": lanes, "PACK": pack, "BINS": cfg["FINISH_BINS"], "len_s0": 1, "st_s0": 1,
