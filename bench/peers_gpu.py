@@ -50,21 +50,20 @@ PEERS = {"deep_gemm": "DeepGEMM", "flashinfer": "FlashInfer", "sgl_kernel": "SGL
 FP8 = torch.float8_e4m3fn
 HEADS, DIM, PAGE = 64, 128, 64
 TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
-# Overrides of the cuda table's logits entries raced beside it (--variants). Decode: a register cap (more programs
-# resident, or a build that fails where the cap is too low) and a shallower pipeline; runs 18-19 raced tiles
-# through the copy engine (TMA with host tensor descriptors, 8-25 % slower) and the scales read one tile ahead by
-# hand (5-15 % slower), both since removed. Prefill (Triton 3.6, sm90, cross-compiled: the table's 4 tokens a
-# program spill 16 bytes at 255 registers): 2 tokens a program (161 registers, three a SM), the same with 128-key
-# tiles over 8 warps (169 registers, one a SM), a deeper pipeline.
+# Overrides of the cuda table's logits entries raced beside it (--variants). Decode: the Hopper kernel in Gluon
+# (decode_sm90.py, pages through the copy engine) with the table's 4 stages, with a register cap that keeps five
+# programs a SM at next_n 1 (Triton 3.6; it spills under 3.9, so the table has none), and with 3 stages. Raced before
+# and removed (BENCHMARKS.md): register caps and shallower pipelines of the Triton kernel, tiles through TMA host
+# descriptors, the scales read one tile ahead by hand (runs 18-20), the scales staged by a loop-level pipeline, one
+# dot a draft token in the Triton kernel (runs 31-33). Prefill: a 4-stage pipeline (within 1 % in run 22).
 VARIANTS = {
     "mqa_logits": {
-        "2 tokens, 3/SM": {"COLS": 128, "PROGRAMS_PER_SM": 3},
-        "2 tokens, 128 keys, 8 warps": {"COLS": 128, "BLOCK_N": 128, "num_warps": 8, "PROGRAMS_PER_SM": 1},
         "stages 4": {"num_stages": 4},
     },
     "paged_mqa_logits": {
-        "maxnreg 128": {"maxnreg": 128},
-        "stages 4": {"num_stages": 4},
+        "tma": {"KERNEL": "tma"},
+        "tma, maxnreg 96": {"KERNEL": "tma", "TMA_MAXNREG": [96, 0]},
+        "tma 3 stages, maxnreg 96": {"KERNEL": "tma", "TMA_STAGES": 3, "TMA_MAXNREG": [96, 0]},
     },
 }
 

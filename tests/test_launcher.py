@@ -35,7 +35,22 @@ def _values() -> list:
             2**63 - 16, 2**63, 2**64 - 16]
     tensors = [base, base[1:], base[4:], torch.zeros(8, dtype=torch.float32), torch.zeros(8, dtype=torch.uint8)[1:],
                torch.zeros(8, dtype=torch.bfloat16)]
-    return [*ints, *tensors, None, True, False, 1.5]
+    return [*ints, *tensors, *_descriptors(), None, True, False, 1.5]
+
+
+def _descriptors() -> list:
+    """Gluon host tensor descriptors (TMA) of several dtypes, block shapes and shared layouts."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    found = []
+    for dtype, gl_dtype in ((torch.float8_e4m3fn, gl.float8e4nv), (torch.float32, gl.float32)):
+        x = torch.zeros(256, 128, dtype=dtype)
+        for block in ([64, 128], [32, 128], [64, 64]):
+            for layout in (gl.NVMMASharedLayout.get_default_for(block, gl_dtype),
+                           gl.NVMMASharedLayout(0, gl_dtype.primitive_bitwidth)):
+                found.append(TensorDescriptor(x, list(x.shape), list(x.stride()), block, layout))
+    return found
 
 
 def test_key_separates_what_triton_specializes():

@@ -196,6 +196,20 @@ def test_paged_decode_pipeline_variants(prefetch, words, block_keys, page_size, 
     _assert_logits(out, reference.paged_mqa_logits(*args), 1e-5)
 
 
+def test_paged_decode_tma_choice_off_hopper_takes_the_triton_kernel():
+    """A table choosing the Hopper kernel (``KERNEL="tma"``) still gets the Triton kernel where that one cannot run
+    (here: interpreted), with the same result."""
+    from indexcache.backends.triton import logits
+
+    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], KERNEL="tma")
+    args = _decode_case("cuda", 2, 64, seed=3)
+    buf, out = _guarded(args[0].shape[0] * 2, args[-1])
+    logits.paged_mqa_logits(*args, out, target=target, cfg=cfg)
+    _check_guards(buf)
+    _assert_logits(out, reference.paged_mqa_logits(*args), 1e-5)
+
+
 def test_paged_decode_schedule_over_many_requests():
     """More requests than one step of the schedule reads (BATCH_BLOCK), ragged contexts (negative, empty, short,
     past max_context_len), more programs than some shares have tiles: every row equals the reference."""

@@ -210,7 +210,10 @@ def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
         # ptxas failures print the whole PTX on stdout; the error itself is kept.
         with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("always")
-            compiled = triton.compile(ASTSource(spec.fn, signature, dict(spec.constexprs), attrs),
+            source = ASTSource
+            if spec.fn.is_gluon():
+                from triton.experimental.gluon._runtime import GluonASTSource as source
+            compiled = triton.compile(source(spec.fn, signature, dict(spec.constexprs), attrs),
                                       target=_triton_target(target), options=dict(spec.options))
     except Exception as exc:  # the compiler's error is the result
         result["seconds"] = round(time.perf_counter() - start, 2)
@@ -222,7 +225,7 @@ def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
     result["resources"] = _amd_resources(compiled) if target.vendor == "hip" else _nvidia_resources(compiled)
     result["matrix_instructions"] = sorted(set(_MATRIX[target.vendor].findall(asm)))
     result["reasons"] += _rules(spec, target, result["resources"], result["matrix_instructions"],
-                                compiled.asm["ttir"])
+                                compiled.asm["ttir" if "ttir" in compiled.asm else "ttgir"])  # Gluon: no ttir
     result["status"] = "failed" if result["reasons"] else "passed"
     return result
 

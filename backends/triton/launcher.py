@@ -10,7 +10,8 @@ arguments straight to the compiled kernel's launcher.
 A specialization is what Triton compiles a kernel for, and the key here is never coarser than Triton's:
 the launch options, the constexpr values, each tensor's dtype and 16-byte alignment (on AMD the backend's
 own rule, which adds whether the storage spans less than 2 GiB), each int's class (1, a multiple of 16,
-32 or 64 bits), the type of anything else, and the current device. Interpreted (``TRITON_INTERPRET=1``)
+32 or 64 bits), each tensor descriptor's type, dtype, block shape, shared layout and base alignment, the type of
+anything else, and the current device. Interpreted (``TRITON_INTERPRET=1``)
 and while a launch hook is installed (a profiler such as proton), every call goes through Triton.
 """
 
@@ -165,6 +166,9 @@ class Launcher:
                 classes.append(_int_class(v))
             elif isinstance(v, torch.Tensor):
                 classes.append((v.dtype, tensor_rule(v)))
+            elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a host tensor descriptor (TMA)
+                classes.append((kind, v.base.dtype, tuple(v.block_shape), repr(getattr(v, "layout", None)),
+                                tensor_rule(v.base)))
             else:
                 classes.append(kind)
         return classes

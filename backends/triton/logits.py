@@ -520,6 +520,12 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
     # in launch order so the second reads the keys from L2).
     groups = max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
+    if cfg.get("KERNEL") == "tma":  # the Hopper kernel in Gluon (decode_sm90.py) where it takes the call
+        from indexcache.backends.triton import decode_sm90
+
+        if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target):
+            return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
+                                      groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device))
     options = options or launch_key_options(launch_options(target, cfg))
     widen = _widen_mode(q.dtype, target, cfg)
     args = (_as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights,
@@ -617,4 +623,8 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
             launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
+    if "TMA_STAGES" in decode:  # the Hopper kernel the table may choose (decode_sm90.py): built wherever it runs
+        from indexcache.backends.triton import decode_sm90
+
+        specs += decode_sm90.compile_specs(target, decode, heads, dim, page)
     return specs

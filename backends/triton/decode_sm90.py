@@ -1,0 +1,339 @@
+"""Paged decode logits on Hopper (sm90) in Gluon: whole pages through the copy engine, scales read ahead.
+
+A tuning choice of the cuda table (``KERNEL = "tma"`` in the ``paged_mqa_logits`` entry), not its default: on the
+H200 it is as fast as the Triton kernel at next_n 1 and about 15 % slower at 2 (docs/kernels.md, "Paged decode on
+Hopper"; BENCHMARKS.md). The same contract and schedule as ``paged_mqa_logits_kernel`` (``logits.py``) and, on the
+same inputs, the same logits bit for bit, for the calls :func:`unsupported` accepts: fp8 e4m3fn, pages of 64 keys
+of dim 128, 16-128 heads, at most two draft tokens a program. What differs:
+
+- A page's keys ``[PAGE, D]`` come through the copy engine (TMA) into a ring of ``STAGES`` shared-memory slots,
+  ``STAGES`` pages ahead, one barrier a slot: no per-thread addresses or copies. The cache is, for the copy engine,
+  rows of ``D`` bytes: a page is ``PAGE_ROWS`` of them, its keys the first ``PAGE``.
+- Its scales are read into registers when its copy is issued and ride along until its tile (the Triton kernel waits
+  for them in its tile). Read from shared memory they would cost a proxy fence and a block barrier a tile.
+- One matmul a draft token ``[PAGE, D] × [D, H]`` (keys on M), issued asynchronously: the second token's runs while
+  the first one's ReLU and weighted head sum do.
+- Each logit is stored from the matmul's own register layout (no layout change through shared memory).
+
+The page-table entry of a page is read one tile before its copy is issued; an entry that names no page of the cache
+copies page 0 and its keys store -inf, as in the Triton kernel. Gluon does not run under the interpreter: the CPU
+checks cover the host side and the cross-compile check builds the kernel; ``tests/test_decode_sm90.py`` compares it
+with the Triton kernel on an sm90 GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
+from indexcache.backends.triton.logits import BATCH_BLOCK
+from indexcache.backends.triton.support import cdiv
+from indexcache.backends.triton.target import Target
+from indexcache.hal.device import sm_version
+
+# Names that changed between Triton 3.6 and 3.9: the block-wide barrier (``gl.thread_barrier`` → ``gl.barrier``) and
+# the copy engine's load (``tma.async_copy_global_to_shared`` → ``tma.async_load``, same arguments).
+_sync = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+NEG_INF = gl.constexpr(float("-inf"))
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _tiles(ctx, max_ctx, PAGE: gl.constexpr):
+    """Pages of a request's logits that read keys: its context clipped to ``[0, max_ctx]``, in pages."""
+    return gl.cdiv(gl.minimum(gl.maximum(ctx, 0), max_ctx), PAGE)
+
+
+@gluon.jit
+def _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages):
+    """``(page of the cache to copy, whether it is the request's)`` for page ``j`` of request ``b`` (page 0 and
+    False past the batch or the table)."""
+    e = gl.load(table_ptr + b.to(gl.int64) * tab_s0 + j, mask=(j < table_pages) & (b < batch), other=-1)
+    ok = (e >= 0) & (e < num_pages)
+    return gl.where(ok, e, 0), ok
+
+
+@gluon.jit
+def _issue(keys_desc, keys_smem, ready, slot, page, scale_ptr, keys, live, PAGE: gl.constexpr,
+           PAGE_ROWS: gl.constexpr, D: gl.constexpr):
+    """Copy ``page``'s keys into ``slot`` (``ready[slot]`` completes when they have landed) and read its scales
+    (``[PAGE]`` float32, in the layout of ``keys``); nothing when not ``live``."""
+    bar = ready.index(slot)
+    if live:
+        mbarrier.expect(bar, keys_desc.block_type.nbytes)
+        _tma_load(keys_desc, [page * PAGE_ROWS, 0], bar, keys_smem.index(slot))
+    words: gl.constexpr = PAGE_ROWS * D // 4
+    return gl.load(scale_ptr + (page.to(gl.int64) * words + PAGE * D // 4) + keys, mask=(keys >= 0) & live, other=0.0)
+
+
+@gluon.jit
+def _next(b, j, tiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE: gl.constexpr):
+    """The tile after page ``j`` of request ``b`` (``tiles`` pages): ``(b, j, tiles)``, skipping requests without
+    tiles; past the last request, ``(batch, 0, 0)``."""
+    j += 1
+    if j >= tiles:
+        j = 0
+        b += 1
+        tiles = _tiles(gl.load(ctx_ptr + b * ctx_s0, mask=b < batch, other=0), max_ctx, PAGE)
+        while (tiles == 0) & (b < batch):  # requests without keys have no tiles
+            b += 1
+            tiles = _tiles(gl.load(ctx_ptr + b * ctx_s0, mask=b < batch, other=0), max_ctx, PAGE)
+    return b, j, tiles
+
+
+@gluon.jit
+def _head_sum(acc, w):
+    """``Σ_h w · relu(acc)`` over the columns of ``acc [PAGE, H]`` (NaN kept), ``w [H]``."""
+    return gl.sum(gl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :], axis=1)
+
+
+@gluon.jit
+def paged_decode_sm90_kernel(
+    q_ptr, keys_desc, scale_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr,
+    batch, max_ctx, num_pages, table_pages,
+    q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
+    NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
+    PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr,
+):
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
+    keys_l: gl.constexpr = gl.SliceLayout(1, mma)  # [PAGE]: a page's keys, as the matmul's rows
+    heads_l: gl.constexpr = gl.SliceLayout(0, mma)  # [H]
+    vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    q_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    fill_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 4], [1, 0])
+
+    j0 = gl.program_id(0) * GROUPS
+    p = gl.program_id(1).to(gl.int64)
+    programs = gl.num_programs(1)
+
+    # The schedule (as the Triton kernel's): the batch's tiles in request order, cut into equal contiguous shares.
+    total = 0
+    for b0 in range(0, batch, BLOCK_B):
+        bs = b0 + gl.arange(0, BLOCK_B, layout=vec_l)
+        total += gl.sum(_tiles(gl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, PAGE), axis=0)
+    t_begin = p * total // programs
+    t_end = (p + 1) * total // programs
+    b_first = 0
+    b_end = 0
+    before = t_begin * 0  # tiles of the requests before b_first
+    ran = 0
+    for b0 in range(0, batch, BLOCK_B):
+        bs = b0 + gl.arange(0, BLOCK_B, layout=vec_l)
+        tiles = _tiles(gl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, PAGE)
+        ends = ran + gl.associative_scan(tiles, 0, _add)
+        done = ends <= t_begin
+        b_first += gl.sum(done.to(gl.int32), axis=0)
+        before += gl.sum(gl.where(done, tiles, 0), axis=0)
+        b_end += gl.sum(((ends - tiles < t_end) & (bs < batch)).to(gl.int32), axis=0)
+        ran += gl.sum(tiles, axis=0)
+    count = (t_end - t_begin).to(gl.int32)
+
+    keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([H, D], keys_desc.dtype)
+    q_smem = gl.allocate_shared_memory(keys_desc.dtype, [GROUPS, H, D], q_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(ready.index(st), count=1)
+
+    # Producer cursor (pb, pj): the next page to copy; it runs STAGES tiles ahead of the consumer. The scales of the
+    # tiles in flight ride in registers, r0 the current tile's (STAGES of 2, 3 or 4).
+    keys = gl.arange(0, PAGE, layout=keys_l)
+    if count > 0:
+        first_tiles = _tiles(gl.load(ctx_ptr + b_first * ctx_s0), max_ctx, PAGE)
+        pb = b_first
+        pj = (t_begin - before).to(gl.int32)
+        ptiles = first_tiles
+        page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+        r0 = _issue(keys_desc, keys_smem, ready, 0, page, scale_ptr, keys, 0 < count, PAGE, PAGE_ROWS, D)
+        pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
+        page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+        r1 = _issue(keys_desc, keys_smem, ready, 1, page, scale_ptr, keys, 1 < count, PAGE, PAGE_ROWS, D)
+        r2 = r1
+        r3 = r1
+        if STAGES > 2:
+            pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
+            page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+            r2 = _issue(keys_desc, keys_smem, ready, 2, page, scale_ptr, keys, 2 < count, PAGE, PAGE_ROWS, D)
+        if STAGES > 3:
+            pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
+            page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+            r3 = _issue(keys_desc, keys_smem, ready, 3, page, scale_ptr, keys, 3 < count, PAGE, PAGE_ROWS, D)
+        pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
+        next_page, next_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+
+        heads = gl.arange(0, H, layout=heads_l)
+        rows = gl.arange(0, H, layout=gl.SliceLayout(1, q_l))
+        dims = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
+        i = 0  # tiles consumed
+        passed = before  # tiles of the requests before b
+        for b in range(b_first, b_end):
+            ctx = gl.maximum(gl.load(ctx_ptr + b * ctx_s0), 0)
+            tiles = _tiles(ctx, max_ctx, PAGE)
+            lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
+            hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
+            passed += tiles
+            # This request's Q [GROUPS, H, D] into shared memory (every warp is past its last matmul: the barrier
+            # at the end of each tile) and its weights into registers.
+            for g in gl.static_range(GROUPS):
+                tok = j0 + g
+                qg = gl.load(q_ptr + b.to(gl.int64) * q_s0 + tok * q_s1 + rows[:, None] * q_s2 + dims[None, :],
+                             mask=(rows[:, None] >= 0) & (tok < NEXT_N), other=0.0)
+                q_smem.index(g).store(qg)
+            w0 = gl.load(w_ptr + (b * NEXT_N + j0).to(gl.int64) * w_s0 + heads, mask=(heads >= 0) & (j0 < NEXT_N),
+                         other=0.0)
+            w1 = w0
+            if GROUPS == 2:
+                w1 = gl.load(w_ptr + (b * NEXT_N + j0 + 1).to(gl.int64) * w_s0 + heads,
+                             mask=(heads >= 0) & (j0 + 1 < NEXT_N), other=0.0)
+            fence_async_shared()
+            _sync()
+            row0 = (b * NEXT_N + j0).to(gl.int64) * out_s0
+            for step in range(0, hi - lo):  # (Triton 3.6 drops a loop-carried value used only as a loop bound)
+                j = lo + step
+                slot = i % STAGES
+                entry, ok = _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages)
+                mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+                k_tile = keys_smem.index(slot)
+                acc0 = warpgroup_mma(k_tile, q_smem.index(0).permute((1, 0)),
+                                     gl.zeros([PAGE, H], gl.float32, layout=mma), use_acc=False, is_async=True)
+                if GROUPS == 2:
+                    acc1 = warpgroup_mma(k_tile, q_smem.index(1).permute((1, 0)),
+                                         gl.zeros([PAGE, H], gl.float32, layout=mma), use_acc=False, is_async=True)
+                n = j * PAGE + keys
+                seen = gl.where(ok, n, ctx)
+                out_cols = n.to(gl.int64)
+                store_ok = n < max_ctx
+                if GROUPS == 2:
+                    acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc0, ))
+                else:
+                    acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
+                s0 = _head_sum(acc0, w0) * r0
+                gl.store(out_ptr + row0 + out_cols, gl.where(seen < ctx - NEXT_N + 1 + j0, s0, NEG_INF),
+                         mask=store_ok & (j0 < NEXT_N))
+                if GROUPS == 2:
+                    acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, ))
+                    s1 = _head_sum(acc1, w1) * r0
+                    gl.store(out_ptr + row0 + out_s0 + out_cols, gl.where(seen < ctx - NEXT_N + 2 + j0, s1, NEG_INF),
+                             mask=store_ok & (j0 + 1 < NEXT_N))
+                # Every warp is done with this slot: copy the page STAGES tiles ahead into it.
+                _sync()
+                new = _issue(keys_desc, keys_smem, ready, slot, next_page, scale_ptr, keys, i + STAGES < count, PAGE,
+                             PAGE_ROWS, D)
+                if STAGES == 2:
+                    r0, r1 = r1, new
+                elif STAGES == 3:
+                    r0, r1, r2 = r1, r2, new
+                else:
+                    r0, r1, r2, r3 = r1, r2, r3, new
+                if i + STAGES < count:
+                    pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
+                    next_page, next_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+                i += 1
+    for st in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(st))
+
+    # -inf past each context (the keys no tile above stored), shared out evenly over the batch × max_ctx grid.
+    grp = j0 + gl.arange(0, GROUPS, layout=gl.SliceLayout(1, fill_l))
+    cols = gl.arange(0, PAGE, layout=gl.SliceLayout(0, fill_l))
+    fill = gl.full([GROUPS, PAGE], NEG_INF, gl.float32, layout=fill_l)
+    width = gl.cdiv(max_ctx, PAGE)
+    f_begin = p * batch * width // programs
+    f_end = (p + 1) * batch * width // programs
+    for fb in range(f_begin // width, gl.cdiv(f_end, width)):
+        lo = gl.maximum(f_begin - fb * width, _tiles(gl.load(ctx_ptr + fb * ctx_s0), max_ctx, PAGE))
+        hi = gl.minimum(f_end - fb * width, width)
+        out_rows = (fb * NEXT_N + grp).to(gl.int64) * out_s0
+        for n0 in range(lo * PAGE, hi * PAGE, PAGE):
+            fc = n0 + cols
+            gl.store(out_ptr + out_rows[:, None] + fc[None, :], fill,
+                     mask=(grp < NEXT_N)[:, None] & (fc < max_ctx)[None, :])
+
+
+TMA_DECODE = Launcher(paged_decode_sm90_kernel)
+PAGE_KEYS = 64  # the tile: one page
+
+
+def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, page_table: torch.Tensor,
+                out: torch.Tensor, page: int, groups: int, target: Target) -> list[str]:
+    """Why this kernel cannot take a decode call (empty: it can; the Triton kernel takes the others). Arguments as
+    ``indexcache.paged_mqa_logits``; ``page``: keys a page; ``groups``: draft tokens a program."""
+    batch, next_n, heads, dim = q.shape
+    reasons = []
+    if target.interpreted or target.vendor != "cuda" or sm_version(target.arch) != 90:
+        reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: Hopper (sm90) only")
+    if q.dtype != torch.float8_e4m3fn:
+        reasons.append(f"q dtype {q.dtype}: float8_e4m3fn only")
+    if page != PAGE_KEYS or dim != 128:
+        reasons.append(f"pages of {page} keys of dim {dim}: 64 keys of dim 128 only")
+    if heads not in (16, 32, 64, 128) or groups > 2:
+        reasons.append(f"{heads} heads, {groups} draft tokens a program: 16-128 heads, at most 2 tokens")
+    if k_cache.shape[0] == 0 or not k_cache.is_contiguous():
+        reasons.append("an empty or non-contiguous cache")
+    if q.stride(3) != 1 or weights.stride(1) != 1 or page_table.stride(1) != 1 or out.stride(1) != 1:
+        reasons.append("q, weights, page_table and out need unit strides along their last dimension")
+    return reasons
+
+
+def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, page: int, groups: int,
+           target: Target, cfg: Mapping[str, Any], sms: int) -> Launch:
+    """The launch filling ``out`` (contract: ``indexcache.paged_mqa_logits``) for a call :func:`unsupported` accepts.
+    ``cfg``: the paged_mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the register cap by draft tokens a
+    program, 0 for none); ``sms``: the device's multiprocessors."""
+    batch, next_n, heads, dim = q.shape
+    rows = page * (dim + 4) // dim  # a page as rows of dim bytes
+    keys = k_cache.view(-1).view(q.dtype).view(k_cache.shape[0] * rows, dim)
+    layout = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
+    keys_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [page, dim], layout)
+    cap = cfg["TMA_MAXNREG"][groups - 1]
+    options = launch_key_options({"num_warps": 4, **({"maxnreg": cap} if cap else {})})
+    args = (q, keys_desc, k_cache.view(-1).view(torch.float32), weights, context_lens, page_table, out,
+            batch, max_context_len, k_cache.shape[0], page_table.shape[1],
+            q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), page_table.stride(0),
+            out.stride(0))
+    named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
+                 BLOCK_B=BATCH_BLOCK)
+    per_sm = TMA_DECODE.resident(options, *args, **named) or 1
+    programs = max(1, min(sms * per_sm // cdiv(next_n, groups), batch * cdiv(max_context_len, page)))
+    return Launch(TMA_DECODE, (cdiv(next_n, groups), programs), options, args, named)
+
+
+def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, page: int) -> list:
+    """What this kernel builds for ``target`` (sm90 only, else nothing) at the given indexer shape, for next_n 1-2
+    with the ``paged_mqa_logits`` entry ``cfg``'s stages and register caps (cross-compile check)."""
+    from indexcache.backends.triton.crosscompile import KernelSpec
+
+    if target.vendor != "cuda" or sm_version(target.arch) != 90:
+        return []
+    layout = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
+    specs = []
+    for next_n in (1, 2):
+        cap = cfg["TMA_MAXNREG"][next_n - 1]
+        specs.append(KernelSpec(
+            "paged_mqa_logits", paged_decode_sm90_kernel,
+            {"q_ptr": "*fp8e4nv", "keys_desc": f"tensordesc<fp8e4nv[{page}, {dim}],{layout!r}>",
+             "scale_ptr": "*fp32", "w_ptr": "*fp32", "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32"},
+            {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page,
+             "PAGE_ROWS": page * (dim + 4) // dim, "STAGES": cfg["TMA_STAGES"], "BLOCK_B": BATCH_BLOCK, "ctx_s0": 1},
+            {"num_warps": 4, **({"maxnreg": cap} if cap else {})}, matrix="fp8",
+            aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
+    return specs
+

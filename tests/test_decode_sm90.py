@@ -1,0 +1,106 @@
+"""The Hopper decode kernel in Gluon (``backends/triton/decode_sm90.py``): which calls it takes, and, on an sm90 GPU,
+the same logits as the Triton kernel, bit for bit, with -inf in the same places.
+
+Gluon kernels do not run under the interpreter: off Hopper only the host side is checked here (the kernel is built
+for sm90 by the cross-compile check). ``ci/gpu.sh`` runs the GPU cases on the H200.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from indexcache.backends import cuda as cuda_backend  # noqa: E402
+from indexcache.backends.triton import decode_sm90, logits  # noqa: E402
+from indexcache.backends.triton.target import Target, detect  # noqa: E402
+from indexcache.hal import reference  # noqa: E402
+from indexcache.hal.layout import new_packed_cache  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+HOPPER = Target("cuda", "sm90", 32, FP8, interpreted=False)
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _args(batch=2, next_n=1, heads=64, dim=128, page=64, pages=8, table_pages=4):
+    q = torch.zeros(batch, next_n, heads, dim, dtype=FP8)
+    cache = new_packed_cache(pages, page, dim)
+    w = torch.zeros(batch * next_n, heads)
+    table = torch.zeros(batch, table_pages, dtype=torch.int32)
+    out = torch.zeros(batch * next_n, table_pages * page)
+    return q, cache, w, table, out
+
+
+def test_takes_hopper_fp8_pages_of_64_keys_of_dim_128():
+    q, cache, w, table, out = _args()
+    assert decode_sm90.unsupported(q, cache, w, table, out, 64, 1, HOPPER) == []
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"target": Target("cuda", "sm100", 32, FP8, interpreted=False)}, "sm100: Hopper"),
+    ({"target": Target("cuda", "sm90", 32, FP8, interpreted=True)}, "sm90 interpreted"),
+    ({"dtype": torch.bfloat16}, "q dtype torch.bfloat16"),
+    ({"page": 32}, "pages of 32 keys"),
+    ({"dim": 64}, "of dim 64"),
+    ({"heads": 48}, "48 heads"),
+    ({"groups": 4}, "4 draft tokens"),
+    ({"pages": 0}, "empty or non-contiguous cache"),
+    ({"strided_out": True}, "unit strides"),
+])
+def test_declines_with_the_reason(change, reason):
+    q, cache, w, table, out = _args(heads=change.get("heads", 64), dim=change.get("dim", 128),
+                                    page=change.get("page", 64), pages=change.get("pages", 8))
+    if "dtype" in change:
+        q = q.to(change["dtype"])
+    if change.get("strided_out"):
+        out = torch.zeros(out.shape[1], out.shape[0]).t()
+    reasons = decode_sm90.unsupported(q, cache, w, table, out, change.get("page", 64), change.get("groups", 1),
+                                      change.get("target", HOPPER))
+    assert any(reason in r for r in reasons), reasons
+
+
+def _case(batch, next_n, contexts, max_len, pages, table_pages, seed, heads=64):
+    """Random fp8 keys through the reference store; the table has holes (-1) and an entry past the cache."""
+    g = torch.Generator().manual_seed(seed)
+    cache = reference.store_index_k(torch.randn(pages * 64, 128, generator=g) * 3, new_packed_cache(pages, 64, 128),
+                                    torch.arange(pages * 64, dtype=torch.int32), FP8)
+    q = (torch.randn(batch, next_n, heads, 128, generator=g) * 3).clamp(-200, 200).to(FP8)
+    w = torch.randn(batch * next_n, heads, generator=g)
+    table = torch.randint(0, pages, (batch, table_pages), dtype=torch.int32, generator=g)
+    table.view(-1)[torch.randint(0, table.numel(), (max(1, table.numel() // 10),), generator=g)] = -1
+    table.view(-1)[0] = pages
+    return q, cache, w, torch.tensor(contexts, dtype=torch.int32), table, max_len
+
+
+_CASES = [
+    # (batch, next_n, contexts, max_len, pages, table_pages): short rows of every kind, many programs a request
+    (4, 1, [317, 0, 329, 2], 288, 10, 5),
+    (4, 2, [317, -3, 329, 3], 288, 10, 5),
+    (4, 3, [317, 0, 329, 4], 288, 10, 5),
+    (70, 1, list(range(-5, 3000, 43)), 3100, 400, 50),
+    # Few long requests: each program walks many pages, past request ends, over requests without keys.
+    (16, 1, [60000, 41000, 999, 0, 59999, 12, 64, -4, 30000, 70000, 1, 65, 128, 2000, 45000, 7], 60000, 15000, 940),
+    (16, 2, [60000, 41000, 999, 0, 59999, 12, 64, -4, 30000, 70000, 1, 65, 128, 2000, 45000, 7], 60000, 15000, 940),
+]
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"b{c[0]}-n{c[1]}-ctx{max(c[2])}")
+@pytest.mark.parametrize("stages", [2, 4])
+def test_equals_the_triton_kernel_on_hopper(case, stages):
+    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    table_cfg = cuda_backend.tuning(target.arch)["paged_mqa_logits"]
+    args = [a.cuda() if torch.is_tensor(a) else a for a in _case(*case, seed=len(_CASES) * stages)]
+    outs = []
+    for cfg in ({**table_cfg, "KERNEL": "triton"}, {**table_cfg, "KERNEL": "tma", "TMA_STAGES": stages}):
+        buf = torch.full((args[0].shape[0] * args[0].shape[1] + 2, args[-1]), float("nan"), device="cuda")
+        logits.paged_mqa_logits(*args, buf[1:-1], target=target, cfg=cfg)
+        assert buf[0].isnan().all() and buf[-1].isnan().all(), "a kernel wrote outside its output"
+        outs.append(buf[1:-1])
+    triton_out, tma_out = outs
+    assert not tma_out.isnan().any()
+    assert torch.equal(triton_out, tma_out)
