@@ -21,13 +21,15 @@ _COMMON: dict[str, dict[str, Any]] = {
     # sm90: 96 and 168 registers at next_n 1 and 2, five and three programs a SM; register caps that keep more
     # resident spill, or are slower when they do not: H200, reports/gpu/2026-12-01-run20); PROGRAMS_PER_SM only
     # where that count is not known (the interpreter).
-    # KERNEL "tma" would take the Hopper kernel in Gluon (decode_sm90.py: pages through the copy engine TMA_STAGES
-    # ahead, TMA_MAXNREG the register cap by draft tokens a program, 0 for none) where it takes the call; on the H200
-    # it is no faster at next_n 1 and slower at 2 (reports/gpu/2026-12-01-run35), so "triton" stays. A cap of 96
-    # keeps five programs a SM at next_n 1 with Triton 3.6 but spills with 3.9, hence none here.
+    # KERNEL "tma" / "tma-ws" would take a Hopper kernel in Gluon (decode_sm90.py: pages through the copy engine
+    # TMA_STAGES ahead; "tma-ws" with a copy warp of its own) where it takes the call, with the register cap by draft
+    # tokens a program (0: none; for "tma-ws" the kernel-wide cap the copy warp's registers are moved from). On the
+    # H200 neither beats the Triton kernel by more than a few per cent at next_n 1 and both lose at 2
+    # (reports/gpu/2026-12-01-run35 to run37), so "triton" stays. A cap of 96 keeps five "tma" programs a SM at
+    # next_n 1 with Triton 3.6 but spills with 3.9, hence none; 64 / 80 keep four / three "tma-ws" programs a SM.
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "PROGRAMS_PER_SM": 2,
                          "PREFETCH": 0, "num_warps": 4, "num_stages": 5, "KERNEL": "triton", "TMA_STAGES": 4,
-                         "TMA_MAXNREG": [0, 0]},
+                         "TMA_MAXNREG": [0, 0], "TMA_WS_MAXNREG": [64, 80]},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
     # bins for the fallback's row histogram, 5-bit digits (32 bins = one a lane: Triton 3.6 lowers a histogram by

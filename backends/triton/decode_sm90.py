@@ -107,25 +107,11 @@ def _head_sum(acc, w):
 
 
 @gluon.jit
-def paged_decode_sm90_kernel(
-    q_ptr, keys_desc, scale_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr,
-    batch, max_ctx, num_pages, table_pages,
-    q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
-    NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
-    PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr,
-):
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
-    keys_l: gl.constexpr = gl.SliceLayout(1, mma)  # [PAGE]: a page's keys, as the matmul's rows
-    heads_l: gl.constexpr = gl.SliceLayout(0, mma)  # [H]
+def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE: gl.constexpr, BLOCK_B: gl.constexpr):
+    """Program ``p``'s share of the batch's tiles (as the Triton kernel's schedule: the tiles in request order cut
+    into equal contiguous shares): ``(t_begin, t_end, b_first, b_end, before)``, its tiles, the requests that hold
+    them and the tiles of the requests before ``b_first``."""
     vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    q_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    fill_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 4], [1, 0])
-
-    j0 = gl.program_id(0) * GROUPS
-    p = gl.program_id(1).to(gl.int64)
-    programs = gl.num_programs(1)
-
-    # The schedule (as the Triton kernel's): the batch's tiles in request order, cut into equal contiguous shares.
     total = 0
     for b0 in range(0, batch, BLOCK_B):
         bs = b0 + gl.arange(0, BLOCK_B, layout=vec_l)
@@ -134,7 +120,7 @@ def paged_decode_sm90_kernel(
     t_end = (p + 1) * total // programs
     b_first = 0
     b_end = 0
-    before = t_begin * 0  # tiles of the requests before b_first
+    before = t_begin * 0
     ran = 0
     for b0 in range(0, batch, BLOCK_B):
         bs = b0 + gl.arange(0, BLOCK_B, layout=vec_l)
@@ -145,6 +131,77 @@ def paged_decode_sm90_kernel(
         before += gl.sum(gl.where(done, tiles, 0), axis=0)
         b_end += gl.sum(((ends - tiles < t_end) & (bs < batch)).to(gl.int32), axis=0)
         ran += gl.sum(tiles, axis=0)
+    return t_begin, t_end, b_first, b_end, before
+
+
+@gluon.jit
+def _load_request(q_ptr, w_ptr, q_smem, b, j0, q_s0, q_s1, q_s2, w_s0, NEXT_N: gl.constexpr, GROUPS: gl.constexpr,
+                  H: gl.constexpr, D: gl.constexpr, heads_l: gl.constexpr):
+    """Request ``b``'s Q ``[GROUPS, H, D]`` (draft tokens ``j0 ..``) into ``q_smem``, fenced for the matmul and all
+    warps past it; returns the tokens' weights ``(w0, w1)`` ``[H]`` (zero for tokens past next_n). The caller makes
+    sure no matmul still reads the previous Q."""
+    q_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    rows = gl.arange(0, H, layout=gl.SliceLayout(1, q_l))
+    dims = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
+    heads = gl.arange(0, H, layout=heads_l)
+    for g in gl.static_range(GROUPS):
+        tok = j0 + g
+        qg = gl.load(q_ptr + b.to(gl.int64) * q_s0 + tok * q_s1 + rows[:, None] * q_s2 + dims[None, :],
+                     mask=(rows[:, None] >= 0) & (tok < NEXT_N), other=0.0)
+        q_smem.index(g).store(qg)
+    w0 = gl.load(w_ptr + (b * NEXT_N + j0).to(gl.int64) * w_s0 + heads, mask=(heads >= 0) & (j0 < NEXT_N), other=0.0)
+    w1 = w0
+    if GROUPS == 2:
+        w1 = gl.load(w_ptr + (b * NEXT_N + j0 + 1).to(gl.int64) * w_s0 + heads,
+                     mask=(heads >= 0) & (j0 + 1 < NEXT_N), other=0.0)
+    fence_async_shared()
+    _sync()
+    return w0, w1
+
+
+@gluon.jit
+def _store(out_ptr, row, n, logits, seen, visible, max_ctx, live):
+    """One token's logits of a tile: ``logits`` where ``seen < visible``, -inf elsewhere, keys ``n < max_ctx``."""
+    gl.store(out_ptr + row + n.to(gl.int64), gl.where(seen < visible, logits, NEG_INF), mask=(n < max_ctx) & live)
+
+
+@gluon.jit
+def _fill(out_ptr, ctx_ptr, ctx_s0, batch, max_ctx, out_s0, p, programs, j0, NEXT_N: gl.constexpr,
+          GROUPS: gl.constexpr, PAGE: gl.constexpr):
+    """-inf past each context (the keys no tile stored), shared out evenly over the batch × max_ctx grid."""
+    fill_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 4], [1, 0])
+    grp = j0 + gl.arange(0, GROUPS, layout=gl.SliceLayout(1, fill_l))
+    cols = gl.arange(0, PAGE, layout=gl.SliceLayout(0, fill_l))
+    fill = gl.full([GROUPS, PAGE], NEG_INF, gl.float32, layout=fill_l)
+    width = gl.cdiv(max_ctx, PAGE)
+    f_begin = p * batch * width // programs
+    f_end = (p + 1) * batch * width // programs
+    for fb in range(f_begin // width, gl.cdiv(f_end, width)):
+        lo = gl.maximum(f_begin - fb * width, _tiles(gl.load(ctx_ptr + fb * ctx_s0), max_ctx, PAGE))
+        hi = gl.minimum(f_end - fb * width, width)
+        out_rows = (fb * NEXT_N + grp).to(gl.int64) * out_s0
+        for n0 in range(lo * PAGE, hi * PAGE, PAGE):
+            fc = n0 + cols
+            gl.store(out_ptr + out_rows[:, None] + fc[None, :], fill,
+                     mask=(grp < NEXT_N)[:, None] & (fc < max_ctx)[None, :])
+
+
+@gluon.jit
+def paged_decode_sm90_kernel(
+    q_ptr, keys_desc, scale_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr,
+    batch, max_ctx, num_pages, table_pages,
+    q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
+    NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
+    PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr,
+):
+    """One partition: the warps that multiply also issue the copies, STAGES pages ahead (``KERNEL = "tma"``)."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
+    keys_l: gl.constexpr = gl.SliceLayout(1, mma)  # [PAGE]: a page's keys, as the matmul's rows
+    heads_l: gl.constexpr = gl.SliceLayout(0, mma)  # [H]
+    j0 = gl.program_id(0) * GROUPS
+    p = gl.program_id(1).to(gl.int64)
+    programs = gl.num_programs(1)
+    t_begin, t_end, b_first, b_end, before = _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE, BLOCK_B)
     count = (t_end - t_begin).to(gl.int32)
 
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
@@ -158,10 +215,9 @@ def paged_decode_sm90_kernel(
     # tiles in flight ride in registers, r0 the current tile's (STAGES of 2, 3 or 4).
     keys = gl.arange(0, PAGE, layout=keys_l)
     if count > 0:
-        first_tiles = _tiles(gl.load(ctx_ptr + b_first * ctx_s0), max_ctx, PAGE)
         pb = b_first
         pj = (t_begin - before).to(gl.int32)
-        ptiles = first_tiles
+        ptiles = _tiles(gl.load(ctx_ptr + b_first * ctx_s0), max_ctx, PAGE)
         page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
         r0 = _issue(keys_desc, keys_smem, ready, 0, page, scale_ptr, keys, 0 < count, PAGE, PAGE_ROWS, D)
         pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
@@ -180,9 +236,6 @@ def paged_decode_sm90_kernel(
         pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
         next_page, next_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
 
-        heads = gl.arange(0, H, layout=heads_l)
-        rows = gl.arange(0, H, layout=gl.SliceLayout(1, q_l))
-        dims = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
         i = 0  # tiles consumed
         passed = before  # tiles of the requests before b
         for b in range(b_first, b_end):
@@ -191,21 +244,8 @@ def paged_decode_sm90_kernel(
             lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
             hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
             passed += tiles
-            # This request's Q [GROUPS, H, D] into shared memory (every warp is past its last matmul: the barrier
-            # at the end of each tile) and its weights into registers.
-            for g in gl.static_range(GROUPS):
-                tok = j0 + g
-                qg = gl.load(q_ptr + b.to(gl.int64) * q_s0 + tok * q_s1 + rows[:, None] * q_s2 + dims[None, :],
-                             mask=(rows[:, None] >= 0) & (tok < NEXT_N), other=0.0)
-                q_smem.index(g).store(qg)
-            w0 = gl.load(w_ptr + (b * NEXT_N + j0).to(gl.int64) * w_s0 + heads, mask=(heads >= 0) & (j0 < NEXT_N),
-                         other=0.0)
-            w1 = w0
-            if GROUPS == 2:
-                w1 = gl.load(w_ptr + (b * NEXT_N + j0 + 1).to(gl.int64) * w_s0 + heads,
-                             mask=(heads >= 0) & (j0 + 1 < NEXT_N), other=0.0)
-            fence_async_shared()
-            _sync()
+            # Every warp is past its last matmul (the barrier at the end of each tile).
+            w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS, H, D, heads_l)
             row0 = (b * NEXT_N + j0).to(gl.int64) * out_s0
             for step in range(0, hi - lo):  # (Triton 3.6 drops a loop-carried value used only as a loop bound)
                 j = lo + step
@@ -220,20 +260,15 @@ def paged_decode_sm90_kernel(
                                          gl.zeros([PAGE, H], gl.float32, layout=mma), use_acc=False, is_async=True)
                 n = j * PAGE + keys
                 seen = gl.where(ok, n, ctx)
-                out_cols = n.to(gl.int64)
-                store_ok = n < max_ctx
                 if GROUPS == 2:
                     acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc0, ))
                 else:
                     acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
-                s0 = _head_sum(acc0, w0) * r0
-                gl.store(out_ptr + row0 + out_cols, gl.where(seen < ctx - NEXT_N + 1 + j0, s0, NEG_INF),
-                         mask=store_ok & (j0 < NEXT_N))
+                _store(out_ptr, row0, n, _head_sum(acc0, w0) * r0, seen, ctx - NEXT_N + 1 + j0, max_ctx, j0 < NEXT_N)
                 if GROUPS == 2:
                     acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, ))
-                    s1 = _head_sum(acc1, w1) * r0
-                    gl.store(out_ptr + row0 + out_s0 + out_cols, gl.where(seen < ctx - NEXT_N + 2 + j0, s1, NEG_INF),
-                             mask=store_ok & (j0 + 1 < NEXT_N))
+                    _store(out_ptr, row0 + out_s0, n, _head_sum(acc1, w1) * r0, seen, ctx - NEXT_N + 2 + j0, max_ctx,
+                           j0 + 1 < NEXT_N)
                 # Every warp is done with this slot: copy the page STAGES tiles ahead into it.
                 _sync()
                 new = _issue(keys_desc, keys_smem, ready, slot, next_page, scale_ptr, keys, i + STAGES < count, PAGE,
@@ -250,26 +285,124 @@ def paged_decode_sm90_kernel(
                 i += 1
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
+    _fill(out_ptr, ctx_ptr, ctx_s0, batch, max_ctx, out_s0, p, programs, j0, NEXT_N, GROUPS, PAGE)
 
-    # -inf past each context (the keys no tile above stored), shared out evenly over the batch × max_ctx grid.
-    grp = j0 + gl.arange(0, GROUPS, layout=gl.SliceLayout(1, fill_l))
-    cols = gl.arange(0, PAGE, layout=gl.SliceLayout(0, fill_l))
-    fill = gl.full([GROUPS, PAGE], NEG_INF, gl.float32, layout=fill_l)
-    width = gl.cdiv(max_ctx, PAGE)
-    f_begin = p * batch * width // programs
-    f_end = (p + 1) * batch * width // programs
-    for fb in range(f_begin // width, gl.cdiv(f_end, width)):
-        lo = gl.maximum(f_begin - fb * width, _tiles(gl.load(ctx_ptr + fb * ctx_s0), max_ctx, PAGE))
-        hi = gl.minimum(f_end - fb * width, width)
-        out_rows = (fb * NEXT_N + grp).to(gl.int64) * out_s0
-        for n0 in range(lo * PAGE, hi * PAGE, PAGE):
-            fc = n0 + cols
-            gl.store(out_ptr + out_rows[:, None] + fc[None, :], fill,
-                     mask=(grp < NEXT_N)[:, None] & (fc < max_ctx)[None, :])
 
+@gluon.jit
+def _ws_loader(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0, tab_s0,
+               batch, max_ctx, num_pages, table_pages, b_first, j_first, count,
+               PAGE: gl.constexpr, PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr):
+    """The copy warp: for each tile of the program, once its slot is free, its page's keys and scales into it."""
+    pb = b_first
+    pj = j_first
+    ptiles = _tiles(gl.load(ctx_ptr + pb * ctx_s0, mask=pb < batch, other=0), max_ctx, PAGE)
+    page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+    for i in range(count):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
+        bar = ready.index(slot)
+        mbarrier.expect(bar, keys_desc.block_type.nbytes + scales_desc.block_type.nbytes)
+        _tma_load(keys_desc, [page * PAGE_ROWS, 0], bar, keys_smem.index(slot))
+        _tma_load(scales_desc, [page * PAGE_ROWS + PAGE, 0], bar, scales_smem.index(slot))
+        pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
+        page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+
+
+@gluon.jit
+def _ws_math(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
+             batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
+             j0, t_begin, t_end, b_first, b_end, before,
+             NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
+             STAGES: gl.constexpr):
+    """The math warps: each tile's matmul, head sum and store, releasing the slot as soon as it is read."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
+    keys_l: gl.constexpr = gl.SliceLayout(1, mma)
+    heads_l: gl.constexpr = gl.SliceLayout(0, mma)
+    scales_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0])
+    keys = gl.arange(0, PAGE, layout=keys_l)
+    i = 0
+    passed = before
+    for b in range(b_first, b_end):
+        ctx = gl.maximum(gl.load(ctx_ptr + b * ctx_s0), 0)
+        tiles = _tiles(ctx, max_ctx, PAGE)
+        lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
+        hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
+        passed += tiles
+        _sync()  # every math warp is past its last matmul on the previous request's Q
+        w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS, H, D, heads_l)
+        row0 = (b * NEXT_N + j0).to(gl.int64) * out_s0
+        for step in range(0, hi - lo):
+            j = lo + step
+            slot = i % STAGES
+            entry, ok = _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages)
+            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            k_tile = keys_smem.index(slot)
+            acc0 = warpgroup_mma(k_tile, q_smem.index(0).permute((1, 0)), gl.zeros([PAGE, H], gl.float32, layout=mma),
+                                 use_acc=False, is_async=True)
+            if GROUPS == 2:
+                acc1 = warpgroup_mma(k_tile, q_smem.index(1).permute((1, 0)),
+                                     gl.zeros([PAGE, H], gl.float32, layout=mma), use_acc=False, is_async=True)
+            sc = gl.convert_layout(gl.reshape(scales_smem.index(slot).load(scales_l), [PAGE]), keys_l)
+            n = j * PAGE + keys
+            seen = gl.where(ok, n, ctx)
+            if GROUPS == 2:
+                acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc0, ))
+                s0 = _head_sum(acc0, w0) * sc
+                acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, ))
+            else:
+                acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
+            fence_async_shared()  # the scales were read through the generic proxy; the copy engine writes next
+            mbarrier.arrive(empty.index(slot), count=1)
+            if GROUPS == 1:
+                s0 = _head_sum(acc0, w0) * sc
+            _store(out_ptr, row0, n, s0, seen, ctx - NEXT_N + 1 + j0, max_ctx, j0 < NEXT_N)
+            if GROUPS == 2:
+                _store(out_ptr, row0 + out_s0, n, _head_sum(acc1, w1) * sc, seen, ctx - NEXT_N + 2 + j0, max_ctx,
+                       j0 + 1 < NEXT_N)
+            i += 1
+
+
+@gluon.jit
+def paged_decode_sm90_ws_kernel(
+    q_ptr, keys_desc, scales_desc, w_ptr, ctx_ptr, table_ptr, out_ptr,
+    batch, max_ctx, num_pages, table_pages,
+    q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
+    NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
+    PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, LOADER_REGS: gl.constexpr,
+):
+    """Warp-specialized (``KERNEL = "tma-ws"``): one copy warp (``LOADER_REGS`` registers) fills the slots, the four
+    math warps free them through mbarriers; the scales come through the copy engine too, beside their keys."""
+    j0 = gl.program_id(0) * GROUPS
+    p = gl.program_id(1).to(gl.int64)
+    programs = gl.num_programs(1)
+    t_begin, t_end, b_first, b_end, before = _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE, BLOCK_B)
+    keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
+    scales_smem = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
+                                            scales_desc.layout)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([H, D], keys_desc.dtype)
+    q_smem = gl.allocate_shared_memory(keys_desc.dtype, [GROUPS, H, D], q_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(ready.index(st), count=1)
+        mbarrier.init(empty.index(st), count=1)
+    gl.warp_specialize([
+        (_ws_math, (q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
+                    batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
+                    j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE, STAGES)),
+        (_ws_loader, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0,
+                      tab_s0, batch, max_ctx, num_pages, table_pages, b_first, (t_begin - before).to(gl.int32),
+                      (t_end - t_begin).to(gl.int32), PAGE, PAGE_ROWS, STAGES)),
+    ], [1], [LOADER_REGS])
+    for st in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(st))
+        mbarrier.invalidate(empty.index(st))
+    _fill(out_ptr, ctx_ptr, ctx_s0, batch, max_ctx, out_s0, p, programs, j0, NEXT_N, GROUPS, PAGE)
 
 TMA_DECODE = Launcher(paged_decode_sm90_kernel)
+TMA_WS_DECODE = Launcher(paged_decode_sm90_ws_kernel)
 PAGE_KEYS = 64  # the tile: one page
+LOADER_REGS = 40  # the copy warp's registers (warp-specialized kernel)
 
 
 def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, page_table: torch.Tensor,
@@ -303,37 +436,52 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     keys = k_cache.view(-1).view(q.dtype).view(k_cache.shape[0] * rows, dim)
     layout = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
     keys_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [page, dim], layout)
-    cap = cfg["TMA_MAXNREG"][groups - 1]
+    ws = cfg["KERNEL"] == "tma-ws"
+    cap = cfg["TMA_WS_MAXNREG" if ws else "TMA_MAXNREG"][groups - 1]
     options = launch_key_options({"num_warps": 4, **({"maxnreg": cap} if cap else {})})
-    args = (q, keys_desc, k_cache.view(-1).view(torch.float32), weights, context_lens, page_table, out,
+    named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
+                 BLOCK_B=BATCH_BLOCK)
+    words = k_cache.view(-1).view(torch.float32)
+    if ws:  # the scales through the copy engine too: the cache as rows of dim / 4 float32, a page's scales its last
+        words = words.view(k_cache.shape[0] * rows, dim // 4)
+        block = [page * 4 // dim, dim // 4]
+        third = TensorDescriptor(words, list(words.shape), list(words.stride()), block,
+                                 gl.NVMMASharedLayout.get_default_for(block, gl.float32))
+        kernel, named = TMA_WS_DECODE, {**named, "LOADER_REGS": LOADER_REGS}
+    else:
+        third, kernel = words, TMA_DECODE
+    args = (q, keys_desc, third, weights, context_lens, page_table, out,
             batch, max_context_len, k_cache.shape[0], page_table.shape[1],
             q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), page_table.stride(0),
             out.stride(0))
-    named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
-                 BLOCK_B=BATCH_BLOCK)
-    per_sm = TMA_DECODE.resident(options, *args, **named) or 1
+    per_sm = kernel.resident(options, *args, **named) or 1
     programs = max(1, min(sms * per_sm // cdiv(next_n, groups), batch * cdiv(max_context_len, page)))
-    return Launch(TMA_DECODE, (cdiv(next_n, groups), programs), options, args, named)
+    return Launch(kernel, (cdiv(next_n, groups), programs), options, args, named)
 
 
 def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, page: int) -> list:
-    """What this kernel builds for ``target`` (sm90 only, else nothing) at the given indexer shape, for next_n 1-2
+    """What the two kernels build for ``target`` (sm90 only, else nothing) at the given indexer shape, for next_n 1-2
     with the ``paged_mqa_logits`` entry ``cfg``'s stages and register caps (cross-compile check)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
     if target.vendor != "cuda" or sm_version(target.arch) != 90:
         return []
-    layout = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
+    rows = page * (dim + 4) // dim
+    keys = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
+    block = [page * 4 // dim, dim // 4]
+    scales = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
+    types = {"q_ptr": "*fp8e4nv", "keys_desc": f"tensordesc<fp8e4nv[{page}, {dim}],{keys!r}>", "w_ptr": "*fp32",
+             "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32"}
     specs = []
     for next_n in (1, 2):
-        cap = cfg["TMA_MAXNREG"][next_n - 1]
-        specs.append(KernelSpec(
-            "paged_mqa_logits", paged_decode_sm90_kernel,
-            {"q_ptr": "*fp8e4nv", "keys_desc": f"tensordesc<fp8e4nv[{page}, {dim}],{layout!r}>",
-             "scale_ptr": "*fp32", "w_ptr": "*fp32", "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32"},
-            {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page,
-             "PAGE_ROWS": page * (dim + 4) // dim, "STAGES": cfg["TMA_STAGES"], "BLOCK_B": BATCH_BLOCK, "ctx_s0": 1},
-            {"num_warps": 4, **({"maxnreg": cap} if cap else {})}, matrix="fp8",
-            aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
+        named = {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page, "PAGE_ROWS": rows,
+                 "STAGES": cfg["TMA_STAGES"], "BLOCK_B": BATCH_BLOCK, "ctx_s0": 1}
+        for fn, third, caps, extra in (
+                (paged_decode_sm90_kernel, {"scale_ptr": "*fp32"}, cfg["TMA_MAXNREG"], {}),
+                (paged_decode_sm90_ws_kernel, {"scales_desc": f"tensordesc<fp32[{block[0]}, {block[1]}],{scales!r}>"},
+                 cfg["TMA_WS_MAXNREG"], {"LOADER_REGS": LOADER_REGS})):
+            cap = caps[next_n - 1]
+            specs.append(KernelSpec("paged_mqa_logits", fn, {**types, **third}, {**named, **extra},
+                                    {"num_warps": 4, **({"maxnreg": cap} if cap else {})}, matrix="fp8",
+                                    aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs
-
