@@ -21,12 +21,11 @@ _COMMON: dict[str, dict[str, Any]] = {
     # sm90: 96 and 168 registers at next_n 1 and 2, five and three programs a SM; register caps that keep more
     # resident spill, or are slower when they do not: H200, reports/gpu/2026-12-01-run20); PROGRAMS_PER_SM only
     # where that count is not known (the interpreter).
-    # KERNEL "tma" / "tma-ws" would take a Hopper kernel in Gluon (decode_sm90.py: pages through the copy engine
-    # TMA_STAGES ahead; "tma-ws" with a copy warp of its own) where it takes the call, with the register cap by draft
-    # tokens a program (0: none; for "tma-ws" the kernel-wide cap the copy warp's registers are moved from). On the
-    # H200 neither beats the Triton kernel by more than a few per cent at next_n 1 and both lose at 2
-    # (reports/gpu/2026-12-01-run35 to run37), so "triton" stays. A cap of 96 keeps five "tma" programs a SM at
-    # next_n 1 with Triton 3.6 but spills with 3.9, hence none; 64 / 80 keep four / three "tma-ws" programs a SM.
+    # KERNEL "tma" / "tma-ws": a Hopper kernel in Gluon (decode_sm90.py: pages through the copy engine TMA_STAGES
+    # ahead; "tma-ws" with a copy warp of its own) where it takes the call, else this Triton kernel; with the register
+    # cap by draft tokens a program (0: none; for "tma-ws" the kernel-wide cap the copy warp's registers are moved
+    # from: 64 / 80 keep four / three programs a SM). A cap of 96 keeps five "tma" programs a SM at next_n 1 with
+    # Triton 3.6 but spills with 3.9, hence none. sm90 with Triton 3.6 takes "tma-ws" (below).
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "PROGRAMS_PER_SM": 2,
                          "PREFETCH": 0, "num_warps": 4, "num_stages": 5, "KERNEL": "triton", "TMA_STAGES": 4,
                          "TMA_MAXNREG": [0, 0], "TMA_WS_MAXNREG": [64, 80]},
@@ -99,6 +98,10 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         # Decode with the fp16 decoding of fp8 keys: one draft token a program (Triton 3.9 spills 144 bytes at two).
         table["paged_mqa_logits"]["COLS"] = 64
     if caps["mma"] == "wgmma" and _triton_before(3, 7):
+        # Decode, measured on the H200 with Triton 3.6 (reports/gpu/2026-12-01-run36): the warp-specialized Gluon
+        # kernel is 3-10 % faster than the Triton one on every decode row of the peer comparison and gives the same
+        # logits bit for bit; the single-partition "tma" is slower. Later Triton versions build it but are unmeasured.
+        table["paged_mqa_logits"]["KERNEL"] = "tma-ws"
         # Prefill, measured on the H200 with Triton 3.6 (reports/gpu/2026-11-29-run2, sweep): 4 tokens a program (256
         # dot columns), two resident a SM reach 68.5 % of the fp8 matmul rate against 60-65 % for 2 tokens and three.
         # Triton 3.7+ keeps Q in shared memory differently and spills at 256 columns, so it keeps 128.
