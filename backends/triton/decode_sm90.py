@@ -40,7 +40,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
-from indexcache.backends.triton.logits import BATCH_BLOCK
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 from indexcache.hal.device import sm_version
@@ -427,10 +426,11 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, p
 
 
 def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, page: int, groups: int,
-           target: Target, cfg: Mapping[str, Any], sms: int) -> Launch:
+           target: Target, cfg: Mapping[str, Any], sms: int, batch_block: int) -> Launch:
     """The launch filling ``out`` (contract: ``indexcache.paged_mqa_logits``) for a call :func:`unsupported` accepts.
     ``cfg``: the paged_mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the register cap by draft tokens a
-    program, 0 for none); ``sms``: the device's multiprocessors."""
+    program, 0 for none); ``sms``: the device's multiprocessors; ``batch_block``: context lengths a step of the
+    schedule reads."""
     batch, next_n, heads, dim = q.shape
     rows = page * (dim + 4) // dim  # a page as rows of dim bytes
     keys = k_cache.view(-1).view(q.dtype).view(k_cache.shape[0] * rows, dim)
@@ -440,7 +440,7 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     cap = cfg["TMA_WS_MAXNREG" if ws else "TMA_MAXNREG"][groups - 1]
     options = launch_key_options({"num_warps": 4, **({"maxnreg": cap} if cap else {})})
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
-                 BLOCK_B=BATCH_BLOCK)
+                 BLOCK_B=batch_block)
     words = k_cache.view(-1).view(torch.float32)
     if ws:  # the scales through the copy engine too: the cache as rows of dim / 4 float32, a page's scales its last
         words = words.view(k_cache.shape[0] * rows, dim // 4)
@@ -459,7 +459,8 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     return Launch(kernel, (cdiv(next_n, groups), programs), options, args, named)
 
 
-def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, page: int) -> list:
+def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, page: int,
+                  batch_block: int) -> list:
     """What the two kernels build for ``target`` (sm90 only, else nothing) at the given indexer shape, for next_n 1-2
     with the ``paged_mqa_logits`` entry ``cfg``'s stages and register caps (cross-compile check)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
@@ -475,7 +476,7 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
     specs = []
     for next_n in (1, 2):
         named = {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page, "PAGE_ROWS": rows,
-                 "STAGES": cfg["TMA_STAGES"], "BLOCK_B": BATCH_BLOCK, "ctx_s0": 1}
+                 "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block, "ctx_s0": 1}
         for fn, third, caps, extra in (
                 (paged_decode_sm90_kernel, {"scale_ptr": "*fp32"}, cfg["TMA_MAXNREG"], {}),
                 (paged_decode_sm90_ws_kernel, {"scales_desc": f"tensordesc<fp32[{block[0]}, {block[1]}],{scales!r}>"},

@@ -525,7 +525,8 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
 
         if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target):
             return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
-                                      groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device))
+                                      groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
+                                      batch_block=BATCH_BLOCK)
     options = options or launch_key_options(launch_options(target, cfg))
     widen = _widen_mode(q.dtype, target, cfg)
     args = (_as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights,
@@ -626,5 +627,5 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     if "TMA_STAGES" in decode:  # the Hopper kernel the table may choose (decode_sm90.py): built wherever it runs
         from indexcache.backends.triton import decode_sm90
 
-        specs += decode_sm90.compile_specs(target, decode, heads, dim, page)
+        specs += decode_sm90.compile_specs(target, decode, heads, dim, page, BATCH_BLOCK)
     return specs
