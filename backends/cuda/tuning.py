@@ -98,7 +98,7 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         # Decode with the fp16 decoding of fp8 keys: one draft token a program (Triton 3.9 spills 144 bytes at two).
         table["paged_mqa_logits"]["COLS"] = 64
     if caps["mma"] == "wgmma" and _triton_before(3, 7):
-        # Decode, measured on the H200 with Triton 3.6 (reports/gpu/2026-12-01-run36): the warp-specialized Gluon
+        # Decode, measured on the H200 with Triton 3.6 (reports/gpu/2026-12-01-run37): the warp-specialized Gluon
         # kernel is 3-10 % faster than the Triton one on every decode row of the peer comparison and gives the same
         # logits bit for bit; the single-partition "tma" is slower. Later Triton versions build it but are unmeasured.
         table["paged_mqa_logits"]["KERNEL"] = "tma-ws"

@@ -1,24 +1,22 @@
-"""Paged decode logits on Hopper (sm90) in Gluon: whole pages through the copy engine, scales read ahead.
+"""Paged decode logits on Hopper (sm90) in Gluon: whole pages through the copy engine.
 
-A tuning choice of the cuda table (``KERNEL = "tma"`` in the ``paged_mqa_logits`` entry), not its default: on the
-H200 it is as fast as the Triton kernel at next_n 1 and about 15 % slower at 2 (docs/kernels.md, "Paged decode on
-Hopper"; BENCHMARKS.md). The same contract and schedule as ``paged_mqa_logits_kernel`` (``logits.py``) and, on the
-same inputs, the same logits bit for bit, for the calls :func:`unsupported` accepts: fp8 e4m3fn, pages of 64 keys
-of dim 128, 16-128 heads, at most two draft tokens a program. What differs:
+Two kernels with the same contract and schedule as ``paged_mqa_logits_kernel`` (``logits.py``) that give, on the same
+inputs, the same logits bit for bit, for the calls :func:`unsupported` accepts (fp8 e4m3fn, pages of 64 keys of dim
+128, 16-128 heads, at most two draft tokens a program); the cuda table's ``KERNEL`` picks one ("tma-ws" on sm90 with
+Triton 3.6), the Triton kernel takes every other call. docs/kernels.md ("Paged decode on Hopper") has the measurements.
 
-- A page's keys ``[PAGE, D]`` come through the copy engine (TMA) into a ring of ``STAGES`` shared-memory slots,
-  ``STAGES`` pages ahead, one barrier a slot: no per-thread addresses or copies. The cache is, for the copy engine,
-  rows of ``D`` bytes: a page is ``PAGE_ROWS`` of them, its keys the first ``PAGE``.
-- Its scales are read into registers when its copy is issued and ride along until its tile (the Triton kernel waits
-  for them in its tile). Read from shared memory they would cost a proxy fence and a block barrier a tile.
-- One matmul a draft token ``[PAGE, D] × [D, H]`` (keys on M), issued asynchronously: the second token's runs while
-  the first one's ReLU and weighted head sum do.
-- Each logit is stored from the matmul's own register layout (no layout change through shared memory).
+- ``paged_decode_sm90_ws_kernel`` ("tma-ws"): a copy warp fills a ring of ``STAGES`` shared-memory slots with each
+  page's keys ``[PAGE, D]`` and scales (the cache seen by the copy engine as rows of ``D`` bytes, a page
+  ``PAGE_ROWS`` of them, its keys the first ``PAGE``, its scales the rest as float32); the four math warps wait on a
+  slot's barrier and free it through another, without block barriers in their loop.
+- ``paged_decode_sm90_kernel`` ("tma"): the math warps issue the copies themselves, ``STAGES`` pages ahead, and read
+  each page's scales into registers when its copy is issued.
 
-The page-table entry of a page is read one tile before its copy is issued; an entry that names no page of the cache
-copies page 0 and its keys store -inf, as in the Triton kernel. Gluon does not run under the interpreter: the CPU
-checks cover the host side and the cross-compile check builds the kernel; ``tests/test_decode_sm90.py`` compares it
-with the Triton kernel on an sm90 GPU.
+Both issue one matmul a draft token ``[PAGE, D] × [D, H]`` (keys on M) asynchronously, so the second token's runs
+while the first one's ReLU and weighted head sum do, and store each logit from the matmul's register layout. A page
+whose table entry names no page of the cache is copied from page 0 and its keys store -inf, as in the Triton kernel.
+Gluon does not run under the interpreter: the CPU checks cover the host side and the cross-compile check builds both
+kernels; ``tests/test_decode_sm90.py`` compares them with the Triton kernel on an sm90 GPU.
 """
 
 from __future__ import annotations
