@@ -50,22 +50,18 @@ PEERS = {"deep_gemm": "DeepGEMM", "flashinfer": "FlashInfer", "sgl_kernel": "SGL
 FP8 = torch.float8_e4m3fn
 HEADS, DIM, PAGE = 64, 128, 64
 TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
-# Overrides of the cuda table's logits entries raced beside it (--variants). Decode: the Hopper kernels in Gluon
-# (decode_sm90.py, pages through the copy engine): "tma" with the table's 4 stages, with a register cap that keeps five
-# programs a SM at next_n 1 (Triton 3.6; it spills under 3.9, so the table has none) and with 3 stages; "tma-ws" (a
-# copy warp of its own) with 4 and 5 stages. Raced before
-# and removed (BENCHMARKS.md): register caps and shallower pipelines of the Triton kernel, tiles through TMA host
-# descriptors, the scales read one tile ahead by hand (runs 18-20), the scales staged by a loop-level pipeline, one
-# dot a draft token in the Triton kernel (runs 31-33). Prefill: a 4-stage pipeline (within 1 % in run 22).
+# Overrides of the cuda table's logits entries raced beside it (--variants). Decode: the Triton kernel where the table
+# takes the Hopper kernel in Gluon (sm90 with Triton 3.6), and that kernel with five stages. Raced before and removed
+# (BENCHMARKS.md): register caps and shallower pipelines of the Triton kernel, tiles through TMA host descriptors, the
+# scales read one tile ahead by hand (runs 18-20), the scales staged by a loop-level pipeline, one dot a draft token in
+# the Triton kernel, a Gluon kernel whose math warps issue the copies (runs 31-37). Prefill: a 4-stage pipeline
+# (within 1 % in run 22).
 VARIANTS = {
     "mqa_logits": {
         "stages 4": {"num_stages": 4},
     },
     "paged_mqa_logits": {
-        "tma": {"KERNEL": "tma"},
-        "tma, maxnreg 96": {"KERNEL": "tma", "TMA_MAXNREG": [96, 0]},
-        "tma 3 stages, maxnreg 96": {"KERNEL": "tma", "TMA_STAGES": 3, "TMA_MAXNREG": [96, 0]},
-        "tma-ws": {"KERNEL": "tma-ws"},
+        "triton": {"KERNEL": "triton"},
         "tma-ws 5 stages": {"KERNEL": "tma-ws", "TMA_STAGES": 5},
     },
 }

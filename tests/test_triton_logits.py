@@ -197,12 +197,12 @@ def test_paged_decode_pipeline_variants(prefetch, words, block_keys, page_size, 
 
 
 def test_paged_decode_tma_choice_off_hopper_takes_the_triton_kernel():
-    """A table choosing the Hopper kernel (``KERNEL="tma"``) still gets the Triton kernel where that one cannot run
+    """A table choosing the Hopper kernel (``KERNEL="tma-ws"``) still gets the Triton kernel where that one cannot run
     (here: interpreted), with the same result."""
     from indexcache.backends.triton import logits
 
     target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
-    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], KERNEL="tma")
+    cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], KERNEL="tma-ws")
     args = _decode_case("cuda", 2, 64, seed=3)
     buf, out = _guarded(args[0].shape[0] * 2, args[-1])
     logits.paged_mqa_logits(*args, out, target=target, cfg=cfg)

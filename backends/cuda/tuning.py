@@ -21,14 +21,13 @@ _COMMON: dict[str, dict[str, Any]] = {
     # sm90: 96 and 168 registers at next_n 1 and 2, five and three programs a SM; register caps that keep more
     # resident spill, or are slower when they do not: H200, reports/gpu/2026-12-01-run20); PROGRAMS_PER_SM only
     # where that count is not known (the interpreter).
-    # KERNEL "tma" / "tma-ws": a Hopper kernel in Gluon (decode_sm90.py: pages through the copy engine TMA_STAGES
-    # ahead; "tma-ws" with a copy warp of its own) where it takes the call, else this Triton kernel; with the register
-    # cap by draft tokens a program (0: none; for "tma-ws" the kernel-wide cap the copy warp's registers are moved
-    # from: 64 / 80 keep four / three programs a SM). A cap of 96 keeps five "tma" programs a SM at next_n 1 with
-    # Triton 3.6 but spills with 3.9, hence none. sm90 with Triton 3.6 takes "tma-ws" (below).
+    # KERNEL "tma-ws": the Hopper kernel in Gluon (decode_sm90.py: a copy warp brings pages TMA_STAGES ahead) where it
+    # takes the call, else this Triton kernel; TMA_MAXNREG its kernel-wide register cap by draft tokens a program,
+    # from which the copy warp's registers go to the math warps (64 / 80: four / three programs a SM). sm90 with
+    # Triton 3.6 takes it (below).
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "PROGRAMS_PER_SM": 2,
                          "PREFETCH": 0, "num_warps": 4, "num_stages": 5, "KERNEL": "triton", "TMA_STAGES": 4,
-                         "TMA_MAXNREG": [0, 0], "TMA_WS_MAXNREG": [64, 80]},
+                         "TMA_MAXNREG": [64, 80]},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
     # bins for the fallback's row histogram, 5-bit digits (32 bins = one a lane: Triton 3.6 lowers a histogram by
@@ -100,7 +99,7 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
     if caps["mma"] == "wgmma" and _triton_before(3, 7):
         # Decode, measured on the H200 with Triton 3.6 (reports/gpu/2026-12-01-run37): the warp-specialized Gluon
         # kernel is 3-10 % faster than the Triton one on every decode row of the peer comparison and gives the same
-        # logits bit for bit; the single-partition "tma" is slower. Later Triton versions build it but are unmeasured.
+        # logits bit for bit. Later Triton versions build it but are unmeasured.
         table["paged_mqa_logits"]["KERNEL"] = "tma-ws"
         # Prefill, measured on the H200 with Triton 3.6 (reports/gpu/2026-11-29-run2, sweep): 4 tokens a program (256
         # dot columns), two resident a SM reach 68.5 % of the fp8 matmul rate against 60-65 % for 2 tokens and three.

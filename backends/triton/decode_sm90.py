@@ -1,22 +1,21 @@
-"""Paged decode logits on Hopper (sm90) in Gluon: whole pages through the copy engine.
+"""Paged decode logits on Hopper (sm90) in Gluon: a copy warp brings whole pages, the math warps never wait for it.
 
-Two kernels with the same contract and schedule as ``paged_mqa_logits_kernel`` (``logits.py``) that give, on the same
-inputs, the same logits bit for bit, for the calls :func:`unsupported` accepts (fp8 e4m3fn, pages of 64 keys of dim
-128, 16-128 heads, at most two draft tokens a program); the cuda table's ``KERNEL`` picks one ("tma-ws" on sm90 with
-Triton 3.6), the Triton kernel takes every other call. docs/kernels.md ("Paged decode on Hopper") has the measurements.
+The cuda table's choice ``KERNEL = "tma-ws"`` (the sm90 default with Triton 3.6); the Triton kernel
+``paged_mqa_logits_kernel`` (``logits.py``) takes every call :func:`unsupported` declines. Same contract, same
+schedule and, on the same inputs, the same logits bit for bit, for fp8 e4m3fn, pages of 64 keys of dim 128, 16-128
+heads and at most two draft tokens a program. docs/kernels.md ("Paged decode on Hopper") has the measurements.
 
-- ``paged_decode_sm90_ws_kernel`` ("tma-ws"): a copy warp fills a ring of ``STAGES`` shared-memory slots with each
-  page's keys ``[PAGE, D]`` and scales (the cache seen by the copy engine as rows of ``D`` bytes, a page
-  ``PAGE_ROWS`` of them, its keys the first ``PAGE``, its scales the rest as float32); the four math warps wait on a
-  slot's barrier and free it through another, without block barriers in their loop.
-- ``paged_decode_sm90_kernel`` ("tma"): the math warps issue the copies themselves, ``STAGES`` pages ahead, and read
-  each page's scales into registers when its copy is issued.
+- A copy warp (its own partition, few registers) walks the program's pages and fills a ring of ``STAGES``
+  shared-memory slots with each page's keys ``[PAGE, D]`` and scales through the copy engine (TMA): the cache is,
+  for it, rows of ``D`` bytes, a page ``PAGE_ROWS`` of them, its keys the first ``PAGE`` and its scales the rest, as
+  float32. An entry that names no page of the cache is copied from page 0 and its keys store -inf.
+- The four math warps wait on a slot's mbarrier, issue one matmul a draft token ``[PAGE, D] × [D, H]`` (keys on M)
+  asynchronously, so the second runs while the first one's ReLU and weighted head sum do, free the slot through a
+  second mbarrier as soon as it is read, and store each logit from the matmul's register layout. No block barrier in
+  their loop.
 
-Both issue one matmul a draft token ``[PAGE, D] × [D, H]`` (keys on M) asynchronously, so the second token's runs
-while the first one's ReLU and weighted head sum do, and store each logit from the matmul's register layout. A page
-whose table entry names no page of the cache is copied from page 0 and its keys store -inf, as in the Triton kernel.
-Gluon does not run under the interpreter: the CPU checks cover the host side and the cross-compile check builds both
-kernels; ``tests/test_decode_sm90.py`` compares them with the Triton kernel on an sm90 GPU.
+Gluon does not run under the interpreter: the CPU checks cover the host side and the cross-compile check builds the
+kernel; ``tests/test_decode_sm90.py`` compares it with the Triton kernel on an sm90 GPU.
 """
 
 from __future__ import annotations
@@ -67,19 +66,6 @@ def _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages):
     e = gl.load(table_ptr + b.to(gl.int64) * tab_s0 + j, mask=(j < table_pages) & (b < batch), other=-1)
     ok = (e >= 0) & (e < num_pages)
     return gl.where(ok, e, 0), ok
-
-
-@gluon.jit
-def _issue(keys_desc, keys_smem, ready, slot, page, scale_ptr, keys, live, PAGE: gl.constexpr,
-           PAGE_ROWS: gl.constexpr, D: gl.constexpr):
-    """Copy ``page``'s keys into ``slot`` (``ready[slot]`` completes when they have landed) and read its scales
-    (``[PAGE]`` float32, in the layout of ``keys``); nothing when not ``live``."""
-    bar = ready.index(slot)
-    if live:
-        mbarrier.expect(bar, keys_desc.block_type.nbytes)
-        _tma_load(keys_desc, [page * PAGE_ROWS, 0], bar, keys_smem.index(slot))
-    words: gl.constexpr = PAGE_ROWS * D // 4
-    return gl.load(scale_ptr + (page.to(gl.int64) * words + PAGE * D // 4) + keys, mask=(keys >= 0) & live, other=0.0)
 
 
 @gluon.jit
@@ -184,109 +170,7 @@ def _fill(out_ptr, ctx_ptr, ctx_s0, batch, max_ctx, out_s0, p, programs, j0, NEX
 
 
 @gluon.jit
-def paged_decode_sm90_kernel(
-    q_ptr, keys_desc, scale_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr,
-    batch, max_ctx, num_pages, table_pages,
-    q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
-    NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
-    PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr,
-):
-    """One partition: the warps that multiply also issue the copies, STAGES pages ahead (``KERNEL = "tma"``)."""
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
-    keys_l: gl.constexpr = gl.SliceLayout(1, mma)  # [PAGE]: a page's keys, as the matmul's rows
-    heads_l: gl.constexpr = gl.SliceLayout(0, mma)  # [H]
-    j0 = gl.program_id(0) * GROUPS
-    p = gl.program_id(1).to(gl.int64)
-    programs = gl.num_programs(1)
-    t_begin, t_end, b_first, b_end, before = _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE, BLOCK_B)
-    count = (t_end - t_begin).to(gl.int32)
-
-    keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([H, D], keys_desc.dtype)
-    q_smem = gl.allocate_shared_memory(keys_desc.dtype, [GROUPS, H, D], q_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for st in gl.static_range(STAGES):
-        mbarrier.init(ready.index(st), count=1)
-
-    # Producer cursor (pb, pj): the next page to copy; it runs STAGES tiles ahead of the consumer. The scales of the
-    # tiles in flight ride in registers, r0 the current tile's (STAGES of 2, 3 or 4).
-    keys = gl.arange(0, PAGE, layout=keys_l)
-    if count > 0:
-        pb = b_first
-        pj = (t_begin - before).to(gl.int32)
-        ptiles = _tiles(gl.load(ctx_ptr + b_first * ctx_s0), max_ctx, PAGE)
-        page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
-        r0 = _issue(keys_desc, keys_smem, ready, 0, page, scale_ptr, keys, 0 < count, PAGE, PAGE_ROWS, D)
-        pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
-        page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
-        r1 = _issue(keys_desc, keys_smem, ready, 1, page, scale_ptr, keys, 1 < count, PAGE, PAGE_ROWS, D)
-        r2 = r1
-        r3 = r1
-        if STAGES > 2:
-            pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
-            page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
-            r2 = _issue(keys_desc, keys_smem, ready, 2, page, scale_ptr, keys, 2 < count, PAGE, PAGE_ROWS, D)
-        if STAGES > 3:
-            pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
-            page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
-            r3 = _issue(keys_desc, keys_smem, ready, 3, page, scale_ptr, keys, 3 < count, PAGE, PAGE_ROWS, D)
-        pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
-        next_page, next_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
-
-        i = 0  # tiles consumed
-        passed = before  # tiles of the requests before b
-        for b in range(b_first, b_end):
-            ctx = gl.maximum(gl.load(ctx_ptr + b * ctx_s0), 0)
-            tiles = _tiles(ctx, max_ctx, PAGE)
-            lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
-            hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
-            passed += tiles
-            # Every warp is past its last matmul (the barrier at the end of each tile).
-            w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS, H, D, heads_l)
-            row0 = (b * NEXT_N + j0).to(gl.int64) * out_s0
-            for step in range(0, hi - lo):  # (Triton 3.6 drops a loop-carried value used only as a loop bound)
-                j = lo + step
-                slot = i % STAGES
-                entry, ok = _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages)
-                mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-                k_tile = keys_smem.index(slot)
-                acc0 = warpgroup_mma(k_tile, q_smem.index(0).permute((1, 0)),
-                                     gl.zeros([PAGE, H], gl.float32, layout=mma), use_acc=False, is_async=True)
-                if GROUPS == 2:
-                    acc1 = warpgroup_mma(k_tile, q_smem.index(1).permute((1, 0)),
-                                         gl.zeros([PAGE, H], gl.float32, layout=mma), use_acc=False, is_async=True)
-                n = j * PAGE + keys
-                seen = gl.where(ok, n, ctx)
-                if GROUPS == 2:
-                    acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc0, ))
-                else:
-                    acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
-                _store(out_ptr, row0, n, _head_sum(acc0, w0) * r0, seen, ctx - NEXT_N + 1 + j0, max_ctx, j0 < NEXT_N)
-                if GROUPS == 2:
-                    acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, ))
-                    _store(out_ptr, row0 + out_s0, n, _head_sum(acc1, w1) * r0, seen, ctx - NEXT_N + 2 + j0, max_ctx,
-                           j0 + 1 < NEXT_N)
-                # Every warp is done with this slot: copy the page STAGES tiles ahead into it.
-                _sync()
-                new = _issue(keys_desc, keys_smem, ready, slot, next_page, scale_ptr, keys, i + STAGES < count, PAGE,
-                             PAGE_ROWS, D)
-                if STAGES == 2:
-                    r0, r1 = r1, new
-                elif STAGES == 3:
-                    r0, r1, r2 = r1, r2, new
-                else:
-                    r0, r1, r2, r3 = r1, r2, r3, new
-                if i + STAGES < count:
-                    pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
-                    next_page, next_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
-                i += 1
-    for st in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(st))
-    _fill(out_ptr, ctx_ptr, ctx_s0, batch, max_ctx, out_s0, p, programs, j0, NEXT_N, GROUPS, PAGE)
-
-
-@gluon.jit
-def _ws_loader(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0, tab_s0,
+def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0, tab_s0,
                batch, max_ctx, num_pages, table_pages, b_first, j_first, count,
                PAGE: gl.constexpr, PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr):
     """The copy warp: for each tile of the program, once its slot is free, its page's keys and scales into it."""
@@ -306,7 +190,7 @@ def _ws_loader(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx
 
 
 @gluon.jit
-def _ws_math(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
+def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
              batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
              j0, t_begin, t_end, b_first, b_end, before,
              NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
@@ -328,7 +212,7 @@ def _ws_math(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, 
         _sync()  # every math warp is past its last matmul on the previous request's Q
         w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS, H, D, heads_l)
         row0 = (b * NEXT_N + j0).to(gl.int64) * out_s0
-        for step in range(0, hi - lo):
+        for step in range(0, hi - lo):  # (Triton 3.6 drops a loop-carried value used only as a loop bound)
             j = lo + step
             slot = i % STAGES
             entry, ok = _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages)
@@ -360,15 +244,14 @@ def _ws_math(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, 
 
 
 @gluon.jit
-def paged_decode_sm90_ws_kernel(
+def paged_decode_sm90_kernel(
     q_ptr, keys_desc, scales_desc, w_ptr, ctx_ptr, table_ptr, out_ptr,
     batch, max_ctx, num_pages, table_pages,
     q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, LOADER_REGS: gl.constexpr,
 ):
-    """Warp-specialized (``KERNEL = "tma-ws"``): one copy warp (``LOADER_REGS`` registers) fills the slots, the four
-    math warps free them through mbarriers; the scales come through the copy engine too, beside their keys."""
+    """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers."""
     j0 = gl.program_id(0) * GROUPS
     p = gl.program_id(1).to(gl.int64)
     programs = gl.num_programs(1)
@@ -384,10 +267,10 @@ def paged_decode_sm90_ws_kernel(
         mbarrier.init(ready.index(st), count=1)
         mbarrier.init(empty.index(st), count=1)
     gl.warp_specialize([
-        (_ws_math, (q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
+        (_math_partition, (q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
                     batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
                     j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE, STAGES)),
-        (_ws_loader, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0,
+        (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0,
                       tab_s0, batch, max_ctx, num_pages, table_pages, b_first, (t_begin - before).to(gl.int32),
                       (t_end - t_begin).to(gl.int32), PAGE, PAGE_ROWS, STAGES)),
     ], [1], [LOADER_REGS])
@@ -397,9 +280,8 @@ def paged_decode_sm90_ws_kernel(
     _fill(out_ptr, ctx_ptr, ctx_s0, batch, max_ctx, out_s0, p, programs, j0, NEXT_N, GROUPS, PAGE)
 
 TMA_DECODE = Launcher(paged_decode_sm90_kernel)
-TMA_WS_DECODE = Launcher(paged_decode_sm90_ws_kernel)
 PAGE_KEYS = 64  # the tile: one page
-LOADER_REGS = 40  # the copy warp's registers (warp-specialized kernel)
+LOADER_REGS = 40  # the copy warp's registers
 
 
 def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, page_table: torch.Tensor,
@@ -426,61 +308,54 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, p
 def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, page: int, groups: int,
            target: Target, cfg: Mapping[str, Any], sms: int, batch_block: int) -> Launch:
     """The launch filling ``out`` (contract: ``indexcache.paged_mqa_logits``) for a call :func:`unsupported` accepts.
-    ``cfg``: the paged_mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the register cap by draft tokens a
-    program, 0 for none); ``sms``: the device's multiprocessors; ``batch_block``: context lengths a step of the
+    ``cfg``: the paged_mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the kernel-wide register cap by draft
+    tokens a program, 0 for none); ``sms``: the device's multiprocessors; ``batch_block``: context lengths a step of the
     schedule reads."""
     batch, next_n, heads, dim = q.shape
     rows = page * (dim + 4) // dim  # a page as rows of dim bytes
     keys = k_cache.view(-1).view(q.dtype).view(k_cache.shape[0] * rows, dim)
     layout = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
     keys_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [page, dim], layout)
-    ws = cfg["KERNEL"] == "tma-ws"
-    cap = cfg["TMA_WS_MAXNREG" if ws else "TMA_MAXNREG"][groups - 1]
+    cap = cfg["TMA_MAXNREG"][groups - 1]
     options = launch_key_options({"num_warps": 4, **({"maxnreg": cap} if cap else {})})
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
-                 BLOCK_B=batch_block)
-    words = k_cache.view(-1).view(torch.float32)
-    if ws:  # the scales through the copy engine too: the cache as rows of dim / 4 float32, a page's scales its last
-        words = words.view(k_cache.shape[0] * rows, dim // 4)
-        block = [page * 4 // dim, dim // 4]
-        third = TensorDescriptor(words, list(words.shape), list(words.stride()), block,
-                                 gl.NVMMASharedLayout.get_default_for(block, gl.float32))
-        kernel, named = TMA_WS_DECODE, {**named, "LOADER_REGS": LOADER_REGS}
-    else:
-        third, kernel = words, TMA_DECODE
-    args = (q, keys_desc, third, weights, context_lens, page_table, out,
+                 BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS)
+    # The scales through the copy engine too: the cache as rows of dim / 4 float32, a page's scales its last rows.
+    words = k_cache.view(-1).view(torch.float32).view(k_cache.shape[0] * rows, dim // 4)
+    block = [page * 4 // dim, dim // 4]
+    scales_desc = TensorDescriptor(words, list(words.shape), list(words.stride()), block,
+                                   gl.NVMMASharedLayout.get_default_for(block, gl.float32))
+    args = (q, keys_desc, scales_desc, weights, context_lens, page_table, out,
             batch, max_context_len, k_cache.shape[0], page_table.shape[1],
             q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), page_table.stride(0),
             out.stride(0))
-    per_sm = kernel.resident(options, *args, **named) or 1
+    per_sm = TMA_DECODE.resident(options, *args, **named) or 1
     programs = max(1, min(sms * per_sm // cdiv(next_n, groups), batch * cdiv(max_context_len, page)))
-    return Launch(kernel, (cdiv(next_n, groups), programs), options, args, named)
+    return Launch(TMA_DECODE, (cdiv(next_n, groups), programs), options, args, named)
 
 
 def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, page: int,
                   batch_block: int) -> list:
-    """What the two kernels build for ``target`` (sm90 only, else nothing) at the given indexer shape, for next_n 1-2
+    """What the kernel builds for ``target`` (sm90 only, else nothing) at the given indexer shape, for next_n 1-2
     with the ``paged_mqa_logits`` entry ``cfg``'s stages and register caps (cross-compile check)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
     if target.vendor != "cuda" or sm_version(target.arch) != 90:
         return []
-    rows = page * (dim + 4) // dim
     keys = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
     block = [page * 4 // dim, dim // 4]
     scales = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
-    types = {"q_ptr": "*fp8e4nv", "keys_desc": f"tensordesc<fp8e4nv[{page}, {dim}],{keys!r}>", "w_ptr": "*fp32",
+    types = {"q_ptr": "*fp8e4nv", "keys_desc": f"tensordesc<fp8e4nv[{page}, {dim}],{keys!r}>",
+             "scales_desc": f"tensordesc<fp32[{block[0]}, {block[1]}],{scales!r}>", "w_ptr": "*fp32",
              "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32"}
     specs = []
     for next_n in (1, 2):
-        named = {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page, "PAGE_ROWS": rows,
-                 "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block, "ctx_s0": 1}
-        for fn, third, caps, extra in (
-                (paged_decode_sm90_kernel, {"scale_ptr": "*fp32"}, cfg["TMA_MAXNREG"], {}),
-                (paged_decode_sm90_ws_kernel, {"scales_desc": f"tensordesc<fp32[{block[0]}, {block[1]}],{scales!r}>"},
-                 cfg["TMA_WS_MAXNREG"], {"LOADER_REGS": LOADER_REGS})):
-            cap = caps[next_n - 1]
-            specs.append(KernelSpec("paged_mqa_logits", fn, {**types, **third}, {**named, **extra},
-                                    {"num_warps": 4, **({"maxnreg": cap} if cap else {})}, matrix="fp8",
-                                    aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
+        cap = cfg["TMA_MAXNREG"][next_n - 1]
+        specs.append(KernelSpec(
+            "paged_mqa_logits", paged_decode_sm90_kernel, types,
+            {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page,
+             "PAGE_ROWS": page * (dim + 4) // dim, "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block,
+             "LOADER_REGS": LOADER_REGS, "ctx_s0": 1},
+            {"num_warps": 4, **({"maxnreg": cap} if cap else {})}, matrix="fp8",
+            aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs

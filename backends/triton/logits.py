@@ -520,7 +520,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
     # in launch order so the second reads the keys from L2).
     groups = max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
-    if cfg.get("KERNEL") in ("tma", "tma-ws"):  # a Hopper kernel in Gluon (decode_sm90.py) where it takes the call
+    if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (decode_sm90.py) where it takes the call
         from indexcache.backends.triton import decode_sm90
 
         if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target):
