@@ -1,4 +1,4 @@
-"""Paged decode logits on Hopper (sm90) in Gluon: a copy warp brings whole pages, the math warps never wait for it.
+"""Paged decode logits on Hopper (sm90) in Gluon: a copy warp brings whole pages, the math warps do the rest.
 
 The cuda table's choice ``KERNEL = "tma-ws"`` (the sm90 default with Triton 3.6); the Triton kernel
 ``paged_mqa_logits_kernel`` (``logits.py``) takes every call :func:`unsupported` declines. Same contract, same
