@@ -170,9 +170,9 @@ def _fill(out_ptr, ctx_ptr, ctx_s0, batch, max_ctx, out_s0, p, programs, j0, NEX
 
 
 @gluon.jit
-def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0, tab_s0,
-               batch, max_ctx, num_pages, table_pages, b_first, j_first, count,
-               PAGE: gl.constexpr, PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr):
+def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0,
+                    tab_s0, batch, max_ctx, num_pages, table_pages, b_first, j_first, count,
+                    PAGE: gl.constexpr, PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr):
     """The copy warp: for each tile of the program, once its slot is free, its page's keys and scales into it."""
     pb = b_first
     pj = j_first
@@ -191,10 +191,10 @@ def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty
 
 @gluon.jit
 def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-             batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
-             j0, t_begin, t_end, b_first, b_end, before,
-             NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
-             STAGES: gl.constexpr):
+                    batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
+                    j0, t_begin, t_end, b_first, b_end, before,
+                    NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr,
+                    PAGE: gl.constexpr, STAGES: gl.constexpr):
     """The math warps: each tile's matmul, head sum and store, releasing the slot as soon as it is read."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
     keys_l: gl.constexpr = gl.SliceLayout(1, mma)
@@ -268,16 +268,17 @@ def paged_decode_sm90_kernel(
         mbarrier.init(empty.index(st), count=1)
     gl.warp_specialize([
         (_math_partition, (q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                    batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
-                    j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE, STAGES)),
+                           batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
+                           j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE, STAGES)),
         (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0,
-                      tab_s0, batch, max_ctx, num_pages, table_pages, b_first, (t_begin - before).to(gl.int32),
-                      (t_end - t_begin).to(gl.int32), PAGE, PAGE_ROWS, STAGES)),
+                           tab_s0, batch, max_ctx, num_pages, table_pages, b_first, (t_begin - before).to(gl.int32),
+                           (t_end - t_begin).to(gl.int32), PAGE, PAGE_ROWS, STAGES)),
     ], [1], [LOADER_REGS])
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
         mbarrier.invalidate(empty.index(st))
     _fill(out_ptr, ctx_ptr, ctx_s0, batch, max_ctx, out_s0, p, programs, j0, NEXT_N, GROUPS, PAGE)
+
 
 TMA_DECODE = Launcher(paged_decode_sm90_kernel)
 PAGE_KEYS = 64  # the tile: one page
