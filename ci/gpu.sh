@@ -135,7 +135,7 @@ step graph-tests-ran 30 "$PY" -c 'import sys, xml.etree.ElementTree as E
 s = sum(int(x.get("skipped", 0)) for x in E.parse(sys.argv[1]).getroot().iter("testsuite"))
 print(f"{s} graph tests skipped on the GPU"); sys.exit(s > 0)' "$WORK/graph-tests.xml"
 
-# The Hopper decode kernel in Gluon (a tuning choice, not the default) against the Triton kernel, bit for bit.
+# The Hopper decode kernel in Gluon (the sm90 default with Triton 3.6) against the Triton kernel, bit for bit.
 step decode-sm90-tests 300 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_decode_sm90.py
 
 step bench-translate 200 "${IC[@]}" bench --op translate --json "$OUT/bench-translate.json"

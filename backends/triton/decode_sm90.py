@@ -177,7 +177,7 @@ def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty
     pb = b_first
     pj = j_first
     ptiles = _tiles(gl.load(ctx_ptr + pb * ctx_s0, mask=pb < batch, other=0), max_ctx, PAGE)
-    page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+    page, _ = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
     for i in range(count):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
@@ -186,7 +186,7 @@ def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty
         _tma_load(keys_desc, [page * PAGE_ROWS, 0], bar, keys_smem.index(slot))
         _tma_load(scales_desc, [page * PAGE_ROWS + PAGE, 0], bar, scales_smem.index(slot))
         pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
-        page, page_ok = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+        page, _ = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
 
 
 @gluon.jit
@@ -215,7 +215,7 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales
         for step in range(0, hi - lo):  # (Triton 3.6 drops a loop-carried value used only as a loop bound)
             j = lo + step
             slot = i % STAGES
-            entry, ok = _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages)
+            _, ok = _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages)
             mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
             k_tile = keys_smem.index(slot)
             acc0 = warpgroup_mma(k_tile, q_smem.index(0).permute((1, 0)), gl.zeros([PAGE, H], gl.float32, layout=mma),
@@ -289,7 +289,7 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, p
                 out: torch.Tensor, page: int, groups: int, target: Target) -> list[str]:
     """Why this kernel cannot take a decode call (empty: it can; the Triton kernel takes the others). Arguments as
     ``indexcache.paged_mqa_logits``; ``page``: keys a page; ``groups``: draft tokens a program."""
-    batch, next_n, heads, dim = q.shape
+    heads, dim = q.shape[2], q.shape[3]
     reasons = []
     if target.interpreted or target.vendor != "cuda" or sm_version(target.arch) != 90:
         reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: Hopper (sm90) only")

@@ -167,7 +167,7 @@ class Launcher:
             elif isinstance(v, torch.Tensor):
                 classes.append((v.dtype, tensor_rule(v)))
             elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a host tensor descriptor (TMA)
-                classes.append((kind, v.base.dtype, tuple(v.block_shape), repr(getattr(v, "layout", None)),
+                classes.append((kind, v.base.dtype, tuple(v.block_shape), getattr(v, "layout", None),
                                 tensor_rule(v.base)))
             else:
                 classes.append(kind)
