@@ -58,7 +58,9 @@ TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
 # (within 1 % in run 22).
 VARIANTS = {
     "mqa_logits": {
-        "stages 4": {"num_stages": 4},
+        "triton": {"KERNEL": "triton"},
+        "tma-ws": {"KERNEL": "tma-ws"},
+        "tma-ws 6 stages": {"KERNEL": "tma-ws", "TMA_STAGES": 6},
     },
     "paged_mqa_logits": {
         "triton": {"KERNEL": "triton"},

@@ -482,6 +482,11 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
     n = k.shape[0]
     if out.numel() == 0:
         return None
+    if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (prefill_sm90.py) where it takes the call
+        from indexcache.backends.triton import prefill_sm90
+
+        if not prefill_sm90.unsupported(q, k, k_scale, weights, out, target):
+            return prefill_sm90.launch(q, k, k_scale, weights, ks, ke, out, cfg=cfg, sms=_programs(target, q.device))
     block_q = max(1, cfg["COLS"] // heads, 16 // heads)
     blocks = cdiv(tokens, block_q)
     programs = min(blocks, _programs(target, q.device) * cfg.get("PROGRAMS_PER_SM", 1))
@@ -624,7 +629,11 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
             launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
-    if "TMA_STAGES" in decode:  # the Hopper kernel the table may choose (decode_sm90.py): built wherever it runs
+    if "TMA_STAGES" in prefill:  # the Hopper kernels the table may choose (prefill_sm90.py, decode_sm90.py): built
+        from indexcache.backends.triton import prefill_sm90  # wherever they run
+
+        specs += prefill_sm90.compile_specs(target, prefill, heads, dim)
+    if "TMA_STAGES" in decode:
         from indexcache.backends.triton import decode_sm90
 
         specs += decode_sm90.compile_specs(target, decode, heads, dim, page, BATCH_BLOCK)

@@ -1,0 +1,293 @@
+"""Ragged prefill logits on Hopper (sm90) in Gluon: a copy warp brings key tiles, the math warps do the rest.
+
+The cuda table's choice ``KERNEL = "tma-ws"`` for ``mqa_logits`` (the sm90 default with Triton 3.6); the Triton kernel
+``mqa_logits_kernel`` (``logits.py``) takes every call :func:`unsupported` declines. Same contract and the same
+persistent schedule: blocks of ``BLOCK_Q`` tokens (``BLOCK_Q · H`` = 128 matmul columns) taken round-robin, last block
+first, each walking the union of its tokens' windows in 64-key tiles; a tile inside every window stores without a
+mask, a boundary tile stores ``where(inside, s, -inf)``, the columns outside the union get -inf afterwards.
+
+- A copy warp (its own partition, few registers) walks the program's tiles and fills a ring of ``STAGES``
+  shared-memory slots with each tile's keys ``[64, D]`` through the copy engine (TMA; rows past ``N`` arrive as zeros).
+- The four math warps load a block's Q ``[BLOCK_Q · H, D]`` into shared memory and its weights into registers once,
+  then for each tile read its 64 scales, wait on the slot's mbarrier, run one matmul ``[64, D] × [D, BLOCK_Q · H]``
+  (keys on M), free the slot through a second mbarrier, and do the ReLU, weighted head sum and store from the
+  matmul's register layout, viewed as ``[64, BLOCK_Q, H]``. Several programs a SM overlap one's epilogue with
+  another's matmul. No block barrier in their tile loop.
+
+fp8 e4m3fn only, D = 128, 16-128 heads. Gluon does not run under the interpreter: the CPU checks cover the host side
+and the cross-compile check builds the kernel; ``tests/test_prefill_sm90.py`` compares it with the Triton kernel on
+an sm90 GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
+from indexcache.backends.triton.target import Target
+from indexcache.hal.device import sm_version
+
+# Names that changed between Triton 3.6 and 3.9 (as in decode_sm90.py).
+_sync = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+NEG_INF = gl.constexpr(float("-inf"))
+BLOCK_N = 64  # keys a tile: M of one warpgroup's matmul
+COLS = 128  # matmul columns: BLOCK_Q tokens × H heads
+LOADER_REGS = 40  # the copy warp's registers
+
+
+@gluon.jit
+def _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, BLOCK_Q: gl.constexpr, layout: gl.constexpr):
+    """``(tokens, valid, ks, ke)`` of the block at ``t0`` (``[BLOCK_Q]`` in ``layout``): windows clipped to
+    ``[0, N)``, empty and missing rows ``[N, 0)`` so they widen nothing."""
+    tok = t0 + gl.arange(0, BLOCK_Q, layout=layout)
+    ok = tok < T
+    tok64 = tok.to(gl.int64)
+    ks = gl.minimum(gl.maximum(gl.load(ks_ptr + tok64 * ks_s0, mask=ok, other=0), 0), N)
+    ke = gl.minimum(gl.maximum(gl.load(ke_ptr + tok64 * ke_s0, mask=ok, other=0), 0), N)
+    empty = (ke <= ks) | ~ok
+    return tok, ok, gl.where(empty, N, ks), gl.where(empty, 0, ke)
+
+
+@gluon.jit
+def _span(ks, ke, BLOCK_N: gl.constexpr):
+    """``(start, tiles)``: the union of the windows as ``tiles`` key tiles from ``start``."""
+    lo = gl.min(ks, axis=0)
+    hi = gl.max(ke, axis=0)
+    start = (lo // BLOCK_N) * BLOCK_N
+    return start, gl.where(hi > lo, gl.cdiv(hi - start, BLOCK_N), 0)
+
+
+@gluon.jit
+def _copy_partition(keys_desc, keys_smem, ready, empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, p, programs, blocks,
+                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The copy warp: for each tile of the program, once its slot is free, its keys into it."""
+    tok_l: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    i = 0
+    for blk in range(p, blocks, programs):
+        _, _, ks, ke = _windows(ks_ptr, ke_ptr, (blocks - 1 - blk) * BLOCK_Q, T, N, ks_s0, ke_s0, BLOCK_Q, tok_l)
+        start, tiles = _span(ks, ke, BLOCK_N)
+        for step in range(0, tiles):
+            slot = i % STAGES
+            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
+            bar = ready.index(slot)
+            mbarrier.expect(bar, keys_desc.block_type.nbytes)
+            _tma_load(keys_desc, [start + step * BLOCK_N, 0], bar, keys_smem.index(slot))
+            i += 1
+
+
+@gluon.jit
+def _epilogue(out_ptr, acc, w, sc, n0, keys, ks, ke, tok_ok, out_rows, N, clean_lo, clean_hi, BLOCK_N: gl.constexpr,
+              BLOCK_Q: gl.constexpr, H: gl.constexpr, view: gl.constexpr):
+    """Store the tile at key ``n0``: ``sc · Σ_h w · relu(acc)`` (NaN kept) for ``acc [BLOCK_N, BLOCK_Q · H]``,
+    unmasked inside every window, ``where(inside, s, -inf)`` on a boundary tile."""
+    acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
+    s = gl.sum(gl.maximum(acc3, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2) * sc[:, None]
+    n = n0 + keys
+    ptrs = out_ptr + out_rows[None, :] + n.to(gl.int64)[:, None]
+    if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
+        gl.store(ptrs, s)
+    else:
+        inside = (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
+        gl.store(ptrs, gl.where(inside, s, NEG_INF), mask=(n < N)[:, None] & tok_ok[None, :])
+
+
+@gluon.jit
+def _math_partition(q_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty,
+                    T, N, q_s0, q_s1, w_s0, ks_s0, ke_s0, out_s0, p, programs, blocks,
+                    H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, view: gl.constexpr):
+    """The math warps: each block's Q and weights, then each tile's matmul, head sum and store."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_Q * H, 32])
+    pair_l: gl.constexpr = gl.SliceLayout(2, view)  # [keys, tokens]
+    keys_l: gl.constexpr = gl.SliceLayout(1, pair_l)
+    tok_l: gl.constexpr = gl.SliceLayout(0, pair_l)
+    w_l: gl.constexpr = gl.SliceLayout(0, view)  # [tokens, heads]
+    q_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    fill_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 4], [1, 0])
+    keys = gl.arange(0, BLOCK_N, layout=keys_l)
+    q_rows = gl.arange(0, BLOCK_Q * H, layout=gl.SliceLayout(1, q_l))
+    dims = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
+    w_tok = gl.arange(0, BLOCK_Q, layout=gl.SliceLayout(1, w_l))
+    w_heads = gl.arange(0, H, layout=gl.SliceLayout(0, w_l))
+    fill_tok = gl.arange(0, BLOCK_Q, layout=gl.SliceLayout(1, fill_l))
+    fill_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, fill_l))
+    fill = gl.full([BLOCK_Q, BLOCK_N], NEG_INF, gl.float32, layout=fill_l)
+    zero = gl.zeros([BLOCK_N, BLOCK_Q * H], gl.float32, layout=mma)
+    i = 0
+    for blk in range(p, blocks, programs):
+        t0 = (blocks - 1 - blk) * BLOCK_Q
+        tok, tok_ok, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, BLOCK_Q, tok_l)
+        start, tiles = _span(ks, ke, BLOCK_N)
+        clean_lo = gl.max(ks, axis=0)
+        clean_hi = gl.min(ke, axis=0)
+        out_rows = tok.to(gl.int64) * out_s0
+        _sync()  # every math warp is past its last matmul on the previous block's Q
+        q_tok = t0 + q_rows // H
+        q = gl.load(q_ptr + q_tok.to(gl.int64)[:, None] * q_s0 + ((q_rows % H) * q_s1)[:, None] + dims[None, :],
+                    mask=(q_tok < T)[:, None], other=0.0)
+        q_smem.store(q)
+        w = gl.load(w_ptr + (t0 + w_tok).to(gl.int64)[:, None] * w_s0 + w_heads[None, :],
+                    mask=(t0 + w_tok < T)[:, None], other=0.0)
+        fence_async_shared()
+        _sync()
+        # Two tiles in flight: tile j + 1's matmul runs during tile j's head sum and store.
+        if tiles > 0:
+            slot = i % STAGES
+            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            acc = warpgroup_mma(keys_smem.index(slot), q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+            sc = gl.load(scale_ptr + start + keys, mask=start + keys < N, other=0.0)
+            for step in range(1, tiles):
+                nxt = (i + 1) % STAGES
+                mbarrier.wait(ready.index(nxt), ((i + 1) // STAGES) & 1)
+                acc_next = warpgroup_mma(keys_smem.index(nxt), q_smem.permute((1, 0)), zero, use_acc=False,
+                                         is_async=True)
+                n_next = start + step * BLOCK_N + keys
+                sc_next = gl.load(scale_ptr + n_next, mask=n_next < N, other=0.0)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                mbarrier.arrive(empty.index(i % STAGES), count=1)
+                _epilogue(out_ptr, acc, w, sc, start + (step - 1) * BLOCK_N, keys, ks, ke, tok_ok, out_rows, N,
+                          clean_lo, clean_hi, BLOCK_N, BLOCK_Q, H, view)
+                acc = acc_next
+                sc = sc_next
+                i += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty.index(i % STAGES), count=1)
+            _epilogue(out_ptr, acc, w, sc, start + (tiles - 1) * BLOCK_N, keys, ks, ke, tok_ok, out_rows, N,
+                      clean_lo, clean_hi, BLOCK_N, BLOCK_Q, H, view)
+            i += 1
+        # -inf outside the union of the block's windows.
+        stop = start + tiles * BLOCK_N
+        fill_rows = (t0 + fill_tok).to(gl.int64) * out_s0
+        fill_ok = (t0 + fill_tok < T)[:, None]
+        for f0 in range(0, start, BLOCK_N):
+            gl.store(out_ptr + fill_rows[:, None] + (f0 + fill_cols)[None, :], fill, mask=fill_ok)
+        for f0 in range(stop, N, BLOCK_N):
+            fc = f0 + fill_cols
+            gl.store(out_ptr + fill_rows[:, None] + fc[None, :], fill, mask=fill_ok & (fc < N)[None, :])
+
+
+@gluon.jit
+def prefill_sm90_kernel(
+    q_ptr, keys_desc, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
+    T, N, q_s0, q_s1, w_s0, ks_s0, ke_s0, out_s0,
+    H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    LOADER_REGS: gl.constexpr, view: gl.constexpr,
+):
+    """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers;
+    ``view``: the matmul's accumulator layout seen as ``[BLOCK_N, BLOCK_Q, H]`` (:func:`accumulator_view`)."""
+    p = gl.program_id(0)
+    programs = gl.num_programs(0)
+    blocks = gl.cdiv(T, BLOCK_Q)
+    keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_Q * H, D], keys_desc.dtype)
+    q_smem = gl.allocate_shared_memory(keys_desc.dtype, [BLOCK_Q * H, D], q_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(ready.index(st), count=1)
+        mbarrier.init(empty.index(st), count=1)
+    gl.warp_specialize([
+        (_math_partition, (q_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty,
+                           T, N, q_s0, q_s1, w_s0, ks_s0, ke_s0, out_s0, p, programs, blocks,
+                           H, D, BLOCK_Q, BLOCK_N, STAGES, view)),
+        (_copy_partition, (keys_desc, keys_smem, ready, empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, p, programs,
+                           blocks, BLOCK_Q, BLOCK_N, STAGES)),
+    ], [1], [LOADER_REGS])
+    for st in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(st))
+        mbarrier.invalidate(empty.index(st))
+
+
+PREFILL = Launcher(prefill_sm90_kernel)
+
+
+def accumulator_view(block_q: int, heads: int) -> gl.DistributedLinearLayout:
+    """Hopper's accumulator layout of a ``[64, block_q · heads]`` matmul over four warps (a thread holds column
+    pairs ``8j + 2 (lane % 4) + {0, 1}`` of rows ``16 warp + lane / 4 + {0, 8}``), as ``[64, block_q, heads]``:
+    the same registers, so the head sum is adds inside a thread plus shuffles within a quad."""
+    cols = block_q * heads
+
+    def col(v: int) -> list[int]:
+        return [0, v // heads, 0] if v >= heads else [0, 0, v]
+
+    regs = [col(1), [8, 0, 0]] + [col(8 << b) for b in range((cols // 8).bit_length() - 1)]
+    lanes = [col(2), col(4), [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    return gl.DistributedLinearLayout(regs, lanes, [[16, 0, 0], [32, 0, 0]], [], [BLOCK_N, block_q, heads])
+
+
+def unsupported(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, out: torch.Tensor,
+                target: Target) -> list[str]:
+    """Why this kernel cannot take a prefill call (empty: it can; the Triton kernel takes the others). Arguments as
+    ``indexcache.mqa_logits``."""
+    heads, dim = q.shape[1], q.shape[2]
+    reasons = []
+    if target.interpreted or target.vendor != "cuda" or sm_version(target.arch) != 90:
+        reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: Hopper (sm90) only")
+    if q.dtype != torch.float8_e4m3fn:
+        reasons.append(f"q dtype {q.dtype}: float8_e4m3fn only")
+    if dim != 128 or heads not in (16, 32, 64, 128):
+        reasons.append(f"{heads} heads of dim {dim}: 16-128 heads of dim 128 only")
+    if k.shape[0] == 0 or k.stride(1) != 1 or k.stride(0) != dim or k.data_ptr() % 16:
+        reasons.append("k must be a non-empty contiguous [N, 128] tensor aligned to 16 bytes (the copy engine's)")
+    if q.stride(2) != 1 or k_scale.stride(0) != 1 or weights.stride(1) != 1 or out.stride(1) != 1:
+        reasons.append("q, k_scale, weights and out need unit strides along their last dimension")
+    return reasons
+
+
+def _named(heads: int, dim: int, stages: int) -> dict[str, Any]:
+    block_q = COLS // heads
+    return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=stages, LOADER_REGS=LOADER_REGS,
+                view=accumulator_view(block_q, heads))
+
+
+def _options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    cap = cfg["TMA_MAXNREG"]
+    return {"num_warps": 4, **({"maxnreg": cap} if cap else {})}
+
+
+def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: int) -> Launch:
+    """The launch filling ``out [T, N]`` (contract: ``indexcache.mqa_logits``) for a call :func:`unsupported`
+    accepts. ``cfg``: the mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the kernel-wide register cap, 0
+    for none); ``sms``: the device's multiprocessors. The grid holds the programs that stay resident."""
+    tokens, heads, dim = q.shape
+    n = k.shape[0]
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, dim], gl.float8e4nv)
+    keys_desc = TensorDescriptor(k, [n, dim], [dim, 1], [BLOCK_N, dim], layout)
+    options = launch_key_options(_options(cfg))
+    named = _named(heads, dim, cfg["TMA_STAGES"])
+    args = (q, keys_desc, k_scale, weights, ks, ke, out, tokens, n, q.stride(0), q.stride(1), weights.stride(0),
+            ks.stride(0), ke.stride(0), out.stride(0))
+    per_sm = PREFILL.resident(options, *args, **named) or 1
+    programs = max(1, min(sms * per_sm, -(-tokens // named["BLOCK_Q"])))
+    return Launch(PREFILL, (programs,), options, args, named)
+
+
+def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) -> list:
+    """What the kernel builds for ``target`` (sm90 only, else nothing) at the given indexer shape with the
+    ``mqa_logits`` entry ``cfg`` (cross-compile check)."""
+    from indexcache.backends.triton.crosscompile import KernelSpec
+
+    if target.vendor != "cuda" or sm_version(target.arch) != 90:
+        return []
+    keys = gl.NVMMASharedLayout.get_default_for([BLOCK_N, dim], gl.float8e4nv)
+    types = {"q_ptr": "*fp8e4nv", "keys_desc": f"tensordesc<fp8e4nv[{BLOCK_N}, {dim}],{keys!r}>",
+             "scale_ptr": "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"}
+    return [KernelSpec("mqa_logits", prefill_sm90_kernel, types,
+                       {**_named(heads, dim, cfg["TMA_STAGES"]), "ks_s0": 1, "ke_s0": 1}, _options(cfg),
+                       matrix="fp8", aligned=("q_s0", "q_s1", "w_s0"))]

@@ -1,0 +1,111 @@
+"""The Hopper prefill kernel in Gluon (``backends/triton/prefill_sm90.py``): which calls it takes, and, on an sm90 GPU,
+the Triton kernel's logits (to fp32 rounding of the head sum) with -inf in the same places.
+
+Gluon kernels do not run under the interpreter: off Hopper only the host side is checked here (the kernel is built
+for sm90 by the cross-compile check). ``ci/gpu.sh`` runs the GPU cases on the H200.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from indexcache.backends import cuda as cuda_backend  # noqa: E402
+from indexcache.backends.triton import logits, prefill_sm90  # noqa: E402
+from indexcache.backends.triton.target import Target, detect  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+HOPPER = Target("cuda", "sm90", 32, FP8, interpreted=False)
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _args(tokens=4, keys=256, heads=64, dim=128):
+    q = torch.zeros(tokens, heads, dim, dtype=FP8)
+    k = torch.zeros(keys, dim, dtype=FP8)
+    return q, k, torch.ones(keys), torch.zeros(tokens, heads), torch.zeros(tokens, keys)
+
+
+def test_takes_hopper_fp8_heads_of_dim_128():
+    for heads in (16, 32, 64, 128):
+        q, k, scale, w, out = _args(heads=heads)
+        assert prefill_sm90.unsupported(q, k, scale, w, out, HOPPER) == []
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"target": Target("cuda", "sm100", 32, FP8, interpreted=False)}, "sm100: Hopper"),
+    ({"target": Target("cuda", "sm90", 32, FP8, interpreted=True)}, "sm90 interpreted"),
+    ({"dtype": torch.bfloat16}, "q dtype torch.bfloat16"),
+    ({"dim": 64}, "of dim 64"),
+    ({"heads": 8}, "8 heads"),
+    ({"keys": 0}, "non-empty contiguous [N, 128]"),
+    ({"strided_k": True}, "non-empty contiguous [N, 128]"),
+    ({"strided_out": True}, "unit strides"),
+])
+def test_declines_with_the_reason(change, reason):
+    q, k, scale, w, out = _args(heads=change.get("heads", 64), dim=change.get("dim", 128), keys=change.get("keys", 256))
+    if "dtype" in change:
+        q = q.to(change["dtype"])
+    if change.get("strided_k"):
+        k = torch.zeros(k.shape[0], 2 * k.shape[1], dtype=FP8)[:, ::2]
+    if change.get("strided_out"):
+        out = torch.zeros(out.shape[1], out.shape[0]).t()
+    reasons = prefill_sm90.unsupported(q, k, scale, w, out, change.get("target", HOPPER))
+    assert any(reason in r for r in reasons), reasons
+
+
+def _case(tokens, keys, heads, windows, seed):
+    """Random fp8 q and k, positive scales, signed weights; ``windows``: "causal" (each token sees the keys up to its
+    own position in the last ``tokens`` of the keys) or "ragged" (random windows, empty, negative and past ``N``)."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(tokens, heads, 128, generator=g) * 3).clamp(-200, 200).to(FP8)
+    k = (torch.randn(keys, 128, generator=g) * 3).clamp(-200, 200).to(FP8)
+    scale = torch.rand(keys, generator=g) + 0.1
+    w = torch.randn(tokens, heads, generator=g)
+    if windows == "causal":
+        ke = torch.arange(keys - tokens + 1, keys + 1, dtype=torch.int32).clamp(min=0)
+        ks = torch.zeros(tokens, dtype=torch.int32)
+    else:
+        ks = torch.randint(-20, keys + 20, (tokens,), dtype=torch.int32, generator=g)
+        ke = ks + torch.randint(-30, keys, (tokens,), dtype=torch.int32, generator=g)
+    return q, k, scale, w, ks, ke
+
+
+_CASES = [
+    # (tokens, keys, heads, windows): odd token counts (a partial last block), keys not a multiple of the tile
+    (1, 1, 64, "ragged"),
+    (3, 100, 64, "causal"),
+    (130, 1000, 64, "ragged"),
+    (257, 3000, 64, "causal"),
+    (64, 700, 16, "ragged"),
+    (63, 700, 32, "causal"),
+    (33, 700, 128, "ragged"),
+    # More blocks than programs: each program walks several blocks, its ring index running on.
+    (2048, 4100, 64, "causal"),
+]
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"t{c[0]}-n{c[1]}-h{c[2]}-{c[3]}")
+@pytest.mark.parametrize("stages", [2, 4])
+def test_equals_the_triton_kernel_on_hopper(case, stages):
+    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    table_cfg = cuda_backend.tuning(target.arch)["mqa_logits"]
+    args = [a.cuda() for a in _case(*case, seed=len(_CASES) * stages)]
+    outs = []
+    for cfg in ({**table_cfg, "KERNEL": "triton"}, {**table_cfg, "KERNEL": "tma-ws", "TMA_STAGES": stages}):
+        buf = torch.full((case[0] + 2, case[1]), float("nan"), device="cuda")
+        logits.mqa_logits(*args, buf[1:-1], target=target, cfg=cfg)
+        assert buf[0].isnan().all() and buf[-1].isnan().all(), "a kernel wrote outside its output"
+        outs.append(buf[1:-1])
+    triton_out, tma_out = outs
+    assert not tma_out.isnan().any()
+    finite = triton_out.isfinite()
+    assert torch.equal(finite, tma_out.isfinite()) and torch.equal(triton_out[~finite], tma_out[~finite])
+    # The same fp8 products and fp32 matmul; the head sums may add in another order.
+    scale = triton_out[finite].abs().max() if finite.any() else 1.0
+    assert (triton_out[finite] - tma_out[finite]).abs().max() <= 1e-5 * scale
