@@ -31,7 +31,7 @@ def _args(tokens=4, keys=256, heads=64, dim=128):
 
 
 def test_takes_hopper_fp8_heads_of_dim_128():
-    for heads in (16, 32, 64, 128):
+    for heads in (64, 128):
         q, k, scale, w, out = _args(heads=heads)
         assert prefill_sm90.unsupported(q, k, scale, w, out, HOPPER) == []
 
@@ -41,7 +41,7 @@ def test_takes_hopper_fp8_heads_of_dim_128():
     ({"target": Target("cuda", "sm90", 32, FP8, interpreted=True)}, "sm90 interpreted"),
     ({"dtype": torch.bfloat16}, "q dtype torch.bfloat16"),
     ({"dim": 64}, "of dim 64"),
-    ({"heads": 8}, "8 heads"),
+    ({"heads": 32}, "32 heads"),
     ({"keys": 0}, "non-empty contiguous [N, 128]"),
     ({"strided_k": True}, "non-empty contiguous [N, 128]"),
     ({"strided_out": True}, "unit strides"),
@@ -81,8 +81,7 @@ _CASES = [
     (3, 100, 64, "causal"),
     (130, 1000, 64, "ragged"),
     (257, 3000, 64, "causal"),
-    (64, 700, 16, "ragged"),
-    (63, 700, 32, "causal"),
+    (63, 700, 128, "causal"),
     (33, 700, 128, "ragged"),
     # More blocks than programs: each program walks several blocks, its ring index running on.
     (2048, 4100, 64, "causal"),
@@ -107,5 +106,5 @@ def test_equals_the_triton_kernel_on_hopper(case, stages):
     finite = triton_out.isfinite()
     assert torch.equal(finite, tma_out.isfinite()) and torch.equal(triton_out[~finite], tma_out[~finite])
     # The same fp8 products and fp32 matmul; the head sums may add in another order.
-    scale = triton_out[finite].abs().max() if finite.any() else 1.0
-    assert (triton_out[finite] - tma_out[finite]).abs().max() <= 1e-5 * scale
+    if finite.any():
+        assert (triton_out[finite] - tma_out[finite]).abs().max() <= 1e-5 * triton_out[finite].abs().max()

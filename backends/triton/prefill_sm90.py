@@ -14,7 +14,7 @@ mask, a boundary tile stores ``where(inside, s, -inf)``, the columns outside the
   matmul's register layout, viewed as ``[64, BLOCK_Q, H]``. Several programs a SM overlap one's epilogue with
   another's matmul. No block barrier in their tile loop.
 
-fp8 e4m3fn only, D = 128, 16-128 heads. Gluon does not run under the interpreter: the CPU checks cover the host side
+fp8 e4m3fn only, D = 128, 64 or 128 heads. Gluon does not run under the interpreter: the CPU checks cover the host side
 and the cross-compile check builds the kernel; ``tests/test_prefill_sm90.py`` compares it with the Triton kernel on
 an sm90 GPU.
 """
@@ -91,13 +91,27 @@ def _copy_partition(keys_desc, keys_smem, ready, empty, ks_ptr, ke_ptr, T, N, ks
 
 
 @gluon.jit
-def _epilogue(out_ptr, acc, w, sc, n0, keys, ks, ke, tok_ok, out_rows, N, clean_lo, clean_hi, BLOCK_N: gl.constexpr,
-              BLOCK_Q: gl.constexpr, H: gl.constexpr, view: gl.constexpr):
-    """Store the tile at key ``n0``: ``sc · Σ_h w · relu(acc)`` (NaN kept) for ``acc [BLOCK_N, BLOCK_Q · H]``,
-    unmasked inside every window, ``where(inside, s, -inf)`` on a boundary tile."""
+def _issue(keys_smem, q_smem, zero, ready, i, STAGES: gl.constexpr):
+    """Start the matmul of the program's ``i``-th tile once its keys are in (asynchronous: wait with
+    :func:`_finish`)."""
+    slot = i % STAGES
+    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    return warpgroup_mma(keys_smem.index(slot), q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _finish(out_ptr, acc, empty, i, w, scale_ptr, n0, keys, ks, ke, tok_ok, out_rows, N, clean_lo, clean_hi,
+            PENDING: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_Q: gl.constexpr, H: gl.constexpr,
+            STAGES: gl.constexpr, view: gl.constexpr):
+    """Wait for the ``i``-th tile's matmul (``PENDING`` later ones may still run), free its slot and store its
+    logits at key ``n0``: ``k_scale · Σ_h w · relu(acc)`` (NaN kept) for ``acc [BLOCK_N, BLOCK_Q · H]``, unmasked
+    inside every window, ``where(inside, s, -inf)`` on a boundary tile."""
+    n = n0 + keys
+    sc = gl.load(scale_ptr + n, mask=n < N, other=0.0)
+    acc = warpgroup_mma_wait(num_outstanding=PENDING, deps=(acc, ))
+    mbarrier.arrive(empty.index(i % STAGES), count=1)
     acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
     s = gl.sum(gl.maximum(acc3, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2) * sc[:, None]
-    n = n0 + keys
     ptrs = out_ptr + out_rows[None, :] + n.to(gl.int64)[:, None]
     if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
         gl.store(ptrs, s)
@@ -146,31 +160,32 @@ def _math_partition(q_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem,
                     mask=(t0 + w_tok < T)[:, None], other=0.0)
         fence_async_shared()
         _sync()
-        # Two tiles in flight: tile j + 1's matmul runs during tile j's head sum and store.
+        # Two tiles in flight: tile j + 1's matmul runs during tile j's head sum and store. The loop is unrolled
+        # twice so that the two accumulators keep their registers (a copy of one in flight would make ptxas
+        # serialize every matmul).
         if tiles > 0:
-            slot = i % STAGES
-            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            acc = warpgroup_mma(keys_smem.index(slot), q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
-            sc = gl.load(scale_ptr + start + keys, mask=start + keys < N, other=0.0)
-            for step in range(1, tiles):
-                nxt = (i + 1) % STAGES
-                mbarrier.wait(ready.index(nxt), ((i + 1) // STAGES) & 1)
-                acc_next = warpgroup_mma(keys_smem.index(nxt), q_smem.permute((1, 0)), zero, use_acc=False,
-                                         is_async=True)
-                n_next = start + step * BLOCK_N + keys
-                sc_next = gl.load(scale_ptr + n_next, mask=n_next < N, other=0.0)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                mbarrier.arrive(empty.index(i % STAGES), count=1)
-                _epilogue(out_ptr, acc, w, sc, start + (step - 1) * BLOCK_N, keys, ks, ke, tok_ok, out_rows, N,
-                          clean_lo, clean_hi, BLOCK_N, BLOCK_Q, H, view)
-                acc = acc_next
-                sc = sc_next
+            acc_a = _issue(keys_smem, q_smem, zero, ready, i, STAGES)
+            for pair in range(0, (tiles - 1) // 2):
+                j = 2 * pair
+                acc_b = _issue(keys_smem, q_smem, zero, ready, i + 1, STAGES)
+                _finish(out_ptr, acc_a, empty, i, w, scale_ptr, start + j * BLOCK_N, keys, ks, ke, tok_ok, out_rows,
+                        N, clean_lo, clean_hi, 1, BLOCK_N, BLOCK_Q, H, STAGES, view)
+                acc_a = _issue(keys_smem, q_smem, zero, ready, i + 2, STAGES)
+                _finish(out_ptr, acc_b, empty, i + 1, w, scale_ptr, start + (j + 1) * BLOCK_N, keys, ks, ke, tok_ok,
+                        out_rows, N, clean_lo, clean_hi, 1, BLOCK_N, BLOCK_Q, H, STAGES, view)
+                i += 2
+            last = start + (tiles - 1) * BLOCK_N
+            if tiles % 2 == 0:  # one more tile after the one in flight
+                acc_b = _issue(keys_smem, q_smem, zero, ready, i + 1, STAGES)
+                _finish(out_ptr, acc_a, empty, i, w, scale_ptr, last - BLOCK_N, keys, ks, ke, tok_ok, out_rows, N,
+                        clean_lo, clean_hi, 1, BLOCK_N, BLOCK_Q, H, STAGES, view)
+                _finish(out_ptr, acc_b, empty, i + 1, w, scale_ptr, last, keys, ks, ke, tok_ok, out_rows, N,
+                        clean_lo, clean_hi, 0, BLOCK_N, BLOCK_Q, H, STAGES, view)
+                i += 2
+            else:
+                _finish(out_ptr, acc_a, empty, i, w, scale_ptr, last, keys, ks, ke, tok_ok, out_rows, N, clean_lo,
+                        clean_hi, 0, BLOCK_N, BLOCK_Q, H, STAGES, view)
                 i += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(empty.index(i % STAGES), count=1)
-            _epilogue(out_ptr, acc, w, sc, start + (tiles - 1) * BLOCK_N, keys, ks, ke, tok_ok, out_rows, N,
-                      clean_lo, clean_hi, BLOCK_N, BLOCK_Q, H, view)
-            i += 1
         # -inf outside the union of the block's windows.
         stop = start + tiles * BLOCK_N
         fill_rows = (t0 + fill_tok).to(gl.int64) * out_s0
@@ -241,8 +256,8 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights
         reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: Hopper (sm90) only")
     if q.dtype != torch.float8_e4m3fn:
         reasons.append(f"q dtype {q.dtype}: float8_e4m3fn only")
-    if dim != 128 or heads not in (16, 32, 64, 128):
-        reasons.append(f"{heads} heads of dim {dim}: 16-128 heads of dim 128 only")
+    if dim != 128 or heads not in (64, 128):  # fewer heads: more tokens a block, whose windows spill registers
+        reasons.append(f"{heads} heads of dim {dim}: 64 or 128 heads of dim 128 only")
     if k.shape[0] == 0 or k.stride(1) != 1 or k.stride(0) != dim or k.data_ptr() % 16:
         reasons.append("k must be a non-empty contiguous [N, 128] tensor aligned to 16 bytes (the copy engine's)")
     if q.stride(2) != 1 or k_scale.stride(0) != 1 or weights.stride(1) != 1 or out.stride(1) != 1:
