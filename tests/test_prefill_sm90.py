@@ -44,6 +44,7 @@ def test_takes_hopper_fp8_heads_of_dim_128():
     ({"heads": 32}, "32 heads"),
     ({"keys": 0}, "non-empty contiguous [N, 128]"),
     ({"strided_k": True}, "non-empty contiguous [N, 128]"),
+    ({"strided_q": True}, "q must be a non-empty contiguous"),
     ({"strided_out": True}, "unit strides"),
 ])
 def test_declines_with_the_reason(change, reason):
@@ -52,6 +53,8 @@ def test_declines_with_the_reason(change, reason):
         q = q.to(change["dtype"])
     if change.get("strided_k"):
         k = torch.zeros(k.shape[0], 2 * k.shape[1], dtype=FP8)[:, ::2]
+    if change.get("strided_q"):
+        q = torch.zeros(q.shape[1], q.shape[0], q.shape[2], dtype=FP8).transpose(0, 1)
     if change.get("strided_out"):
         out = torch.zeros(out.shape[1], out.shape[0]).t()
     reasons = prefill_sm90.unsupported(q, k, scale, w, out, change.get("target", HOPPER))

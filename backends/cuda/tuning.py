@@ -16,7 +16,8 @@ _COMMON: dict[str, dict[str, Any]] = {
     # two matmuls in flight) where it takes the call, else this Triton kernel; TMA_MAXNREG its kernel-wide register
     # cap (120: two programs a SM, the math warps get 200 registers, no spills).
     "mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
-                   "PROGRAMS_PER_SM": 3, "KERNEL": "triton", "TMA_STAGES": 4, "TMA_MAXNREG": 120},
+                   "PROGRAMS_PER_SM": 3, "KERNEL": "triton", "TMA_STAGES": 8, "TMA_MAXNREG": 96,
+                   "TMA_MATH_REGS": 112},
     # Paged decode: 64-key tiles (one page: a scalar table entry, contiguous rows and scales)
     # through Triton's own pipeliner, 5 stages deep (measured best on the H200, reports/gpu/2026-11-29-run2; the
     # register prefetch variants PREFETCH 1-2 measured slower), at most COLS dot columns (draft tokens × heads) a

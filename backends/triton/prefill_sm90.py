@@ -29,7 +29,6 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -47,7 +46,8 @@ _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_glo
 NEG_INF = gl.constexpr(float("-inf"))
 BLOCK_N = 64  # keys a tile: M of one warpgroup's matmul
 COLS = 128  # matmul columns: BLOCK_Q tokens × H heads
-LOADER_REGS = 40  # the copy warp's registers
+LOADER_REGS = 32  # the copy warp's registers
+MATH = gl.constexpr(4)  # math warp groups a program (one program a SM)
 
 
 @gluon.jit
@@ -73,160 +73,147 @@ def _span(ks, ke, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _copy_partition(keys_desc, keys_smem, ready, empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, p, programs, blocks,
-                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The copy warp: for each tile of the program, once its slot is free, its keys into it."""
+def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, T, N, ks_s0,
+                    ke_s0, H: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr):
+    """The copy warp: each block's Q into one of two slots once the math warps are done with the one before, then
+    each of its tiles' keys into the ring once their slot is free."""
     tok_l: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    blocks = gl.cdiv(T, BLOCK_Q)
     i = 0
-    for blk in range(p, blocks, programs):
-        _, _, ks, ke = _windows(ks_ptr, ke_ptr, (blocks - 1 - blk) * BLOCK_Q, T, N, ks_s0, ke_s0, BLOCK_Q, tok_l)
+    c = 0
+    for blk in range(gl.program_id(0), blocks, gl.num_programs(0)):
+        t0 = (blocks - 1 - blk) * BLOCK_Q
+        qb = c % 2
+        mbarrier.wait(q_empty.index(qb), ((c // 2) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
+        mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
+        _tma_load(q_desc, [t0 * H, 0], q_ready.index(qb), q_smem.index(qb))
+        _, _, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, BLOCK_Q, tok_l)
         start, tiles = _span(ks, ke, BLOCK_N)
         for step in range(0, tiles):
-            slot = i % STAGES
-            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
+            slot = (i + step) % STAGES
+            mbarrier.wait(empty.index(slot), (((i + step) // STAGES) & 1) ^ 1)
             bar = ready.index(slot)
             mbarrier.expect(bar, keys_desc.block_type.nbytes)
             _tma_load(keys_desc, [start + step * BLOCK_N, 0], bar, keys_smem.index(slot))
-            i += 1
+        i += tiles
+        c += 1
 
 
 @gluon.jit
-def _issue(keys_smem, q_smem, zero, ready, i, STAGES: gl.constexpr):
-    """Start the matmul of the program's ``i``-th tile once its keys are in (asynchronous: wait with
-    :func:`_finish`)."""
-    slot = i % STAGES
-    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-    return warpgroup_mma(keys_smem.index(slot), q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _finish(out_ptr, acc, empty, i, w, scale_ptr, n0, keys, ks, ke, tok_ok, out_rows, N, clean_lo, clean_hi,
-            PENDING: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_Q: gl.constexpr, H: gl.constexpr,
-            STAGES: gl.constexpr, view: gl.constexpr):
-    """Wait for the ``i``-th tile's matmul (``PENDING`` later ones may still run), free its slot and store its
-    logits at key ``n0``: ``k_scale · Σ_h w · relu(acc)`` (NaN kept) for ``acc [BLOCK_N, BLOCK_Q · H]``, unmasked
-    inside every window, ``where(inside, s, -inf)`` on a boundary tile."""
-    n = n0 + keys
-    sc = gl.load(scale_ptr + n, mask=n < N, other=0.0)
-    acc = warpgroup_mma_wait(num_outstanding=PENDING, deps=(acc, ))
-    mbarrier.arrive(empty.index(i % STAGES), count=1)
-    acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
-    s = gl.sum(gl.maximum(acc3, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2) * sc[:, None]
-    ptrs = out_ptr + out_rows[None, :] + n.to(gl.int64)[:, None]
-    if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
-        gl.store(ptrs, s)
-    else:
-        inside = (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
-        gl.store(ptrs, gl.where(inside, s, NEG_INF), mask=(n < N)[:, None] & tok_ok[None, :])
-
-
-@gluon.jit
-def _math_partition(q_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty,
-                    T, N, q_s0, q_s1, w_s0, ks_s0, ke_s0, out_s0, p, programs, blocks,
-                    H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, view: gl.constexpr):
-    """The math warps: each block's Q and weights, then each tile's matmul, head sum and store."""
+def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready, q_empty,
+                    T, N, w_s0, ks_s0, ke_s0, out_s0, WG: gl.constexpr, MATH: gl.constexpr, H: gl.constexpr, BLOCK_Q: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, view: gl.constexpr):
+    """Math warp group ``WG`` of ``MATH``: of each block, the tiles ``j ≡ WG (mod MATH)`` of the program's running
+    count (so each ring slot always feeds the same group, ``STAGES`` a multiple of ``MATH``): matmul, head sum,
+    store; and its share of the block's -inf columns."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_Q * H, 32])
     pair_l: gl.constexpr = gl.SliceLayout(2, view)  # [keys, tokens]
     keys_l: gl.constexpr = gl.SliceLayout(1, pair_l)
     tok_l: gl.constexpr = gl.SliceLayout(0, pair_l)
     w_l: gl.constexpr = gl.SliceLayout(0, view)  # [tokens, heads]
-    q_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     fill_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 4], [1, 0])
     keys = gl.arange(0, BLOCK_N, layout=keys_l)
-    q_rows = gl.arange(0, BLOCK_Q * H, layout=gl.SliceLayout(1, q_l))
-    dims = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
     w_tok = gl.arange(0, BLOCK_Q, layout=gl.SliceLayout(1, w_l))
     w_heads = gl.arange(0, H, layout=gl.SliceLayout(0, w_l))
     fill_tok = gl.arange(0, BLOCK_Q, layout=gl.SliceLayout(1, fill_l))
     fill_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, fill_l))
     fill = gl.full([BLOCK_Q, BLOCK_N], NEG_INF, gl.float32, layout=fill_l)
     zero = gl.zeros([BLOCK_N, BLOCK_Q * H], gl.float32, layout=mma)
+    blocks = gl.cdiv(T, BLOCK_Q)
     i = 0
-    for blk in range(p, blocks, programs):
+    c = 0
+    for blk in range(gl.program_id(0), blocks, gl.num_programs(0)):
         t0 = (blocks - 1 - blk) * BLOCK_Q
         tok, tok_ok, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, BLOCK_Q, tok_l)
         start, tiles = _span(ks, ke, BLOCK_N)
         clean_lo = gl.max(ks, axis=0)
         clean_hi = gl.min(ke, axis=0)
         out_rows = tok.to(gl.int64) * out_s0
-        _sync()  # every math warp is past its last matmul on the previous block's Q
-        q_tok = t0 + q_rows // H
-        q = gl.load(q_ptr + q_tok.to(gl.int64)[:, None] * q_s0 + ((q_rows % H) * q_s1)[:, None] + dims[None, :],
-                    mask=(q_tok < T)[:, None], other=0.0)
-        q_smem.store(q)
         w = gl.load(w_ptr + (t0 + w_tok).to(gl.int64)[:, None] * w_s0 + w_heads[None, :],
                     mask=(t0 + w_tok < T)[:, None], other=0.0)
-        fence_async_shared()
-        _sync()
-        # Two tiles in flight: tile j + 1's matmul runs during tile j's head sum and store. The loop is unrolled
-        # twice so that the two accumulators keep their registers (a copy of one in flight would make ptxas
-        # serialize every matmul).
-        if tiles > 0:
-            acc_a = _issue(keys_smem, q_smem, zero, ready, i, STAGES)
-            for pair in range(0, (tiles - 1) // 2):
-                j = 2 * pair
-                acc_b = _issue(keys_smem, q_smem, zero, ready, i + 1, STAGES)
-                _finish(out_ptr, acc_a, empty, i, w, scale_ptr, start + j * BLOCK_N, keys, ks, ke, tok_ok, out_rows,
-                        N, clean_lo, clean_hi, 1, BLOCK_N, BLOCK_Q, H, STAGES, view)
-                acc_a = _issue(keys_smem, q_smem, zero, ready, i + 2, STAGES)
-                _finish(out_ptr, acc_b, empty, i + 1, w, scale_ptr, start + (j + 1) * BLOCK_N, keys, ks, ke, tok_ok,
-                        out_rows, N, clean_lo, clean_hi, 1, BLOCK_N, BLOCK_Q, H, STAGES, view)
-                i += 2
-            last = start + (tiles - 1) * BLOCK_N
-            if tiles % 2 == 0:  # one more tile after the one in flight
-                acc_b = _issue(keys_smem, q_smem, zero, ready, i + 1, STAGES)
-                _finish(out_ptr, acc_a, empty, i, w, scale_ptr, last - BLOCK_N, keys, ks, ke, tok_ok, out_rows, N,
-                        clean_lo, clean_hi, 1, BLOCK_N, BLOCK_Q, H, STAGES, view)
-                _finish(out_ptr, acc_b, empty, i + 1, w, scale_ptr, last, keys, ks, ke, tok_ok, out_rows, N,
-                        clean_lo, clean_hi, 0, BLOCK_N, BLOCK_Q, H, STAGES, view)
-                i += 2
+        qb = c % 2
+        mbarrier.wait(q_ready.index(qb), (c // 2) & 1)
+        q_tile = q_smem.index(qb).permute((1, 0))
+        for step in range((WG - i % MATH + MATH) % MATH, tiles, MATH):
+            g = i + step
+            slot = g % STAGES
+            n0 = start + step * BLOCK_N
+            n = n0 + keys
+            sc = gl.load(scale_ptr + n, mask=n < N, other=0.0)
+            mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
+            acc = warpgroup_mma(keys_smem.index(slot), q_tile, zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty.index(slot), count=1)
+            acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
+            s = gl.sum(gl.maximum(acc3, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2)
+            s = s * sc[:, None]
+            ptrs = out_ptr + out_rows[None, :] + n.to(gl.int64)[:, None]
+            if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
+                gl.store(ptrs, s)
             else:
-                _finish(out_ptr, acc_a, empty, i, w, scale_ptr, last, keys, ks, ke, tok_ok, out_rows, N, clean_lo,
-                        clean_hi, 0, BLOCK_N, BLOCK_Q, H, STAGES, view)
-                i += 1
-        # -inf outside the union of the block's windows.
+                inside = (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
+                gl.store(ptrs, gl.where(inside, s, NEG_INF), mask=(n < N)[:, None] & tok_ok[None, :])
+        mbarrier.arrive(q_empty.index(qb), count=1)  # this group's matmuls on the block's Q are done
+        i += tiles
+        c += 1
+        # This group's share of the -inf outside the union of the block's windows.
         stop = start + tiles * BLOCK_N
         fill_rows = (t0 + fill_tok).to(gl.int64) * out_s0
         fill_ok = (t0 + fill_tok < T)[:, None]
-        for f0 in range(0, start, BLOCK_N):
+        for f0 in range(WG * BLOCK_N, start, MATH * BLOCK_N):
             gl.store(out_ptr + fill_rows[:, None] + (f0 + fill_cols)[None, :], fill, mask=fill_ok)
-        for f0 in range(stop, N, BLOCK_N):
+        for f0 in range(stop + WG * BLOCK_N, N, MATH * BLOCK_N):
             fc = f0 + fill_cols
             gl.store(out_ptr + fill_rows[:, None] + fc[None, :], fill, mask=fill_ok & (fc < N)[None, :])
 
 
 @gluon.jit
 def prefill_sm90_kernel(
-    q_ptr, keys_desc, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
-    T, N, q_s0, q_s1, w_s0, ks_s0, ke_s0, out_s0,
+    keys_desc, q_desc, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
+    T, N, w_s0, ks_s0, ke_s0, out_s0,
     H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    LOADER_REGS: gl.constexpr, view: gl.constexpr,
+    MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr,
 ):
-    """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers;
-    ``view``: the matmul's accumulator layout seen as ``[BLOCK_N, BLOCK_Q, H]`` (:func:`accumulator_view`)."""
-    p = gl.program_id(0)
-    programs = gl.num_programs(0)
-    blocks = gl.cdiv(T, BLOCK_Q)
+    """One copy warp (``LOADER_REGS`` registers) fills the slots; four math warp groups (``MATH_REGS``) free them
+    through mbarriers; ``view``: the matmul's accumulator layout seen as ``[BLOCK_N, BLOCK_Q, H]``
+    (:func:`accumulator_view`)."""
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_Q * H, D], keys_desc.dtype)
-    q_smem = gl.allocate_shared_memory(keys_desc.dtype, [BLOCK_Q * H, D], q_layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
         mbarrier.init(empty.index(st), count=1)
+    for st in gl.static_range(2):
+        mbarrier.init(q_ready.index(st), count=1)
+        mbarrier.init(q_empty.index(st), count=MATH)
+    # The four math warp groups run the same function (a tuple built from another would lose ``view``'s constness).
     gl.warp_specialize([
-        (_math_partition, (q_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty,
-                           T, N, q_s0, q_s1, w_s0, ks_s0, ke_s0, out_s0, p, programs, blocks,
-                           H, D, BLOCK_Q, BLOCK_N, STAGES, view)),
-        (_copy_partition, (keys_desc, keys_smem, ready, empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, p, programs,
-                           blocks, BLOCK_Q, BLOCK_N, STAGES)),
-    ], [1], [LOADER_REGS])
+        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, 0, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view)),
+        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, 1, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view)),
+        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, 2, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view)),
+        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, 3, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view)),
+        (_copy_partition, (keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, T,
+                           N, ks_s0, ke_s0, H, BLOCK_Q, BLOCK_N, STAGES)),
+    ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
         mbarrier.invalidate(empty.index(st))
+    for st in gl.static_range(2):
+        mbarrier.invalidate(q_ready.index(st))
+        mbarrier.invalidate(q_empty.index(st))
 
 
 PREFILL = Launcher(prefill_sm90_kernel)
@@ -260,20 +247,27 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights
         reasons.append(f"{heads} heads of dim {dim}: 64 or 128 heads of dim 128 only")
     if k.shape[0] == 0 or k.stride(1) != 1 or k.stride(0) != dim or k.data_ptr() % 16:
         reasons.append("k must be a non-empty contiguous [N, 128] tensor aligned to 16 bytes (the copy engine's)")
-    if q.stride(2) != 1 or k_scale.stride(0) != 1 or weights.stride(1) != 1 or out.stride(1) != 1:
-        reasons.append("q, k_scale, weights and out need unit strides along their last dimension")
+    if q.shape[0] == 0 or not q.is_contiguous() or q.data_ptr() % 16:
+        reasons.append("q must be a non-empty contiguous tensor aligned to 16 bytes (the copy engine's)")
+    if k_scale.stride(0) != 1 or weights.stride(1) != 1 or out.stride(1) != 1:
+        reasons.append("k_scale, weights and out need unit strides along their last dimension")
     return reasons
 
 
-def _named(heads: int, dim: int, stages: int) -> dict[str, Any]:
+def _named(heads: int, dim: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
     block_q = COLS // heads
-    return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=stages, LOADER_REGS=LOADER_REGS,
-                view=accumulator_view(block_q, heads))
+    return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=cfg["TMA_STAGES"],
+                MATH_REGS=cfg["TMA_MATH_REGS"], LOADER_REGS=LOADER_REGS, view=accumulator_view(block_q, heads))
 
 
 def _options(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    cap = cfg["TMA_MAXNREG"]
-    return {"num_warps": 4, **({"maxnreg": cap} if cap else {})}
+    return {"num_warps": 4, "maxnreg": cfg["TMA_MAXNREG"]}
+
+
+def _layouts(dim: int) -> tuple:
+    """The shared layouts of a key tile ``[BLOCK_N, dim]`` and a block's Q ``[COLS, dim]``."""
+    return (gl.NVMMASharedLayout.get_default_for([BLOCK_N, dim], gl.float8e4nv),
+            gl.NVMMASharedLayout.get_default_for([COLS, dim], gl.float8e4nv))
 
 
 def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: int) -> Launch:
@@ -282,12 +276,14 @@ def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: 
     for none); ``sms``: the device's multiprocessors. The grid holds the programs that stay resident."""
     tokens, heads, dim = q.shape
     n = k.shape[0]
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, dim], gl.float8e4nv)
-    keys_desc = TensorDescriptor(k, [n, dim], [dim, 1], [BLOCK_N, dim], layout)
+    keys_layout, q_layout = _layouts(dim)
+    keys_desc = TensorDescriptor(k, [n, dim], [dim, 1], [BLOCK_N, dim], keys_layout)
+    rows = q.view(tokens * heads, dim)  # a block's Q: COLS rows from token t0's first
+    q_desc = TensorDescriptor(rows, [tokens * heads, dim], [dim, 1], [COLS, dim], q_layout)
     options = launch_key_options(_options(cfg))
-    named = _named(heads, dim, cfg["TMA_STAGES"])
-    args = (q, keys_desc, k_scale, weights, ks, ke, out, tokens, n, q.stride(0), q.stride(1), weights.stride(0),
-            ks.stride(0), ke.stride(0), out.stride(0))
+    named = _named(heads, dim, cfg)
+    args = (keys_desc, q_desc, k_scale, weights, ks, ke, out, tokens, n, weights.stride(0), ks.stride(0),
+            ke.stride(0), out.stride(0))
     per_sm = PREFILL.resident(options, *args, **named) or 1
     programs = max(1, min(sms * per_sm, -(-tokens // named["BLOCK_Q"])))
     return Launch(PREFILL, (programs,), options, args, named)
@@ -300,9 +296,10 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) 
 
     if target.vendor != "cuda" or sm_version(target.arch) != 90:
         return []
-    keys = gl.NVMMASharedLayout.get_default_for([BLOCK_N, dim], gl.float8e4nv)
-    types = {"q_ptr": "*fp8e4nv", "keys_desc": f"tensordesc<fp8e4nv[{BLOCK_N}, {dim}],{keys!r}>",
-             "scale_ptr": "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"}
+    keys, q = _layouts(dim)
+    types = {"keys_desc": f"tensordesc<fp8e4nv[{BLOCK_N}, {dim}],{keys!r}>",
+             "q_desc": f"tensordesc<fp8e4nv[{COLS}, {dim}],{q!r}>", "scale_ptr": "*fp32", "w_ptr": "*fp32",
+             "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"}
     return [KernelSpec("mqa_logits", prefill_sm90_kernel, types,
-                       {**_named(heads, dim, cfg["TMA_STAGES"]), "ks_s0": 1, "ke_s0": 1}, _options(cfg),
-                       matrix="fp8", aligned=("q_s0", "q_s1", "w_s0"))]
+                       {**_named(heads, dim, cfg), "ks_s0": 1, "ke_s0": 1}, _options(cfg),
+                       matrix="fp8", aligned=("w_s0", "out_s0"))]
