@@ -60,7 +60,7 @@ VARIANTS = {
     "mqa_logits": {
         "triton": {"KERNEL": "triton"},
         "tma-ws": {"KERNEL": "tma-ws"},
-        "tma-ws 6 stages": {"KERNEL": "tma-ws", "TMA_STAGES": 6},
+        "tma-ws 16 stages": {"KERNEL": "tma-ws", "TMA_STAGES": 16},
     },
     "paged_mqa_logits": {
         "triton": {"KERNEL": "triton"},

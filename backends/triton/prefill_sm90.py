@@ -102,8 +102,8 @@ def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready,
 
 @gluon.jit
 def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready, q_empty,
-                    T, N, w_s0, ks_s0, ke_s0, out_s0, WG: gl.constexpr, MATH: gl.constexpr, H: gl.constexpr, BLOCK_Q: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, view: gl.constexpr):
+                    T, N, w_s0, ks_s0, ke_s0, out_s0, WG: gl.constexpr, MATH: gl.constexpr, H: gl.constexpr,
+                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, view: gl.constexpr):
     """Math warp group ``WG`` of ``MATH``: of each block, the tiles ``j ≡ WG (mod MATH)`` of the program's running
     count (so each ring slot always feeds the same group, ``STAGES`` a multiple of ``MATH``): matmul, head sum,
     store; and its share of the block's -inf columns."""
