@@ -93,7 +93,7 @@ _CASES = [
 
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
 @pytest.mark.parametrize("case", _CASES, ids=lambda c: f"t{c[0]}-n{c[1]}-h{c[2]}-{c[3]}")
-@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("stages", [4, 16])
 def test_equals_the_triton_kernel_on_hopper(case, stages):
     target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
     table_cfg = cuda_backend.tuning(target.arch)["mqa_logits"]
@@ -111,3 +111,11 @@ def test_equals_the_triton_kernel_on_hopper(case, stages):
     # The same fp8 products and fp32 matmul; the head sums may add in another order.
     if finite.any():
         assert (triton_out[finite] - tma_out[finite]).abs().max() <= 1e-5 * triton_out[finite].abs().max()
+
+
+def test_a_ring_not_a_multiple_of_the_math_groups_is_refused():
+    q, k, scale, w, out = _args()
+    ks = torch.zeros(q.shape[0], dtype=torch.int32)
+    cfg = {**cuda_backend.tuning("sm90")["mqa_logits"], "TMA_STAGES": 6}
+    with pytest.raises(ValueError, match="TMA_STAGES=6: expected a multiple of 4"):
+        prefill_sm90.launch(q, k, scale, w, ks, ks + k.shape[0], out, cfg=cfg, sms=1)

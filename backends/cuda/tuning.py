@@ -12,11 +12,11 @@ _COMMON: dict[str, dict[str, Any]] = {
     # Logits (the logits recipe of docs/kernels.md): keys on M, COLS = tokens × heads on N (2 tokens at H = 64),
     # warps along keys.
     # One warpgroup a program, three resident a SM (≤ 168 registers, 40 KB shared) so epilogues overlap MMAs.
-    # KERNEL "tma-ws": the Hopper kernel in Gluon (prefill_sm90.py: a copy warp brings 64-key tiles TMA_STAGES ahead,
-    # two matmuls in flight) where it takes the call, else this Triton kernel; TMA_MAXNREG its kernel-wide register
-    # cap (120: two programs a SM, the math warps get 200 registers, no spills).
+    # KERNEL "tma-ws": the Hopper kernel in Gluon (prefill_sm90.py: one program a SM, a copy warp bringing 64-key tiles
+    # TMA_STAGES ahead, a multiple of its four math warp groups) where it takes the call, else this Triton kernel;
+    # TMA_MAXNREG the kernel-wide register cap (96 for the 20 warps), TMA_MATH_REGS the math groups' share.
     "mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
-                   "PROGRAMS_PER_SM": 3, "KERNEL": "triton", "TMA_STAGES": 8, "TMA_MAXNREG": 96,
+                   "PROGRAMS_PER_SM": 3, "KERNEL": "triton", "TMA_STAGES": 16, "TMA_MAXNREG": 96,
                    "TMA_MATH_REGS": 112},
     # Paged decode: 64-key tiles (one page: a scalar table entry, contiguous rows and scales)
     # through Triton's own pipeliner, 5 stages deep (measured best on the H200, reports/gpu/2026-11-29-run2; the
@@ -107,6 +107,8 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         table["paged_mqa_logits"]["KERNEL"] = "tma-ws"
         # Prefill, measured on the H200 with Triton 3.6 (reports/gpu/2026-11-29-run2, sweep): 4 tokens a program (256
         # dot columns), two resident a SM reach 68.5 % of the fp8 matmul rate against 60-65 % for 2 tokens and three.
-        # Triton 3.7+ keeps Q in shared memory differently and spills at 256 columns, so it keeps 128.
-        table["mqa_logits"].update(COLS=256, PROGRAMS_PER_SM=2)
+        # Triton 3.7+ keeps Q in shared memory differently and spills at 256 columns, so it keeps 128. The Gluon
+        # kernel is 5-6 % faster than that one (reports/gpu/2026-12-01-run39); Triton 3.9 builds it with an 8-byte
+        # spill (a thread-index value hoisted across the warp groups), so later versions keep the Triton kernel.
+        table["mqa_logits"].update(COLS=256, PROGRAMS_PER_SM=2, KERNEL="tma-ws")
     return {**table, "arch": {"name": arch, **caps}}

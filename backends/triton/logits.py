@@ -629,11 +629,11 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
             launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
-    if "TMA_STAGES" in prefill:  # the Hopper kernels the table may choose (prefill_sm90.py, decode_sm90.py): built
-        from indexcache.backends.triton import prefill_sm90  # wherever they run
+    if prefill.get("KERNEL") == "tma-ws":  # the Hopper prefill in Gluon (prefill_sm90.py) where the table takes it
+        from indexcache.backends.triton import prefill_sm90
 
         specs += prefill_sm90.compile_specs(target, prefill, heads, dim)
-    if "TMA_STAGES" in decode:
+    if "TMA_STAGES" in decode:  # the Hopper decode in Gluon (decode_sm90.py), built wherever it runs
         from indexcache.backends.triton import decode_sm90
 
         specs += decode_sm90.compile_specs(target, decode, heads, dim, page, BATCH_BLOCK)

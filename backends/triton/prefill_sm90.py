@@ -274,6 +274,9 @@ def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: 
     """The launch filling ``out [T, N]`` (contract: ``indexcache.mqa_logits``) for a call :func:`unsupported`
     accepts. ``cfg``: the mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the kernel-wide register cap, 0
     for none); ``sms``: the device's multiprocessors. The grid holds the programs that stay resident."""
+    if cfg["TMA_STAGES"] % MATH.value:
+        raise ValueError(f"mqa_logits tuning entry TMA_STAGES={cfg['TMA_STAGES']}: expected a multiple of {MATH.value} "
+                         "(each ring slot feeds one math warp group)")
     tokens, heads, dim = q.shape
     n = k.shape[0]
     keys_layout, q_layout = _layouts(dim)
