@@ -104,3 +104,29 @@ def test_equals_the_triton_kernel_on_hopper(case, stages):
     triton_out, tma_out = outs
     assert not tma_out.isnan().any()
     assert torch.equal(triton_out, tma_out)
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+def test_kept_call_and_graph_replay_on_hopper():
+    """The op's kept call (``prepare``: the launch bound once) through this kernel equals a direct call, and so does
+    its replay in a CUDA graph after the inputs change in place."""
+    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    table = cuda_backend.tuning(target.arch)
+    cfg = {**table["paged_mqa_logits"], "KERNEL": "tma-ws"}
+    impl = logits.ops(target, {**table, "paged_mqa_logits": cfg})["paged_mqa_logits"]
+    q, cache, w, ctx, tab, max_len = [a.cuda() if torch.is_tensor(a) else a for a in _case(*_CASES[3], seed=11)]
+    out = torch.full((q.shape[0] * q.shape[1], max_len), float("nan"), device="cuda")
+    run = impl.prepare(q=q, k_cache=cache, weights=w, context_lens=ctx, page_table=tab, max_context_len=max_len,
+                       out=out)
+    run()
+    assert torch.equal(out, logits.paged_mqa_logits(q, cache, w, ctx, tab, max_len, torch.empty_like(out),
+                                                    target=target, cfg=cfg))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    q.copy_((torch.randn(q.shape, device="cuda") * 3).to(FP8))
+    w.copy_(torch.randn(w.shape, device="cuda"))
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, logits.paged_mqa_logits(q, cache, w, ctx, tab, max_len, torch.empty_like(out),
+                                                    target=target, cfg=cfg))

@@ -119,3 +119,26 @@ def test_a_ring_not_a_multiple_of_the_math_groups_is_refused():
     cfg = {**cuda_backend.tuning("sm90")["mqa_logits"], "TMA_STAGES": 6}
     with pytest.raises(ValueError, match="TMA_STAGES=6: expected a multiple of 4"):
         prefill_sm90.launch(q, k, scale, w, ks, ks + k.shape[0], out, cfg=cfg, sms=1)
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+def test_kept_call_and_graph_replay_on_hopper():
+    """The op's kept call (``prepare``: the launch bound once, tensor descriptors included) through this kernel equals
+    a direct call, and so does its replay in a CUDA graph after the inputs change in place."""
+    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    table = cuda_backend.tuning(target.arch)
+    cfg = {**table["mqa_logits"], "KERNEL": "tma-ws"}
+    impl = logits.ops(target, {**table, "mqa_logits": cfg})["mqa_logits"]
+    q, k, scale, w, ks, ke = [a.cuda() for a in _case(257, 3000, 64, "causal", seed=11)]
+    out = torch.full((q.shape[0], k.shape[0]), float("nan"), device="cuda")
+    run = impl.prepare(q=q, k=k, k_scale=scale, weights=w, ks=ks, ke=ke, out=out)
+    run()
+    assert torch.equal(out, logits.mqa_logits(q, k, scale, w, ks, ke, torch.empty_like(out), target=target, cfg=cfg))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    q.copy_((torch.randn(q.shape, device="cuda") * 3).to(FP8))
+    k.copy_((torch.randn(k.shape, device="cuda") * 3).to(FP8))
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, logits.mqa_logits(q, k, scale, w, ks, ke, torch.empty_like(out), target=target, cfg=cfg))
