@@ -1,4 +1,4 @@
-"""Ragged prefill logits on Hopper (sm90) in Gluon: a copy warp brings key tiles, the math warps do the rest.
+"""Ragged prefill logits on Hopper (sm90) in Gluon: a copy warp brings Q and key tiles, four math warp groups the rest.
 
 The cuda table's choice ``KERNEL = "tma-ws"`` for ``mqa_logits`` (the sm90 default with Triton 3.6); the Triton kernel
 ``mqa_logits_kernel`` (``logits.py``) takes every call :func:`unsupported` declines. Same contract and the same
@@ -6,17 +6,20 @@ persistent schedule: blocks of ``BLOCK_Q`` tokens (``BLOCK_Q · H`` = 128 matmul
 first, each walking the union of its tokens' windows in 64-key tiles; a tile inside every window stores without a
 mask, a boundary tile stores ``where(inside, s, -inf)``, the columns outside the union get -inf afterwards.
 
-- A copy warp (its own partition, few registers) walks the program's tiles and fills a ring of ``STAGES``
-  shared-memory slots with each tile's keys ``[64, D]`` through the copy engine (TMA; rows past ``N`` arrive as zeros).
-- The four math warps load a block's Q ``[BLOCK_Q · H, D]`` into shared memory and its weights into registers once,
-  then for each tile read its 64 scales, wait on the slot's mbarrier, run one matmul ``[64, D] × [D, BLOCK_Q · H]``
-  (keys on M), free the slot through a second mbarrier, and do the ReLU, weighted head sum and store from the
-  matmul's register layout, viewed as ``[64, BLOCK_Q, H]``. Several programs a SM overlap one's epilogue with
-  another's matmul. No block barrier in their tile loop.
+One program a SM (DeepGEMM's arrangement; docs/kernels.md, "Prefill on Hopper"):
 
-fp8 e4m3fn only, D = 128, 64 or 128 heads. Gluon does not run under the interpreter: the CPU checks cover the host side
-and the cross-compile check builds the kernel; ``tests/test_prefill_sm90.py`` compares it with the Triton kernel on
-an sm90 GPU.
+- A copy warp (its own partition, few registers) brings each block's Q ``[BLOCK_Q · H, D]`` into one of two slots and
+  each of its tiles' keys ``[64, D]`` into a ring of ``STAGES`` slots, through the copy engine (TMA; rows past the end
+  arrive as zeros), once the math groups have freed them (mbarriers).
+- Math warp group ``g`` of four takes the tiles ``j ≡ g (mod 4)`` of the program's running count (so a ring slot always
+  feeds the same group: ``STAGES`` is a multiple of four). For each it reads the 64 scales, waits on the slot, runs
+  one matmul ``[64, D] × [D, BLOCK_Q · H]`` (keys on M), frees the slot, and does the ReLU, weighted head sum and store
+  from the matmul's register layout, viewed as ``[64, BLOCK_Q, H]``. The four groups' epilogues overlap each other's
+  matmuls.
+
+fp8 e4m3fn only, D = 128, 64 or 128 heads, contiguous q and k. Gluon does not run under the interpreter: the CPU
+checks cover the host side and the cross-compile check builds the kernel where the table takes it;
+``tests/test_prefill_sm90.py`` compares it with the Triton kernel on an sm90 GPU.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ NEG_INF = gl.constexpr(float("-inf"))
 BLOCK_N = 64  # keys a tile: M of one warpgroup's matmul
 COLS = 128  # matmul columns: BLOCK_Q tokens × H heads
 LOADER_REGS = 32  # the copy warp's registers
-MATH = gl.constexpr(4)  # math warp groups a program (one program a SM)
+MATH = gl.constexpr(4)  # math warp groups a program (one program a SM): the four partitions of the kernel
 
 
 @gluon.jit
@@ -272,8 +275,9 @@ def _layouts(dim: int) -> tuple:
 
 def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: int) -> Launch:
     """The launch filling ``out [T, N]`` (contract: ``indexcache.mqa_logits``) for a call :func:`unsupported`
-    accepts. ``cfg``: the mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the kernel-wide register cap, 0
-    for none); ``sms``: the device's multiprocessors. The grid holds the programs that stay resident."""
+    accepts. ``cfg``: the mqa_logits tuning entry (``TMA_STAGES``, a multiple of the four math groups, else
+    ValueError; ``TMA_MAXNREG``, the kernel-wide register cap; ``TMA_MATH_REGS``, the math groups' share); ``sms``: the
+    device's multiprocessors. The grid holds the programs that stay resident (one a SM)."""
     if cfg["TMA_STAGES"] % MATH.value:
         raise ValueError(f"mqa_logits tuning entry TMA_STAGES={cfg['TMA_STAGES']}: expected a multiple of {MATH.value} "
                          "(each ring slot feeds one math warp group)")
