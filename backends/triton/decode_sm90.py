@@ -30,21 +30,17 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from indexcache.backends.triton.gluon_names import block_barrier, tma_load
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 from indexcache.hal.device import sm_version
 
-# Names that changed between Triton 3.6 and 3.9: the block-wide barrier (``gl.thread_barrier`` → ``gl.barrier``) and
-# the copy engine's load (``tma.async_copy_global_to_shared`` → ``tma.async_load``, same arguments).
-_sync = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
-_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 NEG_INF = gl.constexpr(float("-inf"))
 
 
@@ -138,7 +134,7 @@ def _load_request(q_ptr, w_ptr, q_smem, b, j0, q_s0, q_s1, q_s2, w_s0, NEXT_N: g
         w1 = gl.load(w_ptr + (b * NEXT_N + j0 + 1).to(gl.int64) * w_s0 + heads,
                      mask=(heads >= 0) & (j0 + 1 < NEXT_N), other=0.0)
     fence_async_shared()
-    _sync()
+    block_barrier()
     return w0, w1
 
 
@@ -183,8 +179,8 @@ def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
         bar = ready.index(slot)
         mbarrier.expect(bar, keys_desc.block_type.nbytes + scales_desc.block_type.nbytes)
-        _tma_load(keys_desc, [page * PAGE_ROWS, 0], bar, keys_smem.index(slot))
-        _tma_load(scales_desc, [page * PAGE_ROWS + PAGE, 0], bar, scales_smem.index(slot))
+        tma_load(keys_desc, [page * PAGE_ROWS, 0], bar, keys_smem.index(slot))
+        tma_load(scales_desc, [page * PAGE_ROWS + PAGE, 0], bar, scales_smem.index(slot))
         pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
         page, _ = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
 
@@ -209,7 +205,7 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales
         lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
         hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
         passed += tiles
-        _sync()  # every math warp is past its last matmul on the previous request's Q
+        block_barrier()  # every math warp is past its last matmul on the previous request's Q
         w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS, H, D, heads_l)
         row0 = (b * NEXT_N + j0).to(gl.int64) * out_s0
         for step in range(0, hi - lo):  # (Triton 3.6 drops a loop-carried value used only as a loop bound)

@@ -33,19 +33,16 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from indexcache.backends.triton.gluon_names import tma_load
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
 from indexcache.backends.triton.target import Target
 from indexcache.hal.device import sm_version
 
-# Names that changed between Triton 3.6 and 3.9 (as in decode_sm90.py).
-_sync = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
-_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 NEG_INF = gl.constexpr(float("-inf"))
 BLOCK_N = 64  # keys a tile: M of one warpgroup's matmul
 COLS = 128  # matmul columns: BLOCK_Q tokens × H heads
@@ -90,7 +87,7 @@ def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready,
         qb = c % 2
         mbarrier.wait(q_empty.index(qb), ((c // 2) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
         mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [t0 * H, 0], q_ready.index(qb), q_smem.index(qb))
+        tma_load(q_desc, [t0 * H, 0], q_ready.index(qb), q_smem.index(qb))
         _, _, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, BLOCK_Q, tok_l)
         start, tiles = _span(ks, ke, BLOCK_N)
         for step in range(0, tiles):
@@ -98,7 +95,7 @@ def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready,
             mbarrier.wait(empty.index(slot), (((i + step) // STAGES) & 1) ^ 1)
             bar = ready.index(slot)
             mbarrier.expect(bar, keys_desc.block_type.nbytes)
-            _tma_load(keys_desc, [start + step * BLOCK_N, 0], bar, keys_smem.index(slot))
+            tma_load(keys_desc, [start + step * BLOCK_N, 0], bar, keys_smem.index(slot))
         i += tiles
         c += 1
 
