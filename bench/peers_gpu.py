@@ -50,17 +50,16 @@ PEERS = {"deep_gemm": "DeepGEMM", "flashinfer": "FlashInfer", "sgl_kernel": "SGL
 FP8 = torch.float8_e4m3fn
 HEADS, DIM, PAGE = 64, 128, 64
 TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
-# Overrides of the cuda table's logits entries raced beside it (--variants). Decode: the Triton kernel where the table
-# takes the Hopper kernel in Gluon (sm90 with Triton 3.6), and that kernel with five stages. Raced before and removed
-# (BENCHMARKS.md): register caps and shallower pipelines of the Triton kernel, tiles through TMA host descriptors, the
-# scales read one tile ahead by hand (runs 18-20), the scales staged by a loop-level pipeline, one dot a draft token in
-# the Triton kernel, a Gluon kernel whose math warps issue the copies (runs 31-37). Prefill: a 4-stage pipeline
-# (within 1 % in run 22).
+# Overrides of the cuda table's logits entries raced beside it (--variants): the Triton kernels where the table takes
+# the Hopper kernels in Gluon (sm90 with Triton 3.6), and those with another ring (decode 5 stages, prefill 8). Raced
+# before and removed (BENCHMARKS.md): register caps and shallower pipelines of the Triton decode, tiles through TMA host
+# descriptors, the scales read one tile ahead by hand (runs 18-20), the scales staged by a loop-level pipeline, one dot
+# a draft token in the Triton kernel, a Gluon decode whose math warps issue the copies (runs 31-37); a 4-stage Triton
+# prefill (within 1 % in run 22), Gluon prefills with one math warp group a program (runs 39-40).
 VARIANTS = {
     "mqa_logits": {
         "triton": {"KERNEL": "triton"},
-        "tma-ws": {"KERNEL": "tma-ws"},
-        "tma-ws 16 stages": {"KERNEL": "tma-ws", "TMA_STAGES": 16},
+        "tma-ws 8 stages": {"KERNEL": "tma-ws", "TMA_STAGES": 8},
     },
     "paged_mqa_logits": {
         "triton": {"KERNEL": "triton"},
