@@ -183,7 +183,10 @@ def kernel_variants(op: str, args: tuple, want: torch.Tensor, row: dict) -> dict
     from indexcache.backends.triton import logits
     from indexcache.backends.triton.target import detect
 
-    target = detect("cuda", ARCH_ENV, "sm90")[2]
+    _, reason, target = detect("cuda", ARCH_ENV, "sm90")
+    if target is None:  # off a GPU without the interpreter: nothing to race
+        row["variants"] = f"not raced: {reason}"
+        return {}
     base, kernel = tuning(target.arch)[op], getattr(logits, op)
     fns = {}
     for name, override in VARIANTS[op].items():

@@ -448,6 +448,22 @@ def test_peers_smoke_reports_absent_peers_and_checks_ours(tmp_path):
     assert all(row["ours_fused_agrees"] for row in report["rows"] if row["op"] == "topk_translate")
 
 
+@no_gpu
+def test_peers_smoke_variants_without_a_kernel_target(tmp_path):
+    """``--variants`` off a GPU: where Triton has no target (no GPU, no interpreter) each logits row says why its
+    variants were not raced; under the interpreter they are raced like ours. Never an error."""
+    _script("peers_gpu", "--smoke", "--variants", "--only", "logits", "--out", str(tmp_path / "peers.json"))
+    report = json.loads((tmp_path / "peers.json").read_text())
+    assert not report["errors"]
+    from indexcache.backends.triton.target import interpreting
+
+    for row in report["rows"]:
+        if interpreting():
+            assert len(row["us"]) > 1, row
+        else:
+            assert row["variants"].startswith("not raced: "), row
+
+
 @pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs torch.distributed with gloo")
 def test_cp_gpu_runs_on_gloo_ranks(tmp_path):
     _script("cp_gpu", "--nproc", "2", "--dist-backend", "gloo", "--keys", "4096", "--rows", "8", "--k", "16",
