@@ -35,8 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from indexcache.backends.triton.gluon_names import block_barrier, tma_load
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
+from indexcache.backends.triton.sm90 import block_barrier, tma_load, unsupported_target
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 from indexcache.hal.device import sm_version
@@ -286,11 +286,7 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, p
     """Why this kernel cannot take a decode call (empty: it can; the Triton kernel takes the others). Arguments as
     ``indexcache.paged_mqa_logits``; ``page``: keys a page; ``groups``: draft tokens a program."""
     heads, dim = q.shape[2], q.shape[3]
-    reasons = []
-    if target.interpreted or target.vendor != "cuda" or sm_version(target.arch) != 90:
-        reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: Hopper (sm90) only")
-    if q.dtype != torch.float8_e4m3fn:
-        reasons.append(f"q dtype {q.dtype}: float8_e4m3fn only")
+    reasons = unsupported_target(q.dtype, target)
     if page != PAGE_KEYS or dim != 128:
         reasons.append(f"pages of {page} keys of dim {dim}: 64 keys of dim 128 only")
     if heads not in (16, 32, 64, 128) or groups > 2:

@@ -38,8 +38,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from indexcache.backends.triton.gluon_names import tma_load
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
+from indexcache.backends.triton.sm90 import tma_load, unsupported_target
+from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 from indexcache.hal.device import sm_version
 
@@ -238,11 +239,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights
     """Why this kernel cannot take a prefill call (empty: it can; the Triton kernel takes the others). Arguments as
     ``indexcache.mqa_logits``."""
     heads, dim = q.shape[1], q.shape[2]
-    reasons = []
-    if target.interpreted or target.vendor != "cuda" or sm_version(target.arch) != 90:
-        reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: Hopper (sm90) only")
-    if q.dtype != torch.float8_e4m3fn:
-        reasons.append(f"q dtype {q.dtype}: float8_e4m3fn only")
+    reasons = unsupported_target(q.dtype, target)
     if dim != 128 or heads not in (64, 128):  # fewer heads: more tokens a block, whose windows spill registers
         reasons.append(f"{heads} heads of dim {dim}: 64 or 128 heads of dim 128 only")
     if k.shape[0] == 0 or k.stride(1) != 1 or k.stride(0) != dim or k.data_ptr() % 16:
@@ -274,7 +271,8 @@ def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: 
     """The launch filling ``out [T, N]`` (contract: ``indexcache.mqa_logits``) for a call :func:`unsupported`
     accepts. ``cfg``: the mqa_logits tuning entry (``TMA_STAGES``, a multiple of the four math groups, else
     ValueError; ``TMA_MAXNREG``, the kernel-wide register cap; ``TMA_MATH_REGS``, the math groups' share); ``sms``: the
-    device's multiprocessors. The grid holds the programs that stay resident (one a SM)."""
+    device's multiprocessors. One program a SM (its 20 warps take the register file), never more than there are
+    blocks."""
     if cfg["TMA_STAGES"] % MATH.value:
         raise ValueError(f"mqa_logits tuning entry TMA_STAGES={cfg['TMA_STAGES']}: expected a multiple of {MATH.value} "
                          "(each ring slot feeds one math warp group)")
@@ -288,9 +286,7 @@ def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: 
     named = _named(heads, dim, cfg)
     args = (keys_desc, q_desc, k_scale, weights, ks, ke, out, tokens, n, weights.stride(0), ks.stride(0),
             ke.stride(0), out.stride(0))
-    per_sm = PREFILL.resident(options, *args, **named) or 1
-    programs = max(1, min(sms * per_sm, -(-tokens // named["BLOCK_Q"])))
-    return Launch(PREFILL, (programs,), options, args, named)
+    return Launch(PREFILL, (max(1, min(sms, cdiv(tokens, named["BLOCK_Q"]))),), options, args, named)
 
 
 def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) -> list:

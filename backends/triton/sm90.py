@@ -1,0 +1,26 @@
+"""What the Hopper (sm90) Gluon kernels share: the Gluon names that differ between the Triton versions they build with
+(3.6 on the H200, 3.9 in CI), resolved once — the block-wide barrier (``gl.thread_barrier`` → ``gl.barrier``) and the
+copy engine's load (``tma.async_copy_global_to_shared`` → ``tma.async_load``, same arguments) — and the reasons
+every one of them gives for a call it cannot take."""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
+
+from indexcache.backends.triton.target import Target
+from indexcache.hal.device import sm_version
+
+block_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+
+def unsupported_target(dtype: torch.dtype, target: Target) -> list[str]:
+    """Why no Hopper Gluon kernel takes a call with fp8 operands of ``dtype`` on ``target`` (empty: they may)."""
+    reasons = []
+    if target.interpreted or target.vendor != "cuda" or sm_version(target.arch) != 90:
+        reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: Hopper (sm90) only")
+    if dtype != torch.float8_e4m3fn:
+        reasons.append(f"q dtype {dtype}: float8_e4m3fn only")
+    return reasons
