@@ -43,11 +43,16 @@ _COMMON: dict[str, dict[str, Any]] = {
     # the k-th best (H200, runs 27-29: 16 left more candidates, 64 sampled longer than it saved). A stash of
     # max(4096, 4k, columns / 32) entries a row. sorted=True: a row's keys sorted over one warp per SORT_PER_WARP
     # keys (8 int64 a thread: 2048 keys on 8 warps; from the cross-compiled register counts, not measured).
+    # KERNEL "block": the Gluon kernel of topk_block.py (a block of BLOCK_WARPS warps a row, BLOCK_PIECE_J columns a
+    # thread a piece, one program a SM) takes the many-rows calls, and from BLOCK_MIN_ROWS rows on the rows of up to
+    # BLOCK_MAX_COLS columns that would be split (H200, run 47: 16 warps were 2-7 % faster than 32 on 64 decode rows,
+    # 4 % slower on 2048 prefill rows; one row of 128K took 50 µs against the split path's 29).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "MIN_CHUNK": 4096,
              "SAMPLE": 4096, "SAMPLE_RANK": 32, "STASH": 4096, "STASH_PER_K": 4, "STASH_COLS_SHIFT": 5,
-             "SORT_PER_WARP": 256},
+             "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8, "BLOCK_PER_SM": 1,
+             "BLOCK_MIN_ROWS": 32, "BLOCK_MAX_COLS": 262144},
 }
 
 

@@ -53,7 +53,9 @@ import torch
 import triton
 import triton.language as tl
 
+from indexcache.backends.triton import topk_block
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
+from indexcache.backends.triton.rows import emit, row_batch, window
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.translate import page_shift, physical
@@ -117,42 +119,6 @@ def _load_keys(row_ptr, s1, col, m, CONTIG: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS: tl.constexpr):
-    """``(start, clipped length, raw length)`` of row ``r``: the window clipped to the columns."""
-    raw_len = tl.load(lengths_ptr + r * len_s0)
-    if HAS_STARTS:
-        start = tl.minimum(tl.maximum(tl.load(starts_ptr + r * st_s0), 0), cols)
-    else:
-        start = 0
-    return start, tl.minimum(tl.maximum(raw_len, 0), cols - start), raw_len
-
-
-@triton.jit
-def _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B: tl.constexpr):
-    """``(batch ok, page-table row pointer)`` of row ``r``."""
-    if HAS_R2B:
-        b = tl.load(r2b_ptr + r * r2b_s0)
-    else:
-        b = r
-    return (b >= 0) & (b < batches), table_ptr + tl.cast(b, tl.int64) * tab_s0
-
-
-@triton.jit
-def _emit(out_row, o_s1, raw_row, w_s1, pos, raw, m, seq, b_ok, tab_row, tab_s1, pages, page_size,
-          TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr):
-    """Write window positions ``raw`` at slots ``pos`` of the row: physical slots to ``out`` when
-    translating (raw ones to ``out_raw`` if given), else the raw positions."""
-    if TRANSLATE:
-        # The batch guard folds into the length (a scalar bool & tensor mask breaks the interpreter).
-        val = physical(raw, m, tl.where(b_ok, seq, 0), tab_row, tab_s1, pages, page_size, SHIFT)
-    else:
-        val = raw
-    tl.store(out_row + pos * o_s1, val, mask=m)
-    if HAS_RAW:
-        tl.store(raw_row + pos * w_s1, raw, mask=m)
-
-
-@triton.jit
 def _stage(out_row, o_s1, raw_row, w_s1, pos, raw, m, HAS_RAW: tl.constexpr):
     """Write window positions ``raw`` at slots ``pos``: to ``out_raw`` when given, else to ``out`` (translated
     in place by :func:`_translate` when translating), so no page-table read delays the passes."""
@@ -186,7 +152,7 @@ def _fill(out_row, o_s1, raw_row, w_s1, lo, short, k, seq, b_ok, tab_row, tab_s1
     """Slots ``[lo, k)`` of a row: position j below ``short`` (a short row's length, else 0), then -1."""
     for j0 in range(lo // TILE * TILE, k, TILE):
         j = j0 + tl.arange(0, TILE)
-        _emit(out_row, o_s1, raw_row, w_s1, j, tl.where(j < short, j, -1), (j >= lo) & (j < k), seq, b_ok, tab_row,
+        emit(out_row, o_s1, raw_row, w_s1, j, tl.where(j < short, j, -1), (j >= lo) & (j < k), seq, b_ok, tab_row,
               tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
 
 
@@ -561,7 +527,7 @@ def topk_rows_kernel(
     stash_key = stash_ptr + pid.to(tl.int64) * 2 * cap
     stash_idx = stash_key + cap
     for r in range(pid, rows, tl.num_programs(0)):
-        start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+        start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
         r64 = tl.cast(r, tl.int64)
         out_row = out_ptr + r64 * o_s0
         raw_row = raw_ptr + r64 * w_s0
@@ -577,7 +543,7 @@ def topk_rows_kernel(
                 tl.debug_barrier()  # the stash was written by other threads of this program
                 filled = _finish(row_ptr, s_s1, start, length, -1, 0, count, k, cap, stash_key, stash_idx,
                                  out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, False)
-            b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
+            b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
             if length > k:
                 _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
                            TRANSLATE, HAS_RAW, SHIFT, TILE)
@@ -596,7 +562,7 @@ def topk_sample_kernel(
     """Split rows, launch 1: row ``r``'s record in ``hist`` (``BINS + 2`` entries: the candidates' bin counts,
     zeroed here for the filter, then the filter threshold (a key) and the bins' shift; short rows: counts only)."""
     r = tl.program_id(0)
-    start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+    start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
     hist_row = hist_ptr + r.to(tl.int64) * (BINS + 2)
     tl.store(hist_row + tl.arange(0, BINS), tl.zeros([BINS], tl.int32))
     if length > k:
@@ -627,7 +593,7 @@ def topk_filter_kernel(
     position itself."""
     r = tl.program_id(0)
     s = tl.program_id(1)
-    start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+    start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
     slot = r.to(tl.int64) * tl.num_programs(1) + s
     count = 0
     if length > k:
@@ -743,7 +709,7 @@ def topk_finish_kernel(
             s = s0 + tl.arange(0, BLOCK_S)
             count += tl.sum(tl.load(counts_row + s, mask=s < chunks, other=0), 0)
         if count >= 0:
-            start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+            start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
             out_row = out_ptr + r64 * o_s0
             raw_row = raw_ptr + r64 * w_s0
             filled = 0
@@ -766,7 +732,7 @@ def topk_finish_kernel(
                 else:
                     filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
                                      out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, False)
-            b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
+            b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
             if length > k:
                 _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
                            TRANSLATE, HAS_RAW, SHIFT, TILE)
@@ -789,7 +755,7 @@ def topk_sort_kernel(
     ``0..len-1``. When translating, the row's slots then get their physical slots in ``out``."""
     r = tl.program_id(0)
     r64 = tl.cast(r, tl.int64)
-    start, length, seq = _window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+    start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
     out_row = out_ptr + r64 * o_s0
     raw_row = raw_ptr + r64 * w_s0
     if length > k:
@@ -809,7 +775,7 @@ def topk_sort_kernel(
             tl.store(raw_row + j * w_s1, pos, mask=m)
         else:
             tl.store(out_row + j * o_s1, pos, mask=m)
-    b_ok, tab_row = _row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
+    b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
     _translate(out_row, o_s1, raw_row, w_s1, k, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
                SHIFT, K_P2)
 
@@ -952,20 +918,31 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     scan = {name: row_args[name] for name in _SCAN_ARGS}
     common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
     sms = _sms(target, device)
-    chunk = split_chunk(rows, cols, sms, cfg)
+    # The Gluon block-a-row kernel (topk_block.py) takes the rows the fused kernel would, and, from BLOCK_MIN_ROWS
+    # rows on, rows of up to BLOCK_MAX_COLS columns that would be split.
+    block = None if topk_block.unsupported(scores, k, target, cfg) else topk_block.shape(cols, k, samples, cfg)
+    take_split = block and rows >= cfg["BLOCK_MIN_ROWS"] and cols <= cfg["BLOCK_MAX_COLS"]
+    chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg)
+    block = None if chunk else block
+    cap = topk_block.capacity(block) if block else cap
     chunks = cdiv(cols, chunk) if chunk else 1
-    row_programs = 0 if chunk else min(rows, sms * cfg["PROGRAMS_PER_SM"])
+    row_programs = 0 if chunk else min(rows, sms * cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"])
     finish_programs = min(rows, sms)
     bins = cfg["FINISH_BINS"]
     region_n, counts_n = rows * chunks * 2 * chunk, rows * chunks
     hist_n = rows * (bins + 2) if chunk else 0
-    ws = _scratch(device, region_n + counts_n + hist_n + max(row_programs, finish_programs) * 2 * cap)
+    per_program = max(2 * cap, topk_block.workspace(block) if block else 0)  # a stash (and bin counts) a program
+    ws = _scratch(device, region_n + counts_n + hist_n + max(row_programs, finish_programs) * per_program)
     region, counts, hist, stash = _split(ws, region_n, counts_n, hist_n)
     finish = ("finish", Launch(
         FINISH, (finish_programs,), fin_opts,
         (scores, lengths, starts, out, raw, r2b, table, region, counts, hist, stash, rows, cols, k, cap, chunks,
          chunk),
         dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins)))
+    if block:
+        return [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols,
+                                            k), dict(row_args, DIGIT=cfg["DIGIT"], **block), row_programs)),
+                finish]
     if not chunk:
         return [("rows", Launch(ROWS, (row_programs,), opts,
                                 (scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap),
@@ -1124,4 +1101,9 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         sort = {n: v for n, v in full.items() if n not in ("BITS", "TILE", "DIGIT", "k")}
         specs.append(KernelSpec(op, topk_sort_kernel, ptrs, dict(sort, K_P2=width),
                                 launch_options(target, dict(cfg, num_warps=sort_warps(width, cfg))), aligned=aligned))
+        if cfg.get("KERNEL") == "block" and target.vendor == "cuda":  # the Gluon kernel at decode's 128K columns
+            block = topk_block.shape(1 << 17, 2048, sample_size(1 << 17, 2048, cfg), cfg)
+            flags = {name: value for name, value in full.items() if name not in ("BITS", "TILE")}
+            specs.append(KernelSpec(op, topk_block.topk_block_kernel, ptrs, {**flags, **block},
+                                    dict(topk_block.options(block)), aligned=aligned))
     return specs

@@ -1,0 +1,324 @@
+"""Top-k with a block a row, in Gluon (NVIDIA): the row streams through registers once, the selection never
+leaves the block.
+
+The cuda table's choice ``KERNEL = "block"``: it takes the first launch of the many-rows path (``topk.py``, in
+place of ``topk_rows_kernel``) where :func:`unsupported` says nothing, and the same finishing launch follows. One
+program (``NUM_WARPS`` warps, ``NT`` threads) a row at a time, persistent over rows, a stash of ``CAP`` entries a
+program in the workspace:
+
+1. Sample: ``NT × SAMPLE_J`` entries spread evenly over the window, one to a few a thread; a radix select in
+   registers (``DIGIT`` bits a round, one ``gl.histogram`` a round, the bins held by every thread) gives the
+   threshold key ``floor``, the sample's ``m``-th best (``topk.py``'s rule: below the row's k-th best with
+   overwhelming odds).
+2. Filter: pieces of ``NT × PIECE_J`` columns, thread ``t`` holding columns ``t, t + NT, …`` (every read
+   coalesced), the next piece's read issued before the current one is filtered. Entries ``>= floor`` go to the
+   stash (key and window position) at their rank among the piece's candidates, one block-wide scan a piece: the
+   stash is in thread order, not index order.
+3. Select, when the row gave ``k <= C <= CAP`` candidates: the stash back in registers, the k-th best key
+   radix-selected over it; those above it are written; of those equal to it, when more tie than are needed, a
+   second select over their positions keeps the lowest (the lower index wins ties). A scan over the chosen gives
+   the output slots; translation (when asked) at that write.
+4. Otherwise (the sample missed: ``C < k``; heavy ties: ``C > CAP``) ``counts[r] = C`` leaves the row to the
+   finishing launch's exact fallback; rows this kernel finished get ``counts[r] = -1``. Rows with ``len <= k``
+   get ``0..len-1`` then -1 here.
+
+Keys as in ``topk.py`` (fp32 bits with negatives' magnitude flipped, -0.0 as +0.0, NaN and -inf below every
+valid key, never selected in a long row). No allocation, no host sync; the grid depends on the shape only.
+
+Gluon does not run under the interpreter: the CPU checks cover the host side and the cross-compile check builds
+the kernel; the conformance suite runs it on an NVIDIA GPU. ROCm keeps the Triton kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
+from indexcache.backends.triton.rows import emit, row_batch, window
+from indexcache.backends.triton.sm90 import block_barrier
+from indexcache.backends.triton.support import next_power_of_2
+from indexcache.backends.triton.target import Target
+
+INT_MIN = gl.constexpr(-2147483648)
+INT_MAX = gl.constexpr(2147483647)
+NEG_INF_BITS = gl.constexpr(-8388608)  # 0xFF800000
+KEY_MIN_VALID = gl.constexpr(-2139095040)  # the key of -FLT_MAX: NaN and -inf keys (INT_MIN) lie below it
+WARP = 32
+MAX_STASH = 8192  # stash entries a program: the select holds each one's key and position in registers
+LOG_BINS = gl.constexpr(11)
+BINS = 1 << LOG_BINS.value  # the candidates' bins (bin counts a program)
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _bits(x):
+    """fp32 bits of raw scores as int32 (bf16 by its bits: exact for subnormals)."""
+    if x.dtype == gl.bfloat16:
+        bits = x.to(gl.int16, bitcast=True).to(gl.int32) << 16
+    else:
+        bits = x.to(gl.float32).to(gl.int32, bitcast=True)
+    return bits
+
+
+@gluon.jit
+def _keys(bits):
+    """Exact int32 keys of fp32 bits: INT_MIN for NaN and -inf, -0.0 as +0.0 (integer tests only, so subnormals
+    order exactly wherever float compares flush them)."""
+    bits = gl.where(bits == INT_MIN, 0, bits)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return gl.where(((bits & 0x7FFFFFFF) > 0x7F800000) | (bits == NEG_INF_BITS), INT_MIN, key)
+
+
+@gluon.jit
+def _load(row_ptr, s1, col, m, CONTIG: gl.constexpr):
+    """Raw scores at columns ``col`` (-inf where ``m`` is false)."""
+    if CONTIG:
+        x = gl.load(row_ptr + col, mask=m, other=float("-inf"))
+    else:
+        x = gl.load(row_ptr + col.to(gl.int64) * s1, mask=m, other=float("-inf"))
+    return x
+
+
+@gluon.jit
+def _select(key, need, count, DIGIT: gl.constexpr, HIST: gl.constexpr, ROUNDS: gl.constexpr):
+    """Radix select of the ``need``-th largest of the select keys ``key`` (int32, signed order; INT_MIN: no entry),
+    ``count`` of them valid. Returns ``(thr, fixed, take, matched)``: the pivot's settled bits in the unsigned order
+    (``key ^ INT_MIN``) and which bits are settled, how many entries equal to the pivot under them are still needed
+    and how many there are. The rounds start below the common prefix of the smallest and largest key and stop as
+    soon as the pivot's digit holds exactly the entries still needed (``take == matched`` then), or after
+    ``ROUNDS`` (then the pivot's unsettled bits are 0: a key at or below the ``need``-th largest)."""
+    NB: gl.constexpr = 1 << DIGIT
+    valid = key != INT_MIN
+    kmin = gl.min(gl.where(valid, key, INT_MAX), 0)
+    kmax = gl.max(key, 0)
+    diff = kmin ^ kmax
+    low = diff | (diff >> 1)
+    low = low | (low >> 2)
+    low = low | (low >> 4)
+    low = low | (low >> 8)
+    low = low | (low >> 16)
+    low = gl.where(need > 0, low, 0)
+    fixed = ~low
+    thr = (kmin ^ INT_MIN) & fixed
+    u = key ^ INT_MIN
+    bins = gl.arange(0, NB, layout=HIST)
+    take = gl.to_tensor(need)  # k arrives as a constant when it is 1
+    matched = gl.to_tensor(count)
+    done = (take <= 0).to(gl.int32)
+    for r in range(ROUNDS):  # a loop, not unrolled: one copy of the round's code
+        lo = gl.maximum(32 - DIGIT * (r + 1), 0)
+        if (((~fixed) >> lo) != 0) & (done == 0):
+            m = valid & (((u ^ thr) & fixed) == 0)
+            hist = gl.histogram((u >> lo) & (NB - 1), NB, mask=m, layout=HIST)
+            at_or_above = gl.associative_scan(hist, 0, _add, reverse=True)
+            digit = gl.sum((at_or_above >= take).to(gl.int32), 0) - 1
+            above = gl.sum(gl.where(bins > digit, hist, 0), 0)
+            matched = gl.sum(gl.where(bins == digit, hist, 0), 0)
+            take -= above
+            thr = thr | (digit << lo)
+            fixed = fixed | ((NB - 1) << lo)
+            done = (matched == take).to(gl.int32)
+    return thr, fixed, take, matched
+
+
+@gluon.jit
+def _sample_floor(row_ptr, s1, start, length, k, CONTIG: gl.constexpr, SAMPLES: gl.constexpr,
+                  SAMPLE_L: gl.constexpr, DIGIT: gl.constexpr, HIST: gl.constexpr):
+    """The filter threshold of a row (``length > 0``) as a float: at or below the key of the ``m``-th best of
+    ``SAMPLES`` entries spread evenly over the window, ``m = λ + 4·√λ + 2`` with ``λ = SAMPLES·k/length`` (the
+    lowest finite float when fewer than ``m`` are valid). Three rounds settle the key's top bits below the sample's
+    common prefix (the threshold may lie up to a 64th of an octave below the ``m``-th best: a few more
+    candidates, two fewer rounds)."""
+    i = gl.arange(0, SAMPLES, layout=SAMPLE_L)
+    pos = start + ((i.to(gl.int64) * length) // SAMPLES).to(gl.int32)
+    key = _keys(_bits(_load(row_ptr, s1, pos, i < SAMPLES, CONTIG)))
+    valid = gl.sum((key != INT_MIN).to(gl.int32), 0)
+    lam = (k * 1.0) * SAMPLES / length.to(gl.float32)  # k may arrive as a constexpr (1 is specialised)
+    m = (lam + 4.0 * gl.sqrt(lam) + 3.0).to(gl.int32)  # >= ceil(λ + 4√λ + 2)
+    thr, fixed, take, matched = _select(key, gl.minimum(m, valid), valid, DIGIT, HIST, 3)
+    floor = gl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
+    return (floor ^ ((floor >> 31) & 0x7FFFFFFF)).to(gl.float32, bitcast=True)  # keys map back to their floats
+
+
+@gluon.jit
+def _filter(row_ptr, s1, start, length, floor, stash_bits, stash_idx, spread, CONTIG: gl.constexpr,
+            PIECE: gl.constexpr, CAP: gl.constexpr):
+    """Entries of the window ``>= floor`` (a float: NaN, -inf and masked entries never pass; -0.0 passes with +0.0)
+    to the stash (fp32 bits, window positions; at most ``CAP``), piece by piece (``spread``: a piece's columns in
+    the tensor's order); returns how many there were, also past ``CAP``."""
+    hi = start + length
+    x = _load(row_ptr, s1, start + spread, start + spread < hi, CONTIG)
+    count = length * 0
+    for c0 in range(start, hi, PIECE):
+        nxt = c0 + PIECE + spread
+        x_next = _load(row_ptr, s1, nxt, nxt < hi, CONTIG)
+        cand = (x.to(gl.float32) >= floor).to(gl.int32)
+        rank = gl.associative_scan(cand, 0, _add)
+        entry = count + rank - cand
+        keep = (cand != 0) & (entry < CAP)
+        gl.store(stash_bits + entry, _bits(x), mask=keep)
+        gl.store(stash_idx + entry, c0 - start + spread, mask=keep)
+        count += gl.max(rank, 0)
+        x = x_next
+    return count
+
+
+@gluon.jit
+def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr):
+    """The bin (of ``BINS`` over the candidates' keys: their distance above the smallest, low bits dropped so
+    that the largest falls in the last) holding the k-th best of the candidates ``key`` (``m``: which slots hold
+    one), counted through ``hist`` (``BINS`` int32 in global memory, zeroed; an atomic add a candidate). Returns
+    ``(bins of the slots, p, above, in_p)``: the pivot bin, the candidates above it and in it."""
+    kmin = gl.min(gl.where(m, key, INT_MAX), 0)
+    span = (gl.max(gl.where(m, key, INT_MIN), 0) - kmin).to(gl.uint32, bitcast=True)
+    # The fewest low bits to drop so that ``span >> shift < BINS``, from the float exponent of ``span`` (rounding
+    # may drop one more).
+    top = (span.to(gl.float32).to(gl.int32, bitcast=True) >> 23) - 127  # floor(log2(span)); -127 for 0
+    shift = gl.maximum(top + 1 - LOG_BINS, 0)
+    bins = gl.minimum((key - kmin).to(gl.uint32, bitcast=True) >> shift.to(gl.uint32), BINS - 1).to(gl.int32)
+    gl.atomic_add(hist + bins, gl.full_like(bins, 1), mask=m, sem="relaxed")
+    block_barrier()
+    b = gl.arange(0, BINS, layout=BIN_L)
+    counts = gl.load(hist + b, cache_modifier=".cg")
+    at_or_above = gl.associative_scan(counts, 0, _add, reverse=True)
+    p = gl.sum((at_or_above >= k).to(gl.int32), 0) - 1
+    above = gl.sum(gl.where(b > p, counts, 0), 0)
+    in_p = gl.sum(gl.where(b == p, counts, 0), 0)
+    return bins, p, above, in_p
+
+
+@gluon.jit
+def _select_row(stash_bits, stash_idx, hist, count, k, q, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1,
+                pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr, SHIFT: gl.constexpr,
+                DIGIT: gl.constexpr, HIST: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr):
+    """The row's top-k among its ``count`` stashed candidates (``k <= count``; ``q``: the stash's slots in the
+    tensor's order) to output slots ``[0, k)``: the candidates' bin counts give the bin holding the k-th best
+    (:func:`_pivot_bin`); those above it go, and a radix select within it settles the rest."""
+    m = q < count
+    key = _keys(gl.load(stash_bits + q, mask=m, other=0))
+    idx = gl.load(stash_idx + q, mask=m, other=-1)
+    bins, p, above, in_p = _pivot_bin(key, m, hist, k, BINS, BIN_L)
+    inside = m & (bins == p)
+    thr, fixed, take, matched = _select(gl.where(inside, key, INT_MIN), k - above, in_p, DIGIT, HIST,
+                                        (32 + DIGIT - 1) // DIGIT)
+    pivot = thr ^ INT_MIN
+    settled = ((key ^ INT_MIN) & fixed) ^ INT_MIN  # unsettled bits cleared, in the keys' signed order
+    gt = (m & (bins > p)) | (inside & (settled > pivot))
+    eq = inside & (settled == pivot)
+    if matched > take:  # more tie with the pivot on every bit than are needed: the lowest positions win
+        lower_first = gl.where(eq, idx ^ INT_MAX, INT_MIN)  # INT_MAX - position
+        thr2, fixed2, take2, matched2 = _select(lower_first, take, matched, DIGIT, HIST, (32 + DIGIT - 1) // DIGIT)
+        settled2 = ((lower_first ^ INT_MIN) & fixed2) ^ INT_MIN
+        eq = eq & (settled2 >= (thr2 ^ INT_MIN))  # positions are distinct: exactly ``take`` of them
+    chosen = (gt | eq).to(gl.int32)
+    slot = gl.associative_scan(chosen, 0, _add) - chosen
+    emit(out_row, o_s1, raw_row, w_s1, slot, idx, (chosen != 0) & (slot < k), seq, b_ok, tab_row, tab_s1, pages,
+         page_size, TRANSLATE, HAS_RAW, SHIFT)
+
+
+@gluon.jit
+def topk_block_kernel(
+    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, stash_ptr, counts_ptr,
+    rows, cols, k, batches, pages, page_size,
+    s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
+    HAS_STARTS: gl.constexpr, HAS_R2B: gl.constexpr, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
+    SHIFT: gl.constexpr, CONTIG: gl.constexpr, DIGIT: gl.constexpr, PIECE_J: gl.constexpr, SAMPLE_J: gl.constexpr,
+    STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr,
+):
+    """One row at a time a program (persistent over rows; the program's stash, ``2 × CAP`` int32, and bin counts,
+    ``BINS`` int32, at ``stash_ptr``):
+    sample, filter, select, translate and fill (module docstring); ``counts[r]`` -1 for rows finished here, else
+    the candidate count that sends the row to the finishing launch."""
+    NT: gl.constexpr = NUM_WARPS * 32
+    CAP: gl.constexpr = NT * STASH_J
+    PIECE_L: gl.constexpr = gl.BlockedLayout([PIECE_J], [32], [NUM_WARPS], [0])
+    SAMPLE_L: gl.constexpr = gl.BlockedLayout([SAMPLE_J], [32], [NUM_WARPS], [0])
+    STASH_L: gl.constexpr = gl.BlockedLayout([STASH_J], [32], [NUM_WARPS], [0])
+    HIST: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])  # a bin a lane, in every warp
+    BIN_L: gl.constexpr = gl.BlockedLayout([BINS // NT], [32], [NUM_WARPS], [0])
+    pid = gl.program_id(0)
+    stash_bits = stash_ptr + pid.to(gl.int64) * (2 * CAP + BINS)
+    stash_idx = stash_bits + CAP
+    hist = stash_idx + CAP
+    p = gl.arange(0, NT * PIECE_J, layout=PIECE_L)
+    spread = (p % PIECE_J) * NT + p // PIECE_J  # thread t's j-th entry: column t + j·NT of the piece
+    q = gl.arange(0, CAP, layout=STASH_L)
+    for r in range(pid, rows, gl.num_programs(0)):
+        start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+        r64 = r.to(gl.int64)
+        out_row = out_ptr + r64 * o_s0
+        raw_row = raw_ptr + r64 * w_s0
+        b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
+        count = length * 0 - 1
+        if length > k:
+            row_ptr = scores_ptr + r64 * s_s0
+            gl.store(hist + gl.arange(0, BINS, layout=BIN_L), gl.zeros([BINS], gl.int32, layout=BIN_L))
+            floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, NT * SAMPLE_J, SAMPLE_L, DIGIT, HIST)
+            count = _filter(row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, spread, CONTIG,
+                            NT * PIECE_J, CAP)
+            if (count >= k) & (count <= CAP):
+                block_barrier()  # the stash was written by other threads of this program
+                _select_row(stash_bits, stash_idx, hist, count, k, q, out_row, o_s1, raw_row, w_s1, seq, b_ok,
+                            tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, DIGIT, HIST, BINS, BIN_L)
+                count = length * 0 - 1
+        else:
+            for j0 in range(0, k, CAP):  # a short row: 0 .. len-1, then -1
+                j = j0 + q
+                emit(out_row, o_s1, raw_row, w_s1, j, gl.where(j < length, j, -1), j < k, seq, b_ok, tab_row, tab_s1,
+                     pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
+        gl.store(counts_ptr + r, count)
+        block_barrier()  # the next row reuses the stash
+
+
+BLOCK = Launcher(topk_block_kernel)
+
+
+def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, int]:
+    """The kernel's shape for rows of ``cols`` columns and ``samples`` sample entries a row (``topk.sample_size``):
+    ``NUM_WARPS`` (``BLOCK_WARPS``), ``PIECE_J`` columns a thread a piece (``BLOCK_PIECE_J``), ``SAMPLE_J`` sample
+    entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``4 × k`` candidates, at least one
+    a thread, at most ``MAX_STASH`` in all), ``BINS``."""
+    threads = cfg["BLOCK_WARPS"] * WARP
+    return {"NUM_WARPS": cfg["BLOCK_WARPS"], "PIECE_J": cfg["BLOCK_PIECE_J"], "SAMPLE_J": max(1, samples // threads),
+            "STASH_J": max(1, min(MAX_STASH, 4 * next_power_of_2(k)) // threads), "BINS": BINS}
+
+
+def capacity(named: Mapping[str, int]) -> int:
+    """Stash entries a program of the given shape."""
+    return named["NUM_WARPS"] * WARP * named["STASH_J"]
+
+
+def workspace(named: Mapping[str, int]) -> int:
+    """int32 words of workspace a program of the given shape takes (its stash and bin counts)."""
+    return 2 * capacity(named) + named["BINS"]
+
+
+def options(named: Mapping[str, int]) -> Options:
+    return launch_key_options({"num_warps": named["NUM_WARPS"]})
+
+
+def unsupported(scores: torch.Tensor, k: int, target: Target, cfg: Mapping[str, Any]) -> list[str]:
+    """Why this kernel cannot take a call (empty: it can; the Triton kernels take the others)."""
+    reasons = []
+    if target.interpreted or target.vendor != "cuda":
+        reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: NVIDIA GPUs only (Gluon)")
+    if cfg.get("KERNEL") != "block":
+        reasons.append(f"the tuning table's KERNEL is {cfg.get('KERNEL')!r}, not 'block'")
+    if k > MAX_STASH // 4:
+        reasons.append(f"k {k}: at most {MAX_STASH // 4}, a quarter of the largest stash")
+    return reasons
+
+
+def launch(args: tuple, named: Mapping[str, Any], programs: int) -> Launch:
+    """The launch of ``programs`` programs with ``topk_rows_kernel``'s arguments ``args`` (stash and counts in its
+    places) and keyword arguments ``named`` (its flags and strides, and :func:`shape`)."""
+    return Launch(BLOCK, (programs,), options(named), args, dict(named))

@@ -1,0 +1,66 @@
+"""The Gluon block-a-row top-k (backends/triton/topk_block.py): what it takes, its shape, and which calls the launch
+plan gives it. Gluon does not run under the interpreter: the conformance suite runs the kernel on an NVIDIA GPU
+(``ci/gpu.sh``); the cross-compile check builds it (tests/test_crosscompile.py, ``indexcache compile-check``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from indexcache.backends.cuda import tuning
+from indexcache.backends.triton import topk, topk_block
+from indexcache.backends.triton.target import Target
+
+H200 = Target("cuda", "sm90", 32, torch.float8_e4m3fn, False)
+CFG = tuning("sm90")["topk"]
+
+
+def test_takes_nvidia_calls_up_to_k_2048_when_the_table_says_block():
+    scores = torch.empty(4, 8)
+    assert topk_block.unsupported(scores, 2048, H200, CFG) == []
+    interpreted = Target("cuda", "sm90", 32, torch.float8_e4m3fn, True)
+    amd = Target("hip", "gfx942", 64, torch.float8_e4m3fnuz, False)
+    assert "NVIDIA GPUs only" in topk_block.unsupported(scores, 8, interpreted, CFG)[0]
+    assert "NVIDIA GPUs only" in topk_block.unsupported(scores, 8, amd, CFG)[0]
+    assert "KERNEL is 'triton'" in topk_block.unsupported(scores, 8, H200, {**CFG, "KERNEL": "triton"})[0]
+    assert "k 2049: at most 2048" in topk_block.unsupported(scores, 2049, H200, CFG)[0]
+
+
+def test_shape_holds_four_k_candidates_and_a_sample_entry_a_thread():
+    cfg = {**CFG, "BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}
+    shape = topk_block.shape(131072, 2048, 2048, cfg)
+    assert shape == {"NUM_WARPS": 16, "PIECE_J": 8, "SAMPLE_J": 4, "STASH_J": 16, "BINS": 2048}
+    assert topk_block.capacity(shape) == 8192 and topk_block.workspace(shape) == 2 * 8192 + 2048
+    small = topk_block.shape(4096, 1, 64, cfg)
+    assert small["SAMPLE_J"] == 1 and small["STASH_J"] == 1  # at least one a thread
+
+
+@pytest.mark.parametrize(("rows", "cols", "first"), [
+    (64, 131072, "block"),  # decode rows that would be split: the block kernel from BLOCK_MIN_ROWS rows on
+    (2048, 32768, "block"),  # many rows (the fused kernel's calls)
+    (1, 131072, "sample"),  # one long row: split
+    (64, 1 << 20, "sample"),  # beyond BLOCK_MAX_COLS: split
+])
+def test_launch_plan_gives_the_block_kernel_its_calls(monkeypatch, rows, cols, first):
+    monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
+    scores = torch.empty(rows, cols)
+    lengths = torch.full((rows,), cols, dtype=torch.int32)
+    out = torch.empty(rows, 2048, dtype=torch.int32)
+    steps = topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=H200, cfg=CFG)
+    names = [name for name, _ in steps]
+    launcher = steps[0][1].launcher
+    assert ("block" if launcher is topk_block.BLOCK else names[0]) == first
+    assert names[-1] == "finish"  # rows the block kernel leaves (its sample missed, heavy ties) get the exact path
+    if first == "block":
+        assert steps[0][1].grid == (min(rows, 132),)
+        assert steps[-1][1].args[14] == topk_block.capacity(topk_block.shape(cols, 2048, 0, CFG))  # the finish's cap
+
+
+def test_the_triton_table_keeps_the_triton_kernels(monkeypatch):
+    monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
+    scores = torch.empty(2048, 32768)
+    lengths = torch.full((2048,), 32768, dtype=torch.int32)
+    out = torch.empty(2048, 2048, dtype=torch.int32)
+    steps = topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=H200,
+                          cfg={**CFG, "KERNEL": "triton"})
+    assert steps[0][1].launcher is topk.ROWS
