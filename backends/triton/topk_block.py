@@ -150,26 +150,52 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: gl.constexpr, SAMPLES: 
 
 
 @gluon.jit
-def _filter(row_ptr, s1, start, length, floor, stash_bits, stash_idx, spread, CONTIG: gl.constexpr,
-            PIECE: gl.constexpr, CAP: gl.constexpr):
+def _piece(row_ptr, s1, c0, hi, across, along, CONTIG: gl.constexpr, FULL: gl.constexpr):
+    """Raw scores of the piece at column ``c0``: thread ``t`` reads columns ``c0 + t + j·NT`` (``across``: the
+    thread's offset, ``along``: each entry's), -inf at and past ``hi`` unless the piece is ``FULL``. The thread's
+    address is formed once and each entry's is a constant offset from it."""
+    if CONTIG:
+        ptrs = ((row_ptr + c0) + across) + along
+    else:
+        ptrs = row_ptr + (c0 + across + along).to(gl.int64) * s1
+    if FULL:
+        x = gl.load(ptrs)
+    else:
+        x = gl.load(ptrs, mask=across + along < hi - c0, other=float("-inf"))
+    return x
+
+
+@gluon.jit
+def _filter(row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_counts, across, along, CONTIG: gl.constexpr,
+            PIECE: gl.constexpr, CAP: gl.constexpr, NUM_WARPS: gl.constexpr):
     """Entries of the window ``>= floor`` (a float: NaN, -inf and masked entries never pass; -0.0 passes with +0.0)
-    to the stash (fp32 bits, window positions; at most ``CAP``), piece by piece (``spread``: a piece's columns in
-    the tensor's order); returns how many there were, also past ``CAP``."""
+    to the stash (fp32 bits, window positions), piece by piece, each piece's read issued before the one before it
+    is filtered (whole pieces unmasked). The pieces are ``[NUM_WARPS, …]`` tensors, a warp a row: each warp compacts
+    its candidates into a region of its own (``CAP / NUM_WARPS`` entries, in order) with a scan within the warp, so
+    no piece waits on a block barrier, and writes its count to ``warp_counts``. Returns the candidates in all, or
+    ``CAP + 1`` when a region overflowed."""
+    REGION: gl.constexpr = CAP // NUM_WARPS
     hi = start + length
-    x = _load(row_ptr, s1, start + spread, start + spread < hi, CONTIG)
-    count = length * 0
+    w = gl.arange(0, NUM_WARPS, layout=gl.SliceLayout(1, across.type.layout))
+    region = (w * REGION)[:, None]
+    x = _piece(row_ptr, s1, start, hi, across, along, CONTIG, False)
+    held = w * 0
     for c0 in range(start, hi, PIECE):
-        nxt = c0 + PIECE + spread
-        x_next = _load(row_ptr, s1, nxt, nxt < hi, CONTIG)
+        nxt = c0 + PIECE
+        if nxt + PIECE <= hi:
+            x_next = _piece(row_ptr, s1, nxt, hi, across, along, CONTIG, True)
+        else:
+            x_next = _piece(row_ptr, s1, nxt, hi, across, along, CONTIG, False)
         cand = (x.to(gl.float32) >= floor).to(gl.int32)
-        rank = gl.associative_scan(cand, 0, _add)
-        entry = count + rank - cand
-        keep = (cand != 0) & (entry < CAP)
-        gl.store(stash_bits + entry, _bits(x), mask=keep)
-        gl.store(stash_idx + entry, c0 - start + spread, mask=keep)
-        count += gl.max(rank, 0)
+        rank = gl.associative_scan(cand, 1, _add)
+        entry = held[:, None] + rank - cand
+        keep = (cand != 0) & (entry < REGION)
+        gl.store(stash_bits + region + entry, _bits(x), mask=keep)
+        gl.store(stash_idx + region + entry, (c0 - start) + (across + along), mask=keep)
+        held += gl.max(rank, 1)
         x = x_next
-    return count
+    gl.store(warp_counts + w, held)
+    return gl.where(gl.max(held, 0) > REGION, CAP + 1, gl.sum(held, 0))
 
 
 @gluon.jit
@@ -197,13 +223,15 @@ def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr):
 
 
 @gluon.jit
-def _select_row(stash_bits, stash_idx, hist, count, k, q, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1,
-                pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr, SHIFT: gl.constexpr,
-                DIGIT: gl.constexpr, HIST: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr):
-    """The row's top-k among its ``count`` stashed candidates (``k <= count``; ``q``: the stash's slots in the
-    tensor's order) to output slots ``[0, k)``: the candidates' bin counts give the bin holding the k-th best
-    (:func:`_pivot_bin`); those above it go, and a radix select within it settles the rest."""
-    m = q < count
+def _select_row(stash_bits, stash_idx, hist, warp_counts, k, q, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row,
+                tab_s1, pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr, SHIFT: gl.constexpr,
+                DIGIT: gl.constexpr, HIST: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr,
+                REGION: gl.constexpr):
+    """The row's top-k among its stashed candidates (at least ``k``, the first ``warp_counts[w]`` of each warp's
+    region of ``REGION`` slots; ``q``: the stash's slots in the tensor's order) to output slots ``[0, k)``: the
+    candidates' bin counts give the bin holding the k-th best (:func:`_pivot_bin`); those above it go, and a radix
+    select within it settles the rest."""
+    m = (q % REGION) < gl.load(warp_counts + q // REGION)  # each warp's region holds its candidates first
     key = _keys(gl.load(stash_bits + q, mask=m, other=0))
     idx = gl.load(stash_idx + q, mask=m, other=-1)
     bins, p, above, in_p = _pivot_bin(key, m, hist, k, BINS, BIN_L)
@@ -240,17 +268,20 @@ def topk_block_kernel(
     the candidate count that sends the row to the finishing launch."""
     NT: gl.constexpr = NUM_WARPS * 32
     CAP: gl.constexpr = NT * STASH_J
-    PIECE_L: gl.constexpr = gl.BlockedLayout([PIECE_J], [32], [NUM_WARPS], [0])
+    PIECE_L: gl.constexpr = gl.BlockedLayout([1, PIECE_J], [1, 32], [NUM_WARPS, 1], [1, 0])  # a warp a row
     SAMPLE_L: gl.constexpr = gl.BlockedLayout([SAMPLE_J], [32], [NUM_WARPS], [0])
     STASH_L: gl.constexpr = gl.BlockedLayout([STASH_J], [32], [NUM_WARPS], [0])
     HIST: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])  # a bin a lane, in every warp
     BIN_L: gl.constexpr = gl.BlockedLayout([BINS // NT], [32], [NUM_WARPS], [0])
     pid = gl.program_id(0)
-    stash_bits = stash_ptr + pid.to(gl.int64) * (2 * CAP + BINS)
+    stash_bits = stash_ptr + pid.to(gl.int64) * (2 * CAP + BINS + NUM_WARPS)
     stash_idx = stash_bits + CAP
     hist = stash_idx + CAP
-    p = gl.arange(0, NT * PIECE_J, layout=PIECE_L)
-    spread = (p % PIECE_J) * NT + p // PIECE_J  # thread t's j-th entry: column t + j·NT of the piece
+    warp_counts = hist + BINS
+    w = gl.arange(0, NUM_WARPS, layout=gl.SliceLayout(1, PIECE_L))[:, None]
+    i = gl.arange(0, 32 * PIECE_J, layout=gl.SliceLayout(0, PIECE_L))[None, :]
+    across = w * 32 + i // PIECE_J  # thread t's j-th entry of a piece: column t + j·NT
+    along = (i % PIECE_J) * NT + w * 0
     q = gl.arange(0, CAP, layout=STASH_L)
     for r in range(pid, rows, gl.num_programs(0)):
         start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
@@ -263,12 +294,13 @@ def topk_block_kernel(
             row_ptr = scores_ptr + r64 * s_s0
             gl.store(hist + gl.arange(0, BINS, layout=BIN_L), gl.zeros([BINS], gl.int32, layout=BIN_L))
             floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, NT * SAMPLE_J, SAMPLE_L, DIGIT, HIST)
-            count = _filter(row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, spread, CONTIG,
-                            NT * PIECE_J, CAP)
+            count = _filter(row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, warp_counts, across, along,
+                            CONTIG, NT * PIECE_J, CAP, NUM_WARPS)
             if (count >= k) & (count <= CAP):
                 block_barrier()  # the stash was written by other threads of this program
-                _select_row(stash_bits, stash_idx, hist, count, k, q, out_row, o_s1, raw_row, w_s1, seq, b_ok,
-                            tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, DIGIT, HIST, BINS, BIN_L)
+                _select_row(stash_bits, stash_idx, hist, warp_counts, k, q, out_row, o_s1, raw_row, w_s1, seq, b_ok,
+                            tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, DIGIT, HIST, BINS, BIN_L,
+                            CAP // NUM_WARPS)
                 count = length * 0 - 1
         else:
             for j0 in range(0, k, CAP):  # a short row: 0 .. len-1, then -1
@@ -285,11 +317,11 @@ BLOCK = Launcher(topk_block_kernel)
 def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, int]:
     """The kernel's shape for rows of ``cols`` columns and ``samples`` sample entries a row (``topk.sample_size``):
     ``NUM_WARPS`` (``BLOCK_WARPS``), ``PIECE_J`` columns a thread a piece (``BLOCK_PIECE_J``), ``SAMPLE_J`` sample
-    entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``4 × k`` candidates, at least one
+    entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``4 × k`` candidates, at least two
     a thread, at most ``MAX_STASH`` in all), ``BINS``."""
     threads = cfg["BLOCK_WARPS"] * WARP
     return {"NUM_WARPS": cfg["BLOCK_WARPS"], "PIECE_J": cfg["BLOCK_PIECE_J"], "SAMPLE_J": max(1, samples // threads),
-            "STASH_J": max(1, min(MAX_STASH, 4 * next_power_of_2(k)) // threads), "BINS": BINS}
+            "STASH_J": max(2, min(MAX_STASH, 4 * next_power_of_2(k)) // threads), "BINS": BINS}
 
 
 def capacity(named: Mapping[str, int]) -> int:
@@ -298,8 +330,8 @@ def capacity(named: Mapping[str, int]) -> int:
 
 
 def workspace(named: Mapping[str, int]) -> int:
-    """int32 words of workspace a program of the given shape takes (its stash and bin counts)."""
-    return 2 * capacity(named) + named["BINS"]
+    """int32 words of workspace a program of the given shape takes (its stash, bin counts and warp counts)."""
+    return 2 * capacity(named) + named["BINS"] + named["NUM_WARPS"]
 
 
 def options(named: Mapping[str, int]) -> Options:
