@@ -34,19 +34,19 @@ from indexcache.bench.output import print_rows, write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 from indexcache.bench.timing import capture_graph, l2_bytes, median_ms
 from indexcache.hal import dispatch, reference
-from indexcache.hal.device import sm_count
 
 CUDA = torch.device("cuda")
 PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
 SWEEP_SHAPES = [(64, 131072, 2048), (64, 131072, 512), (2048, 32768, 2048)]
 ADVERSARIAL = [(40000, 2048), (9000, 513)]  # columns, k
-SWEEP = [  # tuning overrides on the table's entry (the first is the table itself); runs 23-29 raced more
-    # (BENCHMARKS.md, "Beside the peers: top-k")
-    {}, {"SAMPLE_RANK": 64}, {"FINISH_BINS": 512}, {"CHUNKS_PER_SM": 16}, {"FILTER_PACK": 4},
+SWEEP = [  # tuning overrides on the table's entry (the first is the table itself); runs 23-29 and 47-50 raced more
+    # (BENCHMARKS.md, "Beside the peers: top-k"): the Triton kernels where the table runs the Gluon block kernel, and
+    # the block kernel with 32 warps
+    {}, {"KERNEL": "triton"}, {"BLOCK_WARPS": 32}, {"SAMPLE_RANK": 64}, {"FINISH_BINS": 512}, {"CHUNKS_PER_SM": 16},
 ]
-# Per-launch times: the fused kernel, or the split sample and filter, then the finishing kernel; CHUNK forces the
-# split path.
+# Per-launch times: the many-rows kernel (Gluon block or Triton fused), or the split sample and filter, then the
+# finishing kernel; CHUNK forces the split path.
 BREAKDOWN = [(64, 131072, 2048, 0), (1, 1 << 20, 2048, 0), (2048, 32768, 2048, 0), (2048, 32768, 2048, 32768)]
 
 
@@ -313,13 +313,13 @@ def _sweep_shape(rows: int, cols: int, k: int, target, base: dict, dev) -> list[
     lengths = torch.full((rows,), cols, device=dev, dtype=torch.int32)
     out = torch.empty(rows, k, device=dev, dtype=torch.int32)
     want = indexcache.topk(scores[0], lengths, k, backend="torch")
-    sms = sm_count(dev.index or 0)
     found = []
     for overrides in SWEEP:
         cfg = dict(base, **overrides)
-        chunk = kernels.split_chunk(rows, cols, sms, cfg)
+        steps = kernels.launches(scores[0], lengths, k, None, out, None, None, 1, None, target=target, cfg=cfg)
+        first = steps[0][1].launcher.fn.__name__ if steps else "none"
         row = {"case": _case(rows, cols, k), "config": " ".join(f"{n}={v}" for n, v in overrides.items()) or "table",
-               "path": f"split, chunk {chunk}" if chunk else "one program a row"}
+               "path": f"{first} ({len(steps)} launches)"}
 
         def run(i: int, c: dict = cfg) -> torch.Tensor:
             return kernels.topk(scores[i], lengths, k, None, out, False, target=target, cfg=c)

@@ -26,10 +26,11 @@ def test_takes_nvidia_calls_up_to_k_2048_when_the_table_says_block():
     assert "k 2049: at most 2048" in topk_block.unsupported(scores, 2049, H200, CFG)[0]
 
 
-def test_shape_holds_four_k_candidates_and_a_sample_entry_a_thread():
+def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread():
     cfg = {**CFG, "BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}
     shape = topk_block.shape(131072, 2048, 2048, cfg)
     assert shape == {"NUM_WARPS": 16, "PIECE_J": 8, "SAMPLE_J": 4, "STASH_J": 16, "BINS": 2048}
+    assert topk_block.capacity(topk_block.shape(131072, 512, 4096, cfg)) == 4096  # 256 a warp
     assert topk_block.capacity(shape) == 8192 and topk_block.workspace(shape) == 2 * 8192 + 2048 + 16
     small = topk_block.shape(4096, 1, 64, cfg)
     assert small["SAMPLE_J"] == 1 and small["STASH_J"] == 2  # at least two a thread: a warp's region holds 64
@@ -54,6 +55,16 @@ def test_launch_plan_gives_the_block_kernel_its_calls(monkeypatch, rows, cols, f
     if first == "block":
         assert steps[0][1].grid == (min(rows, 132),)
         assert steps[-1][1].args[14] == topk_block.capacity(topk_block.shape(cols, 2048, 0, CFG))  # the finish's cap
+
+
+def test_a_forced_chunk_keeps_the_split_path(monkeypatch):
+    monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
+    scores = torch.empty(64, 131072)
+    lengths = torch.full((64,), 131072, dtype=torch.int32)
+    out = torch.empty(64, 2048, dtype=torch.int32)
+    steps = topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=H200,
+                          cfg={**CFG, "CHUNK": 16384})
+    assert [name for name, _ in steps] == ["sample", "filter", "finish"]
 
 
 def test_the_triton_table_keeps_the_triton_kernels(monkeypatch):

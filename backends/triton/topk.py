@@ -919,9 +919,9 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
     sms = _sms(target, device)
     # The Gluon block-a-row kernel (topk_block.py) takes the rows the fused kernel would, and, from BLOCK_MIN_ROWS
-    # rows on, rows of up to BLOCK_MAX_COLS columns that would be split.
+    # rows on, rows of up to BLOCK_MAX_COLS columns that would be split (unless CHUNK forces the split).
     block = None if topk_block.unsupported(scores, k, target, cfg) else topk_block.shape(cols, k, samples, cfg)
-    take_split = block and rows >= cfg["BLOCK_MIN_ROWS"] and cols <= cfg["BLOCK_MAX_COLS"]
+    take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"] and cols <= cfg["BLOCK_MAX_COLS"]
     chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg)
     block = None if chunk else block
     cap = topk_block.capacity(block) if block else cap

@@ -317,11 +317,12 @@ BLOCK = Launcher(topk_block_kernel)
 def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, int]:
     """The kernel's shape for rows of ``cols`` columns and ``samples`` sample entries a row (``topk.sample_size``):
     ``NUM_WARPS`` (``BLOCK_WARPS``), ``PIECE_J`` columns a thread a piece (``BLOCK_PIECE_J``), ``SAMPLE_J`` sample
-    entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``4 × k`` candidates, at least two
-    a thread, at most ``MAX_STASH`` in all), ``BINS``."""
+    entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``8 × k`` candidates, at least two
+    a thread, at most ``MAX_STASH`` in all: a row gives about 1.6–3 × k, and each warp's region must hold its share
+    with room for the spread between warps), ``BINS``."""
     threads = cfg["BLOCK_WARPS"] * WARP
     return {"NUM_WARPS": cfg["BLOCK_WARPS"], "PIECE_J": cfg["BLOCK_PIECE_J"], "SAMPLE_J": max(1, samples // threads),
-            "STASH_J": max(2, min(MAX_STASH, 4 * next_power_of_2(k)) // threads), "BINS": BINS}
+            "STASH_J": max(2, min(MAX_STASH, 8 * next_power_of_2(k)) // threads), "BINS": BINS}
 
 
 def capacity(named: Mapping[str, int]) -> int:
