@@ -1,5 +1,6 @@
 """What the top-k kernels (Triton and Gluon) read of a row and how they write its slots: the row's window, its
-batch's page-table row, and a write of window positions (translated to physical slots when asked)."""
+scores and their order keys, its batch's page-table row, and a write of window positions (translated to physical
+slots when asked)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton.translate import physical
+
+INT_MIN = tl.constexpr(-2147483648)
+NEG_INF_BITS = tl.constexpr(-8388608)  # 0xFF800000
 
 
 @triton.jit
@@ -43,3 +47,34 @@ def emit(out_row, o_s1, raw_row, w_s1, pos, raw, m, seq, b_ok, tab_row, tab_s1, 
     tl.store(out_row + pos * o_s1, val, mask=m)
     if HAS_RAW:
         tl.store(raw_row + pos * w_s1, raw, mask=m)
+
+
+@triton.jit
+def load(row_ptr, s1, col, m, CONTIG: tl.constexpr):
+    """Raw scores at columns ``col`` (-inf where ``m`` is false)."""
+    if CONTIG:
+        x = tl.load(row_ptr + col, mask=m, other=float("-inf"))
+    else:
+        x = tl.load(row_ptr + col.to(tl.int64) * s1, mask=m, other=float("-inf"))
+    return x
+
+
+@triton.jit
+def score_bits(x):
+    """fp32 bits of raw scores as int32 (bf16 by its bits: exact for subnormals, which the interpreter's conversion
+    is not)."""
+    if x.dtype == tl.bfloat16:
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
+    else:
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+    return bits
+
+
+@triton.jit
+def order_key(bits):
+    """Exact int32 order keys of fp32 bits (a signed int32 order): negatives' magnitude bits flipped, -0.0 as +0.0,
+    INT_MIN for NaN and -inf. Integer tests only, so a target that flushes subnormals in float compares still orders
+    them exactly."""
+    canon = tl.where(bits == INT_MIN, 0, bits)
+    key = canon ^ ((canon >> 31) & 0x7FFFFFFF)
+    return tl.where(((bits & 0x7FFFFFFF) > 0x7F800000) | (bits == NEG_INF_BITS), INT_MIN, key)

@@ -55,7 +55,7 @@ import triton.language as tl
 
 from indexcache.backends.triton import topk_block
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.rows import emit, row_batch, window
+from indexcache.backends.triton.rows import emit, load, order_key, row_batch, score_bits, window
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.translate import page_shift, physical
@@ -64,7 +64,6 @@ from indexcache.hal.device import sm_count
 
 INT_MIN = tl.constexpr(-2147483648)
 INT_MAX = tl.constexpr(2147483647)
-NEG_INF_BITS = tl.constexpr(-8388608)  # 0xFF800000
 KEY_MIN_VALID = tl.constexpr(-2139095040)  # the key of -FLT_MAX (0x80800000): -inf and NaN lie below or above
 INT64_MIN = tl.constexpr(-9223372036854775808)
 KEY_INF = tl.constexpr(2139095040)  # the key of +inf (0x7F800000); +NaN keys lie above it
@@ -73,40 +72,17 @@ MAX_SORTED_K = 4096  # sorted=True: a row's k int64 keys sorted in registers (8 
 
 
 @triton.jit
-def _load(row_ptr, s1, col, m, CONTIG: tl.constexpr):
-    """A tile of raw scores (-inf where masked)."""
-    if CONTIG:
-        x = tl.load(row_ptr + col, mask=m, other=float("-inf"))
-    else:
-        x = tl.load(row_ptr + col.to(tl.int64) * s1, mask=m, other=float("-inf"))
-    return x
-
-
-@triton.jit
 def _load_ahead(row_ptr, s1, col, lo, hi, CONTIG: tl.constexpr):
     """A step of raw scores at columns ``col`` (-inf outside ``[lo, hi)``)."""
-    return _load(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG)
-
-
-@triton.jit
-def _bits(x):
-    """fp32 bits of a tile of raw scores as int32 (bf16 by its bits: exact for subnormals, which the
-    interpreter's conversion is not)."""
-    if x.dtype == tl.bfloat16:
-        bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
-    else:
-        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
-    return bits
+    return load(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG)
 
 
 @triton.jit
 def _keys(x, BITS: tl.constexpr):
     """Exact int32 keys (INT_MIN for NaN and -inf) and coarse bins of a tile of raw scores."""
-    bits = _bits(x)
-    # Integer tests only, so a target that flushes subnormals in float compares still orders them exactly.
-    bits = tl.where(bits == INT_MIN, 0, bits)  # -0.0 -> +0.0
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    key = tl.where(((bits & 0x7FFFFFFF) > 0x7F800000) | (bits == NEG_INF_BITS), INT_MIN, key)  # NaN, -inf
+    bits = score_bits(x)
+    key = order_key(bits)
+    bits = tl.where(bits == INT_MIN, 0, bits)  # -0.0 -> +0.0: one coarse bin for both
     half = bits.to(tl.float32, bitcast=True).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
     coarse = ((half ^ ((half >> 15) & 0x7FFF)) + 32768) >> (16 - BITS)
     return key, coarse
@@ -115,7 +91,7 @@ def _keys(x, BITS: tl.constexpr):
 @triton.jit
 def _load_keys(row_ptr, s1, col, m, CONTIG: tl.constexpr, BITS: tl.constexpr):
     """Exact int32 keys (INT_MIN for NaN, -inf and masked entries) and coarse bins of a tile."""
-    return _keys(_load(row_ptr, s1, col, m, CONTIG), BITS)
+    return _keys(load(row_ptr, s1, col, m, CONTIG), BITS)
 
 
 @triton.jit
@@ -168,10 +144,10 @@ def _histogram(row_ptr, s1, lo, hi, CONTIG: tl.constexpr, BITS: tl.constexpr, TI
     hist = tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
     if CONTIG:  # strided rows load one tile at a time (64-bit addresses: no registers for a second tile)
         col = t0 + TILE + tl.arange(0, TILE)
-        x = _load(row_ptr, s1, col, col < t1, CONTIG)
+        x = load(row_ptr, s1, col, col < t1, CONTIG)
         for t in range(t0 + TILE, t1, TILE):
             nxt = t + TILE + tl.arange(0, TILE)
-            x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
+            x_next = load(row_ptr, s1, nxt, nxt < t1, CONTIG)
             key, coarse = _keys(x, BITS)
             hist += tl.histogram(coarse, 1 << BITS, mask=key != INT_MIN)
             x = x_next
@@ -241,7 +217,7 @@ def _filter_tile(x, col, floor, base, start, cap, stash_key, stash_idx, STORE_KE
     """One tile of the filter: valid entries with key ``>= floor`` to stash slots from ``base`` (those past
     ``cap`` are dropped), in index order; returns the new base. The stash key is the raw order key (-0.0
     as -1; :func:`_source` makes it +0.0)."""
-    key = _bits(x)
+    key = score_bits(x)
     key = key ^ ((key >> 31) & 0x7FFFFFFF)
     cand = ((key >= floor) & (key <= KEY_INF)).to(tl.int32)  # floor > the key of -inf: NaN, -inf never pass
     ranks = tl.cumsum(cand, 0)
@@ -262,25 +238,25 @@ def _filter(row_ptr, s1, lo, hi, start, floor, cap, stash_key, stash_idx,
     t0 = lo // TILE * TILE
     t1 = hi // TILE * TILE
     col = t0 + tl.arange(0, TILE)
-    x = _load(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG)
+    x = load(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG)
     count = _filter_tile(x, col, floor, 0, start, cap, stash_key, stash_idx, STORE_KEY)
     if CONTIG:  # as in _histogram
         col = t0 + TILE + tl.arange(0, TILE)
-        x = _load(row_ptr, s1, col, col < t1, CONTIG)
+        x = load(row_ptr, s1, col, col < t1, CONTIG)
         for t in range(t0 + TILE, t1, TILE):
             col = t + tl.arange(0, TILE)
             nxt = col + TILE
-            x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
+            x_next = load(row_ptr, s1, nxt, nxt < t1, CONTIG)
             count = _filter_tile(x, col, floor, count, start, cap, stash_key, stash_idx, STORE_KEY)
             x = x_next
     else:
         for t in range(t0 + TILE, t1, TILE):
             col = t + tl.arange(0, TILE)
-            x = _load(row_ptr, s1, col, col < t1, CONTIG)
+            x = load(row_ptr, s1, col, col < t1, CONTIG)
             count = _filter_tile(x, col, floor, count, start, cap, stash_key, stash_idx, STORE_KEY)
     if t1 > t0:
         col = t1 + tl.arange(0, TILE)
-        x = _load(row_ptr, s1, col, col < hi, CONTIG)
+        x = load(row_ptr, s1, col, col < hi, CONTIG)
         count = _filter_tile(x, col, floor, count, start, cap, stash_key, stash_idx, STORE_KEY)
     return count
 
@@ -314,28 +290,28 @@ def _classify(row_ptr, s1, lo, hi, start, b, k, cap, stash_key, stash_idx, out_r
     t0 = lo // TILE * TILE
     t1 = hi // TILE * TILE
     col = t0 + tl.arange(0, TILE)
-    x = _load(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG)
+    x = load(row_ptr, s1, col, (col >= lo) & (col < hi), CONTIG)
     base_a, base_e = _classify_tile(x, col, b, 0, 0, start, k, cap, stash_key, stash_idx, out_row, o_s1, raw_row,
                                     w_s1, HAS_RAW, BITS)
     if CONTIG:  # as in _histogram
         col = t0 + TILE + tl.arange(0, TILE)
-        x = _load(row_ptr, s1, col, col < t1, CONTIG)
+        x = load(row_ptr, s1, col, col < t1, CONTIG)
         for t in range(t0 + TILE, t1, TILE):
             col = t + tl.arange(0, TILE)
             nxt = col + TILE
-            x_next = _load(row_ptr, s1, nxt, nxt < t1, CONTIG)
+            x_next = load(row_ptr, s1, nxt, nxt < t1, CONTIG)
             base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row,
                                             o_s1, raw_row, w_s1, HAS_RAW, BITS)
             x = x_next
     else:
         for t in range(t0 + TILE, t1, TILE):
             col = t + tl.arange(0, TILE)
-            x = _load(row_ptr, s1, col, col < t1, CONTIG)
+            x = load(row_ptr, s1, col, col < t1, CONTIG)
             base_a, base_e = _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row,
                                             o_s1, raw_row, w_s1, HAS_RAW, BITS)
     if t1 > t0:
         col = t1 + tl.arange(0, TILE)
-        x = _load(row_ptr, s1, col, col < hi, CONTIG)
+        x = load(row_ptr, s1, col, col < hi, CONTIG)
         _classify_tile(x, col, b, base_a, base_e, start, k, cap, stash_key, stash_idx, out_row, o_s1, raw_row, w_s1,
                        HAS_RAW, BITS)
 
@@ -625,7 +601,7 @@ def topk_filter_kernel(
             held = tl.zeros([LANES], tl.int32)
             for j in tl.static_range(PACK):
                 col = p0 + j * LANES + lane
-                bits = _bits(x0)
+                bits = score_bits(x0)
                 x0, x1, x2, x3, x4, x5, x6 = x1, x2, x3, x4, x5, x6, x7
                 x7 = _load_ahead(row_ptr, s_s1, col + 8 * LANES, lo, hi, CONTIG)
                 key = bits ^ ((bits >> 31) & 0x7FFFFFFF)

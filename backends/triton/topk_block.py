@@ -39,14 +39,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
-from indexcache.backends.triton.rows import emit, row_batch, window
+from indexcache.backends.triton.rows import emit, load, order_key, row_batch, score_bits, window
 from indexcache.backends.triton.sm90 import block_barrier
 from indexcache.backends.triton.support import next_power_of_2
 from indexcache.backends.triton.target import Target
 
 INT_MIN = gl.constexpr(-2147483648)
 INT_MAX = gl.constexpr(2147483647)
-NEG_INF_BITS = gl.constexpr(-8388608)  # 0xFF800000
 KEY_MIN_VALID = gl.constexpr(-2139095040)  # the key of -FLT_MAX: NaN and -inf keys (INT_MIN) lie below it
 WARP = 32
 MAX_STASH = 8192  # stash entries a program: the select holds each one's key and position in registers
@@ -57,35 +56,6 @@ BINS = 1 << LOG_BINS.value  # the candidates' bins (bin counts a program)
 @gluon.jit
 def _add(a, b):
     return a + b
-
-
-@gluon.jit
-def _bits(x):
-    """fp32 bits of raw scores as int32 (bf16 by its bits: exact for subnormals)."""
-    if x.dtype == gl.bfloat16:
-        bits = x.to(gl.int16, bitcast=True).to(gl.int32) << 16
-    else:
-        bits = x.to(gl.float32).to(gl.int32, bitcast=True)
-    return bits
-
-
-@gluon.jit
-def _keys(bits):
-    """Exact int32 keys of fp32 bits: INT_MIN for NaN and -inf, -0.0 as +0.0 (integer tests only, so subnormals
-    order exactly wherever float compares flush them)."""
-    bits = gl.where(bits == INT_MIN, 0, bits)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return gl.where(((bits & 0x7FFFFFFF) > 0x7F800000) | (bits == NEG_INF_BITS), INT_MIN, key)
-
-
-@gluon.jit
-def _load(row_ptr, s1, col, m, CONTIG: gl.constexpr):
-    """Raw scores at columns ``col`` (-inf where ``m`` is false)."""
-    if CONTIG:
-        x = gl.load(row_ptr + col, mask=m, other=float("-inf"))
-    else:
-        x = gl.load(row_ptr + col.to(gl.int64) * s1, mask=m, other=float("-inf"))
-    return x
 
 
 @gluon.jit
@@ -140,7 +110,7 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: gl.constexpr, SAMPLES: 
     candidates, two fewer rounds)."""
     i = gl.arange(0, SAMPLES, layout=SAMPLE_L)
     pos = start + ((i.to(gl.int64) * length) // SAMPLES).to(gl.int32)
-    key = _keys(_bits(_load(row_ptr, s1, pos, i < SAMPLES, CONTIG)))
+    key = order_key(score_bits(load(row_ptr, s1, pos, i < SAMPLES, CONTIG)))
     valid = gl.sum((key != INT_MIN).to(gl.int32), 0)
     lam = (k * 1.0) * SAMPLES / length.to(gl.float32)  # k may arrive as a constexpr (1 is specialised)
     m = (lam + 4.0 * gl.sqrt(lam) + 3.0).to(gl.int32)  # >= ceil(λ + 4√λ + 2)
@@ -190,7 +160,7 @@ def _filter(row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_count
         rank = gl.associative_scan(cand, 1, _add)
         entry = held[:, None] + rank - cand
         keep = (cand != 0) & (entry < REGION)
-        gl.store(stash_bits + region + entry, _bits(x), mask=keep)
+        gl.store(stash_bits + region + entry, score_bits(x), mask=keep)
         gl.store(stash_idx + region + entry, (c0 - start) + (across + along), mask=keep)
         held += gl.max(rank, 1)
         x = x_next
@@ -232,7 +202,7 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, k, q, out_row, o_s1, r
     candidates' bin counts give the bin holding the k-th best (:func:`_pivot_bin`); those above it go, and a radix
     select within it settles the rest."""
     m = (q % REGION) < gl.load(warp_counts + q // REGION)  # each warp's region holds its candidates first
-    key = _keys(gl.load(stash_bits + q, mask=m, other=0))
+    key = order_key(gl.load(stash_bits + q, mask=m, other=0))
     idx = gl.load(stash_idx + q, mask=m, other=-1)
     bins, p, above, in_p = _pivot_bin(key, m, hist, k, BINS, BIN_L)
     inside = m & (bins == p)
