@@ -36,6 +36,15 @@ def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread
     assert small["SAMPLE_J"] == 1 and small["STASH_J"] == 2  # at least two a thread: a warp's region holds 64
 
 
+def _plan(monkeypatch, rows: int, cols: int, cfg: dict) -> list:
+    """The launches of a plain top-k (k 2048) of ``rows`` full rows on an H200-sized GPU (132 SMs)."""
+    monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
+    scores = torch.empty(rows, cols)
+    lengths = torch.full((rows,), cols, dtype=torch.int32)
+    out = torch.empty(rows, 2048, dtype=torch.int32)
+    return topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=H200, cfg=cfg)
+
+
 @pytest.mark.parametrize(("rows", "cols", "first"), [
     (64, 131072, "block"),  # decode rows that would be split: the block kernel from BLOCK_MIN_ROWS rows on
     (2048, 32768, "block"),  # many rows (the fused kernel's calls)
@@ -43,11 +52,7 @@ def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread
     (64, 1 << 20, "sample"),  # beyond BLOCK_MAX_COLS: split
 ])
 def test_launch_plan_gives_the_block_kernel_its_calls(monkeypatch, rows, cols, first):
-    monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
-    scores = torch.empty(rows, cols)
-    lengths = torch.full((rows,), cols, dtype=torch.int32)
-    out = torch.empty(rows, 2048, dtype=torch.int32)
-    steps = topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=H200, cfg=CFG)
+    steps = _plan(monkeypatch, rows, cols, CFG)
     names = [name for name, _ in steps]
     launcher = steps[0][1].launcher
     assert ("block" if launcher is topk_block.BLOCK else names[0]) == first
@@ -58,20 +63,9 @@ def test_launch_plan_gives_the_block_kernel_its_calls(monkeypatch, rows, cols, f
 
 
 def test_a_forced_chunk_keeps_the_split_path(monkeypatch):
-    monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
-    scores = torch.empty(64, 131072)
-    lengths = torch.full((64,), 131072, dtype=torch.int32)
-    out = torch.empty(64, 2048, dtype=torch.int32)
-    steps = topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=H200,
-                          cfg={**CFG, "CHUNK": 16384})
+    steps = _plan(monkeypatch, 64, 131072, {**CFG, "CHUNK": 16384})
     assert [name for name, _ in steps] == ["sample", "filter", "finish"]
 
 
 def test_the_triton_table_keeps_the_triton_kernels(monkeypatch):
-    monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
-    scores = torch.empty(2048, 32768)
-    lengths = torch.full((2048,), 32768, dtype=torch.int32)
-    out = torch.empty(2048, 2048, dtype=torch.int32)
-    steps = topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=H200,
-                          cfg={**CFG, "KERNEL": "triton"})
-    assert steps[0][1].launcher is topk.ROWS
+    assert _plan(monkeypatch, 2048, 32768, {**CFG, "KERNEL": "triton"})[0][1].launcher is topk.ROWS

@@ -1,6 +1,6 @@
 """What the top-k kernels (Triton and Gluon) read of a row and how they write its slots: the row's window, its
-scores and their order keys, its batch's page-table row, and a write of window positions (translated to physical
-slots when asked)."""
+scores and their order keys (and the bits two keys leave unsettled), its batch's page-table row, and a write of
+window positions (translated to physical slots when asked)."""
 
 from __future__ import annotations
 
@@ -78,3 +78,15 @@ def order_key(bits):
     canon = tl.where(bits == INT_MIN, 0, bits)
     key = canon ^ ((canon >> 31) & 0x7FFFFFFF)
     return tl.where(((bits & 0x7FFFFFFF) > 0x7F800000) | (bits == NEG_INF_BITS), INT_MIN, key)
+
+
+@triton.jit
+def below_common_prefix(kmin, kmax):
+    """The bits of two keys below their common prefix (the highest differing bit and every bit under it): the bits
+    a radix select over keys between them still has to settle."""
+    diff = kmin ^ kmax
+    low = diff | (diff >> 1)
+    low = low | (low >> 2)
+    low = low | (low >> 4)
+    low = low | (low >> 8)
+    return low | (low >> 16)

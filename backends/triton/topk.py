@@ -55,7 +55,15 @@ import triton.language as tl
 
 from indexcache.backends.triton import topk_block
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.rows import emit, load, order_key, row_batch, score_bits, window
+from indexcache.backends.triton.rows import (
+    below_common_prefix,
+    emit,
+    load,
+    order_key,
+    row_batch,
+    score_bits,
+    window,
+)
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.translate import page_shift, physical
@@ -392,13 +400,7 @@ def _pivot(key0, idx0, need, count, t_lo, t_hi, from_row: tl.constexpr, row_ptr,
             t_min, t_max = _min_max(key)
             kmin = tl.minimum(kmin, t_min)
             kmax = tl.maximum(kmax, t_max)
-    diff = kmin ^ kmax
-    low = diff | (diff >> 1)
-    low = low | (low >> 2)
-    low = low | (low >> 4)
-    low = low | (low >> 8)
-    low = low | (low >> 16)
-    low = tl.where(need > 0, low, 0)
+    low = tl.where(need > 0, below_common_prefix(kmin, kmax), 0)
     fixed = ~low
     thr = (kmin ^ INT_MIN) & fixed
     take = need

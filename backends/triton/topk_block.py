@@ -39,7 +39,15 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
-from indexcache.backends.triton.rows import emit, load, order_key, row_batch, score_bits, window
+from indexcache.backends.triton.rows import (
+    below_common_prefix,
+    emit,
+    load,
+    order_key,
+    row_batch,
+    score_bits,
+    window,
+)
 from indexcache.backends.triton.sm90 import block_barrier
 from indexcache.backends.triton.support import next_power_of_2
 from indexcache.backends.triton.target import Target
@@ -70,13 +78,7 @@ def _select(key, need, count, DIGIT: gl.constexpr, HIST: gl.constexpr, ROUNDS: g
     valid = key != INT_MIN
     kmin = gl.min(gl.where(valid, key, INT_MAX), 0)
     kmax = gl.max(key, 0)
-    diff = kmin ^ kmax
-    low = diff | (diff >> 1)
-    low = low | (low >> 2)
-    low = low | (low >> 4)
-    low = low | (low >> 8)
-    low = low | (low >> 16)
-    low = gl.where(need > 0, low, 0)
+    low = gl.where(need > 0, below_common_prefix(kmin, kmax), 0)
     fixed = ~low
     thr = (kmin ^ INT_MIN) & fixed
     u = key ^ INT_MIN
