@@ -29,19 +29,21 @@ NaN and -inf become INT32_MIN and are never counted. bf16/fp16 scores are widene
 ``k`` slots in registers (a bitonic ``tl.sort`` of 64-bit keys: exact score key, then the position reversed, so
 ties keep the lower index first and -1 slots go last) and translates them when asked.
 
-Launches: many rows run one fused kernel, a persistent grid over rows with one stash per program (filled in
-index order by a running ``tl.cumsum``), then a persistent finishing kernel that takes only the rows the first
-left to the fallback. Few long rows are split into chunks fixed by the shape and the SM count (never by the
-data): one program a row samples it (``T`` and the shift of the row's candidate bins to the workspace, the
-bins zeroed); then each chunk program filters its columns into its own region of the workspace, a lane a thread
-with a run of slots of its own (no scan while streaming; the runs are packed at intervals), counting each
-candidate in its bin (``BINS`` bins of its key's distance above ``T``, an atomic add); then one program a row
-reads the bin counts, which give the bin holding the k-th best, reads the candidates once (those in higher bins
-go straight out) and finishes among that one bin's (or falls back). Rows with ``len <= k`` give ``0..len-1``
-then -1 without reading scores. The output order is deterministic but, on split rows, not by index. The
-workspace is one int32 buffer per (device, size bucket), allocated on first use and reused (on split rows about
-twice the size of fp32 scores, candidates' keys kept beside their positions): no allocation after that, no host
-sync, grids from shapes only. Calls sharing a device must not run concurrently on different streams.
+Launches: many rows run one fused kernel, a persistent grid over rows with one stash per program (filled in index
+order by a running ``tl.cumsum``), then a persistent finishing kernel that takes only the rows the first left to the
+fallback. On NVIDIA the table's ``KERNEL = "block"`` puts the Gluon kernel of ``topk_block.py`` (a block a row) in
+the fused kernel's place, and gives it the split rows' calls too from ``BLOCK_MIN_ROWS`` rows on. Few long rows are
+split into chunks fixed by the shape and the SM count (never by the data): one program a row samples it (``T`` and
+the shift of the row's candidate bins to the workspace, the bins zeroed); then each chunk program filters its
+columns into its own region of the workspace, a lane a thread with a run of slots of its own (no scan while
+streaming; the runs are packed at intervals), counting each candidate in its bin (``BINS`` bins of its key's
+distance above ``T``, an atomic add); then one program a row reads the bin counts, which give the bin holding the
+k-th best, reads the candidates once (those in higher bins go straight out) and finishes among that one bin's (or
+falls back). Rows with ``len <= k`` give ``0..len-1`` then -1 without reading scores. The output order is
+deterministic but, on split rows, not by index. The workspace is one int32 buffer per (device, size bucket),
+allocated on first use and reused (on split rows about twice the size of fp32 scores, candidates' keys kept beside
+their positions): no allocation after that, no host sync, grids from shapes only. Calls sharing a device must not
+run concurrently on different streams.
 """
 
 from __future__ import annotations
