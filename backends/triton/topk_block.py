@@ -6,21 +6,24 @@ place of ``topk_rows_kernel``) where :func:`unsupported` says nothing, and the s
 program (``NUM_WARPS`` warps, ``NT`` threads) a row at a time, persistent over rows, a stash of ``CAP`` entries a
 program in the workspace:
 
-1. Sample: ``NT × SAMPLE_J`` entries spread evenly over the window, one to a few a thread; a radix select in
-   registers (``DIGIT`` bits a round, one ``gl.histogram`` a round, the bins held by every thread) gives the
-   threshold key ``floor``, the sample's ``m``-th best (``topk.py``'s rule: below the row's k-th best with
-   overwhelming odds).
-2. Filter: pieces of ``NT × PIECE_J`` columns, thread ``t`` holding columns ``t, t + NT, …`` (every read
-   coalesced), the next piece's read issued before the current one is filtered. Entries ``>= floor`` go to the
-   stash (key and window position) at their rank among the piece's candidates, one block-wide scan a piece: the
-   stash is in thread order, not index order.
-3. Select, when the row gave ``k <= C <= CAP`` candidates: the stash back in registers, the k-th best key
-   radix-selected over it; those above it are written; of those equal to it, when more tie than are needed, a
-   second select over their positions keeps the lowest (the lower index wins ties). A scan over the chosen gives
-   the output slots; translation (when asked) at that write.
-4. Otherwise (the sample missed: ``C < k``; heavy ties: ``C > CAP``) ``counts[r] = C`` leaves the row to the
-   finishing launch's exact fallback; rows this kernel finished get ``counts[r] = -1``. Rows with ``len <= k``
-   get ``0..len-1`` then -1 here.
+1. Sample: ``NT × SAMPLE_J`` entries spread evenly over the window, one to a few a thread; three radix rounds in
+   registers (``DIGIT`` bits a round, one ``gl.histogram`` a round, a bin a lane) settle the top bits of the
+   sample's ``m``-th best key below the sample's common prefix: the threshold ``floor`` (a float) lies at or below
+   that key (``topk.py``'s rule for ``m``: below the row's k-th best with overwhelming odds).
+2. Filter: pieces of ``NT × PIECE_J`` columns as ``[NUM_WARPS, 32 × PIECE_J]`` tensors, a warp a row; thread ``t``
+   reads columns ``t, t + NT, …`` (every read coalesced; constant offsets from one address), the next piece's read
+   issued before the current one is filtered, one float compare an entry. Each warp compacts its candidates (fp32
+   bits and window position) into a region of the stash of its own (``CAP / NUM_WARPS`` entries) with a scan
+   inside the warp: no block barrier a piece; the stash is in warp order, not index order.
+3. Select, when the row gave ``k <= C <= CAP`` candidates and no region overflowed: the stash back in registers;
+   an atomic add a candidate into ``BINS`` bin counts (its key's distance above the smallest candidate) gives the
+   bin holding the k-th best; the candidates above it are chosen, and a radix select within it settles the rest;
+   of those tied with the pivot on every bit, when more tie than are needed, a second select over their positions
+   keeps the lowest (the lower index wins ties). A scan over the chosen gives the output slots; translation (when
+   asked) at that write.
+4. Otherwise (the sample missed: ``C < k``; heavy ties or a region full: ``C > CAP``) ``counts[r] = C`` leaves the
+   row to the finishing launch's exact fallback; rows this kernel finished get ``counts[r] = -1``. Rows with
+   ``len <= k`` get ``0..len-1`` then -1 here.
 
 Keys as in ``topk.py`` (fp32 bits with negatives' magnitude flipped, -0.0 as +0.0, NaN and -inf below every
 valid key, never selected in a long row). No allocation, no host sync; the grid depends on the shape only.
