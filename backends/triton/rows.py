@@ -9,7 +9,10 @@ import triton.language as tl
 
 from indexcache.backends.triton.translate import physical
 
+# Order keys (order_key): INT_MIN marks NaN and -inf, every valid key lies at or above KEY_MIN_VALID.
 INT_MIN = tl.constexpr(-2147483648)
+INT_MAX = tl.constexpr(2147483647)
+KEY_MIN_VALID = tl.constexpr(-2139095040)  # the key of -FLT_MAX (0x80800000)
 NEG_INF_BITS = tl.constexpr(-8388608)  # 0xFF800000
 
 

@@ -58,6 +58,9 @@ import triton.language as tl
 from indexcache.backends.triton import topk_block
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
 from indexcache.backends.triton.rows import (
+    INT_MAX,
+    INT_MIN,
+    KEY_MIN_VALID,
     below_common_prefix,
     emit,
     load,
@@ -72,9 +75,6 @@ from indexcache.backends.triton.translate import page_shift, physical
 from indexcache.hal.contract import OpImpl
 from indexcache.hal.device import sm_count
 
-INT_MIN = tl.constexpr(-2147483648)
-INT_MAX = tl.constexpr(2147483647)
-KEY_MIN_VALID = tl.constexpr(-2139095040)  # the key of -FLT_MAX (0x80800000): -inf and NaN lie below or above
 INT64_MIN = tl.constexpr(-9223372036854775808)
 KEY_INF = tl.constexpr(2139095040)  # the key of +inf (0x7F800000); +NaN keys lie above it
 _MAX_COLS = 2**31 - 2**16  # int32 column arithmetic with a tile of headroom

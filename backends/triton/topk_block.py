@@ -43,6 +43,9 @@ from triton.experimental.gluon import language as gl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
 from indexcache.backends.triton.rows import (
+    INT_MAX,
+    INT_MIN,
+    KEY_MIN_VALID,
     below_common_prefix,
     emit,
     load,
@@ -55,9 +58,6 @@ from indexcache.backends.triton.sm90 import block_barrier
 from indexcache.backends.triton.support import next_power_of_2
 from indexcache.backends.triton.target import Target
 
-INT_MIN = gl.constexpr(-2147483648)
-INT_MAX = gl.constexpr(2147483647)
-KEY_MIN_VALID = gl.constexpr(-2139095040)  # the key of -FLT_MAX: NaN and -inf keys (INT_MIN) lie below it
 WARP = 32
 MAX_STASH = 8192  # stash entries a program: the select holds each one's key and position in registers
 LOG_BINS = gl.constexpr(11)
