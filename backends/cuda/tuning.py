@@ -53,7 +53,7 @@ _COMMON: dict[str, dict[str, Any]] = {
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "MIN_CHUNK": 4096,
              "SAMPLE": 4096, "SAMPLE_RANK": 32, "STASH": 4096, "STASH_PER_K": 4, "STASH_COLS_SHIFT": 5,
-             "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8, "BLOCK_PER_SM": 1,
+             "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 32, "BLOCK_PIECE_J": 4, "BLOCK_PER_SM": 1,
              "BLOCK_MIN_ROWS": 32, "BLOCK_MAX_COLS": 262144},
 }
 

@@ -62,6 +62,7 @@ WARP = 32
 MAX_STASH = 8192  # stash entries a program: the select holds each one's key and position in registers
 LOG_BINS = gl.constexpr(11)
 BINS = 1 << LOG_BINS.value  # the candidates' bins (bin counts a program)
+TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here (more: the exact fallback)
 
 
 @gluon.jit
@@ -71,12 +72,10 @@ def _add(a, b):
 
 @gluon.jit
 def _select(key, need, count, DIGIT: gl.constexpr, HIST: gl.constexpr, ROUNDS: gl.constexpr):
-    """Radix select of the ``need``-th largest of the select keys ``key`` (int32, signed order; INT_MIN: no entry),
-    ``count`` of them valid. Returns ``(thr, fixed, take, matched)``: the pivot's settled bits in the unsigned order
-    (``key ^ INT_MIN``) and which bits are settled, how many entries equal to the pivot under them are still needed
-    and how many there are. The rounds start below the common prefix of the smallest and largest key and stop as
-    soon as the pivot's digit holds exactly the entries still needed (``take == matched`` then), or after
-    ``ROUNDS`` (then the pivot's unsettled bits are 0: a key at or below the ``need``-th largest)."""
+    """Radix select of the ``need``-th largest of the order keys ``key`` (INT_MIN: no entry), ``count`` of them
+    valid: the pivot's settled bits in the unsigned order (``key ^ INT_MIN``), its unsettled bits 0, so a key at or
+    below the ``need``-th largest. The rounds start below the common prefix of the smallest and largest key and stop
+    as soon as the pivot's digit holds exactly the entries still needed, or after ``ROUNDS``."""
     NB: gl.constexpr = 1 << DIGIT
     valid = key != INT_MIN
     kmin = gl.min(gl.where(valid, key, INT_MAX), 0)
@@ -102,7 +101,7 @@ def _select(key, need, count, DIGIT: gl.constexpr, HIST: gl.constexpr, ROUNDS: g
             thr = thr | (digit << lo)
             fixed = fixed | ((NB - 1) << lo)
             done = (matched == take).to(gl.int32)
-    return thr, fixed, take, matched
+    return thr
 
 
 @gluon.jit
@@ -119,7 +118,7 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: gl.constexpr, SAMPLES: 
     valid = gl.sum((key != INT_MIN).to(gl.int32), 0)
     lam = (k * 1.0) * SAMPLES / length.to(gl.float32)  # k may arrive as a constexpr (1 is specialised)
     m = (lam + 4.0 * gl.sqrt(lam) + 3.0).to(gl.int32)  # >= ceil(λ + 4√λ + 2)
-    thr, fixed, take, matched = _select(key, gl.minimum(m, valid), valid, DIGIT, HIST, 3)
+    thr = _select(key, gl.minimum(m, valid), valid, DIGIT, HIST, 3)
     floor = gl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
     return (floor ^ ((floor >> 31) & 0x7FFFFFFF)).to(gl.float32, bitcast=True)  # keys map back to their floats
 
@@ -141,10 +140,11 @@ def _piece(row_ptr, s1, c0, hi, across, along, CONTIG: gl.constexpr, FULL: gl.co
 
 
 @gluon.jit
-def _filter(row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_counts, across, along, CONTIG: gl.constexpr,
-            PIECE: gl.constexpr, CAP: gl.constexpr, NUM_WARPS: gl.constexpr):
+def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_counts, across, along,
+            CONTIG: gl.constexpr, PIECE: gl.constexpr, CAP: gl.constexpr, NUM_WARPS: gl.constexpr):
     """Entries of the window ``>= floor`` (a float: NaN, -inf and masked entries never pass; -0.0 passes with +0.0)
-    to the stash (fp32 bits, window positions), piece by piece, each piece's read issued before the one before it
+    to the stash (fp32 bits, window positions), piece by piece from the first, ``x`` (read by the caller before
+    the sample, so that its read overlaps the sample's select), each piece's read issued before the one before it
     is filtered (whole pieces unmasked). The pieces are ``[NUM_WARPS, …]`` tensors, a warp a row: each warp compacts
     its candidates into a region of its own (``CAP / NUM_WARPS`` entries, in order) with a scan within the warp, so
     no piece waits on a block barrier, and writes its count to ``warp_counts``. Returns the candidates in all, or
@@ -153,7 +153,6 @@ def _filter(row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_count
     hi = start + length
     w = gl.arange(0, NUM_WARPS, layout=gl.SliceLayout(1, across.type.layout))
     region = (w * REGION)[:, None]
-    x = _piece(row_ptr, s1, start, hi, across, along, CONTIG, False)
     held = w * 0
     for c0 in range(start, hi, PIECE):
         nxt = c0 + PIECE
@@ -198,34 +197,57 @@ def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr):
 
 
 @gluon.jit
-def _select_row(stash_bits, stash_idx, hist, warp_counts, k, q, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row,
-                tab_s1, pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr, SHIFT: gl.constexpr,
-                DIGIT: gl.constexpr, HIST: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr,
-                REGION: gl.constexpr):
+def _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages,
+                    page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr, SHIFT: gl.constexpr,
+                    TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr):
+    """The pivot bin's ``in_p <= TIE_SLOTS`` candidates (order keys ``bin_key``, window positions ``bin_idx``, in
+    global memory) ranked by key, then position (the lower index wins ties): the first ``k - above`` go to slots
+    ``above + rank``. A candidate's rank counts those ahead of it, 32 at a time (``RANK_L``: a ``[TIE_SLOTS, 32]``
+    tile, a candidate a row, those it is compared with a lane each)."""
+    i = gl.arange(0, TIE_SLOTS, layout=gl.SliceLayout(1, RANK_L))
+    key = gl.load(bin_key + i, mask=i < in_p, other=INT_MIN, cache_modifier=".cg")
+    idx = gl.load(bin_idx + i, mask=i < in_p, other=INT_MAX, cache_modifier=".cg")
+    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, RANK_L))
+    rank = i * 0
+    for j0 in range(0, in_p, 32):  # slots past in_p hold (INT_MIN, INT_MAX): never ahead of a candidate
+        j = j0 + lane
+        key_j = gl.load(bin_key + j, mask=j < in_p, other=INT_MIN, cache_modifier=".cg")[None, :]
+        idx_j = gl.load(bin_idx + j, mask=j < in_p, other=INT_MAX, cache_modifier=".cg")[None, :]
+        ahead = (key_j > key[:, None]) | ((key_j == key[:, None]) & (idx_j < idx[:, None]))
+        rank += gl.sum(ahead.to(gl.int32), 1)
+    emit(out_row, o_s1, raw_row, w_s1, above + rank, idx, (i < in_p) & (rank < k - above), seq, b_ok, tab_row, tab_s1,
+         pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
+
+
+@gluon.jit
+def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q, out_row, o_s1, raw_row, w_s1, seq,
+                b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
+                SHIFT: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr, REGION: gl.constexpr,
+                TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr):
     """The row's top-k among its stashed candidates (at least ``k``, the first ``warp_counts[w]`` of each warp's
     region of ``REGION`` slots; ``q``: the stash's slots in the tensor's order) to output slots ``[0, k)``: the
-    candidates' bin counts give the bin holding the k-th best (:func:`_pivot_bin`); those above it go, and a radix
-    select within it settles the rest."""
+    candidates' bin counts give the bin holding the k-th best (:func:`_pivot_bin`); those above it go out, and
+    those in it (gathered at ``bin_key`` / ``bin_idx``) are ranked (:func:`_rank_pivot_bin`). Returns whether it
+    did: not when the pivot bin holds more than ``TIE_SLOTS`` (heavy ties; the row is left to the exact
+    fallback)."""
     m = (q % REGION) < gl.load(warp_counts + q // REGION)  # each warp's region holds its candidates first
     key = order_key(gl.load(stash_bits + q, mask=m, other=0))
     idx = gl.load(stash_idx + q, mask=m, other=-1)
     bins, p, above, in_p = _pivot_bin(key, m, hist, k, BINS, BIN_L)
-    inside = m & (bins == p)
-    thr, fixed, take, matched = _select(gl.where(inside, key, INT_MIN), k - above, in_p, DIGIT, HIST,
-                                        (32 + DIGIT - 1) // DIGIT)
-    pivot = thr ^ INT_MIN
-    settled = ((key ^ INT_MIN) & fixed) ^ INT_MIN  # unsettled bits cleared, in the keys' signed order
-    gt = (m & (bins > p)) | (inside & (settled > pivot))
-    eq = inside & (settled == pivot)
-    if matched > take:  # more tie with the pivot on every bit than are needed: the lowest positions win
-        lower_first = gl.where(eq, idx ^ INT_MAX, INT_MIN)  # INT_MAX - position
-        thr2, fixed2, take2, matched2 = _select(lower_first, take, matched, DIGIT, HIST, (32 + DIGIT - 1) // DIGIT)
-        settled2 = ((lower_first ^ INT_MIN) & fixed2) ^ INT_MIN
-        eq = eq & (settled2 >= (thr2 ^ INT_MIN))  # positions are distinct: exactly ``take`` of them
-    chosen = (gt | eq).to(gl.int32)
-    slot = gl.associative_scan(chosen, 0, _add) - chosen
-    emit(out_row, o_s1, raw_row, w_s1, slot, idx, (chosen != 0) & (slot < k), seq, b_ok, tab_row, tab_s1, pages,
-         page_size, TRANSLATE, HAS_RAW, SHIFT)
+    done = in_p <= TIE_SLOTS
+    if done:
+        gt = (m & (bins > p)).to(gl.int32)
+        inside = m & (bins == p)
+        both = gt + (inside.to(gl.int32) << 16)  # C <= 8192: both counts fit in 16 bits
+        slots = gl.associative_scan(both, 0, _add) - both
+        emit(out_row, o_s1, raw_row, w_s1, slots & 0xFFFF, idx, gt != 0, seq, b_ok, tab_row, tab_s1, pages, page_size,
+             TRANSLATE, HAS_RAW, SHIFT)
+        gl.store(bin_key + (slots >> 16), key, mask=inside)
+        gl.store(bin_idx + (slots >> 16), idx, mask=inside)
+        block_barrier()  # the pivot bin's candidates were gathered by other threads
+        _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1,
+                        pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TIE_SLOTS, RANK_L)
+    return done
 
 
 @gluon.jit
@@ -235,10 +257,11 @@ def topk_block_kernel(
     s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: gl.constexpr, HAS_R2B: gl.constexpr, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
     SHIFT: gl.constexpr, CONTIG: gl.constexpr, DIGIT: gl.constexpr, PIECE_J: gl.constexpr, SAMPLE_J: gl.constexpr,
-    STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr,
+    STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr, TIE_SLOTS: gl.constexpr,
 ):
-    """One row at a time a program (persistent over rows; the program's stash, ``2 × CAP`` int32, and bin counts,
-    ``BINS`` int32, at ``stash_ptr``):
+    """One row at a time a program (persistent over rows; the program's stash, ``2 × CAP`` int32, bin counts,
+    ``BINS``, warp counts, ``NUM_WARPS``, and the pivot bin's gathered candidates, ``2 × TIE_SLOTS``, at
+    ``stash_ptr``):
     sample, filter, select, translate and fill (module docstring); ``counts[r]`` -1 for rows finished here, else
     the candidate count that sends the row to the finishing launch."""
     NT: gl.constexpr = NUM_WARPS * 32
@@ -248,8 +271,11 @@ def topk_block_kernel(
     STASH_L: gl.constexpr = gl.BlockedLayout([STASH_J], [32], [NUM_WARPS], [0])
     HIST: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])  # a bin a lane, in every warp
     BIN_L: gl.constexpr = gl.BlockedLayout([BINS // NT], [32], [NUM_WARPS], [0])
+    RANK_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NUM_WARPS, 1], [1, 0])
     pid = gl.program_id(0)
-    stash_bits = stash_ptr + pid.to(gl.int64) * (2 * CAP + BINS + NUM_WARPS)
+    bin_key = stash_ptr + pid.to(gl.int64) * (2 * TIE_SLOTS + 2 * CAP + BINS + NUM_WARPS)
+    bin_idx = bin_key + TIE_SLOTS
+    stash_bits = bin_idx + TIE_SLOTS
     stash_idx = stash_bits + CAP
     hist = stash_idx + CAP
     warp_counts = hist + BINS
@@ -268,15 +294,16 @@ def topk_block_kernel(
         if length > k:
             row_ptr = scores_ptr + r64 * s_s0
             gl.store(hist + gl.arange(0, BINS, layout=BIN_L), gl.zeros([BINS], gl.int32, layout=BIN_L))
+            first = _piece(row_ptr, s_s1, start, start + length, across, along, CONTIG, False)
             floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, NT * SAMPLE_J, SAMPLE_L, DIGIT, HIST)
-            count = _filter(row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, warp_counts, across, along,
-                            CONTIG, NT * PIECE_J, CAP, NUM_WARPS)
+            count = _filter(first, row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, warp_counts, across,
+                            along, CONTIG, NT * PIECE_J, CAP, NUM_WARPS)
             if (count >= k) & (count <= CAP):
                 block_barrier()  # the stash was written by other threads of this program
-                _select_row(stash_bits, stash_idx, hist, warp_counts, k, q, out_row, o_s1, raw_row, w_s1, seq, b_ok,
-                            tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, DIGIT, HIST, BINS, BIN_L,
-                            CAP // NUM_WARPS)
-                count = length * 0 - 1
+                done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q, out_row, o_s1,
+                                   raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
+                                   SHIFT, BINS, BIN_L, CAP // NUM_WARPS, TIE_SLOTS, RANK_L)
+                count = gl.where(done, -1, CAP + 1)  # CAP + 1: the finishing launch's exact fallback
         else:
             for j0 in range(0, k, CAP):  # a short row: 0 .. len-1, then -1
                 j = j0 + q
@@ -294,10 +321,11 @@ def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, 
     ``NUM_WARPS`` (``BLOCK_WARPS``), ``PIECE_J`` columns a thread a piece (``BLOCK_PIECE_J``), ``SAMPLE_J`` sample
     entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``8 × k`` candidates, at least two
     a thread, at most ``MAX_STASH`` in all: a row gives about 1.6–3 × k, and each warp's region must hold its share
-    with room for the spread between warps), ``BINS``."""
+    with room for the spread between warps), ``BINS``, ``TIE_SLOTS``."""
     threads = cfg["BLOCK_WARPS"] * WARP
     return {"NUM_WARPS": cfg["BLOCK_WARPS"], "PIECE_J": cfg["BLOCK_PIECE_J"], "SAMPLE_J": max(1, samples // threads),
-            "STASH_J": max(2, min(MAX_STASH, 8 * next_power_of_2(k)) // threads), "BINS": BINS}
+            "STASH_J": max(2, min(MAX_STASH, 8 * next_power_of_2(k)) // threads), "BINS": BINS,
+            "TIE_SLOTS": TIE_SLOTS}
 
 
 def capacity(named: Mapping[str, int]) -> int:
@@ -306,8 +334,9 @@ def capacity(named: Mapping[str, int]) -> int:
 
 
 def workspace(named: Mapping[str, int]) -> int:
-    """int32 words of workspace a program of the given shape takes (its stash, bin counts and warp counts)."""
-    return 2 * capacity(named) + named["BINS"] + named["NUM_WARPS"]
+    """int32 words of workspace a program of the given shape takes (its stash, bin counts, warp counts and the pivot
+    bin's gathered candidates)."""
+    return 2 * capacity(named) + named["BINS"] + named["NUM_WARPS"] + 2 * named["TIE_SLOTS"]
 
 
 def options(named: Mapping[str, int]) -> Options:

@@ -134,6 +134,11 @@ def _(gen, dev):
     return args_of(gen, dev, scores_of(gen, 6, 2500, distinct=False), 100)
 
 
+@cases.add("ties in the k-th best's bin, past 32 a row (lower index wins)")
+def _(gen, dev):
+    return args_of(gen, dev, torch.randint(0, 16, (6, 2500), generator=gen).float(), 100)
+
+
 @cases.add("all scores equal")
 def _(gen, dev):
     return args_of(gen, dev, torch.ones(3, 1000), 37, lengths=torch.tensor([1000, 500, 38], dtype=I32))
