@@ -40,10 +40,11 @@ PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
 SWEEP_SHAPES = [(64, 131072, 2048), (64, 131072, 512), (2048, 32768, 2048)]
 ADVERSARIAL = [(40000, 2048), (9000, 513)]  # columns, k
-SWEEP = [  # tuning overrides on the table's entry (the first is the table itself); runs 23-29 and 47-50 raced more
+SWEEP = [  # tuning overrides on the table's entry (the first is the table itself); runs 23-29 and 47-55 raced more
     # (BENCHMARKS.md, "Beside the peers: top-k"): the Triton kernels where the table runs the Gluon block kernel, and
-    # the block kernel with 32 warps
-    {}, {"KERNEL": "triton"}, {"BLOCK_WARPS": 32}, {"SAMPLE_RANK": 64}, {"FINISH_BINS": 512}, {"CHUNKS_PER_SM": 16},
+    # the block kernel with 16 warps
+    {}, {"KERNEL": "triton"}, {"BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}, {"SAMPLE_RANK": 64}, {"FINISH_BINS": 512},
+    {"CHUNKS_PER_SM": 16},
 ]
 # Per-launch times: the many-rows kernel (Gluon block or Triton fused), or the split sample and filter, then the
 # finishing kernel; CHUNK forces the split path.

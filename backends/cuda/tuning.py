@@ -45,10 +45,10 @@ _COMMON: dict[str, dict[str, Any]] = {
     # keys (8 int64 a thread: 2048 keys on 8 warps; from the cross-compiled register counts, not measured).
     # KERNEL "block": the Gluon kernel of topk_block.py (a block of BLOCK_WARPS warps a row, BLOCK_PIECE_J columns a
     # thread a piece, one program a SM) takes the many-rows calls, and from BLOCK_MIN_ROWS rows on the rows of up to
-    # BLOCK_MAX_COLS columns that would be split (H200, run 50: 15-34 % less time than the Triton path on 64 decode
-    # rows, 7 % on 2048 prefill rows; one row of 128K stays split: 50 µs against 29, run 47). 16 warps: 32 were 2-10 %
-    # faster but sent every 64 × 128K k 512 row to the exact fallback (run 50); 16 columns a thread a piece spill with
-    # Triton 3.9.
+    # BLOCK_MAX_COLS columns that would be split (H200, runs 52 and 55: 32-36 % less time than the Triton path on 64
+    # decode rows, 26 % on 2048 prefill rows; one row of 128K stays split: 50 µs against 29, run 47). 32 warps: 11-25 %
+    # faster than 16 (run 54; 2-11 % with the radix select before, run 52); 4 columns a thread a piece: 8 were 2-5 %
+    # faster on decode rows and 3 % slower on prefill (run 54), and leave a stack frame with Triton 3.9 at 32 warps.
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "MIN_CHUNK": 4096,
