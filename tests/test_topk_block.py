@@ -29,10 +29,10 @@ def test_takes_nvidia_calls_up_to_k_2048_when_the_table_says_block():
 def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread():
     cfg = {**CFG, "BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}
     shape = topk_block.shape(131072, 2048, 2048, cfg)
-    assert shape == {"NUM_WARPS": 16, "PIECE_J": 8, "SAMPLE_J": 4, "STASH_J": 16, "BINS": 2048, "TIE_SLOTS": 1024}
+    assert shape == {"NUM_WARPS": 16, "PIECE_J": 8, "SAMPLE_J": 4, "STASH_J": 16, "BINS": 2048, "TIE_SLOTS": 256}
     assert topk_block.capacity(topk_block.shape(131072, 512, 4096, cfg)) == 4096  # 256 a warp
     assert topk_block.capacity(shape) == 8192
-    assert topk_block.workspace(shape) == 2 * 8192 + 2048 + 16 + 2 * 1024  # stash, bins, warps, the pivot bin
+    assert topk_block.workspace(shape) == 2 * 8192 + 2048 + 16 + 2 * 256  # stash, bins, warps, the pivot bin
     small = topk_block.shape(4096, 1, 64, cfg)
     assert small["SAMPLE_J"] == 1 and small["STASH_J"] == 2  # at least two a thread: a warp's region holds 64
 

@@ -62,23 +62,12 @@ WARP = 32
 MAX_STASH = 8192  # stash entries a program: the select holds each one's key and position in registers
 LOG_BINS = gl.constexpr(11)
 BINS = 1 << LOG_BINS.value  # the candidates' bins (bin counts a program)
-TIE_SLOTS = 1024  # the most candidates the pivot bin may hold to be ranked here (more: the exact fallback)
-RANK_COLS = gl.constexpr(16)  # the pivot bin's candidates a thread compares its own with at a time
+TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here (more: the exact fallback)
 
 
 @gluon.jit
 def _add(a, b):
     return a + b
-
-
-@gluon.jit
-def _min_max(a_min, a_max, b_min, b_max):
-    return gl.minimum(a_min, b_min), gl.maximum(a_max, b_max)
-
-
-@gluon.jit
-def _sum_max_min(a_sum, a_max, a_min, b_sum, b_max, b_min):
-    return a_sum + b_sum, gl.maximum(a_max, b_max), gl.minimum(a_min, b_min)
 
 
 @gluon.jit
@@ -189,8 +178,8 @@ def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr):
     that the largest falls in the last) holding the k-th best of the candidates ``key`` (``m``: which slots hold
     one), counted through ``hist`` (``BINS`` int32 in global memory, zeroed; an atomic add a candidate). Returns
     ``(bins of the slots, p, above, in_p)``: the pivot bin, the candidates above it and in it."""
-    kmin, kmax = gl.reduce((gl.where(m, key, INT_MAX), gl.where(m, key, INT_MIN)), 0, _min_max)
-    span = (kmax - kmin).to(gl.uint32, bitcast=True)
+    kmin = gl.min(gl.where(m, key, INT_MAX), 0)
+    span = (gl.max(gl.where(m, key, INT_MIN), 0) - kmin).to(gl.uint32, bitcast=True)
     # The fewest low bits to drop so that ``span >> shift < BINS``, from the float exponent of ``span`` (rounding
     # may drop one more).
     top = (span.to(gl.float32).to(gl.int32, bitcast=True) >> 23) - 127  # floor(log2(span)); -127 for 0
@@ -200,38 +189,34 @@ def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr):
     block_barrier()
     b = gl.arange(0, BINS, layout=BIN_L)
     counts = gl.load(hist + b, cache_modifier=".cg")
-    at_or_above = gl.associative_scan(counts, 0, _add, reverse=True)  # non-increasing over the bins
-    reach = at_or_above >= k  # the bins up to the pivot
-    # One reduction: the bins that reach k, and the counts at and above the first bin past the pivot (0 past the
-    # last) and at and above the pivot.
-    reached, above, at_p = gl.reduce((reach.to(gl.int32), gl.where(reach, 0, at_or_above),
-                                      gl.where(reach, at_or_above, INT_MAX)), 0, _sum_max_min)
-    return bins, reached - 1, above, at_p - above
+    at_or_above = gl.associative_scan(counts, 0, _add, reverse=True)
+    p = gl.sum((at_or_above >= k).to(gl.int32), 0) - 1
+    above = gl.sum(gl.where(b > p, counts, 0), 0)
+    in_p = gl.sum(gl.where(b == p, counts, 0), 0)
+    return bins, p, above, in_p
 
 
 @gluon.jit
 def _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages,
                     page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr, SHIFT: gl.constexpr,
-                    RANK_L: gl.constexpr):
-    """The pivot bin's ``in_p`` candidates (order keys ``bin_key``, window positions ``bin_idx``, in global memory)
-    ranked by key, then position (the lower index wins ties): the first ``k - above`` go to slots ``above + rank``.
-    A candidate a thread (``RANK_L``: ``[threads, RANK_COLS]`` tiles); each counts those ahead of it, ``RANK_COLS``
-    at a time, read by every thread alike."""
-    rows = gl.arange(0, RANK_L.warps_per_cta[0] * 32, layout=gl.SliceLayout(1, RANK_L))
-    cols = gl.arange(0, RANK_COLS, layout=gl.SliceLayout(0, RANK_L))
-    for i0 in range(0, in_p, RANK_L.warps_per_cta[0] * 32):
-        i = i0 + rows
-        key = gl.load(bin_key + i, mask=i < in_p, other=INT_MIN)
-        idx = gl.load(bin_idx + i, mask=i < in_p, other=INT_MAX)
-        rank = i * 0
-        for j0 in range(0, in_p, RANK_COLS):  # slots past in_p read (INT_MIN, INT_MAX): never ahead of a candidate
-            j = j0 + cols
-            key_j = gl.load(bin_key + j, mask=j < in_p, other=INT_MIN)[None, :]
-            idx_j = gl.load(bin_idx + j, mask=j < in_p, other=INT_MAX)[None, :]
-            ahead = (key_j > key[:, None]) | ((key_j == key[:, None]) & (idx_j < idx[:, None]))
-            rank += gl.sum(ahead.to(gl.int32), 1)
-        emit(out_row, o_s1, raw_row, w_s1, above + rank, idx, (i < in_p) & (rank < k - above), seq, b_ok, tab_row,
-             tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
+                    TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr):
+    """The pivot bin's ``in_p <= TIE_SLOTS`` candidates (order keys ``bin_key``, window positions ``bin_idx``, in
+    global memory) ranked by key, then position (the lower index wins ties): the first ``k - above`` go to slots
+    ``above + rank``. A candidate's rank counts those ahead of it, 32 at a time (``RANK_L``: a ``[TIE_SLOTS, 32]``
+    tile, a candidate a row, those it is compared with a lane each)."""
+    i = gl.arange(0, TIE_SLOTS, layout=gl.SliceLayout(1, RANK_L))
+    key = gl.load(bin_key + i, mask=i < in_p, other=INT_MIN, cache_modifier=".cg")
+    idx = gl.load(bin_idx + i, mask=i < in_p, other=INT_MAX, cache_modifier=".cg")
+    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, RANK_L))
+    rank = i * 0
+    for j0 in range(0, in_p, 32):  # slots past in_p hold (INT_MIN, INT_MAX): never ahead of a candidate
+        j = j0 + lane
+        key_j = gl.load(bin_key + j, mask=j < in_p, other=INT_MIN, cache_modifier=".cg")[None, :]
+        idx_j = gl.load(bin_idx + j, mask=j < in_p, other=INT_MAX, cache_modifier=".cg")[None, :]
+        ahead = (key_j > key[:, None]) | ((key_j == key[:, None]) & (idx_j < idx[:, None]))
+        rank += gl.sum(ahead.to(gl.int32), 1)
+    emit(out_row, o_s1, raw_row, w_s1, above + rank, idx, (i < in_p) & (rank < k - above), seq, b_ok, tab_row, tab_s1,
+         pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
 
 
 @gluon.jit
@@ -261,7 +246,7 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q
         gl.store(bin_idx + (slots >> 16), idx, mask=inside)
         block_barrier()  # the pivot bin's candidates were gathered by other threads
         _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1,
-                        pages, page_size, TRANSLATE, HAS_RAW, SHIFT, RANK_L)
+                        pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TIE_SLOTS, RANK_L)
     return done
 
 
@@ -286,7 +271,7 @@ def topk_block_kernel(
     STASH_L: gl.constexpr = gl.BlockedLayout([STASH_J], [32], [NUM_WARPS], [0])
     HIST: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])  # a bin a lane, in every warp
     BIN_L: gl.constexpr = gl.BlockedLayout([BINS // NT], [32], [NUM_WARPS], [0])
-    RANK_L: gl.constexpr = gl.BlockedLayout([1, RANK_COLS], [32, 1], [NUM_WARPS, 1], [1, 0])
+    RANK_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NUM_WARPS, 1], [1, 0])
     pid = gl.program_id(0)
     bin_key = stash_ptr + pid.to(gl.int64) * (2 * TIE_SLOTS + 2 * CAP + BINS + NUM_WARPS)
     bin_idx = bin_key + TIE_SLOTS
