@@ -9,7 +9,8 @@ program in the workspace:
 1. Sample: ``NT × SAMPLE_J`` entries spread evenly over the window, one to a few a thread; three radix rounds in
    registers (``DIGIT`` bits a round, one ``gl.histogram`` a round, a bin a lane) settle the top bits of the
    sample's ``m``-th best key below the sample's common prefix: the threshold ``floor`` (a float) lies at or below
-   that key (``topk.py``'s rule for ``m``: below the row's k-th best with overwhelming odds).
+   that key (``topk.py``'s rule for ``m``: below the row's k-th best with overwhelming odds). The filter's first
+   piece is read before the sample, so that its read overlaps the sample's rounds.
 2. Filter: pieces of ``NT × PIECE_J`` columns as ``[NUM_WARPS, 32 × PIECE_J]`` tensors, a warp a row; thread ``t``
    reads columns ``t, t + NT, …`` (every read coalesced; constant offsets from one address), the next piece's read
    issued before the current one is filtered, one float compare an entry. Each warp compacts its candidates (fp32
@@ -17,13 +18,13 @@ program in the workspace:
    inside the warp: no block barrier a piece; the stash is in warp order, not index order.
 3. Select, when the row gave ``k <= C <= CAP`` candidates and no region overflowed: the stash back in registers;
    an atomic add a candidate into ``BINS`` bin counts (its key's distance above the smallest candidate) gives the
-   bin holding the k-th best; the candidates above it are chosen, and a radix select within it settles the rest;
-   of those tied with the pivot on every bit, when more tie than are needed, a second select over their positions
-   keeps the lowest (the lower index wins ties). A scan over the chosen gives the output slots; translation (when
-   asked) at that write.
-4. Otherwise (the sample missed: ``C < k``; heavy ties or a region full: ``C > CAP``) ``counts[r] = C`` leaves the
-   row to the finishing launch's exact fallback; rows this kernel finished get ``counts[r] = -1``. Rows with
-   ``len <= k`` get ``0..len-1`` then -1 here.
+   bin holding the k-th best. One scan gives the output slots of the candidates above that bin (written at once,
+   translated when asked) and the places where the bin's own candidates, at most ``TIE_SLOTS``, are gathered;
+   those are ranked by compares (by key, then position: the lower index wins ties) and the first ``k - above``
+   take the remaining slots.
+4. Otherwise (the sample missed: ``C < k``; heavy ties or a region full: ``C > CAP``; more than ``TIE_SLOTS`` in
+   the pivot bin: ``CAP + 1``) ``counts[r]`` leaves the row to the finishing launch's exact fallback; rows this
+   kernel finished get ``counts[r] = -1``. Rows with ``len <= k`` get ``0..len-1`` then -1 here.
 
 Keys as in ``topk.py`` (fp32 bits with negatives' magnitude flipped, -0.0 as +0.0, NaN and -inf below every
 valid key, never selected in a long row). No allocation, no host sync; the grid depends on the shape only.
@@ -259,11 +260,10 @@ def topk_block_kernel(
     SHIFT: gl.constexpr, CONTIG: gl.constexpr, DIGIT: gl.constexpr, PIECE_J: gl.constexpr, SAMPLE_J: gl.constexpr,
     STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr, TIE_SLOTS: gl.constexpr,
 ):
-    """One row at a time a program (persistent over rows; the program's stash, ``2 × CAP`` int32, bin counts,
-    ``BINS``, warp counts, ``NUM_WARPS``, and the pivot bin's gathered candidates, ``2 × TIE_SLOTS``, at
-    ``stash_ptr``):
-    sample, filter, select, translate and fill (module docstring); ``counts[r]`` -1 for rows finished here, else
-    the candidate count that sends the row to the finishing launch."""
+    """One row at a time a program (persistent over rows; the pivot bin's gathered candidates, ``2 × TIE_SLOTS``
+    int32, the program's stash, ``2 × CAP``, bin counts, ``BINS``, and warp counts, ``NUM_WARPS``, at
+    ``stash_ptr``): sample, filter, select, translate and fill (module docstring); ``counts[r]`` -1 for rows
+    finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``)."""
     NT: gl.constexpr = NUM_WARPS * 32
     CAP: gl.constexpr = NT * STASH_J
     PIECE_L: gl.constexpr = gl.BlockedLayout([1, PIECE_J], [1, 32], [NUM_WARPS, 1], [1, 0])  # a warp a row
