@@ -106,6 +106,17 @@ def test_shared_memory_beyond_the_block_limit_is_caught():
     assert reasons == ["shared memory: 101377 bytes, above sm89's 101376 a block"]
 
 
+def test_a_stack_frame_passes_only_within_what_the_kernel_allows():
+    spec = specs(translate, "cuda", "sm90")[0]
+    target = cc.gpu_target("cuda", "sm90")
+    res = {"regs": 64, "stack_bytes": 8, "scratch_bytes": 0, "shared_bytes": 0}
+    assert cc._rules(spec, target, res, [], "") == ["spills: a 8-byte stack frame in local memory"]
+    allowing = dataclasses.replace(spec, stack_bytes=8)
+    assert cc._rules(allowing, target, res, [], "") == []
+    assert cc._rules(allowing, target, {**res, "stack_bytes": 16}, [], "") == [
+        "spills: a 16-byte stack frame in local memory (the kernel allows 8)"]
+
+
 @pytest.mark.parametrize(("instruction", "types"), [
     ("v_mfma_f32_32x32x16_fp8_fp8", {"fp8"}),
     ("v_mfma_f32_32x32x64_f8f6f4", {"fp8"}),

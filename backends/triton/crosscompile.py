@@ -81,7 +81,9 @@ class KernelSpec:
     ``constexprs``: compile-time values, including ints a launch specialises to constants (unit strides);
     ``aligned``: int parameters a typical launch passes divisible by 16 (pointers always are);
     ``options``: launch options (num_warps, num_stages, waves_per_eu); ``matrix``: the operand type whose
-    matrix instructions the kernel must use ("fp8", "bf16", "fp16"), None for kernels without ``tl.dot``.
+    matrix instructions the kernel must use ("fp8", "bf16", "fp16"), None for kernels without ``tl.dot``;
+    ``stack_bytes``: the NVIDIA stack frame the build may keep (0: none; a kernel that allows one says where
+    ptxas puts it and why it is cold).
     """
 
     op: str
@@ -91,6 +93,7 @@ class KernelSpec:
     options: Mapping[str, Any]
     matrix: str | None = None
     aligned: tuple[str, ...] = ()
+    stack_bytes: int = 0
 
     @property
     def kernel(self) -> str:
@@ -175,8 +178,9 @@ def _rules(spec: KernelSpec, target: Target, res: Mapping[str, int], matrix: lis
         reasons.append(f"spills: {res['vgpr_spills']} VGPRs")
     if res.get("sgpr_spills", 0) > MAX_SGPR_SPILLS:
         reasons.append(f"spills: {res['sgpr_spills']} SGPRs (more than {MAX_SGPR_SPILLS} into VGPR lanes)")
-    if res.get("stack_bytes"):
-        reasons.append(f"spills: a {res['stack_bytes']}-byte stack frame in local memory")
+    if res.get("stack_bytes", 0) > spec.stack_bytes:
+        allowed = f" (the kernel allows {spec.stack_bytes})" if spec.stack_bytes else ""
+        reasons.append(f"spills: a {res['stack_bytes']}-byte stack frame in local memory{allowed}")
     if res["scratch_bytes"]:
         reasons.append(f"scratch: {res['scratch_bytes']} bytes of local/private memory a thread")
     limit = SHARED_LIMIT[target.arch]

@@ -1085,5 +1085,6 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             block = topk_block.shape(1 << 17, 2048, sample_size(1 << 17, 2048, cfg), cfg)
             flags = {name: value for name, value in full.items() if name not in ("BITS", "TILE")}
             specs.append(KernelSpec(op, topk_block.topk_block_kernel, ptrs, {**flags, **block},
-                                    dict(topk_block.options(block)), aligned=aligned))
+                                    dict(topk_block.options(block)), aligned=aligned,
+                                    stack_bytes=topk_block.STACK_BYTES))
     return specs

@@ -64,6 +64,11 @@ MAX_STASH = 8192  # stash entries a program: the select holds each one's key and
 LOG_BINS = gl.constexpr(11)
 BINS = 1 << LOG_BINS.value  # the candidates' bins (bin counts a program)
 TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here (more: the exact fallback)
+# 32 warps leave 64 registers a thread. With Triton 3.9, ptxas keeps one address (the pivot bin's gathered
+# candidates, a lane's) in an 8-byte stack frame in some builds (bf16, strided fp16 on sm80-sm90): stored once a
+# program, loaded once a row before the ranking loop. The compile check allows that much. Triton 3.6's builds keep
+# 8-56 bytes; the fp32 one that ran on the H200 (runs 54-56) kept 16.
+STACK_BYTES = 8
 
 
 @gluon.jit
