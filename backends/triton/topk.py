@@ -139,7 +139,7 @@ def _fill(out_row, o_s1, raw_row, w_s1, lo, short, k, seq, b_ok, tab_row, tab_s1
     for j0 in range(lo // TILE * TILE, k, TILE):
         j = j0 + tl.arange(0, TILE)
         emit(out_row, o_s1, raw_row, w_s1, j, tl.where(j < short, j, -1), (j >= lo) & (j < k), seq, b_ok, tab_row,
-              tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
+             tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
 
 
 @triton.jit
