@@ -23,6 +23,7 @@ _PUBLIC = {
     "use_backend": "indexcache.hal.dispatch",
     "mqa_logits": "indexcache.hal.ops",
     "paged_mqa_logits": "indexcache.hal.ops",
+    "paged_topk_translate": "indexcache.hal.ops",
     "quantize_index_k": "indexcache.hal.ops",
     "store_index_k": "indexcache.hal.ops",
     "topk": "indexcache.hal.ops",

@@ -146,6 +146,21 @@ def test_every_op_is_benchmarked_by_its_spec_record():
     assert all(harness.OPS[name] is spec.bench and spec.bench.name == name for name, spec in SPECS.items())
 
 
+def test_paged_topk_translate_is_checked_against_the_torch_backend():
+    """Its logits like paged_mqa_logits', its top-k against the torch backend's top-k of the logits it returned."""
+    report = bench.run(["paged_topk_translate"], ["torch"], quick=True)
+    assert [row["check"] for row in report["results"]] == ["ok", "ok"]
+    spec = harness.OPS["paged_topk_translate"]
+    case = spec.cases(True)[1]
+    want = spec.call(spec.build(case, torch.Generator().manual_seed(0)), "torch")
+    phys, raw, args = spec.call(spec.build(case, torch.Generator().manual_seed(0)), "torch")
+    assert spec.same((phys, raw, args), want, case) == ""
+    raw[0, 0] = raw[0, 1]
+    assert spec.same((phys, raw, args), want, case).startswith("out_raw:")
+    args["logits"][0, 0] += 100
+    assert spec.same((phys, raw, args), want, case).startswith("logits:")
+
+
 def test_unknown_names_exit_2(capsys):
     assert cli.main(["bench", "--op", "nope", "--quick"]) == 2
     assert cli.main(["bench", "--backend", "nope", "--quick"]) == 2

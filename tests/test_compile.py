@@ -39,6 +39,7 @@ def test_every_op_is_registered():
     assert library.mutated("store_index_k") == ("k_cache",)
     assert library.mutated("paged_mqa_logits") == ("out",)  # it only reads its cache
     assert library.mutated("topk_translate") == ("out", "out_raw")
+    assert library.mutated("paged_topk_translate") == ("logits", "out", "out_raw")
 
 
 @pytest.mark.parametrize(("op", "args"), [p for op in SPECS for p in _cases(op)])
@@ -121,6 +122,19 @@ def test_given_out_is_written_in_place_under_compile():
     got = f(raw, table, lens, out)
     assert torch.equal(out, torch.tensor([[640, 703, 704, -1]], dtype=I32))
     assert torch.equal(got, out)
+
+
+def test_paged_topk_translate_writes_its_logits_and_outputs_in_place_under_compile():
+    torch._dynamo.reset()
+    args = SPECS["paged_topk_translate"].cases[0].build(torch.Generator().manual_seed(0), "cpu", E4M3)
+    want = indexcache.paged_topk_translate(**args)
+    want_logits, want_raw = args["logits"].clone(), args["out_raw"].clone()
+    args["logits"].fill_(float("nan"))
+    args["out_raw"].fill_(-7)
+    out = torch.full_like(want, -7)
+    got = torch.compile(indexcache.paged_topk_translate, fullgraph=True, backend="aot_eager")(**args, out=out)
+    assert torch.equal(got, want) and torch.equal(out, want)
+    assert torch.equal(args["logits"], want_logits) and torch.equal(args["out_raw"], want_raw)
 
 
 def test_errors_are_the_same_under_compile():

@@ -10,8 +10,11 @@ from collections import Counter
 import pytest
 import torch
 
+import indexcache
 from indexcache.hal import reference
+from indexcache.hal.specs.paged_mqa_logits import args_of
 from indexcache.plan import LayerPlan
+from indexcache.runtime import PagedLogits
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import CarryHeader, IndexRecorder, MissingProducerError, TopkState
 
@@ -87,6 +90,55 @@ def test_a_state_subclass_selects_for_every_producer_and_shared_layers_reuse_its
     raw, _ = expected(-scores, lengths, tables[0])
     assert same_sets(state.raw[:6], raw) and (state.raw[6:] == -1).all()
     assert same_sets(out[2], reference.translate(raw, tables[2], lengths, PAGE))
+
+
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_a_decode_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_it(next_n):
+    """A ``scores`` callable returning :class:`PagedLogits` makes the producer call ``paged_topk_translate``
+    (``TopkState.produce_paged``): the same slots as ``paged_mqa_logits`` then ``produce``, the logits in the
+    given buffer, the same bookkeeping (producer, recorder, rows past the batch -1)."""
+    g = torch.Generator().manual_seed(0)
+    paged = args_of(g, "cpu", 3, next_n, 4, PAGE, [20, 3, 0])
+    rows, cols = 3 * next_n, paged["max_context_len"]
+    tables = torch.stack([torch.randperm(18, generator=g).view(3, 6) for _ in range(4)]).to(torch.int32)
+    seen = torch.arange(rows)
+    lengths = (paged["context_lens"][seen // next_n] - next_n + 1 + seen % next_n).clamp_min(0).to(torch.int32)
+    row_to_batch = (seen // next_n).to(torch.int32)
+    runner = IndexerRunner(LayerPlan(4, index_topk_freq=2, index_topk=K, page_size=PAGE))
+    logits = torch.full((rows, cols), float("nan"))
+    decode = PagedLogits(paged["q"], paged["k_cache"], paged["weights"], paged["context_lens"], paged["page_table"],
+                         cols, logits)
+    state, recorder = TopkState(8, K), IndexRecorder()
+    state.recorder = recorder
+    runner.begin(state, rows)
+    got = {layer: runner.layer(layer, state, scores=lambda: decode, lengths=lengths, page_table=tables[layer],
+                               row_to_batch=row_to_batch).clone() for layer in range(4)}
+    assert runner.roles == "FFSF" and state.producer == 3 and (state.raw[rows:] == -1).all()
+
+    want_logits = indexcache.paged_mqa_logits(*(paged[n] for n in ("q", "k_cache", "weights", "context_lens",
+                                                                    "page_table", "max_context_len")))
+    assert torch.equal(logits, want_logits)
+    plain = TopkState(8, K)
+    plain.begin(rows)
+    for layer in range(4):
+        if runner.role(layer) == "F":
+            want = plain.produce(layer, want_logits, lengths, tables[layer], PAGE, row_to_batch=row_to_batch)
+            assert torch.equal(recorder.indices[layer][0], plain.raw[:rows])
+        else:
+            want = reference.translate(plain.raw[:rows], tables[layer], lengths, PAGE, row_to_batch=row_to_batch)
+        assert torch.equal(got[layer], want), layer
+    # Request 2 (context 0) selects nothing; request 1's first row sees its first 4 - next_n keys.
+    assert (state.raw[rows - next_n:rows] == -1).all()
+    assert state.raw[next_n].tolist() == list(range(4 - next_n)) + [-1] * (K - 4 + next_n)
+
+
+def test_produce_paged_checks_the_live_rows():
+    g = torch.Generator().manual_seed(0)
+    paged = args_of(g, "cpu", 2, 2, 4, PAGE, [9, 5])
+    state = TopkState(8, K)
+    state.begin(3)
+    with pytest.raises(ValueError, match="weights: expected 3 rows"):
+        state.produce_paged(0, *paged.values(), torch.zeros(2, 3, dtype=torch.int32), PAGE)
 
 
 def test_layers_without_an_indexer_return_none_and_leave_the_state_alone():

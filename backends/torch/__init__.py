@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from indexcache.backends.torch import logits, quantize, topk, translate
+from indexcache.backends.torch import logits, producer, quantize, topk, translate
 from indexcache.backends.torch.memory import memory_budget, set_memory_budget
 from indexcache.backends.torch.streams import in_order
 from indexcache.hal.contract import Availability, Backend, OpImpl
@@ -32,6 +32,7 @@ BACKEND = Backend(
         "topk_translate": OpImpl(topk.topk_translate),
         "mqa_logits": OpImpl(logits.mqa_logits),
         "paged_mqa_logits": OpImpl(logits.paged_mqa_logits),
+        "paged_topk_translate": OpImpl(producer.paged_topk_translate),
         "quantize_index_k": OpImpl(quantize.quantize_index_k),
         "store_index_k": OpImpl(quantize.store_index_k),
         "overlap": OpImpl(in_order),

@@ -21,7 +21,7 @@ from indexcache.hal.specs.mqa_logits import BOUNDS
 __all__ = ["BOUNDS", "CaseResult", "native_fp8", "run_case"]
 
 # Arguments the reference does not take: the outputs, and the order flag (it always sorts).
-_NOT_FOR_REFERENCE = ("out", "out_raw", "sorted")
+_NOT_FOR_REFERENCE = ("out", "out_raw", "logits", "sorted")
 
 
 @dataclass

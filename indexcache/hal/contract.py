@@ -23,6 +23,7 @@ OPS = (
     "topk_translate",
     "mqa_logits",
     "paged_mqa_logits",
+    "paged_topk_translate",
     "quantize_index_k",
     "store_index_k",
     "overlap",  # the stream scheduler behind indexcache.runtime.streams.overlap: side work joined to the current stream

@@ -34,7 +34,8 @@ from indexcache.hal.specs import SPECS
 
 __all__ = [
     "FLOAT_INPUTS", "INDEX", "KEY_DTYPES", "MAX_PAGE_SIZE", "MAX_TOPK", "SCORE_DTYPES",
-    "mqa_logits", "paged_mqa_logits", "quantize_index_k", "store_index_k", "topk", "topk_translate", "translate",
+    "mqa_logits", "paged_mqa_logits", "paged_topk_translate", "quantize_index_k", "store_index_k", "topk",
+    "topk_translate", "translate",
 ]
 
 
@@ -306,6 +307,73 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     """
     return _call("paged_mqa_logits", backend, out is not None,
                  (q, k_cache, weights, context_lens, page_table, max_context_len), dict(out=out))
+
+
+def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table,
+                         page_size: int, *, logits=None, out=None, out_raw=None, backend=None):
+    """The producer step of decode in one op: :func:`paged_mqa_logits` then :func:`topk_translate` on its rows.
+
+    Equal to ``paged_mqa_logits(q, k_cache, weights, context_lens, block_table, max_context_len, out=logits)``,
+    then ``topk_translate(logits, lengths, k, page_table, page_size, row_to_batch=...)`` where row
+    ``r = b * next_n + j`` has the visible length ``lengths[r] = context_lens[b] - next_n + 1 + j`` (negative
+    counts as 0) and the table row ``b`` (``row_to_batch`` is ``r // next_n``, None when ``next_n`` is 1).
+
+    Parameters
+    ----------
+    q, k_cache, weights, context_lens, max_context_len
+        As :func:`paged_mqa_logits`: ``q [B, next_n, H, D]`` fp8, the packed cache, ``weights [B * next_n, H]``
+        float32, ``context_lens [B]`` int32.
+    block_table : torch.Tensor
+        ``[B, P]`` int32, the index-K cache's page table (:func:`paged_mqa_logits`' ``page_table``).
+    k : int
+        Positions a row, in ``[0, MAX_TOPK]``.
+    page_table : torch.Tensor
+        ``[B, P2]`` int32, the sparse attention's KV page table (the draft rows of a request share its row);
+        entries < 0 are holes.
+    page_size : int
+        Tokens a KV page, in ``[1, MAX_PAGE_SIZE]``.
+    logits : torch.Tensor, optional
+        ``[B * next_n, max_context_len]`` float32 that receives the logits, written in place (allocated when None).
+    out : torch.Tensor, optional
+        ``[B * next_n, k]`` int32 for the physical slots, written in place without allocating.
+    out_raw : torch.Tensor, optional
+        ``[B * next_n, k]`` int32 that receives the logical positions (what shared layers reuse).
+    backend : str, optional
+        The backend to run on (default: the dispatcher's choice).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B * next_n, k]`` int32 physical slots, -1 = empty (``out`` when given).
+
+    Raises
+    ------
+    TypeError
+        A wrong type or dtype.
+    ValueError
+        A wrong shape, device or value, or an output sharing memory with an input or another output.
+
+    Examples
+    --------
+    >>> import torch, indexcache
+    >>> from indexcache.hal.layout import new_packed_cache
+    >>> cache = new_packed_cache(num_pages=2, page_size=4, dim=128)
+    >>> keys = torch.tensor([[1.0], [3.0], [2.0]]).expand(3, 128)
+    >>> indexcache.store_index_k(keys, cache, torch.tensor([4, 5, 6], dtype=torch.int32), backend="torch")
+    >>> q = torch.ones(1, 1, 1, 128).to(torch.float8_e4m3fn)
+    >>> block_table = torch.tensor([[1, 0]], dtype=torch.int32)  # the index keys: cache page 1
+    >>> page_table = torch.tensor([[7, 8]], dtype=torch.int32)  # the KV cache's pages
+    >>> logits = torch.empty(1, 4)
+    >>> out = indexcache.paged_topk_translate(q, cache, torch.ones(1, 1), torch.tensor([3], dtype=torch.int32),
+    ...                                       block_table, 4, 2, page_table, 4, logits=logits, backend="torch")
+    >>> logits
+    tensor([[128., 384., 256., -inf]])
+    >>> out.sort().values  # positions 1 and 2 on KV page 7
+    tensor([[29, 30]], dtype=torch.int32)
+    """
+    return _call("paged_topk_translate", backend, out is not None and logits is not None,
+                 (q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size),
+                 dict(logits=logits, out=out, out_raw=out_raw))
 
 
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):

@@ -12,5 +12,6 @@ topk = SPECS["topk"].reference
 topk_translate = SPECS["topk_translate"].reference
 mqa_logits = SPECS["mqa_logits"].reference
 paged_mqa_logits = SPECS["paged_mqa_logits"].reference
+paged_topk_translate = SPECS["paged_topk_translate"].reference
 quantize_index_k = SPECS["quantize_index_k"].reference
 store_index_k = SPECS["store_index_k"].reference

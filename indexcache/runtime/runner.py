@@ -26,7 +26,10 @@ Integration in an engine's layer loop (the small model in :mod:`indexcache.tools
         send(*state.to_carry())                            # to the next pipeline stage
 
 ``scores`` is a callable so shared layers never compute logits; it returns ``[rows, N]`` scores
-(``indexcache.mqa_logits`` / ``paged_mqa_logits`` output, -inf outside a row's window). To overlap
+(``indexcache.mqa_logits`` / ``paged_mqa_logits`` output, -inf outside a row's window), or, in decode, a
+:class:`~indexcache.runtime.state.PagedLogits` of ``paged_mqa_logits``' inputs: the producer then scores and
+selects in one op (``indexcache.paged_topk_translate``), each row's length and table row following from
+``context_lens`` and ``next_n`` (``lengths`` and ``row_to_batch`` then serve shared layers only). To overlap
 the producer's indexer with the rest of the layer, call ``runner.layer`` inside the side function of
 :func:`indexcache.runtime.streams.overlap`. Everything here is host-side bookkeeping around preallocated
 buffers: valid under CUDA-graph capture.
@@ -39,7 +42,7 @@ from collections.abc import Callable
 import torch
 
 from indexcache.plan import PRODUCER, LayerPlan, Stage
-from indexcache.runtime.state import TopkState
+from indexcache.runtime.state import PagedLogits, TopkState
 
 
 class IndexerRunner:
@@ -79,23 +82,31 @@ class IndexerRunner:
             raise ValueError(f"state: holds k={state.k}, but this runner selects k={self.k}")
         state.begin(rows)
 
-    def layer(self, layer: int, state: TopkState, *, scores: Callable[[], torch.Tensor], lengths: torch.Tensor,
-              page_table: torch.Tensor, row_starts: torch.Tensor | None = None,
+    def layer(self, layer: int, state: TopkState, *, scores: Callable[[], torch.Tensor | PagedLogits],
+              lengths: torch.Tensor, page_table: torch.Tensor, row_starts: torch.Tensor | None = None,
               row_to_batch: torch.Tensor | None = None) -> torch.Tensor | None:
         """Run ``layer``'s indexer part; returns its physical KV slots ``[rows, k]`` int32 (-1 = empty,
         a view of ``state.physical`` valid until the next sparse layer) or None without an indexer.
 
-        ``scores()`` is called only for a producer. ``lengths [rows]`` int32: each row's visible length
-        (and, for a producer, its window length in the scores); ``page_table [B, P]`` int32: this layer's
-        own table; ``row_starts [rows]``: window starts in the scores; ``row_to_batch [rows]``: table row
-        of each row (identity when None). A shared layer whose producer has not run raises
+        ``scores()`` is called only for a producer: scores ``[rows, N]``, or a
+        :class:`~indexcache.runtime.state.PagedLogits` (decode: :meth:`TopkState.produce_paged
+        <indexcache.runtime.state.TopkState.produce_paged>`, which derives each row's length and table row from
+        its ``context_lens``). ``lengths [rows]`` int32: each row's visible length (and, for a producer given
+        scores, its window length in them); ``page_table [B, P]`` int32: this layer's own table;
+        ``row_starts [rows]``: window starts in the scores; ``row_to_batch [rows]``: table row of each row
+        (identity when None). A shared layer whose producer has not run raises
         :class:`~indexcache.runtime.state.MissingProducerError`.
         """
         role = self.role(layer)
         if role is None:
             return None
         if role == PRODUCER:
-            return state.produce(layer, scores(), lengths, page_table, self.page_size, row_starts=row_starts,
+            got = scores()
+            if isinstance(got, PagedLogits):
+                return state.produce_paged(layer, got.q, got.k_cache, got.weights, got.context_lens,
+                                           got.block_table, got.max_context_len, page_table, self.page_size,
+                                           logits=got.logits)
+            return state.produce(layer, got, lengths, page_table, self.page_size, row_starts=row_starts,
                                  row_to_batch=row_to_batch)
         return state.reuse(layer, page_table, lengths, self.page_size, row_to_batch=row_to_batch,
                            source=self.source_of(layer))

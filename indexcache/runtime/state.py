@@ -5,10 +5,12 @@ two int32 buffers of a fixed capacity ``[max_rows, k]``, allocated once at const
 CUDA-graph capture):
 
 - ``raw``: the raw *logical* token positions the last producer selected, -1 in empty slots. A
-  producer writes them through ``indexcache.topk_translate(..., out_raw=...)``; rows past the live
-  batch are set to -1 every time, so one request never sees another's stale rows.
+  producer writes them through ``indexcache.topk_translate(..., out_raw=...)`` from its scores
+  (:meth:`TopkState.produce`), or in decode through ``indexcache.paged_topk_translate(..., out_raw=...)``
+  from its paged indexer inputs (:meth:`TopkState.produce_paged`, :class:`PagedLogits`); rows past the
+  live batch are set to -1 every time, so one request never sees another's stale rows.
 - ``physical``: the physical KV slots of the sparse layer being run, through *that layer's* page
-  table (a producer's from ``topk_translate``, a shared layer's from ``indexcache.translate`` of
+  table (a producer's from its selection, a shared layer's from ``indexcache.translate`` of
   ``raw``); valid until the next sparse layer runs.
 
 All checks are on host-side metadata (row counts, which layer produced), so nothing here syncs with
@@ -60,6 +62,25 @@ class CarryHeader:
 
 
 Recorder = Callable[[int, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class PagedLogits:
+    """A decode producer's indexer inputs, as :func:`indexcache.paged_mqa_logits` takes them, for
+    :meth:`TopkState.produce_paged` to score and select in one op (:func:`indexcache.paged_topk_translate`).
+
+    ``q [B, next_n, H, D]`` fp8; ``k_cache`` the packed index-K cache; ``weights [B * next_n, H]`` float32;
+    ``context_lens [B]`` int32; ``block_table [B, P]`` int32, the index-K cache's page table; ``logits``: an
+    optional ``[B * next_n, max_context_len]`` float32 buffer for the logits (allocated when None).
+    """
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    weights: torch.Tensor
+    context_lens: torch.Tensor
+    block_table: torch.Tensor
+    max_context_len: int
+    logits: torch.Tensor | None = None
 
 
 class TopkState:
@@ -118,9 +139,7 @@ class TopkState:
         rows = self.rows
         out = self.select(scores, lengths, page_table, page_size, row_starts=row_starts, row_to_batch=row_to_batch,
                           out=self.physical[:rows], out_raw=self.raw[:rows])
-        self.producer = layer
-        if self.recorder is not None:
-            self.recorder(layer, self.raw[:rows])
+        self._produced(layer)
         return out
 
     def select(self, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor, page_size: int, *,
@@ -131,6 +150,41 @@ class TopkState:
         (sorted rows, or the context-parallel merge of ``bench/cp_model_gpu.py``)."""
         return indexcache.topk_translate(scores, lengths, self.k, page_table, page_size, row_starts=row_starts,
                                          row_to_batch=row_to_batch, out=out, out_raw=out_raw)
+
+    def produce_paged(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor,
+                      context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
+                      page_table: torch.Tensor, page_size: int, *, logits: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        """Decode producer ``layer``: its paged indexer logits and their top-k into ``raw`` and ``physical`` in
+        one op; returns the physical slots ``[rows, k]`` int32 (-1 = empty) through ``page_table``.
+
+        Arguments as for :func:`indexcache.paged_topk_translate` (``rows = B * next_n``): row ``b * next_n + j``
+        sees ``context_lens[b] - next_n + 1 + j`` keys and uses ``page_table`` row ``b``; ``logits``, when
+        given, receives the logits.
+        """
+        self._check_rows("weights", weights)
+        rows = self.rows
+        out = self.select_paged(q, k_cache, weights, context_lens, block_table, max_context_len, page_table,
+                                page_size, logits=logits, out=self.physical[:rows], out_raw=self.raw[:rows])
+        self._produced(layer)
+        return out
+
+    def _produced(self, layer: int) -> None:
+        """Producer ``layer`` wrote ``raw``: shared layers reuse it from now on; the recorder sees it."""
+        self.producer = layer
+        if self.recorder is not None:
+            self.recorder(layer, self.raw[: self.rows])
+
+    def select_paged(self, q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor,
+                     context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
+                     page_table: torch.Tensor, page_size: int, *, logits: torch.Tensor | None, out: torch.Tensor,
+                     out_raw: torch.Tensor) -> torch.Tensor:
+        """The decode producer's scoring and selection, into ``out`` (physical) and ``out_raw`` (logical)
+        ``[rows, k]`` int32: :func:`indexcache.paged_topk_translate`. A subclass may select otherwise with the
+        same result contract, as for :meth:`select`."""
+        return indexcache.paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len,
+                                               self.k, page_table, page_size, logits=logits, out=out,
+                                               out_raw=out_raw)
 
     def reuse(self, layer: int, page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, *,
               row_to_batch: torch.Tensor | None = None, source: int | None = None) -> torch.Tensor:

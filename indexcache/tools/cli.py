@@ -188,8 +188,8 @@ def _add_bench(sub) -> None:
         "are labelled CPU / interpreted and are not speeds. Exits 1 if a backend disagrees with torch or fails.",
     )
     p.add_argument("--op", action="append", default=None, metavar="NAME", help="an op to time: translate, "
-                   "topk, topk_translate, mqa_logits, paged_mqa_logits, quantize_index_k, store_index_k (repeatable; "
-                   "default: every op)")
+                   "topk, topk_translate, mqa_logits, paged_mqa_logits, paged_topk_translate, quantize_index_k, "
+                   "store_index_k (repeatable; default: every op)")
     p.add_argument("--backend", action="append", default=None, metavar="NAME",
                    help="a backend to time (repeatable; default: every available backend implementing the op)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")

@@ -5,7 +5,7 @@ shared layers, per-layer page tables, pipeline carries, micro-batches, side stre
 be exercised and timed with the real ops. Its shapes follow DeepSeek-V3.2's indexer (RoPE on the
 first half of the index head dim, a Hadamard rotation, block-128 fp8 with power-of-two scales in the
 packed 132-byte-a-token cache written by ``indexcache.store_index_k``, logits from
-``indexcache.mqa_logits`` in prefill and ``indexcache.paged_mqa_logits`` in decode) at small widths.
+``indexcache.mqa_logits`` in prefill and ``indexcache.paged_topk_translate`` in decode) at small widths.
 
 Independent random indexers would share almost no top-k across layers, unlike trained models (70–100 %
 between neighbours, in blocks). So the seeded indexer weights are correlated on purpose: sparse layers
@@ -52,7 +52,7 @@ from indexcache.hal.layout import new_packed_cache, split_packed_cache
 from indexcache.hal.ops import INDEX
 from indexcache.plan import LayerPlan
 from indexcache.runtime.runner import IndexerRunner
-from indexcache.runtime.state import IndexRecorder, Recorder, TopkState
+from indexcache.runtime.state import IndexRecorder, PagedLogits, Recorder, TopkState
 from indexcache.runtime.streams import overlap
 from indexcache.tools.calibrate import Calibration, calibrate_arrays, overlap_matrix
 
@@ -425,8 +425,10 @@ class DSAModel:
         return indexcache.translate(raw, table, batch.lengths, self.config.page_size, row_to_batch=batch.row_to_batch)
 
     def _index_scores(self, layer: int, h: torch.Tensor, batch: Batch, cache: PagedCache,
-                      new_slots: torch.Tensor) -> torch.Tensor:
-        """The producer's indexer: store this forward's index keys, then logits ``[R, N]`` float32."""
+                      new_slots: torch.Tensor) -> torch.Tensor | PagedLogits:
+        """The producer's indexer: store this forward's index keys, then, in prefill, logits ``[R, N]`` float32;
+        in decode, the paged logits' inputs (:class:`~indexcache.runtime.state.PagedLogits`), which the runner
+        scores and selects from in one op (``indexcache.paged_topk_translate``)."""
         c = self.config
         if layer not in cache.index_k:
             raise ValueError(f"layer {layer} runs its indexer but the cache has no index-K cache for it "
@@ -441,8 +443,8 @@ class DSAModel:
         weights = (h @ w.w_weights) * heads**-0.5 * q_scale.view(rows, heads) * dim**-0.5
         table = batch.tables[layer]
         if batch.decode:
-            return indexcache.paged_mqa_logits(q8.view(rows, 1, heads, dim), k_cache, weights, batch.seq_lens, table,
-                                               batch.max_context_len)
+            return PagedLogits(q8.view(rows, 1, heads, dim), k_cache, weights, batch.seq_lens, table,
+                               batch.max_context_len)
         key_slots = indexcache.translate(batch.key_positions[:, None], table, batch.key_lengths, c.page_size,
                                          row_to_batch=batch.key_batch).view(-1).long()
         keys, scales = split_packed_cache(k_cache, dim, self.fp8)

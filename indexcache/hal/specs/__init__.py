@@ -5,6 +5,7 @@ its own module. Adding a case to an op touches that op's module."""
 from indexcache.hal.specs import (
     mqa_logits,
     paged_mqa_logits,
+    paged_topk_translate,
     quantize_index_k,
     store_index_k,
     topk,
@@ -15,4 +16,5 @@ from indexcache.hal.specs.base import OpSpec
 
 # The catalogue, in order.
 SPECS: dict[str, OpSpec] = {m.SPEC.name: m.SPEC for m in (
-    translate, topk, topk_translate, mqa_logits, paged_mqa_logits, quantize_index_k, store_index_k)}
+    translate, topk, topk_translate, mqa_logits, paged_mqa_logits, paged_topk_translate, quantize_index_k,
+    store_index_k)}

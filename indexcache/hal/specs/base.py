@@ -60,7 +60,7 @@ class OpSpec:
       ``TypeError`` / ``ValueError`` for bad ones and returns the keyword arguments the backends get, with
       the output allocated when none was given;
     - ``reference(**args)``: the float64 / int64 oracle, on the CPU; it takes the op's arguments less its
-      outputs (``out``, ``out_raw``) and ``sorted``;
+      outputs (``out``, ``out_raw``, ``logits``) and ``sorted``;
     - ``judge(args, got, want, accumulation)``: compares the op's result ``got`` (``args`` as the op ran
       with them, outputs included) with the reference's ``want``; ``accumulation`` is "fp32" or
       "tensor-core" (the logits bound depends on it); returns a :data:`Verdict`;

@@ -17,15 +17,23 @@ from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList,
 from indexcache.hal.specs.bench import DIM, HEADS, PAGE, BenchCase, BenchSpec
 
 
-def check(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None) -> dict[str, Any]:
+def check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len, table: str = "page_table") -> None:
+    """The inputs as :func:`check` takes them; ``table`` is the name errors give ``page_table`` (the index-K
+    cache's table)."""
     check_tensor("q", q, FP8_DTYPES, (None, None, None, None))
     batch, next_n, heads, dim = q.shape
     device = q.device
     check_cache(k_cache, "q", dim, device)
     check_tensor("weights", weights, (torch.float32,), (batch * next_n, heads), device)
     check_tensor("context_lens", context_lens, (INDEX,), (batch,), device)
-    check_tensor("page_table", page_table, (INDEX,), (batch, None), device)
+    check_tensor(table, page_table, (INDEX,), (batch, None), device)
     check_int("max_context_len", max_context_len, 0)
+
+
+def check(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None) -> dict[str, Any]:
+    check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len)
+    batch, next_n = q.shape[:2]
+    device = q.device
     out = output("out", out, torch.float32, (batch * next_n, max_context_len), device,
                  dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table))
     return dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table,
@@ -61,7 +69,7 @@ def reference(q, k_cache, weights, context_lens, page_table, max_context_len) ->
 cases = CaseList("paged_mqa_logits")
 
 
-def _args(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, holes=False, pages_per_req=None,
+def args_of(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, holes=False, pages_per_req=None,
           last_page=False):
     """``last_page``: request 0's first table entry is the cache's last page, so a key tile that crosses that
     page's end inside the context reads past the tensor."""
@@ -88,32 +96,32 @@ def _args(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, holes=
 
 for _ps in (16, 32, 64, 128):
     cases.add(f"decode, page {_ps}, native fp8", native_fp8=True)(
-        lambda gen, dev, fp8, ps=_ps: _args(gen, dev, 3, 1, 32, ps, [300, 1, 257], dtype=fp8))
+        lambda gen, dev, fp8, ps=_ps: args_of(gen, dev, 3, 1, 32, ps, [300, 1, 257], dtype=fp8))
 
 for _ps in ODD_PAGES:
     cases.add(f"page {_ps} (not a multiple of the 64-key tile), the cache's last page first, next_n 2, "
               "native fp8", native_fp8=True)(
-        lambda gen, dev, fp8, ps=_ps: _args(gen, dev, 2, 2, 16, ps, [3 * ps, ps + 7], dtype=fp8, last_page=True))
+        lambda gen, dev, fp8, ps=_ps: args_of(gen, dev, 2, 2, 16, ps, [3 * ps, ps + 7], dtype=fp8, last_page=True))
 
 for _nn in (2, 3, 4):
     cases.add(f"speculative verify, next_n {_nn}, page 64, native fp8", native_fp8=True)(
-        lambda gen, dev, fp8, nn=_nn: _args(gen, dev, 3, nn, 16, 64, [200, nn, 129], dtype=fp8))
+        lambda gen, dev, fp8, nn=_nn: args_of(gen, dev, 3, nn, 16, 64, [200, nn, 129], dtype=fp8))
 
 
 @cases.add("page table with holes and entries beyond the cache, native fp8", native_fp8=True)
 def _(gen, dev, fp8):
-    return _args(gen, dev, 2, 2, 16, 32, [250, 190], dtype=fp8, holes=True)
+    return args_of(gen, dev, 2, 2, 16, 32, [250, 190], dtype=fp8, holes=True)
 
 
 @cases.add("context length 0 and contexts beyond the table, native fp8", native_fp8=True)
 def _(gen, dev, fp8):
-    return _args(gen, dev, 3, 1, 8, 64, [0, 10**6, 64], dtype=fp8, pages_per_req=2)
+    return args_of(gen, dev, 3, 1, 8, 64, [0, 10**6, 64], dtype=fp8, pages_per_req=2)
 
 
 @cases.add("NaN key (scale NaN in the cache) and NaN weights propagate, native fp8", native_fp8=True)
 def _(gen, dev, fp8):
     args = {name: t.cpu() if isinstance(t, torch.Tensor) else t
-            for name, t in _args(gen, dev, 2, 2, 16, 64, [150, 100], dtype=fp8).items()}
+            for name, t in args_of(gen, dev, 2, 2, 16, 64, [150, 100], dtype=fp8).items()}
     bad = torch.randn(2, 128, generator=gen)
     bad[0, 3], bad[1, 0] = float("nan"), float("inf")
     slots = (args["page_table"][:, 0].long() * 64 + torch.tensor([10, 70])).to(I32)  # position 10 of each request
@@ -124,12 +132,12 @@ def _(gen, dev, fp8):
 
 @cases.add("fp8 e4m3fnuz cache, H 64")
 def _(gen, dev):
-    return _args(gen, dev, 2, 1, 64, 64, [190, 64], dtype=E4M3_FNUZ)
+    return args_of(gen, dev, 2, 1, 64, 64, [190, 64], dtype=E4M3_FNUZ)
 
 
 @cases.add("DeepGEMM's 4-D cache view, native fp8", native_fp8=True)
 def _(gen, dev, fp8):
-    args = _args(gen, dev, 2, 1, 16, 64, [100, 128], dtype=fp8)
+    args = args_of(gen, dev, 2, 1, 16, 64, [100, 128], dtype=fp8)
     args["k_cache"] = args["k_cache"].view(args["k_cache"].shape[0], 64, 1, 132)
     return args
 

@@ -21,15 +21,21 @@ def check(scores, lengths, k: int, page_table, page_size: int, *, row_starts=Non
     topk.check_inputs(scores, lengths, k, row_starts)
     device = scores.device
     check_translate_inputs(scores.shape, page_table, lengths, page_size, row_to_batch, device)
-    shape = (scores.shape[0], k)
     inputs = dict(scores=scores, lengths=lengths, page_table=page_table, row_starts=row_starts,
                   row_to_batch=row_to_batch)
+    out = check_outputs(out, out_raw, (scores.shape[0], k), device, inputs)
+    return dict(scores=scores, lengths=lengths, k=k, page_table=page_table, page_size=page_size,
+                row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=bool(sorted))
+
+
+def check_outputs(out, out_raw, shape: tuple[int, int], device: torch.device, inputs: dict) -> torch.Tensor:
+    """``out`` (a new one when None) and ``out_raw`` (or None): int32 ``shape`` on ``device``, sharing no memory
+    with ``inputs``, each other or themselves. Returns ``out``."""
     out = output("out", out, INDEX, shape, device, dict(inputs, out_raw=out_raw))
     if out_raw is not None:
         check_tensor("out_raw", out_raw, (INDEX,), shape, device)
         check_output("out_raw", out_raw, inputs)
-    return dict(scores=scores, lengths=lengths, k=k, page_table=page_table, page_size=page_size,
-                row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=bool(sorted))
+    return out
 
 
 def reference(scores, lengths, k, page_table, page_size, *, row_starts=None, row_to_batch=None):

@@ -1,0 +1,134 @@
+"""The producer step of decode, ``paged_topk_translate`` (contract: ``indexcache.paged_topk_translate``): the paged
+logits, then the top-k and translation of their rows, as the launches of ``paged_mqa_logits`` and
+``topk_translate``.
+
+Where the Hopper decode kernel in Gluon (``decode_sm90.py``) and the block top-k (``topk_block.py``) both take a
+call with one draft token (``next_n`` 1), the logits kernel also counts each row's logits into the row's score
+histogram as it stores them, and the top-k starts from those counts (``score_hist.py``): no sample, and the bin of
+the k-th best, with how many lie above it and in it, known before the row is read. Elsewhere the two ops' launches
+run as they are.
+
+With draft tokens (``next_n > 1``) a small launch first writes each row's length and request into a kept buffer
+(:func:`draft_rows_kernel`), the top-k's ``lengths`` and ``row_to_batch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from indexcache.backends.triton import score_hist, topk
+from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options
+from indexcache.backends.triton.logits import gluon_decode_takes, paged_mqa_logits_launch
+from indexcache.backends.triton.logits import ops as logits_ops
+from indexcache.backends.triton.support import cdiv, next_power_of_2
+from indexcache.backends.triton.target import Target
+from indexcache.hal.contract import OpImpl
+
+DRAFT_BLOCK = 256  # rows a program of draft_rows_kernel
+
+
+@triton.jit
+def draft_rows_kernel(ctx_ptr, lengths_ptr, r2b_ptr, rows, ctx_s0, NEXT_N: tl.constexpr, BLOCK: tl.constexpr):
+    """Row ``r = b · NEXT_N + j``'s length, ``max(context_lens[b], 0) - NEXT_N + 1 + j`` (the keys it sees), and
+    its request ``b``."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = r < rows
+    b = r // NEXT_N
+    ctx = tl.maximum(tl.load(ctx_ptr + b * ctx_s0, mask=m, other=0), 0)
+    tl.store(lengths_ptr + r, ctx - NEXT_N + 1 + r % NEXT_N, mask=m)
+    tl.store(r2b_ptr + r, b, mask=m)
+
+
+DRAFT_ROWS = Launcher(draft_rows_kernel)
+_DRAFT_BUFFERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _draft_buffers(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lengths, row_to_batch)``, int32 ``[rows]`` each, from a buffer kept per (device, power-of-two bucket)."""
+    size = next_power_of_2(max(rows, 1))
+    key = (device, size)
+    if key not in _DRAFT_BUFFERS:
+        _DRAFT_BUFFERS[key] = torch.empty((2, size), dtype=torch.int32, device=device)
+    both = _DRAFT_BUFFERS[key]
+    return both[0, :rows], both[1, :rows]
+
+
+def counts_logits(q, k_cache, weights, block_table, logits, k, *, target: Target,
+                  tuning: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether the call's logits kernel counts each row's logits for its top-k: one draft token, and both the Gluon
+    decode and the block top-k take the call."""
+    return (q.shape[1] == 1 and k > 0 and logits.numel() > 0
+            and gluon_decode_takes(q, k_cache, weights, block_table, logits, target=target,
+                                   cfg=tuning["paged_mqa_logits"])
+            and topk.block_takes(logits, k, target=target, cfg=tuning["topk"]) is not None)
+
+
+def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size, logits, out,
+             out_raw, *, target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch | None]:
+    """The launches of one call, in order (None: nothing to launch); arguments as
+    ``indexcache.paged_topk_translate``."""
+    batch, next_n = q.shape[0], q.shape[1]
+    rows = batch * next_n
+    decode_cfg, topk_cfg = tuning["paged_mqa_logits"], tuning["topk"]
+    counted = counts_logits(q, k_cache, weights, block_table, logits, k, target=target, tuning=tuning)
+    hist = score_hist.histograms(q.device, rows) if counted else None
+    steps = [paged_mqa_logits_launch(q, k_cache, weights, context_lens, block_table, max_context_len, logits,
+                                     target=target, cfg=decode_cfg, score_hist=hist)]
+    lengths, r2b = context_lens, None
+    if next_n > 1 and rows > 0:
+        lengths, r2b = _draft_buffers(q.device, rows)
+        steps.append(Launch(DRAFT_ROWS, (cdiv(rows, DRAFT_BLOCK),), launch_key_options({"num_warps": 4}),
+                            (context_lens, lengths, r2b, rows, context_lens.stride(0)),
+                            dict(NEXT_N=next_n, BLOCK=DRAFT_BLOCK)))
+    steps += [launch for _, launch in topk.launches(logits, lengths, k, None, out, out_raw, page_table, page_size,
+                                                     r2b, target=target, cfg=topk_cfg, score_hist=hist)]
+    return steps
+
+
+def _parts(args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The call's arguments as ``paged_mqa_logits``' and ``topk_translate``'s (lengths and requests stood in by
+    ``context_lens``: what the checks read of them is their device)."""
+    decode = dict(q=args["q"], k_cache=args["k_cache"], weights=args["weights"], context_lens=args["context_lens"],
+                  page_table=args["block_table"], max_context_len=args["max_context_len"], out=args["logits"])
+    select = dict(scores=args["logits"], lengths=args["context_lens"], k=args["k"], page_table=args["page_table"],
+                  page_size=args["page_size"], row_starts=None, row_to_batch=None, out=args["out"],
+                  out_raw=args["out_raw"], sorted=False)
+    return decode, select
+
+
+def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
+    """``paged_topk_translate`` of a GPU backend built for ``target`` with its tuning table: served wherever both
+    ``paged_mqa_logits`` and ``topk_translate`` are."""
+    decode_op = logits_ops(target, tuning)["paged_mqa_logits"]
+    select_op = topk.ops(target, tuning)["topk_translate"]
+
+    def supports(**args):
+        decode, select = _parts(args)
+        return list(dict.fromkeys([*decode_op.supports(**decode), *select_op.supports(**select)]))
+
+    def run(**args):
+        for launch in launches(**args, target=target, tuning=tuning):
+            if launch is not None:
+                launch()
+        return args["out"]
+
+    def prepare(**args):
+        return bound(launches(**args, target=target, tuning=tuning))
+
+    return {"paged_topk_translate": OpImpl(run, supports, prepare)}
+
+
+
+def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
+    """What this module builds for ``target`` itself (cross-compile check): :func:`draft_rows_kernel` for two draft
+    tokens (the logits and top-k launches are their own modules' builds)."""
+    from indexcache.backends.triton.crosscompile import KernelSpec
+
+    return [KernelSpec("paged_topk_translate", draft_rows_kernel,
+                       {name: "*i32" for name in ("ctx_ptr", "lengths_ptr", "r2b_ptr")},
+                       {"NEXT_N": 2, "BLOCK": DRAFT_BLOCK, "ctx_s0": 1}, {"num_warps": 4})]

@@ -1,0 +1,185 @@
+"""paged_topk_translate: :func:`indexcache.paged_mqa_logits` then :func:`indexcache.topk_translate` on its rows,
+the producer step of decode in one op (contract: :func:`indexcache.paged_topk_translate`). Judged on the logits
+(paged_mqa_logits' rule) and on the top-k of the logits the backend itself returned (topk_translate's rule), so
+a near-tie the logits' rounding flips is no failure. Its record's ``bench``: paged_mqa_logits' shapes selecting
+k 2048 (quick: 64) through a page-64 table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from indexcache.hal import dispatch
+from indexcache.hal.checks import INDEX, check_k, check_page_size, check_tensor, output
+from indexcache.hal.layout import split_packed_cache
+from indexcache.hal.specs import mqa_logits, paged_mqa_logits, topk, topk_translate, translate
+from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints
+from indexcache.hal.specs.bench import BASELINE, POISON, BenchCase, BenchSpec
+
+# The arguments of the logits part, as paged_mqa_logits takes them (its page_table is the block_table here).
+LOGITS_ARGS = ("q", "k_cache", "weights", "context_lens", "block_table", "max_context_len")
+
+
+def check(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table, page_size: int,
+          *, logits=None, out=None, out_raw=None) -> dict[str, Any]:
+    paged_mqa_logits.check_inputs(q, k_cache, weights, context_lens, block_table, max_context_len, table="block_table")
+    batch, next_n = q.shape[:2]
+    device = q.device
+    check_k(k)
+    check_tensor("page_table", page_table, (INDEX,), (batch, None), device)
+    check_page_size(page_size)
+    inputs = dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, block_table=block_table,
+                  page_table=page_table)
+    logits = output("logits", logits, torch.float32, (batch * next_n, max_context_len), device,
+                    dict(inputs, out=out, out_raw=out_raw))
+    out = topk_translate.check_outputs(out, out_raw, (batch * next_n, k), device, dict(inputs, logits=logits))
+    return dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, block_table=block_table,
+                max_context_len=max_context_len, k=k, page_table=page_table, page_size=page_size, logits=logits,
+                out=out, out_raw=out_raw)
+
+
+def rows_of(context_lens: torch.Tensor, next_n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per logits row ``r = b * next_n + j``: its visible length ``context_lens[b] - next_n + 1 + j`` (int32,
+    negative clamped to 0) and its request ``b`` (int32; None when ``next_n`` is 1: row r is request r)."""
+    row = torch.arange(context_lens.shape[0] * next_n, device=context_lens.device)
+    lengths = (context_lens.long()[row // next_n] - next_n + 1 + row % next_n).clamp_min(0).to(I32)
+    return lengths, None if next_n == 1 else (row // next_n).to(I32)
+
+
+def reference(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size):
+    """``(physical, raw)`` as :func:`topk_translate.reference <indexcache.hal.specs.topk_translate.reference>`
+    gives them for the paged logits, each row's visible length and its request's table row."""
+    logits = paged_mqa_logits.reference(q, k_cache, weights, context_lens, block_table, max_context_len)
+    lengths, row_to_batch = rows_of(cpu(context_lens), q.shape[1])
+    return topk_translate.reference(logits, lengths, k, page_table, page_size, row_to_batch=row_to_batch)
+
+
+def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor], accumulation: str) -> Verdict:
+    """The ``logits`` buffer judged like :func:`indexcache.paged_mqa_logits` (the bound of its accumulation);
+    ``out`` / ``out_raw`` like :func:`indexcache.topk_translate` against the reference top-k of *those* logits,
+    not of the float64 ones in ``want`` (the bound lets a near-tie flip). Cases give ``logits``: it is read."""
+    returned = cpu(args["logits"])
+    want_logits = paged_mqa_logits.reference(*(cpu(args[name]) for name in LOGITS_ARGS))
+    detail, err, bound = mqa_logits.judge(args, returned, want_logits, accumulation)
+    if detail:
+        return f"logits: {detail}", err, bound
+    lengths, row_to_batch = rows_of(cpu(args["context_lens"]), args["q"].shape[1])
+    page_table = cpu(args["page_table"])
+    again = topk_translate.reference(returned, lengths, args["k"], page_table, args["page_size"],
+                                     row_to_batch=row_to_batch)
+    composed = dict(lengths=lengths, page_table=page_table, page_size=args["page_size"], row_to_batch=row_to_batch,
+                    out_raw=args.get("out_raw"))
+    detail = topk_translate.judge(composed, got, again, accumulation)[0]
+    return (f"top-k of the returned logits: {detail}" if detail else ""), err, bound
+
+
+cases = CaseList("paged_topk_translate")
+
+
+def _args(gen, dev, fp8, batch, next_n, index_page, context, k, page_size, *, raw=True, holes=False,
+          pages_per_req=None):
+    """paged_mqa_logits' inputs (``index_page`` tokens a cache page), a KV ``page_table [batch, *]`` of
+    ``page_size`` with holes, a NaN-filled ``logits`` buffer, and ``out_raw`` when ``raw``."""
+    args = paged_mqa_logits.args_of(gen, "cpu", batch, next_n, 16, index_page, context, dtype=fp8, holes=holes,
+                                  pages_per_req=pages_per_req)
+    args["block_table"] = args.pop("page_table")
+    rows, cols = batch * next_n, args["max_context_len"]
+    pages = -(-cols // page_size) + 1
+    table = ints(gen, 0, 50 * pages, (batch, pages))
+    table[:, 2::5] = -1
+    args.update(k=k, page_table=table, page_size=page_size, logits=torch.full((rows, cols), float("nan")))
+    if raw:
+        args["out_raw"] = torch.full((rows, k), POISON, dtype=I32)
+    return {name: v.to(dev) if isinstance(v, torch.Tensor) else v for name, v in args.items()}
+
+
+@cases.add("decode, index page 64, KV page 64, out_raw, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return _args(gen, dev, fp8, 3, 1, 64, [300, 40, 257], 64, 64)
+
+
+@cases.add("decode, KV page 1 (token table), no out_raw, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return _args(gen, dev, fp8, 3, 1, 64, [300, 1, 257], 50, 1, raw=False)
+
+
+@cases.add("speculative verify next_n 2, index page 48, KV page 64, short rows, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return _args(gen, dev, fp8, 3, 2, 48, [200, 2, 70], 96, 64)
+
+
+@cases.add("next_n 2, KV page 1, no out_raw, context length 0 and contexts beyond the table, native fp8",
+           native_fp8=True)
+def _(gen, dev, fp8):
+    return _args(gen, dev, fp8, 3, 2, 64, [0, 10**6, 100], 40, 1, raw=False, pages_per_req=2)
+
+
+@cases.add("block table with holes and entries beyond the cache, KV page 48, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return _args(gen, dev, fp8, 2, 2, 32, [250, 190], 70, 48, holes=True)
+
+
+@cases.add("ties: constant weights and one key repeated, next_n 2, KV page 64, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    args = _args(gen, dev, fp8, 2, 2, 64, [180, 129], 33, 64)
+    args["weights"].fill_(1 / 16)
+    for part in split_packed_cache(args["k_cache"], 128, torch.uint8):  # every token of a page is its first
+        part.copy_(part[:, :1].expand_as(part).clone())
+    return args
+
+# ----------------------------------------------------------------------------------------------- benchmark
+
+
+def bench_cases(quick: bool) -> list[BenchCase]:
+    """paged_mqa_logits' shapes, selecting k 2048 (quick: 64) through a page-64 KV table."""
+    k = 64 if quick else 2048
+    return [BenchCase(f"{c.name} k{k}", dict(c.params, k=k)) for c in paged_mqa_logits.bench_cases(quick)]
+
+
+def bench_build(case: BenchCase, gen: torch.Generator) -> dict[str, Any]:
+    """paged_mqa_logits' inputs; a KV table of randomly permuted pages; outputs poisoned."""
+    args = paged_mqa_logits.bench_build(case, gen)
+    p = case.params
+    batch, rows, k = p["batch"], p["batch"] * p["next_n"], p["k"]
+    pages = -(-p["context"] // p["page_size"])
+    table = torch.randperm(batch * pages, generator=gen, dtype=torch.int32).view(batch, pages)
+    return dict(args, block_table=args.pop("page_table"), logits=args.pop("out"), k=k, page_table=table,
+                page_size=p["page_size"], out=torch.full((rows, k), POISON, dtype=I32),
+                out_raw=torch.full((rows, k), POISON, dtype=I32))
+
+
+def bench_bytes(case: BenchCase) -> int:
+    """paged_mqa_logits' bytes, the logits read once more, raw and physical int32 results written and a table
+    entry read for each."""
+    p = case.params
+    rows = p["batch"] * p["next_n"]
+    return paged_mqa_logits.bench_bytes(case) + 4 * rows * p["context"] + 12 * rows * p["k"]
+
+
+def bench_call(a: Mapping[str, Any], backend: str) -> tuple:
+    args = check(*(a[name] for name in LOGITS_ARGS), a["k"], a["page_table"], a["page_size"], logits=a["logits"],
+                 out=a["out"], out_raw=a["out_raw"])
+    return dispatch.call("paged_topk_translate", args, backend), a["out_raw"], a
+
+
+def same_paged_topk_translate(got: tuple, want: tuple, case: BenchCase) -> str:
+    """The logits as :func:`mqa_logits.same_logits <indexcache.hal.specs.mqa_logits.same_logits>` against the
+    torch backend's; ``out_raw`` the index sets the torch backend's topk selects from *these* logits, and
+    ``out`` exactly ``translate(out_raw)`` (the torch backend's, itself checked exactly by conformance)."""
+    phys, raw, a = got
+    if detail := mqa_logits.same_logits(a["logits"], want[2]["logits"], case):
+        return f"logits: {detail}"
+    lengths, row_to_batch = rows_of(a["context_lens"], a["q"].shape[1])
+    again = dispatch.call("topk", topk.check(a["logits"], lengths, a["k"]), BASELINE)
+    if detail := topk.same_topk(raw, again):
+        return f"out_raw: {detail}"
+    slots = dispatch.call("translate", translate.check(raw, a["page_table"], lengths, a["page_size"],
+                                                       row_to_batch=row_to_batch), BASELINE)
+    return "" if torch.equal(phys, slots) else "out is not translate(out_raw)"
+
+
+SPEC = OpSpec("paged_topk_translate", check, reference, judge, tuple(cases),
+              bench=BenchSpec("paged_topk_translate", bench_cases, bench_build, bench_call, bench_bytes,
+                              same=same_paged_topk_translate))
