@@ -35,7 +35,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from indexcache.backends.triton import score_hist
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
 from indexcache.backends.triton.sm90 import block_barrier, tma_load, unsupported_target
 from indexcache.backends.triton.support import cdiv
@@ -187,13 +186,12 @@ def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty
 
 
 @gluon.jit
-def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, hist_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                    batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0, hist_s0,
+def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
+                    batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
                     j0, t_begin, t_end, b_first, b_end, before,
                     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr,
-                    PAGE: gl.constexpr, STAGES: gl.constexpr, HIST: gl.constexpr):
-    """The math warps: each tile's matmul, head sum and store (and, with ``HIST``, one draft token a program, its
-    count into the rows' score histograms, ``score_hist.count``), releasing the slot as soon as it is read."""
+                    PAGE: gl.constexpr, STAGES: gl.constexpr):
+    """The math warps: each tile's matmul, head sum and store, releasing the slot as soon as it is read."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
     keys_l: gl.constexpr = gl.SliceLayout(1, mma)
     heads_l: gl.constexpr = gl.SliceLayout(0, mma)
@@ -210,7 +208,6 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, hist_ptr, keys_sm
         block_barrier()  # every math warp is past its last matmul on the previous request's Q
         w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS, H, D, heads_l)
         row0 = (b * NEXT_N + j0).to(gl.int64) * out_s0
-        hist0 = hist_ptr + (b * NEXT_N + j0).to(gl.int64) * hist_s0
         for step in range(0, hi - lo):  # (Triton 3.6 drops a loop-carried value used only as a loop bound)
             j = lo + step
             slot = i % STAGES
@@ -236,8 +233,6 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, hist_ptr, keys_sm
             if GROUPS == 1:
                 s0 = _head_sum(acc0, w0) * sc
             _store(out_ptr, row0, n, s0, seen, ctx - NEXT_N + 1 + j0, max_ctx, j0 < NEXT_N)
-            if HIST:
-                score_hist.count(hist0, s0, (seen < ctx - NEXT_N + 1 + j0) & (n < max_ctx) & (j0 < NEXT_N), HIST)
             if GROUPS == 2:
                 _store(out_ptr, row0 + out_s0, n, _head_sum(acc1, w1) * sc, seen, ctx - NEXT_N + 2 + j0, max_ctx,
                        j0 + 1 < NEXT_N)
@@ -246,15 +241,13 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, hist_ptr, keys_sm
 
 @gluon.jit
 def paged_decode_sm90_kernel(
-    q_ptr, keys_desc, scales_desc, w_ptr, ctx_ptr, table_ptr, out_ptr, hist_ptr,
+    q_ptr, keys_desc, scales_desc, w_ptr, ctx_ptr, table_ptr, out_ptr,
     batch, max_ctx, num_pages, table_pages,
-    q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0, hist_s0,
+    q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, LOADER_REGS: gl.constexpr,
-    HIST: gl.constexpr,
 ):
-    """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers;
-    with ``HIST`` they also count each row's logits into its histogram at ``hist_ptr`` (``hist_s0`` a row)."""
+    """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers."""
     j0 = gl.program_id(0) * GROUPS
     p = gl.program_id(1).to(gl.int64)
     programs = gl.num_programs(1)
@@ -270,10 +263,9 @@ def paged_decode_sm90_kernel(
         mbarrier.init(ready.index(st), count=1)
         mbarrier.init(empty.index(st), count=1)
     gl.warp_specialize([
-        (_math_partition, (q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, hist_ptr, keys_smem, scales_smem, q_smem,
-                           ready, empty, batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0,
-                           tab_s0, out_s0, hist_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D,
-                           PAGE, STAGES, HIST)),
+        (_math_partition, (q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
+                           batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
+                           j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE, STAGES)),
         (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0,
                            tab_s0, batch, max_ctx, num_pages, table_pages, b_first, (t_begin - before).to(gl.int32),
                            (t_end - t_begin).to(gl.int32), PAGE, PAGE_ROWS, STAGES)),
@@ -307,17 +299,12 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, p
 
 
 def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, page: int, groups: int,
-           target: Target, cfg: Mapping[str, Any], sms: int, batch_block: int,
-           hist: torch.Tensor | None = None) -> Launch:
-    """The launch filling ``out`` (contract: ``indexcache.paged_mqa_logits``) for a call :func:`unsupported` accepts,
-    and counting each row's logits into ``hist`` (``[rows, score_hist.ROW_WORDS]`` int32, zeroed) when given (one
-    draft token a program only: with two, the count's registers spill at the table's cap).
+           target: Target, cfg: Mapping[str, Any], sms: int, batch_block: int) -> Launch:
+    """The launch filling ``out`` (contract: ``indexcache.paged_mqa_logits``) for a call :func:`unsupported` accepts.
     ``cfg``: the paged_mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the kernel-wide register cap by draft
     tokens a program, 0 for none); ``sms``: the device's multiprocessors; ``batch_block``: context lengths a step of the
     schedule reads."""
     batch, next_n, heads, dim = q.shape
-    if hist is not None and groups != 1:
-        raise ValueError(f"hist: the logits are counted with one draft token a program, not {groups}")
     rows = page * (dim + 4) // dim  # a page as rows of dim bytes
     keys = k_cache.view(-1).view(q.dtype).view(k_cache.shape[0] * rows, dim)
     layout = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
@@ -325,16 +312,16 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     cap = cfg["TMA_MAXNREG"][groups - 1]
     options = launch_key_options({"num_warps": 4, **({"maxnreg": cap} if cap else {})})
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
-                 BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS, HIST=0 if hist is None else 3)
+                 BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS)
     # The scales through the copy engine too: the cache as rows of dim / 4 float32, a page's scales its last rows.
     words = k_cache.view(-1).view(torch.float32).view(k_cache.shape[0] * rows, dim // 4)
     block = [page * 4 // dim, dim // 4]
     scales_desc = TensorDescriptor(words, list(words.shape), list(words.stride()), block,
                                    gl.NVMMASharedLayout.get_default_for(block, gl.float32))
-    args = (q, keys_desc, scales_desc, weights, context_lens, page_table, out, out if hist is None else hist,
+    args = (q, keys_desc, scales_desc, weights, context_lens, page_table, out,
             batch, max_context_len, k_cache.shape[0], page_table.shape[1],
             q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), page_table.stride(0),
-            out.stride(0), 0 if hist is None else hist.stride(0))
+            out.stride(0))
     per_sm = TMA_DECODE.resident(options, *args, **named) or 1
     programs = max(1, min(sms * per_sm // cdiv(next_n, groups), batch * cdiv(max_context_len, page)))
     return Launch(TMA_DECODE, (cdiv(next_n, groups), programs), options, args, named)
@@ -353,16 +340,15 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
     scales = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
     types = {"q_ptr": "*fp8e4nv", "keys_desc": f"tensordesc<fp8e4nv[{page}, {dim}],{keys!r}>",
              "scales_desc": f"tensordesc<fp32[{block[0]}, {block[1]}],{scales!r}>", "w_ptr": "*fp32",
-             "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32"}
+             "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32"}
     specs = []
-    for op, hist in (("paged_mqa_logits", False), ("paged_topk_translate", True)):
-        for next_n in (1,) if hist else (1, 2):
-            cap = cfg["TMA_MAXNREG"][next_n - 1]
-            specs.append(KernelSpec(
-                op, paged_decode_sm90_kernel, types,
-                {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page,
-                 "PAGE_ROWS": page * (dim + 4) // dim, "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block,
-                 "LOADER_REGS": LOADER_REGS, "HIST": hist, "ctx_s0": 1},
-                {"num_warps": 4, **({"maxnreg": cap} if cap else {})}, matrix="fp8",
-                aligned=("q_s0", "q_s1", "q_s2", "w_s0", "hist_s0")))
+    for next_n in (1, 2):
+        cap = cfg["TMA_MAXNREG"][next_n - 1]
+        specs.append(KernelSpec(
+            "paged_mqa_logits", paged_decode_sm90_kernel, types,
+            {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page,
+             "PAGE_ROWS": page * (dim + 4) // dim, "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block,
+             "LOADER_REGS": LOADER_REGS, "ctx_s0": 1},
+            {"num_warps": 4, **({"maxnreg": cap} if cap else {})}, matrix="fp8",
+            aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs

@@ -512,45 +512,26 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapp
     return out
 
 
-def _decode_groups(next_n: int, heads: int, cfg: Mapping[str, Any]) -> int:
-    """Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
-    in launch order so the second reads the keys from L2)."""
-    return max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
-
-
-def gluon_decode_takes(q, k_cache, weights, page_table, out, *, target: Target, cfg: Mapping[str, Any]) -> bool:
-    """Whether the Hopper decode kernel in Gluon (``decode_sm90.py``) takes this ``paged_mqa_logits`` call."""
-    if cfg.get("KERNEL") != "tma-ws" or out.numel() == 0:
-        return False
-    from indexcache.backends.triton import decode_sm90
-
-    page = cache_page_size(k_cache, q.shape[3])
-    groups = _decode_groups(q.shape[1], q.shape[2], cfg)
-    return not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target)
-
-
 def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
-                            cfg: Mapping[str, Any], options: Options | None = None,
-                            score_hist: torch.Tensor | None = None) -> Launch | None:
+                            cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
-    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`.
-    ``score_hist``: the rows' score histograms (``score_hist.py``) to count the logits into, only where
-    :func:`gluon_decode_takes` the call."""
+    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
         return None
     page = cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
     block_keys = cfg["BLOCK_KEYS"]
-    groups = _decode_groups(next_n, heads, cfg)
-    if gluon_decode_takes(q, k_cache, weights, page_table, out, target=target, cfg=cfg):
+    # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
+    # in launch order so the second reads the keys from L2).
+    groups = max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
+    if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (decode_sm90.py) where it takes the call
         from indexcache.backends.triton import decode_sm90
 
-        return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
-                                  groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
-                                  batch_block=BATCH_BLOCK, hist=score_hist)
-    if score_hist is not None:
-        raise ValueError("score_hist: only the Gluon decode kernel counts the logits, and it does not take this call")
+        if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target):
+            return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
+                                      groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
+                                      batch_block=BATCH_BLOCK)
     options = options or launch_key_options(launch_options(target, cfg))
     widen = _widen_mode(q.dtype, target, cfg)
     args = (_as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights,

@@ -1,12 +1,7 @@
 """The producer step of decode, ``paged_topk_translate`` (contract: ``indexcache.paged_topk_translate``): the paged
 logits, then the top-k and translation of their rows, as the launches of ``paged_mqa_logits`` and
-``topk_translate``.
-
-Where the Hopper decode kernel in Gluon (``decode_sm90.py``) and the block top-k (``topk_block.py``) both take a
-call with one draft token (``next_n`` 1), the logits kernel also counts each row's logits into the row's score
-histogram as it stores them, and the top-k starts from those counts (``score_hist.py``): no sample, and the bin of
-the k-th best, with how many lie above it and in it, known before the row is read. Elsewhere the two ops' launches
-run as they are.
+``topk_translate`` back to back (docs/kernels.md, "The producer step of decode": counting the logits for the top-k
+as they are stored cost the logits kernel more than it saved the top-k).
 
 With draft tokens (``next_n > 1``) a small launch first writes each row's length and request into a kept buffer
 (:func:`draft_rows_kernel`), the top-k's ``lengths`` and ``row_to_batch``.
@@ -21,10 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from indexcache.backends.triton import score_hist, topk
+from indexcache.backends.triton import topk
 from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options
-from indexcache.backends.triton.logits import gluon_decode_takes, paged_mqa_logits_launch
 from indexcache.backends.triton.logits import ops as logits_ops
+from indexcache.backends.triton.logits import paged_mqa_logits_launch
 from indexcache.backends.triton.support import cdiv, next_power_of_2
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
@@ -58,27 +53,14 @@ def _draft_buffers(device: torch.device, rows: int) -> tuple[torch.Tensor, torch
     return both[0, :rows], both[1, :rows]
 
 
-def counts_logits(q, k_cache, weights, block_table, logits, k, *, target: Target,
-                  tuning: Mapping[str, Mapping[str, Any]]) -> bool:
-    """Whether the call's logits kernel counts each row's logits for its top-k: one draft token, and both the Gluon
-    decode and the block top-k take the call."""
-    return (q.shape[1] == 1 and k > 0 and logits.numel() > 0
-            and gluon_decode_takes(q, k_cache, weights, block_table, logits, target=target,
-                                   cfg=tuning["paged_mqa_logits"])
-            and topk.block_takes(logits, k, target=target, cfg=tuning["topk"]) is not None)
-
-
 def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size, logits, out,
              out_raw, *, target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch | None]:
     """The launches of one call, in order (None: nothing to launch); arguments as
     ``indexcache.paged_topk_translate``."""
     batch, next_n = q.shape[0], q.shape[1]
     rows = batch * next_n
-    decode_cfg, topk_cfg = tuning["paged_mqa_logits"], tuning["topk"]
-    counted = counts_logits(q, k_cache, weights, block_table, logits, k, target=target, tuning=tuning)
-    hist = score_hist.histograms(q.device, rows) if counted else None
     steps = [paged_mqa_logits_launch(q, k_cache, weights, context_lens, block_table, max_context_len, logits,
-                                     target=target, cfg=decode_cfg, score_hist=hist)]
+                                     target=target, cfg=tuning["paged_mqa_logits"])]
     lengths, r2b = context_lens, None
     if next_n > 1 and rows > 0:
         lengths, r2b = _draft_buffers(q.device, rows)
@@ -86,7 +68,7 @@ def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k,
                             (context_lens, lengths, r2b, rows, context_lens.stride(0)),
                             dict(NEXT_N=next_n, BLOCK=DRAFT_BLOCK)))
     steps += [launch for _, launch in topk.launches(logits, lengths, k, None, out, out_raw, page_table, page_size,
-                                                     r2b, target=target, cfg=topk_cfg, score_hist=hist)]
+                                                     r2b, target=target, cfg=tuning["topk"])]
     return steps
 
 

@@ -875,27 +875,13 @@ def _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size, 
     return (starts, raw, r2b, table), args
 
 
-def block_takes(scores: torch.Tensor, k: int, *, target: Target, cfg: Mapping[str, Any]) -> dict[str, int] | None:
-    """The shape of the Gluon block-a-row kernel (``topk_block.py``) where it takes an unsorted call on ``scores``,
-    else None. It takes the rows the fused kernel would and, from ``BLOCK_MIN_ROWS`` rows on, rows of up to
-    ``BLOCK_MAX_COLS`` columns that would be split (unless ``CHUNK`` forces the split)."""
-    rows, cols = scores.shape
-    if topk_block.unsupported(scores, k, target, cfg):
-        return None
-    block = topk_block.shape(cols, k, sample_size(cols, k, cfg), cfg)
-    take_split = not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"] and cols <= cfg["BLOCK_MAX_COLS"]
-    return block if take_split or not split_chunk(rows, cols, _sms(target, scores.device), cfg) else None
-
-
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
-             target: Target, cfg: Mapping[str, Any],
-             score_hist: torch.Tensor | None = None) -> list[tuple[str, Launch]]:
+             target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
     """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
     split rows' sample and filter, then the finishing kernel; with ``sorted``, those select raw positions
     (into ``out_raw`` when given, else ``out``) and a sort launch orders and translates them. Arguments as
     :func:`topk_translate` (``page_table`` None for plain top-k); the workspace is taken here, so launching
-    needs no allocation (and a benchmark can time each launch alone). ``score_hist``: the rows' score histograms
-    (``score_hist.py``) for the block kernel to read and clear, only where :func:`block_takes` the call."""
+    needs no allocation (and a benchmark can time each launch alone)."""
     rows, cols = scores.shape
     if rows == 0 or k == 0:
         return []
@@ -912,10 +898,12 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     scan = {name: row_args[name] for name in _SCAN_ARGS}
     common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
     sms = _sms(target, device)
-    block = block_takes(scores, k, target=target, cfg=cfg)
-    if score_hist is not None and not block:
-        raise ValueError("score_hist: only the block top-k reads the score histograms, and it does not take this call")
-    chunk = 0 if block else split_chunk(rows, cols, sms, cfg)
+    # The Gluon block-a-row kernel (topk_block.py) takes the rows the fused kernel would, and, from BLOCK_MIN_ROWS
+    # rows on, rows of up to BLOCK_MAX_COLS columns that would be split (unless CHUNK forces the split).
+    block = None if topk_block.unsupported(scores, k, target, cfg) else topk_block.shape(cols, k, samples, cfg)
+    take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"] and cols <= cfg["BLOCK_MAX_COLS"]
+    chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg)
+    block = None if chunk else block
     cap = topk_block.capacity(block) if block else cap
     chunks = cdiv(cols, chunk) if chunk else 1
     row_programs = 0 if chunk else min(rows, sms * cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"])
@@ -932,10 +920,8 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
          chunk),
         dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins)))
     if block:
-        counted = score_hist if score_hist is not None else counts  # never read without SCORE_HIST
-        named = dict(row_args, DIGIT=cfg["DIGIT"], **block, sh_s0=counted.stride(0), SCORE_HIST=score_hist is not None)
-        return [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, counted, rows,
-                                            cols, k), named, row_programs)),
+        return [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols,
+                                            k), dict(row_args, DIGIT=cfg["DIGIT"], **block), row_programs)),
                 finish]
     if not chunk:
         return [("rows", Launch(ROWS, (row_programs,), opts,
@@ -1068,7 +1054,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     )
     index_ptrs = {name: "*i32" for name in ("lengths_ptr", "starts_ptr", "out_ptr", "raw_ptr", "r2b_ptr", "table_ptr",
                                             "stash_ptr", "region_ptr", "counts_ptr",
-                                            "hist_ptr", "score_hist_ptr")}
+                                            "hist_ptr")}
     specs = []
     for dtype, starts, r2b, translate, has_raw, shift, contig in variants:
         ptrs = {**index_ptrs, "scores_ptr": pointer(dtype)}
@@ -1098,15 +1084,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         if cfg.get("KERNEL") == "block" and target.vendor == "cuda":  # the Gluon kernel at decode's 128K columns
             block = topk_block.shape(1 << 17, 2048, sample_size(1 << 17, 2048, cfg), cfg)
             flags = {name: value for name, value in full.items() if name not in ("BITS", "TILE")}
-            specs.append(KernelSpec(op, topk_block.topk_block_kernel, ptrs, {**flags, **block, "SCORE_HIST": False},
+            specs.append(KernelSpec(op, topk_block.topk_block_kernel, ptrs, {**flags, **block},
                                     dict(topk_block.options(block)), aligned=aligned,
                                     stack_bytes=topk_block.STACK_BYTES))
-    if cfg.get("KERNEL") == "block" and target.vendor == "cuda":  # the fused producer step's selection (next_n 1)
-        block = topk_block.shape(1 << 17, 2048, sample_size(1 << 17, 2048, cfg), cfg)
-        flags = {"HAS_STARTS": False, "CONTIG": True, "s_s1": 1, "HAS_R2B": False, "TRANSLATE": True,
-                 "HAS_RAW": True, "SHIFT": page_shift(64), "DIGIT": cfg["DIGIT"], **unit}
-        specs.append(KernelSpec("paged_topk_translate", topk_block.topk_block_kernel,
-                                {**index_ptrs, "scores_ptr": pointer(torch.float32)},
-                                {**flags, **block, "SCORE_HIST": True}, dict(topk_block.options(block)),
-                                aligned=(*aligned, "sh_s0"), stack_bytes=topk_block.STACK_BYTES_SCORE_HIST))
     return specs

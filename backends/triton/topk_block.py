@@ -42,7 +42,6 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from indexcache.backends.triton import score_hist
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
 from indexcache.backends.triton.rows import (
     INT_MAX,
@@ -70,7 +69,6 @@ TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here 
 # program, loaded once a row before the ranking loop. The compile check allows that much. Triton 3.6's builds keep
 # 8-56 bytes; the fp32 one that ran on the H200 (runs 54-56) kept 16.
 STACK_BYTES = 8
-STACK_BYTES_SCORE_HIST = 16  # the same with the score histogram read: Triton 3.9 keeps 16 bytes (3.6: 96)
 
 
 @gluon.jit
@@ -228,37 +226,27 @@ def _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_
 
 
 @gluon.jit
-def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, edge, k, q, out_row, o_s1, raw_row, w_s1,
-                seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
+def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q, out_row, o_s1, raw_row, w_s1, seq,
+                b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
                 SHIFT: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr, REGION: gl.constexpr,
                 TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr):
     """The row's top-k among its stashed candidates (at least ``k``, the first ``warp_counts[w]`` of each warp's
-    region of ``REGION`` slots; ``q``: the stash's slots in the tensor's order) to output slots ``[0, k)``: the bin
-    holding the k-th best is the fine bin at ``edge`` (an order key, from the row's score histogram) or, where
-    ``edge`` is ``INT_MIN``, found from the candidates' bin counts (:func:`_pivot_bin`); those above it go out, and
+    region of ``REGION`` slots; ``q``: the stash's slots in the tensor's order) to output slots ``[0, k)``: the
+    candidates' bin counts give the bin holding the k-th best (:func:`_pivot_bin`); those above it go out, and
     those in it (gathered at ``bin_key`` / ``bin_idx``) are ranked (:func:`_rank_pivot_bin`). Returns whether it
-    did: not when the pivot bin holds more than ``TIE_SLOTS`` (heavy ties; the row is left to the exact fallback),
-    or the candidates do not put the k-th best in the histogram's bin."""
+    did: not when the pivot bin holds more than ``TIE_SLOTS`` (heavy ties; the row is left to the exact
+    fallback)."""
     m = (q % REGION) < gl.load(warp_counts + q // REGION)  # each warp's region holds its candidates first
     key = order_key(gl.load(stash_bits + q, mask=m, other=0))
     idx = gl.load(stash_idx + q, mask=m, other=-1)
-    if edge != INT_MIN:
-        top = key >> 16
-        gt = m & (top > (edge >> 16))
-        inside = m & (top == (edge >> 16))
-        held = gl.sum(gt.to(gl.int32) + (inside.to(gl.int32) << 16), 0)
-        above = held & 0xFFFF
-        in_p = held >> 16
-        done = (above < k) & (above + in_p >= k) & (in_p <= TIE_SLOTS)
-    else:
-        bins, p, above, in_p = _pivot_bin(key, m, hist, k, BINS, BIN_L)
-        gt = m & (bins > p)
-        inside = m & (bins == p)
-        done = in_p <= TIE_SLOTS
+    bins, p, above, in_p = _pivot_bin(key, m, hist, k, BINS, BIN_L)
+    done = in_p <= TIE_SLOTS
     if done:
-        both = gt.to(gl.int32) + (inside.to(gl.int32) << 16)  # C <= 8192: both counts fit in 16 bits
+        gt = (m & (bins > p)).to(gl.int32)
+        inside = m & (bins == p)
+        both = gt + (inside.to(gl.int32) << 16)  # C <= 8192: both counts fit in 16 bits
         slots = gl.associative_scan(both, 0, _add) - both
-        emit(out_row, o_s1, raw_row, w_s1, slots & 0xFFFF, idx, gt, seq, b_ok, tab_row, tab_s1, pages, page_size,
+        emit(out_row, o_s1, raw_row, w_s1, slots & 0xFFFF, idx, gt != 0, seq, b_ok, tab_row, tab_s1, pages, page_size,
              TRANSLATE, HAS_RAW, SHIFT)
         gl.store(bin_key + (slots >> 16), key, mask=inside)
         gl.store(bin_idx + (slots >> 16), idx, mask=inside)
@@ -270,21 +258,17 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, edge
 
 @gluon.jit
 def topk_block_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, stash_ptr, counts_ptr, score_hist_ptr,
+    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, stash_ptr, counts_ptr,
     rows, cols, k, batches, pages, page_size,
-    s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1, sh_s0,
+    s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: gl.constexpr, HAS_R2B: gl.constexpr, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
     SHIFT: gl.constexpr, CONTIG: gl.constexpr, DIGIT: gl.constexpr, PIECE_J: gl.constexpr, SAMPLE_J: gl.constexpr,
     STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr, TIE_SLOTS: gl.constexpr,
-    SCORE_HIST: gl.constexpr,
 ):
     """One row at a time a program (persistent over rows; the pivot bin's gathered candidates, ``2 × TIE_SLOTS``
     int32, the program's stash, ``2 × CAP``, bin counts, ``BINS``, and warp counts, ``NUM_WARPS``, at
     ``stash_ptr``): sample, filter, select, translate and fill (module docstring); ``counts[r]`` -1 for rows
-    finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``). With
-    ``SCORE_HIST``, row ``r``'s score histogram (``score_hist.py``, at ``score_hist_ptr + r · sh_s0``) is read, then
-    cleared: where it places the k-th best in a fine bin of at most ``TIE_SLOTS`` entries, that bin's lower edge is
-    the filter's threshold and the bin the select's pivot (no sample, no bin counts)."""
+    finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``)."""
     NT: gl.constexpr = NUM_WARPS * 32
     CAP: gl.constexpr = NT * STASH_J
     PIECE_L: gl.constexpr = gl.BlockedLayout([1, PIECE_J], [1, 32], [NUM_WARPS, 1], [1, 0])  # a warp a row
@@ -304,7 +288,6 @@ def topk_block_kernel(
     i = gl.arange(0, 32 * PIECE_J, layout=gl.SliceLayout(0, PIECE_L))[None, :]
     across = w * 32 + i // PIECE_J  # thread t's j-th entry of a piece: column t + j·NT
     along = (i % PIECE_J) * NT + w * 0
-    SUB_L: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
     q = gl.arange(0, CAP, layout=STASH_L)
     for r in range(pid, rows, gl.num_programs(0)):
         start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
@@ -313,28 +296,18 @@ def topk_block_kernel(
         raw_row = raw_ptr + r64 * w_s0
         b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
         count = length * 0 - 1
-        edge = count * 0 + INT_MIN
-        if SCORE_HIST:
-            sh_row = score_hist_ptr + r64 * sh_s0
-            coarse, edge, h_above, h_in = score_hist.locate(sh_row, k, BIN_L, SUB_L)
-            block_barrier()  # every thread has read the histogram
-            score_hist.clear(sh_row, coarse, BIN_L)
-            edge = gl.where((h_in <= TIE_SLOTS) & (h_above + h_in <= CAP), edge, INT_MIN)
         if length > k:
             row_ptr = scores_ptr + r64 * s_s0
+            gl.store(hist + gl.arange(0, BINS, layout=BIN_L), gl.zeros([BINS], gl.int32, layout=BIN_L))
             first = _piece(row_ptr, s_s1, start, start + length, across, along, CONTIG, False)
-            if edge != INT_MIN:
-                floor = edge.to(gl.float32, bitcast=True)  # a key >= 0 is its float's bits
-            else:
-                gl.store(hist + gl.arange(0, BINS, layout=BIN_L), gl.zeros([BINS], gl.int32, layout=BIN_L))
-                floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, NT * SAMPLE_J, SAMPLE_L, DIGIT, HIST)
+            floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, NT * SAMPLE_J, SAMPLE_L, DIGIT, HIST)
             count = _filter(first, row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, warp_counts, across,
                             along, CONTIG, NT * PIECE_J, CAP, NUM_WARPS)
             if (count >= k) & (count <= CAP):
                 block_barrier()  # the stash was written by other threads of this program
-                done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, edge, k, q, out_row,
-                                   o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE,
-                                   HAS_RAW, SHIFT, BINS, BIN_L, CAP // NUM_WARPS, TIE_SLOTS, RANK_L)
+                done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q, out_row, o_s1,
+                                   raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
+                                   SHIFT, BINS, BIN_L, CAP // NUM_WARPS, TIE_SLOTS, RANK_L)
                 count = gl.where(done, -1, CAP + 1)  # CAP + 1: the finishing launch's exact fallback
         else:
             for j0 in range(0, k, CAP):  # a short row: 0 .. len-1, then -1
