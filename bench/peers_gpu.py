@@ -12,6 +12,9 @@ otherwise. ``ci/gpu.sh`` installs DeepGEMM from wheels in ``$PEER_WHEELS`` when 
 - FlashInfer (``flashinfer``): ``top_k_page_table_transform`` against :func:`indexcache.topk_translate` with a
   token-level table (page 1, each row's table a random permutation), ``top_k`` against :func:`indexcache.topk`.
 - SGLang (``sgl_kernel``): ``fast_topk_transform_fused`` against the same ``topk_translate`` (k 2048 only).
+- The producer step of decode: :func:`indexcache.paged_topk_translate` (64 × 32K and 128K, next_n 1, k 2048,
+  a token-level table) against DeepGEMM's ``fp8_paged_mqa_logits`` then FlashInfer's ``top_k_page_table_transform``,
+  when both import; ours as two ops (``paged_mqa_logits`` then ``topk_translate``) beside it.
 
 With ``--variants`` each logits case also races our kernel under the tuning overrides of ``VARIANTS`` (called
 through the cuda backend's kernel function, each checked against the op first): how a tuning change is chosen,
@@ -202,8 +205,10 @@ def kernel_variants(op: str, args: tuple, want: torch.Tensor, row: dict) -> dict
     return fns
 
 
-def decode_case(dg: Any, dev: torch.device, batch: int, context: int, next_n: int, ceil: dict, rounds: int,
-                variants: bool = False) -> dict:
+def decode_inputs(dev: torch.device, batch: int, context: int, next_n: int) -> tuple:
+    """``(q, cache, weights, lens, table, seen)``: random fp8 keys in pages of 64 (a random permutation of the
+    cache's pages as the table), every request ``context`` keys long; ``seen [batch, next_n]``: the keys each row
+    sees (row j of request b sees keys < lens[b] - next_n + 1 + j, the contract of ours and DeepGEMM's)."""
     gen = torch.Generator(device=dev).manual_seed(0)
     per_request = -(-context // PAGE)
     cache = new_packed_cache(batch * per_request, PAGE, DIM, device=dev)
@@ -214,9 +219,14 @@ def decode_case(dg: Any, dev: torch.device, batch: int, context: int, next_n: in
     lens = torch.full((batch,), context, device=dev, dtype=torch.int32)
     q = (torch.randn(batch, next_n, HEADS, DIM, device=dev, generator=gen) * 24).clamp(-400, 400).to(FP8)
     w = torch.randn(batch * next_n, HEADS, device=dev, generator=gen) * HEADS**-0.5
-    out = torch.empty(batch * next_n, context, device=dev)
-    # Row j of request b sees keys < lens[b] - next_n + 1 + j (the contract of both).
     seen = (lens[:, None] - next_n + 1 + torch.arange(next_n, device=dev, dtype=torch.int32)[None, :]).int()
+    return q, cache, w, lens, table, seen
+
+
+def decode_case(dg: Any, dev: torch.device, batch: int, context: int, next_n: int, ceil: dict, rounds: int,
+                variants: bool = False) -> dict:
+    q, cache, w, lens, table, seen = decode_inputs(dev, batch, context, next_n)
+    out = torch.empty(batch * next_n, context, device=dev)
     moved = TOKEN_BYTES * batch * context + 4 * out.numel()
     row: dict = {"op": "paged_mqa_logits", "case": f"decode {batch} x {size(context)} next_n={next_n}",
                  "bytes": moved}
@@ -259,6 +269,21 @@ def selected_scores(scores: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return picked.sort(dim=1, descending=True).values
 
 
+def token_table(rows: int, cols: int, gen: torch.Generator, dev: torch.device) -> tuple[torch.Tensor, Callable]:
+    """A token-level table (page 1), each row's own random permutation of the row's positions offset by the row,
+    and the function taking translated slots back to positions (-1 stays)."""
+    perm = torch.argsort(torch.rand(rows, cols, device=dev, generator=gen), dim=1).int()
+    table = (perm + torch.arange(rows, device=dev, dtype=torch.int32)[:, None] * cols).contiguous()
+    inverse = torch.argsort(perm, dim=1).int()
+    offsets = torch.arange(rows, device=dev, dtype=torch.int32)[:, None] * cols
+
+    def positions(slots: torch.Tensor) -> torch.Tensor:
+        local = (slots - offsets).clamp(0, cols - 1).long()
+        return torch.where(slots >= 0, inverse.gather(1, local), -1)
+
+    return table, positions
+
+
 def topk_case(peers: dict, dev: torch.device, rows: int, cols: int, k: int, label: str, causal: bool,
               ties: bool, rounds: int) -> dict:
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -267,10 +292,7 @@ def topk_case(peers: dict, dev: torch.device, rows: int, cols: int, k: int, labe
         scores = scores.bfloat16().float()  # bf16-rounded: many exact ties
     lengths = (cols - rows + 1 + torch.arange(rows, device=dev)).int() if causal else \
         torch.full((rows,), cols, device=dev, dtype=torch.int32)
-    # A token-level table (page 1): each row's own random permutation of the row's positions, offset per row.
-    perm = torch.argsort(torch.rand(rows, cols, device=dev, generator=gen), dim=1).int()
-    table = (perm + torch.arange(rows, device=dev, dtype=torch.int32)[:, None] * cols).contiguous()
-    inverse = torch.argsort(perm, dim=1).int()
+    table, positions = token_table(rows, cols, gen, dev)
     out, out_plain = torch.empty(rows, k, device=dev, dtype=torch.int32), torch.empty(rows, k, device=dev,
                                                                                       dtype=torch.int32)
     row: dict = {"op": "topk_translate", "case": label, "read_once_bytes": scores.numel() * 4}
@@ -278,12 +300,6 @@ def topk_case(peers: dict, dev: torch.device, rows: int, cols: int, k: int, labe
     plain = {"ours topk": lambda: indexcache.topk(scores, lengths, k, out=out_plain)}
     fused["ours"]()
     plain["ours topk"]()
-    offsets = torch.arange(rows, device=dev, dtype=torch.int32)[:, None] * cols
-
-    def positions(slots: torch.Tensor) -> torch.Tensor:  # translated slots back to positions (-1 stays)
-        local = (slots - offsets).clamp(0, cols - 1).long()
-        return torch.where(slots >= 0, inverse.gather(1, local), -1)
-
     want = selected_scores(scores, out_plain)
     row["ours_fused_agrees"] = bool(torch.equal(selected_scores(scores, positions(out)), want))
     fi, sg = peers.get("flashinfer"), peers.get("sgl_kernel")
@@ -329,6 +345,55 @@ def topk_cases(quick: bool) -> list[tuple]:
             (1, 1 << 20, 2048, "1 x 1M", False, False)]
 
 
+# ----------------------------------------------------------------------------------------------- producer step
+
+
+def producer_case(peers: dict, dev: torch.device, batch: int, context: int, k: int, rounds: int) -> dict:
+    """The producer step of decode (next_n 1): ours in one op (:func:`indexcache.paged_topk_translate`) and as its
+    two ops, beside DeepGEMM's logits then FlashInfer's ``top_k_page_table_transform`` (when both import), through a
+    token-level table. Each checked first: the selected logits equal the best ones of the logits it computed."""
+    q, cache, w, lens, blocks, seen = decode_inputs(dev, batch, context, 1)
+    table, positions = token_table(batch, context, torch.Generator(device=dev).manual_seed(1), dev)
+    logits, logits2 = torch.empty(batch, context, device=dev), torch.empty(batch, context, device=dev)
+    out, out2 = torch.empty(batch, k, device=dev, dtype=torch.int32), torch.empty(batch, k, device=dev,
+                                                                                   dtype=torch.int32)
+    row: dict = {"op": "paged_topk_translate", "case": f"decode {batch} x {size(context)} k{k}"}
+
+    def ours_unfused():
+        indexcache.paged_mqa_logits(q, cache, w, lens, blocks, context, out=logits2)
+        indexcache.topk_translate(logits2, lens, k, table, 1, out=out2)
+
+    fns = {"ours": lambda: indexcache.paged_topk_translate(q, cache, w, lens, blocks, context, k, table, 1,
+                                                           logits=logits, out=out),
+           "ours, two ops": ours_unfused}
+    for fn in fns.values():
+        fn()
+    best = selected_scores(logits, indexcache.topk(logits, lens, k, backend="torch"))
+    row["ours_agrees"] = bool(torch.equal(selected_scores(logits, positions(out)), best))
+    dg, fi = peers.get("deep_gemm"), peers.get("flashinfer")
+    if dg is not None and fi is not None:
+        pages = cache.view(cache.shape[0], PAGE, 1, TOKEN_BYTES)
+        schedule = attempt(row, "DeepGEMM", lambda: as_torch(dg.get_paged_mqa_logits_metadata(seen, PAGE,
+                                                                                              int(dg.get_num_sms()))))
+
+        def peer():
+            scores = dg.fp8_paged_mqa_logits(q, pages, w, seen, blocks, schedule, context, False)
+            return scores, fi.top_k_page_table_transform(as_torch(scores), table, lens, k)
+
+        got = attempt(row, "DeepGEMM + FlashInfer", peer) if schedule is not None else None
+        if got is not None:
+            scores = as_torch(got[0])
+            row["DeepGEMM + FlashInfer agrees"] = bool(torch.equal(
+                selected_scores(scores, positions(got[1])),
+                selected_scores(scores, indexcache.topk(scores, lens, k, backend="torch"))))
+            if row["DeepGEMM + FlashInfer agrees"]:
+                fns["DeepGEMM + FlashInfer"] = peer
+    row["us"] = race_us(fns, dev, calls=4, rounds=rounds)
+    if "DeepGEMM + FlashInfer" in row["us"]:
+        row["ours_over_best_fused_peer"] = row["us"]["ours"] / row["us"]["DeepGEMM + FlashInfer"]
+    return row
+
+
 # ----------------------------------------------------------------------------------------------- main
 
 
@@ -339,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30, help="replay rounds a case (default 30)")
     parser.add_argument("--variants", action="store_true",
                         help="also race our logits kernels under each tuning override of VARIANTS")
-    parser.add_argument("--only", choices=("logits", "topk"), help="run one family of cases")
+    parser.add_argument("--only", choices=("logits", "topk", "producer"), help="run one family of cases")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
         print("no GPU visible: this script compares GPU kernels (pass --smoke to check it on tiny CPU shapes)")
@@ -363,17 +428,20 @@ def main(argv: list[str] | None = None) -> int:
     dg = peers.get("deep_gemm")
     smoke = args.smoke
     cases: list[tuple[str, Callable[[], dict]]] = []
-    for causal in (True, False) if args.only != "topk" else ():
+    for causal in (True, False) if args.only in (None, "logits") else ():
         shape = (64, 256) if smoke else (4096, 32768)
         cases.append((f"prefill {causal}", lambda c=causal, s=shape: prefill_case(dg, dev, *s, c, ceil, rounds,
                                                                                   args.variants)))
-    for context in ((256,) if smoke else (32768, 131072)) if args.only != "topk" else ():
+    for context in ((256,) if smoke else (32768, 131072)) if args.only in (None, "logits") else ():
         for next_n in (1, 2):
             cases.append((f"decode {context} {next_n}", lambda c=context, n=next_n: decode_case(
                 dg, dev, 2 if smoke else 64, c, n, ceil, rounds, args.variants)))
-    for rows, cols, k, label, causal, ties in topk_cases(smoke) if args.only != "logits" else ():
+    for rows, cols, k, label, causal, ties in topk_cases(smoke) if args.only in (None, "topk") else ():
         cases.append((label, lambda r=rows, c=cols, k=k, lb=label, ca=causal, t=ties: topk_case(
             peers, dev, r, c, k, lb, ca, t, rounds)))
+    for context in ((256,) if smoke else (32768, 131072)) if args.only in (None, "producer") else ():
+        cases.append((f"producer {context}", lambda c=context: producer_case(
+            peers, dev, 2 if smoke else 64, c, 64 if smoke else 2048, rounds)))
     for name, run in cases:
         try:
             row = run()

@@ -15,8 +15,8 @@
 # the commit recorded in the bench JSON where the tree has no .git; GPU_SH_PARTS, which parts to run (default
 # "core kernels runtime"; one device call holds about two of them): core = conformance (sm90 and forced sm80),
 # memcheck, graph tests, translate bench; kernels = indexcache bench --op mqa_logits / paged_mqa_logits / topk /
-# topk_translate / quantize_index_k / store_index_k (JSON in reports.tar.gz under bench/), the top-k and logits GPU
-# scripts; runtime = the stream/runtime/model GPU tests (and under compute-sanitizer), the end-to-end and
+# topk_translate / paged_topk_translate / quantize_index_k / store_index_k (JSON in reports.tar.gz under bench/),
+# the top-k and logits GPU scripts; runtime = the stream/runtime/model GPU tests (and under compute-sanitizer), the end-to-end and
 # context-parallel scripts; peers = bench/peers_gpu.py, ours beside DeepGEMM / FlashInfer / SGLang where they
 # import (not in the default parts; PEER_WHEELS, a folder of peer wheels such as sgl-deep-gemm 0.1.2 and
 # apache-tvm-ffi 0.1.9, installs them into a folder of their own first); GPU_SH_SKIP, names of steps to leave
@@ -127,7 +127,7 @@ else
   record memcheck "FAILED (no compute-sanitizer)" - 0
 fi
 
-# The graph tests, and the seven ops compiled (aot_eager, inductor) and captured on the cuda backend.
+# The graph tests, and the eight ops compiled (aot_eager, inductor) and captured on the cuda backend.
 step graph-tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_translate_graph.py \
   tests/test_compile.py::test_every_op_compiles_on_the_gpu_and_equals_eager --junitxml "$WORK/graph-tests.xml"
 # On a GPU these tests must run: a skip there would hide the check, so it counts as a failure.
@@ -147,7 +147,7 @@ fi
 if part kernels; then
   # indexcache bench for the kernel ops, each well under a minute on an H200; JSON under $WORK/bench (reports.tar.gz:
   # $OUT keeps at most 8 files).
-  for op in mqa_logits paged_mqa_logits topk topk_translate quantize_index_k store_index_k; do
+  for op in mqa_logits paged_mqa_logits topk topk_translate paged_topk_translate quantize_index_k store_index_k; do
     step "bench-$op" 120 "${IC[@]}" bench --op "$op" --json "$WORK/bench/bench-$op.json"
   done
   run_hook topk 240

@@ -452,15 +452,17 @@ def test_e2e_smoke_runs_on_the_cpu(tmp_path):
 @no_gpu
 def test_peers_smoke_reports_absent_peers_and_checks_ours(tmp_path):
     """Off a GPU no peer imports: each is reported absent with its reason, and ours still runs every case (the
-    fused top-k checked against the plain one through the table's inverse)."""
+    fused top-k checked against the plain one through the table's inverse, the producer step against the best
+    logits of its own logits)."""
     _script("peers_gpu", "--smoke", "--out", str(tmp_path / "peers.json"))
     report = json.loads((tmp_path / "peers.json").read_text())
     assert report["schema"] == "indexcache-peers/1" and not report["errors"]
     assert set(report["peers"]) == {"DeepGEMM", "FlashInfer", "SGLang"}
     assert all(state.startswith(("absent: ", "present ")) for state in report["peers"].values())
     assert [row["op"] for row in report["rows"]] == ["mqa_logits"] * 2 + ["paged_mqa_logits"] * 2 + \
-        ["topk_translate"] * 2
+        ["topk_translate"] * 2 + ["paged_topk_translate"]
     assert all(row["ours_fused_agrees"] for row in report["rows"] if row["op"] == "topk_translate")
+    assert all(row["ours_agrees"] for row in report["rows"] if row["op"] == "paged_topk_translate")
 
 
 @no_gpu

@@ -78,7 +78,7 @@ def _inputs():
 
 
 def every_op(keys, cache, slots, q, weights, lens, table, ks, ke, k, page, backend=None):
-    """All seven ops in one function, each feeding the next."""
+    """All eight ops in one function, each feeding the next."""
     dim = keys.shape[1]
     k8, scale = indexcache.quantize_index_k(keys, E4M3, block=dim, backend=backend)
     indexcache.store_index_k(keys, cache, slots, E4M3, backend=backend)
@@ -86,11 +86,13 @@ def every_op(keys, cache, slots, q, weights, lens, table, ks, ke, k, page, backe
     q8 = q8.view(q.shape)
     prefill = indexcache.mqa_logits(q8, k8, scale[:, 0].contiguous(), weights, ks, ke, backend=backend)
     decode = indexcache.paged_mqa_logits(q8[:, None], cache, weights, lens, table, keys.shape[0], backend=backend)
+    step = indexcache.paged_topk_translate(q8[:, None], cache, weights, lens, table, keys.shape[0], k, table, page,
+                                           backend=backend).sort(1).values  # the order of an unsorted top-k is free
     raw = indexcache.topk(decode, lens, k, sorted=True, backend=backend)
     slots_out = indexcache.translate(raw, table, lens, page, backend=backend)
     out_raw = torch.empty_like(raw)
     fused = indexcache.topk_translate(prefill, ke, k, table, page, out_raw=out_raw, sorted=True, backend=backend)
-    return k8.view(torch.uint8), scale, cache, prefill, decode, raw, slots_out, fused, out_raw
+    return k8.view(torch.uint8), scale, cache, prefill, decode, step, raw, slots_out, fused, out_raw
 
 
 def _equal(got, want):
@@ -278,7 +280,7 @@ def test_dynamic_shapes_and_ints():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the cuda backend compiled needs a GPU")
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
 def test_every_op_compiles_on_the_gpu_and_equals_eager(compiler):
-    """On a GPU (cuda backend): the seven ops in one fullgraph compile equal to eager, then the compiled function
+    """On a GPU (cuda backend): the eight ops in one fullgraph compile equal to eager, then the compiled function
     captured in a CUDA graph and replayed equal to eager too (ci/gpu.sh runs this; a skip there fails the step)."""
     if dispatch.get_backend() != "cuda":
         pytest.skip(f"the cuda backend is not the one in force here ({dispatch.get_backend()})")
