@@ -15,7 +15,7 @@ from indexcache.hal import dispatch
 from indexcache.hal.checks import INDEX, check_k, check_page_size, check_tensor, output
 from indexcache.hal.layout import split_packed_cache
 from indexcache.hal.specs import mqa_logits, paged_mqa_logits, topk, topk_translate, translate
-from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints
+from indexcache.hal.specs.base import E4M3, I32, CaseList, OpSpec, Verdict, cpu, ints
 from indexcache.hal.specs.bench import BASELINE, POISON, BenchCase, BenchSpec
 
 # The arguments of the logits part, as paged_mqa_logits takes them (its page_table is the block_table here).
@@ -139,8 +139,12 @@ def bench_cases(quick: bool) -> list[BenchCase]:
 
 
 def bench_build(case: BenchCase, gen: torch.Generator) -> dict[str, Any]:
-    """paged_mqa_logits' inputs; a KV table of randomly permuted pages; outputs poisoned."""
+    """paged_mqa_logits' inputs with a fresh random scale for every token (its cache repeats a block of pages, so
+    its logits would repeat every few thousand keys: ties that send every row to the top-k's exact fallback); a KV
+    table of randomly permuted pages; outputs poisoned."""
     args = paged_mqa_logits.bench_build(case, gen)
+    scales = split_packed_cache(args["k_cache"], case.params["dim"], E4M3)[1]
+    scales.copy_(torch.rand(scales.shape, generator=gen) * 0.01 + 1e-3)
     p = case.params
     batch, rows, k = p["batch"], p["batch"] * p["next_n"], p["k"]
     pages = -(-p["context"] // p["page_size"])
