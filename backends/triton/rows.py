@@ -28,6 +28,17 @@ def window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS: tl.const
 
 
 @triton.jit
+def sample_positions(i, start, length, SAMPLES: tl.constexpr):
+    """Window positions of the sample entries ``i`` (``0 <= i < SAMPLES``) of a window ``[start, start + length)``
+    (``length > 0``): one in each of ``SAMPLES`` equal segments, at an offset within it drawn from a hash of ``i``.
+    Evenly spaced entries would all sit at the same few offsets of data that repeats with a power-of-two period (a
+    cache of 64-token pages read twice a page), and a threshold from such a sample can miss the row's k-th best."""
+    wide = i.to(tl.int64)
+    jitter = ((((wide * 2654435761) & 0xFFFFFFFF) >> 16) * length) >> 16  # in [0, length)
+    return start + ((wide * length + jitter) // SAMPLES).to(tl.int32)
+
+
+@triton.jit
 def row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B: tl.constexpr):
     """``(batch ok, page-table row pointer)`` of row ``r``."""
     if HAS_R2B:

@@ -2,10 +2,10 @@
 
 A sampled-threshold select that reads each row once, with an exact radix select as its fallback:
 
-1. Sample: a few thousand entries spread evenly over the window, held in registers; the threshold ``T`` is
-   the key of the sample's ``m``-th best, radix-selected (``DIGIT`` bits a round), with ``m`` set so that ``T``
-   lies below the row's k-th best score with overwhelming odds (``m = λ + 4·√λ + 2``, ``λ`` the sample
-   entries expected above the k-th best).
+1. Sample: a few thousand entries spread over the window (one a segment, jittered), held in registers; the
+   threshold ``T`` is the key of the sample's ``m``-th best, radix-selected (``DIGIT`` bits a round), with ``m`` set
+   so that ``T`` lies below the row's k-th best score with overwhelming odds (``m = λ + 4·√λ + 2``, ``λ`` the
+   sample entries expected above the k-th best).
 2. Filter: every valid entry ``>= T`` is a candidate, kept with its position (and, on split rows, its key and
    a count in the row's bin of its key; see below): a compare or two an entry, no histogram over the row.
 3. Finish: when the row gave ``k <= C <= cap`` candidates they hold the whole top-k (every entry at or
@@ -66,6 +66,7 @@ from indexcache.backends.triton.rows import (
     load,
     order_key,
     row_batch,
+    sample_positions,
     score_bits,
     window,
 )
@@ -194,7 +195,7 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: 
     in registers (the lowest valid key when fewer than ``m`` are valid). -0.0 and +0.0 stay tied: a threshold of
     +0.0 is lowered to take -0.0 in too. ``best``: the sample's largest key."""
     i = tl.arange(0, SAMPLES)
-    pos = start + ((i.to(tl.int64) * length) // SAMPLES).to(tl.int32)
+    pos = sample_positions(i, start, length, SAMPLES)
     key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, 8)
     valid = tl.sum((key != INT_MIN).to(tl.int32), 0)
     lam = (k * 1.0) * SAMPLES / length.to(tl.float32)  # k may arrive as a constexpr (Triton specialises 1)

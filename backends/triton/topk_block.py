@@ -6,11 +6,11 @@ place of ``topk_rows_kernel``) where :func:`unsupported` says nothing, and the s
 program (``NUM_WARPS`` warps, ``NT`` threads) a row at a time, persistent over rows, a stash of ``CAP`` entries a
 program in the workspace:
 
-1. Sample: ``NT × SAMPLE_J`` entries spread evenly over the window, one to a few a thread; three radix rounds in
-   registers (``DIGIT`` bits a round, one ``gl.histogram`` a round, a bin a lane) settle the top bits of the
-   sample's ``m``-th best key below the sample's common prefix: the threshold ``floor`` (a float) lies at or below
-   that key (``topk.py``'s rule for ``m``: below the row's k-th best with overwhelming odds). The filter's first
-   piece is read before the sample, so that its read overlaps the sample's rounds.
+1. Sample: ``NT × SAMPLE_J`` entries spread over the window (one a segment, jittered), one to a few a thread;
+   three radix rounds in registers (``DIGIT`` bits a round, one ``gl.histogram`` a round, a bin a lane) settle the
+   top bits of the sample's ``m``-th best key below the sample's common prefix: the threshold ``floor`` (a float)
+   lies at or below that key (``topk.py``'s rule for ``m``: below the row's k-th best with overwhelming odds). The
+   filter's first piece is read before the sample, so that its read overlaps the sample's rounds.
 2. Filter: pieces of ``NT × PIECE_J`` columns as ``[NUM_WARPS, 32 × PIECE_J]`` tensors, a warp a row; thread ``t``
    reads columns ``t, t + NT, …`` (every read coalesced; constant offsets from one address), the next piece's read
    issued before the current one is filtered, one float compare an entry. Each warp compacts its candidates (fp32
@@ -52,6 +52,7 @@ from indexcache.backends.triton.rows import (
     load,
     order_key,
     row_batch,
+    sample_positions,
     score_bits,
     window,
 )
@@ -114,12 +115,12 @@ def _select(key, need, count, DIGIT: gl.constexpr, HIST: gl.constexpr, ROUNDS: g
 def _sample_floor(row_ptr, s1, start, length, k, CONTIG: gl.constexpr, SAMPLES: gl.constexpr,
                   SAMPLE_L: gl.constexpr, DIGIT: gl.constexpr, HIST: gl.constexpr):
     """The filter threshold of a row (``length > 0``) as a float: at or below the key of the ``m``-th best of
-    ``SAMPLES`` entries spread evenly over the window, ``m = λ + 4·√λ + 2`` with ``λ = SAMPLES·k/length`` (the
-    lowest finite float when fewer than ``m`` are valid). Three rounds settle the key's top bits below the sample's
-    common prefix (the threshold may lie up to a 64th of an octave below the ``m``-th best: a few more
-    candidates, two fewer rounds)."""
+    ``SAMPLES`` entries spread over the window (``rows.sample_positions``), ``m = λ + 4·√λ + 2`` with
+    ``λ = SAMPLES·k/length`` (the lowest finite float when fewer than ``m`` are valid). Three rounds settle the
+    key's top bits below the sample's common prefix (the threshold may lie up to a 64th of an octave below the
+    ``m``-th best: a few more candidates, two fewer rounds)."""
     i = gl.arange(0, SAMPLES, layout=SAMPLE_L)
-    pos = start + ((i.to(gl.int64) * length) // SAMPLES).to(gl.int32)
+    pos = sample_positions(i, start, length, SAMPLES)
     key = order_key(score_bits(load(row_ptr, s1, pos, i < SAMPLES, CONTIG)))
     valid = gl.sum((key != INT_MIN).to(gl.int32), 0)
     lam = (k * 1.0) * SAMPLES / length.to(gl.float32)  # k may arrive as a constexpr (1 is specialised)
