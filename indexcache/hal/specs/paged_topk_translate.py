@@ -140,8 +140,8 @@ def bench_cases(quick: bool) -> list[BenchCase]:
 
 def bench_build(case: BenchCase, gen: torch.Generator) -> dict[str, Any]:
     """paged_mqa_logits' inputs with a fresh random scale for every token (its cache repeats a block of pages, so
-    its logits would repeat every few thousand keys: ties that send every row to the top-k's exact fallback); a KV
-    table of randomly permuted pages; outputs poisoned."""
+    its logits would repeat every few thousand keys: a top-k over them sees a few thousand distinct values, each
+    several times); a KV table of randomly permuted pages; outputs poisoned."""
     args = paged_mqa_logits.bench_build(case, gen)
     scales = split_packed_cache(args["k_cache"], case.params["dim"], E4M3)[1]
     scales.copy_(torch.rand(scales.shape, generator=gen) * 0.01 + 1e-3)
