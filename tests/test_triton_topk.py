@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import indexcache
+from indexcache.backends.triton.rows import sample_positions
 from indexcache.backends.triton.target import _target
 from indexcache.hal import dispatch, reference
 
@@ -358,3 +361,24 @@ def test_random_shapes_and_distributions_match_the_reference(seed):
                 split | {"FINISH_BINS": 4096}):  # split rows' pivot bin: nearly all candidates, or a few
         _assert_rows(_direct(scores, lengths, k, cfg, row_starts=starts), want)
     assert torch.equal(_direct(scores, lengths, k, (fused, SMALL)[seed % 2], row_starts=starts, sorted=True), want)
+
+
+
+@triton.jit
+def _sample_positions_kernel(out_ptr, start, length, SAMPLES: tl.constexpr):
+    i = tl.arange(0, SAMPLES)
+    tl.store(out_ptr + i, sample_positions(i, start, length, SAMPLES))
+
+@pytest.mark.parametrize(("start", "length", "samples"), [(0, 32768, 1024), (7, 1000, 256), (3, 100, 256), (0, 1, 64)])
+def test_sample_entries_one_a_segment_at_varied_offsets(start, length, samples):
+    """The sample's positions (``rows.sample_positions``) lie in the window, one in each segment (up to one past its
+    end, for float rounding), in order; at a power-of-two stride they do not all share a few offsets a page."""
+    out = torch.empty(samples, dtype=torch.int32)
+    _sample_positions_kernel[(1,)](out, start, length, SAMPLES=samples)
+    pos = out.long() - start
+    seg = torch.arange(samples)
+    assert bool(((pos >= 0) & (pos < length)).all())
+    assert bool((pos >= seg * length // samples).all()) and bool((pos <= (seg + 1) * length // samples).all())
+    assert bool((pos[1:] >= pos[:-1]).all())
+    if length >= 64 * samples // 2:  # several entries a 64-token page: their offsets in the page vary
+        assert (pos % 64).unique().numel() > 32

@@ -33,9 +33,10 @@ def sample_positions(i, start, length, SAMPLES: tl.constexpr):
     (``length > 0``): one in each of ``SAMPLES`` equal segments, at an offset within it drawn from a hash of ``i``.
     Evenly spaced entries would all sit at the same few offsets of data that repeats with a power-of-two period (a
     cache of 64-token pages read twice a page), and a threshold from such a sample can miss the row's k-th best."""
-    wide = i.to(tl.int64)
-    jitter = ((((wide * 2654435761) & 0xFFFFFFFF) >> 16) * length) >> 16  # in [0, length)
-    return start + ((wide * length + jitter) // SAMPLES).to(tl.int32)
+    spread = (((i * 1540483477) >> 16) & 0xFFFF).to(tl.float32) * (1.0 / 65536)  # in [0, 1), int32 wrapping
+    # In float32 (few registers): exact segments up to 2^24 columns, evenly spread past that.
+    at = ((i.to(tl.float32) + spread) * (length.to(tl.float32) / SAMPLES)).to(tl.int32)
+    return start + tl.minimum(at, length - 1)
 
 
 @triton.jit
