@@ -105,7 +105,6 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     return {"paged_topk_translate": OpImpl(run, supports, prepare)}
 
 
-
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
     """What this module builds for ``target`` itself (cross-compile check): :func:`draft_rows_kernel` for two draft
     tokens (the logits and top-k launches are their own modules' builds)."""
