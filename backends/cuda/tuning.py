@@ -60,15 +60,16 @@ _COMMON: dict[str, dict[str, Any]] = {
 
 # What each compute capability has (CUDA C++ Programming Guide, compute capabilities; the matrix instruction is
 # what Triton 3.9 emits there): shared memory per SM, fp8 matrix instructions and fp8 conversions (from sm89),
-# TMA (from sm90), the MMA instruction (warp-group MMA only on sm90; tcgen05 on sm100). Unlisted architectures
-# take the nearest listed one below them of the same major (sm87 → sm86, sm103 → sm100, sm121 → sm120).
+# TMA and programmatic dependent launch (from sm90), the MMA instruction (warp-group MMA only on sm90; tcgen05 on
+# sm100). Unlisted architectures take the nearest listed one below them of the same major (sm87 → sm86, sm103 →
+# sm100, sm121 → sm120).
 _ARCH: dict[str, dict[str, Any]] = {
-    "sm80": {"shared_per_sm": 164 * 1024, "fp8_mma": False, "tma": False, "mma": "mma.sync"},
-    "sm86": {"shared_per_sm": 100 * 1024, "fp8_mma": False, "tma": False, "mma": "mma.sync"},
-    "sm89": {"shared_per_sm": 100 * 1024, "fp8_mma": True, "tma": False, "mma": "mma.sync"},
-    "sm90": {"shared_per_sm": 228 * 1024, "fp8_mma": True, "tma": True, "mma": "wgmma"},
-    "sm100": {"shared_per_sm": 228 * 1024, "fp8_mma": True, "tma": True, "mma": "tcgen05"},
-    "sm120": {"shared_per_sm": 100 * 1024, "fp8_mma": True, "tma": True, "mma": "mma.sync"},
+    "sm80": {"shared_per_sm": 164 * 1024, "fp8_mma": False, "tma": False, "pdl": False, "mma": "mma.sync"},
+    "sm86": {"shared_per_sm": 100 * 1024, "fp8_mma": False, "tma": False, "pdl": False, "mma": "mma.sync"},
+    "sm89": {"shared_per_sm": 100 * 1024, "fp8_mma": True, "tma": False, "pdl": False, "mma": "mma.sync"},
+    "sm90": {"shared_per_sm": 228 * 1024, "fp8_mma": True, "tma": True, "pdl": True, "mma": "wgmma"},
+    "sm100": {"shared_per_sm": 228 * 1024, "fp8_mma": True, "tma": True, "pdl": True, "mma": "tcgen05"},
+    "sm120": {"shared_per_sm": 100 * 1024, "fp8_mma": True, "tma": True, "pdl": True, "mma": "mma.sync"},
 }
 _PREFILL_SHARED = 42 * 1024  # an fp8 prefill program's shared memory at 3 stages (sm90, sm100; 34 KB on sm89, sm120)
 
@@ -107,6 +108,10 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
     if not fp8:
         # Decode with the fp16 decoding of fp8 keys: one draft token a program (Triton 3.9 spills 144 bytes at two).
         table["paged_mqa_logits"]["COLS"] = 64
+    # The top-k's block kernel and finishing launch start with programmatic dependent launch where there is one: their
+    # programs take the multiprocessors the launch before them leaves and wait there for its end, in place of a launch
+    # gap each (docs/kernels.md, "The producer step of decode").
+    table["topk"]["PDL"] = caps["pdl"]
     if caps["mma"] == "wgmma" and _triton_before(3, 7):
         # Decode, measured on the H200 with Triton 3.6 (reports/gpu/2026-12-01-run37): the warp-specialized Gluon
         # kernel is 3-10 % faster than the Triton one on every decode row of the peer comparison and gives the same

@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
-from indexcache.backends.triton.sm90 import block_barrier, tma_load, unsupported_target
+from indexcache.backends.triton.sm90 import block_barrier, launch_dependents, tma_load, unsupported_target
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 from indexcache.hal.device import sm_version
@@ -247,7 +247,10 @@ def paged_decode_sm90_kernel(
     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, LOADER_REGS: gl.constexpr,
 ):
-    """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers."""
+    """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers.
+    Every program being resident (a persistent grid), the next launch, where it uses programmatic dependent launch
+    (the top-k's block kernel), may take the multiprocessors as they free and wait there for this kernel's end."""
+    launch_dependents()
     j0 = gl.program_id(0) * GROUPS
     p = gl.program_id(1).to(gl.int64)
     programs = gl.num_programs(1)

@@ -1,11 +1,13 @@
 """What the Hopper (sm90) Gluon kernels share: the Gluon names that differ between the Triton versions they build with
 (3.6 on the H200, 3.9 in CI), resolved once — the block-wide barrier (``gl.thread_barrier`` → ``gl.barrier``) and the
-copy engine's load (``tma.async_copy_global_to_shared`` → ``tma.async_load``, same arguments) — and the reasons
-every one of them gives for a call it cannot take."""
+copy engine's load (``tma.async_copy_global_to_shared`` → ``tma.async_load``, same arguments) —, the grid dependency
+control of programmatic dependent launch (sm90 on), and the reasons every one of them gives for a call it cannot
+take."""
 
 from __future__ import annotations
 
 import torch
+from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
@@ -14,6 +16,26 @@ from indexcache.hal.device import sm_version
 
 block_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _grid_dependency(asm: gl.constexpr):
+    gl.inline_asm_elementwise(asm + " // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def grid_dependency_wait():
+    """Wait until the kernel launched before this one has finished and its writes are visible (a no-op unless this
+    kernel was launched with ``launch_pdl``, which lets it start before then). sm90 and later."""
+    _grid_dependency("griddepcontrol.wait;")
+
+
+@gluon.jit
+def launch_dependents():
+    """Let the next kernel, where launched with ``launch_pdl``, start once every program of this one has got here or
+    exited (a hint; its programs still wait for this kernel's end at :func:`grid_dependency_wait`). sm90 and
+    later."""
+    _grid_dependency("griddepcontrol.launch_dependents;")
 
 
 def unsupported_target(dtype: torch.dtype, target: Target) -> list[str]:

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from indexcache.backends.triton import topk_block
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
@@ -673,12 +674,15 @@ def topk_finish_kernel(
     s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
     SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr,
-    BLOCK_S: tl.constexpr, BINS: tl.constexpr,
+    BLOCK_S: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr,
 ):
     """The last launch, one program per row at a time (persistent over rows, a stash per program): rows the
     first launch finished (a count of -1) are skipped; a long split row whose chunks found ``k <= C <= cap``
     candidates takes :func:`_split_pass` and selects the rest among its pivot bin's candidates, any other long
-    row takes the exact fallback; then translate and fill (short rows: fill only)."""
+    row takes the exact fallback; then translate and fill (short rows: fill only). ``PDL``: launched with
+    programmatic dependent launch (it waits for the launch before it first)."""
+    if PDL:
+        gdc_wait()
     pid = tl.program_id(0)
     stash_key = stash_ptr + pid.to(tl.int64) * 2 * cap
     stash_idx = stash_key + cap
@@ -788,6 +792,12 @@ def _options(target: Target, cfg: Mapping[str, Any]) -> Options:
     return launch_key_options(launch_options(target, cfg))
 
 
+def _pdl(target: Target, cfg: Mapping[str, Any]) -> bool:
+    """Whether the block kernel and the finishing launch start with programmatic dependent launch (the table's
+    ``PDL``, on an NVIDIA GPU)."""
+    return bool(cfg.get("PDL")) and target.vendor == "cuda" and not target.interpreted
+
+
 def _own_options(target: Target, cfg: Mapping[str, Any], warps_key: str, maxnreg_key: str | None = None) -> Options:
     """Launch options of a kernel with warps of its own (``cfg[warps_key]``, the pass's warps by default) and no
     register cap but ``cfg[maxnreg_key]`` where that is given."""
@@ -801,9 +811,12 @@ def _own_options(target: Target, cfg: Mapping[str, Any], warps_key: str, maxnreg
 def _finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, Options]:
     """Tile and launch options of the finishing kernel (``FINISH_TILE`` values over ``FINISH_WARPS`` warps; the
     pass tile and warps by default; ``FINISH_MAXNREG`` registers on NVIDIA, where ptxas otherwise caps itself at 128
-    and spills): a wide tile holds a typical stash in registers and cuts the serial L2 round trips of the rounds
-    over it."""
-    return cfg.get("FINISH_TILE", cfg["TILE"]), _own_options(target, cfg, "FINISH_WARPS", "FINISH_MAXNREG")
+    and spills; ``launch_pdl`` where :func:`_pdl`): a wide tile holds a typical stash in registers and cuts the
+    serial L2 round trips of the rounds over it."""
+    opts = dict(_own_options(target, cfg, "FINISH_WARPS", "FINISH_MAXNREG"))
+    if _pdl(target, cfg):
+        opts["launch_pdl"] = True
+    return cfg.get("FINISH_TILE", cfg["TILE"]), launch_key_options(opts)
 
 
 def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
@@ -896,6 +909,7 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
                                                     row_to_batch)
     opts = _options(target, cfg)
     fin_tile, fin_opts = _finish_shape(target, cfg)
+    pdl = _pdl(target, cfg)
     scan = {name: row_args[name] for name in _SCAN_ARGS}
     common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
     sms = _sms(target, device)
@@ -919,10 +933,11 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
         FINISH, (finish_programs,), fin_opts,
         (scores, lengths, starts, out, raw, r2b, table, region, counts, hist, stash, rows, cols, k, cap, chunks,
          chunk),
-        dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins)))
+        dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins, PDL=pdl)))
     if block:
         return [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols,
-                                            k), dict(row_args, DIGIT=cfg["DIGIT"], **block), row_programs)),
+                                            k), dict(row_args, DIGIT=cfg["DIGIT"], PDL=pdl, **block),
+                                           row_programs)),
                 finish]
     if not chunk:
         return [("rows", Launch(ROWS, (row_programs,), opts,
@@ -1043,6 +1058,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     opts = dict(_options(target, cfg))
     fin_tile, fin_opts = _finish_shape(target, cfg)
     fin_opts = dict(fin_opts)
+    pdl = bool(cfg.get("PDL")) and target.vendor == "cuda"  # as _pdl on a GPU (the check builds for one)
     chunk = split_chunk(64, 1 << 17, 132, cfg)  # decode's 64 rows of 128K keys on an H200-sized GPU
     lanes, pack, filter_opts = filter_shape(target, chunk, cfg)
     shape = {"BITS": cfg["BITS"], "TILE": cfg["TILE"]}
@@ -1077,7 +1093,8 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         specs.append(KernelSpec(op, topk_rows_kernel, ptrs, {**full, "SAMPLES": min(cfg["SAMPLE"], 2 * cfg["TILE"])},
                                 opts, aligned=aligned))
         specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"],
-                                                                   BINS=cfg["FINISH_BINS"]), fin_opts, aligned=aligned))
+                                                                   BINS=cfg["FINISH_BINS"], PDL=pdl), fin_opts,
+                                aligned=aligned))
         width = MAX_SORTED_K if dtype == torch.float32 else 2048  # sorted=True at its largest k and at DSA's
         sort = {n: v for n, v in full.items() if n not in ("BITS", "TILE", "DIGIT", "k")}
         specs.append(KernelSpec(op, topk_sort_kernel, ptrs, dict(sort, K_P2=width),
@@ -1085,7 +1102,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         if cfg.get("KERNEL") == "block" and target.vendor == "cuda":  # the Gluon kernel at decode's 128K columns
             block = topk_block.shape(1 << 17, 2048, sample_size(1 << 17, 2048, cfg), cfg)
             flags = {name: value for name, value in full.items() if name not in ("BITS", "TILE")}
-            specs.append(KernelSpec(op, topk_block.topk_block_kernel, ptrs, {**flags, **block},
-                                    dict(topk_block.options(block)), aligned=aligned,
+            specs.append(KernelSpec(op, topk_block.topk_block_kernel, ptrs, {**flags, **block, "PDL": pdl},
+                                    dict(topk_block.options({**block, "PDL": pdl})), aligned=aligned,
                                     stack_bytes=topk_block.STACK_BYTES))
     return specs

@@ -56,7 +56,7 @@ from indexcache.backends.triton.rows import (
     score_bits,
     window,
 )
-from indexcache.backends.triton.sm90 import block_barrier
+from indexcache.backends.triton.sm90 import block_barrier, grid_dependency_wait, launch_dependents
 from indexcache.backends.triton.support import next_power_of_2
 from indexcache.backends.triton.target import Target
 
@@ -264,12 +264,17 @@ def topk_block_kernel(
     s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: gl.constexpr, HAS_R2B: gl.constexpr, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
     SHIFT: gl.constexpr, CONTIG: gl.constexpr, DIGIT: gl.constexpr, PIECE_J: gl.constexpr, SAMPLE_J: gl.constexpr,
-    STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr, TIE_SLOTS: gl.constexpr,
+    STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr, TIE_SLOTS: gl.constexpr, PDL: gl.constexpr,
 ):
     """One row at a time a program (persistent over rows; the pivot bin's gathered candidates, ``2 × TIE_SLOTS``
     int32, the program's stash, ``2 × CAP``, bin counts, ``BINS``, and warp counts, ``NUM_WARPS``, at
     ``stash_ptr``): sample, filter, select, translate and fill (module docstring); ``counts[r]`` -1 for rows
-    finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``)."""
+    finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``).
+    ``PDL``: launched with programmatic dependent launch (it waits for the launch before it first, and lets the
+    finishing launch's programs take the multiprocessors it leaves idle)."""
+    if PDL:
+        grid_dependency_wait()
+        launch_dependents()
     NT: gl.constexpr = NUM_WARPS * 32
     CAP: gl.constexpr = NT * STASH_J
     PIECE_L: gl.constexpr = gl.BlockedLayout([1, PIECE_J], [1, 32], [NUM_WARPS, 1], [1, 0])  # a warp a row
@@ -346,7 +351,8 @@ def workspace(named: Mapping[str, int]) -> int:
 
 
 def options(named: Mapping[str, int]) -> Options:
-    return launch_key_options({"num_warps": named["NUM_WARPS"]})
+    """Launch options of a program of the given shape (``PDL``: with programmatic dependent launch)."""
+    return launch_key_options({"num_warps": named["NUM_WARPS"], **({"launch_pdl": True} if named["PDL"] else {})})
 
 
 def unsupported(scores: torch.Tensor, k: int, target: Target, cfg: Mapping[str, Any]) -> list[str]:
@@ -363,5 +369,5 @@ def unsupported(scores: torch.Tensor, k: int, target: Target, cfg: Mapping[str, 
 
 def launch(args: tuple, named: Mapping[str, Any], programs: int) -> Launch:
     """The launch of ``programs`` programs with ``topk_rows_kernel``'s arguments ``args`` (stash and counts in its
-    places) and keyword arguments ``named`` (its flags and strides, and :func:`shape`)."""
+    places) and keyword arguments ``named`` (its flags and strides, ``PDL``, and :func:`shape`)."""
     return Launch(BLOCK, (programs,), options(named), args, dict(named))
