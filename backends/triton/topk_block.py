@@ -78,30 +78,15 @@ def _add(a, b):
 
 
 @gluon.jit
-def _add2(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
-
-
-@gluon.jit
-def _min_max_sum(a_min, a_max, a_n, b_min, b_max, b_n):
-    return gl.minimum(a_min, b_min), gl.maximum(a_max, b_max), a_n + b_n
-
-
-@gluon.jit
-def _key_range(key, m):
-    """``(smallest, largest, how many)`` of the keys ``key`` where ``m``, in one block reduction."""
-    return gl.reduce((gl.where(m, key, INT_MAX), gl.where(m, key, INT_MIN), m.to(gl.int32)), 0, _min_max_sum)
-
-
-@gluon.jit
-def _select(key, need, kmin, kmax, count, DIGIT: gl.constexpr, HIST: gl.constexpr, ROUNDS: gl.constexpr):
-    """Radix select of the ``need``-th largest of the order keys ``key`` (INT_MIN: no entry; ``kmin`` / ``kmax``
-    the smallest and largest valid one), ``count`` of them valid: the pivot's settled bits in the unsigned order
-    (``key ^ INT_MIN``), its unsettled bits 0, so a key at or below the ``need``-th largest. The rounds start below
-    the common prefix of the smallest and largest key and stop as soon as the pivot's digit holds exactly the
-    entries still needed, or after ``ROUNDS``."""
+def _select(key, need, count, DIGIT: gl.constexpr, HIST: gl.constexpr, ROUNDS: gl.constexpr):
+    """Radix select of the ``need``-th largest of the order keys ``key`` (INT_MIN: no entry), ``count`` of them
+    valid: the pivot's settled bits in the unsigned order (``key ^ INT_MIN``), its unsettled bits 0, so a key at or
+    below the ``need``-th largest. The rounds start below the common prefix of the smallest and largest key and stop
+    as soon as the pivot's digit holds exactly the entries still needed, or after ``ROUNDS``."""
     NB: gl.constexpr = 1 << DIGIT
     valid = key != INT_MIN
+    kmin = gl.min(gl.where(valid, key, INT_MAX), 0)
+    kmax = gl.max(key, 0)
     low = gl.where(need > 0, below_common_prefix(kmin, kmax), 0)
     fixed = ~low
     thr = (kmin ^ INT_MIN) & fixed
@@ -117,7 +102,8 @@ def _select(key, need, kmin, kmax, count, DIGIT: gl.constexpr, HIST: gl.constexp
             hist = gl.histogram((u >> lo) & (NB - 1), NB, mask=m, layout=HIST)
             at_or_above = gl.associative_scan(hist, 0, _add, reverse=True)
             digit = gl.sum((at_or_above >= take).to(gl.int32), 0) - 1
-            above, matched = gl.reduce((gl.where(bins > digit, hist, 0), gl.where(bins == digit, hist, 0)), 0, _add2)
+            above = gl.sum(gl.where(bins > digit, hist, 0), 0)
+            matched = gl.sum(gl.where(bins == digit, hist, 0), 0)
             take -= above
             thr = thr | (digit << lo)
             fixed = fixed | ((NB - 1) << lo)
@@ -136,10 +122,10 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: gl.constexpr, SAMPLES: 
     i = gl.arange(0, SAMPLES, layout=SAMPLE_L)
     pos = sample_positions(i, start, length, SAMPLES)
     key = order_key(score_bits(load(row_ptr, s1, pos, i < SAMPLES, CONTIG)))
-    kmin, kmax, valid = _key_range(key, key != INT_MIN)
+    valid = gl.sum((key != INT_MIN).to(gl.int32), 0)
     lam = (k * 1.0) * SAMPLES / length.to(gl.float32)  # k may arrive as a constexpr (1 is specialised)
     m = (lam + 4.0 * gl.sqrt(lam) + 3.0).to(gl.int32)  # >= ceil(λ + 4√λ + 2)
-    thr = _select(key, gl.minimum(m, valid), kmin, kmax, valid, DIGIT, HIST, 3)
+    thr = _select(key, gl.minimum(m, valid), valid, DIGIT, HIST, 3)
     floor = gl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
     return (floor ^ ((floor >> 31) & 0x7FFFFFFF)).to(gl.float32, bitcast=True)  # keys map back to their floats
 
@@ -161,26 +147,26 @@ def _piece(row_ptr, s1, c0, hi, across, along, CONTIG: gl.constexpr, FULL: gl.co
 
 
 @gluon.jit
-def _filter(x, x1, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_counts, across, along,
+def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_counts, across, along,
             CONTIG: gl.constexpr, PIECE: gl.constexpr, CAP: gl.constexpr, NUM_WARPS: gl.constexpr):
     """Entries of the window ``>= floor`` (a float: NaN, -inf and masked entries never pass; -0.0 passes with +0.0)
-    to the stash (fp32 bits, window positions), piece by piece from the first two, ``x`` and ``x1`` (read by the
-    caller before the sample, so that their reads overlap the sample's select), each piece's read issued two pieces
-    before it is filtered (whole pieces unmasked). The pieces are ``[NUM_WARPS, …]`` tensors, a warp a row: each warp
-    compacts its candidates into a region of its own (``CAP / NUM_WARPS`` entries, in order) with a scan within the
-    warp, so no piece waits on a block barrier, and writes its count to ``warp_counts``. Returns the candidates in
-    all, or ``CAP + 1`` when a region overflowed."""
+    to the stash (fp32 bits, window positions), piece by piece from the first, ``x`` (read by the caller before
+    the sample, so that its read overlaps the sample's select), each piece's read issued before the one before it
+    is filtered (whole pieces unmasked). The pieces are ``[NUM_WARPS, …]`` tensors, a warp a row: each warp compacts
+    its candidates into a region of its own (``CAP / NUM_WARPS`` entries, in order) with a scan within the warp, so
+    no piece waits on a block barrier, and writes its count to ``warp_counts``. Returns the candidates in all, or
+    ``CAP + 1`` when a region overflowed."""
     REGION: gl.constexpr = CAP // NUM_WARPS
     hi = start + length
     w = gl.arange(0, NUM_WARPS, layout=gl.SliceLayout(1, across.type.layout))
     region = (w * REGION)[:, None]
     held = w * 0
     for c0 in range(start, hi, PIECE):
-        ahead = c0 + 2 * PIECE
-        if ahead + PIECE <= hi:
-            x2 = _piece(row_ptr, s1, ahead, hi, across, along, CONTIG, True)
+        nxt = c0 + PIECE
+        if nxt + PIECE <= hi:
+            x_next = _piece(row_ptr, s1, nxt, hi, across, along, CONTIG, True)
         else:
-            x2 = _piece(row_ptr, s1, ahead, hi, across, along, CONTIG, False)
+            x_next = _piece(row_ptr, s1, nxt, hi, across, along, CONTIG, False)
         cand = (x.to(gl.float32) >= floor).to(gl.int32)
         rank = gl.associative_scan(cand, 1, _add)
         entry = held[:, None] + rank - cand
@@ -188,8 +174,7 @@ def _filter(x, x1, row_ptr, s1, start, length, floor, stash_bits, stash_idx, war
         gl.store(stash_bits + region + entry, score_bits(x), mask=keep)
         gl.store(stash_idx + region + entry, (c0 - start) + (across + along), mask=keep)
         held += gl.max(rank, 1)
-        x = x1
-        x1 = x2
+        x = x_next
     gl.store(warp_counts + w, held)
     return gl.where(gl.max(held, 0) > REGION, CAP + 1, gl.sum(held, 0))
 
@@ -200,8 +185,8 @@ def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr):
     that the largest falls in the last) holding the k-th best of the candidates ``key`` (``m``: which slots hold
     one), counted through ``hist`` (``BINS`` int32 in global memory, zeroed; an atomic add a candidate). Returns
     ``(bins of the slots, p, above, in_p)``: the pivot bin, the candidates above it and in it."""
-    kmin, kmax, _ = _key_range(key, m)
-    span = (kmax - kmin).to(gl.uint32, bitcast=True)
+    kmin = gl.min(gl.where(m, key, INT_MAX), 0)
+    span = (gl.max(gl.where(m, key, INT_MIN), 0) - kmin).to(gl.uint32, bitcast=True)
     # The fewest low bits to drop so that ``span >> shift < BINS``, from the float exponent of ``span`` (rounding
     # may drop one more).
     top = (span.to(gl.float32).to(gl.int32, bitcast=True) >> 23) - 127  # floor(log2(span)); -127 for 0
@@ -213,7 +198,8 @@ def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr):
     counts = gl.load(hist + b, cache_modifier=".cg")
     at_or_above = gl.associative_scan(counts, 0, _add, reverse=True)
     p = gl.sum((at_or_above >= k).to(gl.int32), 0) - 1
-    above, in_p = gl.reduce((gl.where(b > p, counts, 0), gl.where(b == p, counts, 0)), 0, _add2)
+    above = gl.sum(gl.where(b > p, counts, 0), 0)
+    in_p = gl.sum(gl.where(b == p, counts, 0), 0)
     return bins, p, above, in_p
 
 
@@ -320,10 +306,9 @@ def topk_block_kernel(
             row_ptr = scores_ptr + r64 * s_s0
             gl.store(hist + gl.arange(0, BINS, layout=BIN_L), gl.zeros([BINS], gl.int32, layout=BIN_L))
             first = _piece(row_ptr, s_s1, start, start + length, across, along, CONTIG, False)
-            second = _piece(row_ptr, s_s1, start + NT * PIECE_J, start + length, across, along, CONTIG, False)
             floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, NT * SAMPLE_J, SAMPLE_L, DIGIT, HIST)
-            count = _filter(first, second, row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, warp_counts,
-                            across, along, CONTIG, NT * PIECE_J, CAP, NUM_WARPS)
+            count = _filter(first, row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, warp_counts, across,
+                            along, CONTIG, NT * PIECE_J, CAP, NUM_WARPS)
             if (count >= k) & (count <= CAP):
                 block_barrier()  # the stash was written by other threads of this program
                 done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q, out_row, o_s1,
