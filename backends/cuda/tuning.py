@@ -108,10 +108,10 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
     if not fp8:
         # Decode with the fp16 decoding of fp8 keys: one draft token a program (Triton 3.9 spills 144 bytes at two).
         table["paged_mqa_logits"]["COLS"] = 64
-    # The top-k's block kernel and finishing launch start with programmatic dependent launch where there is one: their
-    # programs take the multiprocessors the launch before them leaves and wait there for its end, in place of a launch
-    # gap each (docs/kernels.md, "The producer step of decode").
-    table["topk"]["PDL"] = caps["pdl"]
+    # The top-k's block kernel and finishing launch, and the Hopper decode, start with programmatic dependent launch
+    # where there is one: their programs take the multiprocessors the launch before them leaves and wait there for its
+    # end, in place of a launch gap each (docs/kernels.md, "The producer step of decode").
+    table["topk"]["PDL"] = table["paged_mqa_logits"]["PDL"] = caps["pdl"]
     if caps["mma"] == "wgmma" and _triton_before(3, 7):
         # Decode, measured on the H200 with Triton 3.6 (reports/gpu/2026-12-01-run37): the warp-specialized Gluon
         # kernel is 3-10 % faster than the Triton one on every decode row of the peer comparison and gives the same

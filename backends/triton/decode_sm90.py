@@ -36,7 +36,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
-from indexcache.backends.triton.sm90 import block_barrier, launch_dependents, tma_load, unsupported_target
+from indexcache.backends.triton.sm90 import (
+    block_barrier,
+    grid_dependency_wait,
+    launch_dependents,
+    tma_load,
+    unsupported_target,
+)
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 from indexcache.hal.device import sm_version
@@ -246,10 +252,14 @@ def paged_decode_sm90_kernel(
     q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, LOADER_REGS: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers.
-    Every program being resident (a persistent grid), the next launch, where it uses programmatic dependent launch
-    (the top-k's block kernel), may take the multiprocessors as they free and wait there for this kernel's end."""
+    ``PDL``: launched with programmatic dependent launch (its programs wait for the launch before it first). Every
+    program being resident (a persistent grid), the next launch, where it uses programmatic dependent launch (the
+    top-k's block kernel), may take the multiprocessors as they free and wait there for this kernel's end."""
+    if PDL:
+        grid_dependency_wait()
     launch_dependents()
     j0 = gl.program_id(0) * GROUPS
     p = gl.program_id(1).to(gl.int64)
@@ -313,9 +323,11 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     layout = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
     keys_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [page, dim], layout)
     cap = cfg["TMA_MAXNREG"][groups - 1]
-    options = launch_key_options({"num_warps": 4, **({"maxnreg": cap} if cap else {})})
+    pdl = bool(cfg.get("PDL"))
+    options = launch_key_options({"num_warps": 4, **({"maxnreg": cap} if cap else {}),
+                                  **({"launch_pdl": True} if pdl else {})})
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
-                 BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS)
+                 BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS, PDL=pdl)
     # The scales through the copy engine too: the cache as rows of dim / 4 float32, a page's scales its last rows.
     words = k_cache.view(-1).view(torch.float32).view(k_cache.shape[0] * rows, dim // 4)
     block = [page * 4 // dim, dim // 4]
@@ -351,7 +363,8 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
             "paged_mqa_logits", paged_decode_sm90_kernel, types,
             {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page,
              "PAGE_ROWS": page * (dim + 4) // dim, "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block,
-             "LOADER_REGS": LOADER_REGS, "ctx_s0": 1},
-            {"num_warps": 4, **({"maxnreg": cap} if cap else {})}, matrix="fp8",
+             "LOADER_REGS": LOADER_REGS, "PDL": bool(cfg.get("PDL")), "ctx_s0": 1},
+            {"num_warps": 4, **({"maxnreg": cap} if cap else {}), **({"launch_pdl": True} if cfg.get("PDL") else {})},
+            matrix="fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs
