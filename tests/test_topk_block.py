@@ -70,3 +70,26 @@ def test_a_forced_chunk_keeps_the_split_path(monkeypatch):
 
 def test_the_triton_table_keeps_the_triton_kernels(monkeypatch):
     assert _plan(monkeypatch, 2048, 32768, {**CFG, "KERNEL": "triton"})[0][1].launcher is topk.ROWS
+
+
+@pytest.mark.parametrize(("arch", "pdl"), [("sm90", True), ("sm100", True), ("sm80", False), ("sm89", False)])
+def test_block_and_finish_launches_use_programmatic_dependent_launch_from_sm90(monkeypatch, arch, pdl):
+    target = Target("cuda", arch, 32, torch.float8_e4m3fn, False)
+    cfg = tuning(arch)["topk"]
+    monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
+    scores = torch.empty(64, 32768)
+    lengths = torch.full((64,), 32768, dtype=torch.int32)
+    out = torch.empty(64, 2048, dtype=torch.int32)
+    steps = topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=target, cfg=cfg)
+    for name, launch in steps:
+        assert dict(launch.options).get("launch_pdl", False) is pdl, name
+        assert launch.named["PDL"] is pdl, name
+    no_pdl = topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=target,
+                           cfg={**cfg, "PDL": False})
+    assert all("launch_pdl" not in dict(launch.options) and not launch.named["PDL"] for _, launch in no_pdl)
+
+
+def test_interpreted_and_amd_launches_never_ask_for_programmatic_dependent_launch():
+    for target in (Target("cuda", "sm90", 32, torch.float8_e4m3fn, True),
+                   Target("hip", "gfx942", 64, torch.float8_e4m3fnuz, False)):
+        assert not topk._pdl(target, {**CFG, "PDL": True})
