@@ -10,9 +10,10 @@ short one) and prefills them twice under a plan with producers and shared layers
 
 - the reference: the plain model on the whole key axis, its producers selecting with
   ``indexcache.topk_translate(sorted=True)`` (:class:`SortedTopkState`);
-- context parallel: :class:`ShardedIndexerModel` computes each producer's logits on the rank's contiguous
-  shard of the keys only, :class:`CPTopkState` merges the top-k across ranks with
-  :func:`indexcache.runtime.distributed.cp_topk_translate`; shared layers reuse it, and everything else (KV
+- context parallel: :class:`ShardedIndexerModel` computes each producer's logits on the rank's shard of the keys
+  only (``--layouts``: contiguous, and zigzag, the load-balanced causal layout of
+  :func:`indexcache.runtime.distributed.zigzag_key_index`), :class:`CPTopkState` merges the top-k across ranks
+  with :func:`indexcache.runtime.distributed.cp_topk_translate`; shared layers reuse it, and everything else (KV
   cache, sparse attention) runs replicated, so every rank's output must equal the reference.
 
 Why sorted: ``cp_topk`` orders a row's selection by score (then index), as ``topk(sorted=True)`` does,
@@ -28,8 +29,8 @@ Checks on every rank: each producer's selected logical indices equal the referen
 1e-4 of their largest magnitude (max abs difference and bitwise equality are reported). Timings, rank
 0's, median of ``--reps``: the whole prefill forward on one device vs context parallel and, per
 producer, ``mqa_logits`` of the rank's shard vs ``cp_topk`` (local top-k, all-gather, merge) on those
-scores. CUDA events on GPUs; with gloo they are host-clock smoke numbers, not speeds. Prints tables,
-writes JSON to ``--out`` and exits 1 on a mismatch.
+scores. Checks and timings are per layout. CUDA events on GPUs; with gloo they are host-clock smoke numbers,
+not speeds. Prints tables, writes JSON to ``--out`` and exits 1 on a mismatch.
 """
 
 from __future__ import annotations
@@ -49,30 +50,36 @@ from indexcache.bench.ranks import describe, rank_group, run_header, spawn, writ
 from indexcache.bench.timing import Timer
 from indexcache.hal import dispatch
 from indexcache.hal.ops import INDEX
-from indexcache.runtime.distributed import cp_topk, cp_topk_translate
+from indexcache.runtime.distributed import cp_topk, cp_topk_translate, zigzag_key_index
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import IndexRecorder, TopkState
 from indexcache.tools.model import Batch, DSAModel, ModelConfig, PagedCache, preset
 
-SCHEMA = "indexcache-cp-model-bench/1"
+SCHEMA = "indexcache-cp-model-bench/2"  # 2: a run per key layout
 LOGITS_TOLERANCE = 1e-4  # relative to the largest reference logit (at least 1)
 # Defaults per --dist-backend: (k, prompt lengths, reps). GPUs: DeepSeek-V3.2's k 2048; CPU: small.
 DEFAULTS = {"nccl": (2048, (3072, 2304, 1024), 10), "gloo": (128, (384, 200, 64), 3)}
+LAYOUTS = ("contiguous", "zigzag")
 
 
 class ShardedIndexerModel(DSAModel):
-    """:class:`DSAModel` whose prefill indexer scores only this rank's contiguous shard of the keys.
+    """:class:`DSAModel` whose prefill indexer scores only this rank's shard of the keys.
 
-    Of the N keys a prefill batch gathers, rank ``rank`` of ``world`` holds ``[key_offset, key_offset +
-    n_local)`` with ``key_offset = N * rank // world``; :meth:`_prefill_logits` sets ``key_offset``,
+    Of the N keys a prefill batch gathers, rank ``rank`` of ``world`` holds, with ``layout`` "contiguous",
+    ``[key_offset, key_offset + n_local)`` with ``key_offset = N * rank // world``; with "zigzag", the keys of
+    :func:`zigzag_key_index` (``key_offset`` is then that int32 index). A row's window is an interval of
+    global keys, so its visible local keys are an interval too. :meth:`_prefill_logits` sets ``key_offset``,
     ``num_keys`` (N) and ``layer_scored`` on each call for :class:`CPTopkState`. When ``captured`` is a dict,
     each producer's ``mqa_logits`` arguments are kept there by layer (for timing).
     """
 
-    def __init__(self, config: ModelConfig, device: torch.device | str, rank: int, world: int) -> None:
+    def __init__(self, config: ModelConfig, device: torch.device | str, rank: int, world: int,
+                 layout: str = "contiguous") -> None:
         super().__init__(config, device)
-        self.rank, self.world = rank, world
-        self.key_offset = 0
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+        self.rank, self.world, self.layout = rank, world, layout
+        self.key_offset: int | torch.Tensor = 0
         self.num_keys = 0
         self.layer_scored = -1
         self.captured: dict[int, tuple] | None = None
@@ -80,11 +87,19 @@ class ShardedIndexerModel(DSAModel):
     def _prefill_logits(self, layer: int, q8: torch.Tensor, k8: torch.Tensor, k_scale: torch.Tensor,
                         weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
         """``mqa_logits`` over the rank's keys only: local logits ``[R, n_local]`` float32 (-inf outside each
-        row's window, shifted and clipped to the shard)."""
+        row's window, mapped to the shard's local columns)."""
         n = k8.shape[0]
-        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
-        self.key_offset, self.num_keys, self.layer_scored = lo, n, layer
-        args = (q8, k8[lo:hi], k_scale[lo:hi], weights, (ks - lo).clamp(0, hi - lo), (ke - lo).clamp(0, hi - lo))
+        self.num_keys, self.layer_scored = n, layer
+        if self.layout == "contiguous":
+            lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
+            self.key_offset = lo
+            args = (q8, k8[lo:hi], k_scale[lo:hi], weights, (ks - lo).clamp(0, hi - lo), (ke - lo).clamp(0, hi - lo))
+        else:
+            index = zigzag_key_index(n, self.world, self.rank, device=k8.device)
+            self.key_offset = index
+            local = index.long()
+            args = (q8, k8[local], k_scale[local], weights, torch.searchsorted(index, ks).to(ks.dtype),
+                    torch.searchsorted(index, ke).to(ke.dtype))
         if self.captured is not None:
             self.captured[layer] = args
         return indexcache.mqa_logits(*args)
@@ -160,14 +175,16 @@ def setup(model: DSAModel, freq: int, prompts: Sequence[torch.Tensor], state_of:
 
 
 def check(rank: int, world: int, config: ModelConfig, prompt_lens: Sequence[int], freq: int,
-          device: torch.device, group: dist.ProcessGroup | None = None) -> tuple[dict, Prefill, Prefill]:
-    """Prefill on one device and context parallel on this rank of ``group``; compare (see the module docstring).
+          device: torch.device, group: dist.ProcessGroup | None = None, layout: str = "contiguous"
+          ) -> tuple[dict, Prefill, Prefill]:
+    """Prefill on one device and context parallel on this rank of ``group`` with the keys split by ``layout``;
+    compare (see the module docstring).
 
     Returns the checks (agreed across ranks: mismatches summed, differences maxed) and both prefills.
     """
     prompts = prompts_of(prompt_lens, config.vocab)
     ref = setup(DSAModel(config, device), freq, prompts, lambda rows, k: SortedTopkState(rows, k, device))
-    model = ShardedIndexerModel(config, device, rank, world)
+    model = ShardedIndexerModel(config, device, rank, world, layout)
     cp = setup(model, freq, prompts, lambda rows, k: CPTopkState(rows, k, model, group))
     recorded = []
     for prefill in (ref, cp):
@@ -186,7 +203,7 @@ def check(rank: int, world: int, config: ModelConfig, prompt_lens: Sequence[int]
     dist.all_reduce(diff, op=dist.ReduceOp.MAX, group=group)
     max_abs_diff, max_abs_logit, differs, reordered = diff.tolist()
     result = {
-        "world_size": world, "rows": ref.batch.rows, "k": ref.runner.k,
+        "layout": layout, "world_size": world, "rows": ref.batch.rows, "k": ref.runner.k,
         "plan": ref.runner.plan.roles, "producers": producers,
         "mismatched_rows": dict(zip(producers, mismatched.tolist(), strict=True)),
         "sets_equal": not bool(mismatched.any()), "order_equal": not reordered,
@@ -236,40 +253,51 @@ def timings(ref: Prefill, cp: Prefill, device: torch.device, reps: int, group: d
 
 
 def _rank_main(rank: int, world: int, args: argparse.Namespace) -> None:
+    runs = []
     with rank_group(rank, world, args.dist_backend) as device:
         config = preset("v32-like", topk=args.topk)
-        result, ref, cp = check(rank, world, config, args.prompts, args.freq, device)
-        forward, layers = timings(ref, cp, device, args.reps)
+        for layout in args.layouts:
+            result, ref, cp = check(rank, world, config, args.prompts, args.freq, device, layout=layout)
+            forward, layers = timings(ref, cp, device, args.reps)
+            runs.append({"layout": layout, "result": result, "forward": forward, "layers": layers})
+            del ref, cp
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         if rank == 0:
-            _report(result, forward, layers, config, args, world, device)
-    if not result["equal"]:
+            _report(runs, config, args, world, device)
+    if not all(run["result"]["equal"] for run in runs):
         sys.exit(1)
 
 
-def _report(result: dict, forward: dict, layers: list[dict], config: ModelConfig, args: argparse.Namespace,
-            world: int, device: torch.device) -> None:
+def _report(runs: list[dict], config: ModelConfig, args: argparse.Namespace, world: int, device: torch.device
+            ) -> None:
     clock = "CUDA events" if device.type == "cuda" else "host clock: CPU smoke run, not a GPU measurement"
+    first = runs[0]["result"]
     print(f"cp_model: {describe(device, world, args.dist_backend)}"
-          + f", prompts {list(args.prompts)} ({result['rows']} rows and keys), k={result['k']}, "
-          f"plan {result['plan']}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}")
-    print(f"producer top-k sets equal: {result['sets_equal']} (mismatched rows by layer: {result['mismatched_rows']}),"
-          f" in the same order: {result['order_equal']}")
-    print(f"logits: max abs diff {result['max_abs_diff']:.3g} (largest logit {result['max_abs_logit']:.3g}, "
-          f"tolerance {LOGITS_TOLERANCE:g} of it), close: {result['logits_close']}, "
-          f"bitwise equal: {result['logits_bitwise_equal']}")
-    print(f"mqa_logits on {forward['logits_backend']}, top-k on {forward['topk_backend']}")
-    print_rows(f"prefill forward (µs, rank 0, median of {args.reps}; {clock})", [forward],
-               ["single_forward_us", "cp_forward_us"])
-    print_rows(f"per producer (µs, rank 0; {clock})", layers, ["layer", "local_keys", "local_logits_us", "cp_topk_us"])
-    print(f"cp_model: {'OK' if result['equal'] else 'MISMATCH'}")
+          + f", prompts {list(args.prompts)} ({first['rows']} rows and keys), k={first['k']}, "
+          f"plan {first['plan']}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}")
+    for run in runs:
+        result, forward, layers = run["result"], run["forward"], run["layers"]
+        print(f"== keys split {run['layout']}")
+        print(f"producer top-k sets equal: {result['sets_equal']} (mismatched rows by layer: "
+              f"{result['mismatched_rows']}), in the same order: {result['order_equal']}")
+        print(f"logits: max abs diff {result['max_abs_diff']:.3g} (largest logit {result['max_abs_logit']:.3g}, "
+              f"tolerance {LOGITS_TOLERANCE:g} of it), close: {result['logits_close']}, "
+              f"bitwise equal: {result['logits_bitwise_equal']}")
+        print(f"mqa_logits on {forward['logits_backend']}, top-k on {forward['topk_backend']}")
+        print_rows(f"prefill forward (µs, rank 0, median of {args.reps}; {clock})", [forward],
+                   ["single_forward_us", "cp_forward_us"])
+        print_rows(f"per producer (µs, rank 0; {clock})", layers,
+                   ["layer", "local_keys", "local_logits_us", "cp_topk_us"])
+    equal = all(run["result"]["equal"] for run in runs)
+    print(f"cp_model: {'OK' if equal else 'MISMATCH'}")
     report = run_header(SCHEMA, device, world) | {
         "settings": {"dist_backend": args.dist_backend, "prompts": list(args.prompts), "freq": args.freq,
                      "reps": args.reps, "statistic": "median", "timed_on": "rank 0", "clock": clock,
-                     "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"), "model": dataclasses.asdict(config),
+                     "layouts": list(args.layouts), "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"),
+                     "model": dataclasses.asdict(config),
                      "logits_tolerance": f"{LOGITS_TOLERANCE:g} x max(1, largest reference logit)"},
-        "result": result,
-        "forward": forward,
-        "layers": layers,
+        "runs": runs,
     }
     write_report(report, args.out)
 
@@ -283,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"prompt lengths (default {DEFAULTS['nccl'][1]} with nccl, {DEFAULTS['gloo'][1]} gloo)")
     parser.add_argument("--topk", type=int, help="top-k (default 2048 with nccl, 128 with gloo)")
     parser.add_argument("--freq", type=int, default=2, help="index_topk_freq of the plan (default 2: FFSFSF...)")
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),
+                        help="how the keys are split across ranks (default: both, one after the other)")
     parser.add_argument("--reps", type=int, help="timed calls per measurement (default 10 with nccl, 3 with gloo)")
     parser.add_argument("--out", help="write the JSON report here")
     args = parser.parse_args(argv)

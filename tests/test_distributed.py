@@ -8,6 +8,7 @@ small model's context-parallel prefill (``bench/cp_model_gpu.py``'s check) runs 
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.util
 import math
 import sys
@@ -144,7 +145,7 @@ def test_cp_topk_translate_equals_single_rank(world, tmp_path):
     _spawn(world, tmp_path, _check_translate)
 
 
-def _check_model_prefill(rank: int, world: int) -> None:
+def _check_model_prefill(rank: int, world: int, layout: str) -> None:
     path = Path(__file__).resolve().parents[1] / "bench" / "cp_model_gpu.py"
     spec = importlib.util.spec_from_file_location("cp_model_gpu", path)
     script = sys.modules["cp_model_gpu"] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
@@ -152,16 +153,18 @@ def _check_model_prefill(rank: int, world: int) -> None:
     config = preset("v32-like", num_layers=6, hidden=64, heads=2, head_dim=32, index_heads=2, topk=16, page_size=8,
                     vocab=64, window=16)
     # k = 16: below the two longer prompts, above the short one; plan FFSFSF (producers and shared layers).
-    result, _, _ = script.check(rank, world, config, (48, 30, 9), 2, torch.device("cpu"))
-    assert result["plan"] == "FFSFSF" and result["producers"] == [0, 1, 3, 5]
+    result, _, cp = script.check(rank, world, config, (48, 30, 9), 2, torch.device("cpu"), layout=layout)
+    assert result["layout"] == layout and result["plan"] == "FFSFSF" and result["producers"] == [0, 1, 3, 5]
+    assert isinstance(cp.model.key_offset, torch.Tensor) == (layout == "zigzag")
     assert result["sets_equal"], f"rank {rank}: mismatched rows by producer {result['mismatched_rows']}"
     assert result["logits_close"], f"rank {rank}: max abs diff {result['max_abs_diff']}"
 
 
 @pytest.mark.skipif(not dist.is_gloo_available() or "fork" not in mp.get_all_start_methods(),
                     reason="needs torch.distributed with gloo and forked processes")
-def test_cp_model_prefill_equals_single_device(tmp_path):
-    _spawn(2, tmp_path, _check_model_prefill)
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_cp_model_prefill_equals_single_device(tmp_path, layout):
+    _spawn(2, tmp_path, functools.partial(_check_model_prefill, layout=layout))
 
 
 @pytest.mark.parametrize(("num_keys", "world"), [(100, 3), (5, 4), (0, 2), (8, 1)])
