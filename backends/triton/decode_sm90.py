@@ -294,6 +294,13 @@ PAGE_KEYS = 64  # the tile: one page
 LOADER_REGS = 40  # the copy warp's registers
 
 
+def _options(cfg: Mapping[str, Any], groups: int) -> dict[str, Any]:
+    """Launch options for ``groups`` draft tokens a program: four math warps, the table's register cap for that many
+    (``TMA_MAXNREG``, 0 for none), programmatic dependent launch where the table's ``PDL`` says."""
+    cap = cfg["TMA_MAXNREG"][groups - 1]
+    return {"num_warps": 4, **({"maxnreg": cap} if cap else {}), **({"launch_pdl": True} if cfg.get("PDL") else {})}
+
+
 def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, page_table: torch.Tensor,
                 out: torch.Tensor, page: int, groups: int, target: Target) -> list[str]:
     """Why this kernel cannot take a decode call (empty: it can; the Triton kernel takes the others). Arguments as
@@ -322,12 +329,9 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     keys = k_cache.view(-1).view(q.dtype).view(k_cache.shape[0] * rows, dim)
     layout = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
     keys_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [page, dim], layout)
-    cap = cfg["TMA_MAXNREG"][groups - 1]
-    pdl = bool(cfg.get("PDL"))
-    options = launch_key_options({"num_warps": 4, **({"maxnreg": cap} if cap else {}),
-                                  **({"launch_pdl": True} if pdl else {})})
+    options = launch_key_options(_options(cfg, groups))
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
-                 BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS, PDL=pdl)
+                 BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS, PDL=bool(cfg.get("PDL")))
     # The scales through the copy engine too: the cache as rows of dim / 4 float32, a page's scales its last rows.
     words = k_cache.view(-1).view(torch.float32).view(k_cache.shape[0] * rows, dim // 4)
     block = [page * 4 // dim, dim // 4]
@@ -358,13 +362,11 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
              "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32"}
     specs = []
     for next_n in (1, 2):
-        cap = cfg["TMA_MAXNREG"][next_n - 1]
         specs.append(KernelSpec(
             "paged_mqa_logits", paged_decode_sm90_kernel, types,
             {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page,
              "PAGE_ROWS": page * (dim + 4) // dim, "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block,
              "LOADER_REGS": LOADER_REGS, "PDL": bool(cfg.get("PDL")), "ctx_s0": 1},
-            {"num_warps": 4, **({"maxnreg": cap} if cap else {}), **({"launch_pdl": True} if cfg.get("PDL") else {})},
-            matrix="fp8",
+            _options(cfg, next_n), matrix="fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs

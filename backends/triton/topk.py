@@ -1058,7 +1058,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     opts = dict(_options(target, cfg))
     fin_tile, fin_opts = _finish_shape(target, cfg)
     fin_opts = dict(fin_opts)
-    pdl = bool(cfg.get("PDL")) and target.vendor == "cuda"  # as _pdl on a GPU (the check builds for one)
+    pdl = _pdl(target, cfg)
     chunk = split_chunk(64, 1 << 17, 132, cfg)  # decode's 64 rows of 128K keys on an H200-sized GPU
     lanes, pack, filter_opts = filter_shape(target, chunk, cfg)
     shape = {"BITS": cfg["BITS"], "TILE": cfg["TILE"]}
