@@ -11,16 +11,16 @@
 #   info.json             indexcache info --json
 #   bench-translate.json  indexcache bench --op translate --json
 #   reports.tar.gz        conformance reports, pytest junit XML, nvidia-smi, the optional scripts' --out folders
-# Settings: PYTHON (default python3); GPU_SH_BUDGET, seconds for all steps (default 470); INDEXCACHE_COMMIT,
-# the commit recorded in the bench JSON where the tree has no .git; GPU_SH_PARTS, which parts to run (default
-# "core kernels runtime"; one device call holds about two of them): core = conformance (sm90 and forced sm80),
-# memcheck, graph tests, translate bench; kernels = indexcache bench --op mqa_logits / paged_mqa_logits / topk /
-# topk_translate / paged_topk_translate / quantize_index_k / store_index_k (JSON in reports.tar.gz under bench/),
-# the top-k and logits GPU scripts; runtime = the stream/runtime/model GPU tests (and under compute-sanitizer), the
-# end-to-end and context-parallel scripts; peers = bench/peers_gpu.py, ours beside DeepGEMM / FlashInfer / SGLang where they
-# import (not in the default parts; PEER_WHEELS, a folder of peer wheels such as sgl-deep-gemm 0.1.2 and
-# apache-tvm-ffi 0.1.9, installs them into a folder of their own first); GPU_SH_SKIP, names of steps to leave
-# out (e.g. "logits-gpu").
+# Settings: PYTHON (default python3); GPU_SH_BUDGET, seconds for all steps (default 470); INDEXCACHE_COMMIT, the
+# commit recorded in the bench JSON where the tree has no .git; GPU_SH_PARTS, which parts to run (default "core
+# kernels runtime"; one device call holds about two of them): core = conformance (sm90 and forced sm80), memcheck,
+# graph tests, translate bench; kernels = indexcache bench --op mqa_logits / paged_mqa_logits / topk / topk_translate
+# / paged_topk_translate / quantize_index_k / store_index_k (JSON in reports.tar.gz under bench/), the top-k and
+# logits GPU scripts; runtime = the stream/runtime/model GPU tests (and under compute-sanitizer), the end-to-end and
+# context-parallel scripts; peers = bench/peers_gpu.py, ours beside DeepGEMM / FlashInfer / SGLang where they import
+# (not in the default parts; PEER_WHEELS, a folder of peer wheels such as sgl-deep-gemm 0.1.2 and apache-tvm-ffi
+# 0.1.9, installs them into a folder of their own first); GPU_SH_SKIP, names of steps to leave out (e.g.
+# "logits-gpu").
 set -u
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 PY=${PYTHON:-python3}
