@@ -14,14 +14,16 @@ program in the workspace:
 2. Filter: pieces of ``NT × PIECE_J`` columns as ``[NUM_WARPS, 32 × PIECE_J]`` tensors, a warp a row; thread ``t``
    reads columns ``t, t + NT, …`` (every read coalesced; constant offsets from one address), the next piece's read
    issued before the current one is filtered, one float compare an entry. Each warp compacts its candidates (fp32
-   bits and window position) into a region of the stash of its own (``CAP / NUM_WARPS`` entries) with a scan
-   inside the warp: no block barrier a piece; the stash is in warp order, not index order.
+   bits and window position) into a region of the stash of its own (``CAP / NUM_WARPS`` entries) by warp ballots:
+   an entry's place is the candidates of lower lanes in its ballot (``popc`` under ``%lanemask_lt``) plus those of
+   the thread's earlier ballots. No block barrier a piece; the stash is in warp order, not index order.
 3. Select, when the row gave ``k <= C <= CAP`` candidates and no region overflowed: the stash back in registers;
    an atomic add a candidate into ``BINS`` bin counts (its key's distance above the smallest candidate) gives the
    bin holding the k-th best. One scan gives the output slots of the candidates above that bin (written at once,
    translated when asked) and the places where the bin's own candidates, at most ``TIE_SLOTS``, are gathered;
    those are ranked by compares (by key, then position: the lower index wins ties) and the first ``k - above``
-   take the remaining slots.
+   take the remaining slots. Block-wide scans (:func:`_block_scan`) go in two levels: within each warp, then over
+   the warps' totals in one warp.
 4. Otherwise (the sample missed: ``C < k``; heavy ties or a region full: ``C > CAP``; more than ``TIE_SLOTS`` in
    the pivot bin: ``CAP + 1``) ``counts[r]`` leaves the row to the finishing launch's exact fallback; rows this
    kernel finished get ``counts[r] = -1``. Rows with ``len <= k`` get ``0..len-1`` then -1 here.
@@ -75,6 +77,26 @@ STACK_BYTES = 8
 @gluon.jit
 def _add(a, b):
     return a + b
+
+
+@gluon.jit
+def _block_scan(x, J: gl.constexpr, NUM_WARPS: gl.constexpr, REVERSE: gl.constexpr):
+    """Inclusive scan (``REVERSE``: from the end) of the int32 ``x`` laid out ``J`` entries a thread, each warp a
+    contiguous ``32 × J`` of them: a scan within each warp, then one within a warp over the ``NUM_WARPS`` warp totals
+    (through shared memory, two barriers), added back."""
+    ROW_L: gl.constexpr = gl.BlockedLayout([1, J], [1, 32], [NUM_WARPS, 1], [1, 0])
+    LANE_L: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+    x2 = gl.convert_layout(gl.reshape(x, [NUM_WARPS, 32 * J]), ROW_L)
+    inc = gl.associative_scan(x2, 1, _add, reverse=REVERSE)
+    totals = gl.allocate_shared_memory(gl.int32, [NUM_WARPS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    offsets = gl.allocate_shared_memory(gl.int32, [NUM_WARPS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    totals.store(gl.sum(x2, 1))
+    block_barrier()
+    t = totals.load(LANE_L)
+    offsets.store(gl.associative_scan(t, 0, _add, reverse=REVERSE) - t)
+    block_barrier()
+    out = inc + offsets.load(gl.SliceLayout(1, ROW_L))[:, None]
+    return gl.convert_layout(gl.reshape(out, [NUM_WARPS * 32 * J]), x.type.layout)
 
 
 @gluon.jit
@@ -153,10 +175,12 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
     to the stash (fp32 bits, window positions), piece by piece from the first, ``x`` (read by the caller before
     the sample, so that its read overlaps the sample's select), each piece's read issued before the one before it
     is filtered (whole pieces unmasked). The pieces are ``[NUM_WARPS, …]`` tensors, a warp a row: each warp compacts
-    its candidates into a region of its own (``CAP / NUM_WARPS`` entries, in order) with a scan within the warp, so
-    no piece waits on a block barrier, and writes its count to ``warp_counts``. Returns the candidates in all, or
+    its candidates into a region of its own (``CAP / NUM_WARPS`` entries, in order) by a ballot an entry, so no
+    piece waits on a block barrier, and writes its count to ``warp_counts``. Returns the candidates in all, or
     ``CAP + 1`` when a region overflowed."""
     REGION: gl.constexpr = CAP // NUM_WARPS
+    PJ: gl.constexpr = PIECE // (NUM_WARPS * 32)
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, PJ], [1, 32, 1], [NUM_WARPS, 1, 1], [2, 1, 0])
     hi = start + length
     w = gl.arange(0, NUM_WARPS, layout=gl.SliceLayout(1, across.type.layout))
     region = (w * REGION)[:, None]
@@ -168,19 +192,29 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
         else:
             x_next = _piece(row_ptr, s1, nxt, hi, across, along, CONTIG, False)
         cand = (x.to(gl.float32) >= floor).to(gl.int32)
-        rank = gl.associative_scan(cand, 1, _add)
-        entry = held[:, None] + rank - cand
+        # Entry j of every lane: a ballot of the warp's candidates; its place is the candidates of lower lanes in the
+        # same ballot plus those of the thread's ballots before j (the same in every lane).
+        bal = gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }", "=r,r", [cand],
+            dtype=gl.int32, is_pure=False, pack=1)
+        below = gl.inline_asm_elementwise("{ .reg .b32 m; mov.u32 m, %lanemask_lt; and.b32 m, m, $1; popc.b32 $0, m; }",
+                                          "=r,r", [bal], dtype=gl.int32, is_pure=True, pack=1)
+        cnt = gl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [bal], dtype=gl.int32, is_pure=True, pack=1)
+        cnt3 = gl.convert_layout(gl.reshape(cnt, [NUM_WARPS, 32, PJ]), L3)
+        pre3 = gl.associative_scan(cnt3, 2, _add) - cnt3
+        pre = gl.convert_layout(gl.reshape(pre3, [NUM_WARPS, 32 * PJ]), x.type.layout)
+        entry = held[:, None] + pre + below
         keep = (cand != 0) & (entry < REGION)
         gl.store(stash_bits + region + entry, score_bits(x), mask=keep)
         gl.store(stash_idx + region + entry, (c0 - start) + (across + along), mask=keep)
-        held += gl.max(rank, 1)
+        held += gl.convert_layout(gl.max(gl.sum(cnt3, 2), 1), held.type.layout)
         x = x_next
     gl.store(warp_counts + w, held)
     return gl.where(gl.max(held, 0) > REGION, CAP + 1, gl.sum(held, 0))
 
 
 @gluon.jit
-def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr):
+def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr, NUM_WARPS: gl.constexpr):
     """The bin (of ``BINS`` over the candidates' keys: their distance above the smallest, low bits dropped so
     that the largest falls in the last) holding the k-th best of the candidates ``key`` (``m``: which slots hold
     one), counted through ``hist`` (``BINS`` int32 in global memory, zeroed; an atomic add a candidate). Returns
@@ -196,7 +230,7 @@ def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr):
     block_barrier()
     b = gl.arange(0, BINS, layout=BIN_L)
     counts = gl.load(hist + b, cache_modifier=".cg")
-    at_or_above = gl.associative_scan(counts, 0, _add, reverse=True)
+    at_or_above = _block_scan(counts, BINS // (32 * NUM_WARPS), NUM_WARPS, True)
     p = gl.sum((at_or_above >= k).to(gl.int32), 0) - 1
     above = gl.sum(gl.where(b > p, counts, 0), 0)
     in_p = gl.sum(gl.where(b == p, counts, 0), 0)
@@ -230,7 +264,7 @@ def _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_
 def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q, out_row, o_s1, raw_row, w_s1, seq,
                 b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
                 SHIFT: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr, REGION: gl.constexpr,
-                TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr):
+                TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr, NUM_WARPS: gl.constexpr, STASH_J: gl.constexpr):
     """The row's top-k among its stashed candidates (at least ``k``, the first ``warp_counts[w]`` of each warp's
     region of ``REGION`` slots; ``q``: the stash's slots in the tensor's order) to output slots ``[0, k)``: the
     candidates' bin counts give the bin holding the k-th best (:func:`_pivot_bin`); those above it go out, and
@@ -240,13 +274,13 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q
     m = (q % REGION) < gl.load(warp_counts + q // REGION)  # each warp's region holds its candidates first
     key = order_key(gl.load(stash_bits + q, mask=m, other=0))
     idx = gl.load(stash_idx + q, mask=m, other=-1)
-    bins, p, above, in_p = _pivot_bin(key, m, hist, k, BINS, BIN_L)
+    bins, p, above, in_p = _pivot_bin(key, m, hist, k, BINS, BIN_L, NUM_WARPS)
     done = in_p <= TIE_SLOTS
     if done:
         gt = (m & (bins > p)).to(gl.int32)
         inside = m & (bins == p)
         both = gt + (inside.to(gl.int32) << 16)  # C <= 8192: both counts fit in 16 bits
-        slots = gl.associative_scan(both, 0, _add) - both
+        slots = _block_scan(both, STASH_J, NUM_WARPS, False) - both
         emit(out_row, o_s1, raw_row, w_s1, slots & 0xFFFF, idx, gt != 0, seq, b_ok, tab_row, tab_s1, pages, page_size,
              TRANSLATE, HAS_RAW, SHIFT)
         gl.store(bin_key + (slots >> 16), key, mask=inside)
@@ -313,7 +347,7 @@ def topk_block_kernel(
                 block_barrier()  # the stash was written by other threads of this program
                 done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q, out_row, o_s1,
                                    raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
-                                   SHIFT, BINS, BIN_L, CAP // NUM_WARPS, TIE_SLOTS, RANK_L)
+                                   SHIFT, BINS, BIN_L, CAP // NUM_WARPS, TIE_SLOTS, RANK_L, NUM_WARPS, STASH_J)
                 count = gl.where(done, -1, CAP + 1)  # CAP + 1: the finishing launch's exact fallback
         else:
             for j0 in range(0, k, CAP):  # a short row: 0 .. len-1, then -1
