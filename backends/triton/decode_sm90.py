@@ -92,31 +92,50 @@ def _head_sum(acc, w):
 
 
 @gluon.jit
+def _place(tiles, bs, ran, t_begin, t_end, f_begin, f_end, width, batch):
+    """One block of requests ``bs`` (``tiles`` each, ``ran`` tiles before them) against a program's shares:
+    ``(done, before, started, short, tiles)``, the requests wholly before ``t_begin`` and their tiles, those starting
+    before ``t_end``, those of the fill share ``[f_begin, f_end)`` (of ``batch × width`` pages) stopping short of
+    it, and the block's tiles."""
+    ends = ran + gl.associative_scan(tiles, 0, _add)
+    done = ends <= t_begin
+    started = (ends - tiles < t_end) & (bs < batch)
+    row = bs.to(gl.int64) * width
+    short = (row + width > f_begin) & (row < f_end) & (row + tiles < gl.minimum(f_end, row + width)) & (bs < batch)
+    return (gl.sum(done.to(gl.int32), axis=0), gl.sum(gl.where(done, tiles, 0), axis=0),
+            gl.sum(started.to(gl.int32), axis=0), gl.sum(short.to(gl.int32), axis=0), gl.sum(tiles, axis=0))
+
+
+@gluon.jit
 def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE: gl.constexpr, BLOCK_B: gl.constexpr):
     """Program ``p``'s share of the batch's tiles (as the Triton kernel's schedule: the tiles in request order cut
-    into equal contiguous shares): ``(t_begin, t_end, b_first, b_end, before)``, its tiles, the requests that hold
-    them and the tiles of the requests before ``b_first``."""
-    vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    total = 0
-    for b0 in range(0, batch, BLOCK_B):
-        bs = b0 + gl.arange(0, BLOCK_B, layout=vec_l)
-        total += gl.sum(_tiles(gl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, PAGE), axis=0)
+    into equal contiguous shares) and of the -inf fill (:func:`_fill`): ``(t_begin, t_end, b_first, b_end, before,
+    f_begin, f_end, fill)``, its tiles, the requests that hold them, the tiles of the requests before ``b_first``,
+    its share of the ``batch × ⌈max_ctx / PAGE⌉`` pages of the output and whether a request there stops short of
+    ``max_ctx``. Every warp holds the whole block of ``BLOCK_B`` lengths (no block barrier); a batch of up to
+    ``BLOCK_B`` requests is read once."""
+    vec_l: gl.constexpr = gl.BlockedLayout([BLOCK_B // 32], [32], [4], [0])  # each warp a copy of the block
+    bs = gl.arange(0, BLOCK_B, layout=vec_l)
+    first = _tiles(gl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, PAGE)
+    total = gl.sum(first, axis=0)
+    for b0 in range(BLOCK_B, batch, BLOCK_B):
+        total += gl.sum(_tiles(gl.load(ctx_ptr + (b0 + bs) * ctx_s0, mask=b0 + bs < batch, other=0), max_ctx, PAGE),
+                        axis=0)
     t_begin = p * total // programs
     t_end = (p + 1) * total // programs
-    b_first = 0
-    b_end = 0
-    before = t_begin * 0
-    ran = 0
-    for b0 in range(0, batch, BLOCK_B):
-        bs = b0 + gl.arange(0, BLOCK_B, layout=vec_l)
-        tiles = _tiles(gl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, PAGE)
-        ends = ran + gl.associative_scan(tiles, 0, _add)
-        done = ends <= t_begin
-        b_first += gl.sum(done.to(gl.int32), axis=0)
-        before += gl.sum(gl.where(done, tiles, 0), axis=0)
-        b_end += gl.sum(((ends - tiles < t_end) & (bs < batch)).to(gl.int32), axis=0)
-        ran += gl.sum(tiles, axis=0)
-    return t_begin, t_end, b_first, b_end, before
+    width = gl.cdiv(max_ctx, PAGE)
+    f_begin = p * batch * width // programs
+    f_end = (p + 1) * batch * width // programs
+    b_first, before, b_end, fill, ran = _place(first, bs, 0, t_begin, t_end, f_begin, f_end, width, batch)
+    for b0 in range(BLOCK_B, batch, BLOCK_B):
+        tiles = _tiles(gl.load(ctx_ptr + (b0 + bs) * ctx_s0, mask=b0 + bs < batch, other=0), max_ctx, PAGE)
+        done, below, started, short, block = _place(tiles, b0 + bs, ran, t_begin, t_end, f_begin, f_end, width, batch)
+        b_first += done
+        before += below
+        b_end += started
+        fill += short
+        ran += block
+    return t_begin, t_end, b_first, b_end, before, f_begin, f_end, fill
 
 
 @gluon.jit
@@ -151,16 +170,15 @@ def _store(out_ptr, row, n, logits, seen, visible, max_ctx, live):
 
 
 @gluon.jit
-def _fill(out_ptr, ctx_ptr, ctx_s0, batch, max_ctx, out_s0, p, programs, j0, NEXT_N: gl.constexpr,
+def _fill(out_ptr, ctx_ptr, ctx_s0, max_ctx, out_s0, f_begin, f_end, j0, NEXT_N: gl.constexpr,
           GROUPS: gl.constexpr, PAGE: gl.constexpr):
-    """-inf past each context (the keys no tile stored), shared out evenly over the batch × max_ctx grid."""
+    """-inf past each context (the keys no tile stored) in the program's share ``[f_begin, f_end)`` of the
+    batch × ⌈max_ctx / PAGE⌉ pages of the output."""
     fill_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 4], [1, 0])
     grp = j0 + gl.arange(0, GROUPS, layout=gl.SliceLayout(1, fill_l))
     cols = gl.arange(0, PAGE, layout=gl.SliceLayout(0, fill_l))
     fill = gl.full([GROUPS, PAGE], NEG_INF, gl.float32, layout=fill_l)
     width = gl.cdiv(max_ctx, PAGE)
-    f_begin = p * batch * width // programs
-    f_end = (p + 1) * batch * width // programs
     for fb in range(f_begin // width, gl.cdiv(f_end, width)):
         lo = gl.maximum(f_begin - fb * width, _tiles(gl.load(ctx_ptr + fb * ctx_s0), max_ctx, PAGE))
         hi = gl.minimum(f_end - fb * width, width)
@@ -264,7 +282,8 @@ def paged_decode_sm90_kernel(
     j0 = gl.program_id(0) * GROUPS
     p = gl.program_id(1).to(gl.int64)
     programs = gl.num_programs(1)
-    t_begin, t_end, b_first, b_end, before = _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE, BLOCK_B)
+    t_begin, t_end, b_first, b_end, before, f_begin, f_end, fill = _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p,
+                                                                             programs, PAGE, BLOCK_B)
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
     scales_smem = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
                                             scales_desc.layout)
@@ -286,7 +305,8 @@ def paged_decode_sm90_kernel(
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
         mbarrier.invalidate(empty.index(st))
-    _fill(out_ptr, ctx_ptr, ctx_s0, batch, max_ctx, out_s0, p, programs, j0, NEXT_N, GROUPS, PAGE)
+    if fill > 0:  # only where a request of the share is shorter than max_ctx: no reads at the end otherwise
+        _fill(out_ptr, ctx_ptr, ctx_s0, max_ctx, out_s0, f_begin, f_end, j0, NEXT_N, GROUPS, PAGE)
 
 
 TMA_DECODE = Launcher(paged_decode_sm90_kernel)
