@@ -54,7 +54,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from indexcache.backends.triton import topk_block
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
@@ -680,9 +680,11 @@ def topk_finish_kernel(
     first launch finished (a count of -1) are skipped; a long split row whose chunks found ``k <= C <= cap``
     candidates takes :func:`_split_pass` and selects the rest among its pivot bin's candidates, any other long
     row takes the exact fallback; then translate and fill (short rows: fill only). ``PDL``: launched with
-    programmatic dependent launch (it waits for the launch before it first)."""
+    programmatic dependent launch (it waits for the launch before it first), and lets the launch after it start
+    (a launch that uses it waits there for this one's end): every program is resident, at most one an SM."""
     if PDL:
         gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     stash_key = stash_ptr + pid.to(tl.int64) * 2 * cap
     stash_idx = stash_key + cap
