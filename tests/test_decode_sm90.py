@@ -82,6 +82,8 @@ _CASES = [
     (4, 2, [317, -3, 329, 3], 288, 10, 5),
     (4, 3, [317, 0, 329, 4], 288, 10, 5),
     (70, 1, list(range(-5, 3000, 43)), 3100, 400, 50),
+    # More requests than the schedule reads at once (256): its second block, short requests in both.
+    (300, 1, [i * 37 % 700 - 3 for i in range(300)], 640, 600, 11),
     # Few long requests: each program walks many pages, past request ends, over requests without keys.
     (16, 1, [60000, 41000, 999, 0, 59999, 12, 64, -4, 30000, 70000, 1, 65, 128, 2000, 45000, 7], 60000, 15000, 940),
     (16, 2, [60000, 41000, 999, 0, 59999, 12, 64, -4, 30000, 70000, 1, 65, 128, 2000, 45000, 7], 60000, 15000, 940),
