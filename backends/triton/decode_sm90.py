@@ -62,6 +62,12 @@ def _tiles(ctx, max_ctx, PAGE: gl.constexpr):
 
 
 @gluon.jit
+def _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, PAGE: gl.constexpr):
+    """:func:`_tiles` of request ``b`` (a scalar or a tensor of requests; 0 past the batch)."""
+    return _tiles(gl.load(ctx_ptr + b * ctx_s0, mask=b < batch, other=0), max_ctx, PAGE)
+
+
+@gluon.jit
 def _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages):
     """``(page of the cache to copy, whether it is the request's)`` for page ``j`` of request ``b`` (page 0 and
     False past the batch or the table)."""
@@ -78,10 +84,10 @@ def _next(b, j, tiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE: gl.constexpr):
     if j >= tiles:
         j = 0
         b += 1
-        tiles = _tiles(gl.load(ctx_ptr + b * ctx_s0, mask=b < batch, other=0), max_ctx, PAGE)
+        tiles = _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, PAGE)
         while (tiles == 0) & (b < batch):  # requests without keys have no tiles
             b += 1
-            tiles = _tiles(gl.load(ctx_ptr + b * ctx_s0, mask=b < batch, other=0), max_ctx, PAGE)
+            tiles = _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, PAGE)
     return b, j, tiles
 
 
@@ -116,11 +122,10 @@ def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE: gl.constexpr, 
     ``BLOCK_B`` requests is read once."""
     vec_l: gl.constexpr = gl.BlockedLayout([BLOCK_B // 32], [32], [4], [0])  # each warp a copy of the block
     bs = gl.arange(0, BLOCK_B, layout=vec_l)
-    first = _tiles(gl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, PAGE)
+    first = _request_tiles(ctx_ptr, ctx_s0, bs, batch, max_ctx, PAGE)
     total = gl.sum(first, axis=0)
     for b0 in range(BLOCK_B, batch, BLOCK_B):
-        total += gl.sum(_tiles(gl.load(ctx_ptr + (b0 + bs) * ctx_s0, mask=b0 + bs < batch, other=0), max_ctx, PAGE),
-                        axis=0)
+        total += gl.sum(_request_tiles(ctx_ptr, ctx_s0, b0 + bs, batch, max_ctx, PAGE), axis=0)
     t_begin = p * total // programs
     t_end = (p + 1) * total // programs
     width = gl.cdiv(max_ctx, PAGE)
@@ -128,7 +133,7 @@ def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE: gl.constexpr, 
     f_end = (p + 1) * batch * width // programs
     b_first, before, b_end, fill, ran = _place(first, bs, 0, t_begin, t_end, f_begin, f_end, width, batch)
     for b0 in range(BLOCK_B, batch, BLOCK_B):
-        tiles = _tiles(gl.load(ctx_ptr + (b0 + bs) * ctx_s0, mask=b0 + bs < batch, other=0), max_ctx, PAGE)
+        tiles = _request_tiles(ctx_ptr, ctx_s0, b0 + bs, batch, max_ctx, PAGE)
         done, below, started, short, block = _place(tiles, b0 + bs, ran, t_begin, t_end, f_begin, f_end, width, batch)
         b_first += done
         before += below
@@ -196,7 +201,7 @@ def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty
     """The copy warp: for each tile of the program, once its slot is free, its page's keys and scales into it."""
     pb = b_first
     pj = j_first
-    ptiles = _tiles(gl.load(ctx_ptr + pb * ctx_s0, mask=pb < batch, other=0), max_ctx, PAGE)
+    ptiles = _request_tiles(ctx_ptr, ctx_s0, pb, batch, max_ctx, PAGE)
     page, _ = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
     for i in range(count):
         slot = i % STAGES
