@@ -107,7 +107,7 @@ def _place(tiles, bs, ran, t_begin, t_end, f_begin, f_end, width, batch):
     done = ends <= t_begin
     started = (ends - tiles < t_end) & (bs < batch)
     row = bs.to(gl.int64) * width
-    short = (row + width > f_begin) & (row < f_end) & (row + tiles < gl.minimum(f_end, row + width)) & (bs < batch)
+    short = (row + width > f_begin) & (row + tiles < gl.minimum(f_end, row + width)) & (bs < batch)
     return (gl.sum(done.to(gl.int32), axis=0), gl.sum(gl.where(done, tiles, 0), axis=0),
             gl.sum(started.to(gl.int32), axis=0), gl.sum(short.to(gl.int32), axis=0), gl.sum(tiles, axis=0))
 
