@@ -363,11 +363,11 @@ def test_random_shapes_and_distributions_match_the_reference(seed):
     assert torch.equal(_direct(scores, lengths, k, (fused, SMALL)[seed % 2], row_starts=starts, sorted=True), want)
 
 
-
 @triton.jit
 def _sample_positions_kernel(out_ptr, start, length, SAMPLES: tl.constexpr):
     i = tl.arange(0, SAMPLES)
     tl.store(out_ptr + i, sample_positions(i, start, length, SAMPLES))
+
 
 @pytest.mark.parametrize(("start", "length", "samples"), [(0, 32768, 1024), (7, 1000, 256), (3, 100, 256), (0, 1, 64)])
 def test_sample_entries_one_a_segment_at_varied_offsets(start, length, samples):
