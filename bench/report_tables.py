@@ -1,27 +1,51 @@
-"""Markdown tables for BENCHMARKS.md from the JSON one ``ci/gpu.sh`` run wrote (committed under reports/gpu/).
+"""BENCHMARKS.md's tables, printed from the measurements under benchmarks/results/ (one JSON a table).
 
-    python bench/report_tables.py reports/gpu/<run>      # prints the tables of every result file found there
+    python bench/report_tables.py            # print every table
+    python bench/report_tables.py --check    # exit 1 where BENCHMARKS.md's tables differ from what the JSON gives
+    python bench/report_tables.py --write    # rewrite BENCHMARKS.md's tables from the JSON
+
+Each result file records the GPU, the date and the commit it measured; every table's first line repeats them. In
+BENCHMARKS.md a table stands between ``<!-- table NAME -->`` and ``<!-- end table -->``. To publish a new measurement,
+copy the JSON a GPU run wrote (``ci/gpu.sh`` and the ``bench/*_gpu.py`` scripts write to ``out/``) over the file it
+replaces, then run ``--write``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from indexcache.bench.output import markdown_table
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+BLOCK = re.compile(r"^<!-- table (\S+) -->\n(.*?)^<!-- end table -->$", re.S | re.M)
 
 
 def _f(x, fmt: str = ".1f") -> str:
     return "—" if x is None else format(x, fmt)
 
 
-def translate(path: Path) -> str:
-    d = json.loads(path.read_text())
+def _head(d: dict, *more: str) -> str:
+    """GPU · date · commit, then the versions where the file has them, then ``more``."""
+    versions = d.get("versions", {})
+    torch, triton = d.get("torch", versions.get("torch")), d.get("triton", versions.get("triton"))
+    parts = [d.get("gpu") or d["device"], d["date"][:10], f"commit {d['commit'][:10]}"]
+    parts += [f"torch {torch}"] * bool(torch) + [f"Triton {triton}"] * bool(triton)
+    return " · ".join(parts + list(more))
+
+
+def bench_op(d: dict) -> str:
+    """An ``indexcache bench`` report of an op whose roofline is the copy bandwidth."""
     ceil = d["ceilings"]
     copy, launch = ceil["copy_bandwidth"]["rate"] / 1e9, ceil["launch"]
-    head = (f"{d['gpu']} · {d['date'][:10]} · commit {str(d['commit'])[:10]} · copy {copy:.0f} GB/s · empty Triton"
-            f" launch {launch['eager_us']:.1f} µs eager, {launch['graph_us']:.2f} µs in a graph")
+    head = _head(d, f"copy {copy:.0f} GB/s", f"empty Triton launch {launch['eager_us']:.1f} µs eager, "
+                 f"{launch['graph_us']:.2f} µs in a graph")
     rows = [[r["case"], r["backend"], _f(r["eager_us"]), _f(r["graph_us"]), _f(r["rate"], ".0f"),
              _f(100 * r["ceiling_fraction"], ".0f") + " %", _f(r["launch_ratio"], ".2f"),
              _f(r["speedup_vs_torch"], ".1f")] for r in d["results"]]
@@ -29,11 +53,30 @@ def translate(path: Path) -> str:
     return head + "\n\n" + markdown_table(header, rows)
 
 
-def logits(path: Path) -> str:
-    d = json.loads(path.read_text())
+def launch_overhead(d: dict) -> str:
+    """bench/launch_overhead_gpu.py: the ladder of a call's host cost, eager against graph, the layers' host cost."""
+    calls = d["us_per_call"]
+    empty = next(iter(calls.values()))
+    ladder = [[path, _f(us), _f(us / empty, ".2f")] for path, us in calls.items()]
+    eager = [[r["case"], _f(r["checked_eager_us"]), _f(r["eager_us"]), _f(r["graph_us"]), _f(r["overhead_us"], "+.1f"),
+              r["target"], "yes" if r["met"] else "no"] for r in d["eager_vs_graph"]]
+    host = [[case, _f(us["spec check"]), _f(us["dispatch"])] for case, us in d["host_us"].items()]
+    return "\n\n".join([
+        _head(d, "translate decode 64 × 2048 in bursts of back-to-back calls (the ladder); events around each call "
+              f"(eager against graph: empty Triton launch {d['empty_launch_eager_us']:.1f} µs, bound translate launch "
+              f"{d['bound_translate_launch_eager_us']:.1f} µs)"),
+        markdown_table(["path", "µs a call", "× empty launch"], ladder),
+        markdown_table(["case", "eager µs, checked", "eager µs, kept", "graph µs", "kept − graph µs", "target", "met"],
+                       eager),
+        markdown_table(["a first call's host cost (nothing launched)", "spec check µs", "dispatch µs"], host),
+    ])
+
+
+def logits(d: dict) -> str:
+    """bench/logits_gpu.py: prefill against the matmul rate, decode against the copy bandwidth, both against torch."""
     c = d["ceilings"]
-    head = (f"{d['gpu']} · {d['date'][:10]} · commit {str(d['commit'])[:10]} · Triton {d['triton']} · fp8 matmul "
-            f"{c['fp8_tflops']:.0f} TFLOP/s, bf16 {c['bf16_tflops']:.0f} TFLOP/s, copy {c['copy_gbps']:.0f} GB/s")
+    head = _head(d, f"fp8 matmul {c['fp8_tflops']:.0f} TFLOP/s, bf16 {c['bf16_tflops']:.0f} TFLOP/s, copy "
+                 f"{c['copy_gbps']:.0f} GB/s")
     pre = [[r["case"], _f(r["ms"], ".3f"), _f(r["tflops"], ".0f"), _f(100 * r["fraction"], ".1f") + " %",
             _f(r["torch_ms"], ".1f"), _f(r["speedup"], ".1f")] for r in d["prefill"]]
     dec = [[r["case"], _f(r["ms"] * 1e3, ".0f"), _f(r.get("graph_ms", 0) * 1e3, ".0f"), _f(r["floor_ms"] * 1e3, ".0f"),
@@ -47,23 +90,201 @@ def logits(path: Path) -> str:
     ])
 
 
-def topk(path: Path) -> str:
-    d = json.loads(path.read_text())
-    head = f"{d['gpu']} · {d['date'][:10]} · commit {str(d['commit'])[:10]} · Triton {d['triton']}; graph replays"
-    rows = [[r["case"], _f(r["read_us"]), _f(r["torch_topk_us"]), _f(r["topk_us"]), _f(r["topk_translate_us"]),
-             _f(r["torch_backend_us"], ".0f"), _f(r["x_read"], ".2f"), _f(r["speedup_vs_torch_topk"], ".2f"),
-             _f(r["translate_over_topk"], ".2f")] for r in d["timings"]]
-    return head + "\n\n" + markdown_table(["case", "read once µs", "torch.topk µs", "topk µs", "topk_translate µs",
-                                          "torch backend µs", "× read", "× faster than torch.topk", "translate / topk"],
-                                         rows)
+def logits_peers(d: dict) -> str:
+    """bench/peers_gpu.py --only logits --variants: ours (the default kernel), the Triton kernel, DeepGEMM."""
+    c = d["ceilings"]
+    head = _head(d, f"DeepGEMM {d['peers']['DeepGEMM'].removeprefix('present ')}",
+                 f"copy {c['copy_bandwidth'] / 1e9:.0f} GB/s, fp8 matmul {c['fp8_matmul'] / 1e12:.0f} TFLOP/s")
+    rows = []
+    for r in d["rows"]:
+        us = r["us"]
+        roof = next(k for k in r if k.startswith("ours_fraction_of_")).removeprefix("ours_fraction_of_")
+        rows.append([r["case"], _f(us["ours"]), _f(us.get("ours triton")), _f(us["DeepGEMM"]),
+                     _f(us.get("DeepGEMM schedule")), _f(r["ours_over_DeepGEMM"], ".2f"),
+                     _f(100 * r["ours_fraction_of_" + roof], ".1f") + " %",
+                     _f(100 * r["DeepGEMM_fraction_of_" + roof], ".1f") + " % " + roof.replace("_", " ")])
+    return head + "\n\n" + markdown_table(
+        ["case (H 64, D 128, fp8)", "ours µs", "Triton kernel µs", "DeepGEMM µs", "DeepGEMM's schedule µs",
+         "ours / DeepGEMM", "ours, of roofline", "DeepGEMM, of roofline"], rows)
 
 
-def main(run: str) -> None:
-    root = Path(run)
-    for name, fn in (("bench-translate.json", translate), ("logits.json", logits), ("topk.json", topk)):
-        if (root / name).exists():
-            print(f"<!-- {root / name} -->\n{fn(root / name)}\n")
+def producer_step(d: dict) -> str:
+    """The producer step of decode (one op) against DeepGEMM's logits then FlashInfer's transform."""
+    rows = []
+    for r in d["rows"]:
+        for graph, key in (("4 calls", "us"), ("1 call", "us_one_call_graphs")):
+            us = r[key]
+            rows.append([r["case"], graph, _f(us["step new"], ".2f"), _f(us["top-k new"], ".2f"),
+                         _f(us["dg+fi"], ".2f"), _f(us["step new"] / us["dg+fi"], ".3f")])
+    return _head(d, d["settings"]) + "\n\n" + markdown_table(
+        ["case", "CUDA graph of", "ours µs", "its top-k alone µs", "DeepGEMM + FlashInfer µs", "ours / peers"], rows)
+
+
+def producer_launches(d: dict) -> str:
+    """The producer step launch by launch beside the peers' two kernels, and one long row's launches."""
+    step, long = [], []
+    for r in d["rows"]:
+        us = r["us"]
+        if "ours step" in us:
+            step.append([r["case"], _f(us["ours step"]), _f(us["ours logits"]), _f(us["ours top-k"]),
+                         f"{us['ours launch top-k rows']:.1f} / {us['ours launch top-k finish']:.1f}",
+                         _f(us["fi transform on our logits"]), _f(us["dg logits"]), _f(us["dg+fi"])])
+        else:
+            long.append([r["case"], _f(us["ours"]), " / ".join(f"{us['ours launch ' + n]:.1f}" for n in r["launches"]),
+                         _f(us["fi transform"]), _f(us["fi top_k"])])
+    return "\n\n".join([
+        _head(d, d["settings"]),
+        markdown_table(["case", "our step µs", "our logits µs", "our top-k µs", "its rows launch / finishing launch "
+                        "alone", "FlashInfer transform on our logits µs", "DeepGEMM logits µs",
+                        "DeepGEMM + FlashInfer µs"], step),
+        markdown_table(["one long row", "our topk_translate µs", "sample / filter / finish alone µs",
+                        "FlashInfer transform µs", "FlashInfer top_k µs"], long),
+    ])
+
+
+def _peer(method: str) -> str:
+    if method.startswith("sgl."):
+        return "SGLang"
+    mode = re.search(r"\[(.*)\]", method)
+    return "FlashInfer " + (mode.group(1) if mode else "default")
+
+
+def _best(methods: dict, fused: bool) -> tuple[str, float]:
+    """The fastest peer method: FlashInfer's ``top_k_page_table_transform`` or SGLang's fused kernel (``fused``), else
+    FlashInfer's ``top_k`` or SGLang's ``fast_topk_v2``; FlashInfer in any of its modes."""
+    transform = ("fi.top_k_page_table_transform", "sgl.fast_topk_transform_fused")
+    name = min((m for m in methods if m.startswith(("fi.", "sgl.")) and m.startswith(transform) == fused),
+               key=lambda m: methods[m]["us"])
+    return _peer(name), methods[name]["us"]
+
+
+def topk_peers(d: dict) -> str:
+    """The top-k peers harness: ours beside FlashInfer's and SGLang's top-k, plain and fused with the page transform."""
+    rows = []
+    for c in d["cases"]:
+        m = c["methods"]
+        read, torch_topk, topk, fused = (m[k]["us"] for k in ("read (sum)", "torch.topk", "ic.topk",
+                                                              "ic.topk_translate"))
+        (plain_name, plain), (fused_name, peer) = _best(m, fused=False), _best(m, fused=True)
+        rows.append([c["case"], _f(read), _f(torch_topk), _f(topk), _f(topk / read, ".2f"),
+                     _f(torch_topk / topk, ".2f"), f"{plain:.1f} ({plain_name})", _f(fused), _f(fused / topk, ".2f"),
+                     f"{peer:.1f} ({fused_name})", _f(fused / peer, ".2f")])
+    bad = sum(meth["bad_rows"] or 0 for c in d["cases"] for meth in c["methods"].values())
+    return _head(d, f"FlashInfer {d['flashinfer']}", f"SGLang {d['sglang']}", d["settings"],
+                 f"rows differing from torch.topk's picks: {bad}") + "\n\n" + markdown_table(
+        ["case (k 2048 unless said)", "read once µs", "torch.topk µs", "topk µs", "× read",
+         "× faster than torch.topk", "best plain peer µs", "topk_translate µs", "translate / topk",
+         "best fused peer µs", "ours / fused peer"], rows)
+
+
+def e2e(d: dict) -> str:
+    """bench/e2e_gpu.py: the V3.2-shaped stack by index_topk_freq, the producer's overlap, allocations, small model."""
+    layers = d["shapes"]["layers"]
+    rows = []
+    for s in d["scenarios"]:
+        f = s["freqs"]
+        rows.append([s["scenario"], f["1"]["mode"], *(_f(f[k]["median_ms"], ".3f") for k in ("1", "2", "4")),
+                     _f(f["4"]["median_ms"] / f["1"]["median_ms"], ".3f")])
+    ideal = d["scenarios"][0]["freqs"]["4"]["producers"]
+    o, a, s = d["overlap"], d["allocator"], d["small_model"]
+    cfg = s["config"]
+    inductor = "equal to eager" if s["compiled_equal"] else \
+        f"logits within {s['compiled_logits_max_abs_diff']:.3f} of eager"
+    lines = [
+        f"Overlap: the producer's indexer ({o['side_ms']:.3f} ms on a side stream) beside {o['main_ms']:.3f} ms of "
+        f"main-stream GEMMs took {o['graph']['both_ms']:.3f} ms together in a CUDA graph "
+        f"({100 * o['graph']['hidden_fraction']:.1f} % of the indexer hidden) and {o['eager']['both_ms']:.3f} ms eager "
+        f"({100 * o['eager']['hidden_fraction']:.1f} %).",
+        f"Allocations over {a['steps']} steady-state decode forwards: "
+        f"{a['eager']['allocation.all.allocated']} eager, {a['graph']['allocation.all.allocated']} in a graph.",
+        f"The small model ({cfg['layers']} layers, freq {cfg['freq']}, {cfg['requests']} × {cfg['context']}, top-k "
+        f"{cfg['topk']}): eager {s['eager_ms']:.2f} ms; captured in a CUDA graph {s['graph_ms']:.2f} ms "
+        f"({'equal to eager' if s['graph_equal'] else 'not equal to eager'}); compiled with Inductor "
+        f"{s['compiled_ms']:.2f} ms ({inductor}).",
+    ]
+    return "\n\n".join([
+        _head(d, f"{layers} sparse layers, H {d['shapes']['heads']}, D {d['shapes']['dim']}, k {d['shapes']['topk']}, "
+              f"page {d['shapes']['page']}, {d['backend']} backend; median ms"),
+        markdown_table(["scenario", "mode", "freq 1", "freq 2", "freq 4",
+                        f"freq 4 / freq 1 (ideal {ideal}/{layers} = {ideal / layers:.3f})"], rows),
+        *lines,
+    ])
+
+
+def _keys(n: int) -> str:
+    return f"{n >> 20}M" if n % (1 << 20) == 0 else f"{n >> 10}K"
+
+
+def cp_topk(d: dict) -> str:
+    """bench/cp_gpu.py: cp_topk over ranks against one GPU's top-k."""
+    s = d["settings"]
+    rows = [[_keys(r["keys"]), r["layout"], _f(r["single_topk_us"], ".0f"), _f(r["local_topk_us"], ".0f"),
+             _f(r["all_gather_us"], ".0f"), _f(r["merge_us"], ".0f"), _f(r["cp_topk_us"], ".0f"),
+             _f(r["local_logits_us"], ".0f"), _f(100 * r["comm_over_logits"], ".1f") + " %",
+             "yes" if r["equal"] else f"no ({r['mismatched_rows']} rows)"] for r in d["results"]]
+    return _head(d, f"{d['world_size']} GPUs over {s['dist_backend'].upper()} {d['versions'].get('nccl', '')}".rstrip(),
+                 f"{s['rows']} rows, k {s['k']}, {s['statistic']} of {s['reps']}") + "\n\n" + markdown_table(
+        ["keys a row", "shards", "one GPU's topk µs", "local top-k µs", "all-gather µs", "merge µs", "cp_topk µs",
+         "local logits µs", "communication / logits", "equals one GPU"], rows)
+
+
+# Every file under benchmarks/results and the table it gives, in BENCHMARKS.md's order.
+TABLES: dict[str, Callable[[dict], str]] = {
+    "h200-translate.json": bench_op,
+    "h200-launch-overhead.json": launch_overhead,
+    "h200-logits.json": logits,
+    "h200-logits-vs-deepgemm.json": logits_peers,
+    "h200-producer-step.json": producer_step,
+    "h200-producer-step-launches.json": producer_launches,
+    "h200-paged-topk-translate.json": bench_op,
+    "h200-topk-vs-peers.json": topk_peers,
+    "h200-e2e.json": e2e,
+    "h200x2-cp-topk.json": cp_topk,
+}
+
+
+def table(name: str, results: Path = RESULTS) -> str:
+    """The Markdown of result file ``name`` (a key of :data:`TABLES`)."""
+    return TABLES[name](json.loads((results / name).read_text()))
+
+
+def rewrite(text: str, results: Path = RESULTS) -> str:
+    """``text`` (BENCHMARKS.md) with every table block printed afresh; a block naming no known file is an error."""
+    def block(m: re.Match) -> str:
+        if m.group(1) not in TABLES:
+            raise SystemExit(f"BENCHMARKS.md: table {m.group(1)!r} is not one of {sorted(TABLES)}")
+        return f"<!-- table {m.group(1)} -->\n{table(m.group(1), results)}\n<!-- end table -->"
+
+    return BLOCK.sub(block, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 where BENCHMARKS.md's tables differ from the JSON")
+    mode.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md's tables from the JSON")
+    args = parser.parse_args(argv)
+    if not (args.check or args.write):
+        for name in TABLES:
+            print(f"<!-- table {name} -->\n{table(name)}\n<!-- end table -->\n")
+        return 0
+    text = BENCHMARKS.read_text()
+    found = [m.group(1) for m in BLOCK.finditer(text)]
+    missing = [n for n in TABLES if found.count(n) != 1]
+    if missing:
+        print(f"BENCHMARKS.md: each table once; not so for {missing}", file=sys.stderr)
+        return 1
+    new = rewrite(text)
+    if args.write:
+        BENCHMARKS.write_text(new)
+        return 0
+    pairs = zip(BLOCK.finditer(text), BLOCK.finditer(new), strict=True)
+    stale = [m.group(1) for m, n in pairs if m.group(2) != n.group(2)]
+    if stale:
+        print(f"BENCHMARKS.md differs from benchmarks/results/ in {stale}: python bench/report_tables.py --write",
+              file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(main())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -405,7 +406,7 @@ def test_print_rows_and_markdown_table(capsys):
 
 # ----------------------------------------------------------------------------------------------- bench/ scripts
 
-SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "report_tables")
+SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
 
 
 def _script(name: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -428,9 +429,39 @@ def test_every_bench_script_imports_and_parses(name, monkeypatch, capsys):
     assert exit_.value.code == 0 and "usage:" in capsys.readouterr().out
 
 
-def test_report_tables_reads_a_committed_run():
-    run = max(p.parent for p in (ROOT / "reports" / "gpu").glob("*/bench-translate.json"))
-    assert "| case | backend | eager µs |" in _script("report_tables", str(run)).stdout
+def _report_tables():
+    spec = importlib.util.spec_from_file_location("bench_report_tables", ROOT / "bench" / "report_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_result_file_has_a_table_that_names_its_gpu_date_and_commit():
+    tables = _report_tables()
+    files = sorted(p.name for p in tables.RESULTS.glob("*"))
+    assert files == sorted(tables.TABLES), "benchmarks/results/ and report_tables.TABLES must name the same files"
+    for name in files:
+        result = json.loads((tables.RESULTS / name).read_text())
+        gpu = result.get("gpu") or result.get("device")
+        assert re.fullmatch(r"[0-9a-f]{40}", result["commit"]), (name, result["commit"])
+        assert re.match(r"\d{4}-\d{2}-\d{2}T", result["date"]) and gpu and "H200" in gpu, name
+        first_line = tables.table(name).splitlines()[0]
+        assert first_line.startswith(f"{gpu} · {result['date'][:10]} · commit {result['commit'][:10]}"), first_line
+        assert "|---|" in tables.table(name), name
+
+
+def test_benchmarks_md_shows_the_tables_the_committed_results_give():
+    _script("report_tables", "--check")
+
+
+def test_report_tables_check_fails_on_a_table_edited_by_hand(tmp_path, monkeypatch):
+    tables = _report_tables()
+    text = tables.BENCHMARKS.read_text()
+    edited = tmp_path / "BENCHMARKS.md"
+    edited.write_text(text.replace("| 104 % |", "| 105 % |", 1))
+    monkeypatch.setattr(tables, "BENCHMARKS", edited)
+    assert edited.read_text() != text and tables.main(["--check"]) == 1
+    assert tables.main(["--write"]) == 0 and edited.read_text() == text
 
 
 def test_calibrate_overlap_runs_small():
