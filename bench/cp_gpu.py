@@ -1,7 +1,7 @@
 """Context-parallel top-k on GPUs with NCCL: equality with single-GPU ``indexcache.topk`` and the merge's cost.
 
-    python bench/cp_gpu.py --nproc 1 --out reports/gpu/cp_topk-1gpu.json    # one H200 (issue 9)
-    python bench/cp_gpu.py --nproc 2 --out reports/gpu/cp_topk-2gpu.json    # two H200s (issue 10)
+    python bench/cp_gpu.py --nproc 1 --out out/cp_topk-1gpu.json    # one H200 (issue 9)
+    python bench/cp_gpu.py --nproc 2 --out out/cp_topk-2gpu.json    # two H200s (issue 10)
 
 Spawns one process per GPU (NCCL, ``NCCL_NVLS_ENABLE=0``). Rank 0 draws the global scores ``[rows, keys]``
 (bf16-rounded so equal scores straddle shard boundaries, 1 % -inf) and broadcasts them; causal lengths

@@ -1,6 +1,6 @@
 """Context-parallel prefill of the small DSA model (the indexer's keys split across ranks) against one device.
 
-    python bench/cp_model_gpu.py --nproc 2 --out reports/gpu/cp_model-2gpu.json    # two GPUs (issue 10)
+    python bench/cp_model_gpu.py --nproc 2 --out out/cp_model-2gpu.json    # two GPUs (issue 10)
     python bench/cp_model_gpu.py --nproc 2 --dist-backend gloo                     # CPU smoke run
 
 Spawns one process per rank (NCCL on ``cuda:rank`` with ``NCCL_NVLS_ENABLE=0``, or gloo on CPU processes

@@ -1,6 +1,6 @@
 """IndexCache end to end on one GPU: a DeepSeek-V3.2-shaped indexer stack under freq 1, 2 and 4.
 
-    pip install -e . && python bench/e2e_gpu.py --out reports/gpu/e2e.json
+    pip install -e . && python bench/e2e_gpu.py --out out/e2e.json
 
 The stack: 61 sparse layers, 64 index heads, head dim 128, top-k 2048, page 64, fp8 keys in the packed
 132-byte-a-token cache, every layer with its own page table. One forward = for each layer, through

@@ -1,6 +1,6 @@
 """Indexer logits on one GPU: correctness, the machine's ceilings, our Triton kernels against the torch backend.
 
-    pip install -e . && python bench/logits_gpu.py --out reports/gpu/logits.json
+    pip install -e . && python bench/logits_gpu.py --out out/logits.json
 
 In one run: (a) checks on the GPU — small prefill and paged-decode cases against the float64
 reference (-inf placement exact, relative RMS ≤ 1e-3 for fp8 on tensor cores, ≤ 1e-2 for bf16,

@@ -1,6 +1,6 @@
 """Ours beside the kernels engines run today, on the same inputs, on one GPU (issues 17 and 18).
 
-    python bench/peers_gpu.py --out reports/gpu/peers.json     # ci/gpu.sh: the "peers" part
+    python bench/peers_gpu.py --out out/peers.json     # ci/gpu.sh: the "peers" part
 
 Peers are never dependencies: each is imported if it can be and reported "absent" (with the import error)
 otherwise. ``ci/gpu.sh`` installs DeepGEMM from wheels in ``$PEER_WHEELS`` when that folder is given.
@@ -55,10 +55,10 @@ HEADS, DIM, PAGE = 64, 128, 64
 TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
 # Overrides of the cuda table's logits entries raced beside it (--variants): the Triton kernels where the table takes
 # the Hopper kernels in Gluon (sm90 with Triton 3.6), and those with another ring (decode 5 stages, prefill 8). Raced
-# before and removed (BENCHMARKS.md): register caps and shallower pipelines of the Triton decode, tiles through TMA host
-# descriptors, the scales read one tile ahead by hand (runs 18-20), the scales staged by a loop-level pipeline, one dot
-# a draft token in the Triton kernel, a Gluon decode whose math warps issue the copies (runs 31-37); a 4-stage Triton
-# prefill (within 1 % in run 22), Gluon prefills with one math warp group a program (runs 39-40).
+# before and removed (docs/experiments.md): register caps and shallower pipelines of the Triton decode, tiles through
+# TMA host descriptors, the scales read one tile ahead by hand, the scales staged by a loop-level pipeline, one dot a
+# draft token in the Triton kernel, a Gluon decode whose math warps issue the copies; a 4-stage Triton prefill (within
+# 1 %), Gluon prefills with one math warp group a program.
 VARIANTS = {
     "mqa_logits": {
         "triton": {"KERNEL": "triton"},

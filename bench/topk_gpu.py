@@ -1,6 +1,6 @@
 """Top-k and the fused producer step (top-k + page translation) on one GPU: correctness, graph replays, speed.
 
-    pip install -e . && python bench/topk_gpu.py --out reports/gpu/topk.json
+    pip install -e . && python bench/topk_gpu.py --out out/topk.json
 
 In one run: (a) checks on the GPU — the Triton backend's ``topk`` / ``topk_translate`` against the torch
 backend (same contract, same tie rule: each row's index set must be equal) on the target shapes, against
@@ -40,8 +40,8 @@ PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
 SWEEP_SHAPES = [(64, 131072, 2048), (64, 131072, 512), (2048, 32768, 2048)]
 ADVERSARIAL = [(40000, 2048), (9000, 513)]  # columns, k
-SWEEP = [  # tuning overrides on the table's entry (the first is the table itself); runs 23-29 and 47-55 raced more
-    # (BENCHMARKS.md, "Beside the peers: top-k"): the Triton kernels where the table runs the Gluon block kernel, and
+SWEEP = [  # tuning overrides on the table's entry (the first is the table itself); more were raced on the way
+    # (docs/experiments.md, "Top-k"): the Triton kernels where the table runs the Gluon block kernel, and
     # the block kernel with 16 warps
     {}, {"KERNEL": "triton"}, {"BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}, {"SAMPLE_RANK": 64}, {"FINISH_BINS": 512},
     {"CHUNKS_PER_SM": 16},

@@ -29,7 +29,7 @@ H200 = (65536, 228 * 1024, 2048)  # registers, shared bytes and threads a multip
 
 
 @pytest.mark.parametrize(("registers", "shared", "threads", "blocks"), [
-    (78, 33_824, 128, 6),  # the decode kernel at next_n 1 (ncu on the H200, run16: block limit 6 by both)
+    (78, 33_824, 128, 6),  # the decode kernel at next_n 1 (ncu on the H200: block limit 6 by both)
     (112, 33_824, 128, 4),  # the same, uncapped under the persistent schedule (ncu: 4 by registers)
     (145, 33_824, 128, 3),  # next_n 2 (ncu: 3 by registers)
     (184, 43_520, 128, 2),  # next_n 2 uncapped (ncu: 2 by registers)

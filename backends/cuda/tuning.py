@@ -19,11 +19,11 @@ _COMMON: dict[str, dict[str, Any]] = {
                    "PROGRAMS_PER_SM": 3, "KERNEL": "triton", "TMA_STAGES": 16, "TMA_MAXNREG": 96,
                    "TMA_MATH_REGS": 112},
     # Paged decode: 64-key tiles (one page: a scalar table entry, contiguous rows and scales)
-    # through Triton's own pipeliner, 5 stages deep (measured best on the H200, reports/gpu/2026-11-29-run2; the
-    # register prefetch variants PREFETCH 1-2 measured slower), at most COLS dot columns (draft tokens × heads) a
+    # through Triton's own pipeliner, 5 stages deep (H200: 74 / 90 % of copy at 64 × 32K / 128K; the register
+    # prefetch variants PREFETCH 1-2 57-65 %), at most COLS dot columns (draft tokens × heads) a
     # program. A persistent grid of the programs that stay resident, counted from the compiled kernel (Triton 3.6,
     # sm90: 96 and 168 registers at next_n 1 and 2, five and three programs a SM; register caps that keep more
-    # resident spill, or are slower when they do not: H200, reports/gpu/2026-12-01-run20); PROGRAMS_PER_SM only
+    # resident spill, or are slower when they do not: H200, docs/experiments.md); PROGRAMS_PER_SM only
     # where that count is not known (the interpreter).
     # KERNEL "tma-ws": the Hopper kernel in Gluon (decode_sm90.py: a copy warp brings pages TMA_STAGES ahead) where it
     # takes the call, else this Triton kernel; TMA_MAXNREG its kernel-wide register cap by draft tokens a program,
@@ -40,15 +40,15 @@ _COMMON: dict[str, dict[str, Any]] = {
     # a lane a thread over 8 warps packing every 8 steps (77 registers, three programs a SM), 2048 candidate bins;
     # the finish (one program an SM, persistent): 2K tiles over 8 warps, up to 224 registers (ptxas capped itself at
     # 128 and spilled), reading up to 64 chunks side by side. SAMPLE_RANK 32: about 32 sample entries expected above
-    # the k-th best (H200, runs 27-29: 16 left more candidates, 64 sampled longer than it saved). A stash of
+    # the k-th best (H200: 16 left more candidates, 64 sampled longer than it saved). A stash of
     # max(4096, 4k, columns / 32) entries a row. sorted=True: a row's keys sorted over one warp per SORT_PER_WARP
     # keys (8 int64 a thread: 2048 keys on 8 warps; from the cross-compiled register counts, not measured).
     # KERNEL "block": the Gluon kernel of topk_block.py (a block of BLOCK_WARPS warps a row, BLOCK_PIECE_J columns a
     # thread a piece, one program a SM) takes the many-rows calls, and from BLOCK_MIN_ROWS rows on the rows of up to
-    # BLOCK_MAX_COLS columns that would be split (H200, runs 52 and 55: 32-36 % less time than the Triton path on 64
-    # decode rows, 26 % on 2048 prefill rows; one row of 128K stays split: 50 µs against 29, run 47). 32 warps: 11-25 %
-    # faster than 16 (run 54; 2-11 % with the radix select before, run 52); 4 columns a thread a piece: 8 were 2-5 %
-    # faster on decode rows and 3 % slower on prefill (run 54), and leave a stack frame with Triton 3.9 at 32 warps.
+    # BLOCK_MAX_COLS columns that would be split (H200: 32-36 % less time than the Triton path on 64 decode rows,
+    # 26 % on 2048 prefill rows; one row of 128K stays split: 50 µs against 29). 32 warps: 11-25 % faster than 16
+    # (2-11 % with the radix select before); 4 columns a thread a piece: 8 were 2-5 % faster on decode rows and 3 %
+    # slower on prefill, and leave a stack frame with Triton 3.9 at 32 warps.
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "MIN_CHUNK": 4096,
@@ -113,14 +113,14 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
     # end, in place of a launch gap each (docs/kernels.md, "The producer step of decode").
     table["topk"]["PDL"] = table["paged_mqa_logits"]["PDL"] = caps["pdl"]
     if caps["mma"] == "wgmma" and _triton_before(3, 7):
-        # Decode, measured on the H200 with Triton 3.6 (reports/gpu/2026-12-01-run37): the warp-specialized Gluon
+        # Decode, measured on the H200 with Triton 3.6 (docs/experiments.md): the warp-specialized Gluon
         # kernel is 3-10 % faster than the Triton one on every decode row of the peer comparison and gives the same
         # logits bit for bit. Later Triton versions build it but are unmeasured.
         table["paged_mqa_logits"]["KERNEL"] = "tma-ws"
-        # Prefill, measured on the H200 with Triton 3.6 (reports/gpu/2026-11-29-run2, sweep): 4 tokens a program (256
+        # Prefill, measured on the H200 with Triton 3.6 (a sweep): 4 tokens a program (256
         # dot columns), two resident a SM reach 68.5 % of the fp8 matmul rate against 60-65 % for 2 tokens and three.
         # Triton 3.7+ keeps Q in shared memory differently and spills at 256 columns, so it keeps 128. The Gluon
-        # kernel is 3-6 % faster than that one (reports/gpu/2026-12-01-run42, run43); Triton 3.9 builds it with an
+        # kernel is 3-6 % faster than that one (BENCHMARKS.md); Triton 3.9 builds it with an
         # 8-byte spill (a thread-index value hoisted across the warp groups), so later versions keep the Triton kernel.
         table["mqa_logits"].update(COLS=256, PROGRAMS_PER_SM=2, KERNEL="tma-ws")
     return {**table, "arch": {"name": arch, **caps}}
