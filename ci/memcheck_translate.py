@@ -21,7 +21,7 @@ from collections.abc import Iterator  # noqa: E402
 import torch  # noqa: E402
 
 import indexcache  # noqa: E402
-from indexcache import dispatch, reference  # noqa: E402
+from indexcache.hal import dispatch, reference  # noqa: E402
 
 I32_MAX, I32_MIN = 2**31 - 1, -(2**31)
 SENTINEL = -9  # fills the parent of a strided ``out``: slots outside the view must keep it

@@ -1,8 +1,9 @@
 """indexcache: cross-layer reuse of sparse-attention top-k indices (IndexCache) on any backend.
 
-Importing touches no device and imports no torch: the public names below load their module at first use
-(PEP 562), so ``import indexcache.plan`` stays pure Python. The backend is chosen at the first op call (see
-:mod:`indexcache.hal.dispatch`).
+The package root is the public face for engines (docs/architecture.md, "Public names"): the ops, backend
+choice, the layer plan and the runtime, each loaded from its layer at first use (PEP 562), so ``import
+indexcache`` touches no device and imports no torch, and ``import indexcache.plan`` stays pure Python. The
+backend is chosen at the first op call (see :mod:`indexcache.hal.dispatch`).
 """
 
 from __future__ import annotations
@@ -10,42 +11,43 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from indexcache import _moved
-
 __version__ = "0.1.0"
-
-_moved.install()  # the modules that moved into a layer keep their old names (indexcache.state, ...)
 
 # Public name -> the module that defines it.
 _PUBLIC = {
-    "available_backends": "indexcache.hal.dispatch",
-    "get_backend": "indexcache.hal.dispatch",
-    "use_backend": "indexcache.hal.dispatch",
+    "translate": "indexcache.hal.ops",
+    "topk": "indexcache.hal.ops",
+    "topk_translate": "indexcache.hal.ops",
     "mqa_logits": "indexcache.hal.ops",
     "paged_mqa_logits": "indexcache.hal.ops",
     "paged_topk_translate": "indexcache.hal.ops",
     "quantize_index_k": "indexcache.hal.ops",
     "store_index_k": "indexcache.hal.ops",
-    "topk": "indexcache.hal.ops",
-    "topk_translate": "indexcache.hal.ops",
-    "translate": "indexcache.hal.ops",
+    "BackendNotSupportedError": "indexcache.hal.dispatch",
+    "available_backends": "indexcache.hal.dispatch",
+    "get_backend": "indexcache.hal.dispatch",
+    "use_backend": "indexcache.hal.dispatch",
+    "LayerPlan": "indexcache.plan",
+    "TopkState": "indexcache.runtime.state",
+    "PagedLogits": "indexcache.runtime.state",
+    "IndexRecorder": "indexcache.runtime.state",
+    "IndexerRunner": "indexcache.runtime.runner",
+    "overlap": "indexcache.runtime.streams",
+    "cp_topk": "indexcache.runtime.distributed",
+    "cp_topk_translate": "indexcache.runtime.distributed",
+    "zigzag_key_index": "indexcache.runtime.distributed",
 }
-# Submodules that ``import indexcache`` used to load, still reachable as attributes after it.
-_SUBMODULES = ("dispatch", "layout", "ops")
 
 __all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        value = getattr(importlib.import_module(_PUBLIC[name]), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f"{__name__}.{name}")
-    else:
+    if name not in _PUBLIC:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_PUBLIC, *_SUBMODULES})
+    return sorted({*globals(), *_PUBLIC})

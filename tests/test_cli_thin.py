@@ -1,5 +1,5 @@
 """The command line is a thin layer: only bad input exits 2 with one line, a bug surfaces with its traceback, and
-``indexcache plan`` (pure config logic) never imports torch; ``import indexcache`` loads its public names lazily."""
+``indexcache plan`` (pure config logic) never imports torch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import indexcache
 from indexcache.tools.cli import main
 
 V32 = str(Path(__file__).resolve().parent.parent / "examples" / "configs" / "deepseek-v3.2.json")
@@ -83,19 +82,3 @@ def test_plan_never_imports_torch():
     assert result.returncode == 0, result.stderr
     assert '"producers": [0, 1, 5,' in result.stdout
 
-
-def test_the_package_exports_its_public_names_lazily():
-    assert indexcache.__all__ == sorted(
-        ["available_backends", "get_backend", "use_backend", "mqa_logits", "paged_mqa_logits", "paged_topk_translate",
-         "quantize_index_k", "store_index_k", "topk", "topk_translate", "translate"]
-    )
-    assert set(indexcache.__all__) <= set(dir(indexcache))
-    from indexcache.hal import dispatch, ops
-
-    for name in indexcache.__all__:
-        assert getattr(indexcache, name) is getattr(dispatch if "backend" in name else ops, name)
-    assert indexcache.hal.ops is ops and indexcache.hal.dispatch is dispatch
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        indexcache.no_such_name  # noqa: B018
-    result = _python("from indexcache import *; print(' '.join(sorted(n for n in dir() if not n.startswith('_'))))")
-    assert result.returncode == 0 and result.stdout.split() == indexcache.__all__, result.stderr

@@ -165,7 +165,7 @@ def test_capabilities_are_typed_and_info_shows_them(fresh_dispatch, monkeypatch)
 def test_import_touches_no_device():
     code = (
         "import indexcache, torch\n"
-        "from indexcache import dispatch\n"
+        "from indexcache.hal import dispatch\n"
         "assert dispatch.availability.cache_info().currsize == 0\n"
         "assert not torch.cuda.is_initialized()\n"
         "print('ok')\n"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-import indexcache
+from indexcache.hal import ops
 from indexcache.hal.ops import INDEX
 
 CARRY_VERSION = 1
@@ -148,7 +148,7 @@ class TopkState:
         """The producer's selection, into ``out`` (physical) and ``out_raw`` (logical) ``[rows, k]`` int32:
         :func:`indexcache.topk_translate`. A subclass may select otherwise with the same result contract
         (sorted rows, or the context-parallel merge of ``bench/cp_model_gpu.py``)."""
-        return indexcache.topk_translate(scores, lengths, self.k, page_table, page_size, row_starts=row_starts,
+        return ops.topk_translate(scores, lengths, self.k, page_table, page_size, row_starts=row_starts,
                                          row_to_batch=row_to_batch, out=out, out_raw=out_raw)
 
     def produce_paged(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor,
@@ -182,7 +182,7 @@ class TopkState:
         """The decode producer's scoring and selection, into ``out`` (physical) and ``out_raw`` (logical)
         ``[rows, k]`` int32: :func:`indexcache.paged_topk_translate`. A subclass may select otherwise with the
         same result contract, as for :meth:`select`."""
-        return indexcache.paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len,
+        return ops.paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len,
                                                self.k, page_table, page_size, logits=logits, out=out,
                                                out_raw=out_raw)
 
@@ -206,7 +206,7 @@ class TopkState:
             )
         self._check_rows("seq_lens", seq_lens)
         rows = self.rows
-        out = indexcache.translate(self.raw[:rows], page_table, seq_lens, page_size, row_to_batch=row_to_batch,
+        out = ops.translate(self.raw[:rows], page_table, seq_lens, page_size, row_to_batch=row_to_batch,
                                    out=self.physical[:rows])
         if self.recorder is not None:
             self.recorder(layer, self.raw[:rows])
