@@ -14,10 +14,10 @@
 # Settings: PYTHON (default python3); GPU_SH_BUDGET, seconds for all steps (default 470); INDEXCACHE_COMMIT, the
 # commit recorded in the bench JSON where the tree has no .git; GPU_SH_PARTS, which parts to run (default "core
 # kernels runtime"; one device call holds about two of them): core = conformance (sm90 and forced sm80), memcheck,
-# graph tests, translate bench; kernels = indexcache bench --op mqa_logits / paged_mqa_logits / topk / topk_translate
-# / paged_topk_translate / quantize_index_k / store_index_k (JSON in reports.tar.gz under bench/), the top-k and
-# logits GPU scripts; runtime = the stream/runtime/model GPU tests (and under compute-sanitizer), the end-to-end and
-# context-parallel scripts; peers = bench/peers_gpu.py, ours beside DeepGEMM / FlashInfer / SGLang where they import
+# graph tests, translate bench; kernels = indexcache bench --op for each other op of the spec records (JSON in
+# reports.tar.gz under bench/), the top-k and logits GPU scripts; runtime = the stream/runtime/model GPU tests
+# (and under compute-sanitizer), the end-to-end and context-parallel scripts; peers = bench/peers_gpu.py, ours
+# beside DeepGEMM / FlashInfer / SGLang where they import
 # (not in the default parts; PEER_WHEELS, a folder of peer wheels such as sgl-deep-gemm 0.1.2 and apache-tvm-ffi
 # 0.1.9, installs them into a folder of their own first); GPU_SH_SKIP, names of steps to leave out (e.g.
 # "logits-gpu").
@@ -145,9 +145,9 @@ run_hook launch_overhead 150
 fi
 
 if part kernels; then
-  # indexcache bench for the kernel ops, each well under a minute on an H200; JSON under $WORK/bench (reports.tar.gz:
-  # $OUT keeps at most 8 files).
-  for op in mqa_logits paged_mqa_logits topk topk_translate paged_topk_translate quantize_index_k store_index_k; do
+  # indexcache bench for every op but translate (core benches it), each well under a minute on an H200; JSON under
+  # $WORK/bench (reports.tar.gz: $OUT keeps at most 8 files).
+  for op in $("$PY" -c 'from indexcache.hal.specs import OP_NAMES; print(*(o for o in OP_NAMES if o != "translate"))'); do
     step "bench-$op" 120 "${IC[@]}" bench --op "$op" --json "$WORK/bench/bench-$op.json"
   done
   run_hook topk 240

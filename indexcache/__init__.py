@@ -11,18 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from indexcache.hal.specs import OP_NAMES
+
 __version__ = "0.1.0"
 
-# Public name -> the module that defines it.
+# Public name -> the module that defines it: every op of the spec records, then the rest.
 _PUBLIC = {
-    "translate": "indexcache.hal.ops",
-    "topk": "indexcache.hal.ops",
-    "topk_translate": "indexcache.hal.ops",
-    "mqa_logits": "indexcache.hal.ops",
-    "paged_mqa_logits": "indexcache.hal.ops",
-    "paged_topk_translate": "indexcache.hal.ops",
-    "quantize_index_k": "indexcache.hal.ops",
-    "store_index_k": "indexcache.hal.ops",
+    **dict.fromkeys(OP_NAMES, "indexcache.hal.ops"),
     "BackendNotSupportedError": "indexcache.hal.dispatch",
     "available_backends": "indexcache.hal.dispatch",
     "get_backend": "indexcache.hal.dispatch",

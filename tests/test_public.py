@@ -1,5 +1,6 @@
 """The package root is the one public face (docs/architecture.md, "Public names"): exactly the documented names,
-each loaded from its layer, no torch on ``import indexcache``, no second name for any module."""
+each loaded from its layer, no torch on ``import indexcache``, no second name for any module. The ops' names are
+kept in one place, the spec records' ``OP_NAMES`` (docs/architecture.md, "Adding an op")."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from pathlib import Path
 import pytest
 
 import indexcache
-from indexcache.hal import ops
-from indexcache.hal.specs import SPECS
+from indexcache.hal import contract, ops, reference
+from indexcache.hal.specs import OP_NAMES, SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(path for folder in ("indexcache", "backends", "bench", "tests", "ci")
                  for path in (ROOT / folder).rglob("*.py"))
+SPECS_INIT = ROOT / "indexcache" / "hal" / "specs" / "__init__.py"
 # The names the modules that moved into a layer had before (the layered paths are the only ones now).
 OLD_NAMES = ("state", "runner", "streams", "distributed", "dispatch", "ops", "layout", "reference", "descriptor",
              "calibrate", "model", "cli")
@@ -41,7 +43,7 @@ def _documented() -> tuple[list[str], list[str]]:
 def test_the_root_offers_exactly_the_documented_names():
     op_bullets, names = _documented()
     assert len(op_bullets) == 1 and len(names) == len(set(names)) > 0, (op_bullets, names)
-    assert indexcache.__all__ == sorted([*SPECS, *names])
+    assert indexcache.__all__ == sorted([*OP_NAMES, *names])
 
 
 def test_each_public_name_resolves_to_its_layer():
@@ -49,7 +51,7 @@ def test_each_public_name_resolves_to_its_layer():
         value = getattr(indexcache, name)
         assert name in dir(indexcache) and value.__name__ == name, name
         assert value.__module__.split(".")[1] in ("hal", "plan", "runtime"), (name, value.__module__)
-    for op in SPECS:
+    for op in OP_NAMES:
         assert getattr(indexcache, op) is getattr(ops, op)
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         indexcache.no_such_name  # noqa: B018
@@ -63,7 +65,8 @@ def test_import_indexcache_imports_no_torch():
         "import indexcache\n"
         "from indexcache import plan\n"
         "names = indexcache.__all__, dir(indexcache), indexcache.LayerPlan\n"
-                "loaded = sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.'))\n"
+        "from indexcache.hal.specs import OP_NAMES\n"
+        "loaded = sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.'))\n"
         "assert not loaded, loaded\n"
         "indexcache.topk\n"
         "assert 'torch' in sys.modules\n"
@@ -83,3 +86,37 @@ def test_nothing_touches_sys_meta_path():
                 if any(isinstance(node, ast.Attribute) and node.attr == "meta_path"
                        for node in ast.walk(ast.parse(path.read_text())))]
     assert not touching
+
+
+def test_every_list_of_op_names_is_derived_from_the_spec_records():
+    assert list(SPECS) == list(OP_NAMES)
+    assert contract.OPS == (*OP_NAMES, "overlap")
+    assert ops.__all__[-len(OP_NAMES):] == list(OP_NAMES) and all(callable(getattr(ops, op)) for op in OP_NAMES)
+    assert reference.__all__ == list(OP_NAMES)
+    assert all(getattr(reference, op) is SPECS[op].reference for op in OP_NAMES)
+
+
+def test_no_hand_kept_list_of_op_names():
+    """A literal list, tuple or set holding three or more op names (or such a run of names in a script or tox.ini)
+    is a hand-kept copy of OP_NAMES: derive it from the spec records instead."""
+    found = []
+    for path in SOURCES:
+        tree = ast.parse(path.read_text())
+        itself = {id(node.value) for node in ast.walk(tree) if path == SPECS_INIT and isinstance(node, ast.Assign)
+                  and [getattr(t, "id", None) for t in node.targets] == ["OP_NAMES"]}
+        found += [f"{path.relative_to(ROOT)}:{node.lineno}" for node in ast.walk(tree)
+                  if isinstance(node, (ast.List, ast.Tuple, ast.Set)) and id(node) not in itself
+                  and sum(isinstance(e, ast.Constant) and e.value in OP_NAMES for e in node.elts) >= 3]
+    assert not found
+    name = "|".join(OP_NAMES)
+    run = re.compile(rf"\b(?:{name})\b(?:[\s,|/]+(?:{name})\b){{2,}}")
+    scripts = [ROOT / "tox.ini", ROOT / "pyproject.toml", *(ROOT / "ci").glob("*.sh")]
+    assert not [str(p.relative_to(ROOT)) for p in scripts if run.search(p.read_text())]
+
+
+def test_backends_implement_only_ops_of_the_contract(interpreted):
+    from indexcache.hal import dispatch
+
+    served = {name: set(dispatch.ops_of(name)) for name in dispatch.available_backends()}
+    assert {"torch", "cuda", "rocm"} <= set(served)
+    assert all(names <= set(contract.OPS) for names in served.values()), served

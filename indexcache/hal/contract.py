@@ -14,20 +14,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from indexcache.hal.specs import OP_NAMES
+
 if TYPE_CHECKING:
     import torch
 
-OPS = (
-    "translate",
-    "topk",
-    "topk_translate",
-    "mqa_logits",
-    "paged_mqa_logits",
-    "paged_topk_translate",
-    "quantize_index_k",
-    "store_index_k",
-    "overlap",  # the stream scheduler behind indexcache.runtime.streams.overlap: side work joined to the current stream
-)
+# The ops a backend may implement: those of the spec records, and the stream scheduler behind
+# indexcache.runtime.streams.overlap (side work joined to the current stream).
+OPS = (*OP_NAMES, "overlap")
 
 
 def always(**_: Any) -> list[str]:

@@ -32,11 +32,8 @@ from indexcache.hal import dispatch, library, memo
 from indexcache.hal.checks import FLOAT_INPUTS, INDEX, KEY_DTYPES, MAX_PAGE_SIZE, MAX_TOPK, SCORE_DTYPES
 from indexcache.hal.specs import SPECS
 
-__all__ = [
-    "FLOAT_INPUTS", "INDEX", "KEY_DTYPES", "MAX_PAGE_SIZE", "MAX_TOPK", "SCORE_DTYPES",
-    "mqa_logits", "paged_mqa_logits", "paged_topk_translate", "quantize_index_k", "store_index_k", "topk",
-    "topk_translate", "translate",
-]
+# The checks' limits and dtypes, then the ops: one function below per spec record.
+__all__ = ["FLOAT_INPUTS", "INDEX", "KEY_DTYPES", "MAX_PAGE_SIZE", "MAX_TOPK", "SCORE_DTYPES", *SPECS]
 
 
 def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict):

@@ -175,6 +175,8 @@ def _run_conformance(args) -> int:
 
 
 def _add_bench(sub) -> None:
+    from indexcache.hal.specs import OP_NAMES  # pure Python: the parser is built for every command
+
     p = sub.add_parser(
         "bench",
         help="measure the machine's ceilings, then each op per backend; print a table",
@@ -187,9 +189,8 @@ def _add_bench(sub) -> None:
         "topk_translate against one read of their scores, with torch.topk as an extra row. Off a GPU, times "
         "are labelled CPU / interpreted and are not speeds. Exits 1 if a backend disagrees with torch or fails.",
     )
-    p.add_argument("--op", action="append", default=None, metavar="NAME", help="an op to time: translate, "
-                   "topk, topk_translate, mqa_logits, paged_mqa_logits, paged_topk_translate, quantize_index_k, "
-                   "store_index_k (repeatable; default: every op)")
+    p.add_argument("--op", action="append", default=None, metavar="NAME",
+                   help=f"an op to time: {', '.join(OP_NAMES)} (repeatable; default: every op)")
     p.add_argument("--backend", action="append", default=None, metavar="NAME",
                    help="a backend to time (repeatable; default: every available backend implementing the op)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
