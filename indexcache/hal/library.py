@@ -22,7 +22,9 @@ How a call runs:
   memory-overlap check, which needs ``data_ptr()``, and the cache's storage-offset alignment, which Dynamo
   cannot trace, are skipped there) to raise the same errors and allocate
   ``out``, then calls ``torch.ops.indexcache.<op>``. The graph holds the custom op; its fake implementation
-  gives the shapes, and its mutation annotations let AOTAutograd functionalize the in-place writes.
+  runs the spec check too (on fake or meta tensors, all of it but the overlap check), so AOT tracing,
+  ``torch.export`` and ``FakeTensorMode`` refuse what the real op refuses, with the same error, and it gives the
+  shapes; its mutation annotations let AOTAutograd functionalize the in-place writes.
 - **The compiled graph runs**: the custom op's real implementation runs the spec check again on the real
   tensors (the overlap check included) and then :func:`indexcache.hal.dispatch.call`, eagerly, outside
   anything Dynamo traced. So the backend is chosen at run time, per call, exactly as in eager mode: the
@@ -60,7 +62,7 @@ def mutated(op: str) -> tuple[str, ...]:
     return tuple(n for n in inspect.signature(SPECS[op].check).parameters if n in writes)
 
 
-def _fake_quantize(k, fp8_dtype, block, backend=None):
+def _fake_quantize(k, fp8_dtype, block):
     return k.new_empty(k.shape, dtype=fp8_dtype), k.new_empty((k.shape[0], k.shape[1] // block), dtype=torch.float32)
 
 
@@ -124,15 +126,28 @@ def _real(op: str) -> Callable[..., Any]:
     return run
 
 
-def _fake_none(*args):
-    return None
+def _fake(op: str) -> Callable[..., Any]:
+    names = ARGS[op]
+    check = SPECS[op].check
+    returns = RETURNS.get(op)
+
+    def fake(*args):
+        kwargs = dict(zip(names, args, strict=True))
+        kwargs.pop("backend")
+        # The spec check on fake tensors (metadata only): what tracing and torch.export see refused is what the
+        # real implementation refuses, with the same error; the output shapes come from checked arguments.
+        checked = check(**kwargs)
+        return returns.fake(**checked) if returns is not None else None
+
+    fake.__name__ = f"{op}_fake"
+    return fake
 
 
 def _register() -> dict[str, Any]:
     ops = {}
     for op in SPECS:
         custom = torch.library.custom_op(f"{NAMESPACE}::{op}", _real(op), mutates_args=mutated(op), schema=schema(op))
-        custom.register_fake(RETURNS[op].fake if op in RETURNS else _fake_none)
+        custom.register_fake(_fake(op))
         ops[op] = getattr(getattr(torch.ops, NAMESPACE), op).default
     return ops
 
