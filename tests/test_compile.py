@@ -228,18 +228,66 @@ def test_errors_are_the_same_under_compile():
         torch.compile(f, fullgraph=True, backend="aot_eager")(raw)
 
 
-def test_overlap_is_checked_when_the_compiled_graph_runs():
-    """Fake tensors have no data_ptr(): the custom op's real implementation checks overlap on the real tensors."""
+def _overlapping(op: str) -> tuple[dict, str]:
+    """Arguments of ``op`` where a written tensor overlaps another argument, and the error that names it."""
+    buf = torch.zeros(64, dtype=I32)
+    table = torch.tensor([[10, 11]], dtype=I32)
+    if op == "translate":  # out over seq_lens
+        buf[0] = 128
+        return dict(raw=torch.tensor([[0, 63, 64, -1]], dtype=I32), page_table=table, seq_lens=buf[:1],
+                    page_size=64, out=buf[:4].view(1, 4)), "out: .*overlaps seq_lens"
+    if op == "topk":  # out over lengths
+        buf[:2] = 4
+        return dict(scores=torch.randn(2, 6), lengths=buf[:2], k=2, out=buf[1:5].view(2, 2)), "out: .*overlaps lengths"
+    if op == "topk_translate":  # out_raw over out
+        return dict(scores=torch.randn(1, 6), lengths=torch.tensor([6], dtype=I32), k=4, page_table=table,
+                    page_size=64, out=buf[:4].view(1, 4), out_raw=buf[2:6].view(1, 4)), "out: .*overlaps out_raw"
+    floats = torch.rand(32)  # mqa_logits: out over weights
+    return dict(q=torch.randn(2, 2, 16, dtype=torch.bfloat16), k=torch.randn(5, 16, dtype=torch.bfloat16),
+                k_scale=torch.ones(5), weights=floats[:4].view(2, 2), ks=torch.zeros(2, dtype=I32),
+                ke=torch.tensor([5, 3], dtype=I32), out=floats[2:12].view(2, 5)), "out: .*overlaps weights"
+
+
+@pytest.mark.parametrize("compiler", ["eager", "aot_eager"])
+@pytest.mark.parametrize("op", ["translate", "topk", "topk_translate", "mqa_logits"])
+def test_overlap_is_checked_under_compile(op, compiler):
+    """Fake tensors have no data_ptr(), and under aot_eager functionalization hands the op a copy of what it writes:
+    the read-only ``check_<op>`` sees the graph's own tensors when it runs, so compiled calls refuse an overlap as
+    eager ones do (aot_eager accepted an ``out`` over ``lengths``)."""
     torch._dynamo.reset()
-    buf = torch.zeros(8, dtype=I32)
-    raw, out = buf[:4].view(1, 4), buf[2:6].view(1, 4)
-    table, lens = torch.tensor([[10, 11]], dtype=I32), torch.tensor([128], dtype=I32)
-    with pytest.raises(ValueError, match="out: .*overlaps raw"):
-        indexcache.translate(raw, table, lens, 64, out=out)  # eager
-    f = torch.compile(lambda raw, table, lens, out: indexcache.translate(raw, table, lens, 64, out=out),
-                      fullgraph=True, backend="eager")
-    with pytest.raises(ValueError, match="out: .*overlaps raw"):
-        f(raw, table, lens, out)
+    args, error = _overlapping(op)
+    with pytest.raises(ValueError, match=error):
+        getattr(indexcache, op)(**args)  # eager
+    f = torch.compile(getattr(indexcache, op), fullgraph=True, backend=compiler)
+    with pytest.raises(ValueError, match=error):
+        f(**args)
+
+
+def test_check_ops_are_read_only_and_kept_in_the_graph():
+    """Each op that writes in place has a read-only check op, traced before it (not removed as dead code)."""
+    assert set(library.CHECKS) == {op for op in SPECS if library.mutated(op)}
+    for op, check in library.CHECKS.items():
+        assert not check._schema.is_mutable and not check._schema.returns
+        assert [a.name for a in check._schema.arguments] == list(library.ARGS[op][:-1])
+    torch._dynamo.reset()
+    graphs = []
+
+    def keep(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    raw, table, lens = torch.tensor([[0, 63, 64, -1]], dtype=I32), torch.tensor([[10, 11]], dtype=I32), \
+        torch.tensor([128], dtype=I32)
+    out = torch.empty_like(raw)
+    torch.compile(lambda *a: indexcache.translate(*a, 64, out=out), fullgraph=True,
+                  backend=aot_autograd(fw_compiler=keep))(raw, table, lens)
+    # The op itself is functionalized: it appears as the first argument of an auto_functionalized node.
+    calls = [(n.target, *n.args[:1]) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    check = next(i for i, call in enumerate(calls) if library.CHECKS["translate"] in call)
+    run = next(i for i, call in enumerate(calls) if library.OPS["translate"] in call)
+    assert check < run
 
 
 def test_backend_is_chosen_at_run_time_under_compile(monkeypatch):
