@@ -301,7 +301,11 @@ def test_carry_checks_its_header():
 def test_carry_header_from_tensor_refuses_what_is_not_the_format(header, match):
     with pytest.raises(CarryError, match=match):
         CarryHeader.from_tensor(header)
-    assert CarryHeader.from_tensor(torch.tensor([1, 3, 2, 4], dtype=torch.int32)) == CarryHeader(3, 2, 4)
+
+
+def test_carry_header_from_tensor_reads_any_integer_dtype():
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        assert CarryHeader.from_tensor(torch.tensor([1, 3, 2, 4], dtype=dtype)) == CarryHeader(3, 2, 4)
 
 
 @pytest.mark.parametrize("fields, match", [
