@@ -11,6 +11,7 @@ import torch
 
 import indexcache
 from indexcache.hal import dispatch, library
+from indexcache.hal.checks import MAX_TOPK
 from indexcache.hal.dispatch import BackendNotSupportedError
 from indexcache.hal.layout import new_packed_cache
 from indexcache.hal.specs import SPECS
@@ -56,6 +57,79 @@ def test_opcheck(op, args):
     utils = [u for u in ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
              if not (fp8 and u == "test_schema")]
     torch.library.opcheck(library.OPS[op], (*(kwargs[n] for n in library.ARGS[op][:-1]), "torch"), test_utils=utils)
+
+
+def _checked_args(op: str) -> dict:
+    """The custom op's arguments (``backend`` "torch") for ``op``'s first conformance case, outputs allocated."""
+    case = SPECS[op].cases[0]
+    gen = torch.Generator().manual_seed(0)
+    args = SPECS[op].check(**(case.build(gen, "cpu", E4M3) if case.native_fp8 else case.build(gen, "cpu")))
+    return dict(args, backend="torch")
+
+
+def _i32(*shape):
+    return torch.zeros(shape, dtype=I32)
+
+
+# Per op, arguments the spec check refuses on metadata alone: (op, what is wrong, the changed arguments).
+BAD_METADATA = [
+    ("quantize_index_k", "block 0", lambda a: dict(block=0)),
+    ("quantize_index_k", "D 100, block 64", lambda a: dict(k=torch.randn(4, 100), block=64)),
+    ("quantize_index_k", "block -1", lambda a: dict(block=-1)),
+    ("quantize_index_k", "not an fp8 format", lambda a: dict(fp8_dtype=torch.float16)),
+    ("quantize_index_k", "int32 keys", lambda a: dict(k=_i32(4, 128))),
+    ("translate", "page_size 0", lambda a: dict(page_size=0)),
+    ("translate", "int64 raw", lambda a: dict(raw=a["raw"].long())),
+    ("translate", "seq_lens of another row count", lambda a: dict(seq_lens=_i32(3))),
+    ("translate", "out of another shape", lambda a: dict(out=_i32(1, 5))),
+    ("translate", "out an expanded view", lambda a: dict(out=_i32(1, 1).expand(1, 4))),
+    ("topk", "k -1", lambda a: dict(k=-1)),
+    ("topk", "k past MAX_TOPK", lambda a: dict(k=MAX_TOPK + 1)),
+    ("topk", "lengths of another row count", lambda a: dict(lengths=_i32(5))),
+    ("topk", "int64 out", lambda a: dict(out=a["out"].long())),
+    ("topk_translate", "page_size 0", lambda a: dict(page_size=0)),
+    ("topk_translate", "out_raw of another shape", lambda a: dict(out_raw=_i32(8, 127))),
+    ("topk_translate", "int64 page_table", lambda a: dict(page_table=a["page_table"].long())),
+    ("mqa_logits", "k of another dim", lambda a: dict(k=a["k"][:, :64])),
+    ("mqa_logits", "weights of another shape", lambda a: dict(weights=a["weights"][:, :8])),
+    ("mqa_logits", "out of another shape", lambda a: dict(out=a["out"][:, :7])),
+    ("paged_mqa_logits", "max_context_len -1", lambda a: dict(max_context_len=-1)),
+    ("paged_mqa_logits", "an int32 cache", lambda a: dict(k_cache=a["k_cache"].int())),
+    ("paged_mqa_logits", "a cache starting off a 4-byte boundary",
+     lambda a: dict(k_cache=torch.zeros(a["k_cache"].numel() + 1, dtype=torch.uint8)[1:].view(a["k_cache"].shape))),
+    ("paged_mqa_logits", "context_lens of another batch", lambda a: dict(context_lens=_i32(4))),
+    ("paged_topk_translate", "k -1", lambda a: dict(k=-1)),
+    ("paged_topk_translate", "page_size 0", lambda a: dict(page_size=0)),
+    ("paged_topk_translate", "out_raw of another shape", lambda a: dict(out_raw=_i32(3, 63))),
+    ("paged_topk_translate", "logits of another width", lambda a: dict(logits=a["logits"][:, :10])),
+    ("store_index_k", "slot_mapping of another length", lambda a: dict(slot_mapping=_i32(7))),
+    ("store_index_k", "keys of dim 6", lambda a: dict(k=torch.randn(8, 6))),
+    ("store_index_k", "not an fp8 format", lambda a: dict(fp8_dtype=torch.bfloat16)),
+]
+
+
+def test_the_bad_metadata_table_covers_every_op():
+    assert {op for op, _, _ in BAD_METADATA} == set(SPECS)
+
+
+@pytest.mark.parametrize(("op", "change"), [pytest.param(op, change, id=f"{op}: {what}")
+                                            for op, what, change in BAD_METADATA])
+def test_fake_implementations_refuse_what_the_real_op_refuses(op, change):
+    """Under FakeTensorMode (AOT tracing, torch.export) each custom op runs its spec check: the same error as the
+    real op, where before the fake implementation checked nothing (block 0 raised ZeroDivisionError, D 100 with
+    block 64 got a shape the real op refuses)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args = _checked_args(op)
+    args.update(change(args))
+    values = [args[n] for n in library.ARGS[op]]
+    with pytest.raises((TypeError, ValueError)) as real:
+        library.OPS[op](*values)
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
+        with pytest.raises(type(real.value)) as fake:
+            library.OPS[op](*fakes)
+    assert str(fake.value) == str(real.value)
 
 
 def _inputs():
@@ -154,18 +228,66 @@ def test_errors_are_the_same_under_compile():
         torch.compile(f, fullgraph=True, backend="aot_eager")(raw)
 
 
-def test_overlap_is_checked_when_the_compiled_graph_runs():
-    """Fake tensors have no data_ptr(): the custom op's real implementation checks overlap on the real tensors."""
+def _overlapping(op: str) -> tuple[dict, str]:
+    """Arguments of ``op`` where a written tensor overlaps another argument, and the error that names it."""
+    buf = torch.zeros(64, dtype=I32)
+    table = torch.tensor([[10, 11]], dtype=I32)
+    if op == "translate":  # out over seq_lens
+        buf[0] = 128
+        return dict(raw=torch.tensor([[0, 63, 64, -1]], dtype=I32), page_table=table, seq_lens=buf[:1],
+                    page_size=64, out=buf[:4].view(1, 4)), "out: .*overlaps seq_lens"
+    if op == "topk":  # out over lengths
+        buf[:2] = 4
+        return dict(scores=torch.randn(2, 6), lengths=buf[:2], k=2, out=buf[1:5].view(2, 2)), "out: .*overlaps lengths"
+    if op == "topk_translate":  # out_raw over out
+        return dict(scores=torch.randn(1, 6), lengths=torch.tensor([6], dtype=I32), k=4, page_table=table,
+                    page_size=64, out=buf[:4].view(1, 4), out_raw=buf[2:6].view(1, 4)), "out: .*overlaps out_raw"
+    floats = torch.rand(32)  # mqa_logits: out over weights
+    return dict(q=torch.randn(2, 2, 16, dtype=torch.bfloat16), k=torch.randn(5, 16, dtype=torch.bfloat16),
+                k_scale=torch.ones(5), weights=floats[:4].view(2, 2), ks=torch.zeros(2, dtype=I32),
+                ke=torch.tensor([5, 3], dtype=I32), out=floats[2:12].view(2, 5)), "out: .*overlaps weights"
+
+
+@pytest.mark.parametrize("compiler", ["eager", "aot_eager"])
+@pytest.mark.parametrize("op", ["translate", "topk", "topk_translate", "mqa_logits"])
+def test_overlap_is_checked_under_compile(op, compiler):
+    """Fake tensors have no data_ptr(), and under aot_eager functionalization hands the op a copy of what it writes:
+    the read-only ``check_<op>`` sees the graph's own tensors when it runs, so compiled calls refuse an overlap as
+    eager ones do (aot_eager accepted an ``out`` over ``lengths``)."""
     torch._dynamo.reset()
-    buf = torch.zeros(8, dtype=I32)
-    raw, out = buf[:4].view(1, 4), buf[2:6].view(1, 4)
-    table, lens = torch.tensor([[10, 11]], dtype=I32), torch.tensor([128], dtype=I32)
-    with pytest.raises(ValueError, match="out: .*overlaps raw"):
-        indexcache.translate(raw, table, lens, 64, out=out)  # eager
-    f = torch.compile(lambda raw, table, lens, out: indexcache.translate(raw, table, lens, 64, out=out),
-                      fullgraph=True, backend="eager")
-    with pytest.raises(ValueError, match="out: .*overlaps raw"):
-        f(raw, table, lens, out)
+    args, error = _overlapping(op)
+    with pytest.raises(ValueError, match=error):
+        getattr(indexcache, op)(**args)  # eager
+    f = torch.compile(getattr(indexcache, op), fullgraph=True, backend=compiler)
+    with pytest.raises(ValueError, match=error):
+        f(**args)
+
+
+def test_check_ops_are_read_only_and_kept_in_the_graph():
+    """Each op that writes in place has a read-only check op, traced before it (not removed as dead code)."""
+    assert set(library.CHECKS) == {op for op in SPECS if library.mutated(op)}
+    for op, check in library.CHECKS.items():
+        assert not check._schema.is_mutable and not check._schema.returns
+        assert [a.name for a in check._schema.arguments] == list(library.ARGS[op][:-1])
+    torch._dynamo.reset()
+    graphs = []
+
+    def keep(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    raw, table, lens = torch.tensor([[0, 63, 64, -1]], dtype=I32), torch.tensor([[10, 11]], dtype=I32), \
+        torch.tensor([128], dtype=I32)
+    out = torch.empty_like(raw)
+    torch.compile(lambda *a: indexcache.translate(*a, 64, out=out), fullgraph=True,
+                  backend=aot_autograd(fw_compiler=keep))(raw, table, lens)
+    # The op itself is functionalized: it appears as the first argument of an auto_functionalized node.
+    calls = [(n.target, *n.args[:1]) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    check = next(i for i, call in enumerate(calls) if library.CHECKS["translate"] in call)
+    run = next(i for i, call in enumerate(calls) if library.OPS["translate"] in call)
+    assert check < run
 
 
 def test_backend_is_chosen_at_run_time_under_compile(monkeypatch):

@@ -16,7 +16,7 @@ from indexcache.hal.specs.paged_mqa_logits import args_of
 from indexcache.plan import LayerPlan
 from indexcache.runtime import PagedLogits
 from indexcache.runtime.runner import IndexerRunner
-from indexcache.runtime.state import CarryHeader, IndexRecorder, MissingProducerError, TopkState
+from indexcache.runtime.state import CarryError, CarryHeader, IndexRecorder, MissingProducerError, TopkState
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -285,6 +285,67 @@ def test_carry_checks_its_header():
         state.load_carry(raw, CarryHeader(producer=0, rows=3, k=K))
     with pytest.raises(MissingProducerError):
         state.to_carry()
+
+
+@pytest.mark.parametrize("header, match", [
+    (torch.tensor([1.0, 0.7, 3.9, 4.2]), "integer tensor"),  # truncated to producer 0, rows 3, k 4 before
+    (torch.tensor([1.0, 0.0, 2.0, 4.0]), "integer tensor"),
+    (torch.tensor([True, False, True, True]), "integer tensor"),
+    (torch.tensor([1, 0, 2]), r"shape \[4\]"),
+    (torch.tensor([[1, 0], [2, 4]]), r"shape \[4\]"),
+    (torch.tensor([1, -1, 2, 4]), "producer: expected an int >= 0"),
+    (torch.tensor([1, 0, -2, 4]), "rows: expected an int >= 0"),
+    (torch.empty(4, dtype=torch.int64, device="meta"), "meta"),
+    ([1, 0, 2, 4], "expected a tensor"),
+])
+def test_carry_header_from_tensor_refuses_what_is_not_the_format(header, match):
+    with pytest.raises(CarryError, match=match):
+        CarryHeader.from_tensor(header)
+
+
+def test_carry_header_from_tensor_reads_any_integer_dtype():
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        assert CarryHeader.from_tensor(torch.tensor([1, 3, 2, 4], dtype=dtype)) == CarryHeader(3, 2, 4)
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(producer=0, rows=2.0, k=K), "rows: expected an int >= 0, got 2.0"),
+    (dict(producer=0, rows=True, k=K), "rows"),
+    (dict(producer=0, rows=2, k=4.0), "k: expected"),
+    (dict(producer=1.5, rows=2, k=K), "producer"),
+    (dict(producer=None, rows=2, k=K), "producer"),
+    (dict(producer="x", rows=2, k=K), "producer"),
+    (dict(producer=-3, rows=2, k=K), "producer"),
+    (dict(producer=0, rows=2, k=K, version="1"), "version"),
+])
+def test_carry_header_refuses_malformed_values(fields, match):
+    with pytest.raises(CarryError, match=match):
+        CarryHeader(**fields)
+
+
+def test_from_carry_checks_the_header_against_the_tensor_before_allocating(monkeypatch):
+    raw = torch.zeros(2, K, dtype=torch.int32)
+
+    def allocate(*args, **kwargs):
+        raise AssertionError("from_carry allocated a state before checking its carry")
+
+    monkeypatch.setattr(TopkState, "__init__", allocate)
+    for header, match in ((CarryHeader(producer=0, rows=2**40, k=2**30), r"int32 \[1099511627776, 1073741824\]"),
+                          (CarryHeader(producer=0, rows=2, k=K, version=2), "version"),
+                          (CarryHeader(producer=0, rows=3, k=K), r"\[3, 4\]")):
+        with pytest.raises(CarryError, match=match):
+            TopkState.from_carry(raw, header)
+    with pytest.raises(CarryError, match="expected a CarryHeader"):
+        TopkState.from_carry(raw, CarryHeader(producer=0, rows=2, k=K).to_tensor())
+
+
+def test_load_carry_refuses_a_meta_tensor_and_rows_past_capacity():
+    state = TopkState(4, K)
+    with pytest.raises(CarryError, match="meta"):
+        state.load_carry(torch.empty(2, K, dtype=torch.int32, device="meta"), CarryHeader(producer=0, rows=2, k=K))
+    with pytest.raises(CarryError, match="at most 4"):
+        state.load_carry(torch.zeros(5, K, dtype=torch.int32), CarryHeader(producer=0, rows=5, k=K))
+    assert state.rows == 0 and state.producer is None
 
 
 def _c_calls(fn):

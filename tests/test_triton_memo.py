@@ -6,7 +6,10 @@ its output, under another backend choice, or after ``dispatch.reset()``."""
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
+import numpy as np
 import pytest
 import torch
 
@@ -155,3 +158,45 @@ def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
     ks, ke = torch.zeros(2, dtype=I32), torch.tensor([32, 10], dtype=I32)
     thrice(lambda: indexcache.mqa_logits(q[:, 0], k8, scale, weights, ks, ke, out=prefill, backend="cuda"), prefill)
     assert memo.size() == 7  # topk and topk_translate, sorted and not; store; both logits ops
+
+
+@pytest.mark.parametrize("call, bad", [
+    ("topk", dict(k=True)),
+    ("topk", dict(k=1.0)),
+    ("topk", dict(k=np.int64(1))),
+    ("translate", dict(page_size=64.0)),
+    ("translate", dict(page_size=np.int32(64))),
+])
+def test_a_kept_call_does_not_take_an_argument_only_equal_in_python(call, bad):
+    """``True == 1 == 1.0 == np.int64(1)``: an argument the checks refuse must not find a kept call's entry."""
+    dispatch.reset()
+    raw, table, lens = _translate_inputs(0)
+    scores = torch.randn(3, 40, generator=torch.Generator().manual_seed(1))
+    out = torch.empty(3, 1, dtype=I32)
+    out_t = torch.empty_like(raw)
+    good = dict(k=1, sorted=False, page_size=64)
+    run = {"topk": lambda k, sorted, **_: indexcache.topk(scores, lens, k, out=out, sorted=sorted, backend="cuda"),
+           "translate": lambda page_size, **_: indexcache.translate(raw, table, lens, page_size, out=out_t,
+                                                                    backend="cuda")}
+    _twice(lambda: run[call](**good))
+    assert memo.size() == 1
+    with pytest.raises(TypeError, match=next(iter(bad))):
+        run[call](**{**good, **bad})
+
+
+def test_a_kept_call_keeps_no_tensor_alive():
+    """What memo.py and docs/ops.md promise: the kept launches hold addresses, not tensors (interpreted too)."""
+    dispatch.reset()
+    scores = torch.randn(16, 4096)
+    lens = torch.full((16,), 4096, dtype=I32)
+    out = torch.empty(16, 8, dtype=I32)
+    for _ in range(2):
+        indexcache.topk(scores, lens, 8, out=out, backend="cuda")
+    assert memo.size() == 1
+    expected = reference.topk(scores, lens, 8)
+    got = indexcache.topk(scores, lens, 8, out=out, sorted=False, backend="cuda")  # from the memo
+    assert torch.equal(got.sort(dim=1).values, expected.sort(dim=1).values)
+    freed = [weakref.ref(t) for t in (scores, lens, out)]
+    del scores, lens, out, got
+    gc.collect()
+    assert [ref() for ref in freed] == [None, None, None]

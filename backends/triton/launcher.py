@@ -17,6 +17,7 @@ and while a launch hook is installed (a profiler such as proton), every call goe
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,10 +93,13 @@ class Launcher:
         """This launch as a callable that repeats it with the same arguments, compiled now (nothing launched).
 
         The callable keeps the tensors' addresses, not the tensors: it is valid while memory of the same layout
-        lies there (the caller's contract). Interpreted, it keeps the tensors and launches through Triton."""
+        lies there (the caller's contract). Interpreted, it launches through Triton on tensors found by the same
+        addresses (:func:`_by_address`), so it keeps no memory alive there either."""
         values = self._values(args, named)
         if not self._fast:
             fn = self.fn[tuple(grid)]
+            args = tuple(_by_address(a) if isinstance(a, torch.Tensor) else a for a in args)
+            named = {n: _by_address(v) if isinstance(v, torch.Tensor) else v for n, v in named.items()}
             return lambda: fn(*args, **named, **dict(options))
         device, key = self._key(options, values)
         kernel = self._kernels.get(key)
@@ -172,6 +176,19 @@ class Launcher:
             else:
                 classes.append(kind)
         return classes
+
+
+def _by_address(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``t``'s dtype, shape and strides over the host memory at ``t``'s address, owning none of it: what
+    an interpreted bound launch holds in place of ``t``, as a compiled one holds the address (interpreted kernels
+    take host tensors only)."""
+    if t.device.type != "cpu":
+        raise ValueError(f"an interpreted launch takes host tensors, got one on {t.device}")
+    if t.numel() == 0:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    memory = (ctypes.c_byte * (span * t.element_size())).from_address(t.data_ptr())
+    return torch.frombuffer(memory, dtype=torch.uint8).view(t.dtype).as_strided(t.shape, t.stride())
 
 
 @dataclass(frozen=True)

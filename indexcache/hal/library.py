@@ -22,13 +22,19 @@ How a call runs:
   memory-overlap check, which needs ``data_ptr()``, and the cache's storage-offset alignment, which Dynamo
   cannot trace, are skipped there) to raise the same errors and allocate
   ``out``, then calls ``torch.ops.indexcache.<op>``. The graph holds the custom op; its fake implementation
-  gives the shapes, and its mutation annotations let AOTAutograd functionalize the in-place writes.
+  runs the spec check too (on fake or meta tensors, all of it but the overlap check), so AOT tracing,
+  ``torch.export`` and ``FakeTensorMode`` refuse what the real op refuses, with the same error, and it gives the
+  shapes; its mutation annotations let AOTAutograd functionalize the in-place writes.
 - **The compiled graph runs**: the custom op's real implementation runs the spec check again on the real
   tensors (the overlap check included) and then :func:`indexcache.hal.dispatch.call`, eagerly, outside
   anything Dynamo traced. So the backend is chosen at run time, per call, exactly as in eager mode: the
   ``backend=`` string travels as an op argument, and :func:`indexcache.use_backend` (a ContextVar) or
   ``INDEXCACHE_BACKEND`` in force when the compiled function is *called* are honoured without recompiling.
-  Nothing Dynamo traces reads the ContextVar.
+  Nothing Dynamo traces reads the ContextVar. Functionalization (AOTAutograd: ``backend="aot_eager"``) may hand
+  the op a copy of a tensor it writes, on which an overlap with the caller's other tensors cannot be seen; so the
+  traced wrapper first calls ``torch.ops.indexcache.check_<op>`` (:data:`CHECKS`), the same spec check as a
+  read-only op, which gets the graph's own tensors. A ``torch.ops.indexcache.<op>`` called directly under compile
+  has no such check: functionalized, its overlap check sees the copy.
 
 The stream scheduler :func:`indexcache.runtime.streams.overlap` is not a custom op: it takes Python callables and
 schedules them on streams, which no operator schema can carry.
@@ -60,7 +66,7 @@ def mutated(op: str) -> tuple[str, ...]:
     return tuple(n for n in inspect.signature(SPECS[op].check).parameters if n in writes)
 
 
-def _fake_quantize(k, fp8_dtype, block, backend=None):
+def _fake_quantize(k, fp8_dtype, block):
     return k.new_empty(k.shape, dtype=fp8_dtype), k.new_empty((k.shape[0], k.shape[1] // block), dtype=torch.float32)
 
 
@@ -98,13 +104,21 @@ def arg_names(op: str) -> tuple[str, ...]:
     return (*inspect.signature(SPECS[op].check).parameters, "backend")
 
 
+def _schema_args(op: str, aliases: Mapping[str, str]) -> list[str]:
+    params = inspect.signature(SPECS[op].check).parameters.values()
+    return [f"{_arg_type(op, p, aliases.get(p.name, ''))} {p.name}" for p in params]
+
+
 def schema(op: str) -> str:
     """The ``torch.library`` schema of ``op`` (without its name), derived from its spec check's signature."""
-    aliases = dict(zip(mutated(op), "abcdefgh", strict=False))
-    params = inspect.signature(SPECS[op].check).parameters.values()
-    args = [f"{_arg_type(op, p, aliases.get(p.name, ''))} {p.name}" for p in params]
+    args = _schema_args(op, dict(zip(mutated(op), "abcdefgh", strict=False)))
     returns = RETURNS[op].schema if op in RETURNS else "()"
     return f"({', '.join([*args, 'str? backend'])}) -> {returns}"
+
+
+def check_schema(op: str) -> str:
+    """The schema of ``check_<op>``: the spec check's parameters, every one read-only, returning nothing."""
+    return f"({', '.join(_schema_args(op, {}))}) -> ()"
 
 
 def _real(op: str) -> Callable[..., Any]:
@@ -124,30 +138,77 @@ def _real(op: str) -> Callable[..., Any]:
     return run
 
 
-def _fake_none(*args):
-    return None
+def _fake(op: str) -> Callable[..., Any]:
+    names = ARGS[op]
+    check = SPECS[op].check
+    returns = RETURNS.get(op)
+
+    def fake(*args):
+        kwargs = dict(zip(names, args, strict=True))
+        kwargs.pop("backend")
+        # The spec check on fake tensors (metadata only): what tracing and torch.export see refused is what the
+        # real implementation refuses, with the same error; the output shapes come from checked arguments.
+        checked = check(**kwargs)
+        return returns.fake(**checked) if returns is not None else None
+
+    fake.__name__ = f"{op}_fake"
+    return fake
+
+
+def _check_only(op: str) -> Callable[..., None]:
+    names = ARGS[op][:-1]
+    check = SPECS[op].check
+
+    def run(*args):
+        check(**dict(zip(names, args, strict=True)))
+
+    run.__name__ = f"check_{op}"
+    return run
 
 
 def _register() -> dict[str, Any]:
     ops = {}
     for op in SPECS:
         custom = torch.library.custom_op(f"{NAMESPACE}::{op}", _real(op), mutates_args=mutated(op), schema=schema(op))
-        custom.register_fake(RETURNS[op].fake if op in RETURNS else _fake_none)
+        custom.register_fake(_fake(op))
         ops[op] = getattr(getattr(torch.ops, NAMESPACE), op).default
     return ops
+
+
+def _register_checks() -> dict[str, Any]:
+    # Defined through a Library rather than custom_op: a plain kernel, a third of custom_op's host cost per call.
+    checks = {}
+    for op in SPECS:
+        if not mutated(op):
+            continue
+        name = f"check_{op}"
+        _CHECKS_LIBRARY.define(name + check_schema(op))
+        _CHECKS_LIBRARY.impl(name, _check_only(op), "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", _check_only(op), lib=_CHECKS_LIBRARY)
+        checks[op] = getattr(getattr(torch.ops, NAMESPACE), name).default
+        torch.fx.node.has_side_effect(checks[op])  # it returns nothing: dead-code elimination must keep it
+    return checks
+
+
+_CHECKS_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
 
 # Each op's argument names, computed once (Dynamo traces :func:`compiled_call`; it must not run ``inspect``).
 ARGS: dict[str, tuple[str, ...]] = {op: arg_names(op) for op in SPECS}
 # The registered ops by name (``torch.ops.indexcache.<op>.default``).
 OPS: dict[str, Any] = _register()
+# Per op that writes in place, its read-only check op (``torch.ops.indexcache.check_<op>.default``).
+CHECKS: dict[str, Any] = _register_checks()
 
 
 def compiled_call(op: str, args: Mapping[str, Any], backend: str | None) -> Any:
     """Call the custom op ``op`` with the spec check's ``args`` (what a traced wrapper does); returns what the
     public op returns: ``out`` for the ops that write one, None for ``store_index_k``, the new tensors of
     ``quantize_index_k``."""
-    result = OPS[op](*(args[n] for n in ARGS[op][:-1]), backend)
+    values = [args[n] for n in ARGS[op][:-1]]
+    if op in CHECKS:
+        CHECKS[op](*values)
+    result = OPS[op](*values, backend)
     if op in RETURNS:
         return result
     return args.get("out")

@@ -6,10 +6,10 @@ prepare the call (:attr:`~indexcache.hal.contract.OpImpl.prepare`) and the call 
 caller gave (``out=``, the cache of ``store_index_k``), binds its launches and keeps them under the signature
 (calls whose signature never repeats pay only for the signature): the op,
 the explicit backend choice in force, per tensor its address, shape, strides, dtype and device, and every
-other argument as given. A later call with the same signature runs the kept launches directly: the checks
+other argument's type and value. A later call with the same signature runs the kept launches directly: the checks
 read nothing but this signature, so they would pass again, and the dispatch would choose the same backend.
 
-The kept launches hold addresses, not tensors (they keep no memory alive). At most :data:`MAX_ENTRIES`
+The kept launches hold addresses, not tensors (they keep no memory alive, interpreted too). At most :data:`MAX_ENTRIES`
 signatures are kept; a new one beyond that empties the memo first. ``indexcache.hal.dispatch.reset()`` empties
 it too.
 """
@@ -28,10 +28,11 @@ _kept: dict[tuple, Callable[[], None] | None] = {}  # None: seen once, not yet k
 
 def signature(op: str, choice: Any, params: tuple) -> tuple | None:
     """The key of a call of ``op`` with ``params`` under the explicit backend ``choice``; None where a tensor
-    has no address to key on (a fake tensor)."""
+    has no address to key on (a fake tensor). Any other argument is keyed by its type and value: ``True``, ``1.0``
+    and ``numpy.int64(1)`` equal ``1`` in Python but not to the checks, so they must not find ``1``'s entry."""
     try:
         return (op, choice, *[(p.data_ptr(), p.shape, p.stride(), p.dtype, p.device) if isinstance(p, torch.Tensor)
-                              else p for p in params])
+                              else (type(p), p) for p in params])
     except Exception:  # noqa: BLE001  (a tensor without storage: the call simply runs unkept)
         return None
 

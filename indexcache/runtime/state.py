@@ -17,7 +17,8 @@ All checks are on host-side metadata (row counts, which layer produced), so noth
 the device, and every write goes into the preallocated buffers. A shared layer with no producer output
 in this forward raises :class:`MissingProducerError` instead of reading whatever the buffer holds; an
 empty batch clears the state. Across a pipeline-stage boundary the state travels as a tensor plus a
-:class:`CarryHeader` (:meth:`TopkState.to_carry` / :meth:`TopkState.load_carry`). A recorder hook
+:class:`CarryHeader` (:meth:`TopkState.to_carry` / :meth:`TopkState.load_carry`; a malformed carry, or one that does
+not match its tensor or the state, raises :class:`CarryError` before anything is allocated or written). A recorder hook
 (:attr:`TopkState.recorder`, None by default: then it costs one attribute test per layer) sees every
 sparse layer's logical indices, reused ones included.
 """
@@ -41,14 +42,29 @@ class MissingProducerError(RuntimeError):
     """A shared layer ran with no producer output in its forward's state."""
 
 
+class CarryError(ValueError):
+    """A carry (header or carried tensor) that is malformed or does not match the state receiving it."""
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CarryError(f"carry header: {name}: expected an int >= 0, got {value!r}")
+
+
 @dataclass(frozen=True)
 class CarryHeader:
-    """What travels with the carried ``raw [rows, k]`` tensor across a pipeline-stage boundary."""
+    """What travels with the carried ``raw [rows, k]`` int32 tensor across a pipeline-stage boundary: the
+    producer layer, the live rows and k, each an int >= 0, and the format's version (:class:`CarryError`
+    otherwise)."""
 
     producer: int
     rows: int
     k: int
     version: int = CARRY_VERSION
+
+    def __post_init__(self) -> None:
+        for name in ("version", "producer", "rows", "k"):
+            _check_count(name, getattr(self, name))
 
     def to_tensor(self) -> torch.Tensor:
         """The header as int64 ``[4]`` (version, producer, rows, k), for tensor-only transports."""
@@ -56,9 +72,30 @@ class CarryHeader:
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> CarryHeader:
-        """Inverse of :meth:`to_tensor` (reads 4 integers; a device tensor is copied to the host)."""
-        version, producer, rows, k = (int(v) for v in t.tolist())
+        """Inverse of :meth:`to_tensor`: ``t`` holds 4 integers (any integer dtype, as the format is int64; a
+        float tensor is refused rather than rounded); a device tensor is copied to the host."""
+        if not isinstance(t, torch.Tensor):
+            raise CarryError(f"carry header: expected a tensor, got {type(t).__name__}")
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise CarryError(f"carry header: expected an integer tensor (int64 [4]), got {t.dtype}")
+        if tuple(t.shape) != (4,):
+            raise CarryError(f"carry header: expected shape [4] (version, producer, rows, k), got {list(t.shape)}")
+        if t.is_meta:
+            raise CarryError("carry header: a meta tensor holds no values")
+        version, producer, rows, k = t.tolist()
         return cls(producer=producer, rows=rows, k=k, version=version)
+
+    def check(self, raw: torch.Tensor) -> None:
+        """Raise :class:`CarryError` unless this header's format version is the library's and ``raw`` is the
+        int32 ``[rows, k]`` tensor with data that it describes."""
+        if self.version != CARRY_VERSION:
+            raise CarryError(f"carry header: version {self.version}, this library reads {CARRY_VERSION}")
+        if not isinstance(raw, torch.Tensor):
+            raise CarryError(f"carry: expected a tensor, got {type(raw).__name__}")
+        if tuple(raw.shape) != (self.rows, self.k) or raw.dtype != INDEX:
+            raise CarryError(f"carry: expected int32 [{self.rows}, {self.k}], got {raw.dtype} {list(raw.shape)}")
+        if raw.is_meta:
+            raise CarryError("carry: raw is a meta tensor, which holds no indices to carry")
 
 
 Recorder = Callable[[int, torch.Tensor], None]
@@ -221,13 +258,15 @@ class TopkState:
 
     def load_carry(self, raw: torch.Tensor, header: CarryHeader) -> None:
         """Begin a forward from the previous stage's carry: ``raw [header.rows, k]`` int32 is copied in
-        and ``header.producer`` becomes the producer shared layers reuse."""
-        if header.version != CARRY_VERSION:
-            raise ValueError(f"carry header: version {header.version}, this library reads {CARRY_VERSION}")
+        and ``header.producer`` becomes the producer shared layers reuse. A header or tensor that does not
+        match (:meth:`CarryHeader.check`), or a k or row count this state cannot hold, raises
+        :class:`CarryError` and leaves the state as it was."""
+        _check_header(header)
         if header.k != self.k:
-            raise ValueError(f"carry header: k={header.k}, but this state holds k={self.k}")
-        if tuple(raw.shape) != (header.rows, header.k) or raw.dtype != INDEX:
-            raise ValueError(f"carry: expected int32 [{header.rows}, {header.k}], got {raw.dtype} {list(raw.shape)}")
+            raise CarryError(f"carry header: k={header.k}, but this state holds k={self.k}")
+        header.check(raw)
+        if header.rows > self.max_rows:
+            raise CarryError(f"carry header: rows={header.rows}, but this state holds at most {self.max_rows}")
         self.begin(header.rows)
         self.raw[: header.rows].copy_(raw)
         self.physical[: header.rows].fill_(-1)  # this stage's slots come from its own layers' page tables
@@ -235,10 +274,19 @@ class TopkState:
 
     @classmethod
     def from_carry(cls, raw: torch.Tensor, header: CarryHeader, max_rows: int | None = None) -> TopkState:
-        """A new state on ``raw.device`` (capacity ``max_rows``, default ``header.rows``) loaded from a carry."""
+        """A new state on ``raw.device`` (capacity ``max_rows``, default ``header.rows``) loaded from a carry;
+        the carry is checked (:meth:`CarryHeader.check`) before any buffer is allocated."""
+        _check_header(header)
+        header.check(raw)
         state = cls(header.rows if max_rows is None else max_rows, header.k, raw.device)
         state.load_carry(raw, header)
         return state
+
+
+def _check_header(header: object) -> None:
+    if not isinstance(header, CarryHeader):
+        raise CarryError(f"carry header: expected a CarryHeader (CarryHeader.from_tensor reads a tensor), "
+                         f"got {type(header).__name__}")
 
 
 class IndexRecorder:
