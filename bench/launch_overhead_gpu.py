@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 import indexcache
-from indexcache.backends.cuda import ARCH_ENV, tuning
+from indexcache.backends.cuda import tuning
+from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.triton import translate as tr
 from indexcache.backends.triton.launcher import Launcher, launch_key_options
 from indexcache.backends.triton.support import launch_options
@@ -93,7 +94,7 @@ def _ladder(dev: torch.device) -> tuple[dict[str, float], Callable[[], None]]:
     table = torch.randint(0, 10**6, (rows, pages), dtype=i32, device=dev)
     seq = torch.full((rows,), pages * 64, dtype=i32, device=dev)
     out = torch.empty_like(raw)
-    target = detect("cuda", ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     cfg = tuning(target.arch)["translate"]
     opts = launch_options(target, cfg)
     key_opts = launch_key_options(opts)

@@ -247,11 +247,12 @@ def decode(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
 
 def sweep(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
     """Tile configurations of both kernels, called directly with each configuration."""
-    from indexcache.backends.cuda import ARCH_ENV, tuning
+    from indexcache.backends.cuda import tuning
+    from indexcache.backends.cuda.arch import NVIDIA
     from indexcache.backends.triton import logits
     from indexcache.backends.triton.target import detect
 
-    target = detect("cuda", ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     table = tuning(target.arch)
     rows = []
     for kind, keys, causal in (("fp8", PREFILL_KEYS[0], True), ("fp8", PREFILL_KEYS[-1], False),

@@ -182,11 +182,12 @@ def prefill_case(dg: Any, dev: torch.device, tokens: int, keys: int, causal: boo
 def kernel_variants(op: str, args: tuple, want: torch.Tensor, row: dict) -> dict[str, Callable[[], Any]]:
     """Our kernel for ``op`` under each of ``VARIANTS[op]``, checked against the op's output ``want`` first (within
     1e-5 relative, -inf in the same places: off a GPU the op may be the torch backend's)."""
-    from indexcache.backends.cuda import ARCH_ENV, tuning
+    from indexcache.backends.cuda import tuning
+    from indexcache.backends.cuda.arch import NVIDIA
     from indexcache.backends.triton import logits
     from indexcache.backends.triton.target import detect
 
-    _, reason, target = detect("cuda", ARCH_ENV, "sm90")
+    _, reason, target = detect(NVIDIA)
     if target is None:  # off a GPU without the interpreter: nothing to race
         row["variants"] = f"not raced: {reason}"
         return {}

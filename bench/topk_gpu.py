@@ -297,10 +297,11 @@ def _derive(row: dict) -> None:
 
 def sweep(dev) -> list[dict]:
     """Tuning configurations called directly (each checked against the torch backend)."""
-    from indexcache.backends.cuda import ARCH_ENV, tuning
+    from indexcache.backends.cuda import tuning
+    from indexcache.backends.cuda.arch import NVIDIA
     from indexcache.backends.triton.target import detect
 
-    target = detect("cuda", ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     base = tuning(target.arch)["topk"]
     return [r for rows, cols, k in SWEEP_SHAPES for r in _sweep_shape(rows, cols, k, target, base, dev)]
 
@@ -352,10 +353,11 @@ def _launch_times(steps: list, sets: int, budget_s: float) -> dict[str, float]:
 
 def breakdown(dev) -> list[dict]:
     """Each kernel launch of one call (:func:`_launch_times`)."""
-    from indexcache.backends.cuda import ARCH_ENV, tuning
+    from indexcache.backends.cuda import tuning
+    from indexcache.backends.cuda.arch import NVIDIA
     from indexcache.backends.triton.target import detect
 
-    target = detect("cuda", ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     base = tuning(target.arch)["topk"]
     return [_breakdown_shape(rows, cols, k, chunk, target, dict(base, CHUNK=chunk), dev)
             for rows, cols, k, chunk in BREAKDOWN]

@@ -43,7 +43,7 @@ def test_translate_builds_without_spills(backend, arch):
     assert result["status"] == "passed", result["reasons"]
     res = result["resources"]
     assert (res.get("regs") or res.get("vgpr")) > 0
-    assert res["scratch_bytes"] == 0 and res["shared_bytes"] <= cc.SHARED_LIMIT[arch]
+    assert res["scratch_bytes"] == 0 and res["shared_bytes"] <= cc.gpu_target(backend, arch).gpu.shared_per_block
     assert result["matrix"] is None
 
 

@@ -13,13 +13,14 @@ import torch
 pytest.importorskip("triton")
 
 from indexcache.backends import cuda as cuda_backend  # noqa: E402
+from indexcache.backends.cuda.arch import NVIDIA  # noqa: E402
 from indexcache.backends.triton import decode_sm90, logits  # noqa: E402
-from indexcache.backends.triton.target import Target, detect  # noqa: E402
+from indexcache.backends.triton.target import detect  # noqa: E402
 from indexcache.hal import reference  # noqa: E402
 from indexcache.hal.layout import new_packed_cache  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
-HOPPER = Target("cuda", "sm90", 32, FP8, interpreted=False)
+HOPPER = NVIDIA.target("sm90")
 
 
 def _on_hopper() -> bool:
@@ -41,8 +42,8 @@ def test_takes_hopper_fp8_pages_of_64_keys_of_dim_128():
 
 
 @pytest.mark.parametrize(("change", "reason"), [
-    ({"target": Target("cuda", "sm100", 32, FP8, interpreted=False)}, "sm100: Hopper"),
-    ({"target": Target("cuda", "sm90", 32, FP8, interpreted=True)}, "sm90 interpreted"),
+    ({"target": NVIDIA.target("sm100")}, "sm100: Hopper"),
+    ({"target": NVIDIA.target("sm90", interpreted=True)}, "sm90 interpreted"),
     ({"dtype": torch.bfloat16}, "q dtype torch.bfloat16"),
     ({"page": 32}, "pages of 32 keys"),
     ({"dim": 64}, "of dim 64"),
@@ -94,7 +95,7 @@ _CASES = [
 @pytest.mark.parametrize("case", _CASES, ids=lambda c: f"b{c[0]}-n{c[1]}-ctx{max(c[2])}")
 @pytest.mark.parametrize("stages", [2, 4])
 def test_equals_the_triton_kernel_on_hopper(case, stages):
-    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     table_cfg = cuda_backend.tuning(target.arch)["paged_mqa_logits"]
     args = [a.cuda() if torch.is_tensor(a) else a for a in _case(*case, seed=len(_CASES) * stages)]
     outs = []
@@ -112,7 +113,7 @@ def test_equals_the_triton_kernel_on_hopper(case, stages):
 def test_kept_call_and_graph_replay_on_hopper():
     """The op's kept call (``prepare``: the launch bound once) through this kernel equals a direct call, and so does
     its replay in a CUDA graph after the inputs change in place."""
-    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     table = cuda_backend.tuning(target.arch)
     cfg = {**table["paged_mqa_logits"], "KERNEL": "tma-ws"}
     impl = logits.ops(target, {**table, "paged_mqa_logits": cfg})["paged_mqa_logits"]

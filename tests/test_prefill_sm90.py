@@ -13,11 +13,12 @@ import torch
 pytest.importorskip("triton")
 
 from indexcache.backends import cuda as cuda_backend  # noqa: E402
+from indexcache.backends.cuda.arch import NVIDIA  # noqa: E402
 from indexcache.backends.triton import logits, prefill_sm90  # noqa: E402
-from indexcache.backends.triton.target import Target, detect  # noqa: E402
+from indexcache.backends.triton.target import detect  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
-HOPPER = Target("cuda", "sm90", 32, FP8, interpreted=False)
+HOPPER = NVIDIA.target("sm90")
 
 
 def _on_hopper() -> bool:
@@ -37,8 +38,8 @@ def test_takes_hopper_fp8_heads_of_dim_128():
 
 
 @pytest.mark.parametrize(("change", "reason"), [
-    ({"target": Target("cuda", "sm100", 32, FP8, interpreted=False)}, "sm100: Hopper"),
-    ({"target": Target("cuda", "sm90", 32, FP8, interpreted=True)}, "sm90 interpreted"),
+    ({"target": NVIDIA.target("sm100")}, "sm100: Hopper"),
+    ({"target": NVIDIA.target("sm90", interpreted=True)}, "sm90 interpreted"),
     ({"dtype": torch.bfloat16}, "q dtype torch.bfloat16"),
     ({"dim": 64}, "of dim 64"),
     ({"heads": 32}, "32 heads"),
@@ -95,7 +96,7 @@ _CASES = [
 @pytest.mark.parametrize("case", _CASES, ids=lambda c: f"t{c[0]}-n{c[1]}-h{c[2]}-{c[3]}")
 @pytest.mark.parametrize("stages", [4, 16])
 def test_equals_the_triton_kernel_on_hopper(case, stages):
-    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     table_cfg = cuda_backend.tuning(target.arch)["mqa_logits"]
     args = [a.cuda() for a in _case(*case, seed=len(_CASES) * stages)]
     outs = []
@@ -125,7 +126,7 @@ def test_a_ring_not_a_multiple_of_the_math_groups_is_refused():
 def test_kept_call_and_graph_replay_on_hopper():
     """The op's kept call (``prepare``: the launch bound once, tensor descriptors included) through this kernel equals
     a direct call, and so does its replay in a CUDA graph after the inputs change in place."""
-    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     table = cuda_backend.tuning(target.arch)
     cfg = {**table["mqa_logits"], "KERNEL": "tma-ws"}
     impl = logits.ops(target, {**table, "mqa_logits": cfg})["mqa_logits"]

@@ -50,7 +50,7 @@ def test_side_index_is_checked(bad):
 @pytest.mark.parametrize("bad", [0, -2, 2.0])
 def test_side_stream_count_is_checked(bad):
     with pytest.raises(ValueError, match="side_streams"):
-        DeviceStreams(bad)
+        DeviceStreams(bad, "cuda")
 
 
 @gpu

@@ -8,18 +8,19 @@ import pytest
 import torch
 
 from indexcache.backends.cuda import tuning
+from indexcache.backends.cuda.arch import NVIDIA
+from indexcache.backends.rocm.arch import AMD
 from indexcache.backends.triton import topk, topk_block
-from indexcache.backends.triton.target import Target
 
-H200 = Target("cuda", "sm90", 32, torch.float8_e4m3fn, False)
+H200 = NVIDIA.target("sm90")
 CFG = tuning("sm90")["topk"]
 
 
 def test_takes_nvidia_calls_up_to_k_2048_when_the_table_says_block():
     scores = torch.empty(4, 8)
     assert topk_block.unsupported(scores, 2048, H200, CFG) == []
-    interpreted = Target("cuda", "sm90", 32, torch.float8_e4m3fn, True)
-    amd = Target("hip", "gfx942", 64, torch.float8_e4m3fnuz, False)
+    interpreted = NVIDIA.target("sm90", interpreted=True)
+    amd = AMD.target("gfx942")
     assert "NVIDIA GPUs only" in topk_block.unsupported(scores, 8, interpreted, CFG)[0]
     assert "NVIDIA GPUs only" in topk_block.unsupported(scores, 8, amd, CFG)[0]
     assert "KERNEL is 'triton'" in topk_block.unsupported(scores, 8, H200, {**CFG, "KERNEL": "triton"})[0]
@@ -74,7 +75,7 @@ def test_the_triton_table_keeps_the_triton_kernels(monkeypatch):
 
 @pytest.mark.parametrize(("arch", "pdl"), [("sm90", True), ("sm100", True), ("sm80", False), ("sm89", False)])
 def test_block_and_finish_launches_use_programmatic_dependent_launch_from_sm90(monkeypatch, arch, pdl):
-    target = Target("cuda", arch, 32, torch.float8_e4m3fn, False)
+    target = NVIDIA.target(arch)
     cfg = tuning(arch)["topk"]
     monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
     scores = torch.empty(64, 32768)
@@ -90,6 +91,5 @@ def test_block_and_finish_launches_use_programmatic_dependent_launch_from_sm90(m
 
 
 def test_interpreted_and_amd_launches_never_ask_for_programmatic_dependent_launch():
-    for target in (Target("cuda", "sm90", 32, torch.float8_e4m3fn, True),
-                   Target("hip", "gfx942", 64, torch.float8_e4m3fnuz, False)):
+    for target in (NVIDIA.target("sm90", interpreted=True), AMD.target("gfx942")):
         assert not topk._pdl(target, {**CFG, "PDL": True})

@@ -16,8 +16,9 @@ import triton.language as tl
 
 import indexcache
 from indexcache.backends import cuda as cuda_backend
+from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.triton.logits import _e4m3_bytes_to_fp16
-from indexcache.backends.triton.target import Target, detect
+from indexcache.backends.triton.target import detect
 from indexcache.hal import dispatch, reference
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
 
@@ -167,7 +168,7 @@ def test_paged_decode_split_draft_groups():
     result."""
     from indexcache.backends.triton import logits
 
-    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], COLS=32, PROGRAMS_PER_SM=5, BLOCK_KEYS=32,
                KEYS_ON_M=False)
     args = _decode_case("cuda", 3, 16, seed=4)
@@ -186,7 +187,7 @@ def test_paged_decode_pipeline_variants(prefetch, words, block_keys, page_size, 
     programs start and end inside a request, some hold no tile; PREFETCH 2 runs pairs of tiles)."""
     from indexcache.backends.triton import logits
 
-    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], PREFETCH=prefetch, WORDS=words,
                BLOCK_KEYS=block_keys, PROGRAMS_PER_SM=7)
     args = _decode_case("cuda", next_n, page_size, seed=5)
@@ -201,7 +202,7 @@ def test_paged_decode_tma_choice_off_hopper_takes_the_triton_kernel():
     (here: interpreted), with the same result."""
     from indexcache.backends.triton import logits
 
-    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], KERNEL="tma-ws")
     args = _decode_case("cuda", 2, 64, seed=3)
     buf, out = _guarded(args[0].shape[0] * 2, args[-1])
@@ -216,7 +217,7 @@ def test_paged_decode_schedule_over_many_requests():
     from indexcache.backends.triton import logits
 
     torch.manual_seed(6)
-    target = detect("cuda", cuda_backend.ARCH_ENV, "sm90")[2]
+    target = detect(NVIDIA)[2]
     cfg = dict(cuda_backend.tuning(target.arch)["paged_mqa_logits"], BLOCK_KEYS=16, PROGRAMS_PER_SM=50)
     batch, page, table_pages, next_n = logits.BATCH_BLOCK + 44, 16, 3, 2
     cache = _cache(batch, page, 64, FP8["cuda"], four_d=False)
@@ -319,7 +320,7 @@ def test_stored_cache_read_back_by_both_logits_ops(backend):
 
 # ---------------------------------------------------------------- sm80: fp8 as bytes (no fp8 instructions)
 
-SM80 = Target("cuda", "sm80", 32, torch.float8_e4m3fn, interpreted=True)
+SM80 = NVIDIA.target("sm80", interpreted=True)
 
 
 @triton.jit

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 import indexcache
+from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.triton.rows import sample_positions
-from indexcache.backends.triton.target import _target
 from indexcache.hal import dispatch, reference
 
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/topk_gpu.py is for GPUs"),
@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted 
 GUARD = 2
 SENTINEL = -7
 NEG_INF, NAN = float("-inf"), float("nan")
+SM90 = NVIDIA.target("sm90", interpreted=True)  # the target the kernels are interpreted for
 # 512-value tiles, 128 coarse bins, a stash of max(256, k) entries (overflows on purpose), auto split.
 SMALL = {"TILE": 512, "BITS": 7, "DIGIT": 5, "num_warps": 4, "PROGRAMS_PER_SM": 2, "CHUNKS_PER_SM": 4,
          "MIN_CHUNK": 1024, "GATHER_CHUNKS": 4, "FINISH_BINS": 256, "SAMPLE": 256, "SAMPLE_RANK": 16, "STASH": 256,
@@ -65,7 +66,7 @@ def _public(backend, scores, lengths, k, row_starts=None):
 def _direct(scores, lengths, k, cfg, row_starts=None, sorted=False):
     """The kernel function with a tuning table of the test's choosing (cuda target, interpreted)."""
     buf, out = _guarded(scores.shape[0], k)
-    _kernels().topk(scores, lengths, k, row_starts, out, sorted, target=_target("cuda", "sm90", True), cfg=cfg)
+    _kernels().topk(scores, lengths, k, row_starts, out, sorted, target=SM90, cfg=cfg)
     _check_guards(buf)
     return out
 
@@ -183,7 +184,7 @@ def test_topk_translate_split_path():
     table = torch.arange(2 * 47, dtype=torch.int32).view(2, 47).flip(1).contiguous()
     out, raw = torch.empty(2, 150, dtype=torch.int32), torch.empty(2, 150, dtype=torch.int32)
     _kernels().topk_translate(scores, lengths, 150, table, 64, None, None, out, raw, False,
-                              target=_target("cuda", "sm90", True), cfg={**SMALL, "CHUNK": 1024})
+                              target=SM90, cfg={**SMALL, "CHUNK": 1024})
     _assert_rows(raw, reference.topk(scores, lengths, 150))
     assert torch.equal(out, reference.translate(raw, table, lengths, 64))
 
@@ -200,7 +201,7 @@ def test_split_path_breaks_pivot_ties_by_position():
     cfg = {**SMALL, "CHUNK": 1024, "STASH": 4096}
     out = torch.full((3, 200), SENTINEL, dtype=torch.int32)
     steps = _kernels().launches(scores, lengths, 200, None, out, None, None, 1, None,
-                                target=_target("cuda", "sm90", True), cfg=cfg)
+                                target=SM90, cfg=cfg)
     assert [name for name, _ in steps] == ["sample", "filter", "finish"]
     steps[0][1]()
     steps[1][1]()
@@ -322,7 +323,7 @@ def test_sampled_threshold_finishes_random_rows_in_the_first_launch():
     lengths = _lengths(cols, cols, 5000, cols)
     out = torch.full((4, k), SENTINEL, dtype=torch.int32)
     steps = _kernels().launches(scores, lengths, k, None, out, None, None, 1, None,
-                                target=_target("cuda", "sm90", True), cfg=SMALL | {"STASH": 1024})
+                                target=SM90, cfg=SMALL | {"STASH": 1024})
     assert [name for name, _ in steps] == ["rows", "finish"]
     steps[0][1]()
     want = reference.topk(scores, lengths, k)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from indexcache.hal.device import sm_version
+from indexcache.backends.cuda.arch import resolve
 
 # translate is memory-bound: 2K indices a program, 1K contiguous along k, 4 warps (16-byte accesses).
 _COMMON: dict[str, dict[str, Any]] = {
@@ -58,29 +58,7 @@ _COMMON: dict[str, dict[str, Any]] = {
 }
 
 
-# What each compute capability has (CUDA C++ Programming Guide, compute capabilities; the matrix instruction is
-# what Triton 3.9 emits there): shared memory per SM, fp8 matrix instructions and fp8 conversions (from sm89),
-# TMA and programmatic dependent launch (from sm90), the MMA instruction (warp-group MMA only on sm90; tcgen05 on
-# sm100). Unlisted architectures take the nearest listed one below them of the same major (sm87 → sm86, sm103 →
-# sm100, sm121 → sm120).
-_ARCH: dict[str, dict[str, Any]] = {
-    "sm80": {"shared_per_sm": 164 * 1024, "fp8_mma": False, "tma": False, "pdl": False, "mma": "mma.sync"},
-    "sm86": {"shared_per_sm": 100 * 1024, "fp8_mma": False, "tma": False, "pdl": False, "mma": "mma.sync"},
-    "sm89": {"shared_per_sm": 100 * 1024, "fp8_mma": True, "tma": False, "pdl": False, "mma": "mma.sync"},
-    "sm90": {"shared_per_sm": 228 * 1024, "fp8_mma": True, "tma": True, "pdl": True, "mma": "wgmma"},
-    "sm100": {"shared_per_sm": 228 * 1024, "fp8_mma": True, "tma": True, "pdl": True, "mma": "tcgen05"},
-    "sm120": {"shared_per_sm": 100 * 1024, "fp8_mma": True, "tma": True, "pdl": True, "mma": "mma.sync"},
-}
 _PREFILL_SHARED = 42 * 1024  # an fp8 prefill program's shared memory at 3 stages (sm90, sm100; 34 KB on sm89, sm120)
-
-
-def capabilities(arch: str) -> dict[str, Any]:
-    """The row of :data:`_ARCH` for ``arch`` ("sm80", "sm90a", …), or the nearest one below it."""
-    number = sm_version(arch)
-    known = [a for a in _ARCH if sm_version(a) <= number and sm_version(a) // 10 == number // 10]
-    if not known:
-        known = [a for a in _ARCH if sm_version(a) <= number] or ["sm80"]
-    return dict(_ARCH[max(known, key=sm_version)])
 
 
 def _triton_before(major: int, minor: int) -> bool:
@@ -92,8 +70,10 @@ def _triton_before(major: int, minor: int) -> bool:
 
 def tuning(arch: str) -> dict[str, dict[str, Any]]:
     """The table for an NVIDIA architecture ("sm80", "sm90", …): the common entries with the choices that depend
-    on the capability, and that capability itself under "arch" (shown by ``indexcache info``)."""
-    caps = capabilities(arch)
+    on its record (``arch.py``), and that record's capabilities under "arch" (shown by ``indexcache info``)."""
+    record = resolve(arch)
+    caps = {"shared_per_sm": record.shared_per_sm, "fp8_mma": record.fp8_mma, "tma": record.tma, "pdl": record.pdl,
+            "mma": record.mma}
     table = {op: dict(cfg) for op, cfg in _COMMON.items()}
     # fp8 logits: the fp8 dot where there are fp8 matrix instructions; before sm89 (A100) the kernels read the
     # fp8 cache as bytes and decode e4m3 to fp16 in registers before an fp16 mma.sync (exact), and quantize /

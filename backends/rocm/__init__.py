@@ -3,15 +3,14 @@
 Available with a ROCm build of torch, a visible GPU and Triton (auto-selected then), or on any
 machine with ``TRITON_INTERPRET=1`` (interpreted on the CPU as gfx942, never auto-selected).
 ``INDEXCACHE_ROCM_ARCH`` (e.g. ``gfx950``) overrides the architecture whose paths and tuning are used.
-``overlap()`` may use 2 side streams (SGLang overlaps only the compressors on ROCm).
+``overlap()`` may use 2 side streams (SGLang overlaps only the compressors on ROCm). The architectures are records
+in ``arch.py``.
 """
 
 from __future__ import annotations
 
+from indexcache.backends.rocm.arch import AMD
 from indexcache.backends.rocm.tuning import tuning
 from indexcache.backends.triton.backend import gpu_backend
 
-ARCH_ENV = "INDEXCACHE_ROCM_ARCH"
-
-BACKEND = gpu_backend("rocm", "hip", priority=20, arch_env=ARCH_ENV, interpreted_arch="gfx942", tuning=tuning,
-                      side_streams=2)
+BACKEND = gpu_backend(AMD, priority=20, tuning=tuning, side_streams=2)

@@ -5,22 +5,24 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from indexcache.backends.triton.target import Target, detect
+from indexcache.backends.triton.target import GpuVendor, Target, detect
 from indexcache.hal.contract import Availability, Backend, Capabilities, OpImpl
 
 
-def gpu_backend(name: str, vendor: str, priority: int, arch_env: str, interpreted_arch: str,
-                tuning: Callable[[str], Mapping[str, Mapping[str, Any]]], side_streams: int) -> Backend:
-    """The ``Backend`` for ``vendor`` ("cuda" or "hip"); ``side_streams`` is what ``overlap()`` may use."""
+def gpu_backend(vendor: GpuVendor, priority: int, tuning: Callable[[str], Mapping[str, Mapping[str, Any]]],
+                side_streams: int) -> Backend:
+    """The ``Backend`` named ``vendor.backend`` for ``vendor``'s GPUs; ``side_streams`` is what ``overlap()`` may
+    use."""
+    name = vendor.backend
 
     def target() -> Target:
-        _, reason, found = detect(vendor, arch_env, interpreted_arch)
+        _, reason, found = detect(vendor)
         if found is None:
             raise RuntimeError(f"backend {name!r} has no target: it is not available here ({reason})")
         return found
 
     def probe() -> Availability:
-        ok, reason, found = detect(vendor, arch_env, interpreted_arch)
+        ok, reason, found = detect(vendor)
         if not ok:
             return Availability(False, reason)
         return Availability(True, reason, auto=not found.interpreted,

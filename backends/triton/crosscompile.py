@@ -9,9 +9,10 @@ reads back registers, spills, scratch, shared memory / LDS and the matrix instru
 when the kernel does not compile, spills to memory (VGPRs, a stack frame, scratch) or more than
 :data:`MAX_SGPR_SPILLS` SGPRs (those land in VGPR lanes: listed, not failed, up to that many), needs
 more shared memory or threads than a block may have, is a matrix kernel without the target's matrix
-instructions for its operand type, or feeds gfx950 the gfx942-only fnuz fp8 formats. A kernel module
-without ``compile_specs``, or a ``*_kernel`` that no spec covers, fails too, so kernels added later are
-never skipped silently.
+instructions for its operand type, or feeds the fnuz fp8 formats to a target whose format they are not (gfx942's
+to gfx950). A kernel module without ``compile_specs``, or a ``*_kernel`` that no spec covers, fails too, so kernels
+added later are never skipped silently. The targets, their limits and how to read their builds come from each GPU
+backend's architecture records (``backends/<vendor>/arch.py``).
 
 This proves the kernels build for the target and use its matrix units; it runs nothing, so it says
 nothing about speed or numerics on the card. Triton is imported only when something is compiled.
@@ -37,38 +38,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from indexcache.backends.triton import KERNEL_MODULES
-from indexcache.backends.triton.target import INTERPRET_ENV, Target, _target, interpreting
-from indexcache.hal.device import sm_version
+from indexcache.backends.triton.target import INTERPRET_ENV, Target, interpreting, vendors
 
-# Targets of each GPU backend's cross-compile check.
-TARGETS: dict[str, tuple[str, ...]] = {
-    "cuda": ("sm80", "sm89", "sm90", "sm100", "sm120"),
-    "rocm": ("gfx942", "gfx950"),
-}
-_VENDOR = {"cuda": "cuda", "rocm": "hip"}
-
-# Shared memory (LDS) one block may use, in bytes (static + dynamic).
-# NVIDIA: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability", maximum shared memory
-# per thread block (opt-in): 163 KB (8.0), 99 KB (8.6, 8.9, 12.0), 227 KB (9.0, 10.0); the SM has 1 KB more
-# (164 / 100 / 228 KB, Ampere and Hopper tuning guides), which the system reserves for each block.
-# AMD: ROCm "AMD GPU specifications" (rocm.docs.amd.com/en/latest/reference/gpu-specs.html): LDS 64 KiB on
-# MI300X / MI325X (gfx942) and 160 KiB on MI350X / MI355X (gfx950), all of it addressable by one workgroup.
-SHARED_LIMIT: dict[str, int] = {
-    "sm80": 163 * 1024,
-    "sm89": 99 * 1024,
-    "sm90": 227 * 1024,
-    "sm100": 227 * 1024,
-    "sm120": 99 * 1024,
-    "gfx942": 64 * 1024,
-    "gfx950": 160 * 1024,
-}
+# Targets of each GPU backend's cross-compile check (its vendor record's ``cross_compile``).
+TARGETS: dict[str, tuple[str, ...]] = {name: vendor.cross_compile for name, vendor in vendors().items()}
 MAX_THREADS = 1024  # threads a block (NVIDIA) / work-items a workgroup (AMD), every target above
 MAX_SGPR_SPILLS = 32  # AMD: SGPRs spilled into VGPR lanes that still pass (a few cold scalars)
 
-# Matrix instructions: MFMA on CDNA; mma.sync (sm80-sm89, sm120), wgmma (sm90), tcgen05 (sm100) in PTX.
-_MATRIX = {"hip": re.compile(r"\bv_s?mfmac?_\w+"),
-           "cuda": re.compile(r"\b(?:mma\.sync|wgmma\.mma_async|tcgen05\.mma)[\w.:]*")}
 _FP8_TOKENS = {"e4m3", "e5m2", "fp8", "bf8", "f8f6f4"}
 _FNUZ = re.compile(r"f8E4M3FNUZ|f8E5M2FNUZ")  # fp8e4b8 / fp8e5b16 in the TTIR
 
@@ -124,38 +103,8 @@ def pointer(dtype: Any) -> str:
 
 
 def gpu_target(backend: str, arch: str) -> Target:
-    """The :class:`Target` the backend builds for ``arch`` on that GPU (its fp8 policy included)."""
-    return _target(_VENDOR[backend], arch, interpreted=False)
-
-
-def _triton_target(target: Target):
-    from triton.backends.compiler import GPUTarget
-
-    arch = sm_version(target.arch) if target.vendor == "cuda" else target.arch
-    return GPUTarget(target.vendor, arch, target.warp_size)
-
-
-def _amd_resources(compiled) -> dict[str, int]:
-    fields = dict(re.findall(r"^\s*-?\s*\.(\w+_count|\w+_segment_fixed_size):\s+(\d+)\s*$", compiled.asm["amdgcn"],
-                             re.M))
-    return {"vgpr": int(fields["vgpr_count"]), "agpr": int(fields["agpr_count"]), "sgpr": int(fields["sgpr_count"]),
-            "vgpr_spills": int(fields["vgpr_spill_count"]), "sgpr_spills": int(fields["sgpr_spill_count"]),
-            "scratch_bytes": int(fields["private_segment_fixed_size"]),
-            "shared_bytes": int(fields["group_segment_fixed_size"]) + compiled.metadata.shared}
-
-
-def _nvidia_resources(compiled) -> dict[str, int]:
-    """From ``cuobjdump --dump-resource-usage`` of the cubin (ptxas puts spills in the stack frame)."""
-    from triton import knobs
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        out = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", cubin.name], check=True,
-                             capture_output=True, text=True).stdout
-    usage = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", out)}
-    return {"regs": usage["REG"], "stack_bytes": usage["STACK"], "scratch_bytes": usage["LOCAL"],
-            "shared_bytes": usage["SHARED"] + compiled.metadata.shared}
+    """The :class:`Target` the backend builds for ``arch`` on that GPU (its vendor's record of ``arch``)."""
+    return vendors()[backend].target(arch)
 
 
 def operand_types(instruction: str) -> set[str]:
@@ -183,14 +132,15 @@ def _rules(spec: KernelSpec, target: Target, res: Mapping[str, int], matrix: lis
         reasons.append(f"spills: a {res['stack_bytes']}-byte stack frame in local memory{allowed}")
     if res["scratch_bytes"]:
         reasons.append(f"scratch: {res['scratch_bytes']} bytes of local/private memory a thread")
-    limit = SHARED_LIMIT[target.arch]
+    limit = target.gpu.shared_per_block
     if res["shared_bytes"] > limit:
         reasons.append(f"shared memory: {res['shared_bytes']} bytes, above {target.arch}'s {limit} a block")
     if spec.matrix and not any(spec.matrix in operand_types(i) for i in matrix):
         found = ", ".join(matrix) or "none"
         reasons.append(f"matrix kernel without {spec.matrix} matrix instructions (found: {found})")
-    if target.arch == "gfx950" and _FNUZ.search(ttir):
-        reasons.append("gfx950 fed fnuz fp8 (e4m3fnuz/e5m2fnuz), a gfx942-only format: Triton upcasts it to fp16")
+    if target.fp8_dtype != torch.float8_e4m3fnuz and _FNUZ.search(ttir):
+        reasons.append(f"{target.arch} fed fnuz fp8 (e4m3fnuz/e5m2fnuz), not its fp8 format: Triton upcasts it to "
+                       "fp16")
     return reasons
 
 
@@ -218,16 +168,16 @@ def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
             if spec.fn.is_gluon():
                 from triton.experimental.gluon._runtime import GluonASTSource as source
             compiled = triton.compile(source(spec.fn, signature, dict(spec.constexprs), attrs),
-                                      target=_triton_target(target), options=dict(spec.options))
+                                      target=target.gpu.triton_target(), options=dict(spec.options))
     except Exception as exc:  # the compiler's error is the result
         result["seconds"] = round(time.perf_counter() - start, 2)
         result["reasons"].append(f"compile error: {type(exc).__name__}: {str(exc).strip()[:1500]}")
         return result
     result["seconds"] = round(time.perf_counter() - start, 2)
     result["warnings"] = [str(w.message) for w in caught if "triton/language" in w.filename.replace("\\", "/")]
-    asm = compiled.asm["amdgcn" if target.vendor == "hip" else "ptx"]
-    result["resources"] = _amd_resources(compiled) if target.vendor == "hip" else _nvidia_resources(compiled)
-    result["matrix_instructions"] = sorted(set(_MATRIX[target.vendor].findall(asm)))
+    vendor = target.gpu.vendor
+    result["resources"] = vendor.resources(compiled)
+    result["matrix_instructions"] = sorted(set(vendor.matrix_instructions.findall(compiled.asm[vendor.asm])))
     result["reasons"] += _rules(spec, target, result["resources"], result["matrix_instructions"],
                                 compiled.asm["ttir" if "ttir" in compiled.asm else "ttgir"])  # Gluon: no ttir
     result["status"] = "failed" if result["reasons"] else "passed"

@@ -45,7 +45,6 @@ from indexcache.backends.triton.sm90 import (
 )
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
-from indexcache.hal.device import sm_version
 
 NEG_INF = gl.constexpr(float("-inf"))
 
@@ -377,7 +376,7 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
     with the ``paged_mqa_logits`` entry ``cfg``'s stages and register caps (cross-compile check)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
-    if target.vendor != "cuda" or sm_version(target.arch) != 90:
+    if target.gpu.mma != "wgmma":  # Hopper's warp-group MMA and TMA
         return []
     keys = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
     block = [page * 4 // dim, dim // 4]

@@ -53,7 +53,7 @@ from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
-from indexcache.hal.device import sm_count, sm_version
+from indexcache.hal.device import sm_count
 from indexcache.hal.layout import FP8_DTYPES, cache_page_size
 
 NEG_INF = tl.constexpr(float("-inf"))
@@ -427,19 +427,12 @@ def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
-def _fp8_native(target: Target) -> bool:
-    """Whether the target has fp8 matrix instructions (sm89+, gfx942, gfx950)."""
-    if target.vendor == "cuda":
-        return sm_version(target.arch) >= 89
-    return target.arch in ("gfx942", "gfx950")
-
-
 def _widen_mode(dtype: torch.dtype, target: Target, cfg: Mapping[str, Any] | None = None) -> int:
     """0: dot on the inputs as they are; 1 (e4m3fn) / 3 (e4m3fnuz): fp8 passed as bytes and decoded to fp16 in
     the kernel (the table's ``FP8_DOT`` is "fp16", or, without one, no fp8 matrix units); 2: widened to fp32
     (interpreted bf16)."""
     if dtype in FP8_DTYPES:
-        dot = (cfg or {}).get("FP8_DOT") or ("fp8" if _fp8_native(target) else "fp16")
+        dot = (cfg or {}).get("FP8_DOT") or ("fp8" if target.gpu.fp8_mma else "fp16")
         return 0 if dot == "fp8" else 3 if dtype == torch.float8_e4m3fnuz else 1
     return 2 if target.interpreted else 0
 

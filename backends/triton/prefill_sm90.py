@@ -42,7 +42,6 @@ from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_opt
 from indexcache.backends.triton.sm90 import tma_load, unsupported_target
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
-from indexcache.hal.device import sm_version
 
 NEG_INF = gl.constexpr(float("-inf"))
 BLOCK_N = 64  # keys a tile: M of one warpgroup's matmul
@@ -294,7 +293,7 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) 
     ``mqa_logits`` entry ``cfg`` (cross-compile check)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
-    if target.vendor != "cuda" or sm_version(target.arch) != 90:
+    if target.gpu.mma != "wgmma":  # Hopper's warp-group MMA and TMA
         return []
     keys, q = _layouts(dim)
     types = {"keys_desc": f"tensordesc<fp8e4nv[{BLOCK_N}, {dim}],{keys!r}>",

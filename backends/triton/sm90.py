@@ -12,7 +12,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
 from indexcache.backends.triton.target import Target
-from indexcache.hal.device import sm_version
 
 block_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -41,7 +40,7 @@ def launch_dependents():
 def unsupported_target(dtype: torch.dtype, target: Target) -> list[str]:
     """Why no Hopper Gluon kernel takes a call with fp8 operands of ``dtype`` on ``target`` (empty: they may)."""
     reasons = []
-    if target.interpreted or target.vendor != "cuda" or sm_version(target.arch) != 90:
+    if target.interpreted or target.gpu.mma != "wgmma":  # Hopper's warp-group MMA and TMA
         reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: Hopper (sm90) only")
     if dtype != torch.float8_e4m3fn:
         reasons.append(f"q dtype {dtype}: float8_e4m3fn only")

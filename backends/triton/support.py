@@ -21,14 +21,9 @@ def on_target_device(target: Target, **tensors: torch.Tensor | None) -> list[str
 
 
 def launch_options(target: Target, cfg) -> dict:
-    """Triton launch options from a tuning entry: num_warps, num_stages; waves_per_eu on AMD, maxnreg (a register
-    cap a thread) on NVIDIA."""
-    opts = {key: cfg[key] for key in ("num_warps", "num_stages") if key in cfg}
-    if target.vendor == "hip" and "waves_per_eu" in cfg:
-        opts["waves_per_eu"] = cfg["waves_per_eu"]
-    if target.vendor == "cuda" and "maxnreg" in cfg:
-        opts["maxnreg"] = cfg["maxnreg"]
-    return opts
+    """Triton launch options from a tuning entry: num_warps, num_stages and the vendor's own (its record's
+    ``launch_keys``: waves_per_eu on AMD, maxnreg, a register cap a thread, on NVIDIA)."""
+    return {key: cfg[key] for key in ("num_warps", "num_stages", *target.gpu.vendor.launch_keys) if key in cfg}
 
 
 def cdiv(a: int, b: int) -> int:

@@ -1,13 +1,26 @@
-"""What a Triton kernel is built for: vendor, architecture, wave size, native fp8 format, mode."""
+"""What a Triton kernel is built for: a GPU architecture as data, and the target that carries it.
+
+Each vendor's package builds its records (``backends/cuda/arch.py``, ``backends/rocm/arch.py``): a
+:class:`GpuVendor` for what its architectures share (how its GPUs are found, named and compiled for) and a
+:class:`GpuArch` per architecture (warp size, shared memory, fp8 format, TMA, PDL, matrix unit, Triton's target).
+The shared kernels, the side-stream scheduler and the cross-compile check read these records; they do not branch
+on vendor names (docs/architecture.md, "Architectures").
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
+import importlib.util
 import os
+import pkgutil
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-
-from indexcache.hal.device import device_arch, fp8_format
 
 INTERPRET_ENV = "TRITON_INTERPRET"
 
@@ -18,20 +31,108 @@ def interpreting() -> bool:
 
 
 @dataclass(frozen=True)
-class Target:
-    """A GPU target. ``arch`` is "sm80", "sm90", … or "gfx942", "gfx950"; when ``interpreted`` it is
-    the architecture whose tuning and fp8 policy the CPU run follows."""
+class GpuVendor:
+    """What every architecture of one vendor shares: how its GPUs are found and named, and how Triton builds for
+    them. ``resolve`` gives the :class:`GpuArch` of an architecture name ("sm90", "gfx942", ...)."""
 
-    vendor: str  # "cuda" or "hip"
-    arch: str
-    warp_size: int
-    fp8_dtype: torch.dtype
-    interpreted: bool
+    backend: str  # the indexcache backend serving it, also its pip extra: "cuda", "rocm"
+    triton: str  # Triton's backend name, the first argument of its GPUTarget: "cuda", "hip"
+    runtime: str  # the ``torch.version`` attribute a torch build for it sets: "cuda", "hip"
+    runtime_name: str  # as users know that runtime: "CUDA", "ROCm/HIP"
+    device_type: str  # torch's device type of its GPUs, also the torch module of its streams ("cuda" on ROCm too)
+    arch_env: str  # the variable that overrides the architecture whose paths and tuning are used
+    interpreted_arch: str  # the architecture an interpreted run (``TRITON_INTERPRET=1``) follows
+    cross_compile: tuple[str, ...]  # the architectures the cross-compile check builds for
+    launch_keys: tuple[str, ...]  # tuning entries Triton takes as launch options besides num_warps and num_stages
+    asm: str  # the assembly Triton emits and inline assembly is written in: "ptx", "amdgcn"
+    matrix_instructions: re.Pattern[str] = dataclasses.field(repr=False)  # the matrix instructions in that assembly
+    arch_of: Callable[[Any], str] = dataclasses.field(repr=False)  # the architecture name of torch's device properties
+    resolve: Callable[[str], GpuArch] = dataclasses.field(repr=False)  # the record of an architecture name
+    # registers, spills, scratch and shared bytes of a kernel Triton compiled (the cross-compile check's rules)
+    resources: Callable[[Any], dict[str, int]] = dataclasses.field(repr=False)
+
+    def target(self, arch: str, interpreted: bool = False) -> Target:
+        """The target of architecture ``arch`` (its record from :attr:`resolve`), on the GPU or interpreted."""
+        return Target(self.resolve(arch), interpreted)
+
+
+@dataclass(frozen=True)
+class GpuArch:
+    """One GPU architecture, as its vendor's package records it (a typed record per architecture)."""
+
+    vendor: GpuVendor
+    name: str  # "sm80", "sm90", "sm100", ... (a suffix, as in "sm90a", names the same generation); "gfx942", ...
+    warp_size: int  # threads a warp (NVIDIA) or wavefront (AMD)
+    shared_per_block: int  # shared memory (LDS) bytes one block may use, static and dynamic
+    shared_per_sm: int  # shared memory bytes of a multiprocessor (compute unit)
+    fp8_dtype: torch.dtype  # the fp8 format its kernels compute in and its caches hold
+    fp8_mma: bool  # fp8 matrix instructions and conversions; without them the kernels read fp8 as bytes
+    tma: bool  # the tensor memory accelerator (bulk tensor copies)
+    pdl: bool  # programmatic dependent launch
+    mma: str  # the matrix instructions Triton emits: "mma.sync", "wgmma", "tcgen05", "mfma"
+    triton_arch: int | str  # the architecture of Triton's GPUTarget: 90 (compute capability), "gfx942"
+
+    def triton_target(self):
+        """Triton's ``GPUTarget`` for this architecture (imports Triton's compiler)."""
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(self.vendor.triton, self.triton_arch, self.warp_size)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU architecture's record and whether Triton interprets the kernels on the CPU (then ``gpu`` is the
+    architecture whose tuning and fp8 policy the CPU run follows)."""
+
+    gpu: GpuArch
+    interpreted: bool = False
+
+    @property
+    def arch(self) -> str:
+        """The architecture's name ("sm90", "gfx942", ...)."""
+        return self.gpu.name
+
+    @property
+    def warp_size(self) -> int:
+        """Threads a warp (wavefront) of the architecture."""
+        return self.gpu.warp_size
+
+    @property
+    def fp8_dtype(self) -> torch.dtype:
+        """The fp8 format the architecture computes in."""
+        return self.gpu.fp8_dtype
 
     @property
     def device_type(self) -> str:
-        """The torch device type of tensors the kernels accept ("cuda" on both vendors, "cpu" interpreted)."""
-        return "cpu" if self.interpreted else "cuda"
+        """The torch device type of tensors the kernels accept (the vendor's, "cuda" on NVIDIA and AMD; "cpu"
+        interpreted)."""
+        return "cpu" if self.interpreted else self.gpu.vendor.device_type
+
+
+@functools.cache
+def vendors() -> dict[str, GpuVendor]:
+    """Each GPU backend's vendor record, by backend name: the :class:`GpuVendor` in the ``arch`` module of each
+    package of indexcache.backends that has one (backends/README.md)."""
+    import indexcache.backends as backends
+
+    found = {}
+    for package in pkgutil.iter_modules(backends.__path__):
+        name = f"{backends.__name__}.{package.name}.arch"
+        if package.ispkg and importlib.util.find_spec(name):
+            found.update({v.backend: v for v in vars(importlib.import_module(name)).values()
+                          if isinstance(v, GpuVendor)})
+    return found
+
+
+def device_gpu(device: torch.device) -> GpuArch | None:
+    """The record of GPU ``device``'s architecture, from the vendor whose runtime this torch build carries (None:
+    no vendor's)."""
+    module = torch.get_device_module(device)
+    for vendor in vendors().values():
+        if vendor.device_type == device.type and getattr(torch.version, vendor.runtime, None):
+            index = device.index if device.index is not None else module.current_device()
+            return vendor.resolve(vendor.arch_of(module.get_device_properties(index)))
+    return None
 
 
 def _triton_version() -> str | None:
@@ -42,34 +143,27 @@ def _triton_version() -> str | None:
     return triton.__version__
 
 
-def detect(vendor: str, arch_env: str, interpreted_arch: str) -> tuple[bool, str, Target | None]:
-    """Find a ``vendor`` ("cuda" or "hip") GPU for Triton: ``(available, reason, target)``.
+def detect(vendor: GpuVendor) -> tuple[bool, str, Target | None]:
+    """Find a GPU of ``vendor`` for Triton: ``(available, reason, target)``.
 
-    ``arch_env`` names the variable that overrides the architecture (for tests and forced paths);
-    under ``TRITON_INTERPRET=1`` the target is ``interpreted_arch`` unless overridden.
+    ``vendor.arch_env`` names the variable that overrides the architecture (for tests and forced paths);
+    under ``TRITON_INTERPRET=1`` the target is ``vendor.interpreted_arch`` unless overridden.
     """
     version = _triton_version()
-    extra = "cuda" if vendor == "cuda" else "rocm"
     if version is None:
-        return False, f"Triton is not installed (pip install 'indexcache[{extra}]')", None
-    override = os.environ.get(arch_env)
+        return False, f"Triton is not installed (pip install 'indexcache[{vendor.backend}]')", None
+    override = os.environ.get(vendor.arch_env)
     if interpreting():
-        arch = override or interpreted_arch
-        return True, f"{INTERPRET_ENV}=1: Triton {version} runs the kernels on the CPU as for {arch}", _target(
-            vendor, arch, interpreted=True)
-    runtime = torch.version.cuda if vendor == "cuda" else getattr(torch.version, "hip", None)
-    if not runtime:
-        other = "ROCm/HIP" if vendor == "hip" else "CUDA"
+        arch = override or vendor.interpreted_arch
+        return True, f"{INTERPRET_ENV}=1: Triton {version} runs the kernels on the CPU as for {arch}", vendor.target(
+            arch, interpreted=True)
+    if not getattr(torch.version, vendor.runtime, None):
         hint = f"set {INTERPRET_ENV}=1 to run the kernels on the CPU"
-        return False, f"this torch build has no {other} support; {hint}", None
-    if not torch.cuda.is_available():
+        return False, f"this torch build has no {vendor.runtime_name} support; {hint}", None
+    module = torch.get_device_module(vendor.device_type)
+    if not module.is_available():
         return False, f"no GPU visible to torch; set {INTERPRET_ENV}=1 to run the kernels on the CPU", None
-    detected = device_arch(0)
+    detected = vendor.arch_of(module.get_device_properties(0))
     arch = override or detected
-    forced = f" (forced by {arch_env})" if override else ""
-    return True, f"{torch.cuda.get_device_name(0)} ({detected}{forced}) with Triton {version}", _target(
-        vendor, arch, interpreted=False)
-
-
-def _target(vendor: str, arch: str, interpreted: bool) -> Target:
-    return Target(vendor, arch, 64 if vendor == "hip" else 32, fp8_format(arch), interpreted)
+    forced = f" (forced by {vendor.arch_env})" if override else ""
+    return True, f"{module.get_device_name(0)} ({detected}{forced}) with Triton {version}", vendor.target(arch)

@@ -796,8 +796,8 @@ def _options(target: Target, cfg: Mapping[str, Any]) -> Options:
 
 def _pdl(target: Target, cfg: Mapping[str, Any]) -> bool:
     """Whether the block kernel and the finishing launch start with programmatic dependent launch (the table's
-    ``PDL``, on an NVIDIA GPU)."""
-    return bool(cfg.get("PDL")) and target.vendor == "cuda" and not target.interpreted
+    ``PDL``, on a GPU whose architecture has it)."""
+    return bool(cfg.get("PDL")) and target.gpu.pdl and not target.interpreted
 
 
 def _own_options(target: Target, cfg: Mapping[str, Any], warps_key: str, maxnreg_key: str | None = None) -> Options:
@@ -1101,7 +1101,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         sort = {n: v for n, v in full.items() if n not in ("BITS", "TILE", "DIGIT", "k")}
         specs.append(KernelSpec(op, topk_sort_kernel, ptrs, dict(sort, K_P2=width),
                                 launch_options(target, dict(cfg, num_warps=sort_warps(width, cfg))), aligned=aligned))
-        if cfg.get("KERNEL") == "block" and target.vendor == "cuda":  # the Gluon kernel at decode's 128K columns
+        if cfg.get("KERNEL") == "block" and topk_block.builds_for(target):  # the Gluon kernel at decode's 128K
             block = topk_block.shape(1 << 17, 2048, sample_size(1 << 17, 2048, cfg), cfg)
             flags = {name: value for name, value in full.items() if name not in ("BITS", "TILE")}
             specs.append(KernelSpec(op, topk_block.topk_block_kernel, ptrs, {**flags, **block, "PDL": pdl},

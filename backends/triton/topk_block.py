@@ -389,10 +389,15 @@ def options(named: Mapping[str, int]) -> Options:
     return launch_key_options({"num_warps": named["NUM_WARPS"], **({"launch_pdl": True} if named["PDL"] else {})})
 
 
+def builds_for(target: Target) -> bool:
+    """Whether the kernel builds for ``target``: its warp ballots are inline PTX over 32-lane warps."""
+    return target.gpu.vendor.asm == "ptx"
+
+
 def unsupported(scores: torch.Tensor, k: int, target: Target, cfg: Mapping[str, Any]) -> list[str]:
     """Why this kernel cannot take a call (empty: it can; the Triton kernels take the others)."""
     reasons = []
-    if target.interpreted or target.vendor != "cuda":
+    if target.interpreted or not builds_for(target):
         reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: NVIDIA GPUs only (Gluon)")
     if cfg.get("KERNEL") != "block":
         reasons.append(f"the tuning table's KERNEL is {cfg.get('KERNEL')!r}, not 'block'")

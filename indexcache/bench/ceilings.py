@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from indexcache.backends.triton.target import device_gpu
 from indexcache.bench.timing import Timer, on_gpu
-from indexcache.hal.device import device_arch, fp8_format
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,9 @@ def copy_bandwidth(timer: Timer, quick: bool) -> tuple[float, dict[str, Any]]:
 
 
 def _fp8_dtype(device: torch.device) -> torch.dtype:
-    """The fp8 format of the device's architecture (e4m3fnuz on gfx94x); e4m3fn on the CPU."""
-    if not on_gpu(device):
-        return torch.float8_e4m3fn
-    return fp8_format(device_arch(device.index if device.index is not None else torch.cuda.current_device()))
+    """The fp8 format of the device's architecture (its record's: e4m3fnuz on gfx94x); e4m3fn on the CPU."""
+    gpu = device_gpu(device) if on_gpu(device) else None
+    return gpu.fp8_dtype if gpu else torch.float8_e4m3fn
 
 
 def _matmul_size(timer: Timer, quick: bool) -> int:

@@ -38,9 +38,14 @@ def on_gpu(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def _module(device: torch.device) -> Any:
+    """The torch module of ``device``'s events, streams and synchronisation (``torch.cuda`` on NVIDIA and AMD)."""
+    return torch.get_device_module(device)
+
+
 def l2_bytes(device: torch.device) -> int:
     """The L2 cache of a GPU in bytes (:func:`indexcache.hal.device.l2_bytes`): inputs rotate past it."""
-    return device_l2_bytes(device.index if device.index is not None else torch.cuda.current_device())
+    return device_l2_bytes(device.index if device.index is not None else _module(device).current_device())
 
 
 def capture_graph(fn: Callable[[], Any], device: torch.device | None = None) -> torch.cuda.CUDAGraph:
@@ -70,7 +75,7 @@ def call_times_ms(fn: Callable[[], Any], device: torch.device, budget_s: float, 
             fn()
             times.append(1e3 * (time.perf_counter() - start))
             continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = _module(device).Event(enable_timing=True), _module(device).Event(enable_timing=True)
         start.record()
         fn()
         end.record()
@@ -86,7 +91,7 @@ def times_ms(fn: Callable[[], Any], device: torch.device, budget_s: float, min_r
     for _ in range(warmup):
         fn()
     if on_gpu(device):
-        torch.cuda.synchronize(device)
+        _module(device).synchronize(device)
     if calls == 1:
         return call_times_ms(fn, device, budget_s, min_reps, max_reps)
 
@@ -154,20 +159,22 @@ class Timer:
 
     def _events_us(self, fn: Callable[[int], Any], reps: int) -> float:
         """Median µs of ``fn(0) .. fn(reps-1)``, each between two events, synchronised once at the end."""
-        marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        module = _module(self.device)
+        marks = [(module.Event(enable_timing=True), module.Event(enable_timing=True)) for _ in range(reps)]
         for i, (start, end) in enumerate(marks):
             start.record()
             fn(i)
             end.record()
-        torch.cuda.synchronize(self.device)
+        module.synchronize(self.device)
         return statistics.median(s.elapsed_time(e) for s, e in marks) * 1e3
 
     def _fit(self, once: Callable[[], Any], wanted: int) -> int:
         """Time ``once()`` alone; how many of ``wanted`` calls fit in the budget (at least MIN_REPS)."""
-        torch.cuda.synchronize(self.device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        module = _module(self.device)
+        module.synchronize(self.device)
+        start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
         start.record()
         once()
         end.record()
-        torch.cuda.synchronize(self.device)
+        module.synchronize(self.device)
         return max(MIN_REPS, min(wanted, int(self.budget_s * 1e3 / max(start.elapsed_time(end), 1e-3))))

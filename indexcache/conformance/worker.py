@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from indexcache.backends.triton.target import vendors
 from indexcache.conformance.cases import CASES, cases_for
 from indexcache.conformance.check import CaseResult, run_case
 from indexcache.hal import dispatch
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", action="store_true", help="add the cross-compile check (cuda, rocm)")
     args = parser.parse_args(argv)
     report = run_backend(args.backend, args.op, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    if args.compile and args.backend in ("cuda", "rocm"):
+    if args.compile and args.backend in vendors():
         from indexcache.backends.triton.crosscompile import compiled_for
 
         report["compiled_for"] = compiled_for(args.backend)

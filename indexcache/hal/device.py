@@ -1,9 +1,9 @@
-"""Device facts, in one place: the GPU's architecture, multiprocessor count and L2 size (queried once per device
-and cached), how an NVIDIA architecture name reads as a number, and which fp8 format an architecture computes in.
+"""Device facts, in one place: the GPU's multiprocessor count, L2 size and a multiprocessor's limits (queried once
+per device and cached), and how many blocks of a kernel an NVIDIA multiprocessor holds.
 
-Architectures are named as torch reports them: "sm80", "sm90", "sm100", ... on NVIDIA (an "a" or "f" suffix,
-as in "sm90a", names the same generation), "gfx942", "gfx950", ... on AMD. Nothing here touches a device
-until a function that queries one is called.
+What an architecture has (warp size, shared memory, fp8 format, TMA, ...) is not here: each GPU backend's vendor
+package records it (docs/architecture.md, "Architectures"). Nothing here touches a device until a function that
+queries one is called.
 """
 
 from __future__ import annotations
@@ -46,27 +46,3 @@ def resident_blocks(registers: int, shared: int, threads: int, limits: tuple[int
     by_regs = 4 * ((regs // 4) // per_warp) // warps if per_warp else 32
     by_smem = smem // (shared + 1024)
     return max(1, min(by_regs, by_smem, max_threads // threads, 32))
-
-
-@functools.cache
-def device_arch(index: int = 0) -> str:
-    """The architecture of GPU ``index``: "sm90" (``sm{major}{minor}``) on CUDA, the ``gcnArchName`` before
-    its feature flags ("gfx942" of "gfx942:sramecc+:xnack-") on ROCm."""
-    props = torch.cuda.get_device_properties(index)
-    if getattr(torch.version, "hip", None):
-        return props.gcnArchName.split(":")[0]
-    return f"sm{props.major}{props.minor}"
-
-
-def sm_version(arch: str) -> int:
-    """The compute capability of an NVIDIA architecture as a number: 90 for "sm90" and "sm90a", 100 for "sm100f"."""
-    digits = arch.removeprefix("sm").rstrip("af")
-    if not arch.startswith("sm") or not digits.isdigit():
-        raise ValueError(f"arch: expected an NVIDIA architecture such as 'sm90', got {arch!r}")
-    return int(digits)
-
-
-def fp8_format(arch: str) -> torch.dtype:
-    """The fp8 format an architecture computes in: e4m3fnuz on the MI300 generation (gfx94x), e4m3fn (OCP)
-    on every other one (NVIDIA sm89+, gfx950)."""
-    return torch.float8_e4m3fnuz if arch.startswith("gfx94") else torch.float8_e4m3fn

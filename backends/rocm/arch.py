@@ -1,0 +1,61 @@
+"""AMD architectures as data: the vendor's record and one record per architecture (docs/architecture.md,
+"Architectures").
+
+LDS is 64 KiB on MI300X / MI325X (gfx942) and 160 KiB on MI350X / MI355X (gfx950), all of it addressable by one
+workgroup (ROCm "AMD GPU specifications", rocm.docs.amd.com/en/latest/reference/gpu-specs.html). Both multiply fp8
+with MFMA: the MI300 generation (gfx94x) in e4m3fnuz, gfx950 in e4m3fn (OCP); Triton upcasts the other format to
+fp16. An architecture without a record takes the kernels' paths without fp8 matrix instructions (fp8 read as bytes)
+and its generation's fp8 format.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from indexcache.backends.triton.target import GpuArch, GpuVendor
+
+
+def _arch_of(props: Any) -> str:
+    """The ``gcnArchName`` before its feature flags ("gfx942" of "gfx942:sramecc+:xnack-")."""
+    return props.gcnArchName.split(":")[0]
+
+
+def _resources(compiled: Any) -> dict[str, int]:
+    """From the AMDGPU metadata of the assembly."""
+    fields = dict(re.findall(r"^\s*-?\s*\.(\w+_count|\w+_segment_fixed_size):\s+(\d+)\s*$", compiled.asm["amdgcn"],
+                             re.M))
+    return {"vgpr": int(fields["vgpr_count"]), "agpr": int(fields["agpr_count"]), "sgpr": int(fields["sgpr_count"]),
+            "vgpr_spills": int(fields["vgpr_spill_count"]), "sgpr_spills": int(fields["sgpr_spill_count"]),
+            "scratch_bytes": int(fields["private_segment_fixed_size"]),
+            "shared_bytes": int(fields["group_segment_fixed_size"]) + compiled.metadata.shared}
+
+
+def resolve(arch: str) -> GpuArch:
+    """The record of ``arch`` ("gfx942", "gfx950", …); one without fp8 matrix instructions for an unlisted one."""
+    if arch in ARCHS:
+        return ARCHS[arch]
+    fp8 = torch.float8_e4m3fnuz if arch.startswith("gfx94") else torch.float8_e4m3fn
+    return _arch(arch, 64, fp8, fp8_mma=False)
+
+
+AMD = GpuVendor(
+    backend="rocm", triton="hip", runtime="hip", runtime_name="ROCm/HIP", device_type="cuda",
+    arch_env="INDEXCACHE_ROCM_ARCH", interpreted_arch="gfx942", cross_compile=("gfx942", "gfx950"),
+    launch_keys=("waves_per_eu",),  # occupancy: waves a SIMD
+    asm="amdgcn", matrix_instructions=re.compile(r"\bv_s?mfmac?_\w+"),
+    arch_of=_arch_of, resolve=resolve, resources=_resources,
+)
+
+
+def _arch(name: str, lds_kib: int, fp8_dtype: torch.dtype, fp8_mma: bool) -> GpuArch:
+    return GpuArch(AMD, name, warp_size=64, shared_per_block=lds_kib * 1024, shared_per_sm=lds_kib * 1024,
+                   fp8_dtype=fp8_dtype, fp8_mma=fp8_mma, tma=False, pdl=False, mma="mfma", triton_arch=name)
+
+
+ARCHS: dict[str, GpuArch] = {a.name: a for a in (
+    _arch("gfx942", 64, torch.float8_e4m3fnuz, fp8_mma=True),
+    _arch("gfx950", 160, torch.float8_e4m3fn, fp8_mma=True),
+)}

@@ -1,0 +1,138 @@
+"""GPU architectures as data (backends/cuda/arch.py, backends/rocm/arch.py, backends/triton/target.py): each
+vendor's records, how a name resolves to one, how a GPU is found and named, and what the shared layer reads from
+them (launch options, Triton's target, the fp8 path, PDL)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from indexcache.backends.cuda import tuning as cuda_tuning
+from indexcache.backends.cuda.arch import NVIDIA, sm_version
+from indexcache.backends.rocm.arch import AMD
+from indexcache.backends.triton import topk
+from indexcache.backends.triton.support import launch_options
+from indexcache.backends.triton.target import GpuArch, detect, device_gpu, vendors
+
+FN, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
+
+
+def test_every_gpu_backend_has_its_vendor_record():
+    assert vendors() == {"cuda": NVIDIA, "rocm": AMD}
+
+
+@pytest.mark.parametrize("vendor", [NVIDIA, AMD], ids=lambda v: v.backend)
+def test_each_cross_compile_target_has_a_record_of_its_own(vendor):
+    for name in vendor.cross_compile:
+        record = vendor.resolve(name)
+        assert isinstance(record, GpuArch) and record.vendor is vendor and record.name == name
+        assert 0 < record.shared_per_block <= record.shared_per_sm
+
+
+@pytest.mark.parametrize(("arch", "number"), [("sm80", 80), ("sm89", 89), ("sm90a", 90), ("sm100f", 100),
+                                              ("sm120", 120)])
+def test_sm_version_reads_every_suffix(arch, number):
+    assert sm_version(arch) == number
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "sm", "90", "smx90"])
+def test_sm_version_refuses_what_is_not_an_nvidia_arch(arch):
+    with pytest.raises(ValueError, match=rf"arch: expected an NVIDIA architecture such as 'sm90', got '{arch}'"):
+        sm_version(arch)
+
+
+@pytest.mark.parametrize(("vendor", "arch", "dtype"), [(AMD, "gfx942", FNUZ), (AMD, "gfx940", FNUZ),
+                                                       (AMD, "gfx950", FN), (AMD, "gfx90a", FN), (NVIDIA, "sm90", FN),
+                                                       (NVIDIA, "sm80", FN)])
+def test_fp8_format_by_arch(vendor, arch, dtype):
+    assert vendor.resolve(arch).fp8_dtype is dtype
+
+
+@pytest.mark.parametrize(("vendor", "arch", "fp8_mma"), [
+    (NVIDIA, "sm80", False), (NVIDIA, "sm86", False), (NVIDIA, "sm87", False), (NVIDIA, "sm89", True),
+    (NVIDIA, "sm90a", True), (NVIDIA, "sm103", True), (NVIDIA, "sm121", True), (AMD, "gfx942", True),
+    (AMD, "gfx950", True), (AMD, "gfx940", False), (AMD, "gfx90a", False)])
+def test_fp8_matrix_instructions_from_sm89_and_on_the_listed_amd_targets(vendor, arch, fp8_mma):
+    assert vendor.resolve(arch).fp8_mma is fp8_mma
+
+
+@pytest.mark.parametrize(("arch", "row"), [("sm87", "sm86"), ("sm90a", "sm90"), ("sm103", "sm100"),
+                                           ("sm121", "sm120"), ("sm75", "sm80")])
+def test_an_unlisted_nvidia_arch_takes_the_nearest_row_below_under_its_own_name(arch, row):
+    record, nearest = NVIDIA.resolve(arch), NVIDIA.resolve(row)
+    assert (record.name, record.triton_arch) == (arch, sm_version(arch))
+    assert (record.shared_per_sm, record.fp8_mma, record.tma, record.pdl, record.mma) == (
+        nearest.shared_per_sm, nearest.fp8_mma, nearest.tma, nearest.pdl, nearest.mma)
+
+
+def test_the_cuda_table_shows_the_record_it_was_chosen_by():
+    assert cuda_tuning("sm90a")["arch"] == {"name": "sm90a", "shared_per_sm": 228 * 1024, "fp8_mma": True,
+                                            "tma": True, "pdl": True, "mma": "wgmma"}
+    sm80 = cuda_tuning("sm80")
+    assert sm80["arch"]["fp8_mma"] is False and sm80["mqa_logits"]["FP8_DOT"] == "fp16"
+
+
+@pytest.mark.parametrize(("target", "args"), [(NVIDIA.target("sm90a"), ("cuda", 90, 32)),
+                                              (NVIDIA.target("sm120"), ("cuda", 120, 32)),
+                                              (AMD.target("gfx950"), ("hip", "gfx950", 64))])
+def test_triton_target_from_the_record(target, args):
+    pytest.importorskip("triton")
+    found = target.gpu.triton_target()
+    assert (found.backend, found.arch, found.warp_size) == args
+
+
+def test_launch_options_take_the_vendors_own_keys():
+    cfg = {"num_warps": 4, "num_stages": 2, "waves_per_eu": 2, "maxnreg": 128, "TILE": 1024}
+    assert launch_options(AMD.target("gfx942"), cfg) == {"num_warps": 4, "num_stages": 2, "waves_per_eu": 2}
+    assert launch_options(NVIDIA.target("sm90"), cfg) == {"num_warps": 4, "num_stages": 2, "maxnreg": 128}
+
+
+@pytest.mark.parametrize(("target", "pdl"), [(NVIDIA.target("sm90"), True), (NVIDIA.target("sm80"), False),
+                                             (NVIDIA.target("sm90", interpreted=True), False),
+                                             (AMD.target("gfx950"), False)])
+def test_pdl_only_where_the_record_has_it(target, pdl):
+    assert topk._pdl(target, {"PDL": True}) is pdl
+
+
+def test_targets_live_on_the_vendors_device_type_or_the_cpu_interpreted():
+    assert (NVIDIA.target("sm90").device_type, AMD.target("gfx942").device_type) == ("cuda", "cuda")
+    assert AMD.target("gfx942", interpreted=True).device_type == "cpu"
+
+
+def _fake_gpu(monkeypatch, runtime: str, props: types.SimpleNamespace) -> None:
+    """A torch build for ``runtime`` ("cuda" or "hip") seeing one GPU with device properties ``props``."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for env in (NVIDIA.arch_env, AMD.arch_env):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8" if runtime == "cuda" else None)
+    monkeypatch.setattr(torch.version, "hip", "6.4" if runtime == "hip" else None, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "a fake GPU")
+
+
+@pytest.mark.parametrize(("runtime", "props", "vendor", "arch"), [
+    ("cuda", types.SimpleNamespace(major=8, minor=9), NVIDIA, "sm89"),
+    ("hip", types.SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-"), AMD, "gfx942"),
+])
+def test_a_gpu_is_found_and_named_by_its_vendor(monkeypatch, runtime, props, vendor, arch):
+    pytest.importorskip("triton")
+    _fake_gpu(monkeypatch, runtime, props)
+    ok, reason, target = detect(vendor)
+    assert ok and target == vendor.target(arch) and reason.startswith(f"a fake GPU ({arch}) with Triton")
+    assert device_gpu(torch.device("cuda")) == vendor.resolve(arch)
+    other = AMD if vendor is NVIDIA else NVIDIA
+    ok, reason, target = detect(other)
+    assert (ok, target) == (False, None)
+    assert reason.startswith(f"this torch build has no {other.runtime_name} support")
+
+
+def test_an_override_forces_the_architecture(monkeypatch):
+    pytest.importorskip("triton")
+    _fake_gpu(monkeypatch, "cuda", types.SimpleNamespace(major=9, minor=0))
+    monkeypatch.setenv(NVIDIA.arch_env, "sm80")
+    ok, reason, target = detect(NVIDIA)
+    assert ok and target == NVIDIA.target("sm80") and "(sm90 (forced by INDEXCACHE_CUDA_ARCH))" in reason
