@@ -53,6 +53,7 @@ from indexcache.hal import dispatch
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
 from indexcache.hal.ops import INDEX
 from indexcache.plan import MAX_LAYERS, MAX_TOPK, LayerPlan
+from indexcache.plan.jsontext import shown
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import IndexRecorder, PagedLogits, Recorder, TopkState
 from indexcache.runtime.streams import overlap
@@ -528,20 +529,24 @@ def compare_plans(model: DSAModel, plan: LayerPlan, prompts: Sequence[torch.Tens
 # ------------------------------------------------------------------------------------------ runs of the model
 
 
-_LARGEST = {"topk": MAX_TOPK, "freq": MAX_LAYERS, "seed": MAX_SEED}
+# Token positions, slots and request ids are int32: no size of a run goes past 2^31 - 1 (memory refuses far less).
+_INT32 = 2**31 - 1
+_LARGEST = {"topk": MAX_TOPK, "freq": MAX_LAYERS, "seed": MAX_SEED, "batch": _INT32, "prompt_len": _INT32,
+            "decode_steps": _INT32}
 
 
 def _check_sizes(**sizes: int | None) -> None:
     """Raise :class:`ModelSettingError` unless every given size (None: the default) is an integer >= 1, ``topk`` at
-    most :data:`MAX_TOPK`, ``freq`` at most the plan's ``MAX_LAYERS`` and ``seed`` in ``0..MAX_SEED``."""
+    most :data:`MAX_TOPK`, ``freq`` at most the plan's ``MAX_LAYERS``, ``seed`` in ``0..MAX_SEED`` and the others at
+    most 2^31 - 1."""
     for key, value in sizes.items():
-        low, high = 0 if key == "seed" else 1, _LARGEST.get(key)
         if value is None:
             continue
+        low, high = 0 if key == "seed" else 1, _LARGEST.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ModelSettingError(f"{key}={value!r}: must be an integer >= {low}")
+            raise ModelSettingError(f"{key}={shown(value)}: must be an integer >= {low}")
         if high is not None and value > high:
-            raise ModelSettingError(f"{key}={value}: must be at most {high}")
+            raise ModelSettingError(f"{key}={shown(value)}: must be at most {high}")
 
 
 def run_bytes(config: ModelConfig, *, batch: int, prompt_len: int, decode_steps: int = 0,
@@ -592,7 +597,7 @@ def _check_fits(config: ModelConfig, device: str, **sizes: int) -> None:
     terms = run_bytes(config, **sizes)
     need, free = sum(terms.values()), free_bytes(device)
     if free is not None and need > free:
-        given = ", ".join(f"{key}={value}" for key, value in sizes.items() if key != "record")
+        given = ", ".join(f"{key}={shown(value)}" for key, value in sizes.items() if key != "record")
         most = max(terms, key=terms.__getitem__)
         raise ModelSettingError(
             f"{given}, topk={config.topk}: the run needs at least {need / 2**30:.3g} GiB on {device}, most of it for "

@@ -128,6 +128,9 @@ def test_a_run_beyond_free_memory_is_refused_by_the_library(monkeypatch):
         model.run_demo(backend="torch", batch=1, prompt_len=4096, decode_steps=2, topk=16)
     with pytest.raises(model.ModelSettingError, match="more than the 0.000977 GiB free"):
         model.record_dump("v32-like", backend="torch", batch=1, prompt_len=4096, topk=16)
+    with pytest.raises(model.ModelSettingError, match=r"batch=<an integer of about 5001 digits>: must be at most "
+                       r"2147483647"):  # int32 request ids; and the message survives Python's int/str digit limit
+        model.run_demo(backend="torch", batch=10**5000)
     config = model.preset("v32-like", topk=16)
     bound = model.run_bytes(config, batch=2, prompt_len=512, decode_steps=8)
     assert bound["prefill logits [batch x prompt_len]^2 float32"] == 4 * 1024 * 1024
