@@ -294,4 +294,6 @@ def test_demo_command_prints_phases_overlap_drift_and_plots(tmp_path, capsys):
                  "drift from freq 1"):
         assert text in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert cli.main(["demo", "--batch", "0"]) == 2
+    with pytest.raises(SystemExit) as exc:  # argparse's one-line error, before any work
+        cli.main(["demo", "--batch", "0"])
+    assert exc.value.code == 2

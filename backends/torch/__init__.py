@@ -2,7 +2,8 @@
 
 It is always available and is the fallback every other backend's unsupported calls land on. Set the
 temporary-memory budget of the chunked ops with :func:`set_memory_budget` or
-``INDEXCACHE_TORCH_MEMORY_BUDGET`` (bytes; default 256 MiB).
+``INDEXCACHE_TORCH_MEMORY_BUDGET`` (bytes; default 256 MiB; a value that is not a positive integer raises
+:class:`MemoryBudgetError`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from indexcache.backends.torch import logits, producer, quantize, topk, translate
-from indexcache.backends.torch.memory import memory_budget, set_memory_budget
+from indexcache.backends.torch.memory import MemoryBudgetError, memory_budget, set_memory_budget
 from indexcache.backends.torch.streams import in_order
 from indexcache.hal.contract import Availability, Backend, OpImpl
 
@@ -40,4 +41,4 @@ BACKEND = Backend(
     details=lambda: {"memory_budget_bytes": memory_budget()},
 )
 
-__all__ = ["BACKEND", "memory_budget", "set_memory_budget"]
+__all__ = ["BACKEND", "MemoryBudgetError", "memory_budget", "set_memory_budget"]

@@ -18,20 +18,30 @@ def set_memory_budget(nbytes: int | None) -> None:
     _budget = nbytes
 
 
+class MemoryBudgetError(ValueError):
+    """``INDEXCACHE_TORCH_MEMORY_BUDGET`` holds something other than a positive number of bytes."""
+
+
+def env_budget() -> int | None:
+    """The budget ``INDEXCACHE_TORCH_MEMORY_BUDGET`` sets (None: unset or empty); :class:`MemoryBudgetError` naming the
+    variable and its value when that is not a positive integer. Every process that runs ops may run this backend
+    (the fallback of every other), so ``indexcache`` checks it before any work and before starting workers."""
+    env = os.environ.get(ENV_VAR)
+    if not env:
+        return None
+    text = env.strip()
+    value = int(text) if text.isascii() and text.isdigit() and len(text) < 40 else 0
+    if value <= 0:
+        raise MemoryBudgetError(f"{ENV_VAR}: expected a positive number of bytes, got {env[:40]!r}")
+    return value
+
+
 def memory_budget() -> int:
     """The budget in force: :func:`set_memory_budget`, else ``INDEXCACHE_TORCH_MEMORY_BUDGET``, else 256 MiB."""
     if _budget is not None:
         return _budget
-    env = os.environ.get(ENV_VAR)
-    if env:
-        try:
-            value = int(env)
-        except ValueError:
-            raise ValueError(f"{ENV_VAR}: expected a positive number of bytes, got {env!r}") from None
-        if value > 0:
-            return value
-        raise ValueError(f"{ENV_VAR}: expected a positive number of bytes, got {env!r}")
-    return DEFAULT_BUDGET
+    from_env = env_budget()
+    return DEFAULT_BUDGET if from_env is None else from_env
 
 
 def rows_per_chunk(bytes_per_row: int, rows: int) -> int:

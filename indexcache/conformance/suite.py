@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from indexcache.backends.torch.memory import env_budget
 from indexcache.backends.triton.target import INTERPRET_ENV
 from indexcache.conformance.worker import summarize
 from indexcache.hal import dispatch
@@ -42,7 +43,9 @@ def run_all(which: str | None, out_dir: Path, op: str | None = None,
             compile_check: bool = False) -> tuple[list[dict[str, Any]], bool]:
     """Run each planned backend in a subprocess (``compile_check``: with the cross-compile check of cuda and rocm);
     return the reports this run wrote and whether every case passed. A backend whose process fails or writes no
-    report counts as crashed: no report, not ok (a report left by an earlier run is deleted first, never read)."""
+    report counts as crashed: no report, not ok (a report left by an earlier run is deleted first, never read). A bad
+    ``INDEXCACHE_TORCH_MEMORY_BUDGET`` raises ``MemoryBudgetError`` before any worker starts."""
+    env_budget()  # every worker may run the torch backend: a bad budget is one error here, not one per worker
     reports, ok = [], True
     for name, extra in plan_runs(which):
         path = out_dir / f"conformance-{name}.json"

@@ -6,7 +6,10 @@ Every schedule form that ships in model configs resolves here, with SGLang's pre
 ``index_skip_topk_offset``. The schedule counts *sparse* layers (those with an indexer): every layer of
 a DeepSeek-V3.2 / GLM-style model, only the ratio-4 (C4) layers of a DeepSeek-V4 ``compress_ratios``
 model. MTP (NextN) layers come after the main layers and always compute their own top-k. Every
-invalid input raises :class:`ConfigError` (a ``ValueError``) naming the key, the value and the rule.
+invalid input raises :class:`ConfigError` (a ``ValueError``) naming the key, the value and the rule; every
+count is bounded by what a real model could have (``MAX_LAYERS`` and the other ``MAX_*`` below), and a config
+file that is not UTF-8 JSON, is larger than ``jsontext.MAX_JSON_BYTES`` or nests deeper than the parser can
+follow is a :class:`ConfigError` naming the file too.
 
 A config may hold any other keys (real model configs have many), except keys that look like a
 misspelt schedule key, which would otherwise leave the schedule unset without a word: a key that
@@ -19,13 +22,13 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
-from pathlib import Path
+from itertools import islice, pairwise
 from typing import Any
+
+from indexcache.plan.jsontext import read_json, shown
 
 PRODUCER = "F"
 SHARED = "S"
@@ -61,10 +64,25 @@ INDEX_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "bfloat16")
 _SCHEDULE_NAMES = (*SCHEDULE_KEYS, "index_skip_topk_offset")
 _SCHEDULE_PREFIXES = ("index_topk_", "index_skip_")
 _NEAR_MISS = 0.83
+# A ratio of _NEAR_MISS needs 2 * matches / (len(a) + len(b)) >= 0.83, so no longer key can be a near-miss.
+_LONGEST_NEAR_MISS = int(max(map(len, _SCHEDULE_NAMES)) * (2 - _NEAR_MISS) / _NEAR_MISS)
 # Without an explicit offset the freq rule is the DSA one, skip(l) = max(l - 1, 0) % freq != 0 (offset
 # 2) for V3.2 / GLM, and skip(r) = r % freq != 0 over C4 ranks (offset 1) for compress_ratios models.
 _DEFAULT_OFFSET = 2
 _DEFAULT_C4_OFFSET = 1
+
+# What a config may hold, each bound a margin beyond any real model, so that a mistyped or hostile config is
+# refused (ConfigError naming the key, the value and the bound) before it costs time or memory. README, "The
+# layer plan", lists them; list lengths (patterns, indexer_types, compress_ratios) are bounded by the layers.
+MAX_LAYERS = 4096  # released models have at most a few hundred layers (DeepNet trained 1,000)
+MAX_MTP_LAYERS = 64  # released models' MTP (NextN) modules predict one to three tokens ahead
+MAX_TOPK = 65536  # what the ops select at most (indexcache.hal.checks.MAX_TOPK); shipped models take 512-2048
+MAX_INDEX_HEADS = 1024  # released indexers have 32-64 heads, and attention at most 128
+MAX_INDEX_HEAD_DIM = 4096  # released index heads are 128 wide; 4096 is a whole hidden state of a large model
+MAX_PAGE_SIZE = 2**20  # engines page their caches by 1-256 tokens; 2^20 holds a 1M-token context in one page
+MAX_CONFIG_KEYS = 4096  # a config.json has some tens of top-level keys; each is compared with the schedule keys
+# index_topk_freq, index_skip_topk_offset and cli_factor are bounded by MAX_LAYERS: past the layer count a
+# larger period or offset changes nothing.
 
 
 class ConfigError(ValueError):
@@ -72,14 +90,18 @@ class ConfigError(ValueError):
     and the rule."""
 
 
-def _check_int(key: str, value: Any, minimum: int, rule: str) -> int:
+def _check_int(key: str, value: Any, minimum: int, rule: str, maximum: int, bound: str) -> int:
+    """``value`` if it is an int (not a bool) in ``minimum..maximum``; else :class:`ConfigError` giving ``rule``
+    (below the minimum or not an int) or the bound named ``bound`` (above the maximum)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{key}={value!r}: {rule}")
+        raise ConfigError(f"{key}={shown(value)}: {rule}")
+    if value > maximum:
+        raise ConfigError(f"{key}={shown(value)}: must be at most {maximum} (indexcache.plan.{bound})")
     return value
 
 
-def _positive(key: str, value: Any) -> int:
-    return _check_int(key, value, 1, "must be an integer >= 1")
+def _positive(key: str, value: Any, maximum: int = MAX_LAYERS, bound: str = "MAX_LAYERS") -> int:
+    return _check_int(key, value, 1, "must be an integer >= 1", maximum, bound)
 
 
 @dataclass(frozen=True)
@@ -146,11 +168,18 @@ class LayerPlan:
             0 if num_nextn_predict_layers is None else num_nextn_predict_layers,
             0,
             "must be an integer >= 0",
+            MAX_MTP_LAYERS,
+            "MAX_MTP_LAYERS",
         )
-        self.top_k = _positive("index_topk", 2048 if index_topk is None else index_topk)
-        self.index_n_heads = _positive("index_n_heads", 64 if index_n_heads is None else index_n_heads)
-        self.index_head_dim = _positive("index_head_dim", 128 if index_head_dim is None else index_head_dim)
-        self.page_size = _positive("page_size", 64 if page_size is None else page_size)
+        self.top_k = _positive("index_topk", 2048 if index_topk is None else index_topk, MAX_TOPK, "MAX_TOPK")
+        self.index_n_heads = _positive(
+            "index_n_heads", 64 if index_n_heads is None else index_n_heads, MAX_INDEX_HEADS, "MAX_INDEX_HEADS"
+        )
+        self.index_head_dim = _positive(
+            "index_head_dim", 128 if index_head_dim is None else index_head_dim, MAX_INDEX_HEAD_DIM,
+            "MAX_INDEX_HEAD_DIM",
+        )
+        self.page_size = _positive("page_size", 64 if page_size is None else page_size, MAX_PAGE_SIZE, "MAX_PAGE_SIZE")
         self.index_dtype = check_index_dtype("float8_e4m3fn" if index_dtype is None else index_dtype)
         self.num_mtp_layers = num_mtp
 
@@ -200,9 +229,15 @@ class LayerPlan:
         (``None`` values are ignored); an override of a schedule key also drops the config's keys of higher
         precedence, so the override is the one that takes effect. A config key that looks like a misspelt
         schedule key raises :class:`ConfigError` (see the module docstring); other unknown keys are ignored. A
-        file that cannot be read raises ``OSError``.
+        file that cannot be opened raises ``OSError``; one that is not a UTF-8 JSON object of at most
+        ``jsontext.MAX_JSON_BYTES`` raises :class:`ConfigError` naming it.
         """
         cfg = dict(_load(config))
+        if len(cfg) > MAX_CONFIG_KEYS:
+            raise ConfigError(
+                f"config has {len(cfg)} top-level keys: must be at most {MAX_CONFIG_KEYS} "
+                "(indexcache.plan.MAX_CONFIG_KEYS)"
+            )
         _check_unknown_keys(cfg)
         given = {key: value for key, value in overrides.items() if value is not None}
         unknown = sorted(set(given) - set(CONFIG_KEYS))
@@ -346,11 +381,11 @@ def _carried_into(roles: str, start: int) -> int | None:
 
 
 def _check_boundaries(boundaries: Sequence[int], num_layers: int) -> list[int]:
-    values = list(boundaries)
+    values = list(islice(boundaries, num_layers))  # more than num_layers - 1 cannot all be new stages
     ok = all(isinstance(b, int) and not isinstance(b, bool) and 0 < b < num_layers for b in values)
-    if not ok or any(a >= b for a, b in pairwise(values)):
+    if not ok or len(values) >= num_layers or any(a >= b for a, b in pairwise(values)):
         raise ConfigError(
-            f"boundaries={values!r}: must be strictly increasing layer ids in 1..{num_layers - 1}, "
+            f"boundaries={shown(boundaries)}: must be strictly increasing layer ids in 1..{num_layers - 1}, "
             "each the first layer of a new stage"
         )
     return values
@@ -360,10 +395,12 @@ def check_index_dtype(value: Any) -> str:
     """``value`` if it is one of :data:`INDEX_DTYPES`; otherwise :class:`ConfigError` naming the accepted names."""
     if isinstance(value, str) and value in INDEX_DTYPES:
         return value
-    close = difflib.get_close_matches(str(value).lower().removeprefix("torch."), INDEX_DTYPES, n=1, cutoff=0.6)
+    close = []
+    if isinstance(value, str) and len(value) <= 64:
+        close = difflib.get_close_matches(value.lower().removeprefix("torch."), INDEX_DTYPES, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     names = ", ".join(map(repr, INDEX_DTYPES))
-    raise ConfigError(f"index_dtype={value!r}: must be one of {names} (torch dtype names){hint}")
+    raise ConfigError(f"index_dtype={shown(value)}: must be one of {names} (torch dtype names){hint}")
 
 
 def _check_unknown_keys(cfg: Mapping[str, Any]) -> None:
@@ -371,18 +408,20 @@ def _check_unknown_keys(cfg: Mapping[str, Any]) -> None:
     for key in cfg:
         if not isinstance(key, str) or key in CONFIG_KEYS or key in _LAYER_COUNT_KEYS:
             continue
+        if len(key) > _LONGEST_NEAR_MISS and not key.lower().startswith(_SCHEDULE_PREFIXES):
+            continue  # too long to be a near-miss: no need to compare it
         name = key.lower()
         close = difflib.get_close_matches(name, _SCHEDULE_NAMES, n=1, cutoff=_NEAR_MISS)
         if close or name.startswith(_SCHEDULE_PREFIXES):
             guess = close or difflib.get_close_matches(name, _SCHEDULE_NAMES, n=1, cutoff=0.0)
             raise ConfigError(
-                f"config key {key!r}: not a key indexcache reads, and it looks like a misspelt schedule key; "
+                f"config key {shown(key)}: not a key indexcache reads, and it looks like a misspelt schedule key; "
                 f"did you mean {guess[0]!r}? (the schedule keys: {', '.join(_SCHEDULE_NAMES)})"
             )
 
 
 def _positive_or_default(key: str, value: Any, rule: str) -> int | None:
-    return None if value is None else _check_int(key, value, 1, rule)
+    return None if value is None else _check_int(key, value, 1, rule, MAX_LAYERS, "MAX_LAYERS")
 
 
 def _sparse_flags(compress_ratios: Sequence[int] | None, num_main: int, num_mtp: int) -> list[bool]:
@@ -390,18 +429,20 @@ def _sparse_flags(compress_ratios: Sequence[int] | None, num_main: int, num_mtp:
     if compress_ratios is None:
         return [True] * (num_main + num_mtp)
     if isinstance(compress_ratios, (str, bytes)) or not isinstance(compress_ratios, Sequence):
-        raise ConfigError(f"compress_ratios={compress_ratios!r}: must be a list of integers, one per layer")
-    ratios = list(compress_ratios)
-    if len(ratios) not in (num_main, num_main + num_mtp):
+        raise ConfigError(f"compress_ratios={shown(compress_ratios)}: must be a list of integers, one per layer")
+    if len(compress_ratios) not in (num_main, num_main + num_mtp):  # the length first: it bounds the work
         lengths = sorted({num_main, num_main + num_mtp})
         raise ConfigError(
-            f"compress_ratios={ratios!r}: has {len(ratios)} entries; expected one per layer "
+            f"compress_ratios={shown(compress_ratios)}: has {len(compress_ratios)} entries; expected one per layer "
             f"({' or '.join(map(str, lengths))}, MTP layers optional)"
         )
+    ratios = list(compress_ratios)
     for i, ratio in enumerate(ratios):
         if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio not in COMPRESS_RATIOS:
             allowed = ", ".join(f"{value} ({meaning})" for value, meaning in COMPRESS_RATIOS.items())
-            raise ConfigError(f"compress_ratios[{i}]={ratio!r}: layer {i}'s compression ratio must be one of {allowed}")
+            raise ConfigError(
+                f"compress_ratios[{i}]={shown(ratio)}: layer {i}'s compression ratio must be one of {allowed}"
+            )
     # MTP layers the list does not cover run their own indexer.
     return [ratio == _C4_RATIO for ratio in ratios] + [True] * (num_main + num_mtp - len(ratios))
 
@@ -414,37 +455,37 @@ def _per_sparse_layer(
         return None
     allowed = " or ".join(map(repr, meaning))
     if key == "index_topk_pattern" and not isinstance(value, str):
-        raise ConfigError(f"{key}={value!r}: must be a string of {allowed}, one per layer or per sparse layer")
+        raise ConfigError(f"{key}={shown(value)}: must be a string of {allowed}, one per layer or per sparse layer")
     if key != "index_topk_pattern" and (isinstance(value, str) or not isinstance(value, Sequence)):
-        raise ConfigError(f"{key}={value!r}: must be a list of {allowed}, one per layer or per sparse layer")
+        raise ConfigError(f"{key}={shown(value)}: must be a list of {allowed}, one per layer or per sparse layer")
+    expected = f"not the layer count ({num_main})"
+    if len(sparse) != num_main:
+        expected = f"neither the layer count ({num_main}) nor the sparse layer count ({len(sparse)})"
+    if len(value) > num_main:  # too long whatever it holds: refused before its entries are read
+        raise ConfigError(f"{key}={shown(value)}: has {len(value)} entries, {expected}")
     items = list(value)
     for i, item in enumerate(items):
-        if item not in meaning:
-            raise ConfigError(f"{key}={value!r}: position {i} is {item!r}; only {allowed} are allowed")
+        if not isinstance(item, str) or item not in meaning:
+            raise ConfigError(f"{key}={shown(value)}: position {i} is {shown(item)}; only {allowed} are allowed")
     if len(items) == num_main:
         items = [items[layer] for layer in sparse]
     elif len(items) != len(sparse):
-        expected = f"not the layer count ({num_main})"
-        if len(sparse) != num_main:
-            expected = f"neither the layer count ({num_main}) nor the sparse layer count ({len(sparse)})"
-        raise ConfigError(f"{key}={value!r}: has {len(items)} entries, {expected}")
+        raise ConfigError(f"{key}={shown(value)}: has {len(items)} entries, {expected}")
     skips = [meaning[item] for item in items]
     if skips and skips[0]:
         compute = next(name for name, skip in meaning.items() if not skip)
         raise ConfigError(
-            f"{key}={value!r}: the first sparse layer (layer {sparse[0]}) is {items[0]!r}, but a shared "
+            f"{key}={shown(value)}: the first sparse layer (layer {sparse[0]}) is {items[0]!r}, but a shared "
             f"layer needs an earlier producer; it must be {compute!r}"
         )
     return skips
 
 
 def _load(config: Mapping[str, Any] | str | os.PathLike[str]) -> Mapping[str, Any]:
+    where = ""
     if isinstance(config, (str, os.PathLike)):
-        path = Path(config)
-        try:
-            config = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+        where = f"{os.fspath(config)}: "
+        config = read_json(config, ConfigError)
     if not isinstance(config, Mapping):
-        raise ConfigError(f"config must be a JSON object (a dict), got {type(config).__name__}")
+        raise ConfigError(f"{where}config must be a JSON object (a dict), got {type(config).__name__}")
     return config

@@ -15,7 +15,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from indexcache.plan import ConfigError, LayerPlan, check_index_dtype
+from indexcache.plan import (
+    MAX_INDEX_HEAD_DIM,
+    MAX_INDEX_HEADS,
+    MAX_LAYERS,
+    MAX_MTP_LAYERS,
+    MAX_PAGE_SIZE,
+    MAX_TOPK,
+    ConfigError,
+    LayerPlan,
+    check_index_dtype,
+)
+from indexcache.plan.jsontext import parse_json, shown
 
 SCHEMA_VERSION = 1
 SIGNED_FIELDS = (
@@ -28,6 +39,14 @@ SIGNED_FIELDS = (
     "index_dtype",
     "page_size",
 )
+# The plan's bounds (indexcache.plan) on the counts a descriptor carries: its layers are a plan's, MTP included.
+_BOUNDS = {
+    "num_layers": (MAX_LAYERS + MAX_MTP_LAYERS, "MAX_LAYERS + MAX_MTP_LAYERS"),
+    "top_k": (MAX_TOPK, "MAX_TOPK"),
+    "index_n_heads": (MAX_INDEX_HEADS, "MAX_INDEX_HEADS"),
+    "index_head_dim": (MAX_INDEX_HEAD_DIM, "MAX_INDEX_HEAD_DIM"),
+    "page_size": (MAX_PAGE_SIZE, "MAX_PAGE_SIZE"),
+}
 
 
 class DescriptorError(ValueError):
@@ -66,14 +85,16 @@ class Descriptor:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "top_k", "index_n_heads", "index_head_dim", "page_size"):
+        for name, (maximum, bound) in _BOUNDS.items():
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise DescriptorError(f"{name}={value!r}: must be an integer >= 1")
+                raise DescriptorError(f"{name}={shown(value)}: must be an integer >= 1")
+            if value > maximum:
+                raise DescriptorError(f"{name}={shown(value)}: must be at most {maximum} (indexcache.plan.{bound})")
         if not _is_int(self.schema_version) or self.schema_version != SCHEMA_VERSION:
             raise DescriptorError(
-                f"schema_version={self.schema_version!r}: must be the integer {SCHEMA_VERSION}, the version this "
-                "indexcache reads"
+                f"schema_version={shown(self.schema_version)}: must be the integer {SCHEMA_VERSION}, the version "
+                "this indexcache reads"
             )
         try:
             check_index_dtype(self.index_dtype)
@@ -83,19 +104,21 @@ class Descriptor:
             layers = getattr(self, name)
             if (
                 not isinstance(layers, tuple)
+                or len(layers) > self.num_layers  # the length first: it bounds the work
                 or not all(_is_int(x) for x in layers)
                 or list(layers) != sorted(set(layers))
             ):
                 raise DescriptorError(
-                    f"{name}={layers!r}: must be a tuple of distinct layer ids in increasing order"
+                    f"{name}={shown(layers)}: must be a tuple of distinct layer ids in increasing order, at most "
+                    f"num_layers ({self.num_layers})"
                 )
         if self.sparse_layers and not 0 <= self.sparse_layers[0] <= self.sparse_layers[-1] < self.num_layers:
             raise DescriptorError(
-                f"sparse_layers={self.sparse_layers!r}: layer ids must be in 0..{self.num_layers - 1}"
+                f"sparse_layers={shown(self.sparse_layers)}: layer ids must be in 0..{self.num_layers - 1}"
             )
         if not set(self.producers) <= set(self.sparse_layers):
             extra = sorted(set(self.producers) - set(self.sparse_layers))
-            raise DescriptorError(f"producers={self.producers!r}: layers {extra} are not sparse layers")
+            raise DescriptorError(f"producers={shown(self.producers)}: layers {shown(extra)} are not sparse layers")
 
     @classmethod
     def from_plan(cls, plan: LayerPlan) -> Descriptor:
@@ -132,15 +155,16 @@ class Descriptor:
             raise DescriptorError(f"descriptor must be a JSON object, got {type(data).__name__}")
         names = {f.name for f in fields(cls)}
         missing = sorted((names | {"signature"}) - set(data))
-        unknown = sorted(set(data) - names - {"signature"})
+        unknown = sorted(set(data) - names - {"signature"}, key=str)  # keys of any type, from Python
         if missing or unknown:
-            raise DescriptorError(f"descriptor keys: missing {missing}, unknown {unknown}")
+            raise DescriptorError(f"descriptor keys: missing {missing}, unknown {shown(unknown)}")
         values = {name: tuple(v) if isinstance(v := data[name], list) else v for name in names}
         descriptor = cls(**values)
         claimed = data["signature"]
         if claimed != descriptor.signature:
             raise DescriptorError(
-                f"signature={claimed!r}: does not match the descriptor's fields, which give {descriptor.signature!r}"
+                f"signature={shown(claimed)}: does not match the descriptor's fields, which give "
+                f"{descriptor.signature!r}"
             )
         return descriptor
 
@@ -149,13 +173,11 @@ class Descriptor:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> Descriptor:
-        """Parse :meth:`to_json` output; malformed JSON raises :class:`DescriptorError`."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DescriptorError(f"descriptor: not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+    def from_json(cls, text: str | bytes) -> Descriptor:
+        """Parse :meth:`to_json` output (str, or UTF-8 bytes as received); anything else, malformed or hostile
+        (not UTF-8, not JSON, too large, too deeply nested, a count beyond the plan's bounds) raises
+        :class:`DescriptorError`."""
+        return cls.from_dict(parse_json(text, "descriptor", DescriptorError))
 
 
 def _layer_difference(prefill: Sequence[int], decode: Sequence[int]) -> str:

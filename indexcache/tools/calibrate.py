@@ -35,11 +35,14 @@ rows with ``n_r > 0``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import pickle
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +80,11 @@ class CalibrationError(ValueError):
 
 class DumpError(CalibrationError):
     """A dump that cannot be read, breaks the dump format or does not fit the model; the message names the file."""
+
+
+class OutputError(CalibrationError):
+    """The calibration's files could not be written into its output folder; the message names the folder and the
+    file, and nothing of this calibration was left there."""
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -563,7 +571,8 @@ class Calibration:
     ``rows`` rows of ``k`` indices; ``overlap`` is their ``[L, L]`` overlap matrix, measured in
     ``overlap_seconds`` on the CPU; ``search`` is the greedy search down to the producer budget; ``freq_rule``
     the ``index_topk_freq`` baselines, or None when they could not be compared (the layers could not be placed
-    in a model); ``paths`` the files written (see :func:`write_outputs`).
+    in a model); ``paths`` the files written (see :func:`write_outputs`); ``removed`` an earlier calibration's plots
+    this one removed from the folder because it drew none.
     """
 
     source: str
@@ -575,6 +584,7 @@ class Calibration:
     search: SearchResult
     freq_rule: tuple[FreqBaseline, ...] | None
     paths: dict[str, Path]
+    removed: tuple[Path, ...] = ()
 
     @property
     def adjacent_overlap(self) -> float:
@@ -616,6 +626,7 @@ def calibrate_arrays(
     freq_rule = None if plan_for is None else freq_baselines(layers, objective, plan_for, min_producers=budget)
     rows, k = _as_rows(indices[0], "indices[0]").shape
     report = {**(info or {}), "rows": rows, "k": k, "keep": keep, "overlap_seconds": round(seconds, 3)}
+    removed = () if plots else stale_plots(out)
     paths = write_outputs(out, search, overlap, info=report, freq_rule=freq_rule or (), plots=plots)
     return Calibration(
         source=source,
@@ -627,6 +638,7 @@ def calibrate_arrays(
         search=search,
         freq_rule=None if freq_rule is None else tuple(freq_rule),
         paths=paths,
+        removed=removed,
     )
 
 
@@ -671,6 +683,10 @@ def calibrate_dump(
 # --------------------------------------------------------------------------------------------- outputs
 
 
+FILES = ("pattern.txt", "config.json", "report.json")
+PLOTS = ("overlap.png", "objective.png")
+
+
 def write_outputs(
     out: str | os.PathLike[str],
     result: SearchResult,
@@ -686,15 +702,56 @@ def write_outputs(
     ``report.json`` (``info``, the search summary of :meth:`SearchResult.to_dict`, the ``freq_rule``
     baselines beside the search's objective at their producer count, the overlap matrix) and, with
     ``plots``, ``overlap.png`` (heatmap) and ``objective.png`` (objective vs producers).
+
+    The folder holds one calibration: every file is written into a scratch folder inside ``out`` and moved into
+    place once all are written, and without ``plots`` an earlier calibration's plots are removed
+    (:func:`stale_plots`), so they never sit beside results they do not show. A file that cannot be written raises
+    :class:`OutputError` and leaves ``out`` as it was.
     """
     if plots:
         check_plotting()  # fail before writing anything
     directory = Path(out)
-    directory.mkdir(parents=True, exist_ok=True)
+    names = [*FILES, *(PLOTS if plots else ())]
+    for name in names:  # a folder in a file's place would stop the moves halfway
+        if (directory / name).is_dir():
+            raise OutputError(f"{directory}: cannot write {name}: a directory of that name is in the way")
+    made = [folder for folder in (directory, *directory.parents) if not folder.exists()]  # deepest first
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".calibrate-", dir=directory))
+    except OSError as exc:
+        raise OutputError(f"{directory}: cannot write the calibration there ({exc.strerror or exc})") from None
+    moved: list[str] = []
+    try:
+        _write_files(scratch, result, overlap, info, freq_rule, plots)
+        for name in names:
+            os.replace(scratch / name, directory / name)
+            moved.append(name)
+        for stale in () if plots else stale_plots(directory):
+            stale.unlink()
+    except OSError as exc:
+        name = Path(exc.filename).name if exc.filename else "its files"
+        left = f"only {', '.join(moved)} replaced" if moved else "nothing was written"
+        raise OutputError(f"{directory}: cannot write {name} ({exc.strerror or exc}); {left}") from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        for folder in made if len(moved) < len(names) else ():  # the folders made for a calibration that failed
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return {name: directory / name for name in names}
+
+
+def stale_plots(out: str | os.PathLike[str]) -> tuple[Path, ...]:
+    """The plots of an earlier calibration in ``out``, which one without plots removes (:func:`write_outputs`)."""
+    return tuple(path for name in PLOTS if (path := Path(out) / name).is_file())
+
+
+def _write_files(directory: Path, result: SearchResult, overlap: np.ndarray, info: Mapping[str, Any] | None,
+                 freq_rule: Sequence[FreqBaseline], plots: bool) -> None:
+    """The files of :func:`write_outputs`, written into ``directory``."""
     matrix = np.asarray(overlap, dtype=np.float64)
-    paths = {name: directory / name for name in ("pattern.txt", "config.json", "report.json")}
-    paths["pattern.txt"].write_text(result.pattern + "\n")
-    paths["config.json"].write_text(json.dumps(result.config(), indent=2) + "\n")
+    (directory / "pattern.txt").write_text(result.pattern + "\n")
+    (directory / "config.json").write_text(json.dumps(result.config(), indent=2) + "\n")
     report = {
         **(info or {}),
         **result.to_dict(),
@@ -711,11 +768,10 @@ def write_outputs(
         "adjacent_overlap": [round(float(matrix[i, i + 1]), 6) for i in range(len(matrix) - 1)],
         "overlap": np.round(matrix, 6).tolist(),
     }
-    paths["report.json"].write_text(json.dumps(report, indent=2) + "\n")
+    (directory / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     if plots:
-        paths["overlap.png"] = plot_overlap(matrix, result.layers, directory / "overlap.png", result=result)
-        paths["objective.png"] = plot_objective(result, directory / "objective.png", freq_rule=freq_rule)
-    return paths
+        plot_overlap(matrix, result.layers, directory / "overlap.png", result=result)
+        plot_objective(result, directory / "objective.png", freq_rule=freq_rule)
 
 
 def check_plotting() -> None:

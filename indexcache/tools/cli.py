@@ -3,8 +3,9 @@ function parses what argparse cannot check, calls the library and prints.
 
 Bad input (a :class:`UsageError`, or one of the library's input errors a subcommand names in
 :func:`_input_errors`) is one line on stderr and exit status 2; any other exception is a bug and propagates
-with its traceback. Library modules are imported inside the subcommands, so ``indexcache plan`` never
-imports torch.
+with its traceback. Library modules are imported inside the subcommands (only the pure-Python plan's bounds at the
+top, for the options' ranges), so ``indexcache plan`` never imports torch. Sizes are checked when the arguments are
+parsed, the environment and the output paths (by writing there) before any work.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from indexcache.plan import MAX_LAYERS, MAX_TOPK
 
 
 class UsageError(Exception):
@@ -31,6 +35,32 @@ def _input_errors(*errors: type[Exception]) -> Iterator[None]:
         raise UsageError(str(exc)) from exc
 
 
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in ``low..high`` (``high`` None: no upper bound), else the usual one-line
+    ``error: argument --x: ...`` and exit status 2, before any work."""
+    expected = f"an integer >= {low}" if high is None else f"an integer in {low}..{high}"
+
+    def parse(text: str) -> int:
+        digits = text.strip().removeprefix("-").removeprefix("+")
+        if not (digits.isascii() and digits.isdigit()):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text[:40]!r}")
+        value = int(text) if len(digits) <= 40 else None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text[:40]}")
+        return value
+
+    return parse
+
+
+def _check_environment() -> None:
+    """Refuse, before any work, a bad ``INDEXCACHE_TORCH_MEMORY_BUDGET``: whatever runs ops may run the torch
+    backend (the fallback of every other), and conformance's workers would each fail on it."""
+    from indexcache.backends.torch.memory import MemoryBudgetError, env_budget
+
+    with _input_errors(MemoryBudgetError):
+        env_budget()
+
+
 def _check_input(option: str, path: str | os.PathLike[str]) -> None:
     """Refuse, before any work, an input file ``path`` that cannot be read (missing, a directory, no permission)."""
     try:
@@ -44,6 +74,8 @@ def _check_output(option: str, path: str | os.PathLike[str], *, directory: bool 
     """Refuse, before any work, an output ``path`` (a file, or with ``directory`` a folder) that cannot be written.
 
     Missing folders on the way are fine (the writers create them); the nearest existing one must be a writable folder.
+    Writing is tried, not inferred from permission bits (which root, a read-only mount or /proc do not follow): the
+    missing folders are made and a scratch file is created where the output goes, then both are removed again.
     """
     target, kind = Path(path), "directory" if directory else "file"
     if os.path.exists(target):
@@ -52,7 +84,6 @@ def _check_output(option: str, path: str | os.PathLike[str], *, directory: bool 
             raise UsageError(f"{option} {path}: expected a {kind}, got an existing {found}")
         if not os.access(target, os.W_OK | (os.X_OK if directory else 0)):
             raise UsageError(f"{option} {path}: expected a writable {kind}, got one without write permission")
-        return
     parent = target.absolute().parent
     while not os.path.exists(parent):
         parent = parent.parent
@@ -60,6 +91,18 @@ def _check_output(option: str, path: str | os.PathLike[str], *, directory: bool 
         raise UsageError(f"{option} {path}: expected a directory at {parent}, got a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {path}: cannot create it in {parent} (no write permission)")
+    folder = target.absolute() if directory else target.absolute().parent
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot write there ({exc.strerror or exc})") from None
+    finally:
+        for p in made:  # deepest first; only what this check created, and only while empty
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def _add_info(sub) -> None:
@@ -74,6 +117,7 @@ def _run_info(args) -> int:
     from indexcache.hal.dispatch import UnknownBackendError
     from indexcache.tools.backend_status import backend_status
 
+    _check_environment()
     with _input_errors(UnknownBackendError):
         summary = backend_status()
     if args.json:
@@ -163,6 +207,7 @@ def _run_conformance(args) -> int:
 
     if args.op is not None and args.op not in catalogue_ops():
         raise UsageError(f"--op: expected one of {catalogue_ops()}, got {args.op!r}")
+    _check_environment()
     _check_output("--out", args.out, directory=True)
     out = Path(args.out)
     with _input_errors(UnknownBackendError):
@@ -203,6 +248,7 @@ def _run_bench(args) -> int:
     from indexcache.bench.harness import OPS
     from indexcache.hal.dispatch import UnknownBackendError
 
+    _check_environment()
     if args.json:
         _check_output("--json", args.json)
     unknown = [name for name in args.op or () if name not in OPS]
@@ -230,7 +276,8 @@ def _add_calibrate(sub) -> None:
         "overlap, and search greedily for the producers to keep: starting from all-F, repeatedly turn into a "
         "shared layer the producer whose loss lowers the mean overlap with its source least. Compares with "
         "evenly spaced producers and the index_topk_freq rule. Writes pattern.txt, config.json, report.json, "
-        "overlap.png and objective.png.",
+        "overlap.png and objective.png, all at once when the run is done (a write that fails leaves --out as it "
+        "was); with --no-plots, an earlier run's plots in --out are removed and listed.",
     )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--dump", metavar="DIR", help="directory with one top-k file per sparse layer")
@@ -243,20 +290,23 @@ def _add_calibrate(sub) -> None:
         "--keep", type=float, metavar="FRACTION", help="fraction of sparse layers kept as producers, rounded up "
         "(default 0.25)"
     )
-    budget.add_argument("--producers", type=int, metavar="COUNT", help="number of producers to keep instead")
+    budget.add_argument("--producers", type=_int_in(1), metavar="COUNT", help="number of producers to keep instead")
     p.add_argument("--out", default="calibration", metavar="DIR", help="output directory (default: calibration)")
     p.add_argument(
         "--config", metavar="PATH", help="the model's config.json: check that the dump holds exactly its sparse layers"
     )
-    p.add_argument("--no-plots", action="store_true", help="skip the PNGs (they need matplotlib)")
-    p.add_argument("--threads", type=int, default=None, help="row blocks processed at once (default: all CPUs)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNGs (they need matplotlib); an earlier run's "
+                   "PNGs in --out are removed")
+    p.add_argument("--threads", type=_int_in(1), default=None, help="row blocks processed at once (default: all CPUs)")
     model = p.add_argument_group("--from-model options")
     model.add_argument("--backend", metavar="NAME", help="run the model on this backend (default: automatic)")
-    model.add_argument("--prompt-len", type=int, metavar="N", help="tokens a prompt, 2 prompts (default 512; rows "
-                       "whose context is at most --topk are dropped)")
-    model.add_argument("--topk", type=int, metavar="K", help="top-k (default 128, scaled down for a CPU; the "
-                       "presets' own: 2048 v32-like, 512 v4-like)")
-    model.add_argument("--seed", type=int, metavar="N", help="seed of the weights and prompts (default 0)")
+    model.add_argument("--prompt-len", type=_int_in(1), metavar="N", help="tokens a prompt, 2 prompts (default 512; "
+                       "rows whose context is at most --topk are dropped; a run that cannot fit in memory is refused "
+                       "before it starts)")
+    model.add_argument("--topk", type=_int_in(1, MAX_TOPK), metavar="K", help="top-k, at most 65536 (default 128, "
+                       "scaled down for a CPU; the presets' own: 2048 v32-like, 512 v4-like)")
+    model.add_argument("--seed", type=_int_in(0), metavar="N", help="seed of the weights and prompts, 64 bits "
+                       "(default 0)")
     p.set_defaults(func=_run_calibrate)
 
 
@@ -269,6 +319,8 @@ def _run_calibrate(args) -> int:
     from indexcache.tools import calibrate, model
 
     _check_output("--out", args.out, directory=True)
+    if args.from_model is not None:
+        _check_environment()
     if not args.no_plots:
         try:
             calibrate.check_plotting()
@@ -308,6 +360,9 @@ def _run_calibrate(args) -> int:
     if found.freq_rule is None:
         print("freq rule: not compared (pass --config: the dump's layer ids are not 0..n-1)")
     print(f"wrote:     {', '.join(str(path) for path in found.paths.values())}")
+    if found.removed:
+        removed = ", ".join(str(path) for path in found.removed)
+        print(f"removed:   {removed} (an earlier run's plots; --no-plots draws none)")
     return 0
 
 
@@ -321,14 +376,17 @@ def _add_demo(sub) -> None:
         "the top-k overlap between each shared layer and its producer, and how far the outputs drift from freq 1.",
     )
     p.add_argument("--preset", default="v32-like", choices=("v32-like", "v4-like"))
-    p.add_argument("--freq", type=int, default=4, help="index_topk_freq to compare with freq 1 (default 4)")
+    p.add_argument("--freq", type=_int_in(1, MAX_LAYERS), default=4,
+                   help="index_topk_freq to compare with freq 1 (default 4)")
     p.add_argument("--backend", default=None, metavar="NAME", help="run every op on this backend (default: automatic)")
-    p.add_argument("--batch", type=int, default=2, help="requests (default 2)")
-    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens a request (default 4096 on a GPU, "
-                   "512 on a CPU)")
-    p.add_argument("--decode-steps", type=int, default=None, help="decode steps (default 32 on a GPU, 8 on a CPU)")
-    p.add_argument("--topk", type=int, default=None, help="top-k (default: the preset's on a GPU, 128 on a CPU)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and prompts (default 0)")
+    p.add_argument("--batch", type=_int_in(1), default=2, help="requests (default 2)")
+    p.add_argument("--prompt-len", type=_int_in(1), default=None, help="prompt tokens a request (default 4096 on a "
+                   "GPU, 512 on a CPU)")
+    p.add_argument("--decode-steps", type=_int_in(1), default=None, help="decode steps (default 32 on a GPU, 8 on a "
+                   "CPU)")
+    p.add_argument("--topk", type=_int_in(1, MAX_TOPK), default=None, help="top-k, at most 65536 (default: the "
+                   "preset's on a GPU, 128 on a CPU)")
+    p.add_argument("--seed", type=_int_in(0), default=0, help="seed of the weights and prompts, 64 bits (default 0)")
     p.add_argument("--plot", default=None, metavar="PATH", help="save a PNG of the overlap by layer")
     p.set_defaults(func=_run_demo)
 
@@ -338,10 +396,7 @@ def _run_demo(args) -> int:
     from indexcache.tools.calibrate import check_plotting
     from indexcache.tools.model import ModelSettingError, plot_demo, preset, run_demo
 
-    for name in ("freq", "batch", "prompt_len", "decode_steps", "topk"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    _check_environment()
     if args.plot:
         _check_output("--plot", args.plot)
         try:

@@ -27,7 +27,9 @@ scale k down for quick CPU runs; k only matters once contexts are longer than k.
 
 Runs of the whole model: :func:`run_demo` (``indexcache demo``: a plan against every sparse layer a
 producer), :func:`record_dump` (every sparse layer's top-k, a calibration dump) and :func:`calibrate_model`
-(``indexcache calibrate --from-model``). A setting they cannot use raises :class:`ModelSettingError`.
+(``indexcache calibrate --from-model``). A setting they cannot use raises :class:`ModelSettingError`, before any
+work: a size out of its range (top-k at most :data:`MAX_TOPK`, seeds of 64 bits) and a run whose memory
+(:func:`run_bytes`) exceeds what the device has free.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ import indexcache
 from indexcache.hal import dispatch
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
 from indexcache.hal.ops import INDEX
-from indexcache.plan import LayerPlan
+from indexcache.plan import MAX_LAYERS, MAX_TOPK, LayerPlan
+from indexcache.plan.jsontext import shown
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import IndexRecorder, PagedLogits, Recorder, TopkState
 from indexcache.runtime.streams import overlap
@@ -58,6 +61,8 @@ from indexcache.tools.calibrate import Calibration, calibrate_arrays, overlap_ma
 
 ROPE_BASE = 10000.0
 ATTENTION_CHUNK_BYTES = 64 * 2**20
+# torch.Generator.manual_seed takes 64 bits (a negative seed s is the seed 2^64 + s, so none is lost).
+MAX_SEED = 2**64 - 1
 
 
 class ModelSettingError(ValueError):
@@ -524,11 +529,80 @@ def compare_plans(model: DSAModel, plan: LayerPlan, prompts: Sequence[torch.Tens
 # ------------------------------------------------------------------------------------------ runs of the model
 
 
+# Token positions, slots and request ids are int32: no size of a run goes past 2^31 - 1 (memory refuses far less).
+_INT32 = 2**31 - 1
+_LARGEST = {"topk": MAX_TOPK, "freq": MAX_LAYERS, "seed": MAX_SEED, "batch": _INT32, "prompt_len": _INT32,
+            "decode_steps": _INT32}
+
+
 def _check_sizes(**sizes: int | None) -> None:
-    """Raise :class:`ModelSettingError` unless every given size (None: the default) is an integer >= 1."""
+    """Raise :class:`ModelSettingError` unless every given size (None: the default) is an integer >= 1, ``topk`` at
+    most :data:`MAX_TOPK`, ``freq`` at most the plan's ``MAX_LAYERS``, ``seed`` in ``0..MAX_SEED`` and the others at
+    most 2^31 - 1."""
     for key, value in sizes.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ModelSettingError(f"{key}={value!r}: must be an integer >= 1")
+        if value is None:
+            continue
+        low, high = 0 if key == "seed" else 1, _LARGEST.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ModelSettingError(f"{key}={shown(value)}: must be an integer >= {low}")
+        if high is not None and value > high:
+            raise ModelSettingError(f"{key}={shown(value)}: must be at most {high}")
+
+
+def run_bytes(config: ModelConfig, *, batch: int, prompt_len: int, decode_steps: int = 0,
+              record: bool = False) -> dict[str, int]:
+    """A lower bound, in bytes, of the memory a run of ``config`` holds at once, by what holds it: ``batch`` prompts
+    of ``prompt_len`` tokens prefilled together, ``decode_steps`` decode steps, with ``record`` every sparse layer's
+    prefill top-k kept.
+
+    Only what is certainly alive together when the last producer layer of the prefill scores (R = batch x
+    prompt_len rows, as many keys): its logits ``[R, R]`` float32, the hidden states ``x`` and ``h`` of R rows, the
+    paged caches of every layer, the top-k state, the decode logits and, with ``record``, the other sparse layers'
+    recorded ``[R, k]`` int32. A run needs more (a forward's other activations, the ops' chunks): measured on a CPU
+    (v32-like, k 128, record), a peak of 76 MB against this bound's 8 MB at 512 rows and 601 MB against 116 MB at
+    4096; the logits grow fastest, so the bound closes in on large runs. A run refused on it could never fit.
+    """
+    c = config
+    rows = batch * prompt_len
+    sparse = len(c.sparse_layers)
+    tokens = batch * -(-(prompt_len + decode_steps) // c.page_size) * c.page_size
+    return {
+        "prefill logits [batch x prompt_len]^2 float32": 4 * rows * rows,
+        "hidden states": 2 * 4 * rows * c.hidden,
+        "paged KV and index-K caches": tokens * (c.num_layers * 4 * c.head_dim + sparse * (c.index_dim + 4)),
+        "top-k state": 2 * 4 * rows * c.topk,
+        "decode logits [decode_steps, batch, vocab] float32": 4 * decode_steps * batch * c.vocab,
+        "recorded top-k": 4 * (sparse - 1) * rows * c.topk if record else 0,
+    }
+
+
+def free_bytes(device: str) -> int | None:
+    """Memory free for a run on ``device``: the GPU's free memory, or the host's available memory (Linux
+    ``MemAvailable``; elsewhere the free physical pages); None where it cannot be told."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _check_fits(config: ModelConfig, device: str, **sizes: int) -> None:
+    """Raise :class:`ModelSettingError` when the run of ``sizes`` needs more memory (at least :func:`run_bytes`) than
+    ``device`` has free: refused before anything is allocated."""
+    terms = run_bytes(config, **sizes)
+    need, free = sum(terms.values()), free_bytes(device)
+    if free is not None and need > free:
+        given = ", ".join(f"{key}={shown(value)}" for key, value in sizes.items() if key != "record")
+        most = max(terms, key=terms.__getitem__)
+        raise ModelSettingError(
+            f"{given}, topk={config.topk}: the run needs at least {need / 2**30:.3g} GiB on {device}, most of it for "
+            f"the {most}, more than the {free / 2**30:.3g} GiB free"
+        )
 
 
 def _backend_setup(backend: str | None) -> tuple[str, dispatch.Availability, dict[str, str]]:
@@ -567,15 +641,18 @@ def record_dump(
     most ``topk`` tokens are dropped: every layer selects all of them. Returns what
     :func:`indexcache.tools.calibrate.load_dump` returns: the sparse layer ids and one ``[rows, topk]`` int32 array
     each. The defaults are sizes for a CPU (seconds); the preset's own k (2048 / 512) and longer prompts suit
-    a GPU. Bad sizes, an unknown preset or a backend that cannot run here raise :class:`ModelSettingError`.
+    a GPU. Bad sizes (top-k beyond :data:`MAX_TOPK`, a seed beyond 64 bits, a run that needs more memory than
+    the device has free: :func:`run_bytes`), an unknown preset or a backend that cannot run here raise
+    :class:`ModelSettingError` before any work.
     """
-    _check_sizes(prompt_len=prompt_len, batch=batch, topk=topk)
+    _check_sizes(prompt_len=prompt_len, batch=batch, topk=topk, seed=seed)
     if prompt_len <= topk:
         raise ModelSettingError(
             f"prompt_len={prompt_len} must exceed topk={topk}: shorter contexts select every token"
         )
     _, avail, overrides = _backend_setup(backend)
     config = preset(name, topk=topk, seed=seed, **overrides)
+    _check_fits(config, avail.device, batch=batch, prompt_len=prompt_len, record=True)
     with dispatch.use_backend(backend) if backend else contextlib.nullcontext():
         model = DSAModel(config, avail.device)
         runner = IndexerRunner(model.plan(1))
@@ -655,15 +732,16 @@ def run_demo(
 
     ``batch`` random prompts of ``prompt_len`` tokens (default 4096 on a GPU, 512 on a CPU), ``decode_steps``
     decode steps (default 32 on a GPU, 8 on a CPU), top-k ``topk`` (default: the preset's on a GPU, 128 on a
-    CPU); weights and prompts from ``seed``. Bad sizes, an unknown preset or a backend that cannot run here
-    raise :class:`ModelSettingError`.
+    CPU); weights and prompts from ``seed``. Bad sizes (as :func:`record_dump` says), an unknown preset or a
+    backend that cannot run here raise :class:`ModelSettingError` before any work.
     """
-    _check_sizes(freq=freq, batch=batch, prompt_len=prompt_len, decode_steps=decode_steps, topk=topk)
+    _check_sizes(freq=freq, batch=batch, prompt_len=prompt_len, decode_steps=decode_steps, topk=topk, seed=seed)
     chosen, avail, overrides = _backend_setup(backend)
     gpu = avail.device != "cpu"
     config = preset(name, topk=topk or (preset(name).topk if gpu else 128), seed=seed, **overrides)
     prompt_len = prompt_len or (4096 if gpu else 512)
     steps = decode_steps or (32 if gpu else 8)
+    _check_fits(config, avail.device, batch=batch, prompt_len=prompt_len, decode_steps=steps)
     with dispatch.use_backend(backend) if backend else contextlib.nullcontext():
         model = DSAModel(config, avail.device)
         comparison = compare_plans(model, model.plan(freq), _prompts(config, batch, prompt_len, seed), steps)
