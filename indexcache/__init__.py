@@ -29,6 +29,7 @@ _PUBLIC = {
     "topk": "indexcache.hal.ops",
     "topk_translate": "indexcache.hal.ops",
     "translate": "indexcache.hal.ops",
+    "workspace_bytes": "indexcache.hal.ops",
 }
 # Submodules that ``import indexcache`` used to load, still reachable as attributes after it.
 _SUBMODULES = ("dispatch", "layout", "ops")

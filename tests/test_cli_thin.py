@@ -87,7 +87,7 @@ def test_plan_never_imports_torch():
 def test_the_package_exports_its_public_names_lazily():
     assert indexcache.__all__ == sorted(
         ["available_backends", "get_backend", "use_backend", "mqa_logits", "paged_mqa_logits", "paged_topk_translate",
-         "quantize_index_k", "store_index_k", "topk", "topk_translate", "translate"]
+         "quantize_index_k", "store_index_k", "topk", "topk_translate", "translate", "workspace_bytes"]
     )
     assert set(indexcache.__all__) <= set(dir(indexcache))
     from indexcache.hal import dispatch, ops

@@ -1,6 +1,8 @@
 """Device facts, in one place: the GPU's architecture, multiprocessor count and L2 size (queried once per device
 and cached), how an NVIDIA architecture name reads as a number, and which fp8 format an architecture computes in.
 
+:func:`workspace_owner` names who owns a call's default workspace (the calling thread and its current stream).
+
 Architectures are named as torch reports them: "sm80", "sm90", "sm100", ... on NVIDIA (an "a" or "f" suffix,
 as in "sm90a", names the same generation), "gfx942", "gfx950", ... on AMD. Nothing here touches a device
 until a function that queries one is called.
@@ -9,8 +11,20 @@ until a function that queries one is called.
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
+
+
+def workspace_owner(t: torch.Tensor) -> tuple[int, int]:
+    """Who owns the default workspace of a call on ``t``'s device (docs/ops.md, "Workspace"): ``(stream, thread)``,
+    the raw handle of the device's current stream on a CUDA/HIP device (0 elsewhere: kernels there, interpreted, run
+    synchronously in the calling thread) and the calling thread's id. The thread counts on a GPU too: two threads
+    enqueueing on one stream interleave their launches. Read on every kept eager call: well under a microsecond
+    (``t.is_cuda``, not ``t.device.type``, which costs more than the rest together)."""
+    if t.is_cuda:  # the raw handle, as Triton's launcher reads it: no Stream object
+        return torch._C._cuda_getCurrentRawStream(t.get_device()), threading.get_ident()
+    return 0, threading.get_ident()
 
 
 @functools.cache
