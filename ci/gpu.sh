@@ -15,8 +15,9 @@
 # commit recorded in the bench JSON where the tree has no .git; GPU_SH_PARTS, which parts to run (default "core
 # kernels runtime"; one device call holds about two of them): core = conformance (sm90 and forced sm80), memcheck,
 # graph tests, translate bench; kernels = indexcache bench --op for each other op of the spec records (JSON in
-# reports.tar.gz under bench/), the top-k and logits GPU scripts; runtime = the stream/runtime/model GPU tests
-# (and under compute-sanitizer), the end-to-end and context-parallel scripts; peers = bench/peers_gpu.py, ours
+# reports.tar.gz under bench/), the top-k and logits GPU scripts, the two-stream race of the top-k ops
+# (bench/streams_race_gpu.py, and a few iterations of it under racecheck); runtime = the stream/runtime/model GPU
+# tests (and under compute-sanitizer), the end-to-end and context-parallel scripts; peers = bench/peers_gpu.py, ours
 # beside DeepGEMM / FlashInfer / SGLang where they import
 # (not in the default parts; PEER_WHEELS, a folder of peer wheels such as sgl-deep-gemm 0.1.2 and apache-tvm-ffi
 # 0.1.9, installs them into a folder of their own first); GPU_SH_SKIP, names of steps to leave out (e.g.
@@ -127,9 +128,11 @@ else
   record memcheck "FAILED (no compute-sanitizer)" - 0
 fi
 
-# The graph tests, and the eight ops compiled (aot_eager, inductor) and captured on the cuda backend.
+# The graph tests, the eight ops compiled (aot_eager, inductor) and captured on the cuda backend, and the
+# workspace's two-stream and captured-graph tests.
 step graph-tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_translate_graph.py \
-  tests/test_compile.py::test_every_op_compiles_on_the_gpu_and_equals_eager --junitxml "$WORK/graph-tests.xml"
+  tests/test_compile.py::test_every_op_compiles_on_the_gpu_and_equals_eager tests/test_workspace.py \
+  --junitxml "$WORK/graph-tests.xml"
 # On a GPU these tests must run: a skip there would hide the check, so it counts as a failure.
 step graph-tests-ran 30 "$PY" -c 'import sys, xml.etree.ElementTree as E
 s = sum(int(x.get("skipped", 0)) for x in E.parse(sys.argv[1]).getroot().iter("testsuite"))
@@ -152,6 +155,17 @@ if part kernels; then
   done
   run_hook topk 240
   run_hook logits 240
+  # Two streams calling topk / topk_translate / paged_topk_translate at once, 1000 iterations, each result equal to
+  # the one-stream one; the producer step timed on the default workspace against a caller's. Then a few iterations
+  # under racecheck (shared-memory hazards inside the kernels; the streams' sharing is what the exact check sees).
+  run_hook streams_race 240
+  if SANITIZER=${SANITIZER:-$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)}
+  then
+    step streams-race-racecheck 240 "$SANITIZER" --tool racecheck --error-exitcode 1 "$PY" bench/streams_race_gpu.py \
+      --iters 2 --no-timing --out "$WORK/streams_race_racecheck"
+  else
+    record streams-race-racecheck "FAILED (no compute-sanitizer)" - 0
+  fi
 fi
 
 if part runtime; then

@@ -31,6 +31,7 @@ _PUBLIC = {
     "cp_topk": "indexcache.runtime.distributed",
     "cp_topk_translate": "indexcache.runtime.distributed",
     "zigzag_key_index": "indexcache.runtime.distributed",
+    "workspace_bytes": "indexcache.hal.ops",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -39,8 +39,9 @@ def test_every_op_is_registered():
         assert [a.name for a in library.OPS[op]._schema.arguments] == list(library.ARGS[op])
     assert library.mutated("store_index_k") == ("k_cache",)
     assert library.mutated("paged_mqa_logits") == ("out",)  # it only reads its cache
-    assert library.mutated("topk_translate") == ("out", "out_raw")
-    assert library.mutated("paged_topk_translate") == ("logits", "out", "out_raw")
+    assert library.mutated("topk") == ("out", "workspace")
+    assert library.mutated("topk_translate") == ("out", "out_raw", "workspace")
+    assert library.mutated("paged_topk_translate") == ("logits", "out", "out_raw", "workspace")
 
 
 @pytest.mark.parametrize(("op", "args"), [p for op in SPECS for p in _cases(op)])

@@ -217,11 +217,13 @@ def test_empty_shapes_and_workspace_reuse():
     assert _public("cuda", scores, _lengths(300, 5), 0).shape == (2, 0)
     assert indexcache.topk(torch.randn(0, 300), _lengths(), 4, backend="cuda").shape == (0, 4)
     out = _public("cuda", scores, _lengths(300, 5), 10)
-    kernels = _kernels()
-    before = dict(kernels._SCRATCH)
+    from indexcache.backends.triton import workspace
+
+    before = workspace.kept()
     assert torch.equal(_public("cuda", scores, _lengths(300, 5), 10), out)
-    assert kernels._SCRATCH.keys() == before.keys()
-    assert all(kernels._SCRATCH[key] is before[key] for key in before)
+    after = workspace.kept()
+    assert after.keys() == before.keys()
+    assert all(after[key] is before[key] for key in before)
 
 
 @pytest.mark.parametrize(("backend", "k"), [("cuda", 1), ("rocm", 64), ("cuda", 513)])

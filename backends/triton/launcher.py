@@ -12,12 +12,14 @@ the launch options, the constexpr values, each tensor's dtype and 16-byte alignm
 own rule, which adds whether the storage spans less than 2 GiB), each int's class (1, a multiple of 16,
 32 or 64 bits), each tensor descriptor's type, dtype, block shape, shared layout and base alignment, the type of
 anything else, and the current device. Interpreted (``TRITON_INTERPRET=1``)
-and while a launch hook is installed (a profiler such as proton), every call goes through Triton.
+and while a launch hook is installed (a profiler such as proton), every call goes through Triton; interpreted
+launches run one at a time in the process (Triton's interpreter keeps the program being run in one global).
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,17 @@ def _hooked() -> bool:
         if hook is not None and (not hasattr(hook, "calls") or hook.calls):
             return True
     return False
+
+
+# Triton's interpreter runs a launch's programs through one global builder holding the program index
+# (triton/runtime/interpreter.py, interpreter_builder): two threads' launches at once would mix their programs.
+_INTERPRETER = threading.Lock()
+
+
+def _interpret(fn: Any, grid: Sequence[int], options: Options, args: tuple, named: dict[str, Any]) -> None:
+    """One launch of an interpreted kernel, while no other thread's runs."""
+    with _INTERPRETER:
+        fn[tuple(grid)](*args, **named, **dict(options))
 
 
 _I32 = (-(2**31), 2**31)
@@ -75,7 +88,10 @@ class Launcher:
 
     def __call__(self, grid: Sequence[int], options: Options, *args: Any, **named: Any) -> None:
         values = self._values(args, named)
-        if not self._fast or _hooked():
+        if not self._fast:
+            _interpret(self.fn, grid, options, args, named)
+            return
+        if _hooked():
             self.fn[tuple(grid)](*args, **named, **dict(options))
             return
         device, key = self._key(options, values)
@@ -97,10 +113,9 @@ class Launcher:
         addresses (:func:`_by_address`), so it keeps no memory alive there either."""
         values = self._values(args, named)
         if not self._fast:
-            fn = self.fn[tuple(grid)]
             args = tuple(_by_address(a) if isinstance(a, torch.Tensor) else a for a in args)
             named = {n: _by_address(v) if isinstance(v, torch.Tensor) else v for n, v in named.items()}
-            return lambda: fn(*args, **named, **dict(options))
+            return lambda: _interpret(self.fn, grid, options, args, named)
         device, key = self._key(options, values)
         kernel = self._kernels.get(key)
         if kernel is None:

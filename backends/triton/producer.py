@@ -3,8 +3,10 @@ logits, then the top-k and translation of their rows, as the launches of ``paged
 ``topk_translate`` back to back (docs/kernels.md, "The producer step of decode": counting the logits for the top-k
 as they are stored cost the logits kernel more than it saved the top-k).
 
-With draft tokens (``next_n > 1``) a small launch first writes each row's length and request into a kept buffer
-(:func:`draft_rows_kernel`), the top-k's ``lengths`` and ``row_to_batch``.
+With draft tokens (``next_n > 1``) a small launch first writes each row's length and request into the call's
+workspace (:func:`draft_rows_kernel`), the top-k's ``lengths`` and ``row_to_batch``; the top-k's own workspace
+follows them in it (:mod:`~indexcache.backends.triton.workspace`: the caller's ``workspace=`` or the kept one of the
+calling thread's stream).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton import topk
+from indexcache.backends.triton import workspace as workspaces
 from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options
 from indexcache.backends.triton.logits import ops as logits_ops
 from indexcache.backends.triton.logits import paged_mqa_logits_launch
-from indexcache.backends.triton.support import cdiv, next_power_of_2
+from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 
@@ -40,35 +43,41 @@ def draft_rows_kernel(ctx_ptr, lengths_ptr, r2b_ptr, rows, ctx_s0, NEXT_N: tl.co
 
 
 DRAFT_ROWS = Launcher(draft_rows_kernel)
-_DRAFT_BUFFERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
-def _draft_buffers(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(lengths, row_to_batch)``, int32 ``[rows]`` each, from a buffer kept per (device, power-of-two bucket)."""
-    size = next_power_of_2(max(rows, 1))
-    key = (device, size)
-    if key not in _DRAFT_BUFFERS:
-        _DRAFT_BUFFERS[key] = torch.empty((2, size), dtype=torch.int32, device=device)
-    both = _DRAFT_BUFFERS[key]
-    return both[0, :rows], both[1, :rows]
+def _draft_words(q: torch.Tensor) -> int:
+    """int32 words of the draft rows' lengths and requests (0 without draft tokens), rounded up to 4 (16 bytes) so
+    the top-k's workspace after them stays aligned."""
+    rows, next_n = q.shape[0] * q.shape[1], q.shape[1]
+    return 0 if next_n == 1 or rows == 0 else 4 * cdiv(2 * rows, 4)
+
+
+def workspace_bytes(q: torch.Tensor, logits: torch.Tensor, k: int, *, target: Target,
+                    tuning: Mapping[str, Mapping[str, Any]]) -> int:
+    """The workspace bytes of a call: the draft rows' lengths and requests, then the top-k's over ``logits``."""
+    return 4 * _draft_words(q) + topk.workspace_bytes(logits, k, target=target, cfg=tuning["topk"])
 
 
 def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size, logits, out,
-             out_raw, *, target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch | None]:
+             out_raw, workspace=None, *, target: Target,
+             tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch | None]:
     """The launches of one call, in order (None: nothing to launch); arguments as
     ``indexcache.paged_topk_translate``."""
     batch, next_n = q.shape[0], q.shape[1]
     rows = batch * next_n
     steps = [paged_mqa_logits_launch(q, k_cache, weights, context_lens, block_table, max_context_len, logits,
                                      target=target, cfg=tuning["paged_mqa_logits"])]
+    draft = _draft_words(q)
+    ws = workspaces.words(q, workspace_bytes(q, logits, k, target=target, tuning=tuning) // 4, workspace)
     lengths, r2b = context_lens, None
-    if next_n > 1 and rows > 0:
-        lengths, r2b = _draft_buffers(q.device, rows)
+    if draft:
+        lengths, r2b = ws[:rows], ws[rows:2 * rows]
         steps.append(Launch(DRAFT_ROWS, (cdiv(rows, DRAFT_BLOCK),), launch_key_options({"num_warps": 4}),
                             (context_lens, lengths, r2b, rows, context_lens.stride(0)),
                             dict(NEXT_N=next_n, BLOCK=DRAFT_BLOCK)))
     steps += [launch for _, launch in topk.launches(logits, lengths, k, None, out, out_raw, page_table, page_size,
-                                                     r2b, target=target, cfg=tuning["topk"])]
+                                                     r2b, workspace=ws[draft:].view(torch.uint8), target=target,
+                                                     cfg=tuning["topk"])]
     return steps
 
 
@@ -79,7 +88,7 @@ def _parts(args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
                   page_table=args["block_table"], max_context_len=args["max_context_len"], out=args["logits"])
     select = dict(scores=args["logits"], lengths=args["context_lens"], k=args["k"], page_table=args["page_table"],
                   page_size=args["page_size"], row_starts=None, row_to_batch=None, out=args["out"],
-                  out_raw=args["out_raw"], sorted=False)
+                  out_raw=args["out_raw"], sorted=False, workspace=args["workspace"])
     return decode, select
 
 
@@ -102,7 +111,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     def prepare(**args):
         return bound(launches(**args, target=target, tuning=tuning))
 
-    return {"paged_topk_translate": OpImpl(run, supports, prepare)}
+    def workspace_of(q, logits, k, **_):
+        return workspace_bytes(q, logits, k, target=target, tuning=tuning)
+
+    return {"paged_topk_translate": OpImpl(run, supports, prepare, workspace_of)}
 
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:

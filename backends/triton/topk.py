@@ -40,16 +40,18 @@ streaming; the runs are packed at intervals), counting each candidate in its bin
 distance above ``T``, an atomic add); then one program a row reads the bin counts, which give the bin holding the
 k-th best, reads the candidates once (those in higher bins go straight out) and finishes among that one bin's (or
 falls back). Rows with ``len <= k`` give ``0..len-1`` then -1 without reading scores. The output order is
-deterministic but, on split rows, not by index. The workspace is one int32 buffer per (device, size bucket),
-allocated on first use and reused (on split rows about twice the size of fp32 scores, candidates' keys kept beside
-their positions): no allocation after that, no host sync, grids from shapes only. Calls sharing a device must not
-run concurrently on different streams.
+deterministic but, on split rows, not by index. The workspace (on split rows about twice the size of fp32 scores,
+candidates' keys kept beside their positions) is the caller's ``workspace=`` or the kept one of the calling thread's
+current stream (``workspace.py``), allocated on the first call of a new stream, thread and size bucket and reused:
+no allocation after that, no host sync, grids from shapes only. Calls on different streams or threads never share
+one; two CUDA graphs captured on one stream and replayed concurrently on two do, unless each was captured with its
+own ``workspace=`` (docs/ops.md, "Workspace").
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -57,6 +59,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from indexcache.backends.triton import topk_block
+from indexcache.backends.triton import workspace as workspaces
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
 from indexcache.backends.triton.rows import (
     INT_MAX,
@@ -770,19 +773,6 @@ def topk_sort_kernel(
 ROWS, SAMPLE, FILTER = Launcher(topk_rows_kernel), Launcher(topk_sample_kernel), Launcher(topk_filter_kernel)
 FINISH, SORT = Launcher(topk_finish_kernel), Launcher(topk_sort_kernel)
 
-_SCRATCH: dict[tuple[torch.device, int], torch.Tensor] = {}
-
-
-def _scratch(device: torch.device, numel: int) -> torch.Tensor:
-    """An int32 workspace of at least ``numel`` entries, one per (device, power-of-two bucket), kept for
-    the life of the process (graphs captured with it stay valid)."""
-    size = next_power_of_2(max(numel, 1))
-    key = (device, size)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = torch.empty(size, dtype=torch.int32, device=device)
-    return _SCRATCH[key]
-
-
 def _sms(target: Target, device: torch.device) -> int:
     """Multiprocessors (CUs on AMD) of the device; 1 when interpreted."""
     return 1 if target.interpreted else sm_count(device.index if device.index is not None else 0)
@@ -891,21 +881,64 @@ def _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size, 
     return (starts, raw, r2b, table), args
 
 
+class _Plan(NamedTuple):
+    """How a call's rows are taken, from the shape, the target and the tuning only: the Gluon kernel's shape (or
+    None), the split rows' chunk (0: not split) and chunks a row, the stash entries a row, the programs of the row
+    and finishing launches, and the workspace's pieces in int32 words (candidate regions, chunk counts, bin counts,
+    stashes)."""
+
+    block: dict[str, Any] | None
+    chunk: int
+    chunks: int
+    cap: int
+    row_programs: int
+    finish_programs: int
+    words: tuple[int, int, int, int]
+
+
+def _plan(scores: torch.Tensor, k: int, target: Target, cfg: Mapping[str, Any]) -> _Plan:
+    rows, cols = scores.shape
+    sms = _sms(target, scores.device)
+    # The Gluon block-a-row kernel (topk_block.py) takes the rows the fused kernel would, and, from BLOCK_MIN_ROWS
+    # rows on, rows of up to BLOCK_MAX_COLS columns that would be split (unless CHUNK forces the split).
+    block = (None if topk_block.unsupported(scores, k, target, cfg)
+             else topk_block.shape(cols, k, sample_size(cols, k, cfg), cfg))
+    take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"] and cols <= cfg["BLOCK_MAX_COLS"]
+    chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg)
+    block = None if chunk else block
+    cap = topk_block.capacity(block) if block else stash_capacity(cols, k, cfg)
+    chunks = cdiv(cols, chunk) if chunk else 1
+    row_programs = 0 if chunk else min(rows, sms * cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"])
+    finish_programs = min(rows, sms)
+    per_program = max(2 * cap, topk_block.workspace(block) if block else 0)  # a stash (and bin counts) a program
+    words = (rows * chunks * 2 * chunk, rows * chunks, rows * (cfg["FINISH_BINS"] + 2) if chunk else 0,
+             max(row_programs, finish_programs) * per_program)
+    return _Plan(block, chunk, chunks, cap, row_programs, finish_programs, words)
+
+
+def workspace_bytes(scores: torch.Tensor, k: int, *, target: Target, cfg: Mapping[str, Any]) -> int:
+    """The workspace bytes of a call selecting ``k`` of each row of ``scores [R, N]`` (``sorted`` or not): on split
+    rows about twice the bytes of fp32 scores (candidates' keys kept beside their positions), else a stash a
+    program; 0 when there are no rows or ``k`` is 0."""
+    rows, _ = scores.shape
+    return 0 if rows == 0 or k == 0 else 4 * sum(_plan(scores, k, target, cfg).words)
+
+
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
-             target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
+             workspace: torch.Tensor | None = None, target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
     """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
     split rows' sample and filter, then the finishing kernel; with ``sorted``, those select raw positions
     (into ``out_raw`` when given, else ``out``) and a sort launch orders and translates them. Arguments as
-    :func:`topk_translate` (``page_table`` None for plain top-k); the workspace is taken here, so launching
-    needs no allocation (and a benchmark can time each launch alone)."""
+    :func:`topk_translate` (``page_table`` None for plain top-k); the workspace (``workspace``, else the kept one
+    of the calling thread's stream: :mod:`~indexcache.backends.triton.workspace`) is taken here, so launching needs
+    no allocation (and a benchmark can time each launch alone)."""
     rows, cols = scores.shape
     if rows == 0 or k == 0:
         return []
     if sorted:
         return _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch,
-                                target=target, cfg=cfg)
-    device = scores.device
-    tile, cap = cfg["TILE"], stash_capacity(cols, k, cfg)
+                                workspace=workspace, target=target, cfg=cfg)
+    tile = cfg["TILE"]
     samples = sample_size(cols, k, cfg)
     (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
                                                     row_to_batch)
@@ -914,23 +947,10 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     pdl = _pdl(target, cfg)
     scan = {name: row_args[name] for name in _SCAN_ARGS}
     common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
-    sms = _sms(target, device)
-    # The Gluon block-a-row kernel (topk_block.py) takes the rows the fused kernel would, and, from BLOCK_MIN_ROWS
-    # rows on, rows of up to BLOCK_MAX_COLS columns that would be split (unless CHUNK forces the split).
-    block = None if topk_block.unsupported(scores, k, target, cfg) else topk_block.shape(cols, k, samples, cfg)
-    take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"] and cols <= cfg["BLOCK_MAX_COLS"]
-    chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg)
-    block = None if chunk else block
-    cap = topk_block.capacity(block) if block else cap
-    chunks = cdiv(cols, chunk) if chunk else 1
-    row_programs = 0 if chunk else min(rows, sms * cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"])
-    finish_programs = min(rows, sms)
+    block, chunk, chunks, cap, row_programs, finish_programs, words = _plan(scores, k, target, cfg)
     bins = cfg["FINISH_BINS"]
-    region_n, counts_n = rows * chunks * 2 * chunk, rows * chunks
-    hist_n = rows * (bins + 2) if chunk else 0
-    per_program = max(2 * cap, topk_block.workspace(block) if block else 0)  # a stash (and bin counts) a program
-    ws = _scratch(device, region_n + counts_n + hist_n + max(row_programs, finish_programs) * per_program)
-    region, counts, hist, stash = _split(ws, region_n, counts_n, hist_n)
+    ws = workspaces.words(scores, sum(words), workspace)
+    region, counts, hist, stash = _split(ws, *words[:3])
     finish = ("finish", Launch(
         FINISH, (finish_programs,), fin_opts,
         (scores, lengths, starts, out, raw, r2b, table, region, counts, hist, stash, rows, cols, k, cap, chunks,
@@ -969,14 +989,16 @@ def _split(ws: torch.Tensor, *sizes: int) -> list[torch.Tensor]:
 
 
 def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
-                     target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
+                     workspace: torch.Tensor | None, target: Target,
+                     cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
     """``sorted=True``: the unsorted select's launches writing raw positions (to ``out_raw`` when given, else to
     ``out``), then ``topk_sort_kernel``, one program a row."""
     (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
                                                     row_to_batch)
     width = max(16, next_power_of_2(k))
     opts = launch_key_options(launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg))))
-    steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, target=target, cfg=cfg)
+    steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, workspace=workspace, target=target,
+                     cfg=cfg)
     return steps + [("sort", Launch(SORT, (scores.shape[0],), opts,
                                     (scores, lengths, starts, out, raw, r2b, table, scores.shape[1], k),
                                     dict(row_args, K_P2=width)))]
@@ -987,25 +1009,26 @@ def sort_warps(k: int, cfg: Mapping[str, Any]) -> int:
     return max(4, min(16, next_power_of_2(k) // cfg["SORT_PER_WARP"]))
 
 
-def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, sorted, *,
+def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, sorted, workspace, *,
             target: Target, cfg: Mapping[str, Any]):
     for _, launch in launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch,
-                              sorted=sorted, target=target, cfg=cfg):
+                              sorted=sorted, workspace=workspace, target=target, cfg=cfg):
         launch()
     return out
 
 
-def topk(scores, lengths, k, row_starts, out, sorted, *, target: Target, cfg: Mapping[str, Any]):
+def topk(scores, lengths, k, row_starts, out, sorted, workspace=None, *, target: Target, cfg: Mapping[str, Any]):
     """Fill ``out [R, k]`` int32 (contract: ``indexcache.topk``)."""
-    return _select(scores, lengths, k, row_starts, out, None, None, 1, None, sorted, target=target, cfg=cfg)
+    return _select(scores, lengths, k, row_starts, out, None, None, 1, None, sorted, workspace, target=target,
+                   cfg=cfg)
 
 
-def topk_translate(scores, lengths, k, page_table, page_size, row_starts, row_to_batch, out, out_raw, sorted, *,
-                   target: Target, cfg: Mapping[str, Any]):
+def topk_translate(scores, lengths, k, page_table, page_size, row_starts, row_to_batch, out, out_raw, sorted,
+                   workspace=None, *, target: Target, cfg: Mapping[str, Any]):
     """Fill ``out [R, k]`` with physical slots and ``out_raw`` (when given) with the raw window positions
     (contract: ``indexcache.topk_translate``)."""
     return _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, sorted,
-                   target=target, cfg=cfg)
+                   workspace, target=target, cfg=cfg)
 
 
 def _supports(target: Target, scores, k, sorted, **tensors) -> list[str]:
@@ -1035,17 +1058,21 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     def run_translate(**args):
         return topk_translate(**args, target=target, cfg=cfg)
 
-    def prepare_topk(scores, lengths, k, row_starts, out, sorted):
+    def prepare_topk(scores, lengths, k, row_starts, out, sorted, workspace=None):
         return bound([launch for _, launch in launches(scores, lengths, k, row_starts, out, None, None, 1, None,
-                                                       sorted=sorted, target=target, cfg=cfg)])
+                                                       sorted=sorted, workspace=workspace, target=target, cfg=cfg)])
 
-    def prepare_translate(scores, lengths, k, page_table, page_size, row_starts, row_to_batch, out, out_raw, sorted):
+    def prepare_translate(scores, lengths, k, page_table, page_size, row_starts, row_to_batch, out, out_raw, sorted,
+                          workspace=None):
         return bound([launch for _, launch in launches(scores, lengths, k, row_starts, out, out_raw, page_table,
-                                                       page_size, row_to_batch, sorted=sorted, target=target,
-                                                       cfg=cfg)])
+                                                       page_size, row_to_batch, sorted=sorted, workspace=workspace,
+                                                       target=target, cfg=cfg)])
 
-    return {"topk": OpImpl(run_topk, supports_topk, prepare_topk),
-            "topk_translate": OpImpl(run_translate, supports_translate, prepare_translate)}
+    def workspace_of(scores, k, **_):
+        return workspace_bytes(scores, k, target=target, cfg=cfg)
+
+    return {"topk": OpImpl(run_topk, supports_topk, prepare_topk, workspace_of),
+            "topk_translate": OpImpl(run_translate, supports_translate, prepare_translate, workspace_of)}
 
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:

@@ -107,6 +107,29 @@ def output(name: str, out, dtype, shape: tuple, device: torch.device, inputs: di
     return out
 
 
+def check_workspace(workspace, device: torch.device, tensors: dict) -> None:
+    """A caller's ``workspace`` (None: the backend's own, docs/ops.md "Workspace"): a 1-D contiguous uint8 tensor on
+    ``device`` starting at a multiple of 4 bytes, sharing no memory with ``tensors``. That it holds enough bytes
+    depends on the backend: :func:`indexcache.hal.dispatch.check_workspace_size` checks it once one is chosen."""
+    if workspace is None:
+        return
+    if not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"workspace: expected a torch.Tensor or None, got {type(workspace).__name__}")
+    if workspace.dtype != torch.uint8:
+        raise TypeError(f"workspace: expected dtype uint8 (bytes: indexcache.workspace_bytes), got "
+                        f"{dtype_names([workspace.dtype])}")
+    if workspace.device != device:
+        raise ValueError(f"workspace: expected a tensor on {device}, got one on {workspace.device}")
+    if workspace.dim() != 1 or not workspace.is_contiguous():
+        raise ValueError(f"workspace: expected a 1-D contiguous tensor, got shape {list(workspace.shape)} strides "
+                         f"{list(workspace.stride())}")
+    # Dynamo cannot trace storage_offset(): under compile the custom op's real implementation checks it.
+    if not torch.compiler.is_compiling() and workspace.storage_offset() % 4:
+        raise ValueError(f"workspace: expected a view that starts at a multiple of 4 bytes (kernels read it as "
+                         f"int32), got storage offset {workspace.storage_offset()}")
+    check_output("workspace", workspace, tensors)
+
+
 def check_cache(k_cache, dim_name: str, dim: int, device: torch.device) -> None:
     """The packed fp8 cache (:mod:`indexcache.hal.layout`) for keys of ``dim`` elements (``dim_name``'s last
     dimension): uint8, on ``device``, a page shape that fits, contiguous, float32 scales 4-byte aligned."""

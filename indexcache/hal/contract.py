@@ -37,11 +37,17 @@ class OpImpl:
     ``prepare(**args)``, where a backend has it, does what ``fn(**args)`` does except running: it returns a
     callable that runs the call (its launches bound, nothing checked again), and that may be called again to
     repeat the call on whatever memory of the same layout lies at the same addresses. The public ops keep such
-    callables for calls whose outputs are given (docs/ops.md, "Eager calls")."""
+    callables for calls whose outputs are given (docs/ops.md, "Eager calls").
+
+    ``workspace_bytes(**args)``, where a backend has it, is the bytes of device workspace the call takes (docs/ops.md,
+    "Workspace"): its ``fn``, ``prepare`` and ``supports`` then get the op's ``workspace`` argument (None: the
+    backend's own), a caller's checked to hold at least that many bytes. Without it the op takes no workspace on
+    this backend: a given one is ignored, and the ``workspace`` argument never reaches the backend."""
 
     fn: Callable[..., Any]
     supports: Callable[..., list[str]] = always
     prepare: Callable[..., Callable[[], None]] | None = None
+    workspace_bytes: Callable[..., int] | None = None
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,28 @@
 per device and cached), and how many blocks of a kernel an NVIDIA multiprocessor holds.
 
 What an architecture has (warp size, shared memory, fp8 format, TMA, ...) is not here: each GPU backend's vendor
-package records it (docs/architecture.md, "Architectures"). Nothing here touches a device until a function that
+package records it (docs/architecture.md, "Architectures"). :func:`workspace_owner` names who owns a call's default
+workspace (the calling thread and its current stream). Nothing here touches a device until a function that
 queries one is called.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
+
+
+def workspace_owner(t: torch.Tensor) -> tuple[int, int]:
+    """Who owns the default workspace of a call on ``t``'s device (docs/ops.md, "Workspace"): ``(stream, thread)``,
+    the raw handle of the device's current stream on a CUDA/HIP device (0 elsewhere: kernels there, interpreted, run
+    synchronously in the calling thread) and the calling thread's id. The thread counts on a GPU too: two threads
+    enqueueing on one stream interleave their launches. Read on every kept eager call: well under a microsecond
+    (``t.is_cuda``, not ``t.device.type``, which costs more than the rest together)."""
+    if t.is_cuda:  # the raw handle, as Triton's launcher reads it: no Stream object
+        return torch._C._cuda_getCurrentRawStream(t.get_device()), threading.get_ident()
+    return 0, threading.get_ident()
 
 
 @functools.cache

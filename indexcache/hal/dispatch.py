@@ -171,7 +171,7 @@ def _why_not(name: str, op: str, args: Mapping[str, Any]) -> list[str]:
     impl = ops_of(name).get(op)
     if impl is None:
         return [f"does not implement {op}"]
-    reasons = impl.supports(**args)
+    reasons = impl.supports(**args_for(impl, args))
     if not isinstance(reasons, list):
         raise TypeError(f"backend {name!r}: supports() of {op} must return a list of reasons (empty: supported), "
                         f"got {type(reasons).__name__}")
@@ -210,7 +210,30 @@ def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tup
     )
 
 
+def args_for(impl: OpImpl, args: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The arguments ``impl`` takes: all of them, less ``workspace`` where it declares no ``workspace_bytes`` (it
+    takes no workspace, and backends written before the ops had one keep working)."""
+    if impl.workspace_bytes is None and "workspace" in args:
+        return {name: value for name, value in args.items() if name != "workspace"}
+    return args
+
+
+def workspace_bytes(impl: OpImpl, args: Mapping[str, Any]) -> int:
+    """The workspace bytes ``impl`` takes for these (validated) arguments: 0 where it declares none."""
+    return impl.workspace_bytes(**args) if impl.workspace_bytes is not None else 0
+
+
+def check_workspace_size(name: str, op: str, impl: OpImpl, args: Mapping[str, Any]) -> None:
+    """A caller's ``workspace`` (if any) holds the bytes backend ``name``'s ``impl`` takes for this call of ``op``:
+    else a ValueError naming what was expected and what came."""
+    given = args.get("workspace")
+    if given is not None and given.numel() < (need := workspace_bytes(impl, args)):
+        raise ValueError(f"workspace: expected at least {need} bytes for this {op} call on backend {name!r} "
+                         f"(indexcache.workspace_bytes), got {given.numel()}")
+
+
 def call(op: str, args: Mapping[str, Any], backend: str | None = None) -> Any:
-    """Run ``op`` on the backend :func:`resolve` picks."""
-    _, impl = resolve(op, args, backend)
-    return impl.fn(**args)
+    """Run ``op`` on the backend :func:`resolve` picks (a caller's workspace checked to be large enough)."""
+    name, impl = resolve(op, args, backend)
+    check_workspace_size(name, op, impl, args)
+    return impl.fn(**args_for(impl, args))

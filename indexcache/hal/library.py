@@ -5,10 +5,11 @@ Every op of :data:`~indexcache.hal.specs.SPECS` is registered here from its spec
 arguments are the spec check's parameters in order (a tensor, an optional tensor where the default is None,
 ``SymInt`` / ``bool`` where the check annotates ``int`` / ``bool``, ``ScalarType`` for ``fp8_dtype``), then
 ``str? backend``; no argument has a default (the wrapper passes them all). The outputs ``out`` / ``out_raw``
-(and ``paged_topk_translate``'s ``logits``) and ``store_index_k``'s ``k_cache`` are mutated arguments
-(``Tensor(a!)``): a custom op may not return an alias of an input, so those ops return nothing and the Python
-wrapper (:mod:`indexcache.hal.ops`) returns ``out``; ``out`` and ``logits`` are required arguments of the custom
-op (the wrapper allocates them from the spec check when the caller gave none), ``out_raw`` stays optional.
+(and ``paged_topk_translate``'s ``logits``), a caller's ``workspace`` and ``store_index_k``'s ``k_cache`` are
+mutated arguments (``Tensor(a!)``): a custom op may not return an alias of an input, so those ops return nothing and
+the Python wrapper (:mod:`indexcache.hal.ops`) returns ``out``; ``out`` and ``logits`` are required arguments of the
+custom op (the wrapper allocates them from the spec check when the caller gave none), ``out_raw`` and ``workspace``
+stay optional (no ``workspace``: the backend's own, taken when the graph runs).
 ``quantize_index_k`` is the one op returning new tensors. The per-op description below (:data:`WRITES`,
 :data:`RETURNS`) holds only what the spec's signature does not say.
 
@@ -54,7 +55,9 @@ from indexcache.hal.specs import SPECS
 
 NAMESPACE = "indexcache"
 # Arguments every op that has them writes in place: mutated in the schema, never returned by the custom op.
-OUTPUTS = ("logits", "out", "out_raw")
+OUTPUTS = ("logits", "out", "out_raw", "workspace")
+# The mutated arguments that may be None in the custom op too.
+OPTIONAL_OUTPUTS = ("out_raw", "workspace")
 # What the spec records do not say, part 1: the ops that write an input in place (``paged_mqa_logits`` only reads
 # its ``k_cache``).
 WRITES: Mapping[str, tuple[str, ...]] = {"store_index_k": ("k_cache",)}
@@ -85,7 +88,7 @@ RETURNS: Mapping[str, Returns] = {"quantize_index_k": Returns("(Tensor, Tensor)"
 def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
     annotation = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
     if alias:
-        return f"Tensor({alias}!)" + ("?" if param.name == "out_raw" else "")
+        return f"Tensor({alias}!)" + ("?" if param.name in OPTIONAL_OUTPUTS else "")
     if annotation == "int":
         return "SymInt"
     if annotation == "bool":

@@ -22,18 +22,24 @@ tensors and calls the custom op, whose real implementation picks the backend whe
 
 Explicit backend choice (``backend=``, :func:`indexcache.use_backend`, ``INDEXCACHE_BACKEND``) that
 cannot serve a call raises :class:`indexcache.hal.dispatch.BackendNotSupportedError` listing every reason.
+
+:func:`topk`, :func:`topk_translate` and :func:`paged_topk_translate` take a device workspace: by default the
+backend's own, kept for the calling thread's current stream; ``workspace=`` gives one of the caller's, of at least
+:func:`workspace_bytes` bytes (docs/ops.md, "Workspace").
 """
 
 from __future__ import annotations
 
 import torch
 
-from indexcache.hal import dispatch, library, memo
+from indexcache.hal import device, dispatch, library, memo
 from indexcache.hal.checks import FLOAT_INPUTS, INDEX, KEY_DTYPES, MAX_PAGE_SIZE, MAX_TOPK, SCORE_DTYPES
 from indexcache.hal.specs import SPECS
 
-# The checks' limits and dtypes, then the ops: one function below per spec record.
-__all__ = ["FLOAT_INPUTS", "INDEX", "KEY_DTYPES", "MAX_PAGE_SIZE", "MAX_TOPK", "SCORE_DTYPES", *SPECS]
+# The checks' limits and dtypes, the ops (one function below per spec record), then the workspace size query.
+__all__ = ["FLOAT_INPUTS", "INDEX", "KEY_DTYPES", "MAX_PAGE_SIZE", "MAX_TOPK", "SCORE_DTYPES", *SPECS, "workspace_bytes"]
+# The ops that take a device workspace (a ``workspace`` argument in their spec check).
+WORKSPACE_OPS = tuple(op for op in SPECS if "workspace" in library.ARGS[op])
 
 
 def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict):
@@ -42,16 +48,24 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict):
     Eager, where ``keep`` (the caller gave every output), the call's signature (:mod:`indexcache.hal.memo`) is
     looked up first: the kept launches of an identical earlier call run instead (returning the given ``out``,
     or None where the op has none), and a call the backend can prepare is kept from the signature's second call
-    on. Under ``torch.compile``: the custom op ``torch.ops.indexcache.<op>``, which picks the backend when the
-    graph runs."""
+    on. A call on the backend's default workspace adds its owner (the calling thread and its current stream) to the
+    signature: kept launches are bound to that owner's workspace. Under ``torch.compile``: the custom op
+    ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
     if torch.compiler.is_compiling():
         return library.compiled_call(op, SPECS[op].check(*args, **named), backend)
-    key = memo.signature(op, dispatch.explicit_choice(backend), (*args, *named.values())) if keep else None
+    key = None
+    if keep:
+        params = (*args, *named.values())
+        if "workspace" in named and named["workspace"] is None and isinstance(args[0], torch.Tensor):
+            params += (device.workspace_owner(args[0]),)  # the default workspace: its owner is part of the key
+        key = memo.signature(op, dispatch.explicit_choice(backend), params)
     if key is not None and (launch := memo.get(key)) is not None:
         launch()
         return named.get("out")
     checked = SPECS[op].check(*args, **named)
-    _, impl = dispatch.resolve(op, checked, backend)
+    name, impl = dispatch.resolve(op, checked, backend)
+    dispatch.check_workspace_size(name, op, impl, checked)
+    checked = dispatch.args_for(impl, checked)
     if key is None or impl.prepare is None or not memo.seen(key):
         return impl.fn(**checked)
     launch = impl.prepare(**checked)
@@ -109,7 +123,7 @@ def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, o
                  dict(row_to_batch=row_to_batch, out=out))
 
 
-def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = False, backend=None):
+def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = False, workspace=None, backend=None):
     """Per row, the k best positions of the window ``[row_starts[r], row_starts[r] + lengths[r])``.
 
     Windows are clipped to the N columns. Rows with length ≤ k give ``0 .. len-1`` then -1 without
@@ -130,6 +144,9 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
         ``[R, k]`` int32, written in place without allocating.
     sorted : bool
         Order each row by score descending, then index ascending.
+    workspace : torch.Tensor, optional
+        1-D contiguous uint8 on the op's device, at least :func:`workspace_bytes` bytes, that the backend's kernels
+        use as scratch (default: the backend's own, kept for the calling thread's current stream).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -154,11 +171,11 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
             [0, 1]], dtype=torch.int32)
     """
     return _call("topk", backend, out is not None, (scores, lengths, k),
-                 dict(row_starts=row_starts, out=out, sorted=sorted))
+                 dict(row_starts=row_starts, out=out, sorted=sorted, workspace=workspace))
 
 
 def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_starts=None, row_to_batch=None,
-                   out=None, out_raw=None, sorted: bool = False, backend=None):
+                   out=None, out_raw=None, sorted: bool = False, workspace=None, backend=None):
     """The producer step: :func:`topk` and :func:`translate` in one pass.
 
     Equal to ``translate(topk(scores, lengths, k, row_starts=...), page_table, lengths, page_size,
@@ -174,6 +191,9 @@ def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_s
         ``[R, k]`` int32 for the physical slots, written in place without allocating.
     out_raw : torch.Tensor, optional
         ``[R, k]`` int32 that receives the raw logical indices (what shared layers reuse).
+    workspace : torch.Tensor, optional
+        1-D contiguous uint8 on the op's device, at least :func:`workspace_bytes` bytes, that the backend's kernels
+        use as scratch (default: the backend's own, kept for the calling thread's current stream).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -200,7 +220,8 @@ def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_s
             [14, 15]], dtype=torch.int32)
     """
     return _call("topk_translate", backend, out is not None, (scores, lengths, k, page_table, page_size),
-                 dict(row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=sorted))
+                 dict(row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=sorted,
+                      workspace=workspace))
 
 
 def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
@@ -307,7 +328,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
 
 
 def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table,
-                         page_size: int, *, logits=None, out=None, out_raw=None, backend=None):
+                         page_size: int, *, logits=None, out=None, out_raw=None, workspace=None, backend=None):
     """The producer step of decode in one op: :func:`paged_mqa_logits` then :func:`topk_translate` on its rows.
 
     Equal to ``paged_mqa_logits(q, k_cache, weights, context_lens, block_table, max_context_len, out=logits)``,
@@ -335,6 +356,9 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
         ``[B * next_n, k]`` int32 for the physical slots, written in place without allocating.
     out_raw : torch.Tensor, optional
         ``[B * next_n, k]`` int32 that receives the logical positions (what shared layers reuse).
+    workspace : torch.Tensor, optional
+        1-D contiguous uint8 on the op's device, at least :func:`workspace_bytes` bytes, that the backend's kernels
+        use as scratch (default: the backend's own, kept for the calling thread's current stream).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -370,7 +394,7 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
     """
     return _call("paged_topk_translate", backend, out is not None and logits is not None,
                  (q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size),
-                 dict(logits=logits, out=out, out_raw=out_raw))
+                 dict(logits=logits, out=out, out_raw=out_raw, workspace=workspace))
 
 
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):
@@ -454,3 +478,37 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
             [0.0000, 0.0078, 0.0000, 0.0000]])
     """
     _call("store_index_k", backend, True, (k, k_cache, slot_mapping, fp8_dtype), {})
+
+
+def workspace_bytes(op: str, *args, backend=None, **named) -> int:
+    """The bytes of device workspace the call ``indexcache.<op>(*args, **named, backend=backend)`` takes on the
+    backend it would run on: what a caller's ``workspace=`` must hold (docs/ops.md, "Workspace").
+
+    Parameters
+    ----------
+    op : str
+        One of :data:`WORKSPACE_OPS`: "topk", "topk_translate", "paged_topk_translate".
+    *args, **named
+        The call's arguments, checked as the call checks them. An output the call would allocate (``out``,
+        ``logits``) is allocated here too: pass the call's own, or ask once at setup.
+    backend : str, optional
+        The backend the call runs on (default: the dispatcher's choice).
+
+    Returns
+    -------
+    int
+        Bytes (0 where the backend takes none, as the torch backend; it ignores a given ``workspace``). They depend
+        on the shapes, ``k`` and the device, never on tensor contents.
+
+    Raises
+    ------
+    ValueError
+        ``op`` takes no workspace; or as the call raises for its arguments.
+    TypeError
+        As the call raises for its arguments.
+    """
+    if op not in WORKSPACE_OPS:
+        raise ValueError(f"op: expected one of {', '.join(WORKSPACE_OPS)} (the ops that take a workspace), got {op!r}")
+    checked = SPECS[op].check(*args, **named)
+    _, impl = dispatch.resolve(op, checked, backend)
+    return dispatch.workspace_bytes(impl, checked)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from indexcache.hal import dispatch
-from indexcache.hal.checks import INDEX, check_k, check_page_size, check_tensor, output
+from indexcache.hal.checks import INDEX, check_k, check_page_size, check_tensor, check_workspace, output
 from indexcache.hal.layout import split_packed_cache
 from indexcache.hal.specs import mqa_logits, paged_mqa_logits, topk, topk_translate, translate
 from indexcache.hal.specs.base import E4M3, I32, CaseList, OpSpec, Verdict, cpu, ints
@@ -23,7 +23,7 @@ LOGITS_ARGS = ("q", "k_cache", "weights", "context_lens", "block_table", "max_co
 
 
 def check(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table, page_size: int,
-          *, logits=None, out=None, out_raw=None) -> dict[str, Any]:
+          *, logits=None, out=None, out_raw=None, workspace=None) -> dict[str, Any]:
     paged_mqa_logits.check_inputs(q, k_cache, weights, context_lens, block_table, max_context_len, table="block_table")
     batch, next_n = q.shape[:2]
     device = q.device
@@ -35,9 +35,10 @@ def check(q, k_cache, weights, context_lens, block_table, max_context_len: int, 
     logits = output("logits", logits, torch.float32, (batch * next_n, max_context_len), device,
                     dict(inputs, out=out, out_raw=out_raw))
     out = topk_translate.check_outputs(out, out_raw, (batch * next_n, k), device, dict(inputs, logits=logits))
+    check_workspace(workspace, device, dict(inputs, logits=logits, out=out, out_raw=out_raw))
     return dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, block_table=block_table,
                 max_context_len=max_context_len, k=k, page_table=page_table, page_size=page_size, logits=logits,
-                out=out, out_raw=out_raw)
+                out=out, out_raw=out_raw, workspace=workspace)
 
 
 def rows_of(context_lens: torch.Tensor, next_n: int) -> tuple[torch.Tensor, torch.Tensor | None]:

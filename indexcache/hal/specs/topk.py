@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from indexcache.hal import dispatch
-from indexcache.hal.checks import INDEX, SCORE_DTYPES, check_k, check_tensor, output
+from indexcache.hal.checks import INDEX, SCORE_DTYPES, check_k, check_tensor, check_workspace, output
 from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints
 from indexcache.hal.specs.bench import POISON, BenchCase, BenchSpec
 
@@ -24,11 +24,14 @@ def check_inputs(scores, lengths, k, row_starts) -> None:
         check_tensor("row_starts", row_starts, (INDEX,), (scores.shape[0],), scores.device)
 
 
-def check(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = False) -> dict[str, Any]:
+def check(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = False,
+          workspace=None) -> dict[str, Any]:
     check_inputs(scores, lengths, k, row_starts)
-    out = output("out", out, INDEX, (scores.shape[0], k), scores.device,
-                 dict(scores=scores, lengths=lengths, row_starts=row_starts))
-    return dict(scores=scores, lengths=lengths, k=k, row_starts=row_starts, out=out, sorted=bool(sorted))
+    inputs = dict(scores=scores, lengths=lengths, row_starts=row_starts)
+    out = output("out", out, INDEX, (scores.shape[0], k), scores.device, inputs)
+    check_workspace(workspace, scores.device, dict(inputs, out=out))
+    return dict(scores=scores, lengths=lengths, k=k, row_starts=row_starts, out=out, sorted=bool(sorted),
+                workspace=workspace)
 
 
 def _window(scores: torch.Tensor, start: int, length: int) -> tuple[int, int]:

@@ -10,22 +10,31 @@ from typing import Any
 import torch
 
 from indexcache.hal import dispatch
-from indexcache.hal.checks import INDEX, check_output, check_tensor, check_translate_inputs, output
+from indexcache.hal.checks import (
+    INDEX,
+    check_output,
+    check_tensor,
+    check_translate_inputs,
+    check_workspace,
+    output,
+)
 from indexcache.hal.specs import topk, translate
 from indexcache.hal.specs.base import I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu, ints
 from indexcache.hal.specs.bench import BASELINE, BenchCase, BenchSpec
 
 
 def check(scores, lengths, k: int, page_table, page_size: int, *, row_starts=None, row_to_batch=None, out=None,
-          out_raw=None, sorted: bool = False) -> dict[str, Any]:
+          out_raw=None, sorted: bool = False, workspace=None) -> dict[str, Any]:
     topk.check_inputs(scores, lengths, k, row_starts)
     device = scores.device
     check_translate_inputs(scores.shape, page_table, lengths, page_size, row_to_batch, device)
     inputs = dict(scores=scores, lengths=lengths, page_table=page_table, row_starts=row_starts,
                   row_to_batch=row_to_batch)
     out = check_outputs(out, out_raw, (scores.shape[0], k), device, inputs)
+    check_workspace(workspace, device, dict(inputs, out=out, out_raw=out_raw))
     return dict(scores=scores, lengths=lengths, k=k, page_table=page_table, page_size=page_size,
-                row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=bool(sorted))
+                row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=bool(sorted),
+                workspace=workspace)
 
 
 def check_outputs(out, out_raw, shape: tuple[int, int], device: torch.device, inputs: dict) -> torch.Tensor:
