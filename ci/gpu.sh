@@ -155,7 +155,7 @@ if part kernels; then
   done
   run_hook topk 240
   run_hook logits 240
-  # Two streams calling topk / topk_translate / paged_topk_translate at once, 1000 iterations, each result equal to
+  # Two streams calling the three top-k ops at once, 1000 iterations, each result equal to
   # the one-stream one; the producer step timed on the default workspace against a caller's. Then a few iterations
   # under racecheck (shared-memory hazards inside the kernels; the streams' sharing is what the exact check sees).
   run_hook streams_race 240

@@ -36,8 +36,9 @@ from indexcache.hal import device, dispatch, library, memo
 from indexcache.hal.checks import FLOAT_INPUTS, INDEX, KEY_DTYPES, MAX_PAGE_SIZE, MAX_TOPK, SCORE_DTYPES
 from indexcache.hal.specs import SPECS
 
-# The checks' limits and dtypes, the ops (one function below per spec record), then the workspace size query.
-__all__ = ["FLOAT_INPUTS", "INDEX", "KEY_DTYPES", "MAX_PAGE_SIZE", "MAX_TOPK", "SCORE_DTYPES", *SPECS, "workspace_bytes"]
+# The checks' limits and dtypes, the workspace size query, then the ops: one function below per spec record.
+__all__ = ["FLOAT_INPUTS", "INDEX", "KEY_DTYPES", "MAX_PAGE_SIZE", "MAX_TOPK", "SCORE_DTYPES", "workspace_bytes",
+           *SPECS]
 # The ops that take a device workspace (a ``workspace`` argument in their spec check).
 WORKSPACE_OPS = tuple(op for op in SPECS if "workspace" in library.ARGS[op])
 
