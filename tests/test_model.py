@@ -16,7 +16,7 @@ from indexcache.plan import LayerPlan
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import IndexRecorder, TopkState
 from indexcache.tools import cli
-from indexcache.tools.calibrate import overlap_matrix
+from indexcache.tools.calibrate.overlap import overlap_matrix
 from indexcache.tools.model import (
     Batch,
     DSAModel,

@@ -57,7 +57,8 @@ from indexcache.plan.jsontext import shown
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import IndexRecorder, PagedLogits, Recorder, TopkState
 from indexcache.runtime.streams import overlap
-from indexcache.tools.calibrate import Calibration, calibrate_arrays, overlap_matrix
+from indexcache.tools.calibrate.calibration import Calibration, calibrate_arrays
+from indexcache.tools.calibrate.overlap import overlap_matrix
 
 ROPE_BASE = 10000.0
 ATTENTION_CHUNK_BYTES = 64 * 2**20
@@ -485,7 +486,7 @@ class PlanComparison:
     """A plan run against the all-producer baseline on the same prompts and decode inputs.
 
     ``overlap[layer]`` is the top-k overlap (``|T_layer ∩ T_source| / k``, as in
-    :func:`indexcache.tools.calibrate.overlap_matrix`) between each sparse layer's own selection and that of
+    :func:`indexcache.tools.calibrate.overlap.overlap_matrix`) between each sparse layer's own selection and that of
     the producer the plan makes it reuse (1 for producers), measured on the baseline's decode steps;
     ``adjacent[layer]`` the same against the previous sparse layer. Drifts are relative L2 distances
     of the logits from the baseline's; ``agreement`` the fraction of decode positions where both pick

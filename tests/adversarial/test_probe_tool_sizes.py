@@ -24,13 +24,14 @@ import numpy as np
 import pytest
 
 from indexcache.conformance import suite
-from indexcache.tools import calibrate, model
+from indexcache.tools import model
 from indexcache.tools.cli import main
 
 SECONDS = 5.0  # the refusal comes before any work; the runs refused here would take minutes to hours
 BUDGET_VAR = "INDEXCACHE_TORCH_MEMORY_BUDGET"
 COMPUTATIONS = ("indexcache.tools.model.DSAModel", "indexcache.tools.model.compare_plans",
-                "indexcache.tools.calibrate.overlap_matrix", "indexcache.tools.calibrate.load_dump")
+                "indexcache.tools.calibrate.calibration.overlap_matrix",
+                "indexcache.tools.calibrate.calibration.load_dump")
 
 
 def _ran(*_, **__):
@@ -196,7 +197,7 @@ def test_calibrate_out_where_nothing_can_be_written_is_refused_before_the_run(tm
     """item 9: an --out that cannot be created (here under /proc, which permission bits do not describe, so root
     passed os.access) is one line before the run; 29aceca ran the whole calibration, then gave a traceback."""
     dump = _dump(tmp_path)
-    monkeypatch.setattr("indexcache.tools.calibrate.overlap_matrix", _ran)
+    monkeypatch.setattr("indexcache.tools.calibrate.calibration.overlap_matrix", _ran)
     code, _ = _run(["calibrate", "--dump", str(dump), "--no-plots", "--out", "/proc/indexcache-out/run"])
     out, err = capsys.readouterr()
     assert (code, out) == (2, "")
@@ -229,7 +230,7 @@ def test_calibrate_write_that_fails_at_the_end_is_one_line_and_leaves_the_folder
     def full(result, path, **_):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(calibrate, "plot_objective", full)
+    monkeypatch.setattr("indexcache.tools.calibrate.outputs.plot_objective", full)
     code, _ = _run(["calibrate", "--dump", str(dump), "--producers", "2", "--out", str(out)])
     out_text, err = capsys.readouterr()
     assert code == 2 and "wrote:" not in out_text
