@@ -25,7 +25,8 @@ from indexcache.tools.calibrate.overlap import overlap_matrix
 from indexcache.tools.calibrate.pattern import c4_layers, check_pattern, producer_budget, uniform_pattern
 from indexcache.tools.calibrate.search import greedy_search
 from indexcache.tools.cli import main
-from indexcache.tools.model import ModelSettingError, record_dump
+from indexcache.tools.model.calibration import record_dump
+from indexcache.tools.model.config import ModelSettingError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "configs"
 # The small model at test sizes: 2 prompts x 160 tokens, k 32, so 2 x 128 rows with more context than k.

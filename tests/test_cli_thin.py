@@ -34,7 +34,7 @@ INTERNAL = [
      "indexcache.tools.calibrate.calibration.overlap_matrix", _bug),
     (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"],
      "indexcache.tools.calibrate.calibration.greedy_search", _type_bug),
-    (["demo", "--backend", "torch", "--prompt-len", "40", "--topk", "16"], "indexcache.tools.model.compare_plans",
+    (["demo", "--backend", "torch", "--prompt-len", "40", "--topk", "16"], "indexcache.tools.model.demo.compare_plans",
      _bug),
 ]
 

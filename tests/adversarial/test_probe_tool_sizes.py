@@ -24,13 +24,16 @@ import numpy as np
 import pytest
 
 from indexcache.conformance import suite
-from indexcache.tools import model
 from indexcache.tools.cli import main
+from indexcache.tools.model import checks
+from indexcache.tools.model.calibration import record_dump
+from indexcache.tools.model.config import ModelSettingError, preset
+from indexcache.tools.model.demo import run_demo
 
 SECONDS = 5.0  # the refusal comes before any work; the runs refused here would take minutes to hours
 BUDGET_VAR = "INDEXCACHE_TORCH_MEMORY_BUDGET"
-COMPUTATIONS = ("indexcache.tools.model.DSAModel", "indexcache.tools.model.compare_plans",
-                "indexcache.tools.calibrate.calibration.overlap_matrix",
+COMPUTATIONS = ("indexcache.tools.model.demo.DSAModel", "indexcache.tools.model.calibration.DSAModel",
+                "indexcache.tools.model.demo.compare_plans", "indexcache.tools.calibrate.calibration.overlap_matrix",
                 "indexcache.tools.calibrate.calibration.load_dump")
 
 
@@ -121,19 +124,20 @@ def test_sizes_refused_already(tmp_path, capsys, no_work, argv, says):
 
 def test_a_run_beyond_free_memory_is_refused_by_the_library(monkeypatch):
     """item 3: run_demo and record_dump refuse, before building the model, a run whose lower bound of memory
-    (model.run_bytes) exceeds what the device has free, naming what takes most of it."""
-    monkeypatch.setattr(model, "free_bytes", lambda device: 2**20)
-    monkeypatch.setattr(model, "DSAModel", _ran)
-    with pytest.raises(model.ModelSettingError, match=r"batch=1, prompt_len=4096, decode_steps=2, topk=16: the run "
+    (checks.run_bytes) exceeds what the device has free, naming what takes most of it."""
+    monkeypatch.setattr(checks, "free_bytes", lambda device: 2**20)
+    monkeypatch.setattr("indexcache.tools.model.demo.DSAModel", _ran)
+    monkeypatch.setattr("indexcache.tools.model.calibration.DSAModel", _ran)
+    with pytest.raises(ModelSettingError, match=r"batch=1, prompt_len=4096, decode_steps=2, topk=16: the run "
                        r"needs at least .* GiB on cpu, most of it for the prefill logits"):
-        model.run_demo(backend="torch", batch=1, prompt_len=4096, decode_steps=2, topk=16)
-    with pytest.raises(model.ModelSettingError, match="more than the 0.000977 GiB free"):
-        model.record_dump("v32-like", backend="torch", batch=1, prompt_len=4096, topk=16)
-    with pytest.raises(model.ModelSettingError, match=r"batch=<an integer of about 5001 digits>: must be at most "
+        run_demo(backend="torch", batch=1, prompt_len=4096, decode_steps=2, topk=16)
+    with pytest.raises(ModelSettingError, match="more than the 0.000977 GiB free"):
+        record_dump("v32-like", backend="torch", batch=1, prompt_len=4096, topk=16)
+    with pytest.raises(ModelSettingError, match=r"batch=<an integer of about 5001 digits>: must be at most "
                        r"2147483647"):  # int32 request ids; and the message survives Python's int/str digit limit
-        model.run_demo(backend="torch", batch=10**5000)
-    config = model.preset("v32-like", topk=16)
-    bound = model.run_bytes(config, batch=2, prompt_len=512, decode_steps=8)
+        run_demo(backend="torch", batch=10**5000)
+    config = preset("v32-like", topk=16)
+    bound = checks.run_bytes(config, batch=2, prompt_len=512, decode_steps=8)
     assert bound["prefill logits [batch x prompt_len]^2 float32"] == 4 * 1024 * 1024
     assert sum(bound.values()) < 2**30  # the CPU default run is never refused on a machine with a GiB free
 
