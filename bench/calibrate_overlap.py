@@ -1,4 +1,4 @@
-"""Time ``indexcache.tools.calibrate.overlap_matrix`` on a synthetic dump of DeepSeek-V3.2 size (CPU).
+"""Time ``indexcache.tools.calibrate.overlap.overlap_matrix`` on a synthetic dump of DeepSeek-V3.2 size (CPU).
 
     python bench/calibrate_overlap.py                      # 61 layers x 4096 rows x k 2048
     python bench/calibrate_overlap.py --pool 65536         # harder: fresh picks from the whole context
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from indexcache.bench.timing import host_seconds
-from indexcache.tools.calibrate import overlap_matrix, usable_cpus
+from indexcache.tools.calibrate.overlap import overlap_matrix, usable_cpus
 
 
 def layer_sets(layers: int, k: int, pool: int, context: int, seed: int) -> np.ndarray:

@@ -4,7 +4,7 @@
     python bench/cp_model_gpu.py --nproc 2 --dist-backend gloo                     # CPU smoke run
 
 Spawns one process per rank (NCCL on ``cuda:rank`` with ``NCCL_NVLS_ENABLE=0``, or gloo on CPU processes
-with the library's CPU backend choice). Every rank builds the same model (:class:`indexcache.tools.model.DSAModel`,
+with the library's CPU backend choice). Every rank builds the same model (:class:`indexcache.tools.model.dsa.DSAModel`,
 seeded) and the same prompts (three of different lengths: k is below the longer ones and above the
 short one) and prefills them twice under a plan with producers and shared layers (``--freq``):
 
@@ -53,7 +53,10 @@ from indexcache.hal.ops import INDEX
 from indexcache.runtime.distributed import cp_topk, cp_topk_translate, zigzag_key_index
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import IndexRecorder, TopkState
-from indexcache.tools.model import Batch, DSAModel, ModelConfig, PagedCache, preset
+from indexcache.tools.model.batch import Batch
+from indexcache.tools.model.cache import PagedCache
+from indexcache.tools.model.config import ModelConfig, preset
+from indexcache.tools.model.dsa import DSAModel
 
 SCHEMA = "indexcache-cp-model-bench/2"  # 2: a run per key layout
 LOGITS_TOLERANCE = 1e-4  # relative to the largest reference logit (at least 1)

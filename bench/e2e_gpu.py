@@ -320,7 +320,9 @@ def small_model_section(dev: torch.device, smoke: bool) -> dict:
     reported, not hidden (on the H200 Inductor's step differs from eager while the ops alone compile exactly:
     BENCHMARKS.md, "Eager calls")."""
     from indexcache.runtime.runner import IndexerRunner
-    from indexcache.tools.model import DSAModel, StaticDecode, preset
+    from indexcache.tools.model.config import preset
+    from indexcache.tools.model.dsa import DSAModel
+    from indexcache.tools.model.static_decode import StaticDecode
 
     cfg = preset("v32-like", num_layers=4, topk=16 if smoke else 256, page_size=16 if smoke else 64)
     requests, max_len = (2, 256) if smoke else (8, 2048)

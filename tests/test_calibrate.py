@@ -18,19 +18,15 @@ from hypothesis import strategies as st
 
 from indexcache.plan import LayerPlan
 from indexcache.tools import calibrate
-from indexcache.tools.calibrate import (
-    CachedObjective,
-    c4_layers,
-    freq_baselines,
-    greedy_search,
-    load_dump,
-    overlap_matrix,
-    overlap_objective,
-    producer_budget,
-    uniform_pattern,
-)
+from indexcache.tools.calibrate.dump import load_dump
+from indexcache.tools.calibrate.freq_rule import freq_baselines
+from indexcache.tools.calibrate.objective import CachedObjective, overlap_objective
+from indexcache.tools.calibrate.overlap import overlap_matrix
+from indexcache.tools.calibrate.pattern import c4_layers, check_pattern, producer_budget, uniform_pattern
+from indexcache.tools.calibrate.search import greedy_search
 from indexcache.tools.cli import main
-from indexcache.tools.model import ModelSettingError, record_dump
+from indexcache.tools.model.calibration import record_dump
+from indexcache.tools.model.config import ModelSettingError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "configs"
 # The small model at test sizes: 2 prompts x 160 tokens, k 32, so 2 x 128 rows with more context than k.
@@ -110,9 +106,9 @@ def test_renumbered_rows_give_the_table_path_overlap(monkeypatch, top):
     rng = np.random.default_rng(7)
     small = np.where(rng.random((4, 300, 8)) < 0.1, -1, rng.integers(0, 200, (4, 300, 8)))
     large = np.where(small >= 0, top - small, -1)  # the same sets under other names
-    monkeypatch.setattr(calibrate, "_COMPACT_FACTOR", 10**9)
+    monkeypatch.setattr("indexcache.tools.calibrate.overlap._COMPACT_FACTOR", 10**9)
     plain = overlap_matrix(list(small), threads=2)
-    monkeypatch.setattr(calibrate, "_COMPACT_FACTOR", 0)
+    monkeypatch.setattr("indexcache.tools.calibrate.overlap._COMPACT_FACTOR", 0)
     np.testing.assert_allclose(overlap_matrix(list(large), threads=2), plain, rtol=0, atol=1e-12)
     np.testing.assert_allclose(plain, brute_overlap(small), rtol=0, atol=1e-12)
 
@@ -237,7 +233,7 @@ def test_search_respects_the_rules(ratios, data, seed, use_proxy):
         values: dict[str, float] = {}
 
         def objective(pattern: str) -> float:
-            calibrate.check_pattern(pattern, num)  # the callback only ever sees valid patterns
+            check_pattern(pattern, num)  # the callback only ever sees valid patterns
             return values.setdefault(pattern, float(rng.integers(0, 4)))  # ties on purpose
 
     result = greedy_search(layers, objective, producers=budget)

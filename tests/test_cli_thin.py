@@ -30,10 +30,11 @@ INTERNAL = [
     (["plan", "--config", V32], "indexcache.plan.descriptor.Descriptor.from_plan", _bug),
     (["plan", "--config", V32, "--json"], "indexcache.plan.LayerPlan.from_config", _type_bug),
     (["info"], "indexcache.tools.backend_status.backend_status", _bug),
-    (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"], "indexcache.tools.calibrate.overlap_matrix", _bug),
-    (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"], "indexcache.tools.calibrate.greedy_search",
-     _type_bug),
-    (["demo", "--backend", "torch", "--prompt-len", "40", "--topk", "16"], "indexcache.tools.model.compare_plans",
+    (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"],
+     "indexcache.tools.calibrate.calibration.overlap_matrix", _bug),
+    (["calibrate", "--dump", "DUMP", "--no-plots", "--out", "OUT"],
+     "indexcache.tools.calibrate.calibration.greedy_search", _type_bug),
+    (["demo", "--backend", "torch", "--prompt-len", "40", "--topk", "16"], "indexcache.tools.model.demo.compare_plans",
      _bug),
 ]
 

@@ -16,18 +16,14 @@ from indexcache.plan import LayerPlan
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import IndexRecorder, TopkState
 from indexcache.tools import cli
-from indexcache.tools.calibrate import overlap_matrix
-from indexcache.tools.model import (
-    Batch,
-    DSAModel,
-    ModelSettingError,
-    StaticDecode,
-    calibrate_model,
-    compare_plans,
-    plot_demo,
-    preset,
-    run_demo,
-)
+from indexcache.tools.calibrate.overlap import overlap_matrix
+from indexcache.tools.model.batch import Batch
+from indexcache.tools.model.calibration import calibrate_model
+from indexcache.tools.model.comparison import compare_plans
+from indexcache.tools.model.config import ModelSettingError, preset
+from indexcache.tools.model.demo import plot_demo, run_demo
+from indexcache.tools.model.dsa import DSAModel
+from indexcache.tools.model.static_decode import StaticDecode
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,7 +5,7 @@ forward's :class:`~indexcache.runtime.state.TopkState`; a **shared** layer (S) s
 translates the producer's logical indices through its own page table; a layer **without an indexer**
 returns None and leaves the state alone.
 
-Integration in an engine's layer loop (the small model in :mod:`indexcache.tools.model` does exactly this)::
+Integration in an engine's layer loop (the small model in :mod:`indexcache.tools.model.dsa` does exactly this)::
 
     plan = LayerPlan.from_config(config)                  # once
     runner = IndexerRunner(plan)                           # or IndexerRunner(plan, stage=stages[pp_rank])

@@ -309,7 +309,7 @@ class IndexRecorder:
         return {layer: torch.cat(chunks) for layer, chunks in sorted(self.indices.items())}
 
     def save(self, directory: str | os.PathLike[str]) -> list[Path]:
-        """Write :meth:`stacked` as ``layer_<id>.pt`` files, the dump :mod:`indexcache.tools.calibrate` reads
+        """Write :meth:`stacked` as ``layer_<id>.pt`` files, the dump :mod:`indexcache.tools.calibrate.dump` reads
         (record an all-producer run so every layer's rows are its own)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 import indexcache
-from indexcache.tools import calibrate
+from indexcache.tools.calibrate.dump import load_dump
+from indexcache.tools.calibrate.errors import DumpError
+from indexcache.tools.calibrate.overlap import overlap_matrix
 from indexcache.tools.cli import main
 
 # The child of the item 4 test may use this much address space beyond what its imports took; the old
@@ -27,7 +29,7 @@ OVERLAP_CHILD = textwrap.dedent(
     """
     import re, resource, sys, tracemalloc
     import numpy as np
-    from indexcache.tools.calibrate import overlap_matrix
+    from indexcache.tools.calibrate.overlap import overlap_matrix
 
     top, dtype = int(sys.argv[1]), sys.argv[2]
     size = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
@@ -130,8 +132,8 @@ def test_item10_corrupt_dump_is_one_named_error(tmp_path, kind):
     """issue 21 item 10: random bytes, a truncated zip (.pt and .npz), an empty .pt, a refused pickle, a uint64
     beyond int64 and k = 0 each raise DumpError (a ValueError) naming the file and what is wrong."""
     dump, bad, fragment = _corrupt_dump(tmp_path, kind)
-    with pytest.raises(calibrate.DumpError, match=fragment) as err:
-        calibrate.load_dump(dump)
+    with pytest.raises(DumpError, match=fragment) as err:
+        load_dump(dump)
     assert isinstance(err.value, ValueError)
     assert str(bad) in str(err.value) and "\n" not in str(err.value)
 
@@ -155,6 +157,6 @@ def test_item10_uint64_dump_that_fits_reads_as_int64(tmp_path):
     stack = np.random.default_rng(3).integers(0, 50, (3, 6, 4))
     for layer, indices in enumerate(stack):
         np.savez(tmp_path / f"layer_{layer}.npz", indices.astype(np.uint64))
-    layers, arrays = calibrate.load_dump(tmp_path)
+    layers, arrays = load_dump(tmp_path)
     assert layers == [0, 1, 2]
-    np.testing.assert_array_equal(calibrate.overlap_matrix(arrays), calibrate.overlap_matrix(list(stack)))
+    np.testing.assert_array_equal(overlap_matrix(arrays), overlap_matrix(list(stack)))

@@ -111,10 +111,10 @@ def _ran(*_, **__):
 
 COMPUTATIONS = {
     "conformance": ["indexcache.conformance.suite.run_all"],
-    "calibrate": ["indexcache.tools.calibrate.load_dump", "indexcache.tools.model.record_dump",
-                  "indexcache.tools.calibrate.overlap_matrix"],
+    "calibrate": ["indexcache.tools.calibrate.calibration.load_dump", "indexcache.tools.model.calibration.record_dump",
+                  "indexcache.tools.calibrate.calibration.overlap_matrix"],
     "bench": ["indexcache.bench.run"],
-    "demo": ["indexcache.tools.model.DSAModel", "indexcache.tools.model.compare_plans"],
+    "demo": ["indexcache.tools.model.demo.DSAModel", "indexcache.tools.model.demo.compare_plans"],
     "compile-check": ["indexcache.backends.triton.crosscompile.check_targets"],
 }
 # (argv, the option named in the error, what the error says); FILE is an existing regular file, DIR a directory.

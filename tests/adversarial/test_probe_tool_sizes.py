@@ -24,13 +24,17 @@ import numpy as np
 import pytest
 
 from indexcache.conformance import suite
-from indexcache.tools import calibrate, model
 from indexcache.tools.cli import main
+from indexcache.tools.model import checks
+from indexcache.tools.model.calibration import record_dump
+from indexcache.tools.model.config import ModelSettingError, preset
+from indexcache.tools.model.demo import run_demo
 
 SECONDS = 5.0  # the refusal comes before any work; the runs refused here would take minutes to hours
 BUDGET_VAR = "INDEXCACHE_TORCH_MEMORY_BUDGET"
-COMPUTATIONS = ("indexcache.tools.model.DSAModel", "indexcache.tools.model.compare_plans",
-                "indexcache.tools.calibrate.overlap_matrix", "indexcache.tools.calibrate.load_dump")
+COMPUTATIONS = ("indexcache.tools.model.demo.DSAModel", "indexcache.tools.model.calibration.DSAModel",
+                "indexcache.tools.model.demo.compare_plans", "indexcache.tools.calibrate.calibration.overlap_matrix",
+                "indexcache.tools.calibrate.calibration.load_dump")
 
 
 def _ran(*_, **__):
@@ -120,19 +124,20 @@ def test_sizes_refused_already(tmp_path, capsys, no_work, argv, says):
 
 def test_a_run_beyond_free_memory_is_refused_by_the_library(monkeypatch):
     """item 3: run_demo and record_dump refuse, before building the model, a run whose lower bound of memory
-    (model.run_bytes) exceeds what the device has free, naming what takes most of it."""
-    monkeypatch.setattr(model, "free_bytes", lambda device: 2**20)
-    monkeypatch.setattr(model, "DSAModel", _ran)
-    with pytest.raises(model.ModelSettingError, match=r"batch=1, prompt_len=4096, decode_steps=2, topk=16: the run "
+    (checks.run_bytes) exceeds what the device has free, naming what takes most of it."""
+    monkeypatch.setattr(checks, "free_bytes", lambda device: 2**20)
+    monkeypatch.setattr("indexcache.tools.model.demo.DSAModel", _ran)
+    monkeypatch.setattr("indexcache.tools.model.calibration.DSAModel", _ran)
+    with pytest.raises(ModelSettingError, match=r"batch=1, prompt_len=4096, decode_steps=2, topk=16: the run "
                        r"needs at least .* GiB on cpu, most of it for the prefill logits"):
-        model.run_demo(backend="torch", batch=1, prompt_len=4096, decode_steps=2, topk=16)
-    with pytest.raises(model.ModelSettingError, match="more than the 0.000977 GiB free"):
-        model.record_dump("v32-like", backend="torch", batch=1, prompt_len=4096, topk=16)
-    with pytest.raises(model.ModelSettingError, match=r"batch=<an integer of about 5001 digits>: must be at most "
+        run_demo(backend="torch", batch=1, prompt_len=4096, decode_steps=2, topk=16)
+    with pytest.raises(ModelSettingError, match="more than the 0.000977 GiB free"):
+        record_dump("v32-like", backend="torch", batch=1, prompt_len=4096, topk=16)
+    with pytest.raises(ModelSettingError, match=r"batch=<an integer of about 5001 digits>: must be at most "
                        r"2147483647"):  # int32 request ids; and the message survives Python's int/str digit limit
-        model.run_demo(backend="torch", batch=10**5000)
-    config = model.preset("v32-like", topk=16)
-    bound = model.run_bytes(config, batch=2, prompt_len=512, decode_steps=8)
+        run_demo(backend="torch", batch=10**5000)
+    config = preset("v32-like", topk=16)
+    bound = checks.run_bytes(config, batch=2, prompt_len=512, decode_steps=8)
     assert bound["prefill logits [batch x prompt_len]^2 float32"] == 4 * 1024 * 1024
     assert sum(bound.values()) < 2**30  # the CPU default run is never refused on a machine with a GiB free
 
@@ -196,7 +201,7 @@ def test_calibrate_out_where_nothing_can_be_written_is_refused_before_the_run(tm
     """item 9: an --out that cannot be created (here under /proc, which permission bits do not describe, so root
     passed os.access) is one line before the run; 29aceca ran the whole calibration, then gave a traceback."""
     dump = _dump(tmp_path)
-    monkeypatch.setattr("indexcache.tools.calibrate.overlap_matrix", _ran)
+    monkeypatch.setattr("indexcache.tools.calibrate.calibration.overlap_matrix", _ran)
     code, _ = _run(["calibrate", "--dump", str(dump), "--no-plots", "--out", "/proc/indexcache-out/run"])
     out, err = capsys.readouterr()
     assert (code, out) == (2, "")
@@ -229,7 +234,7 @@ def test_calibrate_write_that_fails_at_the_end_is_one_line_and_leaves_the_folder
     def full(result, path, **_):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(calibrate, "plot_objective", full)
+    monkeypatch.setattr("indexcache.tools.calibrate.outputs.plot_objective", full)
     code, _ = _run(["calibrate", "--dump", str(dump), "--producers", "2", "--out", str(out)])
     out_text, err = capsys.readouterr()
     assert code == 2 and "wrote:" not in out_text

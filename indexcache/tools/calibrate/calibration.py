@@ -1,0 +1,148 @@
+"""A calibration: the overlap measured, the pattern searched, the freq rule compared and the files written.
+
+:func:`calibrate_arrays` does it for top-k index arrays, :func:`calibrate_dump` for a dump directory
+(:mod:`indexcache.tools.calibrate.dump`); :func:`indexcache.tools.model.calibration.calibrate_model` for a dump
+recorded from the small model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexcache.plan import LayerPlan
+from indexcache.tools.calibrate.dump import load_dump
+from indexcache.tools.calibrate.errors import DumpError
+from indexcache.tools.calibrate.freq_rule import FreqBaseline, freq_baselines
+from indexcache.tools.calibrate.indices import IndexArray, as_rows
+from indexcache.tools.calibrate.objective import CachedObjective, overlap_objective
+from indexcache.tools.calibrate.outputs import stale_plots, write_outputs
+from indexcache.tools.calibrate.overlap import overlap_matrix
+from indexcache.tools.calibrate.pattern import producer_budget
+from indexcache.tools.calibrate.search import SearchResult, greedy_search
+
+DEFAULT_KEEP = 0.25
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`calibrate_arrays` found and wrote.
+
+    ``source`` says in words where the indices came from; ``layers`` are the sparse layer ids, each holding
+    ``rows`` rows of ``k`` indices; ``overlap`` is their ``[L, L]`` overlap matrix, measured in
+    ``overlap_seconds`` on the CPU; ``search`` is the greedy search down to the producer budget; ``freq_rule``
+    the ``index_topk_freq`` baselines, or None when they could not be compared (the layers could not be placed
+    in a model); ``paths`` the files written (see :func:`write_outputs`); ``removed`` an earlier calibration's plots
+    this one removed from the folder because it drew none.
+    """
+
+    source: str
+    layers: tuple[int, ...]
+    rows: int
+    k: int
+    overlap: np.ndarray
+    overlap_seconds: float
+    search: SearchResult
+    freq_rule: tuple[FreqBaseline, ...] | None
+    paths: dict[str, Path]
+    removed: tuple[Path, ...] = ()
+
+    @property
+    def adjacent_overlap(self) -> float:
+        """Mean overlap of neighbouring sparse layers (1.0 for a single layer)."""
+        adjacent = np.diag(self.overlap, 1)
+        return float(sum(adjacent) / len(adjacent)) if len(adjacent) else 1.0
+
+
+def calibrate_arrays(
+    layers: Sequence[int],
+    indices: Sequence[IndexArray],
+    out: str | os.PathLike[str],
+    *,
+    keep: float | None = None,
+    producers: int | None = None,
+    plan_for: Callable[..., LayerPlan] | None = None,
+    source: str = "indices",
+    info: Mapping[str, Any] | None = None,
+    threads: int | None = None,
+    plots: bool = True,
+) -> Calibration:
+    """Calibrate the pattern of the sparse ``layers`` from their top-k ``indices`` and write the files into ``out``.
+
+    ``indices[l]`` is layer ``layers[l]``'s ``[rows, k]`` integer array (-1 = empty slot). Keeps ``producers``
+    producers, or the fraction ``keep`` of the sparse layers (default 0.25 when neither is given): measures the
+    overlap (:func:`overlap_matrix`, ``threads`` row blocks at once), runs :func:`greedy_search` under the
+    overlap proxy, compares the ``index_topk_freq`` rule when ``plan_for`` places the layers in a model (see
+    :func:`freq_baselines`) and writes the outputs (:func:`write_outputs`; ``info`` and the sizes head
+    ``report.json``; ``plots`` draws the PNGs). ``source`` says where the indices came from, for a summary.
+    """
+    if keep is None and producers is None:
+        keep = DEFAULT_KEEP
+    budget = producer_budget(len(layers), keep=keep, producers=producers)
+    start = time.perf_counter()
+    overlap = overlap_matrix(indices, threads=threads)
+    seconds = time.perf_counter() - start
+    objective = CachedObjective(overlap_objective(overlap), "overlap loss")
+    search = greedy_search(layers, objective, producers=budget)
+    freq_rule = None if plan_for is None else freq_baselines(layers, objective, plan_for, min_producers=budget)
+    rows, k = as_rows(indices[0], "indices[0]").shape
+    report = {**(info or {}), "rows": rows, "k": k, "keep": keep, "overlap_seconds": round(seconds, 3)}
+    removed = () if plots else stale_plots(out)
+    paths = write_outputs(out, search, overlap, info=report, freq_rule=freq_rule or (), plots=plots)
+    return Calibration(
+        source=source,
+        layers=search.layers,
+        rows=rows,
+        k=k,
+        overlap=overlap,
+        overlap_seconds=seconds,
+        search=search,
+        freq_rule=None if freq_rule is None else tuple(freq_rule),
+        paths=paths,
+        removed=removed,
+    )
+
+
+def calibrate_dump(
+    dump: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    keep: float | None = None,
+    producers: int | None = None,
+    threads: int | None = None,
+    plots: bool = True,
+) -> Calibration:
+    """:func:`calibrate_arrays` on the dump directory ``dump`` (:func:`load_dump`).
+
+    With the model's ``config`` (a dict or the path of its ``config.json``) the dump must hold exactly the
+    config's main sparse layers (:class:`DumpError` otherwise; MTP layers run their own indexer and are never
+    dumped) and the ``index_topk_freq`` rule is compared under that config. Without one, a dump of layers
+    0..n-1 is taken for a model whose every layer is sparse, and other layer ids leave the rule uncompared.
+    """
+    layers, arrays = load_dump(dump)
+    if config is None:
+        plan_for = partial(LayerPlan, len(layers)) if layers == list(range(len(layers))) else None
+    else:
+        plan = LayerPlan.from_config(config)
+        main_layers = plan.num_layers - plan.num_mtp_layers
+        expected = [layer for layer in plan.sparse_layers if layer < main_layers]
+        if layers != expected:
+            missing, extra = sorted(set(expected) - set(layers)), sorted(set(layers) - set(expected))
+            named = config if isinstance(config, (str, os.PathLike)) else "the config"
+            raise DumpError(
+                f"dump {dump} does not hold the sparse layers of {named}: missing {missing}, unexpected {extra} "
+                "(MTP layers always run their own indexer and do not belong in the dump)"
+            )
+        plan_for = partial(LayerPlan.from_config, config)
+    return calibrate_arrays(
+        layers, arrays, out, keep=keep, producers=producers, plan_for=plan_for, source=f"dump {dump}",
+        info={"dump": str(dump)}, threads=threads, plots=plots,
+    )
