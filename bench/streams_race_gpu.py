@@ -1,7 +1,7 @@
 """Two streams calling the top-k ops at once get exactly their one-stream results; the producer step's time on the
 default per-stream workspace against a caller's (docs/ops.md, "Workspace").
 
-    pip install -e . && python bench/streams_race_gpu.py --out reports/gpu/streams-race.json
+    pip install -e . && python bench/streams_race_gpu.py --out out/streams-race.json
     compute-sanitizer --tool racecheck python bench/streams_race_gpu.py --iters 2 --no-timing --out race.json
 
 1. Race: two lanes, each a stream with inputs of its own of the same shapes — ``topk`` and ``topk_translate`` on
