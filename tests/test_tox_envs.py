@@ -1,0 +1,135 @@
+"""Every test file under tests/ is run by some env of tox's env_list, read from tox.ini's pytest commands: a new
+test file cannot fall between the environments. Tests are selected by folder: ``py`` runs everything but
+tests/conformance and tests/kernels, ``kernels-interpret`` runs tests/kernels (whose conftest skips them all
+without TRITON_INTERPRET=1), the backend envs run tests/conformance."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shlex
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Folders whose conftest skips every test unless a variable is set from process start: (name, value).
+NEEDS_ENV = {"tests/kernels": ("TRITON_INTERPRET", "1")}
+
+
+def _tox(text: str) -> configparser.ConfigParser:
+    config = configparser.ConfigParser(interpolation=None)
+    config.read_string(text)
+    return config
+
+
+def _value(config: configparser.ConfigParser, env: str, key: str) -> str:
+    for section in (f"testenv:{env}", "testenv"):
+        if config.has_option(section, key):
+            return config.get(section, key)
+    return ""
+
+
+def _set_env(config: configparser.ConfigParser, env: str) -> dict[str, str]:
+    """An env's set_env, with tox's ``{[section]key}`` references expanded."""
+
+    def expand(text: str) -> str:
+        return re.sub(r"\{\[([^\]]+)\](\w+)\}", lambda m: expand(config.get(m[1], m[2], fallback="")), text)
+
+    pairs = (line.partition("=") for line in expand(_value(config, env, "set_env")).splitlines() if "=" in line)
+    return {name.strip(): value.strip() for name, _, value in pairs}
+
+
+def _pytest_selections(config: configparser.ConfigParser, env: str, testpaths: list[str]):
+    """(paths, ignored paths) of each pytest command of an env."""
+    for line in _value(config, env, "commands").splitlines():
+        words = shlex.split(line.replace("{posargs}", ""))
+        if words[:1] != ["pytest"] and words[:3] != ["python", "-m", "pytest"]:
+            continue
+        words = words[words.index("pytest") + 1:]
+        paths, ignored = [], []
+        while words:
+            word = words.pop(0)
+            if word.startswith("--ignore="):
+                ignored.append(word.partition("=")[2])
+            elif word == "--ignore":
+                ignored.append(words.pop(0))
+            elif word in ("-q", "-x", "-v", "-rs"):
+                continue
+            else:
+                assert not word.startswith("-"), f"tox env {env}: {word!r} is an option this test cannot read"
+                paths.append(word)
+        yield paths or testpaths, ignored
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def runners(tox_text: str, test_files: list[str], testpaths: list[str]) -> dict[str, list[str]]:
+    """For each test file (a path relative to the repository), the envs of env_list that run it: select it and do not
+    skip it for a variable they lack."""
+    config = _tox(tox_text)
+    envs = [e.strip() for e in config.get("tox", "env_list").split(",")]
+    found: dict[str, list[str]] = {f: [] for f in test_files}
+    for env in envs:
+        set_env = _set_env(config, env)
+        for paths, ignored in _pytest_selections(config, env, testpaths):
+            for f in test_files:
+                selected = any(_under(f, p) for p in paths) and not any(_under(f, i) for i in ignored)
+                skipped = any(_under(f, folder) and set_env.get(name) != value
+                              for folder, (name, value) in NEEDS_ENV.items())
+                if selected and not skipped and env not in found[f]:
+                    found[f].append(env)
+    return found
+
+
+def _testpaths() -> list[str]:
+    match = re.search(r"^testpaths\s*=\s*\[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M)
+    return re.findall(r'"([^"]+)"', match[1])
+
+
+def _test_files() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
+                  if p.name.startswith("test_") or p.name.endswith("_test.py"))
+
+
+def test_every_test_file_is_run_by_an_env_of_the_env_list():
+    found = runners((ROOT / "tox.ini").read_text(), _test_files(), _testpaths())
+    orphans = [f for f, envs in found.items() if not envs]
+    assert not orphans, f"no tox env of env_list runs {orphans} (tox.ini; tests/kernels needs TRITON_INTERPRET=1)"
+
+
+def test_every_path_a_tox_command_names_exists():
+    config = _tox((ROOT / "tox.ini").read_text())
+    envs = [s.partition(":")[2] for s in config.sections() if s.startswith("testenv:")]
+    for env in envs:
+        for paths, ignored in _pytest_selections(config, env, _testpaths()):
+            for p in paths + ignored:
+                assert (ROOT / p.partition("::")[0]).exists(), f"tox env {env} names {p}, which does not exist"
+
+
+def test_a_file_only_an_env_without_the_interpreter_selects_is_reported():
+    """The defect of issue 35: a kernel test file that the unit env selects but skips, and the kernel env's list of
+    files omits."""
+    tox = """
+[tox]
+env_list = py, kernels-interpret
+[testenv]
+set_env =
+    PYTHONUNBUFFERED = 1
+[testenv:py]
+commands = pytest -q --ignore=tests/conformance {posargs}
+[testenv:kernels-interpret]
+set_env =
+    {[testenv]set_env}
+    TRITON_INTERPRET = 1
+commands =
+    pytest -q tests/kernels/test_triton_topk.py {posargs}
+    python ci/memcheck_translate.py
+"""
+    files = ["tests/kernels/test_triton_topk.py", "tests/kernels/test_triton_producer.py", "tests/test_plan.py",
+             "tests/conformance/test_conformance.py"]
+    assert runners(tox, files, ["tests"]) == {"tests/kernels/test_triton_topk.py": ["kernels-interpret"],
+                                              "tests/kernels/test_triton_producer.py": [],
+                                              "tests/test_plan.py": ["py"],
+                                              "tests/conformance/test_conformance.py": []}
