@@ -6,9 +6,14 @@ without TRITON_INTERPRET=1), the backend envs run tests/conformance."""
 from __future__ import annotations
 
 import configparser
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,19 +28,19 @@ def _tox(text: str) -> configparser.ConfigParser:
 
 
 def _value(config: configparser.ConfigParser, env: str, key: str) -> str:
-    for section in (f"testenv:{env}", "testenv"):
-        if config.has_option(section, key):
-            return config.get(section, key)
-    return ""
-
-
-def _set_env(config: configparser.ConfigParser, env: str) -> dict[str, str]:
-    """An env's set_env, with tox's ``{[section]key}`` references expanded."""
+    """An env's setting (else [testenv]'s), with tox's ``{[section]key}`` references expanded."""
 
     def expand(text: str) -> str:
         return re.sub(r"\{\[([^\]]+)\](\w+)\}", lambda m: expand(config.get(m[1], m[2], fallback="")), text)
 
-    pairs = (line.partition("=") for line in expand(_value(config, env, "set_env")).splitlines() if "=" in line)
+    for section in (f"testenv:{env}", "testenv"):
+        if config.has_option(section, key):
+            return expand(config.get(section, key))
+    return ""
+
+
+def _set_env(config: configparser.ConfigParser, env: str) -> dict[str, str]:
+    pairs = (line.partition("=") for line in _value(config, env, "set_env").splitlines() if "=" in line)
     return {name.strip(): value.strip() for name, _, value in pairs}
 
 
@@ -133,3 +138,17 @@ commands =
                                               "tests/kernels/test_triton_producer.py": [],
                                               "tests/test_plan.py": ["py"],
                                               "tests/conformance/test_conformance.py": []}
+
+
+def test_a_backend_env_without_its_backend_stops_with_one_line():
+    """issue 35 item 7: tox -e cuda on a machine without an NVIDIA GPU printed 91 tracebacks (1,474 lines); the
+    conformance suite stops before any case with one line saying why and which env runs the kernels interpreted."""
+    missing = "rocm" if torch.cuda.is_available() and not torch.version.hip else "cuda"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["INDEXCACHE_CONFORMANCE_BACKENDS"] = f"{missing},torch"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/conformance"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 4 and len(lines) == 1, done.stdout + done.stderr
+    assert re.fullmatch(rf"ERROR: INDEXCACHE_CONFORMANCE_BACKENDS names {missing}, which cannot run here: .+ "
+                        rf"\(tox -e {missing}-interpret does\)", lines[0]), lines[0]

@@ -201,7 +201,7 @@ def _add_conformance(sub) -> None:
 
 
 def _run_conformance(args) -> int:
-    from indexcache.conformance.suite import run_all, table
+    from indexcache.conformance.suite import not_passed, run_all, table
     from indexcache.conformance.worker import catalogue_ops
     from indexcache.hal.dispatch import UnknownBackendError
 
@@ -213,6 +213,8 @@ def _run_conformance(args) -> int:
     with _input_errors(UnknownBackendError):
         reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile)
     print(table(reports))
+    for line in not_passed(reports):
+        print(f"  {line}")
     if reports:
         written = ", ".join(f"conformance-{r['backend']}" for r in reports)
         print(f"reports written to {out}: {written} (.json and .md)")
