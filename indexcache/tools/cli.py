@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from indexcache.plan import MAX_LAYERS, MAX_TOPK
@@ -26,13 +27,17 @@ class UsageError(Exception):
 
 
 @contextlib.contextmanager
-def _input_errors(*errors: type[Exception]) -> Iterator[None]:
+def _input_errors(*errors: type[Exception], flags: Iterable[str] = ()) -> Iterator[None]:
     """Turn the library's input errors ``errors`` raised inside into a :class:`UsageError`; anything else
-    propagates."""
+    propagates. A library argument the message names as ``name=`` that is one of ``flags`` (the command's
+    argparse dests) is named as its flag: ``producers=40`` reads ``--producers 40``."""
     try:
         yield
     except errors as exc:
-        raise UsageError(str(exc)) from exc
+        message = str(exc)
+        for name in flags:
+            message = re.sub(rf"(?<![\w-]){name}= ?", f"--{name.replace('_', '-')} ", message)
+        raise UsageError(message) from exc
 
 
 def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -342,7 +347,7 @@ def _run_calibrate(args) -> int:
             _check_input("--config", args.config)
         run = partial(calibrate.calibrate_dump, args.dump, config=args.config)
         errors += (FileNotFoundError,)  # a missing or empty --dump directory
-    with _input_errors(*errors):
+    with _input_errors(*errors, flags=vars(args)):
         found = run(args.out, keep=args.keep, producers=args.producers, threads=args.threads, plots=not args.no_plots)
     search, layers = found.search, found.layers
     last = search.steps[-1]
