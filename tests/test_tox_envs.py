@@ -140,6 +140,27 @@ commands =
                                               "tests/conformance/test_conformance.py": []}
 
 
+def test_envs_that_share_an_env_dir_run_one_after_another():
+    """The CPU envs share installed envs (lanes) under tox -p: two envs of one env_dir must be ordered by depends
+    (tox -p starts an env once the envs it depends on are done), or they would install into one folder at once."""
+    config = _tox((ROOT / "tox.ini").read_text())
+    envs = [e.strip() for e in config.get("tox", "env_list").split(",")]
+    folder = {env: _value(config, env, "env_dir").replace("{env_name}", env) for env in envs}
+    before = {env: {d.strip() for d in _value(config, env, "depends").split(",") if d.strip()} for env in envs}
+
+    def after(env: str) -> set[str]:
+        return before[env] | {e for d in before[env] for e in after(d)}
+
+    lanes: dict[str, list[str]] = {}
+    for env in envs:
+        lanes.setdefault(folder[env], []).append(env)
+    assert len(lanes) > 2, lanes  # the lanes and lint's own env
+    for lane in lanes.values():
+        for i, a in enumerate(lane):
+            for b in lane[i + 1:]:
+                assert a in after(b) or b in after(a), f"{a} and {b} share {folder[a]} but may run at once"
+
+
 def test_a_backend_env_without_its_backend_stops_with_one_line():
     """issue 35 item 7: tox -e cuda on a machine without an NVIDIA GPU printed 91 tracebacks (1,474 lines); the
     conformance suite stops before any case with one line saying why and which env runs the kernels interpreted."""
