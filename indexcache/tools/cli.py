@@ -194,8 +194,8 @@ def _add_conformance(sub) -> None:
         description="Run every conformance case on each backend (each in its own process) and compare with the "
         "float64 reference. Default: the selected backend plus every other available one; 'all' adds the "
         "Triton backends interpreted on the CPU (TRITON_INTERPRET=1) where their GPU is absent. A backend's report "
-        "from an earlier run is deleted before it runs. Exits 1 if any case fails or a backend's process crashes "
-        "or writes no report.",
+        "from an earlier run is deleted before it runs. Prints a backend x op table, then each case that was declined "
+        "or failed with its reason. Exits 1 if any case fails or a backend's process crashes or writes no report.",
     )
     p.add_argument("--backend", default=None, metavar="NAME|all", help="one backend, or 'all'")
     p.add_argument("--out", default="reports", help="directory for conformance-<backend>.json/.md (default: reports)")
