@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sweep", action="store_true", help="skip the tile-configuration sweep")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("no GPU visible: this script measures a GPU (the interpreted checks are tests/test_triton_logits.py)")
+        print("no GPU visible: this script measures a GPU "
+              "(the interpreted checks are tests/kernels/test_triton_logits.py)")
         return 2
     dispatch.reset()
     dev = CUDA

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
         print("no GPU visible: this script measures a GPU (pass --smoke with TRITON_INTERPRET=1 to check it on the "
-              "CPU; the interpreted checks are tests/test_triton_workspace.py)")
+              "CPU; the interpreted checks are tests/kernels/test_triton_workspace.py)")
         return 2
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = SMOKE if args.smoke else FULL

@@ -390,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sweep", action="store_true", help="skip the per-launch breakdown and the tuning sweep")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("no GPU visible: this script measures a GPU (the interpreted checks are tests/test_triton_topk.py)")
+        print("no GPU visible: this script measures a GPU "
+              "(the interpreted checks are tests/kernels/test_triton_topk.py)")
         return 2
     dev = CUDA
     dispatch.reset()

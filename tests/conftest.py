@@ -1,24 +1,7 @@
-import os
-
 import pytest
 import torch
 
 from indexcache.hal import dispatch
-
-# Modules that run Triton kernels through the interpreter. Triton picks interpreter mode when a kernel is
-# defined (module import), so they need TRITON_INTERPRET=1 from the start of the process; tox's
-# kernels-interpret env runs them so. Elsewhere they are skipped with that reason.
-INTERPRETED_MODULES = ("test_triton_",)
-
-
-def pytest_collection_modifyitems(config, items):
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    skip = pytest.mark.skip(reason="runs Triton interpreted: needs TRITON_INTERPRET=1 from process start "
-                                   "(tox -e kernels-interpret)")
-    for item in items:
-        if item.module.__name__.rpartition(".")[2].startswith(INTERPRETED_MODULES):
-            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -84,6 +84,22 @@ def test_json_has_what_the_table_shows(interpreted_run):
     assert "GB/s" in stdout and "% copy_bandwidth" in stdout
 
 
+@no_gpu
+def test_a_cpu_run_prints_no_ceiling_rate_or_roofline(interpreted_run):
+    """issue 35 item 7: off a GPU the ceilings print as n/a (a CPU's fp8 matmul printed "0 TFLOP/s") and no CPU or
+    interpreted row shows a rate, a floor, a share of a ceiling or a launch ratio (they printed "28313 %"); the
+    same report with GPU rows prints the numbers."""
+    stdout, report = interpreted_run
+    assert "ceiling copy_bandwidth: n/a (CPU: not a GPU's ceiling)" in stdout
+    assert "ceiling empty Triton launch: n/a (interpreted: not a GPU's ceiling)" in stdout
+    for r in report["results"]:
+        line = next(x for x in stdout.splitlines() if x.startswith(r["case"]) and f" {r['backend']} " in x)
+        assert line.count("n/a") == len(output.GPU_ONLY) and "%" not in line, line
+    as_gpu = {**report, "ceilings": {k: {**c, "mode": "GPU"} for k, c in report["ceilings"].items()},
+              "results": [{**r, "mode": "GPU"} for r in report["results"]]}
+    assert "n/a" not in output.format_table(as_gpu)
+
+
 def _with_backend(dispatch, name: str, fn) -> None:
     dispatch.registry()[name] = Backend(name=name, priority=-1, probe=lambda: Availability(True, "test", mode="CPU"),
                                         ops={"translate": OpImpl(fn)})

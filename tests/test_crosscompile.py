@@ -4,6 +4,9 @@ carry the results. Compiles for GPUs this machine does not have; runs nothing.""
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -219,3 +222,18 @@ def test_sgpr_spills_into_vgpr_lanes_pass_and_memory_spills_fail(vgpr, sgpr, scr
            "shared_bytes": 0}
     reasons = cc._rules(spec, cc.gpu_target("rocm", "gfx942"), res, [], "")
     assert bool(reasons) is failed, reasons
+
+
+def test_a_process_that_built_a_gluon_kernel_exits_without_a_leak_report(tmp_path):
+    """issue 35 item 7: libtriton's nanobind teardown printed a leak report at the exit of every process that had
+    built the Gluon block top-k (two in a green tox run: compile-check's two workers); such a process exits quiet,
+    its results intact."""
+    code = ("from indexcache.backends.cuda.tuning import tuning\n"
+            "from indexcache.backends.triton import crosscompile as cc, topk\n"
+            "target = cc.gpu_target('cuda', 'sm90')\n"
+            "spec = next(s for s in topk.compile_specs(target, tuning('sm90')) if s.kernel == 'topk_block_kernel')\n"
+            "print(cc.compile_spec(spec, target)['status'])\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0 and done.stdout == "passed\n", done.stdout + done.stderr
+    assert "nanobind" not in done.stderr, done.stderr

@@ -3,7 +3,7 @@ uint8 tensor on the op's device, 4-byte aligned and apart from the other argumen
 (every backend: the spec check); the torch backend takes none (``indexcache.workspace_bytes`` is 0) and ignores a
 given one, eagerly and compiled. On a CUDA GPU, two streams calling the ops at once get exactly their one-stream
 results, and a captured graph replays on its workspace without allocating. The interpreted Triton checks (threads,
-sizes) are in tests/test_triton_workspace.py."""
+sizes) are in tests/kernels/test_triton_workspace.py."""
 
 from __future__ import annotations
 

@@ -33,9 +33,15 @@ COLUMNS = (
     ("× {extra}", "speedup_vs_extra", "{:.2f}"),
     ("check", "check", "{}"),
 )
+# The columns that read as a speed or a share of a ceiling: on a row not timed on a GPU (CPU, interpreted Triton)
+# the table prints n/a there (the JSON keeps the numbers, with the row's mode).
+GPU_ONLY = ("rate", "floor_us", "ceiling_fraction", "launch_ratio", "launch_ratio_graph")
 
 
-def _cell(value: Any, fmt: str) -> str:
+def _cell(row: Mapping[str, Any], key: str, fmt: str) -> str:
+    if key in GPU_ONLY and row.get("mode") != "GPU":
+        return "n/a"
+    value = row.get(key)
     return "-" if value is None else fmt.format(value)
 
 
@@ -52,7 +58,10 @@ def format_table(report: Mapping[str, Any]) -> str:
     if report["notice"]:
         lines.append(f"NOTE: {report['notice']}")
     for name, c in report["ceilings"].items():
-        if name == "launch":
+        if c.get("mode") not in (None, "GPU"):
+            label = "empty Triton launch" if name == "launch" else name
+            lines.append(f"ceiling {label}: n/a ({c['mode']}: not a GPU's ceiling)")
+        elif name == "launch":
             if c["mode"] is None:
                 lines.append(f"ceiling empty Triton launch: not measured ({c['reason']})")
             else:
@@ -75,7 +84,7 @@ def format_table(report: Mapping[str, Any]) -> str:
         columns = [c for c in COLUMNS if c[1] != "speedup_vs_extra" or extras]
         headers = [h.format(unit=roof["unit"], ceiling=roofs[0] if len(roofs) == 1 else "roofline",
                             extra=extras[0] if extras else "") for h, _, _ in columns]
-        cells = [[_cell(row.get(key), fmt) for _, key, fmt in columns] for row in rows]
+        cells = [[_cell(row, key, fmt) for _, key, fmt in columns] for row in rows]
         widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
         lines += ["", f"op {name}: rate from graph time where measured, else eager"]
         lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())

@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from indexcache.plan import MAX_LAYERS, MAX_TOPK
@@ -26,13 +27,17 @@ class UsageError(Exception):
 
 
 @contextlib.contextmanager
-def _input_errors(*errors: type[Exception]) -> Iterator[None]:
+def _input_errors(*errors: type[Exception], flags: Iterable[str] = ()) -> Iterator[None]:
     """Turn the library's input errors ``errors`` raised inside into a :class:`UsageError`; anything else
-    propagates."""
+    propagates. A library argument the message names as ``name=`` that is one of ``flags`` (the command's
+    argparse dests) is named as its flag: ``producers=40`` reads ``--producers 40``."""
     try:
         yield
     except errors as exc:
-        raise UsageError(str(exc)) from exc
+        message = str(exc)
+        for name in flags:
+            message = re.sub(rf"(?<![\w-]){name}= ?", f"--{name.replace('_', '-')} ", message)
+        raise UsageError(message) from exc
 
 
 def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -189,8 +194,8 @@ def _add_conformance(sub) -> None:
         description="Run every conformance case on each backend (each in its own process) and compare with the "
         "float64 reference. Default: the selected backend plus every other available one; 'all' adds the "
         "Triton backends interpreted on the CPU (TRITON_INTERPRET=1) where their GPU is absent. A backend's report "
-        "from an earlier run is deleted before it runs. Exits 1 if any case fails or a backend's process crashes "
-        "or writes no report.",
+        "from an earlier run is deleted before it runs. Prints a backend x op table, then each case that was declined "
+        "or failed with its reason. Exits 1 if any case fails or a backend's process crashes or writes no report.",
     )
     p.add_argument("--backend", default=None, metavar="NAME|all", help="one backend, or 'all'")
     p.add_argument("--out", default="reports", help="directory for conformance-<backend>.json/.md (default: reports)")
@@ -201,7 +206,7 @@ def _add_conformance(sub) -> None:
 
 
 def _run_conformance(args) -> int:
-    from indexcache.conformance.suite import run_all, table
+    from indexcache.conformance.suite import not_passed, run_all, table
     from indexcache.conformance.worker import catalogue_ops
     from indexcache.hal.dispatch import UnknownBackendError
 
@@ -213,6 +218,8 @@ def _run_conformance(args) -> int:
     with _input_errors(UnknownBackendError):
         reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile)
     print(table(reports))
+    for line in not_passed(reports):
+        print(f"  {line}")
     if reports:
         written = ", ".join(f"conformance-{r['backend']}" for r in reports)
         print(f"reports written to {out}: {written} (.json and .md)")
@@ -340,7 +347,7 @@ def _run_calibrate(args) -> int:
             _check_input("--config", args.config)
         run = partial(calibrate.calibrate_dump, args.dump, config=args.config)
         errors += (FileNotFoundError,)  # a missing or empty --dump directory
-    with _input_errors(*errors):
+    with _input_errors(*errors, flags=vars(args)):
         found = run(args.out, keep=args.keep, producers=args.producers, threads=args.threads, plots=not args.no_plots)
     search, layers = found.search, found.layers
     last = search.steps[-1]

@@ -186,3 +186,38 @@ def test_op_call_with_an_unknown_backend_in_the_environment(monkeypatch, fresh_d
                              torch.tensor([8], dtype=I32), 16)
     with pytest.raises(dispatch.UnknownBackendError, match=expected):
         dispatch.get_backend()
+
+
+def test_conformance_prints_why_each_case_was_declined_or_failed(tmp_path, capsys, monkeypatch, fresh_dispatch):
+    """issue 35 item 7: the terminal says why a case was declined (and why one failed), not only how many."""
+    report = _report("passed one")
+    report["results"] += [
+        {"op": "mqa_logits", "case": "fp8 e4m3fnuz", "status": "declined", "error": None, "bound": None,
+         "detail": "backend 'torch' cannot run mqa_logits: q is float8_e4m3fnuz"},
+        {"op": "topk", "case": "ties", "status": "failed", "error": None, "bound": None,
+         "detail": "row 3: index sets differ\nsecond line"},
+    ]
+
+    def worker(cmd) -> int:
+        (tmp_path / "conformance-torch.json").write_text(json.dumps(report))
+        return 1
+
+    _fake_workers(monkeypatch, worker)
+    assert main(["conformance", "--backend", "torch", "--out", str(tmp_path)]) == 1
+    out, _ = capsys.readouterr()
+    assert ("  declined torch mqa_logits: fp8 e4m3fnuz: backend 'torch' cannot run mqa_logits: q is float8_e4m3fnuz\n"
+            "  failed torch topk: ties: row 3: index sets differ\n") in out
+    assert "passed one" not in out and "second line" not in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--keep", "0"], "--keep 0.0: must be a fraction in (0, 1]; use --producers for a count"),
+    (["--producers", "40", "--prompt-len", "64", "--topk", "16"],
+     "--producers 40: must be an integer in 1..12 (the sparse layers)"),
+])
+def test_calibrate_errors_name_the_flag(tmp_path, capsys, args, message):
+    """issue 35 item 7: an error of the calibration library names the command's flag, not the Python argument
+    (it read "keep=0.0: ...; use producers= for a count")."""
+    assert main(["calibrate", "--from-model", "v32-like", "--no-plots", "--out", str(tmp_path), *args]) == 2
+    _, err = capsys.readouterr()
+    assert err == f"indexcache calibrate: error: {message}\n"

@@ -1,0 +1,69 @@
+"""The README against the repository (issue 35 item 7): its ``indexcache`` commands parse, its quick start installs
+what its later commands need, it names the Triton that tox installs, and the example configs cite only files that
+are in the repository."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from indexcache.tools.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _shell_lines() -> list[str]:
+    """The commands of the README's bash blocks, one a line, comments dropped, ``&&`` chains split."""
+    blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
+    lines = [line.split(" # ")[0].strip() for block in blocks for line in block.splitlines()]
+    return [part.strip() for line in lines for part in line.split("&&") if part.strip()]
+
+
+def _extras() -> dict[str, list[str]]:
+    """pyproject.toml's optional dependencies: extra -> requirements."""
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[project.optional-dependencies]")[1].split("\n[")[0]
+    return {m[1]: re.findall(r'"([^"]+)"', m[2]) for m in re.finditer(r"^(\w+) = \[(.*)\]$", section, re.M)}
+
+
+@pytest.mark.parametrize("command", [c for c in _shell_lines() if c.startswith("indexcache ")])
+def test_every_indexcache_command_of_the_readme_parses(command):
+    try:
+        build_parser().parse_args(shlex.split(command)[1:])
+    except SystemExit as exc:
+        pytest.fail(f"the README's `{command}` does not parse (exit {exc.code})")
+
+
+def test_the_quick_start_installs_what_the_readme_commands_need():
+    """`calibrate ... --out` draws plots and `demo --plot` writes one: both need matplotlib (the bench extra),
+    which the quick start installed not (they failed right after it); the kernels need Triton (cuda)."""
+    (install,) = [c for c in _shell_lines() if c.startswith('pip install -e ".[')]
+    wanted = re.search(r"\[([\w,]+)\]", install)[1].split(",")
+    extras = _extras()
+    deps = [dep for extra in wanted for dep in extras[extra]]
+    assert any(dep.startswith("matplotlib") for dep in deps), install
+    assert any(dep.startswith("triton") for dep in deps), install
+    assert any(c.startswith("indexcache demo --plot") for c in _shell_lines())
+
+
+def test_the_readme_names_the_triton_and_torch_that_tox_installs():
+    tox = (ROOT / "tox.ini").read_text()
+    triton = re.search(r"\{env:INDEXCACHE_TRITON_SPEC:triton==([\d.]+)\}", tox)[1]
+    torch = re.search(r"\{env:INDEXCACHE_TORCH_SPEC:torch==([\d.]+)\}", tox)[1]
+    index = re.search(r"\{env:INDEXCACHE_TORCH_INDEX:(\S+)\}", tox)[1]
+    named = re.findall(r"CI (?:tests|compiles with) Triton ([\d.]+)", README)
+    assert named and set(named) == {triton}, named
+    assert f"pip install torch=={torch} --index-url {index}" in _shell_lines()
+
+
+def test_the_example_configs_cite_only_files_in_the_repository():
+    """They cited a REFERENCE.md that is not in the repository."""
+    for path in sorted((ROOT / "examples" / "configs").glob("*.json")):
+        comment = json.loads(path.read_text()).get("_comment", "")
+        for name in re.findall(r"[\w./-]+\.md\b", comment):
+            assert (ROOT / name).exists(), f"{path.name} cites {name}, which is not in the repository"
