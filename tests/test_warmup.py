@@ -202,3 +202,53 @@ def test_a_warmed_variant_is_what_a_launch_looks_up(tmp_path, monkeypatch):
         fn.warmup(*v.launch.args, grid=(1,), **v.launch.named, **dict(v.launch.options))
     assert recorder.hits == [True] * len(warmed) + [False] * len(cold)
 
+
+def _coldstart():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bench_coldstart_gpu", ROOT / "bench" / "coldstart_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("kind", "dims"), [("decode", (3, 200, 2)), ("decode", (1, 100, 1)),
+                                            ("prefill", (100, 300))])
+def test_the_coldstart_sweep_makes_the_calls_warmup_lists(kind, dims):
+    """bench/coldstart_gpu.py runs the calls of decode_calls / prefill_calls on real tensors of the same shapes,
+    strides and dtypes, sharing what they share (the key quantization through the public op, which allocates)."""
+    bench = _coldstart()
+    fp8 = torch.float8_e4m3fn
+    meta = decode_calls(PLAN, 64, fp8, *dims) if kind == "decode" else prefill_calls(PLAN, 64, fp8, *dims)
+    real = bench.materialize(kind, meta, dims, fp8, torch.device("cpu"))
+    assert [op for op, _ in real] == [op for op, _ in meta]
+    pairs = {}
+    for (op, m), (_, r) in zip(meta, real, strict=True):
+        if op == "quantize_index_k":
+            assert set(r) == {"k", "fp8_dtype", "block"}
+        for name, value in r.items():
+            if isinstance(value, torch.Tensor):
+                assert (value.shape, value.stride(), value.dtype) == (m[name].shape, m[name].stride(), m[name].dtype)
+                assert pairs.setdefault(id(m[name]), value) is value, f"{op} {name}: shared in the meta calls"
+            else:
+                assert value == m[name], f"{op} {name}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path")
+def test_coldstart_smoke_runs_the_sweep_on_the_cpu(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "coldstart.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "coldstart_gpu.py"), "--smoke", "--phases",
+                           "cold,deepgemm", "--calls", "1", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    rows = report["cold"]["shapes"]
+    assert [(r["kind"], tuple(r["shape"])) for r in rows] == _coldstart().shapes(smoke=True)
+    assert all(r["first_ms"] > 0 and r["steady_ms"] > 0 for r in rows)
+    assert "absent" in report["deepgemm"] or report["deepgemm"]["shapes"]
