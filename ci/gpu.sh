@@ -22,6 +22,10 @@
 # (not in the default parts; PEER_WHEELS, a folder of peer wheels such as sgl-deep-gemm 0.1.2 and apache-tvm-ffi
 # 0.1.9, installs them into a folder of their own first); GPU_SH_SKIP, names of steps to leave out (e.g.
 # "logits-gpu").
+# The core part starts with indexcache warmup (the DeepSeek-V3.2 example config's kernel variants, compiled in
+# parallel). coldstart = bench/coldstart_gpu.py: the serving sweep's compiles and first calls, cold and after
+# indexcache warmup, and DeepGEMM's JIT where it imports (after peers when both run); not in the default parts (about
+# five minutes).
 set -u
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 PY=${PYTHON:-python3}
@@ -109,6 +113,10 @@ run_hook() {  # run_hook NAME LIMIT: bench/NAME_gpu.py --out WORK/NAME, when the
 }
 
 if part core; then
+# Every Triton kernel variant a DeepSeek-V3.2 deployment can launch on this GPU, compiled in parallel over the cores
+# into Triton's cache (docs/kernels.md, "Kernel variants"): the step's time is that deployment's warmup. The
+# conformance cases, at other heads, k and page sizes, still compile most of theirs.
+step warmup 120 "${IC[@]}" warmup --config examples/configs/deepseek-v3.2.json
 # The default backends: those available on this machine (cuda and torch, compiled); CI interprets the rest.
 step conformance 240 "${IC[@]}" conformance --out "$WORK/reports"
 # The A100 (sm80) path forced on this GPU: fp8 read as bytes and decoded to fp16 before an fp16 mma.sync,
@@ -201,6 +209,10 @@ if part peers; then
     DG_JIT_CACHE_DIR=$(mktemp -d); export DG_JIT_CACHE_DIR
   fi
   run_hook peers 420
+fi
+
+if part coldstart; then  # fresh Triton and DeepGEMM caches of its own
+  run_hook coldstart 540
 fi
 
 tar -czf "$OUT/reports.tar.gz" -C "$WORK" . || record pack "FAILED (tar)" - 0

@@ -32,6 +32,7 @@ _PUBLIC = {
     "cp_topk_translate": "indexcache.runtime.distributed",
     "zigzag_key_index": "indexcache.runtime.distributed",
     "workspace_bytes": "indexcache.hal.ops",
+    "warmup": "indexcache.tools.warmup",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -25,8 +25,12 @@ def _kernel(x_ptr, n, FLAG: triton.language.constexpr):
     pass
 
 
-def _launcher() -> Launcher:
-    return Launcher(JITFunction(_kernel))
+def _launcher(**decorator) -> Launcher:
+    return Launcher(JITFunction(_kernel, **decorator))
+
+
+def _rule(t, align):  # NVIDIA's tensor rule, BaseBackend's
+    return align and t.data_ptr() % 16 == 0
 
 
 def _values() -> list:
@@ -53,21 +57,39 @@ def _descriptors() -> list:
     return found
 
 
-def test_key_separates_what_triton_specializes():
-    launcher = _launcher()
-    rule = lambda t: t.data_ptr() % 16 == 0  # noqa: E731  (NVIDIA's rule, BaseBackend's)
+@pytest.mark.parametrize(("decorator", "specialize", "align"), [
+    ({}, True, True),
+    ({"do_not_specialize": ["x_ptr", "n"]}, False, True),
+    ({"do_not_specialize_on_alignment": ["x_ptr"]}, True, False),
+])
+def test_key_separates_what_triton_specializes(decorator, specialize, align):
+    launcher = _launcher(**decorator)
     values = _values()
-    ours = [launcher._classes((v, 0, True), rule)[0] for v in values]
-    theirs = [native_specialize_impl(BaseBackend, v, False, True, True) for v in values]
-    for (a, ka, ta), (b, kb, tb) in itertools.combinations(zip(values, ours, theirs, strict=True), 2):
-        if ka == kb:
-            assert ta == tb, f"{a!r} and {b!r} share the key {ka!r} but Triton specializes them as {ta} and {tb}"
+    for position in (0, 1):  # the pointer's and the int's parameter: each with its own rule
+        ours = [launcher._classes((v, 0, True)[:position] + (v,) + (0, True)[position:], _rule)[position]
+                for v in values]
+        theirs = [native_specialize_impl(BaseBackend, v, False, specialize, align) for v in values]
+        for (a, ka, ta), (b, kb, tb) in itertools.combinations(zip(values, ours, theirs, strict=True), 2):
+            if ka == kb:
+                assert ta == tb, f"{a!r} and {b!r} share the key {ka!r} but Triton specializes them as {ta} and {tb}"
+
+
+def test_an_unspecialized_parameter_keeps_only_its_type():
+    """``do_not_specialize``: 1, 16 and 17 are one variant (the launcher's key as Triton's); a pointer without its
+    alignment, aligned or not, is one too."""
+    plain, free = _launcher(), _launcher(do_not_specialize=["n"], do_not_specialize_on_alignment=["x_ptr"])
+    x = torch.zeros(64, dtype=torch.int32)
+    for launcher, variants in ((plain, 3), (free, 1)):
+        keys = {tuple(launcher._classes((x, n, True), _rule)) for n in (1, 16, 17)}
+        assert len(keys) == variants
+    assert free._classes((x, 5, True), _rule) == free._classes((x[1:], 5, True), _rule)
+    assert plain._classes((x, 5, True), _rule) != plain._classes((x[1:], 5, True), _rule)
+    assert free._classes((x, 5, True), _rule) != free._classes((x, 2**40, True), _rule)  # the width stays
 
 
 def test_constexpr_values_are_part_of_the_key():
     launcher = _launcher()
-    rule = lambda t: True  # noqa: E731
-    assert launcher._classes((None, 3, 4), rule) != launcher._classes((None, 3, 5), rule)
+    assert launcher._classes((None, 3, 4), _rule) != launcher._classes((None, 3, 5), _rule)
 
 
 def test_wrong_arguments_name_what_is_missing_and_unexpected():
@@ -120,7 +142,7 @@ def _fast_launcher(monkeypatch) -> tuple[Launcher, _Jit]:
     launcher = _launcher()
     jit = _Jit()
     monkeypatch.setattr(launcher, "fn", jit)
-    monkeypatch.setattr(launcher, "_driver", (lambda: 0, lambda device: 77, lambda t: t.data_ptr() % 16 == 0))
+    monkeypatch.setattr(launcher, "_driver", (lambda: 0, lambda device: 77, _rule))
     return launcher, jit
 
 
@@ -196,3 +218,16 @@ def test_host_launch_arithmetic_equals_tritons():
     for a in range(0, 300):
         for b in range(1, 40):
             assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
+
+
+def test_planning_builds_launches_without_compiling(monkeypatch):
+    """Inside ``planning`` the launch builders read the planned GPU's multiprocessors and nothing compiles."""
+    from indexcache.backends.triton.launcher import planned_sms, planning
+
+    launcher, jit = _fast_launcher(monkeypatch)
+    x = torch.zeros(64, dtype=torch.int32)
+    with planning(132):
+        assert planned_sms() == 132
+        assert launcher.resident(launch_key_options({"num_warps": 4}), x, 32, FLAG=True) is None
+    assert planned_sms() is None
+    assert jit.calls == []

@@ -50,7 +50,7 @@ def test_each_public_name_resolves_to_its_layer():
     for name in indexcache.__all__:
         value = getattr(indexcache, name)
         assert name in dir(indexcache) and value.__name__ == name, name
-        assert value.__module__.split(".")[1] in ("hal", "plan", "runtime"), (name, value.__module__)
+        assert value.__module__.split(".")[1] in ("hal", "plan", "runtime", "tools"), (name, value.__module__)
     for op in OP_NAMES:
         assert getattr(indexcache, op) is getattr(ops, op)
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):

@@ -176,8 +176,11 @@ def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
         result["reasons"].append(f"{threads} threads a block ({spec.options['num_warps']} warps of "
                                  f"{target.warp_size}), above {MAX_THREADS}")
     signature = spec.signature()
+    # Pointers are 16-byte aligned and ``aligned`` ints multiples of 16, unless the kernel specializes neither
+    # (``do_not_specialize``, ``do_not_specialize_on_alignment``), as a launch does.
+    free = {p.name for p in spec.fn.params if p.do_not_specialize or p.do_not_specialize_on_alignment}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(signature.items())
-             if ty.startswith("*") or name in spec.aligned}
+             if name not in free and (ty.startswith("*") or name in spec.aligned)}
     start = time.perf_counter()
     try:
         # ptxas failures print the whole PTX on stdout; the error itself is kept.

@@ -267,7 +267,11 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales
             i += 1
 
 
-@gluon.jit
+# The batch, the context, the cache's and the table's sizes and the row strides of the table and the logits take no
+# part in the variant, nor do the addresses of the lengths and the table (docs/kernels.md, "Kernel variants"): the
+# logits are stored from the matmul's layout, a key a thread, masked by the context.
+@gluon.jit(do_not_specialize=("batch", "max_ctx", "num_pages", "table_pages", "tab_s0", "out_s0"),
+           do_not_specialize_on_alignment=("ctx_ptr", "table_ptr"))
 def paged_decode_sm90_kernel(
     q_ptr, keys_desc, scales_desc, w_ptr, ctx_ptr, table_ptr, out_ptr,
     batch, max_ctx, num_pages, table_pages,

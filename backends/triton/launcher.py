@@ -11,16 +11,23 @@ A specialization is what Triton compiles a kernel for, and the key here is never
 the launch options, the constexpr values, each tensor's dtype and 16-byte alignment (on AMD the backend's
 own rule, which adds whether the storage spans less than 2 GiB), each int's class (1, a multiple of 16,
 32 or 64 bits), each tensor descriptor's type, dtype, block shape, shared layout and base alignment, the type of
-anything else, and the current device. Interpreted (``TRITON_INTERPRET=1``)
+anything else, and the current device. A parameter the kernel lists in ``do_not_specialize`` keeps only its type
+(an int its width, a tensor its dtype), one in ``do_not_specialize_on_alignment`` drops the alignment, as Triton's
+own key does (docs/kernels.md, "Kernel variants"). Interpreted (``TRITON_INTERPRET=1``)
 and while a launch hook is installed (a profiler such as proton), every call goes through Triton; interpreted
 launches run one at a time in the process (Triton's interpreter keeps the program being run in one global).
+
+Inside :func:`planning` launches are only built, for a GPU that need not be here: nothing is compiled and
+:meth:`Launcher.resident` answers None (``indexcache warmup`` lists and builds the variants that way).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +72,42 @@ def _int_class(v: int) -> int:
     """Triton's classes of an int argument: 1 (a constant), a multiple of 16 or not, 32, 64 or unsigned 64 bits."""
     if v == 1:
         return 0
-    width = 1 if _I32[0] <= v < _I32[1] else 2 if _I64[0] <= v < _I64[1] else 3
-    return 2 * width + (v % 16 == 0)
+    return 2 * _int_width(v) + (v % 16 == 0)
+
+
+def _int_width(v: int) -> int:
+    """The class of an int argument Triton does not specialize (``do_not_specialize``): 32, 64 or unsigned 64 bits."""
+    return 1 if _I32[0] <= v < _I32[1] else 2 if _I64[0] <= v < _I64[1] else 3
+
+
+# What the key keeps of a parameter (Triton's own rule for it): its value (a constexpr), its full class, its type
+# only (``do_not_specialize``), or its class without alignment (``do_not_specialize_on_alignment``).
+_CONSTEXPR, _SPECIALIZED, _TYPE_ONLY, _UNALIGNED = range(4)
+_PLANNING: contextvars.ContextVar[int | None] = contextvars.ContextVar("indexcache_planning", default=None)
+
+
+@contextlib.contextmanager
+def planning(sms: int) -> Iterator[None]:
+    """Inside, launches are built as data for a GPU of ``sms`` multiprocessors that need not be present (meta tensors
+    are fine): :func:`planned_sms` answers ``sms`` and :meth:`Launcher.resident` None, so nothing compiles."""
+    token = _PLANNING.set(sms)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
+
+
+def planned_sms() -> int | None:
+    """The multiprocessors of :func:`planning`'s GPU inside it, else None (the launch builders ask the device)."""
+    return _PLANNING.get()
+
+
+def _rule(param: Any) -> int:
+    if param.is_constexpr:
+        return _CONSTEXPR
+    if param.do_not_specialize:
+        return _TYPE_ONLY
+    return _UNALIGNED if param.do_not_specialize_on_alignment else _SPECIALIZED
 
 
 class Launcher:
@@ -81,7 +122,7 @@ class Launcher:
         self.fn = fn
         self._fast = isinstance(fn, JITFunction)  # not under TRITON_INTERPRET (an InterpretedFunction)
         self._names: tuple[str, ...] = tuple(fn.arg_names)
-        self._constexpr: tuple[bool, ...] = tuple(p.is_constexpr for p in fn.params) if self._fast else ()
+        self._rules: tuple[int, ...] = tuple(_rule(p) for p in fn.params) if self._fast else ()
         self.__name__ = getattr(fn, "__name__", "kernel")
         self._kernels: dict[tuple, Any] = {}
         self._driver: tuple | None = None  # (current device, current stream, tensor rule), bound at first use
@@ -142,7 +183,7 @@ class Launcher:
         registers and shared memory (compiled now where it was not yet; nothing launched). None interpreted or on
         AMD: the caller's tuning table decides there."""
         values = self._values(args, named)
-        if not self._fast:
+        if not self._fast or planned_sms() is not None:
             return None
         device, key = self._key(options, values)
         kernel = self._kernels.get(key)
@@ -175,19 +216,20 @@ class Launcher:
         return values
 
     def _classes(self, values: tuple, tensor_rule) -> list:
-        """Per parameter, what Triton specializes on (or something finer): see the module docstring."""
+        """Per parameter, what Triton specializes on (or something finer): see the module docstring.
+        ``tensor_rule(t, align)``: the backend's class of a tensor's address."""
         classes = []
-        for v, constexpr in zip(values, self._constexpr, strict=True):
+        for v, rule in zip(values, self._rules, strict=True):
             kind = type(v)
-            if constexpr:
+            if rule == _CONSTEXPR:
                 classes.append(v)
             elif kind is int:
-                classes.append(_int_class(v))
+                classes.append(_int_width(v) if rule == _TYPE_ONLY else _int_class(v))
             elif isinstance(v, torch.Tensor):
-                classes.append((v.dtype, tensor_rule(v)))
+                classes.append(v.dtype if rule == _TYPE_ONLY else (v.dtype, tensor_rule(v, rule == _SPECIALIZED)))
             elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a host tensor descriptor (TMA)
                 classes.append((kind, v.base.dtype, tuple(v.block_shape), getattr(v, "layout", None),
-                                tensor_rule(v.base)))
+                                tensor_rule(v.base, True)))
             else:
                 classes.append(kind)
         return classes
@@ -226,7 +268,8 @@ class Launch:
 
 def _bind_driver():
     """The active Triton driver's current-device and current-stream functions, and the tensor rule of its
-    compiler backend (16-byte alignment, plus the backend's own additions where it overrides the rule)."""
+    compiler backend, ``tensor_rule(t, align)`` (16-byte alignment where ``align``, plus the backend's own additions
+    where it overrides the rule)."""
     from triton.backends.compiler import BaseBackend
     from triton.compiler.compiler import make_backend
     from triton.runtime.driver import driver
@@ -235,11 +278,11 @@ def _bind_driver():
     backend = make_backend(active.get_current_target())
     rule = type(backend).get_tensor_specialization
     if rule is BaseBackend.get_tensor_specialization:
-        def tensor_rule(t):
-            return t.data_ptr() % 16 == 0
+        def tensor_rule(t, align):
+            return align and t.data_ptr() % 16 == 0
     else:
-        def tensor_rule(t):
-            return rule(t, align=True)
+        def tensor_rule(t, align):
+            return rule(t, align=align)
     return active.get_current_device, active.get_current_stream, tensor_rule
 
 

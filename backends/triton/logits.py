@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options, planned_sms
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
@@ -120,20 +120,23 @@ def _pair(a, b, A_ON_ROWS: tl.constexpr):
     return pair
 
 
-@triton.jit
+# The token count takes no part in the variant, nor do the addresses of the windows (read a token at a time;
+# docs/kernels.md, "Kernel variants"). The key count does, as the logits' row stride (equal for contiguous logits):
+# the boundary tiles' masks and the -inf fill keep 16-byte accesses where it is a multiple of 16.
+@triton.jit(do_not_specialize=("T",), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
 def mqa_logits_kernel(
     q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
     T, N,
     q_s0, q_s1, q_s2, k_s0, k_s1, scale_s0, w_s0, w_s1, ks_s0, ke_s0, out_s0, out_s1,
-    H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PROGRAMS: tl.constexpr,
-    KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_ON_M: tl.constexpr,
+    WIDEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     blocks = tl.cdiv(T, BLOCK_Q)
     rows = tl.arange(0, BLOCK_Q * H)
     dims = tl.arange(0, D)
     keys = tl.arange(0, BLOCK_N)
-    for i in range(pid, blocks, PROGRAMS):
+    for i in range(pid, blocks, tl.num_programs(0)):
         t0 = (blocks - 1 - i) * BLOCK_Q
         tok = t0 + tl.arange(0, BLOCK_Q)
         tok_ok = tok < T
@@ -356,7 +359,11 @@ def _context_tiles(ctx, max_ctx, BLOCK_KEYS: tl.constexpr):
     return tl.cdiv(tl.minimum(tl.maximum(ctx, 0), max_ctx), BLOCK_KEYS)
 
 
-@triton.jit
+# The batch, the context, the cache's and the table's sizes and the row strides of the table and the logits take no
+# part in the variant, nor do the addresses of the lengths and the table (read an entry at a time): a tile's stores
+# are masked by the context and so never vectorized (docs/kernels.md, "Kernel variants").
+@triton.jit(do_not_specialize=("batch", "max_ctx", "num_pages", "table_pages", "tab_s0", "out_s0"),
+            do_not_specialize_on_alignment=("ctx_ptr", "table_ptr"))
 def paged_mqa_logits_kernel(
     q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr,
     batch, max_ctx, num_pages, table_pages,
@@ -443,7 +450,9 @@ def _as_bytes(x: torch.Tensor, widen: int) -> torch.Tensor:
 
 
 def _programs(target: Target, device: torch.device) -> int:
-    return INTERPRETED_SMS if target.interpreted else sm_count(device.index or 0)
+    """Multiprocessors of the device (of the planned one inside ``launcher.planning``); ``INTERPRETED_SMS``
+    interpreted."""
+    return INTERPRETED_SMS if target.interpreted else planned_sms() or sm_count(device.index or 0)
 
 
 def _check_dtype(name: str, dtype: torch.dtype, target: Target, bf16: bool) -> list[str]:
@@ -491,8 +500,7 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
          tokens, n,
          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
          weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1)),
-        dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], PROGRAMS=programs,
-             KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen),
+        dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen),
     )
 
 
@@ -593,8 +601,6 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
 
     heads, dim, page = 64, 128, 64
     prefill, decode = tuning["mqa_logits"], tuning["paged_mqa_logits"]
-    # PROGRAMS is the persistent loop's stride (SMs × PROGRAMS_PER_SM); any value builds the same code.
-    programs = 132 * prefill.get("PROGRAMS_PER_SM", 1)
     specs = []
     for dtype in (target.fp8_dtype, torch.bfloat16):
         widen = _widen_mode(dtype, target, prefill)
@@ -605,7 +611,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             {"q_ptr": data, "k_ptr": data, "scale_ptr": "*fp32", "w_ptr": "*fp32",
              "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"},
             {"H": heads, "D": dim, "BLOCK_Q": max(1, prefill["COLS"] // heads, 16 // heads),
-             "BLOCK_N": prefill["BLOCK_N"], "PROGRAMS": programs, "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen,
+             "BLOCK_N": prefill["BLOCK_N"], "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen,
              "q_s2": 1, "k_s1": 1, "scale_s0": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
             launch_options(target, prefill), matrix=operand, aligned=("q_s0", "q_s1", "k_s0", "w_s0")))
     widen = _widen_mode(target.fp8_dtype, target, decode)

@@ -169,7 +169,10 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
             gl.store(out_ptr + fill_rows[:, None] + fc[None, :], fill, mask=fill_ok & (fc < N)[None, :])
 
 
-@gluon.jit
+# The token count takes no part in the variant, nor do the addresses of the windows (read a token at a time;
+# docs/kernels.md, "Kernel variants"). The key count does, as the logits' row stride (equal for contiguous logits):
+# the -inf fill keeps 16-byte stores where it is a multiple of 16.
+@gluon.jit(do_not_specialize=("T",), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
 def prefill_sm90_kernel(
     keys_desc, q_desc, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
     T, N, w_s0, ks_s0, ke_s0, out_s0,

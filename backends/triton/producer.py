@@ -30,7 +30,7 @@ from indexcache.hal.contract import OpImpl
 DRAFT_BLOCK = 256  # rows a program of draft_rows_kernel
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("rows",), do_not_specialize_on_alignment=("ctx_ptr", "lengths_ptr", "r2b_ptr"))
 def draft_rows_kernel(ctx_ptr, lengths_ptr, r2b_ptr, rows, ctx_s0, NEXT_N: tl.constexpr, BLOCK: tl.constexpr):
     """Row ``r = b · NEXT_N + j``'s length, ``max(context_lens[b], 0) - NEXT_N + 1 + j`` (the keys it sees), and
     its request ``b``."""

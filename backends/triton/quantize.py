@@ -84,7 +84,9 @@ def _quantize_rows(x, LIMIT: tl.constexpr, MIN_EXP: tl.constexpr):
     return y, tl.where(bad, float("nan"), _pow2(e))
 
 
-@triton.jit
+# The row count (and the cache's slots) take no part in a variant, nor does the address of the slots (read an entry at
+# a time; docs/kernels.md, "Kernel variants").
+@triton.jit(do_not_specialize=("rows",))
 def quantize_kernel(
     k_ptr, q_ptr, s_ptr, rows, cols,
     k_s0, k_s1, q_s0, q_s1, s_s0, s_s1,
@@ -102,7 +104,7 @@ def quantize_kernel(
     tl.store(s_ptr + r64 * s_s0 + blk * s_s1, scale, mask=r < rows)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("rows", "slots"), do_not_specialize_on_alignment=("slot_ptr",))
 def store_kernel(
     k_ptr, slot_ptr, kv_ptr, kv_scale_ptr, rows, slots,
     k_s0, k_s1, slot_s0,
@@ -137,23 +139,33 @@ def _fp8_bits(cfg: Mapping[str, Any]) -> bool:
     return cfg.get("FP8_CVT", "native") == "bits"
 
 
+def quantize_index_k_launch(k, q, scale, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any],
+                            options: Options | None = None) -> Launch | None:
+    """The launch that fills ``q [N, D]`` (fp8_dtype) and ``scale [N, D // block]`` float32 from ``k [N, D]``
+    (contract: ``indexcache.quantize_index_k``), None when they are empty."""
+    rows, cols = k.shape
+    if q.numel() == 0:
+        return None
+    block_p2 = next_power_of_2(block)
+    block_r = max(1, cfg["ELEMS"] // block_p2)  # the tile follows the block, never the row count
+    options = options or launch_key_options(launch_options(target, cfg))
+    return Launch(
+        QUANTIZE, (cdiv(rows, block_r), cols // block), options,
+        (k, q.view(torch.uint8) if _fp8_bits(cfg) else q, scale, rows, cols,
+         k.stride(0), k.stride(1), q.stride(0), q.stride(1), scale.stride(0), scale.stride(1)),
+        dict(LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), BLOCK=block, BLOCK_P2=block_p2, BLOCK_R=block_r),
+    )
+
+
 def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any],
                      options: Options | None = None):
     """``(k_fp8 [N, D] fp8_dtype, scale [N, D // block] float32)`` (contract: ``indexcache.quantize_index_k``)."""
     rows, cols = k.shape
     q = torch.empty((rows, cols), dtype=fp8_dtype, device=k.device)
     scale = torch.empty((rows, cols // block), dtype=torch.float32, device=k.device)
-    if q.numel() == 0:
-        return q, scale
-    block_p2 = next_power_of_2(block)
-    block_r = max(1, min(cfg["ELEMS"] // block_p2, next_power_of_2(rows)))
-    options = options or launch_key_options(launch_options(target, cfg))
-    QUANTIZE(
-        (cdiv(rows, block_r), cols // block), options,
-        k, q.view(torch.uint8) if _fp8_bits(cfg) else q, scale, rows, cols,
-        k.stride(0), k.stride(1), q.stride(0), q.stride(1), scale.stride(0), scale.stride(1),
-        LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), BLOCK=block, BLOCK_P2=block_p2, BLOCK_R=block_r,
-    )
+    launch = quantize_index_k_launch(k, q, scale, fp8_dtype, block, target=target, cfg=cfg, options=options)
+    if launch is not None:
+        launch()
     return q, scale
 
 
@@ -167,7 +179,7 @@ def store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target,
     page = cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
     d_p2 = next_power_of_2(dim)
-    block_r = max(1, min(cfg["ELEMS"] // d_p2, next_power_of_2(rows)))
+    block_r = max(1, cfg["ELEMS"] // d_p2)  # the tile follows the head dim, never the row count
     options = options or launch_key_options(launch_options(target, cfg))
     return Launch(
         STORE, (cdiv(rows, block_r),), options,

@@ -60,7 +60,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from indexcache.backends.triton import topk_block
 from indexcache.backends.triton import workspace as workspaces
-from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options, planned_sms
 from indexcache.backends.triton.rows import (
     INT_MAX,
     INT_MIN,
@@ -496,7 +496,19 @@ def _fallback(row_ptr, s1, start, length, k, cap, stash_key, stash_idx,
     return b, above, tied
 
 
-@triton.jit
+# What varies per call takes no part in a kernel's variant (docs/kernels.md, "Kernel variants"): the row and column
+# counts, the stash's size, the chunks a row, the page table's shape and row stride; nor the alignment of the index
+# tensors (read an entry at a time) and of the workspace's pieces (views at offsets that follow the shape). The
+# scores' row stride is left to the fused kernel (its filter reads whole tiles with 16-byte loads where the rows are
+# aligned); the sample and the filter read no two neighbours a thread, and the finishing kernel reads scores only
+# in its exact fallback.
+_PER_CALL = ("rows", "cols", "cap", "chunks", "batches", "pages", "tab_s0")
+_SPLIT = (*_PER_CALL, "s_s0")
+_UNALIGNED = ("lengths_ptr", "starts_ptr", "r2b_ptr", "table_ptr", "stash_ptr", "counts_ptr", "hist_ptr",
+              "region_ptr")
+
+
+@triton.jit(do_not_specialize=_PER_CALL, do_not_specialize_on_alignment=_UNALIGNED)
 def topk_rows_kernel(
     scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, stash_ptr, counts_ptr,
     rows, cols, k, cap, batches, pages, page_size,
@@ -539,7 +551,7 @@ def topk_rows_kernel(
         tl.debug_barrier()  # the next row reuses the stash
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SPLIT, do_not_specialize_on_alignment=_UNALIGNED)
 def topk_sample_kernel(
     scores_ptr, lengths_ptr, starts_ptr, hist_ptr, cols, k, s_s0, s_s1, len_s0, st_s0,
     HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr, BINS: tl.constexpr,
@@ -557,15 +569,14 @@ def topk_sample_kernel(
         tl.store(hist_row + BINS + 1, _bin_shift(floor, best, BINS))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SPLIT, do_not_specialize_on_alignment=_UNALIGNED)
 def topk_filter_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, hist_ptr, region_ptr, counts_ptr, cols, k,
+    scores_ptr, lengths_ptr, starts_ptr, hist_ptr, region_ptr, counts_ptr, cols, k, chunk,
     s_s0, s_s1, len_s0, st_s0,
-    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, CHUNK: tl.constexpr, LANES: tl.constexpr, PACK: tl.constexpr,
-    BINS: tl.constexpr,
+    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, LANES: tl.constexpr, PACK: tl.constexpr, BINS: tl.constexpr,
 ):
-    """Split rows, launch 2: chunk ``(r, s)`` filters its ``CHUNK`` columns at the row's threshold into region
-    ``(r, s)``: window positions in its first ``CHUNK`` slots, their keys (-0.0 as +0.0) in the next ``CHUNK``;
+    """Split rows, launch 2: chunk ``(r, s)`` filters its ``chunk`` columns at the row's threshold into region
+    ``(r, s)``: window positions in its first ``chunk`` slots, their keys (-0.0 as +0.0) in the next ``chunk``;
     ``counts[r, s]`` = how many (0 for short rows). Each candidate is also counted in the row's bin of its key
     (:func:`_bin`, an atomic add), so the finish knows which bin holds the k-th best before it reads a candidate.
 
@@ -584,11 +595,11 @@ def topk_filter_kernel(
     if length > k:
         PIECE: tl.constexpr = LANES * PACK
         row_ptr = scores_ptr + r.to(tl.int64) * s_s0
-        c0 = s * CHUNK
+        c0 = s * chunk
         lo = tl.maximum(start, c0)
-        hi = tl.minimum(start + length, c0 + CHUNK)
-        idx_region = region_ptr + slot * (2 * CHUNK)
-        key_region = idx_region + CHUNK
+        hi = tl.minimum(start + length, c0 + chunk)
+        idx_region = region_ptr + slot * (2 * chunk)
+        key_region = idx_region + chunk
         hist_row = hist_ptr + r.to(tl.int64) * (BINS + 2)
         floor = tl.load(hist_row + BINS)
         shift = tl.load(hist_row + BINS + 1)
@@ -670,7 +681,7 @@ def _split_pass(region_row, counts_row, chunks, chunk, hist_row, k, stash_key, s
     return above, tied
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SPLIT, do_not_specialize_on_alignment=_UNALIGNED)
 def topk_finish_kernel(
     scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, region_ptr, counts_ptr, hist_ptr,
     stash_ptr, rows, cols, k, cap, chunks, chunk, batches, pages, page_size,
@@ -731,7 +742,7 @@ def topk_finish_kernel(
             tl.debug_barrier()  # the next row reuses the stash
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_CALL, do_not_specialize_on_alignment=_UNALIGNED)
 def topk_sort_kernel(
     scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr,
     cols, k, batches, pages, page_size,
@@ -774,8 +785,9 @@ ROWS, SAMPLE, FILTER = Launcher(topk_rows_kernel), Launcher(topk_sample_kernel),
 FINISH, SORT = Launcher(topk_finish_kernel), Launcher(topk_sort_kernel)
 
 def _sms(target: Target, device: torch.device) -> int:
-    """Multiprocessors (CUs on AMD) of the device; 1 when interpreted."""
-    return 1 if target.interpreted else sm_count(device.index if device.index is not None else 0)
+    """Multiprocessors (CUs on AMD) of the device (of the planned one inside ``launcher.planning``); 1 when
+    interpreted."""
+    return 1 if target.interpreted else planned_sms() or sm_count(device.index if device.index is not None else 0)
 
 
 def _options(target: Target, cfg: Mapping[str, Any]) -> Options:
@@ -973,8 +985,8 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
                           (scores, lengths, starts, hist, cols, k),
                           dict(scan, SAMPLES=samples, DIGIT=cfg["DIGIT"], BINS=bins))),
         ("filter", Launch(FILTER, (rows, chunks), filter_opts,
-                          (scores, lengths, starts, hist, region, counts, cols, k),
-                          dict(scan, CHUNK=chunk, LANES=lanes, PACK=pack, BINS=bins))),
+                          (scores, lengths, starts, hist, region, counts, cols, k, chunk),
+                          dict(scan, LANES=lanes, PACK=pack, BINS=bins))),
         finish,
     ]
 
@@ -1092,7 +1104,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     lanes, pack, filter_opts = filter_shape(target, chunk, cfg)
     shape = {"BITS": cfg["BITS"], "TILE": cfg["TILE"]}
     unit = {"len_s0": 1, "st_s0": 1, "o_s1": 1, "w_s1": 1, "r2b_s0": 1, "tab_s1": 1}
-    aligned = ("s_s0", "o_s0", "w_s0", "tab_s0")
+    aligned = ("s_s0", "o_s0", "w_s0")  # tab_s0, as every size of a call, is not specialized
     variants = (  # dtype, HAS_STARTS, HAS_R2B, TRANSLATE, HAS_RAW, SHIFT, CONTIG
         (torch.float32, False, False, False, False, 0, True),
         (torch.bfloat16, True, True, True, True, page_shift(64), True),
@@ -1115,10 +1127,9 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                                  "len_s0": 1, "st_s0": 1, **k_one},
                                 dict(_own_options(target, cfg, "SAMPLE_WARPS")), aligned=("s_s0",)))
         specs.append(KernelSpec(op, topk_filter_kernel, ptrs,
-                                {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "CHUNK": chunk,
-                                 "LANES": lanes, "PACK": pack, "BINS": cfg["FINISH_BINS"], "len_s0": 1, "st_s0": 1,
-                                 **k_one}, dict(filter_opts),
-                                aligned=("s_s0",)))
+                                {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "LANES": lanes,
+                                 "PACK": pack, "BINS": cfg["FINISH_BINS"], "len_s0": 1, "st_s0": 1, **k_one},
+                                dict(filter_opts), aligned=("s_s0", "chunk")))
         specs.append(KernelSpec(op, topk_rows_kernel, ptrs, {**full, "SAMPLES": min(cfg["SAMPLE"], 2 * cfg["TILE"])},
                                 opts, aligned=aligned))
         specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"],

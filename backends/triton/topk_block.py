@@ -291,7 +291,11 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q
     return done
 
 
-@gluon.jit
+# Per call sizes and the index tensors' and workspace's addresses take no part in the variant (topk.py says which);
+# nor the scores' row stride: a thread's entries of a piece are a block's width apart, so no read is vectorized.
+@gluon.jit(do_not_specialize=("rows", "cols", "batches", "pages", "s_s0", "tab_s0"),
+           do_not_specialize_on_alignment=("lengths_ptr", "starts_ptr", "r2b_ptr", "table_ptr", "stash_ptr",
+                                           "counts_ptr"))
 def topk_block_kernel(
     scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, stash_ptr, counts_ptr,
     rows, cols, k, batches, pages, page_size,

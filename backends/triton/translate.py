@@ -40,7 +40,10 @@ def physical(x, ok, seq, table_row, tab_s1, pages, page_size, SHIFT: tl.constexp
     return tl.where(ok & (entry >= 0), slot, -1)
 
 
-@triton.jit
+# The row count, the table's shape and row stride take no part in the variant, nor do the addresses of the table and of
+# the lengths and requests (read an entry at a time; docs/kernels.md, "Kernel variants").
+@triton.jit(do_not_specialize=("rows", "batches", "pages", "tab_s0"),
+            do_not_specialize_on_alignment=("table_ptr", "seq_ptr", "r2b_ptr"))
 def translate_kernel(
     raw_ptr, table_ptr, seq_ptr, r2b_ptr, out_ptr,
     rows, k, batches, pages, page_size,
@@ -82,8 +85,9 @@ def translate_launch(raw, page_table, seq_lens, page_size, row_to_batch, out, *,
     rows, k = raw.shape
     if rows == 0 or k == 0:
         return None
+    # A program's tile follows k (the model's), never the row count: fewer rows only leave rows of it masked.
     block_k = min(cfg["BLOCK_K"], next_power_of_2(k))
-    block_r = max(1, min(cfg["ELEMS"] // block_k, next_power_of_2(rows)))
+    block_r = max(1, cfg["ELEMS"] // block_k)
     options = options or launch_key_options(launch_options(target, cfg))
     r2b = row_to_batch if row_to_batch is not None else seq_lens
     raw_s0, raw_s1 = raw.stride()

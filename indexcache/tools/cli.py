@@ -494,7 +494,75 @@ def _run_compile_check(args) -> int:
     return 1 if bad else 0
 
 
-COMMANDS = (_add_info, _add_conformance, _add_plan, _add_bench, _add_calibrate, _add_demo, _add_compile_check)
+def _add_warmup(sub) -> None:
+    p = sub.add_parser(
+        "warmup",
+        help="compile every Triton kernel variant a deployment of a model config can launch, ahead of serving",
+        description="List the Triton kernel variants a deployment of the model config can launch on a GPU "
+        "architecture (its decode steps of 1 to --max-batch requests with contexts up to --max-context and 1 to "
+        "--max-next-n tokens a request, its prefill chunks of up to --max-prefill tokens; every batch and length "
+        "class, see docs/kernels.md, \"Kernel variants\") and compile them into Triton's cache (TRITON_CACHE_DIR) in "
+        "parallel worker processes, so that no first call of a new shape compiles. Run it with the Triton and the "
+        "TRITON_* environment the engine runs with. --list prints one line per variant and compiles nothing: it "
+        "needs no GPU, for any --arch.",
+    )
+    p.add_argument("--config", required=True, metavar="PATH", help="the model's config.json")
+    p.add_argument("--arch", default=None, help="target architecture, e.g. sm90 or gfx942 (default: this machine's "
+                   "GPU)")
+    p.add_argument("--page-size", type=_int_in(1), default=None, metavar="P", help="index cache and KV tokens a page "
+                   "(default: the config's, else 64)")
+    p.add_argument("--max-batch", type=_int_in(1), metavar="B", help="requests a decode step (default 256)")
+    p.add_argument("--max-context", type=_int_in(1), metavar="N", help="keys a request sees (default 131072)")
+    p.add_argument("--max-next-n", type=_int_in(1), metavar="N", help="tokens a request a decode step, MTP drafts "
+                   "included (default 2)")
+    p.add_argument("--max-prefill", type=_int_in(1), metavar="T", help="tokens a prefill chunk (default 8192)")
+    p.add_argument("--sms", type=_int_in(1), default=None, metavar="N", help="the GPU's multiprocessors (default: "
+                   "this GPU's, else the generation's largest data-center part)")
+    p.add_argument("--list", action="store_true", help="print one line per variant and compile nothing")
+    p.add_argument("--jobs", type=_int_in(1), default=None, metavar="J", help="compile worker processes (default: "
+                   "this machine's cores)")
+    p.set_defaults(func=_run_warmup)
+
+
+def _run_warmup(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        raise UsageError("warmup needs Triton (pip install triton)")
+    from triton import knobs
+
+    from indexcache.plan import ConfigError, LayerPlan
+    from indexcache.tools.warmup import warmup
+
+    _check_input("--config", args.config)
+    with _input_errors(ConfigError):
+        plan = LayerPlan.from_config(args.config, page_size=args.page_size)
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int, variant, seconds: float) -> None:
+        bar = "#" * (30 * done // total)
+        line = f"[{bar:<30}] {done}/{total} {variant.kernel} {seconds:.1f}s"
+        print(f"\r{line:<100}" if tty else line, end="" if tty and done < total else "\n", file=sys.stderr,
+              flush=True)
+
+    sizes = {name: getattr(args, name) for name in ("max_batch", "max_context", "max_next_n", "max_prefill")
+             if getattr(args, name) is not None}
+    with _input_errors(ValueError):
+        found = warmup(plan, arch=args.arch, sms=args.sms, compile=not args.list, load=False, jobs=args.jobs,
+                       progress=progress, **sizes)
+    if args.list:
+        for variant in found.variants:
+            print(variant.line())
+        print(f"{len(found.variants)} kernel variants for {args.config} on {found.target}")
+        return 0
+    longest = max(zip(found.seconds, (v.kernel for v in found.variants), strict=True), default=(0.0, "-"))
+    print(f"compiled {len(found.variants)} kernel variants for {args.config} on {found.target} into "
+          f"{knobs.cache.dir} in {found.wall:.1f} s (longest: {longest[1]}, {longest[0]:.1f} s)")
+    return 0
+
+
+COMMANDS = (_add_info, _add_conformance, _add_plan, _add_bench, _add_calibrate, _add_demo, _add_compile_check,
+            _add_warmup)
 
 
 def build_parser() -> argparse.ArgumentParser:

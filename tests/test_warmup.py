@@ -1,0 +1,254 @@
+"""Kernel variants and ``indexcache warmup`` (docs/kernels.md, "Kernel variants"): the variants a deployment can
+launch are a bounded set that does not grow with the batch or the context; any shape of the serving sweep launches
+only listed variants; the launcher's key is Triton's on each; and a warmed variant is what Triton's own launch path
+finds in its cache. Everything here is computed from the launch builders on meta tensors (no GPU); the last test
+compiles two small kernels for sm90 on the CPU."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+import indexcache  # noqa: E402
+from indexcache.backends.cuda.tuning import tuning as cuda_tuning  # noqa: E402
+from indexcache.backends.triton import crosscompile, variants  # noqa: E402
+from indexcache.backends.triton.launcher import planning  # noqa: E402
+from indexcache.plan import LayerPlan  # noqa: E402
+from indexcache.tools import cli  # noqa: E402
+from indexcache.tools.warmup import decode_calls, prefill_calls, shape_points, warmup  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "examples" / "configs" / "deepseek-v3.2.json")
+PLAN = LayerPlan.from_config(CONFIG)
+# The issue's serving sweep: decode batch 1-64, contexts up to 128K, next_n 1-2; prefill up to 8K tokens.
+SWEEP = dict(max_batch=64, max_context=131072, max_next_n=2, max_prefill=8192)
+
+
+def _per_kernel(found) -> collections.Counter:
+    return collections.Counter(v.kernel for v in found.variants)
+
+
+def test_shape_points_meet_every_power_of_two_class():
+    assert shape_points(1) == [1]
+    assert shape_points(20) == [1, 2, 3, 4, 5, 8, 9, 16, 17, 20]
+    for n in range(1, 300):  # an interval (a, 2a] holds a power of two: every next_power_of_2 class is met
+        assert any(p <= n and triton.next_power_of_2(p) == triton.next_power_of_2(n) for p in shape_points(n))
+    with pytest.raises(ValueError, match="limit: expected a size >= 1, got 0"):
+        shape_points(0)
+
+
+# Per kernel, the product of its classes for one deployment: the finishing launch's gather widths (7) and the
+# sample's sizes (7) and the block top-k's sample entries a thread (3), times the call patterns (decode at next_n 1
+# and 2, prefill: 3; the sample and filter 2, row starts or not); the decode's next_n; the prefill's logits stride (1,
+# a multiple of 16, another); translate with requests or without (docs/kernels.md, "Kernel variants").
+BOUNDS = {"topk_finish_kernel": 21, "topk_sample_kernel": 14, "topk_filter_kernel": 2, "topk_block_kernel": 9,
+          "paged_mqa_logits_kernel": 2, "paged_decode_sm90_kernel": 2, "mqa_logits_kernel": 3,
+          "prefill_sm90_kernel": 3, "translate_kernel": 2, "store_kernel": 1, "quantize_kernel": 1,
+          "draft_rows_kernel": 1}
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm80"])
+def test_the_variants_are_a_product_of_classes_and_do_not_grow_with_the_batch(arch):
+    """NVIDIA (on AMD a tensor's span, under 2 GiB or not, is a class of Triton's own: docs/kernels.md). Before, the
+    finishing launch alone had 189 variants at these limits."""
+    small = warmup(PLAN, arch=arch, compile=False, **SWEEP)
+    large = warmup(PLAN, arch=arch, compile=False, **dict(SWEEP, max_batch=4096))
+    assert _per_kernel(small) == _per_kernel(large)
+    assert {v.key for v in small.variants} == {v.key for v in large.variants}
+    over = {k: n for k, n in _per_kernel(small).items() if n > BOUNDS[k]}
+    assert not over, over
+
+
+def test_the_variant_count_stops_growing_with_the_context_past_its_classes():
+    """Past 256K keys (64 chunks of 4K, the most the finishing launch gathers at once; the largest sample) no
+    context adds a variant, up to 4M."""
+    counts = {n: _per_kernel(warmup(PLAN, arch="sm90", compile=False, **dict(SWEEP, max_context=n)))
+              for n in (262144, 4194304)}
+    assert counts[262144] == counts[4194304]
+    assert all(n <= BOUNDS[k] for k, n in counts[262144].items()), counts[262144]
+
+
+def _sweep_launches(target, tuning):
+    """Launches of the issue's sweep at sizes that are not the listed points (batch 5, contexts 777, ...)."""
+    fp8 = target.fp8_dtype
+    for batch, context, next_n in itertools.product((1, 5, 13, 24, 37, 64), (100, 777, 4000, 10000, 50000, 131072),
+                                                    (1, 2)):
+        for op, args in decode_calls(PLAN, 64, fp8, batch, context, next_n):
+            yield from variants.op_launches(op, args, target, tuning)
+    for tokens, keys in ((100, 100), (1000, 1000), (3000, 9000), (8192, 8192), (7, 100000), (500, 131072)):
+        for op, args in prefill_calls(PLAN, 64, fp8, tokens, keys):
+            yield from variants.op_launches(op, args, target, tuning)
+
+
+def test_any_shape_of_the_sweep_launches_only_listed_variants():
+    """Cold, the serving sweep compiles no kernel the list does not name: batch, context and prompt length of each
+    call choose a variant among the listed ones (before: the prefill's program count, the split filter's chunk and
+    the workspace views' alignment gave new ones)."""
+    listed = warmup(PLAN, arch="sm90", compile=False, **SWEEP)
+    target = crosscompile.gpu_target("cuda", "sm90")
+    with planning(132):
+        swept = variants.distinct(_sweep_launches(target, cuda_tuning("sm90")), target.gpu.triton_target())
+    missing = {v.line() for v in swept} - {v.line() for v in listed.variants}
+    assert not missing, "\n".join(sorted(missing))
+    assert {v.key for v in swept} <= {v.key for v in listed.variants}
+
+
+def test_the_launchers_key_is_tritons_on_the_sweep():
+    """Over the sweep's launches the launcher tells apart exactly what Triton's own key does (never coarser, and
+    no finer: a variant Triton reuses is one the launcher reuses)."""
+    target = crosscompile.gpu_target("cuda", "sm90")
+    gpu = target.gpu.triton_target()
+
+    def rule(t, align):  # NVIDIA's tensor rule (BaseBackend's)
+        return align and t.data_ptr() % 16 == 0
+
+    pairs = collections.defaultdict(set)
+    with planning(132):
+        for launch in _sweep_launches(target, cuda_tuning("sm90")):
+            ours = (launch.options, *launch.launcher._classes(variants._values(launch), rule))
+            pairs[launch.launcher.__name__].add((ours, variants.specialize(launch, gpu)[0]))
+    for kernel, found in pairs.items():
+        ours, theirs = {a for a, _ in found}, {b for _, b in found}
+        assert len(ours) == len(found) == len(theirs), kernel
+
+
+def test_cli_lists_the_same_count_for_512_and_4096_requests(capsys):
+    counts = []
+    for batch in ("512", "4096"):
+        assert cli.main(["warmup", "--config", CONFIG, "--arch", "sm90", "--list", "--max-batch", batch]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[-1].endswith(f"kernel variants for {CONFIG} on sm90")
+        counts.append(int(lines[-1].split()[0]))
+        assert counts[-1] == len(lines) - 1 and len(set(lines[:-1])) == counts[-1]
+    assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--max-context", "0"], "argument --max-context: expected an integer >= 1, got 0"),
+    (["--jobs", "0"], "argument --jobs: expected an integer >= 1, got 0"),
+])
+def test_cli_refuses_sizes_below_one(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["warmup", "--config", CONFIG, "--list", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--arch", "tpu7"], "arch: expected an NVIDIA ('sm90', ...) or AMD ('gfx942', ...) architecture, got 'tpu7'"),
+    (["--arch", "sm75"], "sms: no default multiprocessor count for 'sm75'"),
+])
+def test_cli_refuses_an_unknown_target(argv, message, capsys):
+    assert cli.main(["warmup", "--config", CONFIG, "--list", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without a GPU")
+def test_without_a_gpu_the_arch_must_be_named(capsys):
+    assert cli.main(["warmup", "--config", CONFIG, "--list"]) == 2
+    assert "no GPU is visible here; name the target architecture" in capsys.readouterr().err
+
+
+def test_a_bf16_index_cache_is_refused_with_its_reason():
+    with pytest.raises(ValueError, match="index_dtype bfloat16 is not handled"):
+        warmup(LayerPlan(4, index_dtype="bfloat16"), arch="sm90", compile=False)
+
+
+def test_interpreted_triton_compiles_nothing_and_says_so(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1: Triton interprets the kernels here"):
+        warmup(PLAN, arch="sm90", compile=False)
+
+
+def test_the_package_exports_warmup():
+    assert indexcache.warmup is warmup
+
+
+class _Recorder:
+    """A compilation listener: whether each compile Triton ran found its kernel in the cache."""
+
+    def __init__(self):
+        self.hits: list[bool] = []
+
+    def __call__(self, *, src, metadata, metadata_group, times, cache_hit):
+        self.hits.append(cache_hit)
+
+
+def test_a_warmed_variant_is_what_a_launch_looks_up(tmp_path, monkeypatch):
+    """``warm`` compiles in another process, through the kernel's own warmup; then Triton's launch path here (the
+    JIT, its key from the same arguments, the same target) finds the entry: a cache hit, no compile. A variant
+    that was not warmed is compiled."""
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    found = warmup(PLAN, arch="sm90", compile=False, **SWEEP).variants
+    small = [v for v in found if v.kernel in ("draft_rows_kernel", "translate_kernel")]
+    warmed, cold = small[:2], small[2:]
+    assert [v.kernel for v in small] == ["translate_kernel", "draft_rows_kernel", "translate_kernel"]
+    gpu = crosscompile.gpu_target("cuda", "sm90").gpu.triton_target()
+    assert len(variants.warm(warmed, gpu, jobs=1)) == 2
+    recorder = _Recorder()
+    monkeypatch.setattr(knobs.compilation, "listener", recorder)
+    monkeypatch.setattr(driver, "_active", variants._TargetOnly(gpu))  # the H200's target, as its driver names it
+    for v in small:
+        fn = v.launch.launcher.fn
+        monkeypatch.setattr(fn, "device_caches", collections.defaultdict(fn.create_binder))  # no kernel in memory
+        fn.warmup(*v.launch.args, grid=(1,), **v.launch.named, **dict(v.launch.options))
+    assert recorder.hits == [True] * len(warmed) + [False] * len(cold)
+
+
+def _coldstart():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bench_coldstart_gpu", ROOT / "bench" / "coldstart_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("kind", "dims"), [("decode", (3, 200, 2)), ("decode", (1, 100, 1)),
+                                            ("prefill", (100, 300))])
+def test_the_coldstart_sweep_makes_the_calls_warmup_lists(kind, dims):
+    """bench/coldstart_gpu.py runs the calls of decode_calls / prefill_calls on real tensors of the same shapes,
+    strides and dtypes, sharing what they share (the key quantization through the public op, which allocates)."""
+    bench = _coldstart()
+    fp8 = torch.float8_e4m3fn
+    meta = decode_calls(PLAN, 64, fp8, *dims) if kind == "decode" else prefill_calls(PLAN, 64, fp8, *dims)
+    real = bench.materialize(kind, meta, dims, fp8, torch.device("cpu"))
+    assert [op for op, _ in real] == [op for op, _ in meta]
+    pairs = {}
+    for (op, m), (_, r) in zip(meta, real, strict=True):
+        if op == "quantize_index_k":
+            assert set(r) == {"k", "fp8_dtype", "block"}
+        for name, value in r.items():
+            if isinstance(value, torch.Tensor):
+                assert (value.shape, value.stride(), value.dtype) == (m[name].shape, m[name].stride(), m[name].dtype)
+                assert pairs.setdefault(id(m[name]), value) is value, f"{op} {name}: shared in the meta calls"
+            else:
+                assert value == m[name], f"{op} {name}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path")
+def test_coldstart_smoke_runs_the_sweep_on_the_cpu(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "coldstart.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "coldstart_gpu.py"), "--smoke", "--phases",
+                           "cold,deepgemm", "--calls", "1", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    rows = report["cold"]["shapes"]
+    assert [(r["kind"], tuple(r["shape"])) for r in rows] == _coldstart().shapes(smoke=True)
+    assert all(r["first_ms"] > 0 and r["steady_ms"] > 0 for r in rows)
+    assert "absent" in report["deepgemm"] or report["deepgemm"]["shapes"]
