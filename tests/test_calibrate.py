@@ -509,7 +509,7 @@ def test_cli_calibrate_from_model(tmp_path, capsys, one_thread):
     for bad, message in (
         ([*args, "--config", str(EXAMPLES / "deepseek-v4-flash.json")], "--config checks a --dump"),
         (["calibrate", "--dump", str(tmp_path), "--topk", "16"], "--topk only applies with --from-model"),
-        ([*args[:3], "--prompt-len", "16", "--topk", "16"], "must exceed topk"),
+        ([*args[:3], "--prompt-len", "16", "--topk", "16"], "--prompt-len 16 must exceed --topk 16"),
     ):
         assert main(bad) == 2
         assert message in capsys.readouterr().err

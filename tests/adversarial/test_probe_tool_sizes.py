@@ -90,7 +90,7 @@ GUARD_SIZES = [
     (["demo", "--decode-steps", "0"], "--decode-steps"),
     (["demo", "--batch", "2.5"], "--batch"),
     ([*CAL, "--prompt-len", "0"], "len"),
-    ([*CAL, "--prompt-len", "64", "--topk", "64"], "must exceed topk"),
+    ([*CAL, "--prompt-len", "64", "--topk", "64"], "--prompt-len 64 must exceed --topk 64"),
 ]
 
 
