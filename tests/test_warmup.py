@@ -17,7 +17,18 @@ triton = pytest.importorskip("triton")
 
 import indexcache  # noqa: E402
 from indexcache.backends.cuda.tuning import tuning as cuda_tuning  # noqa: E402
-from indexcache.backends.triton import crosscompile, variants  # noqa: E402
+
+# Every kernel module imported now, at collection, before a test elsewhere sets TRITON_INTERPRET=1: Triton decides
+# at import whether a kernel is interpreted, and warmup needs them compiled.
+from indexcache.backends.triton import (  # noqa: E402, F401
+    crosscompile,
+    logits,
+    producer,
+    quantize,
+    topk,
+    translate,
+    variants,
+)
 from indexcache.backends.triton.launcher import planning  # noqa: E402
 from indexcache.plan import LayerPlan  # noqa: E402
 from indexcache.tools import cli  # noqa: E402

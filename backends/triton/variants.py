@@ -113,6 +113,9 @@ def _binder(fn: Any, gpu: Any) -> Callable:
     from triton.runtime.jit import create_function_from_signature
 
     key = (fn, gpu)
+    if not hasattr(fn, "signature"):  # an InterpretedFunction: Triton decides at import, by TRITON_INTERPRET
+        raise ValueError(f"{getattr(fn, '__name__', fn)}: the Triton kernels were imported with TRITON_INTERPRET=1 in "
+                         "this process and compile nothing here; warm up in a process without it")
     if key not in _BINDERS:
         _BINDERS[key] = create_function_from_signature(fn.signature, fn.params, make_backend(gpu))
     return _BINDERS[key]
