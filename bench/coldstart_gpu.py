@@ -1,7 +1,7 @@
 """Cold start on a GPU: the kernels a serving sweep compiles, and its first calls against its steady state, cold, after
 ``indexcache warmup``, and DeepGEMM's JIT beside it (issue 36).
 
-    pip install -e . && python bench/coldstart_gpu.py --out reports/gpu/coldstart.json
+    pip install -e . && python bench/coldstart_gpu.py --out out/coldstart.json
 
 The sweep is a serving engine's: decode steps of ``DECODE_BATCHES`` requests × ``DECODE_CONTEXTS`` keys × next_n 1-2,
 then prefill chunks of ``PREFILL`` (tokens, keys), each step made of exactly the calls ``indexcache warmup`` lists
