@@ -169,7 +169,11 @@ if part kernels; then
   run_hook streams_race 240
   if SANITIZER=${SANITIZER:-$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)}
   then
-    step streams-race-racecheck 240 "$SANITIZER" --tool racecheck --error-exitcode 1 "$PY" bench/streams_race_gpu.py \
+    # The Gluon warp-specialized decode is left out: racecheck reports Triton's own warp-specialization hand-off
+    # (state bytes ordered by a whole-block bar.sync it does not credit; docs/experiments.md, "Correctness on the
+    # GPU"), which bench/racecheck_ws_gpu.py reproduces on the smallest such kernel.
+    step streams-race-racecheck 240 "$SANITIZER" --tool racecheck --error-exitcode 1 \
+      --kernel-name-exclude kns=paged_decode_sm90_kernel "$PY" bench/streams_race_gpu.py \
       --iters 2 --no-timing --out "$WORK/streams_race_racecheck"
   else
     record streams-race-racecheck "FAILED (no compute-sanitizer)" - 0
