@@ -231,3 +231,42 @@ def test_planning_builds_launches_without_compiling(monkeypatch):
         assert launcher.resident(launch_key_options({"num_warps": 4}), x, 32, FLAG=True) is None
     assert planned_sms() is None
     assert jit.calls == []
+
+
+# Triton 3.6's DependenciesFinder._update_hash (the H200's Triton): a callee's globals are merged before the callee is
+# keyed, so a kernel's key depends on which callees the process keyed before it. Put in Triton 3.9's place to see it.
+_KEY_IN_ORDER = """
+import sys
+import triton.runtime.jit as jit
+
+def update_hash_36(self, func):
+    self.used_global_vals.update(func.used_global_vals)
+    self.hasher.update((func.cache_key + str(getattr(func, "noinline", False))).encode("utf-8"))
+
+jit.DependenciesFinder._update_hash = update_hash_36
+from indexcache.backends.triton import topk
+from indexcache.backends.triton.launcher import settle_cache_keys
+
+for name in sys.argv[1].split(","):
+    getattr(topk, name).cache_key
+if sys.argv[2] == "settle":
+    settle_cache_keys()
+print(topk.topk_sample_kernel.cache_key, topk.topk_finish_kernel.cache_key)
+"""
+
+
+def test_kernels_are_keyed_alike_whatever_the_process_keyed_before():
+    """With Triton 3.6's key order, the sample and finishing kernels keyed after others get other keys than keyed
+    first (a warmed kernel would be looked up under another key); settle_cache_keys gives one key in every process."""
+    import subprocess
+    import sys
+
+    def keys(first: str, settle: str) -> str:
+        done = subprocess.run([sys.executable, "-c", _KEY_IN_ORDER, first, settle], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    orders = ("topk_sample_kernel", "topk_rows_kernel,topk_finish_kernel,topk_sample_kernel")
+    assert keys(orders[0], "no") != keys(orders[1], "no")  # the order shows through without settling
+    assert keys(orders[0], "settle") == keys(orders[1], "settle")

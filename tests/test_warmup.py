@@ -29,7 +29,7 @@ from indexcache.backends.triton import (  # noqa: E402, F401
     translate,
     variants,
 )
-from indexcache.backends.triton.launcher import planning  # noqa: E402
+from indexcache.backends.triton.launcher import planning, settle_cache_keys  # noqa: E402
 from indexcache.plan import LayerPlan  # noqa: E402
 from indexcache.tools import cli  # noqa: E402
 from indexcache.tools.warmup import decode_calls, prefill_calls, shape_points, warmup  # noqa: E402
@@ -207,6 +207,7 @@ def test_a_warmed_variant_is_what_a_launch_looks_up(tmp_path, monkeypatch):
     recorder = _Recorder()
     monkeypatch.setattr(knobs.compilation, "listener", recorder)
     monkeypatch.setattr(driver, "_active", variants._TargetOnly(gpu))  # the H200's target, as its driver names it
+    settle_cache_keys()  # as the Launcher does before its first compile
     for v in small:
         fn = v.launch.launcher.fn
         monkeypatch.setattr(fn, "device_caches", collections.defaultdict(fn.create_binder))  # no kernel in memory

@@ -102,6 +102,36 @@ def planned_sms() -> int | None:
     return _PLANNING.get()
 
 
+_SETTLED: set[int] = set()
+_SETTLING = threading.Lock()
+
+
+def settle_cache_keys() -> None:
+    """Key every Triton function of this package's loaded modules the same way in every process, before this process
+    compiles or looks up one of its kernels.
+
+    Triton 3.6 keys a kernel by its callees' keys and the constexpr globals the callees use, but merges a callee's
+    globals only if that callee was keyed before (its ``DependenciesFinder._update_hash``; 3.9 keys the callee first):
+    the key of a kernel then depends on what the process keyed before it, and a kernel compiled ahead (``indexcache
+    warmup``) is looked up under another key. Here the functions not settled yet are keyed again until no key changes:
+    each then holds all of its callees' globals, whatever the order (Triton 3.9 gives these keys at once)."""
+    import sys
+
+    with _SETTLING:
+        fns = {id(v): v for name, module in list(sys.modules.items())
+               if name.startswith(__package__ + ".") and module is not None
+               for v in vars(module).values() if isinstance(v, JITFunction) and id(v) not in _SETTLED}
+        keys = None
+        while fns:
+            for fn in fns.values():
+                fn.hash = None
+            now = [fn.cache_key for fn in fns.values()]
+            if now == keys:
+                break
+            keys = now
+        _SETTLED.update(fns)
+
+
 def _rule(param: Any) -> int:
     if param.is_constexpr:
         return _CONSTEXPR
@@ -133,11 +163,13 @@ class Launcher:
             _interpret(self.fn, grid, options, args, named)
             return
         if _hooked():
+            settle_cache_keys()
             self.fn[tuple(grid)](*args, **named, **dict(options))
             return
         device, key = self._key(options, values)
         kernel = self._kernels.get(key)
         if kernel is None:
+            settle_cache_keys()
             self._kernels[key] = self.fn[tuple(grid)](*args, **named, **dict(options))
             return
         gx = grid[0]
@@ -160,6 +192,7 @@ class Launcher:
         device, key = self._key(options, values)
         kernel = self._kernels.get(key)
         if kernel is None:
+            settle_cache_keys()
             kernel = self._kernels[key] = self.fn.warmup(*args, grid=tuple(grid), **named, **dict(options))
         plain = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
         gx, gy, gz = (*grid, 1, 1)[:3]
@@ -188,6 +221,7 @@ class Launcher:
         device, key = self._key(options, values)
         kernel = self._kernels.get(key)
         if kernel is None:
+            settle_cache_keys()
             kernel = self._kernels[key] = self.fn.warmup(*args, grid=(1,), **named, **dict(options))
         # Reading ``run`` loads the compiled module, which is when Triton learns the register count.
         if kernel.run is None or kernel.metadata.target.backend != "cuda":

@@ -167,9 +167,13 @@ def _start_worker(gpu: Any) -> None:
 
 
 def _compile(module: str, name: str, args: tuple, named: dict, options: tuple) -> float:
-    """Compile one variant into Triton's cache through the kernel's own warmup; returns the seconds it took."""
+    """Compile one variant into Triton's cache through the kernel's own warmup, keyed as a launch keys it
+    (``launcher.settle_cache_keys``); returns the seconds it took."""
+    from indexcache.backends.triton.launcher import settle_cache_keys
+
     fn = getattr(importlib.import_module(module), name)
     start = time.perf_counter()
+    settle_cache_keys()
     fn.warmup(*args, grid=(1,), **named, **dict(options))
     return time.perf_counter() - start
 
@@ -204,6 +208,9 @@ def warm(variants: Sequence[Variant], gpu: Any, jobs: int, progress: Progress | 
 def load(variants: Sequence[Variant]) -> None:
     """Each variant into this process's Triton, from the cache :func:`warm` filled: the kernel in the JIT's memory
     and its module on the current GPU, so that its first launch here neither compiles nor loads (a GPU only)."""
+    from indexcache.backends.triton.launcher import settle_cache_keys
+
+    settle_cache_keys()
     for v in variants:
         kernel = v.launch.launcher.fn.warmup(*v.launch.args, grid=(1,), **v.launch.named, **dict(v.launch.options))
         _ = kernel.run  # reading it loads the module onto the current GPU
