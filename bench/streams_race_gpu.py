@@ -26,7 +26,6 @@ import argparse
 import statistics
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import Any
 import torch
 
 import indexcache
-from indexcache.bench.output import print_rows, write_json
+from indexcache.bench.output import print_rows, run_sections
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 from indexcache.bench.timing import capture_graph, median_ms, on_gpu
 from indexcache.hal import dispatch
@@ -234,18 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         ("race", lambda: race_section(shapes, args.iters, args.backend, dev))]
     if not args.no_timing:
         sections.append(("timing", lambda: timing_section(shapes, args.rounds, args.backend, dev)))
-    start = time.perf_counter()
-    for name, section in sections:
-        print(f"== {name}", flush=True)
-        try:
-            report[name] = section()
-        except Exception:  # a crashed section is reported, the others still run
-            report["errors"].append({"section": name, "traceback": traceback.format_exc()})
-            print(traceback.format_exc(), file=sys.stderr, flush=True)
-        if on_gpu(dev):
-            torch.cuda.empty_cache()
-        report["seconds"] = round(time.perf_counter() - start, 1)
-        write_json(report, args.out, indent=1)  # after each section: a run killed later keeps these
+    run_sections(report, sections, args.out, after=torch.cuda.empty_cache if on_gpu(dev) else None)
     print_rows(f"race: elements differing from the one-stream results over {args.iters} iterations",
                report.get("race", []), ["lane", "call", "differing", "ok"])
     if timing := report.get("timing"):

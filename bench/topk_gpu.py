@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 import indexcache
-from indexcache.bench.output import print_rows, write_json
+from indexcache.bench.output import print_rows, run_sections
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 from indexcache.bench.timing import capture_graph, l2_bytes, median_ms
 from indexcache.hal import dispatch, reference
@@ -407,17 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if not args.no_sweep:
         sections += [("breakdown", lambda: breakdown(dev)), ("sweep", lambda: sweep(dev))]
-    start = time.perf_counter()
-    for name, section in sections:
-        print(f"== {name}", flush=True)
-        try:
-            report[name] = section()
-        except Exception:  # a crashed section is reported, the others still run
-            report["errors"].append({"section": name, "traceback": traceback.format_exc()})
-            print(traceback.format_exc(), file=sys.stderr, flush=True)
-        torch.cuda.empty_cache()
-        report["seconds"] = round(time.perf_counter() - start, 1)
-        write_json(report, args.out, indent=1)  # after each section: a run killed later keeps these
+    run_sections(report, sections, args.out, after=torch.cuda.empty_cache)
     print_rows("timings (µs; graph replays, inputs rotated past L2; torch backend eager)", report.get("timings", []),
                ["case", "read_us", "torch_topk_us", "torch_backend_us", "topk_us", "topk_eager_us",
                 "topk_translate_us", "topk_sorted_us", "x_read", "speedup_vs_torch_topk", "translate_over_topk",

@@ -62,7 +62,7 @@ def test_the_readme_names_the_triton_and_torch_that_tox_installs():
 
 
 def test_the_example_configs_cite_only_files_in_the_repository():
-    """They cited a REFERENCE.md that is not in the repository."""
+    """Every Markdown file an example config's comment names lies in this repository."""
     for path in sorted((ROOT / "examples" / "configs").glob("*.json")):
         comment = json.loads(path.read_text()).get("_comment", "")
         for name in re.findall(r"[\w./-]+\.md\b", comment):

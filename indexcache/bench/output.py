@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
+import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -128,3 +131,23 @@ def write_json(report: Mapping[str, Any], path: str | os.PathLike, indent: int =
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(report, indent=indent) + "\n")
+
+
+def run_sections(report: dict[str, Any], sections: Sequence[tuple[str, Callable[[], Any]]],
+                 path: str | os.PathLike, after: Callable[[], None] | None = None) -> None:
+    """Run a GPU script's sections in order, each result under its name in ``report``: a section that raises is
+    recorded in ``report["errors"]`` (its traceback also on stderr) and the others still run; ``after`` runs after
+    each (e.g. freeing the allocator's cache), and the report is written to ``path`` each time with the seconds so
+    far, so that a run killed later keeps what it had."""
+    start = time.perf_counter()
+    for name, section in sections:
+        print(f"== {name}", flush=True)
+        try:
+            report[name] = section()
+        except Exception:  # a crashed section is reported, the others still run
+            report["errors"].append({"section": name, "traceback": traceback.format_exc()})
+            print(traceback.format_exc(), file=sys.stderr, flush=True)
+        if after is not None:
+            after()
+        report["seconds"] = round(time.perf_counter() - start, 1)
+        write_json(report, path, indent=1)
