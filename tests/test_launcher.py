@@ -178,16 +178,31 @@ def test_a_bound_launch_holds_addresses_and_launches_directly(monkeypatch):
 
 def test_resident_programs_come_from_the_compiled_kernel(monkeypatch):
     launcher, jit = _fast_launcher(monkeypatch)
-    monkeypatch.setattr(launcher_module, "sm_limits", lambda device: (65536, 228 * 1024, 2048))  # an H200's SM
-    opts = launch_key_options({"num_warps": 4})
+    asked = []
+    monkeypatch.setattr(launcher_module, "sm_limits", lambda device: asked.append(device) or (65536, 228 * 1024, 2048))
+    opts = launch_key_options({"num_warps": 4})  # an H200's SM above
     x = torch.zeros(64, dtype=torch.int32)
     assert launcher.resident(opts, x, 32, FLAG=True) == 5  # 96 registers: 5 four-warp programs
-    assert launcher.resident(opts, x, 48, FLAG=True) == 5  # the same specialization: compiled once
-    assert [c[0] for c in jit.calls] == ["warmup"]
+    assert launcher.resident(opts, x, 48, FLAG=True) == 5  # the same specialization: compiled once, answered once
+    assert [c[0] for c in jit.calls] == ["warmup"] and asked == [0]
     launcher((7,), opts, x, 32, FLAG=True)  # and launched directly afterwards
     assert [c[0] for c in jit.calls] == ["warmup", "direct"]
     monkeypatch.setattr(jit, "warmup", lambda *args, grid, **named: _Compiled(jit.calls, backend="hip"))
     assert launcher.resident(opts, x, 17, FLAG=True) is None  # AMD: the tuning table decides
+
+
+def test_a_loaded_specialization_launches_directly_at_its_first_call(monkeypatch):
+    """What ``indexcache.warmup`` loads (from meta tensors: only dtypes and addresses count) is kept under the key of
+    the real calls, whose first launch then skips Triton's own launch path."""
+    launcher, jit = _fast_launcher(monkeypatch)
+    opts = launch_key_options({"num_warps": 4})
+    launcher.load(opts, torch.empty(64, dtype=torch.int32, device="meta"), 32, FLAG=True)
+    assert [c[0] for c in jit.calls] == ["warmup"]  # compiled or taken from the cache, nothing launched
+    x = torch.zeros(64, dtype=torch.int32)
+    launcher((3,), opts, x, 48, FLAG=True)
+    assert [c[0] for c in jit.calls] == ["warmup", "direct"]
+    launcher((3,), opts, x, 17, FLAG=True)  # a specialization not loaded: through Triton
+    assert jit.calls[-1][0] == "triton"
 
 
 def test_a_launch_hook_sends_every_call_through_triton(monkeypatch):

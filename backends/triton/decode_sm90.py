@@ -20,6 +20,7 @@ kernel; ``tests/test_decode_sm90.py`` compares it with the Triton kernel on an s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -346,6 +347,12 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, p
     return reasons
 
 
+@functools.cache
+def _shared_layout(block: tuple[int, int], dtype: Any) -> Any:
+    """The copy engine's shared layout of a ``block`` of ``dtype`` (kept: building one costs a first call ~10 µs)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
+
+
 def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, page: int, groups: int,
            target: Target, cfg: Mapping[str, Any], sms: int, batch_block: int) -> Launch:
     """The launch filling ``out`` (contract: ``indexcache.paged_mqa_logits``) for a call :func:`unsupported` accepts.
@@ -355,8 +362,8 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     batch, next_n, heads, dim = q.shape
     rows = page * (dim + 4) // dim  # a page as rows of dim bytes
     keys = k_cache.view(-1).view(q.dtype).view(k_cache.shape[0] * rows, dim)
-    layout = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
-    keys_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [page, dim], layout)
+    keys_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [page, dim],
+                                 _shared_layout((page, dim), gl.float8e4nv))
     options = launch_key_options(_options(cfg, groups))
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
                  BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS, PDL=bool(cfg.get("PDL")))
@@ -364,7 +371,7 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     words = k_cache.view(-1).view(torch.float32).view(k_cache.shape[0] * rows, dim // 4)
     block = [page * 4 // dim, dim // 4]
     scales_desc = TensorDescriptor(words, list(words.shape), list(words.stride()), block,
-                                   gl.NVMMASharedLayout.get_default_for(block, gl.float32))
+                                   _shared_layout(tuple(block), gl.float32))
     args = (q, keys_desc, scales_desc, weights, context_lens, page_table, out,
             batch, max_context_len, k_cache.shape[0], page_table.shape[1],
             q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), page_table.stride(0),

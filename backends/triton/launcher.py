@@ -104,6 +104,7 @@ def planned_sms() -> int | None:
 
 _SETTLED: set[int] = set()
 _SETTLING = threading.Lock()
+_MODULES_SETTLED = [-1]  # len(sys.modules) when the last settling ended: modules are only ever added
 
 
 def settle_cache_keys() -> None:
@@ -117,7 +118,10 @@ def settle_cache_keys() -> None:
     each then holds all of its callees' globals, whatever the order (Triton 3.9 gives these keys at once)."""
     import sys
 
+    if len(sys.modules) == _MODULES_SETTLED[0]:  # no module loaded since: nothing new to key (a first call's path)
+        return
     with _SETTLING:
+        count = len(sys.modules)
         fns = {id(v): v for name, module in list(sys.modules.items())
                if name.startswith(__package__ + ".") and module is not None
                for v in vars(module).values() if isinstance(v, JITFunction) and id(v) not in _SETTLED}
@@ -130,6 +134,7 @@ def settle_cache_keys() -> None:
                 break
             keys = now
         _SETTLED.update(fns)
+        _MODULES_SETTLED[0] = count
 
 
 def _rule(param: Any) -> int:
@@ -155,6 +160,7 @@ class Launcher:
         self._rules: tuple[int, ...] = tuple(_rule(p) for p in fn.params) if self._fast else ()
         self.__name__ = getattr(fn, "__name__", "kernel")
         self._kernels: dict[tuple, Any] = {}
+        self._resident: dict[tuple, int | None] = {}  # resident()'s answer by specialization key
         self._driver: tuple | None = None  # (current device, current stream, tensor rule), bound at first use
 
     def __call__(self, grid: Sequence[int], options: Options, *args: Any, **named: Any) -> None:
@@ -190,10 +196,7 @@ class Launcher:
             named = {n: _by_address(v) if isinstance(v, torch.Tensor) else v for n, v in named.items()}
             return lambda: _interpret(self.fn, grid, options, args, named)
         device, key = self._key(options, values)
-        kernel = self._kernels.get(key)
-        if kernel is None:
-            settle_cache_keys()
-            kernel = self._kernels[key] = self.fn.warmup(*args, grid=tuple(grid), **named, **dict(options))
+        kernel = self._compiled(key, options, args, named)
         plain = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
         gx, gy, gz = (*grid, 1, 1)[:3]
         current_stream = self._driver[1]
@@ -219,15 +222,34 @@ class Launcher:
         if not self._fast or planned_sms() is not None:
             return None
         device, key = self._key(options, values)
+        if key in self._resident:
+            return self._resident[key]
+        kernel = self._compiled(key, options, args, named)
+        # Reading ``run`` loads the compiled module, which is when Triton learns the register count.
+        found = None
+        if kernel.run is not None and kernel.metadata.target.backend == "cuda":
+            found = resident_blocks(kernel.n_regs, kernel.metadata.shared, kernel.metadata.num_warps * 32,
+                                    sm_limits(device))
+        self._resident[key] = found
+        return found
+
+    def load(self, options: Options, *args: Any, **named: Any) -> None:
+        """Make this specialization's kernel ready here: taken from Triton's cache (compiled where it is not), kept
+        under this launcher's key and loaded onto the current GPU, so that a first launch of it goes straight to the
+        compiled kernel (``indexcache.warmup``). Tensors may be meta tensors (only their dtype and address count).
+        Nothing is launched; nothing done interpreted."""
+        if not self._fast:
+            return
+        _, key = self._key(options, self._values(args, named))
+        _ = self._compiled(key, options, args, named).run  # reading it loads the module onto the current GPU
+
+    def _compiled(self, key: tuple, options: Options, args: tuple, named: dict) -> Any:
+        """The compiled kernel kept under ``key``, through Triton's ``warmup`` (its cache) the first time."""
         kernel = self._kernels.get(key)
         if kernel is None:
             settle_cache_keys()
             kernel = self._kernels[key] = self.fn.warmup(*args, grid=(1,), **named, **dict(options))
-        # Reading ``run`` loads the compiled module, which is when Triton learns the register count.
-        if kernel.run is None or kernel.metadata.target.backend != "cuda":
-            return None
-        return resident_blocks(kernel.n_regs, kernel.metadata.shared, kernel.metadata.num_warps * 32,
-                               sm_limits(device))
+        return kernel
 
     def _key(self, options: Options, values: tuple) -> tuple[int, tuple]:
         """``(current device, specialization key)`` of a launch with these values."""

@@ -206,11 +206,8 @@ def warm(variants: Sequence[Variant], gpu: Any, jobs: int, progress: Progress | 
 
 
 def load(variants: Sequence[Variant]) -> None:
-    """Each variant into this process's Triton, from the cache :func:`warm` filled: the kernel in the JIT's memory
-    and its module on the current GPU, so that its first launch here neither compiles nor loads (a GPU only)."""
-    from indexcache.backends.triton.launcher import settle_cache_keys
-
-    settle_cache_keys()
+    """Each variant into this process, from the cache :func:`warm` filled: kept by its kernel's launcher and its
+    module on the current GPU, so that its first launch here neither compiles, nor loads, nor goes through Triton's
+    own launch path (a GPU only; ``Launcher.load``)."""
     for v in variants:
-        kernel = v.launch.launcher.fn.warmup(*v.launch.args, grid=(1,), **v.launch.named, **dict(v.launch.options))
-        _ = kernel.run  # reading it loads the module onto the current GPU
+        v.launch.launcher.load(v.launch.options, *v.launch.args, **v.launch.named)
