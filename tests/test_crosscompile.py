@@ -160,6 +160,13 @@ def test_every_kernel_module_covers_its_kernels(backend):
             assert set(kernels) <= {s.kernel for s in declared}, f"{module}: kernels without a spec on {arch}"
 
 
+def test_a_kernel_package_covers_the_kernels_it_exposes():
+    """topk is a package: its kernels live in topk.kernels, and the check covers those its face exposes."""
+    kernels = {module: names for module, _, names in cc._declared("cuda", "sm90")}["topk"]
+    assert kernels == ["topk_filter_kernel", "topk_finish_kernel", "topk_rows_kernel", "topk_sample_kernel",
+                       "topk_sort_kernel"]
+
+
 def test_specs_follow_the_backend_fp8_policy():
     for backend, arch, fp8 in (("rocm", "gfx942", torch.float8_e4m3fnuz), ("rocm", "gfx950", torch.float8_e4m3fn),
                                ("cuda", "sm90", torch.float8_e4m3fn)):

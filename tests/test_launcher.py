@@ -259,14 +259,14 @@ def update_hash_36(self, func):
     self.hasher.update((func.cache_key + str(getattr(func, "noinline", False))).encode("utf-8"))
 
 jit.DependenciesFinder._update_hash = update_hash_36
-from indexcache.backends.triton import topk
 from indexcache.backends.triton.launcher import settle_cache_keys
+from indexcache.backends.triton.topk import kernels
 
 for name in sys.argv[1].split(","):
-    getattr(topk, name).cache_key
+    getattr(kernels, name).cache_key
 if sys.argv[2] == "settle":
     settle_cache_keys()
-print(topk.topk_sample_kernel.cache_key, topk.topk_finish_kernel.cache_key)
+print(kernels.topk_sample_kernel.cache_key, kernels.topk_finish_kernel.cache_key)
 """
 
 

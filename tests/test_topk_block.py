@@ -1,4 +1,4 @@
-"""The Gluon block-a-row top-k (backends/triton/topk_block.py): what it takes, its shape, and which calls the launch
+"""The Gluon block-a-row top-k (backends/triton/topk/block.py): what it takes, its shape, and which calls the launch
 plan gives it. Gluon does not run under the interpreter: the conformance suite runs the kernel on an NVIDIA GPU
 (``ci/gpu.sh``); the cross-compile check builds it (tests/test_crosscompile.py, ``indexcache compile-check``)."""
 
@@ -10,7 +10,8 @@ import torch
 from indexcache.backends.cuda import tuning
 from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.rocm.arch import AMD
-from indexcache.backends.triton import topk, topk_block
+from indexcache.backends.triton.topk import block as topk_block
+from indexcache.backends.triton.topk import plan
 
 H200 = NVIDIA.target("sm90")
 CFG = tuning("sm90")["topk"]
@@ -40,11 +41,11 @@ def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread
 
 def _plan(monkeypatch, rows: int, cols: int, cfg: dict) -> list:
     """The launches of a plain top-k (k 2048) of ``rows`` full rows on an H200-sized GPU (132 SMs)."""
-    monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
+    monkeypatch.setattr(plan, "_sms", lambda target, device: 132)
     scores = torch.empty(rows, cols)
     lengths = torch.full((rows,), cols, dtype=torch.int32)
     out = torch.empty(rows, 2048, dtype=torch.int32)
-    return topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=H200, cfg=cfg)
+    return plan.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=H200, cfg=cfg)
 
 
 @pytest.mark.parametrize(("rows", "cols", "first"), [
@@ -70,26 +71,26 @@ def test_a_forced_chunk_keeps_the_split_path(monkeypatch):
 
 
 def test_the_triton_table_keeps_the_triton_kernels(monkeypatch):
-    assert _plan(monkeypatch, 2048, 32768, {**CFG, "KERNEL": "triton"})[0][1].launcher is topk.ROWS
+    assert _plan(monkeypatch, 2048, 32768, {**CFG, "KERNEL": "triton"})[0][1].launcher is plan.ROWS
 
 
 @pytest.mark.parametrize(("arch", "pdl"), [("sm90", True), ("sm100", True), ("sm80", False), ("sm89", False)])
 def test_block_and_finish_launches_use_programmatic_dependent_launch_from_sm90(monkeypatch, arch, pdl):
     target = NVIDIA.target(arch)
     cfg = tuning(arch)["topk"]
-    monkeypatch.setattr(topk, "_sms", lambda target, device: 132)
+    monkeypatch.setattr(plan, "_sms", lambda target, device: 132)
     scores = torch.empty(64, 32768)
     lengths = torch.full((64,), 32768, dtype=torch.int32)
     out = torch.empty(64, 2048, dtype=torch.int32)
-    steps = topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=target, cfg=cfg)
+    steps = plan.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=target, cfg=cfg)
     for name, launch in steps:
         assert dict(launch.options).get("launch_pdl", False) is pdl, name
         assert launch.named["PDL"] is pdl, name
-    no_pdl = topk.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=target,
+    no_pdl = plan.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=target,
                            cfg={**cfg, "PDL": False})
     assert all("launch_pdl" not in dict(launch.options) and not launch.named["PDL"] for _, launch in no_pdl)
 
 
 def test_interpreted_and_amd_launches_never_ask_for_programmatic_dependent_launch():
     for target in (NVIDIA.target("sm90", interpreted=True), AMD.target("gfx942")):
-        assert not topk._pdl(target, {**CFG, "PDL": True})
+        assert not plan.uses_pdl(target, {**CFG, "PDL": True})

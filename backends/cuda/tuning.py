@@ -43,7 +43,7 @@ _COMMON: dict[str, dict[str, Any]] = {
     # the k-th best (H200: 16 left more candidates, 64 sampled longer than it saved). A stash of
     # max(4096, 4k, columns / 32) entries a row. sorted=True: a row's keys sorted over one warp per SORT_PER_WARP
     # keys (8 int64 a thread: 2048 keys on 8 warps; from the cross-compiled register counts, not measured).
-    # KERNEL "block": the Gluon kernel of topk_block.py (a block of BLOCK_WARPS warps a row, BLOCK_PIECE_J columns a
+    # KERNEL "block": the Gluon kernel of topk/block.py (a block of BLOCK_WARPS warps a row, BLOCK_PIECE_J columns a
     # thread a piece, one program a SM) takes the many-rows calls, and from BLOCK_MIN_ROWS rows on the rows of up to
     # BLOCK_MAX_COLS columns that would be split (H200: 32-36 % less time than the Triton path on 64 decode rows,
     # 26 % on 2048 prefill rows; one row of 128K stays split: 50 µs against 29). 32 warps: 11-25 % faster than 16

@@ -207,14 +207,15 @@ def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
 
 
 def _declared(backend: str, arch: str) -> list[tuple[str, list[KernelSpec] | None, list[str]]]:
-    """Per kernel module: its specs for ``arch`` (None without ``compile_specs``) and its ``*_kernel`` names."""
+    """Per kernel module: its specs for ``arch`` (None without ``compile_specs``) and its ``*_kernel`` names (a
+    package's: those it exposes from its own modules)."""
     tuning = importlib.import_module(f"indexcache.backends.{backend}.tuning").tuning(arch)
     target = gpu_target(backend, arch)
     found = []
     for name in KERNEL_MODULES:
         module = importlib.import_module(f"indexcache.backends.triton.{name}")
-        kernels = sorted(k for k, v in vars(module).items()
-                         if k.endswith("_kernel") and getattr(v, "__module__", None) == module.__name__)
+        kernels = sorted(k for k, v in vars(module).items() if k.endswith("_kernel")
+                         and f"{getattr(v, '__module__', None)}.".startswith(f"{module.__name__}."))
         specs = module.compile_specs(target, tuning) if hasattr(module, "compile_specs") else None
         found.append((name, specs, kernels))
     return found

@@ -33,10 +33,17 @@ SMALL = {"TILE": 512, "BITS": 7, "DIGIT": 5, "num_warps": 4, "PROGRAMS_PER_SM": 
 
 
 def _kernels():
-    """The kernel module, imported only once TRITON_INTERPRET=1 is set."""
+    """The kernel package, imported only once TRITON_INTERPRET=1 is set."""
     from indexcache.backends.triton import topk
 
     return topk
+
+
+def _plan():
+    """The kernels' launch planning, imported only once TRITON_INTERPRET=1 is set."""
+    from indexcache.backends.triton.topk import plan
+
+    return plan
 
 
 def _guarded(rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +213,7 @@ def test_split_path_breaks_pivot_ties_by_position():
     steps[0][1]()
     steps[1][1]()
     counts = steps[1][1].args[5][: 3 * 6].view(3, 6).sum(1)
-    assert ((counts >= 200) & (counts <= _kernels().stash_capacity(6000, 200, cfg))).all(), counts
+    assert ((counts >= 200) & (counts <= _plan().stash_capacity(6000, 200, cfg))).all(), counts
     steps[2][1]()
     _assert_rows(out, reference.topk(scores, lengths, 200))
 
@@ -289,15 +296,15 @@ def test_sorted_beyond_its_largest_k_is_declined_with_a_reason():
 def test_split_chunk_depends_on_shape_only():
     """Chunks are powers of two of at least a tile, from the shape and the SM count alone; the finish reads at
     most a row's chunks side by side."""
-    kernels = _kernels()
+    plan = _plan()
     cfg = {**SMALL, "TILE": 4096, "CHUNKS_PER_SM": 4, "MIN_CHUNK": 16384, "GATHER_CHUNKS": 64}
-    assert kernels.split_chunk(2048, 32768, 132, cfg) == 0
-    chunk = kernels.split_chunk(64, 131072, 132, cfg)
+    assert plan.split_chunk(2048, 32768, 132, cfg) == 0
+    chunk = plan.split_chunk(64, 131072, 132, cfg)
     assert chunk == 16384  # 9 chunks a row wanted: 14564 columns, rounded up to a power of two
-    assert kernels.split_chunk(1, 1 << 20, 132, cfg) == 16384
-    assert kernels.split_chunk(1, 1000, 132, cfg) == 0
-    assert kernels.split_chunk(1, 50000, 132, {**cfg, "CHUNK": 1000}) == 4096  # forced, then at least a tile
-    assert [kernels.gather_chunks(n, cfg) for n in (1, 3, 4, 16, 100, 4096)] == [1, 2, 4, 16, 64, 64]
+    assert plan.split_chunk(1, 1 << 20, 132, cfg) == 16384
+    assert plan.split_chunk(1, 1000, 132, cfg) == 0
+    assert plan.split_chunk(1, 50000, 132, {**cfg, "CHUNK": 1000}) == 4096  # forced, then at least a tile
+    assert [plan.gather_chunks(n, cfg) for n in (1, 3, 4, 16, 100, 4096)] == [1, 2, 4, 16, 64, 64]
 
 
 def test_bf16_subnormals_and_signed_zeros():

@@ -1,7 +1,7 @@
 """Top-k with a block a row, in Gluon (NVIDIA): the row streams through registers once, the selection never
 leaves the block.
 
-The cuda table's choice ``KERNEL = "block"``: it takes the first launch of the many-rows path (``topk.py``, in
+The cuda table's choice ``KERNEL = "block"``: it takes the first launch of the many-rows path (``plan.py``, in
 place of ``topk_rows_kernel``) where :func:`unsupported` says nothing, and the same finishing launch follows. One
 program (``NUM_WARPS`` warps, ``NT`` threads) a row at a time, persistent over rows, a stash of ``CAP`` entries a
 program in the workspace:
@@ -9,7 +9,7 @@ program in the workspace:
 1. Sample: ``NT × SAMPLE_J`` entries spread over the window (one a segment, jittered), one to a few a thread;
    three radix rounds in registers (``DIGIT`` bits a round, one ``gl.histogram`` a round, a bin a lane) settle the
    top bits of the sample's ``m``-th best key below the sample's common prefix: the threshold ``floor`` (a float)
-   lies at or below that key (``topk.py``'s rule for ``m``: below the row's k-th best with overwhelming odds). The
+   lies at or below that key (``kernels.py``'s rule for ``m``: below the row's k-th best with overwhelming odds). The
    filter's first piece is read before the sample, so that its read overlaps the sample's rounds.
 2. Filter: pieces of ``NT × PIECE_J`` columns as ``[NUM_WARPS, 32 × PIECE_J]`` tensors, a warp a row; thread ``t``
    reads columns ``t, t + NT, …`` (every read coalesced; constant offsets from one address), the next piece's read
@@ -28,7 +28,7 @@ program in the workspace:
    the pivot bin: ``CAP + 1``) ``counts[r]`` leaves the row to the finishing launch's exact fallback; rows this
    kernel finished get ``counts[r] = -1``. Rows with ``len <= k`` get ``0..len-1`` then -1 here.
 
-Keys as in ``topk.py`` (fp32 bits with negatives' magnitude flipped, -0.0 as +0.0, NaN and -inf below every
+Keys as in ``kernels.py`` (fp32 bits with negatives' magnitude flipped, -0.0 as +0.0, NaN and -inf below every
 valid key, never selected in a long row). No allocation, no host sync; the grid depends on the shape only.
 
 Gluon does not run under the interpreter: the CPU checks cover the host side and the cross-compile check builds
@@ -291,7 +291,7 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q
     return done
 
 
-# Per call sizes and the index tensors' and workspace's addresses take no part in the variant (topk.py says which);
+# Per call sizes and the index tensors' and workspace's addresses take no part in the variant (kernels.py says which);
 # nor the scores' row stride: a thread's entries of a piece are a block's width apart, so no read is vectorized.
 @gluon.jit(do_not_specialize=("rows", "cols", "batches", "pages", "s_s0", "tab_s0"),
            do_not_specialize_on_alignment=("lengths_ptr", "starts_ptr", "r2b_ptr", "table_ptr", "stash_ptr",
@@ -366,7 +366,7 @@ BLOCK = Launcher(topk_block_kernel)
 
 
 def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, int]:
-    """The kernel's shape for rows of ``cols`` columns and ``samples`` sample entries a row (``topk.sample_size``):
+    """The kernel's shape for rows of ``cols`` columns and ``samples`` sample entries a row (``plan.sample_size``):
     ``NUM_WARPS`` (``BLOCK_WARPS``), ``PIECE_J`` columns a thread a piece (``BLOCK_PIECE_J``), ``SAMPLE_J`` sample
     entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``8 × k`` candidates, at least two
     a thread, at most ``MAX_STASH`` in all: a row gives about 1.6–3 × k, and each warp's region must hold its share

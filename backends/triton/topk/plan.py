@@ -1,0 +1,289 @@
+"""Host launch planning of the top-k: how a call's rows are taken (fused rows, the Gluon block kernel or split
+rows), the workspace it needs and its launches in order, from the shape, the target and the tuning only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+from indexcache.backends.triton import workspace as workspaces
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options, planned_sms
+from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2
+from indexcache.backends.triton.target import Target
+from indexcache.backends.triton.topk import block as topk_block
+from indexcache.backends.triton.topk.kernels import (
+    topk_filter_kernel,
+    topk_finish_kernel,
+    topk_rows_kernel,
+    topk_sample_kernel,
+    topk_sort_kernel,
+)
+from indexcache.backends.triton.translate import page_shift
+from indexcache.hal.device import sm_count
+
+ROWS, SAMPLE, FILTER = Launcher(topk_rows_kernel), Launcher(topk_sample_kernel), Launcher(topk_filter_kernel)
+FINISH, SORT = Launcher(topk_finish_kernel), Launcher(topk_sort_kernel)
+
+
+def _sms(target: Target, device: torch.device) -> int:
+    """Multiprocessors (CUs on AMD) of the device (of the planned one inside ``launcher.planning``); 1 when
+    interpreted."""
+    return 1 if target.interpreted else planned_sms() or sm_count(device.index if device.index is not None else 0)
+
+
+def rows_options(target: Target, cfg: Mapping[str, Any]) -> Options:
+    """Launch options of the fused rows kernel (with ``maxnreg`` on NVIDIA: ptxas otherwise spills a few cold values
+    on some targets to fit two programs an SM)."""
+    return launch_key_options(launch_options(target, cfg))
+
+
+def uses_pdl(target: Target, cfg: Mapping[str, Any]) -> bool:
+    """Whether the block kernel and the finishing launch start with programmatic dependent launch (the table's
+    ``PDL``, on a GPU whose architecture has it)."""
+    return bool(cfg.get("PDL")) and target.gpu.pdl and not target.interpreted
+
+
+def own_options(target: Target, cfg: Mapping[str, Any], warps_key: str, maxnreg_key: str | None = None) -> Options:
+    """Launch options of a kernel with warps of its own (``cfg[warps_key]``, the pass's warps by default) and no
+    register cap but ``cfg[maxnreg_key]`` where that is given."""
+    own = {key: value for key, value in cfg.items() if key != "maxnreg"}
+    own["num_warps"] = cfg.get(warps_key, cfg["num_warps"])
+    if maxnreg_key in cfg:
+        own["maxnreg"] = cfg[maxnreg_key]
+    return launch_key_options(launch_options(target, own))
+
+
+def finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, Options]:
+    """Tile and launch options of the finishing kernel (``FINISH_TILE`` values over ``FINISH_WARPS`` warps; the
+    pass tile and warps by default; ``FINISH_MAXNREG`` registers on NVIDIA, where ptxas otherwise caps itself at 128
+    and spills; ``launch_pdl`` where :func:`uses_pdl`): a wide tile holds a typical stash in registers and cuts the
+    serial L2 round trips of the rounds over it."""
+    opts = dict(own_options(target, cfg, "FINISH_WARPS", "FINISH_MAXNREG"))
+    if uses_pdl(target, cfg):
+        opts["launch_pdl"] = True
+    return cfg.get("FINISH_TILE", cfg["TILE"]), launch_key_options(opts)
+
+
+def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
+    """Columns per chunk when rows are split across programs, or 0 to run the fused one-program-per-row kernel.
+
+    From the shape, the multiprocessor count and the tuning only: rows get about ``CHUNKS_PER_SM`` chunks an
+    SM in all, of at least ``MIN_CHUNK`` columns (``CHUNK`` > 0 forces a chunk length); a power of two, at least
+    a tile (the filter's lanes own equal shares of it)."""
+    if cfg.get("CHUNK", 0):
+        chunk = cfg["CHUNK"]
+    else:
+        per_row = cdiv(sms * cfg["CHUNKS_PER_SM"], max(rows, 1))
+        if per_row <= 1:
+            return 0
+        chunk = max(cfg["MIN_CHUNK"], cdiv(cols, per_row))
+    chunk = next_power_of_2(max(chunk, cfg["TILE"]))
+    return chunk if chunk < cols else 0
+
+
+def filter_shape(target: Target, chunk: int, cfg: Mapping[str, Any]) -> tuple[int, int, Options]:
+    """``(lanes, pack, options)`` of the split filter: a lane a thread (``FILTER_WARPS`` warps, the pass's warps by
+    default), pieces of ``FILTER_PACK`` reads of ``lanes`` adjacent columns, both cut to fit ``chunk``."""
+    lanes = min(target.warp_size * cfg.get("FILTER_WARPS", cfg["num_warps"]), chunk)
+    pack = max(1, min(cfg.get("FILTER_PACK", 8), chunk // lanes))
+    return lanes, pack, own_options(target, cfg, "FILTER_WARPS")
+
+
+def gather_chunks(chunks: int, cfg: Mapping[str, Any]) -> int:
+    """Chunks the finish reads side by side (a power of two, at most ``GATHER_CHUNKS`` and the chunks of a row, so
+    that few rows of its tile stand empty)."""
+    return max(1, min(cfg["GATHER_CHUNKS"], 1 << (max(chunks, 1).bit_length() - 1)))
+
+
+def stash_capacity(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
+    """Tie-stash entries a row: the most of ``STASH``, ``STASH_PER_K`` × k and columns >> ``STASH_COLS_SHIFT`` (a
+    coarse bin holds more entries in longer rows), never more than the row holds (powers of two)."""
+    width = next_power_of_2(max(cols, 1))
+    want = max(cfg["STASH"], cfg["STASH_PER_K"] * next_power_of_2(k), width >> cfg["STASH_COLS_SHIFT"])
+    return min(want, width)
+
+
+def sample_size(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
+    """Entries sampled a row: enough that about ``SAMPLE_RANK`` of them are expected at or above the k-th
+    best of a full row, a power of two between 64 and ``SAMPLE`` (a longer row with a small k is sampled
+    more thinly: the threshold's safety margin then keeps more candidates)."""
+    want = next_power_of_2(cdiv(cfg["SAMPLE_RANK"] * cols, max(k, 1)))
+    return max(64, min(want, cfg["SAMPLE"]))
+
+
+_SCAN_ARGS = ("s_s0", "s_s1", "len_s0", "st_s0", "HAS_STARTS", "CONTIG")  # what the sample and filter kernels take
+
+
+def _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size, row_to_batch) -> tuple[tuple, dict]:
+    """``(starts, raw, r2b, table)``, the row kernels' tensors besides scores, lengths and out (an absent one stood
+    in by a tensor of the call that is never read), and their strides, flags and table shape as keyword
+    arguments."""
+    translate = page_table is not None
+    table = page_table if translate else out
+    r2b = row_to_batch if row_to_batch is not None else lengths
+    starts = row_starts if row_starts is not None else lengths
+    raw = out_raw if out_raw is not None else out
+    args = dict(
+        s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
+        HAS_STARTS=row_starts is not None, CONTIG=scores.stride(1) == 1, o_s0=out.stride(0), o_s1=out.stride(1),
+        w_s0=raw.stride(0), w_s1=raw.stride(1), r2b_s0=r2b.stride(0), tab_s0=table.stride(0), tab_s1=table.stride(1),
+        HAS_R2B=row_to_batch is not None, TRANSLATE=translate, HAS_RAW=out_raw is not None,
+        SHIFT=page_shift(page_size) if translate else 0, batches=table.shape[0] if translate else 0,
+        pages=table.shape[1] if translate else 0, page_size=page_size if translate else 1,
+    )
+    return (starts, raw, r2b, table), args
+
+
+class _Plan(NamedTuple):
+    """How a call's rows are taken, from the shape, the target and the tuning only: the Gluon kernel's shape (or
+    None), the split rows' chunk (0: not split) and chunks a row, the stash entries a row, the programs of the row
+    and finishing launches, and the workspace's pieces in int32 words (candidate regions, chunk counts, bin counts,
+    stashes)."""
+
+    block: dict[str, Any] | None
+    chunk: int
+    chunks: int
+    cap: int
+    row_programs: int
+    finish_programs: int
+    words: tuple[int, int, int, int]
+
+
+def _plan(scores: torch.Tensor, k: int, target: Target, cfg: Mapping[str, Any]) -> _Plan:
+    rows, cols = scores.shape
+    sms = _sms(target, scores.device)
+    # The Gluon block-a-row kernel (block.py) takes the rows the fused kernel would, and, from BLOCK_MIN_ROWS
+    # rows on, rows of up to BLOCK_MAX_COLS columns that would be split (unless CHUNK forces the split).
+    block = (None if topk_block.unsupported(scores, k, target, cfg)
+             else topk_block.shape(cols, k, sample_size(cols, k, cfg), cfg))
+    take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"] and cols <= cfg["BLOCK_MAX_COLS"]
+    chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg)
+    block = None if chunk else block
+    cap = topk_block.capacity(block) if block else stash_capacity(cols, k, cfg)
+    chunks = cdiv(cols, chunk) if chunk else 1
+    row_programs = 0 if chunk else min(rows, sms * cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"])
+    finish_programs = min(rows, sms)
+    per_program = max(2 * cap, topk_block.workspace(block) if block else 0)  # a stash (and bin counts) a program
+    # Each piece a multiple of 16 words, so every piece starts 64-byte aligned where the workspace does: the
+    # kernels keep their aligned accesses in one variant, whatever the shape.
+    words = tuple(cdiv(n, 16) * 16 for n in (rows * chunks * 2 * chunk, rows * chunks,
+                                              rows * (cfg["FINISH_BINS"] + 2) if chunk else 0,
+                                              max(row_programs, finish_programs) * per_program))
+    return _Plan(block, chunk, chunks, cap, row_programs, finish_programs, words)
+
+
+def workspace_bytes(scores: torch.Tensor, k: int, *, target: Target, cfg: Mapping[str, Any]) -> int:
+    """The workspace bytes of a call selecting ``k`` of each row of ``scores [R, N]`` (``sorted`` or not): on split
+    rows about twice the bytes of fp32 scores (candidates' keys kept beside their positions), else a stash a
+    program; 0 when there are no rows or ``k`` is 0."""
+    rows, _ = scores.shape
+    return 0 if rows == 0 or k == 0 else 4 * sum(_plan(scores, k, target, cfg).words)
+
+
+def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
+             workspace: torch.Tensor | None = None, target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
+    """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
+    split rows' sample and filter, then the finishing kernel; with ``sorted``, those select raw positions
+    (into ``out_raw`` when given, else ``out``) and a sort launch orders and translates them. Arguments as
+    :func:`topk_translate` (``page_table`` None for plain top-k); the workspace (``workspace``, else the kept one
+    of the calling thread's stream: :mod:`~indexcache.backends.triton.workspace`) is taken here, so launching needs
+    no allocation (and a benchmark can time each launch alone)."""
+    rows, cols = scores.shape
+    if rows == 0 or k == 0:
+        return []
+    if sorted:
+        return _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch,
+                                workspace=workspace, target=target, cfg=cfg)
+    tile = cfg["TILE"]
+    samples = sample_size(cols, k, cfg)
+    (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
+                                                    row_to_batch)
+    opts = rows_options(target, cfg)
+    fin_tile, fin_opts = finish_shape(target, cfg)
+    pdl = uses_pdl(target, cfg)
+    scan = {name: row_args[name] for name in _SCAN_ARGS}
+    common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
+    block, chunk, chunks, cap, row_programs, finish_programs, words = _plan(scores, k, target, cfg)
+    bins = cfg["FINISH_BINS"]
+    ws = workspaces.words(scores, sum(words), workspace)
+    region, counts, hist, stash = _split(ws, *words[:3])
+    finish = ("finish", Launch(
+        FINISH, (finish_programs,), fin_opts,
+        (scores, lengths, starts, out, raw, r2b, table, region, counts, hist, stash, rows, cols, k, cap, chunks,
+         chunk),
+        dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins, PDL=pdl)))
+    if block:
+        return [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols,
+                                            k), dict(row_args, DIGIT=cfg["DIGIT"], PDL=pdl, **block),
+                                           row_programs)),
+                finish]
+    if not chunk:
+        return [("rows", Launch(ROWS, (row_programs,), opts,
+                                (scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap),
+                                dict(common, SAMPLES=min(samples, 2 * tile)))),
+                finish]
+    lanes, pack, filter_opts = filter_shape(target, chunk, cfg)
+    return [
+        # The sample's own warps and no register cap: the whole sample is held in registers.
+        ("sample", Launch(SAMPLE, (rows,), own_options(target, cfg, "SAMPLE_WARPS"),
+                          (scores, lengths, starts, hist, cols, k),
+                          dict(scan, SAMPLES=samples, DIGIT=cfg["DIGIT"], BINS=bins))),
+        ("filter", Launch(FILTER, (rows, chunks), filter_opts,
+                          (scores, lengths, starts, hist, region, counts, cols, k, chunk),
+                          dict(scan, LANES=lanes, PACK=pack, BINS=bins))),
+        finish,
+    ]
+
+
+def _split(ws: torch.Tensor, *sizes: int) -> list[torch.Tensor]:
+    """Consecutive pieces of ``ws`` of the given sizes, then the rest."""
+    pieces, at = [], 0
+    for n in sizes:
+        pieces.append(ws[at:at + n])
+        at += n
+    return pieces + [ws[at:]]
+
+
+def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
+                     workspace: torch.Tensor | None, target: Target,
+                     cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
+    """``sorted=True``: the unsorted select's launches writing raw positions (to ``out_raw`` when given, else to
+    ``out``), then ``topk_sort_kernel``, one program a row."""
+    (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
+                                                    row_to_batch)
+    width = max(16, next_power_of_2(k))
+    opts = launch_key_options(launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg))))
+    steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, workspace=workspace, target=target,
+                     cfg=cfg)
+    return steps + [("sort", Launch(SORT, (scores.shape[0],), opts,
+                                    (scores, lengths, starts, out, raw, r2b, table, scores.shape[1], k),
+                                    dict(row_args, K_P2=width)))]
+
+
+def sort_warps(k: int, cfg: Mapping[str, Any]) -> int:
+    """Warps (wavefronts) of the sort launch: ``SORT_PER_WARP`` keys a warp, at least 4, at most 16."""
+    return max(4, min(16, next_power_of_2(k) // cfg["SORT_PER_WARP"]))
+
+
+def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, sorted, workspace, *,
+            target: Target, cfg: Mapping[str, Any]):
+    for _, launch in launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch,
+                              sorted=sorted, workspace=workspace, target=target, cfg=cfg):
+        launch()
+    return out
+
+
+def topk(scores, lengths, k, row_starts, out, sorted, workspace=None, *, target: Target, cfg: Mapping[str, Any]):
+    """Fill ``out [R, k]`` int32 (contract: ``indexcache.topk``)."""
+    return _select(scores, lengths, k, row_starts, out, None, None, 1, None, sorted, workspace, target=target,
+                   cfg=cfg)
+
+
+def topk_translate(scores, lengths, k, page_table, page_size, row_starts, row_to_batch, out, out_raw, sorted,
+                   workspace=None, *, target: Target, cfg: Mapping[str, Any]):
+    """Fill ``out [R, k]`` with physical slots and ``out_raw`` (when given) with the raw window positions
+    (contract: ``indexcache.topk_translate``)."""
+    return _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, sorted,
+                   workspace, target=target, cfg=cfg)
