@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,32 @@ def test_a_warmed_variant_is_what_a_launch_looks_up(tmp_path, monkeypatch):
         monkeypatch.setattr(fn, "device_caches", collections.defaultdict(fn.create_binder))  # no kernel in memory
         fn.warmup(*v.launch.args, grid=(1,), **v.launch.named, **dict(v.launch.options))
     assert recorder.hits == [True] * len(warmed) + [False] * len(cold)
+
+
+_UNGUARDED = """
+import sys, triton
+from indexcache.backends.triton import crosscompile, variants
+from indexcache.plan import LayerPlan
+from indexcache.tools.warmup import warmup
+
+found = warmup(LayerPlan.from_config(sys.argv[1]), arch="sm90", compile=False, max_batch=2, max_context=300,
+               max_prefill=2).variants
+variants.warm(found[:1], crosscompile.gpu_target("cuda", "sm90").gpu.triton_target(), jobs=1)
+"""
+
+
+def test_a_script_warming_up_unguarded_is_told_how_to_guard_it(tmp_path):
+    """The compile workers are spawned and import the main script again: without the ``__main__`` guard they fail
+    at start, and the error says what to write."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "serve.py"
+    script.write_text(_UNGUARDED)
+    done = subprocess.run([sys.executable, str(script), CONFIG], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode != 0
+    assert "needs the call under `if __name__ == '__main__':`" in done.stderr.splitlines()[-1]
 
 
 def _coldstart():

@@ -19,6 +19,7 @@ import multiprocessing
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -199,7 +200,13 @@ def warm(variants: Sequence[Variant], gpu: Any, jobs: int, progress: Progress | 
                                 v.launch.options)] = i
         for done, future in enumerate(as_completed(futures), 1):
             i = futures[future]
-            seconds[i] = future.result()
+            try:
+                seconds[i] = future.result()
+            except BrokenProcessPool as exc:
+                raise RuntimeError(
+                    "the compile workers ended before compiling (their output above says why). They are started "
+                    "with 'spawn' and import the main script again: a script that warms up at its top level needs "
+                    "the call under `if __name__ == '__main__':`") from exc
             if progress:
                 progress(done, len(variants), variants[i], seconds[i])
     return seconds
