@@ -11,7 +11,8 @@
 #   info.json             indexcache info --json
 #   bench-translate.json  indexcache bench --op translate --json
 #   reports.tar.gz        conformance reports, pytest junit XML, nvidia-smi, the optional scripts' --out folders
-# Settings: PYTHON (default python3); GPU_SH_BUDGET, seconds for all steps (default 470); INDEXCACHE_COMMIT, the
+# Settings: PYTHON (default python3); GPU_SH_BUDGET, seconds for all steps (default 470); GPU_SH_JOBS, processes
+# each conformance step deals its cases to (default 8); INDEXCACHE_COMMIT, the
 # commit recorded in the bench JSON where the tree has no .git; GPU_SH_PARTS, which parts to run (default "core
 # kernels runtime"; one device call holds about two of them): core = conformance (sm90 and forced sm80), memcheck,
 # graph tests, translate bench; kernels = indexcache bench --op for each other op of the spec records (JSON in
@@ -115,13 +116,16 @@ run_hook() {  # run_hook NAME LIMIT: bench/NAME_gpu.py --out WORK/NAME, when the
 if part core; then
 # Every Triton kernel variant a DeepSeek-V3.2 deployment can launch on this GPU, compiled in parallel over the cores
 # into Triton's cache (docs/kernels.md, "Kernel variants"): the step's time is that deployment's warmup. The
-# conformance cases, at other heads, k and page sizes, still compile most of theirs.
+# conformance cases, at other heads, k and page sizes, still compile most of theirs: each backend's cases are dealt
+# to JOBS processes (default 8) so that they compile side by side (one process took 146 s and 155 s cold on the H200).
+JOBS=${GPU_SH_JOBS:-8}
 step warmup 120 "${IC[@]}" warmup --config examples/configs/deepseek-v3.2.json
 # The default backends: those available on this machine (cuda and torch, compiled); CI interprets the rest.
-step conformance 240 "${IC[@]}" conformance --out "$WORK/reports"
+step conformance 240 "${IC[@]}" conformance --jobs "$JOBS" --out "$WORK/reports"
 # The A100 (sm80) path forced on this GPU: fp8 read as bytes and decoded to fp16 before an fp16 mma.sync,
 # quantize/store encoding e4m3 bytes with bit arithmetic; its own report folder.
-step conformance-sm80 240 env INDEXCACHE_CUDA_ARCH=sm80 "${IC[@]}" conformance --backend cuda --out "$WORK/reports-sm80"
+step conformance-sm80 240 env INDEXCACHE_CUDA_ARCH=sm80 "${IC[@]}" conformance --backend cuda --jobs "$JOBS" \
+  --out "$WORK/reports-sm80"
 
 if SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null); then
   # PYTORCH_NO_CUDA_MEMORY_CACHING=1: each tensor its own cudaMalloc, so a read past a tensor's end is outside

@@ -40,8 +40,9 @@ def plan_runs(which: str | None) -> list[tuple[str, dict[str, str]]]:
 
 
 def run_all(which: str | None, out_dir: Path, op: str | None = None,
-            compile_check: bool = False) -> tuple[list[dict[str, Any]], bool]:
-    """Run each planned backend in a subprocess (``compile_check``: with the cross-compile check of cuda and rocm);
+            compile_check: bool = False, jobs: int = 1) -> tuple[list[dict[str, Any]], bool]:
+    """Run each planned backend in a subprocess (``compile_check``: with the cross-compile check of cuda and rocm;
+    ``jobs``: its cases dealt to that many processes, ``worker.run_backend``);
     return the reports this run wrote and whether every case passed. A backend whose process fails or writes no
     report counts as crashed: no report, not ok (a report left by an earlier run is deleted first, never read). A bad
     ``INDEXCACHE_TORCH_MEMORY_BUDGET`` raises ``MemoryBudgetError`` before any worker starts."""
@@ -57,6 +58,8 @@ def run_all(which: str | None, out_dir: Path, op: str | None = None,
             cmd += ["--op", op]
         if compile_check:
             cmd.append("--compile")
+        if jobs > 1:
+            cmd += ["--jobs", str(jobs)]
         mode = " (interpreted)" if extra else ""
         print(f"conformance: running backend {name}{mode} ...", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, env=env)

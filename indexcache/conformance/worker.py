@@ -34,20 +34,31 @@ def catalogue_ops() -> list[str]:
     return list(dict.fromkeys(case.op for case in CASES))
 
 
-def run_backend(name: str, op: str | None = None, progress=None) -> dict[str, Any]:
-    """Every case (of ``op``, or all) on backend ``name``: a report dict with a ``results`` list."""
+def run_backend(name: str, op: str | None = None, progress=None, jobs: int = 1,
+                shard: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+    """Every case (of ``op``, or all) on backend ``name``: a report dict with a ``results`` list, in catalogue order.
+
+    ``jobs`` > 1: the cases are dealt round-robin to that many worker processes (``shard`` ``(i, n)``: this process
+    runs cases ``i, i + n, ...``), so that the kernels the cases compile are compiled side by side: on a GPU with
+    an empty Triton cache compiling is most of the run. A shard whose process fails is one failed result naming it."""
     if op is not None and op not in catalogue_ops():
         raise ValueError(f"op: expected one of {catalogue_ops()}, got {op!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs: expected an int >= 1, got {jobs!r}")
     avail = dispatch.availability(name)
     if not avail.available:
         raise dispatch.BackendNotSupportedError(f"backend {name!r} is not available here: {avail.reason}")
-    results: list[CaseResult] = []
     cases = cases_for(op)
-    for i, case in enumerate(cases):
-        result = run_case(case, name)
-        results.append(result)
-        if progress:
-            progress(f"[{name} {i + 1}/{len(cases)}] {result.status:<8} {case.op}: {case.name}")
+    if jobs > 1:
+        results = _sharded(name, op, min(jobs, len(cases)), progress)
+    else:
+        results = []
+        index, count = shard
+        for i in range(index, len(cases), count):
+            result = run_case(cases[i], name)
+            results.append(result.as_dict())
+            if progress:
+                progress(f"[{name} {i + 1}/{len(cases)}] {result.status:<8} {cases[i].op}: {cases[i].name}")
     return {
         "backend": name,
         "mode": avail.mode,
@@ -57,8 +68,41 @@ def run_backend(name: str, op: str | None = None, progress=None) -> dict[str, An
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "info": dispatch.get(name).info(),
-        "results": [r.as_dict() for r in results],
+        "results": results,
     }
+
+
+def _sharded(name: str, op: str | None, jobs: int, progress) -> list[dict[str, Any]]:
+    """The results of ``jobs`` worker processes, shard ``i`` running cases ``i, i + jobs, ...``, in catalogue
+    order."""
+    import os
+    import subprocess
+    import tempfile
+
+    cases = cases_for(op)
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        for i in range(jobs):
+            cmd = [sys.executable, "-m", "indexcache.conformance.worker", "--backend", name, "--out", f"{tmp}/{i}",
+                   "--shard", f"{i}/{jobs}", *(["--op", op] if op else [])]
+            procs.append(subprocess.Popen(cmd, env=os.environ.copy()))
+        found: dict[int, dict[str, Any]] = {}
+        for i, proc in enumerate(procs):
+            rc = proc.wait()
+            path = Path(tmp) / str(i) / f"conformance-{name}.json"
+            if rc in (0, 1) and path.exists():
+                shard = json.loads(path.read_text())["results"]
+                found.update(zip(range(i, len(cases), jobs), shard, strict=True))
+                continue
+            for j in range(i, len(cases), jobs):
+                found[j] = CaseResult(cases[j].op, cases[j].name, "failed",
+                                      f"conformance shard {i}/{jobs} crashed (exit {rc})").as_dict()
+    if progress:
+        counts = {status: sum(r["status"] == status for r in found.values()) for status in
+                  ("passed", "failed", "declined")}
+        progress(f"[{name}] {len(cases)} cases in {jobs} processes: "
+                 + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return [found[j] for j in range(len(cases))]
 
 
 def summarize(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -118,11 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--op", default=None, choices=catalogue_ops(), help="only the cases of this op")
     parser.add_argument("--compile", action="store_true", help="add the cross-compile check (cuda, rocm)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes the cases are dealt to (default 1)")
+    parser.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)  # i/n: a process of --jobs n
     args = parser.parse_args(argv)
+    index, count = (int(n) for n in args.shard.split("/"))
     # Triton's interpreter casts with numpy, which warns when the cases that feed NaN or inf on purpose cast them to
     # an integer or fp8 type; the verdict is the case's (as in pyproject.toml's pytest filter).
     warnings.filterwarnings("ignore", "invalid value encountered in cast", RuntimeWarning, "triton.runtime.interpreter")
-    report = run_backend(args.backend, args.op, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    report = run_backend(args.backend, args.op, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                         jobs=args.jobs, shard=(index, count))
     if args.compile and args.backend in vendors():
         from indexcache.backends.triton.crosscompile import compiled_for
 

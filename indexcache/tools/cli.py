@@ -202,6 +202,8 @@ def _add_conformance(sub) -> None:
     p.add_argument("--op", default=None, help="only the cases of this op (an op of the case catalogue)")
     p.add_argument("--compile", action="store_true", help="also cross-compile the cuda/rocm kernels for each GPU "
                    "generation (as indexcache compile-check) and add a 'compiled for' section to their reports")
+    p.add_argument("--jobs", type=int, default=1, help="processes each backend's cases are dealt to (default 1): "
+                   "on a GPU with an empty Triton cache the kernels then compile side by side")
     p.set_defaults(func=_run_conformance)
 
 
@@ -212,11 +214,13 @@ def _run_conformance(args) -> int:
 
     if args.op is not None and args.op not in catalogue_ops():
         raise UsageError(f"--op: expected one of {catalogue_ops()}, got {args.op!r}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs: expected an int >= 1, got {args.jobs}")
     _check_environment()
     _check_output("--out", args.out, directory=True)
     out = Path(args.out)
     with _input_errors(UnknownBackendError):
-        reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile)
+        reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile, jobs=args.jobs)
     print(table(reports))
     for line in not_passed(reports):
         print(f"  {line}")

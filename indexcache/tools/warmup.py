@@ -188,8 +188,8 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
     given), also load each compiled kernel into this process, so that an engine's first launches neither compile
     nor load; ``jobs``: compile worker processes (default: this machine's cores; started with ``spawn``, they import
     the main script again, so a script calling this at its top level needs ``if __name__ == "__main__":``);
-    ``progress(done, total, variant, seconds)`` after each compile. Raises ValueError for a bad argument, and for a plan whose index cache is not fp8
-    (the paged decode ops read the fp8 packed cache).
+    ``progress(done, total, variant, seconds)`` after each compile. Raises ValueError for a bad argument, and for a
+    plan whose index cache is not fp8 (the paged decode ops read the fp8 packed cache).
     """
     from indexcache.backends.triton import variants as kernel_variants
     from indexcache.backends.triton.crosscompile import gpu_target
