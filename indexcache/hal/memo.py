@@ -10,8 +10,9 @@ other argument's type and value. A later call with the same signature runs the k
 read nothing but this signature, so they would pass again, and the dispatch would choose the same backend.
 
 The kept launches hold addresses, not tensors (they keep no memory alive, interpreted too). At most :data:`MAX_ENTRIES`
-signatures are kept; a new one beyond that empties the memo first. ``indexcache.hal.dispatch.reset()`` empties
-it too.
+signatures are held (kept or seen once); a new one beyond that drops the least recently used, so an engine's
+repeated calls stay kept while calls of passing shapes come and go (emptying the whole memo instead cost a
+stall of milliseconds and every kept call its check again). ``indexcache.hal.dispatch.reset()`` empties it.
 """
 
 from __future__ import annotations
@@ -38,11 +39,20 @@ def signature(op: str, choice: Any, params: tuple) -> tuple | None:
 
 
 def get(key: tuple) -> Callable[[], None] | None:
-    """The kept launches of the call with this signature, or None (also for a key that cannot be hashed)."""
+    """The kept launches of the call with this signature (now the most recently used), or None (also for a key
+    that cannot be hashed)."""
     try:
-        return _kept.get(key)
+        launch = _kept.get(key)
     except TypeError:
         return None
+    if launch is not None:
+        _kept[key] = _kept.pop(key)  # to the end: the dict's order is the order of use
+    return launch
+
+
+def _make_room() -> None:
+    while len(_kept) >= MAX_ENTRIES:
+        del _kept[next(iter(_kept))]  # the least recently used
 
 
 def seen(key: tuple) -> bool:
@@ -50,8 +60,7 @@ def seen(key: tuple) -> bool:
     try:
         if key in _kept:
             return True
-        if len(_kept) >= MAX_ENTRIES:
-            _kept.clear()
+        _make_room()
         _kept[key] = None
     except TypeError:  # an argument that cannot be hashed: never kept
         return False
@@ -60,9 +69,9 @@ def seen(key: tuple) -> bool:
 
 def keep(key: tuple, launch: Callable[[], None]) -> None:
     """Keep ``launch`` for later calls with this signature."""
-    if len(_kept) >= MAX_ENTRIES:
-        _kept.clear()
     try:
+        if key not in _kept:
+            _make_room()
         _kept[key] = launch
     except TypeError:  # an argument that cannot be hashed: not kept
         pass

@@ -108,13 +108,26 @@ def test_reset_forgets_kept_calls(counted_checks):
     assert len(counted_checks) == 3
 
 
-def test_a_full_memo_is_emptied_before_it_grows(monkeypatch):
+def test_a_full_memo_drops_the_least_recently_used(monkeypatch, counted_checks):
+    """Three signatures in a memo of two: the one used least recently goes; the one repeated in between stays kept."""
     dispatch.reset()
     monkeypatch.setattr(memo, "MAX_ENTRIES", 2)
     raw, table, lens = _translate_inputs(0)
-    for out in [torch.empty_like(raw) for _ in range(3)]:
-        _twice(lambda out=out: indexcache.translate(raw, table, lens, 64, out=out, backend="cuda"))
-    assert memo.size() == 1 and len(memo._kept) == 1
+    outs = [torch.empty_like(raw) for _ in range(3)]
+
+    def call(i):
+        indexcache.translate(raw, table, lens, 64, out=outs[i], backend="cuda")
+
+    _twice(lambda: call(0))
+    _twice(lambda: call(1))
+    call(0)  # from the memo: now the most recently used
+    assert len(counted_checks) == 4
+    _twice(lambda: call(2))  # takes the place of 1
+    assert memo.size() == 2 and len(memo._kept) == 2
+    call(0)
+    assert len(counted_checks) == 6  # 0 still kept
+    call(1)
+    assert len(counted_checks) == 7  # 1 checked afresh
 
 
 def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
