@@ -226,8 +226,9 @@ class Launcher:
             return self._resident[key]
         kernel = self._compiled(key, options, args, named)
         # Reading ``run`` loads the compiled module, which is when Triton learns the register count.
-        found = None
-        if kernel.run is not None and kernel.metadata.target.backend == "cuda":
+        if kernel.run is None or kernel.metadata.target.backend != "cuda":
+            found = None
+        else:
             found = resident_blocks(kernel.n_regs, kernel.metadata.shared, kernel.metadata.num_warps * 32,
                                     sm_limits(device))
         self._resident[key] = found
