@@ -26,6 +26,7 @@ def _cases(op: str, n: int = 2):
     picked = list(SPECS[op].cases[:n])
     if op == "mqa_logits":  # a bf16 case too: opcheck's test_schema can run on it (see test_opcheck)
         picked.append(next(c for c in SPECS[op].cases if "bf16" in c.name))
+    picked += [c for c in SPECS[op].cases if c.name.startswith("MXFP4")][:1]  # float4 and e8m0 through the op
     for case in picked:
         gen = torch.Generator().manual_seed(0)
         args = case.build(gen, "cpu", E4M3) if case.native_fp8 else case.build(gen, "cpu")

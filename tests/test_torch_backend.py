@@ -115,7 +115,11 @@ def test_topk_translate_is_translate_of_topk(inputs, page_size):
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 100)),
          r"k: expected a last dimension divisible by block=128"),
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.bfloat16),
-         r"fp8_dtype: expected float8_e4m3fn or float8_e4m3fnuz, got torch.bfloat16"),
+         r"fp8_dtype: expected float8_e4m3fn or float8_e4m3fnuz or float4_e2m1fn_x2, got torch.bfloat16"),
+        (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.float4_e2m1fn_x2),
+         r"block: MXFP4 keys take a scale every 32 elements, got block=128"),
+        (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.float4_e2m1fn_x2, block=32.0),
+         r"block: expected an int"),
     ],
 )
 def test_bad_input_names_argument(call, message):

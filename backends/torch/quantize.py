@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from indexcache.hal import fp4
 from indexcache.hal.layout import fp8_max, split_packed_cache
 
 
@@ -15,8 +16,32 @@ def _pow2_scale(amax: torch.Tensor, limit: float) -> torch.Tensor:
     return torch.exp2(e)
 
 
+# e2m1's half-way points, each with the comparison that sends a value lying on it to the even code (docs/fp4.md)
+_E2M1_STEPS = ((0.25, torch.gt), (0.75, torch.ge), (1.25, torch.gt), (1.75, torch.ge), (2.5, torch.gt),
+               (3.5, torch.ge), (5.0, torch.gt))
+
+
+def _mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values [N, D / 2] float4_e2m1fn_x2, scales [N, D / 32] float8_e8m0fnu)``: the steps each value passes are
+    its code, on any device (every quotient of a value by a power of two is exact in float32)."""
+    n, d = k.shape
+    blocks = k.float().reshape(n, d // fp4.BLOCK, fp4.BLOCK)
+    finite = torch.isfinite(blocks).all(-1)
+    scale = _pow2_scale(blocks.abs().amax(-1).clamp_min(fp4.AMAX_FLOOR), fp4.E2M1_MAX).clamp(2.0**-126, 2.0**127)
+    y = (blocks / scale[..., None]).masked_fill(~finite[..., None], 0.0)
+    code = sum(step(y.abs(), at).to(torch.uint8) for at, step in _E2M1_STEPS)
+    nibble = (code | ((y < 0) & (code > 0)).to(torch.uint8) << 3).reshape(n, d // 2, 2)
+    values = nibble[..., 0] | nibble[..., 1] << 4
+    exponent = torch.frexp(scale).exponent - 1 + 127  # scale = 2 ** (exponent - 127)
+    scales = exponent.masked_fill(~finite, fp4.E8M0_NAN).to(torch.uint8)
+    return values.view(fp4.FP4), scales.view(fp4.E8M0)
+
+
 def quantize_index_k(k, fp8_dtype, block):
-    """``(k_fp8 [N, D], scale [N, D // block] float32)`` (contract: ``indexcache.quantize_index_k``)."""
+    """``(k_fp8 [N, D], scale [N, D // block] float32)``, or MXFP4's ``(values, scales)`` (contract:
+    ``indexcache.quantize_index_k``)."""
+    if fp8_dtype == fp4.FP4:
+        return _mxfp4(k)
     n, d = k.shape
     blocks = k.float().reshape(n, d // block, block)
     finite = torch.isfinite(blocks).all(-1)

@@ -199,7 +199,10 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: M
 
 
 def _fp8_policy(fp8_dtype: torch.dtype, target: Target) -> list[str]:
-    if fp8_dtype in FP8_DTYPES and fp8_dtype != target.fp8_dtype:
+    if fp8_dtype not in FP8_DTYPES:
+        return [f"{str(fp8_dtype).removeprefix('torch.')} keys are not in the Triton kernels yet (the torch backend "
+                "writes them)"]
+    if fp8_dtype != target.fp8_dtype:
         return [f"fp8_dtype is {str(fp8_dtype).removeprefix('torch.')}, but {target.arch}'s native fp8 format "
                 f"is {str(target.fp8_dtype).removeprefix('torch.')}"]
     return []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from indexcache.hal import fp4
 from indexcache.hal.layout import FP8_DTYPES, cache_page_size
 
 INDEX = torch.int32  # every index tensor; -1 marks an empty slot
@@ -65,6 +66,15 @@ def check_fp8(fp8_dtype) -> None:
     """``fp8_dtype`` is one of the fp8 formats the packed cache holds."""
     if fp8_dtype not in FP8_DTYPES:
         raise TypeError(f"fp8_dtype: expected {dtype_names(FP8_DTYPES)}, got {fp8_dtype}")
+
+
+def check_key_format(fp8_dtype, block: int) -> None:
+    """``fp8_dtype`` is an fp8 format (any ``block`` >= 1) or MXFP4 (``torch.float4_e2m1fn_x2``, ``block`` 32)."""
+    if fp8_dtype not in (*FP8_DTYPES, fp4.FP4):
+        raise TypeError(f"fp8_dtype: expected {dtype_names((*FP8_DTYPES, fp4.FP4))}, got {fp8_dtype}")
+    check_int("block", block, 1)
+    if fp8_dtype == fp4.FP4 and block != fp4.BLOCK:
+        raise ValueError(f"block: MXFP4 keys take a scale every {fp4.BLOCK} elements, got block={block}")
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from indexcache.hal import dispatch
+from indexcache.hal import dispatch, fp4
 from indexcache.hal.specs import SPECS
 
 NAMESPACE = "indexcache"
@@ -70,7 +70,10 @@ def mutated(op: str) -> tuple[str, ...]:
 
 
 def _fake_quantize(k, fp8_dtype, block):
-    return k.new_empty(k.shape, dtype=fp8_dtype), k.new_empty((k.shape[0], k.shape[1] // block), dtype=torch.float32)
+    n, d = k.shape
+    if fp8_dtype == fp4.FP4:  # two values a byte, an e8m0 scale a block
+        return k.new_empty((n, d // 2), dtype=fp4.FP4), k.new_empty((n, d // block), dtype=fp4.E8M0)
+    return k.new_empty(k.shape, dtype=fp8_dtype), k.new_empty((n, d // block), dtype=torch.float32)
 
 
 @dataclass(frozen=True)

@@ -399,26 +399,28 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
 
 
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):
-    """Block-``block`` fp8 quantization with power-of-two scales.
+    """Block-``block`` fp8 quantization with power-of-two scales, or MXFP4.
 
     ``scale = 2 ** ceil(log2(max(amax, 1e-4) / fp8_max))`` per block (fp8_max is 448 for e4m3fn, 240 for
-    e4m3fnuz), so every ``k / scale`` fits the format.
+    e4m3fnuz), so every ``k / scale`` fits the format. With ``fp8_dtype=torch.float4_e2m1fn_x2`` (MXFP4, ``block``
+    32): the same rule with 6, values rounded to the nearest e2m1 value, ties to even (docs/fp4.md).
 
     Parameters
     ----------
     k : torch.Tensor
         ``[N, D]`` float32, bfloat16 or float16, D a multiple of ``block``.
     fp8_dtype : torch.dtype
-        ``torch.float8_e4m3fn`` or ``torch.float8_e4m3fnuz``.
+        ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2``.
     block : int
-        Elements a scale, ≥ 1.
+        Elements a scale, ≥ 1 (32 for MXFP4).
     backend : str, optional
-        The backend to run on (default: the dispatcher's choice).
+        The backend to run on (default: the dispatcher's choice; MXFP4 runs on the torch backend for now).
 
     Returns
     -------
     tuple of torch.Tensor
-        ``(k_fp8 [N, D] fp8_dtype, scale [N, D // block] float32)``.
+        ``(k_fp8 [N, D] fp8_dtype, scale [N, D // block] float32)``; MXFP4: ``(values [N, D // 2]
+        float4_e2m1fn_x2, scales [N, D // 32] float8_e8m0fnu)``.
 
     Raises
     ------

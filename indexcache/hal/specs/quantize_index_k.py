@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from indexcache.hal import dispatch
-from indexcache.hal.checks import FLOAT_INPUTS, check_fp8, check_int, check_tensor
+from indexcache.hal import dispatch, fp4
+from indexcache.hal.checks import FLOAT_INPUTS, check_key_format, check_tensor
 from indexcache.hal.layout import fp8_max
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, CaseList, OpSpec, Verdict, cpu
 from indexcache.hal.specs.bench import DIM, BenchCase, BenchSpec
@@ -18,8 +18,7 @@ from indexcache.hal.specs.bench import DIM, BenchCase, BenchSpec
 
 def check(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128) -> dict[str, Any]:
     check_tensor("k", k, FLOAT_INPUTS, (None, None))
-    check_fp8(fp8_dtype)
-    check_int("block", block, 1)
+    check_key_format(fp8_dtype, block)
     if k.shape[1] % block:
         raise ValueError(f"k: expected a last dimension divisible by block={block}, got {k.shape[1]}")
     return dict(k=k, fp8_dtype=fp8_dtype, block=block)
@@ -29,8 +28,10 @@ def reference(k, fp8_dtype=torch.float8_e4m3fn, block=128):
     """Block-``block`` fp8 with power-of-two scales: ``(k_fp8 [N, D], scale [N, D // block] float32)``.
 
     ``scale = 2 ** ceil(log2(max(amax, 1e-4) / fp8_max))`` so every ``k / scale`` fits the format; a block
-    holding NaN or ±inf has scale NaN and zero values.
+    holding NaN or ±inf has scale NaN and zero values. MXFP4 (``torch.float4_e2m1fn_x2``): :func:`fp4.quantize`.
     """
+    if fp8_dtype == fp4.FP4:
+        return fp4.quantize(cpu(k))
     k = cpu(k).double()
     n, d = k.shape
     blocks = k.view(n, d // block, block)
@@ -53,9 +54,13 @@ def judge(args: dict, got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.
     """Scales equal (NaN where the reference has NaN), fp8 values byte-exact."""
     q, scale = got
     want_q, want_scale = want
-    if not torch.equal(cpu(scale).nan_to_num(-1.0), want_scale.nan_to_num(-1.0)):  # scales are positive
+    if q.dtype != want_q.dtype or scale.dtype != want_scale.dtype:
+        return f"dtypes {q.dtype}, {scale.dtype}: expected {want_q.dtype}, {want_scale.dtype}", None, None
+    same = (bytes_equal(cpu(scale), want_scale) if scale.dtype == fp4.E8M0  # NaN: byte 255
+            else torch.equal(cpu(scale).nan_to_num(-1.0), want_scale.nan_to_num(-1.0)))  # scales are positive
+    if not same:
         return "scales differ", None, None
-    return ("" if bytes_equal(cpu(q), want_q) else "fp8 values differ"), None, None
+    return ("" if bytes_equal(cpu(q), want_q) else "quantized values differ"), None, None
 
 
 cases = CaseList("quantize_index_k")
@@ -85,6 +90,31 @@ def _(gen, dev, fp8):
     k[1, 130] = float("inf")
     k[2, :128] = float("-inf")
     return dict(k=k.to(dev), fp8_dtype=fp8)
+
+def _fp4_ties(gen):
+    """Rows of 32 holding 6 (scale 1) and every half-way point of the e2m1 grid, both signs, and values that round
+    to zero from below: each tie must go to the even code."""
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.1, 7.0, 6.0], dtype=torch.float64)
+    row = torch.cat([ties, -ties, torch.full((12,), 6.0, dtype=torch.float64)])
+    return torch.stack([row, row * 2.0**-20, row * 2.0**40])
+
+
+cases.add("MXFP4: random bf16 keys")(
+    lambda gen, dev: dict(k=(torch.randn(64, 256, generator=gen) * 10).to(torch.bfloat16).to(dev), fp8_dtype=fp4.FP4,
+                          block=fp4.BLOCK))
+cases.add("MXFP4: every tie of the grid, ±6 saturation, -0, tiny and huge blocks")(
+    lambda gen, dev: dict(k=_fp4_ties(gen).float().to(dev), fp8_dtype=fp4.FP4, block=fp4.BLOCK))
+
+
+@cases.add("MXFP4: zero rows, values under the amax floor, blocks holding NaN or ±inf")
+def _(gen, dev):
+    k = torch.randn(5, 128, generator=gen)
+    k[0] = 0
+    k[1] *= 1e-7
+    k[2, 5] = float("nan")
+    k[3, 40] = float("inf")
+    k[4, 64:96] = float("-inf")
+    return dict(k=k.to(dev), fp8_dtype=fp4.FP4, block=fp4.BLOCK)
 
 # ----------------------------------------------------------------------------------------------- benchmark
 

@@ -1,0 +1,89 @@
+"""The MXFP4 format (indexcache.hal.fp4, docs/fp4.md): nibble order and codes, the scale byte, the nearest grid point
+with ties to the even code, saturation, -0, non-finite blocks; checked against brute force over the signed grid."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from indexcache.hal import fp4
+
+GRID = torch.tensor(fp4.E2M1_GRID, dtype=torch.float64)
+
+
+def _bytes(t: torch.Tensor) -> list[int]:
+    return t.view(torch.uint8).flatten().tolist()
+
+
+def test_bytes_of_a_known_row():
+    """Scale 1 (the block holds 6): 1.0 is code 2 in the low nibble, -0.5 code 1 with the sign in the high one."""
+    row = torch.zeros(1, 32)
+    row[0, :4] = torch.tensor([1.0, -0.5, 6.0, -6.0])
+    values, scales = fp4.quantize(row)
+    assert values.dtype == fp4.FP4 and scales.dtype == fp4.E8M0
+    assert values.shape == (1, 16) and scales.shape == (1, 1)
+    assert _bytes(scales) == [127]
+    assert _bytes(values)[:3] == [0x2 | 0x9 << 4, 0x7 | 0xF << 4, 0]
+
+
+def _nearest(y: torch.Tensor) -> torch.Tensor:
+    """Brute force: the grid magnitude nearest |y| (ties to the even code), with y's sign, saturating at 6."""
+    distance = (y.abs().clamp_max(6.0)[..., None] - GRID).abs()
+    best = distance.min(-1, keepdim=True).values
+    codes = torch.arange(len(GRID))
+    candidates = torch.where(distance == best, codes, 99)
+    even = torch.where(candidates % 2 == 0, candidates, 99).min(-1).values
+    code = torch.where(even < 99, even, candidates.min(-1).values)
+    return GRID[code] * torch.where((y < 0) & (code > 0), -1.0, 1.0)
+
+
+@pytest.mark.parametrize("scale_exp", [-20, 0, 3])
+def test_every_value_is_its_nearest_grid_point_times_the_block_scale(scale_exp):
+    gen = torch.Generator().manual_seed(scale_exp + 100)
+    x = torch.randn(16, 128, generator=gen, dtype=torch.float64) * 2.0**scale_exp * 3
+    halfway = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
+    x[0, :7], x[0, 7:14], x[0, 14] = halfway, -halfway, 6.0  # ties, at scale 1 relative to the block's 6
+    x[0] *= 2.0**scale_exp
+    got = fp4.dequantize(*fp4.quantize(x.float()))
+    amax = x.float().double().abs().reshape(16, 4, 32).amax(-1).clamp_min(fp4.AMAX_FLOOR)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 6)))
+    want = _nearest(x.float().double().reshape(16, 4, 32) / scale[..., None]) * scale[..., None]
+    assert torch.equal(got, want.reshape(16, 128))
+
+
+def test_negative_values_that_round_to_zero_are_plus_zero():
+    row = torch.full((1, 32), -0.1)
+    row[0, 0] = 6.0
+    values, _ = fp4.quantize(row)
+    assert set(_bytes(values)[1:]) == {0}
+
+
+def test_a_block_with_nan_or_inf_has_a_nan_scale_and_zero_values():
+    row = torch.ones(1, 64)
+    row[0, 3] = float("nan")
+    row[0, 40] = float("-inf")
+    values, scales = fp4.quantize(row)
+    assert _bytes(scales) == [255, 255]
+    assert set(_bytes(values)) == {0}
+    assert torch.isnan(fp4.dequantize(values, scales)).all()
+
+
+def test_the_amax_floor_and_the_exponent_clamp():
+    zeros, _ = fp4.quantize(torch.zeros(1, 32))
+    assert _bytes(fp4.quantize(torch.zeros(1, 32))[1]) == [127 - 15]  # 2 ** ceil(log2(1e-4 / 6)) = 2 ** -15
+    assert set(_bytes(zeros)) == {0}
+    huge = torch.full((1, 32), torch.finfo(torch.float32).max)
+    assert _bytes(fp4.quantize(huge)[1]) == [127 + 126]
+
+
+def test_dequantize_reads_every_nibble_and_scale_byte():
+    codes = list(itertools.product(range(16), repeat=2))
+    packed = torch.tensor([[lo | hi << 4 for lo, hi in codes[i:i + 16]] for i in range(0, 256, 16)], dtype=torch.uint8)
+    scales = torch.full((16, 1), 130, dtype=torch.uint8)
+    got = fp4.dequantize(packed, scales)
+    signed = torch.cat([GRID, -GRID])
+    want = torch.tensor([[signed[c] * 8 for pair in codes[i:i + 16] for c in pair] for i in range(0, 256, 16)],
+                        dtype=torch.float64)
+    assert torch.equal(got, want)
