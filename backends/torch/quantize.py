@@ -55,11 +55,16 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype):
 
     Picking the valid slots syncs with the host: the torch backend's store is not for captured graphs.
     """
-    q, scale = quantize_index_k(k, fp8_dtype, k.shape[1])
     keys, scales = split_packed_cache(k_cache, k.shape[1], fp8_dtype)
-    num_pages, page_size = scales.shape
+    if fp8_dtype == fp4.FP4:  # a token's value and scale bytes
+        q, scale = (t.view(torch.uint8) for t in _mxfp4(k))
+        keys, scales = keys.view(torch.uint8), scales.view(torch.uint8)
+    else:
+        q, scale = quantize_index_k(k, fp8_dtype, k.shape[1])
+        scale = scale[:, 0]
+    num_pages, page_size = keys.shape[:2]
     slot = slot_mapping.long()
     rows = torch.nonzero((slot >= 0) & (slot < num_pages * page_size)).flatten()
     page, offset = slot[rows] // page_size, slot[rows] % page_size
     keys[page, offset] = q[rows]
-    scales[page, offset] = scale[rows, 0]
+    scales[page, offset] = scale[rows]

@@ -68,10 +68,13 @@ def check_fp8(fp8_dtype) -> None:
         raise TypeError(f"fp8_dtype: expected {dtype_names(FP8_DTYPES)}, got {fp8_dtype}")
 
 
-def check_key_format(fp8_dtype, block: int) -> None:
-    """``fp8_dtype`` is an fp8 format (any ``block`` >= 1) or MXFP4 (``torch.float4_e2m1fn_x2``, ``block`` 32)."""
+def check_key_format(fp8_dtype, block: int | None = None) -> None:
+    """``fp8_dtype`` is an fp8 format (any ``block`` >= 1) or MXFP4 (``torch.float4_e2m1fn_x2``, ``block`` 32);
+    ``block`` None: an op without one (the cache store)."""
     if fp8_dtype not in (*FP8_DTYPES, fp4.FP4):
         raise TypeError(f"fp8_dtype: expected {dtype_names((*FP8_DTYPES, fp4.FP4))}, got {fp8_dtype}")
+    if block is None:
+        return
     check_int("block", block, 1)
     if fp8_dtype == fp4.FP4 and block != fp4.BLOCK:
         raise ValueError(f"block: MXFP4 keys take a scale every {fp4.BLOCK} elements, got block={block}")
@@ -140,17 +143,21 @@ def check_workspace(workspace, device: torch.device, tensors: dict) -> None:
     check_output("workspace", workspace, tensors)
 
 
-def check_cache(k_cache, dim_name: str, dim: int, device: torch.device) -> None:
-    """The packed fp8 cache (:mod:`indexcache.hal.layout`) for keys of ``dim`` elements (``dim_name``'s last
-    dimension): uint8, on ``device``, a page shape that fits, contiguous, float32 scales 4-byte aligned."""
+def check_cache(k_cache, dim_name: str, dim: int, device: torch.device,
+                fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> None:
+    """The packed cache (:mod:`indexcache.hal.layout`) of ``fp8_dtype`` keys of ``dim`` elements (``dim_name``'s
+    last dimension): uint8, on ``device``, a page shape that fits, contiguous, scales 4-byte aligned."""
     if not isinstance(k_cache, torch.Tensor) or k_cache.dtype != torch.uint8:
         raise TypeError(f"k_cache: expected a uint8 torch.Tensor, got {getattr(k_cache, 'dtype', type(k_cache))}")
     if k_cache.device != device:
         raise ValueError(f"k_cache: expected a tensor on {device}, got one on {k_cache.device}")
+    if fp8_dtype == fp4.FP4 and (dim == 0 or dim % fp4.BLOCK):
+        raise ValueError(f"{dim_name}: expected a last dimension that is a positive multiple of {fp4.BLOCK} (MXFP4 "
+                         f"keys: a scale every {fp4.BLOCK} elements), got {dim}")
     if dim == 0 or dim % 4:
         raise ValueError(f"{dim_name}: expected a last dimension that is a positive multiple of 4 (the packed "
                          f"cache keeps float32 scales after each page's keys), got {dim}")
-    cache_page_size(k_cache, dim)
+    cache_page_size(k_cache, dim, fp8_dtype)
     if not k_cache.is_contiguous():
         raise ValueError("k_cache: expected a contiguous tensor, got a strided view")
     # Dynamo cannot trace storage_offset(): under compile the custom op's real implementation checks it.

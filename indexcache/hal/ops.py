@@ -443,8 +443,8 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, back
 
 
 def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, backend=None) -> None:
-    """Quantize ``k`` (one power-of-two scale a token, as :func:`quantize_index_k` with ``block = D``) into the
-    packed cache, in place.
+    """Quantize ``k`` (one power-of-two scale a token, as :func:`quantize_index_k` with ``block = D``; MXFP4: a scale
+    every 32 elements) into the packed cache, in place.
 
     Parameters
     ----------
@@ -452,12 +452,14 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
         ``[N, D]`` float32, bfloat16 or float16.
     k_cache : torch.Tensor
         The packed cache (:mod:`indexcache.hal.layout`) for keys of D elements, as :func:`paged_mqa_logits`
-        takes it; it must not share memory with the other arguments.
+        takes it (MXFP4: D / 2 + D / 32 bytes a token, docs/fp4.md); it must not share memory with the other
+        arguments.
     slot_mapping : torch.Tensor
         ``[N]`` int32: token ``i`` goes to slot ``slot_mapping[i]`` (page ``slot // page_size``, offset
         ``slot % page_size``); slots < 0 or beyond the cache are skipped.
     fp8_dtype : torch.dtype
-        ``torch.float8_e4m3fn`` or ``torch.float8_e4m3fnuz``.
+        ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2`` (MXFP4, D a multiple of
+        32; the torch backend writes it for now).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 

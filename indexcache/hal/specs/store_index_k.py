@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from indexcache.hal import dispatch
-from indexcache.hal.checks import FLOAT_INPUTS, INDEX, check_cache, check_fp8, check_output, check_tensor
+from indexcache.hal import dispatch, fp4
+from indexcache.hal.checks import FLOAT_INPUTS, INDEX, check_cache, check_key_format, check_output, check_tensor
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
 from indexcache.hal.specs import quantize_index_k
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu
@@ -20,27 +20,33 @@ from indexcache.hal.specs.bench import DIM, PAGE, BenchCase, BenchSpec
 def check(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn) -> dict[str, Any]:
     check_tensor("k", k, FLOAT_INPUTS, (None, None))
     device = k.device
-    check_fp8(fp8_dtype)
-    check_cache(k_cache, "k", k.shape[1], device)
+    check_key_format(fp8_dtype)
+    check_cache(k_cache, "k", k.shape[1], device, fp8_dtype)
     check_tensor("slot_mapping", slot_mapping, (INDEX,), (k.shape[0],), device)
     check_output("k_cache", k_cache, dict(k=k, slot_mapping=slot_mapping))
     return dict(k=k, k_cache=k_cache, slot_mapping=slot_mapping, fp8_dtype=fp8_dtype)
 
 
 def reference(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn) -> torch.Tensor:
-    """A copy of the packed cache with ``k [N, D]`` quantized (one scale a token) into ``slot_mapping [N]``.
+    """A copy of the packed cache with ``k [N, D]`` quantized (one scale a token; MXFP4: a scale every 32 elements)
+    into ``slot_mapping [N]``.
 
     Slot ``s`` is token ``s % page_size`` of page ``s // page_size``; slots < 0 or beyond the cache
     are skipped.
     """
     cache = cpu(k_cache).clone()
-    q, scale = quantize_index_k.reference(k, fp8_dtype, block=k.shape[1])
     keys, scales = split_packed_cache(cache, k.shape[1], fp8_dtype)
-    num_pages, page_size = scales.shape
+    if fp8_dtype == fp4.FP4:  # a token's value and scale bytes
+        q, scale = (t.view(torch.uint8) for t in quantize_index_k.reference(k, fp8_dtype, block=fp4.BLOCK))
+        keys, scales = keys.view(torch.uint8), scales.view(torch.uint8)
+    else:
+        q, scale = quantize_index_k.reference(k, fp8_dtype, block=k.shape[1])
+        scale = scale[:, 0]
+    num_pages, page_size = keys.shape[:2]
     for i, slot in enumerate(cpu(slot_mapping).tolist()):
         if 0 <= slot < num_pages * page_size:
             keys[slot // page_size, slot % page_size] = q[i]
-            scales[slot // page_size, slot % page_size] = scale[i, 0]
+            scales[slot // page_size, slot % page_size] = scale[i]
     return cache
 
 
@@ -80,6 +86,24 @@ for _ps in ODD_PAGES:
         slots[5] = pages * ps
         return dict(k=(torch.randn(40, 128, generator=gen) * 5).to(dev), k_cache=new_packed_cache(pages, ps).to(dev),
                     slot_mapping=slots.to(dev), fp8_dtype=fp8)
+
+@cases.add("MXFP4: slots with -1 and beyond the cache, page 64")
+def _(gen, dev):
+    slots = torch.randperm(6 * 64, generator=gen)[:50].to(I32)
+    slots[::7] = -1
+    slots[3] = 6 * 64
+    k = torch.randn(50, 128, generator=gen) * 5
+    k[1, 3], k[2, 40], k[4] = float("nan"), float("inf"), 0.0
+    return dict(k=k.to(torch.bfloat16).to(dev), k_cache=new_packed_cache(6, 64, fp8_dtype=fp4.FP4).to(dev),
+                slot_mapping=slots.to(dev), fp8_dtype=fp4.FP4)
+
+
+@cases.add("MXFP4: page 17, D 64, DeepGEMM's 4-D view of the cache")
+def _(gen, dev):
+    cache = new_packed_cache(3, 17, 64, fp8_dtype=fp4.FP4).view(3, 17, 1, 32 + 2)
+    slots = torch.randperm(3 * 17, generator=gen)[:20].to(I32)
+    return dict(k=torch.randn(20, 64, generator=gen).to(dev), k_cache=cache.to(dev), slot_mapping=slots.to(dev),
+                fp8_dtype=fp4.FP4)
 
 # ----------------------------------------------------------------------------------------------- benchmark
 
