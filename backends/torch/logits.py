@@ -9,9 +9,22 @@ from __future__ import annotations
 import torch
 
 from indexcache.backends.torch.memory import memory_budget, rows_per_chunk
+from indexcache.hal import fp4
 from indexcache.hal.layout import split_packed_cache
 
 KEY_CHUNK = 4096
+
+
+def _mxfp4_keys(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP4 keys ``[n, D / 2]`` with their e8m0 scales ``[n, D / 32]`` as float32 ``[n, D]`` (exact: an e2m1 value
+    times a power of two; scale byte 255 gives NaN)."""
+    signed = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], device=values.device)
+    signed = torch.cat([signed, -signed])
+    packed = values.view(torch.uint8).long()
+    x = signed[torch.stack((packed & 15, packed >> 4), -1).flatten(-2)]
+    b = scales.view(torch.uint8).float()
+    scale = torch.where(b == 255, float("nan"), torch.exp2(b - 127))
+    return (x.unflatten(-1, (scale.shape[-1], -1)) * scale[..., None]).flatten(-2)
 
 
 def mqa_logits(q, k, k_scale, weights, ks, ke, out):
@@ -20,6 +33,8 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out):
     n = k.shape[0]
     if out.numel() == 0:
         return out
+    if k.dtype == fp4.FP4:  # the keys decoded with their block scales; no scale a key left to apply
+        k, k_scale = _mxfp4_keys(k, k_scale), torch.ones(n, device=q.device)
     key_chunk = max(1, min(n, KEY_CHUNK, memory_budget() // (8 * heads + 4 * dim + 16)))
     # Per query row of a chunk: the product and its ReLU'd copy, plus the row's q in float32.
     step = rows_per_chunk(8 * heads * key_chunk + 4 * heads * dim + 8 * key_chunk, tokens)

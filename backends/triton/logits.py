@@ -52,6 +52,7 @@ import triton.language as tl
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options, planned_sms
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
+from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
 from indexcache.hal.device import sm_count
 from indexcache.hal.layout import FP8_DTYPES, cache_page_size
@@ -569,8 +570,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     decode_options = launch_key_options(launch_options(target, decode))
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
+        mxfp4 = ["MXFP4 keys are not in the Triton kernels yet (the torch backend reads them)"] if k.dtype == fp4.FP4 \
+            else []
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
-                *_check_dtype("q", q.dtype, target, bf16=True), *_check_shape(q.shape[1], q.shape[2])]
+                *_check_dtype("q", q.dtype, target, bf16=True), *_check_shape(q.shape[1], q.shape[2]), *mxfp4]
 
     def supports_decode(q, k_cache, weights, context_lens, page_table, out, **_):
         return [*on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,

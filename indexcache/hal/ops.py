@@ -236,9 +236,10 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
     q : torch.Tensor
         ``[T, H, D]`` float8_e4m3fn, float8_e4m3fnuz or bfloat16.
     k : torch.Tensor
-        ``[N, D]`` of ``q``'s dtype.
+        ``[N, D]`` of ``q``'s dtype, or MXFP4 keys ``[N, D / 2]`` float4_e2m1fn_x2 with fp8 ``q`` (as
+        :func:`quantize_index_k` returns them; the torch backend reads them for now).
     k_scale : torch.Tensor
-        ``[N]`` float32.
+        ``[N]`` float32; with MXFP4 keys their scales, ``[N, D / 32]`` float8_e8m0fnu.
     weights : torch.Tensor
         ``[T, H]`` float32.
     ks, ke : torch.Tensor

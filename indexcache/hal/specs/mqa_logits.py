@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from indexcache.hal import dispatch
+from indexcache.hal import dispatch, fp4
 from indexcache.hal.checks import INDEX, KEY_DTYPES, check_tensor, output
-from indexcache.hal.layout import fp8_max
+from indexcache.hal.layout import FP8_DTYPES, fp8_max
 from indexcache.hal.specs import quantize_index_k
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, CaseList, OpSpec, Verdict, cpu, to_fp8
 from indexcache.hal.specs.bench import BASELINE, DIM, HEADS, BenchCase, BenchSpec
@@ -26,8 +26,15 @@ def check(q, k, k_scale, weights, ks, ke, *, out=None) -> dict[str, Any]:
     check_tensor("q", q, KEY_DTYPES, (None, None, None))
     tokens, heads, dim = q.shape
     device = q.device
-    check_tensor("k", k, (q.dtype,), (None, dim), device)
-    check_tensor("k_scale", k_scale, (torch.float32,), (k.shape[0],), device)
+    if isinstance(k, torch.Tensor) and k.dtype == fp4.FP4:  # MXFP4 keys: fp8 queries, a scale every 32 elements
+        check_tensor("q", q, FP8_DTYPES, (None, None, None))
+        if dim % fp4.BLOCK:
+            raise ValueError(f"q: expected a head dim that is a multiple of {fp4.BLOCK} with MXFP4 keys, got {dim}")
+        check_tensor("k", k, (fp4.FP4,), (None, dim // 2), device)
+        check_tensor("k_scale", k_scale, (fp4.E8M0,), (k.shape[0], dim // fp4.BLOCK), device)
+    else:
+        check_tensor("k", k, (q.dtype,), (None, dim), device)
+        check_tensor("k_scale", k_scale, (torch.float32,), (k.shape[0],), device)
     check_tensor("weights", weights, (torch.float32,), (tokens, heads), device)
     check_tensor("ks", ks, (INDEX,), (tokens,), device)
     check_tensor("ke", ke, (INDEX,), (tokens,), device)
@@ -39,8 +46,11 @@ def check(q, k, k_scale, weights, ks, ke, *, out=None) -> dict[str, Any]:
 def reference(q, k, k_scale, weights, ks, ke) -> torch.Tensor:
     """Ragged prefill logits ``[T, N]`` float64, -inf outside ``[ks[t], ke[t])``.
 
-    ``out[t, n] = k_scale[n] * sum_h weights[t, h] * relu(q[t, h] . k[n])``.
+    ``out[t, n] = k_scale[n] * sum_h weights[t, h] * relu(q[t, h] . k[n])``; MXFP4 keys: ``k[n]`` decoded with its
+    block scales (:func:`fp4.dequantize`) in place of ``k_scale[n] * k[n]``.
     """
+    if k.dtype == fp4.FP4:
+        k, k_scale = fp4.dequantize(cpu(k), cpu(k_scale)), torch.ones(k.shape[0], dtype=torch.float64)
     q, k = cpu(q).double(), cpu(k).double()
     k_scale, weights = cpu(k_scale).double(), cpu(weights).double()
     ks, ke = cpu(ks).long(), cpu(ke).long()
@@ -106,6 +116,22 @@ def _args(gen, dev, tokens, keys, heads, dtype, ks=None, ke=None, dim=128, scale
 for _dt, _label in ((E4M3, "fp8 e4m3fn"), (E4M3_FNUZ, "fp8 e4m3fnuz"), (torch.bfloat16, "bf16")):
     cases.add(f"causal prefill, H 64, {_label}")(
         lambda gen, dev, dt=_dt: _args(gen, dev, 24, 300, 64, dt))
+
+
+def _fp4_args(gen, dev, fp8, tokens=24, keys=300, heads=64, nan_block=False):
+    """MXFP4 keys (quantized by the reference rule from normal keys) and fp8 queries, causal windows."""
+    args = _args(gen, dev, tokens, keys, heads, fp8)
+    raw = torch.randn(keys, 128, generator=gen) * torch.exp2(torch.randint(-6, 6, (keys, 1), generator=gen).float())
+    if nan_block:
+        raw[7, 40] = float("nan")
+    values, scales = quantize_index_k.reference(raw, fp4.FP4, block=fp4.BLOCK)
+    return {**args, "k": values.to(dev), "k_scale": scales.to(dev)}
+
+
+cases.add("MXFP4 keys, causal prefill, H 64, native fp8 q", native_fp8=True)(
+    lambda gen, dev, fp8: _fp4_args(gen, dev, fp8))
+cases.add("MXFP4 keys, a NaN block scale, H 16, native fp8 q", native_fp8=True)(
+    lambda gen, dev, fp8: _fp4_args(gen, dev, fp8, tokens=9, keys=70, heads=16, nan_block=True))
 
 
 @cases.add("full, empty and context-parallel windows, native fp8", native_fp8=True)
