@@ -228,6 +228,16 @@ def cp_topk(d: dict) -> str:
          "local logits µs", "communication / logits", "equals one GPU"], rows)
 
 
+def fp4_recall(d: dict) -> str:
+    """bench/fp4_recall.py: top-k recall of fp8 and MXFP4 keys against the float64 top-k (accuracy only)."""
+    p = d["params"]
+    rows = [[r["data"], r["keys"], _f(r["recall_mean"], ".4f"), _f(r["recall_min"], ".4f"), str(r["rows"])]
+            for r in d["rows"]]
+    return _head(d, f"{p['tokens']} rows × {p['seeds']} seeds, {p['keys']} keys, H {p['heads']}, D {p['dim']}, "
+                 f"k {p['top']}") + "\n\n" + markdown_table(["data", "keys", "recall mean", "recall worst row", "rows"],
+                                                             rows)
+
+
 # Every file under benchmarks/results and the table it gives, in BENCHMARKS.md's order.
 TABLES: dict[str, Callable[[dict], str]] = {
     "h200-translate.json": bench_op,
@@ -240,6 +250,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200-topk-vs-peers.json": topk_peers,
     "h200-e2e.json": e2e,
     "h200x2-cp-topk.json": cp_topk,
+    "cpu-fp4-recall.json": fp4_recall,
 }
 
 
