@@ -543,3 +543,15 @@ def test_cp_gpu_runs_on_gloo_ranks(tmp_path):
     report = json.loads((tmp_path / "cp.json").read_text())
     assert report["schema"] == "indexcache-cp-bench/1" and report["world_size"] == 2
     assert all(r["equal"] and r["cp_topk_us"] > 0 for r in report["results"])
+
+
+def test_fp4_recall_writes_a_recall_per_data_set_and_key_format(tmp_path):
+    """bench/fp4_recall.py on the CPU: one row per (data set, key format), each recall a share in (0, 1], fp8 keys
+    keeping more of the true top-k than MXFP4 ones on normal data."""
+    out = tmp_path / "recall.json"
+    _script("fp4_recall", "--tokens", "4", "--keys", "2048", "--top", "256", "--seeds", "1", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["data"], r["keys"]) for r in rows] == [(d, f) for d in ("normal keys", "outlier channels (4 of 128 at "
+                                                                       "20x)") for f in ("fp8 e4m3fn", "MXFP4")]
+    assert all(0 < r["recall_min"] <= r["recall_mean"] <= 1 and r["rows"] == 4 for r in rows)
+    assert rows[0]["recall_mean"] > rows[1]["recall_mean"]
