@@ -100,6 +100,8 @@ BAD_METADATA = [
     ("paged_mqa_logits", "a cache starting off a 4-byte boundary",
      lambda a: dict(k_cache=torch.zeros(a["k_cache"].numel() + 1, dtype=torch.uint8)[1:].view(a["k_cache"].shape))),
     ("paged_mqa_logits", "context_lens of another batch", lambda a: dict(context_lens=_i32(4))),
+    ("paged_mqa_logits", "an fp8 cache read as MXFP4", lambda a: dict(k_format=torch.float4_e2m1fn_x2)),
+    ("paged_topk_translate", "k_format bfloat16", lambda a: dict(k_format=torch.bfloat16)),
     ("paged_topk_translate", "k -1", lambda a: dict(k=-1)),
     ("paged_topk_translate", "page_size 0", lambda a: dict(page_size=0)),
     ("paged_topk_translate", "out_raw of another shape", lambda a: dict(out_raw=_i32(3, 63))),

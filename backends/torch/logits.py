@@ -52,11 +52,15 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out):
     return out
 
 
-def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out):
-    """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``)."""
+def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None):
+    """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); an MXFP4
+    cache (``k_format``) is decoded a chunk of keys at a time."""
     batch, next_n, heads, dim = q.shape
-    keys, scales = split_packed_cache(k_cache, dim, q.dtype)
-    cache_pages, page_size = scales.shape
+    mxfp4 = k_format == fp4.FP4
+    keys, scales = split_packed_cache(k_cache, dim, fp4.FP4 if mxfp4 else q.dtype)
+    if mxfp4:  # their bytes: gathered like any uint8, then decoded
+        keys, scales = keys.view(torch.uint8), scales.view(torch.uint8)
+    cache_pages, page_size = keys.shape[:2]
     table_pages = page_table.shape[1]
     out.fill_(float("-inf"))
     if out.numel() == 0 or cache_pages == 0 or table_pages == 0:
@@ -65,7 +69,8 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     w = weights.view(batch, 1, next_n, heads)
     # Rows of the visible-key bound per (request, draft token): context - next_n + j + 1.
     visible = context_lens.long()[:, None] - next_n + 1 + torch.arange(next_n, device=q.device)[None, :]
-    per_key = batch * (8 * next_n * heads + 4 * dim + 32)
+    # MXFP4: the decode's int64 codes and float32 values besides the keys (about 24 bytes an element in all).
+    per_key = batch * (8 * next_n * heads + (24 if mxfp4 else 4) * dim + 32)
     step = rows_per_chunk(per_key, max_context_len)
     view = out.view(batch, next_n, max_context_len)
     for s0 in range(0, max_context_len, step):
@@ -76,9 +81,12 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
         ok = (page < table_pages)[None, :] & (entry >= 0) & (entry < cache_pages)
         entry = entry.clamp(0, cache_pages - 1)
         slot = (pos % page_size)[None, :]
-        kf = keys[entry, slot].float()
+        if mxfp4:  # the keys decoded with their block scales; no scale a key left to apply
+            kf, scale = _mxfp4_keys(keys[entry, slot], scales[entry, slot]), 1.0
+        else:
+            kf, scale = keys[entry, slot].float(), scales[entry, slot][..., None]
         prod = torch.bmm(kf, qf.transpose(1, 2)).view(batch, s1 - s0, next_n, heads)
-        logits = prod.relu_().mul_(w).sum(-1).mul_(scales[entry, slot][..., None])
+        logits = prod.relu_().mul_(w).sum(-1).mul_(scale)
         seen = ok[..., None] & (pos[None, :, None] < visible[:, None, :])
         view[:, :, s0:s1] = torch.where(seen, logits, float("-inf")).transpose(1, 2)
     return out

@@ -60,6 +60,7 @@ from indexcache.hal.layout import FP8_DTYPES, cache_page_size
 NEG_INF = tl.constexpr(float("-inf"))
 INTERPRETED_SMS = 3  # programs of the persistent grid under the interpreter (exercises the round-robin)
 BATCH_BLOCK = 256  # context lengths a step of the decode schedule reads
+MXFP4_DECLINED = "MXFP4 keys are not in the Triton kernels yet (the torch backend reads them)"
 
 
 @triton.jit
@@ -514,10 +515,11 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapp
     return out
 
 
-def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
-                            cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
+def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None, *,
+                            target: Target, cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
-    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`."""
+    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`.
+    ``k_format`` is None: an fp8 cache (the op declines MXFP4 ones)."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
         return None
@@ -552,8 +554,8 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     return Launch(DECODE, (cdiv(next_n, groups), programs), options, args, named)
 
 
-def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, target: Target,
-                     cfg: Mapping[str, Any], options: Options | None = None):
+def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None, *,
+                     target: Target, cfg: Mapping[str, Any], options: Options | None = None):
     """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); arguments
     as :func:`paged_mqa_logits_launch`."""
     launch = paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out,
@@ -570,15 +572,15 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     decode_options = launch_key_options(launch_options(target, decode))
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
-        mxfp4 = ["MXFP4 keys are not in the Triton kernels yet (the torch backend reads them)"] if k.dtype == fp4.FP4 \
-            else []
+        mxfp4 = [MXFP4_DECLINED] if k.dtype == fp4.FP4 else []
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
                 *_check_dtype("q", q.dtype, target, bf16=True), *_check_shape(q.shape[1], q.shape[2]), *mxfp4]
 
-    def supports_decode(q, k_cache, weights, context_lens, page_table, out, **_):
+    def supports_decode(q, k_cache, weights, context_lens, page_table, out, k_format=None, **_):
+        mxfp4 = [MXFP4_DECLINED] if k_format == fp4.FP4 else []
         return [*on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
                                   page_table=page_table, out=out),
-                *_check_dtype("q", q.dtype, target, bf16=False), *_check_shape(q.shape[2], q.shape[3])]
+                *_check_dtype("q", q.dtype, target, bf16=False), *_check_shape(q.shape[2], q.shape[3]), *mxfp4]
 
     def run_prefill(**args):
         return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options)

@@ -59,10 +59,10 @@ def workspace_bytes(q: torch.Tensor, logits: torch.Tensor, k: int, *, target: Ta
 
 
 def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size, logits, out,
-             out_raw, workspace=None, *, target: Target,
+             out_raw, workspace=None, k_format=None, *, target: Target,
              tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch | None]:
     """The launches of one call, in order (None: nothing to launch); arguments as
-    ``indexcache.paged_topk_translate``."""
+    ``indexcache.paged_topk_translate`` (``k_format`` None: an fp8 cache, the op declines MXFP4 ones)."""
     batch, next_n = q.shape[0], q.shape[1]
     rows = batch * next_n
     steps = [paged_mqa_logits_launch(q, k_cache, weights, context_lens, block_table, max_context_len, logits,
@@ -85,7 +85,8 @@ def _parts(args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The call's arguments as ``paged_mqa_logits``' and ``topk_translate``'s (lengths and requests stood in by
     ``context_lens``: what the checks read of them is their device)."""
     decode = dict(q=args["q"], k_cache=args["k_cache"], weights=args["weights"], context_lens=args["context_lens"],
-                  page_table=args["block_table"], max_context_len=args["max_context_len"], out=args["logits"])
+                  page_table=args["block_table"], max_context_len=args["max_context_len"], out=args["logits"],
+                  k_format=args.get("k_format"))
     select = dict(scores=args["logits"], lengths=args["context_lens"], k=args["k"], page_table=args["page_table"],
                   page_size=args["page_size"], row_starts=None, row_to_batch=None, out=args["out"],
                   out_raw=args["out_raw"], sorted=False, workspace=args["workspace"])

@@ -3,7 +3,8 @@
 
 Every op of :data:`~indexcache.hal.specs.SPECS` is registered here from its spec record: the schema's
 arguments are the spec check's parameters in order (a tensor, an optional tensor where the default is None,
-``SymInt`` / ``bool`` where the check annotates ``int`` / ``bool``, ``ScalarType`` for ``fp8_dtype``), then
+``SymInt`` / ``bool`` where the check annotates ``int`` / ``bool``, ``ScalarType`` for ``fp8_dtype``,
+``ScalarType?`` where it annotates ``torch.dtype | None``: the paged ops' ``k_format``), then
 ``str? backend``; no argument has a default (the wrapper passes them all). The outputs ``out`` / ``out_raw``
 (and ``paged_topk_translate``'s ``logits``), a caller's ``workspace`` and ``store_index_k``'s ``k_cache`` are
 mutated arguments (``Tensor(a!)``): a custom op may not return an alias of an input, so those ops return nothing and
@@ -98,6 +99,8 @@ def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
         return "bool"
     if isinstance(param.default, torch.dtype):
         return "ScalarType"
+    if annotation == "torch.dtype | None":
+        return "ScalarType?"
     if param.default is None:
         return "Tensor?"
     if param.default is inspect.Parameter.empty:

@@ -274,8 +274,8 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None,
-                     backend=None):
-    """Paged decode / speculative-verify indexer logits over the packed fp8 cache.
+                     k_format=None, backend=None):
+    """Paged decode / speculative-verify indexer logits over the packed fp8 or MXFP4 cache.
 
     Row ``b * next_n + j`` sees keys ``0 .. context_lens[b] - next_n + j``; later keys, keys whose page
     is beyond the table and keys whose table entry is < 0 or beyond the cache are -inf.
@@ -283,10 +283,12 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     Parameters
     ----------
     q : torch.Tensor
-        ``[B, next_n, H, D]`` float8_e4m3fn or float8_e4m3fnuz (the cache holds the same format).
+        ``[B, next_n, H, D]`` float8_e4m3fn or float8_e4m3fnuz (the cache holds the same format unless
+        ``k_format`` names another).
     k_cache : torch.Tensor
         The packed cache (:mod:`indexcache.hal.layout`): uint8, contiguous, ``[num_pages, page_size, 1, D + 4]``
-        or ``[num_pages, page_size * (D + 4)]``; D a positive multiple of 4.
+        or ``[num_pages, page_size * (D + 4)]``; D a positive multiple of 4. MXFP4 keys: ``D / 2 + D / 32`` bytes
+        a token in place of ``D + 4`` (docs/fp4.md), D a multiple of 32.
     weights : torch.Tensor
         ``[B * next_n, H]`` float32.
     context_lens : torch.Tensor
@@ -297,6 +299,10 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
         The output's columns, ≥ 0.
     out : torch.Tensor, optional
         ``[B * next_n, max_context_len]`` float32, written in place without allocating.
+    k_format : torch.dtype, optional
+        The cache's key format: None, ``q``'s fp8 format; ``torch.float4_e2m1fn_x2``, MXFP4 keys (as
+        :func:`store_index_k` writes them), each decoded with its block scales in place of ``scale · key`` (the
+        torch backend reads them for now).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -326,11 +332,12 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     tensor([[  0., 384.,   0., -inf]])
     """
     return _call("paged_mqa_logits", backend, out is not None,
-                 (q, k_cache, weights, context_lens, page_table, max_context_len), dict(out=out))
+                 (q, k_cache, weights, context_lens, page_table, max_context_len), dict(out=out, k_format=k_format))
 
 
 def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table,
-                         page_size: int, *, logits=None, out=None, out_raw=None, workspace=None, backend=None):
+                         page_size: int, *, logits=None, out=None, out_raw=None, workspace=None, k_format=None,
+                         backend=None):
     """The producer step of decode in one op: :func:`paged_mqa_logits` then :func:`topk_translate` on its rows.
 
     Equal to ``paged_mqa_logits(q, k_cache, weights, context_lens, block_table, max_context_len, out=logits)``,
@@ -361,6 +368,8 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
     workspace : torch.Tensor, optional
         1-D contiguous uint8 on the op's device, at least :func:`workspace_bytes` bytes, that the backend's kernels
         use as scratch (default: the backend's own, kept for the calling thread's current stream).
+    k_format : torch.dtype, optional
+        As :func:`paged_mqa_logits`: None (``q``'s fp8 format) or ``torch.float4_e2m1fn_x2`` (an MXFP4 cache).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -396,7 +405,7 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
     """
     return _call("paged_topk_translate", backend, out is not None and logits is not None,
                  (q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size),
-                 dict(logits=logits, out=out, out_raw=out_raw, workspace=workspace))
+                 dict(logits=logits, out=out, out_raw=out_raw, workspace=workspace, k_format=k_format))
 
 
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):

@@ -1,4 +1,4 @@
-"""paged_mqa_logits: paged decode / speculative-verify indexer logits over the packed fp8 cache
+"""paged_mqa_logits: paged decode / speculative-verify indexer logits over the packed fp8 or MXFP4 cache
 (contract: :func:`indexcache.paged_mqa_logits`). Its record's ``bench``: 32K and 128K contexts, next_n 1 and 2,
 132 bytes a cached token read, checked like mqa_logits."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from indexcache.hal import dispatch
+from indexcache.hal import dispatch, fp4
 from indexcache.hal.checks import INDEX, check_cache, check_int, check_tensor, output
 from indexcache.hal.layout import FP8_DTYPES, new_packed_cache, split_packed_cache
 from indexcache.hal.specs import mqa_logits, store_index_k
@@ -17,39 +17,53 @@ from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList,
 from indexcache.hal.specs.bench import DIM, HEADS, PAGE, BenchCase, BenchSpec
 
 
-def check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len, table: str = "page_table") -> None:
+def key_format(q: torch.Tensor, k_format: torch.dtype | None) -> torch.dtype:
+    """The format of the cache's keys: ``q``'s fp8 format where ``k_format`` is None, else ``k_format`` (MXFP4)."""
+    return q.dtype if k_format is None else k_format
+
+
+def check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len, table: str = "page_table",
+                 k_format=None) -> None:
     """The inputs as :func:`check` takes them; ``table`` is the name errors give ``page_table`` (the index-K
     cache's table)."""
+    if k_format is not None and not (isinstance(k_format, torch.dtype) and k_format == fp4.FP4):
+        raise TypeError(f"k_format: expected None (the cache holds q's fp8 format) or torch.float4_e2m1fn_x2 "
+                        f"(MXFP4 keys), got {k_format!r}")
     check_tensor("q", q, FP8_DTYPES, (None, None, None, None))
     batch, next_n, heads, dim = q.shape
     device = q.device
-    check_cache(k_cache, "q", dim, device)
+    check_cache(k_cache, "q", dim, device, key_format(q, k_format))
     check_tensor("weights", weights, (torch.float32,), (batch * next_n, heads), device)
     check_tensor("context_lens", context_lens, (INDEX,), (batch,), device)
     check_tensor(table, page_table, (INDEX,), (batch, None), device)
     check_int("max_context_len", max_context_len, 0)
 
 
-def check(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None) -> dict[str, Any]:
-    check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len)
+def check(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None,
+          k_format: torch.dtype | None = None) -> dict[str, Any]:
+    check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len, k_format=k_format)
     batch, next_n = q.shape[:2]
     device = q.device
     out = output("out", out, torch.float32, (batch * next_n, max_context_len), device,
                  dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table))
     return dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table,
-                max_context_len=max_context_len, out=out)
+                max_context_len=max_context_len, out=out, k_format=k_format)
 
 
-def reference(q, k_cache, weights, context_lens, page_table, max_context_len) -> torch.Tensor:
+def reference(q, k_cache, weights, context_lens, page_table, max_context_len, k_format=None) -> torch.Tensor:
     """Paged decode logits ``[B * next_n, max_context_len]`` float64.
 
     Row ``b * next_n + j`` sees keys ``0 .. context_lens[b] - next_n + j``; keys past that, keys
     whose page lies beyond the table and keys whose table entry is < 0 or beyond the cache are -inf.
+    An MXFP4 cache's keys are decoded with their block scales (:func:`fp4.dequantize`), a scale of 1 a token.
     """
     q = cpu(q)
     batch, next_n, heads, dim = q.shape
-    keys, scales = split_packed_cache(cpu(k_cache), dim, q.dtype)
-    num_pages, page_size = scales.shape
+    keys, scales = split_packed_cache(cpu(k_cache), dim, key_format(q, k_format))
+    num_pages, page_size = keys.shape[:2]
+    if k_format is not None:
+        keys = fp4.dequantize(keys.reshape(-1, dim // 2), scales.reshape(-1, dim // fp4.BLOCK))
+        keys, scales = keys.view(num_pages, page_size, dim), torch.ones(num_pages, page_size, dtype=torch.float64)
     table, context_lens = cpu(page_table).long(), cpu(context_lens).long()
     weights = cpu(weights).double().view(batch, next_n, heads)
     out = torch.full((batch * next_n, max_context_len), float("-inf"), dtype=torch.float64)
@@ -70,15 +84,17 @@ cases = CaseList("paged_mqa_logits")
 
 
 def args_of(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, holes=False, pages_per_req=None,
-          last_page=False):
+          last_page=False, dim=128, k_format=None):
     """``last_page``: request 0's first table entry is the cache's last page, so a key tile that crosses that
-    page's end inside the context reads past the tensor."""
-    dim = 128
+    page's end inside the context reads past the tensor. ``k_format`` MXFP4: the cache holds MXFP4 keys (each
+    token's keys scaled by its own power of two first, so the block scales vary) and the arguments name it."""
     pages_per_req = pages_per_req or max(1, -(-max(context) // page_size))
     num_pages = batch * pages_per_req + 3
     k = torch.randn(num_pages * page_size, dim, generator=gen) * 3
-    cache = new_packed_cache(num_pages, page_size, dim)
-    cache = store_index_k.reference(k, cache, torch.arange(num_pages * page_size, dtype=I32), dtype)
+    if k_format is not None:
+        k *= torch.exp2(torch.randint(-6, 6, (k.shape[0], 1), generator=gen).float())
+    cache = new_packed_cache(num_pages, page_size, dim, fp8_dtype=k_format or dtype)
+    cache = store_index_k.reference(k, cache, torch.arange(num_pages * page_size, dtype=I32), k_format or dtype)
     table = torch.randperm(num_pages, generator=gen)[: batch * pages_per_req].view(batch, pages_per_req).to(I32)
     if last_page:
         table[table == num_pages - 1] = table[0, 0].item()
@@ -90,8 +106,9 @@ def args_of(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, hole
     weights = torch.randn(batch * next_n, heads, generator=gen) / heads
     lens = torch.tensor(context, dtype=I32)
     max_len = pages_per_req * page_size
-    return dict(q=q.to(dev), k_cache=cache.to(dev), weights=weights.to(dev), context_lens=lens.to(dev),
+    args = dict(q=q.to(dev), k_cache=cache.to(dev), weights=weights.to(dev), context_lens=lens.to(dev),
                 page_table=table.to(dev), max_context_len=max_len)
+    return args if k_format is None else dict(args, k_format=k_format)
 
 
 for _ps in (16, 32, 64, 128):
@@ -118,16 +135,20 @@ def _(gen, dev, fp8):
     return args_of(gen, dev, 3, 1, 8, 64, [0, 10**6, 64], dtype=fp8, pages_per_req=2)
 
 
-@cases.add("NaN key (scale NaN in the cache) and NaN weights propagate, native fp8", native_fp8=True)
-def _(gen, dev, fp8):
+def _nan_args(gen, dev, fp8, k_format=None):
+    """Two requests, next_n 2, page 64: a NaN and an inf key at position 10 of each (the cache's scale NaN: the
+    token's, or MXFP4 the block's) and a NaN weight."""
     args = {name: t.cpu() if isinstance(t, torch.Tensor) else t
-            for name, t in args_of(gen, dev, 2, 2, 16, 64, [150, 100], dtype=fp8).items()}
+            for name, t in args_of(gen, dev, 2, 2, 16, 64, [150, 100], dtype=fp8, k_format=k_format).items()}
     bad = torch.randn(2, 128, generator=gen)
     bad[0, 3], bad[1, 0] = float("nan"), float("inf")
     slots = (args["page_table"][:, 0].long() * 64 + torch.tensor([10, 70])).to(I32)  # position 10 of each request
-    args["k_cache"] = store_index_k.reference(bad, args["k_cache"], slots, fp8)
+    args["k_cache"] = store_index_k.reference(bad, args["k_cache"], slots, k_format or fp8)
     args["weights"][3, 0] = float("nan")
     return {name: t.to(dev) if isinstance(t, torch.Tensor) else t for name, t in args.items()}
+
+
+cases.add("NaN key (scale NaN in the cache) and NaN weights propagate, native fp8", native_fp8=True)(_nan_args)
 
 
 @cases.add("fp8 e4m3fnuz cache, H 64")
@@ -139,6 +160,28 @@ def _(gen, dev):
 def _(gen, dev, fp8):
     args = args_of(gen, dev, 2, 1, 16, 64, [100, 128], dtype=fp8)
     args["k_cache"] = args["k_cache"].view(args["k_cache"].shape[0], 64, 1, 132)
+    return args
+
+
+# MXFP4 caches (k_format float4_e2m1fn_x2, fp8 queries): the keys are exact values, so the fp8 bounds hold.
+cases.add("MXFP4 cache, decode, page 64, D 128, native fp8 q", native_fp8=True)(
+    lambda gen, dev, fp8: args_of(gen, dev, 3, 1, 32, 64, [300, 1, 257], dtype=fp8, k_format=fp4.FP4))
+cases.add("MXFP4 cache, page 17, D 64, the cache's last page first, next_n 2, short contexts, native fp8 q",
+          native_fp8=True)(
+    lambda gen, dev, fp8: args_of(gen, dev, 3, 2, 16, 17, [51, 24, 1], dtype=fp8, last_page=True, dim=64,
+                                  k_format=fp4.FP4))
+cases.add("MXFP4 cache, page table with holes and entries beyond the cache, next_n 2, native fp8 q",
+          native_fp8=True)(
+    lambda gen, dev, fp8: args_of(gen, dev, 2, 2, 16, 32, [250, 190], dtype=fp8, holes=True, k_format=fp4.FP4))
+cases.add("MXFP4 cache, a NaN block scale and NaN weights propagate, next_n 2, native fp8 q", native_fp8=True)(
+    lambda gen, dev, fp8: _nan_args(gen, dev, fp8, k_format=fp4.FP4))
+
+
+@cases.add("MXFP4 cache in DeepGEMM's 4-D view, context length 0 and contexts beyond the table, native fp8 q",
+           native_fp8=True)
+def _(gen, dev, fp8):
+    args = args_of(gen, dev, 3, 1, 8, 64, [0, 10**6, 64], dtype=fp8, pages_per_req=2, k_format=fp4.FP4)
+    args["k_cache"] = args["k_cache"].view(args["k_cache"].shape[0], 64, 1, 68)
     return args
 
 # ----------------------------------------------------------------------------------------------- benchmark

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from indexcache.hal import dispatch
+from indexcache.hal import dispatch, fp4
 from indexcache.hal.checks import INDEX, check_k, check_page_size, check_tensor, check_workspace, output
 from indexcache.hal.layout import split_packed_cache
 from indexcache.hal.specs import mqa_logits, paged_mqa_logits, topk, topk_translate, translate
@@ -23,8 +23,10 @@ LOGITS_ARGS = ("q", "k_cache", "weights", "context_lens", "block_table", "max_co
 
 
 def check(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table, page_size: int,
-          *, logits=None, out=None, out_raw=None, workspace=None) -> dict[str, Any]:
-    paged_mqa_logits.check_inputs(q, k_cache, weights, context_lens, block_table, max_context_len, table="block_table")
+          *, logits=None, out=None, out_raw=None, workspace=None,
+          k_format: torch.dtype | None = None) -> dict[str, Any]:
+    paged_mqa_logits.check_inputs(q, k_cache, weights, context_lens, block_table, max_context_len,
+                                  table="block_table", k_format=k_format)
     batch, next_n = q.shape[:2]
     device = q.device
     check_k(k)
@@ -38,7 +40,7 @@ def check(q, k_cache, weights, context_lens, block_table, max_context_len: int, 
     check_workspace(workspace, device, dict(inputs, logits=logits, out=out, out_raw=out_raw))
     return dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, block_table=block_table,
                 max_context_len=max_context_len, k=k, page_table=page_table, page_size=page_size, logits=logits,
-                out=out, out_raw=out_raw, workspace=workspace)
+                out=out, out_raw=out_raw, workspace=workspace, k_format=k_format)
 
 
 def rows_of(context_lens: torch.Tensor, next_n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -49,10 +51,11 @@ def rows_of(context_lens: torch.Tensor, next_n: int) -> tuple[torch.Tensor, torc
     return lengths, None if next_n == 1 else (row // next_n).to(I32)
 
 
-def reference(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size):
+def reference(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size,
+              k_format=None):
     """``(physical, raw)`` as :func:`topk_translate.reference <indexcache.hal.specs.topk_translate.reference>`
     gives them for the paged logits, each row's visible length and its request's table row."""
-    logits = paged_mqa_logits.reference(q, k_cache, weights, context_lens, block_table, max_context_len)
+    logits = paged_mqa_logits.reference(q, k_cache, weights, context_lens, block_table, max_context_len, k_format)
     lengths, row_to_batch = rows_of(cpu(context_lens), q.shape[1])
     return topk_translate.reference(logits, lengths, k, page_table, page_size, row_to_batch=row_to_batch)
 
@@ -62,7 +65,7 @@ def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor]
     ``out`` / ``out_raw`` like :func:`indexcache.topk_translate` against the reference top-k of *those* logits,
     not of the float64 ones in ``want`` (the bound lets a near-tie flip). Cases give ``logits``: it is read."""
     returned = cpu(args["logits"])
-    want_logits = paged_mqa_logits.reference(*(cpu(args[name]) for name in LOGITS_ARGS))
+    want_logits = paged_mqa_logits.reference(*(cpu(args[name]) for name in LOGITS_ARGS), args.get("k_format"))
     detail, err, bound = mqa_logits.judge(args, returned, want_logits, accumulation)
     if detail:
         return f"logits: {detail}", err, bound
@@ -80,11 +83,12 @@ cases = CaseList("paged_topk_translate")
 
 
 def _args(gen, dev, fp8, batch, next_n, index_page, context, k, page_size, *, raw=True, holes=False,
-          pages_per_req=None):
-    """paged_mqa_logits' inputs (``index_page`` tokens a cache page), a KV ``page_table [batch, *]`` of
-    ``page_size`` with holes, a NaN-filled ``logits`` buffer, and ``out_raw`` when ``raw``."""
+          pages_per_req=None, k_format=None):
+    """paged_mqa_logits' inputs (``index_page`` tokens a cache page; ``k_format`` as there), a KV
+    ``page_table [batch, *]`` of ``page_size`` with holes, a NaN-filled ``logits`` buffer, and ``out_raw`` when
+    ``raw``."""
     args = paged_mqa_logits.args_of(gen, "cpu", batch, next_n, 16, index_page, context, dtype=fp8, holes=holes,
-                                  pages_per_req=pages_per_req)
+                                  pages_per_req=pages_per_req, k_format=k_format)
     args["block_table"] = args.pop("page_table")
     rows, cols = batch * next_n, args["max_context_len"]
     pages = -(-cols // page_size) + 1
@@ -129,6 +133,12 @@ def _(gen, dev, fp8):
     for part in split_packed_cache(args["k_cache"], 128, torch.uint8):  # every token of a page is its first
         part.copy_(part[:, :1].expand_as(part).clone())
     return args
+
+
+@cases.add("MXFP4 cache (k_format), speculative verify next_n 2, index page 64 with holes, KV page 64, native fp8 q",
+           native_fp8=True)
+def _(gen, dev, fp8):
+    return _args(gen, dev, fp8, 2, 2, 64, [250, 190], 70, 64, holes=True, k_format=fp4.FP4)
 
 # ----------------------------------------------------------------------------------------------- benchmark
 
