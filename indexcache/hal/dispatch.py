@@ -212,9 +212,13 @@ def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tup
 
 def args_for(impl: OpImpl, args: Mapping[str, Any]) -> Mapping[str, Any]:
     """The arguments ``impl`` takes: all of them, less ``workspace`` where it declares no ``workspace_bytes`` (it
-    takes no workspace, and backends written before the ops had one keep working)."""
-    if impl.workspace_bytes is None and "workspace" in args:
-        return {name: value for name, value in args.items() if name != "workspace"}
+    takes no workspace), and less a ``k_format`` of None (the cache in the queries' fp8 format, as before the paged
+    ops named formats): backends written before the ops had either keep working."""
+    drop = {"workspace"} if impl.workspace_bytes is None else set()
+    if args.get("k_format", ...) is None:
+        drop.add("k_format")
+    if drop & args.keys():
+        return {name: value for name, value in args.items() if name not in drop}
     return args
 
 
