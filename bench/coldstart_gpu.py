@@ -8,7 +8,9 @@ then prefill chunks of ``PREFILL`` (tokens, keys), each step made of exactly the
 (:func:`indexcache.tools.warmup.decode_calls` / ``prefill_calls``: the index cache write, the producer's op, a shared
 layer's translate; the prefill's key quantization), on real tensors of the same shapes, strides and aliasing. Per
 shape: the kernels its first call compiled (Triton's compilation listener: compiles that missed the cache), the
-first call's time and the steady state (the median of ``--calls`` more), host clock around the calls and a sync.
+first call's time, the steady state (the median of ``--calls`` more: from the third call on, the kept launches of
+docs/ops.md, "Eager calls") and one call on new output buffers (a new signature: the host's checks, dispatch and
+launch building afresh, every kernel loaded), host clock around the calls and a sync.
 
 1. **cold**: a child process with a fresh, empty Triton cache (``TRITON_CACHE_DIR``) runs the sweep.
 2. **warm**: a child process with another fresh cache calls ``indexcache.warmup(plan)`` (the variants compiled in
@@ -44,6 +46,7 @@ NEXT_N = (1, 2)
 PREFILL = ((128, 128), (1000, 1000), (4096, 4096), (8192, 8192), (2048, 8192), (100, 131072))  # (tokens, keys)
 SMOKE_DECODE = ((1, 100, 1), (3, 1000, 2))  # --smoke: two decode shapes and a prefill one, small
 SMOKE_PREFILL = ((100, 300),)
+OUTPUTS = ("out", "out_raw", "logits")  # what a step's calls write: new ones make every call's signature new
 
 
 def materialize(kind: str, calls: list[tuple[str, dict[str, Any]]], dims: tuple[int, ...], fp8: torch.dtype,
@@ -183,6 +186,15 @@ def sweep(plan, dev: torch.device, calls: int, smoke: bool) -> list[dict[str, An
         steady = [_timed(run, dev) for _ in range(calls)]
         row["steady_ms"] = statistics.median(steady)
         row["first_over_steady"] = first / row["steady_ms"]
+        renewed = [(op, {n: torch.empty_like(v) if n in OUTPUTS and isinstance(v, torch.Tensor) else v
+                         for n, v in args.items()}) for op, args in step]
+
+        def run_renewed(step=renewed):
+            for op, args in step:
+                getattr(indexcache, op)(**args)
+
+        row["new_buffers_ms"] = _timed(run_renewed, dev)  # a new signature: checked, dispatched and built afresh
+        row["first_over_new_buffers"] = first / row["new_buffers_ms"]
         rows.append(row)
         print(f"  {kind} {dims}: {row['compiled']} compiled, first {first:.1f} ms, steady {row['steady_ms']:.3f} ms",
               file=sys.stderr, flush=True)
@@ -313,6 +325,10 @@ def summary(report: dict[str, Any]) -> list[str]:
         if worst:
             text += (f", worst first call {worst['first_ms']:.1f} ms = {worst['first_over_steady']:.1f}x steady "
                      f"({worst['kind']} {worst['shape']})")
+        for key, against in (("first_over_steady", "steady"), ("first_over_new_buffers", "new buffers")):
+            ratios = [s[key] for s in rows if key in s]
+            if ratios:
+                text += f"; first / {against} median {statistics.median(ratios):.2f}"
         if "warmup" in r:
             text += f"; warmup {r['warmup']['variants']} variants in {r['warmup']['seconds']:.1f} s"
         lines.append(f"{text}; {r.get('seconds', 0):.0f} s in all")

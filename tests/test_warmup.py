@@ -291,5 +291,6 @@ def test_coldstart_smoke_runs_the_sweep_on_the_cpu(tmp_path):
     report = json.loads(out.read_text())
     rows = report["cold"]["shapes"]
     assert [(r["kind"], tuple(r["shape"])) for r in rows] == _coldstart().shapes(smoke=True)
-    assert all(r["first_ms"] > 0 and r["steady_ms"] > 0 for r in rows)
+    assert all(r["first_ms"] > 0 and r["steady_ms"] > 0 and r["new_buffers_ms"] > 0 for r in rows)
+    assert "first / new buffers median" in done.stdout
     assert "absent" in report["deepgemm"] or report["deepgemm"]["shapes"]
