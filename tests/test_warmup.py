@@ -168,9 +168,10 @@ def test_without_a_gpu_the_arch_must_be_named(capsys):
     assert "no GPU is visible here; name the target architecture" in capsys.readouterr().err
 
 
-def test_a_bf16_index_cache_is_refused_with_its_reason():
-    with pytest.raises(ValueError, match="index_dtype bfloat16 is not handled"):
-        warmup(LayerPlan(4, index_dtype="bfloat16"), arch="sm90", compile=False)
+def test_a_bf16_or_mxfp4_index_cache_is_refused_with_its_reason():
+    for dtype in ("bfloat16", "float4_e2m1fn_x2"):
+        with pytest.raises(ValueError, match=f"index_dtype {dtype} is not handled"):
+            warmup(LayerPlan(4, index_dtype=dtype), arch="sm90", compile=False)
 
 
 def test_interpreted_triton_compiles_nothing_and_says_so(monkeypatch):

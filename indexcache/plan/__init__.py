@@ -59,7 +59,7 @@ _C4_RATIO = 4
 COMPRESS_RATIOS = {0: "sliding window", _C4_RATIO: "C4, with an indexer", 128: "HCA"}
 # The index-K cache dtypes a plan (and so a P/D descriptor) may name: torch dtype names, one spelling
 # each, so that equal layouts give equal signatures.
-INDEX_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "bfloat16")
+INDEX_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "bfloat16", "float4_e2m1fn_x2")  # the last: MXFP4 (docs/fp4.md)
 # Unknown config keys that are refused as misspelt schedule keys (see the module docstring).
 _SCHEDULE_NAMES = (*SCHEDULE_KEYS, "index_skip_topk_offset")
 _SCHEDULE_PREFIXES = ("index_topk_", "index_skip_")

@@ -204,8 +204,8 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
                  max_prefill=max_prefill, **({} if sms is None else {"sms": sms}),
                  **({} if jobs is None else {"jobs": jobs}))
     if not plan.index_dtype.startswith("float8"):
-        raise ValueError(f"plan: index_dtype {plan.index_dtype} is not handled: the paged decode ops read the fp8 "
-                         "packed cache")
+        raise ValueError(f"plan: index_dtype {plan.index_dtype} is not handled: the Triton kernels read the fp8 "
+                         "packed cache (MXFP4 keys run on the torch backend for now, which compiles nothing)")
     present = arch is None
     backend, arch = _device_arch() if present else (_backend(arch), arch)
     target = gpu_target(backend, arch)
