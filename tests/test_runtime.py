@@ -132,6 +132,36 @@ def test_a_decode_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_
     assert state.raw[next_n].tolist() == list(range(4 - next_n)) + [-1] * (K - 4 + next_n)
 
 
+def test_a_decode_producer_reads_an_mxfp4_cache_named_by_paged_logits():
+    """``PagedLogits(k_format=torch.float4_e2m1fn_x2)``: the producer selects from an MXFP4 cache what
+    ``paged_mqa_logits(..., k_format=...)`` then ``produce`` select."""
+    from indexcache.hal import fp4
+    from indexcache.hal.layout import new_packed_cache
+
+    g = torch.Generator().manual_seed(0)
+    batch, pages, dim = 2, 5, 128
+    cache = new_packed_cache(batch * pages, PAGE, dim, fp8_dtype=fp4.FP4)
+    keys = torch.randn(batch * pages * PAGE, dim, generator=g)
+    indexcache.store_index_k(keys, cache, torch.arange(len(keys), dtype=torch.int32), fp4.FP4)
+    q = torch.randn(batch, 1, 8, dim, generator=g).to(torch.float8_e4m3fn)
+    weights = torch.randn(batch, 8, generator=g)
+    context = torch.tensor([17, 9], dtype=torch.int32)
+    block_table = torch.randperm(batch * pages, generator=g).view(batch, pages).to(torch.int32)
+    page_table = torch.randperm(batch * pages, generator=g).view(batch, pages).to(torch.int32)
+    max_len = pages * PAGE
+    runner = IndexerRunner(LayerPlan(2, index_topk_freq=2, index_topk=K, page_size=PAGE))
+    state = TopkState(batch, K)
+    runner.begin(state, batch)
+    decode = PagedLogits(q, cache, weights, context, block_table, max_len, k_format=fp4.FP4)
+    got = runner.layer(0, state, scores=lambda: decode, lengths=context, page_table=page_table).clone()
+    logits = indexcache.paged_mqa_logits(q, cache, weights, context, block_table, max_len, k_format=fp4.FP4)
+    plain = TopkState(batch, K)
+    plain.begin(batch)
+    want = plain.produce(0, logits, context, page_table, PAGE)
+    assert same_sets(got, want) and same_sets(state.raw[:batch], plain.raw[:batch])
+    assert (got >= 0).all()
+
+
 def test_produce_paged_checks_the_live_rows():
     g = torch.Generator().manual_seed(0)
     paged = args_of(g, "cpu", 2, 2, 4, PAGE, [9, 5])

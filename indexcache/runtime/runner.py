@@ -105,7 +105,7 @@ class IndexerRunner:
             if isinstance(got, PagedLogits):
                 return state.produce_paged(layer, got.q, got.k_cache, got.weights, got.context_lens,
                                            got.block_table, got.max_context_len, page_table, self.page_size,
-                                           logits=got.logits)
+                                           logits=got.logits, k_format=got.k_format)
             return state.produce(layer, got, lengths, page_table, self.page_size, row_starts=row_starts,
                                  row_to_batch=row_to_batch)
         return state.reuse(layer, page_table, lengths, self.page_size, row_to_batch=row_to_batch,

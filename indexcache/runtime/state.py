@@ -108,7 +108,8 @@ class PagedLogits:
 
     ``q [B, next_n, H, D]`` fp8; ``k_cache`` the packed index-K cache; ``weights [B * next_n, H]`` float32;
     ``context_lens [B]`` int32; ``block_table [B, P]`` int32, the index-K cache's page table; ``logits``: an
-    optional ``[B * next_n, max_context_len]`` float32 buffer for the logits (allocated when None).
+    optional ``[B * next_n, max_context_len]`` float32 buffer for the logits (allocated when None); ``k_format``:
+    None for a cache in ``q``'s fp8 format, ``torch.float4_e2m1fn_x2`` for an MXFP4 one (docs/fp4.md).
     """
 
     q: torch.Tensor
@@ -118,6 +119,7 @@ class PagedLogits:
     block_table: torch.Tensor
     max_context_len: int
     logits: torch.Tensor | None = None
+    k_format: torch.dtype | None = None
 
 
 class TopkState:
@@ -190,19 +192,20 @@ class TopkState:
 
     def produce_paged(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor,
                       context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
-                      page_table: torch.Tensor, page_size: int, *, logits: torch.Tensor | None = None
-                      ) -> torch.Tensor:
+                      page_table: torch.Tensor, page_size: int, *, logits: torch.Tensor | None = None,
+                      k_format: torch.dtype | None = None) -> torch.Tensor:
         """Decode producer ``layer``: its paged indexer logits and their top-k into ``raw`` and ``physical`` in
         one op; returns the physical slots ``[rows, k]`` int32 (-1 = empty) through ``page_table``.
 
         Arguments as for :func:`indexcache.paged_topk_translate` (``rows = B * next_n``): row ``b * next_n + j``
         sees ``context_lens[b] - next_n + 1 + j`` keys and uses ``page_table`` row ``b``; ``logits``, when
-        given, receives the logits.
+        given, receives the logits; ``k_format`` names an MXFP4 cache.
         """
         self._check_rows("weights", weights)
         rows = self.rows
+        more = {} if k_format is None else {"k_format": k_format}  # a subclass written before formats keeps working
         out = self.select_paged(q, k_cache, weights, context_lens, block_table, max_context_len, page_table,
-                                page_size, logits=logits, out=self.physical[:rows], out_raw=self.raw[:rows])
+                                page_size, logits=logits, out=self.physical[:rows], out_raw=self.raw[:rows], **more)
         self._produced(layer)
         return out
 
@@ -215,13 +218,13 @@ class TopkState:
     def select_paged(self, q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor,
                      context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
                      page_table: torch.Tensor, page_size: int, *, logits: torch.Tensor | None, out: torch.Tensor,
-                     out_raw: torch.Tensor) -> torch.Tensor:
+                     out_raw: torch.Tensor, k_format: torch.dtype | None = None) -> torch.Tensor:
         """The decode producer's scoring and selection, into ``out`` (physical) and ``out_raw`` (logical)
         ``[rows, k]`` int32: :func:`indexcache.paged_topk_translate`. A subclass may select otherwise with the
         same result contract, as for :meth:`select`."""
         return ops.paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len,
                                                self.k, page_table, page_size, logits=logits, out=out,
-                                               out_raw=out_raw)
+                                               out_raw=out_raw, k_format=k_format)
 
     def reuse(self, layer: int, page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, *,
               row_to_batch: torch.Tensor | None = None, source: int | None = None) -> torch.Tensor:
