@@ -62,12 +62,6 @@ def check_page_size(page_size) -> int:
     return check_int("page_size", page_size, 1, MAX_PAGE_SIZE, " (slots are int32)")
 
 
-def check_fp8(fp8_dtype) -> None:
-    """``fp8_dtype`` is one of the fp8 formats the packed cache holds."""
-    if fp8_dtype not in FP8_DTYPES:
-        raise TypeError(f"fp8_dtype: expected {dtype_names(FP8_DTYPES)}, got {fp8_dtype}")
-
-
 def check_key_format(fp8_dtype, block: int | None = None) -> None:
     """``fp8_dtype`` is an fp8 format (any ``block`` >= 1) or MXFP4 (``torch.float4_e2m1fn_x2``, ``block`` 32);
     ``block`` None: an op without one (the cache store)."""
