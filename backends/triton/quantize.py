@@ -10,7 +10,9 @@ the output is taken as bytes (uint8) and the e4m3 byte is built from the rounded
 arithmetic, the same bytes. The store takes one scale a token (block = D) and writes the fp8 bytes and the fp32 scale of
 each token to its slot; slots < 0 or beyond the cache are masked out on the device (no host sync,
 safe inside a captured graph). A block holding NaN or ±inf gets scale NaN and zero bytes (the contract's
-non-finite rule). Nothing is allocated beyond the op's own output.
+non-finite rule). Nothing is allocated beyond the op's own output. MXFP4 keys (``torch.float4_e2m1fn_x2``,
+docs/fp4.md) go through :func:`mxfp4_kernel`, for both ops and on every target: bytes from bit arithmetic and
+comparisons alone, equal to the reference's.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import triton.language as tl
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
+from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
-from indexcache.hal.layout import FP8_DTYPES, cache_page_size, fp8_max
+from indexcache.hal.layout import cache_page_size, fp8_max
 
 
 @triton.jit
@@ -129,6 +132,55 @@ def store_kernel(
 QUANTIZE, STORE = Launcher(quantize_kernel), Launcher(store_kernel)
 
 
+@triton.jit(do_not_specialize=("rows", "slots"), do_not_specialize_on_alignment=("slot_ptr",))
+def mxfp4_kernel(
+    k_ptr, slot_ptr, v_ptr, s_ptr, rows, slots,
+    k_s0, k_s1, slot_s0, v_s0, s_s0,
+    D: tl.constexpr, D_P2: tl.constexpr, PAGE: tl.constexpr, BLOCK_R: tl.constexpr, STORE: tl.constexpr,
+):
+    """MXFP4 keys (docs/fp4.md) of ``BLOCK_R`` rows of ``k``: to rows of ``v`` (``D / 2`` bytes) and ``s`` (``D / 32``
+    e8m0 bytes), or with ``STORE`` into the MXFP4 paged cache (``v`` and ``s`` both the cache's bytes) at the rows'
+    slots. Scale ``2 ** e``, ``e`` the exact ceil of ``log2(max(amax, 1e-4) / 6)``; a value's code counts the grid's
+    half-way points it passes (``>=`` at those whose upper neighbour has the even code); NaN or ±inf in a block:
+    scale byte 255 and zero values."""
+    NB: tl.constexpr = D_P2 // 32
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r64 = r.to(tl.int64)
+    if STORE:
+        slot = tl.load(slot_ptr + r64 * slot_s0, mask=r < rows, other=-1).to(tl.int64)
+        live = (slot >= 0) & (slot < slots)
+        page, off = slot // PAGE, slot % PAGE
+        base_v = page * (PAGE * (D // 2 + D // 32)) + off * (D // 2)
+        base_s = page * (PAGE * (D // 2 + D // 32)) + PAGE * (D // 2) + off * (D // 32)
+    else:
+        live = r < rows
+        base_v = r64 * v_s0
+        base_s = r64 * s_s0
+    b = tl.arange(0, NB)
+    col = b[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+    ok = live[:, None, None] & (col < D)
+    x = tl.load(k_ptr + r64[:, None, None] * k_s0 + col * k_s1, mask=ok, other=0.0).to(tl.float32)
+    bad = tl.max(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), axis=2) > 0
+    amax = tl.maximum(tl.max(tl.abs(x), axis=2), 1e-4)
+    e = tl.ceil(tl.log2(amax / 6.0)).to(tl.int32)
+    e = tl.where(amax > 6.0 * _pow2(e), e + 1, e)
+    e = tl.where(amax <= 6.0 * _pow2(e - 1), e - 1, e)  # amax of a finite fp32 keeps e in [-15, 126]
+    y = tl.where(bad[:, :, None], 0.0, x * _pow2(-e)[:, :, None])
+    a = tl.abs(y)
+    code = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) + (a >= 1.75).to(tl.int32)
+            + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32))
+    nibble = code | tl.where((y < 0) & (code > 0), 8, 0)
+    low, high = tl.split(tl.reshape(nibble, (BLOCK_R, NB, 16, 2)))
+    j = b[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
+    tl.store(v_ptr + base_v[:, None, None] + j, (low | (high << 4)).to(tl.uint8),
+             mask=live[:, None, None] & (j < D // 2))
+    tl.store(s_ptr + base_s[:, None] + b[None, :], tl.where(bad, 255, e + 127).to(tl.uint8),
+             mask=live[:, None] & (b < D // 32)[None, :])
+
+
+MXFP4 = Launcher(mxfp4_kernel)
+
+
 def _min_exp(fp8_dtype: torch.dtype) -> int:
     """Exponent of the smallest normal of an fp8 format (-6 for e4m3fn, -7 for e4m3fnuz)."""
     return int(math.log2(torch.finfo(fp8_dtype).smallest_normal))
@@ -159,8 +211,16 @@ def quantize_index_k_launch(k, q, scale, fp8_dtype, block, *, target: Target, cf
 
 def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any],
                      options: Options | None = None):
-    """``(k_fp8 [N, D] fp8_dtype, scale [N, D // block] float32)`` (contract: ``indexcache.quantize_index_k``)."""
+    """``(k_fp8 [N, D] fp8_dtype, scale [N, D // block] float32)``, or MXFP4's ``(values, scales)`` (contract:
+    ``indexcache.quantize_index_k``)."""
     rows, cols = k.shape
+    if fp8_dtype == fp4.FP4:
+        values = torch.empty((rows, cols // 2), dtype=torch.uint8, device=k.device)
+        scales = torch.empty((rows, cols // fp4.BLOCK), dtype=torch.uint8, device=k.device)
+        launch = mxfp4_launch(k, None, values, scales, target=target, cfg=cfg)
+        if launch is not None:
+            launch()
+        return values.view(fp4.FP4), scales.view(fp4.E8M0)
     q = torch.empty((rows, cols), dtype=fp8_dtype, device=k.device)
     scale = torch.empty((rows, cols // block), dtype=torch.float32, device=k.device)
     launch = quantize_index_k_launch(k, q, scale, fp8_dtype, block, target=target, cfg=cfg, options=options)
@@ -190,18 +250,47 @@ def store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target,
     )
 
 
+def mxfp4_launch(k, slot_mapping, values, scales, *, target: Target, cfg: Mapping[str, Any],
+                 options: Options | None = None) -> Launch | None:
+    """MXFP4 keys of ``k [N, D]``: into ``values [N, D / 2]`` and ``scales [N, D / 32]`` (bytes), or with a
+    ``slot_mapping`` into the MXFP4 cache ``values`` at those slots (``scales`` None); None when nothing is written."""
+    rows, dim = k.shape
+    store = slot_mapping is not None
+    if rows == 0 or values.numel() == 0:
+        return None
+    page = cache_page_size(values, dim, fp4.FP4) if store else 1
+    out = values.view(-1).view(torch.uint8) if store else values.view(torch.uint8)
+    s = out if store else scales.view(torch.uint8)
+    d_p2 = next_power_of_2(dim)
+    block_r = max(1, cfg["ELEMS"] // d_p2)  # the tile follows the head dim, never the row count
+    options = options or launch_key_options(launch_options(target, cfg))
+    return Launch(
+        MXFP4, (cdiv(rows, block_r),), options,
+        (k, slot_mapping if store else k, out, s, rows, values.shape[0] * page if store else 0,
+         k.stride(0), k.stride(1), slot_mapping.stride(0) if store else 0, 0 if store else out.stride(0),
+         0 if store else s.stride(0)),
+        dict(D=dim, D_P2=d_p2, PAGE=page, BLOCK_R=block_r, STORE=store),
+    )
+
+
 def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
                   options: Options | None = None) -> None:
     """Quantize ``k [N, D]`` into the packed cache at ``slot_mapping [N]`` (contract: ``indexcache.store_index_k``)."""
-    launch = store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, target=target, cfg=cfg, options=options)
+    launch = _store_launch(k, k_cache, slot_mapping, fp8_dtype, target=target, cfg=cfg, options=options)
     if launch is not None:
         launch()
 
 
+def _store_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
+                  options: Options | None = None) -> Launch | None:
+    if fp8_dtype == fp4.FP4:
+        return mxfp4_launch(k, slot_mapping, k_cache, None, target=target, cfg=cfg)
+    return store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, target=target, cfg=cfg, options=options)
+
+
 def _fp8_policy(fp8_dtype: torch.dtype, target: Target) -> list[str]:
-    if fp8_dtype not in FP8_DTYPES:
-        return [f"{str(fp8_dtype).removeprefix('torch.')} keys are not in the Triton kernels yet (the torch backend "
-                "writes them)"]
+    if fp8_dtype == fp4.FP4:  # written by bit arithmetic alone, on every target
+        return []
     if fp8_dtype != target.fp8_dtype:
         return [f"fp8_dtype is {str(fp8_dtype).removeprefix('torch.')}, but {target.arch}'s native fp8 format "
                 f"is {str(target.fp8_dtype).removeprefix('torch.')}"]
@@ -233,7 +322,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return store_index_k(**args, target=target, cfg=cfg, options=options)
 
     def prepare_store(**args):
-        return bound([store_index_k_launch(**args, target=target, cfg=cfg, options=options)])
+        return bound([_store_launch(**args, target=target, cfg=cfg, options=options)])
 
     return {"quantize_index_k": OpImpl(run_quantize, supports_quantize),
             "store_index_k": OpImpl(run_store, supports_store, prepare_store)}
@@ -241,8 +330,8 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
     """What quantize_index_k and store_index_k build for ``target`` (cross-compile check): the target's fp8
-    format from fp32, bf16 and fp16 keys, at D = 128 (one 128-wide block a token, 64-token pages), with the
-    table's rows a program, for contiguous tensors."""
+    format from fp32, bf16 and fp16 keys, at D = 128 (one 128-wide block a token, 64-token pages), and MXFP4 keys
+    from bf16 ones, with the table's rows a program, for contiguous tensors."""
     from indexcache.backends.triton.crosscompile import KernelSpec, pointer
 
     cfg = tuning["quantize_index_k"]
@@ -261,4 +350,12 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             {"k_ptr": pointer(dtype), "slot_ptr": "*i32", "kv_ptr": out, "kv_scale_ptr": "*fp32"},
             {**fmt, "D": dim, "D_P2": dim, "PAGE": page, "BLOCK_R": rows, "k_s1": 1, "slot_s0": 1},
             launch_options(target, cfg), aligned=("k_s0",)))
+    for store in (False, True):  # MXFP4 keys from bf16, into rows or into the cache (bit arithmetic, any target)
+        specs.append(KernelSpec(
+            "store_index_k" if store else "quantize_index_k", mxfp4_kernel,
+            {"k_ptr": pointer(torch.bfloat16), "slot_ptr": "*i32" if store else pointer(torch.bfloat16),
+             "v_ptr": "*u8", "s_ptr": "*u8"},
+            {"D": dim, "D_P2": dim, "PAGE": page if store else 1, "BLOCK_R": rows, "STORE": store, "k_s1": 1,
+             **({"slot_s0": 1} if store else {})},
+            launch_options(target, cfg), aligned=("k_s0",) if store else ("k_s0", "v_s0", "s_s0")))
     return specs
