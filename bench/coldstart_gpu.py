@@ -157,9 +157,19 @@ def _timed(fn: Callable[[], None], dev: torch.device) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def _runner(step: list[tuple[str, dict[str, Any]]]) -> Callable[[], None]:
+    """One call of each of ``step``'s public ops, in order."""
+    import indexcache
+
+    def run() -> None:
+        for op, args in step:
+            getattr(indexcache, op)(**args)
+
+    return run
+
+
 def sweep(plan, dev: torch.device, calls: int, smoke: bool) -> list[dict[str, Any]]:
     """Each shape of :func:`shapes`: kernels compiled at its first call, first and steady milliseconds."""
-    import indexcache
     from indexcache.backends.triton.target import device_gpu
     from indexcache.tools.warmup import decode_calls, prefill_calls
 
@@ -174,10 +184,7 @@ def sweep(plan, dev: torch.device, calls: int, smoke: bool) -> list[dict[str, An
         meta = (decode_calls(plan, plan.page_size, fp8, *dims) if kind == "decode"
                 else prefill_calls(plan, plan.page_size, fp8, *dims))
         step = materialize(kind, meta, dims, fp8, dev)
-
-        def run(step=step):
-            for op, args in step:
-                getattr(indexcache, op)(**args)
+        run = _runner(step)
 
         missed, hit = compiles.missed, compiles.hit
         first = _timed(run, dev)
@@ -188,12 +195,7 @@ def sweep(plan, dev: torch.device, calls: int, smoke: bool) -> list[dict[str, An
         row["first_over_steady"] = first / row["steady_ms"]
         renewed = [(op, {n: torch.empty_like(v) if n in OUTPUTS and isinstance(v, torch.Tensor) else v
                          for n, v in args.items()}) for op, args in step]
-
-        def run_renewed(step=renewed):
-            for op, args in step:
-                getattr(indexcache, op)(**args)
-
-        row["new_buffers_ms"] = _timed(run_renewed, dev)  # a new signature: checked, dispatched and built afresh
+        row["new_buffers_ms"] = _timed(_runner(renewed), dev)  # a new signature: checked, dispatched and built afresh
         row["first_over_new_buffers"] = first / row["new_buffers_ms"]
         rows.append(row)
         print(f"  {kind} {dims}: {row['compiled']} compiled, first {first:.1f} ms, steady {row['steady_ms']:.3f} ms",

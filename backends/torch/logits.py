@@ -17,11 +17,13 @@ KEY_CHUNK = 4096
 
 def _mxfp4_keys(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """MXFP4 keys ``[n, D / 2]`` with their e8m0 scales ``[n, D / 32]`` as float32 ``[n, D]`` (exact: an e2m1 value
-    times a power of two; scale byte 255 gives NaN)."""
-    signed = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], device=values.device)
-    signed = torch.cat([signed, -signed])
-    packed = values.view(torch.uint8).long()
-    x = signed[torch.stack((packed & 15, packed >> 4), -1).flatten(-2)]
+    times a power of two; scale byte 255 gives NaN). A magnitude from its code ``c`` by arithmetic, so no table is
+    copied to the device at each chunk: ``c / 2`` below 2, else ``2 ** (c // 2 - 1) * (1 + (c % 2) / 2)``."""
+    packed = values.view(torch.uint8)
+    nibble = torch.stack((packed & 15, packed >> 4), -1).flatten(-2)
+    code = (nibble & 7).float()
+    magnitude = torch.where(code < 2, code / 2, torch.exp2(torch.floor(code / 2) - 1) * (1 + (code % 2) / 2))
+    x = torch.where(nibble >= 8, -magnitude, magnitude)
     b = scales.view(torch.uint8).float()
     scale = torch.where(b == 255, float("nan"), torch.exp2(b - 127))
     return (x.unflatten(-1, (scale.shape[-1], -1)) * scale[..., None]).flatten(-2)

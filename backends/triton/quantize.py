@@ -217,7 +217,7 @@ def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, A
     if fp8_dtype == fp4.FP4:
         values = torch.empty((rows, cols // 2), dtype=torch.uint8, device=k.device)
         scales = torch.empty((rows, cols // fp4.BLOCK), dtype=torch.uint8, device=k.device)
-        launch = mxfp4_launch(k, None, values, scales, target=target, cfg=cfg)
+        launch = mxfp4_launch(k, None, values, scales, target=target, cfg=cfg, options=options)
         if launch is not None:
             launch()
         return values.view(fp4.FP4), scales.view(fp4.E8M0)
@@ -284,7 +284,7 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: M
 def _store_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
                   options: Options | None = None) -> Launch | None:
     if fp8_dtype == fp4.FP4:
-        return mxfp4_launch(k, slot_mapping, k_cache, None, target=target, cfg=cfg)
+        return mxfp4_launch(k, slot_mapping, k_cache, None, target=target, cfg=cfg, options=options)
     return store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, target=target, cfg=cfg, options=options)
 
 

@@ -75,7 +75,6 @@ def run_backend(name: str, op: str | None = None, progress=None, jobs: int = 1,
 def _sharded(name: str, op: str | None, jobs: int, progress) -> list[dict[str, Any]]:
     """The results of ``jobs`` worker processes, shard ``i`` running cases ``i, i + jobs, ...``, in catalogue
     order."""
-    import os
     import subprocess
     import tempfile
 
@@ -85,7 +84,7 @@ def _sharded(name: str, op: str | None, jobs: int, progress) -> list[dict[str, A
         for i in range(jobs):
             cmd = [sys.executable, "-m", "indexcache.conformance.worker", "--backend", name, "--out", f"{tmp}/{i}",
                    "--shard", f"{i}/{jobs}", *(["--op", op] if op else [])]
-            procs.append(subprocess.Popen(cmd, env=os.environ.copy()))
+            procs.append(subprocess.Popen(cmd))
         found: dict[int, dict[str, Any]] = {}
         for i, proc in enumerate(procs):
             rc = proc.wait()
