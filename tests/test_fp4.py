@@ -87,3 +87,27 @@ def test_dequantize_reads_every_nibble_and_scale_byte():
     want = torch.tensor([[signed[c] * 8 for pair in codes[i:i + 16] for c in pair] for i in range(0, 256, 16)],
                         dtype=torch.float64)
     assert torch.equal(got, want)
+
+
+def test_the_rule_agrees_with_torchao_rceil_byte_for_byte():
+    """torchao's MX quantization (``to_mx``, ``ScaleCalculationMode.RCEIL``: ``2 ** ceil(log2(amax / 6))``, values
+    to nearest, ties to even) writes the same scale and value bytes as the reference wherever the two rules agree:
+    finite blocks of amax ≥ :data:`fp4.AMAX_FLOOR`, where torchao writes a negative value rounding to 0 as -0
+    (nibble 8) and the reference +0 (docs/fp4.md, "The write rule")."""
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.mx_tensor import to_mx
+
+    gen = torch.Generator().manual_seed(37)
+    x = torch.randn(64, 128, generator=gen) * torch.exp2(torch.randint(-12, 12, (64, 4, 1), generator=gen)).repeat(
+        1, 1, 32).view(64, 128)
+    halfway = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    x[0, :7], x[0, 7:14], x[0, 14] = halfway, -halfway, 6.0  # exact ties at scale 1 (the block's amax is 6)
+    x[1, :32] = torch.linspace(-3.0, 3.0, 32) * 2.0**-10  # small values and ties at another scale
+    values, scales = fp4.quantize(x)
+    their_scales, their_values = to_mx(x, torch.float4_e2m1fn_x2, fp4.BLOCK, ScaleCalculationMode.RCEIL)
+    assert _bytes(their_scales) == _bytes(scales)
+    theirs = their_values.view(torch.uint8)
+    nibbles = torch.stack((theirs & 15, theirs >> 4), -1)
+    nibbles = nibbles.masked_fill(nibbles == 8, 0)  # -0 → +0, the one difference
+    assert _bytes(nibbles[..., 0] | nibbles[..., 1] << 4) == _bytes(values)
+    assert (theirs != values.view(torch.uint8)).any()  # the -0 difference exists in this input: the masking is needed
