@@ -7,8 +7,11 @@ bf16 (``H`` heads of ``D``, ``N`` keys, ``T`` query rows seeing every key); the 
 ``sum_h w[t, h] relu(q[t, h] . k[n])`` on those bf16 values. The queries go to fp8 as engines feed the indexer (a
 scale per token and head, folded into the weights, ``quantize_index_k``); the keys to fp8 (one scale a token) or to
 MXFP4 (``quantize_index_k(k, torch.float4_e2m1fn_x2, block=32)``); then ``mqa_logits`` and ``topk`` as an engine calls
-them. Recall of a row: the share of the true top-k the quantized one keeps. Data sets: normal keys, and keys with a
-few outlier channels (a 20x scale on 4 of 128), as activations have.
+them. Recall of a row: the share of the true top-k the quantized one keeps. Data sets: normal keys, keys with a few
+outlier channels (a 20x scale on 4 of 128), as activations have, and the small model's indexer
+(:mod:`indexcache.tools.model`, the ``v32-like`` preset with ``H`` index heads: random seeded weights, not a trained
+model): its first sparse layer's queries, keys and head weights, computed as its forward computes them, from the
+embeddings of a random prompt of ``N`` tokens (the queries are its last ``T`` positions).
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import indexcache
 from indexcache.hal import fp4
 
 E4M3 = torch.float8_e4m3fn
-DATA = ("normal keys", "outlier channels (4 of 128 at 20x)")
+DATA = ("normal keys", "outlier channels (4 of 128 at 20x)", "small model's indexer (v32-like, first sparse layer)")
 FORMATS = {"fp8 e4m3fn": E4M3, "MXFP4": fp4.FP4}
 
 
 def inputs(data: str, tokens: int, keys: int, heads: int, dim: int, seed: int) -> dict[str, torch.Tensor]:
     """bf16 ``q [T, H, D]`` and ``k [N, D]``, float32 ``weights [T, H]``."""
+    if data == DATA[2]:
+        return model_inputs(tokens, keys, heads, seed)
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(tokens, heads, dim, generator=gen)
     k = torch.randn(keys, dim, generator=gen)
@@ -37,6 +42,26 @@ def inputs(data: str, tokens: int, keys: int, heads: int, dim: int, seed: int) -
         k[:, torch.randperm(dim, generator=gen)[:4]] *= 20
     weights = torch.randn(tokens, heads, generator=gen) / heads**0.5
     return dict(q=q.bfloat16(), k=k.bfloat16(), weights=weights)
+
+
+def model_inputs(tokens: int, keys: int, heads: int, seed: int) -> dict[str, torch.Tensor]:
+    """The small model's first sparse layer's indexer inputs (``DSAModel._index_scores``' arithmetic before the fp8
+    quantization) on a random prompt of ``keys`` tokens drawn from ``seed``: queries of its last ``tokens``."""
+    import torch.nn.functional as F
+
+    from indexcache.tools.model import DSAModel, preset
+    from indexcache.tools.model.functional import rope_first_half
+
+    model = DSAModel(preset("v32-like", index_heads=heads))
+    c = model.config
+    w = model.layers[c.sparse_layers[0]]
+    prompt = torch.randint(0, c.vocab, (keys,), generator=torch.Generator().manual_seed(seed))
+    positions = torch.arange(keys)
+    h = F.rms_norm(model.embedding[prompt], (c.hidden,))
+    q = rope_first_half((h @ w.wq_index).view(keys, heads, c.index_dim), positions) @ model.hadamard
+    k = rope_first_half(F.layer_norm(h @ w.wk_index, (c.index_dim,)), positions) @ model.hadamard
+    weights = (h @ w.w_weights) * heads**-0.5 * c.index_dim**-0.5
+    return dict(q=q[-tokens:].bfloat16(), k=k.bfloat16(), weights=weights[-tokens:])
 
 
 def true_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, top: int) -> torch.Tensor:

@@ -551,7 +551,7 @@ def test_fp4_recall_writes_a_recall_per_data_set_and_key_format(tmp_path):
     out = tmp_path / "recall.json"
     _script("fp4_recall", "--tokens", "4", "--keys", "2048", "--top", "256", "--seeds", "1", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["data"], r["keys"]) for r in rows] == [(d, f) for d in ("normal keys", "outlier channels (4 of 128 at "
-                                                                       "20x)") for f in ("fp8 e4m3fn", "MXFP4")]
+    data = ("normal keys", "outlier channels (4 of 128 at 20x)", "small model's indexer (v32-like, first sparse layer)")
+    assert [(r["data"], r["keys"]) for r in rows] == [(d, f) for d in data for f in ("fp8 e4m3fn", "MXFP4")]
     assert all(0 < r["recall_min"] <= r["recall_mean"] <= 1 and r["rows"] == 4 for r in rows)
     assert rows[0]["recall_mean"] > rows[1]["recall_mean"]
