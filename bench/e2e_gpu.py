@@ -358,7 +358,7 @@ def small_model_section(dev: torch.device, smoke: bool) -> dict:
         result["graph_error"] = why
     forward, indexer = model.forward, model._index_scores
     # Where Inductor departs from eager, if it does: the whole forward; the forward with the producers' indexer
-    # (projections, quantization, store, logits) left eager; the indexer alone compiled.
+    # (projections, quantization, logits; the index keys are stored outside it) left eager; the indexer alone compiled.
     variants = {
         "compiled_aot_eager": (torch.compile(forward, backend="aot_eager", dynamic=False), indexer),
         "compiled_inductor": (torch.compile(forward, dynamic=False), indexer),

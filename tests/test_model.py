@@ -293,3 +293,28 @@ def test_demo_command_prints_phases_overlap_drift_and_plots(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:  # argparse's one-line error, before any work
         cli.main(["demo", "--batch", "0"])
     assert exc.value.code == 2
+
+
+def test_short_prompts_skip_the_producers_indexer_and_select_what_it_would(model):
+    """Prompts and steps no longer than k (16): every producer skips its scores (the batch's ``max_length``) and the
+    run equals one whose runner ignores the bound, logits, tokens and every layer's indices alike."""
+
+    class Ungated(IndexerRunner):
+        def layer(self, *args, max_length=None, **kwargs):
+            return super().layer(*args, **kwargs)
+
+    short = prompts((9, 13))
+    scored = []
+    model._index_scores = lambda *a, **kw: scored.append(a[0]) or DSAModel._index_scores(model, *a, **kw)
+    try:
+        want_rec, got_rec = IndexRecorder(), IndexRecorder()
+        want = model.generate(short, 3, Ungated(model.plan(2)), recorder=want_rec)
+        calls = len(scored)
+        got = model.generate(short, 3, IndexerRunner(model.plan(2)), recorder=got_rec)
+    finally:
+        del model._index_scores
+    assert calls > 0 and len(scored) == calls, "the gated run must not score"
+    assert torch.equal(got.prefill_logits, want.prefill_logits) and torch.equal(got.decode_logits, want.decode_logits)
+    assert torch.equal(got.tokens, want.tokens)
+    assert got_rec.stacked().keys() == want_rec.stacked().keys()
+    assert all(torch.equal(got_rec.stacked()[layer], want_rec.stacked()[layer]) for layer in want_rec.stacked())

@@ -479,3 +479,51 @@ def test_recorded_indices_save_as_a_calibration_dump(tmp_path):
     layers, arrays = load_dump(tmp_path)
     assert layers == [0, 1, 2, 3]
     assert all(a.shape == (10, K) and (a == state.recorder.stacked()[0].numpy()).all() for a in arrays)
+
+
+class _Unscored(Exception):
+    pass
+
+
+def _no_scores():
+    raise _Unscored("a producer under a short bound must not score")
+
+
+def test_a_producer_under_a_short_bound_selects_every_visible_position_without_scoring():
+    """``max_length <= k``: the producer selects ``0 .. len - 1`` then -1 (negative lengths: nothing; a row longer
+    than the bound promised: its first k), translated through its table; shared layers reuse it as always."""
+    _, _, tables = inputs(5)
+    lengths = torch.tensor([3, 0, -2, 4, 6], dtype=torch.int32)
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    state = TopkState(8, K)
+    runner.begin(state, 5)
+    got = runner.layer(0, state, scores=_no_scores, lengths=lengths, page_table=tables[0], max_length=K)
+    want_raw = torch.tensor([[0, 1, 2, -1], [-1] * 4, [-1] * 4, [0, 1, 2, 3], [0, 1, 2, 3]], dtype=torch.int32)
+    assert torch.equal(state.raw[:5], want_raw) and (state.raw[5:] == -1).all()
+    assert torch.equal(got, reference.translate(want_raw, tables[0], lengths, PAGE))
+    runner.layer(1, state, scores=_no_scores, lengths=lengths, page_table=tables[1], max_length=K)  # "FFSS…"
+    shared = runner.layer(2, state, scores=_no_scores, lengths=lengths, page_table=tables[2], max_length=K)
+    assert torch.equal(shared, reference.translate(want_raw, tables[2], lengths, PAGE))
+
+
+def test_the_short_bound_selects_what_the_top_k_selects_and_a_longer_bound_scores():
+    scores, lengths, tables = inputs(6, cols=K)  # every row sees at most K keys
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    scored, gated = TopkState(8, K), TopkState(8, K)
+    runner.begin(scored, 6)
+    runner.begin(gated, 6)
+    want = runner.layer(0, scored, scores=lambda: scores, lengths=lengths, page_table=tables[0], max_length=K + 1)
+    got = runner.layer(0, gated, scores=_no_scores, lengths=lengths, page_table=tables[0], max_length=K)
+    assert torch.equal(got, want) and torch.equal(gated.raw, scored.raw)
+    with pytest.raises(_Unscored):
+        runner.layer(0, gated, scores=_no_scores, lengths=lengths, page_table=tables[0], max_length=K + 1)
+
+
+@pytest.mark.parametrize("bound", [-1, True, 2.0, "4"])
+def test_max_length_must_be_a_size(bound):
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))
+    state = TopkState(8, K)
+    runner.begin(state, 2)
+    _, lengths, tables = inputs(2)
+    with pytest.raises(ValueError, match="max_length: expected an int >= 0 or None"):
+        runner.layer(0, state, scores=_no_scores, lengths=lengths, page_table=tables[0], max_length=bound)

@@ -33,6 +33,16 @@ selects in one op (``indexcache.paged_topk_translate``), each row's length and t
 the producer's indexer with the rest of the layer, call ``runner.layer`` inside the side function of
 :func:`indexcache.runtime.streams.overlap`. Everything here is host-side bookkeeping around preallocated
 buffers: valid under CUDA-graph capture.
+
+**Short sequences.** A row that sees at most k keys selects all of them, whatever its logits: given a host-side
+bound ``max_length`` on the rows' visible lengths (the longest request of the batch, which the engine's scheduler
+knows), ``runner.layer(..., max_length=...)`` skips a producer's indexer (``scores()`` is not called: no projections,
+no logits, no top-k) when the bound is at most k, and selects ``0 .. len - 1`` per row. The index keys of the step
+must still be stored (``indexcache.store_index_k``) outside ``scores()``, since later, longer steps read them. An
+engine that captures CUDA graphs captures two per batch size: a short graph (captured with ``max_length <= k``,
+replayed while the batch's longest context is at most k) and a long one (``max_length=None`` or above k), and picks
+one on the host before each replay; the short graph holds no indexer work at all. A bound the engine cannot keep
+(a row longer than it promised) selects only that row's first k positions.
 """
 
 from __future__ import annotations
@@ -84,7 +94,7 @@ class IndexerRunner:
 
     def layer(self, layer: int, state: TopkState, *, scores: Callable[[], torch.Tensor | PagedLogits],
               lengths: torch.Tensor, page_table: torch.Tensor, row_starts: torch.Tensor | None = None,
-              row_to_batch: torch.Tensor | None = None) -> torch.Tensor | None:
+              row_to_batch: torch.Tensor | None = None, max_length: int | None = None) -> torch.Tensor | None:
         """Run ``layer``'s indexer part; returns its physical KV slots ``[rows, k]`` int32 (-1 = empty,
         a view of ``state.physical`` valid until the next sparse layer) or None without an indexer.
 
@@ -96,10 +106,22 @@ class IndexerRunner:
         ``row_starts [rows]``: window starts in the scores; ``row_to_batch [rows]``: table row of each row
         (identity when None). A shared layer whose producer has not run raises
         :class:`~indexcache.runtime.state.MissingProducerError`.
+
+        ``max_length``: a host-side bound on every row's visible length (``lengths``, or in decode the lengths
+        ``context_lens`` gives), or None. Where it is at most k, a producer selects every visible position without
+        scoring (:meth:`TopkState.produce_short <indexcache.runtime.state.TopkState.produce_short>`: ``0 .. len - 1``
+        then -1, the selection the top-k makes of such rows) and ``scores()`` is not called: the engine still stores
+        the step's index keys itself. A row longer than the bound it was promised selects only its first k
+        positions. Module docstring: "Short sequences".
         """
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                       or max_length < 0):
+            raise ValueError(f"max_length: expected an int >= 0 or None, got {max_length!r}")
         role = self.role(layer)
         if role is None:
             return None
+        if role == PRODUCER and max_length is not None and max_length <= self.k:
+            return state.produce_short(layer, lengths, page_table, self.page_size, row_to_batch=row_to_batch)
         if role == PRODUCER:
             got = scores()
             if isinstance(got, PagedLogits):

@@ -131,6 +131,8 @@ class TopkState:
                 raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
         self.raw = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
         self.physical = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
+        self._positions = torch.arange(k, dtype=INDEX, device=device)  # what a short row selects (produce_short)
+        self._beyond = torch.empty((max_rows, k), dtype=torch.bool, device=device)
         self.producer: int | None = None
         self.rows = 0
         self.recorder: Recorder | None = None
@@ -206,6 +208,25 @@ class TopkState:
         more = {} if k_format is None else {"k_format": k_format}  # a subclass written before formats keeps working
         out = self.select_paged(q, k_cache, weights, context_lens, block_table, max_context_len, page_table,
                                 page_size, logits=logits, out=self.physical[:rows], out_raw=self.raw[:rows], **more)
+        self._produced(layer)
+        return out
+
+    def produce_short(self, layer: int, lengths: torch.Tensor, page_table: torch.Tensor, page_size: int, *,
+                      row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
+        """Producer ``layer`` on rows no longer than k, without scores: row ``r`` selects ``0 .. lengths[r] - 1``
+        then -1 (what :func:`indexcache.topk` selects for such a row, whatever its scores), into ``raw``, and those
+        positions through ``page_table`` into ``physical`` (:func:`indexcache.translate`); returns the physical
+        slots ``[rows, k]`` int32 (-1 = empty).
+
+        ``lengths [rows]`` int32: each row's visible length (negative counts as 0; a row longer than k selects its
+        first k positions); ``row_to_batch [rows]``: its table row (identity when None). Writes only into the
+        state's buffers: valid under CUDA-graph capture."""
+        self._check_rows("lengths", lengths)
+        rows = self.rows
+        raw, beyond = self.raw[:rows], self._beyond[:rows]
+        torch.ge(self._positions, lengths[:, None], out=beyond)
+        raw.copy_(self._positions.expand(rows, -1)).masked_fill_(beyond, -1)
+        out = ops.translate(raw, page_table, lengths, page_size, row_to_batch=row_to_batch, out=self.physical[:rows])
         self._produced(layer)
         return out
 

@@ -21,7 +21,9 @@ class Batch:
     ``tables [L, B, P]`` int32 per-layer page tables. Prefill also has the keys of every request:
     ``key_positions, key_batch, key_lengths [N]`` int32 and ``key_starts [R]`` int32 (each row's key
     window starts there). Decode rows are one per request and read the paged index-K cache up to
-    ``max_context_len``.
+    ``max_context_len``. ``max_length``: a host-side bound on every row's visible length (decode: the
+    ``max_context_len``; prefill: the longest request), what lets a producer skip its indexer on short rows
+    (``IndexerRunner.layer``'s ``max_length``).
     """
 
     tokens: torch.Tensor
@@ -36,6 +38,7 @@ class Batch:
     key_batch: torch.Tensor | None = None
     key_lengths: torch.Tensor | None = None
     key_starts: torch.Tensor | None = None
+    max_length: int | None = None
 
     @property
     def rows(self) -> int:
@@ -47,7 +50,8 @@ class Batch:
         """One new token a request: ``tokens [B]`` int64, ``seq_lens [B]`` int32 (the context including
         the new token; 0 marks a padding row), ``tables [L, B, P]``. Device ops only: capturable."""
         return cls(tokens=tokens, positions=(seq_lens - 1).clamp_min(0), lengths=seq_lens, row_to_batch=None,
-                   seq_lens=seq_lens, tables=tables, decode=True, max_context_len=max_context_len)
+                   seq_lens=seq_lens, tables=tables, decode=True, max_context_len=max_context_len,
+                   max_length=max_context_len)
 
     @classmethod
     def prefill(cls, tokens: Sequence[torch.Tensor], tables: torch.Tensor, prefix_lens: Sequence[int] | None = None
@@ -82,6 +86,7 @@ class Batch:
             key_batch=ints(keys_b),
             key_lengths=ints([ctx[b] for b in keys_b]),
             key_starts=ints([starts[b] for b in rows_b]),
+            max_length=max(ctx, default=0),
         )
 
 

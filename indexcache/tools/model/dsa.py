@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import indexcache
 from indexcache.hal.layout import split_packed_cache
 from indexcache.hal.ops import INDEX
-from indexcache.plan import LayerPlan
+from indexcache.plan import PRODUCER, LayerPlan
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import PagedLogits, Recorder, TopkState
 from indexcache.runtime.streams import overlap
@@ -188,11 +188,14 @@ class DSAModel:
                                          row_to_batch=batch.row_to_batch).view(-1)
 
         def indexer() -> torch.Tensor:
-            if runner.role(layer) is None:
+            role = runner.role(layer)
+            if role is None:
                 return self._window_slots(batch, table)
-            return runner.layer(layer, state, scores=lambda: self._index_scores(layer, h, batch, cache, new_slots),
+            if role == PRODUCER:  # its index keys, stored whether or not the runner scores (short rows)
+                self._store_index_k(layer, h, batch, cache, new_slots)
+            return runner.layer(layer, state, scores=lambda: self._index_scores(layer, h, batch, cache),
                                 lengths=batch.lengths, page_table=table, row_starts=batch.key_starts,
-                                row_to_batch=batch.row_to_batch)
+                                row_to_batch=batch.row_to_batch, max_length=batch.max_length)
 
         def prepare() -> torch.Tensor:
             kv = cache.kv[layer]
@@ -209,21 +212,27 @@ class DSAModel:
         raw = batch.positions[:, None] - offsets[None, :]
         return indexcache.translate(raw, table, batch.lengths, self.config.page_size, row_to_batch=batch.row_to_batch)
 
-    def _index_scores(self, layer: int, h: torch.Tensor, batch: Batch, cache: PagedCache,
-                      new_slots: torch.Tensor) -> torch.Tensor | PagedLogits:
-        """The producer's indexer: store this forward's index keys, then, in prefill, logits ``[R, N]`` float32;
-        in decode, the paged logits' inputs (:class:`~indexcache.runtime.state.PagedLogits`), which the runner
-        scores and selects from in one op (``indexcache.paged_topk_translate``)."""
+    def _store_index_k(self, layer: int, h: torch.Tensor, batch: Batch, cache: PagedCache,
+                       new_slots: torch.Tensor) -> None:
+        """The producer's index keys of this forward's rows, into its index-K cache at ``new_slots``."""
         c = self.config
         if layer not in cache.index_k:
             raise ValueError(f"layer {layer} runs its indexer but the cache has no index-K cache for it "
                              f"(index layers: {sorted(cache.index_k)})")
+        k = rope_first_half(F.layer_norm(h @ self.layers[layer].wk_index, (c.index_dim,)), batch.positions)
+        indexcache.store_index_k(k @ self.hadamard, cache.index_k[layer], new_slots.to(INDEX), self.fp8)
+
+    def _index_scores(self, layer: int, h: torch.Tensor, batch: Batch,
+                      cache: PagedCache) -> torch.Tensor | PagedLogits:
+        """The producer's indexer over its index-K cache (this forward's keys stored by :meth:`_store_index_k`): in
+        prefill, logits ``[R, N]`` float32; in decode, the paged logits' inputs
+        (:class:`~indexcache.runtime.state.PagedLogits`), which the runner scores and selects from in one op
+        (``indexcache.paged_topk_translate``)."""
+        c = self.config
         w = self.layers[layer]
         rows, heads, dim = batch.rows, c.index_heads, c.index_dim
         q = rope_first_half((h @ w.wq_index).view(rows, heads, dim), batch.positions) @ self.hadamard
-        k = rope_first_half(F.layer_norm(h @ w.wk_index, (dim,)), batch.positions) @ self.hadamard
         k_cache = cache.index_k[layer]
-        indexcache.store_index_k(k, k_cache, new_slots.to(INDEX), self.fp8)
         q8, q_scale = indexcache.quantize_index_k(q.reshape(rows * heads, dim), self.fp8, block=dim)
         weights = (h @ w.w_weights) * heads**-0.5 * q_scale.view(rows, heads) * dim**-0.5
         table = batch.tables[layer]
