@@ -555,3 +555,14 @@ def test_fp4_recall_writes_a_recall_per_data_set_and_key_format(tmp_path):
     assert [(r["data"], r["keys"]) for r in rows] == [(d, f) for d in data for f in ("fp8 e4m3fn", "MXFP4")]
     assert all(0 < r["recall_min"] <= r["recall_mean"] <= 1 and r["rows"] == 4 for r in rows)
     assert rows[0]["recall_mean"] > rows[1]["recall_mean"]
+
+
+@no_gpu
+def test_fp4_decode_smoke_runs_on_the_cpu(tmp_path):
+    """bench/fp4_decode_gpu.py --smoke: tiny shapes interpreted, both formats, both ops, both backends, the check."""
+    _script("fp4_decode_gpu", "--smoke", "--out", str(tmp_path / "fp4.json"))
+    report = json.loads((tmp_path / "fp4.json").read_text())
+    assert {"date", "commit", "device", "torch", "triton", "rows", "ratios"} <= set(report)
+    assert report["device"] == "cpu" and not report["errors"]
+    assert {(r["backend"], r["op"]) for r in report["ratios"]} == {
+        (b, op) for b in ("cuda", "torch") for op in ("paged_mqa_logits", "paged_topk_translate")}

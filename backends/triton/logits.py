@@ -22,6 +22,8 @@ from the context lengths: the batch's key tiles (each request's context clipped 
 tiles or the end of one and the start of the next, whatever the lengths (no metadata kernel, nothing for the host to
 know). For each request in its share a program loads Q ``[group · H, D]`` and the weights once, then walks the
 tiles, each key row gathered through the page table from the packed cache (fp8 bytes, then the page's fp32 scales).
+An MXFP4 cache (``MXFP4``) is read the same way, its value bytes as words and its block scale bytes, and
+widened to the queries' fp8 format in registers (``mxfp4.py``; docs/fp4.md, "The decode kernel").
 A group is next_n padded to a power of two, at most ``COLS`` dot columns (next_n 3-4 at H = 64 take two programs,
 adjacent in launch order so the second reads the keys from L2); rows that see fewer keys (causal inside the next_n
 block) are masked at the store. The -inf past each context is written after, shared evenly over the ``batch ×
@@ -49,18 +51,19 @@ import torch
 import triton
 import triton.language as tl
 
+from indexcache.backends.triton import mxfp4
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options, planned_sms
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
 from indexcache.hal.device import sm_count
-from indexcache.hal.layout import FP8_DTYPES, cache_page_size
+from indexcache.hal.layout import FP8_DTYPES, cache_page_size, token_bytes
 
 NEG_INF = tl.constexpr(float("-inf"))
 INTERPRETED_SMS = 3  # programs of the persistent grid under the interpreter (exercises the round-robin)
 BATCH_BLOCK = 256  # context lengths a step of the decode schedule reads
-MXFP4_DECLINED = "MXFP4 keys are not in the Triton kernels yet (the torch backend reads them)"
+MXFP4_DECLINED = "MXFP4 keys are not in the Triton prefill kernel yet (the torch backend reads them)"
 
 
 @triton.jit
@@ -93,23 +96,37 @@ def _widen(x, WIDEN: tl.constexpr):
 
 
 @triton.jit
-def _head_sum(k, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, KEYS_ON_M: tl.constexpr,
-              WIDEN: tl.constexpr):
-    """Σ_h w · relu(q · k) for a key tile ``k [ROWS, D]`` and ``q [GROUPS · H, D]``, ``w [GROUPS, H]``.
-
-    Returns fp32 ``[ROWS, GROUPS]`` when ``KEYS_ON_M`` else ``[GROUPS, ROWS]``. The ReLU keeps NaN (the
-    documented non-finite rule: a NaN product makes its logit NaN on every backend).
-    """
+def _dot(k, q, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, acc=None):
+    """``k [ROWS, D] · q [GROUPS · H, D]ᵀ`` in fp32: ``[ROWS, GROUPS · H]`` when ``KEYS_ON_M``, else transposed;
+    added to ``acc`` when one is given."""
     precision: tl.constexpr = "ieee" if WIDEN == 2 else None
     if KEYS_ON_M:
-        acc = tl.dot(_widen(k, WIDEN), tl.trans(_widen(q, WIDEN)), input_precision=precision)
+        acc = tl.dot(_widen(k, WIDEN), tl.trans(_widen(q, WIDEN)), acc, input_precision=precision)
+    else:
+        acc = tl.dot(_widen(q, WIDEN), tl.trans(_widen(k, WIDEN)), acc, input_precision=precision)
+    return acc
+
+
+@triton.jit
+def _heads(acc, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, KEYS_ON_M: tl.constexpr):
+    """Σ_h w · relu(acc) of a :func:`_dot` result, ``w [GROUPS, H]``: fp32 ``[ROWS, GROUPS]`` when ``KEYS_ON_M``
+    else ``[GROUPS, ROWS]``. The ReLU keeps NaN (the documented non-finite rule: a NaN product makes its logit NaN
+    on every backend)."""
+    if KEYS_ON_M:
         acc = tl.reshape(acc, (ROWS, GROUPS, H))
         s = tl.sum(tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2)
     else:
-        acc = tl.dot(_widen(q, WIDEN), tl.trans(_widen(k, WIDEN)), input_precision=precision)
         acc = tl.reshape(acc, (GROUPS, H, ROWS))
         s = tl.sum(tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[:, :, None], axis=1)
     return s
+
+
+@triton.jit
+def _head_sum(k, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, KEYS_ON_M: tl.constexpr,
+              WIDEN: tl.constexpr):
+    """Σ_h w · relu(q · k) for a key tile ``k [ROWS, D]`` and ``q [GROUPS · H, D]``, ``w [GROUPS, H]``
+    (:func:`_dot`, then :func:`_heads`)."""
+    return _heads(_dot(k, q, KEYS_ON_M, WIDEN), w, ROWS, GROUPS, H, KEYS_ON_M)
 
 
 @triton.jit
@@ -219,16 +236,66 @@ def _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys,
 
 
 @triton.jit
+def _fp4_gather(kv_ptr, entry, ok, n0, keys, PAGE: tl.constexpr, D: tl.constexpr, BLOCK_KEYS: tl.constexpr,
+                WORDS: tl.constexpr):
+    """An MXFP4 tile: its value bytes as uint32 words ``[BLOCK_KEYS, D // 8]`` and its scale bytes as int32
+    ``[BLOCK_KEYS, D // 32]`` (zero where not ``ok``, unless read unmasked). A page is ``PAGE · D / 2`` value bytes
+    then ``PAGE · D / 32`` scale bytes; a tile inside one page (PAGE a multiple of BLOCK_KEYS) reads both as
+    contiguous runs without masks. ``WORDS``: the cache's pages start at multiples of 4 bytes, so the values are
+    read as words; else (odd layouts: D = 64 with odd pages, D = 32) each word is put together from its bytes."""
+    page_bytes: tl.constexpr = PAGE * (D // 2 + D // 32)
+    wdims = tl.arange(0, D // 8)
+    sdims = tl.arange(0, D // 32)
+    if PAGE % BLOCK_KEYS == 0:
+        first = n0 % PAGE
+        sc = tl.load(kv_ptr + (entry * page_bytes + PAGE * (D // 2) + first * (D // 32))
+                     + (keys * (D // 32))[:, None] + sdims[None, :])
+        if WORDS:
+            v = tl.load(kv_ptr.to(tl.pointer_type(tl.uint32)) + (entry * (page_bytes // 4) + first * (D // 8))
+                        + (keys * (D // 8))[:, None] + wdims[None, :])
+        else:
+            at = (entry * page_bytes + first * (D // 2)) + (keys * (D // 2))[:, None] + 4 * wdims[None, :]
+            v = _word_of_bytes(kv_ptr, at, ok, False)
+    else:
+        off = (n0 + keys) % PAGE
+        sc = tl.load(kv_ptr + (entry * page_bytes + PAGE * (D // 2) + off * (D // 32))[:, None] + sdims[None, :],
+                     mask=ok[:, None], other=0)
+        if WORDS:
+            v = tl.load(kv_ptr.to(tl.pointer_type(tl.uint32)) + (entry * (page_bytes // 4) + off * (D // 8))[:, None]
+                        + wdims[None, :], mask=ok[:, None], other=0)
+        else:
+            v = _word_of_bytes(kv_ptr, (entry * page_bytes + off * (D // 2))[:, None] + 4 * wdims[None, :],
+                               ok[:, None], True)
+    return v, sc.to(tl.int32)
+
+
+@triton.jit
+def _word_of_bytes(kv_ptr, at, ok, MASKED: tl.constexpr):
+    """The little-endian uint32 of the four bytes at ``kv_ptr + at`` (with ``MASKED``, 0 where not ``ok``)."""
+    v = tl.zeros(at.shape, tl.uint32)
+    for i in tl.static_range(4):
+        if MASKED:
+            byte = tl.load(kv_ptr + at + i, mask=ok, other=0)
+        else:
+            byte = tl.load(kv_ptr + at + i)
+        v |= byte.to(tl.uint32) << (8 * i)
+    return v
+
+
+@triton.jit
 def _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE: tl.constexpr, D: tl.constexpr,
-                   BLOCK_KEYS: tl.constexpr, WORDS: tl.constexpr):
-    """The tile's key rows and fp32 scales ``[BLOCK_KEYS]`` (zero where not ``ok``, unless read unmasked).
+                   BLOCK_KEYS: tl.constexpr, WORDS: tl.constexpr, MXFP4: tl.constexpr = 0):
+    """The tile's key rows and fp32 scales ``[BLOCK_KEYS]`` (zero where not ``ok``, unless read unmasked); an
+    MXFP4 cache's (``MXFP4``): :func:`_fp4_gather`.
 
     Rows: fp8 ``[BLOCK_KEYS, D]``, or with ``WORDS`` the same bytes as int32 ``[BLOCK_KEYS, D // 4]`` (a tile
     carried across loop iterations as fp8 takes a register a byte; as words, one a 4 bytes). A tile inside one
     page (PAGE a multiple of BLOCK_KEYS, see :func:`_decode_entries`) has its rows as ``BLOCK_KEYS · D``
     contiguous bytes and its scales as ``BLOCK_KEYS`` contiguous words at the page's end."""
     page_words = PAGE * (D + 4) // 4
-    if PAGE % BLOCK_KEYS == 0:  # the entry names a page of the cache (_decode_entries): no masks
+    if MXFP4:
+        k, sc = _fp4_gather(kv_ptr, entry, ok, n0, keys, PAGE, D, BLOCK_KEYS, WORDS)
+    elif PAGE % BLOCK_KEYS == 0:  # the entry names a page of the cache (_decode_entries): no masks
         first_key = n0 % PAGE
         sc = tl.load(kv_scale_ptr + (entry * page_words + (PAGE * D // 4) + first_key) + keys)
         if WORDS:
@@ -262,18 +329,54 @@ def _unpack_words(words, dtype: tl.constexpr, ROWS: tl.constexpr, D: tl.constexp
 
 
 @triton.jit
-def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                  GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_KEYS: tl.constexpr,
-                  KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, WORDS: tl.constexpr):
-    """Logits of one tile: the head sum scaled by the keys' scales, -inf where a row must not see the key."""
-    s = n0 + keys
-    if WORDS:
-        k = _unpack_words(k, q.dtype, BLOCK_KEYS, D)
-    acc = _head_sum(k, q, w, BLOCK_KEYS, GROUPS, H, KEYS_ON_M, WIDEN)
+def _scaled(acc, sc, KEYS_ON_M: tl.constexpr):
+    """``acc`` (``[keys, …]`` when ``KEYS_ON_M``, else ``[…, keys]``) times the keys' ``sc [keys]``."""
     if KEYS_ON_M:
         acc = acc * sc[:, None]
     else:
         acc = acc * sc[None, :]
+    return acc
+
+
+@triton.jit
+def _fp4_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
+                  D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, FNUZ: tl.constexpr):
+    """:func:`_head_sum` of an MXFP4 tile (:func:`_fp4_gather`), its scales applied: where every key the tile reads
+    has its block scales within ``mxfp4.SPREAD`` (or a NaN one), its values widened to e4m3 with one scale a key,
+    one dot over D. Else D / 32 dots into one accumulator, each taking every key's next block by scale (the others
+    zero) in units of that block's scale, the sum so far brought to those units first (a power of two ≤ 1), then
+    the last unit's scale and the heads."""
+    lift, scale, one = mxfp4.key_lifts(scales, ROWS, D, FNUZ)
+    if tl.max((ok & ~one).to(tl.int32), axis=0) == 0:
+        k = _unpack_words(mxfp4.widen(words, lift, ROWS, D), q.dtype, ROWS, D)
+        s = _scaled(_head_sum(k, q, w, ROWS, GROUPS, H, KEYS_ON_M, WIDEN), scale, KEYS_ON_M)
+    else:  # (names apart from the branch above: a compiled if takes a name's type from both branches)
+        order = mxfp4.ranks(scales, ROWS, D)
+        block, unit = mxfp4.pass_words(words, scales, order, 0, ROWS, D, FNUZ)
+        acc = _dot(_unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN)
+        for p in range(1, D // 32):  # a loop, not unrolled: one pass live at a time
+            block, to = mxfp4.pass_words(words, scales, order, p, ROWS, D, FNUZ)
+            acc = _dot(_unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN,
+                       _scaled(acc, mxfp4.pow2(unit - to), KEYS_ON_M))
+            unit = to
+        acc = _scaled(acc, mxfp4.e8m0(unit), KEYS_ON_M)
+        s = _heads(acc, w, ROWS, GROUPS, H, KEYS_ON_M)
+    return s
+
+
+@triton.jit
+def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
+                  GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_KEYS: tl.constexpr,
+                  KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, WORDS: tl.constexpr, MXFP4: tl.constexpr):
+    """Logits of one tile: the head sum scaled by the keys' scales, -inf where a row must not see the key (an MXFP4
+    tile: ``MXFP4`` 1 widened to e4m3fn, 2 to e4m3fnuz)."""
+    s = n0 + keys
+    if MXFP4:
+        acc = _fp4_head_sum(k, sc, ok, q, w, BLOCK_KEYS, GROUPS, H, D, KEYS_ON_M, WIDEN, MXFP4 == 2)
+    else:
+        if WORDS:
+            k = _unpack_words(k, q.dtype, BLOCK_KEYS, D)
+        acc = _scaled(_head_sum(k, q, w, BLOCK_KEYS, GROUPS, H, KEYS_ON_M, WIDEN), sc, KEYS_ON_M)
     seen_s, vis = _pair(tl.where(ok, s, ctx), visible, KEYS_ON_M)
     col, row = _pair(s.to(tl.int64) * out_s1, out_rows, KEYS_ON_M)
     s_ok, g_ok = _pair(s < last, grp_ok, KEYS_ON_M)
@@ -285,7 +388,7 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr, out_ptr, b, j0, 
                  table_pages, q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, tab_s0, tab_s1, out_s0, out_s1,
                  NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                  BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, PREFETCH: tl.constexpr,
-                 WORDS: tl.constexpr):
+                 WORDS: tl.constexpr, MXFP4: tl.constexpr):
     """Logits of request ``b``'s keys ``[first, stop)`` (whole tiles of its context, ``ctx`` ≥ 0) for the draft
     tokens ``j0 .. j0 + GROUPS - 1``: Q and the weights loaded once, then the tiles in order."""
     rows = tl.arange(0, GROUPS * H)
@@ -311,49 +414,52 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr, out_ptr, b, j0, 
         # right after it is multiplied, so tile i + 2 is read while tile i + 1 is multiplied (a tile past
         # ``stop`` is all masked: nothing read, nothing stored).
         entry, ok_a = _decode_entries(table_row, first, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
-        k_a, sc_a = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok_a, first, keys, dims, PAGE, D, BLOCK_KEYS, WORDS)
+        k_a, sc_a = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok_a, first, keys, dims, PAGE, D, BLOCK_KEYS, WORDS,
+                                   MXFP4)
         entry, ok_b = _decode_entries(table_row, first + BLOCK_KEYS, kend, num_pages, table_pages, tab_s1, keys,
                                       PAGE, BLOCK_KEYS)
         k_b, sc_b = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok_b, first + BLOCK_KEYS, keys, dims, PAGE, D,
-                                   BLOCK_KEYS, WORDS)
+                                   BLOCK_KEYS, WORDS, MXFP4)
         for n0 in range(first, stop, 2 * BLOCK_KEYS):
             entry_a, ok_a2 = _decode_entries(table_row, n0 + 2 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
                                              keys, PAGE, BLOCK_KEYS)
             entry_b, ok_b2 = _decode_entries(table_row, n0 + 3 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
                                              keys, PAGE, BLOCK_KEYS)
             _decode_store(out_ptr, k_a, sc_a, ok_a, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS)
+                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4)
             k_a, sc_a = _decode_gather(kv_ptr, kv_scale_ptr, entry_a, ok_a2, n0 + 2 * BLOCK_KEYS, keys, dims, PAGE, D,
-                                       BLOCK_KEYS, WORDS)
+                                       BLOCK_KEYS, WORDS, MXFP4)
             ok_a = ok_a2
             _decode_store(out_ptr, k_b, sc_b, ok_b, q, w, n0 + BLOCK_KEYS, ctx, visible, last, out_rows, grp_ok, keys,
-                          out_s1, GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS)
+                          out_s1, GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4)
             k_b, sc_b = _decode_gather(kv_ptr, kv_scale_ptr, entry_b, ok_b2, n0 + 3 * BLOCK_KEYS, keys, dims, PAGE, D,
-                                       BLOCK_KEYS, WORDS)
+                                       BLOCK_KEYS, WORDS, MXFP4)
             ok_b = ok_b2
     elif PREFETCH == 1:
         # Software pipeline in registers: while tile i is multiplied, tile i + 1's rows and scales and tile
         # i + 2's table entries are in flight (all masked beyond kend, so nothing past the context is read).
         entry, ok = _decode_entries(table_row, first, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
-        k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, first, keys, dims, PAGE, D, BLOCK_KEYS, WORDS)
+        k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, first, keys, dims, PAGE, D, BLOCK_KEYS, WORDS,
+                               MXFP4)
         entry_n, ok_n = _decode_entries(table_row, first + BLOCK_KEYS, kend, num_pages, table_pages, tab_s1, keys,
                                         PAGE, BLOCK_KEYS)
         for n0 in range(first, stop, BLOCK_KEYS):
             k_n, sc_n = _decode_gather(kv_ptr, kv_scale_ptr, entry_n, ok_n, n0 + BLOCK_KEYS, keys, dims, PAGE, D,
-                                       BLOCK_KEYS, WORDS)
+                                       BLOCK_KEYS, WORDS, MXFP4)
             entry_nn, ok_nn = _decode_entries(table_row, n0 + 2 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
                                               keys, PAGE, BLOCK_KEYS)
             _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS)
+                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4)
             k, sc, ok = k_n, sc_n, ok_n
             entry_n, ok_n = entry_nn, ok_nn
     else:
         # Loads in the iteration that uses them (Triton's pipeliner stages them when num_stages > 1).
         for n0 in range(first, stop, BLOCK_KEYS):
             entry, ok = _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
-            k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE, D, BLOCK_KEYS, WORDS)
+            k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE, D, BLOCK_KEYS, WORDS,
+                                   MXFP4)
             _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS)
+                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4)
 
 @triton.jit
 def _context_tiles(ctx, max_ctx, BLOCK_KEYS: tl.constexpr):
@@ -372,7 +478,7 @@ def paged_mqa_logits_kernel(
     q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, out_s0, out_s1,
     NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_KEYS: tl.constexpr, BLOCK_B: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr,
-    PREFETCH: tl.constexpr = 1, WORDS: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = 1, WORDS: tl.constexpr = 0, MXFP4: tl.constexpr = 0,
 ):
     j0 = tl.program_id(0) * GROUPS
     p = tl.program_id(1).to(tl.int64)
@@ -409,7 +515,7 @@ def paged_mqa_logits_kernel(
         _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr, out_ptr, b, j0, ctx, (lo * BLOCK_KEYS).to(tl.int32),
                      (hi * BLOCK_KEYS).to(tl.int32), max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, q_s3, w_s0,
                      w_s1, tab_s0, tab_s1, out_s0, out_s1, NEXT_N, GROUPS, H, D, PAGE, BLOCK_KEYS, KEYS_ON_M, WIDEN,
-                     PREFETCH, WORDS)
+                     PREFETCH, WORDS, MXFP4)
         start += tiles
     # -inf past each context (the keys no tile above stored), shared out evenly over the batch × max_ctx grid.
     grp = j0 + tl.arange(0, GROUPS)
@@ -444,6 +550,12 @@ def _widen_mode(dtype: torch.dtype, target: Target, cfg: Mapping[str, Any] | Non
         dot = (cfg or {}).get("FP8_DOT") or ("fp8" if target.gpu.fp8_mma else "fp16")
         return 0 if dot == "fp8" else 3 if dtype == torch.float8_e4m3fnuz else 1
     return 2 if target.interpreted else 0
+
+
+def _fp4_mode(dtype: torch.dtype) -> int:
+    """The decode kernel's ``MXFP4`` for fp8 queries of ``dtype``: the e4m3 bytes MXFP4 keys widen to (1: e4m3fn,
+    2: e4m3fnuz)."""
+    return 2 if dtype == torch.float8_e4m3fnuz else 1
 
 
 def _as_bytes(x: torch.Tensor, widen: int) -> torch.Tensor:
@@ -519,17 +631,19 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
                             target: Target, cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
     ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`.
-    ``k_format`` is None: an fp8 cache (the op declines MXFP4 ones)."""
+    ``k_format`` is None: an fp8 cache in ``q``'s format; ``torch.float4_e2m1fn_x2``: an MXFP4 cache, read by the
+    Triton kernel on every target (the Hopper Gluon kernel reads fp8 caches only)."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
         return None
-    page = cache_page_size(k_cache, dim)
+    mxfp4 = k_format == fp4.FP4
+    page = cache_page_size(k_cache, dim, fp4.FP4) if mxfp4 else cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
     block_keys = cfg["BLOCK_KEYS"]
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
     # in launch order so the second reads the keys from L2).
     groups = max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
-    if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (decode_sm90.py) where it takes the call
+    if cfg.get("KERNEL") == "tma-ws" and not mxfp4:  # the Hopper kernel in Gluon (decode_sm90.py) where it takes it
         from indexcache.backends.triton import decode_sm90
 
         if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target):
@@ -538,13 +652,20 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
                                       batch_block=BATCH_BLOCK)
     options = options or launch_key_options(launch_options(target, cfg))
     widen = _widen_mode(q.dtype, target, cfg)
-    args = (_as_bytes(q, widen), _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32), weights,
+    if mxfp4:  # the cache's bytes for both pointers; value words where every page starts at a multiple of 4 bytes
+        kv, kv_scale = flat, flat
+        words = int(page * token_bytes(dim, fp4.FP4) % 4 == 0 and flat.data_ptr() % 4 == 0)
+    else:
+        kv, kv_scale = _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32)
+        words = cfg.get("WORDS", 0)
+    args = (_as_bytes(q, widen), kv, kv_scale, weights,
             context_lens, page_table, out,
             batch, max_context_len, k_cache.shape[0], page_table.shape[1],
             q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
             context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1))
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, BLOCK_KEYS=block_keys, BLOCK_B=BATCH_BLOCK,
-                 KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen, PREFETCH=cfg.get("PREFETCH", 1), WORDS=cfg.get("WORDS", 0))
+                 KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen, PREFETCH=cfg.get("PREFETCH", 1), WORDS=words,
+                 MXFP4=_fp4_mode(q.dtype) if mxfp4 else 0)
     # A persistent grid of exactly the programs that stay resident (on NVIDIA counted from the compiled kernel's
     # registers and shared memory: a program more a SM would run as a second, mostly idle wave), never more than
     # there are tiles; the draft-token groups of a key range share the count.
@@ -558,7 +679,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
                      target: Target, cfg: Mapping[str, Any], options: Options | None = None):
     """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); arguments
     as :func:`paged_mqa_logits_launch`."""
-    launch = paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out,
+    launch = paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format,
                                      target=target, cfg=cfg, options=options)
     if launch is not None:
         launch()
@@ -576,11 +697,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
                 *_check_dtype("q", q.dtype, target, bf16=True), *_check_shape(q.shape[1], q.shape[2]), *mxfp4]
 
-    def supports_decode(q, k_cache, weights, context_lens, page_table, out, k_format=None, **_):
-        mxfp4 = [MXFP4_DECLINED] if k_format == fp4.FP4 else []
+    def supports_decode(q, k_cache, weights, context_lens, page_table, out, **_):
         return [*on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
                                   page_table=page_table, out=out),
-                *_check_dtype("q", q.dtype, target, bf16=False), *_check_shape(q.shape[2], q.shape[3]), *mxfp4]
+                *_check_dtype("q", q.dtype, target, bf16=False), *_check_shape(q.shape[2], q.shape[3])]
 
     def run_prefill(**args):
         return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options)
@@ -601,7 +721,8 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
     """What the logits ops build for ``target`` (cross-compile check), at the indexer shape of the shipped
     models (H = 64, D = 128, 64-token pages), for contiguous tensors: prefill with the target's fp8 format and
-    with bf16, decode for next_n 1-4 (MTP drafts); the tile shapes and launch options are the table's."""
+    with bf16, decode for next_n 1-4 (MTP drafts) on fp8 and on MXFP4 caches; the tile shapes and launch options are
+    the table's."""
     from indexcache.backends.triton.crosscompile import KernelSpec, pointer
 
     heads, dim, page = 64, 128, 64
@@ -629,7 +750,21 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "table_ptr": "*i32", "out_ptr": "*fp32"},
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
              "BLOCK_KEYS": decode["BLOCK_KEYS"], "BLOCK_B": BATCH_BLOCK, "KEYS_ON_M": decode["KEYS_ON_M"],
-             "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": decode.get("WORDS", 0),
+             "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": decode.get("WORDS", 0), "MXFP4": 0,
+             "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
+            launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
+            aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
+    # The MXFP4 decode (k_format float4_e2m1fn_x2): the same kernel reading the cache's bytes, widening to the
+    # target's fp8 format; the Triton kernel on every target (also where the table's KERNEL is "tma-ws").
+    for next_n in (1, 2, 3, 4):
+        groups = max(min(next_power_of_2(next_n), max(1, decode["COLS"] // heads)), 16 // heads)
+        specs.append(KernelSpec(
+            "paged_mqa_logits", paged_mqa_logits_kernel,
+            {"q_ptr": fp8, "kv_ptr": "*u8", "kv_scale_ptr": "*u8", "w_ptr": "*fp32", "ctx_ptr": "*i32",
+             "table_ptr": "*i32", "out_ptr": "*fp32"},
+            {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
+             "BLOCK_KEYS": decode["BLOCK_KEYS"], "BLOCK_B": BATCH_BLOCK, "KEYS_ON_M": decode["KEYS_ON_M"],
+             "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": 1, "MXFP4": _fp4_mode(target.fp8_dtype),
              "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
             launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))

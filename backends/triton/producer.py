@@ -62,11 +62,11 @@ def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k,
              out_raw, workspace=None, k_format=None, *, target: Target,
              tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch | None]:
     """The launches of one call, in order (None: nothing to launch); arguments as
-    ``indexcache.paged_topk_translate`` (``k_format`` None: an fp8 cache, the op declines MXFP4 ones)."""
+    ``indexcache.paged_topk_translate`` (``k_format`` None: an fp8 cache in ``q``'s format, else MXFP4)."""
     batch, next_n = q.shape[0], q.shape[1]
     rows = batch * next_n
     steps = [paged_mqa_logits_launch(q, k_cache, weights, context_lens, block_table, max_context_len, logits,
-                                     target=target, cfg=tuning["paged_mqa_logits"])]
+                                     k_format, target=target, cfg=tuning["paged_mqa_logits"])]
     draft = _draft_words(q)
     ws = workspaces.words(q, workspace_bytes(q, logits, k, target=target, tuning=tuning) // 4, workspace)
     lengths, r2b = context_lens, None

@@ -84,15 +84,22 @@ cases = CaseList("paged_mqa_logits")
 
 
 def args_of(gen, dev, batch, next_n, heads, page_size, context, dtype=E4M3, holes=False, pages_per_req=None,
-          last_page=False, dim=128, k_format=None):
+          last_page=False, dim=128, k_format=None, block_spread=0):
     """``last_page``: request 0's first table entry is the cache's last page, so a key tile that crosses that
     page's end inside the context reads past the tensor. ``k_format`` MXFP4: the cache holds MXFP4 keys (each
-    token's keys scaled by its own power of two first, so the block scales vary) and the arguments name it."""
+    token's keys scaled by its own power of two first, so the block scales vary) and the arguments name it;
+    ``block_spread``: besides, every fifth token of the cache's even pages has each block of 32 scaled by its own
+    power of two up to ``2 ** ±block_spread`` (block scales far apart within a key)."""
     pages_per_req = pages_per_req or max(1, -(-max(context) // page_size))
     num_pages = batch * pages_per_req + 3
     k = torch.randn(num_pages * page_size, dim, generator=gen) * 3
     if k_format is not None:
         k *= torch.exp2(torch.randint(-6, 6, (k.shape[0], 1), generator=gen).float())
+    if block_spread:
+        token = torch.arange(k.shape[0])
+        far = ((token // page_size) % 2 == 0) & (token % 5 == 0)
+        blocks = torch.exp2(torch.randint(-block_spread, block_spread + 1, (k.shape[0], dim // 32), generator=gen))
+        k = torch.where(far[:, None], (k.view(-1, dim // 32, 32) * blocks[..., None]).view(-1, dim), k)
     cache = new_packed_cache(num_pages, page_size, dim, fp8_dtype=k_format or dtype)
     cache = store_index_k.reference(k, cache, torch.arange(num_pages * page_size, dtype=I32), k_format or dtype)
     table = torch.randperm(num_pages, generator=gen)[: batch * pages_per_req].view(batch, pages_per_req).to(I32)
@@ -135,11 +142,12 @@ def _(gen, dev, fp8):
     return args_of(gen, dev, 3, 1, 8, 64, [0, 10**6, 64], dtype=fp8, pages_per_req=2)
 
 
-def _nan_args(gen, dev, fp8, k_format=None):
+def _nan_args(gen, dev, fp8, k_format=None, block_spread=0):
     """Two requests, next_n 2, page 64: a NaN and an inf key at position 10 of each (the cache's scale NaN: the
     token's, or MXFP4 the block's) and a NaN weight."""
     args = {name: t.cpu() if isinstance(t, torch.Tensor) else t
-            for name, t in args_of(gen, dev, 2, 2, 16, 64, [150, 100], dtype=fp8, k_format=k_format).items()}
+            for name, t in args_of(gen, dev, 2, 2, 16, 64, [150, 100], dtype=fp8, k_format=k_format,
+                                   block_spread=block_spread).items()}
     bad = torch.randn(2, 128, generator=gen)
     bad[0, 3], bad[1, 0] = float("nan"), float("inf")
     slots = (args["page_table"][:, 0].long() * 64 + torch.tensor([10, 70])).to(I32)  # position 10 of each request
@@ -175,6 +183,21 @@ cases.add("MXFP4 cache, page table with holes and entries beyond the cache, next
     lambda gen, dev, fp8: args_of(gen, dev, 2, 2, 16, 32, [250, 190], dtype=fp8, holes=True, k_format=fp4.FP4))
 cases.add("MXFP4 cache, a NaN block scale and NaN weights propagate, next_n 2, native fp8 q", native_fp8=True)(
     lambda gen, dev, fp8: _nan_args(gen, dev, fp8, k_format=fp4.FP4))
+
+cases.add("MXFP4 cache, block scales up to 2^24 apart within a key in some pages, a NaN block, NaN weights, "
+          "next_n 2, native fp8 q", native_fp8=True)(
+    lambda gen, dev, fp8: _nan_args(gen, dev, fp8, k_format=fp4.FP4, block_spread=24))
+cases.add("MXFP4 cache, page 96 (tiles cross page ends), H 64, native fp8 q", native_fp8=True)(
+    lambda gen, dev, fp8: args_of(gen, dev, 2, 1, 64, 96, [300, 97], dtype=fp8, k_format=fp4.FP4))
+cases.add("MXFP4 cache, speculative verify next_n 4, page 64, H 64, D 256, native fp8 q", native_fp8=True)(
+    lambda gen, dev, fp8: args_of(gen, dev, 2, 4, 64, 64, [200, 70], dtype=fp8, dim=256, k_format=fp4.FP4))
+cases.add("MXFP4 cache, page 16, D 32 (a scale byte a token, pages of 272 bytes), next_n 3, native fp8 q",
+          native_fp8=True)(
+    lambda gen, dev, fp8: args_of(gen, dev, 3, 3, 16, 16, [40, 3, 33], dtype=fp8, dim=32, k_format=fp4.FP4))
+cases.add("MXFP4 cache, page 5, D 32 (pages of 85 bytes: values read a byte at a time), native fp8 q",
+          native_fp8=True)(
+    lambda gen, dev, fp8: args_of(gen, dev, 2, 1, 16, 5, [23, 9], dtype=fp8, dim=32, last_page=True,
+                                  k_format=fp4.FP4))
 
 
 @cases.add("MXFP4 cache in DeepGEMM's 4-D view, context length 0 and contexts beyond the table, native fp8 q",

@@ -1,0 +1,99 @@
+"""MXFP4 keys widened in registers for the fp8 matrix path (docs/fp4.md, "Plan for the kernels").
+
+Every e2m1 value times a power of two in a window is an e4m3 value: code ``c`` (magnitude 0, 0.5, 1, 1.5, 2, 3, 4,
+6) is byte 0 for ``c = 0``, else ``0x2C + 4c + 4·[c ≥ 2]`` (``0x30`` for 0.5 … ``0x4C`` for 6, e4m3fn), the sign in
+bit 7. Times ``2 ** d`` the nonzero bytes are ``8d`` more while the result stays a normal e4m3 value no larger than
+the format's maximum: for ``-5 ≤ d ≤ 5`` in both fp8 formats (e4m3fnuz's bias is one more: 8 more again on nonzero
+bytes, never the byte 0x80, its NaN). So a key whose block scale bytes lie within :data:`SPREAD` of each other is
+its values times ``2 ** (byte - R)`` in e4m3, exactly, and one scale ``2 ** (R - 127)`` a key
+(``R = max(largest byte - 5, 1)``); a key with a block scale byte 255 (NaN) has scale NaN.
+
+The widening works on 32-bit words, four nibbles at a time (one a byte) with byte-wise adds that never carry: the
+value bytes of a key are read as int32 words (eight elements each), and each word gives two words of e4m3 bytes.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SPREAD = tl.constexpr(10)  # largest difference of a key's block scale bytes that the one-scale-a-key path takes
+TOP = tl.constexpr(5)  # a key's largest block is its values times 2 ** TOP in e4m3 (6 · 32 = 192: both fp8 formats)
+
+
+@triton.jit
+def _spread(x):
+    """The nibbles in bits 0-15 of uint32 ``x``, nibble ``k`` in the low half of byte ``k``."""
+    x = x & 0xFFFF
+    x = (x | (x << 8)) & 0x00FF00FF
+    return (x | (x << 4)) & 0x0F0F0F0F
+
+
+@triton.jit
+def _e4m3(x, lift):
+    """Four e2m1 nibbles (one a byte of uint32 ``x``) as four e4m3 bytes: ``lift + 4c + 4·[c ≥ 2]`` with the sign
+    in bit 7 where the code ``c`` is nonzero, 0 where it is zero. ``lift`` (every byte in 4 .. 0x5C, so no sum
+    reaches bit 7) is ``0x2C + 8d`` (+ 8 for e4m3fnuz) for the values times ``2 ** d``."""
+    c = x & 0x07070707
+    nonzero = (c + 0x7F7F7F7F) & 0x80808080  # bit 7 of a byte where c ≥ 1
+    two = ((c + 0x7E7E7E7E) & 0x80808080) >> 5  # 4 where c ≥ 2
+    keep = nonzero | (nonzero - (nonzero >> 7))  # 0xFF where c ≥ 1
+    return (((c << 2) + two + lift) | ((x & 0x08080808) << 4)) & keep
+
+
+@triton.jit
+def widen(words, lift, ROWS: tl.constexpr, D: tl.constexpr):
+    """MXFP4 values ``words`` (uint32 ``[ROWS, D // 8]``: a key's bytes, little-endian, element ``2i`` in the low
+    nibble of byte ``i``) as their e4m3 bytes, four a word: uint32 ``[ROWS, D // 4]``. ``lift`` (uint32, one of
+    :func:`_e4m3`'s bytes times 0x01010101, broadcast to ``words``' shape) scales each word's values."""
+    lo = _e4m3(_spread(words), lift)
+    hi = _e4m3(_spread(words >> 16), lift)
+    return tl.reshape(tl.join(lo, hi), (ROWS, D // 4))
+
+
+@triton.jit
+def e8m0(b):
+    """Scale bytes (int32) as float32: ``2 ** (b - 127)``, 255 NaN (0, 2^-127, a subnormal)."""
+    x = (b << 23).to(tl.float32, bitcast=True)
+    return tl.where(b == 255, float("nan"), tl.where(b == 0, 2.0 ** -127, x))
+
+
+@triton.jit
+def key_lifts(scales, ROWS: tl.constexpr, D: tl.constexpr, FNUZ: tl.constexpr):
+    """For a tile's scale bytes ``scales`` (int32 ``[ROWS, D // 32]``): ``(lift uint32 [ROWS, D // 8], scale
+    float32 [ROWS], one [ROWS])``: each word's :func:`widen` lift and the key's one scale, and whether the key
+    takes them (its bytes within SPREAD, or a NaN block: scale NaN whatever the values)."""
+    top = tl.max(scales, axis=1)
+    ref = tl.maximum(top - TOP, 1)
+    one = (top - tl.min(scales, axis=1) <= SPREAD) | (top == 255)
+    lift = tl.minimum(tl.maximum(0x2C + 8 * FNUZ + 8 * (scales - ref[:, None]), 4), 0x5C).to(tl.uint32)
+    lift = tl.reshape(tl.broadcast_to(lift[:, :, None], (ROWS, D // 32, 4)), (ROWS, D // 8)) * 0x01010101
+    scale = tl.where(top == 255, float("nan"), (ref << 23).to(tl.float32, bitcast=True))
+    return lift, scale, one
+
+
+@triton.jit
+def ranks(scales, ROWS: tl.constexpr, D: tl.constexpr):
+    """Each block's place among its key's blocks by scale byte, smallest first, ties by position: int32
+    ``[ROWS, D // 32]``, a permutation of ``0 .. D / 32 - 1`` a key."""
+    pos = tl.arange(0, D // 32)
+    bj = scales[:, :, None]
+    bi = scales[:, None, :]
+    before = (bi < bj) | ((bi == bj) & (pos[None, None, :] < pos[None, :, None]))
+    return tl.sum(before.to(tl.int32), axis=2)
+
+
+@triton.jit
+def pass_words(words, scales, order, p, ROWS: tl.constexpr, D: tl.constexpr, FNUZ: tl.constexpr):
+    """Pass ``p`` over keys whose block scales are too far apart for one scale a key: each key's block of place
+    ``p`` in ``order`` (:func:`ranks`) alone, ``(e4m3 words [ROWS, D // 4] with the key's other blocks zero, that
+    block's scale byte int32 [ROWS])``: the values in units of their block's scale, exact."""
+    place = tl.reshape(tl.broadcast_to(order[:, :, None], (ROWS, D // 32, 4)), (ROWS, D // 8))
+    e4m3 = widen(tl.where(place == p, words, 0), (0x2C + 8 * FNUZ) * 0x01010101, ROWS, D)
+    return e4m3, tl.sum(tl.where(order == p, scales, 0), axis=1)
+
+
+@triton.jit
+def pow2(e):
+    """``2 ** e`` as float32 for int32 ``e`` ≤ 0 (0 below 2 ** -126: a part that small of an fp32 sum is gone)."""
+    return tl.where(e < -126, 0.0, ((e + 127) << 23).to(tl.float32, bitcast=True))
