@@ -109,6 +109,10 @@ BAD_METADATA = [
     ("store_index_k", "slot_mapping of another length", lambda a: dict(slot_mapping=_i32(7))),
     ("store_index_k", "keys of dim 6", lambda a: dict(k=torch.randn(8, 6))),
     ("store_index_k", "not an fp8 format", lambda a: dict(fp8_dtype=torch.bfloat16)),
+    ("gather_index_k", "dim 0", lambda a: dict(dim=0)),
+    ("gather_index_k", "block_table of another batch", lambda a: dict(block_table=_i32(7, 5))),
+    ("gather_index_k", "out_k of another width", lambda a: dict(out_k=a["out_k"][:, :64])),
+    ("gather_index_k", "float64 out_scale", lambda a: dict(out_scale=a["out_scale"].double())),
 ]
 
 
@@ -215,6 +219,20 @@ def test_paged_topk_translate_writes_its_logits_and_outputs_in_place_under_compi
     got = torch.compile(indexcache.paged_topk_translate, fullgraph=True, backend="aot_eager")(**args, out=out)
     assert torch.equal(got, want) and torch.equal(out, want)
     assert torch.equal(args["logits"], want_logits) and torch.equal(args["out_raw"], want_raw)
+
+
+def test_gather_index_k_writes_its_outputs_in_place_under_compile_and_needs_them():
+    torch._dynamo.reset()
+    args = SPECS["gather_index_k"].cases[0].build(torch.Generator().manual_seed(0), "cpu")
+    want_k, want_scale = indexcache.gather_index_k(**args)
+    out_k, out_scale = torch.empty_like(want_k), torch.empty_like(want_scale)
+    gather = torch.compile(indexcache.gather_index_k, fullgraph=True, backend="aot_eager")
+    got_k, got_scale = gather(**args, out_k=out_k, out_scale=out_scale)
+    assert got_k is out_k and got_scale is out_scale
+    assert torch.equal(out_k.view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(out_scale.nan_to_num(-1.0), want_scale.nan_to_num(-1.0))
+    with pytest.raises(Exception, match="out_k, out_scale: expected both under torch.compile"):
+        gather(**args)
 
 
 def test_errors_are_the_same_under_compile():

@@ -33,6 +33,7 @@ _COMMON: dict[str, dict[str, Any]] = {
                          "PREFETCH": 0, "num_warps": 4, "num_stages": 5, "KERNEL": "triton", "TMA_STAGES": 4,
                          "TMA_MAXNREG": [64, 80]},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
+    "gather_index_k": {"BLOCK_T": 32, "num_warps": 4},  # 32 tokens a block: 4 KB of fp8 keys at D = 128
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
     # bins for the fallback's row histogram, 5-bit digits (32 bins = one a lane: Triton 3.6 lowers a histogram by
     # ballots) in the selects, four resident programs a SM for the fused kernel (maxnreg 128). Rows split into

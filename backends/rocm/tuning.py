@@ -19,6 +19,7 @@ _COMMON: dict[str, dict[str, Any]] = {
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "PROGRAMS_PER_SM": 2,
                          "num_warps": 4, "PREFETCH": 1, "num_stages": 1, "waves_per_eu": 2},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4, "waves_per_eu": 2},  # also store_index_k
+    "gather_index_k": {"BLOCK_T": 32, "num_warps": 4, "waves_per_eu": 2},
     # Top-k: the 64-lane histogram ballots live in SGPRs, so one value a lane (256-value tiles, 4 waves) is
     # what leaves the fused kernel without SGPR spills (Triton 3.9, gfx942); 2 resident programs a CU. sorted=True:
     # one wave per SORT_PER_WARP keys (8 int64 a lane; from the cross-compiled register counts, not measured).

@@ -18,9 +18,14 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 SCALE_BYTES = 4
 
 
+def scale_bytes(dim: int, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> int:
+    """Scale bytes a token of ``dim`` elements has in a cache of ``fp8_dtype`` keys: a float32, or MXFP4's e8m0s."""
+    return dim // fp4.BLOCK if fp8_dtype == fp4.FP4 else SCALE_BYTES
+
+
 def token_bytes(dim: int, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> int:
     """Bytes a token of ``dim`` elements takes in a cache of ``fp8_dtype`` keys (an fp8 format or MXFP4)."""
-    return dim // 2 + dim // fp4.BLOCK if fp8_dtype == fp4.FP4 else dim + SCALE_BYTES
+    return (dim // 2 if fp8_dtype == fp4.FP4 else dim) + scale_bytes(dim, fp8_dtype)
 
 
 def fp8_max(dtype: torch.dtype) -> float:

@@ -6,13 +6,14 @@ arguments are the spec check's parameters in order (a tensor, an optional tensor
 ``SymInt`` / ``bool`` where the check annotates ``int`` / ``bool``, ``ScalarType`` for ``fp8_dtype``,
 ``ScalarType?`` where it annotates ``torch.dtype | None``: the paged ops' ``k_format``), then
 ``str? backend``; no argument has a default (the wrapper passes them all). The outputs ``out`` / ``out_raw``
-(and ``paged_topk_translate``'s ``logits``), a caller's ``workspace`` and ``store_index_k``'s ``k_cache`` are
-mutated arguments (``Tensor(a!)``): a custom op may not return an alias of an input, so those ops return nothing and
-the Python wrapper (:mod:`indexcache.hal.ops`) returns ``out``; ``out`` and ``logits`` are required arguments of the
-custom op (the wrapper allocates them from the spec check when the caller gave none), ``out_raw`` and ``workspace``
-stay optional (no ``workspace``: the backend's own, taken when the graph runs).
-``quantize_index_k`` is the one op returning new tensors. The per-op description below (:data:`WRITES`,
-:data:`RETURNS`) holds only what the spec's signature does not say.
+(and ``paged_topk_translate``'s ``logits``, ``gather_index_k``'s ``out_k`` and ``out_scale``), a caller's
+``workspace`` and ``store_index_k``'s ``k_cache`` are mutated arguments (``Tensor(a!)``): a custom op may not return an
+alias of an input, so those ops return nothing and the Python wrapper (:mod:`indexcache.hal.ops`) returns ``out``
+(:func:`result`); ``out``, ``logits``, ``out_k`` and ``out_scale`` are required arguments of the custom op (the
+wrapper allocates them from the spec check when the caller gave none), ``out_raw`` and ``workspace`` stay optional
+(no ``workspace``: the backend's own, taken when the graph runs). ``quantize_index_k`` is the one op returning new
+tensors. The per-op description below (:data:`WRITES`, :data:`RETURNS`, :data:`RESULTS`) holds only what the spec's
+signature does not say.
 
 How a call runs:
 
@@ -56,7 +57,7 @@ from indexcache.hal.specs import SPECS
 
 NAMESPACE = "indexcache"
 # Arguments every op that has them writes in place: mutated in the schema, never returned by the custom op.
-OUTPUTS = ("logits", "out", "out_raw", "workspace")
+OUTPUTS = ("logits", "out", "out_raw", "workspace", "out_k", "out_scale")
 # The mutated arguments that may be None in the custom op too.
 OPTIONAL_OUTPUTS = ("out_raw", "workspace")
 # What the spec records do not say, part 1: the ops that write an input in place (``paged_mqa_logits`` only reads
@@ -87,6 +88,15 @@ class Returns:
 
 # What the spec records do not say, part 2: which op returns new tensors. Every other op returns nothing.
 RETURNS: Mapping[str, Returns] = {"quantize_index_k": Returns("(Tensor, Tensor)", _fake_quantize)}
+# Part 3: the outputs a public op returns where they are not ``out`` (``gather_index_k``'s keys and scales).
+RESULTS: Mapping[str, tuple[str, ...]] = {"gather_index_k": ("out_k", "out_scale")}
+
+
+def result(op: str, args: Mapping[str, Any]) -> Any:
+    """What the public op ``op`` returns after writing its outputs (``args``: its checked arguments): its
+    :data:`RESULTS` as a tuple, else ``out`` (None for an op without one)."""
+    names = RESULTS.get(op)
+    return tuple(args[n] for n in names) if names else args.get("out")
 
 
 def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
@@ -212,12 +222,10 @@ CHECKS: dict[str, Any] = _register_checks()
 
 def compiled_call(op: str, args: Mapping[str, Any], backend: str | None) -> Any:
     """Call the custom op ``op`` with the spec check's ``args`` (what a traced wrapper does); returns what the
-    public op returns: ``out`` for the ops that write one, None for ``store_index_k``, the new tensors of
-    ``quantize_index_k``."""
+    public op returns: ``out`` for the ops that write one, ``(out_k, out_scale)`` for ``gather_index_k``, None for
+    ``store_index_k``, the new tensors of ``quantize_index_k``."""
     values = [args[n] for n in ARGS[op][:-1]]
     if op in CHECKS:
         CHECKS[op](*values)
-    result = OPS[op](*values, backend)
-    if op in RETURNS:
-        return result
-    return args.get("out")
+    output = OPS[op](*values, backend)
+    return output if op in RETURNS else result(op, args)

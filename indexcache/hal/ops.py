@@ -47,8 +47,8 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict):
     """One public call of ``op``: spec check ``SPECS[op].check(*args, **named)`` then the backend.
 
     Eager, where ``keep`` (the caller gave every output), the call's signature (:mod:`indexcache.hal.memo`) is
-    looked up first: the kept launches of an identical earlier call run instead (returning the given ``out``,
-    or None where the op has none), and a call the backend can prepare is kept from the signature's second call
+    looked up first: the kept launches of an identical earlier call run instead (returning the given outputs,
+    :func:`indexcache.hal.library.result`), and a call the backend can prepare is kept from the signature's second call
     on. A call on the backend's default workspace adds its owner (the calling thread and its current stream) to the
     signature: kept launches are bound to that owner's workspace. Under ``torch.compile``: the custom op
     ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
@@ -62,7 +62,7 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict):
         key = memo.signature(op, dispatch.explicit_choice(backend), params)
     if key is not None and (launch := memo.get(key)) is not None:
         launch()
-        return named.get("out")
+        return library.result(op, named)
     checked = SPECS[op].check(*args, **named)
     name, impl = dispatch.resolve(op, checked, backend)
     dispatch.check_workspace_size(name, op, impl, checked)
@@ -72,7 +72,7 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict):
     launch = impl.prepare(**checked)
     launch()
     memo.keep(key, launch)
-    return checked.get("out")
+    return library.result(op, checked)
 
 
 def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, out=None, backend=None):
@@ -493,6 +493,70 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
             [0.0000, 0.0078, 0.0000, 0.0000]])
     """
     _call("store_index_k", backend, True, (k, k_cache, slot_mapping, fp8_dtype), {})
+
+
+def gather_index_k(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dtype=torch.float8_e4m3fn, out_k=None,
+                   out_scale=None, backend=None):
+    """The paged index-K cache's keys of every request, contiguous and in request order: the ``k`` and ``k_scale``
+    :func:`mqa_logits` takes.
+
+    Request ``b``'s token ``t < context_lens[b]`` goes to row ``start_b + t``, ``start_b`` the sum of the earlier
+    requests' lengths (negative lengths count as 0), from slot ``t % page_size`` of page
+    ``block_table[b, t // page_size]``. A page entry < 0 or past the cache, or a token past the table's columns, gives
+    zero key bytes and a NaN scale (MXFP4: scale bytes 255), so its logits are NaN, which :func:`topk` never selects.
+    Never reads out of bounds, whatever the table and the lengths hold.
+
+    Parameters
+    ----------
+    k_cache : torch.Tensor
+        The packed cache (:mod:`indexcache.hal.layout`) of keys of ``dim`` elements in ``fp8_dtype``, as
+        :func:`paged_mqa_logits` reads it.
+    block_table : torch.Tensor
+        ``[B, P]`` int32, the cache page of each request's logical page.
+    context_lens : torch.Tensor
+        ``[B]`` int32, each request's tokens.
+    dim : int
+        Elements a key (default 128).
+    fp8_dtype : torch.dtype
+        The cache's format: ``torch.float8_e4m3fn`` (default), ``torch.float8_e4m3fnuz`` or
+        ``torch.float4_e2m1fn_x2`` (MXFP4, docs/fp4.md).
+    out_k, out_scale : torch.Tensor, optional
+        The outputs, written in place without allocating: ``[N, dim]`` in ``fp8_dtype`` and ``[N]`` float32 (MXFP4:
+        ``[N, dim / 2]`` ``torch.float4_e2m1fn_x2`` and ``[N, dim / 32]`` ``torch.float8_e8m0fnu``). Rows at or past
+        the total of the lengths are left as they are; tokens whose row would be ``N`` or more are not written.
+        Without them the call allocates ``N = sum(max(context_lens, 0))`` rows, which reads the lengths on the host
+        (a device sync; not under CUDA-graph capture or ``torch.compile``).
+    backend : str, optional
+        The backend to run on (default: the dispatcher's choice).
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor]
+        ``(k, k_scale)``: ``out_k`` and ``out_scale`` when given.
+
+    Raises
+    ------
+    TypeError
+        A wrong type or dtype.
+    ValueError
+        A wrong shape, device or value, or an output sharing memory with an input or the other output.
+
+    Examples
+    --------
+    >>> import torch, indexcache
+    >>> from indexcache.hal.layout import new_packed_cache
+    >>> cache = new_packed_cache(num_pages=4, page_size=2, dim=128)
+    >>> indexcache.store_index_k(torch.arange(8.0)[:, None].expand(8, 128), cache,
+    ...                          torch.arange(8, dtype=torch.int32), backend="torch")
+    >>> table = torch.tensor([[3, 0], [1, 2]], dtype=torch.int32)  # request 0: pages 3, 0; request 1: pages 1, 2
+    >>> k, k_scale = indexcache.gather_index_k(cache, table, torch.tensor([3, 2], dtype=torch.int32),
+    ...                                        backend="torch")
+    >>> (k.float() * k_scale[:, None])[:, 0]  # slots 6, 7, 0, then 2, 3
+    tensor([6., 7., 0., 2., 3.])
+    """
+    return _call("gather_index_k", backend, out_k is not None and out_scale is not None,
+                 (k_cache, block_table, context_lens), dict(dim=dim, fp8_dtype=fp8_dtype, out_k=out_k,
+                                                            out_scale=out_scale))
 
 
 def workspace_bytes(op: str, *args, backend=None, **named) -> int:

@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 
 import indexcache
-from indexcache.hal.layout import split_packed_cache
 from indexcache.hal.ops import INDEX
 from indexcache.plan import PRODUCER, LayerPlan
 from indexcache.runtime.runner import IndexerRunner
@@ -239,12 +238,10 @@ class DSAModel:
         if batch.decode:
             return PagedLogits(q8.view(rows, 1, heads, dim), k_cache, weights, batch.seq_lens, table,
                                batch.max_context_len)
-        key_slots = indexcache.translate(batch.key_positions[:, None], table, batch.key_lengths, c.page_size,
-                                         row_to_batch=batch.key_batch).view(-1).long()
-        keys, scales = split_packed_cache(k_cache, dim, self.fp8)
-        page, offset = key_slots // c.page_size, key_slots % c.page_size
-        k8 = keys.view(torch.uint8)[page, offset].view(self.fp8)
-        k_scale = scales[page, offset]
+        keys = batch.key_positions.shape[0]  # every request's keys, in request order
+        k8, k_scale = indexcache.gather_index_k(k_cache, table, batch.seq_lens, dim=dim, fp8_dtype=self.fp8,
+                                                out_k=torch.empty(keys, dim, dtype=self.fp8, device=self.device),
+                                                out_scale=torch.empty(keys, device=self.device))
         ks = batch.key_starts
         return self._prefill_logits(layer, q8.view(rows, heads, dim), k8, k_scale, weights, ks, ks + batch.lengths)
 
