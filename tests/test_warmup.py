@@ -168,10 +168,25 @@ def test_without_a_gpu_the_arch_must_be_named(capsys):
     assert "no GPU is visible here; name the target architecture" in capsys.readouterr().err
 
 
-def test_a_bf16_or_mxfp4_index_cache_is_refused_with_its_reason():
-    for dtype in ("bfloat16", "float4_e2m1fn_x2"):
-        with pytest.raises(ValueError, match=f"index_dtype {dtype} is not handled"):
-            warmup(LayerPlan(4, index_dtype=dtype), arch="sm90", compile=False)
+def test_a_bf16_index_cache_is_refused_with_its_reason():
+    with pytest.raises(ValueError, match="index_dtype bfloat16 is not handled"):
+        warmup(LayerPlan(4, index_dtype="bfloat16"), arch="sm90", compile=False)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm80", "gfx942"])
+def test_an_mxfp4_deployment_lists_its_decode_and_key_kernels_and_no_more_with_the_batch(arch):
+    """An MXFP4 index cache: the decode logits read it (the kernel's MXFP4 variants), the keys are written by the
+    MXFP4 store and quantization, the prefill logits are the torch backend's (no variant); on NVIDIA the count stops
+    growing with the batch past its classes (on AMD a tensor's span, under 2 GiB or not, is a class of its own)."""
+    plan = LayerPlan.from_config(CONFIG, index_dtype="float4_e2m1fn_x2")
+    found = warmup(plan, arch=arch, compile=False, max_batch=512, max_context=8192, max_prefill=2048)
+    lines = [v.line() for v in found.variants]
+    assert any("paged_mqa_logits_kernel" in line and "MXFP4=0" not in line for line in lines)
+    assert any(line.startswith("mxfp4_kernel") for line in lines)
+    assert not any(line.startswith("mqa_logits_kernel") for line in lines)
+    if arch.startswith("sm"):
+        more = warmup(plan, arch=arch, compile=False, max_batch=4096, max_context=8192, max_prefill=2048)
+        assert {v.key for v in more.variants} == {v.key for v in found.variants}
 
 
 def test_interpreted_triton_compiles_nothing_and_says_so(monkeypatch):

@@ -229,10 +229,9 @@ def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, A
     return q, scale
 
 
-def store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
-                         options: Options | None = None) -> Launch | None:
-    """The launch that quantizes ``k [N, D]`` into the packed cache at ``slot_mapping [N]`` (contract:
-    ``indexcache.store_index_k``), None when there is nothing to store."""
+def _fp8_store_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
+                      options: Options | None = None) -> Launch | None:
+    """:func:`store_index_k_launch` into an fp8 cache."""
     rows, dim = k.shape
     if rows == 0 or k_cache.numel() == 0:
         return None
@@ -276,16 +275,19 @@ def mxfp4_launch(k, slot_mapping, values, scales, *, target: Target, cfg: Mappin
 def store_index_k(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
                   options: Options | None = None) -> None:
     """Quantize ``k [N, D]`` into the packed cache at ``slot_mapping [N]`` (contract: ``indexcache.store_index_k``)."""
-    launch = _store_launch(k, k_cache, slot_mapping, fp8_dtype, target=target, cfg=cfg, options=options)
+    launch = store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, target=target, cfg=cfg, options=options)
     if launch is not None:
         launch()
 
 
-def _store_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
-                  options: Options | None = None) -> Launch | None:
+def store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
+                         options: Options | None = None) -> Launch | None:
+    """The launch that quantizes ``k [N, D]`` into the packed cache at ``slot_mapping [N]`` (contract:
+    ``indexcache.store_index_k``; an MXFP4 cache through :func:`mxfp4_launch`), None when there is nothing to
+    store."""
     if fp8_dtype == fp4.FP4:
         return mxfp4_launch(k, slot_mapping, k_cache, None, target=target, cfg=cfg, options=options)
-    return store_index_k_launch(k, k_cache, slot_mapping, fp8_dtype, target=target, cfg=cfg, options=options)
+    return _fp8_store_launch(k, k_cache, slot_mapping, fp8_dtype, target=target, cfg=cfg, options=options)
 
 
 def _fp8_policy(fp8_dtype: torch.dtype, target: Target) -> list[str]:
@@ -322,7 +324,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return store_index_k(**args, target=target, cfg=cfg, options=options)
 
     def prepare_store(**args):
-        return bound([_store_launch(**args, target=target, cfg=cfg, options=options)])
+        return bound([store_index_k_launch(**args, target=target, cfg=cfg, options=options)])
 
     return {"quantize_index_k": OpImpl(run_quantize, supports_quantize),
             "store_index_k": OpImpl(run_store, supports_store, prepare_store)}

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from indexcache.backends.triton.target import Target
+from indexcache.hal import fp4
 
 if TYPE_CHECKING:  # Triton is imported only when launches are built or compiled
     from indexcache.backends.triton.launcher import Launch
@@ -43,14 +44,17 @@ def op_launches(op: str, args: Mapping[str, Any], target: Target,
             a["scores"], a["lengths"], a["k"], a.get("row_starts"), a["out"], a.get("out_raw"), a.get("page_table"),
             a.get("page_size", 1), a.get("row_to_batch"), sorted=a.get("sorted", False), target=target,
             cfg=tuning["topk"])]
-    elif op == "mqa_logits":
-        found = [logits.mqa_logits_launch(**a, target=target, cfg=tuning["mqa_logits"])]
+    elif op == "mqa_logits":  # MXFP4 keys: the torch backend's (the Triton prefill declines them), nothing to build
+        found = [] if a["k"].dtype == fp4.FP4 else [logits.mqa_logits_launch(**a, target=target,
+                                                                              cfg=tuning["mqa_logits"])]
     elif op == "paged_mqa_logits":
         found = [logits.paged_mqa_logits_launch(**a, target=target, cfg=tuning["paged_mqa_logits"])]
     elif op == "translate":
         found = [translate.translate_launch(**a, target=target, cfg=tuning["translate"])]
     elif op == "store_index_k":
         found = [quantize.store_index_k_launch(**a, target=target, cfg=tuning["quantize_index_k"])]
+    elif op == "quantize_index_k" and a["fp8_dtype"] == fp4.FP4:
+        found = [quantize.mxfp4_launch(a["k"], None, a["q"], a["scale"], target=target, cfg=tuning["quantize_index_k"])]
     elif op == "quantize_index_k":
         found = [quantize.quantize_index_k_launch(**a, target=target, cfg=tuning["quantize_index_k"])]
     else:

@@ -1,15 +1,16 @@
 """``indexcache warmup``: every Triton kernel variant a deployment of a model can launch, listed or compiled ahead.
 
-A deployment is a :class:`~indexcache.plan.LayerPlan` (index heads, head dim, top-k, the fp8 index cache, its page
-size) served on one GPU architecture: decode steps of 1 to ``max_batch`` requests with contexts up to
-``max_context`` and 1 to ``max_next_n`` tokens a request (MTP drafts), and prefill chunks of up to ``max_prefill``
-tokens over up to ``max_context`` keys, through the calls :mod:`indexcache.runtime` makes (``TopkState``):
+A deployment is a :class:`~indexcache.plan.LayerPlan` (index heads, head dim, top-k, the index cache's key format,
+fp8 or MXFP4, its page size) served on one GPU architecture: decode steps of 1 to ``max_batch`` requests with
+contexts up to ``max_context`` and 1 to ``max_next_n`` tokens a request (MTP drafts), and prefill chunks of up to
+``max_prefill`` tokens over up to ``max_context`` keys, through the calls :mod:`indexcache.runtime` makes
+(``TopkState``):
 
 - decode: ``store_index_k`` of the step's keys (bf16), ``paged_topk_translate`` (producers; ``out`` and ``out_raw``
   given, the logits buffer given), ``translate`` (shared layers; ``row_to_batch`` when next_n > 1);
-- prefill: ``store_index_k`` of the chunk's keys, ``quantize_index_k`` of the keys it scores (one block a head dim),
-  ``mqa_logits``, ``topk_translate`` (``row_starts``, ``row_to_batch``, ``out_raw`` given), ``translate``
-  (``row_to_batch``).
+- prefill: ``store_index_k`` of the chunk's keys, ``quantize_index_k`` of the keys it scores (one block a head dim;
+  MXFP4: blocks of 32), ``mqa_logits`` (MXFP4 keys: the torch backend's, nothing to compile), ``topk_translate``
+  (``row_starts``, ``row_to_batch``, ``out_raw`` given), ``translate`` (``row_to_batch``).
 
 Which variant a launch compiles depends on those facts and on a bounded set of shape classes, never on the exact
 batch, context or token count (docs/kernels.md, "Kernel variants"). So each size takes a few values per power of two
@@ -35,6 +36,8 @@ from typing import Any
 
 import torch
 
+from indexcache.hal import fp4
+from indexcache.hal.layout import token_bytes
 from indexcache.plan import LayerPlan
 
 # Multiprocessors of each generation's largest data-center part (A100, A40, L40S, H100 SXM / H200, B200, RTX PRO
@@ -67,20 +70,28 @@ def _cache_pages(pages: int, page_size: int) -> int:
     return min(pages + 1, 2**30 // page_size)
 
 
+def _key_format(plan: LayerPlan, fp8: torch.dtype) -> torch.dtype:
+    """The index cache's key format: MXFP4 where the plan says so, else the target's fp8 format ``fp8``."""
+    return fp4.FP4 if plan.index_dtype == "float4_e2m1fn_x2" else fp8
+
+
 def decode_calls(plan: LayerPlan, page_size: int, fp8: torch.dtype, batch: int, context: int,
                  next_n: int) -> list[tuple[str, dict[str, Any]]]:
-    """The op calls of one decode step of ``batch`` requests of ``context`` keys, ``next_n`` tokens each."""
+    """The op calls of one decode step of ``batch`` requests of ``context`` keys, ``next_n`` tokens each (queries in
+    ``fp8``; the cache in the plan's key format)."""
     heads, dim, k = plan.index_n_heads, plan.index_head_dim, plan.top_k
     rows, pages = batch * next_n, -(-context // page_size)
-    cache = _meta(_cache_pages(batch * pages, page_size), page_size * (dim + 4), dtype=torch.uint8)
+    keys = _key_format(plan, fp8)
+    cache = _meta(_cache_pages(batch * pages, page_size), page_size * token_bytes(dim, keys), dtype=torch.uint8)
     table = _meta(batch, pages)
     producer = dict(q=_meta(batch, next_n, heads, dim, dtype=fp8), k_cache=cache,
                     weights=_meta(rows, heads, dtype=torch.float32), context_lens=_meta(batch), block_table=table,
                     max_context_len=context, k=k, page_table=table, page_size=page_size,
-                    logits=_meta(rows, context, dtype=torch.float32), out=_meta(rows, k), out_raw=_meta(rows, k))
+                    logits=_meta(rows, context, dtype=torch.float32), out=_meta(rows, k), out_raw=_meta(rows, k),
+                    **({"k_format": keys} if keys == fp4.FP4 else {}))
     return [
         ("store_index_k", dict(k=_meta(rows, dim, dtype=K_DTYPE), k_cache=cache, slot_mapping=_meta(rows),
-                               fp8_dtype=fp8)),
+                               fp8_dtype=keys)),
         ("paged_topk_translate", producer),
         ("translate", dict(raw=_meta(rows, k), page_table=table, seq_lens=_meta(rows), page_size=page_size,
                            row_to_batch=_meta(rows) if next_n > 1 else None, out=_meta(rows, k))),
@@ -89,20 +100,26 @@ def decode_calls(plan: LayerPlan, page_size: int, fp8: torch.dtype, batch: int, 
 
 def prefill_calls(plan: LayerPlan, page_size: int, fp8: torch.dtype, tokens: int,
                   keys: int) -> list[tuple[str, dict[str, Any]]]:
-    """The op calls of one prefill chunk of ``tokens`` query tokens over ``keys`` keys (``keys >= tokens``)."""
+    """The op calls of one prefill chunk of ``tokens`` query tokens over ``keys`` keys (``keys >= tokens``; queries
+    in ``fp8``, keys in the plan's key format)."""
     heads, dim, k = plan.index_n_heads, plan.index_head_dim, plan.top_k
     pages = -(-keys // page_size)
-    cache = _meta(_cache_pages(pages, page_size), page_size * (dim + 4), dtype=torch.uint8)
+    fmt = _key_format(plan, fp8)
+    cache = _meta(_cache_pages(pages, page_size), page_size * token_bytes(dim, fmt), dtype=torch.uint8)
     table = _meta(1, pages)
     ks, ke = _meta(tokens), _meta(tokens)
     scores = _meta(tokens, keys, dtype=torch.float32)
+    if fmt == fp4.FP4:  # two values a byte, an e8m0 scale every 32
+        k_keys, k_scale, block = _meta(keys, dim // 2, dtype=fmt), _meta(keys, dim // fp4.BLOCK, dtype=fp4.E8M0), 32
+    else:
+        k_keys, k_scale, block = _meta(keys, dim, dtype=fmt), _meta(keys, 1, dtype=torch.float32), dim
     return [
         ("store_index_k", dict(k=_meta(tokens, dim, dtype=K_DTYPE), k_cache=cache, slot_mapping=_meta(tokens),
-                               fp8_dtype=fp8)),
-        ("quantize_index_k", dict(k=_meta(keys, dim, dtype=K_DTYPE), q=_meta(keys, dim, dtype=fp8),
-                                  scale=_meta(keys, 1, dtype=torch.float32), fp8_dtype=fp8, block=dim)),
-        ("mqa_logits", dict(q=_meta(tokens, heads, dim, dtype=fp8), k=_meta(keys, dim, dtype=fp8),
-                            k_scale=_meta(keys, dtype=torch.float32),
+                               fp8_dtype=fmt)),
+        ("quantize_index_k", dict(k=_meta(keys, dim, dtype=K_DTYPE), q=k_keys, scale=k_scale, fp8_dtype=fmt,
+                                  block=block)),
+        ("mqa_logits", dict(q=_meta(tokens, heads, dim, dtype=fp8), k=k_keys,
+                            k_scale=k_scale if fmt == fp4.FP4 else _meta(keys, dtype=torch.float32),
                             weights=_meta(tokens, heads, dtype=torch.float32), ks=ks, ke=ke, out=scores)),
         ("topk_translate", dict(scores=scores, lengths=_meta(tokens), k=k, page_table=table, page_size=page_size,
                                 row_starts=ks, row_to_batch=_meta(tokens), out=_meta(tokens, k),
@@ -189,7 +206,7 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
     nor load; ``jobs``: compile worker processes (default: this machine's cores; started with ``spawn``, they import
     the main script again, so a script calling this at its top level needs ``if __name__ == "__main__":``);
     ``progress(done, total, variant, seconds)`` after each compile. Raises ValueError for a bad argument, and for a
-    plan whose index cache is not fp8 (the paged decode ops read the fp8 packed cache).
+    plan whose index cache is bf16 (the paged decode ops read fp8 and MXFP4 caches only).
     """
     from indexcache.backends.triton import variants as kernel_variants
     from indexcache.backends.triton.crosscompile import gpu_target
@@ -203,9 +220,9 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
     _check_sizes(page_size=page_size, max_batch=max_batch, max_context=max_context, max_next_n=max_next_n,
                  max_prefill=max_prefill, **({} if sms is None else {"sms": sms}),
                  **({} if jobs is None else {"jobs": jobs}))
-    if not plan.index_dtype.startswith("float8"):
-        raise ValueError(f"plan: index_dtype {plan.index_dtype} is not handled: the Triton kernels read the fp8 "
-                         "packed cache (MXFP4 keys run on the torch backend for now, which compiles nothing)")
+    if plan.index_dtype == "bfloat16":
+        raise ValueError(f"plan: index_dtype {plan.index_dtype} is not handled: the paged decode ops read fp8 and "
+                         "MXFP4 caches only")
     present = arch is None
     backend, arch = _device_arch() if present else (_backend(arch), arch)
     target = gpu_target(backend, arch)
