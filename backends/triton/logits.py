@@ -63,7 +63,6 @@ from indexcache.hal.layout import FP8_DTYPES, cache_page_size, token_bytes
 NEG_INF = tl.constexpr(float("-inf"))
 INTERPRETED_SMS = 3  # programs of the persistent grid under the interpreter (exercises the round-robin)
 BATCH_BLOCK = 256  # context lengths a step of the decode schedule reads
-MXFP4_DECLINED = "MXFP4 keys are not in the Triton prefill kernel yet (the torch backend reads them)"
 
 
 @triton.jit
@@ -148,8 +147,11 @@ def mqa_logits_kernel(
     T, N,
     q_s0, q_s1, q_s2, k_s0, k_s1, scale_s0, w_s0, w_s1, ks_s0, ke_s0, out_s0, out_s1,
     H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_ON_M: tl.constexpr,
-    WIDEN: tl.constexpr,
+    WIDEN: tl.constexpr, MXFP4: tl.constexpr = 0,
 ):
+    """``MXFP4`` (1: widened to e4m3fn, 2: to e4m3fnuz): ``k`` holds MXFP4 value bytes ``[N, D / 2]`` (rows at
+    multiples of 4 bytes, read as words) and ``scale`` their e8m0 bytes ``[N, D / 32]`` (unit stride along a row),
+    each tile's logits as the decode kernel's (:func:`_fp4_head_sum`: its scales applied there)."""
     pid = tl.program_id(0)
     blocks = tl.cdiv(T, BLOCK_Q)
     rows = tl.arange(0, BLOCK_Q * H)
@@ -182,13 +184,21 @@ def mqa_logits_kernel(
         for n0 in range(start, stop, BLOCK_N):
             n = n0 + keys
             n_ok = n < N
-            k = tl.load(k_ptr + n.to(tl.int64)[:, None] * k_s0 + dims[None, :] * k_s1, mask=n_ok[:, None], other=0.0)
-            s = _head_sum(k, q, w, BLOCK_N, BLOCK_Q, H, KEYS_ON_M, WIDEN)
-            sc = tl.load(scale_ptr + n * scale_s0, mask=n_ok, other=0.0)
-            if KEYS_ON_M:
-                s = s * sc[:, None]
+            if MXFP4:
+                words = tl.load(k_ptr.to(tl.pointer_type(tl.uint32)) + (n.to(tl.int64) * (k_s0 // 4))[:, None]
+                                + tl.arange(0, D // 8)[None, :], mask=n_ok[:, None], other=0)
+                key_scales = tl.load(scale_ptr + (n.to(tl.int64) * scale_s0)[:, None]
+                                     + tl.arange(0, D // 32)[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+                s = _fp4_head_sum(words, key_scales, n_ok, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, MXFP4 == 2)
             else:
-                s = s * sc[None, :]
+                k = tl.load(k_ptr + n.to(tl.int64)[:, None] * k_s0 + dims[None, :] * k_s1, mask=n_ok[:, None],
+                            other=0.0)
+                s = _head_sum(k, q, w, BLOCK_N, BLOCK_Q, H, KEYS_ON_M, WIDEN)
+                sc = tl.load(scale_ptr + n * scale_s0, mask=n_ok, other=0.0)
+                if KEYS_ON_M:
+                    s = s * sc[:, None]
+                else:
+                    s = s * sc[None, :]
             col, row = _pair(n.to(tl.int64) * out_s1, out_rows, KEYS_ON_M)
             ptrs = out_ptr + col + row
             if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
@@ -580,6 +590,20 @@ def _check_dtype(name: str, dtype: torch.dtype, target: Target, bf16: bool) -> l
     return [f"{name} dtype {dtype} is not handled by the Triton logits kernels"]
 
 
+def _mxfp4_prefill(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor) -> list[str]:
+    """Why the prefill kernel cannot read these MXFP4 keys (empty: it can): fp8 queries, the values' rows read as
+    words, the scale bytes of a row adjacent."""
+    reasons = []
+    if q.dtype == torch.bfloat16:
+        reasons.append("MXFP4 keys with bf16 queries: the Triton kernels take fp8 queries with them")
+    if k.stride(1) != 1 or k.stride(0) % 4 or k.data_ptr() % 4:
+        reasons.append("MXFP4 k: the Triton prefill reads its rows as 4-byte words (unit stride along a row, rows "
+                       "and the first one at multiples of 4 bytes)")
+    if k_scale.stride(1) != 1:
+        reasons.append("MXFP4 k_scale: the Triton prefill needs unit stride along a row")
+    return reasons
+
+
 def _check_shape(heads: int, dim: int) -> list[str]:
     reasons = []
     if not _is_pow2(heads):
@@ -598,7 +622,8 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
     n = k.shape[0]
     if out.numel() == 0:
         return None
-    if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (prefill_sm90.py) where it takes the call
+    mxfp4 = k.dtype == fp4.FP4
+    if cfg.get("KERNEL") == "tma-ws" and not mxfp4:  # the Hopper kernel in Gluon (prefill_sm90.py) where it takes it
         from indexcache.backends.triton import prefill_sm90
 
         if not prefill_sm90.unsupported(q, k, k_scale, weights, out, target):
@@ -608,13 +633,15 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
     programs = min(blocks, _programs(target, q.device) * cfg.get("PROGRAMS_PER_SM", 1))
     widen = _widen_mode(q.dtype, target, cfg)
     options = options or launch_key_options(launch_options(target, cfg))
+    keys, scales = (k.view(torch.uint8), k_scale.view(torch.uint8)) if mxfp4 else (_as_bytes(k, widen), k_scale)
     return Launch(
         PREFILL, (programs,), options,
-        (_as_bytes(q, widen), _as_bytes(k, widen), k_scale, weights, ks, ke, out,
+        (_as_bytes(q, widen), keys, scales, weights, ks, ke, out,
          tokens, n,
          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
          weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1)),
-        dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen),
+        dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
+             MXFP4=_fp4_mode(q.dtype) if mxfp4 else 0),
     )
 
 
@@ -693,7 +720,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     decode_options = launch_key_options(launch_options(target, decode))
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
-        mxfp4 = [MXFP4_DECLINED] if k.dtype == fp4.FP4 else []
+        mxfp4 = _mxfp4_prefill(q, k, k_scale) if k.dtype == fp4.FP4 else []
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
                 *_check_dtype("q", q.dtype, target, bf16=True), *_check_shape(q.shape[1], q.shape[2]), *mxfp4]
 
@@ -720,9 +747,9 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
     """What the logits ops build for ``target`` (cross-compile check), at the indexer shape of the shipped
-    models (H = 64, D = 128, 64-token pages), for contiguous tensors: prefill with the target's fp8 format and
-    with bf16, decode for next_n 1-4 (MTP drafts) on fp8 and on MXFP4 caches; the tile shapes and launch options are
-    the table's."""
+    models (H = 64, D = 128, 64-token pages), for contiguous tensors: prefill with the target's fp8 format, with
+    bf16 and on MXFP4 keys, decode for next_n 1-4 (MTP drafts) on fp8 and on MXFP4 caches; the tile shapes and launch
+    options are the table's."""
     from indexcache.backends.triton.crosscompile import KernelSpec, pointer
 
     heads, dim, page = 64, 128, 64
@@ -740,6 +767,18 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "BLOCK_N": prefill["BLOCK_N"], "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen,
              "q_s2": 1, "k_s1": 1, "scale_s0": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
             launch_options(target, prefill), matrix=operand, aligned=("q_s0", "q_s1", "k_s0", "w_s0")))
+    # The prefill on MXFP4 keys (values [N, 64] and scales [N, 4] bytes), the target's fp8 queries.
+    widen = _widen_mode(target.fp8_dtype, target, prefill)
+    data = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
+    specs.append(KernelSpec(
+        "mqa_logits", mqa_logits_kernel,
+        {"q_ptr": data, "k_ptr": "*u8", "scale_ptr": "*u8", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32",
+         "out_ptr": "*fp32"},
+        {"H": heads, "D": dim, "BLOCK_Q": max(1, prefill["COLS"] // heads, 16 // heads),
+         "BLOCK_N": prefill["BLOCK_N"], "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen,
+         "MXFP4": _fp4_mode(target.fp8_dtype), "q_s2": 1, "k_s1": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
+        launch_options(target, prefill), matrix="fp16" if widen in (1, 3) else "fp8",
+        aligned=("q_s0", "q_s1", "k_s0", "scale_s0", "w_s0")))
     widen = _widen_mode(target.fp8_dtype, target, decode)
     fp8 = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
     for next_n in (1, 2, 3, 4):

@@ -44,9 +44,8 @@ def op_launches(op: str, args: Mapping[str, Any], target: Target,
             a["scores"], a["lengths"], a["k"], a.get("row_starts"), a["out"], a.get("out_raw"), a.get("page_table"),
             a.get("page_size", 1), a.get("row_to_batch"), sorted=a.get("sorted", False), target=target,
             cfg=tuning["topk"])]
-    elif op == "mqa_logits":  # MXFP4 keys: the torch backend's (the Triton prefill declines them), nothing to build
-        found = [] if a["k"].dtype == fp4.FP4 else [logits.mqa_logits_launch(**a, target=target,
-                                                                              cfg=tuning["mqa_logits"])]
+    elif op == "mqa_logits":
+        found = [logits.mqa_logits_launch(**a, target=target, cfg=tuning["mqa_logits"])]
     elif op == "paged_mqa_logits":
         found = [logits.paged_mqa_logits_launch(**a, target=target, cfg=tuning["paged_mqa_logits"])]
     elif op == "translate":

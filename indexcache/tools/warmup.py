@@ -9,8 +9,8 @@ contexts up to ``max_context`` and 1 to ``max_next_n`` tokens a request (MTP dra
 - decode: ``store_index_k`` of the step's keys (bf16), ``paged_topk_translate`` (producers; ``out`` and ``out_raw``
   given, the logits buffer given), ``translate`` (shared layers; ``row_to_batch`` when next_n > 1);
 - prefill: ``store_index_k`` of the chunk's keys, ``quantize_index_k`` of the keys it scores (one block a head dim;
-  MXFP4: blocks of 32), ``mqa_logits`` (MXFP4 keys: the torch backend's, nothing to compile), ``topk_translate``
-  (``row_starts``, ``row_to_batch``, ``out_raw`` given), ``translate`` (``row_to_batch``).
+  MXFP4: blocks of 32), ``mqa_logits``, ``topk_translate`` (``row_starts``, ``row_to_batch``, ``out_raw`` given),
+  ``translate`` (``row_to_batch``).
 
 Which variant a launch compiles depends on those facts and on a bounded set of shape classes, never on the exact
 batch, context or token count (docs/kernels.md, "Kernel variants"). So each size takes a few values per power of two

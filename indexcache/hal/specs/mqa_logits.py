@@ -118,12 +118,15 @@ for _dt, _label in ((E4M3, "fp8 e4m3fn"), (E4M3_FNUZ, "fp8 e4m3fnuz"), (torch.bf
         lambda gen, dev, dt=_dt: _args(gen, dev, 24, 300, 64, dt))
 
 
-def _fp4_args(gen, dev, fp8, tokens=24, keys=300, heads=64, nan_block=False):
-    """MXFP4 keys (quantized by the reference rule from normal keys) and fp8 queries, causal windows."""
+def _fp4_args(gen, dev, fp8, tokens=24, keys=300, heads=64, nan_block=False, spread=False):
+    """MXFP4 keys (quantized by the reference rule from normal keys) and fp8 queries, causal windows; ``spread``:
+    every third key's four blocks 2^8 apart (2^24 between the first and the last)."""
     args = _args(gen, dev, tokens, keys, heads, fp8)
     raw = torch.randn(keys, 128, generator=gen) * torch.exp2(torch.randint(-6, 6, (keys, 1), generator=gen).float())
     if nan_block:
         raw[7, 40] = float("nan")
+    if spread:
+        raw[::3] *= torch.exp2(8.0 * torch.arange(4).repeat_interleave(32) - 12)
     values, scales = quantize_index_k.reference(raw, fp4.FP4, block=fp4.BLOCK)
     return {**args, "k": values.to(dev), "k_scale": scales.to(dev)}
 
@@ -132,6 +135,8 @@ cases.add("MXFP4 keys, causal prefill, H 64, native fp8 q", native_fp8=True)(
     lambda gen, dev, fp8: _fp4_args(gen, dev, fp8))
 cases.add("MXFP4 keys, a NaN block scale, H 16, native fp8 q", native_fp8=True)(
     lambda gen, dev, fp8: _fp4_args(gen, dev, fp8, tokens=9, keys=70, heads=16, nan_block=True))
+cases.add("MXFP4 keys with block scales up to 2^24 apart in every third key, H 32, native fp8 q", native_fp8=True)(
+    lambda gen, dev, fp8: _fp4_args(gen, dev, fp8, tokens=12, keys=200, heads=32, spread=True))
 
 
 @cases.add("full, empty and context-parallel windows, native fp8", native_fp8=True)
