@@ -248,8 +248,14 @@ def _fp4_gather(kv_ptr, entry, ok, n0, keys, PAGE: tl.constexpr, D: tl.constexpr
     sdims = tl.arange(0, D // 32)
     if PAGE % BLOCK_KEYS == 0:
         first = n0 % PAGE
-        sc = tl.load(kv_ptr + (entry * page_bytes + PAGE * (D // 2) + first * (D // 32))
-                     + (keys * (D // 32))[:, None] + sdims[None, :])
+        if WORDS and D % 128 == 0:  # a key's scale bytes as int32 words (4-byte loads: pipelined like the values)
+            sw = tl.load(kv_ptr.to(tl.pointer_type(tl.int32)) + (entry * (page_bytes // 4) + PAGE * (D // 8)
+                                                                  + first * (D // 128))
+                         + (keys * (D // 128))[:, None] + tl.arange(0, D // 128)[None, :])
+            sc = tl.reshape((sw[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF, (BLOCK_KEYS, D // 32))
+        else:
+            sc = tl.load(kv_ptr + (entry * page_bytes + PAGE * (D // 2) + first * (D // 32))
+                         + (keys * (D // 32))[:, None] + sdims[None, :])
         if WORDS:
             v = tl.load(kv_ptr.to(tl.pointer_type(tl.uint32)) + (entry * (page_bytes // 4) + first * (D // 8))
                         + (keys * (D // 8))[:, None] + wdims[None, :])
