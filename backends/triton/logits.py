@@ -258,8 +258,14 @@ def _fp4_gather(kv_ptr, entry, ok, n0, keys, PAGE: tl.constexpr, D: tl.constexpr
     sdims = tl.arange(0, D // 32)
     if PAGE % BLOCK_KEYS == 0:
         first = n0 % PAGE
-        sc = tl.load(kv_ptr + (entry * page_bytes + PAGE * (D // 2) + first * (D // 32))
-                     + (keys * (D // 32))[:, None] + sdims[None, :])
+        if WORDS and D % 128 == 0:  # a key's scale bytes as int32 words (4-byte loads: pipelined like the values)
+            sw = tl.load(kv_ptr.to(tl.pointer_type(tl.int32)) + (entry * (page_bytes // 4) + PAGE * (D // 8)
+                                                                  + first * (D // 128))
+                         + (keys * (D // 128))[:, None] + tl.arange(0, D // 128)[None, :])
+            sc = tl.reshape((sw[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF, (BLOCK_KEYS, D // 32))
+        else:
+            sc = tl.load(kv_ptr + (entry * page_bytes + PAGE * (D // 2) + first * (D // 32))
+                         + (keys * (D // 32))[:, None] + sdims[None, :])
         if WORDS:
             v = tl.load(kv_ptr.to(tl.pointer_type(tl.uint32)) + (entry * (page_bytes // 4) + first * (D // 8))
                         + (keys * (D // 8))[:, None] + wdims[None, :])
@@ -357,10 +363,11 @@ def _fp4_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.conste
     zero) in units of that block's scale, the sum so far brought to those units first (a power of two ≤ 1), then
     the last unit's scale and the heads."""
     lift, scale, one = mxfp4.key_lifts(scales, ROWS, D, FNUZ)
-    if tl.max((ok & ~one).to(tl.int32), axis=0) == 0:
-        k = _unpack_words(mxfp4.widen(words, lift, ROWS, D), q.dtype, ROWS, D)
-        s = _scaled(_head_sum(k, q, w, ROWS, GROUPS, H, KEYS_ON_M, WIDEN), scale, KEYS_ON_M)
-    else:  # (names apart from the branch above: a compiled if takes a name's type from both branches)
+    k = _unpack_words(mxfp4.widen(words, lift, ROWS, D, FNUZ), q.dtype, ROWS, D)
+    s = _scaled(_head_sum(k, q, w, ROWS, GROUPS, H, KEYS_ON_M, WIDEN), scale, KEYS_ON_M)
+    # The one-scale dot above is the loop's own (not under a branch: the compiler pipelines the tile's loads for it);
+    # a tile with a key whose blocks are too far apart takes it again, exactly.
+    if tl.max((ok & ~one).to(tl.int32), axis=0) != 0:
         order = mxfp4.ranks(scales, ROWS, D)
         block, unit = mxfp4.pass_words(words, scales, order, 0, ROWS, D, FNUZ)
         acc = _dot(_unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN)
@@ -416,6 +423,8 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr, out_ptr, b, j0, 
     j = j0 + rows // H
     q = tl.load(q_ptr + tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
                 mask=(j < NEXT_N)[:, None], other=0.0)
+    if MXFP4:  # in the order of the widened keys
+        q = mxfp4.permute(q, GROUPS * H, D)
     out_row = b * NEXT_N + grp
     w = tl.load(w_ptr + out_row[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=grp_ok[:, None], other=0.0)
     out_rows = out_row.to(tl.int64) * out_s0

@@ -8,8 +8,9 @@ bytes, never the byte 0x80, its NaN). So a key whose block scale bytes lie withi
 its values times ``2 ** (byte - R)`` in e4m3, exactly, and one scale ``2 ** (R - 127)`` a key
 (``R = max(largest byte - 5, 1)``); a key with a block scale byte 255 (NaN) has scale NaN.
 
-The widening works on 32-bit words, four nibbles at a time (one a byte) with byte-wise adds that never carry: the
-value bytes of a key are read as int32 words (eight elements each), and each word gives two words of e4m3 bytes.
+The widening works on 32-bit words, four nibbles at a time (one a byte) with byte-wise adds and a multiply that never
+carry: the value bytes of a key are read as int32 words (eight elements each), and each word gives two words of e4m3
+bytes, its even and its odd elements (:func:`permute`: the queries are put in the same order).
 """
 
 from __future__ import annotations
@@ -22,33 +23,35 @@ TOP = tl.constexpr(5)  # a key's largest block is its values times 2 ** TOP in e
 
 
 @triton.jit
-def _spread(x):
-    """The nibbles in bits 0-15 of uint32 ``x``, nibble ``k`` in the low half of byte ``k``."""
-    x = x & 0xFFFF
-    x = (x | (x << 8)) & 0x00FF00FF
-    return (x | (x << 4)) & 0x0F0F0F0F
+def _e4m3(c, sign, lift, FNUZ: tl.constexpr):
+    """Four e2m1 codes (``c``: one a byte of uint32, 0-7) and their signs (``sign``: bit 7 of each byte) as four
+    e4m3 bytes: 0 where the code is 0 (the sign kept in e4m3fn: -0; dropped in e4m3fnuz, whose 0x80 is NaN), else
+    ``lift + 4c + 4·[c ≥ 2]`` with the sign. ``lift`` (4 .. 0x5C, so no byte's sum reaches bit 7; one for the
+    word's four bytes) is ``0x2C + 8d`` (+ 8 for e4m3fnuz) for the values times ``2 ** d``."""
+    nonzero = ((c + 0x07070707) >> 3) & 0x01010101  # 1 in a byte where c ≥ 1
+    two = ((c + 0x06060606) >> 1) & 0x04040404  # 4 where c ≥ 2
+    if FNUZ:
+        sign = sign & (nonzero << 7)
+    return (nonzero * lift + (c * 4 + two)) | sign
 
 
 @triton.jit
-def _e4m3(x, lift):
-    """Four e2m1 nibbles (one a byte of uint32 ``x``) as four e4m3 bytes: ``lift + 4c + 4·[c ≥ 2]`` with the sign
-    in bit 7 where the code ``c`` is nonzero, 0 where it is zero. ``lift`` (every byte in 4 .. 0x5C, so no sum
-    reaches bit 7) is ``0x2C + 8d`` (+ 8 for e4m3fnuz) for the values times ``2 ** d``."""
-    c = x & 0x07070707
-    nonzero = (c + 0x7F7F7F7F) & 0x80808080  # bit 7 of a byte where c ≥ 1
-    two = ((c + 0x7E7E7E7E) & 0x80808080) >> 5  # 4 where c ≥ 2
-    keep = nonzero | (nonzero - (nonzero >> 7))  # 0xFF where c ≥ 1
-    return (((c << 2) + two + lift) | ((x & 0x08080808) << 4)) & keep
-
-
-@triton.jit
-def widen(words, lift, ROWS: tl.constexpr, D: tl.constexpr):
+def widen(words, lift, ROWS: tl.constexpr, D: tl.constexpr, FNUZ: tl.constexpr):
     """MXFP4 values ``words`` (uint32 ``[ROWS, D // 8]``: a key's bytes, little-endian, element ``2i`` in the low
-    nibble of byte ``i``) as their e4m3 bytes, four a word: uint32 ``[ROWS, D // 4]``. ``lift`` (uint32, one of
-    :func:`_e4m3`'s bytes times 0x01010101, broadcast to ``words``' shape) scales each word's values."""
-    lo = _e4m3(_spread(words), lift)
-    hi = _e4m3(_spread(words >> 16), lift)
-    return tl.reshape(tl.join(lo, hi), (ROWS, D // 4))
+    nibble of byte ``i``) as e4m3 bytes, four a word: uint32 ``[ROWS, D // 4]`` in the order of :func:`permute`
+    (word ``2j`` the even elements of input word ``j``, word ``2j + 1`` its odd ones: a nibble mask apart, no
+    shuffling). ``lift`` (uint32 ``[ROWS, D // 8]``, one of :func:`_e4m3`'s lifts a word) scales each word's values."""
+    even = _e4m3(words & 0x07070707, (words << 4) & 0x80808080, lift, FNUZ)
+    odd = _e4m3((words >> 4) & 0x07070707, words & 0x80808080, lift, FNUZ)
+    return tl.reshape(tl.join(even, odd), (ROWS, D // 4))
+
+
+@triton.jit
+def permute(x, ROWS: tl.constexpr, D: tl.constexpr):
+    """``x [ROWS, D]`` in :func:`widen`'s order of a key's elements: place ``8j + 4h + b`` holds element
+    ``8j + 2b + h``. A dot over D is the same with both operands in this order, so the queries are put in it (once a
+    request)."""
+    return tl.reshape(tl.permute(tl.reshape(x, (ROWS, D // 8, 4, 2)), (0, 1, 3, 2)), (ROWS, D))
 
 
 @triton.jit
@@ -67,7 +70,7 @@ def key_lifts(scales, ROWS: tl.constexpr, D: tl.constexpr, FNUZ: tl.constexpr):
     ref = tl.maximum(top - TOP, 1)
     one = (top - tl.min(scales, axis=1) <= SPREAD) | (top == 255)
     lift = tl.minimum(tl.maximum(0x2C + 8 * FNUZ + 8 * (scales - ref[:, None]), 4), 0x5C).to(tl.uint32)
-    lift = tl.reshape(tl.broadcast_to(lift[:, :, None], (ROWS, D // 32, 4)), (ROWS, D // 8)) * 0x01010101
+    lift = tl.reshape(tl.broadcast_to(lift[:, :, None], (ROWS, D // 32, 4)), (ROWS, D // 8))
     scale = tl.where(top == 255, float("nan"), (ref << 23).to(tl.float32, bitcast=True))
     return lift, scale, one
 
@@ -89,7 +92,7 @@ def pass_words(words, scales, order, p, ROWS: tl.constexpr, D: tl.constexpr, FNU
     ``p`` in ``order`` (:func:`ranks`) alone, ``(e4m3 words [ROWS, D // 4] with the key's other blocks zero, that
     block's scale byte int32 [ROWS])``: the values in units of their block's scale, exact."""
     place = tl.reshape(tl.broadcast_to(order[:, :, None], (ROWS, D // 32, 4)), (ROWS, D // 8))
-    e4m3 = widen(tl.where(place == p, words, 0), (0x2C + 8 * FNUZ) * 0x01010101, ROWS, D)
+    e4m3 = widen(tl.where(place == p, words, 0), (0x2C + 8 * FNUZ), ROWS, D, FNUZ)
     return e4m3, tl.sum(tl.where(order == p, scales, 0), axis=1)
 
 
