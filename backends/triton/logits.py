@@ -178,6 +178,8 @@ def mqa_logits_kernel(
 
         qrow = (t0 + rows // H).to(tl.int64) * q_s0 + (rows % H) * q_s1
         q = tl.load(q_ptr + qrow[:, None] + dims[None, :] * q_s2, mask=(t0 + rows // H < T)[:, None], other=0.0)
+        if MXFP4:  # in the order of the widened keys
+            q = mxfp4.permute(q, BLOCK_Q * H, D)
         w = tl.load(w_ptr + tok64[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=tok_ok[:, None],
                     other=0.0)
         out_rows = tok64 * out_s0
