@@ -1,16 +1,19 @@
-"""MXFP4 against fp8 index keys in the decode step, on one GPU: ``paged_mqa_logits`` and ``paged_topk_translate``.
+"""MXFP4 against fp8 index keys on one GPU: the decode step (``paged_mqa_logits``, ``paged_topk_translate``) and a
+prefill chunk's logits (``mqa_logits``).
 
     pip install -e . && python bench/fp4_decode_gpu.py --out out/fp4_decode.json
 
-Issue 37's decode shapes: 64 requests × 32K and × 128K keys, next_n 1 and 2, H = 64, D = 128, page 64, k = 2048
-(the producer's top-k). The same keys' cache in both formats (fp8: 132 bytes a token, MXFP4: 68), the same fp8
-queries (e4m3fn). On the cuda backend each call is captured in a CUDA graph and the graphs are replayed in turns
-(``--rounds`` rounds, each a burst of back-to-back replays a call; the card is power-capped, so the formats
-alternate rather than run one after the other), the median a call reported; the torch backend's calls are timed in
-the same run (eager, median of a few calls) for reference. Before timing, the cuda backend's MXFP4 logits are
-checked against the torch backend's on each shape (-inf placement equal, relative RMS error ≤ 1e-3).
+Issue 37's decode shapes: 64 requests × 32K and × 128K keys, next_n 1 and 2, H = 64, D = 128, page 64, k = 2048 (the
+producer's top-k), and a causal prefill chunk of 4096 tokens over 32K keys. The same keys' cache in both formats (fp8:
+132 bytes a token, MXFP4: 68), the same fp8 queries (e4m3fn). On the cuda backend each call is captured in a CUDA
+graph and the graphs are replayed in turns (``--rounds`` rounds, each a burst of back-to-back replays a call; the card
+is power-capped, so the formats alternate rather than run one after the other), the median a call reported; the torch
+backend's calls are timed in the same run (eager, median of a few calls) for reference. Before timing, the cuda
+backend's MXFP4 logits are checked against the torch backend's on each shape (-inf placement equal, relative RMS error
+≤ 1e-3).
 
-Prints the times and the ratios MXFP4 / fp8 (issue 37's goals: logits ≤ 0.6, producer step ≤ 0.7) and writes
+Prints the times and the ratios MXFP4 / fp8 (issue 37's goals: decode logits ≤ 0.6, producer step ≤ 0.7, prefill
+logits ≤ 1.1; the prefill on the cuda backend only, checked against the torch backend first) and writes
 one JSON with the commit, device and versions (:mod:`indexcache.bench.provenance`); exits 1 when a check fails.
 ``--smoke``: tiny shapes interpreted on the CPU (TRITON_INTERPRET=1), the host clock: checks the script only.
 """
@@ -37,6 +40,7 @@ from indexcache.hal.layout import new_packed_cache, split_packed_cache
 
 H, D, PAGE, K = 64, 128, 64, 2048
 BATCH, CONTEXTS, NEXT_N = 64, (32768, 131072), (1, 2)
+PREFILL = (4096, 32768)  # a causal prefill chunk: tokens, keys (issue 37's prefill shape)
 SPAN = 64  # distinct pages of key bytes; the cache repeats them (building GBs of random keys would take minutes)
 FP8 = torch.float8_e4m3fn
 BOUND = 1e-3
@@ -97,17 +101,50 @@ def _calls(a: dict, backend: str) -> dict[tuple[str, str], object]:
     return calls
 
 
+def _prefill_inputs(tokens: int, keys: int, dev: torch.device, gen: torch.Generator) -> dict:
+    """A causal prefill chunk: ``tokens`` fp8 queries over ``keys`` keys, the keys in both formats (the fp8 ones the
+    MXFP4 keys' exact values), as :func:`_caches` builds them."""
+    raw = torch.randn(keys, D, generator=gen) * torch.exp2(torch.randint(-4, 4, (keys, 1), generator=gen).float())
+    values, scales = fp4.quantize(raw)
+    exact = fp4.dequantize(values, scales)
+    amax = exact.abs().amax(1).clamp_min(1e-4)
+    built = dict(q=(torch.randn(tokens, H, D, generator=gen) * 24).clamp(-400, 400).to(FP8),
+                 k8=(exact / (amax / 448)[:, None]).to(FP8), s8=(amax / 448).float(), k4=values, s4=scales,
+                 weights=torch.randn(tokens, H, generator=gen) * H**-0.5,
+                 ks=torch.zeros(tokens, dtype=torch.int32),
+                 ke=(keys - tokens + 1 + torch.arange(tokens)).to(torch.int32))
+    built = {name: t.to(dev) for name, t in built.items()}
+    built["out"] = torch.empty(tokens, keys, device=dev)
+    return built
+
+
+def _prefill_calls(a: dict, backend: str) -> dict[tuple[str, str], object]:
+    """``{("mqa_logits", format): call}`` of one backend on one prefill chunk."""
+    calls = {}
+    for fmt, k, scale in (("fp8", a["k8"], a["s8"]), ("mxfp4", a["k4"], a["s4"])):
+        def logits(k=k, scale=scale):
+            indexcache.mqa_logits(a["q"], k, scale, a["weights"], a["ks"], a["ke"], out=a["out"], backend=backend)
+
+        calls[("mqa_logits", fmt)] = logits
+    return calls
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> str:
+    """"" when ``got`` has ``want``'s -inf placement, no NaN and a relative RMS error ≤ BOUND over the rest."""
+    if not torch.equal(got == float("-inf"), want == float("-inf")) or got.isnan().any():
+        return "-inf placement differs or NaN"
+    finite = torch.isfinite(want)
+    err = ((got[finite].double() - want[finite].double()).norm() / want[finite].double().norm()).item()
+    return "" if err <= BOUND else f"relative RMS error {err:.3g} > {BOUND}"
+
+
 def _check(a: dict) -> str:
     """"" when the cuda backend's MXFP4 logits match the torch backend's, else what differs."""
     got = indexcache.paged_mqa_logits(a["q"], a["fp4_cache"], a["weights"], a["lens"], a["table"], a["context"],
                                       k_format=fp4.FP4, backend="cuda")
     want = indexcache.paged_mqa_logits(a["q"], a["fp4_cache"], a["weights"], a["lens"], a["table"], a["context"],
                                        k_format=fp4.FP4, backend="torch")
-    if not torch.equal(got == float("-inf"), want == float("-inf")) or got.isnan().any():
-        return "-inf placement differs or NaN"
-    finite = torch.isfinite(want)
-    err = ((got[finite].double() - want[finite].double()).norm() / want[finite].double().norm()).item()
-    return "" if err <= BOUND else f"relative RMS error {err:.3g} > {BOUND}"
+    return _relative_error(got, want)
 
 
 def _alternating_us(calls: dict, dev: torch.device, rounds: int, burst: int) -> dict:
@@ -196,6 +233,21 @@ def main(argv: list[str] | None = None) -> int:
                             times[(backend, op, "fp8")], 2), mxfp4_us=round(times[(backend, op, "mxfp4")], 2),
                             ratio=round(times[(backend, op, "mxfp4")] / times[(backend, op, "fp8")], 3)))
             del a
+    tokens, keys = (16, 256) if args.smoke else PREFILL
+    shape = f"prefill {tokens}x{keys // 1024}K" if keys >= 1024 else f"prefill {tokens}x{keys}"
+    a = _prefill_inputs(tokens, keys, dev, gen)
+    got = indexcache.mqa_logits(a["q"], a["k4"], a["s4"], a["weights"], a["ks"], a["ke"], backend="cuda")
+    problem = _relative_error(got, indexcache.mqa_logits(a["q"], a["k4"], a["s4"], a["weights"], a["ks"], a["ke"],
+                                                         backend="torch"))
+    if problem:
+        report["errors"].append(f"{shape}: MXFP4 logits, cuda against torch: {problem}")
+    del got
+    times = _alternating_us(_prefill_calls(a, "cuda"), dev, rounds, max(1, burst // 4))
+    for (op, fmt), us in times.items():
+        report["rows"].append(dict(shape=shape, backend="cuda", op=op, format=fmt, us=round(us, 2)))
+    fp8_us, mxfp4_us = times[("mqa_logits", "fp8")], times[("mqa_logits", "mxfp4")]
+    report["ratios"].append(dict(shape=shape, backend="cuda", op="mqa_logits", fp8_us=round(fp8_us, 2),
+                                 mxfp4_us=round(mxfp4_us, 2), ratio=round(mxfp4_us / fp8_us, 3)))
     print(f"{report['device']}  torch {report['torch']}  triton {report['triton']}  commit {report['commit']}")
     print_rows("MXFP4 / fp8 (median µs a call; cuda: alternating CUDA-graph replays, torch: eager)", report["ratios"],
                ["shape", "backend", "op", "fp8_us", "mxfp4_us", "ratio"])

@@ -559,10 +559,12 @@ def test_fp4_recall_writes_a_recall_per_data_set_and_key_format(tmp_path):
 
 @no_gpu
 def test_fp4_decode_smoke_runs_on_the_cpu(tmp_path):
-    """bench/fp4_decode_gpu.py --smoke: tiny shapes interpreted, both formats, both ops, both backends, the check."""
+    """bench/fp4_decode_gpu.py --smoke: tiny shapes interpreted, both formats, the decode ops on both backends and the
+    prefill logits on the cuda one, the checks."""
     _script("fp4_decode_gpu", "--smoke", "--out", str(tmp_path / "fp4.json"))
     report = json.loads((tmp_path / "fp4.json").read_text())
     assert {"date", "commit", "device", "torch", "triton", "rows", "ratios"} <= set(report)
     assert report["device"] == "cpu" and not report["errors"]
     assert {(r["backend"], r["op"]) for r in report["ratios"]} == {
-        (b, op) for b in ("cuda", "torch") for op in ("paged_mqa_logits", "paged_topk_translate")}
+        (b, op) for b in ("cuda", "torch") for op in ("paged_mqa_logits", "paged_topk_translate")} | {
+        ("cuda", "mqa_logits")}
