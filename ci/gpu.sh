@@ -140,9 +140,9 @@ else
   record memcheck "FAILED (no compute-sanitizer)" - 0
 fi
 
-# The graph tests, the eight ops compiled (aot_eager, inductor) and captured on the cuda backend, and the
-# workspace's two-stream and captured-graph tests.
-step graph-tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_translate_graph.py \
+# The graph tests (translate and gather_index_k), the eight ops compiled (aot_eager, inductor) and captured on the cuda
+# backend, and the workspace's two-stream and captured-graph tests.
+step graph-tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_translate_graph.py tests/test_gather_graph.py \
   tests/test_compile.py::test_every_op_compiles_on_the_gpu_and_equals_eager tests/test_workspace.py \
   --junitxml "$WORK/graph-tests.xml"
 # On a GPU these tests must run: a skip there would hide the check, so it counts as a failure.

@@ -36,8 +36,9 @@ def gather_index_k(k_cache, block_table, context_lens, dim, fp8_dtype, out_k, ou
     else:
         values = torch.zeros(rows, keys.shape[2], dtype=torch.uint8, device=device)
         scale = torch.zeros(rows, scales.shape[2], dtype=torch.uint8, device=device)
+    # A hole's scale bytes, made on the device (no copy from the host: capturable in a CUDA graph).
     nan = torch.full_like(scale, fp4.E8M0_NAN) if fp8_dtype == fp4.FP4 else \
-        torch.tensor([float("nan")], device=device).view(torch.uint8).expand_as(scale)
+        torch.full((1,), float("nan"), device=device).view(torch.uint8).expand_as(scale)
     values = torch.where(hole[:, None], 0, values)
     scale = torch.where(hole[:, None], nan, scale)
     k_bytes = out_k.view(torch.uint8).view(rows, -1)
