@@ -54,10 +54,17 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out):
     return out
 
 
-def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None):
+def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None,
+                     row_to_batch=None):
     """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); an MXFP4
-    cache (``k_format``) is decoded a chunk of keys at a time."""
+    cache (``k_format``) is decoded a chunk of keys at a time; ragged rows (``row_to_batch``) read their requests'
+    table rows (a row naming none reads nothing)."""
     batch, next_n, heads, dim = q.shape
+    named = None
+    if row_to_batch is not None:  # each row its own table row, gathered once (rows naming none: no pages)
+        named = (row_to_batch >= 0) & (row_to_batch < page_table.shape[0])
+        page_table = page_table[row_to_batch.long().clamp(0, max(page_table.shape[0] - 1, 0))] if \
+            page_table.shape[0] else page_table.new_empty((batch, page_table.shape[1]))
     mxfp4 = k_format == fp4.FP4
     keys, scales = split_packed_cache(k_cache, dim, fp4.FP4 if mxfp4 else q.dtype)
     if mxfp4:  # their bytes: gathered like any uint8, then decoded
@@ -81,6 +88,8 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
         page = pos // page_size
         entry = page_table[:, page.clamp(max=table_pages - 1)].long()
         ok = (page < table_pages)[None, :] & (entry >= 0) & (entry < cache_pages)
+        if named is not None:
+            ok &= named[:, None]
         entry = entry.clamp(0, cache_pages - 1)
         slot = (pos % page_size)[None, :]
         if mxfp4:  # the keys decoded with their block scales; no scale a key left to apply

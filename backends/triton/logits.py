@@ -403,13 +403,14 @@ def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, gr
 
 
 @triton.jit
-def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr, out_ptr, b, j0, ctx, first, stop, max_ctx, num_pages,
-                 table_pages, q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, tab_s0, tab_s1, out_s0, out_s1,
+def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, b, j0, ctx, first, stop, max_ctx, num_pages,
+                 table_pages, q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, tab_s1, out_s0, out_s1,
                  NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                  BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, PREFETCH: tl.constexpr,
                  WORDS: tl.constexpr, MXFP4: tl.constexpr):
     """Logits of request ``b``'s keys ``[first, stop)`` (whole tiles of its context, ``ctx`` ≥ 0) for the draft
-    tokens ``j0 .. j0 + GROUPS - 1``: Q and the weights loaded once, then the tiles in order."""
+    tokens ``j0 .. j0 + GROUPS - 1``, its pages in ``table_row`` (``table_pages`` of them): Q and the weights loaded
+    once, then the tiles in order."""
     rows = tl.arange(0, GROUPS * H)
     dims = tl.arange(0, D)
     keys = tl.arange(0, BLOCK_KEYS)
@@ -420,7 +421,6 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr, out_ptr, b, j0, 
     visible = ctx - NEXT_N + 1 + grp
     kend = tl.minimum(ctx, stop)
     last = tl.minimum(stop, max_ctx)
-    table_row = table_ptr + tl.cast(b, tl.int64) * tab_s0
 
     j = j0 + rows // H
     q = tl.load(q_ptr + tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
@@ -491,16 +491,18 @@ def _context_tiles(ctx, max_ctx, BLOCK_KEYS: tl.constexpr):
 # The batch, the context, the cache's and the table's sizes and the row strides of the table and the logits take no
 # part in the variant, nor do the addresses of the lengths and the table (read an entry at a time): a tile's stores
 # are masked by the context and so never vectorized (docs/kernels.md, "Kernel variants").
-@triton.jit(do_not_specialize=("batch", "max_ctx", "num_pages", "table_pages", "tab_s0", "out_s0"),
-            do_not_specialize_on_alignment=("ctx_ptr", "table_ptr"))
+@triton.jit(do_not_specialize=("batch", "max_ctx", "num_pages", "table_pages", "table_rows", "tab_s0", "out_s0"),
+            do_not_specialize_on_alignment=("ctx_ptr", "table_ptr", "r2b_ptr"))
 def paged_mqa_logits_kernel(
-    q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr,
-    batch, max_ctx, num_pages, table_pages,
-    q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, out_s0, out_s1,
+    q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, table_ptr, r2b_ptr, out_ptr,
+    batch, max_ctx, num_pages, table_pages, table_rows,
+    q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, r2b_s0, out_s0, out_s1,
     NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_KEYS: tl.constexpr, BLOCK_B: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr,
-    PREFETCH: tl.constexpr = 1, WORDS: tl.constexpr = 0, MXFP4: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = 1, WORDS: tl.constexpr = 0, MXFP4: tl.constexpr = 0, HAS_R2B: tl.constexpr = 0,
 ):
+    """``HAS_R2B``: ragged rows (next_n 1): row ``b``'s pages are table row ``r2b[b]``, none where that is not one of
+    the ``table_rows`` rows."""
     j0 = tl.program_id(0) * GROUPS
     p = tl.program_id(1).to(tl.int64)
     programs = tl.num_programs(1)
@@ -533,10 +535,17 @@ def paged_mqa_logits_kernel(
         tiles = _context_tiles(ctx, max_ctx, BLOCK_KEYS)
         lo = tl.maximum(t_begin - start, 0)
         hi = tl.minimum(t_end - start, tiles)
-        _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr, out_ptr, b, j0, ctx, (lo * BLOCK_KEYS).to(tl.int32),
-                     (hi * BLOCK_KEYS).to(tl.int32), max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, q_s3, w_s0,
-                     w_s1, tab_s0, tab_s1, out_s0, out_s1, NEXT_N, GROUPS, H, D, PAGE, BLOCK_KEYS, KEYS_ON_M, WIDEN,
-                     PREFETCH, WORDS, MXFP4)
+        tb = b
+        pages = table_pages
+        if HAS_R2B:
+            tb = tl.load(r2b_ptr + b * r2b_s0)
+            named = (tb >= 0) & (tb < table_rows)
+            tb = tl.where(named, tb, 0)
+            pages = tl.where(named, table_pages, 0)
+        _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr + tl.cast(tb, tl.int64) * tab_s0, out_ptr, b, j0,
+                     ctx, (lo * BLOCK_KEYS).to(tl.int32), (hi * BLOCK_KEYS).to(tl.int32), max_ctx, num_pages, pages,
+                     q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, tab_s1, out_s0, out_s1, NEXT_N, GROUPS, H, D, PAGE,
+                     BLOCK_KEYS, KEYS_ON_M, WIDEN, PREFETCH, WORDS, MXFP4)
         start += tiles
     # -inf past each context (the keys no tile above stored), shared out evenly over the batch × max_ctx grid.
     grp = j0 + tl.arange(0, GROUPS)
@@ -665,12 +674,14 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapp
     return out
 
 
-def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None, *,
-                            target: Target, cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
+def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None,
+                            row_to_batch=None, *, target: Target, cfg: Mapping[str, Any],
+                            options: Options | None = None) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
     ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`.
     ``k_format`` is None: an fp8 cache in ``q``'s format; ``torch.float4_e2m1fn_x2``: an MXFP4 cache, read by the
-    Triton kernel on every target (the Hopper Gluon kernel reads fp8 caches only)."""
+    Triton kernel on every target (the Hopper Gluon kernel reads fp8 caches only); ``row_to_batch``: ragged rows,
+    also the Triton kernel's."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
         return None
@@ -681,7 +692,8 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
     # in launch order so the second reads the keys from L2).
     groups = max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
-    if cfg.get("KERNEL") == "tma-ws" and not mxfp4:  # the Hopper kernel in Gluon (decode_sm90.py) where it takes it
+    if cfg.get("KERNEL") == "tma-ws" and not mxfp4 and row_to_batch is None:  # the Hopper kernel in Gluon
+        # (decode_sm90.py) where it takes the call
         from indexcache.backends.triton import decode_sm90
 
         if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target):
@@ -696,14 +708,16 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     else:
         kv, kv_scale = _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32)
         words = cfg.get("WORDS", 0)
+    r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
     args = (_as_bytes(q, widen), kv, kv_scale, weights,
-            context_lens, page_table, out,
-            batch, max_context_len, k_cache.shape[0], page_table.shape[1],
+            context_lens, page_table, r2b, out,
+            batch, max_context_len, k_cache.shape[0], page_table.shape[1], page_table.shape[0],
             q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
-            context_lens.stride(0), page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1))
+            context_lens.stride(0), page_table.stride(0), page_table.stride(1), r2b.stride(0), out.stride(0),
+            out.stride(1))
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, BLOCK_KEYS=block_keys, BLOCK_B=BATCH_BLOCK,
                  KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen, PREFETCH=cfg.get("PREFETCH", 1), WORDS=words,
-                 MXFP4=_fp4_mode(q.dtype) if mxfp4 else 0)
+                 MXFP4=_fp4_mode(q.dtype) if mxfp4 else 0, HAS_R2B=row_to_batch is not None)
     # A persistent grid of exactly the programs that stay resident (on NVIDIA counted from the compiled kernel's
     # registers and shared memory: a program more a SM would run as a second, mostly idle wave), never more than
     # there are tiles; the draft-token groups of a key range share the count.
@@ -713,12 +727,12 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     return Launch(DECODE, (cdiv(next_n, groups), programs), options, args, named)
 
 
-def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None, *,
-                     target: Target, cfg: Mapping[str, Any], options: Options | None = None):
+def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None,
+                     row_to_batch=None, *, target: Target, cfg: Mapping[str, Any], options: Options | None = None):
     """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); arguments
     as :func:`paged_mqa_logits_launch`."""
     launch = paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format,
-                                     target=target, cfg=cfg, options=options)
+                                     row_to_batch, target=target, cfg=cfg, options=options)
     if launch is not None:
         launch()
     return out
@@ -735,9 +749,9 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
                 *_check_dtype("q", q.dtype, target, bf16=True), *_check_shape(q.shape[1], q.shape[2]), *mxfp4]
 
-    def supports_decode(q, k_cache, weights, context_lens, page_table, out, **_):
+    def supports_decode(q, k_cache, weights, context_lens, page_table, out, row_to_batch=None, **_):
         return [*on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
-                                  page_table=page_table, out=out),
+                                  page_table=page_table, out=out, row_to_batch=row_to_batch),
                 *_check_dtype("q", q.dtype, target, bf16=False), *_check_shape(q.shape[2], q.shape[3])]
 
     def run_prefill(**args):
@@ -792,16 +806,16 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         aligned=("q_s0", "q_s1", "k_s0", "scale_s0", "w_s0")))
     widen = _widen_mode(target.fp8_dtype, target, decode)
     fp8 = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
-    for next_n in (1, 2, 3, 4):
+    for next_n, ragged in ((1, 0), (2, 0), (3, 0), (4, 0), (1, 1)):  # ragged: a row a token, its request named
         groups = max(min(next_power_of_2(next_n), max(1, decode["COLS"] // heads)), 16 // heads)
         specs.append(KernelSpec(
             "paged_mqa_logits", paged_mqa_logits_kernel,
             {"q_ptr": fp8, "kv_ptr": fp8, "kv_scale_ptr": "*fp32", "w_ptr": "*fp32", "ctx_ptr": "*i32",
-             "table_ptr": "*i32", "out_ptr": "*fp32"},
+             "table_ptr": "*i32", "r2b_ptr": "*i32", "out_ptr": "*fp32"},
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
              "BLOCK_KEYS": decode["BLOCK_KEYS"], "BLOCK_B": BATCH_BLOCK, "KEYS_ON_M": decode["KEYS_ON_M"],
              "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": decode.get("WORDS", 0), "MXFP4": 0,
-             "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
+             "HAS_R2B": ragged, "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1, "out_s1": 1},
             launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     # The MXFP4 decode (k_format float4_e2m1fn_x2): the same kernel reading the cache's bytes, widening to the
@@ -811,11 +825,11 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         specs.append(KernelSpec(
             "paged_mqa_logits", paged_mqa_logits_kernel,
             {"q_ptr": fp8, "kv_ptr": "*u8", "kv_scale_ptr": "*u8", "w_ptr": "*fp32", "ctx_ptr": "*i32",
-             "table_ptr": "*i32", "out_ptr": "*fp32"},
+             "table_ptr": "*i32", "r2b_ptr": "*i32", "out_ptr": "*fp32"},
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
              "BLOCK_KEYS": decode["BLOCK_KEYS"], "BLOCK_B": BATCH_BLOCK, "KEYS_ON_M": decode["KEYS_ON_M"],
              "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": 1, "MXFP4": _fp4_mode(target.fp8_dtype),
-             "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "out_s1": 1},
+             "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1, "out_s1": 1},
             launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     if prefill.get("KERNEL") == "tma-ws":  # the Hopper prefill in Gluon (prefill_sm90.py) where the table takes it

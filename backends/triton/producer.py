@@ -59,17 +59,18 @@ def workspace_bytes(q: torch.Tensor, logits: torch.Tensor, k: int, *, target: Ta
 
 
 def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size, logits, out,
-             out_raw, workspace=None, k_format=None, *, target: Target,
+             out_raw, workspace=None, k_format=None, row_to_batch=None, *, target: Target,
              tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch | None]:
     """The launches of one call, in order (None: nothing to launch); arguments as
-    ``indexcache.paged_topk_translate`` (``k_format`` None: an fp8 cache in ``q``'s format, else MXFP4)."""
+    ``indexcache.paged_topk_translate`` (``k_format`` None: an fp8 cache in ``q``'s format, else MXFP4;
+    ``row_to_batch``: ragged rows)."""
     batch, next_n = q.shape[0], q.shape[1]
     rows = batch * next_n
     steps = [paged_mqa_logits_launch(q, k_cache, weights, context_lens, block_table, max_context_len, logits,
-                                     k_format, target=target, cfg=tuning["paged_mqa_logits"])]
+                                     k_format, row_to_batch, target=target, cfg=tuning["paged_mqa_logits"])]
     draft = _draft_words(q)
     ws = workspaces.words(q, workspace_bytes(q, logits, k, target=target, tuning=tuning) // 4, workspace)
-    lengths, r2b = context_lens, None
+    lengths, r2b = context_lens, row_to_batch  # next_n 1 (ragged rows: each row's own length and request)
     if draft:
         lengths, r2b = ws[:rows], ws[rows:2 * rows]
         steps.append(Launch(DRAFT_ROWS, (cdiv(rows, DRAFT_BLOCK),), launch_key_options({"num_warps": 4}),
@@ -86,9 +87,9 @@ def _parts(args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     ``context_lens``: what the checks read of them is their device)."""
     decode = dict(q=args["q"], k_cache=args["k_cache"], weights=args["weights"], context_lens=args["context_lens"],
                   page_table=args["block_table"], max_context_len=args["max_context_len"], out=args["logits"],
-                  k_format=args.get("k_format"))
+                  k_format=args.get("k_format"), row_to_batch=args.get("row_to_batch"))
     select = dict(scores=args["logits"], lengths=args["context_lens"], k=args["k"], page_table=args["page_table"],
-                  page_size=args["page_size"], row_starts=None, row_to_batch=None, out=args["out"],
+                  page_size=args["page_size"], row_starts=None, row_to_batch=args.get("row_to_batch"), out=args["out"],
                   out_raw=args["out_raw"], sorted=False, workspace=args["workspace"])
     return decode, select
 

@@ -274,17 +274,20 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None,
-                     k_format=None, backend=None):
+                     k_format=None, row_to_batch=None, backend=None):
     """Paged decode / speculative-verify indexer logits over the packed fp8 or MXFP4 cache.
 
-    Row ``b * next_n + j`` sees keys ``0 .. context_lens[b] - next_n + j``; later keys, keys whose page
-    is beyond the table and keys whose table entry is < 0 or beyond the cache are -inf.
+    Row ``b * next_n + j`` sees keys ``0 .. context_lens[b] - next_n + j`` of table row ``b``; later keys, keys
+    whose page is beyond the table and keys whose table entry is < 0 or beyond the cache are -inf. Ragged rows
+    (``row_to_batch`` given: any mix of draft tokens a request in one call): ``q`` holds one token a row, and row
+    ``r`` sees keys ``0 .. context_lens[r] - 1`` of table row ``row_to_batch[r]`` (a row naming no table row sees
+    none).
 
     Parameters
     ----------
     q : torch.Tensor
         ``[B, next_n, H, D]`` float8_e4m3fn or float8_e4m3fnuz (the cache holds the same format unless
-        ``k_format`` names another).
+        ``k_format`` names another); ragged rows: ``[R, 1, H, D]``, B standing for R below.
     k_cache : torch.Tensor
         The packed cache (:mod:`indexcache.hal.layout`): uint8, contiguous, ``[num_pages, page_size, 1, D + 4]``
         or ``[num_pages, page_size * (D + 4)]``; D a positive multiple of 4. MXFP4 keys: ``D / 2 + D / 32`` bytes
@@ -292,17 +295,18 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     weights : torch.Tensor
         ``[B * next_n, H]`` float32.
     context_lens : torch.Tensor
-        ``[B]`` int32.
+        ``[B]`` int32 (ragged rows: each row's own visible length).
     page_table : torch.Tensor
-        ``[B, P]`` int32.
+        ``[B, P]`` int32 (ragged rows: ``[requests, P]``).
     max_context_len : int
         The output's columns, ≥ 0.
     out : torch.Tensor, optional
         ``[B * next_n, max_context_len]`` float32, written in place without allocating.
     k_format : torch.dtype, optional
         The cache's key format: None, ``q``'s fp8 format; ``torch.float4_e2m1fn_x2``, MXFP4 keys (as
-        :func:`store_index_k` writes them), each decoded with its block scales in place of ``scale · key`` (the
-        torch backend reads them for now).
+        :func:`store_index_k` writes them), each decoded with its block scales in place of ``scale · key``.
+    row_to_batch : torch.Tensor, optional
+        ``[R]`` int32, ragged rows: each row's table row (its request).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -332,18 +336,21 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     tensor([[  0., 384.,   0., -inf]])
     """
     return _call("paged_mqa_logits", backend, out is not None,
-                 (q, k_cache, weights, context_lens, page_table, max_context_len), dict(out=out, k_format=k_format))
+                 (q, k_cache, weights, context_lens, page_table, max_context_len),
+                 dict(out=out, k_format=k_format, row_to_batch=row_to_batch))
 
 
 def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table,
                          page_size: int, *, logits=None, out=None, out_raw=None, workspace=None, k_format=None,
-                         backend=None):
+                         row_to_batch=None, backend=None):
     """The producer step of decode in one op: :func:`paged_mqa_logits` then :func:`topk_translate` on its rows.
 
     Equal to ``paged_mqa_logits(q, k_cache, weights, context_lens, block_table, max_context_len, out=logits)``,
     then ``topk_translate(logits, lengths, k, page_table, page_size, row_to_batch=...)`` where row
     ``r = b * next_n + j`` has the visible length ``lengths[r] = context_lens[b] - next_n + 1 + j`` (negative
-    counts as 0) and the table row ``b`` (``row_to_batch`` is ``r // next_n``, None when ``next_n`` is 1).
+    counts as 0) and the table row ``b`` (``row_to_batch`` is ``r // next_n``, None when ``next_n`` is 1). Ragged
+    rows (``row_to_batch`` given, ``q [R, 1, H, D]``): row ``r``'s length is ``context_lens[r]`` and its table row,
+    in both tables, ``row_to_batch[r]``.
 
     Parameters
     ----------
@@ -370,6 +377,8 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
         use as scratch (default: the backend's own, kept for the calling thread's current stream).
     k_format : torch.dtype, optional
         As :func:`paged_mqa_logits`: None (``q``'s fp8 format) or ``torch.float4_e2m1fn_x2`` (an MXFP4 cache).
+    row_to_batch : torch.Tensor, optional
+        ``[R]`` int32, ragged rows: each row's request, its row of ``block_table`` and ``page_table``.
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -405,7 +414,8 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
     """
     return _call("paged_topk_translate", backend, out is not None and logits is not None,
                  (q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size),
-                 dict(logits=logits, out=out, out_raw=out_raw, workspace=workspace, k_format=k_format))
+                 dict(logits=logits, out=out, out_raw=out_raw, workspace=workspace, k_format=k_format,
+                      row_to_batch=row_to_batch))
 
 
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):

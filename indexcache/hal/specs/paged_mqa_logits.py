@@ -23,9 +23,10 @@ def key_format(q: torch.Tensor, k_format: torch.dtype | None) -> torch.dtype:
 
 
 def check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len, table: str = "page_table",
-                 k_format=None) -> None:
+                 k_format=None, row_to_batch=None) -> None:
     """The inputs as :func:`check` takes them; ``table`` is the name errors give ``page_table`` (the index-K
-    cache's table)."""
+    cache's table). With ``row_to_batch`` (ragged rows) ``q`` holds one token a row and the table any number of
+    requests."""
     if k_format is not None and not (isinstance(k_format, torch.dtype) and k_format == fp4.FP4):
         raise TypeError(f"k_format: expected None (the cache holds q's fp8 format) or torch.float4_e2m1fn_x2 "
                         f"(MXFP4 keys), got {k_format!r}")
@@ -35,27 +36,39 @@ def check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len,
     check_cache(k_cache, "q", dim, device, key_format(q, k_format))
     check_tensor("weights", weights, (torch.float32,), (batch * next_n, heads), device)
     check_tensor("context_lens", context_lens, (INDEX,), (batch,), device)
-    check_tensor(table, page_table, (INDEX,), (batch, None), device)
+    if row_to_batch is None:
+        check_tensor(table, page_table, (INDEX,), (batch, None), device)
+    else:
+        if next_n != 1:
+            raise ValueError(f"q: expected one token a row, shape [R, 1, H, D], with row_to_batch (ragged rows), got "
+                             f"shape {list(q.shape)}")
+        check_tensor(table, page_table, (INDEX,), (None, None), device)
+        check_tensor("row_to_batch", row_to_batch, (INDEX,), (batch,), device)
     check_int("max_context_len", max_context_len, 0)
 
 
 def check(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None,
-          k_format: torch.dtype | None = None) -> dict[str, Any]:
-    check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len, k_format=k_format)
+          k_format: torch.dtype | None = None, row_to_batch=None) -> dict[str, Any]:
+    check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len, k_format=k_format,
+                 row_to_batch=row_to_batch)
     batch, next_n = q.shape[:2]
     device = q.device
     out = output("out", out, torch.float32, (batch * next_n, max_context_len), device,
-                 dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table))
+                 dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table,
+                      row_to_batch=row_to_batch))
     return dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table,
-                max_context_len=max_context_len, out=out, k_format=k_format)
+                max_context_len=max_context_len, out=out, k_format=k_format, row_to_batch=row_to_batch)
 
 
-def reference(q, k_cache, weights, context_lens, page_table, max_context_len, k_format=None) -> torch.Tensor:
+def reference(q, k_cache, weights, context_lens, page_table, max_context_len, k_format=None,
+              row_to_batch=None) -> torch.Tensor:
     """Paged decode logits ``[B * next_n, max_context_len]`` float64.
 
-    Row ``b * next_n + j`` sees keys ``0 .. context_lens[b] - next_n + j``; keys past that, keys
-    whose page lies beyond the table and keys whose table entry is < 0 or beyond the cache are -inf.
-    An MXFP4 cache's keys are decoded with their block scales (:func:`fp4.dequantize`), a scale of 1 a token.
+    Row ``b * next_n + j`` sees keys ``0 .. context_lens[b] - next_n + j`` of table row ``b``; ragged rows
+    (``row_to_batch``, next_n 1): row ``r`` sees keys ``0 .. context_lens[r] - 1`` of table row ``row_to_batch[r]``
+    (none where that is not a row of the table). Keys past that, keys whose page lies beyond the table and keys
+    whose table entry is < 0 or beyond the cache are -inf. An MXFP4 cache's keys are decoded with their block
+    scales (:func:`fp4.dequantize`), a scale of 1 a token.
     """
     q = cpu(q)
     batch, next_n, heads, dim = q.shape
@@ -67,14 +80,17 @@ def reference(q, k_cache, weights, context_lens, page_table, max_context_len, k_
     table, context_lens = cpu(page_table).long(), cpu(context_lens).long()
     weights = cpu(weights).double().view(batch, next_n, heads)
     out = torch.full((batch * next_n, max_context_len), float("-inf"), dtype=torch.float64)
-    for b in range(batch):
+    requests = cpu(row_to_batch).tolist() if row_to_batch is not None else range(batch)
+    for b, tb in enumerate(requests):
+        if not 0 <= tb < table.shape[0]:
+            continue
         for j in range(next_n):
             visible = min(int(context_lens[b]) - next_n + j + 1, max_context_len)
             for s in range(max(visible, 0)):
                 page = s // page_size
-                if page >= table.shape[1] or not 0 <= int(table[b, page]) < num_pages:
+                if page >= table.shape[1] or not 0 <= int(table[tb, page]) < num_pages:
                     continue
-                slot = (int(table[b, page]), s % page_size)
+                slot = (int(table[tb, page]), s % page_size)
                 dots = (q[b, j].double() @ keys[slot].double()).clamp_min(0)
                 out[b * next_n + j, s] = (dots * weights[b, j]).sum() * float(scales[slot])
     return out
@@ -170,6 +186,31 @@ def _(gen, dev, fp8):
     args["k_cache"] = args["k_cache"].view(args["k_cache"].shape[0], 64, 1, 132)
     return args
 
+
+def ragged_args(gen, dev, fp8, drafts, context, page_size=64, heads=16, k_format=None, stray=False):
+    """Ragged rows: request ``b`` (of ``context[b]`` keys) verifies ``drafts[b]`` tokens, row ``j`` of them seeing
+    ``context[b] - drafts[b] + 1 + j`` keys; the rows shuffled, each naming its request (``row_to_batch``).
+    ``stray``: besides, two rows name no request of the table (-1 and one past it)."""
+    base = args_of(gen, dev, len(context), 1, heads, page_size, context, dtype=fp8, k_format=k_format)
+    req = torch.cat([torch.full((n,), b, dtype=torch.long) for b, n in enumerate(drafts)])
+    seen = torch.cat([torch.arange(n) - n + 1 + c for n, c in zip(drafts, context, strict=True)])
+    if stray:
+        req, seen = torch.cat([req, torch.tensor([-1, len(context)])]), torch.cat([seen, torch.tensor([50, 50])])
+    order = torch.randperm(req.shape[0], generator=gen)
+    req, seen = req[order], seen[order]
+    rows, dim = req.shape[0], base["q"].shape[3]
+    q = to_fp8(torch.randn(rows, 1, heads, dim, generator=gen) * 3, base["q"].dtype)
+    return dict(base, q=q.to(dev), weights=(torch.randn(rows, heads, generator=gen) / heads).to(dev),
+                context_lens=seen.to(I32).to(dev), row_to_batch=req.to(I32).to(dev))
+
+
+cases.add("ragged rows: 1 to 8 draft tokens a request, short and long, shuffled, page 64, native fp8",
+          native_fp8=True)(
+    lambda gen, dev, fp8: ragged_args(gen, dev, fp8, [1, 8, 3, 2, 5], [300, 9, 200, 64, 131]))
+cases.add("ragged rows: page 48, rows naming no request (-1, past the table), native fp8", native_fp8=True)(
+    lambda gen, dev, fp8: ragged_args(gen, dev, fp8, [2, 4, 1], [100, 50, 7], page_size=48, stray=True))
+cases.add("ragged rows on an MXFP4 cache, 1 to 4 draft tokens, page 64, native fp8 q", native_fp8=True)(
+    lambda gen, dev, fp8: ragged_args(gen, dev, fp8, [4, 1, 3], [150, 70, 3], heads=32, k_format=fp4.FP4))
 
 # MXFP4 caches (k_format float4_e2m1fn_x2, fp8 queries): the keys are exact values, so the fp8 bounds hold.
 cases.add("MXFP4 cache, decode, page 64, D 128, native fp8 q", native_fp8=True)(

@@ -23,41 +23,46 @@ LOGITS_ARGS = ("q", "k_cache", "weights", "context_lens", "block_table", "max_co
 
 
 def check(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table, page_size: int,
-          *, logits=None, out=None, out_raw=None, workspace=None,
-          k_format: torch.dtype | None = None) -> dict[str, Any]:
+          *, logits=None, out=None, out_raw=None, workspace=None, k_format: torch.dtype | None = None,
+          row_to_batch=None) -> dict[str, Any]:
     paged_mqa_logits.check_inputs(q, k_cache, weights, context_lens, block_table, max_context_len,
-                                  table="block_table", k_format=k_format)
+                                  table="block_table", k_format=k_format, row_to_batch=row_to_batch)
     batch, next_n = q.shape[:2]
     device = q.device
     check_k(k)
-    check_tensor("page_table", page_table, (INDEX,), (batch, None), device)
+    check_tensor("page_table", page_table, (INDEX,), (batch if row_to_batch is None else None, None), device)
     check_page_size(page_size)
     inputs = dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, block_table=block_table,
-                  page_table=page_table)
+                  page_table=page_table, row_to_batch=row_to_batch)
     logits = output("logits", logits, torch.float32, (batch * next_n, max_context_len), device,
                     dict(inputs, out=out, out_raw=out_raw))
     out = topk_translate.check_outputs(out, out_raw, (batch * next_n, k), device, dict(inputs, logits=logits))
     check_workspace(workspace, device, dict(inputs, logits=logits, out=out, out_raw=out_raw))
     return dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, block_table=block_table,
                 max_context_len=max_context_len, k=k, page_table=page_table, page_size=page_size, logits=logits,
-                out=out, out_raw=out_raw, workspace=workspace, k_format=k_format)
+                out=out, out_raw=out_raw, workspace=workspace, k_format=k_format, row_to_batch=row_to_batch)
 
 
-def rows_of(context_lens: torch.Tensor, next_n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rows_of(context_lens: torch.Tensor, next_n: int,
+            row_to_batch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per logits row ``r = b * next_n + j``: its visible length ``context_lens[b] - next_n + 1 + j`` (int32,
-    negative clamped to 0) and its request ``b`` (int32; None when ``next_n`` is 1: row r is request r)."""
+    negative clamped to 0) and its request ``b`` (int32; None when ``next_n`` is 1: row r is request r). Ragged rows
+    (``row_to_batch`` given): ``context_lens[r]`` clamped, and ``row_to_batch``."""
+    if row_to_batch is not None:
+        return context_lens.clamp_min(0).to(I32), row_to_batch
     row = torch.arange(context_lens.shape[0] * next_n, device=context_lens.device)
     lengths = (context_lens.long()[row // next_n] - next_n + 1 + row % next_n).clamp_min(0).to(I32)
     return lengths, None if next_n == 1 else (row // next_n).to(I32)
 
 
 def reference(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size,
-              k_format=None):
+              k_format=None, row_to_batch=None):
     """``(physical, raw)`` as :func:`topk_translate.reference <indexcache.hal.specs.topk_translate.reference>`
     gives them for the paged logits, each row's visible length and its request's table row."""
-    logits = paged_mqa_logits.reference(q, k_cache, weights, context_lens, block_table, max_context_len, k_format)
-    lengths, row_to_batch = rows_of(cpu(context_lens), q.shape[1])
-    return topk_translate.reference(logits, lengths, k, page_table, page_size, row_to_batch=row_to_batch)
+    logits = paged_mqa_logits.reference(q, k_cache, weights, context_lens, block_table, max_context_len, k_format,
+                                        row_to_batch)
+    lengths, rows = rows_of(cpu(context_lens), q.shape[1], cpu(row_to_batch))
+    return topk_translate.reference(logits, lengths, k, page_table, page_size, row_to_batch=rows)
 
 
 def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor], accumulation: str) -> Verdict:
@@ -65,11 +70,12 @@ def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor]
     ``out`` / ``out_raw`` like :func:`indexcache.topk_translate` against the reference top-k of *those* logits,
     not of the float64 ones in ``want`` (the bound lets a near-tie flip). Cases give ``logits``: it is read."""
     returned = cpu(args["logits"])
-    want_logits = paged_mqa_logits.reference(*(cpu(args[name]) for name in LOGITS_ARGS), args.get("k_format"))
+    want_logits = paged_mqa_logits.reference(*(cpu(args[name]) for name in LOGITS_ARGS), args.get("k_format"),
+                                             cpu(args.get("row_to_batch")))
     detail, err, bound = mqa_logits.judge(args, returned, want_logits, accumulation)
     if detail:
         return f"logits: {detail}", err, bound
-    lengths, row_to_batch = rows_of(cpu(args["context_lens"]), args["q"].shape[1])
+    lengths, row_to_batch = rows_of(cpu(args["context_lens"]), args["q"].shape[1], cpu(args.get("row_to_batch")))
     page_table = cpu(args["page_table"])
     again = topk_translate.reference(returned, lengths, args["k"], page_table, args["page_size"],
                                      row_to_batch=row_to_batch)
@@ -139,6 +145,26 @@ def _(gen, dev, fp8):
            native_fp8=True)
 def _(gen, dev, fp8):
     return _args(gen, dev, fp8, 2, 2, 64, [250, 190], 70, 64, holes=True, k_format=fp4.FP4)
+
+def _ragged(gen, dev, fp8, drafts, context, k, page_size, *, stray=False, k_format=None):
+    """paged_mqa_logits' ragged rows (:func:`paged_mqa_logits.ragged_args`), a KV ``page_table`` of a row a request
+    with holes, a NaN-filled ``logits`` buffer and ``out_raw``."""
+    args = paged_mqa_logits.ragged_args(gen, "cpu", fp8, drafts, context, k_format=k_format, stray=stray)
+    args["block_table"] = args.pop("page_table")
+    rows, cols = args["q"].shape[0], args["max_context_len"]
+    pages = -(-cols // page_size) + 1
+    table = ints(gen, 0, 50 * pages, (len(context), pages))
+    table[:, 2::5] = -1
+    args.update(k=k, page_table=table, page_size=page_size, logits=torch.full((rows, cols), float("nan")),
+                out_raw=torch.full((rows, k), POISON, dtype=I32))
+    return {name: v.to(dev) if isinstance(v, torch.Tensor) else v for name, v in args.items()}
+
+
+cases.add("ragged rows: 1 to 8 draft tokens a request, shuffled, rows naming no request, KV page 64, native fp8",
+          native_fp8=True)(
+    lambda gen, dev, fp8: _ragged(gen, dev, fp8, [1, 8, 3, 2], [300, 9, 200, 64], 96, 64, stray=True))
+cases.add("ragged rows on an MXFP4 cache, KV page 1, native fp8 q", native_fp8=True)(
+    lambda gen, dev, fp8: _ragged(gen, dev, fp8, [3, 1, 5], [150, 70, 130], 64, 1, k_format=fp4.FP4))
 
 # ----------------------------------------------------------------------------------------------- benchmark
 
