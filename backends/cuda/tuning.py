@@ -89,6 +89,10 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
     if not fp8:
         # Decode with the fp16 decoding of fp8 keys: one draft token a program (Triton 3.9 spills 144 bytes at two).
         table["paged_mqa_logits"]["COLS"] = 64
+    if caps["mma"] == "mma.sync":
+        # The MXFP4 decode before Hopper: without a register cap ptxas aims at three programs a SM (168 registers)
+        # and spills 16-24 bytes of the widening's; with 255 it takes 155-219 and spills nothing (Triton 3.9).
+        table["paged_mqa_logits"]["FP4_MAXNREG"] = 255
     # The top-k's block kernel and finishing launch, and the Hopper decode, start with programmatic dependent launch
     # where there is one: their programs take the multiprocessors the launch before them leaves and wait there for its
     # end, in place of a launch gap each (docs/kernels.md, "The producer step of decode").

@@ -610,10 +610,23 @@ def _check_dtype(name: str, dtype: torch.dtype, target: Target, bf16: bool) -> l
     return [f"{name} dtype {dtype} is not handled by the Triton logits kernels"]
 
 
-def _mxfp4_prefill(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor) -> list[str]:
-    """Why the prefill kernel cannot read these MXFP4 keys (empty: it can): fp8 queries, the values' rows read as
-    words, the scale bytes of a row adjacent."""
+def _decode_options(target: Target, cfg: Mapping[str, Any], mxfp4: bool) -> dict[str, Any]:
+    """The decode's launch options; an MXFP4 cache's with the table's ``FP4_MAXNREG`` register cap where it has one
+    (NVIDIA: without a cap ptxas aims at three programs a SM and spills the widening's registers on sm80 / sm89)."""
+    options = launch_options(target, cfg)
+    if mxfp4 and "FP4_MAXNREG" in cfg:
+        options["maxnreg"] = cfg["FP4_MAXNREG"]
+    return options
+
+
+def _mxfp4_prefill(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, target: Target) -> list[str]:
+    """Why the prefill kernel cannot read these MXFP4 keys (empty: it can): a target with fp8 matrix instructions
+    (without them the widened tile and the fp16 queries spill), fp8 queries, the values' rows read as words, the
+    scale bytes of a row adjacent."""
     reasons = []
+    if not target.gpu.fp8_mma:
+        reasons.append(f"MXFP4 keys on {target.arch}: the Triton prefill takes them where there are fp8 matrix "
+                       "instructions (the torch backend serves the others)")
     if q.dtype == torch.bfloat16:
         reasons.append("MXFP4 keys with bf16 queries: the Triton kernels take fp8 queries with them")
     if k.stride(1) != 1 or k.stride(0) % 4 or k.data_ptr() % 4:
@@ -700,7 +713,9 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
             return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
                                       groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
                                       batch_block=BATCH_BLOCK)
-    options = options or launch_key_options(launch_options(target, cfg))
+    # An MXFP4 cache takes the table's register cap for it (_decode_options), not the fp8 decode's options.
+    options = launch_key_options(_decode_options(target, cfg, True)) if mxfp4 else \
+        options or launch_key_options(launch_options(target, cfg))
     widen = _widen_mode(q.dtype, target, cfg)
     if mxfp4:  # the cache's bytes for both pointers; value words where every page starts at a multiple of 4 bytes
         kv, kv_scale = flat, flat
@@ -745,7 +760,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     decode_options = launch_key_options(launch_options(target, decode))
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
-        mxfp4 = _mxfp4_prefill(q, k, k_scale) if k.dtype == fp4.FP4 else []
+        mxfp4 = _mxfp4_prefill(q, k, k_scale, target) if k.dtype == fp4.FP4 else []
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
                 *_check_dtype("q", q.dtype, target, bf16=True), *_check_shape(q.shape[1], q.shape[2]), *mxfp4]
 
@@ -789,13 +804,14 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             {"q_ptr": data, "k_ptr": data, "scale_ptr": "*fp32", "w_ptr": "*fp32",
              "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"},
             {"H": heads, "D": dim, "BLOCK_Q": max(1, prefill["COLS"] // heads, 16 // heads),
-             "BLOCK_N": prefill["BLOCK_N"], "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen,
+             "BLOCK_N": prefill["BLOCK_N"], "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen, "MXFP4": 0,
              "q_s2": 1, "k_s1": 1, "scale_s0": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
             launch_options(target, prefill), matrix=operand, aligned=("q_s0", "q_s1", "k_s0", "w_s0")))
-    # The prefill on MXFP4 keys (values [N, 64] and scales [N, 4] bytes), the target's fp8 queries.
+    # The prefill on MXFP4 keys (values [N, 64] and scales [N, 4] bytes), the target's fp8 queries, where the target
+    # has fp8 matrix instructions (_mxfp4_prefill).
     widen = _widen_mode(target.fp8_dtype, target, prefill)
     data = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
-    specs.append(KernelSpec(
+    specs += [] if not target.gpu.fp8_mma else [KernelSpec(
         "mqa_logits", mqa_logits_kernel,
         {"q_ptr": data, "k_ptr": "*u8", "scale_ptr": "*u8", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32",
          "out_ptr": "*fp32"},
@@ -803,7 +819,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
          "BLOCK_N": prefill["BLOCK_N"], "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen,
          "MXFP4": _fp4_mode(target.fp8_dtype), "q_s2": 1, "k_s1": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
         launch_options(target, prefill), matrix="fp16" if widen in (1, 3) else "fp8",
-        aligned=("q_s0", "q_s1", "k_s0", "scale_s0", "w_s0")))
+        aligned=("q_s0", "q_s1", "k_s0", "scale_s0", "w_s0"))]
     widen = _widen_mode(target.fp8_dtype, target, decode)
     fp8 = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
     for next_n, ragged in ((1, 0), (2, 0), (3, 0), (4, 0), (1, 1)):  # ragged: a row a token, its request named
@@ -829,8 +845,8 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
              "BLOCK_KEYS": decode["BLOCK_KEYS"], "BLOCK_B": BATCH_BLOCK, "KEYS_ON_M": decode["KEYS_ON_M"],
              "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": 1, "MXFP4": _fp4_mode(target.fp8_dtype),
-             "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1, "out_s1": 1},
-            launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
+             "HAS_R2B": 0, "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1, "out_s1": 1},
+            _decode_options(target, decode, mxfp4=True), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     if prefill.get("KERNEL") == "tma-ws":  # the Hopper prefill in Gluon (prefill_sm90.py) where the table takes it
         from indexcache.backends.triton import prefill_sm90

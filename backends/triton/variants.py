@@ -44,6 +44,8 @@ def op_launches(op: str, args: Mapping[str, Any], target: Target,
             a["scores"], a["lengths"], a["k"], a.get("row_starts"), a["out"], a.get("out_raw"), a.get("page_table"),
             a.get("page_size", 1), a.get("row_to_batch"), sorted=a.get("sorted", False), target=target,
             cfg=tuning["topk"])]
+    elif op == "mqa_logits" and a["k"].dtype == fp4.FP4 and not target.gpu.fp8_mma:
+        found = []  # MXFP4 keys without fp8 matrix instructions: the torch backend's (the Triton prefill declines)
     elif op == "mqa_logits":
         found = [logits.mqa_logits_launch(**a, target=target, cfg=tuning["mqa_logits"])]
     elif op == "paged_mqa_logits":
