@@ -212,11 +212,11 @@ def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tup
 
 def args_for(impl: OpImpl, args: Mapping[str, Any]) -> Mapping[str, Any]:
     """The arguments ``impl`` takes: all of them, less ``workspace`` where it declares no ``workspace_bytes`` (it
-    takes no workspace), and less a ``k_format`` of None (the cache in the queries' fp8 format, as before the paged
-    ops named formats): backends written before the ops had either keep working."""
+    takes no workspace), and less the paged ops' ``k_format`` and ``row_to_batch`` where None (the cache in the
+    queries' fp8 format, uniform rows: as before the paged ops had either): backends written before keep working."""
     drop = {"workspace"} if impl.workspace_bytes is None else set()
-    if args.get("k_format", ...) is None:
-        drop.add("k_format")
+    if "k_format" in args:  # a paged op
+        drop |= {name for name in ("k_format", "row_to_batch") if name in args and args[name] is None}
     if drop & args.keys():
         return {name: value for name, value in args.items() if name not in drop}
     return args
