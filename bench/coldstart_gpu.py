@@ -97,6 +97,8 @@ def materialize(kind: str, calls: list[tuple[str, dict[str, Any]]], dims: tuple[
             return (torch.arange(shape[0]) + start).to(dtype)
         if name in ("context_lens", "seq_lens") and kind == "decode":
             return torch.full(shape, context, dtype=dtype)
+        if name == "context_lens":  # prefill: the request's keys, gathered from the cache
+            return torch.full(shape, keys, dtype=dtype)
         if name == "row_to_batch":
             return (row // next_n if kind == "decode" else row * 0).to(dtype)
         if name == "raw":

@@ -34,7 +34,7 @@ def op_launches(op: str, args: Mapping[str, Any], target: Target,
                 tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch]:
     """The launches one call of ``op`` (a public op's name, its arguments as the op takes them, outputs given) makes
     on ``target`` with the backend's ``tuning`` table, in order."""
-    from indexcache.backends.triton import logits, producer, quantize, topk, translate
+    from indexcache.backends.triton import gather, logits, producer, quantize, topk, translate
 
     a = dict(args)
     if op == "paged_topk_translate":
@@ -50,6 +50,8 @@ def op_launches(op: str, args: Mapping[str, Any], target: Target,
         found = [logits.mqa_logits_launch(**a, target=target, cfg=tuning["mqa_logits"])]
     elif op == "paged_mqa_logits":
         found = [logits.paged_mqa_logits_launch(**a, target=target, cfg=tuning["paged_mqa_logits"])]
+    elif op == "gather_index_k":
+        found = [gather.gather_launch(**a, target=target, cfg=tuning["gather_index_k"])]
     elif op == "translate":
         found = [translate.translate_launch(**a, target=target, cfg=tuning["translate"])]
     elif op == "store_index_k":

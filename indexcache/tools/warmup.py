@@ -8,8 +8,9 @@ contexts up to ``max_context`` and 1 to ``max_next_n`` tokens a request (MTP dra
 
 - decode: ``store_index_k`` of the step's keys (bf16), ``paged_topk_translate`` (producers; ``out`` and ``out_raw``
   given, the logits buffer given), ``translate`` (shared layers; ``row_to_batch`` when next_n > 1);
-- prefill: ``store_index_k`` of the chunk's keys, ``quantize_index_k`` of the keys it scores (one block a head dim;
-  MXFP4: blocks of 32), ``mqa_logits``, ``topk_translate`` (``row_starts``, ``row_to_batch``, ``out_raw`` given),
+- prefill: ``store_index_k`` of the chunk's keys, ``gather_index_k`` of the request's keys from the cache (the small
+  model's way) or ``quantize_index_k`` of the keys it scores (an engine's own; one block a head dim, MXFP4: blocks of
+  32), ``mqa_logits``, ``topk_translate`` (``row_starts``, ``row_to_batch``, ``out_raw`` given),
   ``translate`` (``row_to_batch``).
 
 Which variant a launch compiles depends on those facts and on a bounded set of shape classes, never on the exact
@@ -113,9 +114,13 @@ def prefill_calls(plan: LayerPlan, page_size: int, fp8: torch.dtype, tokens: int
         k_keys, k_scale, block = _meta(keys, dim // 2, dtype=fmt), _meta(keys, dim // fp4.BLOCK, dtype=fp4.E8M0), 32
     else:
         k_keys, k_scale, block = _meta(keys, dim, dtype=fmt), _meta(keys, 1, dtype=torch.float32), dim
+    gathered = dict(out_k=_meta(keys, dim // 2, dtype=fmt) if fmt == fp4.FP4 else _meta(keys, dim, dtype=fmt),
+                    out_scale=k_scale if fmt == fp4.FP4 else _meta(keys, dtype=torch.float32))
     return [
         ("store_index_k", dict(k=_meta(tokens, dim, dtype=K_DTYPE), k_cache=cache, slot_mapping=_meta(tokens),
                                fp8_dtype=fmt)),
+        ("gather_index_k", dict(k_cache=cache, block_table=table, context_lens=_meta(1), dim=dim, fp8_dtype=fmt,
+                                **gathered)),
         ("quantize_index_k", dict(k=_meta(keys, dim, dtype=K_DTYPE), q=k_keys, scale=k_scale, fp8_dtype=fmt,
                                   block=block)),
         ("mqa_logits", dict(q=_meta(tokens, heads, dim, dtype=fp8), k=k_keys,
