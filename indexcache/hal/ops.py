@@ -237,7 +237,7 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
         ``[T, H, D]`` float8_e4m3fn, float8_e4m3fnuz or bfloat16.
     k : torch.Tensor
         ``[N, D]`` of ``q``'s dtype, or MXFP4 keys ``[N, D / 2]`` float4_e2m1fn_x2 with fp8 ``q`` (as
-        :func:`quantize_index_k` returns them; the torch backend reads them for now).
+        :func:`quantize_index_k` returns them).
     k_scale : torch.Tensor
         ``[N]`` float32; with MXFP4 keys their scales, ``[N, D / 32]`` float8_e8m0fnu.
     weights : torch.Tensor
@@ -434,7 +434,7 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, back
     block : int
         Elements a scale, ≥ 1 (32 for MXFP4).
     backend : str, optional
-        The backend to run on (default: the dispatcher's choice; MXFP4 runs on the torch backend for now).
+        The backend to run on (default: the dispatcher's choice).
 
     Returns
     -------
@@ -479,7 +479,7 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
         ``slot % page_size``); slots < 0 or beyond the cache are skipped.
     fp8_dtype : torch.dtype
         ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2`` (MXFP4, D a multiple of
-        32; the torch backend writes it for now).
+        32).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
