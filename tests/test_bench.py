@@ -568,3 +568,13 @@ def test_fp4_decode_smoke_runs_on_the_cpu(tmp_path):
     assert {(r["backend"], r["op"]) for r in report["ratios"]} == {
         (b, op) for b in ("cuda", "torch") for op in ("paged_mqa_logits", "paged_topk_translate")} | {
         ("cuda", "mqa_logits")}
+
+
+def test_ragged_smoke_runs_on_the_cpu(tmp_path):
+    """bench/ragged_gpu.py --smoke: both forms of both paged ops on the same rows, interpreted, the ragged logits
+    equal to the uniform ones."""
+    _script("ragged_gpu", "--smoke", "--out", str(tmp_path / "ragged.json"))
+    report = json.loads((tmp_path / "ragged.json").read_text())
+    assert report["device"] == "cpu" and not report["errors"]
+    assert [r["op"] for r in report["rows"]] == ["paged_mqa_logits", "paged_topk_translate"]
+    assert all(r["uniform_us"] > 0 and r["ragged_us"] > 0 for r in report["rows"])
