@@ -34,9 +34,10 @@ import torch
 import indexcache
 from indexcache.bench.output import print_rows, write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
-from indexcache.bench.timing import capture_graph
+from indexcache.bench.timing import alternating_graph_us
 from indexcache.hal import fp4
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
+from indexcache.hal.specs.mqa_logits import check_logits
 
 H, D, PAGE, K = 64, 128, 64, 2048
 BATCH, CONTEXTS, NEXT_N = 64, (32768, 131072), (1, 2)
@@ -129,51 +130,13 @@ def _prefill_calls(a: dict, backend: str) -> dict[tuple[str, str], object]:
     return calls
 
 
-def _relative_error(got: torch.Tensor, want: torch.Tensor) -> str:
-    """"" when ``got`` has ``want``'s -inf placement, no NaN and a relative RMS error ≤ BOUND over the rest."""
-    if not torch.equal(got == float("-inf"), want == float("-inf")) or got.isnan().any():
-        return "-inf placement differs or NaN"
-    finite = torch.isfinite(want)
-    err = ((got[finite].double() - want[finite].double()).norm() / want[finite].double().norm()).item()
-    return "" if err <= BOUND else f"relative RMS error {err:.3g} > {BOUND}"
-
-
 def _check(a: dict) -> str:
     """"" when the cuda backend's MXFP4 logits match the torch backend's, else what differs."""
     got = indexcache.paged_mqa_logits(a["q"], a["fp4_cache"], a["weights"], a["lens"], a["table"], a["context"],
                                       k_format=fp4.FP4, backend="cuda")
     want = indexcache.paged_mqa_logits(a["q"], a["fp4_cache"], a["weights"], a["lens"], a["table"], a["context"],
                                        k_format=fp4.FP4, backend="torch")
-    return _relative_error(got, want)
-
-
-def _alternating_us(calls: dict, dev: torch.device, rounds: int, burst: int) -> dict:
-    """Per call the median over ``rounds`` of the µs a replay of its CUDA graph took in a burst of ``burst``
-    back-to-back replays, the calls taking turns each round (host clock around direct calls off a GPU)."""
-    if dev.type != "cuda":
-        samples = {name: [] for name in calls}
-        for _ in range(rounds):
-            for name, fn in calls.items():
-                start = time.perf_counter()
-                fn()
-                samples[name].append(1e6 * (time.perf_counter() - start))
-        return {name: statistics.median(s) for name, s in samples.items()}
-    graphs = {name: capture_graph(fn, dev) for name, fn in calls.items()}
-    for graph in graphs.values():
-        for _ in range(3):
-            graph.replay()
-    samples = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, graph in graphs.items():
-            torch.cuda.synchronize(dev)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(burst):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) * 1e3 / burst)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return check_logits(got, want, BOUND)[0]
 
 
 def _eager_us(calls: dict, dev: torch.device, reps: int) -> dict:
@@ -220,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             problem = _check(a)
             if problem:
                 report["errors"].append(f"{shape}: MXFP4 logits, cuda against torch: {problem}")
-            times = {("cuda", *key): us for key, us in _alternating_us(_calls(a, "cuda"), dev, rounds, burst).items()}
+            timed = alternating_graph_us(_calls(a, "cuda"), dev, rounds, burst)
+            times = {("cuda", *key): us for key, us in timed.items()}
             if not args.no_torch:
                 times.update({("torch", *key): us for key, us in _eager_us(_calls(a, "torch"), dev,
                                                                            1 if args.smoke else 3).items()})
@@ -237,12 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     shape = f"prefill {tokens}x{keys // 1024}K" if keys >= 1024 else f"prefill {tokens}x{keys}"
     a = _prefill_inputs(tokens, keys, dev, gen)
     got = indexcache.mqa_logits(a["q"], a["k4"], a["s4"], a["weights"], a["ks"], a["ke"], backend="cuda")
-    problem = _relative_error(got, indexcache.mqa_logits(a["q"], a["k4"], a["s4"], a["weights"], a["ks"], a["ke"],
-                                                         backend="torch"))
+    problem = check_logits(got, indexcache.mqa_logits(a["q"], a["k4"], a["s4"], a["weights"], a["ks"], a["ke"],
+                                                       backend="torch"), BOUND)[0]
     if problem:
         report["errors"].append(f"{shape}: MXFP4 logits, cuda against torch: {problem}")
     del got
-    times = _alternating_us(_prefill_calls(a, "cuda"), dev, rounds, max(1, burst // 4))
+    times = alternating_graph_us(_prefill_calls(a, "cuda"), dev, rounds, max(1, burst // 4))
     for (op, fmt), us in times.items():
         report["rows"].append(dict(shape=shape, backend="cuda", op=op, format=fmt, us=round(us, 2)))
     fp8_us, mxfp4_us = times[("mqa_logits", "fp8")], times[("mqa_logits", "mxfp4")]

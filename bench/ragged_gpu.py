@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 if "--smoke" in sys.argv:  # before Triton is imported: the kernels run interpreted on the CPU
     os.environ["TRITON_INTERPRET"] = "1"
@@ -28,8 +26,9 @@ import torch
 import indexcache
 from indexcache.bench.output import print_rows, write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
-from indexcache.bench.timing import capture_graph
+from indexcache.bench.timing import alternating_graph_us
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
+from indexcache.hal.specs.mqa_logits import check_logits
 
 H, D, PAGE, K = 64, 128, 64, 2048
 FP8 = torch.float8_e4m3fn
@@ -86,36 +85,7 @@ def calls(a: dict) -> dict[tuple[str, str], object]:
 
 def check(a: dict) -> str:
     """"" when the ragged logits equal the uniform ones within BOUND (-inf placement equal), else what differs."""
-    got, want = a["logits_ragged"], a["logits_uniform"]
-    if not torch.equal(got == float("-inf"), want == float("-inf")) or got.isnan().any():
-        return "-inf placement differs or NaN"
-    finite = torch.isfinite(want)
-    err = ((got[finite].double() - want[finite].double()).norm() / want[finite].double().norm()).item()
-    return "" if err <= BOUND else f"relative RMS error {err:.3g} > {BOUND}"
-
-
-def timed_us(fns: dict, dev: torch.device, rounds: int, burst: int) -> dict:
-    """Per call the median µs of a CUDA-graph replay in bursts, the calls taking turns (host clock off a GPU)."""
-    samples = {name: [] for name in fns}
-    if dev.type != "cuda":
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                fn()
-                samples[name].append(1e6 * (time.perf_counter() - start))
-        return {name: statistics.median(s) for name, s in samples.items()}
-    graphs = {name: capture_graph(fn, dev) for name, fn in fns.items()}
-    for _ in range(rounds):
-        for name, graph in graphs.items():
-            torch.cuda.synchronize(dev)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(burst):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) * 1e3 / burst)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return check_logits(a["logits_ragged"], a["logits_uniform"], BOUND)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     fns[("paged_mqa_logits", "uniform")]()
     fns[("paged_mqa_logits", "ragged")]()
     problem = check(a)
-    times = timed_us(fns, dev, rounds, burst)
+    times = alternating_graph_us(fns, dev, rounds, burst)
     rows = [dict(op=op, uniform_us=round(times[(op, "uniform")], 2), ragged_us=round(times[(op, "ragged")], 2),
                  ratio=round(times[(op, "ragged")] / times[(op, "uniform")], 3))
             for op in ("paged_mqa_logits", "paged_topk_translate")]

@@ -578,3 +578,12 @@ def test_ragged_smoke_runs_on_the_cpu(tmp_path):
     assert report["device"] == "cpu" and not report["errors"]
     assert [r["op"] for r in report["rows"]] == ["paged_mqa_logits", "paged_topk_translate"]
     assert all(r["uniform_us"] > 0 and r["ragged_us"] > 0 for r in report["rows"])
+
+
+def test_alternating_graph_us_times_each_call_every_round_off_a_gpu():
+    """Off a GPU: each call runs once a round, in turn, and gets the median of its host times (a smoke run)."""
+    order = []
+    medians = timing.alternating_graph_us({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                                          torch.device("cpu"), rounds=3, burst=5)
+    assert order == ["a", "b"] * 3
+    assert set(medians) == {"a", "b"} and all(us > 0 for us in medians.values())

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import indexcache
+from indexcache.bench.timing import capture_graph
 from indexcache.hal import dispatch, fp4
 from indexcache.hal.layout import new_packed_cache
 from indexcache.hal.specs.gather_index_k import out_shapes
@@ -44,14 +45,7 @@ def test_replays_equal_eager(backend, fmt):
         indexcache.gather_index_k(cache, table, lens, dim=DIM, fp8_dtype=fmt, out_k=out_k, out_scale=out_scale,
                                   backend=backend)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # compiles and warms up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)  # compiled and warmed up on a side stream first
     eager_k, eager_scale = torch.empty_like(out_k), torch.empty_like(out_scale)
     for i in range(REPLAYS):
         new_lens, new_table = draw()

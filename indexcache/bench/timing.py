@@ -14,8 +14,9 @@ Two questions, two forms:
   without warm-up.
 
 :func:`capture_graph` captures a call in a CUDA graph the way torch asks (one warm-up call on a side
-stream first); time the graph with ``median_ms(graph.replay, ...)``. :func:`host_seconds` times one long
-CPU call (wall and process CPU time).
+stream first); time the graph with ``median_ms(graph.replay, ...)``. :func:`alternating_graph_us` times contenders
+against each other on a power-capped card: each captured, their bursts of replays taking turns. :func:`host_seconds`
+times one long CPU call (wall and process CPU time).
 """
 
 from __future__ import annotations
@@ -106,6 +107,37 @@ def median_ms(fn: Callable[[], Any], device: torch.device, budget_s: float, min_
               warmup: int = 1, calls: int = 1) -> float:
     """The median of :func:`times_ms`."""
     return statistics.median(times_ms(fn, device, budget_s, min_reps, max_reps, warmup, calls))
+
+
+def alternating_graph_us(calls: dict[Any, Callable[[], Any]], device: torch.device, rounds: int,
+                         burst: int) -> dict[Any, float]:
+    """Per call the median µs of a replay of its CUDA graph in a burst of ``burst`` back-to-back replays, over
+    ``rounds`` rounds in which the calls take turns (a power-capped card: contenders alternate rather than run one
+    after the other). Off a GPU each call itself, host clock (a script's smoke run: not a speed)."""
+    samples: dict[Any, list[float]] = {name: [] for name in calls}
+    if not on_gpu(device):
+        for _ in range(rounds):
+            for name, fn in calls.items():
+                start = time.perf_counter()
+                fn()
+                samples[name].append(1e6 * (time.perf_counter() - start))
+        return {name: statistics.median(s) for name, s in samples.items()}
+    graphs = {name: capture_graph(fn, device) for name, fn in calls.items()}
+    for graph in graphs.values():
+        for _ in range(3):
+            graph.replay()
+    module = _module(device)
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            module.synchronize(device)
+            start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
+            start.record()
+            for _ in range(burst):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) * 1e3 / burst)
+    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def host_seconds(fn: Callable[[], Any]) -> tuple[Any, float, float]:
