@@ -691,7 +691,8 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
                             row_to_batch=None, *, target: Target, cfg: Mapping[str, Any],
                             options: Options | None = None) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
-    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`.
+    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`, for the
+    cache's format (:func:`_decode_options`).
     ``k_format`` is None: an fp8 cache in ``q``'s format; ``torch.float4_e2m1fn_x2``: an MXFP4 cache, read by the
     Triton kernel on every target (the Hopper Gluon kernel reads fp8 caches only); ``row_to_batch``: ragged rows,
     also the Triton kernel's."""
@@ -713,9 +714,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
             return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
                                       groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
                                       batch_block=BATCH_BLOCK)
-    # An MXFP4 cache takes the table's register cap for it (_decode_options), not the fp8 decode's options.
-    options = launch_key_options(_decode_options(target, cfg, True)) if mxfp4 else \
-        options or launch_key_options(launch_options(target, cfg))
+    options = options or launch_key_options(_decode_options(target, cfg, mxfp4))
     widen = _widen_mode(q.dtype, target, cfg)
     if mxfp4:  # the cache's bytes for both pointers; value words where every page starts at a multiple of 4 bytes
         kv, kv_scale = flat, flat
@@ -757,7 +756,8 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     """``mqa_logits`` and ``paged_mqa_logits`` of a GPU backend built for ``target`` with its tuning table."""
     prefill, decode = tuning["mqa_logits"], tuning["paged_mqa_logits"]
     prefill_options = launch_key_options(launch_options(target, prefill))
-    decode_options = launch_key_options(launch_options(target, decode))
+    # The decode's options by cache format (an MXFP4 cache takes the table's register cap for it).
+    decode_options = {mxfp4: launch_key_options(_decode_options(target, decode, mxfp4)) for mxfp4 in (False, True)}
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
         mxfp4 = _mxfp4_prefill(q, k, k_scale, target) if k.dtype == fp4.FP4 else []
@@ -776,10 +776,12 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return bound([mqa_logits_launch(**args, target=target, cfg=prefill, options=prefill_options)])
 
     def run_decode(**args):
-        return paged_mqa_logits(**args, target=target, cfg=decode, options=decode_options)
+        return paged_mqa_logits(**args, target=target, cfg=decode,
+                                options=decode_options[args.get("k_format") == fp4.FP4])
 
     def prepare_decode(**args):
-        return bound([paged_mqa_logits_launch(**args, target=target, cfg=decode, options=decode_options)])
+        return bound([paged_mqa_logits_launch(**args, target=target, cfg=decode,
+                                              options=decode_options[args.get("k_format") == fp4.FP4])])
 
     return {"mqa_logits": OpImpl(run_prefill, supports_prefill, prepare_prefill),
             "paged_mqa_logits": OpImpl(run_decode, supports_decode, prepare_decode)}
