@@ -45,23 +45,21 @@ def inputs(data: str, tokens: int, keys: int, heads: int, dim: int, seed: int) -
 
 
 def model_inputs(tokens: int, keys: int, heads: int, seed: int) -> dict[str, torch.Tensor]:
-    """The small model's first sparse layer's indexer inputs (``DSAModel._index_scores``' arithmetic before the fp8
-    quantization) on a random prompt of ``keys`` tokens drawn from ``seed``: queries of its last ``tokens``."""
+    """The small model's first sparse layer's indexer inputs (``DSAModel.index_queries`` / ``index_keys``, before
+    the fp8 quantization) on a random prompt of ``keys`` tokens drawn from ``seed``: queries of its last ``tokens``."""
     import torch.nn.functional as F
 
     from indexcache.tools.model import DSAModel, preset
-    from indexcache.tools.model.functional import rope_first_half
 
     model = DSAModel(preset("v32-like", index_heads=heads))
     c = model.config
-    w = model.layers[c.sparse_layers[0]]
+    layer = c.sparse_layers[0]
     prompt = torch.randint(0, c.vocab, (keys,), generator=torch.Generator().manual_seed(seed))
     positions = torch.arange(keys)
     h = F.rms_norm(model.embedding[prompt], (c.hidden,))
-    q = rope_first_half((h @ w.wq_index).view(keys, heads, c.index_dim), positions) @ model.hadamard
-    k = rope_first_half(F.layer_norm(h @ w.wk_index, (c.index_dim,)), positions) @ model.hadamard
-    weights = (h @ w.w_weights) * heads**-0.5 * c.index_dim**-0.5
-    return dict(q=q[-tokens:].bfloat16(), k=k.bfloat16(), weights=weights[-tokens:])
+    q, head = model.index_queries(layer, h, positions)
+    return dict(q=q[-tokens:].bfloat16(), k=model.index_keys(layer, h, positions).bfloat16(),
+                weights=(head * c.index_dim**-0.5)[-tokens:])
 
 
 def true_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, top: int) -> torch.Tensor:

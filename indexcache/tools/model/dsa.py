@@ -211,15 +211,28 @@ class DSAModel:
         raw = batch.positions[:, None] - offsets[None, :]
         return indexcache.translate(raw, table, batch.lengths, self.config.page_size, row_to_batch=batch.row_to_batch)
 
+    def index_keys(self, layer: int, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Sparse layer ``layer``'s index keys ``[R, index_dim]`` float32 of hidden states ``h [R, hidden]`` at
+        ``positions [R]`` (RoPE, then the Hadamard rotation), before quantization."""
+        k = rope_first_half(F.layer_norm(h @ self.layers[layer].wk_index, (self.config.index_dim,)), positions)
+        return k @ self.hadamard
+
+    def index_queries(self, layer: int, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sparse layer ``layer``'s index queries ``[R, index_heads, index_dim]`` float32 and head weights
+        ``[R, index_heads]`` (times ``index_heads ** -0.5``; the queries' fp8 scales and ``index_dim ** -0.5`` still to
+        apply) of hidden states ``h [R, hidden]`` at ``positions [R]``."""
+        c, w = self.config, self.layers[layer]
+        q = rope_first_half((h @ w.wq_index).view(h.shape[0], c.index_heads, c.index_dim), positions) @ self.hadamard
+        return q, (h @ w.w_weights) * c.index_heads**-0.5
+
     def _store_index_k(self, layer: int, h: torch.Tensor, batch: Batch, cache: PagedCache,
                        new_slots: torch.Tensor) -> None:
         """The producer's index keys of this forward's rows, into its index-K cache at ``new_slots``."""
-        c = self.config
         if layer not in cache.index_k:
             raise ValueError(f"layer {layer} runs its indexer but the cache has no index-K cache for it "
                              f"(index layers: {sorted(cache.index_k)})")
-        k = rope_first_half(F.layer_norm(h @ self.layers[layer].wk_index, (c.index_dim,)), batch.positions)
-        indexcache.store_index_k(k @ self.hadamard, cache.index_k[layer], new_slots.to(INDEX), self.fp8)
+        indexcache.store_index_k(self.index_keys(layer, h, batch.positions), cache.index_k[layer],
+                                 new_slots.to(INDEX), self.fp8)
 
     def _index_scores(self, layer: int, h: torch.Tensor, batch: Batch,
                       cache: PagedCache) -> torch.Tensor | PagedLogits:
@@ -228,12 +241,11 @@ class DSAModel:
         (:class:`~indexcache.runtime.state.PagedLogits`), which the runner scores and selects from in one op
         (``indexcache.paged_topk_translate``)."""
         c = self.config
-        w = self.layers[layer]
         rows, heads, dim = batch.rows, c.index_heads, c.index_dim
-        q = rope_first_half((h @ w.wq_index).view(rows, heads, dim), batch.positions) @ self.hadamard
+        q, head = self.index_queries(layer, h, batch.positions)
         k_cache = cache.index_k[layer]
         q8, q_scale = indexcache.quantize_index_k(q.reshape(rows * heads, dim), self.fp8, block=dim)
-        weights = (h @ w.w_weights) * heads**-0.5 * q_scale.view(rows, heads) * dim**-0.5
+        weights = head * q_scale.view(rows, heads) * dim**-0.5
         table = batch.tables[layer]
         if batch.decode:
             return PagedLogits(q8.view(rows, 1, heads, dim), k_cache, weights, batch.seq_lens, table,
