@@ -140,10 +140,10 @@ else
   record memcheck "FAILED (no compute-sanitizer)" - 0
 fi
 
-# The graph tests (translate and gather_index_k), the eight ops compiled (aot_eager, inductor) and captured on the cuda
-# backend, and the workspace's two-stream and captured-graph tests.
+# The graph tests (translate, gather_index_k, the prefill producer step), every op compiled (aot_eager, inductor) and
+# captured on the cuda backend, and the workspace's two-stream and captured-graph tests.
 step graph-tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_translate_graph.py tests/test_gather_graph.py \
-  tests/test_compile.py::test_every_op_compiles_on_the_gpu_and_equals_eager tests/test_workspace.py \
+  tests/test_prefill_producer.py tests/test_compile.py::test_every_op_compiles_on_the_gpu_and_equals_eager tests/test_workspace.py \
   --junitxml "$WORK/graph-tests.xml"
 # On a GPU these tests must run: a skip there would hide the check, so it counts as a failure.
 step graph-tests-ran 30 "$PY" -c 'import sys, xml.etree.ElementTree as E

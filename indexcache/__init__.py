@@ -25,6 +25,7 @@ _PUBLIC = {
     "LayerPlan": "indexcache.plan",
     "TopkState": "indexcache.runtime.state",
     "PagedLogits": "indexcache.runtime.state",
+    "PrefillLogits": "indexcache.runtime.state",
     "IndexRecorder": "indexcache.runtime.state",
     "IndexerRunner": "indexcache.runtime.runner",
     "overlap": "indexcache.runtime.streams",

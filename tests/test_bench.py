@@ -580,6 +580,17 @@ def test_ragged_smoke_runs_on_the_cpu(tmp_path):
     assert all(r["uniform_us"] > 0 and r["ragged_us"] > 0 for r in report["rows"])
 
 
+def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
+    """bench/prefill_producer_gpu.py --smoke: the one-op call at each bound against the two ops, the bounded call
+    over more keys against them too, every result the same; no peers off the GPU."""
+    _script("prefill_producer_gpu", "--smoke", "--out", str(tmp_path / "pp.json"))
+    report = json.loads((tmp_path / "pp.json").read_text())
+    assert report["device"] == "cpu" and not report["errors"]
+    assert [r["call"] for r in report["rows"][:5]] == [
+        "ours, bound 2 GiB", *(f"ours, bound {b / 4096:g} GiB" for b in (0.5, 1, 4)), "ours, two ops"]
+    assert report["million"]["same_as_two_ops"] and report["peers"]["FlashInfer"].startswith("absent")
+
+
 def test_alternating_graph_us_times_each_call_every_round_off_a_gpu():
     """Off a GPU: each call runs once a round, in turn, and gets the median of its host times (a smoke run)."""
     order = []

@@ -14,7 +14,7 @@ import indexcache
 from indexcache.hal import reference
 from indexcache.hal.specs.paged_mqa_logits import args_of
 from indexcache.plan import LayerPlan
-from indexcache.runtime import PagedLogits
+from indexcache.runtime import PagedLogits, PrefillLogits
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import CarryError, CarryHeader, IndexRecorder, MissingProducerError, TopkState
 
@@ -130,6 +130,44 @@ def test_a_decode_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_
     # Request 2 (context 0) selects nothing; request 1's first row sees its first 4 - next_n keys.
     assert (state.raw[rows - next_n:rows] == -1).all()
     assert state.raw[next_n].tolist() == list(range(4 - next_n)) + [-1] * (K - 4 + next_n)
+
+
+def test_a_prefill_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_it():
+    """A ``scores`` callable returning :class:`PrefillLogits` makes the producer call ``mqa_topk_translate``
+    (``TopkState.produce_prefill``): the same slots as ``mqa_logits`` then ``produce`` over each row's window, the
+    same bookkeeping (producer, recorder, rows past the batch -1), whatever bound its scratch is given."""
+    g = torch.Generator().manual_seed(0)
+    lengths_of = [30, 9]  # two requests' keys, concatenated; each prefills its last 5 tokens
+    starts = [0, 30]
+    ks = torch.tensor([starts[b] for b in (0, 1) for _ in range(5)], dtype=torch.int32)
+    ke = torch.tensor([starts[b] + lengths_of[b] - 4 + j for b in (0, 1) for j in range(5)], dtype=torch.int32)
+    row_to_batch = torch.tensor([0] * 5 + [1] * 5, dtype=torch.int32)
+    keys = sum(lengths_of)
+    q = torch.randn(10, 4, 32, generator=g).to(torch.float8_e4m3fn)
+    k = torch.randn(keys, 32, generator=g).to(torch.float8_e4m3fn)
+    k_scale, weights = torch.rand(keys, generator=g) + 0.5, torch.randn(10, 4, generator=g)
+    tables = torch.stack([torch.randperm(20, generator=g).view(2, 10) for _ in range(4)]).to(torch.int32)
+    lengths = ke - ks
+    runner = IndexerRunner(LayerPlan(4, index_topk_freq=2, index_topk=K, page_size=PAGE))
+    prefill = PrefillLogits(q, k, k_scale, weights, ks, ke, workspace_bytes=2 * 4 * keys)  # two rows a pass
+    state, recorder = TopkState(12, K), IndexRecorder()
+    state.recorder = recorder
+    runner.begin(state, 10)
+    got = {layer: runner.layer(layer, state, scores=lambda: prefill, lengths=lengths, page_table=tables[layer],
+                               row_starts=ks, row_to_batch=row_to_batch).clone() for layer in range(4)}
+    assert runner.roles == "FFSF" and state.producer == 3 and (state.raw[10:] == -1).all()
+
+    logits = indexcache.mqa_logits(q, k, k_scale, weights, ks, ke)
+    plain = TopkState(12, K)
+    plain.begin(10)
+    for layer in range(4):
+        if runner.role(layer) == "F":
+            want = plain.produce(layer, logits, lengths, tables[layer], PAGE, row_starts=ks, row_to_batch=row_to_batch)
+            assert torch.equal(recorder.indices[layer][0], plain.raw[:10])
+        else:
+            want = reference.translate(plain.raw[:10], tables[layer], lengths, PAGE, row_to_batch=row_to_batch)
+        assert torch.equal(got[layer], want), layer
+    assert (state.raw[:10] < lengths[:, None]).all()  # positions within each row's window, from its start
 
 
 def test_a_decode_producer_reads_an_mxfp4_cache_named_by_paged_logits():

@@ -18,14 +18,13 @@ CFG = tuning("sm90")["topk"]
 
 
 def test_takes_nvidia_calls_up_to_k_2048_when_the_table_says_block():
-    scores = torch.empty(4, 8)
-    assert topk_block.unsupported(scores, 2048, H200, CFG) == []
+    assert topk_block.unsupported(2048, H200, CFG) == []
     interpreted = NVIDIA.target("sm90", interpreted=True)
     amd = AMD.target("gfx942")
-    assert "NVIDIA GPUs only" in topk_block.unsupported(scores, 8, interpreted, CFG)[0]
-    assert "NVIDIA GPUs only" in topk_block.unsupported(scores, 8, amd, CFG)[0]
-    assert "KERNEL is 'triton'" in topk_block.unsupported(scores, 8, H200, {**CFG, "KERNEL": "triton"})[0]
-    assert "k 2049: at most 2048" in topk_block.unsupported(scores, 2049, H200, CFG)[0]
+    assert "NVIDIA GPUs only" in topk_block.unsupported(8, interpreted, CFG)[0]
+    assert "NVIDIA GPUs only" in topk_block.unsupported(8, amd, CFG)[0]
+    assert "KERNEL is 'triton'" in topk_block.unsupported(8, H200, {**CFG, "KERNEL": "triton"})[0]
+    assert "k 2049: at most 2048" in topk_block.unsupported(2049, H200, CFG)[0]
 
 
 def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread():
@@ -41,7 +40,7 @@ def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread
 
 def _plan(monkeypatch, rows: int, cols: int, cfg: dict) -> list:
     """The launches of a plain top-k (k 2048) of ``rows`` full rows on an H200-sized GPU (132 SMs)."""
-    monkeypatch.setattr(plan, "_sms", lambda target, device: 132)
+    monkeypatch.setattr(plan, "multiprocessors", lambda target, device: 132)
     scores = torch.empty(rows, cols)
     lengths = torch.full((rows,), cols, dtype=torch.int32)
     out = torch.empty(rows, 2048, dtype=torch.int32)
@@ -78,7 +77,7 @@ def test_the_triton_table_keeps_the_triton_kernels(monkeypatch):
 def test_block_and_finish_launches_use_programmatic_dependent_launch_from_sm90(monkeypatch, arch, pdl):
     target = NVIDIA.target(arch)
     cfg = tuning(arch)["topk"]
-    monkeypatch.setattr(plan, "_sms", lambda target, device: 132)
+    monkeypatch.setattr(plan, "multiprocessors", lambda target, device: 132)
     scores = torch.empty(64, 32768)
     lengths = torch.full((64,), 32768, dtype=torch.int32)
     out = torch.empty(64, 2048, dtype=torch.int32)

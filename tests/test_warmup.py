@@ -24,6 +24,7 @@ from indexcache.backends.cuda.tuning import tuning as cuda_tuning  # noqa: E402
 from indexcache.backends.triton import (  # noqa: E402, F401
     crosscompile,
     logits,
+    prefill_producer,
     producer,
     quantize,
     topk,
@@ -64,7 +65,7 @@ def test_shape_points_meet_every_power_of_two_class():
 BOUNDS = {"topk_finish_kernel": 42, "topk_sample_kernel": 28, "topk_filter_kernel": 4, "topk_block_kernel": 9,
           "paged_mqa_logits_kernel": 2, "paged_decode_sm90_kernel": 2, "mqa_logits_kernel": 3,
           "prefill_sm90_kernel": 3, "translate_kernel": 2, "store_kernel": 1, "quantize_kernel": 1,
-          "draft_rows_kernel": 1, "gather_index_k_kernel": 1}
+          "draft_rows_kernel": 1, "gather_index_k_kernel": 1, "windows_kernel": 1}
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm80"])

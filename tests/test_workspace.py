@@ -38,10 +38,26 @@ def _paged(gen: torch.Generator, batch: int, next_n: int, ctx: int, k: int, devi
                 out_raw=torch.empty(rows, k, dtype=I32, device=device))
 
 
+def _prefill(gen: torch.Generator, tokens: int, keys: int, k: int, device="cpu", heads: int = 4) -> dict:
+    """mqa_topk_translate's arguments, outputs given: one request's causal prefill over ``keys`` keys."""
+    ke = torch.arange(keys - tokens + 1, keys + 1, dtype=I32)
+    return dict(q=torch.randn(tokens, heads, 128, generator=gen).to(device, torch.float8_e4m3fn),
+                k=torch.randn(keys, 128, generator=gen).to(device, torch.float8_e4m3fn),
+                k_scale=torch.rand(keys, generator=gen).to(device),
+                weights=torch.rand(tokens, heads, generator=gen).to(device),
+                ks=torch.zeros(tokens, dtype=I32, device=device), ke=ke.to(device), topk=k,
+                page_table=torch.randint(0, 1 << 20, (1, -(-keys // PAGE)), generator=gen, dtype=I32).to(device),
+                page_size=PAGE, row_to_batch=torch.zeros(tokens, dtype=I32, device=device),
+                out=torch.empty(tokens, k, dtype=I32, device=device), out_raw=torch.empty(tokens, k, dtype=I32,
+                                                                                          device=device))
+
+
 def _args(op: str, gen: torch.Generator, device="cpu") -> dict:
     """Small arguments of ``op``, outputs given."""
     if op == "paged_topk_translate":
         return _paged(gen, 2, 2, 100, 8, device, dim=32, heads=2)
+    if op == "mqa_topk_translate":
+        return _prefill(gen, 6, 200, 16, device)
     scores = torch.randn(3, 200, generator=gen).to(device)
     args = dict(scores=scores, lengths=torch.tensor([200, 150, 5], dtype=I32, device=device), k=16,
                 out=torch.empty(3, 16, dtype=I32, device=device))
@@ -54,9 +70,9 @@ def _args(op: str, gen: torch.Generator, device="cpu") -> dict:
 
 
 def test_the_ops_that_take_a_workspace():
-    assert " ".join(ops.WORKSPACE_OPS) == "topk topk_translate paged_topk_translate"
-    with pytest.raises(ValueError, match="op: expected one of topk, topk_translate, paged_topk_translate .*, got "
-                                         "'translate'"):
+    assert " ".join(ops.WORKSPACE_OPS) == "topk topk_translate paged_topk_translate mqa_topk_translate"
+    with pytest.raises(ValueError, match="op: expected one of topk, topk_translate, paged_topk_translate, "
+                                         "mqa_topk_translate .*, got 'translate'"):
         indexcache.workspace_bytes("translate", torch.zeros(1, 1, dtype=I32), torch.zeros(1, 1, dtype=I32),
                                    torch.zeros(1, dtype=I32), 1)
 

@@ -34,6 +34,7 @@ BACKEND = Backend(
         "mqa_logits": OpImpl(logits.mqa_logits),
         "paged_mqa_logits": OpImpl(logits.paged_mqa_logits),
         "paged_topk_translate": OpImpl(producer.paged_topk_translate),
+        "mqa_topk_translate": OpImpl(producer.mqa_topk_translate),
         "quantize_index_k": OpImpl(quantize.quantize_index_k),
         "store_index_k": OpImpl(quantize.store_index_k),
         "gather_index_k": OpImpl(gather.gather_index_k),

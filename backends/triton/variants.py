@@ -34,18 +34,20 @@ def op_launches(op: str, args: Mapping[str, Any], target: Target,
                 tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch]:
     """The launches one call of ``op`` (a public op's name, its arguments as the op takes them, outputs given) makes
     on ``target`` with the backend's ``tuning`` table, in order."""
-    from indexcache.backends.triton import gather, logits, producer, quantize, topk, translate
+    from indexcache.backends.triton import gather, logits, prefill_producer, producer, quantize, topk, translate
 
     a = dict(args)
     if op == "paged_topk_translate":
         found = producer.launches(**a, target=target, tuning=tuning)
+    elif op in ("mqa_logits", "mqa_topk_translate") and a["k"].dtype == fp4.FP4 and not target.gpu.fp8_mma:
+        found = []  # MXFP4 keys without fp8 matrix instructions: the torch backend's (the Triton prefill declines)
+    elif op == "mqa_topk_translate":
+        found = prefill_producer.op_launches(a, target=target, tuning=tuning)
     elif op in ("topk", "topk_translate"):
         found = [launch for _, launch in topk.launches(
             a["scores"], a["lengths"], a["k"], a.get("row_starts"), a["out"], a.get("out_raw"), a.get("page_table"),
             a.get("page_size", 1), a.get("row_to_batch"), sorted=a.get("sorted", False), target=target,
             cfg=tuning["topk"])]
-    elif op == "mqa_logits" and a["k"].dtype == fp4.FP4 and not target.gpu.fp8_mma:
-        found = []  # MXFP4 keys without fp8 matrix instructions: the torch backend's (the Triton prefill declines)
     elif op == "mqa_logits":
         found = [logits.mqa_logits_launch(**a, target=target, cfg=tuning["mqa_logits"])]
     elif op == "paged_mqa_logits":

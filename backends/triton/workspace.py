@@ -23,13 +23,16 @@ from indexcache.hal.device import workspace_owner
 _KEPT: dict[tuple[torch.device, tuple[int, int], int], torch.Tensor] = {}
 
 
-def words(on: torch.Tensor, n: int, given: torch.Tensor | None) -> torch.Tensor:
+def words(on: torch.Tensor, n: int, given: torch.Tensor | None, cap: int | None = None) -> torch.Tensor:
     """``n`` int32 words of the workspace of a call on ``on``'s device: the first ``4 n`` bytes of ``given`` (the
     caller's contiguous uint8 workspace, 4-byte aligned), else of the kept workspace of the calling thread's current
-    stream."""
+    stream (of the smallest bucket that holds them, a power of two; ``cap``, at least ``n``, bounds the bucket: a call
+    bounded in memory keeps a buffer of at most ``cap`` words)."""
     if given is not None:
         return given[:4 * n].view(torch.int32)
     size = next_power_of_2(max(n, 1))
+    if cap is not None:
+        size = min(size, cap)
     device = on.device
     key = (device, workspace_owner(on), size)
     kept = _KEPT.get(key)

@@ -3,7 +3,8 @@
 
 Every op of :data:`~indexcache.hal.specs.SPECS` is registered here from its spec record: the schema's
 arguments are the spec check's parameters in order (a tensor, an optional tensor where the default is None,
-``SymInt`` / ``bool`` where the check annotates ``int`` / ``bool``, ``ScalarType`` for ``fp8_dtype``,
+``SymInt`` / ``bool`` where the check annotates ``int`` / ``bool``, ``SymInt?`` for ``int | None`` (the prefill
+producer's ``workspace_bytes``), ``ScalarType`` for ``fp8_dtype``,
 ``ScalarType?`` where it annotates ``torch.dtype | None``: the paged ops' ``k_format``), then
 ``str? backend``; no argument has a default (the wrapper passes them all). The outputs ``out`` / ``out_raw``
 (and ``paged_topk_translate``'s ``logits``, ``gather_index_k``'s ``out_k`` and ``out_scale``), a caller's
@@ -105,6 +106,8 @@ def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
         return f"Tensor({alias}!)" + ("?" if param.name in OPTIONAL_OUTPUTS else "")
     if annotation == "int":
         return "SymInt"
+    if annotation == "int | None":
+        return "SymInt?"
     if annotation == "bool":
         return "bool"
     if isinstance(param.default, torch.dtype):

@@ -418,6 +418,81 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
                       row_to_batch=row_to_batch))
 
 
+def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, page_size: int, *, row_to_batch=None,
+                       out=None, out_raw=None, workspace=None, workspace_bytes: int | None = None, backend=None):
+    """The producer step of prefill in one op, in bounded memory: :func:`mqa_logits` then :func:`topk_translate` over
+    each query's key window, the ``[T, N]`` logits never written whole.
+
+    With each window ``[ks[t], ke[t])`` clipped to ``[0, N)`` as :func:`mqa_logits` clips it (``starts`` its clipped
+    start, ``lengths`` its clipped length), equal to ``topk_translate(mqa_logits(q, k, k_scale, weights, ks, ke),
+    lengths, topk, page_table, page_size, row_starts=starts, row_to_batch=row_to_batch)``, exactly: the positions are
+    relative to the window's start (a ragged batch: the request's first key), ties go to the lower position, rows
+    whose window holds ``topk`` keys or fewer give ``0 .. length - 1`` then -1. The backend takes the queries in
+    passes of as many rows as ``workspace_bytes`` (default 2 GiB) holds of their scratch: their logits, the top-k's
+    workspace and the windows (docs/ops.md, "The prefill producer step").
+
+    Parameters
+    ----------
+    q, k, k_scale, weights, ks, ke
+        As :func:`mqa_logits`: ``q [T, H, D]`` fp8 or bfloat16, ``k [N, D]`` (or MXFP4 keys), ``k_scale``,
+        ``weights [T, H]`` float32, ``ks`` and ``ke [T]`` int32.
+    topk : int
+        Positions a query, in ``[0, MAX_TOPK]``.
+    page_table : torch.Tensor
+        ``[B, P]`` int32, the sparse attention's KV page table; entries < 0 are holes.
+    page_size : int
+        Tokens a KV page, in ``[1, MAX_PAGE_SIZE]``.
+    row_to_batch : torch.Tensor, optional
+        ``[T]`` int32, each query's row of ``page_table`` (its request; query ``t`` is row ``t`` when None).
+    out : torch.Tensor, optional
+        ``[T, topk]`` int32 for the physical slots, written in place without allocating.
+    out_raw : torch.Tensor, optional
+        ``[T, topk]`` int32 that receives the positions in the window (what shared layers reuse).
+    workspace : torch.Tensor, optional
+        1-D contiguous uint8 on the op's device, at least :func:`workspace_bytes` bytes for this call (and this
+        ``workspace_bytes``), that the backend's kernels use as scratch (default: the backend's own, kept for the
+        calling thread's current stream, of at most ``workspace_bytes``).
+    workspace_bytes : int, optional
+        The most bytes of scratch the call may take (default 2 GiB), ≥ 1: at least one query row's (its ``4 N`` bytes
+        of logits and its top-k's workspace), else ``ValueError``.
+    backend : str, optional
+        The backend to run on (default: the dispatcher's choice).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[T, topk]`` int32 physical slots, -1 = empty (``out`` when given).
+
+    Raises
+    ------
+    TypeError
+        A wrong type or dtype.
+    ValueError
+        A wrong shape, device or value, a bound that holds no query row, or an output sharing memory with an input
+        or the other output.
+
+    Examples
+    --------
+    >>> import torch, indexcache
+    >>> q = torch.ones(2, 1, 4).to(torch.float8_e4m3fn)
+    >>> k = torch.tensor([[1.0, 1, 1, 1], [3, 3, 3, 3], [2, 2, 2, 2]]).to(torch.float8_e4m3fn)
+    >>> ks, ke = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([3, 3], dtype=torch.int32)
+    >>> table = torch.tensor([[5, 6], [7, 8]], dtype=torch.int32)  # each query's KV pages of 2 tokens
+    >>> raw = torch.empty(2, 1, dtype=torch.int32)
+    >>> indexcache.mqa_topk_translate(q, k, torch.ones(3), torch.ones(2, 1), ks, ke, 1, table, 2, out_raw=raw,
+    ...                               backend="torch")
+    tensor([[11],
+            [14]], dtype=torch.int32)
+    >>> raw  # key 1 is the best of both windows: position 1 of [0, 3), position 0 of [1, 3)
+    tensor([[1],
+            [0]], dtype=torch.int32)
+    """
+    return _call("mqa_topk_translate", backend, out is not None,
+                 (q, k, k_scale, weights, ks, ke, topk, page_table, page_size),
+                 dict(row_to_batch=row_to_batch, out=out, out_raw=out_raw, workspace=workspace,
+                      workspace_bytes=workspace_bytes))
+
+
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):
     """Block-``block`` fp8 quantization with power-of-two scales, or MXFP4.
 
@@ -576,7 +651,7 @@ def workspace_bytes(op: str, *args, backend=None, **named) -> int:
     Parameters
     ----------
     op : str
-        One of :data:`WORKSPACE_OPS`: "topk", "topk_translate", "paged_topk_translate".
+        One of :data:`WORKSPACE_OPS`: "topk", "topk_translate", "paged_topk_translate", "mqa_topk_translate".
     *args, **named
         The call's arguments, checked as the call checks them. An output the call would allocate (``out``,
         ``logits``) is allocated here too: pass the call's own, or ask once at setup.

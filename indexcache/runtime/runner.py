@@ -29,7 +29,9 @@ Integration in an engine's layer loop (the small model in :mod:`indexcache.tools
 (``indexcache.mqa_logits`` / ``paged_mqa_logits`` output, -inf outside a row's window), or, in decode, a
 :class:`~indexcache.runtime.state.PagedLogits` of ``paged_mqa_logits``' inputs: the producer then scores and
 selects in one op (``indexcache.paged_topk_translate``), each row's length and table row following from
-``context_lens`` and ``next_n`` (``lengths`` and ``row_to_batch`` then serve shared layers only). To overlap
+``context_lens`` and ``next_n`` (``lengths`` and ``row_to_batch`` then serve shared layers only), or, in prefill, a
+:class:`~indexcache.runtime.state.PrefillLogits` of ``mqa_logits``' inputs: the producer scores and selects in one
+op in bounded memory (``indexcache.mqa_topk_translate``), each row's window from ``ks`` and ``ke``. To overlap
 the producer's indexer with the rest of the layer, call ``runner.layer`` inside the side function of
 :func:`indexcache.runtime.streams.overlap`. Everything here is host-side bookkeeping around preallocated
 buffers: valid under CUDA-graph capture.
@@ -52,7 +54,7 @@ from collections.abc import Callable
 import torch
 
 from indexcache.plan import PRODUCER, LayerPlan, Stage
-from indexcache.runtime.state import PagedLogits, TopkState
+from indexcache.runtime.state import PagedLogits, PrefillLogits, TopkState
 
 
 class IndexerRunner:
@@ -92,7 +94,8 @@ class IndexerRunner:
             raise ValueError(f"state: holds k={state.k}, but this runner selects k={self.k}")
         state.begin(rows)
 
-    def layer(self, layer: int, state: TopkState, *, scores: Callable[[], torch.Tensor | PagedLogits],
+    def layer(self, layer: int, state: TopkState, *,
+              scores: Callable[[], torch.Tensor | PagedLogits | PrefillLogits],
               lengths: torch.Tensor, page_table: torch.Tensor, row_starts: torch.Tensor | None = None,
               row_to_batch: torch.Tensor | None = None, max_length: int | None = None) -> torch.Tensor | None:
         """Run ``layer``'s indexer part; returns its physical KV slots ``[rows, k]`` int32 (-1 = empty,
@@ -101,8 +104,11 @@ class IndexerRunner:
         ``scores()`` is called only for a producer: scores ``[rows, N]``, or a
         :class:`~indexcache.runtime.state.PagedLogits` (decode: :meth:`TopkState.produce_paged
         <indexcache.runtime.state.TopkState.produce_paged>`, which derives each row's length and table row from
-        its ``context_lens``). ``lengths [rows]`` int32: each row's visible length (and, for a producer given
-        scores, its window length in them); ``page_table [B, P]`` int32: this layer's own table;
+        its ``context_lens``), or a :class:`~indexcache.runtime.state.PrefillLogits` (prefill:
+        :meth:`TopkState.produce_prefill <indexcache.runtime.state.TopkState.produce_prefill>`, each row's window from
+        its ``ks`` and ``ke``, its table row from ``row_to_batch``; the logits never written whole).
+        ``lengths [rows]`` int32: each row's visible length (and, for a producer given scores, its window length in
+        them); ``page_table [B, P]`` int32: this layer's own table;
         ``row_starts [rows]``: window starts in the scores; ``row_to_batch [rows]``: table row of each row
         (identity when None). A shared layer whose producer has not run raises
         :class:`~indexcache.runtime.state.MissingProducerError`.
@@ -128,6 +134,8 @@ class IndexerRunner:
                 return state.produce_paged(layer, got.q, got.k_cache, got.weights, got.context_lens,
                                            got.block_table, got.max_context_len, page_table, self.page_size,
                                            logits=got.logits, k_format=got.k_format)
+            if isinstance(got, PrefillLogits):
+                return state.produce_prefill(layer, got, page_table, self.page_size, row_to_batch=row_to_batch)
             return state.produce(layer, got, lengths, page_table, self.page_size, row_starts=row_starts,
                                  row_to_batch=row_to_batch)
         return state.reuse(layer, page_table, lengths, self.page_size, row_to_batch=row_to_batch,

@@ -7,8 +7,9 @@ CUDA-graph capture):
 - ``raw``: the raw *logical* token positions the last producer selected, -1 in empty slots. A
   producer writes them through ``indexcache.topk_translate(..., out_raw=...)`` from its scores
   (:meth:`TopkState.produce`), or in decode through ``indexcache.paged_topk_translate(..., out_raw=...)``
-  from its paged indexer inputs (:meth:`TopkState.produce_paged`, :class:`PagedLogits`); rows past the
-  live batch are set to -1 every time, so one request never sees another's stale rows.
+  from its paged indexer inputs (:meth:`TopkState.produce_paged`, :class:`PagedLogits`), or in prefill through
+  ``indexcache.mqa_topk_translate(..., out_raw=...)`` (:meth:`TopkState.produce_prefill`, :class:`PrefillLogits`);
+  rows past the live batch are set to -1 every time, so one request never sees another's stale rows.
 - ``physical``: the physical KV slots of the sparse layer being run, through *that layer's* page
   table (a producer's from its selection, a shared layer's from ``indexcache.translate`` of
   ``raw``); valid until the next sparse layer runs.
@@ -122,6 +123,28 @@ class PagedLogits:
     k_format: torch.dtype | None = None
 
 
+@dataclass(frozen=True)
+class PrefillLogits:
+    """A prefill producer's indexer inputs, as :func:`indexcache.mqa_logits` takes them, for
+    :meth:`TopkState.produce_prefill` to score and select in one op in bounded memory
+    (:func:`indexcache.mqa_topk_translate`: the ``[rows, N]`` logits are never written whole).
+
+    ``q [rows, H, D]`` fp8 or bfloat16; ``k [N, D]`` (or MXFP4 keys) and ``k_scale``, e.g. from
+    :func:`indexcache.gather_index_k`; ``weights [rows, H]`` float32; ``ks``, ``ke [rows]`` int32, each row's key
+    window (its start is where the row's positions count from); ``workspace`` / ``workspace_bytes``: the op's scratch
+    and its bound (None: the backend's own, 2 GiB at most).
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    k_scale: torch.Tensor
+    weights: torch.Tensor
+    ks: torch.Tensor
+    ke: torch.Tensor
+    workspace: torch.Tensor | None = None
+    workspace_bytes: int | None = None
+
+
 class TopkState:
     """Per-forward top-k state with buffers of capacity ``[max_rows, k]`` int32 on ``device``."""
 
@@ -210,6 +233,32 @@ class TopkState:
                                 page_size, logits=logits, out=self.physical[:rows], out_raw=self.raw[:rows], **more)
         self._produced(layer)
         return out
+
+    def produce_prefill(self, layer: int, inputs: PrefillLogits, page_table: torch.Tensor, page_size: int, *,
+                        row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
+        """Prefill producer ``layer``: its indexer logits and their top-k into ``raw`` and ``physical`` in one op, in
+        bounded memory; returns the physical slots ``[rows, k]`` int32 (-1 = empty) through ``page_table``.
+
+        Arguments as for :func:`indexcache.mqa_topk_translate`: row ``t`` selects among the keys of its window
+        ``[ks[t], ke[t])`` (clipped to the keys), its positions counted from the window's start, and translates them
+        through ``page_table`` row ``row_to_batch[t]`` (row ``t`` when None).
+        """
+        self._check_rows("weights", inputs.weights)
+        rows = self.rows
+        out = self.select_prefill(inputs, page_table, page_size, row_to_batch=row_to_batch,
+                                  out=self.physical[:rows], out_raw=self.raw[:rows])
+        self._produced(layer)
+        return out
+
+    def select_prefill(self, inputs: PrefillLogits, page_table: torch.Tensor, page_size: int, *,
+                       row_to_batch: torch.Tensor | None, out: torch.Tensor, out_raw: torch.Tensor) -> torch.Tensor:
+        """The prefill producer's scoring and selection, into ``out`` (physical) and ``out_raw`` (logical)
+        ``[rows, k]`` int32: :func:`indexcache.mqa_topk_translate`. A subclass may select otherwise with the same
+        result contract, as for :meth:`select`."""
+        return ops.mqa_topk_translate(inputs.q, inputs.k, inputs.k_scale, inputs.weights, inputs.ks, inputs.ke,
+                                      self.k, page_table, page_size, row_to_batch=row_to_batch, out=out,
+                                      out_raw=out_raw, workspace=inputs.workspace,
+                                      workspace_bytes=inputs.workspace_bytes)
 
     def produce_short(self, layer: int, lengths: torch.Tensor, page_table: torch.Tensor, page_size: int, *,
                       row_to_batch: torch.Tensor | None = None) -> torch.Tensor:

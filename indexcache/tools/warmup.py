@@ -10,8 +10,9 @@ contexts up to ``max_context`` and 1 to ``max_next_n`` tokens a request (MTP dra
   given, the logits buffer given), ``translate`` (shared layers; ``row_to_batch`` when next_n > 1);
 - prefill: ``store_index_k`` of the chunk's keys, ``gather_index_k`` of the request's keys from the cache (the small
   model's way) or ``quantize_index_k`` of the keys it scores (an engine's own; one block a head dim, MXFP4: blocks of
-  32), ``mqa_logits``, ``topk_translate`` (``row_starts``, ``row_to_batch``, ``out_raw`` given),
-  ``translate`` (``row_to_batch``).
+  32), ``mqa_logits``, ``topk_translate`` (``row_starts``, ``row_to_batch``, ``out_raw`` given), the same in one op
+  (``mqa_topk_translate``, in passes within its default scratch bound; the runtime's ``PrefillLogits``), ``translate``
+  (``row_to_batch``).
 
 Which variant a launch compiles depends on those facts and on a bounded set of shape classes, never on the exact
 batch, context or token count (docs/kernels.md, "Kernel variants"). So each size takes a few values per power of two
@@ -39,6 +40,7 @@ import torch
 
 from indexcache.hal import fp4
 from indexcache.hal.layout import token_bytes
+from indexcache.hal.specs.mqa_topk_translate import DEFAULT_WORKSPACE_BYTES
 from indexcache.plan import LayerPlan
 
 # Multiprocessors of each generation's largest data-center part (A100, A40, L40S, H100 SXM / H200, B200, RTX PRO
@@ -129,6 +131,12 @@ def prefill_calls(plan: LayerPlan, page_size: int, fp8: torch.dtype, tokens: int
         ("topk_translate", dict(scores=scores, lengths=_meta(tokens), k=k, page_table=table, page_size=page_size,
                                 row_starts=ks, row_to_batch=_meta(tokens), out=_meta(tokens, k),
                                 out_raw=_meta(tokens, k))),
+        ("mqa_topk_translate", dict(q=_meta(tokens, heads, dim, dtype=fp8), k=k_keys,
+                                    k_scale=k_scale if fmt == fp4.FP4 else _meta(keys, dtype=torch.float32),
+                                    weights=_meta(tokens, heads, dtype=torch.float32), ks=ks, ke=ke, topk=k,
+                                    page_table=table, page_size=page_size, row_to_batch=_meta(tokens),
+                                    out=_meta(tokens, k), out_raw=_meta(tokens, k),
+                                    workspace_bytes=DEFAULT_WORKSPACE_BYTES)),
         ("translate", dict(raw=_meta(tokens, k), page_table=table, seq_lens=_meta(tokens), page_size=page_size,
                            row_to_batch=_meta(tokens), out=_meta(tokens, k))),
     ]

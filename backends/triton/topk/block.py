@@ -40,7 +40,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -398,7 +397,7 @@ def builds_for(target: Target) -> bool:
     return target.gpu.vendor.asm == "ptx"
 
 
-def unsupported(scores: torch.Tensor, k: int, target: Target, cfg: Mapping[str, Any]) -> list[str]:
+def unsupported(k: int, target: Target, cfg: Mapping[str, Any]) -> list[str]:
     """Why this kernel cannot take a call (empty: it can; the Triton kernels take the others)."""
     reasons = []
     if target.interpreted or not builds_for(target):

@@ -27,7 +27,7 @@ ROWS, SAMPLE, FILTER = Launcher(topk_rows_kernel), Launcher(topk_sample_kernel),
 FINISH, SORT = Launcher(topk_finish_kernel), Launcher(topk_sort_kernel)
 
 
-def _sms(target: Target, device: torch.device) -> int:
+def multiprocessors(target: Target, device: torch.device) -> int:
     """Multiprocessors (CUs on AMD) of the device (of the planned one inside ``launcher.planning``); 1 when
     interpreted."""
     return 1 if target.interpreted else planned_sms() or sm_count(device.index if device.index is not None else 0)
@@ -151,12 +151,11 @@ class _Plan(NamedTuple):
     words: tuple[int, int, int, int]
 
 
-def _plan(scores: torch.Tensor, k: int, target: Target, cfg: Mapping[str, Any]) -> _Plan:
-    rows, cols = scores.shape
-    sms = _sms(target, scores.device)
+def _plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cfg: Mapping[str, Any]) -> _Plan:
+    sms = multiprocessors(target, device)
     # The Gluon block-a-row kernel (block.py) takes the rows the fused kernel would, and, from BLOCK_MIN_ROWS
     # rows on, rows of up to BLOCK_MAX_COLS columns that would be split (unless CHUNK forces the split).
-    block = (None if topk_block.unsupported(scores, k, target, cfg)
+    block = (None if topk_block.unsupported(k, target, cfg)
              else topk_block.shape(cols, k, sample_size(cols, k, cfg), cfg))
     take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"] and cols <= cfg["BLOCK_MAX_COLS"]
     chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg)
@@ -178,8 +177,13 @@ def workspace_bytes(scores: torch.Tensor, k: int, *, target: Target, cfg: Mappin
     """The workspace bytes of a call selecting ``k`` of each row of ``scores [R, N]`` (``sorted`` or not): on split
     rows about twice the bytes of fp32 scores (candidates' keys kept beside their positions), else a stash a
     program; 0 when there are no rows or ``k`` is 0."""
-    rows, _ = scores.shape
-    return 0 if rows == 0 or k == 0 else 4 * sum(_plan(scores, k, target, cfg).words)
+    return shape_workspace_bytes(*scores.shape, scores.device, k, target=target, cfg=cfg)
+
+
+def shape_workspace_bytes(rows: int, cols: int, device: torch.device, k: int, *, target: Target,
+                          cfg: Mapping[str, Any]) -> int:
+    """:func:`workspace_bytes` of scores ``[rows, cols]`` on ``device``, from the shape alone."""
+    return 0 if rows == 0 or k == 0 else 4 * sum(_plan(rows, cols, device, k, target, cfg).words)
 
 
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
@@ -205,7 +209,7 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     pdl = uses_pdl(target, cfg)
     scan = {name: row_args[name] for name in _SCAN_ARGS}
     common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
-    block, chunk, chunks, cap, row_programs, finish_programs, words = _plan(scores, k, target, cfg)
+    block, chunk, chunks, cap, row_programs, finish_programs, words = _plan(rows, cols, scores.device, k, target, cfg)
     bins = cfg["FINISH_BINS"]
     ws = workspaces.words(scores, sum(words), workspace)
     region, counts, hist, stash = _split(ws, *words[:3])

@@ -22,7 +22,9 @@ from indexcache.hal.specs.bench import BASELINE, DIM, HEADS, BenchCase, BenchSpe
 BOUNDS = {("fp8", "fp32"): 1e-5, ("fp8", "tensor-core"): 1e-3, ("bf16", "fp32"): 1e-2, ("bf16", "tensor-core"): 1e-2}
 
 
-def check(q, k, k_scale, weights, ks, ke, *, out=None) -> dict[str, Any]:
+def check_inputs(q, k, k_scale, weights, ks, ke) -> None:
+    """The inputs as :func:`check` takes them: ``q [T, H, D]``, ``k [N, D]`` (MXFP4: ``[N, D / 2]``), ``k_scale``,
+    ``weights [T, H]``, ``ks`` and ``ke [T]``."""
     check_tensor("q", q, KEY_DTYPES, (None, None, None))
     tokens, heads, dim = q.shape
     device = q.device
@@ -38,7 +40,11 @@ def check(q, k, k_scale, weights, ks, ke, *, out=None) -> dict[str, Any]:
     check_tensor("weights", weights, (torch.float32,), (tokens, heads), device)
     check_tensor("ks", ks, (INDEX,), (tokens,), device)
     check_tensor("ke", ke, (INDEX,), (tokens,), device)
-    out = output("out", out, torch.float32, (tokens, k.shape[0]), device,
+
+
+def check(q, k, k_scale, weights, ks, ke, *, out=None) -> dict[str, Any]:
+    check_inputs(q, k, k_scale, weights, ks, ke)
+    out = output("out", out, torch.float32, (q.shape[0], k.shape[0]), q.device,
                  dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke))
     return dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out)
 

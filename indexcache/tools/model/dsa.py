@@ -4,8 +4,9 @@
 shared layers, per-layer page tables, pipeline carries, micro-batches, side streams and CUDA graphs can
 be exercised and timed with the real ops. Its shapes follow DeepSeek-V3.2's indexer (RoPE on the
 first half of the index head dim, a Hadamard rotation, block-128 fp8 with power-of-two scales in the
-packed 132-byte-a-token cache written by ``indexcache.store_index_k``, logits from
-``indexcache.mqa_logits`` in prefill and ``indexcache.paged_topk_translate`` in decode) at small widths.
+packed 132-byte-a-token cache written by ``indexcache.store_index_k``, the prefill producer's keys gathered by
+``indexcache.gather_index_k`` and scored and selected by ``indexcache.mqa_topk_translate``, the decode producer's by
+``indexcache.paged_topk_translate``) at small widths.
 
 Independent random indexers would share almost no top-k across layers, unlike trained models (70–100 %
 between neighbours, in blocks). So the seeded indexer weights are correlated on purpose: sparse layers
@@ -36,7 +37,7 @@ import indexcache
 from indexcache.hal.ops import INDEX
 from indexcache.plan import PRODUCER, LayerPlan
 from indexcache.runtime.runner import IndexerRunner
-from indexcache.runtime.state import PagedLogits, Recorder, TopkState
+from indexcache.runtime.state import PagedLogits, PrefillLogits, Recorder, TopkState
 from indexcache.runtime.streams import overlap
 from indexcache.tools.model.batch import Batch
 from indexcache.tools.model.cache import PagedCache
@@ -235,10 +236,10 @@ class DSAModel:
                                  new_slots.to(INDEX), self.fp8)
 
     def _index_scores(self, layer: int, h: torch.Tensor, batch: Batch,
-                      cache: PagedCache) -> torch.Tensor | PagedLogits:
+                      cache: PagedCache) -> torch.Tensor | PagedLogits | PrefillLogits:
         """The producer's indexer over its index-K cache (this forward's keys stored by :meth:`_store_index_k`): in
-        prefill, logits ``[R, N]`` float32; in decode, the paged logits' inputs
-        (:class:`~indexcache.runtime.state.PagedLogits`), which the runner scores and selects from in one op
+        prefill, what :meth:`_prefill_logits` gives of the keys gathered from the cache; in decode, the paged logits'
+        inputs (:class:`~indexcache.runtime.state.PagedLogits`), which the runner scores and selects from in one op
         (``indexcache.paged_topk_translate``)."""
         c = self.config
         rows, heads, dim = batch.rows, c.index_heads, c.index_dim
@@ -258,11 +259,13 @@ class DSAModel:
         return self._prefill_logits(layer, q8.view(rows, heads, dim), k8, k_scale, weights, ks, ks + batch.lengths)
 
     def _prefill_logits(self, layer: int, q8: torch.Tensor, k8: torch.Tensor, k_scale: torch.Tensor,
-                        weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
-        """A prefill producer's logits ``[R, N]`` float32 over the batch's ``N`` gathered keys (``q8 [R, H, D]``,
-        ``k8 [N, D]`` fp8, ``k_scale [N]``, ``weights [R, H]``, window ``[ks, ke)`` int32 ``[R]``):
-        :func:`indexcache.mqa_logits`. A subclass may score a shard of the keys instead (context parallel)."""
-        return indexcache.mqa_logits(q8, k8, k_scale, weights, ks, ke)
+                        weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor | PrefillLogits:
+        """A prefill producer's indexer over the batch's ``N`` gathered keys (``q8 [R, H, D]``, ``k8 [N, D]`` fp8,
+        ``k_scale [N]``, ``weights [R, H]``, window ``[ks, ke)`` int32 ``[R]``): those inputs as
+        :class:`~indexcache.runtime.state.PrefillLogits`, which the runner scores and selects from in one op in
+        bounded memory (``indexcache.mqa_topk_translate``). A subclass may return logits ``[R, N]`` float32 instead,
+        e.g. of a shard of the keys (context parallel), which the runner selects from."""
+        return PrefillLogits(q8, k8, k_scale, weights, ks, ke)
 
 
 @dataclass(frozen=True)

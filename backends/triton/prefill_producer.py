@@ -1,0 +1,188 @@
+"""The producer step of prefill, ``mqa_topk_translate`` (contract: ``indexcache.mqa_topk_translate``), in bounded
+memory: the queries in passes of as many rows as the call's scratch bound holds, each pass the launch of
+``mqa_logits`` into the workspace then those of ``topk_translate`` over its rows (docs/ops.md, "The prefill producer
+step").
+
+The workspace (the caller's ``workspace=``, else a kept one of the calling thread's stream, at most the bound) holds,
+in int32 words, each a piece starting 64 bytes aligned: every query's clipped window start and length (written by
+:func:`windows_kernel`, what the top-k takes as ``row_starts`` and ``lengths``), one pass's ``[rows, N]`` float32
+logits, and the top-k's own workspace for a pass. A pass's rows are a multiple of 16 where the bound allows, the
+passes as even as that leaves, so every pass's slices of the inputs keep their alignment and its launches their
+variants. A pass of at least a row a multiprocessor never splits its rows across programs in the top-k (the tuning
+table's split, for few long rows, keeps each row's candidates beside it: twice the pass's logits in scratch, where a
+program a row reads a pass's rows in a fraction of the time its logits take).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from indexcache.backends.triton import topk
+from indexcache.backends.triton import workspace as workspaces
+from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options
+from indexcache.backends.triton.logits import mqa_logits_launch
+from indexcache.backends.triton.logits import ops as logits_ops
+from indexcache.backends.triton.support import cdiv, launch_options, on_target_device
+from indexcache.backends.triton.target import Target
+from indexcache.backends.triton.topk.kernels import MAX_COLS
+from indexcache.backends.triton.topk.plan import multiprocessors, shape_workspace_bytes
+from indexcache.hal.contract import OpImpl
+
+WINDOW_BLOCK = 256  # queries a program of windows_kernel
+ALIGN = 16  # a pass's rows a multiple of this where the bound allows (64-byte aligned int32 slices)
+
+
+@triton.jit(do_not_specialize=("rows", "keys"),
+            do_not_specialize_on_alignment=("ks_ptr", "ke_ptr", "starts_ptr", "lengths_ptr"))
+def windows_kernel(ks_ptr, ke_ptr, starts_ptr, lengths_ptr, rows, keys, ks_s0, ke_s0, BLOCK: tl.constexpr):
+    """Query ``t``'s window ``[ks, ke)`` clipped to ``[0, keys)``: its start ``min(max(ks, 0), keys)`` and its length
+    ``max(min(ke, keys), start) - start``."""
+    t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = t < rows
+    t64 = t.to(tl.int64)
+    start = tl.minimum(tl.maximum(tl.load(ks_ptr + t64 * ks_s0, mask=m, other=0), 0), keys)
+    end = tl.maximum(tl.minimum(tl.load(ke_ptr + t64 * ke_s0, mask=m, other=0), keys), start)
+    tl.store(starts_ptr + t, start, mask=m)
+    tl.store(lengths_ptr + t, end - start, mask=m)
+
+
+WINDOWS = Launcher(windows_kernel)
+
+
+def _piece(words: int) -> int:
+    """``words`` rounded up to 16 (64 bytes)."""
+    return cdiv(words, 16) * 16
+
+
+def topk_cfg(rows: int, device: torch.device, target: Target, cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The top-k's tuning entry for a pass of ``rows`` rows: ``cfg``, rows never split (``CHUNKS_PER_SM`` 0) from a
+    row a multiprocessor on."""
+    return dict(cfg, CHUNKS_PER_SM=0) if rows >= multiprocessors(target, device) else cfg
+
+
+def _topk_bytes(rows: int, keys: int, device: torch.device, k: int, target: Target, cfg: Mapping[str, Any]) -> int:
+    return shape_workspace_bytes(rows, keys, device, k, target=target, cfg=topk_cfg(rows, device, target, cfg))
+
+
+def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, *, target: Target,
+              cfg: Mapping[str, Any]) -> int:
+    """Query rows a pass for a call of ``tokens`` queries over ``keys`` keys selecting ``k``, whose workspace may
+    take ``limit`` bytes (``cfg``: the top-k's tuning entry); ``ValueError`` when not even one row fits."""
+    fixed = 4 * 2 * _piece(tokens)
+
+    def need(rows: int) -> int:
+        return fixed + 4 * _piece(rows * keys) + _topk_bytes(rows, keys, device, k, target, cfg)
+
+    if need(tokens) <= limit:
+        return tokens
+    rows = min(tokens, max(limit - fixed, 0) // (4 * keys))
+    while rows > 0 and need(rows) > limit:  # the top-k's share grows about linearly with the rows
+        rows = min(rows - 1, rows * (limit - fixed) // (need(rows) - fixed))
+    if rows == 0:
+        raise ValueError(f"workspace_bytes: expected at least {need(1)} bytes for {tokens} queries over {keys} keys "
+                         f"(the windows, a query row's float32 logits and its top-k's workspace), got a bound of "
+                         f"{limit}")
+    if rows >= ALIGN:  # aligned rows, the passes as even as they then can be
+        rows -= rows % ALIGN
+        even = cdiv(cdiv(tokens, cdiv(tokens, rows)), ALIGN) * ALIGN
+        rows = even if even <= rows else rows
+    return rows
+
+
+def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, topk_k: int, limit: int, *, target: Target,
+                         tuning: Mapping[str, Mapping[str, Any]]) -> int:
+    """The workspace bytes of a call (at most ``limit``): the windows, a pass's logits and its top-k's workspace."""
+    tokens, keys = q.shape[0], k.shape[0]
+    if tokens == 0 or topk_k == 0:
+        return 0
+    rows = pass_rows(tokens, keys, q.device, topk_k, limit, target=target, cfg=tuning["topk"])
+    return 4 * (2 * _piece(tokens) + _piece(rows * keys)) + _topk_bytes(rows, keys, q.device, topk_k, target,
+                                                                         tuning["topk"])
+
+
+def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_to_batch, out, out_raw,
+             workspace_bytes_, workspace=None, *, target: Target, tuning: Mapping[str, Mapping[str, Any]],
+             options) -> list[Launch | None]:
+    """The launches of one call, in order (None: nothing to launch); arguments as ``indexcache.mqa_topk_translate``
+    (``topk_k`` its ``topk``, ``workspace_bytes_`` the resolved bound), ``options`` the prefill logits' launch
+    options."""
+    tokens, keys = q.shape[0], k.shape[0]
+    if tokens == 0 or topk_k == 0:
+        return []
+    rows = pass_rows(tokens, keys, q.device, topk_k, workspace_bytes_, target=target, cfg=tuning["topk"])
+    win, part = _piece(tokens), _piece(rows * keys)
+    total = call_workspace_bytes(q, k, topk_k, workspace_bytes_, target=target, tuning=tuning) // 4
+    ws = workspaces.words(q, total, workspace, cap=workspace_bytes_ // 4)
+    starts, lengths = ws[:tokens], ws[win:win + tokens]
+    logits = ws[2 * win:2 * win + rows * keys].view(torch.float32).view(rows, keys)
+    scratch = ws[2 * win + part:].view(torch.uint8)
+    select = topk_cfg(rows, q.device, target, tuning["topk"])
+    steps: list[Launch | None] = [Launch(WINDOWS, (cdiv(tokens, WINDOW_BLOCK),), launch_key_options({"num_warps": 4}),
+                                         (ks, ke, starts, lengths, tokens, keys, ks.stride(0), ke.stride(0)),
+                                         dict(BLOCK=WINDOW_BLOCK))]
+    for t0 in range(0, tokens, rows):
+        t1 = min(tokens, t0 + rows)
+        scores = logits[:t1 - t0]
+        steps.append(mqa_logits_launch(q[t0:t1], k, k_scale, weights[t0:t1], ks[t0:t1], ke[t0:t1], scores,
+                                       target=target, cfg=tuning["mqa_logits"], options=options))
+        # Without row_to_batch, query t translates through table row t: the pass's rows of the table.
+        r2b, table = (None, page_table[t0:t1]) if row_to_batch is None else (row_to_batch[t0:t1], page_table)
+        steps += [launch for _, launch in topk.launches(scores, lengths[t0:t1], topk_k, starts[t0:t1], out[t0:t1],
+                                                         None if out_raw is None else out_raw[t0:t1], table,
+                                                         page_size, r2b, workspace=scratch, target=target,
+                                                         cfg=select)]
+    return steps
+
+
+def op_launches(args: Mapping[str, Any], *, target: Target, tuning: Mapping[str, Mapping[str, Any]],
+                options=None) -> list[Launch | None]:
+    """:func:`launches` of a call given as the op's checked arguments (its ``workspace_bytes`` resolved); ``options``
+    the prefill logits' launch options (computed when None)."""
+    named = dict(args)
+    named["topk_k"], named["workspace_bytes_"] = named.pop("topk"), named.pop("workspace_bytes")
+    options = options or launch_key_options(launch_options(target, tuning["mqa_logits"]))
+    return launches(**named, target=target, tuning=tuning, options=options)
+
+
+def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
+    """``mqa_topk_translate`` of a GPU backend built for ``target`` with its tuning table: served wherever
+    ``mqa_logits`` is, for windows of up to the top-k's columns."""
+    logits_op = logits_ops(target, tuning)["mqa_logits"]
+    options = launch_key_options(launch_options(target, tuning["mqa_logits"]))
+
+    def supports(q, k, k_scale, weights, ks, ke, page_table, row_to_batch, out, out_raw, workspace=None, **_):
+        reasons = logits_op.supports(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out)
+        reasons += on_target_device(target, page_table=page_table, row_to_batch=row_to_batch, out_raw=out_raw,
+                                    workspace=workspace)
+        if k.shape[0] > MAX_COLS:
+            reasons.append(f"more than {MAX_COLS} keys are not supported by the Triton top-k")
+        return list(dict.fromkeys(reasons))
+
+    def run(**args):
+        for launch in op_launches(args, target=target, tuning=tuning, options=options):
+            if launch is not None:
+                launch()
+        return args["out"]
+
+    def prepare(**args):
+        return bound(op_launches(args, target=target, tuning=tuning, options=options))
+
+    def workspace_of(q, k, topk, workspace_bytes, **_):
+        return call_workspace_bytes(q, k, topk, workspace_bytes, target=target, tuning=tuning)
+
+    return {"mqa_topk_translate": OpImpl(run, supports, prepare, workspace_of)}
+
+
+def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
+    """What this module builds for ``target`` itself (cross-compile check): :func:`windows_kernel` (the logits and
+    top-k launches are their own modules' builds)."""
+    from indexcache.backends.triton.crosscompile import KernelSpec
+
+    return [KernelSpec("mqa_topk_translate", windows_kernel,
+                       {name: "*i32" for name in ("ks_ptr", "ke_ptr", "starts_ptr", "lengths_ptr")},
+                       {"BLOCK": WINDOW_BLOCK, "ks_s0": 1, "ke_s0": 1}, {"num_warps": 4})]

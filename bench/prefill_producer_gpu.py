@@ -1,0 +1,288 @@
+"""The prefill producer step, ``indexcache.mqa_topk_translate``, on one GPU (issue 38): bounded memory at a million
+keys, and its time beside our own two ops and beside DeepGEMM's logits then FlashInfer's top-k.
+
+    pip install -e . && python bench/prefill_producer_gpu.py --out out/prefill_producer.json [--peers .peers/topk]
+
+One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, fp8 e4m3fn, k 2048, a KV table of
+64-token pages, every query its row ``row_to_batch`` 0):
+
+- **1M**: ``T`` = 8192 over ``N`` = 1M keys within a 2 GiB scratch bound: its result against our two ops (``mqa_logits``
+  into the whole 32 GiB ``[T, N]`` logits, then ``topk_translate``): the same index sets, exactly (the same kernels);
+  each call's time (CUDA events around one call, median of ``--reps``) and the bytes the allocator handed out during it
+  beyond its inputs and outputs (``torch.cuda.max_memory_allocated``; ours: its workspace).
+- **peers**: 4096 × 32K and 8192 × 128K: ours in one op (default bound, 2 GiB; and each bound of ``--bounds``), ours as
+  two ops, and DeepGEMM ``fp8_mqa_logits`` then FlashInfer ``top_k_page_table_transform`` (where both load: DeepGEMM
+  from the ``deep_gemm`` package, FlashInfer from the peers harness folder ``--peers``, ``peers.py`` there), each
+  checked first (the selected logits, sorted, equal the best ones of our logits), then captured in a CUDA graph and
+  replayed in turns (``--rounds`` rounds; the card is power-capped), with each call's scratch bytes as above.
+
+Writes one JSON with the commit, device and versions. ``--smoke``: tiny shapes interpreted on the CPU, the host clock:
+checks the script only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if "--smoke" in sys.argv:  # before Triton is imported: the kernels run interpreted on the CPU
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+
+import indexcache
+from indexcache.bench.output import print_rows, write_json
+from indexcache.bench.provenance import checkout_commit, device_name, now, versions
+from indexcache.bench.timing import alternating_graph_us, on_gpu
+from indexcache.hal.specs.mqa_topk_translate import DEFAULT_WORKSPACE_BYTES
+
+H, D, PAGE, K = 64, 128, 64, 2048
+FP8 = torch.float8_e4m3fn
+GIB = 1 << 30
+
+
+def inputs(tokens: int, keys: int, k: int, dev: torch.device, seed: int = 38) -> dict[str, Any]:
+    """A causal prefill of the last ``tokens`` of ``keys`` keys: fp8 queries and keys (per-token power-of-two key
+    scales), a random KV page table of one row, outputs allocated."""
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    k8, scale = indexcache.quantize_index_k(torch.randn(keys, D, device=dev, generator=gen), FP8)
+    t = torch.arange(tokens, device=dev, dtype=torch.int32)
+    pages = -(-keys // PAGE)
+    return dict(q=(torch.randn(tokens, H, D, device=dev, generator=gen) * 24).clamp(-400, 400).to(FP8), k=k8,
+                k_scale=scale[:, 0].contiguous(), weights=torch.randn(tokens, H, device=dev, generator=gen) * H**-0.5,
+                ks=torch.zeros(tokens, device=dev, dtype=torch.int32), ke=(keys - tokens + 1 + t).int(), topk=k,
+                page_table=torch.randperm(pages, device=dev, generator=gen, dtype=torch.int32)[None, :],
+                page_size=PAGE, row_to_batch=torch.zeros(tokens, device=dev, dtype=torch.int32),
+                out=torch.empty(tokens, k, device=dev, dtype=torch.int32),
+                out_raw=torch.empty(tokens, k, device=dev, dtype=torch.int32))
+
+
+LOGITS_ARGS = ("q", "k", "k_scale", "weights", "ks", "ke")
+
+
+def ours(a: dict, bound: int | None, workspace: torch.Tensor | None = None) -> Callable[[], Any]:
+    """Our one-op call into ``a``'s outputs (``bound``: its ``workspace_bytes``)."""
+    def call():
+        return indexcache.mqa_topk_translate(*(a[n] for n in LOGITS_ARGS), a["topk"], a["page_table"], a["page_size"],
+                                             row_to_batch=a["row_to_batch"], out=a["out"], out_raw=a["out_raw"],
+                                             workspace=workspace, workspace_bytes=bound)
+    return call
+
+
+def ours_two_ops(a: dict, logits: torch.Tensor | None) -> Callable[[], Any]:
+    """``mqa_logits`` into ``logits`` (allocated by the call when None), then ``topk_translate`` of its rows."""
+    out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
+
+    def call():
+        scores = indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS), out=logits)
+        indexcache.topk_translate(scores, a["ke"], a["topk"], a["page_table"], a["page_size"], row_starts=a["ks"],
+                                  row_to_batch=a["row_to_batch"], out=out, out_raw=raw)
+        return out, raw
+    return call
+
+
+def peer_pair(dg: Any, fi: Any, a: dict) -> Callable[[], Any]:
+    """DeepGEMM's ``fp8_mqa_logits`` (its -inf outside each window) then FlashInfer's ``top_k_page_table_transform``
+    through the same table, ``row_to_batch`` and page size."""
+    def call():
+        scores = dg.fp8_mqa_logits(a["q"], (a["k"], a["k_scale"]), a["weights"], a["ks"], a["ke"], True)
+        scores = scores if isinstance(scores, torch.Tensor) else torch.from_dlpack(scores)
+        return fi.flashinfer_top_k_page_table_transform(scores, a["page_table"], a["ke"], a["topk"],
+                                                        row_to_batch=a["row_to_batch"], page_size=a["page_size"])
+    return call
+
+
+def scratch_bytes(fn: Callable[[], Any], dev: torch.device) -> int | None:
+    """The most bytes the allocator held during ``fn()`` beyond what it held before (None off a GPU)."""
+    if not on_gpu(dev):
+        fn()
+        return None
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(dev)
+    before = torch.cuda.memory_allocated(dev)
+    result = fn()
+    torch.cuda.synchronize(dev)
+    del result
+    return torch.cuda.max_memory_allocated(dev) - before
+
+
+def event_us(fn: Callable[[], Any], dev: torch.device, reps: int) -> float:
+    """Median µs of one eager call (CUDA events; off a GPU the host clock)."""
+    import time
+
+    samples = []
+    for _ in range(reps):
+        if on_gpu(dev):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(1e6 * (time.perf_counter() - t0))
+    return statistics.median(samples)
+
+
+def same_sets(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.sort(1).values, b.sort(1).values)
+
+
+def selected(scores: torch.Tensor, raw: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Per row the logits at the selected window positions, sorted descending (-1 slots as -inf)."""
+    at = (starts[:, None] + raw.clamp_min(0)).long()
+    return torch.where(raw >= 0, scores.gather(1, at), float("-inf")).sort(1, descending=True).values
+
+
+def million(dev: torch.device, tokens: int, keys: int, k: int, bound: int, reps: int) -> dict[str, Any]:
+    """The 1M section: ours within ``bound`` against our two ops over the whole logits."""
+    a = inputs(tokens, keys, k, dev)
+    workspace = torch.empty(indexcache.workspace_bytes("mqa_topk_translate", **a, workspace_bytes=bound),
+                            dtype=torch.uint8, device=dev)
+    row: dict[str, Any] = dict(case=f"{tokens}x{size(keys)} causal k{k}", bound_bytes=bound,
+                               workspace_bytes=workspace.numel())
+    one = ours(a, bound, workspace)
+    row["ours_scratch_bytes"] = scratch_bytes(lambda: ours(a, bound, torch.empty_like(workspace))(), dev)
+    row["ours_us"] = event_us(one, dev, reps)
+    got, got_raw = a["out"].clone(), a["out_raw"].clone()
+    two = ours_two_ops(a, None)
+    row["two_ops_scratch_bytes"] = scratch_bytes(two, dev)
+    out, raw = two()
+    row["same_as_two_ops"] = bool(same_sets(got_raw, raw) and same_sets(got, out))
+    del out, raw
+    row["two_ops_us"] = event_us(two, dev, max(1, reps // 2))
+    row["ours_over_two_ops"] = row["ours_us"] / row["two_ops_us"]
+    return row
+
+
+def size(keys: int) -> str:
+    return f"{keys >> 10}K" if keys >= 1024 else str(keys)
+
+
+def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], peers: tuple[Any, Any] | None,
+         rounds: int, errors: list[str]) -> list[dict[str, Any]]:
+    """One shape: ours (default bound and each of ``bounds``), ours as two ops and the peers, checked, raced."""
+    a = inputs(tokens, keys, k, dev)
+    case = f"{tokens}x{size(keys)} causal k{k}"
+    logits = torch.empty(tokens, keys, device=dev)
+    limits = {f"ours, bound {limit / GIB:g} GiB": limit for limit in [DEFAULT_WORKSPACE_BYTES, *bounds]}
+    need = {name: indexcache.workspace_bytes("mqa_topk_translate", **a, workspace_bytes=limit)
+            for name, limit in limits.items()}
+    calls: dict[str, Callable[[], Any]] = {
+        name: ours(a, limit, torch.empty(need[name], dtype=torch.uint8, device=dev)) for name, limit in limits.items()}
+    calls["ours, two ops"] = ours_two_ops(a, logits)
+    for fn in calls.values():
+        fn()
+    want_out, want_raw = calls["ours, two ops"]()
+    calls[next(iter(calls))]()
+    if not (same_sets(a["out_raw"], want_raw) and same_sets(a["out"], want_out)):
+        errors.append(f"{case}: ours in one op differs from our two ops")
+    best = selected(logits, want_raw, a["ks"])
+    if peers is not None:
+        pair = peer_pair(*peers, a)
+        try:
+            slots = pair()
+            # The table is a permutation of pages: a slot back to its position through the inverse.
+            inverse = torch.empty_like(a["page_table"][0])
+            inverse[a["page_table"][0].long()] = torch.arange(inverse.numel(), device=dev, dtype=torch.int32)
+            pos = torch.where(slots >= 0, inverse[(slots.clamp_min(0) // PAGE).long()] * PAGE + slots % PAGE, -1)
+            if torch.equal(selected(logits, pos, a["ks"]), best):
+                calls["DeepGEMM + FlashInfer"] = pair
+            else:
+                errors.append(f"{case}: DeepGEMM + FlashInfer select other logits than the best of ours")
+        except Exception as exc:  # a peer that rejects the call is reported, never fatal
+            errors.append(f"{case}: DeepGEMM + FlashInfer failed: {type(exc).__name__}: {exc}")
+    times = alternating_graph_us(calls, dev, rounds, 1)
+    # Scratch: each call allocating its own (ours: a workspace of what the call takes; two ops: the logits).
+    memory = {name: scratch_bytes(lambda name=name, limit=limit: ours(
+        a, limit, torch.empty(need[name], dtype=torch.uint8, device=dev))(), dev) for name, limit in limits.items()}
+    memory["ours, two ops"] = scratch_bytes(ours_two_ops(a, None), dev)
+    if "DeepGEMM + FlashInfer" in calls:
+        memory["DeepGEMM + FlashInfer"] = scratch_bytes(calls["DeepGEMM + FlashInfer"], dev)
+    del logits
+    base = times["ours, two ops"]
+    peer = times.get("DeepGEMM + FlashInfer")
+    return [dict(case=case, call=name, us=round(us, 1), over_two_ops=round(us / base, 3),
+                 over_peers=round(us / peer, 3) if peer else None, scratch_bytes=memory.get(name))
+            for name, us in times.items()]
+
+
+def load_peers(folder: str | None) -> tuple[tuple[Any, Any] | None, dict[str, str]]:
+    """``((deep_gemm, peers harness module), status)``, or None where either does not load."""
+    status: dict[str, str] = {}
+    dg = fi = None
+    try:
+        dg = importlib.import_module("deep_gemm")
+        status["DeepGEMM"] = f"present {getattr(dg, '__version__', '')}".strip()
+    except Exception as exc:  # a missing or broken peer is reported, never fatal
+        status["DeepGEMM"] = f"absent: {type(exc).__name__}: {exc}"
+    if folder:
+        try:
+            sys.path.insert(0, str(Path(folder).resolve()))
+            fi = importlib.import_module("peers")
+            status["FlashInfer"] = f"present (peers harness {folder})"
+        except Exception as exc:  # as above
+            status["FlashInfer"] = f"absent: {type(exc).__name__}: {exc}"
+    else:
+        status["FlashInfer"] = "absent: no --peers folder"
+    return ((dg, fi) if dg is not None and fi is not None else None), status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="prefill_producer.json", help="the JSON report")
+    parser.add_argument("--peers", default=None, help="the peers harness' topk folder (its peers.py: FlashInfer)")
+    parser.add_argument("--bounds", default="0.5,1,4", help="more scratch bounds to race, GiB (default 0.5,1,4)")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of alternating graph replays")
+    parser.add_argument("--reps", type=int, default=3, help="eager calls timed in the 1M section")
+    parser.add_argument("--skip-million", action="store_true", help="leave out the 1M section")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes interpreted on the CPU: checks the script")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() and not args.smoke:
+        print("no GPU visible: this script times GPU kernels (pass --smoke to check it on tiny CPU shapes)")
+        return 2
+    dev = torch.device("cpu" if args.smoke else "cuda")
+    scale = 1 / 4096 if args.smoke else 1.0  # the smoke run's bounds in bytes: a few rows a pass
+    bounds = [int(float(b) * GIB * scale) for b in args.bounds.split(",") if b]
+    peers, status = load_peers(args.peers)
+    errors: list[str] = []
+    report: dict[str, Any] = {"schema": 1, "date": now(), "commit": checkout_commit(),
+                              "device": device_name(dev) or "cpu", **versions(), "peers": status,
+                              "settings": f"causal prefill of one request, H {H}, D {D}, fp8 e4m3fn, k {K}, KV page "
+                                          f"{PAGE}; raced alternately in CUDA graphs, {args.rounds} rounds; median µs "
+                                          "a call; scratch: allocator bytes during a call beyond its inputs/outputs"}
+    shapes = [(16, 300), (24, 1000)] if args.smoke else [(4096, 32768), (8192, 131072)]
+    k = 16 if args.smoke else K
+    report["rows"] = [row for tokens, keys in shapes
+                      for row in race(dev, tokens, keys, k, bounds, peers, 1 if args.smoke else args.rounds, errors)]
+    print(f"{report['device']}  torch {report['torch']}  triton {report['triton']}  commit {report['commit']}")
+    print("peers:", status)
+    print_rows("the prefill producer step (median µs a call)", report["rows"],
+               ["case", "call", "us", "over_two_ops", "over_peers", "scratch_bytes"])
+    if not args.skip_million:
+        tokens, keys, bound = (32, 5000, 4 * 5000 * 8 + (64 << 10)) if args.smoke else (8192, 1 << 20, 2 * GIB)
+        report["million"] = million(dev, tokens, keys, k, bound, args.reps)
+        if not report["million"]["same_as_two_ops"]:
+            errors.append("1M: ours in one op differs from our two ops")
+        print_rows("within a scratch bound", [report["million"]],
+                   ["case", "bound_bytes", "workspace_bytes", "ours_scratch_bytes", "ours_us", "two_ops_scratch_bytes",
+                    "two_ops_us", "ours_over_two_ops", "same_as_two_ops"])
+    report["errors"] = errors
+    for error in errors:
+        print("CHECK FAILED:", error)
+    write_json(report, args.out)
+    print(f"wrote {args.out}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The GPU backends' producer step of prefill (``backends/triton/prefill_producer.py``), interpreted on the CPU: the
+rows a pass takes under a bound (aligned, even, the workspace within the bound, refused below one row), a call in
+many passes equal to the same call in one and to the torch backend's, the kept workspace no larger than the bound,
+and a caller's workspace checked against what the call takes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import indexcache
+from indexcache.backends.triton import prefill_producer, workspace
+
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks"),
+              pytest.mark.usefixtures("interpreted", "one_thread")]
+
+I32 = torch.int32
+
+
+def _inputs(gen: torch.Generator, tokens: int, keys: int, k: int, heads: int = 4,
+            fp8: torch.dtype = torch.float8_e4m3fn) -> dict:
+    """One request's causal prefill of ``tokens`` queries over ``keys`` keys (random values), outputs given."""
+    return dict(q=torch.randn(tokens, heads, 128, generator=gen).to(fp8),
+                k=torch.randn(keys, 128, generator=gen).to(fp8),
+                k_scale=torch.rand(keys, generator=gen) + 0.5, weights=torch.randn(tokens, heads, generator=gen),
+                ks=torch.zeros(tokens, dtype=I32), ke=torch.arange(keys - tokens + 1, keys + 1, dtype=I32), topk=k,
+                page_table=torch.randint(0, 1000, (1, keys // 16 + 1), generator=gen, dtype=I32), page_size=16,
+                row_to_batch=torch.zeros(tokens, dtype=I32), out=torch.full((tokens, k), -7, dtype=I32),
+                out_raw=torch.full((tokens, k), -7, dtype=I32))
+
+
+def _target_and_tuning():
+    """The interpreted cuda backend's target and its tuning table."""
+    from indexcache.backends.cuda import NVIDIA
+    from indexcache.backends.cuda.tuning import tuning
+    from indexcache.backends.triton.target import detect
+
+    target = detect(NVIDIA)[2]
+    return target, tuning(target.arch)
+
+
+def test_the_rows_of_a_pass_are_aligned_even_and_within_the_bound():
+    target, table = _target_and_tuning()
+    device = torch.device("cpu")
+    tokens, keys, k = 1000, 5000, 64
+    one_pass = prefill_producer.pass_rows(tokens, keys, device, k, 1 << 30, target=target, cfg=table["topk"])
+    assert one_pass == tokens
+    for limit in (40 * 4 * keys, 100 * 4 * keys, 333 * 4 * keys):
+        rows = prefill_producer.pass_rows(tokens, keys, device, k, limit, target=target, cfg=table["topk"])
+        assert rows % prefill_producer.ALIGN == 0 and 0 < rows < tokens
+        passes = -(-tokens // rows)
+        assert tokens - (passes - 1) * rows > rows - passes * prefill_producer.ALIGN  # the last pass not a sliver
+        q, kk = torch.empty(tokens, 4, 128), torch.empty(keys, 128)
+        assert prefill_producer.call_workspace_bytes(q, kk, k, limit, target=target, tuning=table) <= limit
+    with pytest.raises(ValueError, match="workspace_bytes: expected at least .* bytes for 1000 queries over 5000 keys"):
+        prefill_producer.pass_rows(tokens, keys, device, k, 4 * keys, target=target, cfg=table["topk"])
+
+
+@pytest.mark.parametrize(("backend", "fp8"), [("cuda", torch.float8_e4m3fn), ("rocm", torch.float8_e4m3fnuz)])
+def test_many_passes_equal_one_and_the_torch_backend(backend, fp8):
+    gen = torch.Generator().manual_seed(0)
+    args = _inputs(gen, 40, 300, 32, fp8=fp8)
+    want = indexcache.mqa_topk_translate(**args, backend=backend).clone()
+    want_raw = args["out_raw"].clone()
+    args["out"].fill_(-7)
+    args["out_raw"].fill_(-7)
+    small = 16 * 4 * 300 + (32 << 10)  # about 16 rows a pass, a pass's top-k workspace and the windows
+    got = indexcache.mqa_topk_translate(**args, workspace_bytes=small, backend=backend)
+    assert torch.equal(got, want) and torch.equal(args["out_raw"], want_raw)
+    ref = indexcache.mqa_topk_translate(**{**args, "out": None, "out_raw": None}, backend="torch")
+    assert torch.equal(ref.sort(1).values, want.sort(1).values)
+
+
+def test_the_kept_workspace_stays_within_the_bound():
+    gen = torch.Generator().manual_seed(1)
+    args = _inputs(gen, 40, 300, 32)
+    bound = 20 * 4 * 300 + (40 << 10)
+    before = set(workspace.kept())
+    indexcache.mqa_topk_translate(**args, workspace_bytes=bound, backend="cuda")
+    grown = {key: buf for key, buf in workspace.kept().items() if key not in before}
+    assert grown and all(4 * buf.numel() <= bound for buf in grown.values())
+
+
+def test_a_callers_workspace_is_checked_and_used():
+    gen = torch.Generator().manual_seed(2)
+    args = _inputs(gen, 24, 200, 16)
+    need = indexcache.workspace_bytes("mqa_topk_translate", **args, workspace_bytes=1 << 20, backend="cuda")
+    assert 0 < need <= 1 << 20
+    want = indexcache.mqa_topk_translate(**args, backend="cuda").clone()
+    args["out"].fill_(-7)
+    given = torch.zeros(need, dtype=torch.uint8)
+    assert torch.equal(indexcache.mqa_topk_translate(**args, workspace=given, workspace_bytes=1 << 20,
+                                                     backend="cuda"), want)
+    assert given.any()  # the logits and windows went there
+    with pytest.raises(ValueError, match="workspace"):
+        indexcache.mqa_topk_translate(**args, workspace=given[:need - 64], workspace_bytes=1 << 20, backend="cuda")
