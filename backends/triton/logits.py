@@ -678,6 +678,20 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
     )
 
 
+def prefill_round(q, k, k_scale, weights, *, target: Target, cfg: Mapping[str, Any]) -> int:
+    """Query rows one round of the prefill launch (:func:`mqa_logits_launch`) takes: its programs times the queries
+    a program's block holds. A launch over a multiple of it leaves no program idle in its last round."""
+    heads = q.shape[1]
+    programs = _programs(target, q.device)
+    if cfg.get("KERNEL") == "tma-ws" and k.dtype != fp4.FP4:
+        from indexcache.backends.triton import prefill_sm90
+
+        # weights stands in for the logits: what the check reads of them is a unit stride along a row
+        if not prefill_sm90.unsupported(q, k, k_scale, weights, weights, target):
+            return programs * max(1, prefill_sm90.COLS // heads)
+    return max(1, cfg["COLS"] // heads, 16 // heads) * programs * cfg.get("PROGRAMS_PER_SM", 1)
+
+
 def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
                options: Options | None = None):
     """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``); arguments as :func:`mqa_logits_launch`."""

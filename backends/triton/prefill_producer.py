@@ -6,15 +6,17 @@ step").
 The workspace (the caller's ``workspace=``, else a kept one of the calling thread's stream, at most the bound) holds,
 in int32 words, each a piece starting 64 bytes aligned: every query's clipped window start and length (written by
 :func:`windows_kernel`, what the top-k takes as ``row_starts`` and ``lengths``), one pass's ``[rows, N]`` float32
-logits, and the top-k's own workspace for a pass. A pass's rows are a multiple of 16 where the bound allows, the
-passes as even as that leaves, so every pass's slices of the inputs keep their alignment and its launches their
-variants. A pass of at least a row a multiprocessor never splits its rows across programs in the top-k (the tuning
-table's split, for few long rows, keeps each row's candidates beside it: twice the pass's logits in scratch, where a
-program a row reads a pass's rows in a fraction of the time its logits take).
+logits, and the top-k's own workspace for a pass. A pass's rows are whole rounds of the logits launch (its programs
+times the queries a program holds: 528 on the H200) where the bound allows, else a multiple of 16, the passes as even
+as that leaves: no program idles through a pass's last round, and every pass's slices of the inputs keep their
+alignment and its launches their variants. A pass of at least a row a multiprocessor never splits its rows across
+programs in the top-k (the tuning table's split, for few long rows, keeps each row's candidates beside it: twice the
+pass's logits in scratch, where a program a row reads a pass's rows in a fraction of the time its logits take).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +27,7 @@ import triton.language as tl
 from indexcache.backends.triton import topk
 from indexcache.backends.triton import workspace as workspaces
 from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options
-from indexcache.backends.triton.logits import mqa_logits_launch
+from indexcache.backends.triton.logits import mqa_logits_launch, prefill_round
 from indexcache.backends.triton.logits import ops as logits_ops
 from indexcache.backends.triton.support import cdiv, launch_options, on_target_device
 from indexcache.backends.triton.target import Target
@@ -70,9 +72,10 @@ def _topk_bytes(rows: int, keys: int, device: torch.device, k: int, target: Targ
 
 
 def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, *, target: Target,
-              cfg: Mapping[str, Any]) -> int:
+              cfg: Mapping[str, Any], quantum: int = ALIGN) -> int:
     """Query rows a pass for a call of ``tokens`` queries over ``keys`` keys selecting ``k``, whose workspace may
-    take ``limit`` bytes (``cfg``: the top-k's tuning entry); ``ValueError`` when not even one row fits."""
+    take ``limit`` bytes (``cfg``: the top-k's tuning entry); ``ValueError`` when not even one row fits. ``quantum``:
+    the rows of one round of the logits launch; a pass takes a multiple of it where the bound allows."""
     fixed = 4 * 2 * _piece(tokens)
 
     def need(rows: int) -> int:
@@ -87,20 +90,29 @@ def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, 
         raise ValueError(f"workspace_bytes: expected at least {need(1)} bytes for {tokens} queries over {keys} keys "
                          f"(the windows, a query row's float32 logits and its top-k's workspace), got a bound of "
                          f"{limit}")
-    if rows >= ALIGN:  # aligned rows, the passes as even as they then can be
-        rows -= rows % ALIGN
-        even = cdiv(cdiv(tokens, cdiv(tokens, rows)), ALIGN) * ALIGN
+    step = math.lcm(ALIGN, quantum) if rows >= math.lcm(ALIGN, quantum) else ALIGN
+    if rows >= step:  # whole rounds of the logits launch (else aligned rows), the passes as even as they then can be
+        rows -= rows % step
+        even = cdiv(cdiv(tokens, cdiv(tokens, rows)), step) * step
         rows = even if even <= rows else rows
     return rows
 
 
-def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, topk_k: int, limit: int, *, target: Target,
-                         tuning: Mapping[str, Mapping[str, Any]]) -> int:
+def _rows(q, k, k_scale, weights, topk_k: int, limit: int, *, target: Target,
+          tuning: Mapping[str, Mapping[str, Any]]) -> int:
+    """:func:`pass_rows` of a call, in whole rounds of its logits launch where the bound allows."""
+    quantum = prefill_round(q, k, k_scale, weights, target=target, cfg=tuning["mqa_logits"])
+    return pass_rows(q.shape[0], k.shape[0], q.device, topk_k, limit, target=target, cfg=tuning["topk"],
+                     quantum=quantum)
+
+
+def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, topk_k: int,
+                         limit: int, *, target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> int:
     """The workspace bytes of a call (at most ``limit``): the windows, a pass's logits and its top-k's workspace."""
     tokens, keys = q.shape[0], k.shape[0]
     if tokens == 0 or topk_k == 0:
         return 0
-    rows = pass_rows(tokens, keys, q.device, topk_k, limit, target=target, cfg=tuning["topk"])
+    rows = _rows(q, k, k_scale, weights, topk_k, limit, target=target, tuning=tuning)
     return 4 * (2 * _piece(tokens) + _piece(rows * keys)) + _topk_bytes(rows, keys, q.device, topk_k, target,
                                                                          tuning["topk"])
 
@@ -114,9 +126,9 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
     tokens, keys = q.shape[0], k.shape[0]
     if tokens == 0 or topk_k == 0:
         return []
-    rows = pass_rows(tokens, keys, q.device, topk_k, workspace_bytes_, target=target, cfg=tuning["topk"])
+    rows = _rows(q, k, k_scale, weights, topk_k, workspace_bytes_, target=target, tuning=tuning)
     win, part = _piece(tokens), _piece(rows * keys)
-    total = call_workspace_bytes(q, k, topk_k, workspace_bytes_, target=target, tuning=tuning) // 4
+    total = call_workspace_bytes(q, k, k_scale, weights, topk_k, workspace_bytes_, target=target, tuning=tuning) // 4
     ws = workspaces.words(q, total, workspace, cap=workspace_bytes_ // 4)
     starts, lengths = ws[:tokens], ws[win:win + tokens]
     logits = ws[2 * win:2 * win + rows * keys].view(torch.float32).view(rows, keys)
@@ -172,8 +184,8 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     def prepare(**args):
         return bound(op_launches(args, target=target, tuning=tuning, options=options))
 
-    def workspace_of(q, k, topk, workspace_bytes, **_):
-        return call_workspace_bytes(q, k, topk, workspace_bytes, target=target, tuning=tuning)
+    def workspace_of(q, k, k_scale, weights, topk, workspace_bytes, **_):
+        return call_workspace_bytes(q, k, k_scale, weights, topk, workspace_bytes, target=target, tuning=tuning)
 
     return {"mqa_topk_translate": OpImpl(run, supports, prepare, workspace_of)}
 

@@ -51,7 +51,14 @@ def test_the_rows_of_a_pass_are_aligned_even_and_within_the_bound():
         passes = -(-tokens // rows)
         assert tokens - (passes - 1) * rows > rows - passes * prefill_producer.ALIGN  # the last pass not a sliver
         q, kk = torch.empty(tokens, 4, 128), torch.empty(keys, 128)
-        assert prefill_producer.call_workspace_bytes(q, kk, k, limit, target=target, tuning=table) <= limit
+        assert prefill_producer.call_workspace_bytes(q, kk, kk[:, 0], q[:, :, 0], k, limit, target=target,
+                                                     tuning=table) <= limit
+    # Whole rounds of the logits launch where the bound holds one (else aligned rows).
+    for quantum, limit in ((48, 100 * 4 * keys), (48, 333 * 4 * keys), (400, 333 * 4 * keys)):
+        plain = prefill_producer.pass_rows(tokens, keys, device, k, limit, target=target, cfg=table["topk"])
+        rows = prefill_producer.pass_rows(tokens, keys, device, k, limit, target=target, cfg=table["topk"],
+                                          quantum=quantum)
+        assert rows % quantum == 0 if plain >= quantum else rows == plain, (quantum, rows, plain)
     with pytest.raises(ValueError, match="workspace_bytes: expected at least .* bytes for 1000 queries over 5000 keys"):
         prefill_producer.pass_rows(tokens, keys, device, k, 4 * keys, target=target, cfg=table["topk"])
 
