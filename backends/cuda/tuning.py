@@ -45,9 +45,10 @@ _COMMON: dict[str, dict[str, Any]] = {
     # max(4096, 4k, columns / 32) entries a row. sorted=True: a row's keys sorted over one warp per SORT_PER_WARP
     # keys (8 int64 a thread: 2048 keys on 8 warps; from the cross-compiled register counts, not measured).
     # KERNEL "block": the Gluon kernel of topk/block.py (a block of BLOCK_WARPS warps a row, BLOCK_PIECE_J columns a
-    # thread a piece, one program a SM) takes the many-rows calls, and from BLOCK_MIN_ROWS rows on the rows of up to
-    # BLOCK_MAX_COLS columns that would be split (H200: 32-36 % less time than the Triton path on 64 decode rows,
-    # 26 % on 2048 prefill rows; one row of 128K stays split: 50 µs against 29). 32 warps: 11-25 % faster than 16
+    # thread a piece, one program a SM) takes rows of up to BLOCK_MAX_COLS columns: the many-rows calls, and from
+    # BLOCK_MIN_ROWS rows on those that would be split (H200: 32-36 % less time than the Triton path on 64 decode rows,
+    # 26 % on 2048 prefill rows; one row of 128K stays split: 50 µs against 29); rows of 1M columns it finished 1.8-3.5x
+    # slower than the fused Triton kernel (480 to 2048 rows, 2026-12-02). 32 warps: 11-25 % faster than 16
     # (2-11 % with the radix select before); 4 columns a thread a piece: 8 were 2-5 % faster on decode rows and 3 %
     # slower on prefill, and leave a stack frame with Triton 3.9 at 32 warps.
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,

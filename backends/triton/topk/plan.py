@@ -153,11 +153,14 @@ class _Plan(NamedTuple):
 
 def _plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cfg: Mapping[str, Any]) -> _Plan:
     sms = multiprocessors(target, device)
-    # The Gluon block-a-row kernel (block.py) takes the rows the fused kernel would, and, from BLOCK_MIN_ROWS
-    # rows on, rows of up to BLOCK_MAX_COLS columns that would be split (unless CHUNK forces the split).
-    block = (None if topk_block.unsupported(k, target, cfg)
+    # The Gluon block-a-row kernel (block.py) takes rows of up to BLOCK_MAX_COLS columns: those the fused kernel
+    # would, and, from BLOCK_MIN_ROWS rows on, those that would be split (unless CHUNK forces the split). Longer rows
+    # it finishes slowly (H200, 1M columns: 8.3 ms for 480 rows against the fused kernel's 2.4, 16.5 against 9.1
+    # for 2048; docs/kernels.md).
+    long = cols > cfg.get("BLOCK_MAX_COLS", cols)
+    block = (None if long or topk_block.unsupported(k, target, cfg)
              else topk_block.shape(cols, k, sample_size(cols, k, cfg), cfg))
-    take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"] and cols <= cfg["BLOCK_MAX_COLS"]
+    take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"]
     chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg)
     block = None if chunk else block
     cap = topk_block.capacity(block) if block else stash_capacity(cols, k, cfg)
