@@ -239,6 +239,26 @@ def fp4_recall(d: dict) -> str:
 
 
 # Every file under benchmarks/results and the table it gives, in BENCHMARKS.md's order.
+def prefill_producer(d: dict) -> str:
+    """bench/prefill_producer_gpu.py: the prefill producer step in one op, at each scratch bound, beside our two ops
+    and DeepGEMM + FlashInfer, and within 2 GiB at 1M keys."""
+    gib = 1 << 30
+
+    def mem(x):
+        return _f(None if x is None else x / gib, ".2f")
+
+    rows = [[r["case"], r["call"], _f(r["us"]), _f(r["over_two_ops"], ".3f"), _f(r["over_peers"], ".3f"),
+             mem(r["scratch_bytes"])] for r in d["rows"]]
+    m = d["million"]
+    big = [[m["case"], mem(m["bound_bytes"]), mem(m["ours_scratch_bytes"]), _f(m["ours_us"] / 1e3),
+            mem(m["two_ops_scratch_bytes"]), _f(m["two_ops_us"] / 1e3), _f(m["ours_over_two_ops"], ".3f"),
+            "yes" if m["same_as_two_ops"] else "NO"]]
+    return (_head(d, d["settings"]) + "\n\n"
+            + markdown_table(["case", "call", "µs", "/ our two ops", "/ DeepGEMM + FlashInfer", "scratch GiB"], rows)
+            + "\n\n" + markdown_table(["case", "bound GiB", "ours: scratch GiB", "ours ms", "two ops: scratch GiB",
+                                        "two ops ms", "ours / two ops", "same selection"], big))
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "h200-translate.json": bench_op,
     "h200-launch-overhead.json": launch_overhead,
@@ -246,6 +266,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200-logits-vs-deepgemm.json": logits_peers,
     "h200-producer-step.json": producer_step,
     "h200-producer-step-launches.json": producer_launches,
+    "h200-prefill-producer.json": prefill_producer,
     "h200-paged-topk-translate.json": bench_op,
     "h200-topk-vs-peers.json": topk_peers,
     "h200-e2e.json": e2e,
