@@ -179,8 +179,9 @@ def every_op(keys, cache, slots, q, weights, lens, table, ks, ke, k, page, backe
     slots_out = indexcache.translate(raw, table, lens, page, backend=backend)
     out_raw = torch.empty_like(raw)
     fused = indexcache.topk_translate(prefill, ke, k, table, page, out_raw=out_raw, sorted=True, backend=backend)
+    # A bound of 64 KiB: on the torch backend many rows a pass, on the cuda one enough for its top-k's workspace too.
     produced = indexcache.mqa_topk_translate(q8, k8, scale[:, 0].contiguous(), weights, ks, ke, k, table, page,
-                                             workspace_bytes=2 * 4 * keys.shape[0], backend=backend).sort(1).values
+                                             workspace_bytes=1 << 16, backend=backend).sort(1).values
     return k8.view(torch.uint8), scale, cache, prefill, decode, step, raw, slots_out, fused, out_raw, produced
 
 
