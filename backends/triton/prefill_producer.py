@@ -98,23 +98,23 @@ def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, 
     return rows
 
 
-def _rows(q, k, k_scale, weights, topk_k: int, limit: int, *, target: Target,
-          tuning: Mapping[str, Mapping[str, Any]]) -> int:
-    """:func:`pass_rows` of a call, in whole rounds of its logits launch where the bound allows."""
+def _passes(q, k, k_scale, weights, topk_k: int, limit: int, *, target: Target,
+            tuning: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
+    """``(rows a pass, workspace bytes)`` of a call with queries and a ``topk_k`` (:func:`pass_rows`, in whole rounds
+    of its logits launch where the bound allows): the windows, a pass's logits and its top-k's workspace."""
+    tokens, keys = q.shape[0], k.shape[0]
     quantum = prefill_round(q, k, k_scale, weights, target=target, cfg=tuning["mqa_logits"])
-    return pass_rows(q.shape[0], k.shape[0], q.device, topk_k, limit, target=target, cfg=tuning["topk"],
-                     quantum=quantum)
+    rows = pass_rows(tokens, keys, q.device, topk_k, limit, target=target, cfg=tuning["topk"], quantum=quantum)
+    return rows, 4 * (2 * _piece(tokens) + _piece(rows * keys)) + _topk_bytes(rows, keys, q.device, topk_k, target,
+                                                                               tuning["topk"])
 
 
 def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, topk_k: int,
                          limit: int, *, target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> int:
     """The workspace bytes of a call (at most ``limit``): the windows, a pass's logits and its top-k's workspace."""
-    tokens, keys = q.shape[0], k.shape[0]
-    if tokens == 0 or topk_k == 0:
+    if q.shape[0] == 0 or topk_k == 0:
         return 0
-    rows = _rows(q, k, k_scale, weights, topk_k, limit, target=target, tuning=tuning)
-    return 4 * (2 * _piece(tokens) + _piece(rows * keys)) + _topk_bytes(rows, keys, q.device, topk_k, target,
-                                                                         tuning["topk"])
+    return _passes(q, k, k_scale, weights, topk_k, limit, target=target, tuning=tuning)[1]
 
 
 def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_to_batch, out, out_raw,
@@ -126,10 +126,9 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
     tokens, keys = q.shape[0], k.shape[0]
     if tokens == 0 or topk_k == 0:
         return []
-    rows = _rows(q, k, k_scale, weights, topk_k, workspace_bytes_, target=target, tuning=tuning)
+    rows, total = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, target=target, tuning=tuning)
     win, part = _piece(tokens), _piece(rows * keys)
-    total = call_workspace_bytes(q, k, k_scale, weights, topk_k, workspace_bytes_, target=target, tuning=tuning) // 4
-    ws = workspaces.words(q, total, workspace, cap=workspace_bytes_ // 4)
+    ws = workspaces.words(q, total // 4, workspace, cap=workspace_bytes_ // 4)
     starts, lengths = ws[:tokens], ws[win:win + tokens]
     logits = ws[2 * win:2 * win + rows * keys].view(torch.float32).view(rows, keys)
     scratch = ws[2 * win + part:].view(torch.uint8)
