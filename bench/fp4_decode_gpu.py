@@ -32,8 +32,8 @@ if "--smoke" in sys.argv:  # before Triton is imported: the kernels run interpre
 import torch
 
 import indexcache
-from indexcache.bench.output import print_rows, write_json
-from indexcache.bench.provenance import checkout_commit, device_name, now, versions
+from indexcache.bench.output import finish, print_rows
+from indexcache.bench.provenance import report_head
 from indexcache.bench.timing import alternating_graph_us
 from indexcache.hal import fp4
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
@@ -171,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cpu" if args.smoke else "cuda")
     batch, contexts = (2, (128,)) if args.smoke else (BATCH, CONTEXTS)
     rounds, burst = (1, 1) if args.smoke else (args.rounds, args.burst)
-    report = {"schema": 1, "date": now(), "commit": checkout_commit(), "device": device_name(dev) or "cpu",
-              **versions(), "shape": dict(batch=batch, heads=H, dim=D, page=PAGE, k=K), "rows": [], "ratios": [],
+    report = {**report_head(dev), "shape": dict(batch=batch, heads=H, dim=D, page=PAGE, k=K), "rows": [], "ratios": [],
               "errors": []}
     gen = torch.Generator().manual_seed(37)
     for context in contexts:
@@ -215,11 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{report['device']}  torch {report['torch']}  triton {report['triton']}  commit {report['commit']}")
     print_rows("MXFP4 / fp8 (median µs a call; cuda: alternating CUDA-graph replays, torch: eager)", report["ratios"],
                ["shape", "backend", "op", "fp8_us", "mxfp4_us", "ratio"])
-    for error in report["errors"]:
-        print("CHECK FAILED:", error)
-    write_json(report, args.out)
-    print(f"wrote {args.out}")
-    return 1 if report["errors"] else 0
+    return finish(report, args.out)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,9 +37,9 @@ if "--smoke" in sys.argv:  # before Triton is imported: the kernels run interpre
 import torch
 
 import indexcache
-from indexcache.bench.output import print_rows, write_json
-from indexcache.bench.provenance import checkout_commit, device_name, now, versions
-from indexcache.bench.timing import alternating_graph_us, on_gpu
+from indexcache.bench.output import finish, print_rows
+from indexcache.bench.provenance import report_head
+from indexcache.bench.timing import alternating_graph_us, median_ms, on_gpu
 from indexcache.hal.specs.mqa_topk_translate import DEFAULT_WORKSPACE_BYTES
 
 H, D, PAGE, K = 64, 128, 64, 2048
@@ -118,26 +117,6 @@ def scratch_bytes(fn: Callable[[], Any], dev: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(dev) - before
 
 
-def event_us(fn: Callable[[], Any], dev: torch.device, reps: int) -> float:
-    """Median µs of one eager call (CUDA events; off a GPU the host clock)."""
-    import time
-
-    samples = []
-    for _ in range(reps):
-        if on_gpu(dev):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(1e6 * (time.perf_counter() - t0))
-    return statistics.median(samples)
-
-
 def same_sets(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.sort(1).values, b.sort(1).values)
 
@@ -157,14 +136,14 @@ def million(dev: torch.device, tokens: int, keys: int, k: int, bound: int, reps:
                                workspace_bytes=workspace.numel())
     one = ours(a, bound, workspace)
     row["ours_scratch_bytes"] = scratch_bytes(lambda: ours(a, bound, torch.empty_like(workspace))(), dev)
-    row["ours_us"] = event_us(one, dev, reps)
+    row["ours_us"] = 1e3 * median_ms(one, dev, 0, reps, reps, warmup=0)
     got, got_raw = a["out"].clone(), a["out_raw"].clone()
     two = ours_two_ops(a, None)
     row["two_ops_scratch_bytes"] = scratch_bytes(two, dev)
     out, raw = two()
     row["same_as_two_ops"] = bool(same_sets(got_raw, raw) and same_sets(got, out))
     del out, raw
-    row["two_ops_us"] = event_us(two, dev, max(1, reps // 2))
+    row["two_ops_us"] = 1e3 * median_ms(two, dev, 0, max(1, reps // 2), max(1, reps // 2), warmup=0)
     row["ours_over_two_ops"] = row["ours_us"] / row["two_ops_us"]
     return row
 
@@ -260,11 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     bounds = [int(float(b) * GIB * scale) for b in args.bounds.split(",") if b]
     peers, status = load_peers(args.peers)
     errors: list[str] = []
-    report: dict[str, Any] = {"schema": 1, "date": now(), "commit": checkout_commit(),
-                              "device": device_name(dev) or "cpu", **versions(), "peers": status,
+    report: dict[str, Any] = {**report_head(dev), "peers": status,
                               "settings": f"causal prefill of one request, H {H}, D {D}, fp8 e4m3fn, k {K}, KV page "
-                                          f"{PAGE}; raced alternately in CUDA graphs, {args.rounds} rounds; median µs "
-                                          "a call; scratch: allocator bytes during a call beyond its inputs/outputs"}
+                              f"{PAGE}; raced alternately in CUDA graphs, {args.rounds} rounds; median µs a call; "
+                              "scratch: allocator bytes during a call beyond its inputs/outputs"}
     shapes = [(16, 300), (24, 1000)] if args.smoke else [(4096, 32768), (8192, 131072)]
     k = 16 if args.smoke else K
     report["rows"] = [row for tokens, keys in shapes
@@ -282,11 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                    ["case", "bound_bytes", "workspace_bytes", "ours_scratch_bytes", "ours_us", "two_ops_scratch_bytes",
                     "two_ops_us", "ours_over_two_ops", "same_as_two_ops"])
     report["errors"] = errors
-    for error in errors:
-        print("CHECK FAILED:", error)
-    write_json(report, args.out)
-    print(f"wrote {args.out}")
-    return 1 if errors else 0
+    return finish(report, args.out)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ if "--smoke" in sys.argv:  # before Triton is imported: the kernels run interpre
 import torch
 
 import indexcache
-from indexcache.bench.output import print_rows, write_json
-from indexcache.bench.provenance import checkout_commit, device_name, now, versions
+from indexcache.bench.output import finish, print_rows
+from indexcache.bench.provenance import report_head
 from indexcache.bench.timing import alternating_graph_us
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
 from indexcache.hal.specs.mqa_logits import check_logits
@@ -113,18 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = [dict(op=op, uniform_us=round(times[(op, "uniform")], 2), ragged_us=round(times[(op, "ragged")], 2),
                  ratio=round(times[(op, "ragged")] / times[(op, "uniform")], 3))
             for op in ("paged_mqa_logits", "paged_topk_translate")]
-    report = {"schema": 1, "date": now(), "commit": checkout_commit(), "device": device_name(dev) or "cpu",
-              **versions(), "shape": dict(requests=requests, context=context, next_n=next_n, heads=H, dim=D,
-                                          page=PAGE, k=a["k"]), "rows": rows,
+    report = {**report_head(dev), "rows": rows,
+              "shape": dict(requests=requests, context=context, next_n=next_n, heads=H, dim=D, page=PAGE, k=a["k"]),
               "errors": [f"ragged logits against uniform: {problem}"] if problem else []}
     print(f"{report['device']}  torch {report['torch']}  triton {report['triton']}  commit {report['commit']}")
     print_rows(f"ragged rows / uniform next_n ({requests} x {context} keys, next_n {next_n}; median µs a call)", rows,
                ["op", "uniform_us", "ragged_us", "ratio"])
-    for error in report["errors"]:
-        print("CHECK FAILED:", error)
-    write_json(report, args.out)
-    print(f"wrote {args.out}")
-    return 1 if report["errors"] else 0
+    return finish(report, args.out)
 
 
 if __name__ == "__main__":

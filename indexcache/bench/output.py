@@ -133,6 +133,16 @@ def write_json(report: Mapping[str, Any], path: str | os.PathLike, indent: int =
     target.write_text(json.dumps(report, indent=indent) + "\n")
 
 
+def finish(report: Mapping[str, Any], path: str | os.PathLike) -> int:
+    """A GPU script's end: each of ``report["errors"]`` printed as a failed check, the report written as JSON to
+    ``path``; returns the exit status (1 when a check failed)."""
+    for error in report["errors"]:
+        print("CHECK FAILED:", error)
+    write_json(report, path)
+    print(f"wrote {path}")
+    return 1 if report["errors"] else 0
+
+
 def run_sections(report: dict[str, Any], sections: Sequence[tuple[str, Callable[[], Any]]],
                  path: str | os.PathLike, after: Callable[[], None] | None = None) -> None:
     """Run a GPU script's sections in order, each result under its name in ``report``: a section that raises is

@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,3 +60,10 @@ def versions() -> dict[str, str | None]:
 def device_name(device: torch.device) -> str | None:
     """The GPU's name (``"NVIDIA H200"``), or None off a GPU."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
+def report_head(device: torch.device) -> dict[str, Any]:
+    """The fields every GPU script's JSON report starts with: schema 1, the date, the commit, the device ("cpu" off a
+    GPU) and :func:`versions`."""
+    return {"schema": 1, "date": now(), "commit": checkout_commit(), "device": device_name(device) or "cpu",
+            **versions()}
