@@ -580,6 +580,17 @@ def test_ragged_smoke_runs_on_the_cpu(tmp_path):
     assert all(r["uniform_us"] > 0 and r["ragged_us"] > 0 for r in report["rows"])
 
 
+def test_short_rows_smoke_runs_on_the_cpu(tmp_path):
+    """bench/short_rows_gpu.py --smoke: the four batches, the step against our two ops (the same selection) and, on
+    the short batches, against translate alone."""
+    _script("short_rows_gpu", "--smoke", "--out", str(tmp_path / "short.json"))
+    report = json.loads((tmp_path / "short.json").read_text())
+    assert report["device"] == "cpu" and not report["errors"]
+    assert [r["batch"] for r in report["rows"]] == ["short graph", "long graph", "mixed", "long"]
+    assert all(r["step_us"] > 0 and r["two_ops_us"] > 0 for r in report["rows"])
+    assert [("translate_us" in r) for r in report["rows"]] == [True, True, False, False]
+
+
 def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
     """bench/prefill_producer_gpu.py --smoke: the one-op call at each bound against the two ops, the bounded call
     over more keys against them too, every result the same; no peers off the GPU."""

@@ -12,9 +12,12 @@ from indexcache.backends.torch.topk import topk_translate
 def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size,
                          logits, out, out_raw, k_format=None, row_to_batch=None):
     """Fill ``logits``, ``out`` and ``out_raw`` (when given) (contract: ``indexcache.paged_topk_translate``).
-    Each row's length and request are computed on the device (ragged rows: given): no host sync."""
+    Each row's length and request are computed on the device (ragged rows: given): no host sync. With
+    ``max_context_len <= k`` every row is short: the logits are left unwritten (the top-k does not read them)."""
     batch, next_n = q.shape[:2]
-    paged_mqa_logits(q, k_cache, weights, context_lens, block_table, max_context_len, logits, k_format, row_to_batch)
+    if max_context_len > k:
+        paged_mqa_logits(q, k_cache, weights, context_lens, block_table, max_context_len, logits, k_format,
+                         row_to_batch)
     if row_to_batch is not None:
         return topk_translate(logits, context_lens.clamp_min(0), k, page_table, page_size, None, row_to_batch, out,
                               out_raw, False)

@@ -56,15 +56,17 @@ def _add(a, b):
 
 
 @gluon.jit
-def _tiles(ctx, max_ctx, PAGE: gl.constexpr):
-    """Pages of a request's logits that read keys: its context clipped to ``[0, max_ctx]``, in pages."""
-    return gl.cdiv(gl.minimum(gl.maximum(ctx, 0), max_ctx), PAGE)
+def _tiles(ctx, max_ctx, skip, PAGE: gl.constexpr):
+    """Pages of a request's logits that read keys: its context clipped to ``[0, max_ctx]``, in pages; none where
+    that is at most ``skip`` (a request whose rows the caller's top-k selects without their logits)."""
+    n = gl.minimum(gl.maximum(ctx, 0), max_ctx)
+    return gl.where(n > skip, gl.cdiv(n, PAGE), 0)
 
 
 @gluon.jit
-def _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, PAGE: gl.constexpr):
+def _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, skip, PAGE: gl.constexpr):
     """:func:`_tiles` of request ``b`` (a scalar or a tensor of requests; 0 past the batch)."""
-    return _tiles(gl.load(ctx_ptr + b * ctx_s0, mask=b < batch, other=0), max_ctx, PAGE)
+    return _tiles(gl.load(ctx_ptr + b * ctx_s0, mask=b < batch, other=0), max_ctx, skip, PAGE)
 
 
 @gluon.jit
@@ -77,17 +79,17 @@ def _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages):
 
 
 @gluon.jit
-def _next(b, j, tiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE: gl.constexpr):
+def _next(b, j, tiles, ctx_ptr, ctx_s0, batch, max_ctx, skip, PAGE: gl.constexpr):
     """The tile after page ``j`` of request ``b`` (``tiles`` pages): ``(b, j, tiles)``, skipping requests without
     tiles; past the last request, ``(batch, 0, 0)``."""
     j += 1
     if j >= tiles:
         j = 0
         b += 1
-        tiles = _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, PAGE)
-        while (tiles == 0) & (b < batch):  # requests without keys have no tiles
+        tiles = _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, skip, PAGE)
+        while (tiles == 0) & (b < batch):  # requests without keys (or skipped) have no tiles
             b += 1
-            tiles = _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, PAGE)
+            tiles = _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, skip, PAGE)
     return b, j, tiles
 
 
@@ -113,7 +115,7 @@ def _place(tiles, bs, ran, t_begin, t_end, f_begin, f_end, width, batch):
 
 
 @gluon.jit
-def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE: gl.constexpr, BLOCK_B: gl.constexpr):
+def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, skip, p, programs, PAGE: gl.constexpr, BLOCK_B: gl.constexpr):
     """Program ``p``'s share of the batch's tiles (as the Triton kernel's schedule: the tiles in request order cut
     into equal contiguous shares) and of the -inf fill (:func:`_fill`): ``(t_begin, t_end, b_first, b_end, before,
     f_begin, f_end, fill)``, its tiles, the requests that hold them, the tiles of the requests before ``b_first``,
@@ -122,10 +124,10 @@ def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE: gl.constexpr, 
     ``BLOCK_B`` requests is read once."""
     vec_l: gl.constexpr = gl.BlockedLayout([BLOCK_B // 32], [32], [4], [0])  # each warp a copy of the block
     bs = gl.arange(0, BLOCK_B, layout=vec_l)
-    first = _request_tiles(ctx_ptr, ctx_s0, bs, batch, max_ctx, PAGE)
+    first = _request_tiles(ctx_ptr, ctx_s0, bs, batch, max_ctx, skip, PAGE)
     total = gl.sum(first, axis=0)
     for b0 in range(BLOCK_B, batch, BLOCK_B):
-        total += gl.sum(_request_tiles(ctx_ptr, ctx_s0, b0 + bs, batch, max_ctx, PAGE), axis=0)
+        total += gl.sum(_request_tiles(ctx_ptr, ctx_s0, b0 + bs, batch, max_ctx, skip, PAGE), axis=0)
     t_begin = p * total // programs
     t_end = (p + 1) * total // programs
     width = gl.cdiv(max_ctx, PAGE)
@@ -133,7 +135,7 @@ def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p, programs, PAGE: gl.constexpr, 
     f_end = (p + 1) * batch * width // programs
     b_first, before, b_end, fill, ran = _place(first, bs, 0, t_begin, t_end, f_begin, f_end, width, batch)
     for b0 in range(BLOCK_B, batch, BLOCK_B):
-        tiles = _request_tiles(ctx_ptr, ctx_s0, b0 + bs, batch, max_ctx, PAGE)
+        tiles = _request_tiles(ctx_ptr, ctx_s0, b0 + bs, batch, max_ctx, skip, PAGE)
         done, below, started, short, block = _place(tiles, b0 + bs, ran, t_begin, t_end, f_begin, f_end, width, batch)
         b_first += done
         before += below
@@ -175,17 +177,18 @@ def _store(out_ptr, row, n, logits, seen, visible, max_ctx, live):
 
 
 @gluon.jit
-def _fill(out_ptr, ctx_ptr, ctx_s0, max_ctx, out_s0, f_begin, f_end, j0, NEXT_N: gl.constexpr,
+def _fill(out_ptr, ctx_ptr, ctx_s0, max_ctx, skip, out_s0, f_begin, f_end, j0, NEXT_N: gl.constexpr,
           GROUPS: gl.constexpr, PAGE: gl.constexpr):
     """-inf past each context (the keys no tile stored) in the program's share ``[f_begin, f_end)`` of the
-    batch × ⌈max_ctx / PAGE⌉ pages of the output."""
+    batch × ⌈max_ctx / PAGE⌉ pages of the output; nothing in a skipped request's rows (:func:`_tiles`)."""
     fill_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 4], [1, 0])
     grp = j0 + gl.arange(0, GROUPS, layout=gl.SliceLayout(1, fill_l))
     cols = gl.arange(0, PAGE, layout=gl.SliceLayout(0, fill_l))
     fill = gl.full([GROUPS, PAGE], NEG_INF, gl.float32, layout=fill_l)
     width = gl.cdiv(max_ctx, PAGE)
     for fb in range(f_begin // width, gl.cdiv(f_end, width)):
-        lo = gl.maximum(f_begin - fb * width, _tiles(gl.load(ctx_ptr + fb * ctx_s0), max_ctx, PAGE))
+        n = gl.minimum(gl.maximum(gl.load(ctx_ptr + fb * ctx_s0), 0), max_ctx)
+        lo = gl.maximum(f_begin - fb * width, gl.where(n > skip, gl.cdiv(n, PAGE), width))
         hi = gl.minimum(f_end - fb * width, width)
         out_rows = (fb * NEXT_N + grp).to(gl.int64) * out_s0
         for n0 in range(lo * PAGE, hi * PAGE, PAGE):
@@ -196,12 +199,12 @@ def _fill(out_ptr, ctx_ptr, ctx_s0, max_ctx, out_s0, f_begin, f_end, j0, NEXT_N:
 
 @gluon.jit
 def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0,
-                    tab_s0, batch, max_ctx, num_pages, table_pages, b_first, j_first, count,
+                    tab_s0, batch, max_ctx, skip, num_pages, table_pages, b_first, j_first, count,
                     PAGE: gl.constexpr, PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr):
     """The copy warp: for each tile of the program, once its slot is free, its page's keys and scales into it."""
     pb = b_first
     pj = j_first
-    ptiles = _request_tiles(ctx_ptr, ctx_s0, pb, batch, max_ctx, PAGE)
+    ptiles = _request_tiles(ctx_ptr, ctx_s0, pb, batch, max_ctx, skip, PAGE)
     page, _ = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
     for i in range(count):
         slot = i % STAGES
@@ -210,13 +213,13 @@ def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty
         mbarrier.expect(bar, keys_desc.block_type.nbytes + scales_desc.block_type.nbytes)
         tma_load(keys_desc, [page * PAGE_ROWS, 0], bar, keys_smem.index(slot))
         tma_load(scales_desc, [page * PAGE_ROWS + PAGE, 0], bar, scales_smem.index(slot))
-        pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, PAGE)
+        pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, skip, PAGE)
         page, _ = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
 
 
 @gluon.jit
 def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                    batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
+                    batch, max_ctx, skip, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
                     j0, t_begin, t_end, b_first, b_end, before,
                     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr,
                     PAGE: gl.constexpr, STAGES: gl.constexpr):
@@ -230,7 +233,7 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales
     passed = before
     for b in range(b_first, b_end):
         ctx = gl.maximum(gl.load(ctx_ptr + b * ctx_s0), 0)
-        tiles = _tiles(ctx, max_ctx, PAGE)
+        tiles = _tiles(ctx, max_ctx, skip, PAGE)
         lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
         hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
         passed += tiles
@@ -271,11 +274,11 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales
 # The batch, the context, the cache's and the table's sizes and the row strides of the table and the logits take no
 # part in the variant, nor do the addresses of the lengths and the table (docs/kernels.md, "Kernel variants"): the
 # logits are stored from the matmul's layout, a key a thread, masked by the context.
-@gluon.jit(do_not_specialize=("batch", "max_ctx", "num_pages", "table_pages", "tab_s0", "out_s0"),
+@gluon.jit(do_not_specialize=("batch", "max_ctx", "skip", "num_pages", "table_pages", "tab_s0", "out_s0"),
            do_not_specialize_on_alignment=("ctx_ptr", "table_ptr"))
 def paged_decode_sm90_kernel(
     q_ptr, keys_desc, scales_desc, w_ptr, ctx_ptr, table_ptr, out_ptr,
-    batch, max_ctx, num_pages, table_pages,
+    batch, max_ctx, skip, num_pages, table_pages,
     q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, LOADER_REGS: gl.constexpr,
@@ -284,15 +287,16 @@ def paged_decode_sm90_kernel(
     """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers.
     ``PDL``: launched with programmatic dependent launch (its programs wait for the launch before it first). Every
     program being resident (a persistent grid), the next launch, where it uses programmatic dependent launch (the
-    top-k's block kernel), may take the multiprocessors as they free and wait there for this kernel's end."""
+    top-k's block kernel), may take the multiprocessors as they free and wait there for this kernel's end.
+    ``skip``: requests whose context clipped to ``max_ctx`` is at most this are neither computed nor filled."""
     if PDL:
         grid_dependency_wait()
     launch_dependents()
     j0 = gl.program_id(0) * GROUPS
     p = gl.program_id(1).to(gl.int64)
     programs = gl.num_programs(1)
-    t_begin, t_end, b_first, b_end, before, f_begin, f_end, fill = _schedule(ctx_ptr, ctx_s0, batch, max_ctx, p,
-                                                                             programs, PAGE, BLOCK_B)
+    t_begin, t_end, b_first, b_end, before, f_begin, f_end, fill = _schedule(ctx_ptr, ctx_s0, batch, max_ctx, skip,
+                                                                             p, programs, PAGE, BLOCK_B)
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
     scales_smem = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
                                             scales_desc.layout)
@@ -305,17 +309,18 @@ def paged_decode_sm90_kernel(
         mbarrier.init(empty.index(st), count=1)
     gl.warp_specialize([
         (_math_partition, (q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                           batch, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
-                           j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE, STAGES)),
+                           batch, max_ctx, skip, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0,
+                           out_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE, STAGES)),
         (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0,
-                           tab_s0, batch, max_ctx, num_pages, table_pages, b_first, (t_begin - before).to(gl.int32),
+                           tab_s0, batch, max_ctx, skip, num_pages, table_pages, b_first,
+                           (t_begin - before).to(gl.int32),
                            (t_end - t_begin).to(gl.int32), PAGE, PAGE_ROWS, STAGES)),
     ], [1], [LOADER_REGS])
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
         mbarrier.invalidate(empty.index(st))
     if fill > 0:  # only where a request of the share is shorter than max_ctx: no reads at the end otherwise
-        _fill(out_ptr, ctx_ptr, ctx_s0, max_ctx, out_s0, f_begin, f_end, j0, NEXT_N, GROUPS, PAGE)
+        _fill(out_ptr, ctx_ptr, ctx_s0, max_ctx, skip, out_s0, f_begin, f_end, j0, NEXT_N, GROUPS, PAGE)
 
 
 TMA_DECODE = Launcher(paged_decode_sm90_kernel)
@@ -354,11 +359,11 @@ def _shared_layout(block: tuple[int, int], dtype: Any) -> Any:
 
 
 def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, page: int, groups: int,
-           target: Target, cfg: Mapping[str, Any], sms: int, batch_block: int) -> Launch:
+           target: Target, cfg: Mapping[str, Any], sms: int, batch_block: int, skip: int = -1) -> Launch:
     """The launch filling ``out`` (contract: ``indexcache.paged_mqa_logits``) for a call :func:`unsupported` accepts.
     ``cfg``: the paged_mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the kernel-wide register cap by draft
     tokens a program, 0 for none); ``sms``: the device's multiprocessors; ``batch_block``: context lengths a step of the
-    schedule reads."""
+    schedule reads; ``skip``: requests whose clipped context is at most this are left unwritten (-1: none)."""
     batch, next_n, heads, dim = q.shape
     rows = page * (dim + 4) // dim  # a page as rows of dim bytes
     keys = k_cache.view(-1).view(q.dtype).view(k_cache.shape[0] * rows, dim)
@@ -373,7 +378,7 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     scales_desc = TensorDescriptor(words, list(words.shape), list(words.stride()), block,
                                    _shared_layout(tuple(block), gl.float32))
     args = (q, keys_desc, scales_desc, weights, context_lens, page_table, out,
-            batch, max_context_len, k_cache.shape[0], page_table.shape[1],
+            batch, max_context_len, skip, k_cache.shape[0], page_table.shape[1],
             q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), page_table.stride(0),
             out.stride(0))
     per_sm = TMA_DECODE.resident(options, *args, **named) or 1

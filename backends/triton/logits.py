@@ -483,26 +483,38 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, b, j0, 
                           GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4)
 
 @triton.jit
-def _context_tiles(ctx, max_ctx, BLOCK_KEYS: tl.constexpr):
-    """Tiles of a request's logits that read keys: its context clipped to ``[0, max_ctx]``, in tiles."""
-    return tl.cdiv(tl.minimum(tl.maximum(ctx, 0), max_ctx), BLOCK_KEYS)
+def _context_tiles(ctx, max_ctx, skip, BLOCK_KEYS: tl.constexpr):
+    """Tiles of a request's logits that read keys: its context clipped to ``[0, max_ctx]``, in tiles; none where
+    that is at most ``skip`` (a request whose rows the caller's top-k selects without their logits)."""
+    n = tl.minimum(tl.maximum(ctx, 0), max_ctx)
+    return tl.where(n > skip, tl.cdiv(n, BLOCK_KEYS), 0)
+
+
+@triton.jit
+def _filled_tiles(ctx, max_ctx, skip, BLOCK_KEYS: tl.constexpr):
+    """Tiles of a request's logits row that need no -inf fill: those :func:`_context_tiles` stores, or the whole
+    row of a skipped request (left unwritten)."""
+    n = tl.minimum(tl.maximum(ctx, 0), max_ctx)
+    return tl.where(n > skip, tl.cdiv(n, BLOCK_KEYS), tl.cdiv(max_ctx, BLOCK_KEYS))
 
 
 # The batch, the context, the cache's and the table's sizes and the row strides of the table and the logits take no
 # part in the variant, nor do the addresses of the lengths and the table (read an entry at a time): a tile's stores
 # are masked by the context and so never vectorized (docs/kernels.md, "Kernel variants").
-@triton.jit(do_not_specialize=("batch", "max_ctx", "num_pages", "table_pages", "table_rows", "tab_s0", "out_s0"),
+@triton.jit(do_not_specialize=("batch", "max_ctx", "num_pages", "table_pages", "table_rows", "skip", "tab_s0",
+                               "out_s0"),
             do_not_specialize_on_alignment=("ctx_ptr", "table_ptr", "r2b_ptr"))
 def paged_mqa_logits_kernel(
     q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, table_ptr, r2b_ptr, out_ptr,
-    batch, max_ctx, num_pages, table_pages, table_rows,
+    batch, max_ctx, num_pages, table_pages, table_rows, skip,
     q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, r2b_s0, out_s0, out_s1,
     NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_KEYS: tl.constexpr, BLOCK_B: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr,
     PREFETCH: tl.constexpr = 1, WORDS: tl.constexpr = 0, MXFP4: tl.constexpr = 0, HAS_R2B: tl.constexpr = 0,
 ):
     """``HAS_R2B``: ragged rows (next_n 1): row ``b``'s pages are table row ``r2b[b]``, none where that is not one of
-    the ``table_rows`` rows."""
+    the ``table_rows`` rows. ``skip``: requests whose context clipped to ``max_ctx`` is at most this are neither
+    computed nor filled (their rows left as they were; -1 skips none)."""
     j0 = tl.program_id(0) * GROUPS
     p = tl.program_id(1).to(tl.int64)
     programs = tl.num_programs(1)
@@ -512,7 +524,8 @@ def paged_mqa_logits_kernel(
     total = 0
     for b0 in range(0, batch, BLOCK_B):
         bs = b0 + tl.arange(0, BLOCK_B)
-        total += tl.sum(_context_tiles(tl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, BLOCK_KEYS))
+        total += tl.sum(_context_tiles(tl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, skip,
+                                       BLOCK_KEYS))
     t_begin = p * total // programs
     t_end = (p + 1) * total // programs
     # b_lo: the first request whose tiles end past t_begin, ``start`` its first tile; b_hi: requests starting
@@ -523,7 +536,7 @@ def paged_mqa_logits_kernel(
     ran = 0
     for b0 in range(0, batch, BLOCK_B):
         bs = b0 + tl.arange(0, BLOCK_B)
-        tiles = _context_tiles(tl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, BLOCK_KEYS)
+        tiles = _context_tiles(tl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, skip, BLOCK_KEYS)
         ends = ran + tl.cumsum(tiles, 0)
         before = ends <= t_begin
         b_lo += tl.sum(before.to(tl.int32))
@@ -532,7 +545,7 @@ def paged_mqa_logits_kernel(
         ran += tl.sum(tiles)
     for b in range(b_lo, b_hi):
         ctx = tl.maximum(tl.load(ctx_ptr + b * ctx_s0), 0)
-        tiles = _context_tiles(ctx, max_ctx, BLOCK_KEYS)
+        tiles = _context_tiles(ctx, max_ctx, skip, BLOCK_KEYS)
         lo = tl.maximum(t_begin - start, 0)
         hi = tl.minimum(t_end - start, tiles)
         tb = b
@@ -547,7 +560,8 @@ def paged_mqa_logits_kernel(
                      q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, tab_s1, out_s0, out_s1, NEXT_N, GROUPS, H, D, PAGE,
                      BLOCK_KEYS, KEYS_ON_M, WIDEN, PREFETCH, WORDS, MXFP4)
         start += tiles
-    # -inf past each context (the keys no tile above stored), shared out evenly over the batch × max_ctx grid.
+    # -inf past each context (the keys no tile above stored; nothing in a skipped request's rows), shared out evenly
+    # over the batch × max_ctx grid.
     grp = j0 + tl.arange(0, GROUPS)
     keys = tl.arange(0, BLOCK_KEYS)
     fill = tl.full((GROUPS, BLOCK_KEYS), NEG_INF, tl.float32)
@@ -555,8 +569,7 @@ def paged_mqa_logits_kernel(
     f_begin = p * batch * width // programs
     f_end = (p + 1) * batch * width // programs
     for b in range(f_begin // width, tl.cdiv(f_end, width)):
-        tiles = _context_tiles(tl.load(ctx_ptr + b * ctx_s0), max_ctx, BLOCK_KEYS)
-        lo = tl.maximum(f_begin - b * width, tiles)
+        lo = tl.maximum(f_begin - b * width, _filled_tiles(tl.load(ctx_ptr + b * ctx_s0), max_ctx, skip, BLOCK_KEYS))
         hi = tl.minimum(f_end - b * width, width)
         out_rows = (b * NEXT_N + grp).to(tl.int64) * out_s0
         for n0 in range(lo * BLOCK_KEYS, hi * BLOCK_KEYS, BLOCK_KEYS):
@@ -703,10 +716,12 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapp
 
 def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None,
                             row_to_batch=None, *, target: Target, cfg: Mapping[str, Any],
-                            options: Options | None = None) -> Launch | None:
+                            options: Options | None = None, skip: int = -1) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
     ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`, for the
-    cache's format (:func:`_decode_options`).
+    cache's format (:func:`_decode_options`). ``skip``: the rows of a request whose context clipped to
+    ``max_context_len`` is at most ``skip`` are left unwritten (the producer step's k: the top-k selects such rows
+    without their logits); -1 writes every row.
     ``k_format`` is None: an fp8 cache in ``q``'s format; ``torch.float4_e2m1fn_x2``: an MXFP4 cache, read by the
     Triton kernel on every target (the Hopper Gluon kernel reads fp8 caches only); ``row_to_batch``: ragged rows,
     also the Triton kernel's."""
@@ -727,7 +742,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
         if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target):
             return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
                                       groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
-                                      batch_block=BATCH_BLOCK)
+                                      batch_block=BATCH_BLOCK, skip=skip)
     options = options or launch_key_options(_decode_options(target, cfg, mxfp4))
     widen = _widen_mode(q.dtype, target, cfg)
     if mxfp4:  # the cache's bytes for both pointers; value words where every page starts at a multiple of 4 bytes
@@ -739,7 +754,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
     args = (_as_bytes(q, widen), kv, kv_scale, weights,
             context_lens, page_table, r2b, out,
-            batch, max_context_len, k_cache.shape[0], page_table.shape[1], page_table.shape[0],
+            batch, max_context_len, k_cache.shape[0], page_table.shape[1], page_table.shape[0], skip,
             q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
             context_lens.stride(0), page_table.stride(0), page_table.stride(1), r2b.stride(0), out.stride(0),
             out.stride(1))

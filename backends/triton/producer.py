@@ -3,6 +3,11 @@ logits, then the top-k and translation of their rows, as the launches of ``paged
 ``topk_translate`` back to back (docs/kernels.md, "The producer step of decode": counting the logits for the top-k
 as they are stored cost the logits kernel more than it saved the top-k).
 
+The logits kernel leaves out the requests whose every row the top-k selects without logits (a visible length,
+clipped to ``max_context_len``, of at most k: positions ``0 .. len - 1``), whatever the batch mix; when
+``max_context_len <= k`` no row can need them, and one launch (:func:`short_rows_kernel`) writes the selection,
+translated: the step of a short-context CUDA graph costs what a translation does (docs/ops.md, "Short rows").
+
 With draft tokens (``next_n > 1``) a small launch first writes each row's length and request into the call's
 workspace (:func:`draft_rows_kernel`), the top-k's ``lengths`` and ``row_to_batch``; the top-k's own workspace
 follows them in it (:mod:`~indexcache.backends.triton.workspace`: the caller's ``workspace=`` or the kept one of the
@@ -23,11 +28,13 @@ from indexcache.backends.triton import workspace as workspaces
 from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options
 from indexcache.backends.triton.logits import ops as logits_ops
 from indexcache.backends.triton.logits import paged_mqa_logits_launch
-from indexcache.backends.triton.support import cdiv
+from indexcache.backends.triton.support import cdiv, next_power_of_2
 from indexcache.backends.triton.target import Target
+from indexcache.backends.triton.translate import page_shift, physical
 from indexcache.hal.contract import OpImpl
 
 DRAFT_BLOCK = 256  # rows a program of draft_rows_kernel
+SHORT_ROWS, SHORT_COLS = 4, 512  # the tile of a short_rows_kernel program
 
 
 @triton.jit(do_not_specialize=("rows",), do_not_specialize_on_alignment=("ctx_ptr", "lengths_ptr", "r2b_ptr"))
@@ -45,6 +52,58 @@ def draft_rows_kernel(ctx_ptr, lengths_ptr, r2b_ptr, rows, ctx_s0, NEXT_N: tl.co
 DRAFT_ROWS = Launcher(draft_rows_kernel)
 
 
+# Nothing that varies per call takes part in the variant (docs/kernels.md, "Kernel variants").
+@triton.jit(do_not_specialize=("rows", "cols", "k", "batches", "pages", "tab_s0", "out_s0", "raw_s0"),
+            do_not_specialize_on_alignment=("ctx_ptr", "r2b_ptr", "table_ptr"))
+def short_rows_kernel(ctx_ptr, r2b_ptr, table_ptr, out_ptr, raw_ptr, rows, cols, k, batches, pages, page_size,
+                      ctx_s0, r2b_s0, tab_s0, tab_s1, out_s0, out_s1, raw_s0, raw_s1,
+                      NEXT_N: tl.constexpr, HAS_R2B: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Slots ``[0, k)`` of rows that are all short (``cols <= k``): position j where ``j`` is below the row's
+    visible length clipped to ``[0, cols]``, else -1, into ``raw`` (``HAS_RAW``) and, through the row's page-table
+    row, into ``out``. Row ``r``: request ``r // NEXT_N`` and length ``context_lens[b] - NEXT_N + 1 + r % NEXT_N``;
+    ragged rows (``HAS_R2B``): request ``r2b[r]`` and length ``context_lens[r]``."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    j = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    r_ok = r < rows
+    inside = r_ok[:, None] & (j < k)[None, :]
+    r64 = r.to(tl.int64)
+    if HAS_R2B:
+        b = tl.load(r2b_ptr + r64 * r2b_s0, mask=r_ok, other=-1)
+        seq = tl.load(ctx_ptr + r64 * ctx_s0, mask=r_ok, other=0)
+    else:
+        b = r // NEXT_N
+        seq = tl.load(ctx_ptr + b.to(tl.int64) * ctx_s0, mask=r_ok, other=0) - NEXT_N + 1 + r % NEXT_N
+    length = tl.minimum(tl.maximum(seq, 0), cols)
+    x = tl.where(j[None, :] < length[:, None], j[None, :], -1)
+    b_ok = (b >= 0) & (b < batches)
+    table_row = table_ptr + b.to(tl.int64)[:, None] * tab_s0
+    slots = physical(x, inside & b_ok[:, None], seq[:, None], table_row, tab_s1, pages, page_size, SHIFT)
+    tl.store(out_ptr + r64[:, None] * out_s0 + j[None, :] * out_s1, slots, mask=inside)
+    if HAS_RAW:
+        tl.store(raw_ptr + r64[:, None] * raw_s0 + j[None, :] * raw_s1, x, mask=inside)
+
+
+SHORT = Launcher(short_rows_kernel)
+
+
+def _short_launch(context_lens, next_n, row_to_batch, k, cols, page_table, page_size, out, out_raw) -> Launch | None:
+    """The one launch of a call whose rows are all short (``cols <= k``); None when ``out`` is empty."""
+    rows = out.shape[0]
+    if rows == 0 or k == 0:
+        return None
+    raw = out_raw if out_raw is not None else out
+    r2b = row_to_batch if row_to_batch is not None else context_lens
+    block_k = min(SHORT_COLS, next_power_of_2(k))
+    block_r = max(1, SHORT_ROWS * SHORT_COLS // block_k)
+    return Launch(SHORT, (cdiv(rows, block_r), cdiv(k, block_k)), launch_key_options({"num_warps": 4}),
+                  (context_lens, r2b, page_table, out, raw, rows, cols, k, page_table.shape[0], page_table.shape[1],
+                   page_size, context_lens.stride(0), r2b.stride(0), page_table.stride(0), page_table.stride(1),
+                   out.stride(0), out.stride(1), raw.stride(0), raw.stride(1)),
+                  dict(NEXT_N=next_n, HAS_R2B=row_to_batch is not None, HAS_RAW=out_raw is not None,
+                       SHIFT=page_shift(page_size), BLOCK_R=block_r, BLOCK_K=block_k))
+
+
 def _draft_words(q: torch.Tensor) -> int:
     """int32 words of the draft rows' lengths and requests (0 without draft tokens), rounded up to 4 (16 bytes) so
     the top-k's workspace after them stays aligned."""
@@ -54,7 +113,10 @@ def _draft_words(q: torch.Tensor) -> int:
 
 def workspace_bytes(q: torch.Tensor, logits: torch.Tensor, k: int, *, target: Target,
                     tuning: Mapping[str, Mapping[str, Any]]) -> int:
-    """The workspace bytes of a call: the draft rows' lengths and requests, then the top-k's over ``logits``."""
+    """The workspace bytes of a call: the draft rows' lengths and requests, then the top-k's over ``logits``; none
+    when every row is short (``logits`` no wider than ``k``)."""
+    if logits.shape[1] <= k:
+        return 0
     return 4 * _draft_words(q) + topk.workspace_bytes(logits, k, target=target, cfg=tuning["topk"])
 
 
@@ -66,8 +128,11 @@ def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k,
     ``row_to_batch``: ragged rows)."""
     batch, next_n = q.shape[0], q.shape[1]
     rows = batch * next_n
+    if max_context_len <= k:  # every row short: no logits, no top-k
+        return [_short_launch(context_lens, next_n, row_to_batch, k, max_context_len, page_table, page_size, out,
+                              out_raw)]
     steps = [paged_mqa_logits_launch(q, k_cache, weights, context_lens, block_table, max_context_len, logits,
-                                     k_format, row_to_batch, target=target, cfg=tuning["paged_mqa_logits"])]
+                                     k_format, row_to_batch, target=target, cfg=tuning["paged_mqa_logits"], skip=k)]
     draft = _draft_words(q)
     ws = workspaces.words(q, workspace_bytes(q, logits, k, target=target, tuning=tuning) // 4, workspace)
     lengths, r2b = context_lens, row_to_batch  # next_n 1 (ragged rows: each row's own length and request)
@@ -121,9 +186,18 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
     """What this module builds for ``target`` itself (cross-compile check): :func:`draft_rows_kernel` for two draft
-    tokens (the logits and top-k launches are their own modules' builds)."""
+    tokens, and :func:`short_rows_kernel` at k 2048 for next_n 1 with and without ``out_raw``, next_n 2 and ragged
+    rows, on the shift and the division path (the logits and top-k launches are their own modules' builds)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
+    ptrs = {name: "*i32" for name in ("ctx_ptr", "r2b_ptr", "table_ptr", "out_ptr", "raw_ptr")}
+    unit = {"ctx_s0": 1, "r2b_s0": 1, "tab_s1": 1, "out_s1": 1, "raw_s1": 1}
+    tile = {"BLOCK_R": SHORT_ROWS, "BLOCK_K": SHORT_COLS}
+    short = [KernelSpec("paged_topk_translate", short_rows_kernel, ptrs,
+                        {"NEXT_N": next_n, "HAS_R2B": r2b, "HAS_RAW": raw, "SHIFT": shift, **tile, **unit},
+                        {"num_warps": 4})
+             for next_n, r2b, raw, shift in ((1, 0, 1, page_shift(64)), (1, 0, 0, page_shift(64)),
+                                             (2, 0, 1, page_shift(64)), (1, 1, 1, page_shift(64)), (1, 0, 1, -1))]
     return [KernelSpec("paged_topk_translate", draft_rows_kernel,
                        {name: "*i32" for name in ("ctx_ptr", "lengths_ptr", "r2b_ptr")},
-                       {"NEXT_N": 2, "BLOCK": DRAFT_BLOCK, "ctx_s0": 1}, {"num_warps": 4})]
+                       {"NEXT_N": 2, "BLOCK": DRAFT_BLOCK, "ctx_s0": 1}, {"num_warps": 4}), *short]

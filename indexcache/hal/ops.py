@@ -368,6 +368,9 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
         Tokens a KV page, in ``[1, MAX_PAGE_SIZE]``.
     logits : torch.Tensor, optional
         ``[B * next_n, max_context_len]`` float32 that receives the logits, written in place (allocated when None).
+        Rows the top-k selects without logits may be left unwritten: those of a request (a ragged row) whose
+        context clipped to ``max_context_len`` is at most ``k`` (each of its rows then selects ``0 .. len - 1``);
+        with ``max_context_len <= k`` no row is written (docs/ops.md, "Short rows").
     out : torch.Tensor, optional
         ``[B * next_n, k]`` int32 for the physical slots, written in place without allocating.
     out_raw : torch.Tensor, optional

@@ -55,6 +55,15 @@ def rows_of(context_lens: torch.Tensor, next_n: int,
     return lengths, None if next_n == 1 else (row // next_n).to(I32)
 
 
+def needs_logits(context_lens: torch.Tensor, next_n: int, max_context_len: int, k: int,
+                 row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
+    """``[rows]`` bool: the logits rows a backend must write, those of a request (a ragged row) whose context clipped
+    to ``[0, max_context_len]`` is longer than ``k`` (the others the top-k selects without reading: docs/ops.md,
+    "Short rows")."""
+    long = context_lens.long().clamp(0, max_context_len) > k
+    return long if row_to_batch is not None else long.repeat_interleave(next_n)
+
+
 def reference(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size,
               k_format=None, row_to_batch=None):
     """``(physical, raw)`` as :func:`topk_translate.reference <indexcache.hal.specs.topk_translate.reference>`
@@ -65,13 +74,25 @@ def reference(q, k_cache, weights, context_lens, block_table, max_context_len, k
     return topk_translate.reference(logits, lengths, k, page_table, page_size, row_to_batch=rows)
 
 
+def _written(args: Mapping[str, Any], logits: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """``logits`` with the rows a backend may leave unwritten (:func:`needs_logits`) taken from ``want``: only the
+    others are judged (the top-k of a short row reads neither)."""
+    skipped = ~needs_logits(cpu(args["context_lens"]), args["q"].shape[1], args["max_context_len"], args["k"],
+                            args.get("row_to_batch"))
+    if not skipped.any():
+        return logits
+    logits, skipped = logits.clone(), skipped.to(logits.device)
+    logits[skipped] = want.to(logits.device)[skipped].to(logits.dtype)
+    return logits
+
+
 def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor], accumulation: str) -> Verdict:
     """The ``logits`` buffer judged like :func:`indexcache.paged_mqa_logits` (the bound of its accumulation);
     ``out`` / ``out_raw`` like :func:`indexcache.topk_translate` against the reference top-k of *those* logits,
     not of the float64 ones in ``want`` (the bound lets a near-tie flip). Cases give ``logits``: it is read."""
-    returned = cpu(args["logits"])
     want_logits = paged_mqa_logits.reference(*(cpu(args[name]) for name in LOGITS_ARGS), args.get("k_format"),
                                              cpu(args.get("row_to_batch")))
+    returned = _written(args, cpu(args["logits"]), want_logits)
     detail, err, bound = mqa_logits.judge(args, returned, want_logits, accumulation)
     if detail:
         return f"logits: {detail}", err, bound
@@ -166,6 +187,18 @@ cases.add("ragged rows: 1 to 8 draft tokens a request, shuffled, rows naming no 
 cases.add("ragged rows on an MXFP4 cache, KV page 1, native fp8 q", native_fp8=True)(
     lambda gen, dev, fp8: _ragged(gen, dev, fp8, [3, 1, 5], [150, 70, 130], 64, 1, k_format=fp4.FP4))
 
+cases.add("short rows: every context at most k (max_context_len <= k), next_n 2, index page 64, KV page 48, "
+          "native fp8", native_fp8=True)(
+    lambda gen, dev, fp8: _args(gen, dev, fp8, 4, 2, 64, [96, 0, 57, 130], 192, 48))
+cases.add("short and long requests mixed, k at a request's context and one past it, next_n 2, index page 32, "
+          "KV page 64, native fp8", native_fp8=True)(
+    lambda gen, dev, fp8: _args(gen, dev, fp8, 5, 2, 32, [300, 64, 65, 20, 190], 64, 64))
+cases.add("ragged rows: 1 to 8 draft tokens, short and long requests mixed, KV page 48, native fp8",
+          native_fp8=True)(
+    lambda gen, dev, fp8: _ragged(gen, dev, fp8, [1, 8, 2, 5, 3], [300, 40, 130, 260, 97], 100, 48))
+cases.add("ragged rows, every row at most k (max_context_len <= k), KV page 1, native fp8", native_fp8=True)(
+    lambda gen, dev, fp8: _ragged(gen, dev, fp8, [2, 1, 3], [60, 5, 80], 128, 1))
+
 # ----------------------------------------------------------------------------------------------- benchmark
 
 
@@ -210,7 +243,7 @@ def same_paged_topk_translate(got: tuple, want: tuple, case: BenchCase) -> str:
     torch backend's; ``out_raw`` the index sets the torch backend's topk selects from *these* logits, and
     ``out`` exactly ``translate(out_raw)`` (the torch backend's, itself checked exactly by conformance)."""
     phys, raw, a = got
-    if detail := mqa_logits.same_logits(a["logits"], want[2]["logits"], case):
+    if detail := mqa_logits.same_logits(_written(a, a["logits"], want[2]["logits"]), want[2]["logits"], case):
         return f"logits: {detail}"
     lengths, row_to_batch = rows_of(a["context_lens"], a["q"].shape[1])
     again = dispatch.call("topk", topk.check(a["logits"], lengths, a["k"]), BASELINE)
