@@ -28,6 +28,7 @@ _PUBLIC = {
     "PrefillLogits": "indexcache.runtime.state",
     "IndexRecorder": "indexcache.runtime.state",
     "IndexerRunner": "indexcache.runtime.runner",
+    "DraftTopk": "indexcache.runtime.draft",
     "overlap": "indexcache.runtime.streams",
     "cp_topk": "indexcache.runtime.distributed",
     "cp_topk_translate": "indexcache.runtime.distributed",

@@ -203,7 +203,7 @@ class TopkState:
         rows = self.rows
         out = self.select(scores, lengths, page_table, page_size, row_starts=row_starts, row_to_batch=row_to_batch,
                           out=self.physical[:rows], out_raw=self.raw[:rows])
-        self._produced(layer)
+        self.produced(layer)
         return out
 
     def select(self, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor, page_size: int, *,
@@ -231,7 +231,7 @@ class TopkState:
         more = {} if k_format is None else {"k_format": k_format}  # a subclass written before formats keeps working
         out = self.select_paged(q, k_cache, weights, context_lens, block_table, max_context_len, page_table,
                                 page_size, logits=logits, out=self.physical[:rows], out_raw=self.raw[:rows], **more)
-        self._produced(layer)
+        self.produced(layer)
         return out
 
     def produce_prefill(self, layer: int, inputs: PrefillLogits, page_table: torch.Tensor, page_size: int, *,
@@ -247,7 +247,7 @@ class TopkState:
         rows = self.rows
         out = self.select_prefill(inputs, page_table, page_size, row_to_batch=row_to_batch,
                                   out=self.physical[:rows], out_raw=self.raw[:rows])
-        self._produced(layer)
+        self.produced(layer)
         return out
 
     def select_prefill(self, inputs: PrefillLogits, page_table: torch.Tensor, page_size: int, *,
@@ -276,11 +276,13 @@ class TopkState:
         torch.ge(self._positions, lengths[:, None], out=beyond)
         raw.copy_(self._positions.expand(rows, -1)).masked_fill_(beyond, -1)
         out = ops.translate(raw, page_table, lengths, page_size, row_to_batch=row_to_batch, out=self.physical[:rows])
-        self._produced(layer)
+        self.produced(layer)
         return out
 
-    def _produced(self, layer: int) -> None:
-        """Producer ``layer`` wrote ``raw``: shared layers reuse it from now on; the recorder sees it."""
+    def produced(self, layer: int) -> None:
+        """Producer ``layer`` wrote ``raw`` (the live rows): shared layers reuse it from now on; the recorder sees it.
+        The ``produce*`` methods call it; so does a companion that fills ``raw`` and ``physical`` itself
+        (:meth:`indexcache.runtime.draft.DraftTopk.serve`)."""
         self.producer = layer
         if self.recorder is not None:
             self.recorder(layer, self.raw[: self.rows])
