@@ -109,6 +109,60 @@ def test_equals_the_triton_kernel_on_hopper(case, stages):
     assert torch.equal(triton_out, tma_out)
 
 
+def _both(args, skip=-1, row_to_batch=None, stages=4):
+    """The logits of the Triton kernel and of this one on ``args`` (a NaN row on each side of the output: neither
+    may write there)."""
+    target = detect(NVIDIA)[2]
+    table_cfg = cuda_backend.tuning(target.arch)["paged_mqa_logits"]
+    q = args[0]
+    outs = []
+    for cfg in ({**table_cfg, "KERNEL": "triton"}, {**table_cfg, "KERNEL": "tma-ws", "TMA_STAGES": stages}):
+        buf = torch.full((q.shape[0] * q.shape[1] + 2, args[-1]), float("nan"), device="cuda")
+        launch = logits.paged_mqa_logits_launch(*args, buf[1:-1], row_to_batch=row_to_batch, target=target, cfg=cfg,
+                                                skip=skip)
+        assert launch.launcher is (logits.DECODE if cfg["KERNEL"] == "triton" else decode_sm90.TMA_DECODE)
+        launch()
+        assert buf[0].isnan().all() and buf[-1].isnan().all(), "a kernel wrote outside its output"
+        outs.append(buf[1:-1])
+    return outs
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("case", [_CASES[1], _CASES[3], _CASES[6]], ids=lambda c: f"b{c[0]}-n{c[1]}-ctx{max(c[2])}")
+def test_requests_at_most_skip_are_left_unwritten_as_the_triton_kernel_leaves_them(case):
+    args = [a.cuda() if torch.is_tensor(a) else a for a in _case(*case, seed=5)]
+    skip = 300
+    triton_out, tma_out = _both(args, skip=skip)
+    kept = (args[3].clamp(0, args[-1]) > skip).repeat_interleave(args[0].shape[1]).cuda()
+    assert tma_out[~kept].isnan().all() and not tma_out[kept].isnan().any()
+    assert torch.equal(triton_out.nan_to_num(7.0), tma_out.nan_to_num(7.0))
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("skip", [-1, 200])
+def test_ragged_rows_equal_the_triton_kernel_and_the_uniform_form(skip):
+    """Ragged rows two a program: the uniform next_n 2 call's rows (each request's pair at an even row) give its
+    logits bit for bit; rows in any order, runs starting at odd rows, rows naming no request, equal the Triton
+    kernel's (one row a program)."""
+    q, cache, w, ctx, table, max_len = [a.cuda() if torch.is_tensor(a) else a for a in _case(*_CASES[6], seed=9)]
+    batch = q.shape[0]
+    rows = torch.arange(2 * batch, device="cuda")
+    r2b = (rows // 2).to(torch.int32)
+    lens = (ctx.long()[rows // 2] - 1 + rows % 2).to(torch.int32)
+    ragged = (q.view(2 * batch, 1, *q.shape[2:]), cache, w, lens, table, max_len)
+    uniform_out = _both((q, cache, w, ctx, table, max_len), skip=skip)[1]
+    triton_out, tma_out = _both(ragged, skip=skip, row_to_batch=r2b)
+    assert torch.equal(tma_out.nan_to_num(7.0), uniform_out.nan_to_num(7.0))
+    assert torch.equal(triton_out.nan_to_num(7.0), tma_out.nan_to_num(7.0))
+    g = torch.Generator().manual_seed(3)
+    odd = torch.cat([torch.tensor([0]), torch.randperm(2 * batch - 1, generator=g) + 1]).cuda()  # shuffled
+    for order, names in ((odd, r2b[odd]), (rows.roll(1), r2b.roll(1)),  # runs starting at odd rows
+                         (rows, torch.where(rows % 5 == 3, torch.where(rows % 2 == 0, -1, batch), r2b).int())):
+        args = (ragged[0][order], cache, w[order], lens[order], table, max_len)
+        triton_out, tma_out = _both(args, skip=skip, row_to_batch=names.to(torch.int32).contiguous())
+        assert torch.equal(triton_out.nan_to_num(7.0), tma_out.nan_to_num(7.0))
+
+
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
 def test_kept_call_and_graph_replay_on_hopper():
     """The op's kept call (``prepare``: the launch bound once) through this kernel equals a direct call, and so does

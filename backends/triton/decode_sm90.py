@@ -4,6 +4,11 @@ The cuda table's choice ``KERNEL = "tma-ws"`` (the sm90 default with Triton 3.6)
 ``paged_mqa_logits_kernel`` (``logits.py``) takes every call :func:`unsupported` declines. Same contract, same
 schedule and, on the same inputs, the same logits bit for bit, for fp8 e4m3fn, pages of 64 keys of dim 128, 16-128
 heads and at most two draft tokens a program. docs/kernels.md ("Paged decode on Hopper") has the measurements.
+Ragged rows (``row_to_batch``) are taken two a program, as two draft tokens: rows ``2i`` and ``2i + 1`` of one
+request share their page reads, any other row is a unit of its own (:func:`_unit`; an engine laying out each
+request's verify rows side by side from an even row shares them all). The schedule's units are then rows, not
+requests. Where a unit's context (its longer row's) is at most the launch's ``skip``, it is left out: not read,
+not stored, not filled.
 
 - A copy warp (its own partition, few registers) walks the program's pages and fills a ring of ``STAGES``
   shared-memory slots with each page's keys ``[PAGE, D]`` and scales through the copy engine (TMA): the cache is,
@@ -64,32 +69,66 @@ def _tiles(ctx, max_ctx, skip, PAGE: gl.constexpr):
 
 
 @gluon.jit
-def _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, skip, PAGE: gl.constexpr):
-    """:func:`_tiles` of request ``b`` (a scalar or a tensor of requests; 0 past the batch)."""
-    return _tiles(gl.load(ctx_ptr + b * ctx_s0, mask=b < batch, other=0), max_ctx, skip, PAGE)
+def _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, RAGGED: gl.constexpr):
+    """``(context, paired, live)`` of unit ``b`` (a scalar or a tensor; nothing past the batch). Uniform rows: unit
+    ``b`` is request ``b``, its context. Ragged rows (``RAGGED``: ``batch`` rows, one token each): rows ``b`` and
+    ``b + 1`` make one unit (``paired``) where ``b`` is even and both name the same request, its context the longer
+    of their lengths; a row is ``live`` where it starts a unit (the second row of a pair is its pair's)."""
+    inside = b < batch
+    ctx = gl.load(ctx_ptr + b * ctx_s0, mask=inside, other=0)
+    paired = b < 0
+    live = inside
+    if RAGGED:
+        req = gl.load(r2b_ptr + b * r2b_s0, mask=inside, other=-1)
+        prev = gl.load(r2b_ptr + (b - 1) * r2b_s0, mask=inside & (b >= 1), other=-1)
+        after = gl.load(r2b_ptr + (b + 1) * r2b_s0, mask=b + 1 < batch, other=-1)
+        even = b % 2 == 0
+        live = inside & (even | (req != prev))
+        paired = even & (b + 1 < batch) & (after == req)
+        ctx = gl.where(paired, gl.maximum(ctx, gl.load(ctx_ptr + (b + 1) * ctx_s0, mask=paired, other=0)), ctx)
+    return ctx, paired, live
 
 
 @gluon.jit
-def _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages):
-    """``(page of the cache to copy, whether it is the request's)`` for page ``j`` of request ``b`` (page 0 and
-    False past the batch or the table)."""
-    e = gl.load(table_ptr + b.to(gl.int64) * tab_s0 + j, mask=(j < table_pages) & (b < batch), other=-1)
+def _request_tiles(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, max_ctx, skip, PAGE: gl.constexpr,
+                   RAGGED: gl.constexpr):
+    """:func:`_tiles` of unit ``b`` (:func:`_unit`; a scalar or a tensor of units; 0 for a row that starts none)."""
+    ctx, _, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, RAGGED)
+    return gl.where(live, _tiles(ctx, max_ctx, skip, PAGE), 0)
+
+
+@gluon.jit
+def _table_row(r2b_ptr, r2b_s0, b, batch, table_rows, RAGGED: gl.constexpr):
+    """``(table row, whether it is one)`` of unit ``b``: ``b`` itself, or a ragged row's request (none where that
+    is not one of the ``table_rows`` rows)."""
+    if RAGGED:
+        tb = gl.load(r2b_ptr + b * r2b_s0, mask=b < batch, other=-1)
+        return tb, (tb >= 0) & (tb < table_rows)
+    return b, b < batch
+
+
+@gluon.jit
+def _entry(table_ptr, tab_s0, tb, named, j, num_pages, table_pages):
+    """``(page of the cache to copy, whether it is the request's)`` for page ``j`` of table row ``tb`` (page 0 and
+    False where the row is not ``named`` or past the table)."""
+    e = gl.load(table_ptr + tb.to(gl.int64) * tab_s0 + j, mask=(j < table_pages) & named, other=-1)
     ok = (e >= 0) & (e < num_pages)
     return gl.where(ok, e, 0), ok
 
 
 @gluon.jit
-def _next(b, j, tiles, ctx_ptr, ctx_s0, batch, max_ctx, skip, PAGE: gl.constexpr):
-    """The tile after page ``j`` of request ``b`` (``tiles`` pages): ``(b, j, tiles)``, skipping requests without
-    tiles; past the last request, ``(batch, 0, 0)``."""
+def _next(b, j, tiles, ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, batch, max_ctx, skip, PAGE: gl.constexpr,
+          RAGGED: gl.constexpr):
+    """The tile after page ``j`` of unit ``b`` (``tiles`` pages): ``(b, j, tiles)``, skipping units without
+    tiles; past the last unit, ``(batch, 0, 0)``."""
     j += 1
     if j >= tiles:
         j = 0
         b += 1
-        tiles = _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, skip, PAGE)
-        while (tiles == 0) & (b < batch):  # requests without keys (or skipped) have no tiles
+        tiles = _request_tiles(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, max_ctx, skip, PAGE, RAGGED)
+        while (tiles == 0) & (b < batch):  # units without keys (or skipped, or no unit) have no tiles
             b += 1
-            tiles = _request_tiles(ctx_ptr, ctx_s0, b, batch, max_ctx, skip, PAGE)
+            tiles = _request_tiles(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, max_ctx, skip, PAGE, RAGGED)
     return b, j, tiles
 
 
@@ -115,7 +154,8 @@ def _place(tiles, bs, ran, t_begin, t_end, f_begin, f_end, width, batch):
 
 
 @gluon.jit
-def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, skip, p, programs, PAGE: gl.constexpr, BLOCK_B: gl.constexpr):
+def _schedule(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, batch, max_ctx, skip, p, programs, PAGE: gl.constexpr,
+              BLOCK_B: gl.constexpr, RAGGED: gl.constexpr):
     """Program ``p``'s share of the batch's tiles (as the Triton kernel's schedule: the tiles in request order cut
     into equal contiguous shares) and of the -inf fill (:func:`_fill`): ``(t_begin, t_end, b_first, b_end, before,
     f_begin, f_end, fill)``, its tiles, the requests that hold them, the tiles of the requests before ``b_first``,
@@ -124,10 +164,11 @@ def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, skip, p, programs, PAGE: gl.const
     ``BLOCK_B`` requests is read once."""
     vec_l: gl.constexpr = gl.BlockedLayout([BLOCK_B // 32], [32], [4], [0])  # each warp a copy of the block
     bs = gl.arange(0, BLOCK_B, layout=vec_l)
-    first = _request_tiles(ctx_ptr, ctx_s0, bs, batch, max_ctx, skip, PAGE)
+    first = _request_tiles(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, bs, batch, max_ctx, skip, PAGE, RAGGED)
     total = gl.sum(first, axis=0)
     for b0 in range(BLOCK_B, batch, BLOCK_B):
-        total += gl.sum(_request_tiles(ctx_ptr, ctx_s0, b0 + bs, batch, max_ctx, skip, PAGE), axis=0)
+        total += gl.sum(_request_tiles(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b0 + bs, batch, max_ctx, skip, PAGE, RAGGED),
+                        axis=0)
     t_begin = p * total // programs
     t_end = (p + 1) * total // programs
     width = gl.cdiv(max_ctx, PAGE)
@@ -135,7 +176,7 @@ def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, skip, p, programs, PAGE: gl.const
     f_end = (p + 1) * batch * width // programs
     b_first, before, b_end, fill, ran = _place(first, bs, 0, t_begin, t_end, f_begin, f_end, width, batch)
     for b0 in range(BLOCK_B, batch, BLOCK_B):
-        tiles = _request_tiles(ctx_ptr, ctx_s0, b0 + bs, batch, max_ctx, skip, PAGE)
+        tiles = _request_tiles(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b0 + bs, batch, max_ctx, skip, PAGE, RAGGED)
         done, below, started, short, block = _place(tiles, b0 + bs, ran, t_begin, t_end, f_begin, f_end, width, batch)
         b_first += done
         before += below
@@ -146,25 +187,40 @@ def _schedule(ctx_ptr, ctx_s0, batch, max_ctx, skip, p, programs, PAGE: gl.const
 
 
 @gluon.jit
-def _load_request(q_ptr, w_ptr, q_smem, b, j0, q_s0, q_s1, q_s2, w_s0, NEXT_N: gl.constexpr, GROUPS: gl.constexpr,
-                  H: gl.constexpr, D: gl.constexpr, heads_l: gl.constexpr):
-    """Request ``b``'s Q ``[GROUPS, H, D]`` (draft tokens ``j0 ..``) into ``q_smem``, fenced for the matmul and all
-    warps past it; returns the tokens' weights ``(w0, w1)`` ``[H]`` (zero for tokens past next_n). The caller makes
-    sure no matmul still reads the previous Q."""
+def _tokens(b, j0, paired, NEXT_N: gl.constexpr, RAGGED: gl.constexpr):
+    """``(row, live0, live1)``: unit ``b``'s first logits row and whether its first and second token are there
+    (uniform: request ``b``'s draft tokens ``j0`` and ``j0 + 1``; ragged: rows ``b`` and, ``paired``, ``b + 1``)."""
+    if RAGGED:
+        return b, b >= 0, paired
+    return b * NEXT_N + j0, j0 < NEXT_N, j0 + 1 < NEXT_N
+
+
+@gluon.jit
+def _load_request(q_ptr, w_ptr, q_smem, b, j0, paired, q_s0, q_s1, q_s2, w_s0, NEXT_N: gl.constexpr,
+                  GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, heads_l: gl.constexpr,
+                  RAGGED: gl.constexpr):
+    """Unit ``b``'s Q ``[GROUPS, H, D]`` (:func:`_tokens`) into ``q_smem``, fenced for the matmul and all warps past
+    it; returns the tokens' weights ``(w0, w1)`` ``[H]`` (zero for a token that is not there). The caller makes sure
+    no matmul still reads the previous Q."""
     q_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     rows = gl.arange(0, H, layout=gl.SliceLayout(1, q_l))
     dims = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
     heads = gl.arange(0, H, layout=heads_l)
+    row, live0, live1 = _tokens(b, j0, paired, NEXT_N, RAGGED)
     for g in gl.static_range(GROUPS):
-        tok = j0 + g
-        qg = gl.load(q_ptr + b.to(gl.int64) * q_s0 + tok * q_s1 + rows[:, None] * q_s2 + dims[None, :],
-                     mask=(rows[:, None] >= 0) & (tok < NEXT_N), other=0.0)
+        if RAGGED:  # a row a token
+            at = (b + g).to(gl.int64) * q_s0
+        else:
+            at = b.to(gl.int64) * q_s0 + (j0 + g) * q_s1
+        there = live0
+        if g == 1:
+            there = live1
+        qg = gl.load(q_ptr + at + rows[:, None] * q_s2 + dims[None, :], mask=(rows[:, None] >= 0) & there, other=0.0)
         q_smem.index(g).store(qg)
-    w0 = gl.load(w_ptr + (b * NEXT_N + j0).to(gl.int64) * w_s0 + heads, mask=(heads >= 0) & (j0 < NEXT_N), other=0.0)
+    w0 = gl.load(w_ptr + row.to(gl.int64) * w_s0 + heads, mask=(heads >= 0) & live0, other=0.0)
     w1 = w0
     if GROUPS == 2:
-        w1 = gl.load(w_ptr + (b * NEXT_N + j0 + 1).to(gl.int64) * w_s0 + heads,
-                     mask=(heads >= 0) & (j0 + 1 < NEXT_N), other=0.0)
+        w1 = gl.load(w_ptr + (row + 1).to(gl.int64) * w_s0 + heads, mask=(heads >= 0) & live1, other=0.0)
     fence_async_shared()
     block_barrier()
     return w0, w1
@@ -177,35 +233,41 @@ def _store(out_ptr, row, n, logits, seen, visible, max_ctx, live):
 
 
 @gluon.jit
-def _fill(out_ptr, ctx_ptr, ctx_s0, max_ctx, skip, out_s0, f_begin, f_end, j0, NEXT_N: gl.constexpr,
-          GROUPS: gl.constexpr, PAGE: gl.constexpr):
+def _fill(out_ptr, ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, batch, max_ctx, skip, out_s0, f_begin, f_end, j0,
+          NEXT_N: gl.constexpr, GROUPS: gl.constexpr, PAGE: gl.constexpr, RAGGED: gl.constexpr):
     """-inf past each context (the keys no tile stored) in the program's share ``[f_begin, f_end)`` of the
-    batch × ⌈max_ctx / PAGE⌉ pages of the output; nothing in a skipped request's rows (:func:`_tiles`)."""
+    batch × ⌈max_ctx / PAGE⌉ pages of the output, a unit's rows at a time (:func:`_unit`); nothing in a skipped
+    unit's rows (:func:`_tiles`)."""
     fill_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 4], [1, 0])
-    grp = j0 + gl.arange(0, GROUPS, layout=gl.SliceLayout(1, fill_l))
+    grp = gl.arange(0, GROUPS, layout=gl.SliceLayout(1, fill_l))
     cols = gl.arange(0, PAGE, layout=gl.SliceLayout(0, fill_l))
     fill = gl.full([GROUPS, PAGE], NEG_INF, gl.float32, layout=fill_l)
     width = gl.cdiv(max_ctx, PAGE)
     for fb in range(f_begin // width, gl.cdiv(f_end, width)):
-        n = gl.minimum(gl.maximum(gl.load(ctx_ptr + fb * ctx_s0), 0), max_ctx)
-        lo = gl.maximum(f_begin - fb * width, gl.where(n > skip, gl.cdiv(n, PAGE), width))
+        ctx, paired, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, fb, batch, RAGGED)
+        n = gl.minimum(gl.maximum(ctx, 0), max_ctx)
+        lo = gl.maximum(f_begin - fb * width, gl.where(live & (n > skip), gl.cdiv(n, PAGE), width))
         hi = gl.minimum(f_end - fb * width, width)
-        out_rows = (fb * NEXT_N + grp).to(gl.int64) * out_s0
+        row, live0, live1 = _tokens(fb, j0, paired, NEXT_N, RAGGED)
+        out_rows = (row + grp).to(gl.int64) * out_s0
+        there = gl.where(grp == 0, live0, live1)
         for n0 in range(lo * PAGE, hi * PAGE, PAGE):
             fc = n0 + cols
             gl.store(out_ptr + out_rows[:, None] + fc[None, :], fill,
-                     mask=(grp < NEXT_N)[:, None] & (fc < max_ctx)[None, :])
+                     mask=there[:, None] & (fc < max_ctx)[None, :])
 
 
 @gluon.jit
-def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0,
-                    tab_s0, batch, max_ctx, skip, num_pages, table_pages, b_first, j_first, count,
-                    PAGE: gl.constexpr, PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr):
+def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, r2b_ptr, table_ptr,
+                    ctx_s0, r2b_s0, tab_s0, batch, max_ctx, skip, num_pages, table_pages, table_rows, b_first,
+                    j_first, count, PAGE: gl.constexpr, PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr,
+                    RAGGED: gl.constexpr):
     """The copy warp: for each tile of the program, once its slot is free, its page's keys and scales into it."""
     pb = b_first
     pj = j_first
-    ptiles = _request_tiles(ctx_ptr, ctx_s0, pb, batch, max_ctx, skip, PAGE)
-    page, _ = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+    ptiles = _request_tiles(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, pb, batch, max_ctx, skip, PAGE, RAGGED)
+    tb, named = _table_row(r2b_ptr, r2b_s0, pb, batch, table_rows, RAGGED)
+    page, _ = _entry(table_ptr, tab_s0, tb, named, pj, num_pages, table_pages)
     for i in range(count):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
@@ -213,16 +275,17 @@ def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty
         mbarrier.expect(bar, keys_desc.block_type.nbytes + scales_desc.block_type.nbytes)
         tma_load(keys_desc, [page * PAGE_ROWS, 0], bar, keys_smem.index(slot))
         tma_load(scales_desc, [page * PAGE_ROWS + PAGE, 0], bar, scales_smem.index(slot))
-        pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, ctx_s0, batch, max_ctx, skip, PAGE)
-        page, _ = _entry(table_ptr, tab_s0, pb, pj, batch, num_pages, table_pages)
+        pb, pj, ptiles = _next(pb, pj, ptiles, ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, batch, max_ctx, skip, PAGE, RAGGED)
+        tb, named = _table_row(r2b_ptr, r2b_s0, pb, batch, table_rows, RAGGED)
+        page, _ = _entry(table_ptr, tab_s0, tb, named, pj, num_pages, table_pages)
 
 
 @gluon.jit
-def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                    batch, max_ctx, skip, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
-                    j0, t_begin, t_end, b_first, b_end, before,
+def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
+                    batch, max_ctx, skip, num_pages, table_pages, table_rows, q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0,
+                    tab_s0, out_s0, j0, t_begin, t_end, b_first, b_end, before,
                     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr,
-                    PAGE: gl.constexpr, STAGES: gl.constexpr):
+                    PAGE: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr):
     """The math warps: each tile's matmul, head sum and store, releasing the slot as soon as it is read."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
     keys_l: gl.constexpr = gl.SliceLayout(1, mma)
@@ -232,18 +295,28 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales
     i = 0
     passed = before
     for b in range(b_first, b_end):
-        ctx = gl.maximum(gl.load(ctx_ptr + b * ctx_s0), 0)
-        tiles = _tiles(ctx, max_ctx, skip, PAGE)
+        ctx, paired, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, RAGGED)
+        ctx = gl.maximum(ctx, 0)
+        tiles = gl.where(live, _tiles(ctx, max_ctx, skip, PAGE), 0)
         lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
         hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
         passed += tiles
         block_barrier()  # every math warp is past its last matmul on the previous request's Q
-        w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS, H, D, heads_l)
-        row0 = (b * NEXT_N + j0).to(gl.int64) * out_s0
+        w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, paired, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS, H, D,
+                               heads_l, RAGGED)
+        row, live0, live1 = _tokens(b, j0, paired, NEXT_N, RAGGED)
+        row0 = row.to(gl.int64) * out_s0
+        if RAGGED:  # each row its own length
+            visible0 = gl.load(ctx_ptr + b * ctx_s0)
+            visible1 = gl.load(ctx_ptr + (b + 1) * ctx_s0, mask=paired, other=0)
+        else:
+            visible0 = ctx - NEXT_N + 1 + j0
+            visible1 = ctx - NEXT_N + 2 + j0
+        tb, named = _table_row(r2b_ptr, r2b_s0, b, batch, table_rows, RAGGED)
         for step in range(0, hi - lo):  # (Triton 3.6 drops a loop-carried value used only as a loop bound)
             j = lo + step
             slot = i % STAGES
-            _, ok = _entry(table_ptr, tab_s0, b, j, batch, num_pages, table_pages)
+            _, ok = _entry(table_ptr, tab_s0, tb, named, j, num_pages, table_pages)
             mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
             k_tile = keys_smem.index(slot)
             acc0 = warpgroup_mma(k_tile, q_smem.index(0).permute((1, 0)), gl.zeros([PAGE, H], gl.float32, layout=mma),
@@ -264,39 +337,43 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales
             mbarrier.arrive(empty.index(slot), count=1)
             if GROUPS == 1:
                 s0 = _head_sum(acc0, w0) * sc
-            _store(out_ptr, row0, n, s0, seen, ctx - NEXT_N + 1 + j0, max_ctx, j0 < NEXT_N)
+            _store(out_ptr, row0, n, s0, seen, visible0, max_ctx, live0)
             if GROUPS == 2:
-                _store(out_ptr, row0 + out_s0, n, _head_sum(acc1, w1) * sc, seen, ctx - NEXT_N + 2 + j0, max_ctx,
-                       j0 + 1 < NEXT_N)
+                _store(out_ptr, row0 + out_s0, n, _head_sum(acc1, w1) * sc, seen, visible1, max_ctx, live1)
             i += 1
 
 
 # The batch, the context, the cache's and the table's sizes and the row strides of the table and the logits take no
 # part in the variant, nor do the addresses of the lengths and the table (docs/kernels.md, "Kernel variants"): the
 # logits are stored from the matmul's layout, a key a thread, masked by the context.
-@gluon.jit(do_not_specialize=("batch", "max_ctx", "skip", "num_pages", "table_pages", "tab_s0", "out_s0"),
-           do_not_specialize_on_alignment=("ctx_ptr", "table_ptr"))
+@gluon.jit(do_not_specialize=("batch", "max_ctx", "skip", "num_pages", "table_pages", "table_rows", "tab_s0",
+                              "out_s0"),
+           do_not_specialize_on_alignment=("ctx_ptr", "r2b_ptr", "table_ptr"))
 def paged_decode_sm90_kernel(
-    q_ptr, keys_desc, scales_desc, w_ptr, ctx_ptr, table_ptr, out_ptr,
-    batch, max_ctx, skip, num_pages, table_pages,
-    q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0, out_s0,
+    q_ptr, keys_desc, scales_desc, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr,
+    batch, max_ctx, skip, num_pages, table_pages, table_rows,
+    q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0, out_s0,
     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, LOADER_REGS: gl.constexpr,
-    PDL: gl.constexpr,
+    PDL: gl.constexpr, RAGGED: gl.constexpr = 0,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers.
     ``PDL``: launched with programmatic dependent launch (its programs wait for the launch before it first). Every
     program being resident (a persistent grid), the next launch, where it uses programmatic dependent launch (the
     top-k's block kernel), may take the multiprocessors as they free and wait there for this kernel's end.
-    ``skip``: requests whose context clipped to ``max_ctx`` is at most this are neither computed nor filled."""
+    ``skip``: requests whose context clipped to ``max_ctx`` is at most this are neither computed nor filled.
+    ``RAGGED``: ``batch`` ragged rows (next_n 1), row ``r`` of request ``r2b[r]`` (its table row; none where that is
+    not one of the ``table_rows`` rows) and length ``context_lens[r]``; two rows of one request at an even row and
+    the next share their key reads, as two draft tokens of a request do (:func:`_unit`)."""
     if PDL:
         grid_dependency_wait()
     launch_dependents()
     j0 = gl.program_id(0) * GROUPS
     p = gl.program_id(1).to(gl.int64)
     programs = gl.num_programs(1)
-    t_begin, t_end, b_first, b_end, before, f_begin, f_end, fill = _schedule(ctx_ptr, ctx_s0, batch, max_ctx, skip,
-                                                                             p, programs, PAGE, BLOCK_B)
+    t_begin, t_end, b_first, b_end, before, f_begin, f_end, fill = _schedule(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, batch,
+                                                                             max_ctx, skip, p, programs, PAGE, BLOCK_B,
+                                                                             RAGGED)
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
     scales_smem = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
                                             scales_desc.layout)
@@ -308,19 +385,21 @@ def paged_decode_sm90_kernel(
         mbarrier.init(ready.index(st), count=1)
         mbarrier.init(empty.index(st), count=1)
     gl.warp_specialize([
-        (_math_partition, (q_ptr, w_ptr, ctx_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                           batch, max_ctx, skip, num_pages, table_pages, q_s0, q_s1, q_s2, w_s0, ctx_s0, tab_s0,
-                           out_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE, STAGES)),
-        (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, table_ptr, ctx_s0,
-                           tab_s0, batch, max_ctx, skip, num_pages, table_pages, b_first,
-                           (t_begin - before).to(gl.int32),
-                           (t_end - t_begin).to(gl.int32), PAGE, PAGE_ROWS, STAGES)),
+        (_math_partition, (q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready,
+                           empty, batch, max_ctx, skip, num_pages, table_pages, table_rows, q_s0, q_s1, q_s2, w_s0,
+                           ctx_s0, r2b_s0, tab_s0, out_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N,
+                           GROUPS, H, D, PAGE, STAGES, RAGGED)),
+        (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, r2b_ptr, table_ptr,
+                           ctx_s0, r2b_s0, tab_s0, batch, max_ctx, skip, num_pages, table_pages, table_rows,
+                           b_first, (t_begin - before).to(gl.int32), (t_end - t_begin).to(gl.int32), PAGE,
+                           PAGE_ROWS, STAGES, RAGGED)),
     ], [1], [LOADER_REGS])
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
         mbarrier.invalidate(empty.index(st))
     if fill > 0:  # only where a request of the share is shorter than max_ctx: no reads at the end otherwise
-        _fill(out_ptr, ctx_ptr, ctx_s0, max_ctx, skip, out_s0, f_begin, f_end, j0, NEXT_N, GROUPS, PAGE)
+        _fill(out_ptr, ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, batch, max_ctx, skip, out_s0, f_begin, f_end, j0, NEXT_N,
+              GROUPS, PAGE, RAGGED)
 
 
 TMA_DECODE = Launcher(paged_decode_sm90_kernel)
@@ -359,11 +438,13 @@ def _shared_layout(block: tuple[int, int], dtype: Any) -> Any:
 
 
 def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, page: int, groups: int,
-           target: Target, cfg: Mapping[str, Any], sms: int, batch_block: int, skip: int = -1) -> Launch:
+           target: Target, cfg: Mapping[str, Any], sms: int, batch_block: int, skip: int = -1,
+           row_to_batch: torch.Tensor | None = None) -> Launch:
     """The launch filling ``out`` (contract: ``indexcache.paged_mqa_logits``) for a call :func:`unsupported` accepts.
     ``cfg``: the paged_mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the kernel-wide register cap by draft
     tokens a program, 0 for none); ``sms``: the device's multiprocessors; ``batch_block``: context lengths a step of the
-    schedule reads; ``skip``: requests whose clipped context is at most this are left unwritten (-1: none)."""
+    schedule reads; ``skip``: requests whose clipped context is at most this are left unwritten (-1: none);
+    ``row_to_batch``: ragged rows (``q [R, 1, H, D]``), two at a time where ``groups`` is 2."""
     batch, next_n, heads, dim = q.shape
     rows = page * (dim + 4) // dim  # a page as rows of dim bytes
     keys = k_cache.view(-1).view(q.dtype).view(k_cache.shape[0] * rows, dim)
@@ -371,16 +452,18 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
                                  _shared_layout((page, dim), gl.float8e4nv))
     options = launch_key_options(_options(cfg, groups))
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
-                 BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS, PDL=bool(cfg.get("PDL")))
+                 BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS, PDL=bool(cfg.get("PDL")),
+                 RAGGED=row_to_batch is not None)
     # The scales through the copy engine too: the cache as rows of dim / 4 float32, a page's scales its last rows.
     words = k_cache.view(-1).view(torch.float32).view(k_cache.shape[0] * rows, dim // 4)
     block = [page * 4 // dim, dim // 4]
     scales_desc = TensorDescriptor(words, list(words.shape), list(words.stride()), block,
                                    _shared_layout(tuple(block), gl.float32))
-    args = (q, keys_desc, scales_desc, weights, context_lens, page_table, out,
-            batch, max_context_len, skip, k_cache.shape[0], page_table.shape[1],
-            q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), page_table.stride(0),
-            out.stride(0))
+    r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
+    args = (q, keys_desc, scales_desc, weights, context_lens, r2b, page_table, out,
+            batch, max_context_len, skip, k_cache.shape[0], page_table.shape[1], page_table.shape[0],
+            q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), r2b.stride(0),
+            page_table.stride(0), out.stride(0))
     per_sm = TMA_DECODE.resident(options, *args, **named) or 1
     programs = max(1, min(sms * per_sm // cdiv(next_n, groups), batch * cdiv(max_context_len, page)))
     return Launch(TMA_DECODE, (cdiv(next_n, groups), programs), options, args, named)
@@ -389,7 +472,8 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
 def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, page: int,
                   batch_block: int) -> list:
     """What the kernel builds for ``target`` (sm90 only, else nothing) at the given indexer shape, for next_n 1-2
-    with the ``paged_mqa_logits`` entry ``cfg``'s stages and register caps (cross-compile check)."""
+    and ragged rows two a program, with the ``paged_mqa_logits`` entry ``cfg``'s stages and register caps
+    (cross-compile check)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
     if target.gpu.mma != "wgmma":  # Hopper's warp-group MMA and TMA
@@ -399,14 +483,14 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
     scales = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
     types = {"q_ptr": "*fp8e4nv", "keys_desc": f"tensordesc<fp8e4nv[{page}, {dim}],{keys!r}>",
              "scales_desc": f"tensordesc<fp32[{block[0]}, {block[1]}],{scales!r}>", "w_ptr": "*fp32",
-             "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32"}
+             "ctx_ptr": "*i32", "r2b_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32"}
     specs = []
-    for next_n in (1, 2):
+    for next_n, groups, ragged in ((1, 1, 0), (2, 2, 0), (1, 2, 1)):
         specs.append(KernelSpec(
             "paged_mqa_logits", paged_decode_sm90_kernel, types,
-            {"NEXT_N": next_n, "GROUPS": next_n, "H": heads, "D": dim, "PAGE": page,
+            {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
              "PAGE_ROWS": page * (dim + 4) // dim, "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block,
-             "LOADER_REGS": LOADER_REGS, "PDL": bool(cfg.get("PDL")), "ctx_s0": 1},
-            _options(cfg, next_n), matrix="fp8",
+             "LOADER_REGS": LOADER_REGS, "PDL": bool(cfg.get("PDL")), "RAGGED": ragged, "ctx_s0": 1, "r2b_s0": 1},
+            _options(cfg, groups), matrix="fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs

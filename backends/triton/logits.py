@@ -723,8 +723,8 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     ``max_context_len`` is at most ``skip`` are left unwritten (the producer step's k: the top-k selects such rows
     without their logits); -1 writes every row.
     ``k_format`` is None: an fp8 cache in ``q``'s format; ``torch.float4_e2m1fn_x2``: an MXFP4 cache, read by the
-    Triton kernel on every target (the Hopper Gluon kernel reads fp8 caches only); ``row_to_batch``: ragged rows,
-    also the Triton kernel's."""
+    Triton kernel on every target (the Hopper Gluon kernel reads fp8 caches only); ``row_to_batch``: ragged rows
+    (the Hopper kernel takes them two a program, the Triton kernel one)."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
         return None
@@ -735,14 +735,15 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
     # in launch order so the second reads the keys from L2).
     groups = max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
-    if cfg.get("KERNEL") == "tma-ws" and not mxfp4 and row_to_batch is None:  # the Hopper kernel in Gluon
-        # (decode_sm90.py) where it takes the call
+    if cfg.get("KERNEL") == "tma-ws" and not mxfp4:  # the Hopper kernel in Gluon (decode_sm90.py) where it takes
+        # the call; ragged rows two a program where two draft tokens would be (two rows of a request share reads)
         from indexcache.backends.triton import decode_sm90
 
-        if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target):
+        pair = groups if row_to_batch is None else max(min(2, max(1, cfg["COLS"] // heads)), 16 // heads)
+        if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, pair, target):
             return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
-                                      groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
-                                      batch_block=BATCH_BLOCK, skip=skip)
+                                      groups=pair, target=target, cfg=cfg, sms=_programs(target, q.device),
+                                      batch_block=BATCH_BLOCK, skip=skip, row_to_batch=row_to_batch)
     options = options or launch_key_options(_decode_options(target, cfg, mxfp4))
     widen = _widen_mode(q.dtype, target, cfg)
     if mxfp4:  # the cache's bytes for both pointers; value words where every page starts at a multiple of 4 bytes
