@@ -259,6 +259,27 @@ def prefill_producer(d: dict) -> str:
                                         "two ops ms", "ours / two ops", "same selection"], big))
 
 
+def short_rows(d: dict) -> str:
+    """bench/short_rows_gpu.py: the decode producer step on batches of short rows, beside our two ops and translate."""
+    p = d["shape"]
+    rows = [[r["batch"], str(r["max_context_len"]), _f(r["step_us"], ".2f"), _f(r["two_ops_us"], ".2f"),
+             _f(r["step_per_two_ops"], ".3f"), _f(r.get("translate_us"), ".2f"), _f(r.get("step_per_translate"), ".3f")]
+            for r in d["rows"]]
+    return (_head(d, f"{p['requests']} requests, short contexts {p['short_contexts'][0]}-{p['short_contexts'][1]}, "
+                     f"long {p['long_context']}, H {p['heads']}, k {p['k']}, page {p['page']}, graph µs")
+            + "\n\n" + markdown_table(["batch", "max_context_len", "step µs", "two ops µs", "step / two ops",
+                                        "translate µs", "step / translate"], rows))
+
+
+def ragged(d: dict) -> str:
+    """bench/ragged_gpu.py: ragged verify rows against the uniform next_n call at the same rows."""
+    p = d["shape"]
+    rows = [[r["op"], _f(r["uniform_us"]), _f(r["ragged_us"]), _f(r["ratio"], ".3f")] for r in d["rows"]]
+    return (_head(d, f"{p['requests']} × {_keys(p['context'])} keys, next_n {p['next_n']}, H {p['heads']}, "
+                     f"k {p['k']}, graph µs")
+            + "\n\n" + markdown_table(["op", "uniform µs", "ragged µs", "ragged / uniform"], rows))
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "h200-translate.json": bench_op,
     "h200-launch-overhead.json": launch_overhead,
@@ -268,6 +289,8 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200-producer-step-launches.json": producer_launches,
     "h200-prefill-producer.json": prefill_producer,
     "h200-paged-topk-translate.json": bench_op,
+    "h200-short-rows.json": short_rows,
+    "h200-ragged.json": ragged,
     "h200-topk-vs-peers.json": topk_peers,
     "h200-e2e.json": e2e,
     "h200x2-cp-topk.json": cp_topk,
