@@ -13,7 +13,12 @@
 
 Each batch's producer step (``indexcache.paged_topk_translate``) is timed beside our two ops that it composes
 (``paged_mqa_logits`` over every row, then ``topk_translate``: the step as it ran before short rows were left out)
-and, on the short batches, ``translate`` alone of the step's selection (the least a step can cost). The step's
+and, on the short batches, ``translate`` alone of the step's selection (the least a step can cost).
+
+Then the producer step of prefill (``indexcache.mqa_topk_translate``) beside its two ops (``mqa_logits`` over the
+whole ``[T, N]``, then ``topk_translate`` with the windows' starts), causal ragged chunks: ``--prompts`` prompts of
+``--prompt`` tokens (every window short, ``N`` their sum), one prompt of 3/4 k tokens (``N <= k``: one launch), and
+one request's 4096-token chunk over 32K keys (no window short: nothing to leave out). The step's
 selection is checked against the two ops' (the same index sets a row). Each call is captured in a CUDA graph and the
 graphs are replayed in turns (``--rounds`` rounds of ``--burst`` replays; the card is power-capped); the median a
 call is reported with the ratios step / two ops and step / translate. Writes one JSON with the commit, device and
@@ -81,6 +86,44 @@ def calls(a: dict, short: bool) -> dict[str, object]:
     return {"step": step, "two_ops": two_ops, **({"translate": translate} if short else {})}
 
 
+def prefill_inputs(prompts: list[int], new: list[int], k: int, dev: torch.device, gen: torch.Generator) -> dict:
+    """A ragged causal prefill chunk: request ``b``'s last ``new[b]`` of ``prompts[b]`` keys are its queries, each
+    seeing its request's keys up to itself; a KV table row a request; outputs and the two ops' buffers."""
+    starts = torch.tensor([0, *prompts]).cumsum(0)
+    ks = torch.cat([torch.full((n,), int(s)) for s, n in zip(starts[:-1], new, strict=True)])
+    ke = torch.cat([s + p - n + 1 + torch.arange(n) for s, p, n in zip(starts[:-1], prompts, new, strict=True)])
+    r2b = torch.cat([torch.full((n,), b) for b, n in enumerate(new)])
+    tokens, keys = ks.shape[0], int(starts[-1])
+    pages = -(-max(prompts) // PAGE)
+    built = dict(q=(torch.randn(tokens, H, D, generator=gen) * 3).to(FP8),
+                 k=(torch.randn(keys, D, generator=gen) * 2).to(FP8), k_scale=torch.rand(keys, generator=gen) + 0.1,
+                 weights=torch.randn(tokens, H, generator=gen) / H, ks=ks.int(), ke=ke.int(), r2b=r2b.int(),
+                 table=torch.randperm(len(prompts) * pages, generator=gen).int().view(len(prompts), pages),
+                 lengths=(ke - ks).int(), logits=torch.empty(tokens, keys),
+                 **{name: torch.empty(tokens, k, dtype=torch.int32) for name in ("raw", "out", "two_raw", "two_out")})
+    built = {name: t.to(dev) for name, t in built.items()}
+    built.update(workspace=torch.empty(max(1, indexcache.workspace_bytes(
+        "topk_translate", built["logits"], built["lengths"], k, built["table"], PAGE, row_starts=built["ks"],
+        row_to_batch=built["r2b"], out=built["two_out"], out_raw=built["two_raw"])), dtype=torch.uint8, device=dev),
+        k_top=k)
+    return built
+
+
+def prefill_calls(a: dict) -> dict[str, object]:
+    """``{contender: call}``: the prefill producer step and its two ops."""
+    def step() -> None:
+        indexcache.mqa_topk_translate(a["q"], a["k"], a["k_scale"], a["weights"], a["ks"], a["ke"], a["k_top"],
+                                      a["table"], PAGE, row_to_batch=a["r2b"], out=a["out"], out_raw=a["raw"])
+
+    def two_ops() -> None:
+        indexcache.mqa_logits(a["q"], a["k"], a["k_scale"], a["weights"], a["ks"], a["ke"], out=a["logits"])
+        indexcache.topk_translate(a["logits"], a["lengths"], a["k_top"], a["table"], PAGE, row_starts=a["ks"],
+                                  row_to_batch=a["r2b"], out=a["two_out"], out_raw=a["two_raw"],
+                                  workspace=a["workspace"])
+
+    return {"step": step, "two_ops": two_ops}
+
+
 def check(name: str, a: dict) -> list[str]:
     """The step's selection against the two ops' (index sets a row), physical and raw."""
     errors = []
@@ -95,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="short_rows.json", help="the JSON report")
     parser.add_argument("--requests", type=int, default=64, help="requests a batch (default 64)")
     parser.add_argument("--context", type=int, default=32768, help="keys of a long request (default 32768)")
+    parser.add_argument("--prompts", type=int, default=16, help="short prompts of a prefill chunk (default 16)")
+    parser.add_argument("--prompt", type=int, default=512, help="tokens a short prompt (default 512)")
     parser.add_argument("--rounds", type=int, default=15, help="rounds of alternating graph replays")
     parser.add_argument("--burst", type=int, default=20, help="back-to-back replays a call in a round")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes interpreted on the CPU: checks the script")
@@ -125,13 +170,31 @@ def main(argv: list[str] | None = None) -> int:
             row.update(translate_us=round(times["translate"], 2),
                        step_per_translate=round(times["step"] / times["translate"], 3))
         rows.append(row)
-    report = {**report_head(dev), "rows": rows, "errors": errors,
+    prefill_rows = []
+    count, size = (2, 40) if args.smoke else (args.prompts, args.prompt)
+    prefills = {f"{count} prompts of {size}": ([size] * count, [size] * count),
+                f"one prompt of {3 * k // 4} (N <= k)": ([3 * k // 4], [3 * k // 4])}
+    if not args.smoke:
+        prefills[f"4096 x {long} causal"] = ([long], [4096])
+    for name, (prompts, new) in prefills.items():
+        a = prefill_inputs(prompts, new, k, dev, gen)
+        fns = prefill_calls(a)
+        for fn in fns.values():
+            fn()
+        errors += check(f"prefill {name}", a)
+        times = alternating_graph_us(fns, dev, rounds, burst)
+        prefill_rows.append(dict(chunk=name, tokens=a["q"].shape[0], keys=a["k"].shape[0],
+                                 step_us=round(times["step"], 2), two_ops_us=round(times["two_ops"], 2),
+                                 step_per_two_ops=round(times["step"] / times["two_ops"], 3)))
+    report = {**report_head(dev), "rows": rows, "prefill_rows": prefill_rows, "errors": errors,
               "shape": dict(requests=requests, short_contexts=[low, high], long_context=long, heads=H, dim=D,
                             page=PAGE, k=k, next_n=1)}
     print(f"{report['device']}  torch {report['torch']}  triton {report['triton']}  commit {report['commit']}")
     print_rows(f"the producer step on short rows ({requests} requests, k {k}; median µs a call in a graph)", rows,
                ["batch", "max_context_len", "step_us", "two_ops_us", "step_per_two_ops", "translate_us",
                 "step_per_translate"])
+    print_rows(f"the producer step of prefill (k {k}; median µs a call in a graph)", prefill_rows,
+               ["chunk", "tokens", "keys", "step_us", "two_ops_us", "step_per_two_ops"])
     return finish(report, args.out)
 
 

@@ -582,13 +582,15 @@ def test_ragged_smoke_runs_on_the_cpu(tmp_path):
 
 def test_short_rows_smoke_runs_on_the_cpu(tmp_path):
     """bench/short_rows_gpu.py --smoke: the four batches, the step against our two ops (the same selection) and, on
-    the short batches, against translate alone."""
+    the short batches, against translate alone; the prefill chunks against their two ops."""
     _script("short_rows_gpu", "--smoke", "--out", str(tmp_path / "short.json"))
     report = json.loads((tmp_path / "short.json").read_text())
     assert report["device"] == "cpu" and not report["errors"]
     assert [r["batch"] for r in report["rows"]] == ["short graph", "long graph", "mixed", "long"]
     assert all(r["step_us"] > 0 and r["two_ops_us"] > 0 for r in report["rows"])
     assert [("translate_us" in r) for r in report["rows"]] == [True, True, False, False]
+    assert [r["chunk"] for r in report["prefill_rows"]] == ["2 prompts of 40", "one prompt of 48 (N <= k)"]
+    assert all(r["step_us"] > 0 and r["two_ops_us"] > 0 for r in report["prefill_rows"])
 
 
 def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):

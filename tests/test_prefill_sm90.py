@@ -114,6 +114,34 @@ def test_equals_the_triton_kernel_on_hopper(case, stages):
         assert (triton_out[finite] - tma_out[finite]).abs().max() <= 1e-5 * triton_out[finite].abs().max()
 
 
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("case", [_CASES[2], _CASES[3], _CASES[6]], ids=lambda c: f"t{c[0]}-n{c[1]}-{c[3]}")
+def test_the_producers_short_rows_and_no_fill_as_the_triton_kernel(case):
+    """The producer step's launch (``skip`` its k, ``fill`` off): inside every row's window longer than ``skip`` the
+    logits are the full launch's, bit for bit, and near the Triton kernel's wherever both wrote a finite value."""
+    target = detect(NVIDIA)[2]
+    table_cfg = cuda_backend.tuning(target.arch)["mqa_logits"]
+    q, k, scale, w, ks, ke = [a.cuda() for a in _case(*case, seed=3)]
+    skip = 300
+    outs = []
+    for cfg in ({**table_cfg, "KERNEL": "triton"}, {**table_cfg, "KERNEL": "tma-ws"}):
+        buf = torch.full((case[0] + 2, case[1]), float("nan"), device="cuda")
+        logits.mqa_logits_launch(q, k, scale, w, ks, ke, buf[1:-1], target=target, cfg=cfg, skip=skip, fill=False)()
+        assert buf[0].isnan().all() and buf[-1].isnan().all(), "a kernel wrote outside its output"
+        outs.append(buf[1:-1])
+    triton_out, tma_out = outs
+    start = ks.long().clamp(0, case[1])
+    length = (torch.maximum(ke.long().clamp(max=case[1]), start) - start)
+    cols = torch.arange(case[1], device="cuda")
+    inside = (cols >= start[:, None]) & (cols < (start + length)[:, None]) & (length > skip)[:, None]
+    assert inside.any() and not tma_out[inside].isnan().any()
+    full = logits.mqa_logits(q, k, scale, w, ks, ke, torch.empty_like(tma_out), target=target,
+                             cfg={**table_cfg, "KERNEL": "tma-ws"})
+    assert torch.equal(tma_out[inside], full[inside])
+    both = tma_out.isfinite() & triton_out.isfinite()
+    assert (triton_out[both] - tma_out[both]).abs().max() <= 1e-5 * triton_out[both].abs().max()
+
+
 def test_a_ring_not_a_multiple_of_the_math_groups_is_refused():
     q, k, scale, w, out = _args()
     ks = torch.zeros(q.shape[0], dtype=torch.int32)

@@ -59,14 +59,14 @@ def test_shape_points_meet_every_power_of_two_class():
 # Per kernel, the product of its classes for one deployment: the finishing launch's gather widths (7) and the
 # sample's sizes (7) and the block top-k's sample entries a thread (3), times the call patterns (decode at next_n 1
 # and 2, prefill: 3; the sample and filter 2, row starts or not); the decode's next_n; the prefill's logits stride (1,
-# a multiple of 16, another); translate with requests or without; the short rows' step at next_n 1 and 2
-# (docs/kernels.md, "Kernel variants").
+# a multiple of 16, another) with the -inf fill (mqa_logits) or without (the prefill producer); translate with requests
+# or without; the short rows' step at next_n 1 and 2 and the prefill producer's (docs/kernels.md, "Kernel variants").
 # The split rows' kernels (sample, filter, finish) keep the scores' row stride's class, a multiple of 16 or not: twice
 # the classes of their other arguments.
 BOUNDS = {"topk_finish_kernel": 42, "topk_sample_kernel": 28, "topk_filter_kernel": 4, "topk_block_kernel": 9,
-          "paged_mqa_logits_kernel": 2, "paged_decode_sm90_kernel": 2, "mqa_logits_kernel": 3,
-          "prefill_sm90_kernel": 3, "translate_kernel": 2, "store_kernel": 1, "quantize_kernel": 1,
-          "draft_rows_kernel": 1, "short_rows_kernel": 2, "gather_index_k_kernel": 1, "windows_kernel": 1}
+          "paged_mqa_logits_kernel": 2, "paged_decode_sm90_kernel": 2, "mqa_logits_kernel": 6,
+          "prefill_sm90_kernel": 6, "translate_kernel": 2, "store_kernel": 1, "quantize_kernel": 1,
+          "draft_rows_kernel": 1, "short_rows_kernel": 3, "gather_index_k_kernel": 1, "windows_kernel": 1}
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm80"])

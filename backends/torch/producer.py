@@ -7,6 +7,7 @@ import torch
 
 from indexcache.backends.torch.logits import mqa_logits, paged_mqa_logits
 from indexcache.backends.torch.topk import topk_translate
+from indexcache.backends.torch.translate import translate
 
 
 def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size,
@@ -31,17 +32,24 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk, page_table, page_si
                        workspace_bytes):
     """Fill ``out`` and ``out_raw`` (when given) (contract: ``indexcache.mqa_topk_translate``): the queries in passes
     of as many rows as ``workspace_bytes`` holds of their ``[rows, N]`` float32 logits (the logits' own temporaries
-    under the backend's memory budget, the top-k's its own), each pass's logits then its top-k and translation."""
+    under the backend's memory budget, the top-k's its own), each pass's logits then its top-k and translation; with
+    no more keys than ``topk`` every row is short, selected without logits or scratch."""
     tokens, keys = q.shape[0], k.shape[0]
     if tokens == 0 or topk == 0:
         return out
-    step = tokens if keys == 0 else min(tokens, workspace_bytes // (4 * keys))
-    if step == 0:
-        raise ValueError(f"workspace_bytes: expected at least {4 * keys} bytes on the torch backend (a query row's "
-                         f"float32 logits over {keys} keys), got a bound of {workspace_bytes}")
     starts = ks.long().clamp(0, keys)
     lengths = (torch.maximum(ke.long().clamp(max=keys), starts) - starts).to(torch.int32)
     starts = starts.to(torch.int32)
+    if keys <= topk:  # every window short: its first positions, without logits
+        positions = torch.arange(topk, device=q.device)
+        raw = torch.where(positions < lengths[:, None], positions, -1).to(torch.int32)
+        if out_raw is not None:
+            out_raw.copy_(raw)
+        return translate(raw, page_table, lengths, page_size, row_to_batch, out)
+    step = min(tokens, workspace_bytes // (4 * keys))
+    if step == 0:
+        raise ValueError(f"workspace_bytes: expected at least {4 * keys} bytes on the torch backend (a query row's "
+                         f"float32 logits over {keys} keys), got a bound of {workspace_bytes}")
     logits = torch.empty((step, keys), dtype=torch.float32, device=q.device)
     for t0 in range(0, tokens, step):
         t1 = min(tokens, t0 + step)

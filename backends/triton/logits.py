@@ -141,17 +141,20 @@ def _pair(a, b, A_ON_ROWS: tl.constexpr):
 # The token count takes no part in the variant, nor do the addresses of the windows (read a token at a time;
 # docs/kernels.md, "Kernel variants"). The key count does, as the logits' row stride (equal for contiguous logits):
 # the boundary tiles' masks and the -inf fill keep 16-byte accesses where it is a multiple of 16.
-@triton.jit(do_not_specialize=("T",), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
+@triton.jit(do_not_specialize=("T", "skip"), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
 def mqa_logits_kernel(
     q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
-    T, N,
+    T, N, skip,
     q_s0, q_s1, q_s2, k_s0, k_s1, scale_s0, w_s0, w_s1, ks_s0, ke_s0, out_s0, out_s1,
     H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_ON_M: tl.constexpr,
-    WIDEN: tl.constexpr, MXFP4: tl.constexpr = 0,
+    WIDEN: tl.constexpr, MXFP4: tl.constexpr = 0, FILL: tl.constexpr = 1,
 ):
     """``MXFP4`` (1: widened to e4m3fn, 2: to e4m3fnuz): ``k`` holds MXFP4 value bytes ``[N, D / 2]`` (rows at
     multiples of 4 bytes, read as words) and ``scale`` their e8m0 bytes ``[N, D / 32]`` (unit stride along a row),
-    each tile's logits as the decode kernel's (:func:`_fp4_head_sum`: its scales applied there)."""
+    each tile's logits as the decode kernel's (:func:`_fp4_head_sum`: its scales applied there). ``skip``: rows
+    whose clipped window holds at most this many keys get no logits (0: as the contract, only empty ones);
+    ``FILL`` 0: nothing is written outside the union of a block's windows (the producer step reads only inside
+    each row's window)."""
     pid = tl.program_id(0)
     blocks = tl.cdiv(T, BLOCK_Q)
     rows = tl.arange(0, BLOCK_Q * H)
@@ -162,10 +165,11 @@ def mqa_logits_kernel(
         tok = t0 + tl.arange(0, BLOCK_Q)
         tok_ok = tok < T
         tok64 = tok.to(tl.int64)
-        # Each row's window clipped to [0, N); empty and missing rows become [N, 0) so they widen nothing.
+        # Each row's window clipped to [0, N); missing rows and rows of at most ``skip`` keys (0: the empty ones)
+        # become [N, 0) so they widen nothing.
         ks = tl.minimum(tl.maximum(tl.load(ks_ptr + tok64 * ks_s0, mask=tok_ok, other=0), 0), N)
         ke = tl.minimum(tl.maximum(tl.load(ke_ptr + tok64 * ke_s0, mask=tok_ok, other=0), 0), N)
-        empty = (ke <= ks) | ~tok_ok
+        empty = (ke - ks <= skip) | ~tok_ok
         ks = tl.where(empty, N, ks)
         ke = tl.where(empty, 0, ke)
         lo = tl.min(ks, axis=0)
@@ -210,14 +214,15 @@ def mqa_logits_kernel(
                 n2, ke2 = _pair(n, ke, KEYS_ON_M)
                 n_ok2, tok_ok2 = _pair(n_ok, tok_ok, KEYS_ON_M)
                 tl.store(ptrs, tl.where((n2 >= ks2) & (n2 < ke2), s, NEG_INF), mask=n_ok2 & tok_ok2)
-        # -inf outside the union of the rows' windows.
-        fill = tl.full((BLOCK_Q, BLOCK_N), NEG_INF, tl.float32)
-        for n0 in range(0, start, BLOCK_N):
-            n = n0 + keys
-            tl.store(out_ptr + out_rows[:, None] + n[None, :] * out_s1, fill, mask=tok_ok[:, None])
-        for n0 in range(stop, N, BLOCK_N):
-            n = n0 + keys
-            tl.store(out_ptr + out_rows[:, None] + n[None, :] * out_s1, fill, mask=tok_ok[:, None] & (n < N)[None, :])
+        if FILL:  # -inf outside the union of the rows' windows
+            fill = tl.full((BLOCK_Q, BLOCK_N), NEG_INF, tl.float32)
+            for n0 in range(0, start, BLOCK_N):
+                n = n0 + keys
+                tl.store(out_ptr + out_rows[:, None] + n[None, :] * out_s1, fill, mask=tok_ok[:, None])
+            for n0 in range(stop, N, BLOCK_N):
+                n = n0 + keys
+                tl.store(out_ptr + out_rows[:, None] + n[None, :] * out_s1, fill,
+                         mask=tok_ok[:, None] & (n < N)[None, :])
 
 
 @triton.jit
@@ -660,10 +665,13 @@ def _check_shape(heads: int, dim: int) -> list[str]:
 
 
 def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
-                      options: Options | None = None) -> Launch | None:
+                      options: Options | None = None, skip: int = 0, fill: bool = True) -> Launch | None:
     """The launch that fills ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``), None when ``out`` is
     empty; ``q [T, H, D]``, ``k [N, D]``; ``options``: the launch options of ``cfg`` for ``target``
-    (:func:`~indexcache.backends.triton.launcher.launch_key_options`; computed when None)."""
+    (:func:`~indexcache.backends.triton.launcher.launch_key_options`; computed when None). For the producer step
+    (``mqa_topk_translate``): ``skip`` its k, rows whose clipped window holds at most that many keys left unwritten
+    (the top-k selects them without logits), and ``fill`` False, nothing written outside the union of a block's
+    windows (the top-k reads only inside each row's)."""
     tokens, heads, dim = q.shape
     n = k.shape[0]
     if out.numel() == 0:
@@ -673,7 +681,8 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
         from indexcache.backends.triton import prefill_sm90
 
         if not prefill_sm90.unsupported(q, k, k_scale, weights, out, target):
-            return prefill_sm90.launch(q, k, k_scale, weights, ks, ke, out, cfg=cfg, sms=_programs(target, q.device))
+            return prefill_sm90.launch(q, k, k_scale, weights, ks, ke, out, cfg=cfg, sms=_programs(target, q.device),
+                                       skip=skip, fill=fill)
     block_q = max(1, cfg["COLS"] // heads, 16 // heads)
     blocks = cdiv(tokens, block_q)
     programs = min(blocks, _programs(target, q.device) * cfg.get("PROGRAMS_PER_SM", 1))
@@ -683,11 +692,11 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
     return Launch(
         PREFILL, (programs,), options,
         (_as_bytes(q, widen), keys, scales, weights, ks, ke, out,
-         tokens, n,
+         tokens, n, skip,
          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
          weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1)),
         dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
-             MXFP4=_fp4_mode(q.dtype) if mxfp4 else 0),
+             MXFP4=_fp4_mode(q.dtype) if mxfp4 else 0, FILL=fill),
     )
 
 

@@ -12,6 +12,11 @@ as that leaves: no program idles through a pass's last round, and every pass's s
 alignment and its launches their variants. A pass of at least a row a multiprocessor never splits its rows across
 programs in the top-k (the tuning table's split, for few long rows, keeps each row's candidates beside it: twice the
 pass's logits in scratch, where a program a row reads a pass's rows in a fraction of the time its logits take).
+
+Rows whose window holds at most k keys select their first positions without logits (docs/ops.md, "Short rows"): the
+logits launch leaves them out (a block of queries whose windows are all short reads no keys) and writes nothing
+outside the windows (the top-k reads nothing there); with no more keys than k every row is short, and the call is
+one launch (:func:`~indexcache.backends.triton.producer.short_rows_kernel`) with no workspace.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from indexcache.backends.triton import workspace as workspaces
 from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options
 from indexcache.backends.triton.logits import mqa_logits_launch, prefill_round
 from indexcache.backends.triton.logits import ops as logits_ops
+from indexcache.backends.triton.producer import short_launch
 from indexcache.backends.triton.support import cdiv, launch_options, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.topk.kernels import MAX_COLS
@@ -111,8 +117,9 @@ def _passes(q, k, k_scale, weights, topk_k: int, limit: int, *, target: Target,
 
 def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, topk_k: int,
                          limit: int, *, target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> int:
-    """The workspace bytes of a call (at most ``limit``): the windows, a pass's logits and its top-k's workspace."""
-    if q.shape[0] == 0 or topk_k == 0:
+    """The workspace bytes of a call (at most ``limit``): the windows, a pass's logits and its top-k's workspace;
+    none when every row is short (no more keys than ``topk_k``)."""
+    if q.shape[0] == 0 or topk_k == 0 or k.shape[0] <= topk_k:
         return 0
     return _passes(q, k, k_scale, weights, topk_k, limit, target=target, tuning=tuning)[1]
 
@@ -126,6 +133,8 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
     tokens, keys = q.shape[0], k.shape[0]
     if tokens == 0 or topk_k == 0:
         return []
+    if keys <= topk_k:  # every window short: its first positions, translated, in one launch
+        return [short_launch(ks, 1, row_to_batch, topk_k, keys, page_table, page_size, out, out_raw, window_ends=ke)]
     rows, total = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, target=target, tuning=tuning)
     win, part = _piece(tokens), _piece(rows * keys)
     ws = workspaces.words(q, total // 4, workspace, cap=workspace_bytes_ // 4)
@@ -140,7 +149,8 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
         t1 = min(tokens, t0 + rows)
         scores = logits[:t1 - t0]
         steps.append(mqa_logits_launch(q[t0:t1], k, k_scale, weights[t0:t1], ks[t0:t1], ke[t0:t1], scores,
-                                       target=target, cfg=tuning["mqa_logits"], options=options))
+                                       target=target, cfg=tuning["mqa_logits"], options=options, skip=topk_k,
+                                       fill=False))
         # Without row_to_batch, query t translates through table row t: the pass's rows of the table.
         r2b, table = (None, page_table[t0:t1]) if row_to_batch is None else (row_to_batch[t0:t1], page_table)
         steps += [launch for _, launch in topk.launches(scores, lengths[t0:t1], topk_k, starts[t0:t1], out[t0:t1],

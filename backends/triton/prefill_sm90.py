@@ -51,15 +51,16 @@ MATH = gl.constexpr(4)  # math warp groups a program (one program a SM): the fou
 
 
 @gluon.jit
-def _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, BLOCK_Q: gl.constexpr, layout: gl.constexpr):
+def _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, skip, BLOCK_Q: gl.constexpr, layout: gl.constexpr):
     """``(tokens, valid, ks, ke)`` of the block at ``t0`` (``[BLOCK_Q]`` in ``layout``): windows clipped to
-    ``[0, N)``, empty and missing rows ``[N, 0)`` so they widen nothing."""
+    ``[0, N)``, missing rows and rows of at most ``skip`` keys (0: the empty ones) ``[N, 0)`` so they widen nothing
+    (and get no logits)."""
     tok = t0 + gl.arange(0, BLOCK_Q, layout=layout)
     ok = tok < T
     tok64 = tok.to(gl.int64)
     ks = gl.minimum(gl.maximum(gl.load(ks_ptr + tok64 * ks_s0, mask=ok, other=0), 0), N)
     ke = gl.minimum(gl.maximum(gl.load(ke_ptr + tok64 * ke_s0, mask=ok, other=0), 0), N)
-    empty = (ke <= ks) | ~ok
+    empty = (ke - ks <= skip) | ~ok
     return tok, ok, gl.where(empty, N, ks), gl.where(empty, 0, ke)
 
 
@@ -74,7 +75,7 @@ def _span(ks, ke, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, T, N, ks_s0,
-                    ke_s0, H: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                    ke_s0, skip, H: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr):
     """The copy warp: each block's Q into one of two slots once the math warps are done with the one before, then
     each of its tiles' keys into the ring once their slot is free."""
@@ -88,7 +89,7 @@ def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready,
         mbarrier.wait(q_empty.index(qb), ((c // 2) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
         mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
         tma_load(q_desc, [t0 * H, 0], q_ready.index(qb), q_smem.index(qb))
-        _, _, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, BLOCK_Q, tok_l)
+        _, _, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, skip, BLOCK_Q, tok_l)
         start, tiles = _span(ks, ke, BLOCK_N)
         for step in range(0, tiles):
             slot = (i + step) % STAGES
@@ -102,11 +103,12 @@ def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready,
 
 @gluon.jit
 def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready, q_empty,
-                    T, N, w_s0, ks_s0, ke_s0, out_s0, WG: gl.constexpr, MATH: gl.constexpr, H: gl.constexpr,
-                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, view: gl.constexpr):
+                    T, N, w_s0, ks_s0, ke_s0, out_s0, skip, WG: gl.constexpr, MATH: gl.constexpr, H: gl.constexpr,
+                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, view: gl.constexpr,
+                    FILL: gl.constexpr):
     """Math warp group ``WG`` of ``MATH``: of each block, the tiles ``j ≡ WG (mod MATH)`` of the program's running
     count (so each ring slot always feeds the same group, ``STAGES`` a multiple of ``MATH``): matmul, head sum,
-    store; and its share of the block's -inf columns."""
+    store; and (``FILL``) its share of the block's -inf columns."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_Q * H, 32])
     pair_l: gl.constexpr = gl.SliceLayout(2, view)  # [keys, tokens]
@@ -126,7 +128,7 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
     c = 0
     for blk in range(gl.program_id(0), blocks, gl.num_programs(0)):
         t0 = (blocks - 1 - blk) * BLOCK_Q
-        tok, tok_ok, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, BLOCK_Q, tok_l)
+        tok, tok_ok, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, skip, BLOCK_Q, tok_l)
         start, tiles = _span(ks, ke, BLOCK_N)
         clean_lo = gl.max(ks, axis=0)
         clean_hi = gl.min(ke, axis=0)
@@ -158,30 +160,32 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
         mbarrier.arrive(q_empty.index(qb), count=1)  # this group's matmuls on the block's Q are done
         i += tiles
         c += 1
-        # This group's share of the -inf outside the union of the block's windows.
-        stop = start + tiles * BLOCK_N
-        fill_rows = (t0 + fill_tok).to(gl.int64) * out_s0
-        fill_ok = (t0 + fill_tok < T)[:, None]
-        for f0 in range(WG * BLOCK_N, start, MATH * BLOCK_N):
-            gl.store(out_ptr + fill_rows[:, None] + (f0 + fill_cols)[None, :], fill, mask=fill_ok)
-        for f0 in range(stop + WG * BLOCK_N, N, MATH * BLOCK_N):
-            fc = f0 + fill_cols
-            gl.store(out_ptr + fill_rows[:, None] + fc[None, :], fill, mask=fill_ok & (fc < N)[None, :])
+        if FILL:  # this group's share of the -inf outside the union of the block's windows
+            stop = start + tiles * BLOCK_N
+            fill_rows = (t0 + fill_tok).to(gl.int64) * out_s0
+            fill_ok = (t0 + fill_tok < T)[:, None]
+            for f0 in range(WG * BLOCK_N, start, MATH * BLOCK_N):
+                gl.store(out_ptr + fill_rows[:, None] + (f0 + fill_cols)[None, :], fill, mask=fill_ok)
+            for f0 in range(stop + WG * BLOCK_N, N, MATH * BLOCK_N):
+                fc = f0 + fill_cols
+                gl.store(out_ptr + fill_rows[:, None] + fc[None, :], fill, mask=fill_ok & (fc < N)[None, :])
 
 
 # The token count takes no part in the variant, nor do the addresses of the windows (read a token at a time;
 # docs/kernels.md, "Kernel variants"). The key count does, as the logits' row stride (equal for contiguous logits):
 # the -inf fill keeps 16-byte stores where it is a multiple of 16.
-@gluon.jit(do_not_specialize=("T",), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
+@gluon.jit(do_not_specialize=("T", "skip"), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
 def prefill_sm90_kernel(
     keys_desc, q_desc, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
-    T, N, w_s0, ks_s0, ke_s0, out_s0,
+    T, N, w_s0, ks_s0, ke_s0, out_s0, skip,
     H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr,
+    MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr, FILL: gl.constexpr = 1,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots; four math warp groups (``MATH_REGS``) free them
     through mbarriers; ``view``: the matmul's accumulator layout seen as ``[BLOCK_N, BLOCK_Q, H]``
-    (:func:`accumulator_view`)."""
+    (:func:`accumulator_view`). ``skip``: rows whose clipped window holds at most this many keys get no logits
+    (0: as the contract, only empty ones); ``FILL`` 0: nothing is written outside the union of a block's windows
+    (the producer step reads only inside each row's window)."""
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -197,19 +201,19 @@ def prefill_sm90_kernel(
     # The four math warp groups run the same function (a tuple built from another would lose ``view``'s constness).
     gl.warp_specialize([
         (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
-                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, 0, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, view)),
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 0, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL)),
         (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
-                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, 1, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, view)),
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 1, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL)),
         (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
-                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, 2, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, view)),
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 2, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL)),
         (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
-                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, 3, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, view)),
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 3, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL)),
         (_copy_partition, (keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, T,
-                           N, ks_s0, ke_s0, H, BLOCK_Q, BLOCK_N, STAGES)),
+                           N, ks_s0, ke_s0, skip, H, BLOCK_Q, BLOCK_N, STAGES)),
     ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
@@ -269,12 +273,13 @@ def _layouts(dim: int) -> tuple:
             gl.NVMMASharedLayout.get_default_for([COLS, dim], gl.float8e4nv))
 
 
-def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: int) -> Launch:
+def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: int, skip: int = 0,
+           fill: bool = True) -> Launch:
     """The launch filling ``out [T, N]`` (contract: ``indexcache.mqa_logits``) for a call :func:`unsupported`
     accepts. ``cfg``: the mqa_logits tuning entry (``TMA_STAGES``, a multiple of the four math groups, else
     ValueError; ``TMA_MAXNREG``, the kernel-wide register cap; ``TMA_MATH_REGS``, the math groups' share); ``sms``: the
-    device's multiprocessors. One program a SM (its 20 warps take the register file), never more than there are
-    blocks."""
+    device's multiprocessors; ``skip`` and ``fill`` as the kernel's ``skip`` and ``FILL``. One program a SM (its 20
+    warps take the register file), never more than there are blocks."""
     if cfg["TMA_STAGES"] % MATH.value:
         raise ValueError(f"mqa_logits tuning entry TMA_STAGES={cfg['TMA_STAGES']}: expected a multiple of {MATH.value} "
                          "(each ring slot feeds one math warp group)")
@@ -285,15 +290,16 @@ def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: 
     rows = q.view(tokens * heads, dim)  # a block's Q: COLS rows from token t0's first
     q_desc = TensorDescriptor(rows, [tokens * heads, dim], [dim, 1], [COLS, dim], q_layout)
     options = launch_key_options(_options(cfg))
-    named = _named(heads, dim, cfg)
+    named = dict(_named(heads, dim, cfg), FILL=fill)
     args = (keys_desc, q_desc, k_scale, weights, ks, ke, out, tokens, n, weights.stride(0), ks.stride(0),
-            ke.stride(0), out.stride(0))
+            ke.stride(0), out.stride(0), skip)
     return Launch(PREFILL, (max(1, min(sms, cdiv(tokens, named["BLOCK_Q"]))),), options, args, named)
 
 
 def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) -> list:
     """What the kernel builds for ``target`` (sm90 only, else nothing) at the given indexer shape with the
-    ``mqa_logits`` entry ``cfg`` (cross-compile check)."""
+    ``mqa_logits`` entry ``cfg``, with the -inf fill (``mqa_logits``) and without (the producer step; cross-compile
+    check)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
     if target.gpu.mma != "wgmma":  # Hopper's warp-group MMA and TMA
@@ -303,5 +309,5 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) 
              "q_desc": f"tensordesc<fp8e4nv[{COLS}, {dim}],{q!r}>", "scale_ptr": "*fp32", "w_ptr": "*fp32",
              "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"}
     return [KernelSpec("mqa_logits", prefill_sm90_kernel, types,
-                       {**_named(heads, dim, cfg), "ks_s0": 1, "ke_s0": 1}, _options(cfg),
-                       matrix="fp8", aligned=("w_s0", "out_s0"))]
+                       {**_named(heads, dim, cfg), "FILL": fill, "ks_s0": 1, "ke_s0": 1}, _options(cfg),
+                       matrix="fp8", aligned=("w_s0", "out_s0")) for fill in (1, 0)]

@@ -54,21 +54,30 @@ DRAFT_ROWS = Launcher(draft_rows_kernel)
 
 # Nothing that varies per call takes part in the variant (docs/kernels.md, "Kernel variants").
 @triton.jit(do_not_specialize=("rows", "cols", "k", "batches", "pages", "tab_s0", "out_s0", "raw_s0"),
-            do_not_specialize_on_alignment=("ctx_ptr", "r2b_ptr", "table_ptr"))
-def short_rows_kernel(ctx_ptr, r2b_ptr, table_ptr, out_ptr, raw_ptr, rows, cols, k, batches, pages, page_size,
-                      ctx_s0, r2b_s0, tab_s0, tab_s1, out_s0, out_s1, raw_s0, raw_s1,
+            do_not_specialize_on_alignment=("ctx_ptr", "ke_ptr", "r2b_ptr", "table_ptr"))
+def short_rows_kernel(ctx_ptr, ke_ptr, r2b_ptr, table_ptr, out_ptr, raw_ptr, rows, cols, k, batches, pages,
+                      page_size, ctx_s0, ke_s0, r2b_s0, tab_s0, tab_s1, out_s0, out_s1, raw_s0, raw_s1,
                       NEXT_N: tl.constexpr, HAS_R2B: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, WINDOWS: tl.constexpr = 0):
     """Slots ``[0, k)`` of rows that are all short (``cols <= k``): position j where ``j`` is below the row's
     visible length clipped to ``[0, cols]``, else -1, into ``raw`` (``HAS_RAW``) and, through the row's page-table
     row, into ``out``. Row ``r``: request ``r // NEXT_N`` and length ``context_lens[b] - NEXT_N + 1 + r % NEXT_N``;
-    ragged rows (``HAS_R2B``): request ``r2b[r]`` and length ``context_lens[r]``."""
+    ragged rows (``HAS_R2B``): request ``r2b[r]`` and length ``context_lens[r]``. ``WINDOWS`` (the prefill
+    producer): ``ctx_ptr`` and ``ke_ptr`` hold each row's window ``[ks, ke)`` over ``cols`` keys, its length
+    clipped to them; its table row ``r2b[r]`` (``HAS_R2B``) or ``r``."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     j = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     r_ok = r < rows
     inside = r_ok[:, None] & (j < k)[None, :]
     r64 = r.to(tl.int64)
-    if HAS_R2B:
+    if WINDOWS:
+        start = tl.minimum(tl.maximum(tl.load(ctx_ptr + r64 * ctx_s0, mask=r_ok, other=0), 0), cols)
+        seq = tl.maximum(tl.minimum(tl.load(ke_ptr + r64 * ke_s0, mask=r_ok, other=0), cols), start) - start
+        if HAS_R2B:
+            b = tl.load(r2b_ptr + r64 * r2b_s0, mask=r_ok, other=-1)
+        else:
+            b = r
+    elif HAS_R2B:
         b = tl.load(r2b_ptr + r64 * r2b_s0, mask=r_ok, other=-1)
         seq = tl.load(ctx_ptr + r64 * ctx_s0, mask=r_ok, other=0)
     else:
@@ -87,21 +96,27 @@ def short_rows_kernel(ctx_ptr, r2b_ptr, table_ptr, out_ptr, raw_ptr, rows, cols,
 SHORT = Launcher(short_rows_kernel)
 
 
-def _short_launch(context_lens, next_n, row_to_batch, k, cols, page_table, page_size, out, out_raw) -> Launch | None:
-    """The one launch of a call whose rows are all short (``cols <= k``); None when ``out`` is empty."""
+def short_launch(context_lens, next_n, row_to_batch, k, cols, page_table, page_size, out, out_raw,
+                 window_ends=None) -> Launch | None:
+    """The one launch of a call whose rows are all short (``cols <= k``; :func:`short_rows_kernel`), None when
+    ``out`` is empty. ``window_ends`` (the prefill producer): ``context_lens`` holds the windows' starts, this their
+    ends."""
     rows = out.shape[0]
     if rows == 0 or k == 0:
         return None
     raw = out_raw if out_raw is not None else out
     r2b = row_to_batch if row_to_batch is not None else context_lens
+    ends = window_ends if window_ends is not None else context_lens
     block_k = min(SHORT_COLS, next_power_of_2(k))
     block_r = max(1, SHORT_ROWS * SHORT_COLS // block_k)
     return Launch(SHORT, (cdiv(rows, block_r), cdiv(k, block_k)), launch_key_options({"num_warps": 4}),
-                  (context_lens, r2b, page_table, out, raw, rows, cols, k, page_table.shape[0], page_table.shape[1],
-                   page_size, context_lens.stride(0), r2b.stride(0), page_table.stride(0), page_table.stride(1),
-                   out.stride(0), out.stride(1), raw.stride(0), raw.stride(1)),
+                  (context_lens, ends, r2b, page_table, out, raw, rows, cols, k, page_table.shape[0],
+                   page_table.shape[1], page_size, context_lens.stride(0), ends.stride(0), r2b.stride(0),
+                   page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1), raw.stride(0),
+                   raw.stride(1)),
                   dict(NEXT_N=next_n, HAS_R2B=row_to_batch is not None, HAS_RAW=out_raw is not None,
-                       SHIFT=page_shift(page_size), BLOCK_R=block_r, BLOCK_K=block_k))
+                       SHIFT=page_shift(page_size), BLOCK_R=block_r, BLOCK_K=block_k,
+                       WINDOWS=window_ends is not None))
 
 
 def _draft_words(q: torch.Tensor) -> int:
@@ -129,8 +144,8 @@ def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k,
     batch, next_n = q.shape[0], q.shape[1]
     rows = batch * next_n
     if max_context_len <= k:  # every row short: no logits, no top-k
-        return [_short_launch(context_lens, next_n, row_to_batch, k, max_context_len, page_table, page_size, out,
-                              out_raw)]
+        return [short_launch(context_lens, next_n, row_to_batch, k, max_context_len, page_table, page_size, out,
+                             out_raw)]
     steps = [paged_mqa_logits_launch(q, k_cache, weights, context_lens, block_table, max_context_len, logits,
                                      k_format, row_to_batch, target=target, cfg=tuning["paged_mqa_logits"], skip=k)]
     draft = _draft_words(q)
@@ -186,18 +201,20 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
     """What this module builds for ``target`` itself (cross-compile check): :func:`draft_rows_kernel` for two draft
-    tokens, and :func:`short_rows_kernel` at k 2048 for next_n 1 with and without ``out_raw``, next_n 2 and ragged
-    rows, on the shift and the division path (the logits and top-k launches are their own modules' builds)."""
+    tokens, and :func:`short_rows_kernel` at k 2048 for next_n 1 with and without ``out_raw``, next_n 2, ragged
+    rows and the prefill producer's windows, on the shift and the division path (the logits and top-k launches are
+    their own modules' builds)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
-    ptrs = {name: "*i32" for name in ("ctx_ptr", "r2b_ptr", "table_ptr", "out_ptr", "raw_ptr")}
-    unit = {"ctx_s0": 1, "r2b_s0": 1, "tab_s1": 1, "out_s1": 1, "raw_s1": 1}
+    ptrs = {name: "*i32" for name in ("ctx_ptr", "ke_ptr", "r2b_ptr", "table_ptr", "out_ptr", "raw_ptr")}
+    unit = {"ctx_s0": 1, "ke_s0": 1, "r2b_s0": 1, "tab_s1": 1, "out_s1": 1, "raw_s1": 1}
     tile = {"BLOCK_R": SHORT_ROWS, "BLOCK_K": SHORT_COLS}
     short = [KernelSpec("paged_topk_translate", short_rows_kernel, ptrs,
-                        {"NEXT_N": next_n, "HAS_R2B": r2b, "HAS_RAW": raw, "SHIFT": shift, **tile, **unit},
-                        {"num_warps": 4})
-             for next_n, r2b, raw, shift in ((1, 0, 1, page_shift(64)), (1, 0, 0, page_shift(64)),
-                                             (2, 0, 1, page_shift(64)), (1, 1, 1, page_shift(64)), (1, 0, 1, -1))]
+                        {"NEXT_N": next_n, "HAS_R2B": r2b, "HAS_RAW": raw, "SHIFT": shift, "WINDOWS": windows, **tile,
+                         **unit}, {"num_warps": 4})
+             for next_n, r2b, raw, shift, windows in ((1, 0, 1, page_shift(64), 0), (1, 0, 0, page_shift(64), 0),
+                                                      (2, 0, 1, page_shift(64), 0), (1, 1, 1, page_shift(64), 0),
+                                                      (1, 0, 1, -1, 0), (1, 1, 1, page_shift(64), 1))]
     return [KernelSpec("paged_topk_translate", draft_rows_kernel,
                        {name: "*i32" for name in ("ctx_ptr", "lengths_ptr", "r2b_ptr")},
                        {"NEXT_N": 2, "BLOCK": DRAFT_BLOCK, "ctx_s0": 1}, {"num_warps": 4}), *short]

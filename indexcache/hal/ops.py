@@ -432,7 +432,9 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, pa
     relative to the window's start (a ragged batch: the request's first key), ties go to the lower position, rows
     whose window holds ``topk`` keys or fewer give ``0 .. length - 1`` then -1. The backend takes the queries in
     passes of as many rows as ``workspace_bytes`` (default 2 GiB) holds of their scratch: their logits, the top-k's
-    workspace and the windows (docs/ops.md, "The prefill producer step").
+    workspace and the windows (docs/ops.md, "The prefill producer step"). Rows whose window holds at most ``topk``
+    keys need no logits and get none; with ``N <= topk`` the call takes no scratch at all (docs/ops.md, "Short
+    rows").
 
     Parameters
     ----------
@@ -457,7 +459,7 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, pa
         calling thread's current stream, of at most ``workspace_bytes``).
     workspace_bytes : int, optional
         The most bytes of scratch the call may take (default 2 GiB), ≥ 1: at least one query row's (its ``4 N`` bytes
-        of logits and its top-k's workspace), else ``ValueError``.
+        of logits and its top-k's workspace) where ``N > topk``, else ``ValueError``.
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 

@@ -101,3 +101,27 @@ def test_a_callers_workspace_is_checked_and_used():
     assert given.any()  # the logits and windows went there
     with pytest.raises(ValueError, match="workspace"):
         indexcache.mqa_topk_translate(**args, workspace=given[:need - 64], workspace_bytes=1 << 20, backend="cuda")
+
+
+def test_windows_all_short_take_one_launch_and_no_workspace():
+    """No more keys than k: every window short, the call one launch with no scratch (even under a bound of one
+    byte), equal to the torch backend's; windows short and long mixed equal it too (the short ones get no logits)."""
+    from indexcache.backends.triton import producer
+
+    target, table = _target_and_tuning()
+    gen = torch.Generator().manual_seed(4)
+    args = _inputs(gen, 30, 40, 48)
+    args["ks"][::3] = -5  # windows clipped at both ends, one past the keys
+    args["ke"][-1] = 90
+    want = indexcache.mqa_topk_translate(**{**args, "out": None, "out_raw": None}, backend="torch")
+    assert indexcache.workspace_bytes("mqa_topk_translate", **args, workspace_bytes=1, backend="cuda") == 0
+    got = indexcache.mqa_topk_translate(**args, workspace_bytes=1, backend="cuda")
+    assert torch.equal(got, want)
+    launches = prefill_producer.launches(**{k: v for k, v in args.items() if k != "topk"}, topk_k=48,
+                                         workspace_bytes_=1, target=target, tuning=table, options=None)
+    assert [launch.launcher for launch in launches] == [producer.SHORT]
+    mixed = _inputs(gen, 60, 200, 48)  # one request's causal prefill: the first windows at most k, the rest above
+    mixed["ke"] = torch.arange(200 - 60 + 1, 201, dtype=I32) - torch.arange(60, dtype=I32).flip(0) * 2
+    want = indexcache.mqa_topk_translate(**{**mixed, "out": None, "out_raw": None}, backend="torch")
+    assert ((mixed["ke"] <= 48).any() and (mixed["ke"] > 48).any())
+    assert torch.equal(indexcache.mqa_topk_translate(**mixed, backend="cuda").sort(1).values, want.sort(1).values)

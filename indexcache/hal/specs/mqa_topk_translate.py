@@ -162,6 +162,17 @@ def _(gen, dev, fp8):
     return dict(args, workspace_bytes=3 * 4 * 500 + (64 << 10))
 
 
+cases.add("short prompts mixed with a long one (windows at most topk and above it), KV page 48, native fp8",
+          native_fp8=True)(
+    lambda gen, dev, fp8: ragged_prefill(gen, dev, fp8, [60, 200, 45, 7], [60, 50, 45, 7], 64, 48))
+
+
+@cases.add("every window short (no more keys than topk): no scratch, even under a bound of 1 byte, page 64, "
+           "native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    return dict(ragged_prefill(gen, dev, fp8, [40, 30, 1], [40, 12, 1], 80, 64), workspace_bytes=1)
+
+
 @cases.add("no queries, native fp8", native_fp8=True)
 def _(gen, dev, fp8):
     args = exact_inputs(gen, dev, fp8, 0, 100)
