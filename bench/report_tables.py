@@ -260,15 +260,20 @@ def prefill_producer(d: dict) -> str:
 
 
 def short_rows(d: dict) -> str:
-    """bench/short_rows_gpu.py: the decode producer step on batches of short rows, beside our two ops and translate."""
+    """bench/short_rows_gpu.py: the decode producer step on batches of short rows, beside our two ops and translate;
+    the prefill producer step on chunks of short prompts and a long one, beside its two ops."""
     p = d["shape"]
     rows = [[r["batch"], str(r["max_context_len"]), _f(r["step_us"], ".2f"), _f(r["two_ops_us"], ".2f"),
              _f(r["step_per_two_ops"], ".3f"), _f(r.get("translate_us"), ".2f"), _f(r.get("step_per_translate"), ".3f")]
             for r in d["rows"]]
+    prefill = [[r["chunk"], str(r["tokens"]), _keys(r["keys"]) if r["keys"] % 1024 == 0 else str(r["keys"]),
+                _f(r["step_us"]), _f(r["two_ops_us"]), _f(r["step_per_two_ops"], ".3f")] for r in d["prefill_rows"]]
     return (_head(d, f"{p['requests']} requests, short contexts {p['short_contexts'][0]}-{p['short_contexts'][1]}, "
                      f"long {p['long_context']}, H {p['heads']}, k {p['k']}, page {p['page']}, graph µs")
             + "\n\n" + markdown_table(["batch", "max_context_len", "step µs", "two ops µs", "step / two ops",
-                                        "translate µs", "step / translate"], rows))
+                                        "translate µs", "step / translate"], rows)
+            + "\n\n" + markdown_table(["prefill chunk", "queries", "keys", "step µs", "two ops µs", "step / two ops"],
+                                       prefill))
 
 
 def ragged(d: dict) -> str:
