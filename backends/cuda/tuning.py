@@ -94,6 +94,8 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         # The MXFP4 decode before Hopper: without a register cap ptxas aims at three programs a SM (168 registers)
         # and spills 16-24 bytes of the widening's; with 255 it takes 155-219 and spills nothing (Triton 3.9).
         table["paged_mqa_logits"]["FP4_MAXNREG"] = 255
+        # Ragged rows one a program: two (RAGGED_PAIRS, elsewhere) spill 24 bytes on sm120 at 168 registers.
+        table["paged_mqa_logits"]["RAGGED_PAIRS"] = False
     # The top-k's block kernel and finishing launch, and the Hopper decode, start with programmatic dependent launch
     # where there is one: their programs take the multiprocessors the launch before them leaves and wait there for its
     # end, in place of a launch gap each (docs/kernels.md, "The producer step of decode").

@@ -408,31 +408,43 @@ def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, gr
 
 
 @triton.jit
-def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, b, j0, ctx, first, stop, max_ctx, num_pages,
-                 table_pages, q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, tab_s1, out_s0, out_s1,
+def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, ctx_ptr, b, j0, ctx, paired, first, stop,
+                 max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s1, out_s0, out_s1,
                  NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                  BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, PREFETCH: tl.constexpr,
-                 WORDS: tl.constexpr, MXFP4: tl.constexpr):
+                 WORDS: tl.constexpr, MXFP4: tl.constexpr, PAIRS: tl.constexpr):
     """Logits of request ``b``'s keys ``[first, stop)`` (whole tiles of its context, ``ctx`` ≥ 0) for the draft
     tokens ``j0 .. j0 + GROUPS - 1``, its pages in ``table_row`` (``table_pages`` of them): Q and the weights loaded
-    once, then the tiles in order."""
+    once, then the tiles in order. ``PAIRS`` (ragged rows two a program): the unit of rows ``b`` and, ``paired``,
+    ``b + 1`` (:func:`_unit`), each its own token, length and logits row."""
     rows = tl.arange(0, GROUPS * H)
     dims = tl.arange(0, D)
     keys = tl.arange(0, BLOCK_KEYS)
     grp = j0 + tl.arange(0, GROUPS)
-    grp_ok = grp < NEXT_N
-    # Row j of the next_n block sees keys [0, ctx - NEXT_N + j + 1); no row sees past ctx. Keys < kend are read,
-    # keys < last stored (a tile past ``stop`` in the paired variant stores nothing).
-    visible = ctx - NEXT_N + 1 + grp
+    if PAIRS:
+        grp_ok = (grp == 0) | ((grp == 1) & paired)
+        visible = tl.load(ctx_ptr + (b + grp) * ctx_s0, mask=grp_ok, other=0)
+    else:
+        grp_ok = grp < NEXT_N
+        # Row j of the next_n block sees keys [0, ctx - NEXT_N + j + 1); no row sees past ctx.
+        visible = ctx - NEXT_N + 1 + grp
+    # Keys < kend are read, keys < last stored (a tile past ``stop`` in the paired variant stores nothing).
     kend = tl.minimum(ctx, stop)
     last = tl.minimum(stop, max_ctx)
 
     j = j0 + rows // H
-    q = tl.load(q_ptr + tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
-                mask=(j < NEXT_N)[:, None], other=0.0)
+    if PAIRS:
+        q = tl.load(q_ptr + ((b + j).to(tl.int64) * q_s0 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
+                    mask=((j == 0) | ((j == 1) & paired))[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptr + tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None]
+                    + dims[None, :] * q_s3, mask=(j < NEXT_N)[:, None], other=0.0)
     if MXFP4:  # in the order of the widened keys
         q = mxfp4.permute(q, GROUPS * H, D)
-    out_row = b * NEXT_N + grp
+    if PAIRS:
+        out_row = b + grp
+    else:
+        out_row = b * NEXT_N + grp
     w = tl.load(w_ptr + out_row[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=grp_ok[:, None], other=0.0)
     out_rows = out_row.to(tl.int64) * out_s0
     if PREFETCH == 2:
@@ -488,6 +500,26 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, b, j0, 
                           GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4)
 
 @triton.jit
+def _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, PAIRS: tl.constexpr):
+    """``(context, paired, live)`` of unit ``b`` (a scalar or a tensor; nothing past the batch): request ``b``, or
+    with ``PAIRS`` (ragged rows two a program) rows ``b`` and ``b + 1`` where ``b`` is even and both name the same
+    request (their longer length; ``paired``), else row ``b`` alone; ``live`` where the row starts a unit."""
+    inside = b < batch
+    ctx = tl.load(ctx_ptr + b * ctx_s0, mask=inside, other=0)
+    paired = b < 0
+    live = inside
+    if PAIRS:
+        req = tl.load(r2b_ptr + b * r2b_s0, mask=inside, other=-1)
+        prev = tl.load(r2b_ptr + (b - 1) * r2b_s0, mask=inside & (b >= 1), other=-1)
+        after = tl.load(r2b_ptr + (b + 1) * r2b_s0, mask=b + 1 < batch, other=-1)
+        even = b % 2 == 0
+        live = inside & (even | (req != prev))
+        paired = even & (b + 1 < batch) & (after == req)
+        ctx = tl.where(paired, tl.maximum(ctx, tl.load(ctx_ptr + (b + 1) * ctx_s0, mask=paired, other=0)), ctx)
+    return ctx, paired, live
+
+
+@triton.jit
 def _context_tiles(ctx, max_ctx, skip, BLOCK_KEYS: tl.constexpr):
     """Tiles of a request's logits that read keys: its context clipped to ``[0, max_ctx]``, in tiles; none where
     that is at most ``skip`` (a request whose rows the caller's top-k selects without their logits)."""
@@ -518,8 +550,10 @@ def paged_mqa_logits_kernel(
     PREFETCH: tl.constexpr = 1, WORDS: tl.constexpr = 0, MXFP4: tl.constexpr = 0, HAS_R2B: tl.constexpr = 0,
 ):
     """``HAS_R2B``: ragged rows (next_n 1): row ``b``'s pages are table row ``r2b[b]``, none where that is not one of
-    the ``table_rows`` rows. ``skip``: requests whose context clipped to ``max_ctx`` is at most this are neither
-    computed nor filled (their rows left as they were; -1 skips none)."""
+    the ``table_rows`` rows; with ``GROUPS`` 2, two rows of one request at an even row and the next share a program
+    and their key reads (:func:`_unit`). ``skip``: requests whose context clipped to ``max_ctx`` is at most this are
+    neither computed nor filled (their rows left as they were; -1 skips none)."""
+    PAIRS: tl.constexpr = HAS_R2B and GROUPS == 2
     j0 = tl.program_id(0) * GROUPS
     p = tl.program_id(1).to(tl.int64)
     programs = tl.num_programs(1)
@@ -529,8 +563,8 @@ def paged_mqa_logits_kernel(
     total = 0
     for b0 in range(0, batch, BLOCK_B):
         bs = b0 + tl.arange(0, BLOCK_B)
-        total += tl.sum(_context_tiles(tl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, skip,
-                                       BLOCK_KEYS))
+        ctx, _, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, bs, batch, PAIRS)
+        total += tl.sum(tl.where(live, _context_tiles(ctx, max_ctx, skip, BLOCK_KEYS), 0))
     t_begin = p * total // programs
     t_end = (p + 1) * total // programs
     # b_lo: the first request whose tiles end past t_begin, ``start`` its first tile; b_hi: requests starting
@@ -541,7 +575,8 @@ def paged_mqa_logits_kernel(
     ran = 0
     for b0 in range(0, batch, BLOCK_B):
         bs = b0 + tl.arange(0, BLOCK_B)
-        tiles = _context_tiles(tl.load(ctx_ptr + bs * ctx_s0, mask=bs < batch, other=0), max_ctx, skip, BLOCK_KEYS)
+        ctx, _, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, bs, batch, PAIRS)
+        tiles = tl.where(live, _context_tiles(ctx, max_ctx, skip, BLOCK_KEYS), 0)
         ends = ran + tl.cumsum(tiles, 0)
         before = ends <= t_begin
         b_lo += tl.sum(before.to(tl.int32))
@@ -549,8 +584,14 @@ def paged_mqa_logits_kernel(
         b_hi += tl.sum(((ends - tiles < t_end) & (bs < batch)).to(tl.int32))
         ran += tl.sum(tiles)
     for b in range(b_lo, b_hi):
-        ctx = tl.maximum(tl.load(ctx_ptr + b * ctx_s0), 0)
-        tiles = _context_tiles(ctx, max_ctx, skip, BLOCK_KEYS)
+        if PAIRS:
+            ctx, paired, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, PAIRS)
+            ctx = tl.maximum(ctx, 0)
+            tiles = tl.where(live, _context_tiles(ctx, max_ctx, skip, BLOCK_KEYS), 0)
+        else:
+            ctx = tl.maximum(tl.load(ctx_ptr + b * ctx_s0), 0)
+            tiles = _context_tiles(ctx, max_ctx, skip, BLOCK_KEYS)
+            paired = b < 0
         lo = tl.maximum(t_begin - start, 0)
         hi = tl.minimum(t_end - start, tiles)
         tb = b
@@ -560,10 +601,10 @@ def paged_mqa_logits_kernel(
             named = (tb >= 0) & (tb < table_rows)
             tb = tl.where(named, tb, 0)
             pages = tl.where(named, table_pages, 0)
-        _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr + tl.cast(tb, tl.int64) * tab_s0, out_ptr, b, j0,
-                     ctx, (lo * BLOCK_KEYS).to(tl.int32), (hi * BLOCK_KEYS).to(tl.int32), max_ctx, num_pages, pages,
-                     q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, tab_s1, out_s0, out_s1, NEXT_N, GROUPS, H, D, PAGE,
-                     BLOCK_KEYS, KEYS_ON_M, WIDEN, PREFETCH, WORDS, MXFP4)
+        _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr + tl.cast(tb, tl.int64) * tab_s0, out_ptr, ctx_ptr,
+                     b, j0, ctx, paired, (lo * BLOCK_KEYS).to(tl.int32), (hi * BLOCK_KEYS).to(tl.int32), max_ctx,
+                     num_pages, pages, q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s1, out_s0, out_s1, NEXT_N,
+                     GROUPS, H, D, PAGE, BLOCK_KEYS, KEYS_ON_M, WIDEN, PREFETCH, WORDS, MXFP4, PAIRS)
         start += tiles
     # -inf past each context (the keys no tile above stored; nothing in a skipped request's rows), shared out evenly
     # over the batch × max_ctx grid.
@@ -574,13 +615,21 @@ def paged_mqa_logits_kernel(
     f_begin = p * batch * width // programs
     f_end = (p + 1) * batch * width // programs
     for b in range(f_begin // width, tl.cdiv(f_end, width)):
-        lo = tl.maximum(f_begin - b * width, _filled_tiles(tl.load(ctx_ptr + b * ctx_s0), max_ctx, skip, BLOCK_KEYS))
+        if PAIRS:
+            ctx, paired, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, PAIRS)
+            filled = tl.where(live, _filled_tiles(ctx, max_ctx, skip, BLOCK_KEYS), width)
+            out_rows = (b + grp).to(tl.int64) * out_s0
+            there = (grp == 0) | ((grp == 1) & paired)
+        else:
+            filled = _filled_tiles(tl.load(ctx_ptr + b * ctx_s0), max_ctx, skip, BLOCK_KEYS)
+            out_rows = (b * NEXT_N + grp).to(tl.int64) * out_s0
+            there = grp < NEXT_N
+        lo = tl.maximum(f_begin - b * width, filled)
         hi = tl.minimum(f_end - b * width, width)
-        out_rows = (b * NEXT_N + grp).to(tl.int64) * out_s0
         for n0 in range(lo * BLOCK_KEYS, hi * BLOCK_KEYS, BLOCK_KEYS):
             s = n0 + keys
             tl.store(out_ptr + out_rows[:, None] + s[None, :] * out_s1, fill,
-                     mask=(grp < NEXT_N)[:, None] & (s < max_ctx)[None, :])
+                     mask=there[:, None] & (s < max_ctx)[None, :])
 
 
 PREFILL, DECODE = Launcher(mqa_logits_kernel), Launcher(paged_mqa_logits_kernel)
@@ -732,8 +781,8 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     ``max_context_len`` is at most ``skip`` are left unwritten (the producer step's k: the top-k selects such rows
     without their logits); -1 writes every row.
     ``k_format`` is None: an fp8 cache in ``q``'s format; ``torch.float4_e2m1fn_x2``: an MXFP4 cache, read by the
-    Triton kernel on every target (the Hopper Gluon kernel reads fp8 caches only); ``row_to_batch``: ragged rows
-    (the Hopper kernel takes them two a program, the Triton kernel one)."""
+    Triton kernel on every target (the Hopper Gluon kernel reads fp8 caches only); ``row_to_batch``: ragged rows,
+    two a program where the columns allow (both kernels)."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
         return None
@@ -742,16 +791,17 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     flat = k_cache.view(-1)
     block_keys = cfg["BLOCK_KEYS"]
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
-    # in launch order so the second reads the keys from L2).
-    groups = max(min(next_power_of_2(next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
+    # in launch order so the second reads the keys from L2); ragged rows two a program where two draft tokens would
+    # be (two rows of a request side by side share their key reads) and the table's RAGGED_PAIRS allows.
+    pairs = row_to_batch is not None and cfg.get("RAGGED_PAIRS", True)
+    groups = max(min(next_power_of_2(2 if pairs else next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
     if cfg.get("KERNEL") == "tma-ws" and not mxfp4:  # the Hopper kernel in Gluon (decode_sm90.py) where it takes
-        # the call; ragged rows two a program where two draft tokens would be (two rows of a request share reads)
+        # the call
         from indexcache.backends.triton import decode_sm90
 
-        pair = groups if row_to_batch is None else max(min(2, max(1, cfg["COLS"] // heads)), 16 // heads)
-        if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, pair, target):
+        if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target):
             return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
-                                      groups=pair, target=target, cfg=cfg, sms=_programs(target, q.device),
+                                      groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
                                       batch_block=BATCH_BLOCK, skip=skip, row_to_batch=row_to_batch)
     options = options or launch_key_options(_decode_options(target, cfg, mxfp4))
     widen = _widen_mode(q.dtype, target, cfg)
@@ -863,8 +913,10 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         aligned=("q_s0", "q_s1", "k_s0", "scale_s0", "w_s0"))]
     widen = _widen_mode(target.fp8_dtype, target, decode)
     fp8 = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
-    for next_n, ragged in ((1, 0), (2, 0), (3, 0), (4, 0), (1, 1)):  # ragged: a row a token, its request named
-        groups = max(min(next_power_of_2(next_n), max(1, decode["COLS"] // heads)), 16 // heads)
+    for next_n, ragged in ((1, 0), (2, 0), (3, 0), (4, 0), (1, 1)):  # ragged: a row a token, its request named,
+        # two a program
+        pairs = ragged and decode.get("RAGGED_PAIRS", True)
+        groups = max(min(next_power_of_2(2 if pairs else next_n), max(1, decode["COLS"] // heads)), 16 // heads)
         specs.append(KernelSpec(
             "paged_mqa_logits", paged_mqa_logits_kernel,
             {"q_ptr": fp8, "kv_ptr": fp8, "kv_scale_ptr": "*fp32", "w_ptr": "*fp32", "ctx_ptr": "*i32",
@@ -877,8 +929,9 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     # The MXFP4 decode (k_format float4_e2m1fn_x2): the same kernel reading the cache's bytes, widening to the
     # target's fp8 format; the Triton kernel on every target (also where the table's KERNEL is "tma-ws").
-    for next_n in (1, 2, 3, 4):
-        groups = max(min(next_power_of_2(next_n), max(1, decode["COLS"] // heads)), 16 // heads)
+    for next_n, ragged in ((1, 0), (2, 0), (3, 0), (4, 0), (1, 1)):
+        pairs = ragged and decode.get("RAGGED_PAIRS", True)
+        groups = max(min(next_power_of_2(2 if pairs else next_n), max(1, decode["COLS"] // heads)), 16 // heads)
         specs.append(KernelSpec(
             "paged_mqa_logits", paged_mqa_logits_kernel,
             {"q_ptr": fp8, "kv_ptr": "*u8", "kv_scale_ptr": "*u8", "w_ptr": "*fp32", "ctx_ptr": "*i32",
@@ -886,7 +939,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
              "BLOCK_KEYS": decode["BLOCK_KEYS"], "BLOCK_B": BATCH_BLOCK, "KEYS_ON_M": decode["KEYS_ON_M"],
              "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": 1, "MXFP4": _fp4_mode(target.fp8_dtype),
-             "HAS_R2B": 0, "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1, "out_s1": 1},
+             "HAS_R2B": ragged, "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1, "out_s1": 1},
             _decode_options(target, decode, mxfp4=True), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     if prefill.get("KERNEL") == "tma-ws":  # the Hopper prefill in Gluon (prefill_sm90.py) where the table takes it

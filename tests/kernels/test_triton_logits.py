@@ -197,6 +197,53 @@ def test_paged_decode_pipeline_variants(prefetch, words, block_keys, page_size, 
     _assert_logits(out, reference.paged_mqa_logits(*args), 1e-5)
 
 
+def _pairs_kept(rows_to_batch: torch.Tensor, lengths: torch.Tensor, max_len: int, skip: int) -> torch.Tensor:
+    """Per ragged row, whether the kernel writes it under ``skip``: its unit's (the row and, at an even row, the next
+    of the same request) longer length, clipped to ``max_len``, above ``skip``."""
+    unit = lengths.long().clamp(0, max_len)
+    pair = (rows_to_batch[:-1] == rows_to_batch[1:]) & (torch.arange(rows_to_batch.shape[0] - 1) % 2 == 0)
+    longer = torch.maximum(unit[:-1], unit[1:])
+    unit[:-1] = torch.where(pair, longer, unit[:-1])
+    unit[1:] = torch.where(pair, longer, unit[1:])
+    return unit > skip
+
+
+@pytest.mark.parametrize(("backend", "skip"), [("cuda", -1), ("cuda", 40), ("rocm", -1)])
+def test_paged_decode_ragged_rows_two_a_program(backend, skip):
+    """Ragged rows two a program (``GROUPS`` 2): the uniform next_n 2 call's rows as ragged rows (each request's pair
+    at an even row) give its logits; runs starting at odd rows, rows naming no request and a request's three rows
+    against the reference; with ``skip``, the rows of a unit whose longer row is at most ``skip`` left unwritten."""
+    from indexcache.backends.triton import logits
+
+    q, cache, w, context, table, max_len = _decode_case(backend, 2, 32, seed=6)
+    batch = q.shape[0]
+    rows = torch.arange(2 * batch)
+    r2b = (rows // 2).to(torch.int32)
+    lens = (context.long()[rows // 2] - 1 + rows % 2).to(torch.int32)
+    ragged = q.view(2 * batch, 1, *q.shape[2:])
+    cases = [(ragged, w, lens, r2b),
+             (ragged[1:], w[1:], lens[1:], r2b[1:]),  # every pair now starts at an odd row
+             (ragged, w, lens, torch.tensor([0, 0, 0, -1, 1, 1, 9, 3], dtype=torch.int32))]
+    for i, (rq, rw, rl, rb) in enumerate(cases):
+        buf, out = _guarded(rq.shape[0], max_len)
+        if backend == "cuda":
+            target = detect(NVIDIA)[2]
+            launch = logits.paged_mqa_logits_launch(rq, cache, rw, rl, table, max_len, out, row_to_batch=rb,
+                                                    target=target, skip=skip,
+                                                    cfg=cuda_backend.tuning(target.arch)["paged_mqa_logits"])
+            assert launch.named["GROUPS"] == 2 and launch.named["HAS_R2B"]
+            launch()
+        else:
+            indexcache.paged_mqa_logits(rq, cache, rw, rl, table, max_len, out=out, row_to_batch=rb, backend=backend)
+        _check_guards(buf)
+        want = reference.paged_mqa_logits(rq, cache, rw, rl, table, max_len, row_to_batch=rb)
+        if i == 0:
+            want = reference.paged_mqa_logits(q, cache, w, context, table, max_len)
+        kept = _pairs_kept(rb, rl, max_len, skip)
+        assert out[~kept].isnan().all(), i
+        _assert_logits(out[kept], want[kept], 1e-5)
+
+
 def test_paged_decode_tma_choice_off_hopper_takes_the_triton_kernel():
     """A table choosing the Hopper kernel (``KERNEL="tma-ws"``) still gets the Triton kernel where that one cannot run
     (here: interpreted), with the same result."""
