@@ -20,6 +20,13 @@ import torch
 SHIFT = 2**31  # tokens and positions are below 2**31: a (request, token) key is request * SHIFT + token
 NONE = torch.iinfo(torch.int64).max  # the key of a position that selects nothing: sorts after every real key
 AGE_MAX = 2**31 - 1
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # rows move as bits (fp8 has no index_copy_)
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """``x`` viewed as the integer type of its element size (itself where there is none, e.g. complex128)."""
+    wide = _BITS.get(x.element_size())
+    return x if wide is None or x.dtype.is_complex else x.view(wide)
 
 
 def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, host_rows, out, out_copy_src,
@@ -184,9 +191,10 @@ def hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_
         return _swap_in_from_host(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch)
     src, dst, ok = _copies(copy_src, copy_dst, copy_count, device_loc, row_to_batch, host_rows, device_rows)
     win, row = _winners(dst, ok)
+    host, device = _bits(host_kv), _bits(device_kv)
     shape = (-1,) + (1,) * (device_kv.dim() - 1)
-    values = torch.where(ok[win].view(shape), host_kv[src[win]], device_kv[row[win]])
-    return device_kv.index_copy_(0, row, values)
+    device.index_copy_(0, row, torch.where(ok[win].view(shape), host[src[win]], device[row[win]]))
+    return device_kv
 
 
 def _swap_in_from_host(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch):
@@ -201,9 +209,8 @@ def _swap_in_from_host(copy_src, copy_dst, copy_count, host_kv, device_kv, devic
                            device_kv.shape[0])
     win, _ = _winners(dst, ok)
     chosen = ok & (win == torch.arange(win.shape[0]))
-    rows = host_kv[src[chosen]]
-    if device_kv.is_cuda and not rows.is_pinned():
+    rows = _bits(host_kv)[src[chosen]]
+    if device_kv.is_cuda:
         rows = rows.pin_memory()
-    device_kv.index_copy_(0, dst[chosen].to(device_kv.device, non_blocking=True),
-                          rows.to(device_kv.device, non_blocking=True))
+    _bits(device_kv).index_copy_(0, dst[chosen].to(device_kv.device), rows.to(device_kv.device, non_blocking=True))
     return device_kv
