@@ -158,9 +158,16 @@ def test_an_op_plugs_in_as_data(fresh_dispatch, monkeypatch):
     assert "op negate" in bench.format_table(report)
 
 
+# Timed by bench/hisparse_gpu.py, not the harness: a plan's state moves on with every call, and a swap-in reads host
+# memory, which the harness's inputs (each moved to the device) cannot hold.
+UNBENCHED = ("hisparse_plan", "hisparse_swap_in")
+
+
 def test_every_op_is_benchmarked_by_its_spec_record():
-    assert list(harness.OPS) == list(SPECS)
-    assert all(harness.OPS[name] is spec.bench and spec.bench.name == name for name, spec in SPECS.items())
+    assert list(harness.OPS) == [op for op in SPECS if op not in UNBENCHED]
+    assert all(harness.OPS[name] is spec.bench and spec.bench.name == name for name, spec in SPECS.items()
+               if name not in UNBENCHED)
+    assert all(SPECS[op].bench is None for op in UNBENCHED)
 
 
 def test_paged_topk_translate_is_checked_against_the_torch_backend():
@@ -188,7 +195,7 @@ def test_unknown_names_exit_2(capsys):
 # ----------------------------------------------------------------------------------------------- logits and top-k
 
 # Every op but translate (the section above) and paged_topk_translate (its own test above).
-KERNEL_OPS = [op for op in SPECS if op not in ("translate", "paged_topk_translate")]
+KERNEL_OPS = [op for op in SPECS if op not in ("translate", "paged_topk_translate", *UNBENCHED)]
 
 
 @pytest.fixture(scope="module")

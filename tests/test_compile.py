@@ -118,6 +118,13 @@ BAD_METADATA = [
     ("gather_index_k", "block_table of another batch", lambda a: dict(block_table=_i32(7, 5))),
     ("gather_index_k", "out_k of another width", lambda a: dict(out_k=a["out_k"][:, :64])),
     ("gather_index_k", "float64 out_scale", lambda a: dict(out_scale=a["out_scale"].double())),
+    ("hisparse_plan", "int64 raw", lambda a: dict(raw=a["raw"].long())),
+    ("hisparse_plan", "slot_age of another shape", lambda a: dict(slot_age=_i32(5, 63))),
+    ("hisparse_plan", "host_rows -1", lambda a: dict(host_rows=-1)),
+    ("hisparse_plan", "int32 out_copy_src", lambda a: dict(out_copy_src=a["out_copy_src"].int())),
+    ("hisparse_swap_in", "int32 copy_src", lambda a: dict(copy_src=a["copy_src"].int())),
+    ("hisparse_swap_in", "host_kv of another row width", lambda a: dict(host_kv=a["host_kv"][:, :100])),
+    ("hisparse_swap_in", "float device_loc", lambda a: dict(device_loc=a["device_loc"].float())),
 ]
 
 

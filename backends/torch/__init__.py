@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from indexcache.backends.torch import gather, logits, producer, quantize, topk, translate
+from indexcache.backends.torch import gather, hisparse, logits, producer, quantize, topk, translate
 from indexcache.backends.torch.memory import MemoryBudgetError, memory_budget, set_memory_budget
 from indexcache.backends.torch.streams import in_order
 from indexcache.hal.contract import Availability, Backend, OpImpl
@@ -38,6 +38,8 @@ BACKEND = Backend(
         "quantize_index_k": OpImpl(quantize.quantize_index_k),
         "store_index_k": OpImpl(quantize.store_index_k),
         "gather_index_k": OpImpl(gather.gather_index_k),
+        "hisparse_plan": OpImpl(hisparse.hisparse_plan),
+        "hisparse_swap_in": OpImpl(hisparse.hisparse_swap_in),
         "overlap": OpImpl(in_order),
     },
     details=lambda: {"memory_budget_bytes": memory_budget()},

@@ -39,6 +39,12 @@ class Plan(NamedTuple):
     slot_token: torch.Tensor  # [B, H] int32: the state after the step
     slot_age: torch.Tensor  # [B, H] int32
 
+    @property
+    def copies(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(copy_src, copy_dst, copy_count)``: what a layer's swap-in takes
+        (``indexcache.hisparse_swap_in(*plan.copies, host_kv, device_kv, device_loc)``)."""
+        return self.copy_src, self.copy_dst, self.copy_count
+
 
 def empty_state(requests: int, hot: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """``(slot_token, slot_age)`` of ``requests`` requests with ``hot`` empty slots each: every entry -1. A request

@@ -58,12 +58,14 @@ from indexcache.hal.specs import SPECS
 
 NAMESPACE = "indexcache"
 # Arguments every op that has them writes in place: mutated in the schema, never returned by the custom op.
-OUTPUTS = ("logits", "out", "out_raw", "workspace", "out_k", "out_scale")
+OUTPUTS = ("logits", "out", "out_raw", "workspace", "out_k", "out_scale", "out_copy_src", "out_copy_dst",
+           "out_copy_count")
 # The mutated arguments that may be None in the custom op too.
 OPTIONAL_OUTPUTS = ("out_raw", "workspace")
 # What the spec records do not say, part 1: the ops that write an input in place (``paged_mqa_logits`` only reads
 # its ``k_cache``).
-WRITES: Mapping[str, tuple[str, ...]] = {"store_index_k": ("k_cache",)}
+WRITES: Mapping[str, tuple[str, ...]] = {"store_index_k": ("k_cache",), "hisparse_plan": ("slot_token", "slot_age"),
+                                         "hisparse_swap_in": ("device_kv",)}
 
 
 def mutated(op: str) -> tuple[str, ...]:
@@ -89,15 +91,22 @@ class Returns:
 
 # What the spec records do not say, part 2: which op returns new tensors. Every other op returns nothing.
 RETURNS: Mapping[str, Returns] = {"quantize_index_k": Returns("(Tensor, Tensor)", _fake_quantize)}
-# Part 3: the outputs a public op returns where they are not ``out`` (``gather_index_k``'s keys and scales).
-RESULTS: Mapping[str, tuple[str, ...]] = {"gather_index_k": ("out_k", "out_scale")}
+# Part 3: the outputs a public op returns where they are not ``out`` (``gather_index_k``'s keys and scales; the
+# HiSparse plan's slots, copies and state, which the public op wraps in a ``Plan``; the layer's KV a swap-in wrote).
+RESULTS: Mapping[str, tuple[str, ...]] = {
+    "gather_index_k": ("out_k", "out_scale"),
+    "hisparse_plan": ("out", "out_copy_src", "out_copy_dst", "out_copy_count", "slot_token", "slot_age"),
+    "hisparse_swap_in": ("device_kv",),
+}
 
 
 def result(op: str, args: Mapping[str, Any]) -> Any:
     """What the public op ``op`` returns after writing its outputs (``args``: its checked arguments): its
-    :data:`RESULTS` as a tuple, else ``out`` (None for an op without one)."""
+    :data:`RESULTS` (a tuple of several, the tensor of one), else ``out`` (None for an op without one)."""
     names = RESULTS.get(op)
-    return tuple(args[n] for n in names) if names else args.get("out")
+    if not names:
+        return args.get("out")
+    return tuple(args[n] for n in names) if len(names) > 1 else args[names[0]]
 
 
 def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from indexcache.hal import device, dispatch, library, memo
+from indexcache.hal import device, dispatch, hisparse, library, memo
 from indexcache.hal.checks import FLOAT_INPUTS, INDEX, KEY_DTYPES, MAX_PAGE_SIZE, MAX_TOPK, SCORE_DTYPES
 from indexcache.hal.specs import SPECS
 
@@ -647,6 +647,132 @@ def gather_index_k(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dt
     return _call("gather_index_k", backend, out_k is not None and out_scale is not None,
                  (k_cache, block_table, context_lens), dict(dim=dim, fp8_dtype=fp8_dtype, out_k=out_k,
                                                             out_scale=out_scale))
+
+
+def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, host_rows: int | None = None,
+                  out=None, out_copy_src=None, out_copy_dst=None, out_copy_count=None, backend=None) -> hisparse.Plan:
+    """One decode step's HiSparse plan: which selected tokens the hot buffer holds (hits), which are copied in from
+    the host (misses) into which slots (the least recently used), and each selected position's slot. Rules:
+    docs/hisparse.md. The state ``slot_token`` / ``slot_age`` is updated in place. No host sync: capturable in a
+    CUDA graph with the outputs given.
+
+    A position ``x`` of a row is valid when ``0 <= x < seq_lens[b]`` (``b`` the row's request); only valid positions
+    are looked up, placed or copied, every other one gets slot -1. A request of ``n <= H`` tokens has token ``t`` at
+    slot ``t`` (no copy, the state becomes that identity). A longer one has its newest token at slot ``H``; a token a
+    slot holds keeps it; the others, in order of first appearance (rows ascending, then columns), take the slots not
+    used this step (empty ones first, then the oldest, ties by the lower slot), one copy each, when their host row
+    is valid; a miss left without a slot or a host row gets -1. Never reads or writes out of bounds, whatever the
+    inputs hold.
+
+    Parameters
+    ----------
+    raw : torch.Tensor
+        ``[R, k]`` int32, the selected logical positions (a producer's ``out_raw``); -1 none.
+    seq_lens : torch.Tensor
+        ``[B]`` int32, each request's length, the token being decoded included.
+    host_loc : torch.Tensor
+        ``[B, L]`` int32 or int64, the host KV row of each token (token ``t >= L`` or a value < 0: not on the host).
+    slot_token, slot_age : torch.Tensor
+        ``[B, H]`` int32, contiguous: the state (:func:`indexcache.hal.hisparse.empty_state` for new requests),
+        written in place. A request no row names is left as it was.
+    row_to_batch : torch.Tensor, optional
+        ``[R]`` int32, each row's request (default: row ``r`` is request ``r``). Rows of one request share its
+        buffer (speculative decoding's verify rows); a row naming no request in ``[0, B)`` selects nothing.
+    host_rows : int, optional
+        The host KV tensor's rows: a host row at or past it counts as not on the host.
+    out, out_copy_src, out_copy_dst, out_copy_count : torch.Tensor, optional
+        The outputs, written in place without allocating: ``[R, k]`` int32 slots (in ``[0, H]``, -1 none), ``[R, k]``
+        int64 host rows and ``[R, k]`` int32 slots of the copies (the first ``out_copy_count[r]`` entries of row
+        ``r``, filed under the row where each token first appears; -1 after), ``[R]`` int32 counts.
+    backend : str, optional
+        The backend to run on (default: the dispatcher's choice).
+
+    Returns
+    -------
+    indexcache.hal.hisparse.Plan
+        ``(slots, copy_src, copy_dst, copy_count, slot_token, slot_age)``; ``plan.copies`` is what
+        :func:`hisparse_swap_in` takes for each layer that reuses the plan.
+
+    Raises
+    ------
+    TypeError
+        A wrong type or dtype.
+    ValueError
+        A wrong shape, device or value, or an output or the state sharing memory with another argument.
+
+    Examples
+    --------
+    >>> import torch, indexcache
+    >>> from indexcache.hal.hisparse import empty_state
+    >>> tokens, ages = empty_state(1, 4)  # one request, a hot buffer of 4 slots
+    >>> host_loc = torch.arange(100, dtype=torch.int32)[None]  # token t at host row t
+    >>> raw = torch.tensor([[7, 2, -1]], dtype=torch.int32)
+    >>> p = indexcache.hisparse_plan(raw, torch.tensor([10], dtype=torch.int32), host_loc, tokens, ages,
+    ...                              backend="torch")
+    >>> p.slots  # two misses, copied into the empty slots 0 and 1
+    tensor([[ 0,  1, -1]], dtype=torch.int32)
+    >>> tokens  # the state, updated in place
+    tensor([[ 7,  2, -1, -1]], dtype=torch.int32)
+    """
+    got = _call("hisparse_plan", backend, None not in (out, out_copy_src, out_copy_dst, out_copy_count),
+                (raw, seq_lens, host_loc, slot_token, slot_age),
+                dict(row_to_batch=row_to_batch, host_rows=host_rows, out=out, out_copy_src=out_copy_src,
+                     out_copy_dst=out_copy_dst, out_copy_count=out_copy_count))
+    return hisparse.Plan(*got[:4], slot_token, slot_age)  # a backend returns the four outputs, a kept call all six
+
+
+def hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *, row_to_batch=None,
+                     backend=None) -> torch.Tensor:
+    """One layer's swap-in of a HiSparse plan's copies: host KV row ``copy_src[r, i]`` → device KV row
+    ``device_loc[b, copy_dst[r, i]]`` for ``i < copy_count[r]`` (``b`` row ``r``'s request). A copy whose request,
+    slot, device row or host row lies outside its tensor is skipped; counts are clamped to ``[0, k]``. Every layer
+    reusing a producer's indices runs it with the same plan (``indexcache.hisparse_swap_in(*plan.copies, ...)``)
+    and its own KV tensors. Never reads or writes out of bounds, whatever the inputs hold.
+
+    Parameters
+    ----------
+    copy_src, copy_dst, copy_count : torch.Tensor
+        ``[R, k]`` int64, ``[R, k]`` int32 and ``[R]`` int32: a plan's copies (:func:`hisparse_plan`).
+    host_kv : torch.Tensor
+        ``[Nh, ...]`` the layer's KV rows in host memory (pinned, for a GPU kernel to read it) or on the device.
+    device_kv : torch.Tensor
+        ``[Nd, ...]`` the layer's device KV rows (``host_kv``'s dtype and row shape, each row contiguous), written in
+        place.
+    device_loc : torch.Tensor
+        ``[B, H + 1]`` int32 or int64, the device row of each slot of each request (slot ``H``: the newest token's).
+    row_to_batch : torch.Tensor, optional
+        ``[R]`` int32, as given to :func:`hisparse_plan`.
+    backend : str, optional
+        The backend to run on (default: the dispatcher's choice). The torch backend reads host memory on the host:
+        with ``host_kv`` in host memory and ``device_kv`` on a GPU it syncs and cannot be captured in a CUDA graph.
+
+    Returns
+    -------
+    torch.Tensor
+        ``device_kv``.
+
+    Raises
+    ------
+    TypeError
+        A wrong type or dtype, or KV tensors of different dtypes or row shapes.
+    ValueError
+        A wrong shape or device, or ``device_kv`` sharing memory with another argument.
+
+    Examples
+    --------
+    >>> import torch, indexcache
+    >>> from indexcache.hal.hisparse import empty_state
+    >>> tokens, ages = empty_state(1, 4)
+    >>> p = indexcache.hisparse_plan(torch.tensor([[7, 2]], dtype=torch.int32), torch.tensor([10], dtype=torch.int32),
+    ...                              torch.arange(10, dtype=torch.int32)[None], tokens, ages, backend="torch")
+    >>> host_kv = torch.arange(10.0)[:, None].expand(10, 2).contiguous()  # token t's row holds t
+    >>> device_kv = torch.zeros(5, 2)  # slots 0..3, then slot H (the newest token) at row 4
+    >>> indexcache.hisparse_swap_in(*p.copies, host_kv, device_kv, torch.arange(5, dtype=torch.int32)[None],
+    ...                             backend="torch")[:, 0]
+    tensor([7., 2., 0., 0., 0.])
+    """
+    return _call("hisparse_swap_in", backend, True, (copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc),
+                 dict(row_to_batch=row_to_batch))
 
 
 def workspace_bytes(op: str, *args, backend=None, **named) -> int:

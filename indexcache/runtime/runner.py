@@ -54,6 +54,7 @@ from collections.abc import Callable
 import torch
 
 from indexcache.plan import PRODUCER, LayerPlan, Stage
+from indexcache.runtime.hot import HotLayer
 from indexcache.runtime.state import PagedLogits, PrefillLogits, TopkState
 
 
@@ -97,7 +98,8 @@ class IndexerRunner:
     def layer(self, layer: int, state: TopkState, *,
               scores: Callable[[], torch.Tensor | PagedLogits | PrefillLogits],
               lengths: torch.Tensor, page_table: torch.Tensor, row_starts: torch.Tensor | None = None,
-              row_to_batch: torch.Tensor | None = None, max_length: int | None = None) -> torch.Tensor | None:
+              row_to_batch: torch.Tensor | None = None, max_length: int | None = None,
+              hot: HotLayer | None = None) -> torch.Tensor | None:
         """Run ``layer``'s indexer part; returns its physical KV slots ``[rows, k]`` int32 (-1 = empty,
         a view of ``state.physical`` valid until the next sparse layer) or None without an indexer.
 
@@ -119,6 +121,11 @@ class IndexerRunner:
         then -1, the selection the top-k makes of such rows) and ``scores()`` is not called: the engine still stores
         the step's index keys itself. A row longer than the bound it was promised selects only its first k
         positions. Module docstring: "Short sequences".
+
+        ``hot``: the layer's HiSparse tensors (:class:`~indexcache.runtime.hot.HotLayer`; the state's
+        :attr:`~indexcache.runtime.state.TopkState.hot` buffers must be attached). A producer then plans its group's
+        step from its selection, every sparse layer swaps in its own misses, and the call returns the device rows
+        ``[rows, k]`` int32 the attention reads (``device_loc[b, slot]``, -1 none) instead of page-table slots.
         """
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 0):
@@ -126,6 +133,17 @@ class IndexerRunner:
         role = self.role(layer)
         if role is None:
             return None
+        if hot is not None and state.hot is None:
+            raise ValueError("hot: given, but the state has no hot buffers (attach state.hot = HotBuffers(...))")
+        slots = self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length)
+        if hot is None:
+            return slots
+        producer = self.source_of(layer)
+        if role == PRODUCER:
+            state.hot.plan(producer, state.raw[:state.rows], hot, row_to_batch=row_to_batch)
+        return state.hot.swap_in(producer, hot, row_to_batch=row_to_batch)
+
+    def _indices(self, layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length):
         if role == PRODUCER and max_length is not None and max_length <= self.k:
             return state.produce_short(layer, lengths, page_table, self.page_size, row_to_batch=row_to_batch)
         if role == PRODUCER:

@@ -159,6 +159,7 @@ class TopkState:
         self.producer: int | None = None
         self.rows = 0
         self.recorder: Recorder | None = None
+        self.hot = None  # HiSparse's hot buffers (indexcache.runtime.hot.HotBuffers), where the engine attaches them
 
     @property
     def max_rows(self) -> int:
@@ -172,15 +173,17 @@ class TopkState:
         return f"TopkState(rows={self.rows}/{self.max_rows}, k={self.k}, producer={self.producer})"
 
     def begin(self, rows: int) -> None:
-        """Start a forward of ``rows`` live rows (query tokens): no producer yet; rows past the live batch
-        are -1 in both buffers (an engine reading the whole buffer never sees an earlier batch's slots);
-        0 rows clears the state."""
+        """Start a forward of ``rows`` live rows (query tokens): no producer yet (and no HiSparse plan, where
+        :attr:`hot` is attached); rows past the live batch are -1 in both buffers (an engine reading the whole buffer
+        never sees an earlier batch's slots); 0 rows clears the state."""
         if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= self.max_rows:
             raise ValueError(f"rows: expected an int in 0..{self.max_rows} (the state's capacity), got {rows!r}")
         self.raw[rows:].fill_(-1)
         self.physical[rows:].fill_(-1)
         self.rows = rows
         self.producer = None
+        if self.hot is not None:
+            self.hot.forget()
 
     def clear(self) -> None:
         """Forget the producer and set every raw index and physical slot to -1."""

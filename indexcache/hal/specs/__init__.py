@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 # The ops, in catalogue order (docs/ops.md's); each one's record is ``SPEC`` in ``hal/specs/<name>.py``.
 OP_NAMES = ("translate", "topk", "topk_translate", "mqa_logits", "paged_mqa_logits", "paged_topk_translate",
-            "mqa_topk_translate", "quantize_index_k", "store_index_k", "gather_index_k")
+            "mqa_topk_translate", "quantize_index_k", "store_index_k", "gather_index_k", "hisparse_plan",
+            "hisparse_swap_in")
 
 
 def __getattr__(name: str):

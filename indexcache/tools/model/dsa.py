@@ -36,11 +36,12 @@ import torch.nn.functional as F
 import indexcache
 from indexcache.hal.ops import INDEX
 from indexcache.plan import PRODUCER, LayerPlan
+from indexcache.runtime.hot import HotBuffers, HotLayer
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import PagedLogits, PrefillLogits, Recorder, TopkState
 from indexcache.runtime.streams import overlap
 from indexcache.tools.model.batch import Batch
-from indexcache.tools.model.cache import PagedCache
+from indexcache.tools.model.cache import HotCache, PagedCache
 from indexcache.tools.model.config import ModelConfig, ModelSettingError
 from indexcache.tools.model.functional import hadamard, rope_first_half, sparse_attention
 
@@ -113,24 +114,31 @@ class DSAModel:
                           seed=seed)
 
     def generate(self, prompts: Sequence[torch.Tensor], steps: int, runner: IndexerRunner, *,
-                 tokens: torch.Tensor | None = None, recorder: Recorder | None = None, seed: int = 0) -> Generation:
+                 tokens: torch.Tensor | None = None, recorder: Recorder | None = None, seed: int = 0,
+                 hot: int | None = None) -> Generation:
         """Prefill ``prompts`` (int64 ``[n_b]`` each) together, then ``steps`` decode steps, greedy unless
         ``tokens [steps, B]`` forces the token fed at each step (to compare plans on the same inputs).
 
         The cache (page tables from ``seed``) holds index-K caches for the runner's producers only, as an
-        engine would; ``recorder`` is attached for the decode steps.
+        engine would; ``recorder`` is attached for the decode steps. ``hot``: decode with HiSparse, hot buffers of
+        that many slots a request in front of a host pool of every token's KV (:class:`HotCache`): the sparse layers
+        attend over the rows the plan swapped in (the same tokens, so the same logits as without it).
         """
         batch_size = len(prompts)
         lengths = [int(p.shape[0]) for p in prompts]
         producers = [layer for layer in runner.layers if runner.role(layer) == "F"]
         cache = self.new_cache(batch_size, max(lengths) + steps, index_layers=producers, seed=seed)
         state = TopkState(max(sum(lengths), batch_size), runner.k, self.device)
+        hot_cache = None
+        if hot is not None:
+            hot_cache = HotCache(self.config, batch_size, cache.max_len, hot, device=self.device)
+            state.hot = HotBuffers(producers, batch_size, hot, batch_size, runner.k, self.device)
         tables = cache.tables_for(range(batch_size))
         last = torch.tensor(lengths, device=self.device).cumsum(0) - 1
 
         _sync(self.device)
         start = time.perf_counter()
-        prefill_logits = self.run(Batch.prefill(prompts, tables), cache, runner, state)[last]
+        prefill_logits = self.run(Batch.prefill(prompts, tables), cache, runner, state, hot=hot_cache)[last]
         _sync(self.device)
         prefill_s = time.perf_counter() - start
 
@@ -142,7 +150,8 @@ class DSAModel:
         for step in range(steps):
             token = logits.argmax(-1) if tokens is None else tokens[step].to(self.device)
             seq_lens = seq_lens + 1
-            logits = self.run(Batch.decode_step(token, seq_lens, tables, cache.max_len), cache, runner, state)
+            logits = self.run(Batch.decode_step(token, seq_lens, tables, cache.max_len), cache, runner, state,
+                              hot=hot_cache)
             fed.append(token)
             decode_logits.append(logits)
         _sync(self.device)
@@ -161,23 +170,25 @@ class DSAModel:
         """Vocabulary logits ``[R, vocab]`` float32 (tied to the embedding)."""
         return F.rms_norm(x, (x.shape[-1],)) @ self.embedding.t() * x.shape[-1] ** -0.5
 
-    def run(self, batch: Batch, cache: PagedCache, runner: IndexerRunner, state: TopkState) -> torch.Tensor:
+    def run(self, batch: Batch, cache: PagedCache, runner: IndexerRunner, state: TopkState, *,
+            hot: HotCache | None = None) -> torch.Tensor:
         """A whole forward: begin ``state`` for the batch, every layer of ``runner``, the head. Returns
-        logits ``[R, vocab]``."""
+        logits ``[R, vocab]``. ``hot``: HiSparse's caches (the state's hot buffers attached), used in decode."""
         runner.begin(state, batch.rows)
-        return self.head(self.forward(self.embed(batch), batch, cache, runner, state))
+        return self.head(self.forward(self.embed(batch), batch, cache, runner, state, hot=hot))
 
     def forward(self, x: torch.Tensor, batch: Batch, cache: PagedCache, runner: IndexerRunner,
-                state: TopkState) -> torch.Tensor:
+                state: TopkState, *, hot: HotCache | None = None) -> torch.Tensor:
         """Run ``runner.layers`` on hidden states ``x [R, hidden]`` (the state already begun, or loaded
         from a pipeline carry)."""
         for layer in runner.layers:
-            x = self.layer(layer, x, batch, cache, runner, state)
+            x = self.layer(layer, x, batch, cache, runner, state, hot=hot)
         return x
 
     def layer(self, layer: int, x: torch.Tensor, batch: Batch, cache: PagedCache, runner: IndexerRunner,
-              state: TopkState) -> torch.Tensor:
-        """One layer on ``x [R, hidden]``; returns the new hidden states."""
+              state: TopkState, *, hot: HotCache | None = None) -> torch.Tensor:
+        """One layer on ``x [R, hidden]``; returns the new hidden states. With ``hot`` every token's latent also goes
+        to the host pool (and its hot slot), and in decode a sparse layer attends over the hot buffer's rows."""
         c = self.config
         w = self.layers[layer]
         table = batch.tables[layer]
@@ -187,24 +198,34 @@ class DSAModel:
         new_slots = indexcache.translate(batch.positions[:, None], table, batch.lengths, c.page_size,
                                          row_to_batch=batch.row_to_batch).view(-1)
 
+        role = runner.role(layer)
+        hot_layer = None
+        if hot is not None and batch.decode and role is not None:
+            hot_layer = HotLayer(hot.host[layer], hot.device_kv[layer], hot.device_loc, batch.seq_lens, hot.host_loc)
+
         def indexer() -> torch.Tensor:
-            role = runner.role(layer)
             if role is None:
                 return self._window_slots(batch, table)
             if role == PRODUCER:  # its index keys, stored whether or not the runner scores (short rows)
                 self._store_index_k(layer, h, batch, cache, new_slots)
             return runner.layer(layer, state, scores=lambda: self._index_scores(layer, h, batch, cache),
                                 lengths=batch.lengths, page_table=table, row_starts=batch.key_starts,
-                                row_to_batch=batch.row_to_batch, max_length=batch.max_length)
+                                row_to_batch=batch.row_to_batch, max_length=batch.max_length, hot=hot_layer)
 
         def prepare() -> torch.Tensor:
             kv = cache.kv[layer]
             dump = torch.full_like(new_slots, kv.shape[0] - 1)
-            kv.index_copy_(0, torch.where(new_slots >= 0, new_slots, dump).long(), h @ w.wkv)
+            latent = h @ w.wkv
+            kv.index_copy_(0, torch.where(new_slots >= 0, new_slots, dump).long(), latent)
+            if hot is not None:
+                requests = batch.row_to_batch if batch.row_to_batch is not None else \
+                    torch.arange(rows, dtype=INDEX, device=self.device)
+                hot.store(layer, requests, batch.positions, batch.seq_lens[requests.long()], latent)
             return (h @ w.wq).view(rows, c.heads, c.head_dim)
 
         slots, q = overlap(indexer, prepare, device=self.device)
-        return x + sparse_attention(q, cache.kv[layer], slots) @ w.wo
+        kv = hot.device_kv[layer] if hot_layer is not None else cache.kv[layer]
+        return x + sparse_attention(q, kv, slots) @ w.wo
 
     def _window_slots(self, batch: Batch, table: torch.Tensor) -> torch.Tensor:
         """Physical slots of the last ``window`` tokens of each row (layers without an indexer)."""

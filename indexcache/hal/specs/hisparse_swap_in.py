@@ -1,0 +1,157 @@
+"""hisparse_swap_in: one layer's copies of a HiSparse plan, host KV rows → the device slots they were given
+(contract: :func:`indexcache.hisparse_swap_in`; the rules: :mod:`indexcache.hal.hisparse`, docs/hisparse.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from indexcache.hal import hisparse
+from indexcache.hal.checks import INDEX, check_output, check_tensor
+from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu
+from indexcache.hal.specs.hisparse_plan import COPY_SRC, HOST_LOC_DTYPES, _evolved, _host_loc
+
+DEVICE_LOC_DTYPES = HOST_LOC_DTYPES
+
+
+def check(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *, row_to_batch=None) -> dict[str, Any]:
+    check_tensor("copy_count", copy_count, (INDEX,), (None,))
+    device = copy_count.device
+    rows = copy_count.shape[0]
+    check_tensor("copy_src", copy_src, (COPY_SRC,), (rows, None), device)
+    check_tensor("copy_dst", copy_dst, (INDEX,), tuple(copy_src.shape), device)
+    check_tensor("device_loc", device_loc, DEVICE_LOC_DTYPES, (None, None), device)
+    if row_to_batch is not None:
+        check_tensor("row_to_batch", row_to_batch, (INDEX,), (rows,), device)
+    elif rows != device_loc.shape[0]:
+        raise ValueError(f"copy_count: expected one row a request ({device_loc.shape[0]}, device_loc's rows) without "
+                         f"row_to_batch, got {rows}")
+    if not isinstance(device_kv, torch.Tensor) or device_kv.dim() < 1:
+        raise TypeError(f"device_kv: expected a torch.Tensor of at least one dimension, got {device_kv!r}")
+    if device_kv.device != device:
+        raise ValueError(f"device_kv: expected a tensor on {device} (the plan's device), got {device_kv.device}")
+    if not isinstance(host_kv, torch.Tensor) or host_kv.dtype != device_kv.dtype or \
+            host_kv.shape[1:] != device_kv.shape[1:]:
+        got = f"{host_kv.dtype} {list(host_kv.shape)}" if isinstance(host_kv, torch.Tensor) else repr(host_kv)
+        raise TypeError(f"host_kv: expected rows like device_kv's ({device_kv.dtype} {list(device_kv.shape[1:])} a "
+                        f"row), got {got}")
+    if host_kv.device != device and host_kv.device.type != "cpu":
+        raise ValueError(f"host_kv: expected a tensor in host memory or on {device}, got {host_kv.device}")
+    for name, t in (("host_kv", host_kv), ("device_kv", device_kv)):
+        if t.dim() > 1 and not t[0].is_contiguous():
+            raise ValueError(f"{name}: expected each row contiguous, got strides {list(t.stride())}")
+    check_output("device_kv", device_kv, dict(copy_src=copy_src, copy_dst=copy_dst, copy_count=copy_count,
+                                              host_kv=host_kv, device_loc=device_loc, row_to_batch=row_to_batch))
+    return dict(copy_src=copy_src, copy_dst=copy_dst, copy_count=copy_count, host_kv=host_kv, device_kv=device_kv,
+                device_loc=device_loc, row_to_batch=row_to_batch)
+
+
+def reference(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *, row_to_batch=None) -> torch.Tensor:
+    """``device_kv`` after the swap-in, by :func:`indexcache.hal.hisparse.swap_in` (counts clamped to the lists'
+    columns; a copy whose request, slot, device row or host row is out of range is skipped)."""
+    count = copy_count.clamp(0, copy_src.shape[1])
+    copies = hisparse.Plan(torch.empty(0), copy_src, copy_dst, count, torch.empty(0), torch.empty(0))
+    return hisparse.swap_in(copies, host_kv, device_kv, device_loc, row_to_batch=row_to_batch)
+
+
+def judge(args: dict, got: torch.Tensor, want: torch.Tensor, accumulation: str) -> Verdict:
+    """Byte-exact: the copied rows and every other row as it was."""
+    got = cpu(got)
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return f"device_kv: {got.dtype} {list(got.shape)}, expected {want.dtype} {list(want.shape)}", None, None
+    rows = got.view(got.shape[0], -1).view(torch.uint8) != want.view(want.shape[0], -1).view(torch.uint8)
+    bad = rows.any(dim=1).nonzero().flatten().tolist()
+    return (f"device_kv rows {bad[:8]} differ ({len(bad)} rows)" if bad else ""), None, None
+
+
+# ------------------------------------------------------------------------------------------------------- cases
+
+def _host(dev, t: torch.Tensor) -> torch.Tensor:
+    """Host memory as a GPU kernel reads it: pinned when the device is a GPU."""
+    return t.pin_memory() if torch.device(dev).type != "cpu" else t
+
+
+def _kv(gen: torch.Generator, rows: int, row_bytes: int) -> torch.Tensor:
+    return torch.randint(0, 256, (rows, row_bytes), generator=gen, dtype=torch.uint8)
+
+
+def _planned(gen, dev, lens, hot, k, row_bytes, steps=6, drift=6, dtype=torch.uint8, row_shape=None):
+    """A step's plan (by the reference) for requests evolved ``steps`` steps, one layer's host KV, a device KV whose
+    slots lie at random distinct rows, and ``device_loc``."""
+    batches = len(lens)
+    host_loc = _host_loc(gen, batches, max(lens))
+    raw, tokens, ages = _evolved(gen, steps, lens, hot, k, host_loc, drift)
+    p = hisparse.plan(raw, torch.tensor(lens, dtype=I32), host_loc, tokens, ages)
+    device_rows = batches * (hot + 1) + 7
+    device_loc = torch.randperm(device_rows, generator=gen)[:batches * (hot + 1)].view(batches, hot + 1).to(I32)
+    host_kv = _kv(gen, batches * max(lens), row_bytes)
+    device_kv = _kv(gen, device_rows, row_bytes)
+    if dtype != torch.uint8:
+        host_kv, device_kv = host_kv.view(dtype), device_kv.view(dtype)
+    if row_shape is not None:
+        host_kv, device_kv = host_kv.view(-1, *row_shape), device_kv.view(-1, *row_shape)
+    return dict(copy_src=p.copy_src.to(dev), copy_dst=p.copy_dst.to(dev), copy_count=p.copy_count.to(dev),
+                host_kv=_host(dev, host_kv), device_kv=device_kv.to(dev), device_loc=device_loc.to(dev))
+
+
+cases = CaseList("hisparse_swap_in")
+
+
+@cases.add("a decode step's misses, 656-byte rows (DeepSeek's fp8 MLA KV), pinned host memory")
+def _(gen, dev):
+    return _planned(gen, dev, [300, 90, 1000, 40], 48, 16, 656)
+
+
+@cases.add("bf16 rows [1, 576] (1152 bytes), int64 device rows")
+def _(gen, dev):
+    args = _planned(gen, dev, [200, 700], 32, 16, 1152, dtype=torch.bfloat16, row_shape=(1, 576))
+    args["device_loc"] = args["device_loc"].long()
+    return args
+
+
+@cases.add("odd row bytes (6) and rows sharing a request")
+def _(gen, dev):
+    lens, hot, k = [400, 150], 24, 12
+    host_loc = _host_loc(gen, 2, 400)
+    _, tokens, ages = _evolved(gen, 3, lens, hot, k, host_loc, drift=4)
+    r2b = torch.tensor([0, 0, 1, 1, 1], dtype=I32)
+    raw = torch.stack([torch.randperm(n, generator=gen)[:k] for n in (400, 400, 150, 150, 150)]).to(I32)
+    p = hisparse.plan(raw, torch.tensor(lens, dtype=I32), host_loc, tokens, ages, row_to_batch=r2b)
+    device_loc = torch.randperm(60, generator=gen)[:2 * (hot + 1)].view(2, hot + 1).to(I32)
+    return dict(copy_src=p.copy_src.to(dev), copy_dst=p.copy_dst.to(dev), copy_count=p.copy_count.to(dev),
+                host_kv=_host(dev, _kv(gen, 800, 6)), device_kv=_kv(gen, 60, 6).to(dev),
+                device_loc=device_loc.to(dev), row_to_batch=r2b.to(dev))
+
+
+@cases.add("adversarial copy lists: host rows negative and past host_kv, slots past device_loc, device rows -1 and "
+           "past device_kv, counts below 0 and past k, rows naming no request")
+def _(gen, dev):
+    rows, k, batches, width = 6, 5, 3, 4
+    copy_src = torch.randint(-3, 40, (rows, k), generator=gen, dtype=torch.int64)
+    copy_src[0, 0], copy_src[1, 1] = 2**62, -2**62
+    copy_dst = torch.randint(-2, width + 2, (rows, k), generator=gen, dtype=I32)
+    copy_count = torch.tensor([5, 3, -4, 9, 2, 5], dtype=I32)
+    device_loc = torch.randint(-1, 24, (batches, width), generator=gen, dtype=I32)
+    device_loc[0, 0] = 2**31 - 1
+    r2b = torch.tensor([0, 1, 2, 2, -1, 7], dtype=I32)
+    return dict(copy_src=copy_src.to(dev), copy_dst=copy_dst.to(dev), copy_count=copy_count.to(dev),
+                host_kv=_host(dev, _kv(gen, 30, 64)), device_kv=_kv(gen, 20, 64).to(dev),
+                device_loc=device_loc.to(dev), row_to_batch=r2b.to(dev))
+
+
+@cases.add("host KV already on the device")
+def _(gen, dev):
+    args = _planned(gen, dev, [300, 500], 40, 16, 128)
+    args["host_kv"] = args["host_kv"].to(dev)
+    return args
+
+
+@cases.add("no copies")
+def _(gen, dev):
+    return dict(copy_src=torch.zeros(0, 4, dtype=torch.int64).to(dev), copy_dst=torch.zeros(0, 4, dtype=I32).to(dev),
+                copy_count=torch.zeros(0, dtype=I32).to(dev), host_kv=_host(dev, _kv(gen, 3, 16)),
+                device_kv=_kv(gen, 2, 16).to(dev), device_loc=torch.zeros(0, 5, dtype=I32).to(dev))
+
+
+SPEC = OpSpec("hisparse_swap_in", check, reference, judge, tuple(cases))

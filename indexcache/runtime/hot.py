@@ -1,0 +1,115 @@
+"""HiSparse in the runtime: the hot buffers' state of each producer group and the plan of the group whose indices
+are current, so each sparse layer gets its device rows in one call (docs/hisparse.md, "In the runtime").
+
+An engine keeping its KV in host memory attaches a :class:`HotBuffers` to its
+:class:`~indexcache.runtime.state.TopkState` (``state.hot = HotBuffers(...)``, once, before any graph capture) and
+passes each sparse layer's :class:`HotLayer` to
+:meth:`IndexerRunner.layer <indexcache.runtime.runner.IndexerRunner.layer>` (``hot=``):
+
+- a **producer** selects its top-k as before, then plans the step for its group (:func:`indexcache.hisparse_plan`
+  over the state's logical indices, into the group's hot-buffer state) and swaps in its own layer's misses;
+- a **shared** layer swaps in its own layer's KV rows with the same plan (:func:`indexcache.hisparse_swap_in`), no
+  planning: the group's buffers move in lockstep;
+- both return the device rows the attention reads, ``device_loc[b, slot]`` (-1 for none), instead of page-table slots.
+
+Every buffer is allocated at construction; a call only writes into them: valid under CUDA-graph capture.
+:meth:`TopkState.begin <indexcache.runtime.state.TopkState.begin>` forgets the current plan, so a shared layer of the
+next forward cannot swap in with a stale one (it raises :class:`~indexcache.runtime.state.MissingProducerError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from indexcache.hal import hisparse, ops
+from indexcache.hal.ops import INDEX
+from indexcache.runtime.state import MissingProducerError
+
+
+@dataclass(frozen=True)
+class HotLayer:
+    """One sparse layer's HiSparse tensors for a step.
+
+    ``host_kv [Nh, ...]``: the layer's KV rows in host memory (pinned, for a GPU backend to read them);
+    ``device_kv [Nd, ...]``: its device rows, the hot buffers among them; ``device_loc [B, H + 1]`` int32: the device
+    row of each request's slot (slot ``H``: the newest token's); ``seq_lens [B]`` int32: each request's length, the
+    token being decoded included; ``host_loc [B, L]`` int32 or int64: the host row of each token, the same for
+    every layer of a producer group (each layer's host pool laid out alike); ``host_rows``: a bound on host rows
+    (default ``host_kv``'s rows)."""
+
+    host_kv: torch.Tensor
+    device_kv: torch.Tensor
+    device_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    host_loc: torch.Tensor
+    host_rows: int | None = None
+
+
+class HotBuffers:
+    """The hot-buffer state of ``max_requests`` requests with ``hot`` device slots each, one state per producer in
+    ``producers`` (the layers sharing a producer's indices share its buffers' bookkeeping), and the buffers of one
+    plan of up to ``max_rows`` rows of ``k`` positions on ``device``."""
+
+    def __init__(self, producers: Iterable[int], max_requests: int, hot: int, max_rows: int, k: int,
+                 device: torch.device | str = "cpu") -> None:
+        for name, value, low in (("max_requests", max_requests, 0), ("hot", hot, 1), ("max_rows", max_rows, 0),
+                                 ("k", k, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        self.state = {int(p): hisparse.empty_state(max_requests, hot, device) for p in producers}
+        self.slots = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
+        self.copy_src = torch.full((max_rows, k), -1, dtype=torch.int64, device=device)
+        self.copy_dst = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
+        self.copy_count = torch.zeros(max_rows, dtype=INDEX, device=device)
+        self.device_rows = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
+        self._span = torch.full((max_rows,), hot + 1, dtype=INDEX, device=device)  # every slot 0..H is in range
+        self.group: int | None = None  # the producer whose plan the buffers hold
+        self.rows = 0
+
+    def __repr__(self) -> str:
+        return f"HotBuffers(producers={sorted(self.state)}, plan of={self.group}, rows={self.rows})"
+
+    def reset(self, requests: torch.Tensor) -> None:
+        """Empty the state rows ``requests`` (int64 indices, on the device) in every group: what an engine does when
+        it gives a request row to a new request. Graph-safe."""
+        for tokens, ages in self.state.values():
+            tokens.index_fill_(0, requests, hisparse.EMPTY)
+            ages.index_fill_(0, requests, hisparse.EMPTY)
+
+    def forget(self) -> None:
+        """No plan is current (a new forward): a shared layer must wait for its producer's."""
+        self.group = None
+        self.rows = 0
+
+    def plan(self, producer: int, raw: torch.Tensor, layer: HotLayer, *,
+             row_to_batch: torch.Tensor | None = None) -> hisparse.Plan:
+        """Plan the step of ``producer``'s group for its selection ``raw [rows, k]`` (logical positions, -1 none),
+        into the buffers; returns the plan (views of the buffers)."""
+        if producer not in self.state:
+            raise KeyError(f"producer {producer}: no hot-buffer state (producers {sorted(self.state)})")
+        rows = raw.shape[0]
+        if rows > self.slots.shape[0] or raw.shape[1] != self.slots.shape[1]:
+            raise ValueError(f"raw: expected at most {self.slots.shape[0]} rows of {self.slots.shape[1]} positions "
+                             f"(the buffers' capacity), got {list(raw.shape)}")
+        tokens, ages = self.state[producer]
+        host_rows = layer.host_kv.shape[0] if layer.host_rows is None else layer.host_rows
+        got = ops.hisparse_plan(raw, layer.seq_lens, layer.host_loc, tokens, ages, row_to_batch=row_to_batch,
+                                host_rows=host_rows, out=self.slots[:rows], out_copy_src=self.copy_src[:rows],
+                                out_copy_dst=self.copy_dst[:rows], out_copy_count=self.copy_count[:rows])
+        self.group, self.rows = producer, rows
+        return got
+
+    def swap_in(self, producer: int, layer: HotLayer, *, row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy ``layer``'s misses of the current plan (``producer``'s) into its device rows; returns its device rows
+        ``[rows, k]`` int32 of the selected positions (-1 none), a view valid until the next layer."""
+        if self.group != producer:
+            raise MissingProducerError(f"the hot buffers hold the plan of {self.group}, not of producer {producer}: "
+                                       "run the producer (with hot=) first in this forward")
+        rows = self.rows
+        ops.hisparse_swap_in(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows], layer.host_kv,
+                             layer.device_kv, layer.device_loc, row_to_batch=row_to_batch)
+        return ops.translate(self.slots[:rows], layer.device_loc, self._span[:rows], 1, row_to_batch=row_to_batch,
+                             out=self.device_rows[:rows])

@@ -1,0 +1,161 @@
+"""HiSparse in the runtime (issue 40, item 3): the hot buffers attached to a TopkState, a producer planning its
+group's step and every sparse layer swapping in its own KV with that one plan; what each layer's attention reads is
+the KV of the tokens its producer selected; stale plans are refused; the small model decodes with HiSparse exactly as
+without it."""
+
+import pytest
+import torch
+
+import indexcache
+from indexcache.hal import ops
+from indexcache.hal.ops import INDEX
+from indexcache.plan import LayerPlan
+from indexcache.runtime.hot import HotBuffers, HotLayer
+from indexcache.runtime.runner import IndexerRunner
+from indexcache.runtime.state import IndexRecorder, MissingProducerError, TopkState
+from indexcache.tools.model.config import preset
+from indexcache.tools.model.dsa import DSAModel
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+K, HOT, PAGE, LAYERS, REQUESTS, WIDTH = 8, 12, 4, 6, 3, 4
+
+
+class Chosen(TopkState):
+    """A producer whose selection is given (``self.next``) instead of scored."""
+
+    next: torch.Tensor
+
+    def select(self, scores, lengths, page_table, page_size, *, row_starts, row_to_batch, out, out_raw):
+        out_raw.copy_(self.next)
+        return out
+
+
+def setup(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    plan = LayerPlan(LAYERS, index_topk_pattern="FSFSFS", index_topk=K, page_size=PAGE)  # producers 0, 2, 4
+    runner = IndexerRunner(plan)
+    state = Chosen(REQUESTS, K)
+    state.hot = HotBuffers(plan.producers, REQUESTS, HOT, REQUESTS, K)
+    max_len = 80
+    host_loc = torch.randperm(REQUESTS * max_len, generator=g).view(REQUESTS, max_len).to(INDEX)
+    rows = REQUESTS * (HOT + 1)
+    layers = [HotLayer(torch.randn(REQUESTS * max_len, WIDTH, generator=g), torch.zeros(rows + 2, WIDTH),
+                       torch.randperm(rows + 2, generator=g)[:rows].view(REQUESTS, HOT + 1).to(INDEX), None, host_loc)
+              for _ in range(LAYERS)]
+    table = torch.arange(REQUESTS * max_len // PAGE, dtype=INDEX).view(REQUESTS, -1)
+    return g, plan, runner, state, layers, table
+
+
+def step(runner, state, layers, table, seq_lens, raw):
+    """One decode step through the runner; the engine's side first: each request's newest token at its slot."""
+    state.next = raw
+    runner.begin(state, REQUESTS)
+    got = {}
+    for i in runner.layers:
+        layer = HotLayer(layers[i].host_kv, layers[i].device_kv, layers[i].device_loc, seq_lens, layers[i].host_loc)
+        for b, n in enumerate(seq_lens.tolist()):
+            slot = n - 1 if n <= HOT else HOT
+            layer.device_kv[layer.device_loc[b, slot]] = layer.host_kv[layer.host_loc[b, n - 1]]
+        got[i] = runner.layer(i, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=seq_lens, page_table=table,
+                              hot=layer).clone()
+    return got
+
+
+def test_every_sparse_layer_reads_the_kv_of_its_producers_selection_over_steps_crossing_h(monkeypatch):
+    g, plan, runner, state, layers, table = setup()
+    planned = []
+    real = ops.hisparse_plan
+    monkeypatch.setattr(ops, "hisparse_plan", lambda *a, **kw: planned.append(1) or real(*a, **kw))
+    lens = torch.tensor([5, 11, 30], dtype=INDEX)
+    for layer in layers:  # the prefill: a request within H has token t at slot t
+        for b, n in enumerate(lens.tolist()):
+            for t in range(n if n <= HOT else 0):
+                layer.device_kv[layer.device_loc[b, t]] = layer.host_kv[layer.host_loc[b, t]]
+    raw = torch.stack([torch.randint(0, int(n), (K,), generator=g) for n in lens]).to(INDEX)
+    for _ in range(16):  # request 1 crosses H = 12 on the way; the selections drift
+        lens = lens + 1
+        fresh = torch.stack([torch.randint(0, int(n), (K,), generator=g) for n in lens]).to(INDEX)
+        raw = torch.where(torch.rand(REQUESTS, K, generator=g) < 0.3, fresh, raw)
+        raw[0, -1] = -1
+        planned.clear()
+        got = step(runner, state, layers, table, lens, raw)
+        assert len(planned) == len(plan.producers)  # one plan a producer, none for a shared layer
+        for i, rows in got.items():
+            layer = layers[i]
+            for b in range(REQUESTS):
+                for j in range(K):
+                    x = int(raw[b, j])
+                    if x < 0:
+                        assert rows[b, j] == -1
+                        continue
+                    assert rows[b, j] >= 0, (i, b, j)
+                    assert torch.equal(layer.device_kv[rows[b, j]], layer.host_kv[layer.host_loc[b, x]]), (i, b, x)
+
+
+def test_a_shared_layer_needs_its_producers_plan_of_this_forward():
+    _, _, runner, state, layers, table = setup()
+    lens = torch.tensor([20, 20, 20], dtype=INDEX)
+    state.next = torch.zeros(REQUESTS, K, dtype=INDEX)
+    layer = HotLayer(layers[1].host_kv, layers[1].device_kv, layers[1].device_loc, lens, layers[1].host_loc)
+    runner.begin(state, REQUESTS)
+    runner.layer(0, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+    runner.layer(1, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+    runner.begin(state, REQUESTS)  # a new forward forgets the plan
+    state.producer = 0  # even with indices from somewhere, the plan is stale
+    with pytest.raises(MissingProducerError, match="hot buffers hold the plan of None"):
+        runner.layer(1, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+    plain = TopkState(REQUESTS, K)
+    runner.begin(plain, REQUESTS)
+    with pytest.raises(ValueError, match="hot: given, but the state has no hot buffers"):
+        runner.layer(0, plain, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+
+
+def test_buffers_check_their_sizes_and_reset_empties_a_requests_rows():
+    with pytest.raises(ValueError, match="hot: expected an int >= 1"):
+        HotBuffers([0], 2, 0, 2, 4)
+    hot = HotBuffers([0, 2], 3, 4, 3, 4)
+    for tokens, ages in hot.state.values():
+        tokens.fill_(7)
+        ages.fill_(3)
+    hot.reset(torch.tensor([1]))
+    for tokens, ages in hot.state.values():
+        assert tokens[1].eq(-1).all() and ages[1].eq(-1).all() and tokens[0].eq(7).all() and tokens[2].eq(7).all()
+    with pytest.raises(KeyError, match="producer 1: no hot-buffer state"):
+        hot.plan(1, torch.zeros(3, 4, dtype=INDEX),
+                 HotLayer(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(3, 5, dtype=INDEX),
+                          torch.ones(3, dtype=INDEX), torch.zeros(3, 1, dtype=INDEX)))
+
+
+MODEL = preset("v32-like", num_layers=6, hidden=64, heads=2, head_dim=32, index_heads=2, topk=16, page_size=8,
+               vocab=64, window=16)
+
+
+@pytest.mark.parametrize("freq", [1, 3])
+def test_the_small_model_decodes_with_hisparse_as_without_it(freq):
+    """Prompts shorter and longer than the hot buffer (24 slots), 12 decode steps: with HiSparse every layer selects
+    the same positions and the logits are equal, bit for bit (the attention reads the same latents)."""
+    model = DSAModel(MODEL)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, MODEL.vocab, (n,), generator=g) for n in (10, 20, 40, 90)]
+    want_rec, got_rec = IndexRecorder(), IndexRecorder()
+    want = model.generate(prompts, 12, IndexerRunner(model.plan(freq)), recorder=want_rec)
+    got = model.generate(prompts, 12, IndexerRunner(model.plan(freq)), recorder=got_rec, tokens=want.tokens, hot=24)
+    assert torch.equal(got.decode_logits, want.decode_logits)
+    for layer, raw in want_rec.stacked().items():
+        assert torch.equal(got_rec.stacked()[layer], raw), layer
+
+
+def test_the_public_ops_run_one_step_and_one_layer():
+    """The docstring's shapes through the package root, on the default backend."""
+    tokens, ages = indexcache.hal.hisparse.empty_state(2, 4)
+    raw = torch.tensor([[7, 2, -1], [1, 0, 3]], dtype=INDEX)
+    p = indexcache.hisparse_plan(raw, torch.tensor([10, 3], dtype=INDEX), torch.arange(20, dtype=INDEX).view(2, 10),
+                                 tokens, ages)
+    assert p.slots.tolist() == [[0, 1, -1], [1, 0, -1]] and p.copy_count.tolist() == [2, 0]
+    assert p.slot_token is tokens and tokens.tolist() == [[7, 2, -1, -1], [0, 1, 2, -1]]
+    host_kv = torch.arange(20.0)[:, None]
+    device_kv = torch.zeros(10, 1)
+    loc = torch.arange(10, dtype=INDEX).view(2, 5)
+    assert indexcache.hisparse_swap_in(*p.copies, host_kv, device_kv, loc) is device_kv
+    assert device_kv[:, 0].tolist() == [7, 2, 0, 0, 0, 0, 0, 0, 0, 0]
