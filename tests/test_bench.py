@@ -600,6 +600,16 @@ def test_short_rows_smoke_runs_on_the_cpu(tmp_path):
     assert all(r["step_us"] > 0 and r["two_ops_us"] > 0 for r in report["prefill_rows"])
 
 
+def test_hisparse_swap_smoke_runs_on_the_cpu(tmp_path):
+    """bench/hisparse_swap_gpu.py --smoke: the Triton swap-in interpreted and the copy engine's path on the CPU, each
+    M's copies landing where the plan says; no host link off the GPU."""
+    _script("hisparse_swap_gpu", "--smoke", "--out", str(tmp_path))
+    report = json.loads((tmp_path / "hisparse_swap.json").read_text())
+    assert report["device"] == "cpu" and not report["errors"] and report["link"] is None
+    assert [r["misses"] for r in report["rows"]] == [2, 8]
+    assert all(r["kernel_us"] > 0 and r["engine_us"] > 0 and r["bytes"] == r["copies"] * 656 for r in report["rows"])
+
+
 def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
     """bench/prefill_producer_gpu.py --smoke: the one-op call at each bound against the two ops, the bounded call
     over more keys against them too, every result the same; no peers off the GPU."""

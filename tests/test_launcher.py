@@ -285,3 +285,16 @@ def test_kernels_are_keyed_alike_whatever_the_process_keyed_before():
     orders = ("topk_sample_kernel", "topk_rows_kernel,topk_finish_kernel,topk_sample_kernel")
     assert keys(orders[0], "no") != keys(orders[1], "no")  # the order shows through without settling
     assert keys(orders[0], "settle") == keys(orders[1], "settle")
+
+
+def test_a_bound_launch_hands_a_pinned_host_tensor_to_the_driver_to_map(monkeypatch):
+    """Triton's launcher maps the address of what has ``data_ptr()`` (a pinned host tensor: cuPointerGetAttribute)
+    and takes an int as a GPU address: a bound launch passes a pinned tensor's address as the former."""
+    launcher, jit = _fast_launcher(monkeypatch)
+    x, pinned = torch.zeros(64, dtype=torch.int32), torch.zeros(64, dtype=torch.uint8)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t: t.data_ptr() == pinned.data_ptr())
+    launcher.bind((5,), launch_key_options({"num_warps": 4}), x, 32, FLAG=True)()
+    launcher.bind((5,), launch_key_options({"num_warps": 4}), pinned, 32, FLAG=True)()
+    assert jit.calls[1][1][9] == x.data_ptr()  # a GPU tensor (here any tensor not pinned): its address
+    mapped = jit.calls[3][1][9]
+    assert not isinstance(mapped, int) and mapped.data_ptr() == pinned.data_ptr()

@@ -34,6 +34,10 @@ _COMMON: dict[str, dict[str, Any]] = {
                          "TMA_MAXNREG": [64, 80]},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
     "gather_index_k": {"BLOCK_T": 32, "num_warps": 4},  # 32 tokens a block: 4 KB of fp8 keys at D = 128
+    # HiSparse swap-in (hisparse/swap.py): 8 copies a step of a program (5 KB of 656-byte rows read at once, 16-byte
+    # vectors), rows of up to 2 KB in one tile, about 8 programs a SM spread over the plan's rows: some 5 MB in
+    # flight on an H200, far above what the host link needs (from the design, not measured yet).
+    "hisparse_swap_in": {"BLOCK_C": 8, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 8, "num_warps": 4},
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
     # bins for the fallback's row histogram, 5-bit digits (32 bins = one a lane: Triton 3.6 lowers a histogram by
     # ballots) in the selects, four resident programs a SM for the fused kernel (maxnreg 128). Rows split into

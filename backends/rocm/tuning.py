@@ -20,6 +20,8 @@ _COMMON: dict[str, dict[str, Any]] = {
                          "num_warps": 4, "PREFETCH": 1, "num_stages": 1, "waves_per_eu": 2},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4, "waves_per_eu": 2},  # also store_index_k
     "gather_index_k": {"BLOCK_T": 32, "num_warps": 4, "waves_per_eu": 2},
+    # HiSparse swap-in: as on NVIDIA (8 copies a step, 16-byte vectors, about 8 programs a CU; not measured).
+    "hisparse_swap_in": {"BLOCK_C": 8, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 8, "num_warps": 4, "waves_per_eu": 2},
     # Top-k: the 64-lane histogram ballots live in SGPRs, so one value a lane (256-value tiles, 4 waves) is
     # what leaves the fused kernel without SGPR spills (Triton 3.9, gfx942); 2 resident programs a CU. sorted=True:
     # one wave per SORT_PER_WARP keys (8 int64 a lane; from the cross-compiled register counts, not measured).

@@ -188,8 +188,10 @@ class Launcher:
         """This launch as a callable that repeats it with the same arguments, compiled now (nothing launched).
 
         The callable keeps the tensors' addresses, not the tensors: it is valid while memory of the same layout
-        lies there (the caller's contract). Interpreted, it launches through Triton on tensors found by the same
-        addresses (:func:`_by_address`), so it keeps no memory alive there either."""
+        lies there (the caller's contract); a pinned host tensor's address is mapped into the GPU's by the driver at
+        each launch, as Triton's launcher does for the tensor (:class:`_Mapped`). Interpreted, it launches through
+        Triton on tensors found by the same addresses (:func:`_by_address`), so it keeps no memory alive there
+        either."""
         values = self._values(args, named)
         if not self._fast:
             args = tuple(_by_address(a) if isinstance(a, torch.Tensor) else a for a in args)
@@ -197,7 +199,7 @@ class Launcher:
             return lambda: _interpret(self.fn, grid, options, args, named)
         device, key = self._key(options, values)
         kernel = self._compiled(key, options, args, named)
-        plain = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
+        plain = tuple(_address(v) if isinstance(v, torch.Tensor) else v for v in values)
         gx, gy, gz = (*grid, 1, 1)[:3]
         current_stream = self._driver[1]
         run = kernel.run  # first: loads the compiled kernel (its function handle) where only warmed up
@@ -290,6 +292,31 @@ class Launcher:
             else:
                 classes.append(kind)
         return classes
+
+
+class _Mapped:
+    """A pinned host tensor's address in a bound launch. Triton's launcher takes an int argument as the GPU address
+    it is, but asks anything else for ``data_ptr()`` and maps that address into the GPU's address space
+    (``cuPointerGetAttribute`` / ``hipPointerGetAttribute``, as it does for a tensor given to it): under unified
+    addressing a pinned buffer's GPU address is usually its host address, and this keeps the driver's word for it
+    (and its error for memory that is not pinned)."""
+
+    __slots__ = ("address",)
+
+    def __init__(self, address: int):
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+    def __repr__(self) -> str:
+        return f"_Mapped({self.address:#x})"
+
+
+def _address(t: torch.Tensor) -> int | _Mapped:
+    """What a bound launch passes for tensor ``t``: its address, mapped by the driver at each launch where ``t`` is
+    pinned host memory (a kernel reading it directly, such as the HiSparse swap-in)."""
+    return _Mapped(t.data_ptr()) if t.device.type == "cpu" and t.is_pinned() else t.data_ptr()
 
 
 def _by_address(t: torch.Tensor) -> torch.Tensor:

@@ -156,14 +156,16 @@ def swap_in(p: Plan, host_kv: torch.Tensor, device_kv: torch.Tensor, device_loc:
     """``device_kv`` (a copy) after one layer's swap-in of ``p``'s copies: row ``copy_src`` of ``host_kv`` to row
     ``device_loc[b, copy_dst]`` of ``device_kv`` (``device_loc [B, H + 1]``: the device row of each slot of each
     request, slot H the newest token's; ``row_to_batch`` as given to :func:`plan`). A copy whose host or device row
-    lies outside its tensor (or whose request or slot lies outside ``device_loc``) is skipped."""
+    lies outside its tensor (or whose request or slot lies outside ``device_loc``) is skipped; a row's count is taken
+    in ``[0, k]``."""
     out = device_kv.clone()
     device_loc = device_loc.cpu().long()
     rows = p.copy_count.shape[0]
     r2b = torch.arange(rows) if row_to_batch is None else row_to_batch.cpu().long()
     for r in range(rows):
         b = int(r2b[r])
-        for i in range(int(p.copy_count[r]) if 0 <= b < device_loc.shape[0] else 0):
+        count = min(int(p.copy_count[r]), p.copy_src.shape[1])  # a count past the lists' width copies them all
+        for i in range(count if 0 <= b < device_loc.shape[0] else 0):
             src, slot = int(p.copy_src[r, i]), int(p.copy_dst[r, i])
             dst = int(device_loc[b, slot]) if 0 <= slot < device_loc.shape[1] else EMPTY
             if 0 <= src < host_kv.shape[0] and 0 <= dst < out.shape[0]:

@@ -1,0 +1,1 @@
+"""HiSparse in Triton (docs/hisparse.md): the swap-in of a plan's copies (:mod:`.swap`)."""

@@ -1,0 +1,220 @@
+"""``hisparse_swap_in`` in Triton: one layer's copies of a HiSparse plan, host rows into the device hot buffer
+(docs/hisparse.md, "One layer"; the reference is ``indexcache.hal.hisparse.swap_in``).
+
+Row ``r`` of the plan carries ``copy_count[r]`` copies (clamped to ``[0, k]``): host row ``copy_src[r, i]`` to device
+row ``device_loc[b, copy_dst[r, i]]``, ``b = row_to_batch[r]`` (row ``r`` without it). A copy whose request, slot,
+host row or device row lies outside its tensor is skipped; nothing else of ``device_kv`` is written.
+
+The rows are copied as bytes (both KV tensors viewed as ``uint8`` rows of ``ROW_BYTES``), ``BLOCK_C`` copies a step
+of a program: their indices, their device rows, then a ``[BLOCK_C, CHUNK]`` tile of bytes read and written at once.
+A row's stride is passed in units of ``UNIT`` bytes (the largest power of two up to 16 dividing both strides), so
+Triton knows every row start is ``UNIT``-aligned and moves 16-byte vectors where the row bytes and the tensors'
+alignment allow (656-byte fp8 MLA rows and 1152-byte bf16 rows: 16; 6-byte rows: 2).
+
+Grid: the rows of the plan × ``P`` programs a row, program ``(r, p)`` taking the row's blocks ``p, p + P, …`` up to
+its count (read on the device). ``P`` is sized from the shape only (the GPU's multiprocessors times
+``PROGRAMS_PER_SM``, spread over the rows, at most the ``k / BLOCK_C`` blocks a row may have): a few rows with many
+copies still fill the GPU, and with many rows each program walks a few blocks. Rows with fewer copies leave programs
+with nothing to do (they read the count and end). What keeps the host link busy is the bytes in flight: every
+program's step reads ``BLOCK_C`` rows at once (5 KB at 656-byte rows), and about ``SMs × PROGRAMS_PER_SM`` programs
+do so together.
+
+The host KV may be a GPU tensor or pinned host memory: the kernel then reads the host memory directly, mapped into
+the GPU's address space (unified addressing; Triton's launcher translates a pinned tensor's address with
+``cuPointerGetAttribute`` / ``hipPointerGetAttribute``, and so does a bound launch of ours,
+``launcher._address``). Interpreted, everything is on the CPU. Nothing is allocated and nothing syncs with the host;
+the variant depends on the row bytes, the index dtypes and the tuning entry, not on the rows, requests, slots or
+either tensor's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options, planned_sms
+from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
+from indexcache.backends.triton.target import Target
+from indexcache.hal.contract import OpImpl
+
+INTERPRETED_SMS = 3  # multiprocessors the grid is sized for under the interpreter
+MAX_PROGRAMS = 65535  # programs a row at most (the grid's second dimension)
+MAX_UNIT = 16  # the widest vector a thread moves, in bytes
+
+
+# The plan's width, the requests, slots, both tensors' rows and every stride that follows them take no part in the
+# variant, nor do the addresses of the index tensors (docs/kernels.md, "Kernel variants").
+@triton.jit(do_not_specialize=("k", "batch", "width", "host_rows", "dev_rows", "src_s0", "dst_s0", "loc_s0",
+                               "host_su", "dev_su"),
+            do_not_specialize_on_alignment=("src_ptr", "dst_ptr", "count_ptr", "loc_ptr", "r2b_ptr"))
+def hisparse_swap_kernel(
+    src_ptr, dst_ptr, count_ptr, loc_ptr, r2b_ptr, host_ptr, dev_ptr,
+    k, batch, width, host_rows, dev_rows,
+    src_s0, src_s1, dst_s0, dst_s1, count_s0, loc_s0, loc_s1, r2b_s0, host_su, dev_su,
+    ROW_BYTES: tl.constexpr, CHUNK: tl.constexpr, UNIT: tl.constexpr, BLOCK_C: tl.constexpr, HAS_R2B: tl.constexpr,
+):
+    """Row ``program_id(0)``'s copies in blocks ``program_id(1), + num_programs(1), …`` of ``BLOCK_C``: host row
+    ``src`` (``host_su * UNIT`` bytes apart) to device row ``device_loc[b, slot]`` (``dev_su * UNIT`` apart), the
+    ``ROW_BYTES`` bytes ``CHUNK`` at a time; every read and write masked by the copy's checks."""
+    r = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1)
+    step = tl.num_programs(1)
+    if HAS_R2B:
+        b = tl.load(r2b_ptr + r * r2b_s0).to(tl.int64)
+    else:
+        b = r
+    n = tl.minimum(tl.maximum(tl.load(count_ptr + r * count_s0), 0), k)
+    n = tl.where((b >= 0) & (b < batch), n, 0)
+    cs = tl.arange(0, BLOCK_C)
+    bs = tl.arange(0, CHUNK)
+    for c in range(first, tl.cdiv(n, BLOCK_C), step):
+        i = (c * BLOCK_C + cs).to(tl.int64)
+        live = i < n
+        src = tl.load(src_ptr + r * src_s0 + i * src_s1, mask=live, other=-1).to(tl.int64)
+        slot = tl.load(dst_ptr + r * dst_s0 + i * dst_s1, mask=live, other=-1).to(tl.int64)
+        live = live & (slot >= 0) & (slot < width)
+        row = tl.load(loc_ptr + b * loc_s0 + slot * loc_s1, mask=live, other=-1).to(tl.int64)
+        ok = live & (src >= 0) & (src < host_rows) & (row >= 0) & (row < dev_rows)
+        host_at = src * (host_su * UNIT)
+        dev_at = row * (dev_su * UNIT)
+        for c0 in tl.static_range(0, ROW_BYTES, CHUNK):
+            col = c0 + bs
+            mask = ok[:, None] & (col < ROW_BYTES)[None, :]
+            data = tl.load(host_ptr + host_at[:, None] + col[None, :], mask=mask)
+            tl.store(dev_ptr + dev_at[:, None] + col[None, :], data, mask=mask)
+
+
+SWAP = Launcher(hisparse_swap_kernel)
+
+
+def as_rows(kv: torch.Tensor) -> torch.Tensor:
+    """``kv [N, ...]`` as ``[N, row bytes]`` uint8 rows over the same memory (its rows must be contiguous)."""
+    if not rows_contiguous(kv):
+        raise ValueError(f"the KV rows must be contiguous (stride {tuple(kv.stride())})")
+    row = 1
+    for size in kv.shape[1:]:
+        row *= size
+    return kv.as_strided((kv.shape[0], row), (kv.stride(0), 1)).view(torch.uint8)
+
+
+def rows_contiguous(kv: torch.Tensor) -> bool:
+    """Whether each row ``kv[i]`` is contiguous (what :func:`as_rows` views as bytes without a copy)."""
+    expected = 1
+    for size, stride in reversed(list(zip(kv.shape[1:], kv.stride()[1:], strict=True))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def unit(*strides_bytes: int) -> int:
+    """The largest power of two up to :data:`MAX_UNIT` dividing every row stride (in bytes)."""
+    u = MAX_UNIT
+    while u > 1 and any(s % u for s in strides_bytes):
+        u //= 2
+    return u
+
+
+def _sms(target: Target, device: torch.device) -> int:
+    """Multiprocessors the grid is sized for (the planned GPU's inside ``launcher.planning``)."""
+    if target.interpreted:
+        return INTERPRETED_SMS
+    from indexcache.hal.device import sm_count
+
+    return planned_sms() or sm_count(device.index or 0)
+
+
+def programs_per_row(rows: int, k: int, sms: int, cfg: Mapping[str, Any]) -> int:
+    """Programs a row: ``SMs × PROGRAMS_PER_SM`` over the rows, at least one, at most the row's blocks."""
+    return max(1, min(cdiv(sms * cfg["PROGRAMS_PER_SM"], rows), cdiv(k, cfg["BLOCK_C"]), MAX_PROGRAMS))
+
+
+def supports(target: Target, copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch=None,
+             **_) -> list[str]:
+    """Reasons this kernel cannot take the call (empty: none): the index tensors and ``device_kv`` on the target's
+    device; ``host_kv`` there too or, on a GPU, in pinned host memory (read mapped); rows contiguous."""
+    reasons = on_target_device(target, copy_src=copy_src, copy_dst=copy_dst, copy_count=copy_count,
+                               device_kv=device_kv, device_loc=device_loc, row_to_batch=row_to_batch)
+    if host_kv.device.type == "cpu" and not target.interpreted:
+        if not host_kv.is_pinned():
+            reasons.append("host_kv is in pageable host memory: the kernel reads host memory only pinned "
+                           "(tensor.pin_memory()), mapped into the GPU's address space")
+    else:
+        reasons += on_target_device(target, host_kv=host_kv)
+    for name, t in (("host_kv", host_kv), ("device_kv", device_kv)):
+        if not rows_contiguous(t):
+            reasons.append(f"{name}'s rows are not contiguous (stride {tuple(t.stride())})")
+    return reasons
+
+
+def swap_launch(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch, *, target: Target,
+                cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
+    """The launch doing one layer's copies into ``device_kv`` (contract: module docstring), None when there is nothing
+    that could be copied."""
+    rows, k = copy_src.shape
+    batch, width = device_loc.shape
+    host, dev = as_rows(host_kv), as_rows(device_kv)
+    row_bytes = dev.shape[1]
+    if 0 in (rows, k, batch, width, host.shape[0], dev.shape[0], row_bytes):
+        return None
+    u = unit(host.stride(0), dev.stride(0))
+    block_c = cfg["BLOCK_C"]
+    chunk = min(next_power_of_2(row_bytes), cfg["CHUNK_BYTES"])
+    programs = programs_per_row(rows, k, _sms(target, dev.device), cfg)
+    r2b = copy_count if row_to_batch is None else row_to_batch
+    options = options or launch_key_options(launch_options(target, cfg))
+    return Launch(
+        SWAP, (rows, programs), options,
+        (copy_src, copy_dst, copy_count, device_loc, r2b, host, dev,
+         k, batch, width, host.shape[0], dev.shape[0],
+         copy_src.stride(0), copy_src.stride(1), copy_dst.stride(0), copy_dst.stride(1), copy_count.stride(0),
+         device_loc.stride(0), device_loc.stride(1), r2b.stride(0), host.stride(0) // u, dev.stride(0) // u),
+        dict(ROW_BYTES=row_bytes, CHUNK=chunk, UNIT=u, BLOCK_C=block_c, HAS_R2B=row_to_batch is not None),
+    )
+
+
+def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
+    """``hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch=None)`` of a
+    GPU backend built for ``target``: ``device_kv`` written in place and returned."""
+    cfg = tuning["hisparse_swap_in"]
+    options = launch_key_options(launch_options(target, cfg))
+
+    def args_of(row_to_batch=None, **args):
+        return dict(args, row_to_batch=row_to_batch)
+
+    def run(**args):
+        args = args_of(**args)
+        launch = swap_launch(**args, target=target, cfg=cfg, options=options)
+        if launch is not None:
+            launch()
+        return args["device_kv"]
+
+    def prepare(**args):
+        return bound([swap_launch(**args_of(**args), target=target, cfg=cfg, options=options)])
+
+    return {"hisparse_swap_in": OpImpl(run, lambda **args: supports(target, **args), prepare)}
+
+
+def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
+    """What :func:`swap_launch` builds for ``target`` (cross-compile check): DeepSeek's fp8 MLA rows (656 bytes:
+    512 fp8 values, 4 fp32 scales, 64 bf16 rope values) and bf16 rows of 576 values (1152 bytes), contiguous KV
+    tensors, an int32 and an int64 ``device_loc``, with and without ``row_to_batch``."""
+    from indexcache.backends.triton.crosscompile import KernelSpec
+
+    cfg = tuning["hisparse_swap_in"]
+    specs = []
+    for row_bytes, loc, has_r2b in ((656, "*i32", True), (656, "*i64", False), (1152, "*i32", False),
+                                    (1152, "*i64", True)):
+        ptrs = {"src_ptr": "*i64", "dst_ptr": "*i32", "count_ptr": "*i32", "loc_ptr": loc, "r2b_ptr": "*i32",
+                "host_ptr": "*u8", "dev_ptr": "*u8"}
+        specs.append(KernelSpec(
+            "hisparse_swap_in", hisparse_swap_kernel, ptrs,
+            {"ROW_BYTES": row_bytes, "CHUNK": min(next_power_of_2(row_bytes), cfg["CHUNK_BYTES"]),
+             "UNIT": unit(row_bytes), "BLOCK_C": cfg["BLOCK_C"], "HAS_R2B": has_r2b,
+             "src_s1": 1, "dst_s1": 1, "count_s0": 1, "loc_s1": 1, "r2b_s0": 1},
+            launch_options(target, cfg)))
+    return specs
