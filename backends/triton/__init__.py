@@ -14,7 +14,7 @@ from typing import Any
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 
-KERNEL_MODULES = ("translate", "logits", "quantize", "topk", "producer", "prefill_producer", "gather")
+KERNEL_MODULES = ("translate", "logits", "quantize", "topk", "producer", "prefill_producer", "gather", "hisparse")
 
 
 def make_ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
