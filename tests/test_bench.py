@@ -610,6 +610,17 @@ def test_hisparse_swap_smoke_runs_on_the_cpu(tmp_path):
     assert all(r["kernel_us"] > 0 and r["engine_us"] > 0 and r["bytes"] == r["copies"] * 656 for r in report["rows"])
 
 
+def test_hisparse_smoke_runs_on_the_cpu(tmp_path):
+    """bench/hisparse_gpu.py --smoke (torch backend): the plan, the swap-in against a host copy, the 61-layer step at
+    freq 1 and 4 with its plans alone; every selected position of the step read its own row."""
+    _script("hisparse_gpu", "--smoke", "--out", str(tmp_path / "hs.json"))
+    report = json.loads((tmp_path / "hs.json").read_text())
+    assert report["device"] == "cpu" and not report["errors"]
+    assert [r["what"] for r in report["rows"]][-2:] == ["61-layer step, freq 1 (61 plans)",
+                                                        "61-layer step, freq 4 (16 plans)"]
+    assert all(r["us"] > 0 for r in report["rows"]) and set(report["ratios"]) == {"plans_f4_per_f1", "step_f4_per_f1"}
+
+
 def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
     """bench/prefill_producer_gpu.py --smoke: the one-op call at each bound against the two ops, the bounded call
     over more keys against them too, every result the same; no peers off the GPU."""
