@@ -714,10 +714,11 @@ def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch
     >>> tokens  # the state, updated in place
     tensor([[ 7,  2, -1, -1]], dtype=torch.int32)
     """
+    # The state by name: a kept call returns what the op writes from the named arguments (library.result).
     got = _call("hisparse_plan", backend, None not in (out, out_copy_src, out_copy_dst, out_copy_count),
-                (raw, seq_lens, host_loc, slot_token, slot_age),
-                dict(row_to_batch=row_to_batch, host_rows=host_rows, out=out, out_copy_src=out_copy_src,
-                     out_copy_dst=out_copy_dst, out_copy_count=out_copy_count))
+                (raw, seq_lens, host_loc), dict(slot_token=slot_token, slot_age=slot_age, row_to_batch=row_to_batch,
+                                                host_rows=host_rows, out=out, out_copy_src=out_copy_src,
+                                                out_copy_dst=out_copy_dst, out_copy_count=out_copy_count))
     return hisparse.Plan(*got[:4], slot_token, slot_age)  # a backend returns the four outputs, a kept call all six
 
 
@@ -771,8 +772,9 @@ def hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_
     ...                             backend="torch")[:, 0]
     tensor([7., 2., 0., 0., 0.])
     """
-    return _call("hisparse_swap_in", backend, True, (copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc),
-                 dict(row_to_batch=row_to_batch))
+    # device_kv by name: a kept call returns what the op writes from the named arguments (library.result).
+    return _call("hisparse_swap_in", backend, True, (copy_src, copy_dst, copy_count, host_kv),
+                 dict(device_kv=device_kv, device_loc=device_loc, row_to_batch=row_to_batch))
 
 
 def workspace_bytes(op: str, *args, backend=None, **named) -> int:

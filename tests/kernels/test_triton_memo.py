@@ -170,7 +170,16 @@ def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
     prefill = torch.empty(2, 32)
     ks, ke = torch.zeros(2, dtype=I32), torch.tensor([32, 10], dtype=I32)
     thrice(lambda: indexcache.mqa_logits(q[:, 0], k8, scale, weights, ks, ke, out=prefill, backend="cuda"), prefill)
-    assert memo.size() == 7  # topk and topk_translate, sorted and not; store; both logits ops
+    host_kv, device_kv = torch.randn(40, 3, generator=g), torch.zeros(12, 3)
+    src = torch.tensor([[5, 39, -1], [7, 0, 2]])
+    dst, count = torch.tensor([[0, 1, -1], [2, 0, 1]], dtype=I32), torch.tensor([2, 3], dtype=I32)
+    loc = torch.randperm(12, generator=g)[:10].view(2, 5).to(I32)
+    results = []
+    for _ in range(3):  # the swap-in writes only the copied rows: the others start at 0 each time
+        device_kv.zero_()
+        results.append(indexcache.hisparse_swap_in(src, dst, count, host_kv, device_kv, loc, backend="cuda").clone())
+    assert results[0].ne(0).any() and all(torch.equal(r, results[0]) for r in results)
+    assert memo.size() == 8  # topk and topk_translate, sorted and not; store; both logits ops; the swap-in
 
 
 @pytest.mark.parametrize("call, bad", [
