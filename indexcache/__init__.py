@@ -29,6 +29,8 @@ _PUBLIC = {
     "IndexRecorder": "indexcache.runtime.state",
     "IndexerRunner": "indexcache.runtime.runner",
     "DraftTopk": "indexcache.runtime.draft",
+    "HotBuffers": "indexcache.runtime.hot",
+    "HotLayer": "indexcache.runtime.hot",
     "overlap": "indexcache.runtime.streams",
     "cp_topk": "indexcache.runtime.distributed",
     "cp_topk_translate": "indexcache.runtime.distributed",
