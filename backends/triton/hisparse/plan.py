@@ -42,10 +42,11 @@ from indexcache.backends.triton.target import Target
 MAX_H = 65536  # slots a request at most: a slot takes 16 bits of the eviction key
 MAX_K = 4096  # columns a row at most: a row is one block
 MAX_IDS = 2**30  # H + R * k below this: event ids and miss codes are int32
-SLOT_BITS: tl.constexpr = 16
-INT_MAX: tl.constexpr = 2147483647
-PENDING: tl.constexpr = -2  # a selected entry's code while its token is unresolved
-MISS: tl.constexpr = -4  # codes <= MISS: a miss (first appearance f: MISS - f; then its number o: MISS - 2 o - first)
+SLOT_BITS = tl.constexpr(16)
+SLOT_MASK = tl.constexpr(0xFFFF)
+INT_MAX = tl.constexpr(2147483647)
+PENDING = tl.constexpr(-2)  # a selected entry's code while its token is unresolved
+MISS = tl.constexpr(-4)  # codes <= MISS: a miss (first appearance f: MISS - f; then its number o: MISS - 2 o - first)
 
 
 @triton.jit
@@ -79,10 +80,10 @@ def _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R: tl.constexpr, HAS_R2B: tl.constex
 
 
 @triton.jit
-def _token_of(w, ok, tok_row, tok_s1, raw_ptr, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr):
+def _token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr):
     """The token of event ``w`` (a state slot below H, else selected position ``w - H``), where ``ok``."""
     f = w - H
-    state = tl.load(tok_row + w.to(tl.int64) * tok_s1, mask=ok & (w < H), other=-1)
+    state = tl.load(tok_row + w.to(tl.int64), mask=ok & (w < H), other=-1)
     r = f // K
     sel = tl.load(raw_ptr + r.to(tl.int64) * raw_s0 + (f - r * K).to(tl.int64) * raw_s1, mask=ok & (w >= H), other=-1)
     return tl.where(w < H, state, sel)
@@ -92,9 +93,7 @@ def _token_of(w, ok, tok_row, tok_s1, raw_ptr, raw_s0, raw_s1, H: tl.constexpr, 
             do_not_specialize_on_alignment=("seq_ptr", "host_ptr", "r2b_ptr", "ws_ptr"))
 def hisparse_plan_kernel(
     raw_ptr, seq_ptr, host_ptr, tok_ptr, age_ptr, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-    B, R, L, host_rows,
-    raw_s0, raw_s1, seq_s0, host_s0, host_s1, tok_s0, tok_s1, age_s0, age_s1, r2b_s0,
-    out_s0, out_s1, src_s0, src_s1, dst_s0, dst_s1, cnt_s0,
+    B, R, L, host_rows, raw_s0, raw_s1, seq_s0, host_s0, host_s1, r2b_s0,
     H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, LOG_T1: tl.constexpr,
     LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
     HAS_R2B: tl.constexpr,
@@ -108,10 +107,10 @@ def hisparse_plan_kernel(
         if pid < R:
             rb = tl.load(r2b_ptr + pid.to(tl.int64) * r2b_s0)
             if (rb < 0) | (rb >= B):  # a row naming no request selects nothing
-                tl.store(out_ptr + pid.to(tl.int64) * out_s0 + cols * out_s1, none, mask=in_row)
-                tl.store(src_ptr + pid.to(tl.int64) * src_s0 + cols * src_s1, none.to(tl.int64), mask=in_row)
-                tl.store(dst_ptr + pid.to(tl.int64) * dst_s0 + cols * dst_s1, none, mask=in_row)
-                tl.store(cnt_ptr + pid.to(tl.int64) * cnt_s0, 0)
+                tl.store(out_ptr + pid.to(tl.int64) * K + cols, none, mask=in_row)
+                tl.store(src_ptr + pid.to(tl.int64) * K + cols, none.to(tl.int64), mask=in_row)
+                tl.store(dst_ptr + pid.to(tl.int64) * K + cols, none, mask=in_row)
+                tl.store(cnt_ptr + pid.to(tl.int64), 0)
     b = pid
     rows = 0
     if b < B:
@@ -124,14 +123,14 @@ def hisparse_plan_kernel(
             rows = 1
     if rows > 0:  # a request no row names is left as it was
         b64 = b.to(tl.int64)
-        tok_row = tok_ptr + b64 * tok_s0
-        age_row = age_ptr + b64 * age_s0
+        tok_row = tok_ptr + b64 * H
+        age_row = age_ptr + b64 * H
         host_row = host_ptr + b64 * host_s0
         n = tl.load(seq_ptr + b64 * seq_s0)
         hs = tl.arange(0, BLOCK_H)
         top = tl.full([], -2147483648, tl.int32)
         for h0 in range(0, H, BLOCK_H):
-            age = tl.load(age_row + (h0 + hs) * age_s1, mask=h0 + hs < H, other=-2147483648)
+            age = tl.load(age_row + (h0 + hs), mask=h0 + hs < H, other=-2147483648)
             top = tl.maximum(top, tl.max(age, 0))
         now = tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
         tl.debug_barrier()
@@ -139,29 +138,25 @@ def hisparse_plan_kernel(
             # Short request: token t at slot t; the state becomes the identity.
             for h0 in range(0, H, BLOCK_H):
                 s = h0 + hs
-                tl.store(tok_row + s * tok_s1, tl.where(s < n, s, -1), mask=s < H)
+                tl.store(tok_row + s, tl.where(s < n, s, -1), mask=s < H)
             for i in range(rows):
                 r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B).to(tl.int64)
                 x = tl.load(raw_ptr + r * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
                 valid = in_row & (x >= 0) & (x < n)
-                tl.store(out_ptr + r * out_s0 + cols * out_s1, tl.where(valid, x, -1), mask=in_row)
-                tl.store(src_ptr + r * src_s0 + cols * src_s1, none.to(tl.int64), mask=in_row)
-                tl.store(dst_ptr + r * dst_s0 + cols * dst_s1, none, mask=in_row)
-                tl.store(cnt_ptr + r * cnt_s0, 0)
-                tl.store(age_row + x.to(tl.int64) * age_s1, tl.full([K_P2], 0, tl.int32) + now, mask=valid)
+                tl.store(out_ptr + r * K + cols, tl.where(valid, x, -1), mask=in_row)
+                tl.store(src_ptr + r * K + cols, none.to(tl.int64), mask=in_row)
+                tl.store(dst_ptr + r * K + cols, none, mask=in_row)
+                tl.store(cnt_ptr + r, 0)
+                tl.store(age_row + x.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=valid)
         else:
             _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                          b, R, L, host_rows, n, now, rows,
-                          raw_s0, raw_s1, host_s1, tok_s1, age_s1, r2b_s0, out_s0, out_s1, src_s0, src_s1,
-                          dst_s0, dst_s1, cnt_s0,
+                          b, R, L, host_rows, n, now, rows, raw_s0, raw_s1, host_s1, r2b_s0,
                           H, K, K_P2, BLOCK_H, LOG_T1, LOG_T2, DIGIT, BLOCK_R, BI, BJ, HAS_R2B)
 
 
 @triton.jit
 def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                  b, R, L, host_rows, n, now, rows,
-                  raw_s0, raw_s1, host_s1, tok_s1, age_s1, r2b_s0, out_s0, out_s1, src_s0, src_s1,
-                  dst_s0, dst_s1, cnt_s0,
+                  b, R, L, host_rows, n, now, rows, raw_s0, raw_s1, host_s1, r2b_s0,
                   H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr,
                   LOG_T1: tl.constexpr, LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr,
                   BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr):
@@ -184,10 +179,12 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
     hit = status + H
     taken = hit + H
 
-    t1 = tl.arange(0, T1)
-    tl.store(table1 + t1, tl.full([T1], INT_MAX, tl.int32))
-    t2 = tl.arange(0, T2)
-    tl.store(table2 + t2, tl.full([T2], INT_MAX, tl.int32))
+    CLEAR: tl.constexpr = BLOCK_H if BLOCK_H < T2 else T2
+    clear = tl.arange(0, CLEAR)
+    for t0 in range(0, T1, CLEAR):
+        tl.store(table1 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
+    for t0 in range(0, T2, CLEAR):
+        tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
     for h0 in range(0, H, BLOCK_H):
         tl.store(hit + h0 + hs, tl.zeros([BLOCK_H], tl.int32), mask=h0 + hs < H)
     tl.debug_barrier()
@@ -196,7 +193,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
     seed = _seed(tl.full([], 1, tl.int32))
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
-        tok = tl.load(tok_row + s * tok_s1, mask=s < H, other=-1)
+        tok = tl.load(tok_row + s, mask=s < H, other=-1)
         live = (s < H) & (tok >= 0) & (tok < newest)
         tl.store(status + s, live.to(tl.int32) * 2, mask=s < H)
         tl.atomic_min(table1 + _hash(tok, seed, LOG_T1), s, mask=live, sem="relaxed")
@@ -207,7 +204,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             valid = in_row & (x >= 0) & (x < n)
             code = tl.where(valid, tl.where(x == newest, H, PENDING), -1)
-            tl.store(out_ptr + r64 * out_s0 + cols * out_s1, code, mask=in_row)
+            tl.store(out_ptr + r64 * K + cols, code, mask=in_row)
             tl.atomic_min(table1 + _hash(x, seed, LOG_T1), H + r * K + cols, mask=code == PENDING, sem="relaxed")
     tl.debug_barrier()
 
@@ -220,13 +217,13 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
             for h0 in range(0, H, BLOCK_H):
                 s = h0 + hs
                 go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
-                tok = tl.load(tok_row + s * tok_s1, mask=go, other=0)
+                tok = tl.load(tok_row + s, mask=go, other=0)
                 tl.atomic_min(table2 + _hash(tok, seed, LOG_T2), s, mask=go, sem="relaxed")
             for i in range(rows):
                 r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B)
                 if r < R:
                     r64 = r.to(tl.int64)
-                    go = tl.load(out_ptr + r64 * out_s0 + cols * out_s1, mask=in_row, other=-1,
+                    go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
                                  cache_modifier=".cg") == PENDING
                     x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
                     tl.atomic_min(table2 + _hash(x, seed, LOG_T2), H + r * K + cols, mask=go, sem="relaxed")
@@ -235,20 +232,20 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
         for h0 in range(0, H, BLOCK_H):
             s = h0 + hs
             go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
-            tok = tl.load(tok_row + s * tok_s1, mask=go, other=0)
+            tok = tl.load(tok_row + s, mask=go, other=0)
             if rnd == 1:
                 w = tl.load(table1 + _hash(tok, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
             else:
                 w = tl.load(table2 + _hash(tok, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
             ok = go & (w <= s)
-            done = ok & (_token_of(w, ok, tok_row, tok_s1, raw_ptr, raw_s0, raw_s1, H, K) == tok)
+            done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
             tl.store(status + s, (w == s).to(tl.int32), mask=done)
             left += tl.sum((go & ~done).to(tl.int32), 0)
         for i in range(rows):
             r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B)
             if r < R:
                 r64 = r.to(tl.int64)
-                go = tl.load(out_ptr + r64 * out_s0 + cols * out_s1, mask=in_row, other=-1,
+                go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
                              cache_modifier=".cg") == PENDING
                 x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
                 if rnd == 1:
@@ -256,13 +253,14 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
                 else:
                     w = tl.load(table2 + _hash(x, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
                 ok = go & (w <= H + r * K + cols)
-                done = ok & (_token_of(w, ok, tok_row, tok_s1, raw_ptr, raw_s0, raw_s1, H, K) == x)
-                tl.store(out_ptr + r64 * out_s0 + cols * out_s1, tl.where(w < H, w, MISS - (w - H)), mask=done)
+                done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == x)
+                tl.store(out_ptr + r64 * K + cols, tl.where(w < H, w, MISS - (w - H)), mask=done)
                 tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=done & (w < H))
                 left += tl.sum((go & ~done).to(tl.int32), 0)
         tl.debug_barrier()
         if rnd > 1:
-            tl.store(table2 + t2, tl.full([T2], INT_MAX, tl.int32))
+            for t0 in range(0, T2, CLEAR):
+                tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
             tl.debug_barrier()
         rnd += 1
 
@@ -272,7 +270,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
         r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            at = out_ptr + r64 * out_s0 + cols * out_s1
+            at = out_ptr + r64 * K + cols * 1
             code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             first = in_row & (code == MISS - (r * K + cols))
@@ -285,7 +283,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
             again = in_row & (code <= MISS) & ~first
             f = MISS - code
             fr = f // K
-            code0 = tl.load(out_ptr + fr.to(tl.int64) * out_s0 + (f - fr * K).to(tl.int64) * out_s1, mask=again,
+            code0 = tl.load(out_ptr + fr.to(tl.int64) * K + (f - fr * K).to(tl.int64), mask=again,
                             other=-1, cache_modifier=".cg")
             tl.store(at, tl.where(code0 == -1, -1, MISS - 2 * ((MISS - code0) >> 1)), mask=again)
             tl.debug_barrier()
@@ -299,13 +297,13 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
         m = s < H
         holds = tl.load(status + s, mask=m, other=0, cache_modifier=".cg") == 1
         is_hit = tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1
-        tok = tl.load(tok_row + s * tok_s1, mask=m, other=-1)
-        age = tl.load(age_row + s * age_s1, mask=m, other=0)
+        tok = tl.load(tok_row + s, mask=m, other=-1)
+        age = tl.load(age_row + s, mask=m, other=0)
         free = m & ~is_hit
         key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
         tl.store(keys + s, tl.where(free, key, -1), mask=m)
-        tl.store(tok_row + s * tok_s1, tl.where(holds, tok, -1), mask=m)
-        tl.store(age_row + s * age_s1, tl.full([BLOCK_H], 0, tl.int32) + now, mask=m & is_hit)
+        tl.store(tok_row + s, tl.where(holds, tok, -1), mask=m)
+        tl.store(age_row + s, tl.full([BLOCK_H], 0, tl.int32) + now, mask=m & is_hit)
         hits += tl.sum((m & is_hit).to(tl.int32), 0)
         low = tl.minimum(low, tl.min(tl.where(free, key, 0x7FFFFFFFFFFFFFFF), 0))
         high = tl.maximum(high, tl.max(tl.where(free, key, -1), 0))
@@ -359,7 +357,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
                 other = tl.load(cand + j0 + bj, mask=j0 + bj < placed, other=0x7FFFFFFFFFFFFFFF,
                                 cache_modifier=".cg")
                 rank += tl.sum((other[None, :] < mine[:, None]).to(tl.int32), 1)
-            tl.store(taken + rank, (mine & ((1 << SLOT_BITS) - 1)).to(tl.int32), mask=i0 + bi < placed)
+            tl.store(taken + rank, (mine & SLOT_MASK).to(tl.int32), mask=i0 + bi < placed)
         tl.debug_barrier()
 
     # The outputs: each entry's slot; the copies under the row of first appearance; the placed misses' state.
@@ -367,7 +365,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
         r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            at = out_ptr + r64 * out_s0 + cols * out_s1
+            at = out_ptr + r64 * K + cols * 1
             code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             number = (MISS - code) >> 1
@@ -377,15 +375,15 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
             where = tl.cumsum(copy.to(tl.int32), 0) - copy.to(tl.int32)
             copies = tl.sum(copy.to(tl.int32), 0)
             loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=copy, other=-1).to(tl.int64)
-            tl.store(src_ptr + r64 * src_s0 + where * src_s1, loc, mask=copy)
-            tl.store(dst_ptr + r64 * dst_s0 + where * dst_s1, slot, mask=copy)
+            tl.store(src_ptr + r64 * K + where, loc, mask=copy)
+            tl.store(dst_ptr + r64 * K + where, slot, mask=copy)
             rest = in_row & (cols >= copies)
-            tl.store(src_ptr + r64 * src_s0 + cols * src_s1, tl.full([K_P2], -1, tl.int64), mask=rest)
-            tl.store(dst_ptr + r64 * dst_s0 + cols * dst_s1, tl.full([K_P2], -1, tl.int32), mask=rest)
-            tl.store(cnt_ptr + r64 * cnt_s0, copies)
+            tl.store(src_ptr + r64 * K + cols, tl.full([K_P2], -1, tl.int64), mask=rest)
+            tl.store(dst_ptr + r64 * K + cols, tl.full([K_P2], -1, tl.int32), mask=rest)
+            tl.store(cnt_ptr + r64, copies)
             tl.store(at, tl.where(code >= 0, code, slot), mask=in_row)
-            tl.store(tok_row + slot.to(tl.int64) * tok_s1, x, mask=copy)
-            tl.store(age_row + slot.to(tl.int64) * age_s1, tl.full([K_P2], 0, tl.int32) + now, mask=copy)
+            tl.store(tok_row + slot.to(tl.int64), x, mask=copy)
+            tl.store(age_row + slot.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=copy)
 
 
 PLAN = Launcher(hisparse_plan_kernel)
@@ -404,8 +402,12 @@ def workspace_words(requests: int, hot: int, k: int, scale: int = 2) -> int:
     return requests * (7 * hot + hot % 2 + (1 << log1) + (1 << log2)) + 1
 
 
-def supports(raw: torch.Tensor, slot_token: torch.Tensor, row_to_batch: torch.Tensor | None = None, **_) -> list[str]:
-    """Reasons this kernel declines a call's shapes (empty: it takes it)."""
+def supports(raw: torch.Tensor, slot_token: torch.Tensor, slot_age: torch.Tensor | None = None,
+             out: torch.Tensor | None = None, out_copy_src: torch.Tensor | None = None,
+             out_copy_dst: torch.Tensor | None = None, out_copy_count: torch.Tensor | None = None, **_) -> list[str]:
+    """Reasons this kernel declines a call (empty: it takes it): H above :data:`MAX_H`, k above :data:`MAX_K`,
+    ``H + R * k`` from :data:`MAX_IDS` on, or a state or output tensor that is not contiguous (``raw``, ``seq_lens``,
+    ``host_loc`` and ``row_to_batch`` may have any strides)."""
     reasons = []
     rows, k = raw.shape
     hot = slot_token.shape[1]
@@ -415,6 +417,11 @@ def supports(raw: torch.Tensor, slot_token: torch.Tensor, row_to_batch: torch.Te
         reasons.append(f"raw has {k} columns: the Triton plan takes 1 to {MAX_K}")
     if hot + rows * k >= MAX_IDS:
         reasons.append(f"H + R * k = {hot + rows * k}: the Triton plan numbers events in int32 (below {MAX_IDS})")
+    tensors = dict(slot_token=slot_token, slot_age=slot_age, out=out, out_copy_src=out_copy_src,
+                   out_copy_dst=out_copy_dst, out_copy_count=out_copy_count)
+    loose = [name for name, t in tensors.items() if t is not None and not t.is_contiguous()]
+    if loose:
+        reasons.append(f"{', '.join(loose)} must be contiguous for the Triton plan")
     return reasons
 
 
@@ -439,10 +446,7 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
         PLAN, (programs,), options,
         (raw, seq_lens, host_loc, slot_token, slot_age, r2b, ws, out, out_copy_src, out_copy_dst, out_copy_count,
          batch, rows, host_loc.shape[1], -1 if host_rows is None else int(host_rows),
-         raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1),
-         slot_token.stride(0), slot_token.stride(1), slot_age.stride(0), slot_age.stride(1), r2b.stride(0),
-         out.stride(0), out.stride(1), out_copy_src.stride(0), out_copy_src.stride(1), out_copy_dst.stride(0),
-         out_copy_dst.stride(1), out_copy_count.stride(0)),
+         raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1), r2b.stride(0)),
         dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]), LOG_T1=log1,
              LOG_T2=log2, DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"],
              HAS_R2B=row_to_batch is not None),
@@ -466,8 +470,6 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             "hisparse_plan", hisparse_plan_kernel, ptrs,
             {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]), "LOG_T1": log1,
              "LOG_T2": log2, "DIGIT": cfg["DIGIT"], "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
-             "HAS_R2B": r2b, "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "tok_s1": 1, "age_s1": 1, "r2b_s0": 1,
-             "out_s1": 1, "src_s1": 1, "dst_s1": 1, "cnt_s0": 1},
-            launch_options(target, cfg), aligned=("raw_s0", "host_s0", "tok_s0", "age_s0", "out_s0", "src_s0",
-                                                  "dst_s0")))
+             "HAS_R2B": r2b, "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
+            launch_options(target, cfg), aligned=("raw_s0", "host_s0")))
     return specs
