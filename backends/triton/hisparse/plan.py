@@ -389,16 +389,24 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
 PLAN = Launcher(hisparse_plan_kernel)
 
 
-def table_logs(hot: int, k: int, scale: int = 2) -> tuple[int, int]:
-    """log2 of the round-1 table (``scale`` x the events' power of two) and of the later rounds' (a quarter)."""
-    log1 = (scale * next_power_of_2(hot + next_power_of_2(k))).bit_length() - 1
-    return log1, max(log1 - 2, 4)
+def table_logs(hot: int, k: int, scale: int = 2, log1: int | None = None) -> tuple[int, int]:
+    """log2 of the round-1 table (``scale`` x the events' power of two, or ``2**log1`` entries) and of the later
+    rounds' (a quarter, at least 16)."""
+    if log1 is None:
+        log1 = (scale * next_power_of_2(hot + next_power_of_2(k))).bit_length() - 1
+    return max(log1, 4), max(log1 - 2, 4)
 
 
-def workspace_words(requests: int, hot: int, k: int, scale: int = 2) -> int:
+def _tables(hot: int, k: int, cfg: Mapping[str, Any]) -> tuple[int, int]:
+    """:func:`table_logs` of a tuning entry (``TABLE_LOG``, a fixed size, only in tests: many rounds at small
+    shapes)."""
+    return table_logs(hot, k, cfg.get("TABLE_SCALE", 2), cfg.get("TABLE_LOG"))
+
+
+def workspace_words(requests: int, hot: int, k: int, cfg: Mapping[str, Any] | None = None) -> int:
     """int32 words of workspace a call takes: ``requests * (7 H + H % 2 + T1 + T2) + 1`` (``T1``, ``T2`` the two
-    tables, :func:`table_logs`; one word to align the int64 keys)."""
-    log1, log2 = table_logs(hot, k, scale)
+    tables' entries, :func:`table_logs`: 16384 and 4096 at H 4096 and k 512; one word to align the int64 keys)."""
+    log1, log2 = _tables(hot, k, cfg or {})
     return requests * (7 * hot + hot % 2 + (1 << log1) + (1 << log2)) + 1
 
 
@@ -435,8 +443,8 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
     programs = max(batch, rows)
     if programs == 0:
         return None
-    log1, log2 = table_logs(hot, k, cfg.get("TABLE_SCALE", 2))
-    n_words = workspace_words(batch, hot, k, cfg.get("TABLE_SCALE", 2))
+    log1, log2 = _tables(hot, k, cfg)
+    n_words = workspace_words(batch, hot, k, cfg)
     ws = workspace.words(slot_token, n_words, workspace_given)
     if ws.data_ptr() % 8:  # the keys are int64
         ws = ws[1:]
@@ -462,7 +470,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     specs = []
     for hot, k, host, r2b in ((4096, 512, "*i32", False), (4096, 512, "*i64", True), (4096, 2048, "*i64", False),
                               (16384, 2048, "*i32", True)):
-        log1, log2 = table_logs(hot, k, cfg.get("TABLE_SCALE", 2))
+        log1, log2 = _tables(hot, k, cfg)
         ptrs = {"raw_ptr": "*i32", "seq_ptr": "*i32", "host_ptr": host, "tok_ptr": "*i32", "age_ptr": "*i32",
                 "r2b_ptr": "*i32", "ws_ptr": "*i32", "out_ptr": "*i32", "src_ptr": "*i64", "dst_ptr": "*i32",
                 "cnt_ptr": "*i32"}
