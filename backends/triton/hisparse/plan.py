@@ -62,21 +62,38 @@ def _seed(rnd):
 
 
 @triton.jit
-def _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R: tl.constexpr, HAS_R2B: tl.constexpr):
-    """The ``i``-th row (ascending) naming request ``b``; without ``row_to_batch`` row ``b``."""
+def _next_row(links, r, R, HAS_R2B: tl.constexpr):
+    """The request's row after row ``r`` (``R``: none), from the links its program wrote."""
     if HAS_R2B:
-        offs = tl.arange(0, BLOCK_R)
-        seen = 0
-        row = R
-        for r0 in range(0, R, BLOCK_R):
-            mine = (tl.load(r2b_ptr + (r0 + offs).to(tl.int64) * r2b_s0, mask=r0 + offs < R, other=-1) == b)
-            mine = mine.to(tl.int32)
-            at = tl.cumsum(mine, 0) + seen
-            row = tl.minimum(row, tl.min(tl.where((mine == 1) & (at == i + 1), r0 + offs, R), 0))
-            seen += tl.sum(mine, 0)
+        nxt = tl.load(links + r, mask=r < R, other=R, cache_modifier=".cg")
     else:
-        row = b
-    return row
+        nxt = R
+    return nxt
+
+
+@triton.jit
+def _link_rows(r2b_ptr, r2b_s0, links, R, b, BLOCK_R: tl.constexpr):
+    """``(rows, first)``: how many rows name request ``b`` and the first of them (``R``: none); each of them gets its
+    next one (``R`` for the last) in ``links``. Blocks are scanned from the last: a suffix minimum of the positions
+    after each one."""
+    offs = tl.arange(0, BLOCK_R)
+    after = R
+    rows = 0
+    blocks = tl.cdiv(R, BLOCK_R)
+    for q in range(0, blocks):
+        at = (blocks - 1 - q) * BLOCK_R + offs
+        mine = tl.load(r2b_ptr + at.to(tl.int64) * r2b_s0, mask=at < R, other=-1) == b
+        later = tl.load(r2b_ptr + (at + 1).to(tl.int64) * r2b_s0, mask=at + 1 < R, other=-1) == b
+        nxt = tl.associative_scan(tl.where(later, at + 1, R), 0, _minimum, reverse=True)
+        tl.store(links + at, tl.minimum(nxt, after), mask=mine)
+        after = tl.minimum(after, tl.min(tl.where(mine, at, R), 0))
+        rows += tl.sum(mine.to(tl.int32), 0)
+    return rows, after
+
+
+@triton.jit
+def _minimum(a, b):
+    return tl.minimum(a, b)
 
 
 @triton.jit
@@ -113,12 +130,11 @@ def hisparse_plan_kernel(
                 tl.store(cnt_ptr + pid.to(tl.int64), 0)
     b = pid
     rows = 0
+    row0 = b
+    links = ws_ptr  # each row's next row of its request (R words), then the requests' workspaces
     if b < B:
         if HAS_R2B:
-            offs = tl.arange(0, BLOCK_R)
-            for r0 in range(0, R, BLOCK_R):
-                rb = tl.load(r2b_ptr + (r0 + offs).to(tl.int64) * r2b_s0, mask=r0 + offs < R, other=-1)
-                rows += tl.sum((rb == b).to(tl.int32), 0)
+            rows, row0 = _link_rows(r2b_ptr, r2b_s0, links, R, b, BLOCK_R)
         else:
             rows = 1
     if rows > 0:  # a request no row names is left as it was
@@ -139,8 +155,10 @@ def hisparse_plan_kernel(
             for h0 in range(0, H, BLOCK_H):
                 s = h0 + hs
                 tl.store(tok_row + s, tl.where(s < n, s, -1), mask=s < H)
-            for i in range(rows):
-                r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B).to(tl.int64)
+            row = row0
+            for _ in range(rows):
+                r = row.to(tl.int64)
+                row = _next_row(links, row, R, HAS_R2B)
                 x = tl.load(raw_ptr + r * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
                 valid = in_row & (x >= 0) & (x < n)
                 tl.store(out_ptr + r * K + cols, tl.where(valid, x, -1), mask=in_row)
@@ -149,14 +167,17 @@ def hisparse_plan_kernel(
                 tl.store(cnt_ptr + r, 0)
                 tl.store(age_row + x.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=valid)
         else:
-            _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                          b, R, L, host_rows, n, now, rows, raw_s0, raw_s1, host_s1, r2b_s0,
+            requests = ws_ptr
+            if HAS_R2B:
+                requests = ws_ptr + R + R % 2
+            _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
+                          b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
                           H, K, K_P2, BLOCK_H, LOG_T1, LOG_T2, DIGIT, BLOCK_R, BI, BJ, HAS_R2B)
 
 
 @triton.jit
-def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                  b, R, L, host_rows, n, now, rows, raw_s0, raw_s1, host_s1, r2b_s0,
+def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
+                  b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
                   H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr,
                   LOG_T1: tl.constexpr, LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr,
                   BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr):
@@ -197,8 +218,10 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
         live = (s < H) & (tok >= 0) & (tok < newest)
         tl.store(status + s, live.to(tl.int32) * 2, mask=s < H)
         tl.atomic_min(table1 + _hash(tok, seed, LOG_T1), s, mask=live, sem="relaxed")
-    for i in range(rows):
-        r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B)
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
@@ -219,8 +242,10 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
                 go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
                 tok = tl.load(tok_row + s, mask=go, other=0)
                 tl.atomic_min(table2 + _hash(tok, seed, LOG_T2), s, mask=go, sem="relaxed")
-            for i in range(rows):
-                r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B)
+            row = row0
+            for _ in range(rows):
+                r = row
+                row = _next_row(links, row, R, HAS_R2B)
                 if r < R:
                     r64 = r.to(tl.int64)
                     go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
@@ -241,8 +266,10 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
             done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
             tl.store(status + s, (w == s).to(tl.int32), mask=done)
             left += tl.sum((go & ~done).to(tl.int32), 0)
-        for i in range(rows):
-            r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B)
+        row = row0
+        for _ in range(rows):
+            r = row
+            row = _next_row(links, row, R, HAS_R2B)
             if r < R:
                 r64 = r.to(tl.int64)
                 go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
@@ -266,11 +293,13 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
     misses = 0
-    for i in range(rows):
-        r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B)
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            at = out_ptr + r64 * K + cols * 1
+            at = out_ptr + r64 * K + cols
             code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             first = in_row & (code == MISS - (r * K + cols))
@@ -361,11 +390,13 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, r2b_ptr, ws_ptr, out_ptr,
         tl.debug_barrier()
 
     # The outputs: each entry's slot; the copies under the row of first appearance; the placed misses' state.
-    for i in range(rows):
-        r = _row_at(r2b_ptr, r2b_s0, R, b, i, BLOCK_R, HAS_R2B)
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            at = out_ptr + r64 * K + cols * 1
+            at = out_ptr + r64 * K + cols
             code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             number = (MISS - code) >> 1
@@ -403,11 +434,12 @@ def _tables(hot: int, k: int, cfg: Mapping[str, Any]) -> tuple[int, int]:
     return table_logs(hot, k, cfg.get("TABLE_SCALE", 2), cfg.get("TABLE_LOG"))
 
 
-def workspace_words(requests: int, hot: int, k: int, cfg: Mapping[str, Any] | None = None) -> int:
-    """int32 words of workspace a call takes: ``requests * (7 H + H % 2 + T1 + T2) + 1`` (``T1``, ``T2`` the two
-    tables' entries, :func:`table_logs`: 16384 and 4096 at H 4096 and k 512; one word to align the int64 keys)."""
+def workspace_words(requests: int, hot: int, k: int, cfg: Mapping[str, Any] | None = None, rows: int = 0) -> int:
+    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (7 H + H % 2 + T1 + T2) + 1``
+    (``rows``: those of ``row_to_batch`` when given, else 0; ``T1``, ``T2`` the two tables' entries,
+    :func:`table_logs`: 16384 and 4096 at H 4096 and k 512; one word to align the int64 keys)."""
     log1, log2 = _tables(hot, k, cfg or {})
-    return requests * (7 * hot + hot % 2 + (1 << log1) + (1 << log2)) + 1
+    return rows + rows % 2 + requests * (7 * hot + hot % 2 + (1 << log1) + (1 << log2)) + 1
 
 
 def supports(raw: torch.Tensor, slot_token: torch.Tensor, slot_age: torch.Tensor | None = None,
@@ -444,7 +476,7 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
     if programs == 0:
         return None
     log1, log2 = _tables(hot, k, cfg)
-    n_words = workspace_words(batch, hot, k, cfg)
+    n_words = workspace_words(batch, hot, k, cfg, 0 if row_to_batch is None else rows)
     ws = workspace.words(slot_token, n_words, workspace_given)
     if ws.data_ptr() % 8:  # the keys are int64
         ws = ws[1:]
