@@ -2,9 +2,10 @@
 ``indexcache.hal.hisparse.plan``.
 
 One program a request (grid: ``max(B, R)``; program ``p`` also writes row ``p``'s outputs when its request lies
-outside ``[0, B)``). A request's rows are found in ``row_to_batch`` (the i-th of them by a scan; without it row b is
-request b). Its tokens and the state's are *events*: state slot ``s`` (id ``s``) holding a token in
-``[0, newest)`` and each selected position ``f = r * k + j`` holding one (id ``H + f``). Events are deduplicated in
+outside ``[0, B)``). A request's rows are linked once, each to its next, by a reverse scan of ``row_to_batch`` (the
+workspace's first R words; without it row b is request b). Its tokens and the state's are *events*: state slot
+``s`` (id ``s``) holding a token in ``[0, newest)`` and each selected position ``f = r * k + j`` holding one (id
+``H + f``). Events are deduplicated in
 rounds over a direct-mapped table in the workspace: every pending event ``atomic_min``\\ s its id into the bucket of
 its token's hash, and an event whose bucket's winner holds its own token is resolved: the winner is the least id of
 that token, which names the slot holding it (a state id: the lowest slot, so a higher one is a duplicate; for a
@@ -21,8 +22,9 @@ rows writes the slots, the copies (filed under the row of first appearance) and 
 
 Every read is masked to its tensor (positions by ``seq_len`` and ``L``, slots and rows by ``H`` and ``R``, whatever
 ``raw``, ``row_to_batch``, ``host_loc`` and the state hold); nothing is allocated at launch but the kept workspace
-(:func:`workspace_words` int32 words, through ``backends/triton/workspace.py``); no host sync. The variant depends on
-``H``, ``k``, whether ``row_to_batch`` is given and the dtype of ``host_loc`` only.
+(:func:`workspace_words` int32 words, through ``backends/triton/workspace.py``); no host sync. Phases meet at
+barriers (:func:`_sync`: on AMD after a wait for the wave's memory operations). The variant depends on ``H``, ``k``,
+whether ``row_to_batch`` is given, the dtype of ``host_loc`` and the vendor only.
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ def _hash(x, seed, LOG_T: tl.constexpr):
 def _seed(rnd):
     """An odd 32-bit multiplier for round ``rnd``."""
     return ((2654435761 + rnd.to(tl.int64) * 2246822519) & 0xFFFFFFFF) | 1
+
+
+@triton.jit
+def _sync(FENCE: tl.constexpr):
+    """A barrier of the program's threads after which each sees the others' global writes. On AMD
+    ``tl.debug_barrier`` is a bare ``s_barrier`` (gfx942 does not wait for memory at a barrier): ``FENCE`` first
+    waits for this wave's own loads, stores and atomics (``s_waitcnt vmcnt(0)``; gfx9 counts stores there too)."""
+    if FENCE:
+        tl.inline_asm_elementwise("s_waitcnt vmcnt(0)", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -113,7 +125,7 @@ def hisparse_plan_kernel(
     B, R, L, host_rows, raw_s0, raw_s1, seq_s0, host_s0, host_s1, r2b_s0,
     H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, LOG_T1: tl.constexpr,
     LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
-    HAS_R2B: tl.constexpr,
+    HAS_R2B: tl.constexpr, FENCE: tl.constexpr,
 ):
     """Request ``program_id(0)``'s plan and state update; also that row's outputs when it names no request."""
     pid = tl.program_id(0)
@@ -149,7 +161,7 @@ def hisparse_plan_kernel(
             age = tl.load(age_row + (h0 + hs), mask=h0 + hs < H, other=-2147483648)
             top = tl.maximum(top, tl.max(age, 0))
         now = tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
-        tl.debug_barrier()
+        _sync(FENCE)
         if n <= H:
             # Short request: token t at slot t; the state becomes the identity.
             for h0 in range(0, H, BLOCK_H):
@@ -172,7 +184,7 @@ def hisparse_plan_kernel(
                 requests = ws_ptr + R + R % 2
             _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
                           b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
-                          H, K, K_P2, BLOCK_H, LOG_T1, LOG_T2, DIGIT, BLOCK_R, BI, BJ, HAS_R2B)
+                          H, K, K_P2, BLOCK_H, LOG_T1, LOG_T2, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, FENCE)
 
 
 @triton.jit
@@ -180,7 +192,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                   b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
                   H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr,
                   LOG_T1: tl.constexpr, LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr):
+                  BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
     """Request ``b`` of ``n > H`` tokens: the events' rounds, the misses' numbers, the eviction order, the outputs."""
     T1: tl.constexpr = 1 << LOG_T1
     T2: tl.constexpr = 1 << LOG_T2
@@ -208,7 +220,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
     for h0 in range(0, H, BLOCK_H):
         tl.store(hit + h0 + hs, tl.zeros([BLOCK_H], tl.int32), mask=h0 + hs < H)
-    tl.debug_barrier()
+    _sync(FENCE)
 
     # Round 1's events into table 1; each selected entry's first code.
     seed = _seed(tl.full([], 1, tl.int32))
@@ -229,7 +241,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             code = tl.where(valid, tl.where(x == newest, H, PENDING), -1)
             tl.store(out_ptr + r64 * K + cols, code, mask=in_row)
             tl.atomic_min(table1 + _hash(x, seed, LOG_T1), H + r * K + cols, mask=code == PENDING, sem="relaxed")
-    tl.debug_barrier()
+    _sync(FENCE)
 
     # Rounds: resolve against the table; the rest go into table 2 with the next round's hash.
     left = 1
@@ -252,7 +264,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                                  cache_modifier=".cg") == PENDING
                     x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
                     tl.atomic_min(table2 + _hash(x, seed, LOG_T2), H + r * K + cols, mask=go, sem="relaxed")
-            tl.debug_barrier()
+            _sync(FENCE)
         left = 0
         for h0 in range(0, H, BLOCK_H):
             s = h0 + hs
@@ -284,11 +296,11 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                 tl.store(out_ptr + r64 * K + cols, tl.where(w < H, w, MISS - (w - H)), mask=done)
                 tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=done & (w < H))
                 left += tl.sum((go & ~done).to(tl.int32), 0)
-        tl.debug_barrier()
+        _sync(FENCE)
         if rnd > 1:
             for t0 in range(0, T2, CLEAR):
                 tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
-            tl.debug_barrier()
+            _sync(FENCE)
         rnd += 1
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
@@ -308,14 +320,14 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             number = misses + tl.cumsum(on_host.to(tl.int32), 0) - on_host.to(tl.int32)
             tl.store(at, tl.where(on_host, MISS - 2 * number - 1, -1), mask=first)
             misses += tl.sum(on_host.to(tl.int32), 0)
-            tl.debug_barrier()
+            _sync(FENCE)
             again = in_row & (code <= MISS) & ~first
             f = MISS - code
             fr = f // K
             code0 = tl.load(out_ptr + fr.to(tl.int64) * K + (f - fr * K).to(tl.int64), mask=again,
                             other=-1, cache_modifier=".cg")
             tl.store(at, tl.where(code0 == -1, -1, MISS - 2 * ((MISS - code0) >> 1)), mask=again)
-            tl.debug_barrier()
+            _sync(FENCE)
 
     # The state cleaned (a slot not holding its token first is emptied), hits aged, the free slots' keys.
     hits = 0
@@ -337,7 +349,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         low = tl.minimum(low, tl.min(tl.where(free, key, 0x7FFFFFFFFFFFFFFF), 0))
         high = tl.maximum(high, tl.max(tl.where(free, key, -1), 0))
     placed = tl.minimum(misses, H - hits)
-    tl.debug_barrier()
+    _sync(FENCE)
 
     if placed > 0:
         # Radix select of the placed-th smallest (occupied, age) among the free slots, from their common prefix.
@@ -375,7 +387,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             tl.store(cand + where, (key << SLOT_BITS) | s, mask=take)
             ties += tl.sum(tie.to(tl.int32), 0)
             found += tl.sum(take.to(tl.int32), 0)
-        tl.debug_barrier()
+        _sync(FENCE)
         # Each taken slot's place in eviction order: the taken keys below its own.
         bi = tl.arange(0, BI)
         bj = tl.arange(0, BJ)
@@ -387,7 +399,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                                 cache_modifier=".cg")
                 rank += tl.sum((other[None, :] < mine[:, None]).to(tl.int32), 1)
             tl.store(taken + rank, (mine & SLOT_MASK).to(tl.int32), mask=i0 + bi < placed)
-        tl.debug_barrier()
+        _sync(FENCE)
 
     # The outputs: each entry's slot; the copies under the row of first appearance; the placed misses' state.
     row = row0
@@ -465,6 +477,11 @@ def supports(raw: torch.Tensor, slot_token: torch.Tensor, slot_age: torch.Tensor
     return reasons
 
 
+def _fence(target: Target) -> bool:
+    """Whether barriers need :func:`_sync`'s wait for memory first: compiled for AMD."""
+    return not target.interpreted and target.gpu.vendor.triton == "hip"
+
+
 def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, host_rows, out, out_copy_src,
                 out_copy_dst, out_copy_count, *, target: Target, cfg: Mapping[str, Any], options: Options | None = None,
                 workspace_given: torch.Tensor | None = None) -> Launch | None:
@@ -489,7 +506,7 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
          raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1), r2b.stride(0)),
         dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]), LOG_T1=log1,
              LOG_T2=log2, DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"],
-             HAS_R2B=row_to_batch is not None),
+             HAS_R2B=row_to_batch is not None, FENCE=_fence(target)),
     )
 
 
@@ -510,6 +527,6 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             "hisparse_plan", hisparse_plan_kernel, ptrs,
             {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]), "LOG_T1": log1,
              "LOG_T2": log2, "DIGIT": cfg["DIGIT"], "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
-             "HAS_R2B": r2b, "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
+             "HAS_R2B": r2b, "FENCE": _fence(target), "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
             launch_options(target, cfg), aligned=("raw_s0", "host_s0")))
     return specs
