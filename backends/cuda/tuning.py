@@ -38,6 +38,12 @@ _COMMON: dict[str, dict[str, Any]] = {
     # vectors), rows of up to 2 KB in one tile, about 8 programs a SM spread over the plan's rows: some 5 MB in
     # flight on an H200, far above what the host link needs (from the design, not measured yet).
     "hisparse_swap_in": {"BLOCK_C": 8, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 8, "num_warps": 4},
+    # HiSparse plan (hisparse/plan.py): one program a request over 16 warps, 2048 state slots a block (4 a thread:
+    # 98 registers on sm90 with Triton 3.9; 4096 a block over 8 or 16 warps took 244 registers or spilled), a row one
+    # block; round 1's table twice the events' power of two; 5-bit digits (32 bins, a lane each) in the eviction
+    # select; 64 x 64 key pairs a step when ranking the slots taken; row_to_batch scanned 1024 at a time.
+    "hisparse_plan": {"BLOCK_H": 2048, "DIGIT": 5, "TABLE_SCALE": 2, "BLOCK_R": 1024, "BI": 64, "BJ": 64,
+                      "num_warps": 16},
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
     # bins for the fallback's row histogram, 5-bit digits (32 bins = one a lane: Triton 3.6 lowers a histogram by
     # ballots) in the selects, four resident programs a SM for the fused kernel (maxnreg 128). Rows split into

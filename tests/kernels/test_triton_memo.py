@@ -179,7 +179,21 @@ def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
         device_kv.zero_()
         results.append(indexcache.hisparse_swap_in(src, dst, count, host_kv, device_kv, loc, backend="cuda").clone())
     assert results[0].ne(0).any() and all(torch.equal(r, results[0]) for r in results)
-    assert memo.size() == 8  # topk and topk_translate, sorted and not; store; both logits ops; the swap-in
+    tokens, ages = torch.randint(-1, 300, (2, 16), generator=g, dtype=I32), torch.randint(0, 9, (2, 16), generator=g,
+                                                                                           dtype=I32)
+    raw = torch.randint(-1, 300, (2, 8), generator=g, dtype=I32)
+    lens, host_loc = torch.tensor([300, 12], dtype=I32), torch.arange(600, dtype=I32).view(2, 300)
+    outs = dict(out=torch.empty(2, 8, dtype=I32), out_copy_src=torch.empty(2, 8, dtype=torch.int64),
+                out_copy_dst=torch.empty(2, 8, dtype=I32), out_copy_count=torch.empty(2, dtype=I32))
+    state = (torch.empty_like(tokens), torch.empty_like(ages))
+    plans = []
+    for _ in range(3):  # the plan moves the state on: each call starts from the same one
+        state[0].copy_(tokens), state[1].copy_(ages)
+        p = indexcache.hisparse_plan(raw, lens, host_loc, *state, backend="cuda", **outs)
+        plans.append([t.clone() for t in p])
+    want = reference.hisparse_plan(raw, lens, host_loc, tokens, ages)
+    assert all(torch.equal(a, b) for p in plans for a, b in zip(p, want, strict=True))
+    assert memo.size() == 9  # topk and topk_translate, sorted and not; store; both logits ops; the swap-in; the plan
 
 
 @pytest.mark.parametrize("call, bad", [

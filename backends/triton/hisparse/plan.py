@@ -1,0 +1,532 @@
+"""``hisparse_plan`` in Triton: one step's hot-buffer plan (docs/hisparse.md), equal entry for entry to
+``indexcache.hal.hisparse.plan``.
+
+One program a request (grid: ``max(B, R)``; program ``p`` also writes row ``p``'s outputs when its request lies
+outside ``[0, B)``). A request's rows are linked once, each to its next, by a reverse scan of ``row_to_batch`` (the
+workspace's first R words; without it row b is request b). Its tokens and the state's are *events*: state slot
+``s`` (id ``s``) holding a token in ``[0, newest)`` and each selected position ``f = r * k + j`` holding one (id
+``H + f``). Events are deduplicated in
+rounds over a direct-mapped table in the workspace: every pending event ``atomic_min``\\ s its id into the bucket of
+its token's hash, and an event whose bucket's winner holds its own token is resolved: the winner is the least id of
+that token, which names the slot holding it (a state id: the lowest slot, so a higher one is a duplicate; for a
+selected event a hit) or its first appearance (a selected id: a miss). The events of one token share a bucket, so they
+resolve together, and each round resolves the winner's token of every bucket; the rest go again, with another hash,
+into a smaller table (a round costs one atomic and one load an event; at the table sizes here about three rounds).
+The selected events keep their result in ``out`` (a code an entry) until the last pass.
+
+Misses on the host are numbered in order of first appearance (a row at a time, a running count and a cumsum). The
+free slots' eviction keys ``(occupied, age)`` (then the slot) are radix-selected (``DIGIT`` bits a pass, from the
+keys' common prefix) for the M-th smallest, ``M = min(misses, free slots)``; the M slots at or below it are ranked
+among themselves (pairwise, ``BI x BJ`` a step) into the list of the slots taken in order. A last pass over the
+rows writes the slots, the copies (filed under the row of first appearance) and the placed misses' state.
+
+Every read is masked to its tensor (positions by ``seq_len`` and ``L``, slots and rows by ``H`` and ``R``, whatever
+``raw``, ``row_to_batch``, ``host_loc`` and the state hold); nothing is allocated at launch but the kept workspace
+(:func:`workspace_words` int32 words, through ``backends/triton/workspace.py``); no host sync. Phases meet at
+barriers (:func:`_sync`: on AMD after a wait for the wave's memory operations). The variant depends on ``H``, ``k``,
+whether ``row_to_batch`` is given, the dtype of ``host_loc`` and the vendor only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from indexcache.backends.triton import workspace
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
+from indexcache.backends.triton.support import launch_options, next_power_of_2
+from indexcache.backends.triton.target import Target
+
+MAX_H = 65536  # slots a request at most: a slot takes 16 bits of the eviction key
+MAX_K = 4096  # columns a row at most: a row is one block
+MAX_IDS = 2**30  # H + R * k below this: event ids and miss codes are int32
+SLOT_BITS = tl.constexpr(16)
+SLOT_MASK = tl.constexpr(0xFFFF)
+INT_MAX = tl.constexpr(2147483647)
+PENDING = tl.constexpr(-2)  # a selected entry's code while its token is unresolved
+MISS = tl.constexpr(-4)  # codes <= MISS: a miss (first appearance f: MISS - f; then its number o: MISS - 2 o - first)
+
+
+@triton.jit
+def _hash(x, seed, LOG_T: tl.constexpr):
+    """Bucket of token ``x`` (>= 0) in a table of ``2**LOG_T``: the top bits of a 32-bit multiplicative hash."""
+    return (((x.to(tl.int64) * seed) & 0xFFFFFFFF) >> (32 - LOG_T)).to(tl.int32)
+
+
+@triton.jit
+def _seed(rnd):
+    """An odd 32-bit multiplier for round ``rnd``."""
+    return ((2654435761 + rnd.to(tl.int64) * 2246822519) & 0xFFFFFFFF) | 1
+
+
+@triton.jit
+def _sync(FENCE: tl.constexpr):
+    """A barrier of the program's threads after which each sees the others' global writes. On AMD
+    ``tl.debug_barrier`` is a bare ``s_barrier`` (gfx942 does not wait for memory at a barrier): ``FENCE`` first
+    waits for this wave's own loads, stores and atomics (``s_waitcnt vmcnt(0)``; gfx9 counts stores there too)."""
+    if FENCE:
+        tl.inline_asm_elementwise("s_waitcnt vmcnt(0)", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _next_row(links, r, R, HAS_R2B: tl.constexpr):
+    """The request's row after row ``r`` (``R``: none), from the links its program wrote."""
+    if HAS_R2B:
+        nxt = tl.load(links + r, mask=r < R, other=R, cache_modifier=".cg")
+    else:
+        nxt = R
+    return nxt
+
+
+@triton.jit
+def _link_rows(r2b_ptr, r2b_s0, links, R, b, BLOCK_R: tl.constexpr):
+    """``(rows, first)``: how many rows name request ``b`` and the first of them (``R``: none); each of them gets its
+    next one (``R`` for the last) in ``links``. Blocks are scanned from the last: a suffix minimum of the positions
+    after each one."""
+    offs = tl.arange(0, BLOCK_R)
+    after = R
+    rows = 0
+    blocks = tl.cdiv(R, BLOCK_R)
+    for q in range(0, blocks):
+        at = (blocks - 1 - q) * BLOCK_R + offs
+        mine = tl.load(r2b_ptr + at.to(tl.int64) * r2b_s0, mask=at < R, other=-1) == b
+        later = tl.load(r2b_ptr + (at + 1).to(tl.int64) * r2b_s0, mask=at + 1 < R, other=-1) == b
+        nxt = tl.associative_scan(tl.where(later, at + 1, R), 0, _minimum, reverse=True)
+        tl.store(links + at, tl.minimum(nxt, after), mask=mine)
+        after = tl.minimum(after, tl.min(tl.where(mine, at, R), 0))
+        rows += tl.sum(mine.to(tl.int32), 0)
+    return rows, after
+
+
+@triton.jit
+def _minimum(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr):
+    """The token of event ``w`` (a state slot below H, else selected position ``w - H``), where ``ok``."""
+    f = w - H
+    state = tl.load(tok_row + w.to(tl.int64), mask=ok & (w < H), other=-1)
+    r = f // K
+    sel = tl.load(raw_ptr + r.to(tl.int64) * raw_s0 + (f - r * K).to(tl.int64) * raw_s1, mask=ok & (w >= H), other=-1)
+    return tl.where(w < H, state, sel)
+
+
+@triton.jit(do_not_specialize=("B", "R", "L", "host_rows"),
+            do_not_specialize_on_alignment=("seq_ptr", "host_ptr", "r2b_ptr", "ws_ptr"))
+def hisparse_plan_kernel(
+    raw_ptr, seq_ptr, host_ptr, tok_ptr, age_ptr, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
+    B, R, L, host_rows, raw_s0, raw_s1, seq_s0, host_s0, host_s1, r2b_s0,
+    H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, LOG_T1: tl.constexpr,
+    LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
+    HAS_R2B: tl.constexpr, FENCE: tl.constexpr,
+):
+    """Request ``program_id(0)``'s plan and state update; also that row's outputs when it names no request."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, K_P2)
+    in_row = cols < K
+    none = tl.full([K_P2], -1, tl.int32)
+    if HAS_R2B:
+        if pid < R:
+            rb = tl.load(r2b_ptr + pid.to(tl.int64) * r2b_s0)
+            if (rb < 0) | (rb >= B):  # a row naming no request selects nothing
+                tl.store(out_ptr + pid.to(tl.int64) * K + cols, none, mask=in_row)
+                tl.store(src_ptr + pid.to(tl.int64) * K + cols, none.to(tl.int64), mask=in_row)
+                tl.store(dst_ptr + pid.to(tl.int64) * K + cols, none, mask=in_row)
+                tl.store(cnt_ptr + pid.to(tl.int64), 0)
+    b = pid
+    rows = 0
+    row0 = b
+    links = ws_ptr  # each row's next row of its request (R words), then the requests' workspaces
+    if b < B:
+        if HAS_R2B:
+            rows, row0 = _link_rows(r2b_ptr, r2b_s0, links, R, b, BLOCK_R)
+        else:
+            rows = 1
+    if rows > 0:  # a request no row names is left as it was
+        b64 = b.to(tl.int64)
+        tok_row = tok_ptr + b64 * H
+        age_row = age_ptr + b64 * H
+        host_row = host_ptr + b64 * host_s0
+        n = tl.load(seq_ptr + b64 * seq_s0)
+        hs = tl.arange(0, BLOCK_H)
+        top = tl.full([], -2147483648, tl.int32)
+        for h0 in range(0, H, BLOCK_H):
+            age = tl.load(age_row + (h0 + hs), mask=h0 + hs < H, other=-2147483648)
+            top = tl.maximum(top, tl.max(age, 0))
+        now = tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
+        _sync(FENCE)
+        if n <= H:
+            # Short request: token t at slot t; the state becomes the identity.
+            for h0 in range(0, H, BLOCK_H):
+                s = h0 + hs
+                tl.store(tok_row + s, tl.where(s < n, s, -1), mask=s < H)
+            row = row0
+            for _ in range(rows):
+                r = row.to(tl.int64)
+                row = _next_row(links, row, R, HAS_R2B)
+                x = tl.load(raw_ptr + r * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+                valid = in_row & (x >= 0) & (x < n)
+                tl.store(out_ptr + r * K + cols, tl.where(valid, x, -1), mask=in_row)
+                tl.store(src_ptr + r * K + cols, none.to(tl.int64), mask=in_row)
+                tl.store(dst_ptr + r * K + cols, none, mask=in_row)
+                tl.store(cnt_ptr + r, 0)
+                tl.store(age_row + x.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=valid)
+        else:
+            requests = ws_ptr
+            if HAS_R2B:
+                requests = ws_ptr + R + R % 2
+            _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
+                          b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
+                          H, K, K_P2, BLOCK_H, LOG_T1, LOG_T2, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, FENCE)
+
+
+@triton.jit
+def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
+                  b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
+                  H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr,
+                  LOG_T1: tl.constexpr, LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
+    """Request ``b`` of ``n > H`` tokens: the events' rounds, the misses' numbers, the eviction order, the outputs."""
+    T1: tl.constexpr = 1 << LOG_T1
+    T2: tl.constexpr = 1 << LOG_T2
+    W: tl.constexpr = 7 * H + (H % 2) + T1 + T2
+    newest = n - 1
+    cols = tl.arange(0, K_P2)
+    in_row = cols < K
+    hs = tl.arange(0, BLOCK_H)
+    # The request's workspace: int64 eviction keys and candidates, the two tables, per slot its status (2 pending,
+    # 1 holds its token first, 0 empty or a duplicate), whether it is hit, and the slots taken in eviction order.
+    ws = ws_ptr + b.to(tl.int64) * W
+    keys = ws.to(tl.pointer_type(tl.int64))
+    cand = keys + H
+    table1 = ws + 4 * H
+    table2 = table1 + T1
+    status = table2 + T2
+    hit = status + H
+    taken = hit + H
+
+    CLEAR: tl.constexpr = BLOCK_H if BLOCK_H < T2 else T2
+    clear = tl.arange(0, CLEAR)
+    for t0 in range(0, T1, CLEAR):
+        tl.store(table1 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
+    for t0 in range(0, T2, CLEAR):
+        tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
+    for h0 in range(0, H, BLOCK_H):
+        tl.store(hit + h0 + hs, tl.zeros([BLOCK_H], tl.int32), mask=h0 + hs < H)
+    _sync(FENCE)
+
+    # Round 1's events into table 1; each selected entry's first code.
+    seed = _seed(tl.full([], 1, tl.int32))
+    for h0 in range(0, H, BLOCK_H):
+        s = h0 + hs
+        tok = tl.load(tok_row + s, mask=s < H, other=-1)
+        live = (s < H) & (tok >= 0) & (tok < newest)
+        tl.store(status + s, live.to(tl.int32) * 2, mask=s < H)
+        tl.atomic_min(table1 + _hash(tok, seed, LOG_T1), s, mask=live, sem="relaxed")
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            valid = in_row & (x >= 0) & (x < n)
+            code = tl.where(valid, tl.where(x == newest, H, PENDING), -1)
+            tl.store(out_ptr + r64 * K + cols, code, mask=in_row)
+            tl.atomic_min(table1 + _hash(x, seed, LOG_T1), H + r * K + cols, mask=code == PENDING, sem="relaxed")
+    _sync(FENCE)
+
+    # Rounds: resolve against the table; the rest go into table 2 with the next round's hash.
+    left = 1
+    rnd = 1
+    while left > 0:
+        seed = _seed(rnd)
+        if rnd > 1:
+            for h0 in range(0, H, BLOCK_H):
+                s = h0 + hs
+                go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
+                tok = tl.load(tok_row + s, mask=go, other=0)
+                tl.atomic_min(table2 + _hash(tok, seed, LOG_T2), s, mask=go, sem="relaxed")
+            row = row0
+            for _ in range(rows):
+                r = row
+                row = _next_row(links, row, R, HAS_R2B)
+                if r < R:
+                    r64 = r.to(tl.int64)
+                    go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
+                                 cache_modifier=".cg") == PENDING
+                    x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
+                    tl.atomic_min(table2 + _hash(x, seed, LOG_T2), H + r * K + cols, mask=go, sem="relaxed")
+            _sync(FENCE)
+        left = 0
+        for h0 in range(0, H, BLOCK_H):
+            s = h0 + hs
+            go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
+            tok = tl.load(tok_row + s, mask=go, other=0)
+            if rnd == 1:
+                w = tl.load(table1 + _hash(tok, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
+            else:
+                w = tl.load(table2 + _hash(tok, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
+            ok = go & (w <= s)
+            done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
+            tl.store(status + s, (w == s).to(tl.int32), mask=done)
+            left += tl.sum((go & ~done).to(tl.int32), 0)
+        row = row0
+        for _ in range(rows):
+            r = row
+            row = _next_row(links, row, R, HAS_R2B)
+            if r < R:
+                r64 = r.to(tl.int64)
+                go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
+                             cache_modifier=".cg") == PENDING
+                x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
+                if rnd == 1:
+                    w = tl.load(table1 + _hash(x, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
+                else:
+                    w = tl.load(table2 + _hash(x, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
+                ok = go & (w <= H + r * K + cols)
+                done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == x)
+                tl.store(out_ptr + r64 * K + cols, tl.where(w < H, w, MISS - (w - H)), mask=done)
+                tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=done & (w < H))
+                left += tl.sum((go & ~done).to(tl.int32), 0)
+        _sync(FENCE)
+        if rnd > 1:
+            for t0 in range(0, T2, CLEAR):
+                tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
+            _sync(FENCE)
+        rnd += 1
+
+    # Misses on the host, numbered in order of first appearance; the other appearances take their number.
+    misses = 0
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            at = out_ptr + r64 * K + cols
+            code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            first = in_row & (code == MISS - (r * K + cols))
+            loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=first & (x < L), other=-1).to(tl.int64)
+            on_host = first & (loc >= 0) & ((host_rows < 0) | (loc < host_rows))
+            number = misses + tl.cumsum(on_host.to(tl.int32), 0) - on_host.to(tl.int32)
+            tl.store(at, tl.where(on_host, MISS - 2 * number - 1, -1), mask=first)
+            misses += tl.sum(on_host.to(tl.int32), 0)
+            _sync(FENCE)
+            again = in_row & (code <= MISS) & ~first
+            f = MISS - code
+            fr = f // K
+            code0 = tl.load(out_ptr + fr.to(tl.int64) * K + (f - fr * K).to(tl.int64), mask=again,
+                            other=-1, cache_modifier=".cg")
+            tl.store(at, tl.where(code0 == -1, -1, MISS - 2 * ((MISS - code0) >> 1)), mask=again)
+            _sync(FENCE)
+
+    # The state cleaned (a slot not holding its token first is emptied), hits aged, the free slots' keys.
+    hits = 0
+    low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
+    high = tl.full([], -1, tl.int64)
+    for h0 in range(0, H, BLOCK_H):
+        s = h0 + hs
+        m = s < H
+        holds = tl.load(status + s, mask=m, other=0, cache_modifier=".cg") == 1
+        is_hit = tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1
+        tok = tl.load(tok_row + s, mask=m, other=-1)
+        age = tl.load(age_row + s, mask=m, other=0)
+        free = m & ~is_hit
+        key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
+        tl.store(keys + s, tl.where(free, key, -1), mask=m)
+        tl.store(tok_row + s, tl.where(holds, tok, -1), mask=m)
+        tl.store(age_row + s, tl.full([BLOCK_H], 0, tl.int32) + now, mask=m & is_hit)
+        hits += tl.sum((m & is_hit).to(tl.int32), 0)
+        low = tl.minimum(low, tl.min(tl.where(free, key, 0x7FFFFFFFFFFFFFFF), 0))
+        high = tl.maximum(high, tl.max(tl.where(free, key, -1), 0))
+    placed = tl.minimum(misses, H - hits)
+    _sync(FENCE)
+
+    if placed > 0:
+        # Radix select of the placed-th smallest (occupied, age) among the free slots, from their common prefix.
+        span = tl.full([], 0, tl.int64)
+        while (low ^ high) >> span > 0:
+            span += 1
+        prefix = low >> span
+        need = placed
+        BINS: tl.constexpr = 1 << DIGIT
+        bins = tl.arange(0, BINS)
+        while span > 0:
+            d = tl.minimum(span, DIGIT).to(tl.int64)
+            span -= d
+            count = tl.zeros([BINS], tl.int32)
+            for h0 in range(0, H, BLOCK_H):
+                s = h0 + hs
+                key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+                inside = (key >= 0) & ((key >> (span + d)) == prefix)
+                count += tl.histogram(((key >> span) & ((tl.full([], 1, tl.int64) << d) - 1)).to(tl.int32), BINS,
+                                      mask=inside)
+            below = tl.cumsum(count, 0)
+            pick = tl.sum((below < need).to(tl.int32), 0)
+            need -= tl.sum(tl.where(bins < pick, count, 0), 0)
+            prefix = (prefix << d) | pick
+        # The slots taken: keys below the pivot, and the `need` lowest slots at it; their keys, in slot order.
+        ties = 0
+        found = 0
+        for h0 in range(0, H, BLOCK_H):
+            s = h0 + hs
+            key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+            tie = (key >= 0) & (key == prefix)
+            tied = ties + tl.cumsum(tie.to(tl.int32), 0)
+            take = ((key >= 0) & (key < prefix)) | (tie & (tied <= need))
+            where = found + tl.cumsum(take.to(tl.int32), 0) - take.to(tl.int32)
+            tl.store(cand + where, (key << SLOT_BITS) | s, mask=take)
+            ties += tl.sum(tie.to(tl.int32), 0)
+            found += tl.sum(take.to(tl.int32), 0)
+        _sync(FENCE)
+        # Each taken slot's place in eviction order: the taken keys below its own.
+        bi = tl.arange(0, BI)
+        bj = tl.arange(0, BJ)
+        for i0 in range(0, placed, BI):
+            mine = tl.load(cand + i0 + bi, mask=i0 + bi < placed, other=0, cache_modifier=".cg")
+            rank = tl.zeros([BI], tl.int32)
+            for j0 in range(0, placed, BJ):
+                other = tl.load(cand + j0 + bj, mask=j0 + bj < placed, other=0x7FFFFFFFFFFFFFFF,
+                                cache_modifier=".cg")
+                rank += tl.sum((other[None, :] < mine[:, None]).to(tl.int32), 1)
+            tl.store(taken + rank, (mine & SLOT_MASK).to(tl.int32), mask=i0 + bi < placed)
+        _sync(FENCE)
+
+    # The outputs: each entry's slot; the copies under the row of first appearance; the placed misses' state.
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            at = out_ptr + r64 * K + cols
+            code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            number = (MISS - code) >> 1
+            put = in_row & (code <= MISS) & (number < placed)
+            slot = tl.load(taken + number, mask=put, other=-1, cache_modifier=".cg")
+            copy = put & (((MISS - code) & 1) == 1)
+            where = tl.cumsum(copy.to(tl.int32), 0) - copy.to(tl.int32)
+            copies = tl.sum(copy.to(tl.int32), 0)
+            loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=copy, other=-1).to(tl.int64)
+            tl.store(src_ptr + r64 * K + where, loc, mask=copy)
+            tl.store(dst_ptr + r64 * K + where, slot, mask=copy)
+            rest = in_row & (cols >= copies)
+            tl.store(src_ptr + r64 * K + cols, tl.full([K_P2], -1, tl.int64), mask=rest)
+            tl.store(dst_ptr + r64 * K + cols, tl.full([K_P2], -1, tl.int32), mask=rest)
+            tl.store(cnt_ptr + r64, copies)
+            tl.store(at, tl.where(code >= 0, code, slot), mask=in_row)
+            tl.store(tok_row + slot.to(tl.int64), x, mask=copy)
+            tl.store(age_row + slot.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=copy)
+
+
+PLAN = Launcher(hisparse_plan_kernel)
+
+
+def table_logs(hot: int, k: int, scale: int = 2, log1: int | None = None) -> tuple[int, int]:
+    """log2 of the round-1 table (``scale`` x the events' power of two, or ``2**log1`` entries) and of the later
+    rounds' (a quarter, at least 16)."""
+    if log1 is None:
+        log1 = (scale * next_power_of_2(hot + next_power_of_2(k))).bit_length() - 1
+    return max(log1, 4), max(log1 - 2, 4)
+
+
+def _tables(hot: int, k: int, cfg: Mapping[str, Any]) -> tuple[int, int]:
+    """:func:`table_logs` of a tuning entry (``TABLE_LOG``, a fixed size, only in tests: many rounds at small
+    shapes)."""
+    return table_logs(hot, k, cfg.get("TABLE_SCALE", 2), cfg.get("TABLE_LOG"))
+
+
+def workspace_words(requests: int, hot: int, k: int, cfg: Mapping[str, Any] | None = None, rows: int = 0) -> int:
+    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (7 H + H % 2 + T1 + T2) + 1``
+    (``rows``: those of ``row_to_batch`` when given, else 0; ``T1``, ``T2`` the two tables' entries,
+    :func:`table_logs`: 16384 and 4096 at H 4096 and k 512; one word to align the int64 keys)."""
+    log1, log2 = _tables(hot, k, cfg or {})
+    return rows + rows % 2 + requests * (7 * hot + hot % 2 + (1 << log1) + (1 << log2)) + 1
+
+
+def supports(raw: torch.Tensor, slot_token: torch.Tensor, slot_age: torch.Tensor | None = None,
+             out: torch.Tensor | None = None, out_copy_src: torch.Tensor | None = None,
+             out_copy_dst: torch.Tensor | None = None, out_copy_count: torch.Tensor | None = None, **_) -> list[str]:
+    """Reasons this kernel declines a call (empty: it takes it): H above :data:`MAX_H`, k above :data:`MAX_K`,
+    ``H + R * k`` from :data:`MAX_IDS` on, or a state or output tensor that is not contiguous (``raw``, ``seq_lens``,
+    ``host_loc`` and ``row_to_batch`` may have any strides)."""
+    reasons = []
+    rows, k = raw.shape
+    hot = slot_token.shape[1]
+    if not 1 <= hot <= MAX_H:
+        reasons.append(f"slot_token has {hot} slots a request: the Triton plan takes 1 to {MAX_H}")
+    if not 1 <= k <= MAX_K:
+        reasons.append(f"raw has {k} columns: the Triton plan takes 1 to {MAX_K}")
+    if hot + rows * k >= MAX_IDS:
+        reasons.append(f"H + R * k = {hot + rows * k}: the Triton plan numbers events in int32 (below {MAX_IDS})")
+    tensors = dict(slot_token=slot_token, slot_age=slot_age, out=out, out_copy_src=out_copy_src,
+                   out_copy_dst=out_copy_dst, out_copy_count=out_copy_count)
+    loose = [name for name, t in tensors.items() if t is not None and not t.is_contiguous()]
+    if loose:
+        reasons.append(f"{', '.join(loose)} must be contiguous for the Triton plan")
+    return reasons
+
+
+def _fence(target: Target) -> bool:
+    """Whether barriers need :func:`_sync`'s wait for memory first: compiled for AMD."""
+    return not target.interpreted and target.gpu.vendor.triton == "hip"
+
+
+def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, host_rows, out, out_copy_src,
+                out_copy_dst, out_copy_count, *, target: Target, cfg: Mapping[str, Any], options: Options | None = None,
+                workspace_given: torch.Tensor | None = None) -> Launch | None:
+    """The launch of one step's plan (contract: ``indexcache.hal.hisparse.plan``, the state updated in place), None
+    when there is nothing to write (no rows and no requests)."""
+    batch, hot = slot_token.shape
+    rows, k = raw.shape
+    programs = max(batch, rows)
+    if programs == 0:
+        return None
+    log1, log2 = _tables(hot, k, cfg)
+    n_words = workspace_words(batch, hot, k, cfg, 0 if row_to_batch is None else rows)
+    ws = workspace.words(slot_token, n_words, workspace_given)
+    if ws.data_ptr() % 8:  # the keys are int64
+        ws = ws[1:]
+    options = options or launch_key_options(launch_options(target, cfg))
+    r2b = row_to_batch if row_to_batch is not None else seq_lens
+    return Launch(
+        PLAN, (programs,), options,
+        (raw, seq_lens, host_loc, slot_token, slot_age, r2b, ws, out, out_copy_src, out_copy_dst, out_copy_count,
+         batch, rows, host_loc.shape[1], -1 if host_rows is None else int(host_rows),
+         raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1), r2b.stride(0)),
+        dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]), LOG_T1=log1,
+             LOG_T2=log2, DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"],
+             HAS_R2B=row_to_batch is not None, FENCE=_fence(target)),
+    )
+
+
+def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
+    """What :func:`plan_launch` builds for ``target`` (cross-compile check): H 4096 with k 512 and 2048, H 16384 with
+    k 2048; int32 and int64 ``host_loc``; with and without ``row_to_batch``; unit column strides."""
+    from indexcache.backends.triton.crosscompile import KernelSpec
+
+    cfg = tuning["hisparse_plan"]
+    specs = []
+    for hot, k, host, r2b in ((4096, 512, "*i32", False), (4096, 512, "*i64", True), (4096, 2048, "*i64", False),
+                              (16384, 2048, "*i32", True)):
+        log1, log2 = _tables(hot, k, cfg)
+        ptrs = {"raw_ptr": "*i32", "seq_ptr": "*i32", "host_ptr": host, "tok_ptr": "*i32", "age_ptr": "*i32",
+                "r2b_ptr": "*i32", "ws_ptr": "*i32", "out_ptr": "*i32", "src_ptr": "*i64", "dst_ptr": "*i32",
+                "cnt_ptr": "*i32"}
+        specs.append(KernelSpec(
+            "hisparse_plan", hisparse_plan_kernel, ptrs,
+            {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]), "LOG_T1": log1,
+             "LOG_T2": log2, "DIGIT": cfg["DIGIT"], "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
+             "HAS_R2B": r2b, "FENCE": _fence(target), "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
+            launch_options(target, cfg), aligned=("raw_s0", "host_s0")))
+    return specs
