@@ -100,6 +100,9 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
     if not fp8:
         # Decode with the fp16 decoding of fp8 keys: one draft token a program (Triton 3.9 spills 144 bytes at two).
         table["paged_mqa_logits"]["COLS"] = 64
+        # The HiSparse plan (no fp8 in it, but ptxas for sm80 allocates otherwise): 16 warps over 2048-slot blocks
+        # spill 8-24 bytes (Triton 3.9); 8 warps over 1024-slot blocks take 104-128 registers and spill nothing.
+        table["hisparse_plan"].update(BLOCK_H=1024, num_warps=8)
     if caps["mma"] == "mma.sync":
         # The MXFP4 decode before Hopper: without a register cap ptxas aims at three programs a SM (168 registers)
         # and spills 16-24 bytes of the widening's; with 255 it takes 155-219 and spills nothing (Triton 3.9).
