@@ -77,7 +77,7 @@ class RingTopk(TopkState):
 
 def check(name: str, state: TopkState, layer: HotLayer) -> list[str]:
     """The last layer of a step read what its producer selected: each selected position's device row holds its host
-    row (every layer here shares one device KV, so the last swap-in's rows are those of the last plan)."""
+    row."""
     raw, rows = state.raw[:state.rows].cpu().long(), state.hot.device_rows[:state.rows].cpu().long()
     want = layer.host_kv[layer.host_loc.cpu().long().gather(1, raw.clamp_min(0))]
     got = layer.device_kv.cpu()[rows.clamp_min(0)]
@@ -151,7 +151,10 @@ def run(args: argparse.Namespace) -> int:
 
     # The 61-layer step at freq 1 and 4.
     step_calls, plan_counts, errors = {}, {}, []
-    layer = HotLayer(host_kv, device_kv, device_loc, seq_lens, host_loc)
+    # Each layer its own device KV (the groups' buffers differ: a shared one would mix their slots); one host KV,
+    # read by every layer alike.
+    layer_kv = torch.zeros(LAYERS, *device_kv.shape, dtype=torch.uint8, device=dev)
+    layers = [HotLayer(host_kv, layer_kv[i], device_loc, seq_lens, host_loc) for i in range(LAYERS)]
     table = torch.arange(b * -(-n // PAGE), dtype=torch.int32, device=dev).view(b, -1)
     dummy = torch.zeros(b, 1, device=dev)
     for freq in (1, 4):
@@ -164,15 +167,15 @@ def run(args: argparse.Namespace) -> int:
         def step(runner=runner, state=state) -> None:
             runner.begin(state, b)
             for i in runner.layers:
-                runner.layer(i, state, scores=lambda: dummy, lengths=seq_lens, page_table=table, hot=layer)
+                runner.layer(i, state, scores=lambda: dummy, lengths=seq_lens, page_table=table, hot=layers[i])
 
         def plans_only(runner=runner, state=state) -> None:
             for p in runner.plan.producers:
-                state.hot.plan(p, state.raw[:b], layer)
+                state.hot.plan(p, state.raw[:b], layers[p])
 
         for _ in range(steps):
             step()
-        errors += check(f"freq {freq}", state, layer)
+        errors += check(f"freq {freq}", state, layers[-1])
         step_calls[f"step f{freq}"], step_calls[f"plans f{freq}"] = step, plans_only
 
     contenders = {"plan ring": plan_ring, "swap ring": swap_ring, "h2d": h2d, **step_calls}

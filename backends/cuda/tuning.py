@@ -34,10 +34,11 @@ _COMMON: dict[str, dict[str, Any]] = {
                          "TMA_MAXNREG": [64, 80]},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
     "gather_index_k": {"BLOCK_T": 32, "num_warps": 4},  # 32 tokens a block: 4 KB of fp8 keys at D = 128
-    # HiSparse swap-in (hisparse/swap.py): 8 copies a step of a program (5 KB of 656-byte rows read at once, 16-byte
-    # vectors), rows of up to 2 KB in one tile, about 8 programs a SM spread over the plan's rows: some 5 MB in
-    # flight on an H200, far above what the host link needs (from the design, not measured yet).
-    "hisparse_swap_in": {"BLOCK_C": 8, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 8, "num_warps": 4},
+    # HiSparse swap-in (hisparse/swap.py): 4 copies a step of a program over 2 warps (16-byte vectors), rows of up to
+    # 2 KB in one tile, about 16 programs a SM spread over the plan's rows. On the H200 (b8ab289, 64 requests x 16 /
+    # 64 / 256 misses of 656-byte rows, against a 55.4 GB/s contiguous copy): 0.661 / 0.805 / 0.840 of the link,
+    # where 8 copies over 4 warps at 8 a SM gave 0.614 / 0.798 / 0.834; 256-byte tiles 0.580 / 0.722 / 0.750.
+    "hisparse_swap_in": {"BLOCK_C": 4, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 16, "num_warps": 2},
     # HiSparse plan (hisparse/plan.py): one program a request over 16 warps, 2048 state slots a block (4 a thread:
     # 98 registers on sm90 with Triton 3.9; 4096 a block over 8 or 16 warps took 244 registers or spilled), a row one
     # block; round 1's table twice the events' power of two; 5-bit digits (32 bins, a lane each) in the eviction
