@@ -285,6 +285,32 @@ def ragged(d: dict) -> str:
             + "\n\n" + markdown_table(["op", "uniform µs", "ragged µs", "ragged / uniform"], rows))
 
 
+def hisparse(d: dict) -> str:
+    """bench/hisparse_gpu.py: a step's plan and one layer's swap-in against the host link; the 61-layer step at
+    index_topk_freq 1 and 4, and its plans alone."""
+    p = d["shape"]
+    rows = [[r["what"], _f(r["us"]), _f(r.get("misses")), _f(r.get("gb_per_s"), ".2f"), _f(r.get("of_h2d"), ".3f"),
+             _f(r.get("plans_us"))] for r in d["rows"]]
+    ratios = ", ".join(f"{name.replace('_', ' ')} {value:.3f}" for name, value in d["ratios"].items())
+    return (_head(d, f"{p['requests']} requests × {_keys(p['context'])} tokens, k {p['k']}, H {p['hot']}, "
+                     f"{p['row_bytes']}-byte KV rows, a ring of {p['ring']} selections drifting by {p['drift']}, "
+                     "graph µs")
+            + "\n\n" + markdown_table(["what", "µs", "misses a step", "GB/s", "of the link", "its plans µs"], rows)
+            + f"\n\n{ratios}")
+
+
+def hisparse_swap(d: dict) -> str:
+    """bench/hisparse_swap_gpu.py: the swap-in kernel reading pinned host memory against the copy engine's path."""
+    p, link = d["shape"], d["link"]
+    rows = [[str(r["misses"]), str(r["copies"]), _f(r["kernel_us"]), _f(r["kernel_gbps"], ".2f"),
+             _f(r["kernel_of_link"], ".3f"), _f(r["engine_us"]), _f(r["engine_over_kernel"], ".1f")] for r in d["rows"]]
+    return (_head(d, f"{p['requests']} requests × {_keys(p['context'])} tokens of {p['row_bytes']} bytes pinned, "
+                     f"host link {link['gbps']:.2f} GB/s, kernel tuning "
+                     + ", ".join(f"{k} {v}" for k, v in d["tuning"].items()) + ", kernel graph µs, engine eager")
+            + "\n\n" + markdown_table(["misses a request", "copies", "kernel µs", "GB/s", "of the link",
+                                        "copy engine µs", "engine / kernel"], rows))
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "h200-translate.json": bench_op,
     "h200-launch-overhead.json": launch_overhead,
@@ -296,6 +322,8 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200-paged-topk-translate.json": bench_op,
     "h200-short-rows.json": short_rows,
     "h200-ragged.json": ragged,
+    "h200-hisparse.json": hisparse,
+    "h200-hisparse-swap.json": hisparse_swap,
     "h200-topk-vs-peers.json": topk_peers,
     "h200-e2e.json": e2e,
     "h200x2-cp-topk.json": cp_topk,
