@@ -63,7 +63,8 @@ NVIDIA = GpuVendor(
     backend="cuda", triton="cuda", runtime="cuda", runtime_name="CUDA", device_type="cuda",
     arch_env="INDEXCACHE_CUDA_ARCH", interpreted_arch="sm90", cross_compile=("sm80", "sm89", "sm90", "sm100", "sm120"),
     launch_keys=("maxnreg",),  # a register cap a thread
-    asm="ptx", matrix_instructions=re.compile(r"\b(?:mma\.sync|wgmma\.mma_async|tcgen05\.mma)[\w.:]*"),
+    asm="ptx", barrier_orders_memory=True,
+    matrix_instructions=re.compile(r"\b(?:mma\.sync|wgmma\.mma_async|tcgen05\.mma)[\w.:]*"),
     arch_of=_arch_of, resolve=resolve, resources=_resources,
 )
 

@@ -45,7 +45,7 @@ AMD = GpuVendor(
     backend="rocm", triton="hip", runtime="hip", runtime_name="ROCm/HIP", device_type="cuda",
     arch_env="INDEXCACHE_ROCM_ARCH", interpreted_arch="gfx942", cross_compile=("gfx942", "gfx950"),
     launch_keys=("waves_per_eu",),  # occupancy: waves a SIMD
-    asm="amdgcn", matrix_instructions=re.compile(r"\bv_s?mfmac?_\w+"),
+    asm="amdgcn", barrier_orders_memory=False, matrix_instructions=re.compile(r"\bv_s?mfmac?_\w+"),
     arch_of=_arch_of, resolve=resolve, resources=_resources,
 )
 

@@ -45,6 +45,9 @@ class GpuVendor:
     cross_compile: tuple[str, ...]  # the architectures the cross-compile check builds for
     launch_keys: tuple[str, ...]  # tuning entries Triton takes as launch options besides num_warps and num_stages
     asm: str  # the assembly Triton emits and inline assembly is written in: "ptx", "amdgcn"
+    # whether a block's barrier (``tl.debug_barrier``) also waits for the threads' global memory operations: PTX's
+    # bar.sync orders them; gfx9's s_barrier does not (a kernel reading another wave's global writes waits first)
+    barrier_orders_memory: bool
     matrix_instructions: re.Pattern[str] = dataclasses.field(repr=False)  # the matrix instructions in that assembly
     arch_of: Callable[[Any], str] = dataclasses.field(repr=False)  # the architecture name of torch's device properties
     resolve: Callable[[str], GpuArch] = dataclasses.field(repr=False)  # the record of an architecture name

@@ -478,8 +478,8 @@ def supports(raw: torch.Tensor, slot_token: torch.Tensor, slot_age: torch.Tensor
 
 
 def _fence(target: Target) -> bool:
-    """Whether barriers need :func:`_sync`'s wait for memory first: compiled for AMD."""
-    return not target.interpreted and target.gpu.vendor.triton == "hip"
+    """Whether barriers need :func:`_sync`'s wait for memory first: where the vendor's barrier does not order memory."""
+    return not target.interpreted and not target.gpu.vendor.barrier_orders_memory
 
 
 def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, host_rows, out, out_copy_src,
