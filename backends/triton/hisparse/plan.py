@@ -22,9 +22,13 @@ rows writes the slots, the copies (filed under the row of first appearance) and 
 
 Every read is masked to its tensor (positions by ``seq_len`` and ``L``, slots and rows by ``H`` and ``R``, whatever
 ``raw``, ``row_to_batch``, ``host_loc`` and the state hold); nothing is allocated at launch but the kept workspace
-(:func:`workspace_words` int32 words, through ``backends/triton/workspace.py``); no host sync. Phases meet at
-barriers (:func:`_sync`: on AMD after a wait for the wave's memory operations). The variant depends on ``H``, ``k``,
-whether ``row_to_batch`` is given, the dtype of ``host_loc`` and the vendor only.
+(:func:`workspace_words` int32 words, through ``backends/triton/workspace.py``); no host sync; an index read from the
+workspace is masked to its buffer too. Phases meet at barriers (:func:`_sync`: on AMD after a wait for the wave's
+memory operations); a pass that rewrites what it reads waits at one in between when anything but the thread's own
+entries depends on the read: a block smaller than the program's threads is held by several of them (only one
+stores), and a copy read after the rewrite would give that thread other counts (and the program diverging
+barriers). The variant depends on ``H``, ``k``, whether ``row_to_batch`` is given, the dtype of ``host_loc`` and the
+vendor only.
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ def _sync(FENCE: tl.constexpr):
 def _next_row(links, r, R, HAS_R2B: tl.constexpr):
     """The request's row after row ``r`` (``R``: none), from the links its program wrote."""
     if HAS_R2B:
-        nxt = tl.load(links + r, mask=r < R, other=R, cache_modifier=".cg")
+        nxt = tl.load(links + r, mask=(r >= 0) & (r < R), other=R, cache_modifier=".cg")
+        nxt = tl.where((nxt >= 0) & (nxt < R), nxt, R)  # whatever the workspace holds, a row or none
     else:
         nxt = R
     return nxt
@@ -112,9 +117,10 @@ def _minimum(a, b):
 def _token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr):
     """The token of event ``w`` (a state slot below H, else selected position ``w - H``), where ``ok``."""
     f = w - H
-    state = tl.load(tok_row + w.to(tl.int64), mask=ok & (w < H), other=-1)
+    state = tl.load(tok_row + w.to(tl.int64), mask=ok & (w >= 0) & (w < H), other=-1)
     r = f // K
-    sel = tl.load(raw_ptr + r.to(tl.int64) * raw_s0 + (f - r * K).to(tl.int64) * raw_s1, mask=ok & (w >= H), other=-1)
+    sel = tl.load(raw_ptr + r.to(tl.int64) * raw_s0 + (f - r * K).to(tl.int64) * raw_s1, mask=ok & (w >= H),
+                  other=-1)
     return tl.where(w < H, state, sel)
 
 
@@ -171,13 +177,14 @@ def hisparse_plan_kernel(
             for _ in range(rows):
                 r = row.to(tl.int64)
                 row = _next_row(links, row, R, HAS_R2B)
-                x = tl.load(raw_ptr + r * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-                valid = in_row & (x >= 0) & (x < n)
-                tl.store(out_ptr + r * K + cols, tl.where(valid, x, -1), mask=in_row)
-                tl.store(src_ptr + r * K + cols, none.to(tl.int64), mask=in_row)
-                tl.store(dst_ptr + r * K + cols, none, mask=in_row)
-                tl.store(cnt_ptr + r, 0)
-                tl.store(age_row + x.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=valid)
+                if r < R:  # always (the links name a row), whatever the workspace holds
+                    x = tl.load(raw_ptr + r * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+                    valid = in_row & (x >= 0) & (x < n)
+                    tl.store(out_ptr + r * K + cols, tl.where(valid, x, -1), mask=in_row)
+                    tl.store(src_ptr + r * K + cols, none.to(tl.int64), mask=in_row)
+                    tl.store(dst_ptr + r * K + cols, none, mask=in_row)
+                    tl.store(cnt_ptr + r, 0)
+                    tl.store(age_row + x.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=valid)
         else:
             requests = ws_ptr
             if HAS_R2B:
@@ -274,7 +281,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                 w = tl.load(table1 + _hash(tok, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
             else:
                 w = tl.load(table2 + _hash(tok, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
-            ok = go & (w <= s)
+            ok = go & (w >= 0) & (w <= s)
             done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
             tl.store(status + s, (w == s).to(tl.int32), mask=done)
             left += tl.sum((go & ~done).to(tl.int32), 0)
@@ -291,7 +298,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                     w = tl.load(table1 + _hash(x, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
                 else:
                     w = tl.load(table2 + _hash(x, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
-                ok = go & (w <= H + r * K + cols)
+                ok = go & (w >= 0) & (w <= H + r * K + cols)
                 done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == x)
                 tl.store(out_ptr + r64 * K + cols, tl.where(w < H, w, MISS - (w - H)), mask=done)
                 tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=done & (w < H))
@@ -315,13 +322,15 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             first = in_row & (code == MISS - (r * K + cols))
-            loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=first & (x < L), other=-1).to(tl.int64)
-            on_host = first & (loc >= 0) & ((host_rows < 0) | (loc < host_rows))
+            loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=first & (x >= 0) & (x < L), other=-1)
+            limit = tl.where(host_rows < 0, 0x7FFFFFFFFFFFFFFF, host_rows.to(tl.int64))  # host_rows < 0: none given
+            on_host = first & (loc.to(tl.int64) >= 0) & (loc.to(tl.int64) < limit)
             number = misses + tl.cumsum(on_host.to(tl.int32), 0) - on_host.to(tl.int32)
-            tl.store(at, tl.where(on_host, MISS - 2 * number - 1, -1), mask=first)
             misses += tl.sum(on_host.to(tl.int32), 0)
+            _sync(FENCE)  # every thread's reads of the row (its copies in other threads too) before it changes
+            tl.store(at, tl.where(on_host, MISS - 2 * number - 1, -1), mask=first)
             _sync(FENCE)
-            again = in_row & (code <= MISS) & ~first
+            again = in_row & (code <= MISS) & ~first & (MISS - code <= r * K + cols)
             f = MISS - code
             fr = f // K
             code0 = tl.load(out_ptr + fr.to(tl.int64) * K + (f - fr * K).to(tl.int64), mask=again,
@@ -384,7 +393,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             tied = ties + tl.cumsum(tie.to(tl.int32), 0)
             take = ((key >= 0) & (key < prefix)) | (tie & (tied <= need))
             where = found + tl.cumsum(take.to(tl.int32), 0) - take.to(tl.int32)
-            tl.store(cand + where, (key << SLOT_BITS) | s, mask=take)
+            tl.store(cand + where, (key << SLOT_BITS) | s, mask=take & (where < H))
             ties += tl.sum(tie.to(tl.int32), 0)
             found += tl.sum(take.to(tl.int32), 0)
         _sync(FENCE)
@@ -398,7 +407,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                 other = tl.load(cand + j0 + bj, mask=j0 + bj < placed, other=0x7FFFFFFFFFFFFFFF,
                                 cache_modifier=".cg")
                 rank += tl.sum((other[None, :] < mine[:, None]).to(tl.int32), 1)
-            tl.store(taken + rank, (mine & SLOT_MASK).to(tl.int32), mask=i0 + bi < placed)
+            tl.store(taken + rank, (mine & SLOT_MASK).to(tl.int32), mask=(i0 + bi < placed) & (rank < H))
         _sync(FENCE)
 
     # The outputs: each entry's slot; the copies under the row of first appearance; the placed misses' state.
@@ -414,7 +423,8 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             number = (MISS - code) >> 1
             put = in_row & (code <= MISS) & (number < placed)
             slot = tl.load(taken + number, mask=put, other=-1, cache_modifier=".cg")
-            copy = put & (((MISS - code) & 1) == 1)
+            slot = tl.where((slot >= 0) & (slot < H), slot, -1)  # whatever the workspace holds, a slot or none
+            copy = put & (((MISS - code) & 1) == 1) & (x >= 0) & (x < L)
             where = tl.cumsum(copy.to(tl.int32), 0) - copy.to(tl.int32)
             copies = tl.sum(copy.to(tl.int32), 0)
             loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=copy, other=-1).to(tl.int64)
@@ -424,9 +434,10 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             tl.store(src_ptr + r64 * K + cols, tl.full([K_P2], -1, tl.int64), mask=rest)
             tl.store(dst_ptr + r64 * K + cols, tl.full([K_P2], -1, tl.int32), mask=rest)
             tl.store(cnt_ptr + r64, copies)
+            _sync(FENCE)  # every thread's reads of the row's codes (copies included) before they become its slots
             tl.store(at, tl.where(code >= 0, code, slot), mask=in_row)
-            tl.store(tok_row + slot.to(tl.int64), x, mask=copy)
-            tl.store(age_row + slot.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=copy)
+            tl.store(tok_row + slot.to(tl.int64), x, mask=copy & (slot >= 0))
+            tl.store(age_row + slot.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=copy & (slot >= 0))
 
 
 PLAN = Launcher(hisparse_plan_kernel)
