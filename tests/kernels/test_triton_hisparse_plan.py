@@ -235,38 +235,6 @@ def test_garbage_everywhere_stays_in_bounds_and_equals_the_reference():
               cfg=SMALL if case % 2 else CFG)
 
 
-# The later rounds over every slot and row: the pending list overflowing (3 events) or not kept (AMD's tuning).
-OVERFLOW = dict(SMALL, LIST=3)
-WALKS = dict(SMALL, LISTS=False)
-
-
-@pytest.mark.parametrize("cfg", [OVERFLOW, WALKS, dict(CFG, LIST=1)], ids=["overflow", "no lists", "table overflow"])
-@pytest.mark.parametrize("seed", range(2))
-def test_later_rounds_over_every_event_equal_the_reference(cfg, seed):
-    rng = random.Random(200 + seed)
-    for _ in range(12):
-        check(**random_case(rng), cfg=cfg)
-
-
-@pytest.mark.parametrize("shared", [False, True], ids=["one row", "rows sharing"])
-def test_many_listed_rounds_one_row_a_request(shared):
-    """A 16-entry table against 64 slots and 40 positions a row: most events lose round 1 and go round after round
-    through the lists; duplicates within the row (numbered once, in the register pass with one row a request), misses
-    off the host, more misses than free slots."""
-    g = torch.Generator().manual_seed(21)
-    hot, k = 64, 40
-    tok = torch.randperm(150, generator=g)[:hot].to(I32).view(1, hot).repeat(2, 1)
-    tok[1, ::5] = -1
-    age = torch.randint(0, 30, (2, hot), generator=g, dtype=I32)
-    raw = torch.randint(0, 200, (2, k), generator=g, dtype=I32)
-    raw[:, 5:10] = raw[:, 20:25]
-    host_loc = host(2, 190)
-    host_loc[:, ::7] = -1
-    cfg = dict(CFG, TABLE_LOG=4)
-    check(raw, t([200, 180]), host_loc, tok, age, row_to_batch=t([0, 1]) if shared else None, cfg=cfg)
-    check(raw, t([200, 180]), host_loc, tok, age, row_to_batch=t([0, 1]) if shared else None, cfg=dict(cfg, BLOCK_H=16))
-
-
 def test_a_garbage_workspace_is_cleared():
     rng = random.Random(5)
     case = random_case(rng)

@@ -5,34 +5,27 @@ One program a request (grid: ``max(B, R)``; program ``p`` also writes row ``p``'
 outside ``[0, B)``). A request's rows are linked once, each to its next, by a reverse scan of ``row_to_batch`` (the
 workspace's first R words; without it row b is request b). Its tokens and the state's are *events*: state slot
 ``s`` (id ``s``) holding a token in ``[0, newest)`` and each selected position ``f = r * k + j`` holding one (id
-``H + f``). Events are deduplicated in rounds over a direct-mapped table in the workspace: every pending event
-``atomic_min``\\ s its id into the bucket of its token's hash, and an event whose bucket's winner holds its own token
-is resolved: the winner is the least id of that token, which names the slot holding it (a state id: the lowest slot,
-so a higher one is a duplicate; for a selected event a hit) or its first appearance (a selected id: a miss). The
-events of one token share a bucket, so they resolve together, and each round resolves the winner's token of every
-bucket; the rest go again, with another hash, into a smaller table. Round 1 (its inserts beside the ages' maximum)
-walks every slot and row; its losers (about one token in eight at H 4096, k 512, a full state) are listed in the
-workspace as ``id << 32 | token`` (a cumsum a block), and the later rounds walk only that list (one block, no
-status or code to read first), each into the table the round before cleared, listing their own losers in the other
-list. A list holds ``H + k`` events, all of a request of one row; when more lose (rows sharing a request) or without
-``LISTS`` (AMD: the lists' cumsums cost SGPRs spilled past the cross-compile limit) the later rounds walk every slot
-and row as round 1 does. The selected events keep their result in ``out`` (a code an entry) until the last pass.
+``H + f``). Events are deduplicated in
+rounds over a direct-mapped table in the workspace: every pending event ``atomic_min``\\ s its id into the bucket of
+its token's hash, and an event whose bucket's winner holds its own token is resolved: the winner is the least id of
+that token, which names the slot holding it (a state id: the lowest slot, so a higher one is a duplicate; for a
+selected event a hit) or its first appearance (a selected id: a miss). The events of one token share a bucket, so they
+resolve together, and each round resolves the winner's token of every bucket; the rest go again, with another hash,
+into a smaller table (a round costs one atomic and one load an event; at the table sizes here about three rounds).
+The selected events keep their result in ``out`` (a code an entry) until the last pass.
 
-Misses on the host are numbered in order of first appearance (a running count and a cumsum a row; an entry whose
-token first appears in its own row takes that one's number by a gather in registers, an earlier row's from its
-rewritten code). With one row a request nothing is rewritten: the misses are counted beside the state's cleaning and
-numbered again in the last pass. The free slots' eviction keys ``(occupied, age)`` (then the slot) are
-radix-selected (``DIGIT`` bits a pass, from the keys' common prefix) for the M-th smallest,
-``M = min(misses, free slots)``; the M slots at or below it are ranked among themselves (pairwise, ``BI x BJ`` a step)
-into the list of the slots taken in order. A last pass over the rows writes the slots, the copies (filed under the
-row of first appearance) and the placed misses' state.
+Misses on the host are numbered in order of first appearance (a row at a time, a running count and a cumsum). The
+free slots' eviction keys ``(occupied, age)`` (then the slot) are radix-selected (``DIGIT`` bits a pass, from the
+keys' common prefix) for the M-th smallest, ``M = min(misses, free slots)``; the M slots at or below it are ranked
+among themselves (pairwise, ``BI x BJ`` a step) into the list of the slots taken in order. A last pass over the
+rows writes the slots, the copies (filed under the row of first appearance) and the placed misses' state.
 
 Every read is masked to its tensor (positions by ``seq_len`` and ``L``, slots and rows by ``H`` and ``R``, whatever
-``raw``, ``row_to_batch``, ``host_loc`` and the state hold), and so is every index read from the workspace; nothing
-is allocated at launch but the kept workspace (:func:`workspace_words` int32 words, through
-``backends/triton/workspace.py``); no host sync. Phases meet at barriers (:func:`_sync`: on AMD after a wait for the
-wave's memory operations); a pass that rewrites what it reads waits at one in between when anything but the thread's
-own entries depends on the read: a block smaller than the program's threads is held by several of them (only one
+``raw``, ``row_to_batch``, ``host_loc`` and the state hold); nothing is allocated at launch but the kept workspace
+(:func:`workspace_words` int32 words, through ``backends/triton/workspace.py``); no host sync; an index read from the
+workspace is masked to its buffer too. Phases meet at barriers (:func:`_sync`: on AMD after a wait for the wave's
+memory operations); a pass that rewrites what it reads waits at one in between when anything but the thread's own
+entries depends on the read: a block smaller than the program's threads is held by several of them (only one
 stores), and a copy read after the rewrite would give that thread other counts (and the program diverging
 barriers). The variant depends on ``H``, ``k``, whether ``row_to_batch`` is given, the dtype of ``host_loc`` and the
 vendor only.
@@ -137,8 +130,8 @@ def hisparse_plan_kernel(
     raw_ptr, seq_ptr, host_ptr, tok_ptr, age_ptr, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
     B, R, L, host_rows, raw_s0, raw_s1, seq_s0, host_s0, host_s1, r2b_s0,
     H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, LOG_T1: tl.constexpr,
-    LOG_T2: tl.constexpr, CAP: tl.constexpr, LISTS: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr,
+    LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
+    HAS_R2B: tl.constexpr, FENCE: tl.constexpr,
 ):
     """Request ``program_id(0)``'s plan and state update; also that row's outputs when it names no request."""
     pid = tl.program_id(0)
@@ -168,15 +161,15 @@ def hisparse_plan_kernel(
         age_row = age_ptr + b64 * H
         host_row = host_ptr + b64 * host_s0
         n = tl.load(seq_ptr + b64 * seq_s0)
+        hs = tl.arange(0, BLOCK_H)
+        top = tl.full([], -2147483648, tl.int32)
+        for h0 in range(0, H, BLOCK_H):
+            age = tl.load(age_row + (h0 + hs), mask=h0 + hs < H, other=-2147483648)
+            top = tl.maximum(top, tl.max(age, 0))
+        now = tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
+        _sync(FENCE)
         if n <= H:
             # Short request: token t at slot t; the state becomes the identity.
-            hs = tl.arange(0, BLOCK_H)
-            top = tl.full([], -2147483648, tl.int32)
-            for h0 in range(0, H, BLOCK_H):
-                age = tl.load(age_row + (h0 + hs), mask=h0 + hs < H, other=-2147483648)
-                top = tl.maximum(top, tl.max(age, 0))
-            now = tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
-            _sync(FENCE)  # the ages read (and the rows linked) before any is written
             for h0 in range(0, H, BLOCK_H):
                 s = h0 + hs
                 tl.store(tok_row + s, tl.where(s < n, s, -1), mask=s < H)
@@ -184,7 +177,7 @@ def hisparse_plan_kernel(
             for _ in range(rows):
                 r = row.to(tl.int64)
                 row = _next_row(links, row, R, HAS_R2B)
-                if r < R:
+                if r < R:  # always (the links name a row), whatever the workspace holds
                     x = tl.load(raw_ptr + r * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
                     valid = in_row & (x >= 0) & (x < n)
                     tl.store(out_ptr + r * K + cols, tl.where(valid, x, -1), mask=in_row)
@@ -197,35 +190,32 @@ def hisparse_plan_kernel(
             if HAS_R2B:
                 requests = ws_ptr + R + R % 2
             _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                          b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
-                          H, K, K_P2, BLOCK_H, LOG_T1, LOG_T2, CAP, LISTS, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, FENCE)
+                          b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
+                          H, K, K_P2, BLOCK_H, LOG_T1, LOG_T2, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, FENCE)
 
 
 @triton.jit
 def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                  b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
+                  b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
                   H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr,
-                  LOG_T1: tl.constexpr, LOG_T2: tl.constexpr, CAP: tl.constexpr, LISTS: tl.constexpr,
-                  DIGIT: tl.constexpr, BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
-                  HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
+                  LOG_T1: tl.constexpr, LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
     """Request ``b`` of ``n > H`` tokens: the events' rounds, the misses' numbers, the eviction order, the outputs."""
     T1: tl.constexpr = 1 << LOG_T1
     T2: tl.constexpr = 1 << LOG_T2
-    W: tl.constexpr = 7 * H + (H % 2) + T1 + 2 * T2 + 4 * CAP
+    W: tl.constexpr = 7 * H + (H % 2) + T1 + T2
     newest = n - 1
     cols = tl.arange(0, K_P2)
     in_row = cols < K
     hs = tl.arange(0, BLOCK_H)
-    # The request's workspace: int64 eviction keys and candidates, two int64 lists of pending events (id, token),
-    # round 1's table and the later rounds' two, per slot its status (2 pending, 1 holds its token first, 0 empty
-    # or a duplicate), whether it is hit, and the slots taken in eviction order.
+    # The request's workspace: int64 eviction keys and candidates, the two tables, per slot its status (2 pending,
+    # 1 holds its token first, 0 empty or a duplicate), whether it is hit, and the slots taken in eviction order.
     ws = ws_ptr + b.to(tl.int64) * W
     keys = ws.to(tl.pointer_type(tl.int64))
     cand = keys + H
-    lists = cand + H
-    table1 = ws + 4 * H + 4 * CAP
+    table1 = ws + 4 * H
     table2 = table1 + T1
-    status = table2 + 2 * T2
+    status = table2 + T2
     hit = status + H
     taken = hit + H
 
@@ -239,38 +229,14 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         tl.store(hit + h0 + hs, tl.zeros([BLOCK_H], tl.int32), mask=h0 + hs < H)
     _sync(FENCE)
 
-    # Round 1's events into table 1, and the ages' maximum.
+    # Round 1's events into table 1; each selected entry's first code.
     seed = _seed(tl.full([], 1, tl.int32))
-    top = tl.full([], -2147483648, tl.int32)
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         tok = tl.load(tok_row + s, mask=s < H, other=-1)
-        age = tl.load(age_row + s, mask=s < H, other=-2147483648)
-        top = tl.maximum(top, tl.max(age, 0))
         live = (s < H) & (tok >= 0) & (tok < newest)
+        tl.store(status + s, live.to(tl.int32) * 2, mask=s < H)
         tl.atomic_min(table1 + _hash(tok, seed, LOG_T1), s, mask=live, sem="relaxed")
-    now = tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
-    row = row0
-    for _ in range(rows):
-        r = row
-        row = _next_row(links, row, R, HAS_R2B)
-        if r < R:
-            x = tl.load(raw_ptr + r.to(tl.int64) * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-            go = in_row & (x >= 0) & (x < newest)
-            tl.atomic_min(table1 + _hash(x, seed, LOG_T1), H + r * K + cols, mask=go, sem="relaxed")
-    _sync(FENCE)
-
-    # Round 1 resolved over every event; the pending ones listed (ids, tokens) for the later rounds.
-    left = 0
-    for h0 in range(0, H, BLOCK_H):
-        s = h0 + hs
-        tok = tl.load(tok_row + s, mask=s < H, other=-1)
-        go = (s < H) & (tok >= 0) & (tok < newest)
-        w = tl.load(table1 + _hash(tok, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
-        ok = go & (w >= 0) & (w <= s)
-        done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
-        tl.store(status + s, tl.where(done, (w == s).to(tl.int32), go.to(tl.int32) * 2), mask=s < H)
-        left = _listed(lists, 0, left, s, tok, go & ~done, CAP, LISTS)
     row = row0
     for _ in range(rows):
         r = row
@@ -279,57 +245,17 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             r64 = r.to(tl.int64)
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             valid = in_row & (x >= 0) & (x < n)
-            go = valid & (x != newest)
-            me = H + r * K + cols
-            w = tl.load(table1 + _hash(x, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
-            ok = go & (w >= 0) & (w <= me)
-            done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == x)
-            code = tl.where(valid, tl.where(go, PENDING, H), -1)
-            tl.store(out_ptr + r64 * K + cols, tl.where(done, tl.where(w < H, w, MISS - (w - H)), code), mask=in_row)
-            tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=done & (w < H))
-            left = _listed(lists, 0, left, me, x, go & ~done, CAP, LISTS)
+            code = tl.where(valid, tl.where(x == newest, H, PENDING), -1)
+            tl.store(out_ptr + r64 * K + cols, code, mask=in_row)
+            tl.atomic_min(table1 + _hash(x, seed, LOG_T1), H + r * K + cols, mask=code == PENDING, sem="relaxed")
     _sync(FENCE)
 
-    # The later rounds: over the list while it holds every pending event (always with one row a request), each
-    # round into a cleared table with its own hash, the rest listed again; else over every slot and row.
-    rnd = 2
-    if LISTS and left <= CAP:
-        cur = 0
-        while left > 0:
-            seed = _seed(rnd)
-            table = (rnd % 2) * T2  # this round's table in table2, the next round's the other
-            for p0 in range(0, left, BLOCK_H):
-                p = p0 + hs
-                m = p < left
-                event = tl.load(lists + (cur * CAP + p), mask=m, other=0, cache_modifier=".cg")
-                me = (event >> 32).to(tl.int32)
-                tok = event.to(tl.int32)
-                tl.atomic_min(table2 + (table + _hash(tok, seed, LOG_T2)), me, mask=m, sem="relaxed")
-            for t0 in range(0, T2, CLEAR):  # the next round's table (the last round read it before the barrier)
-                tl.store(table2 + ((T2 - table) + t0 + clear), tl.full([CLEAR], INT_MAX, tl.int32))
-            _sync(FENCE)
-            pending = 0
-            for p0 in range(0, left, BLOCK_H):
-                p = p0 + hs
-                m = p < left
-                event = tl.load(lists + (cur * CAP + p), mask=m, other=0, cache_modifier=".cg")
-                me = (event >> 32).to(tl.int32)
-                tok = event.to(tl.int32)
-                w = tl.load(table2 + (table + _hash(tok, seed, LOG_T2)), mask=m, other=INT_MAX, cache_modifier=".cg")
-                ok = m & (w >= 0) & (w <= me)
-                done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
-                tl.store(status + me, (w == me).to(tl.int32), mask=done & (me >= 0) & (me < H))
-                chosen = done & (me >= H) & (me - H < R * K)
-                tl.store(out_ptr + (me - H).to(tl.int64), tl.where(w < H, w, MISS - (w - H)), mask=chosen)
-                tl.store(hit + w, tl.full([BLOCK_H], 1, tl.int32), mask=chosen & (w < H))
-                pending = _listed(lists, (1 - cur) * CAP, pending, me, tok, m & ~done, CAP, LISTS)
-            _sync(FENCE)
-            left = pending
-            cur = 1 - cur
-            rnd += 1
-    else:
-        while left > 0:
-            seed = _seed(rnd)
+    # Rounds: resolve against the table; the rest go into table 2 with the next round's hash.
+    left = 1
+    rnd = 1
+    while left > 0:
+        seed = _seed(rnd)
+        if rnd > 1:
             for h0 in range(0, H, BLOCK_H):
                 s = h0 + hs
                 go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
@@ -346,70 +272,71 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                     x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
                     tl.atomic_min(table2 + _hash(x, seed, LOG_T2), H + r * K + cols, mask=go, sem="relaxed")
             _sync(FENCE)
-            # Resolved in place: an entry rewritten here reads as resolved to any thread loading it after (its
-            # status leaves 2, its code PENDING), so the count left is the same in every thread.
-            left = 0
-            for h0 in range(0, H, BLOCK_H):
-                s = h0 + hs
-                go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
-                tok = tl.load(tok_row + s, mask=go, other=0)
+        left = 0
+        for h0 in range(0, H, BLOCK_H):
+            s = h0 + hs
+            go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
+            tok = tl.load(tok_row + s, mask=go, other=0)
+            if rnd == 1:
+                w = tl.load(table1 + _hash(tok, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
+            else:
                 w = tl.load(table2 + _hash(tok, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
-                ok = go & (w >= 0) & (w <= s)
-                done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
-                tl.store(status + s, (w == s).to(tl.int32), mask=done)
-                left += tl.sum((go & ~done).to(tl.int32), 0)
-            row = row0
-            for _ in range(rows):
-                r = row
-                row = _next_row(links, row, R, HAS_R2B)
-                if r < R:
-                    r64 = r.to(tl.int64)
-                    go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
-                                 cache_modifier=".cg") == PENDING
-                    x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
-                    w = tl.load(table2 + _hash(x, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
-                    ok = go & (w >= 0) & (w <= H + r * K + cols)
-                    done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == x)
-                    tl.store(out_ptr + r64 * K + cols, tl.where(w < H, w, MISS - (w - H)), mask=done)
-                    tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=done & (w < H))
-                    left += tl.sum((go & ~done).to(tl.int32), 0)
-            _sync(FENCE)
-            for t0 in range(0, T2, CLEAR):
-                tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
-            _sync(FENCE)
-            rnd += 1
-
-    # Misses on the host, numbered in order of first appearance; the other appearances take their number: a row's
-    # own first appearances' gathered in registers, an earlier row's read back from its rewritten codes. With one
-    # row a request nothing is rewritten: the misses are only counted here (beside the state's cleaning, no barrier)
-    # and numbered again in the last pass.
-    misses = 0
-    if HAS_R2B:
+            ok = go & (w >= 0) & (w <= s)
+            done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
+            tl.store(status + s, (w == s).to(tl.int32), mask=done)
+            left += tl.sum((go & ~done).to(tl.int32), 0)
         row = row0
         for _ in range(rows):
             r = row
             row = _next_row(links, row, R, HAS_R2B)
             if r < R:
                 r64 = r.to(tl.int64)
-                at = out_ptr + r64 * K + cols
-                code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
-                x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-                number, on_host, loc = _numbered(code, x, r, misses, host_row, L, host_rows, host_s1, K, cols,
-                                                 in_row)
-                f = MISS - code
-                earlier = in_row & (code <= MISS) & (f < r * K)
-                code0 = tl.load(out_ptr + f.to(tl.int64), mask=earlier, other=-1, cache_modifier=".cg")
-                number = tl.where(earlier, tl.where(code0 == -1, -1, (MISS - code0) >> 1), number)
-                misses += tl.sum(on_host.to(tl.int32), 0)
-                _sync(FENCE)  # every thread's reads of the row (its copies in other threads too) before it changes
-                tl.store(at, tl.where(number < 0, -1, MISS - 2 * number - on_host.to(tl.int32)),
-                         mask=in_row & (code <= MISS))
-                _sync(FENCE)
-    else:
-        r64 = row0.to(tl.int64)
-        code = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1, cache_modifier=".cg")
-        x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-        misses = tl.sum(_on_host(code, x, row0, host_row, L, host_rows, host_s1, K, cols, in_row)[0].to(tl.int32), 0)
+                go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
+                             cache_modifier=".cg") == PENDING
+                x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
+                if rnd == 1:
+                    w = tl.load(table1 + _hash(x, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
+                else:
+                    w = tl.load(table2 + _hash(x, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
+                ok = go & (w >= 0) & (w <= H + r * K + cols)
+                done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == x)
+                tl.store(out_ptr + r64 * K + cols, tl.where(w < H, w, MISS - (w - H)), mask=done)
+                tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=done & (w < H))
+                left += tl.sum((go & ~done).to(tl.int32), 0)
+        _sync(FENCE)
+        if rnd > 1:
+            for t0 in range(0, T2, CLEAR):
+                tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
+            _sync(FENCE)
+        rnd += 1
+
+    # Misses on the host, numbered in order of first appearance; the other appearances take their number.
+    misses = 0
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            at = out_ptr + r64 * K + cols
+            code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            first = in_row & (code == MISS - (r * K + cols))
+            loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=first & (x >= 0) & (x < L), other=-1)
+            limit = tl.where(host_rows < 0, 0x7FFFFFFFFFFFFFFF, host_rows.to(tl.int64))  # host_rows < 0: none given
+            on_host = first & (loc.to(tl.int64) >= 0) & (loc.to(tl.int64) < limit)
+            number = misses + tl.cumsum(on_host.to(tl.int32), 0) - on_host.to(tl.int32)
+            misses += tl.sum(on_host.to(tl.int32), 0)
+            _sync(FENCE)  # every thread's reads of the row (its copies in other threads too) before it changes
+            tl.store(at, tl.where(on_host, MISS - 2 * number - 1, -1), mask=first)
+            _sync(FENCE)
+            again = in_row & (code <= MISS) & ~first & (MISS - code <= r * K + cols)
+            f = MISS - code
+            fr = f // K
+            code0 = tl.load(out_ptr + fr.to(tl.int64) * K + (f - fr * K).to(tl.int64), mask=again,
+                            other=-1, cache_modifier=".cg")
+            tl.store(at, tl.where(code0 == -1, -1, MISS - 2 * ((MISS - code0) >> 1)), mask=again)
+            _sync(FENCE)
 
     # The state cleaned (a slot not holding its token first is emptied), hits aged, the free slots' keys.
     hits = 0
@@ -434,145 +361,83 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
     _sync(FENCE)
 
     if placed > 0:
-        _eviction_order(keys, cand, taken, placed, low, high, H, BLOCK_H, DIGIT, BI, BJ, FENCE)
-
-    # The outputs: each entry's slot; the copies under the row of first appearance; the placed misses' state.
-    if HAS_R2B:
-        row = row0
-        for _ in range(rows):
-            r = row
-            row = _next_row(links, row, R, HAS_R2B)
-            if r < R:
-                r64 = r.to(tl.int64)
-                at = out_ptr + r64 * K + cols
-                code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
-                x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-                number = (MISS - code) >> 1
-                copy = in_row & (code <= MISS) & (((MISS - code) & 1) == 1) & (x >= 0) & (x < L)
-                loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=copy, other=-1).to(tl.int64)
-                _outputs(out_ptr, src_ptr, dst_ptr, cnt_ptr, tok_row, age_row, taken, r64, code, x, number, copy,
-                         loc, placed, now, H, K, K_P2, cols, in_row, FENCE)
-    else:
-        r64 = row0.to(tl.int64)
-        code = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1, cache_modifier=".cg")
-        x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-        number, on_host, loc = _numbered(code, x, row0, 0, host_row, L, host_rows, host_s1, K, cols, in_row)
-        _outputs(out_ptr, src_ptr, dst_ptr, cnt_ptr, tok_row, age_row, taken, r64, code, x, number, on_host, loc,
-                 placed, now, H, K, K_P2, cols, in_row, FENCE)
-
-
-@triton.jit
-def _numbered(code, x, r, misses, host_row, L, host_rows, host_s1, K: tl.constexpr, cols, in_row):
-    """``(number, on_host, loc)`` of row ``r``'s entries from their codes: the misses on the host first appearing
-    here (``on_host``, host row ``loc``) numbered from ``misses`` on; an entry whose token first appears earlier in
-    the row takes that one's number; -1 elsewhere (not a miss, not on the host, or first in an earlier row)."""
-    on_host, first, loc = _on_host(code, x, r, host_row, L, host_rows, host_s1, K, cols, in_row)
-    number = tl.where(on_host, misses + tl.cumsum(on_host.to(tl.int32), 0) - 1, -1)
-    fc = (MISS - code) - r * K
-    same = in_row & (code <= MISS) & ~first & (fc >= 0) & (fc < K)
-    return tl.where(same, tl.gather(number, tl.where(same, fc, 0), 0), number), on_host, loc
-
-
-@triton.jit
-def _on_host(code, x, r, host_row, L, host_rows, host_s1, K: tl.constexpr, cols, in_row):
-    """``(on_host, first, loc)`` of row ``r``'s entries from their codes: the misses first appearing here
-    (``first``), those on the host, their host rows."""
-    first = in_row & (code == MISS - (r * K + cols))
-    loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=first & (x >= 0) & (x < L), other=-1).to(tl.int64)
-    limit = tl.where(host_rows < 0, 0x7FFFFFFFFFFFFFFF, host_rows.to(tl.int64))  # host_rows < 0: none given
-    return first & (loc >= 0) & (loc < limit), first, loc
-
-
-@triton.jit
-def _outputs(out_ptr, src_ptr, dst_ptr, cnt_ptr, tok_row, age_row, taken, r64, code, x, number, first, loc, placed,
-             now, H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, cols, in_row, FENCE: tl.constexpr):
-    """Row ``r64``'s outputs from its entries' codes (read from ``out`` by the caller) and miss numbers (``first``: a
-    miss on the host first appearing here, host row ``loc``): the slots, the copies of the misses placed, their
-    state. Starts at a barrier: every thread's reads of the codes (copies of them included) before they become the
-    row's slots."""
-    _sync(FENCE)
-    put = in_row & (code <= MISS) & (number >= 0) & (number < placed)
-    slot = tl.load(taken + number, mask=put, other=-1, cache_modifier=".cg")
-    slot = tl.where((slot >= 0) & (slot < H), slot, -1)
-    copy = put & first
-    where = tl.cumsum(copy.to(tl.int32), 0) - copy.to(tl.int32)
-    copies = tl.sum(copy.to(tl.int32), 0)
-    tl.store(src_ptr + r64 * K + where, loc, mask=copy)
-    tl.store(dst_ptr + r64 * K + where, slot, mask=copy)
-    rest = in_row & (cols >= copies)
-    tl.store(src_ptr + r64 * K + cols, tl.full([K_P2], -1, tl.int64), mask=rest)
-    tl.store(dst_ptr + r64 * K + cols, tl.full([K_P2], -1, tl.int32), mask=rest)
-    tl.store(cnt_ptr + r64, copies)
-    tl.store(out_ptr + r64 * K + cols, tl.where(code >= 0, code, slot), mask=in_row)
-    placed_here = copy & (slot >= 0)
-    tl.store(tok_row + slot.to(tl.int64), x, mask=placed_here)
-    tl.store(age_row + slot.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=placed_here)
-
-
-@triton.jit
-def _eviction_order(keys, cand, taken, placed, low, high, H: tl.constexpr, BLOCK_H: tl.constexpr,
-                    DIGIT: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, FENCE: tl.constexpr):
-    """``taken``: the ``placed`` free slots of least ``keys`` (-1: not free), in eviction order; ``low``, ``high``
-    the free keys' least and greatest."""
-    hs = tl.arange(0, BLOCK_H)
-    # Radix select of the placed-th smallest (occupied, age) among the free slots, from their common prefix.
-    span = tl.full([], 0, tl.int64)
-    while (low ^ high) >> span > 0:
-        span += 1
-    prefix = low >> span
-    need = placed
-    BINS: tl.constexpr = 1 << DIGIT
-    bins = tl.arange(0, BINS)
-    while span > 0:
-        d = tl.minimum(span, DIGIT).to(tl.int64)
-        span -= d
-        count = tl.zeros([BINS], tl.int32)
+        # Radix select of the placed-th smallest (occupied, age) among the free slots, from their common prefix.
+        span = tl.full([], 0, tl.int64)
+        while (low ^ high) >> span > 0:
+            span += 1
+        prefix = low >> span
+        need = placed
+        BINS: tl.constexpr = 1 << DIGIT
+        bins = tl.arange(0, BINS)
+        while span > 0:
+            d = tl.minimum(span, DIGIT).to(tl.int64)
+            span -= d
+            count = tl.zeros([BINS], tl.int32)
+            for h0 in range(0, H, BLOCK_H):
+                s = h0 + hs
+                key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+                inside = (key >= 0) & ((key >> (span + d)) == prefix)
+                count += tl.histogram(((key >> span) & ((tl.full([], 1, tl.int64) << d) - 1)).to(tl.int32), BINS,
+                                      mask=inside)
+            below = tl.cumsum(count, 0)
+            pick = tl.sum((below < need).to(tl.int32), 0)
+            need -= tl.sum(tl.where(bins < pick, count, 0), 0)
+            prefix = (prefix << d) | pick
+        # The slots taken: keys below the pivot, and the `need` lowest slots at it; their keys, in slot order.
+        ties = 0
+        found = 0
         for h0 in range(0, H, BLOCK_H):
             s = h0 + hs
             key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
-            inside = (key >= 0) & ((key >> (span + d)) == prefix)
-            count += tl.histogram(((key >> span) & ((tl.full([], 1, tl.int64) << d) - 1)).to(tl.int32), BINS,
-                                  mask=inside)
-        below = tl.cumsum(count, 0)
-        pick = tl.sum((below < need).to(tl.int32), 0)
-        need -= tl.sum(tl.where(bins < pick, count, 0), 0)
-        prefix = (prefix << d) | pick
-    # The slots taken: keys below the pivot, and the `need` lowest slots at it; their keys, in slot order.
-    ties = 0
-    found = 0
-    for h0 in range(0, H, BLOCK_H):
-        s = h0 + hs
-        key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
-        tie = (key >= 0) & (key == prefix)
-        tied = ties + tl.cumsum(tie.to(tl.int32), 0)
-        take = ((key >= 0) & (key < prefix)) | (tie & (tied <= need))
-        where = found + tl.cumsum(take.to(tl.int32), 0) - take.to(tl.int32)
-        tl.store(cand + where, (key << SLOT_BITS) | s, mask=take & (where < H))
-        ties += tl.sum(tie.to(tl.int32), 0)
-        found += tl.sum(take.to(tl.int32), 0)
-    _sync(FENCE)
-    # Each taken slot's place in eviction order: the taken keys below its own.
-    bi = tl.arange(0, BI)
-    bj = tl.arange(0, BJ)
-    for i0 in range(0, placed, BI):
-        mine = tl.load(cand + i0 + bi, mask=i0 + bi < placed, other=0, cache_modifier=".cg")
-        rank = tl.zeros([BI], tl.int32)
-        for j0 in range(0, placed, BJ):
-            other = tl.load(cand + j0 + bj, mask=j0 + bj < placed, other=0x7FFFFFFFFFFFFFFF,
-                            cache_modifier=".cg")
-            rank += tl.sum((other[None, :] < mine[:, None]).to(tl.int32), 1)
-        tl.store(taken + rank, (mine & SLOT_MASK).to(tl.int32), mask=(i0 + bi < placed) & (rank < H))
-    _sync(FENCE)
+            tie = (key >= 0) & (key == prefix)
+            tied = ties + tl.cumsum(tie.to(tl.int32), 0)
+            take = ((key >= 0) & (key < prefix)) | (tie & (tied <= need))
+            where = found + tl.cumsum(take.to(tl.int32), 0) - take.to(tl.int32)
+            tl.store(cand + where, (key << SLOT_BITS) | s, mask=take & (where < H))
+            ties += tl.sum(tie.to(tl.int32), 0)
+            found += tl.sum(take.to(tl.int32), 0)
+        _sync(FENCE)
+        # Each taken slot's place in eviction order: the taken keys below its own.
+        bi = tl.arange(0, BI)
+        bj = tl.arange(0, BJ)
+        for i0 in range(0, placed, BI):
+            mine = tl.load(cand + i0 + bi, mask=i0 + bi < placed, other=0, cache_modifier=".cg")
+            rank = tl.zeros([BI], tl.int32)
+            for j0 in range(0, placed, BJ):
+                other = tl.load(cand + j0 + bj, mask=j0 + bj < placed, other=0x7FFFFFFFFFFFFFFF,
+                                cache_modifier=".cg")
+                rank += tl.sum((other[None, :] < mine[:, None]).to(tl.int32), 1)
+            tl.store(taken + rank, (mine & SLOT_MASK).to(tl.int32), mask=(i0 + bi < placed) & (rank < H))
+        _sync(FENCE)
 
-
-@triton.jit
-def _listed(lists, start, count, me, tok, pend, CAP: tl.constexpr, LISTS: tl.constexpr):
-    """``count`` plus the pending events ``pend``, listed (``id << 32 | token``) after the first ``count`` of the
-    list at ``lists + start`` while it has room (with ``LISTS``)."""
-    if LISTS:
-        at = count + tl.cumsum(pend.to(tl.int32), 0) - pend.to(tl.int32)
-        tl.store(lists + (start + at), (me.to(tl.int64) << 32) | tok.to(tl.int64), mask=pend & (at < CAP))
-    return count + tl.sum(pend.to(tl.int32), 0)
+    # The outputs: each entry's slot; the copies under the row of first appearance; the placed misses' state.
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            at = out_ptr + r64 * K + cols
+            code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            number = (MISS - code) >> 1
+            put = in_row & (code <= MISS) & (number < placed)
+            slot = tl.load(taken + number, mask=put, other=-1, cache_modifier=".cg")
+            slot = tl.where((slot >= 0) & (slot < H), slot, -1)  # whatever the workspace holds, a slot or none
+            copy = put & (((MISS - code) & 1) == 1) & (x >= 0) & (x < L)
+            where = tl.cumsum(copy.to(tl.int32), 0) - copy.to(tl.int32)
+            copies = tl.sum(copy.to(tl.int32), 0)
+            loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=copy, other=-1).to(tl.int64)
+            tl.store(src_ptr + r64 * K + where, loc, mask=copy)
+            tl.store(dst_ptr + r64 * K + where, slot, mask=copy)
+            rest = in_row & (cols >= copies)
+            tl.store(src_ptr + r64 * K + cols, tl.full([K_P2], -1, tl.int64), mask=rest)
+            tl.store(dst_ptr + r64 * K + cols, tl.full([K_P2], -1, tl.int32), mask=rest)
+            tl.store(cnt_ptr + r64, copies)
+            _sync(FENCE)  # every thread's reads of the row's codes (copies included) before they become its slots
+            tl.store(at, tl.where(code >= 0, code, slot), mask=in_row)
+            tl.store(tok_row + slot.to(tl.int64), x, mask=copy & (slot >= 0))
+            tl.store(age_row + slot.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=copy & (slot >= 0))
 
 
 PLAN = Launcher(hisparse_plan_kernel)
@@ -592,20 +457,12 @@ def _tables(hot: int, k: int, cfg: Mapping[str, Any]) -> tuple[int, int]:
     return table_logs(hot, k, cfg.get("TABLE_SCALE", 2), cfg.get("TABLE_LOG"))
 
 
-def list_cap(hot: int, k: int, cfg: Mapping[str, Any]) -> int:
-    """Pending events a request's lists hold: ``H + k``, every event of a request of one row (``LIST``, a smaller
-    one, only in tests: the rounds over every slot and row when the list overflows)."""
-    return cfg.get("LIST", hot + k)
-
-
 def workspace_words(requests: int, hot: int, k: int, cfg: Mapping[str, Any] | None = None, rows: int = 0) -> int:
-    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (7 H + H % 2 + T1 + 2 T2 + 4 C) + 1``
-    (``rows``: those of ``row_to_batch`` when given, else 0; ``T1``, ``T2`` the tables' entries, :func:`table_logs`:
-    16384 and 4096 at H 4096 and k 512; ``C`` :func:`list_cap`; one word to align the int64 keys)."""
-    cfg = cfg or {}
-    log1, log2 = _tables(hot, k, cfg)
-    per_request = 7 * hot + hot % 2 + (1 << log1) + 2 * (1 << log2) + 4 * list_cap(hot, k, cfg)
-    return rows + rows % 2 + requests * per_request + 1
+    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (7 H + H % 2 + T1 + T2) + 1``
+    (``rows``: those of ``row_to_batch`` when given, else 0; ``T1``, ``T2`` the two tables' entries,
+    :func:`table_logs`: 16384 and 4096 at H 4096 and k 512; one word to align the int64 keys)."""
+    log1, log2 = _tables(hot, k, cfg or {})
+    return rows + rows % 2 + requests * (7 * hot + hot % 2 + (1 << log1) + (1 << log2)) + 1
 
 
 def supports(raw: torch.Tensor, slot_token: torch.Tensor, slot_age: torch.Tensor | None = None,
@@ -659,9 +516,8 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
          batch, rows, host_loc.shape[1], -1 if host_rows is None else int(host_rows),
          raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1), r2b.stride(0)),
         dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]), LOG_T1=log1,
-             LOG_T2=log2, CAP=list_cap(hot, k, cfg), LISTS=cfg.get("LISTS", True), DIGIT=cfg["DIGIT"],
-             BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"], HAS_R2B=row_to_batch is not None,
-             FENCE=_fence(target)),
+             LOG_T2=log2, DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"],
+             HAS_R2B=row_to_batch is not None, FENCE=_fence(target)),
     )
 
 
@@ -681,8 +537,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         specs.append(KernelSpec(
             "hisparse_plan", hisparse_plan_kernel, ptrs,
             {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]), "LOG_T1": log1,
-             "LOG_T2": log2, "CAP": list_cap(hot, k, cfg), "LISTS": cfg.get("LISTS", True), "DIGIT": cfg["DIGIT"],
-             "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
+             "LOG_T2": log2, "DIGIT": cfg["DIGIT"], "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
              "HAS_R2B": r2b, "FENCE": _fence(target), "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
             launch_options(target, cfg), aligned=("raw_s0", "host_s0")))
     return specs
