@@ -133,17 +133,22 @@ class IndexerRunner:
         role = self.role(layer)
         if role is None:
             return None
-        if hot is not None and state.hot is None:
-            raise ValueError("hot: given, but the state has no hot buffers (attach state.hot = HotBuffers(...))")
-        slots = self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length)
         if hot is None:
-            return slots
+            return self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch,
+                                 max_length)
+        if state.hot is None:
+            raise ValueError("hot: given, but the state has no hot buffers (attach state.hot = HotBuffers(...))")
         producer = self.source_of(layer)
         if role == PRODUCER:
+            self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length)
             state.hot.plan(producer, state.raw[:state.rows], hot, row_to_batch=row_to_batch)
+        else:  # the producer's raw indices feed the swap-in: no translation through the page table
+            state.reused(layer, source=producer)
         return state.hot.swap_in(producer, hot, row_to_batch=row_to_batch)
 
-    def _indices(self, layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length):
+    def _indices(self, layer: int, role: str, state: TopkState, scores, lengths, page_table, row_starts,
+                 row_to_batch, max_length) -> torch.Tensor:
+        """A producer's selection or a shared layer's translation into ``state`` (the page-table slots)."""
         if role == PRODUCER and max_length is not None and max_length <= self.k:
             return state.produce_short(layer, lengths, page_table, self.page_size, row_to_batch=row_to_batch)
         if role == PRODUCER:

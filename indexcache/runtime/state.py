@@ -309,6 +309,24 @@ class TopkState:
         ``seq_lens [rows]`` int32 is each row's visible length. ``source`` (the producer the plan says
         this layer reuses) is checked against the producer that wrote the state.
         """
+        self._check_source(layer, source)
+        self._check_rows("seq_lens", seq_lens)
+        rows = self.rows
+        out = ops.translate(self.raw[:rows], page_table, seq_lens, page_size, row_to_batch=row_to_batch,
+                                   out=self.physical[:rows])
+        if self.recorder is not None:
+            self.recorder(layer, self.raw[:rows])
+        return out
+
+    def reused(self, layer: int, *, source: int | None = None) -> None:
+        """Shared ``layer`` takes the producer's raw indices as they are, untranslated (HiSparse's device rows come
+        from the hot buffers, :mod:`indexcache.runtime.hot`): ``source`` checked as by :meth:`reuse`, the recorder
+        told."""
+        self._check_source(layer, source)
+        if self.recorder is not None:
+            self.recorder(layer, self.raw[: self.rows])
+
+    def _check_source(self, layer: int, source: int | None) -> None:
         if self.producer is None:
             raise MissingProducerError(
                 f"layer {layer} is shared but no producer wrote top-k indices in this forward (the state was "
@@ -319,13 +337,6 @@ class TopkState:
             raise MissingProducerError(
                 f"layer {layer} reuses layer {source}'s top-k, but the state holds layer {self.producer}'s"
             )
-        self._check_rows("seq_lens", seq_lens)
-        rows = self.rows
-        out = ops.translate(self.raw[:rows], page_table, seq_lens, page_size, row_to_batch=row_to_batch,
-                                   out=self.physical[:rows])
-        if self.recorder is not None:
-            self.recorder(layer, self.raw[:rows])
-        return out
 
     def to_carry(self) -> tuple[torch.Tensor, CarryHeader]:
         """``(raw [rows, k] int32, header)`` to send to the next pipeline stage (a view: send it before
