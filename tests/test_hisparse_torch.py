@@ -49,7 +49,7 @@ def check_plan(raw, seq, hl, tok, age, r2b=None, host_rows=None) -> ref.Plan:
 
 def check_swap_in(p, host_kv, device_kv, device_loc, r2b=None, path=ops.hisparse_swap_in) -> None:
     """The op (given counts as they are) against the reference (given them clamped to [0, k], as the op's contract
-    reads them; the reference indexes past k otherwise)."""
+    reads them)."""
     clamped = p._replace(copy_count=p.copy_count.clamp(0, p.copy_src.shape[1]))
     want = ref.swap_in(clamped, host_kv, device_kv, device_loc, row_to_batch=r2b)
     got = device_kv.clone()

@@ -48,10 +48,9 @@ def check(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *, row
 
 
 def reference(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *, row_to_batch=None) -> torch.Tensor:
-    """``device_kv`` after the swap-in, by :func:`indexcache.hal.hisparse.swap_in` (counts clamped to the lists'
+    """``device_kv`` after the swap-in, by :func:`indexcache.hal.hisparse.swap_in` (counts taken in the lists'
     columns; a copy whose request, slot, device row or host row is out of range is skipped)."""
-    count = copy_count.clamp(0, copy_src.shape[1])
-    copies = hisparse.Plan(torch.empty(0), copy_src, copy_dst, count, torch.empty(0), torch.empty(0))
+    copies = hisparse.Plan(torch.empty(0), copy_src, copy_dst, copy_count, torch.empty(0), torch.empty(0))
     return hisparse.swap_in(copies, host_kv, device_kv, device_loc, row_to_batch=row_to_batch)
 
 
