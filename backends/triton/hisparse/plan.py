@@ -114,6 +114,16 @@ def _minimum(a, b):
 
 
 @triton.jit
+def _winner(x, go, seed, rnd, table1, table2, LOG_T1: tl.constexpr, LOG_T2: tl.constexpr):
+    """The least event id in token ``x``'s bucket this round (round 1: table 1, later: table 2), where ``go``."""
+    if rnd == 1:
+        w = tl.load(table1 + _hash(x, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
+    else:
+        w = tl.load(table2 + _hash(x, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
+    return w
+
+
+@triton.jit
 def _token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr):
     """The token of event ``w`` (a state slot below H, else selected position ``w - H``), where ``ok``."""
     f = w - H
@@ -277,10 +287,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             s = h0 + hs
             go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
             tok = tl.load(tok_row + s, mask=go, other=0)
-            if rnd == 1:
-                w = tl.load(table1 + _hash(tok, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
-            else:
-                w = tl.load(table2 + _hash(tok, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
+            w = _winner(tok, go, seed, rnd, table1, table2, LOG_T1, LOG_T2)
             ok = go & (w >= 0) & (w <= s)
             done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
             tl.store(status + s, (w == s).to(tl.int32), mask=done)
@@ -294,10 +301,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                 go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
                              cache_modifier=".cg") == PENDING
                 x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
-                if rnd == 1:
-                    w = tl.load(table1 + _hash(x, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
-                else:
-                    w = tl.load(table2 + _hash(x, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
+                w = _winner(x, go, seed, rnd, table1, table2, LOG_T1, LOG_T2)
                 ok = go & (w >= 0) & (w <= H + r * K + cols)
                 done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == x)
                 tl.store(out_ptr + r64 * K + cols, tl.where(w < H, w, MISS - (w - H)), mask=done)
