@@ -11,6 +11,7 @@ import torch
 
 import indexcache
 from indexcache.hal import dispatch, library
+from indexcache.hal.budget import BUDGETED_OPS
 from indexcache.hal.checks import MAX_TOPK
 from indexcache.hal.dispatch import BackendNotSupportedError
 from indexcache.hal.layout import new_packed_cache
@@ -58,15 +59,18 @@ def test_opcheck(op, args):
     # shapes) run on every case, test_schema on the cases without fp8 inputs.
     utils = [u for u in ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
              if not (fp8 and u == "test_schema")]
-    torch.library.opcheck(library.OPS[op], (*(kwargs[n] for n in library.ARGS[op][:-1]), "torch"), test_utils=utils)
+    budget = [None] if op in BUDGETED_OPS else []
+    torch.library.opcheck(library.OPS[op], (*(kwargs[n] for n in library.PARAMS[op]), "torch", *budget),
+                          test_utils=utils)
 
 
 def _checked_args(op: str) -> dict:
-    """The custom op's arguments (``backend`` "torch") for ``op``'s first conformance case, outputs allocated."""
+    """The custom op's arguments (``backend`` "torch", no SM budget) for ``op``'s first conformance case, outputs
+    allocated."""
     case = SPECS[op].cases[0]
     gen = torch.Generator().manual_seed(0)
     args = SPECS[op].check(**(case.build(gen, "cpu", E4M3) if case.native_fp8 else case.build(gen, "cpu")))
-    return dict(args, backend="torch")
+    return dict(args, backend="torch", **({"sm_budget": None} if op in BUDGETED_OPS else {}))
 
 
 def _i32(*shape):
@@ -310,7 +314,7 @@ def test_check_ops_are_read_only_and_kept_in_the_graph():
     assert set(library.CHECKS) == {op for op in SPECS if library.mutated(op)}
     for op, check in library.CHECKS.items():
         assert not check._schema.is_mutable and not check._schema.returns
-        assert [a.name for a in check._schema.arguments] == list(library.ARGS[op][:-1])
+        assert [a.name for a in check._schema.arguments] == list(library.PARAMS[op])
     torch._dynamo.reset()
     graphs = []
 

@@ -117,7 +117,7 @@ def test_a_workspace_is_a_mutated_optional_argument_under_compile():
     args = _args("topk", torch.Generator().manual_seed(2))
     workspace = torch.zeros(64, dtype=torch.uint8)
     checked = SPECS["topk"].check(**args, workspace=workspace)
-    torch.library.opcheck(library.OPS["topk"], (*(checked[n] for n in library.ARGS["topk"][:-1]), "torch"))
+    torch.library.opcheck(library.OPS["topk"], (*(checked[n] for n in library.PARAMS["topk"]), "torch", None))
 
     def step(scores, lengths, out, workspace):
         return indexcache.topk(scores, lengths, 16, out=out, workspace=workspace, backend="torch") + 1

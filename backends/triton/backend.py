@@ -33,8 +33,9 @@ def gpu_backend(vendor: GpuVendor, priority: int, tuning: Callable[[str], Mappin
         from indexcache.backends.triton.streams import device_overlap
 
         found = target()
-        overlap = device_overlap(found.device_type, side_streams=side_streams)
-        return {**make_ops(found, tuning(found.arch)), "overlap": overlap}
+        table = tuning(found.arch)
+        overlap = device_overlap(found.device_type, side_streams=side_streams, rule=table.get("overlap"))
+        return {**make_ops(found, table), "overlap": overlap}
 
     def capabilities() -> Capabilities:
         found = target()

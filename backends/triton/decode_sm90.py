@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
+from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options, persistent_programs
 from indexcache.backends.triton.sm90 import (
     block_barrier,
     grid_dependency_wait,
@@ -442,7 +442,8 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
            row_to_batch: torch.Tensor | None = None) -> Launch:
     """The launch filling ``out`` (contract: ``indexcache.paged_mqa_logits``) for a call :func:`unsupported` accepts.
     ``cfg``: the paged_mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the kernel-wide register cap by draft
-    tokens a program, 0 for none); ``sms``: the device's multiprocessors; ``batch_block``: context lengths a step of the
+    tokens a program, 0 for none); ``sms``: the device's multiprocessors (an SM budget in force
+    caps the programs: ``launcher.persistent_programs``); ``batch_block``: context lengths a step of the
     schedule reads; ``skip``: requests whose clipped context is at most this are left unwritten (-1: none);
     ``row_to_batch``: ragged rows (``q [R, 1, H, D]``), two at a time where ``groups`` is 2."""
     batch, next_n, heads, dim = q.shape
@@ -465,7 +466,8 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
             q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), r2b.stride(0),
             page_table.stride(0), out.stride(0))
     per_sm = TMA_DECODE.resident(options, *args, **named) or 1
-    programs = max(1, min(sms * per_sm // cdiv(next_n, groups), batch * cdiv(max_context_len, page)))
+    programs = max(1, min(persistent_programs(sms, per_sm) // cdiv(next_n, groups),
+                          batch * cdiv(max_context_len, page)))
     return Launch(TMA_DECODE, (cdiv(next_n, groups), programs), options, args, named)
 
 

@@ -35,6 +35,7 @@ import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
+from indexcache.hal import budget
 from indexcache.hal.device import resident_blocks, sm_limits
 
 Options = tuple[tuple[str, Any], ...]
@@ -100,6 +101,21 @@ def planning(sms: int) -> Iterator[None]:
 def planned_sms() -> int | None:
     """The multiprocessors of :func:`planning`'s GPU inside it, else None (the launch builders ask the device)."""
     return _PLANNING.get()
+
+
+def sm_budget(sms: int) -> int | None:
+    """The SM budget in force (:mod:`indexcache.hal.budget`) where it is below the GPU's ``sms`` multiprocessors,
+    else None (the whole device)."""
+    n = budget.current()
+    return n if n is not None and n < sms else None
+
+
+def persistent_programs(sms: int, per_sm: int) -> int:
+    """Programs of a persistent launch on a GPU of ``sms`` multiprocessors that each hold ``per_sm`` of them:
+    ``sms * per_sm``, or under an SM budget of n below ``sms`` n, one a multiprocessor (n programs occupy at most n
+    multiprocessors however the hardware places them; ``per_sm`` of them might spread over ``per_sm * n``)."""
+    n = sm_budget(sms)
+    return sms * per_sm if n is None else n
 
 
 _SETTLED: set[int] = set()

@@ -52,7 +52,15 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton import mxfp4
-from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options, planned_sms
+from indexcache.backends.triton.launcher import (
+    Launch,
+    Launcher,
+    Options,
+    bound,
+    launch_key_options,
+    persistent_programs,
+    planned_sms,
+)
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal import fp4
@@ -730,11 +738,12 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
         from indexcache.backends.triton import prefill_sm90
 
         if not prefill_sm90.unsupported(q, k, k_scale, weights, out, target):
-            return prefill_sm90.launch(q, k, k_scale, weights, ks, ke, out, cfg=cfg, sms=_programs(target, q.device),
+            return prefill_sm90.launch(q, k, k_scale, weights, ks, ke, out, cfg=cfg,
+                                       sms=persistent_programs(_programs(target, q.device), 1),
                                        skip=skip, fill=fill)
     block_q = max(1, cfg["COLS"] // heads, 16 // heads)
     blocks = cdiv(tokens, block_q)
-    programs = min(blocks, _programs(target, q.device) * cfg.get("PROGRAMS_PER_SM", 1))
+    programs = min(blocks, persistent_programs(_programs(target, q.device), cfg.get("PROGRAMS_PER_SM", 1)))
     widen = _widen_mode(q.dtype, target, cfg)
     options = options or launch_key_options(launch_options(target, cfg))
     keys, scales = (k.view(torch.uint8), k_scale.view(torch.uint8)) if mxfp4 else (_as_bytes(k, widen), k_scale)
@@ -759,8 +768,8 @@ def prefill_round(q, k, k_scale, weights, *, target: Target, cfg: Mapping[str, A
 
         # weights stands in for the logits: what the check reads of them is a unit stride along a row
         if not prefill_sm90.unsupported(q, k, k_scale, weights, weights, target):
-            return programs * max(1, prefill_sm90.COLS // heads)
-    return max(1, cfg["COLS"] // heads, 16 // heads) * programs * cfg.get("PROGRAMS_PER_SM", 1)
+            return persistent_programs(programs, 1) * max(1, prefill_sm90.COLS // heads)
+    return max(1, cfg["COLS"] // heads, 16 // heads) * persistent_programs(programs, cfg.get("PROGRAMS_PER_SM", 1))
 
 
 def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
@@ -825,7 +834,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     # registers and shared memory: a program more a SM would run as a second, mostly idle wave), never more than
     # there are tiles; the draft-token groups of a key range share the count.
     per_sm = DECODE.resident(options, *args, **named) or cfg["PROGRAMS_PER_SM"]
-    programs = max(1, min(_programs(target, q.device) * per_sm // cdiv(next_n, groups),
+    programs = max(1, min(persistent_programs(_programs(target, q.device), per_sm) // cdiv(next_n, groups),
                           batch * cdiv(max_context_len, block_keys)))
     return Launch(DECODE, (cdiv(next_n, groups), programs), options, args, named)
 

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from indexcache.backends.triton import topk
 from indexcache.backends.triton import workspace as workspaces
-from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options
+from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options, persistent_programs
 from indexcache.backends.triton.logits import mqa_logits_launch, prefill_round
 from indexcache.backends.triton.logits import ops as logits_ops
 from indexcache.backends.triton.producer import short_launch
@@ -69,8 +69,8 @@ def _piece(words: int) -> int:
 
 def topk_cfg(rows: int, device: torch.device, target: Target, cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """The top-k's tuning entry for a pass of ``rows`` rows: ``cfg``, rows never split (``CHUNKS_PER_SM`` 0) from a
-    row a multiprocessor on."""
-    return dict(cfg, CHUNKS_PER_SM=0) if rows >= multiprocessors(target, device) else cfg
+    row a multiprocessor (of the SM budget in force) on."""
+    return dict(cfg, CHUNKS_PER_SM=0) if rows >= persistent_programs(multiprocessors(target, device), 1) else cfg
 
 
 def _topk_bytes(rows: int, keys: int, device: torch.device, k: int, target: Target, cfg: Mapping[str, Any]) -> int:

@@ -9,17 +9,25 @@ backend's device type (``torch.cuda``: CUDA streams, HIP streams on a ROCm build
 record/wait pairs, so the same code is valid under CUDA-graph capture, where they become graph edges; nothing
 here allocates device memory or syncs with the host.
 Create the streams before capturing (a first eager call does).
+
+Sharing the GPU (docs/streams.md): the side function runs under an SM budget of n multiprocessors
+(:mod:`indexcache.hal.budget`) and the main function under the device's others, n from the call's ``side_sms`` or
+from the tuning table's ``overlap`` rule for the side work's ``tokens`` and ``context``; a budget of 0 runs the two in
+order on the current stream. Without either (or without a rule for the target) they overlap with no budget.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 
 from indexcache.backends.torch.streams import in_order
+from indexcache.hal import budget
 from indexcache.hal.contract import OpImpl
+from indexcache.hal.device import sm_count
 
 S = TypeVar("S")
 M = TypeVar("M")
@@ -39,15 +47,27 @@ def _record(value: Any, stream: torch.Stream, device_type: str) -> None:
             _record(item, stream, device_type)
 
 
+def side_budget(tokens: int, context: int, sms: int, bands: Sequence[tuple[int, int, float]]) -> int | None:
+    """The side work's SM budget by the rule ``bands``: the first ``(max_tokens, min_context, share)`` with
+    ``tokens <= max_tokens`` and ``context >= min_context`` gives ``share`` of the ``sms`` multiprocessors (at least 1,
+    fewer than ``sms``), or 0 (in order) where its share is 0 or no band holds the shape."""
+    for max_tokens, min_context, share in bands:
+        if tokens <= max_tokens and context >= min_context:
+            return 0 if share <= 0 else min(sms - 1, max(1, round(share * sms)))
+    return 0
+
+
 class DeviceStreams:
     """Scheduler over ``side_streams`` device streams per GPU of ``device_type`` (the backend's: "cuda" takes
-    torch.cuda's streams), created on first use."""
+    torch.cuda's streams), created on first use; ``rule``: the tuning table's ``overlap`` entry (its ``BANDS``, for
+    :func:`side_budget`), None where the target has none."""
 
-    def __init__(self, side_streams: int, device_type: str) -> None:
+    def __init__(self, side_streams: int, device_type: str, rule: Mapping[str, Any] | None = None) -> None:
         if isinstance(side_streams, bool) or not isinstance(side_streams, int) or side_streams < 1:
             raise ValueError(f"side_streams: expected an int >= 1, got {side_streams!r}")
         self.side_streams = side_streams
         self.device_type = device_type
+        self.rule = rule
         self._module = torch.get_device_module(device_type)
         self._streams: dict[int, list[torch.Stream]] = {}
 
@@ -60,14 +80,33 @@ class DeviceStreams:
             self._streams[index] = pool
         return pool[side % self.side_streams]
 
-    def __call__(self, side_fn: Callable[[], S], main_fn: Callable[[], M], side: int,
-                 device: torch.device) -> tuple[S, M]:
+    def share(self, device: torch.device, side_sms: int | None, tokens: int | None,
+              context: int | None) -> tuple[int | None, int]:
+        """``(side budget, the device's multiprocessors)``: the budget ``side_sms`` (fewer than the device's, else
+        ValueError), else the rule's for ``tokens`` and ``context``, else None (no budget); 0 runs in order."""
+        index = device.index if device.index is not None else self._module.current_device()
+        sms = sm_count(index)
+        if side_sms is not None:
+            if side_sms >= sms:
+                raise ValueError(f"side_sms: expected fewer than the {sms} multiprocessors of {device} (0: in order), "
+                                 f"got {side_sms}")
+            return side_sms, sms
+        if tokens is None or self.rule is None:
+            return None, sms
+        return side_budget(tokens, context, sms, self.rule["BANDS"]), sms
+
+    def __call__(self, side_fn: Callable[[], S], main_fn: Callable[[], M], side: int, device: torch.device,
+                 side_sms: int | None = None, tokens: int | None = None, context: int | None = None) -> tuple[S, M]:
+        n, sms = self.share(device, side_sms, tokens, context)
+        if n == 0:
+            return in_order(side_fn, main_fn, side, device)
         main = self._module.current_stream(device)
         stream = self.stream(device, side)
         stream.wait_stream(main)
-        with self._module.stream(stream):
+        with self._module.stream(stream), _budget(n):
             side_out = side_fn()
-        main_out = main_fn()
+        with _budget(None if n is None else sms - n):
+            main_out = main_fn()
         main.wait_stream(stream)
         _record(side_out, main, self.device_type)
         return side_out, main_out
@@ -79,11 +118,15 @@ class DeviceStreams:
         return [f"device streams need GPU tensors, got device {device}"]
 
 
-def device_overlap(device_type: str, side_streams: int) -> OpImpl:
+def _budget(n: int | None) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext() if n is None else budget.sm_budget(n)
+
+
+def device_overlap(device_type: str, side_streams: int, rule: Mapping[str, Any] | None = None) -> OpImpl:
     """The ``overlap`` op of a GPU backend whose tensors live on ``device_type`` (its vendor's: "cuda" on NVIDIA
-    and AMD; "cpu" when its kernels are interpreted, which runs in order) and that allows ``side_streams`` side
-    streams."""
+    and AMD; "cpu" when its kernels are interpreted, which runs in order), that allows ``side_streams`` side
+    streams, with the target's ``overlap`` rule (None: none)."""
     if device_type == "cpu":
         return OpImpl(in_order)
-    scheduler = DeviceStreams(side_streams, device_type)
+    scheduler = DeviceStreams(side_streams, device_type, rule)
     return OpImpl(scheduler, scheduler.supports)

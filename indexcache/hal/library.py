@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from indexcache.hal import dispatch, fp4
+from indexcache.hal import budget, dispatch, fp4
 from indexcache.hal.specs import SPECS
 
 NAMESPACE = "indexcache"
@@ -131,8 +131,13 @@ def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
 
 
 def arg_names(op: str) -> tuple[str, ...]:
-    """The custom op's arguments in order: the spec check's parameters, then ``backend``."""
-    return (*inspect.signature(SPECS[op].check).parameters, "backend")
+    """The custom op's arguments in order: the spec check's parameters, then ``backend`` (and ``sm_budget`` for the
+    ops of :data:`~indexcache.hal.budget.BUDGETED_OPS`)."""
+    return (*inspect.signature(SPECS[op].check).parameters, "backend", *_budget_arg(op))
+
+
+def _budget_arg(op: str) -> tuple[str, ...]:
+    return ("sm_budget",) if op in budget.BUDGETED_OPS else ()
 
 
 def _schema_args(op: str, aliases: Mapping[str, str]) -> list[str]:
@@ -144,7 +149,8 @@ def schema(op: str) -> str:
     """The ``torch.library`` schema of ``op`` (without its name), derived from its spec check's signature."""
     args = _schema_args(op, dict(zip(mutated(op), "abcdefgh", strict=False)))
     returns = RETURNS[op].schema if op in RETURNS else "()"
-    return f"({', '.join([*args, 'str? backend'])}) -> {returns}"
+    extra = ["str? backend", *(f"int? {name}" for name in _budget_arg(op))]
+    return f"({', '.join([*args, *extra])}) -> {returns}"
 
 
 def check_schema(op: str) -> str:
@@ -161,8 +167,9 @@ def _real(op: str) -> Callable[..., Any]:
         kwargs = dict(zip(names, args, strict=True))
         backend = kwargs.pop("backend")
         # The real tensors are here: the full check (the memory-overlap one included), then the backend that
-        # dispatch picks now, at run time.
-        result = dispatch.call(op, check(**kwargs), backend)
+        # dispatch picks now, at run time, under the call's SM budget (else the setting in force now).
+        with budget.scoped(kwargs.pop("sm_budget", None)):
+            result = dispatch.call(op, check(**kwargs), backend)
         return tuple(result) if returns else None
 
     run.__name__ = f"{op}_impl"
@@ -177,6 +184,7 @@ def _fake(op: str) -> Callable[..., Any]:
     def fake(*args):
         kwargs = dict(zip(names, args, strict=True))
         kwargs.pop("backend")
+        kwargs.pop("sm_budget", None)
         # The spec check on fake tensors (metadata only): what tracing and torch.export see refused is what the
         # real implementation refuses, with the same error; the output shapes come from checked arguments.
         checked = check(**kwargs)
@@ -187,7 +195,7 @@ def _fake(op: str) -> Callable[..., Any]:
 
 
 def _check_only(op: str) -> Callable[..., None]:
-    names = ARGS[op][:-1]
+    names = PARAMS[op]
     check = SPECS[op].check
 
     def run(*args):
@@ -226,18 +234,20 @@ _CHECKS_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
 # Each op's argument names, computed once (Dynamo traces :func:`compiled_call`; it must not run ``inspect``).
 ARGS: dict[str, tuple[str, ...]] = {op: arg_names(op) for op in SPECS}
+# Each op's spec-check parameters: its arguments before ``backend``.
+PARAMS: dict[str, tuple[str, ...]] = {op: tuple(inspect.signature(SPECS[op].check).parameters) for op in SPECS}
 # The registered ops by name (``torch.ops.indexcache.<op>.default``).
 OPS: dict[str, Any] = _register()
 # Per op that writes in place, its read-only check op (``torch.ops.indexcache.check_<op>.default``).
 CHECKS: dict[str, Any] = _register_checks()
 
 
-def compiled_call(op: str, args: Mapping[str, Any], backend: str | None) -> Any:
-    """Call the custom op ``op`` with the spec check's ``args`` (what a traced wrapper does); returns what the
-    public op returns: ``out`` for the ops that write one, ``(out_k, out_scale)`` for ``gather_index_k``, None for
-    ``store_index_k``, the new tensors of ``quantize_index_k``."""
-    values = [args[n] for n in ARGS[op][:-1]]
+def compiled_call(op: str, args: Mapping[str, Any], backend: str | None, sm_budget: int | None = None) -> Any:
+    """Call the custom op ``op`` with the spec check's ``args`` (what a traced wrapper does), ``backend`` and, for a
+    budgeted op, ``sm_budget``; returns what the public op returns: ``out`` for the ops that write one, ``(out_k,
+    out_scale)`` for ``gather_index_k``, None for ``store_index_k``, the new tensors of ``quantize_index_k``."""
+    values = [args[n] for n in PARAMS[op]]
     if op in CHECKS:
         CHECKS[op](*values)
-    output = OPS[op](*values, backend)
+    output = OPS[op](*values, backend, *([budget.check(sm_budget)] if op in budget.BUDGETED_OPS else []))
     return output if op in RETURNS else result(op, args)

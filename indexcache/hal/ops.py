@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from indexcache.hal import device, dispatch, hisparse, library, memo
+from indexcache.hal import budget, device, dispatch, hisparse, library, memo
 from indexcache.hal.checks import FLOAT_INPUTS, INDEX, KEY_DTYPES, MAX_PAGE_SIZE, MAX_TOPK, SCORE_DTYPES
 from indexcache.hal.specs import SPECS
 
@@ -43,33 +43,42 @@ __all__ = ["FLOAT_INPUTS", "INDEX", "KEY_DTYPES", "MAX_PAGE_SIZE", "MAX_TOPK", "
 WORKSPACE_OPS = tuple(op for op in SPECS if "workspace" in library.ARGS[op])
 
 
-def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict):
-    """One public call of ``op``: spec check ``SPECS[op].check(*args, **named)`` then the backend.
+def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict, sm_budget: int | None = None):
+    """One public call of ``op``: spec check ``SPECS[op].check(*args, **named)`` then the backend, under the call's
+    ``sm_budget`` (:mod:`indexcache.hal.budget`; None: the setting in force).
 
     Eager, where ``keep`` (the caller gave every output), the call's signature (:mod:`indexcache.hal.memo`) is
     looked up first: the kept launches of an identical earlier call run instead (returning the given outputs,
     :func:`indexcache.hal.library.result`), and a call the backend can prepare is kept from the signature's second call
     on. A call on the backend's default workspace adds its owner (the calling thread and its current stream) to the
-    signature: kept launches are bound to that owner's workspace. Under ``torch.compile``: the custom op
-    ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
+    signature: kept launches are bound to that owner's workspace; a budgeted op adds the budget in force. Under
+    ``torch.compile``: the custom op ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
     if torch.compiler.is_compiling():
-        return library.compiled_call(op, SPECS[op].check(*args, **named), backend)
+        return library.compiled_call(op, SPECS[op].check(*args, **named), backend, sm_budget)
+    budgeted = op in budget.BUDGETED_OPS
+    if budgeted:
+        sm_budget = budget.check(sm_budget)
+        if sm_budget is None:
+            sm_budget = budget.current()
     key = None
     if keep:
         params = (*args, *named.values())
         if "workspace" in named and named["workspace"] is None and isinstance(args[0], torch.Tensor):
             params += (device.workspace_owner(args[0]),)  # the default workspace: its owner is part of the key
+        if budgeted:
+            params += (sm_budget,)
         key = memo.signature(op, dispatch.explicit_choice(backend), params)
     if key is not None and (launch := memo.get(key)) is not None:
         launch()
         return library.result(op, named)
-    checked = SPECS[op].check(*args, **named)
-    name, impl = dispatch.resolve(op, checked, backend)
-    dispatch.check_workspace_size(name, op, impl, checked)
-    checked = dispatch.args_for(impl, checked)
-    if key is None or impl.prepare is None or not memo.seen(key):
-        return impl.fn(**checked)
-    launch = impl.prepare(**checked)
+    with budget.scoped(sm_budget if budgeted else None):
+        checked = SPECS[op].check(*args, **named)
+        name, impl = dispatch.resolve(op, checked, backend)
+        dispatch.check_workspace_size(name, op, impl, checked)
+        checked = dispatch.args_for(impl, checked)
+        if key is None or impl.prepare is None or not memo.seen(key):
+            return impl.fn(**checked)
+        launch = impl.prepare(**checked)
     launch()
     memo.keep(key, launch)
     return library.result(op, checked)
@@ -124,7 +133,8 @@ def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, o
                  dict(row_to_batch=row_to_batch, out=out))
 
 
-def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = False, workspace=None, backend=None):
+def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = False, workspace=None,
+         sm_budget: int | None = None, backend=None):
     """Per row, the k best positions of the window ``[row_starts[r], row_starts[r] + lengths[r])``.
 
     Windows are clipped to the N columns. Rows with length ≤ k give ``0 .. len-1`` then -1 without
@@ -148,6 +158,9 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
     workspace : torch.Tensor, optional
         1-D contiguous uint8 on the op's device, at least :func:`workspace_bytes` bytes, that the backend's kernels
         use as scratch (default: the backend's own, kept for the calling thread's current stream).
+    sm_budget : int, optional
+        Multiprocessors (compute units on AMD) its persistent kernels may use (default: the
+        :func:`indexcache.sm_budget` setting in force, else the whole device; docs/streams.md).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -172,11 +185,12 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
             [0, 1]], dtype=torch.int32)
     """
     return _call("topk", backend, out is not None, (scores, lengths, k),
-                 dict(row_starts=row_starts, out=out, sorted=sorted, workspace=workspace))
+                 dict(row_starts=row_starts, out=out, sorted=sorted, workspace=workspace), sm_budget=sm_budget)
 
 
 def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_starts=None, row_to_batch=None,
-                   out=None, out_raw=None, sorted: bool = False, workspace=None, backend=None):
+                   out=None, out_raw=None, sorted: bool = False, workspace=None, sm_budget: int | None = None,
+                   backend=None):
     """The producer step: :func:`topk` and :func:`translate` in one pass.
 
     Equal to ``translate(topk(scores, lengths, k, row_starts=...), page_table, lengths, page_size,
@@ -195,6 +209,9 @@ def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_s
     workspace : torch.Tensor, optional
         1-D contiguous uint8 on the op's device, at least :func:`workspace_bytes` bytes, that the backend's kernels
         use as scratch (default: the backend's own, kept for the calling thread's current stream).
+    sm_budget : int, optional
+        Multiprocessors (compute units on AMD) its persistent kernels may use (default: the
+        :func:`indexcache.sm_budget` setting in force, else the whole device; docs/streams.md).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -222,10 +239,10 @@ def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_s
     """
     return _call("topk_translate", backend, out is not None, (scores, lengths, k, page_table, page_size),
                  dict(row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=sorted,
-                      workspace=workspace))
+                      workspace=workspace), sm_budget=sm_budget)
 
 
-def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
+def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, sm_budget: int | None = None, backend=None):
     """Ragged prefill indexer logits.
 
     ``out[t, n] = k_scale[n] * sum_h weights[t, h] * relu(q[t, h] . k[n])`` inside the window
@@ -246,6 +263,9 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
         ``[T]`` int32, the key window of each query.
     out : torch.Tensor, optional
         ``[T, N]`` float32, written in place without allocating.
+    sm_budget : int, optional
+        Multiprocessors (compute units on AMD) its persistent kernels may use (default: the
+        :func:`indexcache.sm_budget` setting in force, else the whole device; docs/streams.md).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -270,11 +290,12 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, backend=None):
     >>> indexcache.mqa_logits(q, k, torch.ones(3), torch.tensor([[2.0]]), *window, backend="torch")
     tensor([[8., 0., -inf]])
     """
-    return _call("mqa_logits", backend, out is not None, (q, k, k_scale, weights, ks, ke), dict(out=out))
+    return _call("mqa_logits", backend, out is not None, (q, k, k_scale, weights, ks, ke), dict(out=out),
+                 sm_budget=sm_budget)
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None,
-                     k_format=None, row_to_batch=None, backend=None):
+                     k_format=None, row_to_batch=None, sm_budget: int | None = None, backend=None):
     """Paged decode / speculative-verify indexer logits over the packed fp8 or MXFP4 cache.
 
     Row ``b * next_n + j`` sees keys ``0 .. context_lens[b] - next_n + j`` of table row ``b``; later keys, keys
@@ -307,6 +328,9 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
         :func:`store_index_k` writes them), each decoded with its block scales in place of ``scale · key``.
     row_to_batch : torch.Tensor, optional
         ``[R]`` int32, ragged rows: each row's table row (its request).
+    sm_budget : int, optional
+        Multiprocessors (compute units on AMD) its persistent kernels may use (default: the
+        :func:`indexcache.sm_budget` setting in force, else the whole device; docs/streams.md).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -337,12 +361,12 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     """
     return _call("paged_mqa_logits", backend, out is not None,
                  (q, k_cache, weights, context_lens, page_table, max_context_len),
-                 dict(out=out, k_format=k_format, row_to_batch=row_to_batch))
+                 dict(out=out, k_format=k_format, row_to_batch=row_to_batch), sm_budget=sm_budget)
 
 
 def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table,
                          page_size: int, *, logits=None, out=None, out_raw=None, workspace=None, k_format=None,
-                         row_to_batch=None, backend=None):
+                         row_to_batch=None, sm_budget: int | None = None, backend=None):
     """The producer step of decode in one op: :func:`paged_mqa_logits` then :func:`topk_translate` on its rows.
 
     Equal to ``paged_mqa_logits(q, k_cache, weights, context_lens, block_table, max_context_len, out=logits)``,
@@ -382,6 +406,9 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
         As :func:`paged_mqa_logits`: None (``q``'s fp8 format) or ``torch.float4_e2m1fn_x2`` (an MXFP4 cache).
     row_to_batch : torch.Tensor, optional
         ``[R]`` int32, ragged rows: each row's request, its row of ``block_table`` and ``page_table``.
+    sm_budget : int, optional
+        Multiprocessors (compute units on AMD) its persistent kernels may use (default: the
+        :func:`indexcache.sm_budget` setting in force, else the whole device; docs/streams.md).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -418,11 +445,12 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
     return _call("paged_topk_translate", backend, out is not None and logits is not None,
                  (q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size),
                  dict(logits=logits, out=out, out_raw=out_raw, workspace=workspace, k_format=k_format,
-                      row_to_batch=row_to_batch))
+                      row_to_batch=row_to_batch), sm_budget=sm_budget)
 
 
 def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, page_size: int, *, row_to_batch=None,
-                       out=None, out_raw=None, workspace=None, workspace_bytes: int | None = None, backend=None):
+                       out=None, out_raw=None, workspace=None, workspace_bytes: int | None = None,
+                       sm_budget: int | None = None, backend=None):
     """The producer step of prefill in one op, in bounded memory: :func:`mqa_logits` then :func:`topk_translate` over
     each query's key window, the ``[T, N]`` logits never written whole.
 
@@ -460,6 +488,9 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, pa
     workspace_bytes : int, optional
         The most bytes of scratch the call may take (default 2 GiB), ≥ 1: at least one query row's (its ``4 N`` bytes
         of logits and its top-k's workspace) where ``N > topk``, else ``ValueError``.
+    sm_budget : int, optional
+        Multiprocessors (compute units on AMD) its persistent kernels may use (default: the
+        :func:`indexcache.sm_budget` setting in force, else the whole device; docs/streams.md).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -495,7 +526,7 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, pa
     return _call("mqa_topk_translate", backend, out is not None,
                  (q, k, k_scale, weights, ks, ke, topk, page_table, page_size),
                  dict(row_to_batch=row_to_batch, out=out, out_raw=out_raw, workspace=workspace,
-                      workspace_bytes=workspace_bytes))
+                      workspace_bytes=workspace_bytes), sm_budget=sm_budget)
 
 
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):
@@ -777,7 +808,7 @@ def hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_
                  dict(device_kv=device_kv, device_loc=device_loc, row_to_batch=row_to_batch))
 
 
-def workspace_bytes(op: str, *args, backend=None, **named) -> int:
+def workspace_bytes(op: str, *args, sm_budget: int | None = None, backend=None, **named) -> int:
     """The bytes of device workspace the call ``indexcache.<op>(*args, **named, backend=backend)`` takes on the
     backend it would run on: what a caller's ``workspace=`` must hold (docs/ops.md, "Workspace").
 
@@ -788,6 +819,8 @@ def workspace_bytes(op: str, *args, backend=None, **named) -> int:
     *args, **named
         The call's arguments, checked as the call checks them. An output the call would allocate (``out``,
         ``logits``) is allocated here too: pass the call's own, or ask once at setup.
+    sm_budget : int, optional
+        The call's SM budget (default: the setting in force): a call under a budget may take other bytes.
     backend : str, optional
         The backend the call runs on (default: the dispatcher's choice).
 
@@ -806,6 +839,7 @@ def workspace_bytes(op: str, *args, backend=None, **named) -> int:
     """
     if op not in WORKSPACE_OPS:
         raise ValueError(f"op: expected one of {', '.join(WORKSPACE_OPS)} (the ops that take a workspace), got {op!r}")
-    checked = SPECS[op].check(*args, **named)
-    _, impl = dispatch.resolve(op, checked, backend)
-    return dispatch.workspace_bytes(impl, checked)
+    with budget.scoped(budget.check(sm_budget)):
+        checked = SPECS[op].check(*args, **named)
+        _, impl = dispatch.resolve(op, checked, backend)
+        return dispatch.workspace_bytes(impl, checked)

@@ -12,6 +12,11 @@ capture once a first eager call has created the streams) and declare how many si
 the torch backend, and any backend whose tensors live on the CPU, runs the two functions in order
 (``indexcache.backends.torch.streams``). Under ``torch.compile`` the two run in order on the current stream
 (Inductor traces no streams), so a compiled model has no graph break here.
+
+Sharing the GPU: our persistent kernels fill every multiprocessor, so beside them main-stream work only interleaves.
+``overlap`` gives the side function an SM budget (:mod:`indexcache.hal.budget`) and the main function the rest, from
+``side_sms`` or from the GPU backend's measured rule for the side work's shape, which also runs the two in order
+where overlapping does not pay (docs/streams.md).
 """
 
 from __future__ import annotations
@@ -28,20 +33,36 @@ M = TypeVar("M")
 
 
 def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch.device | str | None = None,
-            side: int = 0, backend: str | None = None) -> tuple[S, M]:
+            side: int = 0, side_sms: int | None = None, tokens: int | None = None, context: int | None = None,
+            backend: str | None = None) -> tuple[S, M]:
     """Run ``side_fn`` on side stream ``side`` while ``main_fn`` runs on the current stream; join.
 
     ``device`` is where the tensors of both functions live (None: the CPU, which runs them in order).
     ``side`` picks one of the backend's side streams (taken modulo how many it allows), so independent
-    side work can use different streams. Returns ``(side_fn(), main_fn())``; on return the current
-    stream is ordered after everything both enqueued.
+    side work can use different streams. How the GPU is shared (docs/streams.md):
+
+    - ``side_sms``: the side function's SM budget (:func:`indexcache.sm_budget`), the main function getting the
+      device's other multiprocessors; 0 runs the two in order on the current stream (side first).
+    - else ``tokens`` and ``context`` (the side work's query rows and keys a row, e.g. a decode batch's rows and its
+      longest context): the backend's measured rule picks the budget, or the order where overlapping does not pay.
+    - else the two overlap with no budget.
+
+    Returns ``(side_fn(), main_fn())``; on return the current stream is ordered after everything both enqueued.
     """
     dev = torch.device("cpu" if device is None else device)
     if isinstance(side, bool) or not isinstance(side, int) or side < 0:
         raise ValueError(f"side: expected an int >= 0, got {side!r}")
+    if side_sms is not None and (isinstance(side_sms, bool) or not isinstance(side_sms, int) or side_sms < 0):
+        raise ValueError(f"side_sms: expected an int >= 0 (0: in order) or None, got {side_sms!r}")
+    for name, value in (("tokens", tokens), ("context", context)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name}: expected an int >= 0 or None, got {value!r}")
+    if (tokens is None) != (context is None):
+        raise ValueError(f"tokens and context: expected both or neither, got tokens={tokens!r}, context={context!r}")
     if torch.compiler.is_compiling():
         # Inductor traces no streams (record_stream cannot be functionalized): in a compiled graph the two run in
         # order on the current stream, side first, as the join makes them appear anyway.
         return side_fn(), main_fn()
-    args = dict(side_fn=side_fn, main_fn=main_fn, side=side, device=dev)
+    args = dict(side_fn=side_fn, main_fn=main_fn, side=side, device=dev, side_sms=side_sms, tokens=tokens,
+                context=context)
     return dispatch.call("overlap", args, backend)

@@ -9,7 +9,15 @@ from typing import Any, NamedTuple
 import torch
 
 from indexcache.backends.triton import workspace as workspaces
-from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options, planned_sms
+from indexcache.backends.triton.launcher import (
+    Launch,
+    Launcher,
+    Options,
+    launch_key_options,
+    persistent_programs,
+    planned_sms,
+    sm_budget,
+)
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.topk import block as topk_block
@@ -66,16 +74,22 @@ def finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, Options]:
     return cfg.get("FINISH_TILE", cfg["TILE"]), launch_key_options(opts)
 
 
-def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any]) -> int:
+def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any], budget: int | None = None) -> int:
     """Columns per chunk when rows are split across programs, or 0 to run the fused one-program-per-row kernel.
 
     From the shape, the multiprocessor count and the tuning only: rows get about ``CHUNKS_PER_SM`` chunks an
     SM in all, of at least ``MIN_CHUNK`` columns (``CHUNK`` > 0 forces a chunk length); a power of two, at least
-    a tile (the filter's lanes own equal shares of it)."""
+    a tile (the filter's lanes own equal shares of it). Under an SM budget of ``budget`` programs a row takes at
+    most ``budget // rows`` chunks (so the split launches run at most ``budget`` programs), and rows are not split
+    where fewer than two fit."""
+    per_row = cdiv(sms * cfg["CHUNKS_PER_SM"], max(rows, 1))
+    if budget is not None:
+        per_row = budget // max(rows, 1) if cfg.get("CHUNK", 0) else min(per_row, budget // max(rows, 1))
+        if per_row <= 1:
+            return 0
     if cfg.get("CHUNK", 0):
-        chunk = cfg["CHUNK"]
+        chunk = cfg["CHUNK"] if budget is None else max(cfg["CHUNK"], cdiv(cols, per_row))
     else:
-        per_row = cdiv(sms * cfg["CHUNKS_PER_SM"], max(rows, 1))
         if per_row <= 1:
             return 0
         chunk = max(cfg["MIN_CHUNK"], cdiv(cols, per_row))
@@ -153,6 +167,7 @@ class _Plan(NamedTuple):
 
 def _plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cfg: Mapping[str, Any]) -> _Plan:
     sms = multiprocessors(target, device)
+    budget = sm_budget(sms)
     # The Gluon block-a-row kernel (block.py) takes rows of up to BLOCK_MAX_COLS columns: those the fused kernel
     # would, and, from BLOCK_MIN_ROWS rows on, those that would be split (unless CHUNK forces the split). Longer rows
     # it finishes slowly (H200, 1M columns: 8.3 ms for 480 rows against the fused kernel's 2.4, 16.5 against 9.1
@@ -161,12 +176,13 @@ def _plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cf
     block = (None if long or topk_block.unsupported(k, target, cfg)
              else topk_block.shape(cols, k, sample_size(cols, k, cfg), cfg))
     take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"]
-    chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg)
+    chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg, budget)
     block = None if chunk else block
     cap = topk_block.capacity(block) if block else stash_capacity(cols, k, cfg)
     chunks = cdiv(cols, chunk) if chunk else 1
-    row_programs = 0 if chunk else min(rows, sms * cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"])
-    finish_programs = min(rows, sms)
+    per_sm = cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"]
+    row_programs = 0 if chunk else min(rows, persistent_programs(sms, per_sm))
+    finish_programs = min(rows, persistent_programs(sms, 1))
     per_program = max(2 * cap, topk_block.workspace(block) if block else 0)  # a stash (and bin counts) a program
     # Each piece a multiple of 16 words, so every piece starts 64-byte aligned where the workspace does: the
     # kernels keep their aligned accesses in one variant, whatever the shape.
@@ -257,15 +273,17 @@ def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, p
                      workspace: torch.Tensor | None, target: Target,
                      cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
     """``sorted=True``: the unsorted select's launches writing raw positions (to ``out_raw`` when given, else to
-    ``out``), then ``topk_sort_kernel``, one program a row."""
+    ``out``), then ``topk_sort_kernel``, one program a row (rows a program under an SM budget)."""
     (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
                                                     row_to_batch)
     width = max(16, next_power_of_2(k))
     opts = launch_key_options(launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg))))
     steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, workspace=workspace, target=target,
                      cfg=cfg)
-    return steps + [("sort", Launch(SORT, (scores.shape[0],), opts,
-                                    (scores, lengths, starts, out, raw, r2b, table, scores.shape[1], k),
+    rows = scores.shape[0]
+    budget = sm_budget(multiprocessors(target, scores.device))
+    return steps + [("sort", Launch(SORT, (rows if budget is None else min(rows, budget),), opts,
+                                    (scores, lengths, starts, out, raw, r2b, table, rows, scores.shape[1], k),
                                     dict(row_args, K_P2=width)))]
 
 

@@ -1,0 +1,63 @@
+"""The SM budget: how many multiprocessors (compute units on AMD) the persistent kernels of a call may use.
+
+A persistent kernel sizes its grid to fill the GPU (programs loop over the work), so beside it a kernel on another
+stream finds no multiprocessor free and the two only interleave. Under a budget of ``n``, every persistent launch of
+the ops in :data:`BUDGETED_OPS` runs at most ``n`` programs (one a multiprocessor): however the hardware places them,
+they occupy at most ``n`` multiprocessors and leave the rest to other streams (docs/streams.md). A budget at or above
+the device's count is the whole device (the launches are those of no budget).
+
+Set it for one call (the ``sm_budget=`` argument of those ops) or for a block (``with indexcache.sm_budget(n):``); the
+argument wins. The block's setting is a context variable, like :func:`indexcache.use_backend`: it holds for the
+calling thread (and asyncio task) whatever stream it enqueues on, and :func:`indexcache.overlap` sets one for its side
+function and one for its main function. The budget is read when a call builds its launches, so a CUDA graph keeps
+the grids of its capture, and an eager call kept by its signature (:mod:`indexcache.hal.memo`) is kept per budget.
+Launches sized by their work rather than by the device (translation, the short-row fills, the prefill producer's
+windows) are not persistent and run as before; the torch backend has no persistent kernels and ignores it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+# The ops whose backends launch persistent kernels, and so take ``sm_budget=``.
+BUDGETED_OPS = ("topk", "topk_translate", "mqa_logits", "paged_mqa_logits", "paged_topk_translate",
+                "mqa_topk_translate")
+
+_BUDGET: contextvars.ContextVar[int | None] = contextvars.ContextVar("indexcache_sm_budget", default=None)
+
+
+def check(n: int | None, name: str = "sm_budget") -> int | None:
+    """``n`` when it is a budget (an int >= 1) or None (no budget); else ValueError naming ``name``."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name}: expected an int >= 1 (multiprocessors) or None, got {n!r}")
+    return n
+
+
+@contextlib.contextmanager
+def sm_budget(n: int | None) -> Iterator[None]:
+    """Within the block, the persistent kernels of this thread's calls use at most ``n`` multiprocessors (compute
+    units on AMD); None lifts an enclosing budget. Raises ValueError for anything but an int >= 1 or None."""
+    token = _BUDGET.set(check(n))
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
+
+
+def current() -> int | None:
+    """The budget in force for this thread's calls (None: the whole device)."""
+    return _BUDGET.get()
+
+
+@contextlib.contextmanager
+def scoped(n: int | None) -> Iterator[None]:
+    """A call's ``sm_budget=`` argument in force within the block (None: the enclosing setting stays)."""
+    if n is None:
+        yield
+        return
+    with sm_budget(n):
+        yield
