@@ -22,6 +22,7 @@ _PUBLIC = {
     "available_backends": "indexcache.hal.dispatch",
     "get_backend": "indexcache.hal.dispatch",
     "use_backend": "indexcache.hal.dispatch",
+    "sm_budget": "indexcache.hal.budget",
     "LayerPlan": "indexcache.plan",
     "TopkState": "indexcache.runtime.state",
     "PagedLogits": "indexcache.runtime.state",
