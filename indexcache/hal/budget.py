@@ -21,9 +21,10 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 
-# The ops whose backends launch persistent kernels, and so take ``sm_budget=``.
-BUDGETED_OPS = ("topk", "topk_translate", "mqa_logits", "paged_mqa_logits", "paged_topk_translate",
-                "mqa_topk_translate")
+from indexcache.hal.specs import SPECS
+
+# The ops whose backends launch persistent kernels, and so take ``sm_budget=`` (their spec records say so).
+BUDGETED_OPS = tuple(op for op, spec in SPECS.items() if spec.budgeted)
 
 _BUDGET: contextvars.ContextVar[int | None] = contextvars.ContextVar("indexcache_sm_budget", default=None)
 

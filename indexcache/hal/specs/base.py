@@ -68,7 +68,9 @@ class OpSpec:
     - ``bench``: the benchmark definition (:class:`~indexcache.hal.specs.bench.BenchSpec`): the shapes
       ``indexcache bench`` times, an input builder, the bytes and FLOPs a call moves and does, the roofline it
       is set against and how a backend's result is checked against the torch backend's; None for an op that
-      is not benchmarked.
+      is not benchmarked;
+    - ``budgeted``: whether its GPU backends launch persistent kernels, which an SM budget caps (the op takes
+      ``sm_budget=``: :mod:`indexcache.hal.budget`).
     """
 
     name: str
@@ -77,6 +79,7 @@ class OpSpec:
     judge: Callable[[dict[str, Any], Any, Any, str], Verdict]
     cases: tuple[Case, ...]
     bench: BenchSpec | None = None
+    budgeted: bool = False
 
 
 def cpu(x):

@@ -264,4 +264,4 @@ def bench_call(a: Mapping[str, Any], backend: str) -> torch.Tensor:
 SPEC = OpSpec("mqa_logits", check, reference, judge, tuple(cases),
               bench=BenchSpec("mqa_logits", bench_cases, bench_build, bench_call, bench_bytes, flops=bench_flops,
                               roofline=lambda case: f"{case.params['kind']}_matmul", same=same_logits,
-                              ceilings=("copy_bandwidth",)))
+                              ceilings=("copy_bandwidth",)), budgeted=True)

@@ -250,4 +250,4 @@ def same_selection(got: tuple, want: tuple, case: BenchCase) -> str:
 
 SPEC = OpSpec("mqa_topk_translate", check, reference, judge, tuple(cases),
               bench=BenchSpec("mqa_topk_translate", bench_cases, bench_build, bench_call, bench_bytes,
-                              flops=mqa_logits.bench_flops, roofline="fp8_matmul", same=same_selection))
+                              flops=mqa_logits.bench_flops, roofline="fp8_matmul", same=same_selection), budgeted=True)

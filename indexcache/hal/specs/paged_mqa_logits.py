@@ -303,4 +303,4 @@ def bench_call(a: Mapping[str, Any], backend: str) -> torch.Tensor:
 # Judged and benchmark-checked like mqa_logits: the same rule and bounds.
 SPEC = OpSpec("paged_mqa_logits", check, reference, mqa_logits.judge, tuple(cases),
               bench=BenchSpec("paged_mqa_logits", bench_cases, bench_build, bench_call, bench_bytes,
-                              same=mqa_logits.same_logits, ceilings=("fp8_matmul", "bf16_matmul")))
+                              same=mqa_logits.same_logits, ceilings=("fp8_matmul", "bf16_matmul")), budgeted=True)

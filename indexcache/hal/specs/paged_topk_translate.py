@@ -256,4 +256,4 @@ def same_paged_topk_translate(got: tuple, want: tuple, case: BenchCase) -> str:
 
 SPEC = OpSpec("paged_topk_translate", check, reference, judge, tuple(cases),
               bench=BenchSpec("paged_topk_translate", bench_cases, bench_build, bench_call, bench_bytes,
-                              same=same_paged_topk_translate))
+                              same=same_paged_topk_translate), budgeted=True)

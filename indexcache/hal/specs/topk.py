@@ -280,4 +280,4 @@ def same_topk(got: torch.Tensor, want: torch.Tensor, case: BenchCase | None = No
 
 SPEC = OpSpec("topk", check, reference, judge, tuple(cases),
               bench=BenchSpec("topk", bench_cases, bench_build, bench_call, bench_bytes, roofline="read_once",
-                              same=same_topk, extras={"torch.topk": torch_topk}, floor=read_once))
+                              same=same_topk, extras={"torch.topk": torch_topk}, floor=read_once), budgeted=True)

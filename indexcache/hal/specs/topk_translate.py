@@ -169,4 +169,4 @@ def same_topk_translate(got: tuple, want: tuple, case: BenchCase) -> str:
 
 SPEC = OpSpec("topk_translate", check, reference, judge, tuple(cases),
               bench=BenchSpec("topk_translate", topk.bench_cases, topk.bench_build, bench_call, bench_bytes,
-                              roofline="read_once", same=same_topk_translate, floor=topk.read_once))
+                              roofline="read_once", same=same_topk_translate, floor=topk.read_once), budgeted=True)
