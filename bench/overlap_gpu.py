@@ -1,0 +1,258 @@
+"""The producer's indexer beside a decode layer's main-stream work, with and without an SM budget (issue 41).
+
+    pip install -e . && python bench/overlap_gpu.py --out out/overlap.json
+
+One DeepSeek-V3.2-shaped layer on one GPU, bf16 weights, ``T`` rows of hidden states (a decode batch of ``T``
+requests, or a prefill chunk of ``T`` tokens at the end of the context):
+
+- **side** (the producer's indexer, what ``indexcache.tools.model.dsa.DSAModel.layer`` runs as ``indexer()``): the
+  index query projection from the query latent (1536 → 64 × 128), the head weights (7168 → 64), the index key
+  (7168 → 128) quantized and stored into the paged fp8 cache (``store_index_k``), the queries quantized
+  (``quantize_index_k``), then the top-k 2048 with translation: ``paged_topk_translate`` in decode over every
+  request's ``context`` keys; ``gather_index_k`` + ``mqa_topk_translate`` (causal) in prefill;
+- **main** (the rest of the layer that does not wait for the indexer): the attention projections (q_a 7168 → 1536,
+  q_b 1536 → 128 × 192, kv_a 7168 → 576, the absorbed W_UK 128 × (128 → 512)) and MoE-sized GEMMs (a shared expert
+  and the 8 routed experts of every token as dense 7168 → 2 × 2048 → 7168 GEMMs, the work a GPU of an expert-parallel
+  deployment does for the other micro-batch under two-batch overlap).
+
+Modes, each captured in a CUDA graph and timed in alternating replays (the card is power-capped), and eagerly:
+``side`` and ``main`` alone (and ``side@n``, the side alone under each budget), ``serial`` (one after the other on one
+stream), ``overlap`` (``indexcache.overlap`` with no budget), ``overlap@n`` (``side_sms=n`` for each n of
+``--budgets``, fractions of the SMs) and, where the backend has a rule, ``rule`` (``overlap(tokens=T, context=C)``).
+Each overlapped mode reports the fraction of the side's time hidden, ``(side + main - both) / side``, and ``both /
+serial``; each shape checks that the side's indices under the smallest budget equal the whole device's bit for bit.
+Writes JSON to ``--out``. ``--smoke``: tiny shapes on the CPU (the torch backend, in order): checks the script only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import indexcache
+from indexcache.bench.output import write_json
+from indexcache.bench.provenance import checkout_commit, device_name, now, versions
+from indexcache.bench.timing import alternating_graph_us, times_ms
+from indexcache.hal import dispatch
+from indexcache.hal.layout import new_packed_cache
+
+HIDDEN, Q_LORA, HEADS, NOPE, ROPE, KV_LORA = 7168, 1536, 128, 128, 64, 512
+INDEX_HEADS, INDEX_DIM, TOPK, PAGE, EXPERT, EXPERTS = 64, 128, 2048, 64, 2048, 9  # 8 routed + 1 shared
+
+
+@dataclass(frozen=True)
+class Shape:
+    phase: str  # "decode" or "prefill"
+    tokens: int
+    context: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.phase} {self.tokens} x {self.context // 1024}K"
+
+
+FULL = [Shape("decode", t, c) for t in (1, 8, 64) for c in (4096, 32768, 131072)] + \
+       [Shape("prefill", t, 32768) for t in (1024, 4096)]
+SMOKE = [Shape("decode", 2, 512), Shape("prefill", 64, 512)]
+
+
+class Layer:
+    """The weights and buffers of one layer at one shape (``small``: the smoke run's cut-down sizes)."""
+
+    def __init__(self, shape: Shape, dev: torch.device, small: bool) -> None:
+        g = torch.Generator(device=dev).manual_seed(0)
+        cut = 16 if small else 1
+        self.hidden, self.q_lora, self.heads, self.expert = HIDDEN // cut, Q_LORA // cut, HEADS // cut, EXPERT // cut
+        self.topk = 64 if small else TOPK
+        self.index_heads = 4 if small else INDEX_HEADS
+        self.shape, self.dev = shape, dev
+        bf16 = torch.bfloat16
+        t, c = shape.tokens, shape.context
+
+        def w(*size: int) -> torch.Tensor:
+            return (torch.randn(*size, generator=g, device=dev) * size[0] ** -0.5).to(bf16)
+
+        self.h = torch.randn(t, self.hidden, generator=g, device=dev).to(bf16)
+        self.q_latent = torch.randn(t, self.q_lora, generator=g, device=dev).to(bf16)
+        self.wq_index, self.w_weights = w(self.q_lora, self.index_heads * INDEX_DIM), w(self.hidden, self.index_heads)
+        self.wk_index = w(self.hidden, INDEX_DIM)
+        self.wq_a, self.wq_b = w(self.hidden, self.q_lora), w(self.q_lora, self.heads * (NOPE + ROPE))
+        self.wkv_a, self.w_uk = w(self.hidden, KV_LORA + ROPE), w(self.heads, NOPE, KV_LORA)
+        self.w_up = [w(self.hidden, 2 * self.expert) for _ in range(EXPERTS)]
+        self.w_down = [w(self.expert, self.hidden) for _ in range(EXPERTS)]
+        # The index-K cache: every request's context (decode: T requests; prefill: one request whose last T tokens
+        # are the chunk), random keys, pages in a shuffled order.
+        self.requests = t if shape.phase == "decode" else 1
+        pages = -(-c // PAGE)
+        self.cache = new_packed_cache(self.requests * pages, PAGE, INDEX_DIM, device=dev)
+        self.cache.view(torch.uint8).copy_(torch.randint(0, 120, self.cache.shape, generator=g, device=dev,
+                                                         dtype=torch.uint8))
+        scales = self.cache.view(-1, PAGE * (INDEX_DIM + 4))[:, PAGE * INDEX_DIM:].view(torch.float32)
+        scales.copy_(torch.rand(scales.shape, generator=g, device=dev) * 0.01 + 1e-3)
+        perm = torch.randperm(self.requests * pages, generator=g, device=dev).to(torch.int32)
+        self.table = perm.view(self.requests, pages)
+        self.lens = torch.full((self.requests,), c, dtype=torch.int32, device=dev)
+        positions = torch.arange(c - t, c, device=dev, dtype=torch.int32)
+        rows = torch.arange(t, device=dev, dtype=torch.int32)
+        # Where the step's keys go: decode, each request's last token; prefill, the chunk's tokens.
+        token_page = (positions // PAGE).long() if shape.phase == "prefill" else torch.full_like(rows, (c - 1) // PAGE)
+        request = torch.zeros_like(rows) if shape.phase == "prefill" else rows
+        slot_pos = positions if shape.phase == "prefill" else torch.full_like(rows, c - 1)
+        self.slots = self.table[request.long(), token_page] * PAGE + slot_pos % PAGE
+        self.fp8 = torch.float8_e4m3fn
+        self.out = torch.empty(t, self.topk, dtype=torch.int32, device=dev)
+        if shape.phase == "decode":
+            self.logits = torch.empty(t, pages * PAGE, device=dev)
+        else:
+            self.k8 = torch.empty(c, INDEX_DIM, dtype=self.fp8, device=dev)
+            self.k_scale = torch.empty(c, device=dev)
+            self.ks = torch.zeros(t, dtype=torch.int32, device=dev)
+            self.ke = positions + 1  # causal: a query sees the keys up to its own
+            self.r2b = torch.zeros(t, dtype=torch.int32, device=dev)
+
+    def side(self) -> torch.Tensor:
+        """The producer's indexer: projections, quantization, store, then the top-k with translation."""
+        t, s = self.shape.tokens, self.shape
+        q = (self.q_latent @ self.wq_index).float().view(t * self.index_heads, INDEX_DIM)
+        weights = (self.h @ self.w_weights).float()
+        k = (self.h @ self.wk_index).float()
+        indexcache.store_index_k(k, self.cache, self.slots, self.fp8)
+        q8, q_scale = indexcache.quantize_index_k(q, self.fp8, block=INDEX_DIM)
+        weights = weights * q_scale.view(t, self.index_heads) * INDEX_DIM**-0.5
+        if s.phase == "decode":
+            return indexcache.paged_topk_translate(
+                q8.view(t, 1, self.index_heads, INDEX_DIM), self.cache, weights, self.lens, self.table, s.context,
+                self.topk, self.table, PAGE, logits=self.logits, out=self.out)
+        k8, k_scale = indexcache.gather_index_k(self.cache, self.table, self.lens, dim=INDEX_DIM, fp8_dtype=self.fp8,
+                                                out_k=self.k8, out_scale=self.k_scale)
+        return indexcache.mqa_topk_translate(q8.view(t, self.index_heads, INDEX_DIM), k8, k_scale, weights, self.ks,
+                                             self.ke, self.topk, self.table, PAGE, row_to_batch=self.r2b, out=self.out)
+
+    def main(self) -> torch.Tensor:
+        """The layer's work that does not wait for the indexer: attention projections, MoE-sized GEMMs."""
+        t = self.shape.tokens
+        q = (self.h @ self.wq_a) @ self.wq_b
+        q_nope = q.view(t, self.heads, NOPE + ROPE)[..., :NOPE].transpose(0, 1)
+        absorbed = torch.bmm(q_nope, self.w_uk)
+        kv = self.h @ self.wkv_a
+        y = torch.zeros_like(self.h)
+        for up, down in zip(self.w_up, self.w_down, strict=True):
+            gate_up = self.h @ up
+            y += (torch.nn.functional.silu(gate_up[:, :self.expert]) * gate_up[:, self.expert:]) @ down
+        return y.sum() + absorbed.sum() + kv.sum()
+
+
+def modes(layer: Layer, dev: torch.device, budgets: list[int], rule: bool) -> dict[str, Callable[[], object]]:
+    """Every way the step is run, by name."""
+    calls: dict[str, Callable[[], object]] = {"side": layer.side, "main": layer.main}
+
+    def serial() -> None:
+        layer.side()
+        layer.main()
+
+    calls["serial"] = serial
+    calls["overlap"] = lambda: indexcache.overlap(layer.side, layer.main, device=dev)
+    for n in budgets:
+        calls[f"overlap@{n}"] = lambda n=n: indexcache.overlap(layer.side, layer.main, device=dev, side_sms=n)
+
+    def budgeted(n: int) -> Callable[[], object]:
+        def side() -> object:
+            with indexcache.sm_budget(n):
+                return layer.side()
+        return side
+
+    for n in budgets:
+        calls[f"side@{n}"] = budgeted(n)
+    if rule:
+        s = layer.shape
+        calls["rule"] = lambda: indexcache.overlap(layer.side, layer.main, device=dev, tokens=s.tokens,
+                                                   context=s.context)
+    return calls
+
+
+def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool, rounds: int) -> dict:
+    layer = Layer(shape, dev, smoke)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 8
+    budgets = sorted({max(1, min(sms - 1, round(f * sms))) for f in fractions})
+    _, impl = dispatch.resolve("overlap", dict(side_fn=layer.side, main_fn=layer.main, side=0, device=dev))
+    has_rule = getattr(impl.fn, "rule", None) is not None
+    calls = modes(layer, dev, budgets, has_rule)
+    row: dict = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context, "sms": sms,
+                 "budgets": budgets}
+    if has_rule:
+        row["rule_budget"] = impl.fn.share(dev, None, shape.tokens, shape.context)[0]
+    for fn in calls.values():  # compile and warm every path once
+        fn()
+    # The indices under the smallest budget, bit for bit those of the whole device.
+    whole = layer.side().clone()
+    row["budget_equal"] = bool(torch.equal(whole, calls[f"side@{budgets[0]}"]().clone()))
+    graph = alternating_graph_us(calls, dev, rounds=rounds, burst=5)
+    eager = {name: 1e3 * statistics.median(times_ms(fn, dev, 0.3, 5, 30)) for name, fn in calls.items()}
+    for tag, us in (("graph", graph), ("eager", eager)):
+        side, main, serial_us = us["side"], us["main"], us["serial"]
+        out = {"side_us": side, "main_us": main, "serial_us": serial_us, "modes": {}}
+        for name, both in us.items():
+            if name in ("side", "main"):
+                continue
+            if name.startswith("side@"):
+                out[name.replace("@", "_us@")] = both
+                continue
+            out["modes"][name] = {"us": both, "hidden": (side + main - both) / side, "vs_serial": both / serial_us}
+        row[tag] = out
+    del layer
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def print_row(row: dict) -> None:
+    print(f"\n{row['phase']} {row['tokens']} x {row['context']}  budgets {row['budgets']}"
+          + (f"  rule -> {row['rule_budget']}" if "rule_budget" in row else "")
+          + f"  equal under a budget: {row['budget_equal']}")
+    for tag in ("graph", "eager"):
+        r = row[tag]
+        cells = "  ".join(f"{name} {m['us']:.1f} ({m['hidden']:+.0%}, {m['vs_serial']:.3f}x)"
+                          for name, m in r["modes"].items())
+        alone = " ".join(f"{k.split('@')[1]}:{v:.1f}" for k, v in r.items() if k.startswith("side_us@"))
+        print(f"  {tag}: side {r['side_us']:.1f} (budgeted {alone}) main {r['main_us']:.1f} | {cells}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="JSON report path")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script only")
+    p.add_argument("--budgets", default="0.25,0.4,0.5,0.6,0.75",
+                   help="side budgets as fractions of the SMs (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=20, help="alternating graph rounds (default: %(default)s)")
+    p.add_argument("--only", default=None, help="phase to run (decode or prefill)")
+    args = p.parse_args(argv)
+    dev = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    if dev.type == "cpu" and not args.smoke:
+        print("no GPU: run with --smoke to check the script", file=sys.stderr)
+        return 2
+    fractions = [float(f) for f in args.budgets.split(",")]
+    shapes = [s for s in (SMOKE if args.smoke else FULL) if args.only in (None, s.phase)]
+    report = {"what": "overlap_gpu", "date": now(), "commit": checkout_commit(), "device": device_name(dev),
+              "versions": versions(), "smoke": args.smoke, "rows": []}
+    for shape in shapes:
+        try:
+            row = measure(shape, dev, fractions, args.smoke, 3 if args.smoke else args.rounds)
+        except Exception as exc:  # noqa: BLE001  (report the shape that failed, go on with the rest)
+            row = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context,
+                   "error": f"{type(exc).__name__}: {exc}"}
+            print(f"\n{shape.name}: {row['error']}")
+        else:
+            print_row(row)
+        report["rows"].append(row)
+        if args.out:
+            write_json(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
