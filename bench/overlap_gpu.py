@@ -16,7 +16,8 @@ requests, or a prefill chunk of ``T`` tokens at the end of the context):
   deployment does for the other micro-batch under two-batch overlap).
 
 Modes, each captured in a CUDA graph and timed in alternating replays (the card is power-capped), and eagerly:
-``side`` and ``main`` alone (and ``side@n``, the side alone under each budget), ``serial`` (one after the other on one
+``side`` and ``main`` alone (and ``side@n``, the side alone under each budget, ``main@n``, the main alone with its
+matmuls held to the other multiprocessors by torch's SM carveout), ``serial`` (one after the other on one
 stream), ``overlap`` (``indexcache.overlap`` with no budget), ``overlap@n`` (``side_sms=n`` for each n of
 ``--budgets``, fractions of the SMs) and, where the backend has a rule, ``rule`` (``overlap(tokens=T, context=C)``).
 Each overlapped mode reports the fraction of the side's time hidden, ``(side + main - both) / side``, and ``both /
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 import indexcache
+from indexcache.backends.triton.streams import _matmul_sms
 from indexcache.bench.output import write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 from indexcache.bench.timing import alternating_graph_us, times_ms
@@ -147,7 +149,8 @@ class Layer:
         return y.sum() + absorbed.sum() + kv.sum()
 
 
-def modes(layer: Layer, dev: torch.device, budgets: list[int], rule: bool) -> dict[str, Callable[[], object]]:
+def modes(layer: Layer, dev: torch.device, sms: int, budgets: list[int],
+          rule: bool) -> dict[str, Callable[[], object]]:
     """Every way the step is run, by name."""
     calls: dict[str, Callable[[], object]] = {"side": layer.side, "main": layer.main}
 
@@ -166,8 +169,15 @@ def modes(layer: Layer, dev: torch.device, budgets: list[int], rule: bool) -> di
                 return layer.side()
         return side
 
+    def carved(n: int) -> Callable[[], object]:
+        def main() -> object:
+            with _matmul_sms(sms - n, sms):
+                return layer.main()
+        return main
+
     for n in budgets:
         calls[f"side@{n}"] = budgeted(n)
+        calls[f"main@{n}"] = carved(n)
     if rule:
         s = layer.shape
         calls["rule"] = lambda: indexcache.overlap(layer.side, layer.main, device=dev, tokens=s.tokens,
@@ -181,16 +191,16 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
     budgets = sorted({max(1, min(sms - 1, round(f * sms))) for f in fractions})
     _, impl = dispatch.resolve("overlap", dict(side_fn=layer.side, main_fn=layer.main, side=0, device=dev))
     has_rule = getattr(impl.fn, "rule", None) is not None
-    calls = modes(layer, dev, budgets, has_rule)
+    calls = modes(layer, dev, sms, budgets, has_rule)
     row: dict = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context, "sms": sms,
                  "budgets": budgets}
     if has_rule:
         row["rule_budget"] = impl.fn.share(dev, None, shape.tokens, shape.context)[0]
     for fn in calls.values():  # compile and warm every path once
         fn()
-    # The indices under the smallest budget, bit for bit those of the whole device.
-    whole = layer.side().clone()
-    row["budget_equal"] = bool(torch.equal(whole, calls[f"side@{budgets[0]}"]().clone()))
+    # The indices under the smallest budget, those of the whole device (a row's order is unspecified: sorted).
+    whole = layer.side().clone().sort(dim=1).values
+    row["budget_equal"] = bool(torch.equal(whole, calls[f"side@{budgets[0]}"]().clone().sort(dim=1).values))
     graph = alternating_graph_us(calls, dev, rounds=rounds, burst=5)
     eager = {name: 1e3 * statistics.median(times_ms(fn, dev, 0.3, 5, 30)) for name, fn in calls.items()}
     for tag, us in (("graph", graph), ("eager", eager)):
@@ -199,7 +209,7 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
         for name, both in us.items():
             if name in ("side", "main"):
                 continue
-            if name.startswith("side@"):
+            if name.startswith(("side@", "main@")):
                 out[name.replace("@", "_us@")] = both
                 continue
             out["modes"][name] = {"us": both, "hidden": (side + main - both) / side, "vs_serial": both / serial_us}
@@ -218,27 +228,37 @@ def print_row(row: dict) -> None:
         r = row[tag]
         cells = "  ".join(f"{name} {m['us']:.1f} ({m['hidden']:+.0%}, {m['vs_serial']:.3f}x)"
                           for name, m in r["modes"].items())
-        alone = " ".join(f"{k.split('@')[1]}:{v:.1f}" for k, v in r.items() if k.startswith("side_us@"))
-        print(f"  {tag}: side {r['side_us']:.1f} (budgeted {alone}) main {r['main_us']:.1f} | {cells}")
+        alone = {part: " ".join(f"{k.split('@')[1]}:{v:.1f}" for k, v in r.items() if k.startswith(f"{part}_us@"))
+                 for part in ("side", "main")}
+        print(f"  {tag}: side {r['side_us']:.1f} (budgeted {alone['side']}) main {r['main_us']:.1f} (the rest "
+              f"{alone['main']}) | {cells}")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="JSON report path")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script only")
-    p.add_argument("--budgets", default="0.25,0.4,0.5,0.6,0.75",
+    p.add_argument("--budgets", default="0.15,0.25,0.33,0.5,0.75",
                    help="side budgets as fractions of the SMs (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=20, help="alternating graph rounds (default: %(default)s)")
     p.add_argument("--only", default=None, help="phase to run (decode or prefill)")
+    p.add_argument("--min-tokens", type=int, default=0, help="only shapes of at least this many tokens")
+    p.add_argument("--min-context", type=int, default=0, help="only shapes of at least this context")
+    p.add_argument("--blas", default=None, choices=("cublas", "cublaslt"),
+                   help="torch's preferred BLAS library for the layer's matmuls (default: torch's choice)")
     args = p.parse_args(argv)
     dev = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     if dev.type == "cpu" and not args.smoke:
         print("no GPU: run with --smoke to check the script", file=sys.stderr)
         return 2
     fractions = [float(f) for f in args.budgets.split(",")]
-    shapes = [s for s in (SMOKE if args.smoke else FULL) if args.only in (None, s.phase)]
+    shapes = [s for s in (SMOKE if args.smoke else FULL) if args.only in (None, s.phase)
+              and s.tokens >= args.min_tokens and s.context >= args.min_context]
+    if args.blas and dev.type == "cuda":
+        torch.backends.cuda.preferred_blas_library(args.blas)
     report = {"what": "overlap_gpu", "date": now(), "commit": checkout_commit(), "device": device_name(dev),
-              "versions": versions(), "smoke": args.smoke, "rows": []}
+              "versions": versions(), "smoke": args.smoke, "blas": args.blas,
+              "carveout": hasattr(torch._C, "_set_sm_carveout_experimental"), "rows": []}
     for shape in shapes:
         try:
             row = measure(shape, dev, fractions, args.smoke, 3 if args.smoke else args.rounds)

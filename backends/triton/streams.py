@@ -12,14 +12,16 @@ Create the streams before capturing (a first eager call does).
 
 Sharing the GPU (docs/streams.md): the side function runs under an SM budget of n multiprocessors
 (:mod:`indexcache.hal.budget`) and the main function under the device's others, n from the call's ``side_sms`` or
-from the tuning table's ``overlap`` rule for the side work's ``tokens`` and ``context``; a budget of 0 runs the two in
-order on the current stream. Without either (or without a rule for the target) they overlap with no budget.
+from the tuning table's ``overlap`` rule (its ``GRAPH`` bands while a CUDA graph is captured, else its ``EAGER`` ones)
+for the side work's ``tokens`` and ``context``; a budget of 0 runs the two in order on the current stream. Without
+either (or without a rule for the target) they overlap with no budget. Torch's own matmuls in each function are held to
+the same share through torch's SM carveout where torch has one.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -47,12 +49,15 @@ def _record(value: Any, stream: torch.Stream, device_type: str) -> None:
             _record(item, stream, device_type)
 
 
-def side_budget(tokens: int, context: int, sms: int, bands: Sequence[tuple[int, int, float]]) -> int | None:
+def side_budget(tokens: int, context: int, sms: int, bands: Sequence[tuple[int, int, float | None]]) -> int | None:
     """The side work's SM budget by the rule ``bands``: the first ``(max_tokens, min_context, share)`` with
     ``tokens <= max_tokens`` and ``context >= min_context`` gives ``share`` of the ``sms`` multiprocessors (at least 1,
-    fewer than ``sms``), or 0 (in order) where its share is 0 or no band holds the shape."""
+    fewer than ``sms``), None (overlap with no budget) where its share is None, 0 (in order) where it is 0 or no band
+    holds the shape."""
     for max_tokens, min_context, share in bands:
         if tokens <= max_tokens and context >= min_context:
+            if share is None:
+                return None
             return 0 if share <= 0 else min(sms - 1, max(1, round(share * sms)))
     return 0
 
@@ -93,7 +98,8 @@ class DeviceStreams:
             return side_sms, sms
         if tokens is None or self.rule is None:
             return None, sms
-        return side_budget(tokens, context, sms, self.rule["BANDS"]), sms
+        bands = self.rule["GRAPH" if self._module.is_current_stream_capturing() else "EAGER"]
+        return side_budget(tokens, context, sms, bands), sms
 
     def __call__(self, side_fn: Callable[[], S], main_fn: Callable[[], M], side: int, device: torch.device,
                  side_sms: int | None = None, tokens: int | None = None, context: int | None = None) -> tuple[S, M]:
@@ -103,9 +109,9 @@ class DeviceStreams:
         main = self._module.current_stream(device)
         stream = self.stream(device, side)
         stream.wait_stream(main)
-        with self._module.stream(stream), _budget(n):
+        with self._module.stream(stream), _budget(n), _matmul_sms(n, sms):
             side_out = side_fn()
-        with _budget(None if n is None else sms - n):
+        with _budget(None if n is None else sms - n), _matmul_sms(None if n is None else sms - n, sms):
             main_out = main_fn()
         main.wait_stream(stream)
         _record(side_out, main, self.device_type)
@@ -120,6 +126,24 @@ class DeviceStreams:
 
 def _budget(n: int | None) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if n is None else budget.sm_budget(n)
+
+
+@contextlib.contextmanager
+def _matmul_sms(n: int | None, sms: int) -> Iterator[None]:
+    """Within the block torch's matmuls (cuBLAS / cuBLASLt, where torch passes it an SM count target) use at most
+    ``n`` of the ``sms`` multiprocessors, by torch's SM carveout (``torch._C._set_sm_carveout_experimental``: a
+    process-wide setting, read when a matmul is launched or captured); nothing where ``n`` is None or this torch has no
+    carveout."""
+    setter = getattr(torch._C, "_set_sm_carveout_experimental", None)
+    if n is None or setter is None:
+        yield
+        return
+    before = torch._C._get_sm_carveout_experimental()
+    setter(sms - n)
+    try:
+        yield
+    finally:
+        setter(before)
 
 
 def device_overlap(device_type: str, side_streams: int, rule: Mapping[str, Any] | None = None) -> OpImpl:
