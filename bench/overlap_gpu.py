@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 import indexcache
-from indexcache.backends.triton.streams import _matmul_sms
+from indexcache.backends.triton.streams import _matmul_sms, side_budget
 from indexcache.bench.output import write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 from indexcache.bench.timing import alternating_graph_us, times_ms
@@ -194,8 +194,9 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
     calls = modes(layer, dev, sms, budgets, has_rule)
     row: dict = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context, "sms": sms,
                  "budgets": budgets}
-    if has_rule:
-        row["rule_budget"] = impl.fn.share(dev, None, shape.tokens, shape.context)[0]
+    if has_rule:  # what the rule picks in a captured graph and eagerly
+        row["rule_budget"] = side_budget(shape.tokens, shape.context, sms, impl.fn.rule["GRAPH"])
+        row["rule_budget_eager"] = side_budget(shape.tokens, shape.context, sms, impl.fn.rule["EAGER"])
     for fn in calls.values():  # compile and warm every path once
         fn()
     # The indices under the smallest budget, those of the whole device (a row's order is unspecified: sorted).
@@ -222,7 +223,7 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
 
 def print_row(row: dict) -> None:
     print(f"\n{row['phase']} {row['tokens']} x {row['context']}  budgets {row['budgets']}"
-          + (f"  rule -> {row['rule_budget']}" if "rule_budget" in row else "")
+          + (f"  rule -> {row['rule_budget']} (eager {row['rule_budget_eager']})" if "rule_budget" in row else "")
           + f"  equal under a budget: {row['budget_equal']}")
     for tag in ("graph", "eager"):
         r = row[tag]

@@ -311,6 +311,36 @@ def hisparse_swap(d: dict) -> str:
                                         "copy engine µs", "engine / kernel"], rows))
 
 
+def _mode(m: dict | None) -> str:
+    return "—" if m is None else f"{m['us']:.1f} ({m['hidden']:+.0%}, {m['vs_serial']:.3f}×)"
+
+
+def _choice(n: int | None) -> str:
+    return "no budget" if n is None else "in order" if n == 0 else f"{n} SMs"
+
+
+def overlap(d: dict) -> str:
+    """bench/overlap_gpu.py: the producer's indexer on a side stream beside a V3.2 layer's main-stream work: alone,
+    in order, overlapped with no budget, under the best side budget, and as the rule chooses; µs (the indexer's time
+    hidden, × in order)."""
+    rows = []
+    for r in d["rows"]:
+        if "error" in r:
+            continue
+        g, e = r["graph"], r["eager"]
+        budgeted = {name: m for name, m in g["modes"].items() if name.startswith("overlap@")}
+        best = min(budgeted, key=lambda name: budgeted[name]["us"])
+        rows.append([f"{r['phase']} {r['tokens']} × {_keys(r['context'])}", _f(g["side_us"]), _f(g["main_us"]),
+                     _f(g["serial_us"]), _mode(g["modes"]["overlap"]), f"{best.split('@')[1]}: {_mode(budgeted[best])}",
+                     _choice(r.get("rule_budget")), _mode(g["modes"].get("rule")), _f(e["serial_us"]),
+                     _mode(e["modes"]["overlap"]), _choice(r.get("rule_budget_eager")), _mode(e["modes"].get("rule"))])
+    return (_head(d, f"{d['rows'][0]['sms']} SMs, side budgets {d['rows'][0]['budgets']}, bf16 layer weights, "
+                     f"BLAS {d.get('blas') or 'torch default'}")
+            + "\n\n" + markdown_table(["shape", "side µs", "main µs", "in order µs", "overlap", "best budget",
+                                        "rule (graph)", "rule µs", "eager in order µs", "eager overlap",
+                                        "rule (eager)", "eager rule µs"], rows))
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "h200-translate.json": bench_op,
     "h200-launch-overhead.json": launch_overhead,

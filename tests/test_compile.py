@@ -11,7 +11,6 @@ import torch
 
 import indexcache
 from indexcache.hal import dispatch, library
-from indexcache.hal.budget import BUDGETED_OPS
 from indexcache.hal.checks import MAX_TOPK
 from indexcache.hal.dispatch import BackendNotSupportedError
 from indexcache.hal.layout import new_packed_cache
@@ -59,7 +58,7 @@ def test_opcheck(op, args):
     # shapes) run on every case, test_schema on the cases without fp8 inputs.
     utils = [u for u in ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
              if not (fp8 and u == "test_schema")]
-    budget = [None] if op in BUDGETED_OPS else []
+    budget = [None] if op in library.BUDGETED_OPS else []
     torch.library.opcheck(library.OPS[op], (*(kwargs[n] for n in library.PARAMS[op]), "torch", *budget),
                           test_utils=utils)
 
@@ -70,7 +69,7 @@ def _checked_args(op: str) -> dict:
     case = SPECS[op].cases[0]
     gen = torch.Generator().manual_seed(0)
     args = SPECS[op].check(**(case.build(gen, "cpu", E4M3) if case.native_fp8 else case.build(gen, "cpu")))
-    return dict(args, backend="torch", **({"sm_budget": None} if op in BUDGETED_OPS else {}))
+    return dict(args, backend="torch", **({"sm_budget": None} if op in library.BUDGETED_OPS else {}))
 
 
 def _i32(*shape):

@@ -2,9 +2,10 @@
 
 A persistent kernel sizes its grid to fill the GPU (programs loop over the work), so beside it a kernel on another
 stream finds no multiprocessor free and the two only interleave. Under a budget of ``n``, every persistent launch of
-the ops in :data:`BUDGETED_OPS` runs at most ``n`` programs (one a multiprocessor): however the hardware places them,
-they occupy at most ``n`` multiprocessors and leave the rest to other streams (docs/streams.md). A budget at or above
-the device's count is the whole device (the launches are those of no budget).
+the ops whose spec records say ``budgeted`` (``library.BUDGETED_OPS``) runs at most ``n`` programs (one a
+multiprocessor): however the hardware places them, they occupy at most ``n`` multiprocessors and leave the rest to
+other streams (docs/streams.md). A budget at or above the device's count is the whole device (the launches are those
+of no budget).
 
 Set it for one call (the ``sm_budget=`` argument of those ops) or for a block (``with indexcache.sm_budget(n):``); the
 argument wins. The block's setting is a context variable, like :func:`indexcache.use_backend`: it holds for the
@@ -20,11 +21,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-
-from indexcache.hal.specs import SPECS
-
-# The ops whose backends launch persistent kernels, and so take ``sm_budget=`` (their spec records say so).
-BUDGETED_OPS = tuple(op for op, spec in SPECS.items() if spec.budgeted)
 
 _BUDGET: contextvars.ContextVar[int | None] = contextvars.ContextVar("indexcache_sm_budget", default=None)
 

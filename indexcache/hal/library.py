@@ -57,6 +57,8 @@ from indexcache.hal import budget, dispatch, fp4
 from indexcache.hal.specs import SPECS
 
 NAMESPACE = "indexcache"
+# The ops whose GPU backends launch persistent kernels, and so take ``sm_budget=`` (their spec records say so).
+BUDGETED_OPS = tuple(op for op, spec in SPECS.items() if spec.budgeted)
 # Arguments every op that has them writes in place: mutated in the schema, never returned by the custom op.
 OUTPUTS = ("logits", "out", "out_raw", "workspace", "out_k", "out_scale", "out_copy_src", "out_copy_dst",
            "out_copy_count")
@@ -132,12 +134,12 @@ def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
 
 def arg_names(op: str) -> tuple[str, ...]:
     """The custom op's arguments in order: the spec check's parameters, then ``backend`` (and ``sm_budget`` for the
-    ops of :data:`~indexcache.hal.budget.BUDGETED_OPS`)."""
+    ops of :data:`BUDGETED_OPS`)."""
     return (*inspect.signature(SPECS[op].check).parameters, "backend", *_budget_arg(op))
 
 
 def _budget_arg(op: str) -> tuple[str, ...]:
-    return ("sm_budget",) if op in budget.BUDGETED_OPS else ()
+    return ("sm_budget",) if op in BUDGETED_OPS else ()
 
 
 def _schema_args(op: str, aliases: Mapping[str, str]) -> list[str]:
@@ -249,5 +251,5 @@ def compiled_call(op: str, args: Mapping[str, Any], backend: str | None, sm_budg
     values = [args[n] for n in PARAMS[op]]
     if op in CHECKS:
         CHECKS[op](*values)
-    output = OPS[op](*values, backend, *([budget.check(sm_budget)] if op in budget.BUDGETED_OPS else []))
+    output = OPS[op](*values, backend, *([budget.check(sm_budget)] if op in BUDGETED_OPS else []))
     return output if op in RETURNS else result(op, args)

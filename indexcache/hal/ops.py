@@ -55,7 +55,7 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict, sm
     ``torch.compile``: the custom op ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
     if torch.compiler.is_compiling():
         return library.compiled_call(op, SPECS[op].check(*args, **named), backend, sm_budget)
-    budgeted = op in budget.BUDGETED_OPS
+    budgeted = op in library.BUDGETED_OPS
     if budgeted:
         sm_budget = budget.check(sm_budget)
         if sm_budget is None:

@@ -223,7 +223,9 @@ class DSAModel:
                 hot.store(layer, requests, batch.positions, batch.seq_lens[requests.long()], latent)
             return (h @ w.wq).view(rows, c.heads, c.head_dim)
 
-        slots, q = overlap(indexer, prepare, device=self.device)
+        # The side work's shape picks the backend's measured rule: overlap, or in order where overlapping does not pay.
+        context = batch.max_length if batch.max_length is not None else batch.max_context_len
+        slots, q = overlap(indexer, prepare, device=self.device, tokens=rows, context=context)
         kv = hot.device_kv[layer] if hot_layer is not None else cache.kv[layer]
         return x + sparse_attention(q, kv, slots) @ w.wo
 
