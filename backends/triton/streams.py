@@ -47,7 +47,7 @@ def _record(value: Any, stream: torch.Stream, device_type: str) -> None:
             _record(item, stream, device_type)
 
 
-def side_budget(tokens: int, context: int, sms: int, bands: Sequence[tuple[int, int, float]]) -> int | None:
+def side_budget(tokens: int, context: int, sms: int, bands: Sequence[tuple[int, int, float]]) -> int:
     """The side work's SM budget by the rule ``bands``: the first ``(max_tokens, min_context, share)`` with
     ``tokens <= max_tokens`` and ``context >= min_context`` gives ``share`` of the ``sms`` multiprocessors (at least 1,
     fewer than ``sms``), or 0 (in order) where its share is 0 or no band holds the shape."""
