@@ -1,0 +1,624 @@
+"""The SM budget (issue #41, :mod:`indexcache.hal.budget`): ``indexcache.sm_budget(n)`` and the ``sm_budget=`` argument
+of the six ops with persistent kernels, checked and scoped per thread; the persistent launches of the Triton backends
+built under a budget of n run at most n programs, read from the launched grids (built as data for sm90, sm80 and
+gfx942 inside ``launcher.planning``: no GPU); the custom op carries the budget under ``torch.compile``; ``overlap``'s
+``side_sms``, ``tokens`` and ``context`` and the scheduler's share. CPU; the interpreted kernels under a budget are in
+tests/kernels/test_triton_budget.py."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import inspect
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+import indexcache  # noqa: E402
+from indexcache.backends.cuda.tuning import tuning as cuda_tuning  # noqa: E402
+from indexcache.backends.rocm.tuning import tuning as rocm_tuning  # noqa: E402
+
+# Every kernel module imported now, at collection, before a test elsewhere sets TRITON_INTERPRET=1 (as test_warmup).
+from indexcache.backends.triton import (  # noqa: E402, F401
+    crosscompile,
+    decode_sm90,
+    logits,
+    prefill_producer,
+    prefill_sm90,
+    producer,
+    topk,
+    variants,
+)
+from indexcache.backends.triton import streams as triton_streams  # noqa: E402
+from indexcache.backends.triton.launcher import persistent_programs, planning  # noqa: E402
+from indexcache.backends.triton.topk.plan import split_chunk  # noqa: E402
+from indexcache.hal import budget, dispatch, library, memo  # noqa: E402
+from indexcache.hal.library import BUDGETED_OPS  # noqa: E402
+from indexcache.hal.specs import SPECS  # noqa: E402
+from indexcache.plan import LayerPlan  # noqa: E402
+from indexcache.runtime.streams import overlap  # noqa: E402
+from indexcache.tools.warmup import decode_calls, prefill_calls  # noqa: E402
+
+I32 = torch.int32
+BAD = [0, -1, True, 1.5, "4"]
+SIX = {"topk", "topk_translate", "mqa_logits", "paged_mqa_logits", "paged_topk_translate", "mqa_topk_translate"}
+
+
+# ------------------------------------------------------------------------------------------------- indexcache.sm_budget
+
+def test_the_package_exports_the_budget_block():
+    assert indexcache.sm_budget is budget.sm_budget
+
+
+@pytest.mark.parametrize("bad", BAD, ids=repr)
+def test_a_budget_is_an_int_of_at_least_one(bad):
+    with pytest.raises(ValueError, match=r"^sm_budget: expected an int >= 1 \(multiprocessors\) or None, got "):
+        with indexcache.sm_budget(bad):
+            pytest.fail("the block ran under a bad budget")
+    assert budget.current() is None
+
+
+def test_blocks_nest_none_lifts_the_enclosing_budget_and_each_is_restored():
+    assert budget.current() is None
+    with indexcache.sm_budget(8):
+        assert budget.current() == 8
+        with indexcache.sm_budget(3):
+            assert budget.current() == 3
+            with indexcache.sm_budget(None):
+                assert budget.current() is None
+            assert budget.current() == 3
+        assert budget.current() == 8
+        with indexcache.sm_budget(200):  # above any device: allowed (the whole device)
+            assert budget.current() == 200
+        assert budget.current() == 8
+    assert budget.current() is None
+
+
+def test_a_budget_is_restored_after_an_exception():
+    with indexcache.sm_budget(6):
+        with pytest.raises(RuntimeError, match="in the block"):
+            with indexcache.sm_budget(2):
+                raise RuntimeError("in the block")
+        assert budget.current() == 6
+        with pytest.raises(ValueError, match="sm_budget"):  # a bad inner budget leaves the outer one
+            with indexcache.sm_budget(0):
+                pass
+        assert budget.current() == 6
+    assert budget.current() is None
+
+
+def test_a_budget_holds_for_its_own_thread_only():
+    """Two threads, each in its own block at the same time: each sees its own budget, never the other's."""
+    entered, leave = threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        seen["other before"] = budget.current()
+        with indexcache.sm_budget(2):
+            entered.set()
+            leave.wait(10)
+            seen["other inside"] = budget.current()
+        seen["other after"] = budget.current()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with indexcache.sm_budget(7):
+        assert entered.wait(10)
+        seen["main while the other holds 2"] = budget.current()
+        leave.set()
+        thread.join(10)
+        seen["main after the other left"] = budget.current()
+    assert not thread.is_alive()
+    assert seen == {"other before": None, "other inside": 2, "other after": None,
+                    "main while the other holds 2": 7, "main after the other left": 7}
+    assert budget.current() is None
+
+
+# -------------------------------------------------------------------------------------------------- the ops' sm_budget=
+
+def test_the_budgeted_ops_are_the_six_with_persistent_kernels_and_only_they_take_the_argument():
+    assert set(BUDGETED_OPS) == SIX
+    for op in SPECS:
+        params = inspect.signature(getattr(indexcache, op)).parameters
+        assert ("sm_budget" in params) == (op in SIX), op
+        if op in SIX:
+            assert params["sm_budget"].kind is inspect.Parameter.KEYWORD_ONLY and params["sm_budget"].default is None
+    assert "sm_budget" in inspect.signature(indexcache.workspace_bytes).parameters
+
+
+def _case(op: str) -> dict:
+    """The public op's arguments of ``op``'s first conformance case (on the CPU; the same every call)."""
+    case = SPECS[op].cases[0]
+    gen = torch.Generator().manual_seed(0)
+    return case.build(gen, "cpu", torch.float8_e4m3fn) if case.native_fp8 else case.build(gen, "cpu")
+
+
+@pytest.mark.parametrize("bad", [0, True, "4"], ids=repr)
+@pytest.mark.parametrize("op", sorted(SIX))
+def test_a_calls_budget_is_checked(op, bad):
+    with pytest.raises(ValueError, match=r"^sm_budget: expected an int >= 1"):
+        getattr(indexcache, op)(**_case(op), sm_budget=bad, backend="torch")
+
+
+def test_a_calls_budget_is_checked_with_every_output_given_and_by_workspace_bytes():
+    scores, lengths = torch.randn(2, 40), torch.tensor([40, 7], dtype=I32)
+    out = torch.empty(2, 4, dtype=I32)
+    for _ in range(3):  # a call with every output given (a memo signature), repeated
+        indexcache.topk(scores, lengths, 4, out=out, backend="torch")
+    with pytest.raises(ValueError, match=r"^sm_budget: expected an int >= 1 \(multiprocessors\) or None, got -1"):
+        indexcache.topk(scores, lengths, 4, out=out, sm_budget=-1, backend="torch")
+    with pytest.raises(ValueError, match=r"^sm_budget: expected an int >= 1"):
+        indexcache.workspace_bytes("topk", scores, lengths, 4, sm_budget=1.5, backend="torch")
+    assert indexcache.workspace_bytes("topk", scores, lengths, 4, sm_budget=3, backend="torch") == 0
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+@pytest.mark.parametrize("op", sorted(SIX))
+def test_the_torch_backend_gives_the_same_results_under_a_budget(op):
+    """The torch backend has no persistent kernels: the result and every tensor the call writes (``out_raw``,
+    ``logits``) are those of the call without a budget, bit for bit, under the argument and under a block."""
+    def run(**extra):
+        args = _case(op)
+        with contextlib.ExitStack() as stack:
+            if "block" in extra:
+                stack.enter_context(indexcache.sm_budget(extra.pop("block")))
+            got = getattr(indexcache, op)(**args, **extra, backend="torch")
+        return _tensors(got) + _tensors(args)
+
+    want = run()
+    for extra in (dict(sm_budget=1), dict(sm_budget=7), dict(block=3), dict(block=3, sm_budget=5)):
+        got = run(**extra)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=f"{op} {extra}")
+
+
+@pytest.fixture
+def budgets_seen(monkeypatch):
+    """The budget in force when the backend's implementation runs, and the budget in each memo signature, per call."""
+    seen = collections.defaultdict(list)
+    resolve, signature = dispatch.resolve, memo.signature
+
+    def resolving(op, args, backend=None):
+        name, impl = resolve(op, args, backend)
+        fn = impl.fn
+        return name, dataclasses.replace(impl, fn=lambda **a: seen["run"].append(budget.current()) or fn(**a))
+
+    def signing(op, choice, params):
+        seen["key"].append(params[-1])
+        return signature(op, choice, params)
+
+    monkeypatch.setattr(dispatch, "resolve", resolving)
+    monkeypatch.setattr(memo, "signature", signing)
+    return seen
+
+
+def test_the_calls_budget_wins_over_the_block_and_is_in_force_where_the_backend_runs(budgets_seen):
+    scores, lengths = torch.randn(2, 40), torch.tensor([40, 7], dtype=I32)
+    out = torch.empty(2, 4, dtype=I32)
+
+    def call(**extra):
+        indexcache.topk(scores, lengths, 4, out=out, **extra, backend="torch")
+
+    call()
+    call(sm_budget=4)
+    with indexcache.sm_budget(9):
+        call()
+        call(sm_budget=4)
+        with indexcache.sm_budget(None):
+            call()
+    assert budget.current() is None
+    assert budgets_seen["run"] == [None, 4, 9, 4, None]
+    assert budgets_seen["key"] == [None, 4, 9, 4, None]  # the budget is the last part of the kept call's signature
+
+
+# ------------------------------------------------------------------ the launched grids (Triton backends, built as data)
+
+PLAN = LayerPlan.from_config(str(Path(__file__).resolve().parents[1] / "examples" / "configs" / "deepseek-v3.2.json"))
+SMS = {"sm90": 132, "sm80": 108, "gfx942": 304}  # H100 / H200, A100, MI300X
+# Persistent launches: sized by the device (programs loop over the work), capped by the budget.
+PERSISTENT = {"mqa_logits_kernel", "prefill_sm90_kernel", "paged_mqa_logits_kernel", "paged_decode_sm90_kernel",
+              "topk_rows_kernel", "topk_block_kernel", "topk_sample_kernel", "topk_filter_kernel",
+              "topk_finish_kernel", "topk_sort_kernel"}
+# The decode kernels' grid is (draft-token groups, programs): a budget below the groups still runs one program each.
+GROUPED = {"paged_mqa_logits_kernel", "paged_decode_sm90_kernel"}
+# Persistent launches whose programs fill the budget: min(their programs without it, n).
+FILLS = PERSISTENT - GROUPED - {"topk_sample_kernel", "topk_filter_kernel"}
+# Launches of the six ops sized by their work, not by the device: not budgeted (budget.py's docstring).
+EXEMPT = {
+    "short_rows_kernel": "a short-row step's fill (producer.SHORT): a tile of rows and slots a program",
+    "draft_rows_kernel": "the draft rows' lengths and requests (producer.DRAFT_ROWS): DRAFT_BLOCK rows a program",
+    "windows_kernel": "the prefill producer's windows (prefill_producer.WINDOWS): WINDOW_BLOCK queries a program",
+}
+# (arch, the paged / prefill logits kernel): as the tuning table picks it with this Triton, and the Gluon Hopper
+# kernels forced (the table picks them before Triton 3.7: cuda/tuning.py, _triton_before).
+CONFIGS = [("sm90", "tuned"), ("sm90", "tma-ws"), ("sm80", "tuned"), ("gfx942", "tuned")]
+CONFIG_IDS = [f"{arch}-{kernel}" for arch, kernel in CONFIGS]
+
+
+def _setup(arch: str, kernel: str):
+    backend = "rocm" if arch.startswith("gfx") else "cuda"
+    table = (rocm_tuning if backend == "rocm" else cuda_tuning)(arch)
+    if kernel == "tma-ws":
+        table["paged_mqa_logits"]["KERNEL"] = "tma-ws"
+        table["mqa_logits"].update(COLS=256, PROGRAMS_PER_SM=2, KERNEL="tma-ws")
+    return crosscompile.gpu_target(backend, arch), table
+
+
+def _gluon(table: dict, op: str) -> bool:
+    """Whether the table picks ``op``'s Gluon Hopper kernel (where the call suits it: these calls do)."""
+    return table[op].get("KERNEL") == "tma-ws"
+
+
+def _meta(*shape: int, dtype: torch.dtype = I32) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _calls(fp8: torch.dtype) -> list[tuple[str, dict]]:
+    """The budgeted ops' calls of decode steps and prefill chunks of the deployment (as ``indexcache warmup`` lists
+    them), ``paged_mqa_logits`` of the decode steps alone, and top-k calls on rows few and many, short and long,
+    unsorted and sorted."""
+    calls = []
+    # (batch, context, next_n): one request, a large batch, draft tokens (2 and 4), every row short.
+    for batch, context, next_n in ((1, 65536, 1), (64, 65536, 1), (3, 131072, 2), (16, 20000, 4), (2, 100, 1)):
+        for op, args in decode_calls(PLAN, 64, fp8, batch, context, next_n):
+            if op == "paged_topk_translate":
+                calls.append((op, args))
+                calls.append(("paged_mqa_logits", dict(
+                    q=args["q"], k_cache=args["k_cache"], weights=args["weights"], context_lens=args["context_lens"],
+                    page_table=args["block_table"], max_context_len=args["max_context_len"], out=args["logits"])))
+    for tokens, keys in ((1, 65536), (300, 131072), (4096, 8192), (3, 300)):
+        calls += [(op, args) for op, args in prefill_calls(PLAN, 64, fp8, tokens, keys) if op in SIX]
+    for rows, cols, k in ((1, 65536, 2048), (4, 32768, 2048), (300, 4096, 512), (2048, 8192, 2048),
+                          (1200, 300000, 2048)):
+        for sorted_ in (False, True):
+            calls.append(("topk", dict(scores=_meta(rows, cols, dtype=torch.float32), lengths=_meta(rows), k=k,
+                                       out=_meta(rows, k), sorted=sorted_)))
+    return calls
+
+
+def _launches(arch: str, kernel: str, n: int | None) -> list[list[tuple[str, str, tuple[int, ...]]]]:
+    """Per call of :func:`_calls`, its launches as ``(op, kernel, grid)``, built for ``arch`` under a budget of ``n``
+    (None: no budget)."""
+    target, table = _setup(arch, kernel)
+    found = []
+    with planning(SMS[arch]), indexcache.sm_budget(n):
+        for op, args in _calls(target.fp8_dtype):
+            found.append([(op, launch.launcher.__name__, tuple(launch.grid))
+                          for launch in variants.op_launches(op, args, target, table)])
+    return found
+
+
+def _product(grid: tuple[int, ...]) -> int:
+    out = 1
+    for g in grid:
+        out *= g
+    return out
+
+
+@pytest.mark.parametrize(("arch", "kernel"), CONFIGS, ids=CONFIG_IDS)
+def test_every_launch_of_a_budgeted_op_is_persistent_or_listed_exempt(arch, kernel):
+    """A new launch in the six ops must be named here: either persistent (and then checked against the budget below)
+    or exempt with its reason. The calls reach every persistent kernel the configuration has."""
+    names = {name for call in _launches(arch, kernel, None) for _, name, _ in call}
+    assert names <= PERSISTENT | set(EXEMPT), names - PERSISTENT - set(EXEMPT)
+    _, table = _setup(arch, kernel)
+    decode = "paged_decode_sm90_kernel" if _gluon(table, "paged_mqa_logits") else "paged_mqa_logits_kernel"
+    prefill = "prefill_sm90_kernel" if _gluon(table, "mqa_logits") else "mqa_logits_kernel"
+    rows = {"topk_rows_kernel"} | ({"topk_block_kernel"} if arch.startswith("sm") else set())
+    want = {decode, prefill, *rows, "topk_sample_kernel", "topk_filter_kernel", "topk_finish_kernel",
+            "topk_sort_kernel", *EXEMPT}
+    assert names == want
+
+
+@pytest.mark.parametrize("n", [1, 7, 33])
+@pytest.mark.parametrize(("arch", "kernel"), CONFIGS, ids=CONFIG_IDS)
+def test_a_persistent_launch_under_a_budget_of_n_runs_at_most_n_programs(arch, kernel, n):
+    """The issue's check, read from the launched grids: every persistent launch of every call runs at most n programs
+    (the decode: at most n, or one a draft-token group where there are more groups than n); the launches that fill
+    the device fill the budget instead (min(their programs without it, n)), the decode's programs n // groups."""
+    free, capped = _launches(arch, kernel, None), _launches(arch, kernel, n)
+    filled = collections.Counter()
+    for call_free, call_capped in zip(free, capped, strict=True):
+        for op, name, grid in call_capped:
+            if name in EXEMPT:
+                continue
+            limit = max(n, grid[0]) if name in GROUPED else n
+            assert _product(grid) <= limit, (op, name, grid, n)
+        if [name for _, name, _ in call_free] != [name for _, name, _ in call_capped]:
+            continue  # the budget changed the call's path (split rows no longer split): nothing to pair
+        for (op, name, before), (_, _, after) in zip(call_free, call_capped, strict=True):
+            if name in FILLS:
+                assert _product(after) == min(_product(before), n), (op, name, before, after)
+                filled[name] += _product(before) > n
+            elif name in GROUPED:
+                assert after == (before[0], max(1, min(n // before[0], before[1]))), (op, name, before, after)
+                filled[name] += _product(before) > n
+    # Not vacuous: each kernel that fills the device had more than n programs somewhere without the budget.
+    present = {name for call in free for _, name, _ in call} & (FILLS | GROUPED)
+    assert {name for name in present if filled[name]} == present, filled
+
+
+@pytest.mark.parametrize(("arch", "kernel"), CONFIGS, ids=CONFIG_IDS)
+def test_split_rows_take_at_most_the_budget_and_are_not_split_where_fewer_than_two_chunks_fit(arch, kernel):
+    """One long row (65536 columns, k 2048) is split into chunks without a budget and under budgets of 7 and 33
+    (at most n chunks: sample 1 program, filter (1, chunks)); under a budget of 1 it is not split."""
+    def split(n):
+        return [(name, grid) for call in _launches(arch, kernel, n)[:1] for op, name, grid in call
+                if op == "paged_topk_translate" and name in ("topk_sample_kernel", "topk_filter_kernel")]
+
+    assert [name for name, _ in split(None)] == ["topk_sample_kernel", "topk_filter_kernel"]
+    for n in (7, 33):
+        (_, sample), (_, filt) = split(n)
+        assert sample == (1,) and filt[0] == 1 and 2 <= filt[1] <= n, (n, filt)
+    assert split(1) == []
+
+
+@pytest.mark.parametrize(("arch", "kernel"), CONFIGS, ids=CONFIG_IDS)
+def test_without_a_budget_or_under_the_whole_device_the_grids_fill_the_device(arch, kernel):
+    """A budget at or above the device's multiprocessors builds exactly the launches of no budget, and those are
+    the device-filling grids of before the budget (the tuning table's programs a multiprocessor)."""
+    sms = SMS[arch]
+    free = _launches(arch, kernel, None)
+    assert _launches(arch, kernel, sms) == free
+    assert _launches(arch, kernel, 4 * sms) == free
+    target, table = _setup(arch, kernel)
+    calls = _calls(target.fp8_dtype)
+    by_call = {(op, tuple(args["scores"].shape) if op == "topk" else None, args.get("sorted")): launches
+               for (op, args), launches in zip(calls, free, strict=True)}
+    many = by_call[("topk", (2048, 8192), True)]  # 2048 rows: a finishing program a multiprocessor, a sort one a row
+    assert [(name, grid) for _, name, grid in many[-2:]] == [("topk_finish_kernel", (sms,)),
+                                                            ("topk_sort_kernel", (2048,))]
+    per_sm = table["topk"]["BLOCK_PER_SM" if arch.startswith("sm") else "PROGRAMS_PER_SM"]
+    assert many[0][2] == (min(2048, sms * per_sm),)
+    # The decode of 64 requests of 65536 keys (calls[3]: paged_mqa_logits of the second step), one group: every
+    # multiprocessor's programs, the Triton kernel's the table's programs a SM, the Gluon kernel's one a SM (what it
+    # takes where the compiled kernel's residency is unknown, as inside planning).
+    [(_, name, grid)] = free[3]
+    per_sm = 1 if _gluon(table, "paged_mqa_logits") else table["paged_mqa_logits"]["PROGRAMS_PER_SM"]
+    assert calls[3][0] == "paged_mqa_logits" and grid == (1, sms * per_sm), name
+    # The prefill of 4096 queries: a program a block up to every multiprocessor's programs.
+    prefill = [launches for (op, args), launches in zip(calls, free, strict=True)
+               if op == "mqa_logits" and args["q"].shape[0] == 4096]
+    [[(_, name, grid)]] = prefill
+    assert grid == ((sms,) if _gluon(table, "mqa_logits") else (sms * table["mqa_logits"]["PROGRAMS_PER_SM"],)), name
+
+
+def test_persistent_programs_are_the_budget_below_the_device_else_the_device_fill():
+    assert persistent_programs(132, 3) == 396
+    with indexcache.sm_budget(7):
+        assert persistent_programs(132, 3) == 7
+        assert persistent_programs(7, 3) == 21  # a budget of the whole device is no budget
+        assert persistent_programs(6, 3) == 18
+    with indexcache.sm_budget(131):
+        assert persistent_programs(132, 1) == 131
+
+
+def test_split_chunk_under_a_budget():
+    """Rows take at most budget // rows chunks (the split launches run at most the budget), none split where fewer
+    than two chunks fit; a forced ``CHUNK`` is widened to fit; no budget keeps the device's split."""
+    cfg = dict(cuda_tuning("sm90")["topk"], CHUNK=0)
+    cols = 65536
+    assert split_chunk(1, cols, 132, cfg) == 4096  # 1056 chunks wanted, MIN_CHUNK 4096: 16 chunks
+    for rows, n in ((1, 7), (1, 33), (3, 7), (2, 5)):
+        chunk = split_chunk(rows, cols, 132, cfg, n)
+        assert chunk and 2 <= -(-cols // chunk) <= n // rows, (rows, n, chunk)
+    assert split_chunk(1, cols, 132, cfg, 1) == 0
+    assert split_chunk(4, cols, 132, cfg, 7) == 0  # 7 // 4 = 1 chunk a row: not split
+    forced = dict(cfg, CHUNK=4096)
+    assert split_chunk(1, cols, 132, forced) == 4096
+    assert split_chunk(1, cols, 132, forced, 7) == 16384  # 65536 / 7 -> 9363 -> a power of two: 4 chunks
+    assert split_chunk(2, cols, 132, forced, 3) == 0
+
+
+# ------------------------------------------------------------------------------------ the custom op under torch.compile
+
+def test_the_custom_ops_of_the_budgeted_ops_take_an_optional_int_sm_budget_last():
+    for op in SPECS:
+        schema = getattr(torch.ops.indexcache, op).default._schema
+        names = [a.name for a in schema.arguments]
+        if op in SIX:
+            assert names[-2:] == ["backend", "sm_budget"], op
+            assert str(schema.arguments[-1].type) == "Optional[int]", op
+        else:
+            assert names[-1] == "backend" and "sm_budget" not in names, op
+    assert "int? sm_budget" in library.schema("topk")
+
+
+def test_a_compiled_call_with_a_budget_runs_under_it(monkeypatch):
+    """``torch.compile(fullgraph=True)`` of a call with ``sm_budget=4``: one graph whose custom op carries 4, run
+    under that budget and equal to eager; a compiled call without one runs under the block in force when it runs."""
+    torch._dynamo.reset()
+    seen = []
+    call = dispatch.call
+
+    def spy(op, args, backend=None):
+        seen.append((op, budget.current()))
+        return call(op, args, backend)
+
+    monkeypatch.setattr(dispatch, "call", spy)
+    graphs = []
+
+    def count(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    scores = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([50, 10, 3], dtype=I32)
+    f = torch.compile(lambda s, n: indexcache.topk(s, n, 4, sm_budget=4, backend="torch") + 1, fullgraph=True,
+                      backend=count)
+    got = f(scores, lengths)
+    assert torch.equal(got, indexcache.topk(scores, lengths, 4, backend="torch") + 1)
+    [graph] = graphs
+    [node] = [n for n in graph.graph.nodes if n.target is torch.ops.indexcache.topk.default]
+    assert node.args[-2:] == ("torch", 4)
+    assert seen == [("topk", 4)]
+    seen.clear()
+    g = torch.compile(lambda s, n: indexcache.topk(s, n, 4, backend="torch"), fullgraph=True, backend="aot_eager")
+    with indexcache.sm_budget(6):
+        g(scores, lengths)
+    g(scores, lengths)
+    assert seen == [("topk", 6), ("topk", None)]
+    with pytest.raises(Exception, match="sm_budget: expected an int >= 1"):
+        torch.compile(lambda s, n: indexcache.topk(s, n, 4, sm_budget=0, backend="torch"), fullgraph=True,
+                      backend="aot_eager")(scores, lengths)
+
+
+# -------------------------------------------------------------------------------------------------------------- overlap
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5], ids=repr)
+def test_overlap_checks_side_sms(bad):
+    with pytest.raises(ValueError, match=r"^side_sms: expected an int >= 0 \(0: in order\) or None"):
+        overlap(lambda: 0, lambda: 0, side_sms=bad)
+
+
+@pytest.mark.parametrize(("named", "message"), [
+    (dict(tokens=4), r"^tokens and context: expected both or neither, got tokens=4, context=None"),
+    (dict(context=4096), r"^tokens and context: expected both or neither, got tokens=None, context=4096"),
+    (dict(tokens=-1, context=8), r"^tokens: expected an int >= 0 or None, got -1"),
+    (dict(tokens=4, context=True), r"^context: expected an int >= 0 or None, got True"),
+])
+def test_overlap_takes_tokens_and_context_together(named, message):
+    with pytest.raises(ValueError, match=message):
+        overlap(lambda: 0, lambda: 0, **named)
+
+
+def test_overlap_on_the_cpu_runs_in_order_whatever_the_share():
+    calls = []
+    for named in (dict(side_sms=0), dict(side_sms=5), dict(tokens=4, context=4096)):
+        assert overlap(lambda: calls.append("side") or 1, lambda: calls.append("main") or 2, **named) == (1, 2)
+    assert calls == ["side", "main"] * 3
+
+
+BANDS = ((8, 0, 0.25), (64, 4096, 0.5), (512, 0, None), (1024, 0, 0.0))
+EAGER = ((8, 0, None),)  # eagerly: small batches overlap with no budget, the rest in order
+
+
+@pytest.mark.parametrize(("tokens", "context", "want"), [
+    (4, 100, 33),      # the first band: a quarter of 132
+    (8, 100, 33),      # max_tokens is inclusive
+    (4, 8192, 33),     # the first band that holds wins (the second would give 66)
+    (32, 4096, 66),    # min_context is inclusive: the second band
+    (32, 4095, None),  # the third band: share None, overlap with no budget
+    (600, 4095, 0),    # the fourth band: share 0, in order
+    (1024, 10**6, 0),
+    (1025, 10**6, 0),  # no band: in order
+])
+def test_the_side_budget_is_the_first_matching_bands_share(tokens, context, want):
+    assert triton_streams.side_budget(tokens, context, 132, BANDS) == want
+
+
+def test_the_side_budget_is_clamped_to_leave_the_main_function_a_multiprocessor():
+    assert triton_streams.side_budget(1, 1, 132, ((8, 0, 1.0),)) == 131
+    assert triton_streams.side_budget(1, 1, 132, ((8, 0, 5.0),)) == 131
+    assert triton_streams.side_budget(1, 1, 132, ((8, 0, 0.001),)) == 1
+    assert triton_streams.side_budget(1, 1, 132, ((8, 0, -0.5),)) == 0
+    assert triton_streams.side_budget(1, 1, 132, ()) == 0
+
+
+class _FakeStreams:
+    """``torch.cuda``'s stream calls as :class:`DeviceStreams` makes them, recorded: no GPU here."""
+
+    def __init__(self):
+        self.log = []
+        self.capturing = True
+
+    def current_stream(self, device):
+        return SimpleNamespace(wait_stream=lambda other: self.log.append("main waits side"))
+
+    def Stream(self, device):  # noqa: N802 (torch.cuda.Stream)
+        return SimpleNamespace(wait_stream=lambda other: self.log.append("side waits main"))
+
+    def current_device(self):
+        return 0
+
+    def is_current_stream_capturing(self):
+        return self.capturing
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        self.log.append("on side")
+        yield
+        self.log.append("off side")
+
+
+@pytest.fixture
+def scheduler(monkeypatch):
+    """A scheduler of the cuda backend on a 132-multiprocessor GPU, its device streams recorded."""
+    monkeypatch.setattr(triton_streams, "sm_count", lambda index: 132)
+    streams = triton_streams.DeviceStreams(2, "cuda", rule={"GRAPH": BANDS, "EAGER": EAGER})
+    fake = _FakeStreams()
+    streams._module = fake
+    return streams, fake
+
+
+def test_the_share_is_side_sms_else_the_rule_else_none(scheduler):
+    streams, fake = scheduler
+    gpu = torch.device("cuda", 0)
+    assert streams.share(gpu, 5, None, None) == (5, 132)
+    assert streams.share(gpu, 0, None, None) == (0, 132)
+    assert streams.share(gpu, 131, 4, 100) == (131, 132)  # side_sms wins over the rule
+    assert streams.share(gpu, None, 4, 100) == (33, 132)
+    assert streams.share(gpu, None, 5000, 100) == (0, 132)
+    fake.capturing = False  # eagerly, the rule's EAGER bands
+    assert streams.share(gpu, None, 4, 100) == (None, 132)
+    assert streams.share(gpu, None, 32, 8192) == (0, 132)
+    fake.capturing = True
+    assert streams.share(gpu, None, None, None) == (None, 132)
+    assert triton_streams.DeviceStreams(1, "cuda").share(gpu, None, 4, 100) == (None, 132)  # no rule: no budget
+    for bad in (132, 500):
+        with pytest.raises(ValueError, match=rf"^side_sms: expected fewer than the 132 multiprocessors of cuda:0 "
+                                             rf"\(0: in order\), got {bad}"):
+            streams.share(gpu, bad, None, None)
+    assert fake.log == []  # the share touches no stream
+
+
+def test_the_side_function_runs_under_its_share_and_the_main_under_the_rest(scheduler):
+    streams, fake = scheduler
+    gpu = torch.device("cuda", 0)
+
+    def side():
+        return "side", budget.current()
+
+    def main():
+        return "main", budget.current()
+
+    assert streams(side, main, 0, gpu, side_sms=20) == (("side", 20), ("main", 112))
+    assert fake.log == ["side waits main", "on side", "off side", "main waits side"]
+    fake.log.clear()
+    # torch's matmuls in each function held to the same share (the carveout leaves the others free), then restored
+    carveout = torch._C._get_sm_carveout_experimental
+    assert streams(lambda: carveout(), lambda: carveout(), 0, gpu, side_sms=20) == (112, 20)
+    assert carveout() is None
+    fake.log.clear()
+    assert streams(side, main, 1, gpu, tokens=32, context=8192) == (("side", 66), ("main", 66))
+    with indexcache.sm_budget(9):  # no share: both keep the budget in force
+        assert streams(side, main, 1, gpu) == (("side", 9), ("main", 9))
+    assert len(fake.log) == 8
+    fake.log.clear()
+    for named in (dict(side_sms=0), dict(tokens=5000, context=1)):  # in order on the current stream
+        assert streams(side, main, 0, gpu, **named) == (("side", None), ("main", None))
+    assert fake.log == []
+    assert budget.current() is None
+
+
+def test_the_gpu_backends_hand_their_tables_overlap_rule_to_the_scheduler():
+    rule = {"GRAPH": BANDS, "EAGER": EAGER}
+    impl = triton_streams.device_overlap("cuda", side_streams=2, rule=rule)
+    assert impl.fn.rule is rule
+    assert triton_streams.device_overlap("cuda", side_streams=2).fn.rule is None
