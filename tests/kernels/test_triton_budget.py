@@ -1,6 +1,6 @@
 """The SM budget (issue #41) on the cuda backend's Triton kernels, interpreted on the CPU: under a budget the
-persistent launches run fewer programs, each looping over more of the work (the top-k's rows and split chunks, the sort
-over rows, the logits' blocks and tiles), and the results are those without it: the integer ops equal the torch
+persistent launches run fewer programs, each looping over more of the work (the top-k's rows and split chunks, the
+logits' blocks and tiles; the sort in launches of n rows), and the results are those without it: the integer ops equal the torch
 backend's, the logits the unbudgeted run's bit for bit. A kept call (indexcache.hal.memo) is kept per budget.
 
 Interpreted, the top-k sees one multiprocessor and the logits ``INTERPRETED_SMS``, so no budget is below them: the
@@ -77,8 +77,8 @@ def test_topk_under_a_budget_selects_what_the_torch_backend_does(grids, rows, co
 
 
 def test_sorted_topk_translate_under_a_budget_sorts_and_translates_every_row(grids):
-    """The sort launch under a budget of 3: three programs over seven rows (rows of one request, a short row, an
-    empty one, rows translated through their request's pages), slot for slot the torch backend's."""
+    """The sort under a budget of 3: launches of three, three and one programs over seven rows (rows of one request, a
+    short row, an empty one, rows translated through their request's pages), slot for slot the torch backend's."""
     g = torch.Generator().manual_seed(5)
     rows, cols, k = 7, 3000, 32
     scores = torch.randn(rows, cols, generator=g)
@@ -92,11 +92,12 @@ def test_sorted_topk_translate_under_a_budget_sorts_and_translates_every_row(gri
     got_raw = torch.empty(rows, k, dtype=I32)
     got, launched = _launched(grids, lambda: indexcache.topk_translate(
         scores, lengths, k, table, 64, out_raw=got_raw, **named, sm_budget=BUDGET, backend="cuda"))
-    assert launched == [("topk_rows_kernel", (3,)), ("topk_finish_kernel", (3,)), ("topk_sort_kernel", (3,))]
+    assert launched == [("topk_rows_kernel", (3,)), ("topk_finish_kernel", (3,)), ("topk_sort_kernel", (3,)),
+                        ("topk_sort_kernel", (3,)), ("topk_sort_kernel", (1,))]
     assert torch.equal(got, want) and torch.equal(got_raw, want_raw)
     plain, launched = _launched(grids, lambda: indexcache.topk(scores, lengths, k, row_starts=starts, sorted=True,
                                                                sm_budget=BUDGET, backend="cuda"))
-    assert launched[-1] == ("topk_sort_kernel", (3,))
+    assert launched[-3:] == [("topk_sort_kernel", (3,)), ("topk_sort_kernel", (3,)), ("topk_sort_kernel", (1,))]
     assert torch.equal(plain, indexcache.topk(scores, lengths, k, row_starts=starts, sorted=True, backend="torch"))
 
 

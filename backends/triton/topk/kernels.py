@@ -445,7 +445,7 @@ def _fallback(row_ptr, s1, start, length, k, cap, stash_key, stash_idx,
 # scores' row stride is left to every kernel. The split rows' kernels (sample, filter, finish) keep the scores' row
 # stride and their workspace pieces' alignment too (every piece 64-byte aligned: plan._plan): without them, on the
 # H200 (Triton 3.6), one row of 128K took 31.0 µs against 27.3 and one of 1M 47.2 against 41.0.
-_PER_CALL = ("rows", "cols", "cap", "chunks", "batches", "pages", "tab_s0")
+_PER_CALL = ("rows", "row0", "cols", "cap", "chunks", "batches", "pages", "tab_s0")
 _INDEX = ("lengths_ptr", "starts_ptr", "r2b_ptr", "table_ptr")
 _UNALIGNED = (*_INDEX, "stash_ptr", "counts_ptr", "hist_ptr", "region_ptr")  # the fused and sort kernels
 
@@ -687,39 +687,37 @@ def topk_finish_kernel(
 @triton.jit(do_not_specialize=_PER_CALL, do_not_specialize_on_alignment=_UNALIGNED)
 def topk_sort_kernel(
     scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr,
-    rows, cols, k, batches, pages, page_size,
+    row0, cols, k, batches, pages, page_size,
     s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
     SHIFT: tl.constexpr, CONTIG: tl.constexpr, K_P2: tl.constexpr,
 ):
-    """``sorted=True``, after the select wrote raw positions (to ``raw`` when ``HAS_RAW``, else to ``out``), rows
-    ``program_id, + num_programs, …`` (a program a row unless an SM budget caps the grid): a long row's ``k`` slots are
-    ordered by (score desc, position asc) with -1 last, by one bitonic sort of ``K_P2`` 64-bit keys (exact score key
-    above, ``INT_MAX - position`` below); a short row keeps ``0..len-1``. When translating, the row's slots then get
-    their physical slots in ``out``."""
-    for r in range(tl.program_id(0), rows, tl.num_programs(0)):
-        r64 = tl.cast(r, tl.int64)
-        start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
-        out_row = out_ptr + r64 * o_s0
-        raw_row = raw_ptr + r64 * w_s0
-        if length > k:
-            j = tl.arange(0, K_P2)
-            m = j < k
-            if HAS_RAW:
-                pos = tl.load(raw_row + j * w_s1, mask=m, other=-1)
-            else:
-                pos = tl.load(out_row + j * o_s1, mask=m, other=-1)
-            ok = (pos >= 0) & (pos < length)
-            key, _ = _load_keys(scores_ptr + r64 * s_s0, s_s1, start + pos, ok, CONTIG, 8)
-            packed = (key.to(tl.int64) << 32) | (pos ^ INT_MAX).to(tl.int64)  # pos ^ INT_MAX = INT_MAX - pos
-            packed = tl.sort(tl.where(ok, packed, INT64_MIN), descending=True)
-            pos = tl.where(packed == INT64_MIN, -1, (packed & INT_MAX).to(tl.int32) ^ INT_MAX)
-            tl.debug_barrier()  # every thread has read the row's slots before any is overwritten
-            if HAS_RAW:
-                tl.store(raw_row + j * w_s1, pos, mask=m)
-            else:
-                tl.store(out_row + j * o_s1, pos, mask=m)
-        b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
-        _translate(out_row, o_s1, raw_row, w_s1, k, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE,
-                   HAS_RAW, SHIFT, K_P2)
-        tl.debug_barrier()  # the row's slots are written before the program's next row is read
+    """``sorted=True``, after the select wrote raw positions (to ``raw`` when ``HAS_RAW``, else to ``out``), one
+    program a row, row ``row0 + program_id``: a long row's ``k`` slots are ordered by (score desc, position asc) with
+    -1 last, by one bitonic sort of ``K_P2`` 64-bit keys (exact score key above, ``INT_MAX - position`` below); a
+    short row keeps ``0..len-1``. When translating, the row's slots then get their physical slots in ``out``."""
+    r = row0 + tl.program_id(0)
+    r64 = tl.cast(r, tl.int64)
+    start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+    out_row = out_ptr + r64 * o_s0
+    raw_row = raw_ptr + r64 * w_s0
+    if length > k:
+        j = tl.arange(0, K_P2)
+        m = j < k
+        if HAS_RAW:
+            pos = tl.load(raw_row + j * w_s1, mask=m, other=-1)
+        else:
+            pos = tl.load(out_row + j * o_s1, mask=m, other=-1)
+        ok = (pos >= 0) & (pos < length)
+        key, _ = _load_keys(scores_ptr + r64 * s_s0, s_s1, start + pos, ok, CONTIG, 8)
+        packed = (key.to(tl.int64) << 32) | (pos ^ INT_MAX).to(tl.int64)  # pos ^ INT_MAX = INT_MAX - pos
+        packed = tl.sort(tl.where(ok, packed, INT64_MIN), descending=True)
+        pos = tl.where(packed == INT64_MIN, -1, (packed & INT_MAX).to(tl.int32) ^ INT_MAX)
+        tl.debug_barrier()  # every thread has read the row's slots before any is overwritten
+        if HAS_RAW:
+            tl.store(raw_row + j * w_s1, pos, mask=m)
+        else:
+            tl.store(out_row + j * o_s1, pos, mask=m)
+    b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
+    _translate(out_row, o_s1, raw_row, w_s1, k, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
+               SHIFT, K_P2)

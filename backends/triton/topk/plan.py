@@ -273,7 +273,8 @@ def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, p
                      workspace: torch.Tensor | None, target: Target,
                      cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
     """``sorted=True``: the unsorted select's launches writing raw positions (to ``out_raw`` when given, else to
-    ``out``), then ``topk_sort_kernel``, one program a row (rows a program under an SM budget)."""
+    ``out``), then ``topk_sort_kernel``, one program a row: one launch, or under an SM budget of n launches of n rows
+    (a sort looping over rows spills scalar registers on AMD)."""
     (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
                                                     row_to_batch)
     width = max(16, next_power_of_2(k))
@@ -281,10 +282,10 @@ def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, p
     steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, workspace=workspace, target=target,
                      cfg=cfg)
     rows = scores.shape[0]
-    budget = sm_budget(multiprocessors(target, scores.device))
-    return steps + [("sort", Launch(SORT, (rows if budget is None else min(rows, budget),), opts,
-                                    (scores, lengths, starts, out, raw, r2b, table, rows, scores.shape[1], k),
-                                    dict(row_args, K_P2=width)))]
+    step = sm_budget(multiprocessors(target, scores.device)) or rows
+    return steps + [("sort", Launch(SORT, (min(step, rows - row0),), opts,
+                                    (scores, lengths, starts, out, raw, r2b, table, row0, scores.shape[1], k),
+                                    dict(row_args, K_P2=width))) for row0 in range(0, rows, step)]
 
 
 def sort_warps(k: int, cfg: Mapping[str, Any]) -> int:
