@@ -1,7 +1,8 @@
 """The SM budget (issue #41) on the cuda backend's Triton kernels, interpreted on the CPU: under a budget the
 persistent launches run fewer programs, each looping over more of the work (the top-k's rows and split chunks, the
 logits' blocks and tiles; the sort in launches of n rows), and the results are those without it: the integer ops
-equal the torch backend's, the logits the unbudgeted run's bit for bit. A kept call (indexcache.hal.memo) is kept per budget.
+equal the torch backend's, the logits the unbudgeted run's bit for bit.
+A kept call (indexcache.hal.memo) is kept per budget.
 
 Interpreted, the top-k sees one multiprocessor and the logits ``INTERPRETED_SMS``, so no budget is below them: the
 fixture gives both 16, and the grids each call launched are recorded to show the budget of 3 took effect."""
