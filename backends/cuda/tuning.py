@@ -127,4 +127,13 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         # kernel is 3-6 % faster than that one (BENCHMARKS.md); Triton 3.9 builds it with an
         # 8-byte spill (a thread-index value hoisted across the warp groups), so later versions keep the Triton kernel.
         table["mqa_logits"].update(COLS=256, PROGRAMS_PER_SM=2, KERNEL="tma-ws")
+    if caps["mma"] == "wgmma":
+        # overlap(tokens=, context=): measured on the H200 (bench/overlap_gpu.py, docs/streams.md, 3b54b52): the
+        # producer's indexer beside a V3.2 layer's main-stream work, captured in a graph, overlaps with no SM budget
+        # (0.83-0.98x in order at decode 1-64 x 4K-128K and prefill chunks of 1K and 4K tokens); every side budget was
+        # slower (our kernels at one program a SM lose 5-80 % of their speed, and torch's default matmuls ignore the
+        # carveout); eagerly the one host thread launches both functions' kernels in turn and overlapping was 1.02-1.3x
+        # in order: in order. Past 4K tokens (unmeasured; the gain shrank from 0.83x at 1 token to 0.96-0.98x at 4K):
+        # in order.
+        table["overlap"] = {"GRAPH": ((4096, 0, None),), "EAGER": ()}
     return {**table, "arch": {"name": arch, **caps}}
