@@ -315,7 +315,10 @@ def _mode(m: dict | None) -> str:
     return "—" if m is None else f"{m['us']:.1f} ({m['hidden']:+.0%}, {m['vs_serial']:.3f}×)"
 
 
-def _choice(n: int | None) -> str:
+def _choice(r: dict, key: str) -> str:
+    if key not in r:
+        return "—"
+    n = r[key]
     return "no budget" if n is None else "in order" if n == 0 else f"{n} SMs"
 
 
@@ -332,8 +335,8 @@ def overlap(d: dict) -> str:
         best = min(budgeted, key=lambda name: budgeted[name]["us"])
         rows.append([f"{r['phase']} {r['tokens']} × {_keys(r['context'])}", _f(g["side_us"]), _f(g["main_us"]),
                      _f(g["serial_us"]), _mode(g["modes"]["overlap"]), f"{best.split('@')[1]}: {_mode(budgeted[best])}",
-                     _choice(r.get("rule_budget")), _mode(g["modes"].get("rule")), _f(e["serial_us"]),
-                     _mode(e["modes"]["overlap"]), _choice(r.get("rule_budget_eager")), _mode(e["modes"].get("rule"))])
+                     _choice(r, "rule_budget"), _mode(g["modes"].get("rule")), _f(e["serial_us"]),
+                     _mode(e["modes"]["overlap"]), _choice(r, "rule_budget_eager"), _mode(e["modes"].get("rule"))])
     return (_head(d, f"{d['rows'][0]['sms']} SMs, side budgets {d['rows'][0]['budgets']}, bf16 layer weights, "
                      f"BLAS {d.get('blas') or 'torch default'}")
             + "\n\n" + markdown_table(["shape", "side µs", "main µs", "in order µs", "overlap", "best budget",
