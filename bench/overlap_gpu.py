@@ -15,10 +15,10 @@ requests, or a prefill chunk of ``T`` tokens at the end of the context):
   and the 8 routed experts of every token as dense 7168 → 2 × 2048 → 7168 GEMMs, the work a GPU of an expert-parallel
   deployment does for the other micro-batch under two-batch overlap).
 
-Modes, each captured in a CUDA graph and timed in alternating replays (the card is power-capped), and eagerly:
-``side`` and ``main`` alone (and ``side@n``, the side alone under each budget, ``main@n``, the main alone with its
-matmuls held to the other multiprocessors by torch's SM carveout), ``serial`` (one after the other on one
-stream), ``overlap`` (``indexcache.overlap`` with no budget), ``overlap@n`` (``side_sms=n`` for each n of
+Modes, each captured in a CUDA graph and timed in alternating replays (the card is power-capped), and eagerly, the
+calls alternating too: ``side`` and ``main`` alone (and ``side@n``, the side alone under each budget, ``main@n``, the
+main alone with its matmuls held to the other multiprocessors by torch's SM carveout), ``serial`` (one after the other
+on one stream), ``overlap`` (``indexcache.overlap`` with no budget), ``overlap@n`` (``side_sms=n`` for each n of
 ``--budgets``, fractions of the SMs) and, where the backend has a rule, ``rule`` (``overlap(tokens=T, context=C)``).
 Each overlapped mode reports the fraction of the side's time hidden, ``(side + main - both) / side``, and ``both /
 serial``; each shape checks that the side's indices under the smallest budget equal the whole device's bit for bit.
@@ -185,6 +185,17 @@ def modes(layer: Layer, dev: torch.device, sms: int, budgets: list[int],
     return calls
 
 
+def alternating_eager_us(calls: dict[str, Callable[[], object]], dev: torch.device, rounds: int) -> dict[str, float]:
+    """Per call the median µs of one eager call (events around it, synchronised before and after), over ``rounds``
+    rounds in which the calls take turns: eager calls are host-bound, and timing them one after the other let the
+    host's state drift between them (the same in-order work differed by 25 %)."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            samples[name].append(1e3 * times_ms(fn, dev, 0.0, 1, 1, warmup=0)[0])
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool, rounds: int) -> dict:
     layer = Layer(shape, dev, smoke)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 8
@@ -203,7 +214,7 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
     whole = layer.side().clone().sort(dim=1).values
     row["budget_equal"] = bool(torch.equal(whole, calls[f"side@{budgets[0]}"]().clone().sort(dim=1).values))
     graph = alternating_graph_us(calls, dev, rounds=rounds, burst=5)
-    eager = {name: 1e3 * statistics.median(times_ms(fn, dev, 0.3, 5, 30)) for name, fn in calls.items()}
+    eager = alternating_eager_us(calls, dev, rounds=3 * rounds)
     for tag, us in (("graph", graph), ("eager", eager)):
         side, main, serial_us = us["side"], us["main"], us["serial"]
         out = {"side_us": side, "main_us": main, "serial_us": serial_us, "modes": {}}
