@@ -20,9 +20,10 @@ calls alternating too: ``side`` and ``main`` alone (and ``side@n``, the side alo
 main alone with its matmuls held to the other multiprocessors by torch's SM carveout), ``serial`` (one after the other
 on one stream), ``overlap`` (``indexcache.overlap`` with no budget), ``overlap@n`` (``side_sms=n`` for each n of
 ``--budgets``, fractions of the SMs) and, where the backend has a rule, ``rule`` (``overlap(tokens=T, context=C)``).
-Each overlapped mode reports the fraction of the side's time hidden, ``(side + main - both) / side``, and ``both /
-serial``; each shape checks that the side's indices under the smallest budget equal the whole device's bit for bit.
-Writes JSON to ``--out``. ``--smoke``: tiny shapes on the CPU (the torch backend, in order): checks the script only.
+``in order again`` repeats ``serial`` last in each round (the timing's own spread). Each overlapped mode reports the
+fraction of the side's time hidden, ``(side + main - both) / side``, and ``both / serial``; each shape checks that the
+side's indices under the smallest budget equal the whole device's bit for bit. Writes JSON to ``--out``. ``--smoke``:
+tiny shapes on the CPU (the torch backend, in order): checks the script only.
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ def modes(layer: Layer, dev: torch.device, sms: int, budgets: list[int],
         s = layer.shape
         calls["rule"] = lambda: indexcache.overlap(layer.side, layer.main, device=dev, tokens=s.tokens,
                                                    context=s.context)
+    calls["in order again"] = serial  # the same work as "serial", timed apart: how far two timings of it differ
     return calls
 
 

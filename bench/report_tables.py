@@ -315,6 +315,10 @@ def _mode(m: dict | None) -> str:
     return "—" if m is None else f"{m['us']:.1f} ({m['hidden']:+.0%}, {m['vs_serial']:.3f}×)"
 
 
+def _ratio(m: dict | None) -> str:
+    return "—" if m is None else f"{m['vs_serial']:.3f}×"
+
+
 def _choice(r: dict, key: str) -> str:
     if key not in r:
         return "—"
@@ -336,12 +340,13 @@ def overlap(d: dict) -> str:
         rows.append([f"{r['phase']} {r['tokens']} × {_keys(r['context'])}", _f(g["side_us"]), _f(g["main_us"]),
                      _f(g["serial_us"]), _mode(g["modes"]["overlap"]), f"{best.split('@')[1]}: {_mode(budgeted[best])}",
                      _choice(r, "rule_budget"), _mode(g["modes"].get("rule")), _f(e["serial_us"]),
-                     _mode(e["modes"]["overlap"]), _choice(r, "rule_budget_eager"), _mode(e["modes"].get("rule"))])
+                     _mode(e["modes"]["overlap"]), _choice(r, "rule_budget_eager"), _mode(e["modes"].get("rule")),
+                     _ratio(e["modes"].get("in order again"))])
     return (_head(d, f"{d['rows'][0]['sms']} SMs, side budgets {d['rows'][0]['budgets']}, bf16 layer weights, "
                      f"BLAS {d.get('blas') or 'torch default'}")
             + "\n\n" + markdown_table(["shape", "side µs", "main µs", "in order µs", "overlap", "best budget",
                                         "rule (graph)", "rule µs", "eager in order µs", "eager overlap",
-                                        "rule (eager)", "eager rule µs"], rows))
+                                        "rule (eager)", "eager rule µs", "eager in order again"], rows))
 
 
 TABLES: dict[str, Callable[[dict], str]] = {
@@ -359,6 +364,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200-hisparse-swap.json": hisparse_swap,
     "h200-topk-vs-peers.json": topk_peers,
     "h200-e2e.json": e2e,
+    "h200-overlap.json": overlap,
     "h200x2-cp-topk.json": cp_topk,
     "cpu-fp4-recall.json": fp4_recall,
 }
