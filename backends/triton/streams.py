@@ -64,8 +64,8 @@ def side_budget(tokens: int, context: int, sms: int, bands: Sequence[tuple[int, 
 
 class DeviceStreams:
     """Scheduler over ``side_streams`` device streams per GPU of ``device_type`` (the backend's: "cuda" takes
-    torch.cuda's streams), created on first use; ``rule``: the tuning table's ``overlap`` entry (its ``BANDS``, for
-    :func:`side_budget`), None where the target has none."""
+    torch.cuda's streams), created on first use; ``rule``: the tuning table's ``overlap`` entry (its ``GRAPH`` and
+    ``EAGER`` bands, for :func:`side_budget`), None where the target has none."""
 
     def __init__(self, side_streams: int, device_type: str, rule: Mapping[str, Any] | None = None) -> None:
         if isinstance(side_streams, bool) or not isinstance(side_streams, int) or side_streams < 1:
@@ -109,9 +109,9 @@ class DeviceStreams:
         main = self._module.current_stream(device)
         stream = self.stream(device, side)
         stream.wait_stream(main)
-        with self._module.stream(stream), _budget(n), _matmul_sms(n, sms):
+        with self._module.stream(stream), _held_to(n, sms):
             side_out = side_fn()
-        with _budget(None if n is None else sms - n), _matmul_sms(None if n is None else sms - n, sms):
+        with _held_to(None if n is None else sms - n, sms):
             main_out = main_fn()
         main.wait_stream(stream)
         _record(side_out, main, self.device_type)
@@ -124,8 +124,12 @@ class DeviceStreams:
         return [f"device streams need GPU tensors, got device {device}"]
 
 
-def _budget(n: int | None) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext() if n is None else budget.sm_budget(n)
+@contextlib.contextmanager
+def _held_to(n: int | None, sms: int) -> Iterator[None]:
+    """Within the block our persistent kernels (the SM budget) and torch's matmuls (:func:`_matmul_sms`) keep to ``n``
+    of the ``sms`` multiprocessors; nothing changes where ``n`` is None."""
+    with budget.scoped(n), _matmul_sms(n, sms):
+        yield
 
 
 @contextlib.contextmanager

@@ -135,7 +135,7 @@ def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
 def arg_names(op: str) -> tuple[str, ...]:
     """The custom op's arguments in order: the spec check's parameters, then ``backend`` (and ``sm_budget`` for the
     ops of :data:`BUDGETED_OPS`)."""
-    return (*inspect.signature(SPECS[op].check).parameters, "backend", *_budget_arg(op))
+    return (*PARAMS[op], "backend", *_budget_arg(op))
 
 
 def _budget_arg(op: str) -> tuple[str, ...]:
@@ -234,10 +234,10 @@ def _register_checks() -> dict[str, Any]:
 _CHECKS_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
 
-# Each op's argument names, computed once (Dynamo traces :func:`compiled_call`; it must not run ``inspect``).
-ARGS: dict[str, tuple[str, ...]] = {op: arg_names(op) for op in SPECS}
-# Each op's spec-check parameters: its arguments before ``backend``.
+# Each op's spec-check parameters (its arguments before ``backend``) and all its argument names, computed once
+# (Dynamo traces :func:`compiled_call`; it must not run ``inspect``).
 PARAMS: dict[str, tuple[str, ...]] = {op: tuple(inspect.signature(SPECS[op].check).parameters) for op in SPECS}
+ARGS: dict[str, tuple[str, ...]] = {op: arg_names(op) for op in SPECS}
 # The registered ops by name (``torch.ops.indexcache.<op>.default``).
 OPS: dict[str, Any] = _register()
 # Per op that writes in place, its read-only check op (``torch.ops.indexcache.check_<op>.default``).
