@@ -45,7 +45,7 @@ _COMMON: dict[str, dict[str, Any]] = {
     # select; 64 x 64 key pairs a step when ranking the slots taken; row_to_batch scanned 1024 at a time. maxnreg 128
     # (all that 16 warps may have): without it ptxas for sm89 aimed at two programs a SM, 64 registers, and spilled
     # 40 bytes at H 4096 with row_to_batch (Triton 3.9).
-    "hisparse_plan": {"BLOCK_H": 2048, "TABLES": 3, "DIGIT": 5, "TABLE_SCALE": 2, "BLOCK_R": 1024, "BI": 64, "BJ": 64,
+    "hisparse_plan": {"BLOCK_H": 2048, "DIGIT": 5, "TABLE_SCALE": 2, "BLOCK_R": 1024, "BI": 64, "BJ": 64,
                       "num_warps": 16, "maxnreg": 128},
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
     # bins for the fallback's row histogram, 5-bit digits (32 bins = one a lane: Triton 3.6 lowers a histogram by

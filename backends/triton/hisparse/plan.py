@@ -5,16 +5,13 @@ One program a request (grid: ``max(B, R)``; program ``p`` also writes row ``p``'
 outside ``[0, B)``). A request's rows are linked once, each to its next, by a reverse scan of ``row_to_batch`` (the
 workspace's first R words; without it row b is request b). Its tokens and the state's are *events*: state slot
 ``s`` (id ``s``) holding a token in ``[0, newest)`` and each selected position ``f = r * k + j`` holding one (id
-``H + f``). Events are deduplicated by the least id of their token, which names the slot holding it (a state id:
-the lowest slot, so a higher one is a duplicate; for a selected event a hit) or its first appearance (a selected id:
-a miss). Round 1 uses ``TABLES`` direct-mapped int64 tables in the workspace, each with its own hash: every event
-empties its token's bucket in each, then ``atomic_min``\\ s ``(token, id)`` (the token in the high word) into it; the
-least entry of a bucket holds the least token that hashed there with that token's least id, so an event is resolved
-when some table's bucket holds its own token (a load a table, no other read). A token loses a table only to a lesser
-token sharing its bucket: at the tuned sizes (load about 0.28) about 12 % of tokens lose one table, so about 0.2 % lose
-all three. Those go to later rounds over a smaller int32 table of ids (each round resolves the winner's token of every
-bucket, read back through the winner's id; the rest go again with another hash). The buckets are emptied by the
-events that use them, so the rest of a table, whatever the workspace held, is never read.
+``H + f``). Events are deduplicated in
+rounds over a direct-mapped table in the workspace: every pending event ``atomic_min``\\ s its id into the bucket of
+its token's hash, and an event whose bucket's winner holds its own token is resolved: the winner is the least id of
+that token, which names the slot holding it (a state id: the lowest slot, so a higher one is a duplicate; for a
+selected event a hit) or its first appearance (a selected id: a miss). The events of one token share a bucket, so they
+resolve together, and each round resolves the winner's token of every bucket; the rest go again, with another hash,
+into a smaller table (a round costs one atomic and one load an event; at the table sizes here about three rounds).
 The selected events keep their result in ``out`` (a code an entry) until the last pass.
 
 Misses on the host are numbered in order of first appearance (a row at a time, a running count and a cumsum). The
@@ -54,7 +51,6 @@ MAX_IDS = 2**30  # H + R * k below this: event ids and miss codes are int32
 SLOT_BITS = tl.constexpr(16)
 SLOT_MASK = tl.constexpr(0xFFFF)
 INT_MAX = tl.constexpr(2147483647)
-INT64_MAX = tl.constexpr(9223372036854775807)
 PENDING = tl.constexpr(-2)  # a selected entry's code while its token is unresolved
 MISS = tl.constexpr(-4)  # codes <= MISS: a miss (first appearance f: MISS - f; then its number o: MISS - 2 o - first)
 
@@ -118,34 +114,13 @@ def _minimum(a, b):
 
 
 @triton.jit
-def _empty_buckets(tables, x, go, TABLES: tl.constexpr, LOG_T: tl.constexpr):
-    """Empty token ``x``'s bucket in each of round 1's ``TABLES`` int64 tables (``2**LOG_T`` entries each), where
-    ``go``."""
-    for j in tl.static_range(TABLES):
-        tl.store(tables + j * (1 << LOG_T) + _hash(x, _seed(tl.full([], -j, tl.int32)), LOG_T),
-                 tl.full(x.shape, INT64_MAX, tl.int64), mask=go)
-
-
-@triton.jit
-def _fill_buckets(tables, x, ids, go, TABLES: tl.constexpr, LOG_T: tl.constexpr):
-    """Put ``(x, ids)`` (token in the high word) into token ``x``'s bucket of each table, where ``go``: a bucket
-    keeps the least."""
-    packed = (x.to(tl.int64) << 32) | ids.to(tl.int64)
-    for j in tl.static_range(TABLES):
-        tl.atomic_min(tables + j * (1 << LOG_T) + _hash(x, _seed(tl.full([], -j, tl.int32)), LOG_T), packed,
-                      mask=go, sem="relaxed")
-
-
-@triton.jit
-def _least(tables, x, go, TABLES: tl.constexpr, LOG_T: tl.constexpr):
-    """The least id of token ``x``'s events where a table's bucket resolves it (its least entry holds ``x``), else
-    ``INT_MAX``; where ``go``."""
-    least = tl.full(x.shape, INT_MAX, tl.int32)
-    for j in tl.static_range(TABLES):
-        w = tl.load(tables + j * (1 << LOG_T) + _hash(x, _seed(tl.full([], -j, tl.int32)), LOG_T), mask=go,
-                    other=INT64_MAX, cache_modifier=".cg")
-        least = tl.where((w >> 32) == x.to(tl.int64), tl.minimum(least, (w & 0xFFFFFFFF).to(tl.int32)), least)
-    return least
+def _winner(x, go, seed, rnd, table1, table2, LOG_T1: tl.constexpr, LOG_T2: tl.constexpr):
+    """The least event id in token ``x``'s bucket this round (round 1: table 1, later: table 2), where ``go``."""
+    if rnd == 1:
+        w = tl.load(table1 + _hash(x, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
+    else:
+        w = tl.load(table2 + _hash(x, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
+    return w
 
 
 @triton.jit
@@ -164,9 +139,9 @@ def _token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H: tl.constexpr, K: tl.co
 def hisparse_plan_kernel(
     raw_ptr, seq_ptr, host_ptr, tok_ptr, age_ptr, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
     B, R, L, host_rows, raw_s0, raw_s1, seq_s0, host_s0, host_s1, r2b_s0,
-    H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, TABLES: tl.constexpr,
-    LOG_T1: tl.constexpr, LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr, BI: tl.constexpr,
-    BJ: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, LOG_T1: tl.constexpr,
+    LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
+    HAS_R2B: tl.constexpr, FENCE: tl.constexpr,
 ):
     """Request ``program_id(0)``'s plan and state update; also that row's outputs when it names no request."""
     pid = tl.program_id(0)
@@ -226,51 +201,52 @@ def hisparse_plan_kernel(
                 requests = ws_ptr + R + R % 2
             _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
                           b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
-                          H, K, K_P2, BLOCK_H, TABLES, LOG_T1, LOG_T2, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, FENCE)
+                          H, K, K_P2, BLOCK_H, LOG_T1, LOG_T2, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, FENCE)
 
 
 @triton.jit
 def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
                   b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
                   H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr,
-                  TABLES: tl.constexpr, LOG_T1: tl.constexpr, LOG_T2: tl.constexpr, DIGIT: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr,
-                  FENCE: tl.constexpr):
+                  LOG_T1: tl.constexpr, LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
     """Request ``b`` of ``n > H`` tokens: the events' rounds, the misses' numbers, the eviction order, the outputs."""
     T1: tl.constexpr = 1 << LOG_T1
     T2: tl.constexpr = 1 << LOG_T2
-    W: tl.constexpr = 7 * H + (H % 2) + 2 * TABLES * T1 + T2
+    W: tl.constexpr = 7 * H + (H % 2) + T1 + T2
     newest = n - 1
     cols = tl.arange(0, K_P2)
     in_row = cols < K
     hs = tl.arange(0, BLOCK_H)
-    # The request's workspace: int64 eviction keys and candidates, round 1's int64 tables, the later rounds' table,
-    # per slot its status (2 pending, 1 holds its token first, 0 empty or a duplicate), whether it is hit, and the
-    # slots taken in eviction order.
+    # The request's workspace: int64 eviction keys and candidates, the two tables, per slot its status (2 pending,
+    # 1 holds its token first, 0 empty or a duplicate), whether it is hit, and the slots taken in eviction order.
     ws = ws_ptr + b.to(tl.int64) * W
     keys = ws.to(tl.pointer_type(tl.int64))
     cand = keys + H
-    tables = cand + H
-    table2 = ws + 4 * H + 2 * TABLES * T1
+    table1 = ws + 4 * H
+    table2 = table1 + T1
     status = table2 + T2
     hit = status + H
     taken = hit + H
 
     CLEAR: tl.constexpr = BLOCK_H if BLOCK_H < T2 else T2
     clear = tl.arange(0, CLEAR)
+    for t0 in range(0, T1, CLEAR):
+        tl.store(table1 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
     for t0 in range(0, T2, CLEAR):
         tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
     for h0 in range(0, H, BLOCK_H):
         tl.store(hit + h0 + hs, tl.zeros([BLOCK_H], tl.int32), mask=h0 + hs < H)
-    # Round 1: each event empties its bucket in each of the tables, then puts (token, id) there (atomic_min); an
-    # event whose token is the least of its bucket in some table is resolved by that bucket (the least id of the
-    # token). The buckets are emptied by the events that use them, so the rest of the tables is never read.
+    _sync(FENCE)
+
+    # Round 1's events into table 1; each selected entry's first code.
+    seed = _seed(tl.full([], 1, tl.int32))
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         tok = tl.load(tok_row + s, mask=s < H, other=-1)
         live = (s < H) & (tok >= 0) & (tok < newest)
         tl.store(status + s, live.to(tl.int32) * 2, mask=s < H)
-        _empty_buckets(tables, tok, live, TABLES, LOG_T1)
+        tl.atomic_min(table1 + _hash(tok, seed, LOG_T1), s, mask=live, sem="relaxed")
     row = row0
     for _ in range(rows):
         r = row
@@ -281,70 +257,37 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             valid = in_row & (x >= 0) & (x < n)
             code = tl.where(valid, tl.where(x == newest, H, PENDING), -1)
             tl.store(out_ptr + r64 * K + cols, code, mask=in_row)
-            _empty_buckets(tables, x, code == PENDING, TABLES, LOG_T1)
-    _sync(FENCE)
-    for h0 in range(0, H, BLOCK_H):
-        s = h0 + hs
-        tok = tl.load(tok_row + s, mask=s < H, other=-1)
-        _fill_buckets(tables, tok, s, (s < H) & (tok >= 0) & (tok < newest), TABLES, LOG_T1)
-    row = row0
-    for _ in range(rows):
-        r = row
-        row = _next_row(links, row, R, HAS_R2B)
-        if r < R:
-            x = tl.load(raw_ptr + r.to(tl.int64) * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-            _fill_buckets(tables, x, H + r * K + cols, in_row & (x >= 0) & (x < newest), TABLES, LOG_T1)
-    _sync(FENCE)
-    left = 0
-    for h0 in range(0, H, BLOCK_H):
-        s = h0 + hs
-        tok = tl.load(tok_row + s, mask=s < H, other=-1)
-        live = (s < H) & (tok >= 0) & (tok < newest)
-        w = _least(tables, tok, live, TABLES, LOG_T1)
-        done = live & (w <= s)
-        tl.store(status + s, (w == s).to(tl.int32), mask=done)
-        left += tl.sum((live & ~done).to(tl.int32), 0)
-    row = row0
-    for _ in range(rows):
-        r = row
-        row = _next_row(links, row, R, HAS_R2B)
-        if r < R:
-            r64 = r.to(tl.int64)
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-            go = in_row & (x >= 0) & (x < newest)
-            w = _least(tables, x, go, TABLES, LOG_T1)
-            done = go & (w <= H + r * K + cols)
-            tl.store(out_ptr + r64 * K + cols, tl.where(w < H, w, MISS - (w - H)), mask=done)
-            tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=done & (w < H))
-            left += tl.sum((go & ~done).to(tl.int32), 0)
+            tl.atomic_min(table1 + _hash(x, seed, LOG_T1), H + r * K + cols, mask=code == PENDING, sem="relaxed")
     _sync(FENCE)
 
-    # Later rounds, for the tokens no table resolved: their events into table 2 with the round's hash, resolved
-    # against it (the winner's token read back); the rest go again.
-    rnd = 2
+    # Rounds: resolve against the table; the rest go into table 2 with the next round's hash.
+    left = 1
+    rnd = 1
     while left > 0:
         seed = _seed(rnd)
-        for h0 in range(0, H, BLOCK_H):
-            s = h0 + hs
-            go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
-            tok = tl.load(tok_row + s, mask=go, other=0)
-            tl.atomic_min(table2 + _hash(tok, seed, LOG_T2), s, mask=go, sem="relaxed")
-        row = row0
-        for _ in range(rows):
-            r = row
-            row = _next_row(links, row, R, HAS_R2B)
-            if r < R:
-                r64 = r.to(tl.int64)
-                go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1, cache_modifier=".cg") == PENDING
-                x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
-                tl.atomic_min(table2 + _hash(x, seed, LOG_T2), H + r * K + cols, mask=go, sem="relaxed")
-        _sync(FENCE)
+        if rnd > 1:
+            for h0 in range(0, H, BLOCK_H):
+                s = h0 + hs
+                go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
+                tok = tl.load(tok_row + s, mask=go, other=0)
+                tl.atomic_min(table2 + _hash(tok, seed, LOG_T2), s, mask=go, sem="relaxed")
+            row = row0
+            for _ in range(rows):
+                r = row
+                row = _next_row(links, row, R, HAS_R2B)
+                if r < R:
+                    r64 = r.to(tl.int64)
+                    go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
+                                 cache_modifier=".cg") == PENDING
+                    x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
+                    tl.atomic_min(table2 + _hash(x, seed, LOG_T2), H + r * K + cols, mask=go, sem="relaxed")
+            _sync(FENCE)
         left = 0
         for h0 in range(0, H, BLOCK_H):
             s = h0 + hs
             go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
             tok = tl.load(tok_row + s, mask=go, other=0)
-            w = tl.load(table2 + _hash(tok, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
+            w = _winner(tok, go, seed, rnd, table1, table2, LOG_T1, LOG_T2)
             ok = go & (w >= 0) & (w <= s)
             done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
             tl.store(status + s, (w == s).to(tl.int32), mask=done)
@@ -358,16 +301,17 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                 go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
                              cache_modifier=".cg") == PENDING
                 x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
-                w = tl.load(table2 + _hash(x, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
+                w = _winner(x, go, seed, rnd, table1, table2, LOG_T1, LOG_T2)
                 ok = go & (w >= 0) & (w <= H + r * K + cols)
                 done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == x)
                 tl.store(out_ptr + r64 * K + cols, tl.where(w < H, w, MISS - (w - H)), mask=done)
                 tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=done & (w < H))
                 left += tl.sum((go & ~done).to(tl.int32), 0)
         _sync(FENCE)
-        for t0 in range(0, T2, CLEAR):
-            tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
-        _sync(FENCE)
+        if rnd > 1:
+            for t0 in range(0, T2, CLEAR):
+                tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
+            _sync(FENCE)
         rnd += 1
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
@@ -504,7 +448,7 @@ PLAN = Launcher(hisparse_plan_kernel)
 
 
 def table_logs(hot: int, k: int, scale: int = 2, log1: int | None = None) -> tuple[int, int]:
-    """log2 of each round-1 table (``scale`` x the events' power of two, or ``2**log1`` entries) and of the later
+    """log2 of the round-1 table (``scale`` x the events' power of two, or ``2**log1`` entries) and of the later
     rounds' (a quarter, at least 16)."""
     if log1 is None:
         log1 = (scale * next_power_of_2(hot + next_power_of_2(k))).bit_length() - 1
@@ -517,14 +461,12 @@ def _tables(hot: int, k: int, cfg: Mapping[str, Any]) -> tuple[int, int]:
     return table_logs(hot, k, cfg.get("TABLE_SCALE", 2), cfg.get("TABLE_LOG"))
 
 
-def workspace_words(requests: int, hot: int, k: int, cfg: Mapping[str, Any], rows: int = 0) -> int:
-    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (7 H + H % 2 + 2 TABLES T1 + T2) + 1``
-    (``rows``: those of ``row_to_batch`` when given, else 0; ``T1`` the entries of each of round 1's ``TABLES``
-    int64 tables, ``T2`` of the later rounds' int32 one, :func:`table_logs`: 16384 and 4096 at H 4096 and k 512;
-    one word to align the int64 keys)."""
-    log1, log2 = _tables(hot, k, cfg)
-    tables = 2 * cfg["TABLES"] * (1 << log1) + (1 << log2)
-    return rows + rows % 2 + requests * (7 * hot + hot % 2 + tables) + 1
+def workspace_words(requests: int, hot: int, k: int, cfg: Mapping[str, Any] | None = None, rows: int = 0) -> int:
+    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (7 H + H % 2 + T1 + T2) + 1``
+    (``rows``: those of ``row_to_batch`` when given, else 0; ``T1``, ``T2`` the two tables' entries,
+    :func:`table_logs`: 16384 and 4096 at H 4096 and k 512; one word to align the int64 keys)."""
+    log1, log2 = _tables(hot, k, cfg or {})
+    return rows + rows % 2 + requests * (7 * hot + hot % 2 + (1 << log1) + (1 << log2)) + 1
 
 
 def supports(raw: torch.Tensor, slot_token: torch.Tensor, slot_age: torch.Tensor | None = None,
@@ -577,8 +519,7 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
         (raw, seq_lens, host_loc, slot_token, slot_age, r2b, ws, out, out_copy_src, out_copy_dst, out_copy_count,
          batch, rows, host_loc.shape[1], -1 if host_rows is None else int(host_rows),
          raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1), r2b.stride(0)),
-        dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]),
-             TABLES=cfg["TABLES"], LOG_T1=log1,
+        dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]), LOG_T1=log1,
              LOG_T2=log2, DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"],
              HAS_R2B=row_to_batch is not None, FENCE=_fence(target)),
     )
@@ -599,8 +540,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                 "cnt_ptr": "*i32"}
         specs.append(KernelSpec(
             "hisparse_plan", hisparse_plan_kernel, ptrs,
-            {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]),
-             "TABLES": cfg["TABLES"], "LOG_T1": log1,
+            {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]), "LOG_T1": log1,
              "LOG_T2": log2, "DIGIT": cfg["DIGIT"], "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
              "HAS_R2B": r2b, "FENCE": _fence(target), "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
             launch_options(target, cfg), aligned=("raw_s0", "host_s0")))
