@@ -67,35 +67,25 @@ def hisparse_swap_kernel(
         b = tl.load(r2b_ptr + r * r2b_s0).to(tl.int64)
     else:
         b = r
-    cs = tl.arange(0, BLOCK_C)
-    bs = tl.arange(0, CHUNK)
-    # The first block's copy list is read beside the count (within the row whatever the count), so that a step's
-    # chain of dependent reads is count and list, then host bytes and device row together, then the write.
-    i = (first * BLOCK_C + cs).to(tl.int64)
-    first_src = tl.load(src_ptr + r * src_s0 + i * src_s1, mask=i < k, other=-1).to(tl.int64)
-    first_slot = tl.load(dst_ptr + r * dst_s0 + i * dst_s1, mask=i < k, other=-1).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(count_ptr + r * count_s0), 0), k)
     n = tl.where((b >= 0) & (b < batch), n, 0)
+    cs = tl.arange(0, BLOCK_C)
+    bs = tl.arange(0, CHUNK)
     for c in range(first, tl.cdiv(n, BLOCK_C), step):
         i = (c * BLOCK_C + cs).to(tl.int64)
         live = i < n
-        at_first = i < (first + 1) * BLOCK_C  # c == first (c >= first)
-        src = tl.where(at_first, first_src,
-                       tl.load(src_ptr + r * src_s0 + i * src_s1, mask=live & ~at_first, other=-1).to(tl.int64))
-        slot = tl.where(at_first, first_slot,
-                        tl.load(dst_ptr + r * dst_s0 + i * dst_s1, mask=live & ~at_first, other=-1).to(tl.int64))
-        # The host bytes are read once the source row is known valid, not waiting for the device row's lookup.
-        read = live & (src >= 0) & (src < host_rows)
+        src = tl.load(src_ptr + r * src_s0 + i * src_s1, mask=live, other=-1).to(tl.int64)
+        slot = tl.load(dst_ptr + r * dst_s0 + i * dst_s1, mask=live, other=-1).to(tl.int64)
         live = live & (slot >= 0) & (slot < width)
         row = tl.load(loc_ptr + b * loc_s0 + slot * loc_s1, mask=live, other=-1).to(tl.int64)
-        ok = read & live & (row >= 0) & (row < dev_rows)
+        ok = live & (src >= 0) & (src < host_rows) & (row >= 0) & (row < dev_rows)
         host_at = src * (host_su * UNIT)
         dev_at = row * (dev_su * UNIT)
         for c0 in tl.static_range(0, ROW_BYTES, CHUNK):
             col = c0 + bs
-            inside = (col < ROW_BYTES)[None, :]
-            data = tl.load(host_ptr + host_at[:, None] + col[None, :], mask=read[:, None] & inside)
-            tl.store(dev_ptr + dev_at[:, None] + col[None, :], data, mask=ok[:, None] & inside)
+            mask = ok[:, None] & (col < ROW_BYTES)[None, :]
+            data = tl.load(host_ptr + host_at[:, None] + col[None, :], mask=mask)
+            tl.store(dev_ptr + dev_at[:, None] + col[None, :], data, mask=mask)
 
 
 SWAP = Launcher(hisparse_swap_kernel)
