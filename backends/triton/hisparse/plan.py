@@ -464,7 +464,8 @@ def _tables(hot: int, k: int, cfg: Mapping[str, Any]) -> tuple[int, int]:
 def workspace_words(requests: int, hot: int, k: int, cfg: Mapping[str, Any] | None = None, rows: int = 0) -> int:
     """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (7 H + H % 2 + T1 + T2) + 1``
     (``rows``: those of ``row_to_batch`` when given, else 0; ``T1``, ``T2`` the two tables' entries,
-    :func:`table_logs`: 16384 and 4096 at H 4096 and k 512; one word to align the int64 keys)."""
+    :func:`table_logs`: 32768 and 8192 at H 4096 and k 512 with the cuda table's scale 4; one word to align the int64
+    keys)."""
     log1, log2 = _tables(hot, k, cfg or {})
     return rows + rows % 2 + requests * (7 * hot + hot % 2 + (1 << log1) + (1 << log2)) + 1
 
