@@ -294,7 +294,7 @@ def hisparse(d: dict) -> str:
     ratios = ", ".join(f"{name.replace('_', ' ')} {value:.3f}" for name, value in d["ratios"].items())
     return (_head(d, f"{p['requests']} requests × {_keys(p['context'])} tokens, k {p['k']}, H {p['hot']}, "
                      f"{p['row_bytes']}-byte KV rows, a ring of {p['ring']} selections drifting by {p['drift']}, "
-                     "graph µs")
+                     "graph µs", *[d["note"]] * ("note" in d))
             + "\n\n" + markdown_table(["what", "µs", "misses a step", "GB/s", "of the link", "its plans µs"], rows)
             + f"\n\n{ratios}")
 
