@@ -46,7 +46,10 @@ class GpuVendor:
     launch_keys: tuple[str, ...]  # tuning entries Triton takes as launch options besides num_warps and num_stages
     asm: str  # the assembly Triton emits and inline assembly is written in: "ptx", "amdgcn"
     # whether a block's barrier (``tl.debug_barrier``) also waits for the threads' global memory operations: PTX's
-    # bar.sync orders them; gfx9's s_barrier does not (a kernel reading another wave's global writes waits first)
+    # bar.sync orders them; on gfx9 Triton emits a bare s_barrier (LLVM's memory model drops the wait of a
+    # workgroup-scope fence outside threadgroup-split mode, holding that a workgroup's waves share one CU's L1 in
+    # order). The HiSparse plan waits first all the same (``s_waitcnt vmcnt(0)``); the top-k kernels rely on LLVM's
+    # model (untested on an AMD GPU either way).
     barrier_orders_memory: bool
     matrix_instructions: re.Pattern[str] = dataclasses.field(repr=False)  # the matrix instructions in that assembly
     arch_of: Callable[[Any], str] = dataclasses.field(repr=False)  # the architecture name of torch's device properties
