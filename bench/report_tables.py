@@ -32,12 +32,13 @@ def _f(x, fmt: str = ".1f") -> str:
 
 
 def _head(d: dict, *more: str) -> str:
-    """GPU · date · commit, then the versions where the file has them, then ``more``."""
+    """GPU · date · commit, then the versions where the file has them, then ``more``, then the result's ``note``
+    (how the run differed from its commit) where it has one."""
     versions = d.get("versions", {})
     torch, triton = d.get("torch", versions.get("torch")), d.get("triton", versions.get("triton"))
     parts = [d.get("gpu") or d["device"], d["date"][:10], f"commit {d['commit'][:10]}"]
     parts += [f"torch {torch}"] * bool(torch) + [f"Triton {triton}"] * bool(triton)
-    return " · ".join(parts + list(more))
+    return " · ".join(parts + list(more) + ([d["note"]] if "note" in d else []))
 
 
 def bench_op(d: dict) -> str:
@@ -294,7 +295,7 @@ def hisparse(d: dict) -> str:
     ratios = ", ".join(f"{name.replace('_', ' ')} {value:.3f}" for name, value in d["ratios"].items())
     return (_head(d, f"{p['requests']} requests × {_keys(p['context'])} tokens, k {p['k']}, H {p['hot']}, "
                      f"{p['row_bytes']}-byte KV rows, a ring of {p['ring']} selections drifting by {p['drift']}, "
-                     "graph µs", *[d["note"]] * ("note" in d))
+                     "graph µs")
             + "\n\n" + markdown_table(["what", "µs", "misses a step", "GB/s", "of the link", "its plans µs"], rows)
             + f"\n\n{ratios}")
 

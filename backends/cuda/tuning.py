@@ -43,8 +43,8 @@ _COMMON: dict[str, dict[str, Any]] = {
     # 98 registers on sm90 with Triton 3.9; 4096 a block over 8 or 16 warps took 244 registers or spilled), a row one
     # block; round 1's table four times the events' power of two (H200, 2026-12-03, the bench's drifting step: 45.6
     # µs against 47.9 at twice and 49.9 at eight times, one run: clearing a bigger table costs what fewer later rounds
-    # save); 5-bit digits (32 bins, a lane each) in the eviction
-    # select; 64 x 64 key pairs a step when ranking the slots taken; row_to_batch scanned 1024 at a time. maxnreg 128
+    # save); 5-bit digits (32 bins, a lane each) in the eviction select; 64 x 64 key pairs a step when ranking the
+    # slots taken; row_to_batch scanned 1024 at a time. maxnreg 128
     # (all that 16 warps may have): without it ptxas for sm89 aimed at two programs a SM, 64 registers, and spilled
     # 40 bytes at H 4096 with row_to_batch (Triton 3.9).
     "hisparse_plan": {"BLOCK_H": 2048, "DIGIT": 5, "TABLE_SCALE": 4, "BLOCK_R": 1024, "BI": 64, "BJ": 64,
