@@ -62,6 +62,15 @@ def test_equal_ages_evict_the_lowest_slot_and_empty_slots_go_first():
     assert p.slot_token.tolist() == [[2, 4, 1, 6]]
 
 
+def test_a_token_no_step_could_have_placed_is_emptied():
+    # host_loc holds 6 tokens and H is 4: a slot can hold a token below max(6, 4) = 6 (placed from the host, or a short
+    # request's own); 7 and 8 (below the newest, 9) cannot have come there, so their slots are emptied, and 7, selected,
+    # is a miss off the host: no slot.
+    p = plan(t([[7, 5]]), t([10]), host(1, 6), t([[7, 5, 8, 1]]), t([[3, 2, 1, 0]]))
+    assert p.slots.tolist() == [[-1, 1]] and p.copy_count.tolist() == [0]
+    assert p.slot_token.tolist() == [[-1, 5, -1, 1]] and p.slot_age.tolist() == [[3, 4, 1, 0]]
+
+
 def test_minus_one_everywhere_places_nothing():
     tok, age = t([[4, 1, 2, 3]]), t([[3, 0, 1, 2]])
     p = plan(torch.full((1, 6), -1, dtype=I32), t([10]), host(1, 10), tok, age)
@@ -292,10 +301,11 @@ def test_every_placed_token_is_in_its_slot_and_no_token_is_in_two(case):
         for d, src in dst:
             x = int(p.slot_token[b, d])
             assert x >= 0 and src == int(hl[b, x]) and src >= 0 and (host_rows is None or src < host_rows)
-        # hits keep their slot (the lowest slot holding the token before) and cost no copy
+        # hits keep their slot (the lowest slot holding a token it can hold before: below the newest and below
+        # max(L, H)) and cost no copy
         before: dict[int, int] = {}
         for s_, x in enumerate(tok[b].tolist()):
-            if n > hot and 0 <= x < n - 1:
+            if n > hot and 0 <= x < min(n - 1, max(hl.shape[1], hot)):
                 before.setdefault(x, s_)
         assert all(int(p.slot_token[b, d]) not in before for d, _ in dst)
         for r in own:

@@ -41,13 +41,11 @@ _COMMON: dict[str, dict[str, Any]] = {
     "hisparse_swap_in": {"BLOCK_C": 4, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 16, "num_warps": 2},
     # HiSparse plan (hisparse/plan.py): one program a request over 16 warps, 2048 state slots a block (4 a thread:
     # 98 registers on sm90 with Triton 3.9; 4096 a block over 8 or 16 warps took 244 registers or spilled), a row one
-    # block; round 1's table four times the events' power of two (H200, 2026-12-03, the bench's drifting step: 45.6
-    # µs against 47.9 at twice and 49.9 at eight times, one run: clearing a bigger table costs what fewer later rounds
-    # save); 5-bit digits (32 bins, a lane each) in the eviction select; 64 x 64 key pairs a step when ranking the
+    # block; 5-bit digits (32 bins, a lane each) in the eviction select; 64 x 64 key pairs a step when ranking the
     # slots taken; row_to_batch scanned 1024 at a time. maxnreg 128
     # (all that 16 warps may have): without it ptxas for sm89 aimed at two programs a SM, 64 registers, and spilled
     # 40 bytes at H 4096 with row_to_batch (Triton 3.9).
-    "hisparse_plan": {"BLOCK_H": 2048, "DIGIT": 5, "TABLE_SCALE": 4, "BLOCK_R": 1024, "BI": 64, "BJ": 64,
+    "hisparse_plan": {"BLOCK_H": 2048, "DIGIT": 5, "BLOCK_R": 1024, "BI": 64, "BJ": 64,
                       "num_warps": 16, "maxnreg": 128},
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
     # bins for the fallback's row histogram, 5-bit digits (32 bins = one a lane: Triton 3.6 lowers a histogram by

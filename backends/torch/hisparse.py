@@ -71,8 +71,8 @@ def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, h
     rep = torch.empty_like(order).scatter_(0, order, order[head])  # the g index of each one's first appearance
     first = valid & (rep == pos)
 
-    # the state cleaned: tokens outside [0, n - 1) and a token a lower slot holds are emptied
-    in_range = (tok >= 0) & (tok < (seq - 1)[:, None])
+    # the state cleaned: tokens outside [0, n - 1) or at or past max(L, H), and a token a lower slot holds, are emptied
+    in_range = (tok >= 0) & (tok < (seq - 1)[:, None]) & (tok < max(host_loc.shape[1], hot))
     stok, sslot = torch.sort(torch.where(in_range, tok, NONE), dim=1, stable=True)
     again = torch.zeros_like(in_range)
     again[:, 1:] = stok[:, 1:] == stok[:, :-1]

@@ -8,7 +8,8 @@
   distinct valid tokens, in order of first appearance (rows ascending, then columns), are placed:
   - ``seq_len <= H``: token t is at slot t (the engine wrote it there); the state becomes exactly that; no copy;
   - ``seq_len > H``: the newest token ``seq_len - 1`` is at slot H (written by this step); the state's slots holding
-    a token outside ``[0, seq_len - 1)`` or a token an earlier slot holds are emptied; a token held by a slot is a
+    a token outside ``[0, seq_len - 1)``, a token no step could have put there (at or past ``max(L, H)``: neither on
+    the host nor a short request's own) or a token an earlier slot holds are emptied; a token held by a slot is a
     hit and keeps it; every other token is a miss, placed if its host location is valid: misses take, in order, the
     slots not hit this step, empty ones first, then by (age, slot) ascending, one copy each; a miss finding no slot
     left (more than H distinct tokens) or no valid host location gets none (-1);
@@ -125,7 +126,7 @@ def plan(raw: torch.Tensor, seq_lens: torch.Tensor, host_loc: torch.Tensor, slot
             newest, held = n - 1, {}
             for s in range(hot):
                 t = int(tokens[b, s])
-                if not 0 <= t < newest or t in held:
+                if not 0 <= t < min(newest, max(host_loc.shape[1], hot)) or t in held:
                     tokens[b, s] = EMPTY
                 else:
                     held[t] = s

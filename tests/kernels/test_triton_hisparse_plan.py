@@ -19,9 +19,8 @@ pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted 
 
 SM90 = NVIDIA.target("sm90", interpreted=True)
 CFG = tuning("sm90")["hisparse_plan"]
-# Every loop of the kernel taken several times at small shapes: 4 slots a block, 2-bit digits, 2 x 4 rank pairs, a
-# 16-entry table (many rounds).
-SMALL = dict(CFG, BLOCK_H=4, DIGIT=2, BLOCK_R=2, BI=2, BJ=4, TABLE_LOG=4)
+# Every loop of the kernel taken several times at small shapes: 4 slots a block, 2-bit digits, 2 x 4 rank pairs.
+SMALL = dict(CFG, BLOCK_H=4, DIGIT=2, BLOCK_R=2, BI=2, BJ=4)
 I32 = torch.int32
 FIELDS = ("slots", "copy_src", "copy_dst", "copy_count", "slot_token", "slot_age")
 
@@ -111,12 +110,22 @@ def test_random_calls_with_small_blocks_equal_the_reference(seed):
         check(**random_case(rng), cfg=SMALL)
 
 
-@pytest.mark.parametrize("cfg", [CFG, SMALL], ids=["table", "small blocks"])
+@pytest.mark.parametrize("cfg", [CFG, SMALL], ids=["tuned", "small blocks"])
 def test_invalid_positions_and_duplicates_within_and_across_rows(cfg):
     tok, age = hisparse.empty_state(2, 4)
     raw = t([[2, 7, -1, 2, 99, 12], [7, 3, 2, -5, 11, 11], [5, 5, 0, 1, 2, 3]])
     p = check(raw, t([12, 30]), host(2, 20), tok, age, row_to_batch=t([0, 0, 1]), cfg=cfg)
     assert p.slots[:2].tolist() == [[0, 1, -1, 0, -1, -1], [1, 2, 0, -1, 4, 4]]  # 11, request 0's newest: slot H
+
+
+@pytest.mark.parametrize("length", [0, 3, 6, 9])
+def test_tokens_past_the_table_are_neither_held_nor_looked_up(length):
+    """The token table holds max(L, H) tokens a request: a state token at or past it is emptied, a selected one is a
+    miss off the host; a garbage workspace does not matter."""
+    tok, age = t([[7, 5, 8, 1], [2, 6, 6, 9]]), t([[3, 2, 1, 0], [0, 1, 2, 3]])
+    raw = t([[7, 5, 8, 2], [6, 9, 2, 2]])
+    garbage = torch.randint(-2**31, 2**31 - 1, (4096,), dtype=torch.int32).view(torch.uint8)
+    check(raw, t([10, 10]), host(2, length), tok, age, workspace=garbage)
 
 
 def test_rows_naming_no_request_and_requests_named_by_none():
@@ -145,7 +154,7 @@ def test_short_requests_take_the_identity_whatever_the_state():
     assert p.slots.tolist() == [[3, 0, 3, -1, 4, -1]] and p.slot_token.tolist() == [[0, 1, 2, 3, 4, -1]]
 
 
-@pytest.mark.parametrize("cfg", [CFG, SMALL], ids=["table", "small blocks"])
+@pytest.mark.parametrize("cfg", [CFG, SMALL], ids=["tuned", "small blocks"])
 def test_corrupted_state_is_cleaned(cfg):
     # Tokens at or past the newest, negative, and held twice (the lower slot keeps it), hit or not.
     tok = t([[4, 30, 4, -7, 29, 6, 6, 8, 21, 4], [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]])
@@ -154,7 +163,7 @@ def test_corrupted_state_is_cleaned(cfg):
     check(raw, t([30, 25]), host(2, 40), tok, age, cfg=cfg)
 
 
-@pytest.mark.parametrize("cfg", [CFG, SMALL], ids=["table", "small blocks"])
+@pytest.mark.parametrize("cfg", [CFG, SMALL], ids=["tuned", "small blocks"])
 def test_misses_off_the_host(cfg):
     tok, age = hisparse.empty_state(2, 4)
     host_loc = host(2, 12)
@@ -166,7 +175,7 @@ def test_misses_off_the_host(cfg):
         assert p.slots[0, 0] == -1 and p.slots[0, 3] == -1  # host_loc < 0; t >= L
 
 
-@pytest.mark.parametrize("cfg", [CFG, SMALL], ids=["table", "small blocks"])
+@pytest.mark.parametrize("cfg", [CFG, SMALL], ids=["tuned", "small blocks"])
 def test_more_distinct_tokens_than_free_slots(cfg):
     tok, age = t([[3, 8, 1, 9]]), t([[2, 5, 1, 0]])
     raw = t([[3, 20, 21, 22, 23], [24, 8, 25, 26, 21], [27, 28, 3, 29, 30]])
@@ -241,7 +250,8 @@ def test_a_garbage_workspace_is_cleared():
     while case["slot_token"].shape[0] == 0:
         case = random_case(rng)
     batches, hot = case["slot_token"].shape
-    words = _kernel().workspace_words(batches, hot, case["raw"].shape[1], CFG)
+    words = _kernel().workspace_words(batches, hot, case["host_loc"].shape[1],
+                                      0 if case["row_to_batch"] is None else case["raw"].shape[0])
     workspace = torch.randint(-2**31, 2**31 - 1, (words + 2,), dtype=torch.int32).view(torch.uint8)
     check(**case, workspace=workspace)
 

@@ -5,13 +5,13 @@ One program a request (grid: ``max(B, R)``; program ``p`` also writes row ``p``'
 outside ``[0, B)``). A request's rows are linked once, each to its next, by a reverse scan of ``row_to_batch`` (the
 workspace's first R words; without it row b is request b). Its tokens and the state's are *events*: state slot
 ``s`` (id ``s``) holding a token in ``[0, newest)`` and each selected position ``f = r * k + j`` holding one (id
-``H + f``). Events are deduplicated in
-rounds over a direct-mapped table in the workspace: every pending event ``atomic_min``\\ s its id into the bucket of
-its token's hash, and an event whose bucket's winner holds its own token is resolved: the winner is the least id of
-that token, which names the slot holding it (a state id: the lowest slot, so a higher one is a duplicate; for a
-selected event a hit) or its first appearance (a selected id: a miss). The events of one token share a bucket, so they
-resolve together, and each round resolves the winner's token of every bucket; the rest go again, with another hash,
-into a smaller table (a round costs one atomic and one load an event; at the table sizes here about three rounds).
+``H + f``). Events are deduplicated over a token table in the workspace, a word a token a slot can hold: ``S =
+max(L, H)`` words a request (a placed token is on the host, ``t < L``; a short request's token sits at its own slot,
+``t < H``; a slot holding one at or past ``S`` is emptied, the rules' own). Three passes, each ending at a barrier:
+the entries at the events' tokens are emptied (nothing else of the table is read, so it is never cleared whole),
+every event puts its id there with ``atomic_min``, and every event reads back its token's least id, which names the
+slot holding it (a state id: the lowest slot, so a higher one is a duplicate; for a selected event a hit) or its
+first appearance (a selected id: a miss). No hashing, no rounds: each event is resolved by its own token's entry.
 The selected events keep their result in ``out`` (a code an entry) until the last pass.
 
 Misses on the host are numbered in order of first appearance (a row at a time, a running count and a cumsum). The
@@ -53,18 +53,6 @@ SLOT_MASK = tl.constexpr(0xFFFF)
 INT_MAX = tl.constexpr(2147483647)
 PENDING = tl.constexpr(-2)  # a selected entry's code while its token is unresolved
 MISS = tl.constexpr(-4)  # codes <= MISS: a miss (first appearance f: MISS - f; then its number o: MISS - 2 o - first)
-
-
-@triton.jit
-def _hash(x, seed, LOG_T: tl.constexpr):
-    """Bucket of token ``x`` (>= 0) in a table of ``2**LOG_T``: the top bits of a 32-bit multiplicative hash."""
-    return (((x.to(tl.int64) * seed) & 0xFFFFFFFF) >> (32 - LOG_T)).to(tl.int32)
-
-
-@triton.jit
-def _seed(rnd):
-    """An odd 32-bit multiplier for round ``rnd``."""
-    return ((2654435761 + rnd.to(tl.int64) * 2246822519) & 0xFFFFFFFF) | 1
 
 
 @triton.jit
@@ -113,34 +101,13 @@ def _minimum(a, b):
     return tl.minimum(a, b)
 
 
-@triton.jit
-def _winner(x, go, seed, rnd, table1, table2, LOG_T1: tl.constexpr, LOG_T2: tl.constexpr):
-    """The least event id in token ``x``'s bucket this round (round 1: table 1, later: table 2), where ``go``."""
-    if rnd == 1:
-        w = tl.load(table1 + _hash(x, seed, LOG_T1), mask=go, other=INT_MAX, cache_modifier=".cg")
-    else:
-        w = tl.load(table2 + _hash(x, seed, LOG_T2), mask=go, other=INT_MAX, cache_modifier=".cg")
-    return w
-
-
-@triton.jit
-def _token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr):
-    """The token of event ``w`` (a state slot below H, else selected position ``w - H``), where ``ok``."""
-    f = w - H
-    state = tl.load(tok_row + w.to(tl.int64), mask=ok & (w >= 0) & (w < H), other=-1)
-    r = f // K
-    sel = tl.load(raw_ptr + r.to(tl.int64) * raw_s0 + (f - r * K).to(tl.int64) * raw_s1, mask=ok & (w >= H),
-                  other=-1)
-    return tl.where(w < H, state, sel)
-
-
 @triton.jit(do_not_specialize=("B", "R", "L", "host_rows"),
             do_not_specialize_on_alignment=("seq_ptr", "host_ptr", "r2b_ptr", "ws_ptr"))
 def hisparse_plan_kernel(
     raw_ptr, seq_ptr, host_ptr, tok_ptr, age_ptr, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
     B, R, L, host_rows, raw_s0, raw_s1, seq_s0, host_s0, host_s1, r2b_s0,
-    H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, LOG_T1: tl.constexpr,
-    LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, DIGIT: tl.constexpr,
+    BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
     HAS_R2B: tl.constexpr, FENCE: tl.constexpr,
 ):
     """Request ``program_id(0)``'s plan and state update; also that row's outputs when it names no request."""
@@ -177,9 +144,9 @@ def hisparse_plan_kernel(
             age = tl.load(age_row + (h0 + hs), mask=h0 + hs < H, other=-2147483648)
             top = tl.maximum(top, tl.max(age, 0))
         now = tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
-        _sync(FENCE)
         if n <= H:
             # Short request: token t at slot t; the state becomes the identity.
+            _sync(FENCE)  # every thread's reads of the ages before any is rewritten
             for h0 in range(0, H, BLOCK_H):
                 s = h0 + hs
                 tl.store(tok_row + s, tl.where(s < n, s, -1), mask=s < H)
@@ -201,52 +168,42 @@ def hisparse_plan_kernel(
                 requests = ws_ptr + R + R % 2
             _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
                           b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
-                          H, K, K_P2, BLOCK_H, LOG_T1, LOG_T2, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, FENCE)
+                          H, K, K_P2, BLOCK_H, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, FENCE)
 
 
 @triton.jit
 def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
                   b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
-                  H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr,
-                  LOG_T1: tl.constexpr, LOG_T2: tl.constexpr, DIGIT: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
-    """Request ``b`` of ``n > H`` tokens: the events' rounds, the misses' numbers, the eviction order, the outputs."""
-    T1: tl.constexpr = 1 << LOG_T1
-    T2: tl.constexpr = 1 << LOG_T2
-    W: tl.constexpr = 7 * H + (H % 2) + T1 + T2
+                  H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, DIGIT: tl.constexpr,
+                  BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr,
+                  FENCE: tl.constexpr):
+    """Request ``b`` of ``n > H`` tokens: the events' ids at their tokens, the misses' numbers, the eviction order,
+    the outputs."""
     newest = n - 1
+    reach = tl.maximum(L, H)  # the tokens a slot can hold: on the host (t < L) or a short request's own (t < H)
+    held_below = tl.minimum(newest, reach)
     cols = tl.arange(0, K_P2)
     in_row = cols < K
     hs = tl.arange(0, BLOCK_H)
-    # The request's workspace: int64 eviction keys and candidates, the two tables, per slot its status (2 pending,
-    # 1 holds its token first, 0 empty or a duplicate), whether it is hit, and the slots taken in eviction order.
-    ws = ws_ptr + b.to(tl.int64) * W
+    # The request's workspace: int64 eviction keys and candidates, per slot its status (1 holds its token first, 0
+    # empty or a duplicate), whether it is hit, the slots taken in eviction order, and the token table (a word a
+    # token below ``reach``, an even count so that the next request's keys stay aligned).
+    ws = ws_ptr + b.to(tl.int64) * (7 * H + (H % 2) + reach + reach % 2)
     keys = ws.to(tl.pointer_type(tl.int64))
     cand = keys + H
-    table1 = ws + 4 * H
-    table2 = table1 + T1
-    status = table2 + T2
+    status = ws + 4 * H
     hit = status + H
     taken = hit + H
+    table = taken + H + (H % 2)
 
-    CLEAR: tl.constexpr = BLOCK_H if BLOCK_H < T2 else T2
-    clear = tl.arange(0, CLEAR)
-    for t0 in range(0, T1, CLEAR):
-        tl.store(table1 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
-    for t0 in range(0, T2, CLEAR):
-        tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
-    for h0 in range(0, H, BLOCK_H):
-        tl.store(hit + h0 + hs, tl.zeros([BLOCK_H], tl.int32), mask=h0 + hs < H)
-    _sync(FENCE)
-
-    # Round 1's events into table 1; each selected entry's first code.
-    seed = _seed(tl.full([], 1, tl.int32))
+    # The table's entries at the events' tokens emptied (nothing else of it is read); no slot hit yet; each selected
+    # entry's first code (a token past ``reach`` is neither held nor on the host: none).
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         tok = tl.load(tok_row + s, mask=s < H, other=-1)
-        live = (s < H) & (tok >= 0) & (tok < newest)
-        tl.store(status + s, live.to(tl.int32) * 2, mask=s < H)
-        tl.atomic_min(table1 + _hash(tok, seed, LOG_T1), s, mask=live, sem="relaxed")
+        live = (s < H) & (tok >= 0) & (tok < held_below)
+        tl.store(hit + s, tl.zeros([BLOCK_H], tl.int32), mask=s < H)
+        tl.store(table + tok, tl.full([BLOCK_H], INT_MAX, tl.int32), mask=live)
     row = row0
     for _ in range(rows):
         r = row
@@ -255,64 +212,51 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             r64 = r.to(tl.int64)
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             valid = in_row & (x >= 0) & (x < n)
-            code = tl.where(valid, tl.where(x == newest, H, PENDING), -1)
+            pending = valid & (x != newest) & (x < reach)
+            code = tl.where(pending, PENDING, tl.where(valid & (x == newest), H, -1))
             tl.store(out_ptr + r64 * K + cols, code, mask=in_row)
-            tl.atomic_min(table1 + _hash(x, seed, LOG_T1), H + r * K + cols, mask=code == PENDING, sem="relaxed")
+            tl.store(table + x, tl.full([K_P2], INT_MAX, tl.int32), mask=pending)
     _sync(FENCE)
 
-    # Rounds: resolve against the table; the rest go into table 2 with the next round's hash.
-    left = 1
-    rnd = 1
-    while left > 0:
-        seed = _seed(rnd)
-        if rnd > 1:
-            for h0 in range(0, H, BLOCK_H):
-                s = h0 + hs
-                go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
-                tok = tl.load(tok_row + s, mask=go, other=0)
-                tl.atomic_min(table2 + _hash(tok, seed, LOG_T2), s, mask=go, sem="relaxed")
-            row = row0
-            for _ in range(rows):
-                r = row
-                row = _next_row(links, row, R, HAS_R2B)
-                if r < R:
-                    r64 = r.to(tl.int64)
-                    go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
-                                 cache_modifier=".cg") == PENDING
-                    x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
-                    tl.atomic_min(table2 + _hash(x, seed, LOG_T2), H + r * K + cols, mask=go, sem="relaxed")
-            _sync(FENCE)
-        left = 0
-        for h0 in range(0, H, BLOCK_H):
-            s = h0 + hs
-            go = tl.load(status + s, mask=s < H, other=0, cache_modifier=".cg") == 2
-            tok = tl.load(tok_row + s, mask=go, other=0)
-            w = _winner(tok, go, seed, rnd, table1, table2, LOG_T1, LOG_T2)
-            ok = go & (w >= 0) & (w <= s)
-            done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == tok)
-            tl.store(status + s, (w == s).to(tl.int32), mask=done)
-            left += tl.sum((go & ~done).to(tl.int32), 0)
-        row = row0
-        for _ in range(rows):
-            r = row
-            row = _next_row(links, row, R, HAS_R2B)
-            if r < R:
-                r64 = r.to(tl.int64)
-                go = tl.load(out_ptr + r64 * K + cols, mask=in_row, other=-1,
-                             cache_modifier=".cg") == PENDING
-                x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=go, other=0)
-                w = _winner(x, go, seed, rnd, table1, table2, LOG_T1, LOG_T2)
-                ok = go & (w >= 0) & (w <= H + r * K + cols)
-                done = ok & (_token_of(w, ok, tok_row, raw_ptr, raw_s0, raw_s1, H, K) == x)
-                tl.store(out_ptr + r64 * K + cols, tl.where(w < H, w, MISS - (w - H)), mask=done)
-                tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=done & (w < H))
-                left += tl.sum((go & ~done).to(tl.int32), 0)
-        _sync(FENCE)
-        if rnd > 1:
-            for t0 in range(0, T2, CLEAR):
-                tl.store(table2 + t0 + clear, tl.full([CLEAR], INT_MAX, tl.int32))
-            _sync(FENCE)
-        rnd += 1
+    # Every event's id at its token: the entry keeps the least.
+    for h0 in range(0, H, BLOCK_H):
+        s = h0 + hs
+        tok = tl.load(tok_row + s, mask=s < H, other=-1)
+        live = (s < H) & (tok >= 0) & (tok < held_below)
+        tl.atomic_min(table + tok, s, mask=live, sem="relaxed")
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            pending = in_row & (x >= 0) & (x < n) & (x != newest) & (x < reach)
+            tl.atomic_min(table + x, H + r * K + cols, mask=pending, sem="relaxed")
+    _sync(FENCE)
+
+    # Each event's token's least id: a state id is the lowest slot holding it (a higher slot holds a duplicate; a
+    # selected entry hits it), a selected id its first appearance (a miss).
+    for h0 in range(0, H, BLOCK_H):
+        s = h0 + hs
+        tok = tl.load(tok_row + s, mask=s < H, other=-1)
+        live = (s < H) & (tok >= 0) & (tok < held_below)
+        w = tl.load(table + tok, mask=live, other=-1, cache_modifier=".cg")
+        tl.store(status + s, (live & (w == s)).to(tl.int32), mask=s < H)
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            pending = in_row & (x >= 0) & (x < n) & (x != newest) & (x < reach)
+            own = H + r * K + cols
+            w = tl.load(table + x, mask=pending, other=-1, cache_modifier=".cg")
+            ok = pending & (w >= 0) & (w <= own)  # always, whatever the workspace held before the step
+            tl.store(out_ptr + r64 * K + cols, tl.where(ok, tl.where(w < H, w, MISS - (w - H)), -1), mask=pending)
+            tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=ok & (w < H))
+    _sync(FENCE)
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
     misses = 0
@@ -447,27 +391,13 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
 PLAN = Launcher(hisparse_plan_kernel)
 
 
-def table_logs(hot: int, k: int, scale: int = 2, log1: int | None = None) -> tuple[int, int]:
-    """log2 of the round-1 table (``scale`` x the events' power of two, or ``2**log1`` entries) and of the later
-    rounds' (a quarter, at least 16)."""
-    if log1 is None:
-        log1 = (scale * next_power_of_2(hot + next_power_of_2(k))).bit_length() - 1
-    return max(log1, 4), max(log1 - 2, 4)
-
-
-def _tables(hot: int, k: int, cfg: Mapping[str, Any]) -> tuple[int, int]:
-    """:func:`table_logs` of a tuning entry (``TABLE_LOG``, a fixed size, only in tests: many rounds at small
-    shapes)."""
-    return table_logs(hot, k, cfg.get("TABLE_SCALE", 2), cfg.get("TABLE_LOG"))
-
-
-def workspace_words(requests: int, hot: int, k: int, cfg: Mapping[str, Any] | None = None, rows: int = 0) -> int:
-    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (7 H + H % 2 + T1 + T2) + 1``
-    (``rows``: those of ``row_to_batch`` when given, else 0; ``T1``, ``T2`` the two tables' entries,
-    :func:`table_logs`: 32768 and 8192 at H 4096 and k 512 with the cuda table's scale 4; one word to align the int64
-    keys)."""
-    log1, log2 = _tables(hot, k, cfg or {})
-    return rows + rows % 2 + requests * (7 * hot + hot % 2 + (1 << log1) + (1 << log2)) + 1
+def workspace_words(requests: int, hot: int, length: int, rows: int = 0) -> int:
+    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (7 H + H % 2 + S + S % 2) + 1``
+    (``rows``: those of ``row_to_batch`` when given, else 0; ``S = max(length, H)`` the token table's words a
+    request, ``length`` being ``host_loc``'s width; one word to align the int64 keys). At 64 requests, H 4096 and
+    128K host tokens a request: 40 MiB."""
+    span = max(length, hot)
+    return rows + rows % 2 + requests * (7 * hot + hot % 2 + span + span % 2) + 1
 
 
 def supports(raw: torch.Tensor, slot_token: torch.Tensor, slot_age: torch.Tensor | None = None,
@@ -508,8 +438,7 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
     programs = max(batch, rows)
     if programs == 0:
         return None
-    log1, log2 = _tables(hot, k, cfg)
-    n_words = workspace_words(batch, hot, k, cfg, 0 if row_to_batch is None else rows)
+    n_words = workspace_words(batch, hot, host_loc.shape[1], 0 if row_to_batch is None else rows)
     ws = workspace.words(slot_token, n_words, workspace_given)
     if ws.data_ptr() % 8:  # the keys are int64
         ws = ws[1:]
@@ -520,8 +449,8 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
         (raw, seq_lens, host_loc, slot_token, slot_age, r2b, ws, out, out_copy_src, out_copy_dst, out_copy_count,
          batch, rows, host_loc.shape[1], -1 if host_rows is None else int(host_rows),
          raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1), r2b.stride(0)),
-        dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]), LOG_T1=log1,
-             LOG_T2=log2, DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"],
+        dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]),
+             DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"],
              HAS_R2B=row_to_batch is not None, FENCE=_fence(target)),
     )
 
@@ -535,14 +464,13 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     specs = []
     for hot, k, host, r2b in ((4096, 512, "*i32", False), (4096, 512, "*i64", True), (4096, 2048, "*i64", False),
                               (16384, 2048, "*i32", True)):
-        log1, log2 = _tables(hot, k, cfg)
         ptrs = {"raw_ptr": "*i32", "seq_ptr": "*i32", "host_ptr": host, "tok_ptr": "*i32", "age_ptr": "*i32",
                 "r2b_ptr": "*i32", "ws_ptr": "*i32", "out_ptr": "*i32", "src_ptr": "*i64", "dst_ptr": "*i32",
                 "cnt_ptr": "*i32"}
         specs.append(KernelSpec(
             "hisparse_plan", hisparse_plan_kernel, ptrs,
-            {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]), "LOG_T1": log1,
-             "LOG_T2": log2, "DIGIT": cfg["DIGIT"], "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
+            {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]),
+             "DIGIT": cfg["DIGIT"], "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
              "HAS_R2B": r2b, "FENCE": _fence(target), "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
             launch_options(target, cfg), aligned=("raw_s0", "host_s0")))
     return specs
