@@ -185,25 +185,24 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
     cols = tl.arange(0, K_P2)
     in_row = cols < K
     hs = tl.arange(0, BLOCK_H)
-    # The request's workspace: int64 eviction keys and candidates, per slot its status (1 holds its token first, 0
-    # empty or a duplicate), whether it is hit, the slots taken in eviction order, and the token table (a word a
-    # token below ``reach``, an even count so that the next request's keys stay aligned).
-    ws = ws_ptr + b.to(tl.int64) * (7 * H + (H % 2) + reach + reach % 2)
+    # The request's workspace: int64 eviction keys and candidates, the slots taken in eviction order, and the token
+    # table: an int64 a token below ``reach``, whose low word gets the least id of the events at that token and whose
+    # high word whether a selected entry is one of them.
+    ws = ws_ptr + b.to(tl.int64) * (5 * H + (H % 2) + 2 * reach)
     keys = ws.to(tl.pointer_type(tl.int64))
     cand = keys + H
-    status = ws + 4 * H
-    hit = status + H
-    taken = hit + H
-    table = taken + H + (H % 2)
+    taken = ws + 4 * H
+    table = (taken + H + (H % 2)).to(tl.pointer_type(tl.int64))
+    words = table.to(tl.pointer_type(tl.int32))  # token t's least id at word 2 t, whether it is selected at 2 t + 1
+    empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
 
-    # The table's entries at the events' tokens emptied (nothing else of it is read); no slot hit yet; each selected
-    # entry's first code (a token past ``reach`` is neither held nor on the host: none).
+    # The table's entries at the events' tokens emptied (nothing else of it is read); each selected entry's first
+    # code (a token past ``reach`` is neither held nor on the host: none).
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         tok = tl.load(tok_row + s, mask=s < H, other=-1)
         live = (s < H) & (tok >= 0) & (tok < held_below)
-        tl.store(hit + s, tl.zeros([BLOCK_H], tl.int32), mask=s < H)
-        tl.store(table + tok, tl.full([BLOCK_H], INT_MAX, tl.int32), mask=live)
+        tl.store(table + tok, tl.zeros([BLOCK_H], tl.int64) + empty, mask=live)
     row = row0
     for _ in range(rows):
         r = row
@@ -215,15 +214,15 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             pending = valid & (x != newest) & (x < reach)
             code = tl.where(pending, PENDING, tl.where(valid & (x == newest), H, -1))
             tl.store(out_ptr + r64 * K + cols, code, mask=in_row)
-            tl.store(table + x, tl.full([K_P2], INT_MAX, tl.int32), mask=pending)
+            tl.store(table + x, tl.zeros([K_P2], tl.int64) + empty, mask=pending)
     _sync(FENCE)
 
-    # Every event's id at its token: the entry keeps the least.
+    # Every event's id at its token (the entry keeps the least); a selected token marked so.
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         tok = tl.load(tok_row + s, mask=s < H, other=-1)
         live = (s < H) & (tok >= 0) & (tok < held_below)
-        tl.atomic_min(table + tok, s, mask=live, sem="relaxed")
+        tl.atomic_min(words + 2 * tok.to(tl.int64), s, mask=live, sem="relaxed")
     row = row0
     for _ in range(rows):
         r = row
@@ -232,17 +231,14 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             r64 = r.to(tl.int64)
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             pending = in_row & (x >= 0) & (x < n) & (x != newest) & (x < reach)
-            tl.atomic_min(table + x, H + r * K + cols, mask=pending, sem="relaxed")
+            at = words + 2 * x.to(tl.int64)
+            tl.atomic_min(at, H + r * K + cols, mask=pending, sem="relaxed")
+            tl.store(at + 1, tl.full([K_P2], 1, tl.int32), mask=pending)
     _sync(FENCE)
 
-    # Each event's token's least id: a state id is the lowest slot holding it (a higher slot holds a duplicate; a
-    # selected entry hits it), a selected id its first appearance (a miss).
-    for h0 in range(0, H, BLOCK_H):
-        s = h0 + hs
-        tok = tl.load(tok_row + s, mask=s < H, other=-1)
-        live = (s < H) & (tok >= 0) & (tok < held_below)
-        w = tl.load(table + tok, mask=live, other=-1, cache_modifier=".cg")
-        tl.store(status + s, (live & (w == s)).to(tl.int32), mask=s < H)
+    # Each selected entry's token's least id: a state id is the lowest slot holding it (a hit), a selected id its
+    # first appearance (a miss). Each slot's: it holds its token first (else it is emptied: a duplicate), and is hit
+    # when a selected entry is at that token too (aged now); the free slots' eviction keys, (occupied, age).
     row = row0
     for _ in range(rows):
         r = row
@@ -251,11 +247,29 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             r64 = r.to(tl.int64)
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             pending = in_row & (x >= 0) & (x < n) & (x != newest) & (x < reach)
-            own = H + r * K + cols
-            w = tl.load(table + x, mask=pending, other=-1, cache_modifier=".cg")
-            ok = pending & (w >= 0) & (w <= own)  # always, whatever the workspace held before the step
+            w = tl.load(words + 2 * x.to(tl.int64), mask=pending, other=-1, cache_modifier=".cg")
+            ok = pending & (w >= 0) & (w <= H + r * K + cols)  # always, whatever the workspace held before the step
             tl.store(out_ptr + r64 * K + cols, tl.where(ok, tl.where(w < H, w, MISS - (w - H)), -1), mask=pending)
-            tl.store(hit + w, tl.full([K_P2], 1, tl.int32), mask=ok & (w < H))
+    hits = 0
+    low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
+    high = tl.full([], -1, tl.int64)
+    for h0 in range(0, H, BLOCK_H):
+        s = h0 + hs
+        m = s < H
+        tok = tl.load(tok_row + s, mask=m, other=-1)
+        age = tl.load(age_row + s, mask=m, other=0)
+        live = m & (tok >= 0) & (tok < held_below)
+        entry = tl.load(table + tok, mask=live, other=-1, cache_modifier=".cg")
+        holds = live & (entry.to(tl.int32) == s)
+        is_hit = holds & ((entry >> 32) != 0)
+        free = m & ~is_hit
+        key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
+        tl.store(keys + s, tl.where(free, key, -1), mask=m)
+        tl.store(tok_row + s, tl.where(holds, tok, -1), mask=m)
+        tl.store(age_row + s, tl.full([BLOCK_H], 0, tl.int32) + now, mask=is_hit)
+        hits += tl.sum(is_hit.to(tl.int32), 0)
+        low = tl.minimum(low, tl.min(tl.where(free, key, 0x7FFFFFFFFFFFFFFF), 0))
+        high = tl.maximum(high, tl.max(tl.where(free, key, -1), 0))
     _sync(FENCE)
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
@@ -270,6 +284,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
             x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
             first = in_row & (code == MISS - (r * K + cols))
+            again = in_row & (code <= MISS) & ~first & (MISS - code <= r * K + cols)
             loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=first & (x >= 0) & (x < L), other=-1)
             limit = tl.where(host_rows < 0, 0x7FFFFFFFFFFFFFFF, host_rows.to(tl.int64))  # host_rows < 0: none given
             on_host = first & (loc.to(tl.int64) >= 0) & (loc.to(tl.int64) < limit)
@@ -277,60 +292,52 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             misses += tl.sum(on_host.to(tl.int32), 0)
             _sync(FENCE)  # every thread's reads of the row (its copies in other threads too) before it changes
             tl.store(at, tl.where(on_host, MISS - 2 * number - 1, -1), mask=first)
-            _sync(FENCE)
-            again = in_row & (code <= MISS) & ~first & (MISS - code <= r * K + cols)
-            f = MISS - code
-            fr = f // K
-            code0 = tl.load(out_ptr + fr.to(tl.int64) * K + (f - fr * K).to(tl.int64), mask=again,
-                            other=-1, cache_modifier=".cg")
-            tl.store(at, tl.where(code0 == -1, -1, MISS - 2 * ((MISS - code0) >> 1)), mask=again)
-            _sync(FENCE)
-
-    # The state cleaned (a slot not holding its token first is emptied), hits aged, the free slots' keys.
-    hits = 0
-    low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
-    high = tl.full([], -1, tl.int64)
-    for h0 in range(0, H, BLOCK_H):
-        s = h0 + hs
-        m = s < H
-        holds = tl.load(status + s, mask=m, other=0, cache_modifier=".cg") == 1
-        is_hit = tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1
-        tok = tl.load(tok_row + s, mask=m, other=-1)
-        age = tl.load(age_row + s, mask=m, other=0)
-        free = m & ~is_hit
-        key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
-        tl.store(keys + s, tl.where(free, key, -1), mask=m)
-        tl.store(tok_row + s, tl.where(holds, tok, -1), mask=m)
-        tl.store(age_row + s, tl.full([BLOCK_H], 0, tl.int32) + now, mask=m & is_hit)
-        hits += tl.sum((m & is_hit).to(tl.int32), 0)
-        low = tl.minimum(low, tl.min(tl.where(free, key, 0x7FFFFFFFFFFFFFFF), 0))
-        high = tl.maximum(high, tl.max(tl.where(free, key, -1), 0))
+            if tl.sum(again.to(tl.int32), 0) > 0:  # a token appearing again: it takes its first appearance's number
+                _sync(FENCE)
+                f = MISS - code
+                fr = f // K
+                code0 = tl.load(out_ptr + fr.to(tl.int64) * K + (f - fr * K).to(tl.int64), mask=again,
+                                other=-1, cache_modifier=".cg")
+                tl.store(at, tl.where(code0 == -1, -1, MISS - 2 * ((MISS - code0) >> 1)), mask=again)
     placed = tl.minimum(misses, H - hits)
     _sync(FENCE)
 
     if placed > 0:
-        # Radix select of the placed-th smallest (occupied, age) among the free slots, from their common prefix.
-        span = tl.full([], 0, tl.int64)
-        while (low ^ high) >> span > 0:
-            span += 1
-        prefix = low >> span
+        # The placed-th smallest (occupied, age) among the free slots: first among the BINS - 1 keys from the
+        # lowest (the common case: a step's misses take the oldest slots, and a step ages its hits alike), else by a
+        # radix select from the keys' common prefix.
         need = placed
         BINS: tl.constexpr = 1 << DIGIT
         bins = tl.arange(0, BINS)
-        while span > 0:
-            d = tl.minimum(span, DIGIT).to(tl.int64)
-            span -= d
-            count = tl.zeros([BINS], tl.int32)
-            for h0 in range(0, H, BLOCK_H):
-                s = h0 + hs
-                key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
-                inside = (key >= 0) & ((key >> (span + d)) == prefix)
-                count += tl.histogram(((key >> span) & ((tl.full([], 1, tl.int64) << d) - 1)).to(tl.int32), BINS,
-                                      mask=inside)
-            below = tl.cumsum(count, 0)
+        count = tl.zeros([BINS], tl.int32)
+        for h0 in range(0, H, BLOCK_H):
+            s = h0 + hs
+            key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+            count += tl.histogram(tl.minimum(key - low, BINS - 1).to(tl.int32), BINS, mask=key >= 0)
+        below = tl.cumsum(count, 0)
+        if tl.sum(tl.where(bins == BINS - 2, below, 0), 0) >= need:
             pick = tl.sum((below < need).to(tl.int32), 0)
             need -= tl.sum(tl.where(bins < pick, count, 0), 0)
-            prefix = (prefix << d) | pick
+            prefix = low + pick
+        else:
+            span = tl.full([], 0, tl.int64)
+            while (low ^ high) >> span > 0:
+                span += 1
+            prefix = low >> span
+            while span > 0:
+                d = tl.minimum(span, DIGIT).to(tl.int64)
+                span -= d
+                count = tl.zeros([BINS], tl.int32)
+                for h0 in range(0, H, BLOCK_H):
+                    s = h0 + hs
+                    key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+                    inside = (key >= 0) & ((key >> (span + d)) == prefix)
+                    count += tl.histogram(((key >> span) & ((tl.full([], 1, tl.int64) << d) - 1)).to(tl.int32),
+                                          BINS, mask=inside)
+                below = tl.cumsum(count, 0)
+                pick = tl.sum((below < need).to(tl.int32), 0)
+                need -= tl.sum(tl.where(bins < pick, count, 0), 0)
+                prefix = (prefix << d) | pick
         # The slots taken: keys below the pivot, and the `need` lowest slots at it; their keys, in slot order.
         ties = 0
         found = 0
@@ -392,12 +399,12 @@ PLAN = Launcher(hisparse_plan_kernel)
 
 
 def workspace_words(requests: int, hot: int, length: int, rows: int = 0) -> int:
-    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (7 H + H % 2 + S + S % 2) + 1``
-    (``rows``: those of ``row_to_batch`` when given, else 0; ``S = max(length, H)`` the token table's words a
-    request, ``length`` being ``host_loc``'s width; one word to align the int64 keys). At 64 requests, H 4096 and
-    128K host tokens a request: 40 MiB."""
+    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (5 H + H % 2 + 2 S) + 1`` (``rows``:
+    those of ``row_to_batch`` when given, else 0; ``S = max(length, H)`` the token table's int64 entries a request,
+    ``length`` being ``host_loc``'s width; one word to align the int64 keys). At 64 requests, H 4096 and 128K host
+    tokens a request: 69 MiB."""
     span = max(length, hot)
-    return rows + rows % 2 + requests * (7 * hot + hot % 2 + span + span % 2) + 1
+    return rows + rows % 2 + requests * (5 * hot + hot % 2 + 2 * span) + 1
 
 
 def supports(raw: torch.Tensor, slot_token: torch.Tensor, slot_age: torch.Tensor | None = None,
