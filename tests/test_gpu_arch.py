@@ -12,9 +12,8 @@ import torch
 from indexcache.backends.cuda import tuning as cuda_tuning
 from indexcache.backends.cuda.arch import NVIDIA, sm_version
 from indexcache.backends.rocm.arch import AMD
-from indexcache.backends.triton.support import launch_options
+from indexcache.backends.triton.support import launch_options, uses_pdl
 from indexcache.backends.triton.target import GpuArch, detect, device_gpu, vendors
-from indexcache.backends.triton.topk import plan
 
 FN, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
 
@@ -93,7 +92,7 @@ def test_launch_options_take_the_vendors_own_keys():
                                              (NVIDIA.target("sm90", interpreted=True), False),
                                              (AMD.target("gfx950"), False)])
 def test_pdl_only_where_the_record_has_it(target, pdl):
-    assert plan.uses_pdl(target, {"PDL": True}) is pdl
+    assert uses_pdl(target, {"PDL": True}) is pdl
 
 
 def test_targets_live_on_the_vendors_device_type_or_the_cpu_interpreted():

@@ -10,6 +10,7 @@ import torch
 from indexcache.backends.cuda import tuning
 from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.rocm.arch import AMD
+from indexcache.backends.triton.support import uses_pdl
 from indexcache.backends.triton.topk import block as topk_block
 from indexcache.backends.triton.topk import plan
 
@@ -92,4 +93,4 @@ def test_block_and_finish_launches_use_programmatic_dependent_launch_from_sm90(m
 
 def test_interpreted_and_amd_launches_never_ask_for_programmatic_dependent_launch():
     for target in (NVIDIA.target("sm90", interpreted=True), AMD.target("gfx942")):
-        assert not plan.uses_pdl(target, {**CFG, "PDL": True})
+        assert not uses_pdl(target, {**CFG, "PDL": True})

@@ -1,5 +1,5 @@
 """Reusable ``supports`` checks for Triton ops, each returning its reasons to decline (empty: none), the launch
-options of a tuning entry, and the host arithmetic of launch shapes."""
+options of a tuning entry (programmatic dependent launch among them), and the host arithmetic of launch shapes."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ def launch_options(target: Target, cfg) -> dict:
     """Triton launch options from a tuning entry: num_warps, num_stages and the vendor's own (its record's
     ``launch_keys``: waves_per_eu on AMD, maxnreg, a register cap a thread, on NVIDIA)."""
     return {key: cfg[key] for key in ("num_warps", "num_stages", *target.gpu.vendor.launch_keys) if key in cfg}
+
+
+def uses_pdl(target: Target, cfg) -> bool:
+    """Whether a tuning entry's kernels start with programmatic dependent launch (its ``PDL``, on a GPU whose
+    architecture has it): they wait for the launch before them (``griddepcontrol.wait``) before touching memory."""
+    return bool(cfg.get("PDL")) and target.gpu.pdl and not target.interpreted
 
 
 def cdiv(a: int, b: int) -> int:

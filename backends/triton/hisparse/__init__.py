@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from indexcache.backends.triton.hisparse import plan, swap
-from indexcache.backends.triton.launcher import bound, launch_key_options
-from indexcache.backends.triton.support import launch_options, on_target_device
+from indexcache.backends.triton.launcher import bound
+from indexcache.backends.triton.support import on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 
@@ -17,7 +17,7 @@ __all__ = ["compile_specs", "ops"]
 
 def _plan_op(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> OpImpl:
     cfg = tuning["hisparse_plan"]
-    options = launch_key_options(launch_options(target, cfg))
+    options = plan.plan_options(target, cfg)
 
     def args_of(row_to_batch=None, host_rows=None, **args):
         return dict(args, row_to_batch=row_to_batch, host_rows=host_rows)

@@ -39,10 +39,11 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from indexcache.backends.triton import workspace
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
-from indexcache.backends.triton.support import launch_options, next_power_of_2
+from indexcache.backends.triton.support import launch_options, next_power_of_2, uses_pdl
 from indexcache.backends.triton.target import Target
 
 MAX_H = 65536  # slots a request at most: a slot takes 16 bits of the eviction key
@@ -108,9 +109,14 @@ def hisparse_plan_kernel(
     B, R, L, host_rows, raw_s0, raw_s1, seq_s0, host_s0, host_s1, r2b_s0,
     H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, DIGIT: tl.constexpr,
     BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
-    HAS_R2B: tl.constexpr, FENCE: tl.constexpr,
+    HAS_R2B: tl.constexpr, FENCE: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Request ``program_id(0)``'s plan and state update; also that row's outputs when it names no request."""
+    """Request ``program_id(0)``'s plan and state update; also that row's outputs when it names no request.
+    ``PDL``: launched with programmatic dependent launch (its programs wait for the launch before it first, and let
+    the next one start)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     cols = tl.arange(0, K_P2)
     in_row = cols < K
@@ -435,6 +441,12 @@ def _fence(target: Target) -> bool:
     return not target.interpreted and not target.gpu.vendor.barrier_orders_memory
 
 
+def plan_options(target: Target, cfg: Mapping[str, Any]) -> Options:
+    """The plan's launch options: the tuning entry's, and ``launch_pdl`` where :func:`uses_pdl`."""
+    pdl = {"launch_pdl": True} if uses_pdl(target, cfg) else {}
+    return launch_key_options({**launch_options(target, cfg), **pdl})
+
+
 def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, host_rows, out, out_copy_src,
                 out_copy_dst, out_copy_count, *, target: Target, cfg: Mapping[str, Any], options: Options | None = None,
                 workspace_given: torch.Tensor | None = None) -> Launch | None:
@@ -449,7 +461,7 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
     ws = workspace.words(slot_token, n_words, workspace_given)
     if ws.data_ptr() % 8:  # the keys are int64
         ws = ws[1:]
-    options = options or launch_key_options(launch_options(target, cfg))
+    options = options or plan_options(target, cfg)
     r2b = row_to_batch if row_to_batch is not None else seq_lens
     return Launch(
         PLAN, (programs,), options,
@@ -458,7 +470,7 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
          raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1), r2b.stride(0)),
         dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]),
              DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"],
-             HAS_R2B=row_to_batch is not None, FENCE=_fence(target)),
+             HAS_R2B=row_to_batch is not None, FENCE=_fence(target), PDL=uses_pdl(target, cfg)),
     )
 
 
@@ -478,6 +490,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             "hisparse_plan", hisparse_plan_kernel, ptrs,
             {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]),
              "DIGIT": cfg["DIGIT"], "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
-             "HAS_R2B": r2b, "FENCE": _fence(target), "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
-            launch_options(target, cfg), aligned=("raw_s0", "host_s0")))
+             "HAS_R2B": r2b, "FENCE": _fence(target), "PDL": uses_pdl(target, cfg),
+             "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
+            dict(plan_options(target, cfg)), aligned=("raw_s0", "host_s0")))
     return specs

@@ -18,7 +18,7 @@ from indexcache.backends.triton.launcher import (
     planned_sms,
     sm_budget,
 )
-from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2
+from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, uses_pdl
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.topk import block as topk_block
 from indexcache.backends.triton.topk.kernels import (
@@ -45,12 +45,6 @@ def rows_options(target: Target, cfg: Mapping[str, Any]) -> Options:
     """Launch options of the fused rows kernel (with ``maxnreg`` on NVIDIA: ptxas otherwise spills a few cold values
     on some targets to fit two programs an SM)."""
     return launch_key_options(launch_options(target, cfg))
-
-
-def uses_pdl(target: Target, cfg: Mapping[str, Any]) -> bool:
-    """Whether the block kernel and the finishing launch start with programmatic dependent launch (the table's
-    ``PDL``, on a GPU whose architecture has it)."""
-    return bool(cfg.get("PDL")) and target.gpu.pdl and not target.interpreted
 
 
 def own_options(target: Target, cfg: Mapping[str, Any], warps_key: str, maxnreg_key: str | None = None) -> Options:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from indexcache.backends.triton.launcher import bound
-from indexcache.backends.triton.support import launch_options, on_target_device
+from indexcache.backends.triton.support import launch_options, on_target_device, uses_pdl
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.topk import block as topk_block
 from indexcache.backends.triton.topk.kernels import (
@@ -32,7 +32,6 @@ from indexcache.backends.triton.topk.plan import (
     split_chunk,
     topk,
     topk_translate,
-    uses_pdl,
     workspace_bytes,
 )
 from indexcache.backends.triton.translate import page_shift
