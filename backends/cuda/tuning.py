@@ -39,13 +39,13 @@ _COMMON: dict[str, dict[str, Any]] = {
     # 64 / 256 misses of 656-byte rows, against a 55.4 GB/s contiguous copy): 0.661 / 0.805 / 0.840 of the link,
     # where 8 copies over 4 warps at 8 a SM gave 0.614 / 0.798 / 0.834; 256-byte tiles 0.580 / 0.722 / 0.750.
     "hisparse_swap_in": {"BLOCK_C": 4, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 16, "num_warps": 2},
-    # HiSparse plan (hisparse/plan.py): one program a request over 16 warps, 2048 state slots a block (4 a thread:
-    # 98 registers on sm90 with Triton 3.9; 4096 a block over 8 or 16 warps took 244 registers or spilled), a row one
-    # block; 5-bit digits (32 bins, a lane each) in the eviction select; 64 x 64 key pairs a step when ranking the
-    # slots taken; row_to_batch scanned 1024 at a time. maxnreg 128
-    # (all that 16 warps may have): without it ptxas for sm89 aimed at two programs a SM, 64 registers, and spilled
-    # 40 bytes at H 4096 with row_to_batch (Triton 3.9).
-    "hisparse_plan": {"BLOCK_H": 2048, "DIGIT": 5, "BLOCK_R": 1024, "BI": 64, "BJ": 64,
+    # HiSparse plan (hisparse/plan.py): one program a request over 16 warps, 4096 state slots a block (8 a thread:
+    # 108 registers on sm90 with Triton 3.9; H200, 2026-12-03, the bench's drifting step: 26.9 µs against 29.5 at
+    # 2048 a block, 30.2 over 32 warps), a row one block; 5-bit digits (32 bins, a lane each) in the eviction select;
+    # 64 x 64 key pairs a step when ranking the slots taken; row_to_batch scanned 1024 at a time. maxnreg 128 (all
+    # that 16 warps may have): without it ptxas for sm89 aimed at two programs a SM, 64 registers, and spilled 40
+    # bytes at H 4096 with row_to_batch (Triton 3.9). Programmatic dependent launch where the GPU has it (below).
+    "hisparse_plan": {"BLOCK_H": 4096, "DIGIT": 5, "BLOCK_R": 1024, "BI": 64, "BJ": 64,
                       "num_warps": 16, "maxnreg": 128},
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
     # bins for the fallback's row histogram, 5-bit digits (32 bins = one a lane: Triton 3.6 lowers a histogram by
@@ -116,6 +116,9 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
     # where there is one: their programs take the multiprocessors the launch before them leaves and wait there for its
     # end, in place of a launch gap each (docs/kernels.md, "The producer step of decode").
     table["topk"]["PDL"] = table["paged_mqa_logits"]["PDL"] = caps["pdl"]
+    # The HiSparse plan too (H200, 2026-12-03, the bench's ring of plans: 25.9 µs a step against 26.9 without); not
+    # the swap-in (33.8 against 33.8: its misses' bytes, not the launch, bound it).
+    table["hisparse_plan"]["PDL"] = caps["pdl"]
     if caps["mma"] == "wgmma" and _triton_before(3, 7):
         # Decode, measured on the H200 with Triton 3.6 (docs/experiments.md): the warp-specialized Gluon
         # kernel is 3-10 % faster than the Triton one on every decode row of the peer comparison and gives the same

@@ -5,20 +5,24 @@ One program a request (grid: ``max(B, R)``; program ``p`` also writes row ``p``'
 outside ``[0, B)``). A request's rows are linked once, each to its next, by a reverse scan of ``row_to_batch`` (the
 workspace's first R words; without it row b is request b). Its tokens and the state's are *events*: state slot
 ``s`` (id ``s``) holding a token in ``[0, newest)`` and each selected position ``f = r * k + j`` holding one (id
-``H + f``). Events are deduplicated over a token table in the workspace, a word a token a slot can hold: ``S =
-max(L, H)`` words a request (a placed token is on the host, ``t < L``; a short request's token sits at its own slot,
-``t < H``; a slot holding one at or past ``S`` is emptied, the rules' own). Three passes, each ending at a barrier:
-the entries at the events' tokens are emptied (nothing else of the table is read, so it is never cleared whole),
-every event puts its id there with ``atomic_min``, and every event reads back its token's least id, which names the
-slot holding it (a state id: the lowest slot, so a higher one is a duplicate; for a selected event a hit) or its
-first appearance (a selected id: a miss). No hashing, no rounds: each event is resolved by its own token's entry.
+``H + f``). Events are deduplicated over a token table in the workspace, an int64 entry a token a slot can hold:
+``S = max(L, H)`` entries a request (a placed token is on the host, ``t < L``; a short request's token sits at its
+own slot, ``t < H``; a slot holding one at or past ``S`` is emptied, the rules' own). Three passes, each ending at a
+barrier: the entries at the events' tokens are emptied (nothing else of the table is read, so it is never cleared
+whole); every event puts its id in its entry's low word with ``atomic_min`` (a selected one also marks the high
+word); every event reads its entry back. The least id names the slot holding the token (a state id: the lowest slot,
+so a higher one is a duplicate; for a selected event a hit) or its first appearance (a selected id: a miss), and the
+mark tells a slot that its token is selected (a hit): the same pass cleans the state, ages the hits and writes the
+free slots' eviction keys. No hashing, no rounds: each event is resolved by its own token's entry.
 The selected events keep their result in ``out`` (a code an entry) until the last pass.
 
 Misses on the host are numbered in order of first appearance (a row at a time, a running count and a cumsum). The
-free slots' eviction keys ``(occupied, age)`` (then the slot) are radix-selected (``DIGIT`` bits a pass, from the
-keys' common prefix) for the M-th smallest, ``M = min(misses, free slots)``; the M slots at or below it are ranked
-among themselves (pairwise, ``BI x BJ`` a step) into the list of the slots taken in order. A last pass over the
-rows writes the slots, the copies (filed under the row of first appearance) and the placed misses' state.
+free slots' eviction keys ``(occupied, age)`` (then the slot) are written in the pass that resolves the state; the
+M-th smallest, ``M = min(misses, free slots)``, is looked for among the ``2**DIGIT - 1`` keys from the lowest (one
+histogram: a step's misses take the oldest slots, and a step ages its hits alike), else radix-selected (``DIGIT`` bits
+a pass, from the keys' common prefix); the M slots at or below it are ranked among themselves (pairwise, ``BI x BJ``
+a step) into the list of the slots taken in order. A last pass over the rows writes the slots, the copies (filed
+under the row of first appearance) and the placed misses' state. ``PDL``: programmatic dependent launch.
 
 Every read is masked to its tensor (positions by ``seq_len`` and ``L``, slots and rows by ``H`` and ``R``, whatever
 ``raw``, ``row_to_batch``, ``host_loc`` and the state hold); nothing is allocated at launch but the kept workspace
@@ -102,6 +106,18 @@ def _minimum(a, b):
     return tl.minimum(a, b)
 
 
+@triton.jit
+def _tally(hits_a, low_a, high_a, hits_b, low_b, high_b):
+    """One reduction of the state's hits (sum), lowest and highest free key."""
+    return hits_a + hits_b, tl.minimum(low_a, low_b), tl.maximum(high_a, high_b)
+
+
+@triton.jit
+def _now(top):
+    """The step's clock: the largest age + 1, saturating at the int32 limit."""
+    return tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
+
+
 @triton.jit(do_not_specialize=("B", "R", "L", "host_rows"),
             do_not_specialize_on_alignment=("seq_ptr", "host_ptr", "r2b_ptr", "ws_ptr"))
 def hisparse_plan_kernel(
@@ -145,13 +161,13 @@ def hisparse_plan_kernel(
         host_row = host_ptr + b64 * host_s0
         n = tl.load(seq_ptr + b64 * seq_s0)
         hs = tl.arange(0, BLOCK_H)
-        top = tl.full([], -2147483648, tl.int32)
-        for h0 in range(0, H, BLOCK_H):
-            age = tl.load(age_row + (h0 + hs), mask=h0 + hs < H, other=-2147483648)
-            top = tl.maximum(top, tl.max(age, 0))
-        now = tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
         if n <= H:
             # Short request: token t at slot t; the state becomes the identity.
+            top = tl.full([], -2147483648, tl.int32)
+            for h0 in range(0, H, BLOCK_H):
+                age = tl.load(age_row + (h0 + hs), mask=h0 + hs < H, other=-2147483648)
+                top = tl.maximum(top, tl.max(age, 0))
+            now = _now(top)
             _sync(FENCE)  # every thread's reads of the ages before any is rewritten
             for h0 in range(0, H, BLOCK_H):
                 s = h0 + hs
@@ -173,13 +189,13 @@ def hisparse_plan_kernel(
             if HAS_R2B:
                 requests = ws_ptr + R + R % 2
             _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                          b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
+                          b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
                           H, K, K_P2, BLOCK_H, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, FENCE)
 
 
 @triton.jit
 def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                  b, R, L, host_rows, n, now, rows, row0, raw_s0, raw_s1, host_s1,
+                  b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
                   H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, DIGIT: tl.constexpr,
                   BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr,
                   FENCE: tl.constexpr):
@@ -202,13 +218,17 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
     words = table.to(tl.pointer_type(tl.int32))  # token t's least id at word 2 t, whether it is selected at 2 t + 1
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
 
-    # The table's entries at the events' tokens emptied (nothing else of it is read); each selected entry's first
-    # code (a token past ``reach`` is neither held nor on the host: none).
+    # The step's clock (the largest age + 1); the table's entries at the events' tokens emptied (nothing else of it is
+    # read); each selected entry's first code (a token past ``reach`` is neither held nor on the host: none).
+    top = tl.full([], -2147483648, tl.int32)
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         tok = tl.load(tok_row + s, mask=s < H, other=-1)
+        age = tl.load(age_row + s, mask=s < H, other=-2147483648)
+        top = tl.maximum(top, tl.max(age, 0))
         live = (s < H) & (tok >= 0) & (tok < held_below)
         tl.store(table + tok, tl.zeros([BLOCK_H], tl.int64) + empty, mask=live)
+    now = _now(top)
     row = row0
     for _ in range(rows):
         r = row
@@ -273,9 +293,11 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         tl.store(keys + s, tl.where(free, key, -1), mask=m)
         tl.store(tok_row + s, tl.where(holds, tok, -1), mask=m)
         tl.store(age_row + s, tl.full([BLOCK_H], 0, tl.int32) + now, mask=is_hit)
-        hits += tl.sum(is_hit.to(tl.int32), 0)
-        low = tl.minimum(low, tl.min(tl.where(free, key, 0x7FFFFFFFFFFFFFFF), 0))
-        high = tl.maximum(high, tl.max(tl.where(free, key, -1), 0))
+        block_hits, block_low, block_high = tl.reduce(
+            (is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF), tl.where(free, key, -1)), 0, _tally)
+        hits += block_hits
+        low = tl.minimum(low, block_low)
+        high = tl.maximum(high, block_high)
     _sync(FENCE)
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
@@ -345,18 +367,24 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                 need -= tl.sum(tl.where(bins < pick, count, 0), 0)
                 prefix = (prefix << d) | pick
         # The slots taken: keys below the pivot, and the `need` lowest slots at it; their keys, in slot order.
+        # One scan counts both in a word (a block's counts fit 16 bits): below in the low half, ties in the high.
         ties = 0
         found = 0
         for h0 in range(0, H, BLOCK_H):
             s = h0 + hs
             key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+            under = (key >= 0) & (key < prefix)
             tie = (key >= 0) & (key == prefix)
-            tied = ties + tl.cumsum(tie.to(tl.int32), 0)
-            take = ((key >= 0) & (key < prefix)) | (tie & (tied <= need))
-            where = found + tl.cumsum(take.to(tl.int32), 0) - take.to(tl.int32)
+            both = tl.cumsum(under.to(tl.int32) | (tie.to(tl.int32) << 16), 0)
+            tied = ties + (both >> 16)  # the ties up to this one
+            take = under | (tie & (tied <= need))
+            # taken before this one: the keys below and the ties within the first ``need``
+            where = (found + (both & 0xFFFF) - under.to(tl.int32) + tl.minimum(tied - tie.to(tl.int32), need)
+                     - tl.minimum(ties, need))
             tl.store(cand + where, (key << SLOT_BITS) | s, mask=take & (where < H))
-            ties += tl.sum(tie.to(tl.int32), 0)
-            found += tl.sum(take.to(tl.int32), 0)
+            total = tl.max(both, 0)
+            found += (total & 0xFFFF) + tl.minimum(total >> 16, tl.maximum(need - ties, 0))
+            ties += total >> 16
         _sync(FENCE)
         # Each taken slot's place in eviction order: the taken keys below its own.
         bi = tl.arange(0, BI)

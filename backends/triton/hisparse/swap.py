@@ -35,10 +35,9 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options, planned_sms
-from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device, uses_pdl
+from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 
@@ -57,15 +56,10 @@ def hisparse_swap_kernel(
     k, batch, width, host_rows, dev_rows,
     src_s0, src_s1, dst_s0, dst_s1, count_s0, loc_s0, loc_s1, r2b_s0, host_su, dev_su,
     ROW_BYTES: tl.constexpr, CHUNK: tl.constexpr, UNIT: tl.constexpr, BLOCK_C: tl.constexpr, HAS_R2B: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """Row ``program_id(0)``'s copies in blocks ``program_id(1), + num_programs(1), …`` of ``BLOCK_C``: host row
     ``src`` (``host_su * UNIT`` bytes apart) to device row ``device_loc[b, slot]`` (``dev_su * UNIT`` apart), the
-    ``ROW_BYTES`` bytes ``CHUNK`` at a time; every read and write masked by the copy's checks. ``PDL``: launched with
-    programmatic dependent launch (its programs wait for the launch before it first, and let the next one start)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    ``ROW_BYTES`` bytes ``CHUNK`` at a time; every read and write masked by the copy's checks."""
     r = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1)
     step = tl.num_programs(1)
@@ -172,29 +166,22 @@ def swap_launch(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, 
     chunk = min(next_power_of_2(row_bytes), cfg["CHUNK_BYTES"])
     programs = programs_per_row(rows, k, _sms(target, dev.device), cfg)
     r2b = copy_count if row_to_batch is None else row_to_batch
-    options = options or swap_options(target, cfg)
+    options = options or launch_key_options(launch_options(target, cfg))
     return Launch(
         SWAP, (rows, programs), options,
         (copy_src, copy_dst, copy_count, device_loc, r2b, host, dev,
          k, batch, width, host.shape[0], dev.shape[0],
          copy_src.stride(0), copy_src.stride(1), copy_dst.stride(0), copy_dst.stride(1), copy_count.stride(0),
          device_loc.stride(0), device_loc.stride(1), r2b.stride(0), host.stride(0) // u, dev.stride(0) // u),
-        dict(ROW_BYTES=row_bytes, CHUNK=chunk, UNIT=u, BLOCK_C=block_c, HAS_R2B=row_to_batch is not None,
-             PDL=uses_pdl(target, cfg)),
+        dict(ROW_BYTES=row_bytes, CHUNK=chunk, UNIT=u, BLOCK_C=block_c, HAS_R2B=row_to_batch is not None),
     )
-
-
-def swap_options(target: Target, cfg: Mapping[str, Any]) -> Options:
-    """The swap-in's launch options: the tuning entry's, and ``launch_pdl`` where :func:`uses_pdl`."""
-    pdl = {"launch_pdl": True} if uses_pdl(target, cfg) else {}
-    return launch_key_options({**launch_options(target, cfg), **pdl})
 
 
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
     """``hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch=None)`` of a
     GPU backend built for ``target``: ``device_kv`` written in place and returned."""
     cfg = tuning["hisparse_swap_in"]
-    options = swap_options(target, cfg)
+    options = launch_key_options(launch_options(target, cfg))
 
     def args_of(row_to_batch=None, **args):
         return dict(args, row_to_batch=row_to_batch)
@@ -227,7 +214,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         specs.append(KernelSpec(
             "hisparse_swap_in", hisparse_swap_kernel, ptrs,
             {"ROW_BYTES": row_bytes, "CHUNK": min(next_power_of_2(row_bytes), cfg["CHUNK_BYTES"]),
-             "UNIT": unit(row_bytes), "BLOCK_C": cfg["BLOCK_C"], "HAS_R2B": has_r2b, "PDL": uses_pdl(target, cfg),
+             "UNIT": unit(row_bytes), "BLOCK_C": cfg["BLOCK_C"], "HAS_R2B": has_r2b,
              "src_s1": 1, "dst_s1": 1, "count_s0": 1, "loc_s1": 1, "r2b_s0": 1},
-            dict(swap_options(target, cfg))))
+            launch_options(target, cfg)))
     return specs
