@@ -7,11 +7,13 @@ host link, and a 61-layer step planned once per producer.
 ``--hot`` slots, DeepSeek's fp8 MLA KV rows of 656 bytes in pinned host memory, a decode loop whose selections drift by
 ``--drift`` positions a request a step (a ring of ``--steps`` selections, the state warmed over it first):
 
-- ``plan``: ``indexcache.hisparse_plan`` of one step (the ring's steps in one graph, the time per step);
+- ``plan``: ``indexcache.hisparse_plan`` of one step (the ring's steps in one graph, the time per step), with a slot
+  index kept over the ring (``slot_index=``) and without one (a state of its own, planned alike);
 - ``swap-in``: ``indexcache.hisparse_swap_in`` of the ring's steps' misses for one layer, its bytes per second against
   a contiguous pinned host → device copy of 256 MiB in the same run (``h2d``: the link's bandwidth as the copy
   engine reaches it);
-- a 61-layer decode step through ``IndexerRunner`` with the hot buffers attached (``layer(..., hot=)``), at
+- a 61-layer decode step through ``IndexerRunner`` with the hot buffers attached (``layer(..., hot=)``, keeping a
+  slot index a producer), at
   ``index_topk_freq`` 1 and 4: the whole HiSparse part of the step (each producer selects — a copy of the ring's
   next selection here —, plans and swaps in; each shared layer swaps in with its producer's plan) and the plans
   alone as the runner issues them (one a producer).
@@ -130,11 +132,21 @@ def run(args: argparse.Namespace) -> int:
                   out_copy_dst=torch.empty(b, k, dtype=torch.int32, device=dev),
                   out_copy_count=torch.empty(b, dtype=torch.int32, device=dev)) for _ in range(steps)]
 
+    index = torch.empty(b, max(n, hot), dtype=torch.int32, device=dev)  # the plan's slot index, kept over the ring
+    plain_tokens, plain_ages = empty_state(b, hot, dev)
+
     def plan_ring() -> None:
         for s in range(steps):
-            indexcache.hisparse_plan(raws[s], seq_lens, host_loc, tokens, ages, host_rows=b * n, **plans[s])
+            indexcache.hisparse_plan(raws[s], seq_lens, host_loc, tokens, ages, host_rows=b * n, slot_index=index,
+                                     **plans[s])
+
+    def plan_ring_plain() -> None:
+        for s in range(steps):
+            indexcache.hisparse_plan(raws[s], seq_lens, host_loc, plain_tokens, plain_ages, host_rows=b * n,
+                                     **plans[s])
 
     for _ in range(2):  # fill the buffers, then one lap from a warm state
+        plan_ring_plain()
         plan_ring()
     copies = [(p["out_copy_src"].clone(), p["out_copy_dst"].clone(), p["out_copy_count"].clone()) for p in plans]
     misses = sum(int(c[2].sum()) for c in copies)
@@ -161,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         plan = LayerPlan(LAYERS, index_topk_freq=freq, index_topk=k, page_size=PAGE)
         runner = IndexerRunner(plan)
         state = RingTopk(selections, dev)
-        state.hot = HotBuffers(plan.producers, b, hot, b, k, dev)
+        state.hot = HotBuffers(plan.producers, b, hot, b, k, dev, index_tokens=n)
         plan_counts[freq] = len(plan.producers)
 
         def step(runner=runner, state=state) -> None:
@@ -178,12 +190,14 @@ def run(args: argparse.Namespace) -> int:
         errors += check(f"freq {freq}", state, layers[-1])
         step_calls[f"step f{freq}"], step_calls[f"plans f{freq}"] = step, plans_only
 
-    contenders = {"plan ring": plan_ring, "swap ring": swap_ring, "h2d": h2d, **step_calls}
+    contenders = {"plan ring": plan_ring, "plan ring plain": plan_ring_plain, "swap ring": swap_ring, "h2d": h2d,
+                  **step_calls}
     times = alternating_graph_us(contenders, dev, args.rounds, args.burst)
     plan_us = times["plan ring"] / steps
     swap_gbs = misses * ROW_BYTES / (times["swap ring"] * 1e3)
     h2d_gbs = contiguous.numel() / (times["h2d"] * 1e3)
     rows = [dict(what="plan (a step)", us=round(plan_us, 2)),
+            dict(what="plan without a slot index", us=round(times["plan ring plain"] / steps, 2)),
             dict(what="swap-in (a step, one layer)", us=round(times["swap ring"] / steps, 2),
                  misses=round(misses / steps, 1), gb_per_s=round(swap_gbs, 2), of_h2d=round(swap_gbs / h2d_gbs, 3)),
             dict(what=f"h2d copy {contiguous.numel() >> 20} MiB", us=round(times["h2d"], 2),

@@ -127,6 +127,22 @@ def test_buffers_check_their_sizes_and_reset_empties_a_requests_rows():
                           torch.ones(3, dtype=INDEX), torch.zeros(3, 1, dtype=INDEX)))
 
 
+def test_buffers_keep_a_slot_index_a_producer_and_pass_it_where_it_covers_host_loc(monkeypatch):
+    with pytest.raises(ValueError, match="index_tokens: expected an int >= 0"):
+        HotBuffers([0], 2, 4, 2, 4, index_tokens=-1)
+    hot = HotBuffers([0, 2], 3, 4, 3, 4, index_tokens=10)
+    assert {p: tuple(i.shape) for p, i in hot.index.items()} == {0: (3, 10), 2: (3, 10)}
+    assert HotBuffers([0], 3, 4, 3, 4).index == {}
+    given = []
+    real = ops.hisparse_plan
+    monkeypatch.setattr(ops, "hisparse_plan", lambda *a, **kw: given.append(kw["slot_index"]) or real(*a, **kw))
+    for width in (10, 11):
+        hot.plan(2, torch.zeros(3, 4, dtype=INDEX),
+                 HotLayer(torch.zeros(40, 1), torch.zeros(20, 1), torch.zeros(3, 5, dtype=INDEX),
+                          torch.full((3,), 9, dtype=INDEX), torch.zeros(3, width, dtype=INDEX)))
+    assert given[0] is hot.index[2] and given[1] is None  # 11 host tokens: wider than the index covers
+
+
 MODEL = preset("v32-like", num_layers=6, hidden=64, heads=2, head_dim=32, index_heads=2, topk=16, page_size=8,
                vocab=64, window=16)
 

@@ -30,9 +30,10 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 
 def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, host_rows, out, out_copy_src,
-                  out_copy_dst, out_copy_count):
+                  out_copy_dst, out_copy_count, slot_index=None):
     """Fill ``out [R, k]`` (the slots), ``out_copy_src``, ``out_copy_dst`` and ``out_copy_count`` and update
-    ``slot_token``, ``slot_age`` in place to the state after the step (contract: ``indexcache.hal.hisparse.plan``).
+    ``slot_token``, ``slot_age`` in place to the state after the step (contract: ``indexcache.hal.hisparse.plan``;
+    ``slot_index``, a Triton kernel's hint, is neither read nor written).
     No host sync: every shape is fixed by the arguments' shapes. Returns ``(out, out_copy_src, out_copy_dst,
     out_copy_count)``."""
     rows, k = raw.shape

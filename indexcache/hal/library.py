@@ -63,10 +63,11 @@ BUDGETED_OPS = tuple(op for op, spec in SPECS.items() if spec.budgeted)
 OUTPUTS = ("logits", "out", "out_raw", "workspace", "out_k", "out_scale", "out_copy_src", "out_copy_dst",
            "out_copy_count")
 # The mutated arguments that may be None in the custom op too.
-OPTIONAL_OUTPUTS = ("out_raw", "workspace")
+OPTIONAL_OUTPUTS = ("out_raw", "workspace", "slot_index")
 # What the spec records do not say, part 1: the ops that write an input in place (``paged_mqa_logits`` only reads
 # its ``k_cache``).
-WRITES: Mapping[str, tuple[str, ...]] = {"store_index_k": ("k_cache",), "hisparse_plan": ("slot_token", "slot_age"),
+WRITES: Mapping[str, tuple[str, ...]] = {"store_index_k": ("k_cache",),
+                                         "hisparse_plan": ("slot_token", "slot_age", "slot_index"),
                                          "hisparse_swap_in": ("device_kv",)}
 
 

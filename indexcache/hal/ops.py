@@ -681,7 +681,8 @@ def gather_index_k(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dt
 
 
 def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, host_rows: int | None = None,
-                  out=None, out_copy_src=None, out_copy_dst=None, out_copy_count=None, backend=None) -> hisparse.Plan:
+                  slot_index=None, out=None, out_copy_src=None, out_copy_dst=None, out_copy_count=None,
+                  backend=None) -> hisparse.Plan:
     """One decode step's HiSparse plan: which selected tokens the hot buffer holds (hits), which are copied in from
     the host (misses) into which slots (the least recently used), and each selected position's slot. Rules:
     docs/hisparse.md. The state ``slot_token`` / ``slot_age`` is updated in place. No host sync: capturable in a
@@ -711,6 +712,12 @@ def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch
         buffer (speculative decoding's verify rows); a row naming no request in ``[0, B)`` selects nothing.
     host_rows : int, optional
         The host KV tensor's rows: a host row at or past it counts as not on the host.
+    slot_index : torch.Tensor, optional
+        ``[B, W]`` int32, contiguous, ``W >= max(L, H)``: kept by the caller beside the state, any contents at first
+        (``torch.empty``). The Triton backends keep in it the slot of each token the state holds; a step whose state
+        is all found there (the state the last step wrote) resolves only the selected tokens, not every slot's
+        (docs/hisparse.md, "The slot index"); one that is not rebuilds it. The results never depend on it; the torch
+        backend neither reads nor writes it. One a state: ``4 B W`` bytes.
     out, out_copy_src, out_copy_dst, out_copy_count : torch.Tensor, optional
         The outputs, written in place without allocating: ``[R, k]`` int32 slots (in ``[0, H]``, -1 none), ``[R, k]``
         int64 host rows and ``[R, k]`` int32 slots of the copies (the first ``out_copy_count[r]`` entries of row
@@ -748,7 +755,8 @@ def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch
     # The state by name: a kept call returns what the op writes from the named arguments (library.result).
     got = _call("hisparse_plan", backend, None not in (out, out_copy_src, out_copy_dst, out_copy_count),
                 (raw, seq_lens, host_loc), dict(slot_token=slot_token, slot_age=slot_age, row_to_batch=row_to_batch,
-                                                host_rows=host_rows, out=out, out_copy_src=out_copy_src,
+                                                host_rows=host_rows, slot_index=slot_index, out=out,
+                                                out_copy_src=out_copy_src,
                                                 out_copy_dst=out_copy_dst, out_copy_count=out_copy_count))
     return hisparse.Plan(*got[:4], slot_token, slot_age)  # a backend returns the four outputs, a kept call all six
 

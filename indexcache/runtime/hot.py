@@ -51,15 +51,20 @@ class HotLayer:
 class HotBuffers:
     """The hot-buffer state of ``max_requests`` requests with ``hot`` device slots each, one state per producer in
     ``producers`` (the layers sharing a producer's indices share its buffers' bookkeeping), and the buffers of one
-    plan of up to ``max_rows`` rows of ``k`` positions on ``device``."""
+    plan of up to ``max_rows`` rows of ``k`` positions on ``device``. ``index_tokens``: also keep a slot index per
+    producer over that many tokens (``host_loc``'s width; ``indexcache.hisparse_plan``'s ``slot_index``, which lets
+    a step resolve only its selected tokens): ``4 max(index_tokens, hot)`` bytes a request a producer."""
 
     def __init__(self, producers: Iterable[int], max_requests: int, hot: int, max_rows: int, k: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", *, index_tokens: int | None = None) -> None:
         for name, value, low in (("max_requests", max_requests, 0), ("hot", hot, 1), ("max_rows", max_rows, 0),
-                                 ("k", k, 1)):
+                                 ("k", k, 1), ("index_tokens", 0 if index_tokens is None else index_tokens, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
         self.state = {int(p): hisparse.empty_state(max_requests, hot, device) for p in producers}
+        width = max(index_tokens or 0, hot)
+        self.index = ({p: torch.empty(max_requests, width, dtype=INDEX, device=device) for p in self.state}
+                      if index_tokens is not None else {})
         self.slots = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
         self.copy_src = torch.full((max_rows, k), -1, dtype=torch.int64, device=device)
         self.copy_dst = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
@@ -96,8 +101,12 @@ class HotBuffers:
                              f"(the buffers' capacity), got {list(raw.shape)}")
         tokens, ages = self.state[producer]
         host_rows = layer.host_kv.shape[0] if layer.host_rows is None else layer.host_rows
+        index = self.index.get(producer)
+        if index is not None and index.shape[1] < max(layer.host_loc.shape[1], tokens.shape[1]):
+            index = None  # a host_loc wider than the index covers: planned without it
         got = ops.hisparse_plan(raw, layer.seq_lens, layer.host_loc, tokens, ages, row_to_batch=row_to_batch,
-                                host_rows=host_rows, out=self.slots[:rows], out_copy_src=self.copy_src[:rows],
+                                host_rows=host_rows, slot_index=index, out=self.slots[:rows],
+                                out_copy_src=self.copy_src[:rows],
                                 out_copy_dst=self.copy_dst[:rows], out_copy_count=self.copy_count[:rows])
         self.group, self.rows = producer, rows
         return got

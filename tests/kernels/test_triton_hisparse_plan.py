@@ -277,3 +277,39 @@ def test_supports_names_what_it_declines():
     assert "slots" in module.supports(raw, torch.zeros(2, module.MAX_H + 1, dtype=I32))[0]
     assert "columns" in module.supports(torch.zeros(2, module.MAX_K + 1, dtype=I32), tok)[0]
     assert "contiguous" in module.supports(raw, tok, out=torch.zeros(8, 2, dtype=I32).t())[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_kept_slot_index_gives_the_same_plans(seed):
+    """Steps planned with the kernel's own state and a slot index kept across them (its first contents garbage, a
+    duplicate put into the state behind its back at step 12, a request reset at step 18): every plan and state equal
+    to the reference's, and after each step the index has every slot of a long request at its token (what lets the
+    next step resolve only the selected tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    batches, hot, k, rows_per, length = 3, 16, 6, 1 + seed % 2, 80
+    tok, age = hisparse.empty_state(batches, hot)
+    index = torch.randint(-5, 20, (batches, length + seed), generator=g, dtype=I32)
+    host_loc = host(batches, length)
+    seq = t([5, 12, 20])
+    r2b = torch.arange(batches).repeat_interleave(rows_per).to(I32) if rows_per > 1 else None
+    rows = batches * rows_per
+    cfg = SMALL if seed % 2 else CFG
+    for step in range(25):
+        if step == 12:
+            tok[1, 3] = tok[1, 5]
+        if step == 18:
+            tok[2], age[2] = -1, -1
+        raw = torch.stack([torch.randint(-1, int(seq[r // rows_per]) + 1, (k,), generator=g) for r in range(rows)])
+        raw = raw.to(I32)
+        want = hisparse.plan(raw, seq, host_loc, tok, age, row_to_batch=r2b)
+        out, src = torch.full((rows, k), -7, dtype=I32), torch.full((rows, k), -7, dtype=torch.int64)
+        dst, count = torch.full((rows, k), -7, dtype=I32), torch.full((rows,), -7, dtype=I32)
+        _kernel().plan_launch(raw, seq, host_loc, tok, age, r2b, None, out, src, dst, count, index, target=SM90,
+                              cfg=cfg)()
+        for name, got, w in zip(FIELDS, (out, src, dst, count, tok, age), want, strict=True):
+            assert torch.equal(got, w), f"step {step}, {name}:\n got {got.tolist()}\nwant {w.tolist()}"
+        for b in range(batches):
+            if int(seq[b]) > hot:
+                held = [(s, x) for s, x in enumerate(tok[b].tolist()) if x >= 0]
+                assert all(int(index[b, x]) == s for s, x in held), f"step {step}, request {b}"
+        seq = seq + torch.randint(0, 3, (batches,), generator=g, dtype=I32)

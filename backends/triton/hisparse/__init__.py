@@ -19,13 +19,13 @@ def _plan_op(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> OpImpl:
     cfg = tuning["hisparse_plan"]
     options = plan.plan_options(target, cfg)
 
-    def args_of(row_to_batch=None, host_rows=None, **args):
-        return dict(args, row_to_batch=row_to_batch, host_rows=host_rows)
+    def args_of(row_to_batch=None, host_rows=None, slot_index=None, **args):
+        return dict(args, row_to_batch=row_to_batch, host_rows=host_rows, slot_index=slot_index)
 
     def supports(**args):
         a = args_of(**args)
-        tensors = {n: a[n] for n in ("raw", "seq_lens", "host_loc", "slot_token", "slot_age", "row_to_batch", "out",
-                                     "out_copy_src", "out_copy_dst", "out_copy_count")}
+        tensors = {n: a[n] for n in ("raw", "seq_lens", "host_loc", "slot_token", "slot_age", "row_to_batch",
+                                     "slot_index", "out", "out_copy_src", "out_copy_dst", "out_copy_count")}
         return on_target_device(target, **tensors) + plan.supports(**a)
 
     def run(**args):

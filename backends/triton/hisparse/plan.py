@@ -16,6 +16,15 @@ mark tells a slot that its token is selected (a hit): the same pass cleans the s
 free slots' eviction keys. No hashing, no rounds: each event is resolved by its own token's entry.
 The selected events keep their result in ``out`` (a code an entry) until the last pass.
 
+With a slot index (``slot_index``, the caller's ``[B, W]`` int32, kept across steps): the first pass also reads each
+live slot's token's entry there. When every live slot is found at its own token (the state the plan wrote last, so
+no token is held twice), only the selected events go through the table (their first appearances), a selected token's
+slot is the index's when the state says that slot holds it (a hit, marked for its slot), and a pass over the state
+cleans it and writes the keys: the state's 4,096 slots make one scattered read instead of three scattered passes.
+Otherwise (a first step, a state changed elsewhere) every event goes through the table as above and the index is
+rebuilt; placed misses and short requests' identities are written into it. The index is a hint: a wrong entry only
+sends a step the long way.
+
 Misses on the host are numbered in order of first appearance (a row at a time, a running count and a cumsum). The
 free slots' eviction keys ``(occupied, age)`` (then the slot) are written in the pass that resolves the state; the
 M-th smallest, ``M = min(misses, free slots)``, is looked for among the ``2**DIGIT - 1`` keys from the lowest (one
@@ -121,11 +130,11 @@ def _now(top):
 @triton.jit(do_not_specialize=("B", "R", "L", "host_rows"),
             do_not_specialize_on_alignment=("seq_ptr", "host_ptr", "r2b_ptr", "ws_ptr"))
 def hisparse_plan_kernel(
-    raw_ptr, seq_ptr, host_ptr, tok_ptr, age_ptr, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-    B, R, L, host_rows, raw_s0, raw_s1, seq_s0, host_s0, host_s1, r2b_s0,
+    raw_ptr, seq_ptr, host_ptr, tok_ptr, age_ptr, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr, idx_ptr,
+    B, R, L, host_rows, raw_s0, raw_s1, seq_s0, host_s0, host_s1, r2b_s0, idx_s0,
     H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, DIGIT: tl.constexpr,
     BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
-    HAS_R2B: tl.constexpr, FENCE: tl.constexpr, PDL: tl.constexpr,
+    HAS_R2B: tl.constexpr, HAS_INDEX: tl.constexpr, FENCE: tl.constexpr, PDL: tl.constexpr,
 ):
     """Request ``program_id(0)``'s plan and state update; also that row's outputs when it names no request.
     ``PDL``: launched with programmatic dependent launch (its programs wait for the launch before it first, and let
@@ -172,6 +181,8 @@ def hisparse_plan_kernel(
             for h0 in range(0, H, BLOCK_H):
                 s = h0 + hs
                 tl.store(tok_row + s, tl.where(s < n, s, -1), mask=s < H)
+                if HAS_INDEX:
+                    tl.store(idx_ptr + b64 * idx_s0 + s, s, mask=s < n)
             row = row0
             for _ in range(rows):
                 r = row.to(tl.int64)
@@ -189,61 +200,45 @@ def hisparse_plan_kernel(
             if HAS_R2B:
                 requests = ws_ptr + R + R % 2
             _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                          b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
-                          H, K, K_P2, BLOCK_H, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, FENCE)
+                          idx_ptr + b64 * idx_s0, b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
+                          H, K, K_P2, BLOCK_H, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, HAS_INDEX, FENCE)
 
 
 @triton.jit
-def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                  b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
-                  H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, DIGIT: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr,
-                  FENCE: tl.constexpr):
-    """Request ``b`` of ``n > H`` tokens: the events' ids at their tokens, the misses' numbers, the eviction order,
-    the outputs."""
-    newest = n - 1
-    reach = tl.maximum(L, H)  # the tokens a slot can hold: on the host (t < L) or a short request's own (t < H)
-    held_below = tl.minimum(newest, reach)
+def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, now):
+    """A block of the state after the step: slots not holding their token first emptied, hits aged ``now``, the free
+    slots' eviction keys ``(occupied, age)``; its hits, lowest and highest free key."""
+    free = m & ~is_hit
+    key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
+    tl.store(keys + s, tl.where(free, key, -1), mask=m)
+    tl.store(tok_row + s, tl.where(holds, tok, -1), mask=m)
+    tl.store(age_row + s, tl.zeros_like(age) + now, mask=is_hit)
+    return tl.reduce((is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF), tl.where(free, key, -1)), 0,
+                     _tally)
+
+
+@triton.jit
+def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, index, now, R, n, newest, reach,
+                 held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr,
+                 BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr, CLEAR_STATE: tl.constexpr,
+                 KEEP_INDEX: tl.constexpr):
+    """Every event through the table (the selected tokens' entries already emptied; the state's too unless
+    ``CLEAR_STATE``): each id ``atomic_min``'d into its token's entry (a selected token marked), then read back. The
+    least id names the slot holding the token (a state id: the lowest slot, so a higher one is a duplicate; for a
+    selected entry a hit) or its first appearance (a selected id: a miss); the mark tells a slot its token is selected
+    (a hit). ``KEEP_INDEX``: each slot holding its token is written at it in ``index``. Returns the state's hits and
+    its lowest and highest free key."""
     cols = tl.arange(0, K_P2)
     in_row = cols < K
     hs = tl.arange(0, BLOCK_H)
-    # The request's workspace: int64 eviction keys and candidates, the slots taken in eviction order, and the token
-    # table: an int64 a token below ``reach``, whose low word gets the least id of the events at that token and whose
-    # high word whether a selected entry is one of them.
-    ws = ws_ptr + b.to(tl.int64) * (5 * H + (H % 2) + 2 * reach)
-    keys = ws.to(tl.pointer_type(tl.int64))
-    cand = keys + H
-    taken = ws + 4 * H
-    table = (taken + H + (H % 2)).to(tl.pointer_type(tl.int64))
-    words = table.to(tl.pointer_type(tl.int32))  # token t's least id at word 2 t, whether it is selected at 2 t + 1
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
-
-    # The step's clock (the largest age + 1); the table's entries at the events' tokens emptied (nothing else of it is
-    # read); each selected entry's first code (a token past ``reach`` is neither held nor on the host: none).
-    top = tl.full([], -2147483648, tl.int32)
-    for h0 in range(0, H, BLOCK_H):
-        s = h0 + hs
-        tok = tl.load(tok_row + s, mask=s < H, other=-1)
-        age = tl.load(age_row + s, mask=s < H, other=-2147483648)
-        top = tl.maximum(top, tl.max(age, 0))
-        live = (s < H) & (tok >= 0) & (tok < held_below)
-        tl.store(table + tok, tl.zeros([BLOCK_H], tl.int64) + empty, mask=live)
-    now = _now(top)
-    row = row0
-    for _ in range(rows):
-        r = row
-        row = _next_row(links, row, R, HAS_R2B)
-        if r < R:
-            r64 = r.to(tl.int64)
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-            valid = in_row & (x >= 0) & (x < n)
-            pending = valid & (x != newest) & (x < reach)
-            code = tl.where(pending, PENDING, tl.where(valid & (x == newest), H, -1))
-            tl.store(out_ptr + r64 * K + cols, code, mask=in_row)
-            tl.store(table + x, tl.zeros([K_P2], tl.int64) + empty, mask=pending)
-    _sync(FENCE)
-
-    # Every event's id at its token (the entry keeps the least); a selected token marked so.
+    if CLEAR_STATE:
+        for h0 in range(0, H, BLOCK_H):
+            s = h0 + hs
+            tok = tl.load(tok_row + s, mask=s < H, other=-1)
+            live = (s < H) & (tok >= 0) & (tok < held_below)
+            tl.store(table + tok, tl.zeros([BLOCK_H], tl.int64) + empty, mask=live)
+        _sync(FENCE)
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         tok = tl.load(tok_row + s, mask=s < H, other=-1)
@@ -261,10 +256,6 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             tl.atomic_min(at, H + r * K + cols, mask=pending, sem="relaxed")
             tl.store(at + 1, tl.full([K_P2], 1, tl.int32), mask=pending)
     _sync(FENCE)
-
-    # Each selected entry's token's least id: a state id is the lowest slot holding it (a hit), a selected id its
-    # first appearance (a miss). Each slot's: it holds its token first (else it is emptied: a duplicate), and is hit
-    # when a selected entry is at that token too (aged now); the free slots' eviction keys, (occupied, age).
     row = row0
     for _ in range(rows):
         r = row
@@ -287,18 +278,146 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         live = m & (tok >= 0) & (tok < held_below)
         entry = tl.load(table + tok, mask=live, other=-1, cache_modifier=".cg")
         holds = live & (entry.to(tl.int32) == s)
-        is_hit = holds & ((entry >> 32) != 0)
-        free = m & ~is_hit
-        key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
-        tl.store(keys + s, tl.where(free, key, -1), mask=m)
-        tl.store(tok_row + s, tl.where(holds, tok, -1), mask=m)
-        tl.store(age_row + s, tl.full([BLOCK_H], 0, tl.int32) + now, mask=is_hit)
-        block_hits, block_low, block_high = tl.reduce(
-            (is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF), tl.where(free, key, -1)), 0, _tally)
+        if KEEP_INDEX:
+            tl.store(index + tok, s, mask=holds)
+        block_hits, block_low, block_high = _state_keys(tok, age, s, m, holds, holds & ((entry >> 32) != 0), keys,
+                                                        tok_row, age_row, now)
         hits += block_hits
         low = tl.minimum(low, block_low)
         high = tl.maximum(high, block_high)
     _sync(FENCE)
+    return hits, low, high
+
+
+@triton.jit
+def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, index, hit, now, R, n, newest, reach,
+                     held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr,
+                     BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
+    """The state's live slots all found at their tokens in ``index`` (so none holds a token twice): only the selected
+    entries go through the table (their first appearances); a selected token's slot is the index's, when the state
+    says that slot holds it (a hit, marked in ``hit``). Returns the state's hits and its lowest and highest free
+    key."""
+    cols = tl.arange(0, K_P2)
+    in_row = cols < K
+    hs = tl.arange(0, BLOCK_H)
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            pending = in_row & (x >= 0) & (x < n) & (x != newest) & (x < reach)
+            tl.atomic_min(words + 2 * x.to(tl.int64), H + r * K + cols, mask=pending, sem="relaxed")
+    _sync(FENCE)
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            pending = in_row & (x >= 0) & (x < n) & (x != newest) & (x < reach)
+            w = tl.load(words + 2 * x.to(tl.int64), mask=pending, other=-1, cache_modifier=".cg")
+            h = tl.load(index + x, mask=pending, other=-1, cache_modifier=".cg")
+            held = pending & (h >= 0) & (h < H)
+            held = held & (tl.load(tok_row + h, mask=held, other=-1) == x)
+            first = pending & (w >= H) & (w <= H + r * K + cols)  # always, whatever the workspace held
+            tl.store(out_ptr + r64 * K + cols, tl.where(held, h, tl.where(first, MISS - (w - H), -1)), mask=pending)
+            tl.store(hit + h, tl.full([K_P2], 1, tl.int32), mask=held)
+    _sync(FENCE)
+    hits = 0
+    low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
+    high = tl.full([], -1, tl.int64)
+    for h0 in range(0, H, BLOCK_H):
+        s = h0 + hs
+        m = s < H
+        tok = tl.load(tok_row + s, mask=m, other=-1)
+        age = tl.load(age_row + s, mask=m, other=0)
+        holds = m & (tok >= 0) & (tok < held_below)
+        is_hit = holds & (tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1)
+        block_hits, block_low, block_high = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, now)
+        hits += block_hits
+        low = tl.minimum(low, block_low)
+        high = tl.maximum(high, block_high)
+    _sync(FENCE)
+    return hits, low, high
+
+
+@triton.jit
+def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr, index,
+                  b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
+                  H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, DIGIT: tl.constexpr,
+                  BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr,
+                  HAS_INDEX: tl.constexpr, FENCE: tl.constexpr):
+    """Request ``b`` of ``n > H`` tokens (``index``: its row of the slot index, where ``HAS_INDEX``): the events
+    resolved, the misses' numbers, the eviction order, the outputs."""
+    newest = n - 1
+    reach = tl.maximum(L, H)  # the tokens a slot can hold: on the host (t < L) or a short request's own (t < H)
+    held_below = tl.minimum(newest, reach)
+    cols = tl.arange(0, K_P2)
+    in_row = cols < K
+    hs = tl.arange(0, BLOCK_H)
+    # The request's workspace: int64 eviction keys and candidates, the slots taken in eviction order, the slots hit
+    # (with an index), and the token table: an int64 a token below ``reach``, whose low word gets the least id of the
+    # events at that token and whose high word whether a selected entry is one of them.
+    ws = ws_ptr + b.to(tl.int64) * (6 * H + (H % 2) + 2 * reach)
+    keys = ws.to(tl.pointer_type(tl.int64))
+    cand = keys + H
+    taken = ws + 4 * H
+    hit = taken + H
+    table = (hit + H + (H % 2)).to(tl.pointer_type(tl.int64))
+    words = table.to(tl.pointer_type(tl.int32))  # token t's least id at word 2 t, whether it is selected at 2 t + 1
+    empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
+
+    # The step's clock (the largest age + 1); with an index, whether it has every live slot at its token (and no slot
+    # hit yet), else the table's entries at the state's tokens emptied; the selected tokens' entries emptied (nothing
+    # else of the table is read); each selected entry's first code (a token past ``reach`` is neither held nor on
+    # the host: none).
+    top = tl.full([], -2147483648, tl.int32)
+    stray = 0
+    for h0 in range(0, H, BLOCK_H):
+        s = h0 + hs
+        tok = tl.load(tok_row + s, mask=s < H, other=-1)
+        age = tl.load(age_row + s, mask=s < H, other=-2147483648)
+        top = tl.maximum(top, tl.max(age, 0))
+        live = (s < H) & (tok >= 0) & (tok < held_below)
+        if HAS_INDEX:
+            at = tl.load(index + tok, mask=live, other=-1, cache_modifier=".cg")
+            stray += tl.sum((live & (at != s)).to(tl.int32), 0)
+            tl.store(hit + s, tl.zeros([BLOCK_H], tl.int32), mask=s < H)
+        else:
+            tl.store(table + tok, tl.zeros([BLOCK_H], tl.int64) + empty, mask=live)
+    now = _now(top)
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            valid = in_row & (x >= 0) & (x < n)
+            pending = valid & (x != newest) & (x < reach)
+            code = tl.where(pending, PENDING, tl.where(valid & (x == newest), H, -1))
+            tl.store(out_ptr + r64 * K + cols, code, mask=in_row)
+            tl.store(table + x, tl.zeros([K_P2], tl.int64) + empty, mask=pending)
+    _sync(FENCE)
+
+    # Each selected entry's code (its hit slot, or its first appearance); the state cleaned (a slot not holding its
+    # token first is emptied), its hits aged, the free slots' keys.
+    if HAS_INDEX:
+        if stray == 0:
+            hits, low, high = _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, index, hit,
+                                               now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
+                                               H, K, K_P2, BLOCK_H, HAS_R2B, FENCE)
+        else:  # the index missed a slot (first use, a state changed elsewhere): all events, and the index rebuilt
+            hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, index,
+                                           now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
+                                           H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, True, True)
+    else:
+        hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, index, now,
+                                       R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
+                                       H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, False, False)
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
     misses = 0
@@ -426,6 +545,8 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             _sync(FENCE)  # every thread's reads of the row's codes (copies included) before they become its slots
             tl.store(at, tl.where(code >= 0, code, slot), mask=in_row)
             tl.store(tok_row + slot.to(tl.int64), x, mask=copy & (slot >= 0))
+            if HAS_INDEX:
+                tl.store(index + x, slot, mask=copy & (slot >= 0))
             tl.store(age_row + slot.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=copy & (slot >= 0))
 
 
@@ -433,12 +554,12 @@ PLAN = Launcher(hisparse_plan_kernel)
 
 
 def workspace_words(requests: int, hot: int, length: int, rows: int = 0) -> int:
-    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (5 H + H % 2 + 2 S) + 1`` (``rows``:
+    """int32 words of workspace a call takes: ``rows + rows % 2 + requests * (6 H + H % 2 + 2 S) + 1`` (``rows``:
     those of ``row_to_batch`` when given, else 0; ``S = max(length, H)`` the token table's int64 entries a request,
     ``length`` being ``host_loc``'s width; one word to align the int64 keys). At 64 requests, H 4096 and 128K host
-    tokens a request: 69 MiB."""
+    tokens a request: 70 MiB."""
     span = max(length, hot)
-    return rows + rows % 2 + requests * (5 * hot + hot % 2 + 2 * span) + 1
+    return rows + rows % 2 + requests * (6 * hot + hot % 2 + 2 * span) + 1
 
 
 def supports(raw: torch.Tensor, slot_token: torch.Tensor, slot_age: torch.Tensor | None = None,
@@ -476,10 +597,10 @@ def plan_options(target: Target, cfg: Mapping[str, Any]) -> Options:
 
 
 def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, host_rows, out, out_copy_src,
-                out_copy_dst, out_copy_count, *, target: Target, cfg: Mapping[str, Any], options: Options | None = None,
-                workspace_given: torch.Tensor | None = None) -> Launch | None:
-    """The launch of one step's plan (contract: ``indexcache.hal.hisparse.plan``, the state updated in place), None
-    when there is nothing to write (no rows and no requests)."""
+                out_copy_dst, out_copy_count, slot_index=None, *, target: Target, cfg: Mapping[str, Any],
+                options: Options | None = None, workspace_given: torch.Tensor | None = None) -> Launch | None:
+    """The launch of one step's plan (contract: ``indexcache.hal.hisparse.plan``, the state updated in place; the
+    slot index, where given, checked and kept), None when there is nothing to write (no rows and no requests)."""
     batch, hot = slot_token.shape
     rows, k = raw.shape
     programs = max(batch, rows)
@@ -491,34 +612,38 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
         ws = ws[1:]
     options = options or plan_options(target, cfg)
     r2b = row_to_batch if row_to_batch is not None else seq_lens
+    index = slot_index if slot_index is not None else slot_token  # not read without one
     return Launch(
         PLAN, (programs,), options,
         (raw, seq_lens, host_loc, slot_token, slot_age, r2b, ws, out, out_copy_src, out_copy_dst, out_copy_count,
-         batch, rows, host_loc.shape[1], -1 if host_rows is None else int(host_rows),
-         raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1), r2b.stride(0)),
+         index, batch, rows, host_loc.shape[1], -1 if host_rows is None else int(host_rows),
+         raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1), r2b.stride(0),
+         index.stride(0)),
         dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]),
              DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"],
-             HAS_R2B=row_to_batch is not None, FENCE=_fence(target), PDL=uses_pdl(target, cfg)),
+             HAS_R2B=row_to_batch is not None, HAS_INDEX=slot_index is not None, FENCE=_fence(target),
+             PDL=uses_pdl(target, cfg)),
     )
 
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
     """What :func:`plan_launch` builds for ``target`` (cross-compile check): H 4096 with k 512 and 2048, H 16384 with
-    k 2048; int32 and int64 ``host_loc``; with and without ``row_to_batch``; unit column strides."""
+    k 2048; int32 and int64 ``host_loc``; with and without ``row_to_batch``, with and without a slot index; unit
+    column strides."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
     cfg = tuning["hisparse_plan"]
     specs = []
-    for hot, k, host, r2b in ((4096, 512, "*i32", False), (4096, 512, "*i64", True), (4096, 2048, "*i64", False),
-                              (16384, 2048, "*i32", True)):
+    for hot, k, host, r2b, index in ((4096, 512, "*i32", False, True), (4096, 512, "*i64", True, False),
+                                     (4096, 2048, "*i64", False, False), (16384, 2048, "*i32", True, True)):
         ptrs = {"raw_ptr": "*i32", "seq_ptr": "*i32", "host_ptr": host, "tok_ptr": "*i32", "age_ptr": "*i32",
                 "r2b_ptr": "*i32", "ws_ptr": "*i32", "out_ptr": "*i32", "src_ptr": "*i64", "dst_ptr": "*i32",
-                "cnt_ptr": "*i32"}
+                "cnt_ptr": "*i32", "idx_ptr": "*i32"}
         specs.append(KernelSpec(
             "hisparse_plan", hisparse_plan_kernel, ptrs,
             {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]),
              "DIGIT": cfg["DIGIT"], "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
-             "HAS_R2B": r2b, "FENCE": _fence(target), "PDL": uses_pdl(target, cfg),
+             "HAS_R2B": r2b, "HAS_INDEX": index, "FENCE": _fence(target), "PDL": uses_pdl(target, cfg),
              "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
-            dict(plan_options(target, cfg)), aligned=("raw_s0", "host_s0")))
+            dict(plan_options(target, cfg)), aligned=("raw_s0", "host_s0", "idx_s0")))
     return specs

@@ -17,7 +17,7 @@ COPY_SRC = torch.int64
 
 
 def check(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, host_rows: int | None = None,
-          out=None, out_copy_src=None, out_copy_dst=None, out_copy_count=None) -> dict[str, Any]:
+          slot_index=None, out=None, out_copy_src=None, out_copy_dst=None, out_copy_count=None) -> dict[str, Any]:
     check_tensor("slot_token", slot_token, (INDEX,), (None, None))
     device = slot_token.device
     batches, hot = slot_token.shape
@@ -48,6 +48,15 @@ def check(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, h
     state = dict(slot_token=slot_token, slot_age=slot_age)
     for name, t in state.items():
         check_output(name, t, reads)
+    if slot_index is not None:
+        width = max(host_loc.shape[1], hot)
+        check_tensor("slot_index", slot_index, (INDEX,), (batches, None), device)
+        if slot_index.shape[1] < width or not slot_index.is_contiguous():
+            raise ValueError(f"slot_index: expected a contiguous [{batches}, >= {width}] tensor (a word a token a slot "
+                             f"can hold: max(L, H)), got shape {list(slot_index.shape)}, strides "
+                             f"{list(slot_index.stride())}")
+        check_output("slot_index", slot_index, {**reads, **state})
+        state["slot_index"] = slot_index
     taken = {**reads, **state}
     outs = {}
     for name, given, dtype, shape in (("out", out, INDEX, (rows, k)),
@@ -56,12 +65,13 @@ def check(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, h
                                       ("out_copy_count", out_copy_count, INDEX, (rows,))):
         outs[name] = output(name, given, dtype, shape, device, {**taken, **outs})
     return dict(raw=raw, seq_lens=seq_lens, host_loc=host_loc, slot_token=slot_token, slot_age=slot_age,
-                row_to_batch=row_to_batch, host_rows=host_rows, **outs)
+                row_to_batch=row_to_batch, host_rows=host_rows, slot_index=slot_index, **outs)
 
 
 def reference(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, host_rows=None,
-              out_copy_src=None, out_copy_dst=None, out_copy_count=None) -> hisparse.Plan:
-    """The plan by the rules of :func:`indexcache.hal.hisparse.plan` (the given outputs play no part)."""
+              slot_index=None, out_copy_src=None, out_copy_dst=None, out_copy_count=None) -> hisparse.Plan:
+    """The plan by the rules of :func:`indexcache.hal.hisparse.plan` (the given outputs and the slot index play no
+    part)."""
     return hisparse.plan(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch=row_to_batch,
                          host_rows=host_rows)
 
@@ -219,6 +229,38 @@ def _(gen, dev):
     host_loc = _host_loc(gen, 4, 9000).long()
     raw, tokens, ages = _evolved(gen, 12, lens, hot, k, host_loc, drift=40)
     return _args(dev, raw, lens, host_loc, tokens, ages)
+
+
+def _index_of(tokens: torch.Tensor, width: int, gen: torch.Generator) -> torch.Tensor:
+    """A slot index holding each slot at its token (garbage elsewhere): what the last step left."""
+    index = torch.randint(-3, tokens.shape[1] + 3, (tokens.shape[0], width), generator=gen, dtype=I32)
+    for b in range(tokens.shape[0]):
+        held = tokens[b] >= 0
+        index[b, tokens[b][held].long()] = torch.arange(tokens.shape[1], dtype=I32)[held]
+    return index
+
+
+@cases.add("a slot index holding the state (the step after one that kept it): the same plan from the selected "
+           "tokens alone; rows sharing a request, a token selected twice, the newest, -1")
+def _(gen, dev):
+    hot, k, lens = 64, 24, [900, 300, 65, 40]
+    host_loc = _host_loc(gen, 4, 900)
+    raw, tokens, ages = _evolved(gen, 8, lens, hot, k, host_loc, drift=6)
+    raw = torch.cat([raw, raw[:, :k // 2].roll(1, 1).repeat(1, 2)])
+    raw[0, 0], raw[1, 1], raw[5, 2] = lens[0] - 1, -1, raw[5, 3]
+    r2b = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3], dtype=I32)
+    return _args(dev, raw, lens, host_loc, tokens, ages, row_to_batch=r2b, slot_index=_index_of(tokens, 900, gen))
+
+
+@cases.add("a slot index of garbage, wider than max(L, H), over a state holding a token twice: every slot resolved "
+           "through the table")
+def _(gen, dev):
+    hot, k, lens = 32, 12, [300, 120]
+    host_loc = _host_loc(gen, 2, 250)
+    raw, tokens, ages = _evolved(gen, 4, lens, hot, k, host_loc, drift=4)
+    tokens[1, 7] = tokens[1, 3]
+    index = torch.randint(-2**31, 2**31 - 1, (2, 260), generator=gen, dtype=torch.int64).to(I32)
+    return _args(dev, raw, lens, host_loc, tokens, ages, slot_index=index)
 
 
 @cases.add("no rows and no requests")
