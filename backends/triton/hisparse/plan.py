@@ -205,6 +205,15 @@ def hisparse_plan_kernel(
 
 
 @triton.jit
+def _selected(raw_row, raw_s1, K: tl.constexpr, K_P2: tl.constexpr, n, newest, reach):
+    """A row's selected positions and which of them are looked up in the table: valid (``[0, n)``), not the newest,
+    below ``reach``."""
+    cols = tl.arange(0, K_P2)
+    x = tl.load(raw_row + cols * raw_s1, mask=cols < K, other=-1)
+    return x, (cols < K) & (x >= 0) & (x < n) & (x != newest) & (x < reach)
+
+
+@triton.jit
 def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, now):
     """A block of the state after the step: slots not holding their token first emptied, hits aged ``now``, the free
     slots' eviction keys ``(occupied, age)``; its hits, lowest and highest free key."""
@@ -229,7 +238,6 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
     (a hit). ``KEEP_INDEX``: each slot holding its token is written at it in ``index``. Returns the state's hits and
     its lowest and highest free key."""
     cols = tl.arange(0, K_P2)
-    in_row = cols < K
     hs = tl.arange(0, BLOCK_H)
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
     if CLEAR_STATE:
@@ -250,8 +258,7 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
         row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-            pending = in_row & (x >= 0) & (x < n) & (x != newest) & (x < reach)
+            x, pending = _selected(raw_ptr + r64 * raw_s0, raw_s1, K, K_P2, n, newest, reach)
             at = words + 2 * x.to(tl.int64)
             tl.atomic_min(at, H + r * K + cols, mask=pending, sem="relaxed")
             tl.store(at + 1, tl.full([K_P2], 1, tl.int32), mask=pending)
@@ -262,8 +269,7 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
         row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-            pending = in_row & (x >= 0) & (x < n) & (x != newest) & (x < reach)
+            x, pending = _selected(raw_ptr + r64 * raw_s0, raw_s1, K, K_P2, n, newest, reach)
             w = tl.load(words + 2 * x.to(tl.int64), mask=pending, other=-1, cache_modifier=".cg")
             ok = pending & (w >= 0) & (w <= H + r * K + cols)  # always, whatever the workspace held before the step
             tl.store(out_ptr + r64 * K + cols, tl.where(ok, tl.where(w < H, w, MISS - (w - H)), -1), mask=pending)
@@ -298,7 +304,6 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, ind
     says that slot holds it (a hit, marked in ``hit``). Returns the state's hits and its lowest and highest free
     key."""
     cols = tl.arange(0, K_P2)
-    in_row = cols < K
     hs = tl.arange(0, BLOCK_H)
     row = row0
     for _ in range(rows):
@@ -306,8 +311,7 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, ind
         row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-            pending = in_row & (x >= 0) & (x < n) & (x != newest) & (x < reach)
+            x, pending = _selected(raw_ptr + r64 * raw_s0, raw_s1, K, K_P2, n, newest, reach)
             tl.atomic_min(words + 2 * x.to(tl.int64), H + r * K + cols, mask=pending, sem="relaxed")
     _sync(FENCE)
     row = row0
@@ -316,8 +320,7 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, ind
         row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-            pending = in_row & (x >= 0) & (x < n) & (x != newest) & (x < reach)
+            x, pending = _selected(raw_ptr + r64 * raw_s0, raw_s1, K, K_P2, n, newest, reach)
             w = tl.load(words + 2 * x.to(tl.int64), mask=pending, other=-1, cache_modifier=".cg")
             h = tl.load(index + x, mask=pending, other=-1, cache_modifier=".cg")
             held = pending & (h >= 0) & (h < H)
