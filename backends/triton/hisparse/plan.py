@@ -168,6 +168,7 @@ def hisparse_plan_kernel(
         tok_row = tok_ptr + b64 * H
         age_row = age_ptr + b64 * H
         host_row = host_ptr + b64 * host_s0
+        index = idx_ptr + b64 * idx_s0  # the request's row of the slot index (read and written only with one)
         n = tl.load(seq_ptr + b64 * seq_s0)
         hs = tl.arange(0, BLOCK_H)
         if n <= H:
@@ -182,7 +183,7 @@ def hisparse_plan_kernel(
                 s = h0 + hs
                 tl.store(tok_row + s, tl.where(s < n, s, -1), mask=s < H)
                 if HAS_INDEX:
-                    tl.store(idx_ptr + b64 * idx_s0 + s, s, mask=s < n)
+                    tl.store(index + s, s, mask=s < n)
             row = row0
             for _ in range(rows):
                 r = row.to(tl.int64)
@@ -200,7 +201,7 @@ def hisparse_plan_kernel(
             if HAS_R2B:
                 requests = ws_ptr + R + R % 2
             _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                          idx_ptr + b64 * idx_s0, b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
+                          index, b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
                           H, K, K_P2, BLOCK_H, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, HAS_INDEX, FENCE)
 
 
@@ -214,33 +215,35 @@ def _selected(raw_row, raw_s1, K: tl.constexpr, K_P2: tl.constexpr, n, newest, r
 
 
 @triton.jit
-def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, now):
+def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, now, hits, low, high):
     """A block of the state after the step: slots not holding their token first emptied, hits aged ``now``, the free
-    slots' eviction keys ``(occupied, age)``; its hits, lowest and highest free key."""
+    slots' eviction keys ``(occupied, age)``; the state's tallies so far (its hits, lowest and highest free key) with
+    the block's."""
     free = m & ~is_hit
     key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
     tl.store(keys + s, tl.where(free, key, -1), mask=m)
     tl.store(tok_row + s, tl.where(holds, tok, -1), mask=m)
     tl.store(age_row + s, tl.zeros_like(age) + now, mask=is_hit)
-    return tl.reduce((is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF), tl.where(free, key, -1)), 0,
-                     _tally)
+    block_hits, block_low, block_high = tl.reduce(
+        (is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF), tl.where(free, key, -1)), 0, _tally)
+    return _tally(hits, low, high, block_hits, block_low, block_high)
 
 
 @triton.jit
 def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, index, now, R, n, newest, reach,
                  held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr,
-                 BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr, CLEAR_STATE: tl.constexpr,
-                 KEEP_INDEX: tl.constexpr):
+                 BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr, REBUILD: tl.constexpr):
     """Every event through the table (the selected tokens' entries already emptied; the state's too unless
-    ``CLEAR_STATE``): each id ``atomic_min``'d into its token's entry (a selected token marked), then read back. The
+    ``REBUILD``): each id ``atomic_min``'d into its token's entry (a selected token marked), then read back. The
     least id names the slot holding the token (a state id: the lowest slot, so a higher one is a duplicate; for a
     selected entry a hit) or its first appearance (a selected id: a miss); the mark tells a slot its token is selected
-    (a hit). ``KEEP_INDEX``: each slot holding its token is written at it in ``index``. Returns the state's hits and
-    its lowest and highest free key."""
+    (a hit). ``REBUILD`` (the first pass checked the slot index instead of emptying the state's entries): empty them
+    here, and write each slot holding its token at it in ``index``. Returns the state's hits and its lowest and
+    highest free key."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
-    if CLEAR_STATE:
+    if REBUILD:
         for h0 in range(0, H, BLOCK_H):
             s = h0 + hs
             tok = tl.load(tok_row + s, mask=s < H, other=-1)
@@ -284,13 +287,10 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
         live = m & (tok >= 0) & (tok < held_below)
         entry = tl.load(table + tok, mask=live, other=-1, cache_modifier=".cg")
         holds = live & (entry.to(tl.int32) == s)
-        if KEEP_INDEX:
+        if REBUILD:
             tl.store(index + tok, s, mask=holds)
-        block_hits, block_low, block_high = _state_keys(tok, age, s, m, holds, holds & ((entry >> 32) != 0), keys,
-                                                        tok_row, age_row, now)
-        hits += block_hits
-        low = tl.minimum(low, block_low)
-        high = tl.maximum(high, block_high)
+        hits, low, high = _state_keys(tok, age, s, m, holds, holds & ((entry >> 32) != 0), keys, tok_row, age_row,
+                                      now, hits, low, high)
     _sync(FENCE)
     return hits, low, high
 
@@ -339,10 +339,7 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, ind
         age = tl.load(age_row + s, mask=m, other=0)
         holds = m & (tok >= 0) & (tok < held_below)
         is_hit = holds & (tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1)
-        block_hits, block_low, block_high = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, now)
-        hits += block_hits
-        low = tl.minimum(low, block_low)
-        high = tl.maximum(high, block_high)
+        hits, low, high = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, now, hits, low, high)
     _sync(FENCE)
     return hits, low, high
 
@@ -416,11 +413,11 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         else:  # the index missed a slot (first use, a state changed elsewhere): all events, and the index rebuilt
             hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, index,
                                            now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
-                                           H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, True, True)
+                                           H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, True)
     else:
         hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, index, now,
                                        R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
-                                       H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, False, False)
+                                       H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, False)
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
     misses = 0
