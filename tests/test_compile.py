@@ -125,7 +125,7 @@ BAD_METADATA = [
     ("hisparse_plan", "slot_age of another shape", lambda a: dict(slot_age=_i32(5, 63))),
     ("hisparse_plan", "host_rows -1", lambda a: dict(host_rows=-1)),
     ("hisparse_plan", "int32 out_copy_src", lambda a: dict(out_copy_src=a["out_copy_src"].int())),
-    ("hisparse_plan", "a slot index narrower than max(L, H)",
+    ("hisparse_plan", "a slot index narrower than H + max(L, H)",
      lambda a: dict(slot_index=_i32(a["slot_token"].shape[0], 1))),
     ("hisparse_swap_in", "int32 copy_src", lambda a: dict(copy_src=a["copy_src"].int())),
     ("hisparse_swap_in", "host_kv of another row width", lambda a: dict(host_kv=a["host_kv"][:, :100])),

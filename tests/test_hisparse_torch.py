@@ -330,15 +330,16 @@ def test_a_slot_index_is_checked_by_name_and_left_alone_by_the_torch_backend():
 
     tok, age = empty_state(2, 4)
     raw, seq, hl = t([[3, 9], [1, 2]]), t([12, 3]), torch.arange(20).view(2, 10) + 100
-    for bad, error in ((torch.zeros(2, 10, dtype=I64), TypeError), (torch.zeros(2, 9, dtype=I32), ValueError),
-                       (torch.zeros(10, 2, dtype=I32).t(), ValueError), (torch.zeros(3, 10, dtype=I32), ValueError)):
+    # H 4 check words, then max(L 10, H 4) entries: 14 words a request at least
+    for bad, error in ((torch.zeros(2, 14, dtype=I64), TypeError), (torch.zeros(2, 13, dtype=I32), ValueError),
+                       (torch.zeros(14, 2, dtype=I32).t(), ValueError), (torch.zeros(3, 14, dtype=I32), ValueError)):
         with pytest.raises(error, match="slot_index"):
             indexcache.hisparse_plan(raw, seq, hl, tok.clone(), age.clone(), slot_index=bad, backend="torch")
-    memory = torch.zeros(28, dtype=I32)  # the index over the ages' second row
+    memory = torch.zeros(36, dtype=I32)  # the index over the ages' second row
     with pytest.raises(ValueError, match="slot_index"):
-        indexcache.hisparse_plan(raw, seq, hl, tok.clone(), memory[:8].view(2, 4), slot_index=memory[4:24].view(2, 10),
+        indexcache.hisparse_plan(raw, seq, hl, tok.clone(), memory[:8].view(2, 4), slot_index=memory[4:32].view(2, 14),
                                  backend="torch")
-    index = torch.full((2, 11), 5, dtype=I32)
+    index = torch.full((2, 15), 5, dtype=I32)
     want = indexcache.hisparse_plan(raw, seq, hl, tok.clone(), age.clone(), backend="torch")
     got = indexcache.hisparse_plan(raw, seq, hl, tok.clone(), age.clone(), slot_index=index, backend="torch")
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

@@ -131,7 +131,7 @@ def test_buffers_keep_a_slot_index_a_producer_and_pass_it_where_it_covers_host_l
     with pytest.raises(ValueError, match="index_tokens: expected an int >= 0"):
         HotBuffers([0], 2, 4, 2, 4, index_tokens=-1)
     hot = HotBuffers([0, 2], 3, 4, 3, 4, index_tokens=10)
-    assert {p: tuple(i.shape) for p, i in hot.index.items()} == {0: (3, 10), 2: (3, 10)}
+    assert {p: tuple(i.shape) for p, i in hot.index.items()} == {0: (3, 14), 2: (3, 14)}  # H + max(L, H)
     assert HotBuffers([0], 3, 4, 3, 4).index == {}
     given = []
     real = ops.hisparse_plan

@@ -713,11 +713,12 @@ def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch
     host_rows : int, optional
         The host KV tensor's rows: a host row at or past it counts as not on the host.
     slot_index : torch.Tensor, optional
-        ``[B, W]`` int32, contiguous, ``W >= max(L, H)``: kept by the caller beside the state, any contents at first
-        (``torch.empty``). The Triton backends keep in it the slot of each token the state holds; a step whose state
-        is all found there (the state the last step wrote) resolves only the selected tokens, not every slot's
-        (docs/hisparse.md, "The slot index"); one that is not rebuilds it. The results never depend on it; the torch
-        backend neither reads nor writes it. One a state: ``4 B W`` bytes.
+        ``[B, W]`` int32, contiguous, ``W >= H + max(L, H)``: kept by the caller beside the state, any contents
+        before its first use (``torch.empty``), never written by the caller after. The Triton backends keep in it a
+        check word a slot (``indexcache.hal.hisparse.check_words``) and the slot of each token the state holds; a step
+        whose live slots all match their words (the state the last step wrote) resolves only the selected tokens, not
+        every slot's (docs/hisparse.md, "The slot index"); any other rebuilds it. The torch backend neither reads nor
+        writes it. One a state: ``4 B W`` bytes.
     out, out_copy_src, out_copy_dst, out_copy_count : torch.Tensor, optional
         The outputs, written in place without allocating: ``[R, k]`` int32 slots (in ``[0, H]``, -1 none), ``[R, k]``
         int64 host rows and ``[R, k]`` int32 slots of the copies (the first ``out_copy_count[r]`` entries of row

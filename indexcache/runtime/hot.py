@@ -53,7 +53,7 @@ class HotBuffers:
     ``producers`` (the layers sharing a producer's indices share its buffers' bookkeeping), and the buffers of one
     plan of up to ``max_rows`` rows of ``k`` positions on ``device``. ``index_tokens``: also keep a slot index per
     producer over that many tokens (``host_loc``'s width; ``indexcache.hisparse_plan``'s ``slot_index``, which lets
-    a step resolve only its selected tokens): ``4 max(index_tokens, hot)`` bytes a request a producer."""
+    a step resolve only its selected tokens): ``4 (hot + max(index_tokens, hot))`` bytes a request a producer."""
 
     def __init__(self, producers: Iterable[int], max_requests: int, hot: int, max_rows: int, k: int,
                  device: torch.device | str = "cpu", *, index_tokens: int | None = None) -> None:
@@ -62,7 +62,7 @@ class HotBuffers:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
         self.state = {int(p): hisparse.empty_state(max_requests, hot, device) for p in producers}
-        width = max(index_tokens or 0, hot)
+        width = hisparse.index_width(hot, index_tokens or 0)
         self.index = ({p: torch.empty(max_requests, width, dtype=INDEX, device=device) for p in self.state}
                       if index_tokens is not None else {})
         self.slots = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
@@ -102,7 +102,7 @@ class HotBuffers:
         tokens, ages = self.state[producer]
         host_rows = layer.host_kv.shape[0] if layer.host_rows is None else layer.host_rows
         index = self.index.get(producer)
-        if index is not None and index.shape[1] < max(layer.host_loc.shape[1], tokens.shape[1]):
+        if index is not None and index.shape[1] < hisparse.index_width(tokens.shape[1], layer.host_loc.shape[1]):
             index = None  # a host_loc wider than the index covers: planned without it
         got = ops.hisparse_plan(raw, layer.seq_lens, layer.host_loc, tokens, ages, row_to_batch=row_to_batch,
                                 host_rows=host_rows, slot_index=index, out=self.slots[:rows],

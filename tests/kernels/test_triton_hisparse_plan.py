@@ -283,12 +283,12 @@ def test_supports_names_what_it_declines():
 def test_a_kept_slot_index_gives_the_same_plans(seed):
     """Steps planned with the kernel's own state and a slot index kept across them (its first contents garbage, a
     duplicate put into the state behind its back at step 12, a request reset at step 18): every plan and state equal
-    to the reference's, and after each step the index has every slot of a long request at its token (what lets the
-    next step resolve only the selected tokens)."""
+    to the reference's, and after each step the index holds the state's check words and every slot of a long request
+    at its token (what lets the next step resolve only the selected tokens)."""
     g = torch.Generator().manual_seed(seed)
     batches, hot, k, rows_per, length = 3, 16, 6, 1 + seed % 2, 80
     tok, age = hisparse.empty_state(batches, hot)
-    index = torch.randint(-5, 20, (batches, length + seed), generator=g, dtype=I32)
+    index = torch.randint(-5, 20, (batches, hisparse.index_width(hot, length) + seed), generator=g, dtype=I32)
     host_loc = host(batches, length)
     seq = t([5, 12, 20])
     r2b = torch.arange(batches).repeat_interleave(rows_per).to(I32) if rows_per > 1 else None
@@ -308,8 +308,9 @@ def test_a_kept_slot_index_gives_the_same_plans(seed):
                               cfg=cfg)()
         for name, got, w in zip(FIELDS, (out, src, dst, count, tok, age), want, strict=True):
             assert torch.equal(got, w), f"step {step}, {name}:\n got {got.tolist()}\nwant {w.tolist()}"
+        assert torch.equal(index[:, :hot], hisparse.check_words(tok)), f"step {step}"
         for b in range(batches):
             if int(seq[b]) > hot:
                 held = [(s, x) for s, x in enumerate(tok[b].tolist()) if x >= 0]
-                assert all(int(index[b, x]) == s for s, x in held), f"step {step}, request {b}"
+                assert all(int(index[b, hot + x]) == s for s, x in held), f"step {step}, request {b}"
         seq = seq + torch.randint(0, 3, (batches,), generator=g, dtype=I32)

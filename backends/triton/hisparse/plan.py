@@ -16,14 +16,16 @@ mark tells a slot that its token is selected (a hit): the same pass cleans the s
 free slots' eviction keys. No hashing, no rounds: each event is resolved by its own token's entry.
 The selected events keep their result in ``out`` (a code an entry) until the last pass.
 
-With a slot index (``slot_index``, the caller's ``[B, W]`` int32, kept across steps): the first pass also reads each
-live slot's token's entry there. When every live slot is found at its own token (the state the plan wrote last, so
-no token is held twice), only the selected events go through the table (their first appearances), a selected token's
-slot is the index's when the state says that slot holds it (a hit, marked for its slot), and a pass over the state
-cleans it and writes the keys: the state's 4,096 slots make one scattered read instead of three scattered passes.
-Otherwise (a first step, a state changed elsewhere) every event goes through the table as above and the index is
-rebuilt; placed misses and short requests' identities are written into it. The index is a hint: a wrong entry only
-sends a step the long way.
+With a slot index (``slot_index``, the caller's ``[B, W]`` int32, kept across steps; its layout and check words:
+``indexcache.hal.hisparse.check_words``): a row holds H check words, one a slot (the token the plan left there, mixed
+with the slot), then each held token's slot at the token. The first pass also compares each live slot's token with
+its check word (coalesced). When every live slot is as the last plan left it (so no token is held twice and the
+index has each at its token), only the selected events go through the table (their first appearances), a selected
+token's slot is the index's when the state says that slot holds it (a hit, marked for its slot), and a pass over the
+state cleans it and writes the keys: no scattered pass over the state's slots. Otherwise (a first step, a state
+changed elsewhere) every event goes through the table as above and the index is rebuilt; placed misses and short
+requests' identities are written into it, and every slot's check word each step. The plan trusts an index whose
+check words match (only a plan writes them); anything else only sends a step the long way.
 
 Misses on the host are numbered in order of first appearance (a row at a time, a running count and a cumsum). The
 free slots' eviction keys ``(occupied, age)`` (then the slot) are written in the pass that resolves the state; the
@@ -58,6 +60,7 @@ from indexcache.backends.triton import workspace
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
 from indexcache.backends.triton.support import launch_options, next_power_of_2, uses_pdl
 from indexcache.backends.triton.target import Target
+from indexcache.hal.hisparse import CHECK_MIX as CHECK_MIX_VALUE
 
 MAX_H = 65536  # slots a request at most: a slot takes 16 bits of the eviction key
 MAX_K = 4096  # columns a row at most: a row is one block
@@ -66,6 +69,7 @@ SLOT_BITS = tl.constexpr(16)
 SLOT_MASK = tl.constexpr(0xFFFF)
 INT_MAX = tl.constexpr(2147483647)
 PENDING = tl.constexpr(-2)  # a selected entry's code while its token is unresolved
+CHECK_MIX = tl.constexpr(CHECK_MIX_VALUE)  # the slot index's check words (indexcache.hal.hisparse.check_words)
 MISS = tl.constexpr(-4)  # codes <= MISS: a miss (first appearance f: MISS - f; then its number o: MISS - 2 o - first)
 
 
@@ -122,6 +126,13 @@ def _tally(hits_a, low_a, high_a, hits_b, low_b, high_b):
 
 
 @triton.jit
+def _check_word(tok, s):
+    """Slot ``s``'s check word in a slot index, the slot holding ``tok`` (-1: none): the token XOR a mix of the slot
+    (``indexcache.hal.hisparse.check_words``)."""
+    return tok ^ (((s.to(tl.int64) + 1) * CHECK_MIX) & 0x7FFFFFFF).to(tl.int32)
+
+
+@triton.jit
 def _now(top):
     """The step's clock: the largest age + 1, saturating at the int32 limit."""
     return tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
@@ -168,7 +179,8 @@ def hisparse_plan_kernel(
         tok_row = tok_ptr + b64 * H
         age_row = age_ptr + b64 * H
         host_row = host_ptr + b64 * host_s0
-        index = idx_ptr + b64 * idx_s0  # the request's row of the slot index (read and written only with one)
+        checks = idx_ptr + b64 * idx_s0  # the request's row of the slot index (read and written only with one):
+        index = checks + H  # H check words, then a token's slot at the token
         n = tl.load(seq_ptr + b64 * seq_s0)
         hs = tl.arange(0, BLOCK_H)
         if n <= H:
@@ -183,6 +195,7 @@ def hisparse_plan_kernel(
                 s = h0 + hs
                 tl.store(tok_row + s, tl.where(s < n, s, -1), mask=s < H)
                 if HAS_INDEX:
+                    tl.store(checks + s, _check_word(tl.where(s < n, s, -1), s), mask=s < H)
                     tl.store(index + s, s, mask=s < n)
             row = row0
             for _ in range(rows):
@@ -201,7 +214,7 @@ def hisparse_plan_kernel(
             if HAS_R2B:
                 requests = ws_ptr + R + R % 2
             _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
-                          index, b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
+                          checks, index, b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
                           H, K, K_P2, BLOCK_H, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, HAS_INDEX, FENCE)
 
 
@@ -215,14 +228,18 @@ def _selected(raw_row, raw_s1, K: tl.constexpr, K_P2: tl.constexpr, n, newest, r
 
 
 @triton.jit
-def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, now, hits, low, high):
+def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, hits, low, high,
+                CHECKS: tl.constexpr):
     """A block of the state after the step: slots not holding their token first emptied, hits aged ``now``, the free
-    slots' eviction keys ``(occupied, age)``; the state's tallies so far (its hits, lowest and highest free key) with
-    the block's."""
+    slots' eviction keys ``(occupied, age)``, with ``CHECKS`` their check words in the slot index; the state's tallies
+    so far (its hits, lowest and highest free key) with the block's."""
     free = m & ~is_hit
     key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
     tl.store(keys + s, tl.where(free, key, -1), mask=m)
-    tl.store(tok_row + s, tl.where(holds, tok, -1), mask=m)
+    kept = tl.where(holds, tok, -1)
+    tl.store(tok_row + s, kept, mask=m)
+    if CHECKS:
+        tl.store(checks + s, _check_word(kept, s), mask=m)
     tl.store(age_row + s, tl.zeros_like(age) + now, mask=is_hit)
     block_hits, block_low, block_high = tl.reduce(
         (is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF), tl.where(free, key, -1)), 0, _tally)
@@ -230,16 +247,16 @@ def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, now, hits
 
 
 @triton.jit
-def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, index, now, R, n, newest, reach,
-                 held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr,
+def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks, index, now, R, n, newest,
+                 reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr,
                  BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr, REBUILD: tl.constexpr):
     """Every event through the table (the selected tokens' entries already emptied; the state's too unless
     ``REBUILD``): each id ``atomic_min``'d into its token's entry (a selected token marked), then read back. The
     least id names the slot holding the token (a state id: the lowest slot, so a higher one is a duplicate; for a
     selected entry a hit) or its first appearance (a selected id: a miss); the mark tells a slot its token is selected
     (a hit). ``REBUILD`` (the first pass checked the slot index instead of emptying the state's entries): empty them
-    here, and write each slot holding its token at it in ``index``. Returns the state's hits and its lowest and
-    highest free key."""
+    here, write each slot holding its token at it in ``index`` and every slot's check word. Returns the state's
+    hits and its lowest and highest free key."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
@@ -290,19 +307,19 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
         if REBUILD:
             tl.store(index + tok, s, mask=holds)
         hits, low, high = _state_keys(tok, age, s, m, holds, holds & ((entry >> 32) != 0), keys, tok_row, age_row,
-                                      now, hits, low, high)
+                                      checks, now, hits, low, high, REBUILD)
     _sync(FENCE)
     return hits, low, high
 
 
 @triton.jit
-def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, index, hit, now, R, n, newest, reach,
-                     held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr,
-                     BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
-    """The state's live slots all found at their tokens in ``index`` (so none holds a token twice): only the selected
-    entries go through the table (their first appearances); a selected token's slot is the index's, when the state
-    says that slot holds it (a hit, marked in ``hit``). Returns the state's hits and its lowest and highest free
-    key."""
+def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks, index, hit, now, R, n, newest,
+                     reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr,
+                     K_P2: tl.constexpr, BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
+    """The state's live slots all as the last plan left them (their check words), so none holds a token twice and
+    ``index`` has each at its token: only the selected entries go through the table (their first appearances); a
+    selected token's slot is the index's, when the state says that slot holds it (a hit, marked in ``hit``). Returns
+    the state's hits and its lowest and highest free key."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     row = row0
@@ -339,19 +356,20 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, ind
         age = tl.load(age_row + s, mask=m, other=0)
         holds = m & (tok >= 0) & (tok < held_below)
         is_hit = holds & (tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1)
-        hits, low, high = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, now, hits, low, high)
+        hits, low, high = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, hits, low,
+                                      high, True)
     _sync(FENCE)
     return hits, low, high
 
 
 @triton.jit
-def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr, index,
-                  b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
+def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr, checks,
+                  index, b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
                   H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, DIGIT: tl.constexpr,
                   BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr,
                   HAS_INDEX: tl.constexpr, FENCE: tl.constexpr):
-    """Request ``b`` of ``n > H`` tokens (``index``: its row of the slot index, where ``HAS_INDEX``): the events
-    resolved, the misses' numbers, the eviction order, the outputs."""
+    """Request ``b`` of ``n > H`` tokens (``checks``, ``index``: its row of the slot index, where ``HAS_INDEX``): the
+    events resolved, the misses' numbers, the eviction order, the outputs."""
     newest = n - 1
     reach = tl.maximum(L, H)  # the tokens a slot can hold: on the host (t < L) or a short request's own (t < H)
     held_below = tl.minimum(newest, reach)
@@ -370,10 +388,10 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
     words = table.to(tl.pointer_type(tl.int32))  # token t's least id at word 2 t, whether it is selected at 2 t + 1
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
 
-    # The step's clock (the largest age + 1); with an index, whether it has every live slot at its token (and no slot
-    # hit yet), else the table's entries at the state's tokens emptied; the selected tokens' entries emptied (nothing
-    # else of the table is read); each selected entry's first code (a token past ``reach`` is neither held nor on
-    # the host: none).
+    # The step's clock (the largest age + 1); with an index, whether every live slot is as the last plan left it (its
+    # check word; and no slot hit yet), else the table's entries at the state's tokens emptied; the selected tokens'
+    # entries emptied (nothing else of the table is read); each selected entry's first code (a token past ``reach``
+    # is neither held nor on the host: none).
     top = tl.full([], -2147483648, tl.int32)
     stray = 0
     for h0 in range(0, H, BLOCK_H):
@@ -383,8 +401,8 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         top = tl.maximum(top, tl.max(age, 0))
         live = (s < H) & (tok >= 0) & (tok < held_below)
         if HAS_INDEX:
-            at = tl.load(index + tok, mask=live, other=-1, cache_modifier=".cg")
-            stray += tl.sum((live & (at != s)).to(tl.int32), 0)
+            check = tl.load(checks + s, mask=s < H, other=0)
+            stray += tl.sum((live & (check != _check_word(tok, s))).to(tl.int32), 0)
             tl.store(hit + s, tl.zeros([BLOCK_H], tl.int32), mask=s < H)
         else:
             tl.store(table + tok, tl.zeros([BLOCK_H], tl.int64) + empty, mask=live)
@@ -407,16 +425,16 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
     # token first is emptied), its hits aged, the free slots' keys.
     if HAS_INDEX:
         if stray == 0:
-            hits, low, high = _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, index, hit,
-                                               now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
+            hits, low, high = _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks, index,
+                                               hit, now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
                                                H, K, K_P2, BLOCK_H, HAS_R2B, FENCE)
-        else:  # the index missed a slot (first use, a state changed elsewhere): all events, and the index rebuilt
-            hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, index,
-                                           now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
+        else:  # a slot's check word differs (first use, a state changed elsewhere): all events, the index rebuilt
+            hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks,
+                                           index, now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
                                            H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, True)
     else:
-        hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, index, now,
-                                       R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
+        hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks, index,
+                                       now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
                                        H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, False)
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
@@ -546,6 +564,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             tl.store(at, tl.where(code >= 0, code, slot), mask=in_row)
             tl.store(tok_row + slot.to(tl.int64), x, mask=copy & (slot >= 0))
             if HAS_INDEX:
+                tl.store(checks + slot.to(tl.int64), _check_word(x, slot), mask=copy & (slot >= 0))
                 tl.store(index + x, slot, mask=copy & (slot >= 0))
             tl.store(age_row + slot.to(tl.int64), tl.full([K_P2], 0, tl.int32) + now, mask=copy & (slot >= 0))
 

@@ -49,12 +49,12 @@ def check(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, h
     for name, t in state.items():
         check_output(name, t, reads)
     if slot_index is not None:
-        width = max(host_loc.shape[1], hot)
+        width = hisparse.index_width(hot, host_loc.shape[1])
         check_tensor("slot_index", slot_index, (INDEX,), (batches, None), device)
         if slot_index.shape[1] < width or not slot_index.is_contiguous():
-            raise ValueError(f"slot_index: expected a contiguous [{batches}, >= {width}] tensor (a word a token a slot "
-                             f"can hold: max(L, H)), got shape {list(slot_index.shape)}, strides "
-                             f"{list(slot_index.stride())}")
+            raise ValueError(f"slot_index: expected a contiguous [{batches}, >= {width}] tensor (a check word a slot, "
+                             f"then a word a token a slot can hold: H + max(L, H)), got shape "
+                             f"{list(slot_index.shape)}, strides {list(slot_index.stride())}")
         check_output("slot_index", slot_index, {**reads, **state})
         state["slot_index"] = slot_index
     taken = {**reads, **state}
@@ -232,11 +232,14 @@ def _(gen, dev):
 
 
 def _index_of(tokens: torch.Tensor, width: int, gen: torch.Generator) -> torch.Tensor:
-    """A slot index holding each slot at its token (garbage elsewhere): what the last step left."""
-    index = torch.randint(-3, tokens.shape[1] + 3, (tokens.shape[0], width), generator=gen, dtype=I32)
+    """A slot index of the state ``tokens`` (its check words, each slot at its token, garbage elsewhere): what the
+    last step left."""
+    hot = tokens.shape[1]
+    index = torch.randint(-3, hot + 3, (tokens.shape[0], width), generator=gen, dtype=I32)
+    index[:, :hot] = hisparse.check_words(tokens)
     for b in range(tokens.shape[0]):
         held = tokens[b] >= 0
-        index[b, tokens[b][held].long()] = torch.arange(tokens.shape[1], dtype=I32)[held]
+        index[b, hot + tokens[b][held].long()] = torch.arange(hot, dtype=I32)[held]
     return index
 
 
@@ -249,17 +252,33 @@ def _(gen, dev):
     raw = torch.cat([raw, raw[:, :k // 2].roll(1, 1).repeat(1, 2)])
     raw[0, 0], raw[1, 1], raw[5, 2] = lens[0] - 1, -1, raw[5, 3]
     r2b = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3], dtype=I32)
-    return _args(dev, raw, lens, host_loc, tokens, ages, row_to_batch=r2b, slot_index=_index_of(tokens, 900, gen))
+    return _args(dev, raw, lens, host_loc, tokens, ages, row_to_batch=r2b, slot_index=_index_of(tokens, 964, gen))
 
 
-@cases.add("a slot index of garbage, wider than max(L, H), over a state holding a token twice: every slot resolved "
+@cases.add("a slot index of garbage, wider than H + max(L, H), over a state holding a token twice: every slot resolved "
            "through the table")
 def _(gen, dev):
     hot, k, lens = 32, 12, [300, 120]
     host_loc = _host_loc(gen, 2, 250)
     raw, tokens, ages = _evolved(gen, 4, lens, hot, k, host_loc, drift=4)
     tokens[1, 7] = tokens[1, 3]
-    index = torch.randint(-2**31, 2**31 - 1, (2, 260), generator=gen, dtype=torch.int64).to(I32)
+    index = torch.randint(-2**31, 2**31 - 1, (2, 300), generator=gen, dtype=torch.int64).to(I32)
+    return _args(dev, raw, lens, host_loc, tokens, ages, slot_index=index)
+
+
+@cases.add("a slot index of the state before the caller changed it: one slot now holds another's token (held "
+           "twice), one holds a token the last plan never put there (selected: a hit), the newest selected; every "
+           "slot resolved through the table")
+def _(gen, dev):
+    hot, k, lens = 32, 12, [300, 120, 200]
+    host_loc = _host_loc(gen, 3, 250)
+    raw, tokens, ages = _evolved(gen, 4, lens, hot, k, host_loc, drift=4)
+    index = _index_of(tokens, 282, gen)
+    held = (tokens[0] >= 0).nonzero().flatten()
+    tokens[0, held[5]] = tokens[0, held[2]]
+    raw[0, :2] = tokens[0, held[2]]
+    stranger = next(t for t in range(lens[2] - 1) if t not in tokens[2].tolist())
+    tokens[2, 4], raw[2, 0], raw[2, 1] = stranger, lens[2] - 1, stranger
     return _args(dev, raw, lens, host_loc, tokens, ages, slot_index=index)
 
 
