@@ -36,6 +36,7 @@ from indexcache.bench.output import finish, print_rows
 from indexcache.bench.provenance import report_head
 from indexcache.bench.timing import alternating_graph_us
 from indexcache.hal.hisparse import empty_state
+from indexcache.hal.slot_index import index_width
 from indexcache.plan import LayerPlan
 from indexcache.runtime.hot import HotBuffers, HotLayer
 from indexcache.runtime.runner import IndexerRunner
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                   out_copy_dst=torch.empty(b, k, dtype=torch.int32, device=dev),
                   out_copy_count=torch.empty(b, dtype=torch.int32, device=dev)) for _ in range(steps)]
 
-    index = torch.empty(b, max(n, hot), dtype=torch.int32, device=dev)  # the plan's slot index, kept over the ring
+    index = torch.empty(b, index_width(hot, n), dtype=torch.int32, device=dev)  # the slot index, kept over the ring
     plain_tokens, plain_ages = empty_state(b, hot, dev)
 
     def plan_ring() -> None:

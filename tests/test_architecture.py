@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # What each layer may import from indexcache, besides itself. Longest prefix wins.
 ALLOWED = {
     "indexcache.backends": ("indexcache.hal.contract", "indexcache.hal.device", "indexcache.hal.layout",
-                            "indexcache.hal.fp4", "indexcache.hal.budget"),
+                            "indexcache.hal.fp4", "indexcache.hal.budget", "indexcache.hal.slot_index"),
     "indexcache.hal": (),
     "indexcache.plan": (),
     "indexcache.runtime": ("indexcache.hal", "indexcache.plan"),

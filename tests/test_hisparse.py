@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from indexcache.hal import hisparse
 from indexcache.hal.hisparse import EMPTY, empty_state, plan, swap_in
+from indexcache.hal.slot_index import check_words, index_width
 
 I32 = torch.int32
 
@@ -319,14 +320,14 @@ def test_every_placed_token_is_in_its_slot_and_no_token_is_in_two(case):
 
 def test_check_words_name_each_slot_s_token_and_no_live_token_in_a_constant_fill():
     tokens = torch.randint(-1, 1 << 17, (3, 4096), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
-    words = hisparse.check_words(tokens)
+    words = check_words(tokens)
     assert words.dtype == torch.int32 and words.shape == tokens.shape
     moved = tokens.clone()
     moved[1, 7] += 1
-    assert (hisparse.check_words(moved) != words).nonzero().tolist() == [[1, 7]]
+    assert (check_words(moved) != words).nonzero().tolist() == [[1, 7]]
     # a fill of -1 or of zeros is the check word of no token in [0, 128K) at any of the first 4,096 slots
     for fill in (-1, 0):
         assert not (words[tokens >= 0] == fill).any()
-    mix = hisparse.check_words(torch.zeros(1, 4096, dtype=torch.int32))
-    assert (mix >= 1 << 17).all() and torch.equal(hisparse.check_words(torch.full((1, 4096), -1)), ~mix)
-    assert hisparse.index_width(4096, 131072) == 4096 + 131072 and hisparse.index_width(64, 10) == 128
+    mix = check_words(torch.zeros(1, 4096, dtype=torch.int32))
+    assert (mix >= 1 << 17).all() and torch.equal(check_words(torch.full((1, 4096), -1)), ~mix)
+    assert index_width(4096, 131072) == 4096 + 131072 and index_width(64, 10) == 128

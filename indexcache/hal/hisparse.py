@@ -28,7 +28,6 @@ import torch
 
 EMPTY = -1
 AGE_MAX = 2**31 - 1  # ages are int32; ``now`` saturates here
-CHECK_MIX = 0x9E3779B1  # a slot index's check words: the token XOR ((slot + 1) * CHECK_MIX mod 2**31)
 
 
 class Plan(NamedTuple):
@@ -53,24 +52,6 @@ def empty_state(requests: int, hot: int, device: torch.device | str = "cpu") -> 
     starts (or is reset) with its rows so."""
     return (torch.full((requests, hot), EMPTY, dtype=torch.int32, device=device),
             torch.full((requests, hot), EMPTY, dtype=torch.int32, device=device))
-
-
-def index_width(hot: int, length: int) -> int:
-    """Words a request's row of a slot index takes at least (``indexcache.hisparse_plan``'s ``slot_index``): ``H``
-    check words, then an entry a token a slot can hold, ``max(L, H)`` (``length``: ``host_loc``'s width ``L``)."""
-    return hot + max(length, hot)
-
-
-def check_words(slot_token: torch.Tensor) -> torch.Tensor:
-    """``[B, H]`` int32: the check words a plan keeping a slot index writes beside the state ``slot_token [B, H]``
-    (a row's first ``H`` words): slot ``s`` holding token ``t`` (-1 none) gets ``t XOR ((s + 1) * CHECK_MIX mod
-    2**31)``. A slot index is a hint of the Triton kernels, no rule: a row whose live slots all match their check
-    words is taken as the state the last plan left (no token held twice, and the entry at each held token, after the
-    check words, naming its slot); any other row is rebuilt. The caller must not write into a slot index once used (its
-    contents before do not matter): a fill of -1 matches no live slot, one of zeros only a slot ``s`` holding the
-    token ``(s + 1) * CHECK_MIX mod 2**31`` itself."""
-    slots = torch.arange(1, slot_token.shape[1] + 1, dtype=torch.int64, device=slot_token.device)
-    return (slot_token.long() ^ ((slots * CHECK_MIX) & 0x7FFFFFFF)).int()
 
 
 def _check(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch) -> None:

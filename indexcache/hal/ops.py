@@ -715,7 +715,7 @@ def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch
     slot_index : torch.Tensor, optional
         ``[B, W]`` int32, contiguous, ``W >= H + max(L, H)``: kept by the caller beside the state, any contents
         before its first use (``torch.empty``), never written by the caller after. The Triton backends keep in it a
-        check word a slot (``indexcache.hal.hisparse.check_words``) and the slot of each token the state holds; a step
+        check word a slot (``indexcache.hal.slot_index``) and the slot of each token the state holds; a step
         whose live slots all match their words (the state the last step wrote) resolves only the selected tokens, not
         every slot's (docs/hisparse.md, "The slot index"); any other rebuilds it. The torch backend neither reads nor
         writes it. One a state: ``4 B W`` bytes.

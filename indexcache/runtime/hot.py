@@ -26,6 +26,7 @@ import torch
 
 from indexcache.hal import hisparse, ops
 from indexcache.hal.ops import INDEX
+from indexcache.hal.slot_index import index_width
 from indexcache.runtime.state import MissingProducerError
 
 
@@ -62,7 +63,7 @@ class HotBuffers:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
         self.state = {int(p): hisparse.empty_state(max_requests, hot, device) for p in producers}
-        width = hisparse.index_width(hot, index_tokens or 0)
+        width = index_width(hot, index_tokens or 0)
         self.index = ({p: torch.empty(max_requests, width, dtype=INDEX, device=device) for p in self.state}
                       if index_tokens is not None else {})
         self.slots = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
@@ -102,7 +103,7 @@ class HotBuffers:
         tokens, ages = self.state[producer]
         host_rows = layer.host_kv.shape[0] if layer.host_rows is None else layer.host_rows
         index = self.index.get(producer)
-        if index is not None and index.shape[1] < hisparse.index_width(tokens.shape[1], layer.host_loc.shape[1]):
+        if index is not None and index.shape[1] < index_width(tokens.shape[1], layer.host_loc.shape[1]):
             index = None  # a host_loc wider than the index covers: planned without it
         got = ops.hisparse_plan(raw, layer.seq_lens, layer.host_loc, tokens, ages, row_to_batch=row_to_batch,
                                 host_rows=host_rows, slot_index=index, out=self.slots[:rows],

@@ -13,6 +13,7 @@ import torch
 from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.cuda.tuning import tuning
 from indexcache.hal import hisparse
+from indexcache.hal.slot_index import check_words, index_width
 
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks"),
               pytest.mark.usefixtures("interpreted")]
@@ -288,7 +289,7 @@ def test_a_kept_slot_index_gives_the_same_plans(seed):
     g = torch.Generator().manual_seed(seed)
     batches, hot, k, rows_per, length = 3, 16, 6, 1 + seed % 2, 80
     tok, age = hisparse.empty_state(batches, hot)
-    index = torch.randint(-5, 20, (batches, hisparse.index_width(hot, length) + seed), generator=g, dtype=I32)
+    index = torch.randint(-5, 20, (batches, index_width(hot, length) + seed), generator=g, dtype=I32)
     host_loc = host(batches, length)
     seq = t([5, 12, 20])
     r2b = torch.arange(batches).repeat_interleave(rows_per).to(I32) if rows_per > 1 else None
@@ -308,7 +309,7 @@ def test_a_kept_slot_index_gives_the_same_plans(seed):
                               cfg=cfg)()
         for name, got, w in zip(FIELDS, (out, src, dst, count, tok, age), want, strict=True):
             assert torch.equal(got, w), f"step {step}, {name}:\n got {got.tolist()}\nwant {w.tolist()}"
-        assert torch.equal(index[:, :hot], hisparse.check_words(tok)), f"step {step}"
+        assert torch.equal(index[:, :hot], check_words(tok)), f"step {step}"
         for b in range(batches):
             if int(seq[b]) > hot:
                 held = [(s, x) for s, x in enumerate(tok[b].tolist()) if x >= 0]

@@ -17,7 +17,7 @@ free slots' eviction keys. No hashing, no rounds: each event is resolved by its 
 The selected events keep their result in ``out`` (a code an entry) until the last pass.
 
 With a slot index (``slot_index``, the caller's ``[B, W]`` int32, kept across steps; its layout and check words:
-``indexcache.hal.hisparse.check_words``): a row holds H check words, one a slot (the token the plan left there, mixed
+``indexcache.hal.slot_index.check_words``): a row holds H check words, one a slot (the token the plan left there, mixed
 with the slot), then each held token's slot at the token. The first pass also compares each live slot's token with
 its check word (coalesced). When every live slot is as the last plan left it (so no token is held twice and the
 index has each at its token), only the selected events go through the table (their first appearances), a selected
@@ -60,7 +60,7 @@ from indexcache.backends.triton import workspace
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
 from indexcache.backends.triton.support import launch_options, next_power_of_2, uses_pdl
 from indexcache.backends.triton.target import Target
-from indexcache.hal.hisparse import CHECK_MIX as CHECK_MIX_VALUE
+from indexcache.hal.slot_index import CHECK_MIX as CHECK_MIX_VALUE
 
 MAX_H = 65536  # slots a request at most: a slot takes 16 bits of the eviction key
 MAX_K = 4096  # columns a row at most: a row is one block
@@ -69,7 +69,7 @@ SLOT_BITS = tl.constexpr(16)
 SLOT_MASK = tl.constexpr(0xFFFF)
 INT_MAX = tl.constexpr(2147483647)
 PENDING = tl.constexpr(-2)  # a selected entry's code while its token is unresolved
-CHECK_MIX = tl.constexpr(CHECK_MIX_VALUE)  # the slot index's check words (indexcache.hal.hisparse.check_words)
+CHECK_MIX = tl.constexpr(CHECK_MIX_VALUE)  # the slot index's check words (indexcache.hal.slot_index.check_words)
 MISS = tl.constexpr(-4)  # codes <= MISS: a miss (first appearance f: MISS - f; then its number o: MISS - 2 o - first)
 
 
@@ -128,7 +128,7 @@ def _tally(hits_a, low_a, high_a, hits_b, low_b, high_b):
 @triton.jit
 def _check_word(tok, s):
     """Slot ``s``'s check word in a slot index, the slot holding ``tok`` (-1: none): the token XOR a mix of the slot
-    (``indexcache.hal.hisparse.check_words``)."""
+    (``indexcache.hal.slot_index.check_words``)."""
     return tok ^ (((s.to(tl.int64) + 1) * CHECK_MIX) & 0x7FFFFFFF).to(tl.int32)
 
 

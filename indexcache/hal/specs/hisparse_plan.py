@@ -9,6 +9,7 @@ import torch
 
 from indexcache.hal import hisparse
 from indexcache.hal.checks import INDEX, MAX_TOPK, check_int, check_output, check_tensor, output
+from indexcache.hal.slot_index import check_words, index_width
 from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu
 
 HOST_LOC_DTYPES = (torch.int32, torch.int64)
@@ -49,7 +50,7 @@ def check(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, h
     for name, t in state.items():
         check_output(name, t, reads)
     if slot_index is not None:
-        width = hisparse.index_width(hot, host_loc.shape[1])
+        width = index_width(hot, host_loc.shape[1])
         check_tensor("slot_index", slot_index, (INDEX,), (batches, None), device)
         if slot_index.shape[1] < width or not slot_index.is_contiguous():
             raise ValueError(f"slot_index: expected a contiguous [{batches}, >= {width}] tensor (a check word a slot, "
@@ -236,7 +237,7 @@ def _index_of(tokens: torch.Tensor, width: int, gen: torch.Generator) -> torch.T
     last step left."""
     hot = tokens.shape[1]
     index = torch.randint(-3, hot + 3, (tokens.shape[0], width), generator=gen, dtype=I32)
-    index[:, :hot] = hisparse.check_words(tokens)
+    index[:, :hot] = check_words(tokens)
     for b in range(tokens.shape[0]):
         held = tokens[b] >= 0
         index[b, hot + tokens[b][held].long()] = torch.arange(hot, dtype=I32)[held]
