@@ -228,12 +228,11 @@ def _selected(raw_row, raw_s1, K: tl.constexpr, K_P2: tl.constexpr, n, newest, r
 
 
 @triton.jit
-def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, base, hits, low, high, count,
-                BINS: tl.constexpr, FOLD: tl.constexpr, CHECKS: tl.constexpr):
+def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, hits, low, high,
+                CHECKS: tl.constexpr):
     """A block of the state after the step: slots not holding their token first emptied, hits aged ``now``, the free
     slots' eviction keys ``(occupied, age)``, with ``CHECKS`` their check words in the slot index; the state's tallies
-    so far (its hits, lowest and highest free key and, with ``FOLD``, the histogram of the free keys from ``base``:
-    ``BINS`` bins, the last one all above, keys below ``base`` left out) with the block's."""
+    so far (its hits, lowest and highest free key) with the block's."""
     free = m & ~is_hit
     key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
     tl.store(keys + s, tl.where(free, key, -1), mask=m)
@@ -244,24 +243,20 @@ def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, n
     tl.store(age_row + s, tl.zeros_like(age) + now, mask=is_hit)
     block_hits, block_low, block_high = tl.reduce(
         (is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF), tl.where(free, key, -1)), 0, _tally)
-    if FOLD:
-        count += tl.histogram(tl.minimum(key - base, BINS - 1).to(tl.int32), BINS, mask=free & (key >= base))
-    hits, low, high = _tally(hits, low, high, block_hits, block_low, block_high)
-    return hits, low, high, count
+    return _tally(hits, low, high, block_hits, block_low, block_high)
 
 
 @triton.jit
-def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks, index, now, base, R, n,
-                 newest, reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr,
-                 K_P2: tl.constexpr, BLOCK_H: tl.constexpr, BINS: tl.constexpr, FOLD: tl.constexpr,
-                 HAS_R2B: tl.constexpr, FENCE: tl.constexpr, REBUILD: tl.constexpr):
+def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks, index, now, R, n, newest,
+                 reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr,
+                 BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr, REBUILD: tl.constexpr):
     """Every event through the table (the selected tokens' entries already emptied; the state's too unless
     ``REBUILD``): each id ``atomic_min``'d into its token's entry (a selected token marked), then read back. The
     least id names the slot holding the token (a state id: the lowest slot, so a higher one is a duplicate; for a
     selected entry a hit) or its first appearance (a selected id: a miss); the mark tells a slot its token is selected
     (a hit). ``REBUILD`` (the first pass checked the slot index instead of emptying the state's entries): empty them
     here, write each slot holding its token at it in ``index`` and every slot's check word. Returns the state's
-    tallies (:func:`_state_keys`)."""
+    hits and its lowest and highest free key."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
@@ -301,7 +296,6 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
     hits = 0
     low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
     high = tl.full([], -1, tl.int64)
-    count = tl.zeros([BINS], tl.int32)
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         m = s < H
@@ -312,22 +306,20 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
         holds = live & (entry.to(tl.int32) == s)
         if REBUILD:
             tl.store(index + tok, s, mask=holds)
-        hits, low, high, count = _state_keys(tok, age, s, m, holds, holds & ((entry >> 32) != 0), keys, tok_row,
-                                             age_row, checks, now, base, hits, low, high, count, BINS, FOLD,
-                                             REBUILD)
+        hits, low, high = _state_keys(tok, age, s, m, holds, holds & ((entry >> 32) != 0), keys, tok_row, age_row,
+                                      checks, now, hits, low, high, REBUILD)
     _sync(FENCE)
-    return hits, low, high, count
+    return hits, low, high
 
 
 @triton.jit
-def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks, index, hit, now, base, R, n,
-                     newest, reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr,
-                     K_P2: tl.constexpr, BLOCK_H: tl.constexpr, BINS: tl.constexpr, FOLD: tl.constexpr,
-                     HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
+def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks, index, hit, now, R, n, newest,
+                     reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr,
+                     K_P2: tl.constexpr, BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
     """The state's live slots all as the last plan left them (their check words), so none holds a token twice and
     ``index`` has each at its token: only the selected entries go through the table (their first appearances); a
     selected token's slot is the index's, when the state says that slot holds it (a hit, marked in ``hit``). Returns
-    the state's tallies (:func:`_state_keys`)."""
+    the state's hits and its lowest and highest free key."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     row = row0
@@ -357,7 +349,6 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, che
     hits = 0
     low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
     high = tl.full([], -1, tl.int64)
-    count = tl.zeros([BINS], tl.int32)
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         m = s < H
@@ -365,10 +356,10 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, che
         age = tl.load(age_row + s, mask=m, other=0)
         holds = m & (tok >= 0) & (tok < held_below)
         is_hit = holds & (tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1)
-        hits, low, high, count = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, base,
-                                             hits, low, high, count, BINS, FOLD, True)
+        hits, low, high = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, hits, low,
+                                      high, True)
     _sync(FENCE)
-    return hits, low, high, count
+    return hits, low, high
 
 
 @triton.jit
@@ -397,13 +388,11 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
     words = table.to(tl.pointer_type(tl.int32))  # token t's least id at word 2 t, whether it is selected at 2 t + 1
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
 
-    # The step's clock (the largest age + 1) and ``base``, the lowest key the state would have if every live slot held
-    # its token (the origin of the eviction histogram); with an index, whether every live slot is as the last plan
-    # left it (its check word; and no slot hit yet), else the table's entries at the state's tokens emptied; the
-    # selected tokens' entries emptied (nothing else of the table is read); each selected entry's first code (a token
-    # past ``reach`` is neither held nor on the host: none).
+    # The step's clock (the largest age + 1); with an index, whether every live slot is as the last plan left it (its
+    # check word; and no slot hit yet), else the table's entries at the state's tokens emptied; the selected tokens'
+    # entries emptied (nothing else of the table is read); each selected entry's first code (a token past ``reach``
+    # is neither held nor on the host: none).
     top = tl.full([], -2147483648, tl.int32)
-    base = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
     stray = 0
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
@@ -411,8 +400,6 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         age = tl.load(age_row + s, mask=s < H, other=-2147483648)
         top = tl.maximum(top, tl.max(age, 0))
         live = (s < H) & (tok >= 0) & (tok < held_below)
-        guess = (live.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
-        base = tl.minimum(base, tl.min(tl.where(s < H, guess, 0x7FFFFFFFFFFFFFFF), 0))
         if HAS_INDEX:
             check = tl.load(checks + s, mask=s < H, other=0)
             stray += tl.sum((live & (check != _check_word(tok, s))).to(tl.int32), 0)
@@ -435,25 +422,20 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
     _sync(FENCE)
 
     # Each selected entry's code (its hit slot, or its first appearance); the state cleaned (a slot not holding its
-    # token first is emptied), its hits aged, the free slots' keys and, where the state is one block (``FOLD``: the
-    # histogram is not carried over blocks, which would cost registers), their histogram from ``base``.
-    BINS: tl.constexpr = 1 << DIGIT
-    FOLD: tl.constexpr = H <= BLOCK_H
+    # token first is emptied), its hits aged, the free slots' keys.
     if HAS_INDEX:
         if stray == 0:
-            hits, low, high, count = _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks,
-                                                      index, hit, now, base, R, n, newest, reach, held_below, rows,
-                                                      row0, raw_s0, raw_s1, H, K, K_P2, BLOCK_H, BINS, FOLD, HAS_R2B,
-                                                      FENCE)
+            hits, low, high = _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks, index,
+                                               hit, now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
+                                               H, K, K_P2, BLOCK_H, HAS_R2B, FENCE)
         else:  # a slot's check word differs (first use, a state changed elsewhere): all events, the index rebuilt
-            hits, low, high, count = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words,
-                                                  checks, index, now, base, R, n, newest, reach, held_below, rows,
-                                                  row0, raw_s0, raw_s1, H, K, K_P2, BLOCK_H, BINS, FOLD, HAS_R2B,
-                                                  FENCE, True)
+            hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks,
+                                           index, now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
+                                           H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, True)
     else:
-        hits, low, high, count = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks,
-                                              index, now, base, R, n, newest, reach, held_below, rows, row0, raw_s0,
-                                              raw_s1, H, K, K_P2, BLOCK_H, BINS, FOLD, HAS_R2B, FENCE, False)
+        hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks, index,
+                                       now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
+                                       H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, False)
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
     misses = 0
@@ -486,23 +468,22 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
     _sync(FENCE)
 
     if placed > 0:
-        # The placed-th smallest (occupied, age) among the free slots: first among the BINS - 1 keys from ``base``
-        # (the common case: a step's misses take the oldest slots and a step ages its hits alike; with ``FOLD``
-        # counted as the keys were written, every free key being at or above ``base`` unless a duplicate was emptied,
-        # else from the lowest free key), else by a radix select from the keys' common prefix.
+        # The placed-th smallest (occupied, age) among the free slots: first among the BINS - 1 keys from the
+        # lowest (the common case: a step's misses take the oldest slots, and a step ages its hits alike), else by a
+        # radix select from the keys' common prefix.
         need = placed
+        BINS: tl.constexpr = 1 << DIGIT
         bins = tl.arange(0, BINS)
-        if not FOLD:  # the histogram from the lowest free key, a pass of its own
-            base = low
-            for h0 in range(0, H, BLOCK_H):
-                s = h0 + hs
-                key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
-                count += tl.histogram(tl.minimum(key - base, BINS - 1).to(tl.int32), BINS, mask=key >= 0)
+        count = tl.zeros([BINS], tl.int32)
+        for h0 in range(0, H, BLOCK_H):
+            s = h0 + hs
+            key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+            count += tl.histogram(tl.minimum(key - low, BINS - 1).to(tl.int32), BINS, mask=key >= 0)
         below = tl.cumsum(count, 0)
-        if (low >= base) & (tl.sum(tl.where(bins == BINS - 2, below, 0), 0) >= need):
+        if tl.sum(tl.where(bins == BINS - 2, below, 0), 0) >= need:
             pick = tl.sum((below < need).to(tl.int32), 0)
             need -= tl.sum(tl.where(bins < pick, count, 0), 0)
-            prefix = base + pick
+            prefix = low + pick
         else:
             span = tl.full([], 0, tl.int64)
             while (low ^ high) >> span > 0:
