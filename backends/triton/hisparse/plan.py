@@ -254,9 +254,9 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
     ``REBUILD``): each id ``atomic_min``'d into its token's entry (a selected token marked), then read back. The
     least id names the slot holding the token (a state id: the lowest slot, so a higher one is a duplicate; for a
     selected entry a hit) or its first appearance (a selected id: a miss); the mark tells a slot its token is selected
-    (a hit). ``REBUILD`` (the first pass checked the slot index instead of emptying the state's entries): empty them
-    here, write each slot holding its token at it in ``index`` and every slot's check word. Returns the state's
-    hits and its lowest and highest free key."""
+    (a hit). ``REBUILD`` (the first pass checked the slot index instead of emptying the state's entries, and left
+    the selected tokens the index held): empty them here, write each slot holding its token at it in ``index`` and
+    every slot's check word. Returns the state's hits and its lowest and highest free key."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
@@ -266,6 +266,13 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
             tok = tl.load(tok_row + s, mask=s < H, other=-1)
             live = (s < H) & (tok >= 0) & (tok < held_below)
             tl.store(table + tok, tl.zeros([BLOCK_H], tl.int64) + empty, mask=live)
+        row = row0
+        for _ in range(rows):  # and the selected tokens' the first pass left, held where the index said
+            r = row
+            row = _next_row(links, row, R, HAS_R2B)
+            if r < R:
+                x, pending = _selected(raw_ptr + r.to(tl.int64) * raw_s0, raw_s1, K, K_P2, n, newest, reach)
+                tl.store(table + x, tl.zeros([K_P2], tl.int64) + empty, mask=pending)
         _sync(FENCE)
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
@@ -317,9 +324,9 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, che
                      reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr,
                      K_P2: tl.constexpr, BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
     """The state's live slots all as the last plan left them (their check words), so none holds a token twice and
-    ``index`` has each at its token: only the selected entries go through the table (their first appearances); a
-    selected token's slot is the index's, when the state says that slot holds it (a hit, marked in ``hit``). Returns
-    the state's hits and its lowest and highest free key."""
+    ``index`` has each at its token: the first pass gave each selected entry held at the slot the index names that
+    slot (a hit, marked here in ``hit``); only the others (``PENDING``) go through the table, their first appearances
+    becoming their codes. Returns the state's hits and its lowest and highest free key."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     row = row0
@@ -328,8 +335,11 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, che
         row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            x, pending = _selected(raw_ptr + r64 * raw_s0, raw_s1, K, K_P2, n, newest, reach)
-            tl.atomic_min(words + 2 * x.to(tl.int64), H + r * K + cols, mask=pending, sem="relaxed")
+            code = tl.load(out_ptr + r64 * K + cols, mask=cols < K, other=-1, cache_modifier=".cg")
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=(cols < K) & (code == PENDING), other=0)
+            tl.atomic_min(words + 2 * x.to(tl.int64), H + r * K + cols, mask=(cols < K) & (code == PENDING),
+                          sem="relaxed")
+            tl.store(hit + code, tl.full([K_P2], 1, tl.int32), mask=(cols < K) & (code >= 0) & (code < H))
     _sync(FENCE)
     row = row0
     for _ in range(rows):
@@ -337,14 +347,13 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, che
         row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            x, pending = _selected(raw_ptr + r64 * raw_s0, raw_s1, K, K_P2, n, newest, reach)
+            at = out_ptr + r64 * K + cols
+            code = tl.load(at, mask=cols < K, other=-1, cache_modifier=".cg")
+            pending = (cols < K) & (code == PENDING)
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=pending, other=0)
             w = tl.load(words + 2 * x.to(tl.int64), mask=pending, other=-1, cache_modifier=".cg")
-            h = tl.load(index + x, mask=pending, other=-1, cache_modifier=".cg")
-            held = pending & (h >= 0) & (h < H)
-            held = held & (tl.load(tok_row + h, mask=held, other=-1) == x)
             first = pending & (w >= H) & (w <= H + r * K + cols)  # always, whatever the workspace held
-            tl.store(out_ptr + r64 * K + cols, tl.where(held, h, tl.where(first, MISS - (w - H), -1)), mask=pending)
-            tl.store(hit + h, tl.full([K_P2], 1, tl.int32), mask=held)
+            tl.store(at, tl.where(first, MISS - (w - H), -1), mask=pending)
     _sync(FENCE)
     hits = 0
     low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
@@ -389,9 +398,9 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
 
     # The step's clock (the largest age + 1); with an index, whether every live slot is as the last plan left it (its
-    # check word; and no slot hit yet), else the table's entries at the state's tokens emptied; the selected tokens'
-    # entries emptied (nothing else of the table is read); each selected entry's first code (a token past ``reach``
-    # is neither held nor on the host: none).
+    # check word; and no slot hit yet), else the table's entries at the state's tokens emptied; each selected entry's
+    # first code (a token past ``reach`` is neither held nor on the host: none; with an index, one held at the slot
+    # it names: that slot) and the other selected tokens' entries emptied (nothing else of the table is read).
     top = tl.full([], -2147483648, tl.int32)
     stray = 0
     for h0 in range(0, H, BLOCK_H):
@@ -417,6 +426,12 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             valid = in_row & (x >= 0) & (x < n)
             pending = valid & (x != newest) & (x < reach)
             code = tl.where(pending, PENDING, tl.where(valid & (x == newest), H, -1))
+            if HAS_INDEX:  # held at the slot the index names: a hit, if the state turns out to be the plan's
+                h = tl.load(index + x, mask=pending, other=-1, cache_modifier=".cg")
+                held = pending & (h >= 0) & (h < H)
+                held = held & (tl.load(tok_row + h, mask=held, other=-1) == x)
+                code = tl.where(held, h, code)
+                pending = pending & ~held
             tl.store(out_ptr + r64 * K + cols, code, mask=in_row)
             tl.store(table + x, tl.zeros([K_P2], tl.int64) + empty, mask=pending)
     _sync(FENCE)
