@@ -45,7 +45,9 @@ _COMMON: dict[str, dict[str, Any]] = {
     # 64 x 64 key pairs a step when ranking the slots taken; row_to_batch scanned 1024 at a time. maxnreg 128 (all
     # that 16 warps may have): without it ptxas for sm89 aimed at two programs a SM, 64 registers, and spilled 40
     # bytes at H 4096 with row_to_batch (Triton 3.9). Programmatic dependent launch where the GPU has it (below).
-    "hisparse_plan": {"BLOCK_H": 4096, "DIGIT": 5, "BLOCK_R": 1024, "BI": 64, "BJ": 64,
+    # KEEP_KEYS: a state of one block keeps its eviction keys in registers for the pivot and the list of the slots
+    # taken (H200, 2026-12-03, the bench's ring with a slot index: 15.75 µs a step against 16.28 reading them back).
+    "hisparse_plan": {"BLOCK_H": 4096, "DIGIT": 5, "BLOCK_R": 1024, "BI": 64, "BJ": 64, "KEEP_KEYS": True,
                       "num_warps": 16, "maxnreg": 128},
     # Top-k (sampled threshold, then radix select over the candidates): 1K-value tiles over 4 warps, 256 coarse
     # bins for the fallback's row histogram, 5-bit digits (32 bins = one a lane: Triton 3.6 lowers a histogram by

@@ -27,13 +27,14 @@ changed elsewhere) every event goes through the table as above and the index is 
 requests' identities are written into it, and every slot's check word each step. The plan trusts an index whose
 check words match (only a plan writes them); anything else only sends a step the long way.
 
-Misses on the host are numbered in order of first appearance (a row at a time, a running count and a cumsum). The
-free slots' eviction keys ``(occupied, age)`` (then the slot) are written in the pass that resolves the state; the
-M-th smallest, ``M = min(misses, free slots)``, is looked for among the ``2**DIGIT - 1`` keys from the lowest (one
-histogram: a step's misses take the oldest slots, and a step ages its hits alike), else radix-selected (``DIGIT`` bits
-a pass, from the keys' common prefix); the M slots at or below it are ranked among themselves (pairwise, ``BI x BJ``
-a step) into the list of the slots taken in order. A last pass over the rows writes the slots, the copies (filed
-under the row of first appearance) and the placed misses' state. ``PDL``: programmatic dependent launch.
+Misses on the host are numbered in order of first appearance (a row at a time, a running count and a cumsum). The free
+slots' eviction keys ``(occupied, age)`` (then the slot) are written in the pass that resolves the state; the M-th
+smallest, ``M = min(misses, free slots)``, is looked for among the ``2**DIGIT - 1`` keys from the lowest (one histogram:
+a step's misses take the oldest slots, and a step ages its hits alike), else radix-selected (``DIGIT`` bits a pass, from
+the keys' common prefix); the M slots at or below it are ranked among themselves (pairwise, ``BI x BJ`` a step) into the
+list of the slots taken in order. Where the state is one block and the tuning's ``KEEP_KEYS`` says so, the pivot's and
+the list's passes take the keys from registers, not read back. A last pass over the rows writes the slots, the copies
+(filed under the row of first appearance) and the placed misses' state. ``PDL``: programmatic dependent launch.
 
 Every read is masked to its tensor (positions by ``seq_len`` and ``L``, slots and rows by ``H`` and ``R``, whatever
 ``raw``, ``row_to_batch``, ``host_loc`` and the state hold); nothing is allocated at launch but the kept workspace
@@ -144,7 +145,7 @@ def hisparse_plan_kernel(
     raw_ptr, seq_ptr, host_ptr, tok_ptr, age_ptr, r2b_ptr, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr, idx_ptr,
     B, R, L, host_rows, raw_s0, raw_s1, seq_s0, host_s0, host_s1, r2b_s0, idx_s0,
     H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, DIGIT: tl.constexpr,
-    BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
+    BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, KEEP_KEYS: tl.constexpr,
     HAS_R2B: tl.constexpr, HAS_INDEX: tl.constexpr, FENCE: tl.constexpr, PDL: tl.constexpr,
 ):
     """Request ``program_id(0)``'s plan and state update; also that row's outputs when it names no request.
@@ -215,7 +216,7 @@ def hisparse_plan_kernel(
                 requests = ws_ptr + R + R % 2
             _long_request(raw_ptr, host_row, tok_row, age_row, links, requests, out_ptr, src_ptr, dst_ptr, cnt_ptr,
                           checks, index, b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
-                          H, K, K_P2, BLOCK_H, DIGIT, BLOCK_R, BI, BJ, HAS_R2B, HAS_INDEX, FENCE)
+                          H, K, K_P2, BLOCK_H, DIGIT, BLOCK_R, BI, BJ, KEEP_KEYS, HAS_R2B, HAS_INDEX, FENCE)
 
 
 @triton.jit
@@ -232,10 +233,11 @@ def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, n
                 CHECKS: tl.constexpr):
     """A block of the state after the step: slots not holding their token first emptied, hits aged ``now``, the free
     slots' eviction keys ``(occupied, age)``, with ``CHECKS`` their check words in the slot index; the state's tallies
-    so far (its hits, lowest and highest free key) with the block's."""
+    so far (its hits, lowest and highest free key) with the block's, and the block's keys as stored (-1: not free)."""
     free = m & ~is_hit
     key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
-    tl.store(keys + s, tl.where(free, key, -1), mask=m)
+    stored = tl.where(free, key, -1)
+    tl.store(keys + s, stored, mask=m)
     kept = tl.where(holds, tok, -1)
     tl.store(tok_row + s, kept, mask=m)
     if CHECKS:
@@ -243,20 +245,34 @@ def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, n
     tl.store(age_row + s, tl.zeros_like(age) + now, mask=is_hit)
     block_hits, block_low, block_high = tl.reduce(
         (is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF), tl.where(free, key, -1)), 0, _tally)
-    return _tally(hits, low, high, block_hits, block_low, block_high)
+    hits, low, high = _tally(hits, low, high, block_hits, block_low, block_high)
+    return hits, low, high, stored
+
+
+@triton.jit
+def _keys(keys, s, H: tl.constexpr, block, ONE_BLOCK: tl.constexpr):
+    """The free slots' keys at ``s`` (-1: none): ``block``, the state's kept in registers, where it is one block;
+    else read back."""
+    if ONE_BLOCK:
+        key = block
+    else:
+        key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+    return key
 
 
 @triton.jit
 def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks, index, now, R, n, newest,
                  reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr,
-                 BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr, REBUILD: tl.constexpr):
+                 BLOCK_H: tl.constexpr, ONE_BLOCK: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr,
+                 REBUILD: tl.constexpr):
     """Every event through the table (the selected tokens' entries already emptied; the state's too unless
     ``REBUILD``): each id ``atomic_min``'d into its token's entry (a selected token marked), then read back. The
     least id names the slot holding the token (a state id: the lowest slot, so a higher one is a duplicate; for a
     selected entry a hit) or its first appearance (a selected id: a miss); the mark tells a slot its token is selected
     (a hit). ``REBUILD`` (the first pass checked the slot index instead of emptying the state's entries, and left
     the selected tokens the index held): empty them here, write each slot holding its token at it in ``index`` and
-    every slot's check word. Returns the state's hits and its lowest and highest free key."""
+    every slot's check word. Returns the state's hits, its lowest and highest free key and, with ``ONE_BLOCK`` (the
+    state one block), its keys as stored."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     empty = tl.full([], INT_MAX, tl.int64)  # no id, not selected
@@ -303,6 +319,7 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
     hits = 0
     low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
     high = tl.full([], -1, tl.int64)
+    block = tl.full([BLOCK_H], -1, tl.int64)
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         m = s < H
@@ -313,20 +330,23 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
         holds = live & (entry.to(tl.int32) == s)
         if REBUILD:
             tl.store(index + tok, s, mask=holds)
-        hits, low, high = _state_keys(tok, age, s, m, holds, holds & ((entry >> 32) != 0), keys, tok_row, age_row,
-                                      checks, now, hits, low, high, REBUILD)
+        hits, low, high, stored = _state_keys(tok, age, s, m, holds, holds & ((entry >> 32) != 0), keys, tok_row,
+                                              age_row, checks, now, hits, low, high, REBUILD)
+        if ONE_BLOCK:
+            block = stored
     _sync(FENCE)
-    return hits, low, high
+    return hits, low, high, block
 
 
 @triton.jit
 def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks, index, hit, now, R, n, newest,
                      reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr,
-                     K_P2: tl.constexpr, BLOCK_H: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
+                     K_P2: tl.constexpr, BLOCK_H: tl.constexpr, ONE_BLOCK: tl.constexpr, HAS_R2B: tl.constexpr,
+                     FENCE: tl.constexpr):
     """The state's live slots all as the last plan left them (their check words), so none holds a token twice and
     ``index`` has each at its token: the first pass gave each selected entry held at the slot the index names that
     slot (a hit, marked here in ``hit``); only the others (``PENDING``) go through the table, their first appearances
-    becoming their codes. Returns the state's hits and its lowest and highest free key."""
+    becoming their codes. Returns what :func:`_resolve_all` does."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     row = row0
@@ -358,6 +378,7 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, che
     hits = 0
     low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
     high = tl.full([], -1, tl.int64)
+    block = tl.full([BLOCK_H], -1, tl.int64)
     for h0 in range(0, H, BLOCK_H):
         s = h0 + hs
         m = s < H
@@ -365,18 +386,20 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, che
         age = tl.load(age_row + s, mask=m, other=0)
         holds = m & (tok >= 0) & (tok < held_below)
         is_hit = holds & (tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1)
-        hits, low, high = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, hits, low,
-                                      high, True)
+        hits, low, high, stored = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, hits,
+                                              low, high, True)
+        if ONE_BLOCK:
+            block = stored
     _sync(FENCE)
-    return hits, low, high
+    return hits, low, high, block
 
 
 @triton.jit
 def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, src_ptr, dst_ptr, cnt_ptr, checks,
                   index, b, R, L, host_rows, n, rows, row0, raw_s0, raw_s1, host_s1,
                   H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, DIGIT: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, HAS_R2B: tl.constexpr,
-                  HAS_INDEX: tl.constexpr, FENCE: tl.constexpr):
+                  BLOCK_R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, KEEP_KEYS: tl.constexpr,
+                  HAS_R2B: tl.constexpr, HAS_INDEX: tl.constexpr, FENCE: tl.constexpr):
     """Request ``b`` of ``n > H`` tokens (``checks``, ``index``: its row of the slot index, where ``HAS_INDEX``): the
     events resolved, the misses' numbers, the eviction order, the outputs."""
     newest = n - 1
@@ -438,19 +461,21 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
 
     # Each selected entry's code (its hit slot, or its first appearance); the state cleaned (a slot not holding its
     # token first is emptied), its hits aged, the free slots' keys.
+    ONE_BLOCK: tl.constexpr = KEEP_KEYS and H <= BLOCK_H  # the state's keys stay in registers for the eviction
     if HAS_INDEX:
         if stray == 0:
-            hits, low, high = _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks, index,
-                                               hit, now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
-                                               H, K, K_P2, BLOCK_H, HAS_R2B, FENCE)
+            hits, low, high, block = _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks,
+                                                      index, hit, now, R, n, newest, reach, held_below, rows, row0,
+                                                      raw_s0, raw_s1, H, K, K_P2, BLOCK_H, ONE_BLOCK, HAS_R2B, FENCE)
         else:  # a slot's check word differs (first use, a state changed elsewhere): all events, the index rebuilt
-            hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks,
-                                           index, now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
-                                           H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, True)
+            hits, low, high, block = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words,
+                                                  checks, index, now, R, n, newest, reach, held_below, rows, row0,
+                                                  raw_s0, raw_s1, H, K, K_P2, BLOCK_H, ONE_BLOCK, HAS_R2B, FENCE,
+                                                  True)
     else:
-        hits, low, high = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks, index,
-                                       now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
-                                       H, K, K_P2, BLOCK_H, HAS_R2B, FENCE, False)
+        hits, low, high, block = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks,
+                                              index, now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
+                                              H, K, K_P2, BLOCK_H, ONE_BLOCK, HAS_R2B, FENCE, False)
 
     # Misses on the host, numbered in order of first appearance; the other appearances take their number.
     misses = 0
@@ -492,7 +517,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         count = tl.zeros([BINS], tl.int32)
         for h0 in range(0, H, BLOCK_H):
             s = h0 + hs
-            key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+            key = _keys(keys, s, H, block, ONE_BLOCK)
             count += tl.histogram(tl.minimum(key - low, BINS - 1).to(tl.int32), BINS, mask=key >= 0)
         below = tl.cumsum(count, 0)
         if tl.sum(tl.where(bins == BINS - 2, below, 0), 0) >= need:
@@ -510,7 +535,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
                 count = tl.zeros([BINS], tl.int32)
                 for h0 in range(0, H, BLOCK_H):
                     s = h0 + hs
-                    key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+                    key = _keys(keys, s, H, block, ONE_BLOCK)
                     inside = (key >= 0) & ((key >> (span + d)) == prefix)
                     count += tl.histogram(((key >> span) & ((tl.full([], 1, tl.int64) << d) - 1)).to(tl.int32),
                                           BINS, mask=inside)
@@ -524,7 +549,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         found = 0
         for h0 in range(0, H, BLOCK_H):
             s = h0 + hs
-            key = tl.load(keys + s, mask=s < H, other=-1, cache_modifier=".cg")
+            key = _keys(keys, s, H, block, ONE_BLOCK)
             under = (key >= 0) & (key < prefix)
             tie = (key >= 0) & (key == prefix)
             both = tl.cumsum(under.to(tl.int32) | (tie.to(tl.int32) << 16), 0)
@@ -654,7 +679,7 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
          raw.stride(0), raw.stride(1), seq_lens.stride(0), host_loc.stride(0), host_loc.stride(1), r2b.stride(0),
          index.stride(0)),
         dict(H=hot, K=k, K_P2=next_power_of_2(k), BLOCK_H=min(next_power_of_2(hot), cfg["BLOCK_H"]),
-             DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"],
+             DIGIT=cfg["DIGIT"], BLOCK_R=cfg["BLOCK_R"], BI=cfg["BI"], BJ=cfg["BJ"], KEEP_KEYS=cfg["KEEP_KEYS"],
              HAS_R2B=row_to_batch is not None, HAS_INDEX=slot_index is not None, FENCE=_fence(target),
              PDL=uses_pdl(target, cfg)),
     )
@@ -677,6 +702,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             "hisparse_plan", hisparse_plan_kernel, ptrs,
             {"H": hot, "K": k, "K_P2": next_power_of_2(k), "BLOCK_H": min(hot, cfg["BLOCK_H"]),
              "DIGIT": cfg["DIGIT"], "BLOCK_R": cfg["BLOCK_R"], "BI": cfg["BI"], "BJ": cfg["BJ"],
+             "KEEP_KEYS": cfg["KEEP_KEYS"],
              "HAS_R2B": r2b, "HAS_INDEX": index, "FENCE": _fence(target), "PDL": uses_pdl(target, cfg),
              "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
             dict(plan_options(target, cfg)), aligned=("raw_s0", "host_s0", "idx_s0")))
