@@ -339,14 +339,59 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
 
 
 @triton.jit
-def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks, index, hit, now, R, n, newest,
-                     reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr,
-                     K_P2: tl.constexpr, BLOCK_H: tl.constexpr, ONE_BLOCK: tl.constexpr, HAS_R2B: tl.constexpr,
-                     FENCE: tl.constexpr):
+def _number_row(out_ptr, at, code, x, pos, clear, host_row, host_s1, L, host_rows, misses, FENCE: tl.constexpr):
+    """One row's misses numbered on from ``misses`` (returned with the row's): ``code`` its entries' codes so far (a
+    selected token not held: ``MISS - f``, ``f`` its first appearance; ``pos`` each entry's own ``r * K + column``),
+    ``x`` their tokens. A first appearance on the host gets ``MISS - 2 number - 1`` (a copy), one not on the host and
+    each entry in ``clear`` -1, another appearance its first's number (``MISS - 2 number``) or -1."""
+    first = code == MISS - pos
+    again = (code <= MISS) & ~first & (MISS - code <= pos)
+    loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=first & (x >= 0) & (x < L), other=-1)
+    limit = tl.where(host_rows < 0, 0x7FFFFFFFFFFFFFFF, host_rows.to(tl.int64))  # host_rows < 0: none given
+    on_host = first & (loc.to(tl.int64) >= 0) & (loc.to(tl.int64) < limit)
+    number = misses + tl.cumsum(on_host.to(tl.int32), 0) - on_host.to(tl.int32)
+    misses += tl.sum(on_host.to(tl.int32), 0)
+    _sync(FENCE)  # every thread's reads of the row (its copies in other threads too) before it changes
+    tl.store(at, tl.where(on_host, MISS - 2 * number - 1, -1), mask=first | clear)
+    if tl.sum(again.to(tl.int32), 0) > 0:  # a token appearing again: it takes its first appearance's number
+        _sync(FENCE)
+        first_at = (-code + MISS).to(tl.int64)  # the first appearance, a position in out
+        code0 = tl.load(out_ptr + first_at, mask=again, other=-1, cache_modifier=".cg")
+        tl.store(at, tl.where(code0 == -1, -1, MISS - 2 * ((MISS - code0) >> 1)), mask=again)
+    return misses
+
+
+@triton.jit
+def _number_misses(raw_ptr, host_row, links, out_ptr, R, L, host_rows, rows, row0, raw_s0, raw_s1, host_s1,
+                   K: tl.constexpr, K_P2: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
+    """The request's misses on the host numbered in order of first appearance, a row at a time (:func:`_number_row`);
+    returns how many."""
+    cols = tl.arange(0, K_P2)
+    misses = 0
+    row = row0
+    for _ in range(rows):
+        r = row
+        row = _next_row(links, row, R, HAS_R2B)
+        if r < R:
+            r64 = r.to(tl.int64)
+            at = out_ptr + r64 * K + cols
+            code = tl.load(at, mask=cols < K, other=-1, cache_modifier=".cg")
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=cols < K, other=-1)
+            misses = _number_row(out_ptr, at, code, x, r * K + cols, cols < 0, host_row, host_s1, L, host_rows,
+                                 misses, FENCE)
+    return misses
+
+
+@triton.jit
+def _resolve_indexed(raw_ptr, tok_row, age_row, host_row, links, out_ptr, keys, words, checks, index, hit, now, R, n,
+                     L, host_rows, newest, reach, held_below, rows, row0, raw_s0, raw_s1, host_s1, H: tl.constexpr,
+                     K: tl.constexpr, K_P2: tl.constexpr, BLOCK_H: tl.constexpr, ONE_BLOCK: tl.constexpr,
+                     NUMBER: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
     """The state's live slots all as the last plan left them (their check words), so none holds a token twice and
     ``index`` has each at its token: the first pass gave each selected entry held at the slot the index names that
     slot (a hit, marked here in ``hit``); only the others (``PENDING``) go through the table, their first appearances
-    becoming their codes. Returns what :func:`_resolve_all` does."""
+    becoming their codes, with ``NUMBER`` numbered as they are read back (:func:`_number_row`). Returns what
+    :func:`_resolve_all` does and (with ``NUMBER``) the misses on the host."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     row = row0
@@ -361,6 +406,7 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, che
                           sem="relaxed")
             tl.store(hit + code, tl.full([K_P2], 1, tl.int32), mask=(cols < K) & (code >= 0) & (code < H))
     _sync(FENCE)
+    misses = tl.full([], 0, tl.int32)
     row = row0
     for _ in range(rows):
         r = row
@@ -370,10 +416,15 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, che
             at = out_ptr + r64 * K + cols
             code = tl.load(at, mask=cols < K, other=-1, cache_modifier=".cg")
             pending = (cols < K) & (code == PENDING)
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=pending, other=0)
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=cols < K, other=-1)
             w = tl.load(words + 2 * x.to(tl.int64), mask=pending, other=-1, cache_modifier=".cg")
-            first = pending & (w >= H) & (w <= H + r * K + cols)  # always, whatever the workspace held
-            tl.store(at, tl.where(first, MISS - (w - H), -1), mask=pending)
+            found = pending & (w >= H) & (w <= H + r * K + cols)  # always, whatever the workspace held
+            code = tl.where(pending, tl.where(found, MISS - (w - H), -1), code)
+            if NUMBER:
+                misses = _number_row(out_ptr, at, code, x, r * K + cols, pending & ~found, host_row, host_s1, L,
+                                     host_rows, misses, FENCE)
+            else:
+                tl.store(at, code, mask=pending)
     _sync(FENCE)
     hits = 0
     low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
@@ -391,7 +442,7 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, che
         if ONE_BLOCK:
             block = stored
     _sync(FENCE)
-    return hits, low, high, block
+    return hits, low, high, block, misses
 
 
 @triton.jit
@@ -461,12 +512,21 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
 
     # Each selected entry's code (its hit slot, or its first appearance); the state cleaned (a slot not holding its
     # token first is emptied), its hits aged, the free slots' keys.
+    # Then the misses on the host, numbered in order of first appearance (the other appearances take their number):
+    # with an index, as their codes are read back where the state is one block (over more, that spilled on sm90,
+    # gfx942 and gfx950 at H 16384 with row_to_batch), else in a pass of their own.
     ONE_BLOCK: tl.constexpr = KEEP_KEYS and H <= BLOCK_H  # the state's keys stay in registers for the eviction
+    NUMBER: tl.constexpr = H <= BLOCK_H
+    numbered = tl.full([], 0, tl.int32)
+    misses = tl.full([], 0, tl.int32)
     if HAS_INDEX:
         if stray == 0:
-            hits, low, high, block = _resolve_indexed(raw_ptr, tok_row, age_row, links, out_ptr, keys, words, checks,
-                                                      index, hit, now, R, n, newest, reach, held_below, rows, row0,
-                                                      raw_s0, raw_s1, H, K, K_P2, BLOCK_H, ONE_BLOCK, HAS_R2B, FENCE)
+            hits, low, high, block, misses = _resolve_indexed(
+                raw_ptr, tok_row, age_row, host_row, links, out_ptr, keys, words, checks, index, hit, now, R, n, L,
+                host_rows, newest, reach, held_below, rows, row0, raw_s0, raw_s1, host_s1, H, K, K_P2, BLOCK_H,
+                ONE_BLOCK, NUMBER, HAS_R2B, FENCE)
+            if NUMBER:
+                numbered = tl.full([], 1, tl.int32)
         else:  # a slot's check word differs (first use, a state changed elsewhere): all events, the index rebuilt
             hits, low, high, block = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words,
                                                   checks, index, now, R, n, newest, reach, held_below, rows, row0,
@@ -476,34 +536,9 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         hits, low, high, block = _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks,
                                               index, now, R, n, newest, reach, held_below, rows, row0, raw_s0, raw_s1,
                                               H, K, K_P2, BLOCK_H, ONE_BLOCK, HAS_R2B, FENCE, False)
-
-    # Misses on the host, numbered in order of first appearance; the other appearances take their number.
-    misses = 0
-    row = row0
-    for _ in range(rows):
-        r = row
-        row = _next_row(links, row, R, HAS_R2B)
-        if r < R:
-            r64 = r.to(tl.int64)
-            at = out_ptr + r64 * K + cols
-            code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
-            first = in_row & (code == MISS - (r * K + cols))
-            again = in_row & (code <= MISS) & ~first & (MISS - code <= r * K + cols)
-            loc = tl.load(host_row + x.to(tl.int64) * host_s1, mask=first & (x >= 0) & (x < L), other=-1)
-            limit = tl.where(host_rows < 0, 0x7FFFFFFFFFFFFFFF, host_rows.to(tl.int64))  # host_rows < 0: none given
-            on_host = first & (loc.to(tl.int64) >= 0) & (loc.to(tl.int64) < limit)
-            number = misses + tl.cumsum(on_host.to(tl.int32), 0) - on_host.to(tl.int32)
-            misses += tl.sum(on_host.to(tl.int32), 0)
-            _sync(FENCE)  # every thread's reads of the row (its copies in other threads too) before it changes
-            tl.store(at, tl.where(on_host, MISS - 2 * number - 1, -1), mask=first)
-            if tl.sum(again.to(tl.int32), 0) > 0:  # a token appearing again: it takes its first appearance's number
-                _sync(FENCE)
-                f = MISS - code
-                fr = f // K
-                code0 = tl.load(out_ptr + fr.to(tl.int64) * K + (f - fr * K).to(tl.int64), mask=again,
-                                other=-1, cache_modifier=".cg")
-                tl.store(at, tl.where(code0 == -1, -1, MISS - 2 * ((MISS - code0) >> 1)), mask=again)
+    if numbered == 0:
+        misses = _number_misses(raw_ptr, host_row, links, out_ptr, R, L, host_rows, rows, row0, raw_s0, raw_s1,
+                                host_s1, K, K_P2, HAS_R2B, FENCE)
     placed = tl.minimum(misses, H - hits)
     _sync(FENCE)
 
