@@ -391,7 +391,8 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, host_row, links, out_ptr, keys, 
     ``index`` has each at its token: the first pass gave each selected entry held at the slot the index names that
     slot (a hit, marked here in ``hit``); only the others (``PENDING``) go through the table, their first appearances
     becoming their codes, with ``NUMBER`` numbered as they are read back (:func:`_number_row`). Returns what
-    :func:`_resolve_all` does and (with ``NUMBER``) the misses on the host."""
+    :func:`_resolve_all` does and (with ``NUMBER``) the misses on the host; ends without a barrier (the caller's
+    next one orders the state's writes before anything reads them)."""
     cols = tl.arange(0, K_P2)
     hs = tl.arange(0, BLOCK_H)
     row = row0
@@ -425,7 +426,8 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, host_row, links, out_ptr, keys, 
                                      host_rows, misses, FENCE)
             else:
                 tl.store(at, code, mask=pending)
-    _sync(FENCE)
+    if not NUMBER:  # the codes read again by the numbering's pass (the state's pass below touches none of them)
+        _sync(FENCE)
     hits = 0
     low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
     high = tl.full([], -1, tl.int64)
@@ -441,7 +443,6 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, host_row, links, out_ptr, keys, 
                                               low, high, True)
         if ONE_BLOCK:
             block = stored
-    _sync(FENCE)
     return hits, low, high, block, misses
 
 
@@ -540,7 +541,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         misses = _number_misses(raw_ptr, host_row, links, out_ptr, R, L, host_rows, rows, row0, raw_s0, raw_s1,
                                 host_s1, K, K_P2, HAS_R2B, FENCE)
     placed = tl.minimum(misses, H - hits)
-    _sync(FENCE)
+    _sync(FENCE)  # the resolution's writes (codes, the state, its keys) before anything below reads them
 
     if placed > 0:
         # The placed-th smallest (occupied, age) among the free slots: first among the BINS - 1 keys from the
