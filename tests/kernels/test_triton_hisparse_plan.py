@@ -315,3 +315,22 @@ def test_a_kept_slot_index_gives_the_same_plans(seed):
                 held = [(s, x) for s, x in enumerate(tok[b].tolist()) if x >= 0]
                 assert all(int(index[b, hot + x]) == s for s, x in held), f"step {step}, request {b}"
         seq = seq + torch.randint(0, 3, (batches,), generator=g, dtype=I32)
+
+
+@pytest.mark.parametrize("cfg", [CFG, SMALL], ids=["one block", "blocks of 4"])
+def test_ages_spread_past_the_bins_take_the_radix_select(cfg):
+    """Free slots whose ages lie far apart (the pivot beyond the histogram's bins from the lowest key): the radix
+    select, from the keys in registers (one block) or read back, gives the reference's evictions."""
+    g = torch.Generator().manual_seed(7)
+    batches, hot, k, length = 3, 16, 8, 90
+    tok = torch.stack([torch.randperm(60, generator=g)[:hot] for _ in range(batches)]).to(I32)
+    age = torch.randint(0, 2**30, (batches, hot), generator=g, dtype=torch.int64).to(I32)
+    raw = torch.stack([torch.randperm(length - 1, generator=g)[:k] + 0 for _ in range(batches)]).to(I32)
+    seq, host_loc = t([length] * batches), host(batches, length)
+    want = hisparse.plan(raw, seq, host_loc, tok, age)
+    assert int(want.copy_count.sum()) > 0
+    out, src = torch.full((batches, k), -7, dtype=I32), torch.full((batches, k), -7, dtype=torch.int64)
+    dst, count = torch.full((batches, k), -7, dtype=I32), torch.full((batches,), -7, dtype=I32)
+    _kernel().plan_launch(raw, seq, host_loc, tok, age, None, None, out, src, dst, count, target=SM90, cfg=cfg)()
+    for name, got, w in zip(FIELDS, (out, src, dst, count, tok, age), want, strict=True):
+        assert torch.equal(got, w), f"{name}:\n got {got.tolist()}\nwant {w.tolist()}"

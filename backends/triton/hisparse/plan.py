@@ -134,6 +134,18 @@ def _check_word(tok, s):
 
 
 @triton.jit
+def _top_stray(top_a, stray_a, top_b, stray_b):
+    """One reduction of the state's largest age and its slots not matching their check words."""
+    return tl.maximum(top_a, top_b), stray_a + stray_b
+
+
+@triton.jit
+def _hits_low(hits_a, low_a, hits_b, low_b):
+    """One reduction of the state's hits (sum) and lowest free key."""
+    return hits_a + hits_b, tl.minimum(low_a, low_b)
+
+
+@triton.jit
 def _now(top):
     """The step's clock: the largest age + 1, saturating at the int32 limit."""
     return tl.minimum(top.to(tl.int64) + 1, INT_MAX).to(tl.int32)
@@ -230,10 +242,11 @@ def _selected(raw_row, raw_s1, K: tl.constexpr, K_P2: tl.constexpr, n, newest, r
 
 @triton.jit
 def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, hits, low, high,
-                CHECKS: tl.constexpr):
+                CHECKS: tl.constexpr, HIGH: tl.constexpr):
     """A block of the state after the step: slots not holding their token first emptied, hits aged ``now``, the free
     slots' eviction keys ``(occupied, age)``, with ``CHECKS`` their check words in the slot index; the state's tallies
-    so far (its hits, lowest and highest free key) with the block's, and the block's keys as stored (-1: not free)."""
+    so far (its hits, lowest free key and, with ``HIGH``, highest) with the block's, and the block's keys as stored
+    (-1: not free)."""
     free = m & ~is_hit
     key = (holds.to(tl.int64) << 32) | (age.to(tl.int64) + 2147483648)
     stored = tl.where(free, key, -1)
@@ -243,9 +256,14 @@ def _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, n
     if CHECKS:
         tl.store(checks + s, _check_word(kept, s), mask=m)
     tl.store(age_row + s, tl.zeros_like(age) + now, mask=is_hit)
-    block_hits, block_low, block_high = tl.reduce(
-        (is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF), tl.where(free, key, -1)), 0, _tally)
-    hits, low, high = _tally(hits, low, high, block_hits, block_low, block_high)
+    if HIGH:
+        block_hits, block_low, block_high = tl.reduce(
+            (is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF), stored), 0, _tally)
+        hits, low, high = _tally(hits, low, high, block_hits, block_low, block_high)
+    else:
+        block_hits, block_low = tl.reduce((is_hit.to(tl.int32), tl.where(free, key, 0x7FFFFFFFFFFFFFFF)), 0,
+                                          _hits_low)
+        hits, low = _hits_low(hits, low, block_hits, block_low)
     return hits, low, high, stored
 
 
@@ -331,7 +349,7 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
         if REBUILD:
             tl.store(index + tok, s, mask=holds)
         hits, low, high, stored = _state_keys(tok, age, s, m, holds, holds & ((entry >> 32) != 0), keys, tok_row,
-                                              age_row, checks, now, hits, low, high, REBUILD)
+                                              age_row, checks, now, hits, low, high, REBUILD, not ONE_BLOCK)
         if ONE_BLOCK:
             block = stored
     _sync(FENCE)
@@ -440,7 +458,7 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, host_row, links, out_ptr, keys, 
         holds = m & (tok >= 0) & (tok < held_below)
         is_hit = holds & (tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1)
         hits, low, high, stored = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, hits,
-                                              low, high, True)
+                                              low, high, True, not ONE_BLOCK)
         if ONE_BLOCK:
             block = stored
     return hits, low, high, block, misses
@@ -482,13 +500,15 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         s = h0 + hs
         tok = tl.load(tok_row + s, mask=s < H, other=-1)
         age = tl.load(age_row + s, mask=s < H, other=-2147483648)
-        top = tl.maximum(top, tl.max(age, 0))
         live = (s < H) & (tok >= 0) & (tok < held_below)
         if HAS_INDEX:
             check = tl.load(checks + s, mask=s < H, other=0)
-            stray += tl.sum((live & (check != _check_word(tok, s))).to(tl.int32), 0)
+            block_top, block_stray = tl.reduce((age, (live & (check != _check_word(tok, s))).to(tl.int32)), 0,
+                                               _top_stray)
+            top, stray = _top_stray(top, stray, block_top, block_stray)
             tl.store(hit + s, tl.zeros([BLOCK_H], tl.int32), mask=s < H)
         else:
+            top = tl.maximum(top, tl.max(age, 0))
             tl.store(table + tok, tl.zeros([BLOCK_H], tl.int64) + empty, mask=live)
     now = _now(top)
     row = row0
@@ -561,6 +581,8 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             need -= tl.sum(tl.where(bins < pick, count, 0), 0)
             prefix = low + pick
         else:
+            if ONE_BLOCK:  # the highest free key, not tallied with the state's (only this select needs it)
+                high = tl.max(block, 0)
             span = tl.full([], 0, tl.int64)
             while (low ^ high) >> span > 0:
                 span += 1
@@ -595,9 +617,10 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
             where = (found + (both & 0xFFFF) - under.to(tl.int32) + tl.minimum(tied - tie.to(tl.int32), need)
                      - tl.minimum(ties, need))
             tl.store(cand + where, (key << SLOT_BITS) | s, mask=take & (where < H))
-            total = tl.max(both, 0)
-            found += (total & 0xFFFF) + tl.minimum(total >> 16, tl.maximum(need - ties, 0))
-            ties += total >> 16
+            if not ONE_BLOCK:  # the counts carried to the next block
+                total = tl.max(both, 0)
+                found += (total & 0xFFFF) + tl.minimum(total >> 16, tl.maximum(need - ties, 0))
+                ties += total >> 16
         _sync(FENCE)
         # Each taken slot's place in eviction order: the taken keys below its own.
         bi = tl.arange(0, BI)
