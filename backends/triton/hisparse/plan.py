@@ -380,6 +380,18 @@ def _number_row(out_ptr, at, code, x, pos, clear, host_row, host_s1, L, host_row
 
 
 @triton.jit
+def _row_codes(out_ptr, raw_ptr, r, raw_s0, raw_s1, K: tl.constexpr, K_P2: tl.constexpr):
+    """Row ``r``'s entries: where its codes are in ``out``, the codes (-1 past ``k``) and its selected positions (-1
+    past ``k``)."""
+    cols = tl.arange(0, K_P2)
+    r64 = r.to(tl.int64)
+    at = out_ptr + r64 * K + cols
+    code = tl.load(at, mask=cols < K, other=-1, cache_modifier=".cg")
+    x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=cols < K, other=-1)
+    return at, code, x
+
+
+@triton.jit
 def _number_misses(raw_ptr, host_row, links, out_ptr, R, L, host_rows, rows, row0, raw_s0, raw_s1, host_s1,
                    K: tl.constexpr, K_P2: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr):
     """The request's misses on the host numbered in order of first appearance, a row at a time (:func:`_number_row`);
@@ -391,10 +403,7 @@ def _number_misses(raw_ptr, host_row, links, out_ptr, R, L, host_rows, rows, row
         r = row
         row = _next_row(links, row, R, HAS_R2B)
         if r < R:
-            r64 = r.to(tl.int64)
-            at = out_ptr + r64 * K + cols
-            code = tl.load(at, mask=cols < K, other=-1, cache_modifier=".cg")
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=cols < K, other=-1)
+            at, code, x = _row_codes(out_ptr, raw_ptr, r, raw_s0, raw_s1, K, K_P2)
             misses = _number_row(out_ptr, at, code, x, r * K + cols, cols < 0, host_row, host_s1, L, host_rows,
                                  misses, FENCE)
     return misses
@@ -431,11 +440,8 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, host_row, links, out_ptr, keys, 
         r = row
         row = _next_row(links, row, R, HAS_R2B)
         if r < R:
-            r64 = r.to(tl.int64)
-            at = out_ptr + r64 * K + cols
-            code = tl.load(at, mask=cols < K, other=-1, cache_modifier=".cg")
+            at, code, x = _row_codes(out_ptr, raw_ptr, r, raw_s0, raw_s1, K, K_P2)
             pending = (cols < K) & (code == PENDING)
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=cols < K, other=-1)
             w = tl.load(words + 2 * x.to(tl.int64), mask=pending, other=-1, cache_modifier=".cg")
             found = pending & (w >= H) & (w <= H + r * K + cols)  # always, whatever the workspace held
             code = tl.where(pending, tl.where(found, MISS - (w - H), -1), code)
@@ -642,9 +648,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            at = out_ptr + r64 * K + cols
-            code = tl.load(at, mask=in_row, other=-1, cache_modifier=".cg")
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            at, code, x = _row_codes(out_ptr, raw_ptr, r, raw_s0, raw_s1, K, K_P2)
             number = (MISS - code) >> 1
             put = in_row & (code <= MISS) & (number < placed)
             slot = tl.load(taken + number, mask=put, other=-1, cache_modifier=".cg")
