@@ -279,6 +279,41 @@ def _keys(keys, s, H: tl.constexpr, block, ONE_BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _state_pass(tok_row, age_row, keys, table, hit, checks, index, now, held_below, H: tl.constexpr,
+                BLOCK_H: tl.constexpr, ONE_BLOCK: tl.constexpr, INDEXED: tl.constexpr, REBUILD: tl.constexpr):
+    """The pass over the state after its events are resolved (:func:`_state_keys` a block): a live slot holds its
+    token and is hit as marked in ``hit`` where ``INDEXED`` (the check words said no token is held twice), else where
+    its token's entry in ``table`` has its own id least and the selected mark (``REBUILD``: each slot holding its
+    token also written at it in ``index``). Check words are written where ``INDEXED`` or ``REBUILD``. Returns the
+    state's hits, its lowest and highest free key and, with ``ONE_BLOCK``, its keys as stored."""
+    hs = tl.arange(0, BLOCK_H)
+    hits = 0
+    low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
+    high = tl.full([], -1, tl.int64)
+    block = tl.full([BLOCK_H], -1, tl.int64)
+    for h0 in range(0, H, BLOCK_H):
+        s = h0 + hs
+        m = s < H
+        tok = tl.load(tok_row + s, mask=m, other=-1)
+        age = tl.load(age_row + s, mask=m, other=0)
+        live = m & (tok >= 0) & (tok < held_below)
+        if INDEXED:
+            holds = live
+            is_hit = holds & (tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1)
+        else:
+            entry = tl.load(table + tok, mask=live, other=-1, cache_modifier=".cg")
+            holds = live & (entry.to(tl.int32) == s)
+            is_hit = holds & ((entry >> 32) != 0)
+            if REBUILD:
+                tl.store(index + tok, s, mask=holds)
+        hits, low, high, stored = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, hits,
+                                              low, high, INDEXED or REBUILD, not ONE_BLOCK)
+        if ONE_BLOCK:
+            block = stored
+    return hits, low, high, block
+
+
+@triton.jit
 def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, checks, index, now, R, n, newest,
                  reach, held_below, rows, row0, raw_s0, raw_s1, H: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr,
                  BLOCK_H: tl.constexpr, ONE_BLOCK: tl.constexpr, HAS_R2B: tl.constexpr, FENCE: tl.constexpr,
@@ -334,24 +369,8 @@ def _resolve_all(raw_ptr, tok_row, age_row, links, out_ptr, keys, table, words, 
             w = tl.load(words + 2 * x.to(tl.int64), mask=pending, other=-1, cache_modifier=".cg")
             ok = pending & (w >= 0) & (w <= H + r * K + cols)  # always, whatever the workspace held before the step
             tl.store(out_ptr + r64 * K + cols, tl.where(ok, tl.where(w < H, w, MISS - (w - H)), -1), mask=pending)
-    hits = 0
-    low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
-    high = tl.full([], -1, tl.int64)
-    block = tl.full([BLOCK_H], -1, tl.int64)
-    for h0 in range(0, H, BLOCK_H):
-        s = h0 + hs
-        m = s < H
-        tok = tl.load(tok_row + s, mask=m, other=-1)
-        age = tl.load(age_row + s, mask=m, other=0)
-        live = m & (tok >= 0) & (tok < held_below)
-        entry = tl.load(table + tok, mask=live, other=-1, cache_modifier=".cg")
-        holds = live & (entry.to(tl.int32) == s)
-        if REBUILD:
-            tl.store(index + tok, s, mask=holds)
-        hits, low, high, stored = _state_keys(tok, age, s, m, holds, holds & ((entry >> 32) != 0), keys, tok_row,
-                                              age_row, checks, now, hits, low, high, REBUILD, not ONE_BLOCK)
-        if ONE_BLOCK:
-            block = stored
+    hits, low, high, block = _state_pass(tok_row, age_row, keys, table, table, checks, index, now, held_below, H,
+                                         BLOCK_H, ONE_BLOCK, False, REBUILD)  # (no hit marks: table stands in)
     _sync(FENCE)
     return hits, low, high, block
 
@@ -421,7 +440,6 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, host_row, links, out_ptr, keys, 
     :func:`_resolve_all` does and (with ``NUMBER``) the misses on the host; ends without a barrier (the caller's
     next one orders the state's writes before anything reads them)."""
     cols = tl.arange(0, K_P2)
-    hs = tl.arange(0, BLOCK_H)
     row = row0
     for _ in range(rows):
         r = row
@@ -452,21 +470,8 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, host_row, links, out_ptr, keys, 
                 tl.store(at, code, mask=pending)
     if not NUMBER:  # the codes read again by the numbering's pass (the state's pass below touches none of them)
         _sync(FENCE)
-    hits = 0
-    low = tl.full([], 0x7FFFFFFFFFFFFFFF, tl.int64)
-    high = tl.full([], -1, tl.int64)
-    block = tl.full([BLOCK_H], -1, tl.int64)
-    for h0 in range(0, H, BLOCK_H):
-        s = h0 + hs
-        m = s < H
-        tok = tl.load(tok_row + s, mask=m, other=-1)
-        age = tl.load(age_row + s, mask=m, other=0)
-        holds = m & (tok >= 0) & (tok < held_below)
-        is_hit = holds & (tl.load(hit + s, mask=m, other=0, cache_modifier=".cg") == 1)
-        hits, low, high, stored = _state_keys(tok, age, s, m, holds, is_hit, keys, tok_row, age_row, checks, now, hits,
-                                              low, high, True, not ONE_BLOCK)
-        if ONE_BLOCK:
-            block = stored
+    hits, low, high, block = _state_pass(tok_row, age_row, keys, keys, hit, checks, index, now, held_below, H, BLOCK_H,
+                                         ONE_BLOCK, True, False)  # (no table read: keys stands in)
     return hits, low, high, block, misses
 
 
