@@ -9,14 +9,16 @@ host link, and a 61-layer step planned once per producer.
 
 - ``plan``: ``indexcache.hisparse_plan`` of one step (the ring's steps in one graph, the time per step), with a slot
   index kept over the ring (``slot_index=``) and without one (a state of its own, planned alike);
-- ``swap-in``: ``indexcache.hisparse_swap_in`` of the ring's steps' misses for one layer, its bytes per second against
-  a contiguous pinned host → device copy of 256 MiB in the same run (``h2d``: the link's bandwidth as the copy
-  engine reaches it);
+- ``swap-in``: ``indexcache.hisparse_swap_in`` of the ring's steps' misses for one layer, and for a producer group of
+  ``--group`` layers in one call (each layer its own host pool and device buffer), their bytes per second against a
+  contiguous pinned host → device copy of 256 MiB in the same run (``h2d``: the link's bandwidth as the copy engine
+  reaches it);
 - a 61-layer decode step through ``IndexerRunner`` with the hot buffers attached (``layer(..., hot=)``, keeping a
   slot index a producer), at
   ``index_topk_freq`` 1 and 4: the whole HiSparse part of the step (each producer selects — a copy of the ring's
-  next selection here —, plans and swaps in; each shared layer swaps in with its producer's plan) and the plans
-  alone as the runner issues them (one a producer).
+  next selection here —, plans and swaps in; each shared layer swaps in with its producer's plan; at freq 4 also
+  with each producer swapping in its group's layers at once) and the plans alone as the runner issues them (one a
+  producer).
 
 Each contender is captured in a CUDA graph and the graphs are replayed in turns (``--rounds`` rounds of ``--burst``
 replays); medians. Writes one JSON with the commit, device and versions. ``--smoke``: tiny shapes on the CPU with
@@ -88,6 +90,26 @@ def check(name: str, state: TopkState, layer: HotLayer) -> list[str]:
     return [f"{name}: {int(bad)} selected positions read another row"] if bad else []
 
 
+def check_group(copies, host_kv: list, device_kv: list, device_loc: torch.Tensor) -> list[str]:
+    """After the group's swap-ins of the ring: each layer's device rows of the ring's copies hold their host rows (the
+    last copy into a row wins, as every later step's copies overwrite earlier ones)."""
+    errors = []
+    loc = device_loc.cpu().long()
+    final = {}
+    for src, dst, count in copies:
+        src, dst, count = src.cpu(), dst.cpu().long(), count.cpu()
+        for r in range(count.shape[0]):
+            n = int(count[r])
+            for s, d in zip(src[r, :n].tolist(), loc[r, dst[r, :n]].tolist(), strict=True):
+                final[d] = s
+    rows = torch.tensor(list(final), dtype=torch.long), torch.tensor(list(final.values()), dtype=torch.long)
+    for g, (host, device) in enumerate(zip(host_kv, device_kv, strict=True)):
+        bad = (device.cpu()[rows[0]] != host[rows[1]]).any(-1).sum()
+        if bad:
+            errors.append(f"group layer {g}: {int(bad)} copied rows differ from their host rows")
+    return errors
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="hisparse.json", help="the JSON report")
@@ -98,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drift", type=int, default=64, help="new positions a request a step (default 64)")
     parser.add_argument("--steps", type=int, default=64, help="selections in the ring (default 64: with the drift, "
                         "more distinct tokens than the hot buffer holds, so every lap misses)")
+    parser.add_argument("--group", type=int, default=4, help="layers of the group swap-in (default 4: freq 4)")
     parser.add_argument("--rounds", type=int, default=15, help="rounds of alternating graph replays")
     parser.add_argument("--burst", type=int, default=10, help="back-to-back replays a contender in a round")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script")
@@ -156,6 +179,15 @@ def run(args: argparse.Namespace) -> int:
         for c in copies:
             indexcache.hisparse_swap_in(*c, host_kv, device_kv, device_loc)
 
+    # A group's layers, each its own host pool (copies of the first) and device buffer.
+    group_host = [host_kv] + [host_kv.clone().pin_memory() if not args.smoke else host_kv.clone()
+                              for _ in range(args.group - 1)]
+    group_device = [device_kv] + [torch.zeros_like(device_kv) for _ in range(args.group - 1)]
+
+    def swap_ring_group() -> None:
+        for c in copies:
+            indexcache.hisparse_swap_in(*c, group_host, group_device, device_loc)
+
     contiguous = host_kv.view(-1)[:min(H2D_BYTES, host_kv.numel())]
     landing = torch.empty_like(contiguous, device=dev)
 
@@ -170,17 +202,23 @@ def run(args: argparse.Namespace) -> int:
     layers = [HotLayer(host_kv, layer_kv[i], device_loc, seq_lens, host_loc) for i in range(LAYERS)]
     table = torch.arange(b * -(-n // PAGE), dtype=torch.int32, device=dev).view(b, -1)
     dummy = torch.zeros(b, 1, device=dev)
-    for freq in (1, 4):
+    for freq, grouped in ((1, False), (4, False), (4, True)):
         plan = LayerPlan(LAYERS, index_topk_freq=freq, index_topk=k, page_size=PAGE)
         runner = IndexerRunner(plan)
         state = RingTopk(selections, dev)
         state.hot = HotBuffers(plan.producers, b, hot, b, k, dev, index_tokens=n)
         plan_counts[freq] = len(plan.producers)
+        step_layers = layers
+        if grouped:  # a producer swaps in its group's layers at once, its shared layers copy nothing
+            groups = {p: [i for i in runner.layers if runner.source_of(i) == p] for p in plan.producers}
+            step_layers = [HotLayer([host_kv] * len(groups[i]), [layer_kv[j] for j in groups[i]], device_loc,
+                                    seq_lens, host_loc) if i in groups else
+                           HotLayer(None, None, device_loc, seq_lens, host_loc) for i in range(LAYERS)]
 
-        def step(runner=runner, state=state) -> None:
+        def step(runner=runner, state=state, step_layers=step_layers) -> None:
             runner.begin(state, b)
             for i in runner.layers:
-                runner.layer(i, state, scores=lambda: dummy, lengths=seq_lens, page_table=table, hot=layers[i])
+                runner.layer(i, state, scores=lambda: dummy, lengths=seq_lens, page_table=table, hot=step_layers[i])
 
         def plans_only(runner=runner, state=state) -> None:
             for p in runner.plan.producers:
@@ -188,26 +226,38 @@ def run(args: argparse.Namespace) -> int:
 
         for _ in range(steps):
             step()
-        errors += check(f"freq {freq}", state, layers[-1])
-        step_calls[f"step f{freq}"], step_calls[f"plans f{freq}"] = step, plans_only
+        name = f"f{freq}" + (" grouped" if grouped else "")
+        errors += check(f"freq {name}", state, layers[-1])
+        step_calls[f"step {name}"] = step
+        if not grouped:
+            step_calls[f"plans {name}"] = plans_only
 
-    contenders = {"plan ring": plan_ring, "plan ring plain": plan_ring_plain, "swap ring": swap_ring, "h2d": h2d,
-                  **step_calls}
+    swap_ring_group()
+    errors += check_group(copies, group_host, group_device, device_loc)
+    contenders = {"plan ring": plan_ring, "plan ring plain": plan_ring_plain, "swap ring": swap_ring,
+                  "swap ring group": swap_ring_group, "h2d": h2d, **step_calls}
     times = alternating_graph_us(contenders, dev, args.rounds, args.burst)
     plan_us = times["plan ring"] / steps
     swap_gbs = misses * ROW_BYTES / (times["swap ring"] * 1e3)
+    group_gbs = args.group * misses * ROW_BYTES / (times["swap ring group"] * 1e3)
     h2d_gbs = contiguous.numel() / (times["h2d"] * 1e3)
     rows = [dict(what="plan (a step)", us=round(plan_us, 2)),
             dict(what="plan without a slot index", us=round(times["plan ring plain"] / steps, 2)),
             dict(what="swap-in (a step, one layer)", us=round(times["swap ring"] / steps, 2),
                  misses=round(misses / steps, 1), gb_per_s=round(swap_gbs, 2), of_h2d=round(swap_gbs / h2d_gbs, 3)),
+            dict(what=f"swap-in (a step, a group of {args.group} layers in one call)",
+                 us=round(times["swap ring group"] / steps, 2), misses=round(args.group * misses / steps, 1),
+                 gb_per_s=round(group_gbs, 2), of_h2d=round(group_gbs / h2d_gbs, 3)),
             dict(what=f"h2d copy {contiguous.numel() >> 20} MiB", us=round(times["h2d"], 2),
                  gb_per_s=round(h2d_gbs, 2))]
     for freq in (1, 4):
         rows.append(dict(what=f"61-layer step, freq {freq} ({plan_counts[freq]} plans)",
                          us=round(times[f"step f{freq}"], 2), plans_us=round(times[f"plans f{freq}"], 2)))
+    rows.append(dict(what=f"61-layer step, freq 4 ({plan_counts[4]} plans), a swap-in a group",
+                     us=round(times["step f4 grouped"], 2)))
     ratio = dict(plans_f4_per_f1=round(times["plans f4"] / times["plans f1"], 3),
-                 step_f4_per_f1=round(times["step f4"] / times["step f1"], 3))
+                 step_f4_per_f1=round(times["step f4"] / times["step f1"], 3),
+                 step_f4_grouped_per_f4=round(times["step f4 grouped"] / times["step f4"], 3))
     report = {**report_head(dev), "rows": rows, "ratios": ratio, "errors": errors,
               "shape": dict(requests=b, context=n, k=k, hot=hot, drift=args.drift, ring=steps, row_bytes=ROW_BYTES,
                             layers=LAYERS)}

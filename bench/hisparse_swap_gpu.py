@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available() and not args.smoke:
         print("no GPU visible: this script times GPU kernels (pass --smoke to check it on tiny CPU shapes)")
         return 2
-    from indexcache.backends.triton.hisparse.swap import swap_launch
+    from indexcache.backends.triton.hisparse.swap import swap_launches
 
     dev = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:
@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     kernels = {}
     errors = []
     for m in misses:
-        launch = swap_launch(**lists[m], host_kv=host_kv, device_kv=device_kv, device_loc=device_loc,
-                             row_to_batch=None, target=target, cfg=cfg)
+        launch, = swap_launches(**lists[m], host_kv=host_kv, device_kv=device_kv, device_loc=device_loc,
+                                row_to_batch=None, target=target, cfg=cfg)
         device_kv.zero_()
         launch()
         problem = check(lists[m], host_kv, device_kv, device_loc)

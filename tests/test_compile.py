@@ -27,6 +27,7 @@ def _cases(op: str, n: int = 2):
     if op == "mqa_logits":  # a bf16 case too: opcheck's test_schema can run on it (see test_opcheck)
         picked.append(next(c for c in SPECS[op].cases if "bf16" in c.name))
     picked += [c for c in SPECS[op].cases if c.name.startswith("MXFP4")][:1]  # float4 and e8m0 through the op
+    picked += [c for c in SPECS[op].cases if "group's four layers" in c.name]  # Tensor[] arguments
     for case in picked:
         gen = torch.Generator().manual_seed(0)
         args = case.build(gen, "cpu", E4M3) if case.native_fp8 else case.build(gen, "cpu")
@@ -50,7 +51,8 @@ def test_opcheck(op, args):
     kwargs = SPECS[op].check(**args)
     for name in library.mutated(op):
         if kwargs[name] is not None and name != "k_cache":
-            kwargs[name].zero_()
+            for t in [kwargs[name]] if isinstance(kwargs[name], torch.Tensor) else kwargs[name]:
+                t.zero_()
     fp8 = any(isinstance(t, torch.Tensor) and t.dtype.itemsize == 1 and t.dtype.is_floating_point
               for t in kwargs.values())
     # opcheck's test_schema compares the inputs before and after with torch.allclose, which fp8 tensors do not
@@ -59,8 +61,7 @@ def test_opcheck(op, args):
     utils = [u for u in ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
              if not (fp8 and u == "test_schema")]
     budget = [None] if op in library.BUDGETED_OPS else []
-    torch.library.opcheck(library.OPS[op], (*(kwargs[n] for n in library.PARAMS[op]), "torch", *budget),
-                          test_utils=utils)
+    torch.library.opcheck(library.OPS[op], (*library.op_values(op, kwargs), "torch", *budget), test_utils=utils)
 
 
 def _checked_args(op: str) -> dict:
@@ -130,6 +131,9 @@ BAD_METADATA = [
     ("hisparse_swap_in", "int32 copy_src", lambda a: dict(copy_src=a["copy_src"].int())),
     ("hisparse_swap_in", "host_kv of another row width", lambda a: dict(host_kv=a["host_kv"][:, :100])),
     ("hisparse_swap_in", "float device_loc", lambda a: dict(device_loc=a["device_loc"].float())),
+    ("hisparse_swap_in", "two host layers for one device layer", lambda a: dict(host_kv=[a["host_kv"]] * 2)),
+    ("hisparse_swap_in", "a group's second layer of another row width",
+     lambda a: dict(host_kv=[a["host_kv"], a["host_kv"][:, :100]], device_kv=[a["device_kv"], a["device_kv"]])),
 ]
 
 
@@ -147,11 +151,12 @@ def test_fake_implementations_refuse_what_the_real_op_refuses(op, change):
 
     args = _checked_args(op)
     args.update(change(args))
-    values = [args[n] for n in library.ARGS[op]]
+    values = [*library.op_values(op, args), *(args[n] for n in library.ARGS[op][len(library.PARAMS[op]):])]
     with pytest.raises((TypeError, ValueError)) as real:
         library.OPS[op](*values)
     with FakeTensorMode() as mode:
-        fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
+        fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else
+                 [mode.from_tensor(t) for t in v] if isinstance(v, list) else v for v in values]
         with pytest.raises(type(real.value)) as fake:
             library.OPS[op](*fakes)
     assert str(fake.value) == str(real.value)
@@ -253,6 +258,21 @@ def test_gather_index_k_writes_its_outputs_in_place_under_compile_and_needs_them
     assert torch.equal(out_scale.nan_to_num(-1.0), want_scale.nan_to_num(-1.0))
     with pytest.raises(Exception, match="out_k, out_scale: expected both under torch.compile"):
         gather(**args)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["one layer", "a group's layers"])
+def test_hisparse_swap_in_writes_every_layer_in_place_under_compile(grouped):
+    """One layer's tensor or a group's list: the compiled call writes them in place and returns them as given."""
+    torch._dynamo.reset()
+    case = next(c for c in SPECS["hisparse_swap_in"].cases if "group's four layers" in c.name)
+    args = case.build(torch.Generator().manual_seed(0), "cpu")
+    if not grouped:
+        args.update(host_kv=args["host_kv"][0], device_kv=args["device_kv"][0])
+    want = SPECS["hisparse_swap_in"].reference(**args)
+    got = torch.compile(indexcache.hisparse_swap_in, fullgraph=True, backend="aot_eager")(**args)
+    assert got is args["device_kv"]
+    for layer, expected in zip(*((got, want) if grouped else ([got], [want])), strict=True):
+        assert torch.equal(layer, expected)
 
 
 def test_errors_are_the_same_under_compile():

@@ -31,7 +31,9 @@ class Chosen(TopkState):
         return out
 
 
-def setup(seed=0):
+def setup(seed=0, one_loc=False):
+    """The plan, runner, state, each layer's tensors and a page table (``one_loc``: every layer's device rows at the
+    same ``device_loc``, as a group's swap-in at once needs)."""
     g = torch.Generator().manual_seed(seed)
     plan = LayerPlan(LAYERS, index_topk_pattern="FSFSFS", index_topk=K, page_size=PAGE)  # producers 0, 2, 4
     runner = IndexerRunner(plan)
@@ -40,33 +42,44 @@ def setup(seed=0):
     max_len = 80
     host_loc = torch.randperm(REQUESTS * max_len, generator=g).view(REQUESTS, max_len).to(INDEX)
     rows = REQUESTS * (HOT + 1)
+    locs = [torch.randperm(rows + 2, generator=g)[:rows].view(REQUESTS, HOT + 1).to(INDEX) for _ in range(LAYERS)]
     layers = [HotLayer(torch.randn(REQUESTS * max_len, WIDTH, generator=g), torch.zeros(rows + 2, WIDTH),
-                       torch.randperm(rows + 2, generator=g)[:rows].view(REQUESTS, HOT + 1).to(INDEX), None, host_loc)
-              for _ in range(LAYERS)]
+                       locs[0] if one_loc else locs[i], None, host_loc) for i in range(LAYERS)]
     table = torch.arange(REQUESTS * max_len // PAGE, dtype=INDEX).view(REQUESTS, -1)
     return g, plan, runner, state, layers, table
 
 
-def step(runner, state, layers, table, seq_lens, raw):
-    """One decode step through the runner; the engine's side first: each request's newest token at its slot."""
+def step(runner, state, layers, table, seq_lens, raw, grouped=False):
+    """One decode step through the runner; the engine's side first: each request's newest token at its slot. With
+    ``grouped`` a producer swaps in its group's layers at once and the shared layers copy nothing."""
     state.next = raw
     runner.begin(state, REQUESTS)
     got = {}
     for i in runner.layers:
-        layer = HotLayer(layers[i].host_kv, layers[i].device_kv, layers[i].device_loc, seq_lens, layers[i].host_loc)
+        own = layers[i]
         for b, n in enumerate(seq_lens.tolist()):
             slot = n - 1 if n <= HOT else HOT
-            layer.device_kv[layer.device_loc[b, slot]] = layer.host_kv[layer.host_loc[b, n - 1]]
+            own.device_kv[own.device_loc[b, slot]] = own.host_kv[own.host_loc[b, n - 1]]
+        host_kv, device_kv = own.host_kv, own.device_kv
+        if grouped:
+            group = [j for j in runner.layers if runner.source_of(j) == i]
+            host_kv = [layers[j].host_kv for j in group] or None
+            device_kv = [layers[j].device_kv for j in group] or None
+        layer = HotLayer(host_kv, device_kv, own.device_loc, seq_lens, own.host_loc)
         got[i] = runner.layer(i, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=seq_lens, page_table=table,
                               hot=layer).clone()
     return got
 
 
-def test_every_sparse_layer_reads_the_kv_of_its_producers_selection_over_steps_crossing_h(monkeypatch):
-    g, plan, runner, state, layers, table = setup()
+@pytest.mark.parametrize("grouped", [False, True], ids=["a swap-in a layer", "a swap-in a group"])
+def test_every_sparse_layer_reads_the_kv_of_its_producers_selection_over_steps_crossing_h(monkeypatch, grouped):
+    g, plan, runner, state, layers, table = setup(one_loc=grouped)
     planned = []
     real = ops.hisparse_plan
     monkeypatch.setattr(ops, "hisparse_plan", lambda *a, **kw: planned.append(1) or real(*a, **kw))
+    swaps = []
+    real_swap = ops.hisparse_swap_in
+    monkeypatch.setattr(ops, "hisparse_swap_in", lambda *a, **kw: swaps.append(1) or real_swap(*a, **kw))
     lens = torch.tensor([5, 11, 30], dtype=INDEX)
     for layer in layers:  # the prefill: a request within H has token t at slot t
         for b, n in enumerate(lens.tolist()):
@@ -79,8 +92,10 @@ def test_every_sparse_layer_reads_the_kv_of_its_producers_selection_over_steps_c
         raw = torch.where(torch.rand(REQUESTS, K, generator=g) < 0.3, fresh, raw)
         raw[0, -1] = -1
         planned.clear()
-        got = step(runner, state, layers, table, lens, raw)
+        swaps.clear()
+        got = step(runner, state, layers, table, lens, raw, grouped)
         assert len(planned) == len(plan.producers)  # one plan a producer, none for a shared layer
+        assert len(swaps) == len(plan.producers if grouped else plan.sparse_layers)
         for i, rows in got.items():
             layer = layers[i]
             for b in range(REQUESTS):
@@ -105,6 +120,15 @@ def test_a_shared_layer_needs_its_producers_plan_of_this_forward():
     state.producer = 0  # even with indices from somewhere, the plan is stale
     with pytest.raises(MissingProducerError, match="hot buffers hold the plan of None"):
         runner.layer(1, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+    runner.begin(state, REQUESTS)
+    runner.layer(0, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+    unswapped = HotLayer(None, None, layer.device_loc, lens, layer.host_loc)
+    with pytest.raises(ValueError, match="producer 0 swapped in only its own layer"):
+        runner.layer(1, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table,
+                     hot=unswapped)
+    half = HotLayer(layer.host_kv, None, layer.device_loc, lens, layer.host_loc)
+    with pytest.raises(ValueError, match="host_kv and device_kv both given or both None"):
+        runner.layer(1, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=half)
     plain = TopkState(REQUESTS, K)
     runner.begin(plain, REQUESTS)
     with pytest.raises(ValueError, match="hot: given, but the state has no hot buffers"):

@@ -179,12 +179,17 @@ def _winners(dst, ok):
 
 def hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch):
     """Copy rows ``copy_src`` of ``host_kv`` to rows ``device_loc[b, copy_dst]`` of ``device_kv``, in place (contract:
-    ``indexcache.hal.hisparse.swap_in``); copies outside any bound are skipped. Returns ``device_kv``.
+    ``indexcache.hal.hisparse.swap_in``); copies outside any bound are skipped. Returns ``device_kv``. A group's layers
+    (sequences of tensors) are copied one after another.
 
     With ``host_kv`` on ``device_kv``'s device: no host sync (each row's writes are made equal, the skipped ones
     rewrite row 0 with what it ends up holding). With ``host_kv`` on the CPU and ``device_kv`` on a GPU: the copy
     lists are read on the host (a sync), the rows gathered there and sent over; this path cannot be captured in a
     CUDA graph and raises RuntimeError inside a capture."""
+    if not isinstance(device_kv, torch.Tensor):
+        for host, device in zip(host_kv, device_kv, strict=True):
+            hisparse_swap_in(copy_src, copy_dst, copy_count, host, device, device_loc, row_to_batch)
+        return device_kv
     host_rows, device_rows = host_kv.shape[0], device_kv.shape[0]
     if copy_src.numel() == 0 or host_rows == 0 or device_rows == 0:
         return device_kv

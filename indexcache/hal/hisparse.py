@@ -17,11 +17,13 @@
 - **The result**: each selected position's slot (-1 for an invalid one or a token left without a slot), the copies
   (host row -> slot) filed under the row where each token first appears, and the state after the step.
 - **A layer's swap-in** (:func:`swap_in`): each copy, host_kv row -> device_kv row ``device_loc[b, slot]``; a copy
-  whose rows lie outside either tensor is skipped.
+  whose rows lie outside either tensor is skipped. A producer group's layers take the same copies, each its own
+  tensors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -152,13 +154,16 @@ def plan(raw: torch.Tensor, seq_lens: torch.Tensor, host_loc: torch.Tensor, slot
     return Plan(slots.int(), copy_src, copy_dst.int(), copy_count.int(), tokens.int(), ages.int())
 
 
-def swap_in(p: Plan, host_kv: torch.Tensor, device_kv: torch.Tensor, device_loc: torch.Tensor, *,
-            row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
+def swap_in(p: Plan, host_kv: torch.Tensor | Sequence[torch.Tensor], device_kv: torch.Tensor | Sequence[torch.Tensor],
+            device_loc: torch.Tensor, *, row_to_batch: torch.Tensor | None = None) -> torch.Tensor | list[torch.Tensor]:
     """``device_kv`` (a copy) after one layer's swap-in of ``p``'s copies: row ``copy_src`` of ``host_kv`` to row
     ``device_loc[b, copy_dst]`` of ``device_kv`` (``device_loc [B, H + 1]``: the device row of each slot of each
     request, slot H the newest token's; ``row_to_batch`` as given to :func:`plan`). A copy whose host or device row
     lies outside its tensor (or whose request or slot lies outside ``device_loc``) is skipped; a row's count is taken
-    in ``[0, k]``."""
+    in ``[0, k]``. Sequences of tensors (a producer group's layers): each layer alike, a list of copies returned."""
+    if not isinstance(device_kv, torch.Tensor):
+        return [swap_in(p, h, d, device_loc, row_to_batch=row_to_batch)
+                for h, d in zip(host_kv, device_kv, strict=True)]
     out = device_kv.clone()
     device_loc = device_loc.cpu().long()
     rows = p.copy_count.shape[0]

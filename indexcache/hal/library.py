@@ -4,7 +4,8 @@
 Every op of :data:`~indexcache.hal.specs.SPECS` is registered here from its spec record: the schema's
 arguments are the spec check's parameters in order (a tensor, an optional tensor where the default is None,
 ``SymInt`` / ``bool`` where the check annotates ``int`` / ``bool``, ``SymInt?`` for ``int | None`` (the prefill
-producer's ``workspace_bytes``), ``ScalarType`` for ``fp8_dtype``,
+producer's ``workspace_bytes``), ``Tensor[]`` for ``torch.Tensor | Sequence[torch.Tensor]`` (the HiSparse swap-in's
+KV, one layer's or a group's: one tensor goes as a list of one), ``ScalarType`` for ``fp8_dtype``,
 ``ScalarType?`` where it annotates ``torch.dtype | None``: the paged ops' ``k_format``), then
 ``str? backend``; no argument has a default (the wrapper passes them all). The outputs ``out`` / ``out_raw``
 (and ``paged_topk_translate``'s ``logits``, ``gather_index_k``'s ``out_k`` and ``out_scale``), a caller's
@@ -92,6 +93,11 @@ class Returns:
     fake: Callable[..., Any]
 
 
+# A spec check's annotation of an argument taking one tensor or a list of them (the HiSparse swap-in's KV of one layer
+# or of a producer group's layers): ``Tensor[]`` in the schema, one tensor passed as a list of one.
+LAYERS = "torch.Tensor | Sequence[torch.Tensor]"
+
+
 # What the spec records do not say, part 2: which op returns new tensors. Every other op returns nothing.
 RETURNS: Mapping[str, Returns] = {"quantize_index_k": Returns("(Tensor, Tensor)", _fake_quantize)}
 # Part 3: the outputs a public op returns where they are not ``out`` (``gather_index_k``'s keys and scales; the
@@ -114,6 +120,8 @@ def result(op: str, args: Mapping[str, Any]) -> Any:
 
 def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
     annotation = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
+    if annotation == LAYERS:
+        return f"Tensor({alias}!)[]" if alias else "Tensor[]"
     if alias:
         return f"Tensor({alias}!)" + ("?" if param.name in OPTIONAL_OUTPUTS else "")
     if annotation == "int":
@@ -239,17 +247,27 @@ _CHECKS_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 # (Dynamo traces :func:`compiled_call`; it must not run ``inspect``).
 PARAMS: dict[str, tuple[str, ...]] = {op: tuple(inspect.signature(SPECS[op].check).parameters) for op in SPECS}
 ARGS: dict[str, tuple[str, ...]] = {op: arg_names(op) for op in SPECS}
+# Each op's parameters of type ``Tensor[]`` (:data:`LAYERS`).
+LIST_PARAMS: dict[str, tuple[str, ...]] = {
+    op: tuple(p.name for p in inspect.signature(SPECS[op].check).parameters.values() if p.annotation == LAYERS)
+    for op in SPECS}
 # The registered ops by name (``torch.ops.indexcache.<op>.default``).
 OPS: dict[str, Any] = _register()
 # Per op that writes in place, its read-only check op (``torch.ops.indexcache.check_<op>.default``).
 CHECKS: dict[str, Any] = _register_checks()
 
 
+def op_values(op: str, args: Mapping[str, Any]) -> list[Any]:
+    """The custom op's arguments before ``backend`` from the spec check's ``args``: each in order, a tensor given for
+    a ``Tensor[]`` parameter (:data:`LIST_PARAMS`) as a list of one."""
+    return [[args[n]] if n in LIST_PARAMS[op] and isinstance(args[n], torch.Tensor) else args[n] for n in PARAMS[op]]
+
+
 def compiled_call(op: str, args: Mapping[str, Any], backend: str | None, sm_budget: int | None = None) -> Any:
     """Call the custom op ``op`` with the spec check's ``args`` (what a traced wrapper does), ``backend`` and, for a
     budgeted op, ``sm_budget``; returns what the public op returns: ``out`` for the ops that write one, ``(out_k,
     out_scale)`` for ``gather_index_k``, None for ``store_index_k``, the new tensors of ``quantize_index_k``."""
-    values = [args[n] for n in PARAMS[op]]
+    values = op_values(op, args)
     if op in CHECKS:
         CHECKS[op](*values)
     output = OPS[op](*values, backend, *([budget.check(sm_budget)] if op in BUDGETED_OPS else []))

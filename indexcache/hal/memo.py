@@ -5,9 +5,10 @@ and the dispatch as always, and its signature is noted; the second call with it,
 prepare the call (:attr:`~indexcache.hal.contract.OpImpl.prepare`) and the call writes only into memory the
 caller gave (``out=``, the cache of ``store_index_k``), binds its launches and keeps them under the signature
 (calls whose signature never repeats pay only for the signature): the op,
-the explicit backend choice in force, per tensor its address, shape, strides, dtype and device, and every
-other argument's type and value. A later call with the same signature runs the kept launches directly: the checks
-read nothing but this signature, so they would pass again, and the dispatch would choose the same backend.
+the explicit backend choice in force, per tensor its address, shape, strides, dtype and device (for a list of
+tensors, each one's), and every other argument's type and value. A later call with the same signature runs the
+kept launches directly: the checks read nothing but this signature, so they would pass again, and the dispatch
+would choose the same backend.
 
 The kept launches hold addresses, not tensors (they keep no memory alive, interpreted too). At most :data:`MAX_ENTRIES`
 signatures are held (kept or seen once); a new one beyond that drops the least recently used, so an engine's
@@ -32,10 +33,18 @@ def signature(op: str, choice: Any, params: tuple) -> tuple | None:
     has no address to key on (a fake tensor). Any other argument is keyed by its type and value: ``True``, ``1.0``
     and ``numpy.int64(1)`` equal ``1`` in Python but not to the checks, so they must not find ``1``'s entry."""
     try:
-        return (op, choice, *[(p.data_ptr(), p.shape, p.stride(), p.dtype, p.device) if isinstance(p, torch.Tensor)
-                              else (type(p), p) for p in params])
+        return (op, choice, *map(_key, params))
     except Exception:  # noqa: BLE001  (a tensor without storage: the call simply runs unkept)
         return None
+
+
+def _key(p: Any) -> tuple:
+    """One argument's part of a signature; a list or tuple of tensors (a group's layers) by each tensor's."""
+    if isinstance(p, torch.Tensor):
+        return p.data_ptr(), p.shape, p.stride(), p.dtype, p.device
+    if isinstance(p, (list, tuple)) and p and all(isinstance(t, torch.Tensor) for t in p):
+        return type(p), tuple(map(_key, p))
+    return type(p), p
 
 
 def get(key: tuple) -> Callable[[], None] | None:

@@ -763,24 +763,31 @@ def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch
 
 
 def hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *, row_to_batch=None,
-                     backend=None) -> torch.Tensor:
-    """One layer's swap-in of a HiSparse plan's copies: host KV row ``copy_src[r, i]`` → device KV row
-    ``device_loc[b, copy_dst[r, i]]`` for ``i < copy_count[r]`` (``b`` row ``r``'s request). A copy whose request,
-    slot, device row or host row lies outside its tensor is skipped; counts are clamped to ``[0, k]``. Every layer
-    reusing a producer's indices runs it with the same plan (``indexcache.hisparse_swap_in(*plan.copies, ...)``)
-    and its own KV tensors. Never reads or writes out of bounds, whatever the inputs hold.
+                     backend=None):
+    """A swap-in of a HiSparse plan's copies, for one layer or for a producer group's layers at once: host KV row
+    ``copy_src[r, i]`` → device KV row ``device_loc[b, copy_dst[r, i]]`` for ``i < copy_count[r]`` (``b`` row ``r``'s
+    request). A copy whose request, slot, device row or host row lies outside its tensor is skipped; counts are
+    clamped to ``[0, k]``. Every layer reusing a producer's indices takes the same copies with its own KV tensors:
+    each layer in a call of its own (``indexcache.hisparse_swap_in(*plan.copies, ...)``), or the group's layers in one
+    call (lists of their tensors), which the GPU backends copy in one launch and so nearer the host link's bandwidth
+    (docs/hisparse.md, "One layer, or a group's layers"). Never reads or writes out of bounds, whatever the inputs
+    hold.
 
     Parameters
     ----------
     copy_src, copy_dst, copy_count : torch.Tensor
         ``[R, k]`` int64, ``[R, k]`` int32 and ``[R]`` int32: a plan's copies (:func:`hisparse_plan`).
-    host_kv : torch.Tensor
-        ``[Nh, ...]`` the layer's KV rows in host memory (pinned, for a GPU kernel to read it) or on the device.
-    device_kv : torch.Tensor
+    host_kv : torch.Tensor or sequence of torch.Tensor
+        ``[Nh, ...]`` the layer's KV rows in host memory (pinned, for a GPU kernel to read it) or on the device; or a
+        list (tuple) of such, a layer each.
+    device_kv : torch.Tensor or sequence of torch.Tensor
         ``[Nd, ...]`` the layer's device KV rows (``host_kv``'s dtype and row shape, each row contiguous), written in
-        place.
+        place; or a list (tuple) of such, as many as ``host_kv``'s and in its order, every layer's rows of one dtype
+        and shape (the lengths and strides may differ: the GPU backends put the layers of one layout, up to 8, in a
+        launch).
     device_loc : torch.Tensor
-        ``[B, H + 1]`` int32 or int64, the device row of each slot of each request (slot ``H``: the newest token's).
+        ``[B, H + 1]`` int32 or int64, the device row of each slot of each request (slot ``H``: the newest token's),
+        the same for every layer.
     row_to_batch : torch.Tensor, optional
         ``[R]`` int32, as given to :func:`hisparse_plan`.
     backend : str, optional
@@ -789,15 +796,16 @@ def hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_
 
     Returns
     -------
-    torch.Tensor
-        ``device_kv``.
+    torch.Tensor or sequence of torch.Tensor
+        ``device_kv``, as given.
 
     Raises
     ------
     TypeError
-        A wrong type or dtype, or KV tensors of different dtypes or row shapes.
+        A wrong type or dtype, KV tensors of different dtypes or row shapes, or ``host_kv`` and ``device_kv`` of
+        different layer counts.
     ValueError
-        A wrong shape or device, or ``device_kv`` sharing memory with another argument.
+        A wrong shape or device, or a ``device_kv`` layer sharing memory with another argument or layer.
 
     Examples
     --------

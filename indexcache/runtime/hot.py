@@ -7,9 +7,12 @@ passes each sparse layer's :class:`HotLayer` to
 :meth:`IndexerRunner.layer <indexcache.runtime.runner.IndexerRunner.layer>` (``hot=``):
 
 - a **producer** selects its top-k as before, then plans the step for its group (:func:`indexcache.hisparse_plan`
-  over the state's logical indices, into the group's hot-buffer state) and swaps in its own layer's misses;
+  over the state's logical indices, into the group's hot-buffer state) and swaps in its own layer's misses, or the
+  whole group's at once (its :class:`HotLayer` holding lists of the group's KV tensors: one launch on a GPU, nearer
+  the host link's bandwidth);
 - a **shared** layer swaps in its own layer's KV rows with the same plan (:func:`indexcache.hisparse_swap_in`), no
-  planning: the group's buffers move in lockstep;
+  planning: the group's buffers move in lockstep; after a group swap-in it copies nothing (its ``HotLayer``'s KV
+  None);
 - both return the device rows the attention reads, ``device_loc[b, slot]`` (-1 for none), instead of page-table slots.
 
 Every buffer is allocated at construction; a call only writes into them: valid under CUDA-graph capture.
@@ -19,7 +22,7 @@ next forward cannot swap in with a stale one (it raises :class:`~indexcache.runt
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,10 +42,14 @@ class HotLayer:
     row of each request's slot (slot ``H``: the newest token's); ``seq_lens [B]`` int32: each request's length, the
     token being decoded included; ``host_loc [B, L]`` int32 or int64: the host row of each token, the same for
     every layer of a producer group (each layer's host pool laid out alike); ``host_rows``: a bound on host rows
-    (default ``host_kv``'s rows)."""
+    (default the fewest of ``host_kv``'s layers).
 
-    host_kv: torch.Tensor
-    device_kv: torch.Tensor
+    A group swapped in at once: the producer's ``host_kv`` and ``device_kv`` are lists of the group's layers'
+    tensors (any order, the same in both; every layer's slots at the same device rows, the producer's
+    ``device_loc``), and each shared layer's are None (its rows came with the producer's)."""
+
+    host_kv: torch.Tensor | Sequence[torch.Tensor] | None
+    device_kv: torch.Tensor | Sequence[torch.Tensor] | None
     device_loc: torch.Tensor
     seq_lens: torch.Tensor
     host_loc: torch.Tensor
@@ -74,6 +81,7 @@ class HotBuffers:
         self._span = torch.full((max_rows,), hot + 1, dtype=INDEX, device=device)  # every slot 0..H is in range
         self.group: int | None = None  # the producer whose plan the buffers hold
         self.rows = 0
+        self.grouped = False  # whether the producer swapped in its whole group
 
     def __repr__(self) -> str:
         return f"HotBuffers(producers={sorted(self.state)}, plan of={self.group}, rows={self.rows})"
@@ -89,6 +97,7 @@ class HotBuffers:
         """No plan is current (a new forward): a shared layer must wait for its producer's."""
         self.group = None
         self.rows = 0
+        self.grouped = False
 
     def plan(self, producer: int, raw: torch.Tensor, layer: HotLayer, *,
              row_to_batch: torch.Tensor | None = None) -> hisparse.Plan:
@@ -100,8 +109,14 @@ class HotBuffers:
         if rows > self.slots.shape[0] or raw.shape[1] != self.slots.shape[1]:
             raise ValueError(f"raw: expected at most {self.slots.shape[0]} rows of {self.slots.shape[1]} positions "
                              f"(the buffers' capacity), got {list(raw.shape)}")
+        if layer.host_kv is None:
+            raise ValueError(f"hot: producer {producer}'s HotLayer has no host_kv (a producer swaps in its own layer "
+                             "or its whole group)")
         tokens, ages = self.state[producer]
-        host_rows = layer.host_kv.shape[0] if layer.host_rows is None else layer.host_rows
+        host_rows = layer.host_rows
+        if host_rows is None:
+            host_rows = min(t.shape[0] for t in ([layer.host_kv] if isinstance(layer.host_kv, torch.Tensor)
+                                                 else layer.host_kv))
         index = self.index.get(producer)
         if index is not None and index.shape[1] < index_width(tokens.shape[1], layer.host_loc.shape[1]):
             index = None  # a host_loc wider than the index covers: planned without it
@@ -110,16 +125,27 @@ class HotBuffers:
                                 out_copy_src=self.copy_src[:rows],
                                 out_copy_dst=self.copy_dst[:rows], out_copy_count=self.copy_count[:rows])
         self.group, self.rows = producer, rows
+        self.grouped = False
         return got
 
     def swap_in(self, producer: int, layer: HotLayer, *, row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy ``layer``'s misses of the current plan (``producer``'s) into its device rows; returns its device rows
-        ``[rows, k]`` int32 of the selected positions (-1 none), a view valid until the next layer."""
+        """Copy ``layer``'s misses of the current plan (``producer``'s) into its device rows (every layer's of a group,
+        given lists; none, given None after its producer's group swap-in); returns its device rows ``[rows, k]`` int32
+        of the selected positions (-1 none), a view valid until the next layer."""
         if self.group != producer:
             raise MissingProducerError(f"the hot buffers hold the plan of {self.group}, not of producer {producer}: "
                                        "run the producer (with hot=) first in this forward")
+        if (layer.host_kv is None) != (layer.device_kv is None):
+            raise ValueError("hot: expected host_kv and device_kv both given or both None (a layer swapped in with "
+                             f"its producer's group), got host_kv {type(layer.host_kv).__name__} and device_kv "
+                             f"{type(layer.device_kv).__name__}")
         rows = self.rows
-        ops.hisparse_swap_in(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows], layer.host_kv,
-                             layer.device_kv, layer.device_loc, row_to_batch=row_to_batch)
+        if layer.host_kv is not None:
+            ops.hisparse_swap_in(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows], layer.host_kv,
+                                 layer.device_kv, layer.device_loc, row_to_batch=row_to_batch)
+            self.grouped |= not isinstance(layer.device_kv, torch.Tensor)
+        elif not self.grouped:
+            raise ValueError(f"hot: no KV given, but producer {producer} swapped in only its own layer (give the "
+                             "producer's HotLayer lists of its group's KV tensors, or this layer its own)")
         return ops.translate(self.slots[:rows], layer.device_loc, self._span[:rows], 1, row_to_batch=row_to_batch,
                              out=self.device_rows[:rows])

@@ -124,8 +124,9 @@ class IndexerRunner:
 
         ``hot``: the layer's HiSparse tensors (:class:`~indexcache.runtime.hot.HotLayer`; the state's
         :attr:`~indexcache.runtime.state.TopkState.hot` buffers must be attached). A producer then plans its group's
-        step from its selection, every sparse layer swaps in its own misses, and the call returns the device rows
-        ``[rows, k]`` int32 the attention reads (``device_loc[b, slot]``, -1 none) instead of page-table slots.
+        step from its selection, every sparse layer swaps in its own misses (or the producer its whole group's, at
+        once: ``HotLayer`` docstring), and the call returns the device rows ``[rows, k]`` int32 the attention reads
+        (``device_loc[b, slot]``, -1 none) instead of page-table slots.
         """
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 0):

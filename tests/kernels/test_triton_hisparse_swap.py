@@ -54,9 +54,8 @@ def _swap(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to
 
     target, cfg = _target_and_cfg(**override)
     assert swap.supports(target, copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch) == []
-    launch = swap.swap_launch(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch,
-                              target=target, cfg=cfg)
-    if launch is not None:
+    for launch in swap.swap_launches(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch,
+                                     target=target, cfg=cfg):
         launch()
 
 
@@ -140,6 +139,70 @@ def test_one_program_walks_many_blocks_of_a_row():
     assert int((before.view(torch.int16) != device_kv.view(torch.int16)).any(dim=1).sum()) == k + 33
 
 
+def _check_layers(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch=None):
+    """A group's layers in the launches the kernel takes them in: each layer equals the reference's byte for byte,
+    nothing between its rows written. Returns the launches' layer counts."""
+    from indexcache.backends.triton.hisparse import swap
+
+    plan = hs.Plan(None, copy_src, copy_dst, copy_count, None, None)
+    want = hs.swap_in(plan, host_kv, device_kv, device_loc, row_to_batch=row_to_batch)
+    before = [_bytes(d) for d in device_kv]
+    target, cfg = _target_and_cfg()
+    assert swap.supports(target, copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch) == []
+    launches = swap.swap_launches(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch,
+                                  target=target, cfg=cfg)
+    for launch in launches:
+        launch()
+    for d, w, b in zip(device_kv, want, before, strict=True):
+        assert torch.equal(_u8(d), _u8(w))
+        changed = (_bytes(d) != b).nonzero().flatten()
+        row_bytes, stride = d[0].numel() * d.element_size(), d.stride(0) * d.element_size()
+        assert bool((changed % stride < row_bytes).all())
+    return [launch.grid[2] for launch in launches]
+
+
+def _group_plan(g, batch, hot, k, length):
+    """A plan of two steps from an empty state (rows sharing requests), its ``device_loc`` and ``row_to_batch``."""
+    requests = torch.tensor([0, 1, 1, 2], dtype=I32)
+    host_loc = torch.randperm(batch * length, generator=g).to(I32).view(batch, length)
+    slot_token, slot_age = hs.empty_state(batch, hot)
+    seq_lens = torch.full((batch,), length, dtype=I32)
+    for _ in range(2):
+        raw = torch.randint(0, length, (requests.shape[0], k), generator=g, dtype=I32)
+        plan = hs.plan(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch=requests)
+        slot_token, slot_age = plan.slot_token, plan.slot_age
+    device_loc = torch.randperm(batch * (hot + 1) + 5, generator=g)[:batch * (hot + 1)].to(I32).view(batch, hot + 1)
+    return plan, device_loc, requests
+
+
+def test_a_groups_layers_in_one_launch_equal_the_reference_layer_by_layer():
+    g = torch.Generator().manual_seed(45)
+    batch, hot, k, length = 3, 10, 8, 50
+    plan, device_loc, requests = _group_plan(g, batch, hot, k, length)
+    assert int(plan.copy_count.sum()) > 10
+    host_kv = [_kv(g, batch * length, torch.float8_e4m3fn, (656,)) for _ in range(4)]
+    device_kv = [_kv(g, batch * (hot + 1) + 5, torch.float8_e4m3fn, (656,)) for _ in range(4)]
+    assert _check_layers(*plan.copies, host_kv, device_kv, device_loc, requests) == [4]
+
+
+def test_layers_of_other_layouts_and_past_eight_go_to_launches_of_their_own():
+    g = torch.Generator().manual_seed(46)
+    batch, hot, k, length = 3, 10, 8, 50
+    plan, device_loc, requests = _group_plan(g, batch, hot, k, length)
+    nh, nd = batch * length, batch * (hot + 1) + 5
+    host_kv = [_kv(g, nh, torch.bfloat16, (2, 5)) for _ in range(9)]  # 9 alike: 8 in a launch, 1 in the next
+    device_kv = [_kv(g, nd, torch.bfloat16, (2, 5)) for _ in range(9)]
+    host_kv.append(_kv(g, nh, torch.bfloat16, (2, 5), pad=3))  # another host row stride
+    device_kv.append(_kv(g, nd, torch.bfloat16, (2, 5)))
+    host_kv.append(_kv(g, nh - 7, torch.bfloat16, (2, 5)))  # fewer host rows (copies past them skipped)
+    device_kv.append(_kv(g, nd, torch.bfloat16, (2, 5)))
+    host_kv.append(_kv(g, 0, torch.bfloat16, (2, 5)))  # no host rows: no launch, the layer as it was
+    device_kv.append(_kv(g, nd, torch.bfloat16, (2, 5)))
+    host_kv.append(_kv(g, nh, torch.bfloat16, (2, 5)))
+    device_kv.append(_kv(g, nd, torch.bfloat16, (2, 5), pad=1))  # another device row stride
+    assert _check_layers(*plan.copies, host_kv, device_kv, device_loc, requests) == [8, 1, 1, 1, 1]
+
+
 def test_index_tensors_of_any_strides():
     g = torch.Generator().manual_seed(43)
     rows, k, nh, nd = 3, 5, 20, 16
@@ -157,9 +220,9 @@ def test_nothing_to_copy_is_no_launch():
     target, cfg = _target_and_cfg()
     kv = torch.zeros(4, 8, dtype=torch.uint8)
     empty = (torch.empty(0, 3, dtype=I64), torch.empty(0, 3, dtype=I32), torch.empty(0, dtype=I32))
-    assert swap.swap_launch(*empty, kv, kv, torch.zeros(2, 3, dtype=I32), None, target=target, cfg=cfg) is None
+    assert swap.swap_launches(*empty, kv, kv, torch.zeros(2, 3, dtype=I32), None, target=target, cfg=cfg) == []
     some = (torch.zeros(1, 3, dtype=I64), torch.zeros(1, 3, dtype=I32), torch.ones(1, dtype=I32))
-    assert swap.swap_launch(*some, kv[:0], kv, torch.zeros(2, 3, dtype=I32), None, target=target, cfg=cfg) is None
+    assert swap.swap_launches(*some, kv[:0], kv, torch.zeros(2, 3, dtype=I32), None, target=target, cfg=cfg) == []
 
 
 def test_a_prepared_call_repeats_on_new_plans():
@@ -198,7 +261,8 @@ def test_supports_names_what_it_cannot_read():
         "host_kv's rows are not contiguous (stride (16, 8, 2))"]
     gpu = NVIDIA.target("sm90")
     reasons = swap.supports(gpu, *index, kv, kv, loc)
-    assert any(r.startswith("copy_src, copy_dst, copy_count, device_kv, device_loc are on cpu") for r in reasons)
+    assert any(r.startswith("copy_src, copy_dst, copy_count, device_loc are on cpu") for r in reasons)
+    assert any(r.startswith("device_kv is on cpu") for r in reasons)
     assert any(r.startswith("host_kv is in pageable host memory") for r in reasons)
     pinned = torch.zeros(4, 2, 8)
     with pytest.MonkeyPatch.context() as mp:  # no GPU here to pin memory with: a stand-in

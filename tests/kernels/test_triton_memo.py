@@ -179,6 +179,12 @@ def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
         device_kv.zero_()
         results.append(indexcache.hisparse_swap_in(src, dst, count, host_kv, device_kv, loc, backend="cuda").clone())
     assert results[0].ne(0).any() and all(torch.equal(r, results[0]) for r in results)
+    group = [torch.zeros(12, 3) for _ in range(3)]
+    for _ in range(3):  # a group's layers (a list), kept like one tensor
+        for layer in group:
+            layer.zero_()
+        got = indexcache.hisparse_swap_in(src, dst, count, [host_kv] * 3, group, loc, backend="cuda")
+        assert got is group and all(torch.equal(layer, results[0]) for layer in group)
     tokens, ages = torch.randint(-1, 300, (2, 16), generator=g, dtype=I32), torch.randint(0, 9, (2, 16), generator=g,
                                                                                            dtype=I32)
     raw = torch.randint(-1, 300, (2, 8), generator=g, dtype=I32)
@@ -193,7 +199,8 @@ def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
         plans.append([t.clone() for t in p])
     want = reference.hisparse_plan(raw, lens, host_loc, tokens, ages)
     assert all(torch.equal(a, b) for p in plans for a, b in zip(p, want, strict=True))
-    assert memo.size() == 9  # topk and topk_translate, sorted and not; store; both logits ops; the swap-in; the plan
+    assert memo.size() == 10  # topk and topk_translate, sorted and not; store; both logits ops; the swap-ins (a
+    # layer, a group); the plan
 
 
 @pytest.mark.parametrize("call, bad", [

@@ -1,5 +1,6 @@
-"""``hisparse_swap_in`` in Triton: one layer's copies of a HiSparse plan, host rows into the device hot buffer
-(docs/hisparse.md, "One layer"; the reference is ``indexcache.hal.hisparse.swap_in``).
+"""``hisparse_swap_in`` in Triton: the copies of a HiSparse plan, host rows into the device hot buffers of one layer
+or of a producer group's layers in one launch (docs/hisparse.md, "One layer, or a group's layers"; the reference is
+``indexcache.hal.hisparse.swap_in``).
 
 Row ``r`` of the plan carries ``copy_count[r]`` copies (clamped to ``[0, k]``): host row ``copy_src[r, i]`` to device
 row ``device_loc[b, copy_dst[r, i]]``, ``b = row_to_batch[r]`` (row ``r`` without it). A copy whose request, slot,
@@ -11,13 +12,19 @@ A row's stride is passed in units of ``UNIT`` bytes (the largest power of two up
 Triton knows every row start is ``UNIT``-aligned and moves 16-byte vectors where the row bytes and the tensors'
 alignment allow (656-byte fp8 MLA rows and 1152-byte bf16 rows: 16; 6-byte rows: 2).
 
-Grid: the rows of the plan × ``P`` programs a row, program ``(r, p)`` taking the row's blocks ``p, p + P, …`` up to
-its count (read on the device). ``P`` is sized from the shape only (the GPU's multiprocessors times
-``PROGRAMS_PER_SM``, spread over the rows, at most the ``k / BLOCK_C`` blocks a row may have): a few rows with many
-copies still fill the GPU, and with many rows each program walks a few blocks. Rows with fewer copies leave programs
-with nothing to do (they read the count and end). What keeps the host link busy is the bytes in flight: every
-program's step reads ``BLOCK_C`` rows at once (5 KB at 656-byte rows), and about ``SMs × PROGRAMS_PER_SM`` programs
-do so together.
+Grid: the rows of the plan × ``P`` programs a row × the launch's layers, program ``(r, p, g)`` taking the row's blocks
+``p, p + P, …`` up to its count (read on the device) for layer ``g``. ``P`` is sized from the shape only (the GPU's
+multiprocessors times ``PROGRAMS_PER_SM``, spread over the rows and layers, at most the ``k / BLOCK_C`` blocks a row
+may have): a few rows with many copies still fill the GPU, and with many rows each program walks a few blocks. Rows
+with fewer copies leave programs with nothing to do (they read the count and end). What keeps the host link busy is
+the bytes in flight: every program's step reads ``BLOCK_C`` rows at once (5 KB at 656-byte rows), and about
+``SMs × PROGRAMS_PER_SM`` programs do so together.
+
+A launch takes up to :data:`MAX_LAYERS` layers of a producer group whose host tensors share one row count and row
+stride, and whose device tensors do: each layer's two base addresses are arguments of their own (unused ones repeat
+layer 0's), so a bound or graph-captured launch holds them as it holds any tensor's. Layers that differ go to
+launches of their own. More bytes a launch is what takes the link nearer its bandwidth: a decode step's few dozen
+misses a request leave one layer's launch short of it (docs/hisparse.md, "What a row's size costs").
 
 The host KV may be a GPU tensor or pinned host memory: the kernel then reads the host memory directly, mapped into
 the GPU's address space (unified addressing; Triton's launcher translates a pinned tensor's address with
@@ -29,7 +36,7 @@ either tensor's length.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,6 +51,7 @@ from indexcache.hal.contract import OpImpl
 INTERPRETED_SMS = 3  # multiprocessors the grid is sized for under the interpreter
 MAX_PROGRAMS = 65535  # programs a row at most (the grid's second dimension)
 MAX_UNIT = 16  # the widest vector a thread moves, in bytes
+MAX_LAYERS = 8  # layers a launch copies at most (each a host and a device address argument)
 
 
 # The plan's width, the requests, slots, both tensors' rows and every stride that follows them take no part in the
@@ -52,14 +60,19 @@ MAX_UNIT = 16  # the widest vector a thread moves, in bytes
                                "host_su", "dev_su"),
             do_not_specialize_on_alignment=("src_ptr", "dst_ptr", "count_ptr", "loc_ptr", "r2b_ptr"))
 def hisparse_swap_kernel(
-    src_ptr, dst_ptr, count_ptr, loc_ptr, r2b_ptr, host_ptr, dev_ptr,
+    src_ptr, dst_ptr, count_ptr, loc_ptr, r2b_ptr,
+    host0, host1, host2, host3, host4, host5, host6, host7, dev0, dev1, dev2, dev3, dev4, dev5, dev6, dev7,
     k, batch, width, host_rows, dev_rows,
     src_s0, src_s1, dst_s0, dst_s1, count_s0, loc_s0, loc_s1, r2b_s0, host_su, dev_su,
     ROW_BYTES: tl.constexpr, CHUNK: tl.constexpr, UNIT: tl.constexpr, BLOCK_C: tl.constexpr, HAS_R2B: tl.constexpr,
 ):
-    """Row ``program_id(0)``'s copies in blocks ``program_id(1), + num_programs(1), …`` of ``BLOCK_C``: host row
-    ``src`` (``host_su * UNIT`` bytes apart) to device row ``device_loc[b, slot]`` (``dev_su * UNIT`` apart), the
-    ``ROW_BYTES`` bytes ``CHUNK`` at a time; every read and write masked by the copy's checks."""
+    """Row ``program_id(0)``'s copies in blocks ``program_id(1), + num_programs(1), …`` of ``BLOCK_C`` for layer
+    ``program_id(2)`` (host ``host<g>``, device ``dev<g>``): host row ``src`` (``host_su * UNIT`` bytes apart) to
+    device row ``device_loc[b, slot]`` (``dev_su * UNIT`` apart), the ``ROW_BYTES`` bytes ``CHUNK`` at a time; every
+    read and write masked by the copy's checks."""
+    g = tl.program_id(2)
+    host_ptr = _layer(g, host0, host1, host2, host3, host4, host5, host6, host7)
+    dev_ptr = _layer(g, dev0, dev1, dev2, dev3, dev4, dev5, dev6, dev7)
     r = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1)
     step = tl.num_programs(1)
@@ -86,6 +99,18 @@ def hisparse_swap_kernel(
             mask = ok[:, None] & (col < ROW_BYTES)[None, :]
             data = tl.load(host_ptr + host_at[:, None] + col[None, :], mask=mask)
             tl.store(dev_ptr + dev_at[:, None] + col[None, :], data, mask=mask)
+
+
+@triton.jit
+def _layer(g, p0, p1, p2, p3, p4, p5, p6, p7):
+    """Pointer ``p<g>`` (``g`` in ``[0, MAX_LAYERS)``)."""
+    p = tl.where(g == 1, p1, p0)
+    p = tl.where(g == 2, p2, p)
+    p = tl.where(g == 3, p3, p)
+    p = tl.where(g == 4, p4, p)
+    p = tl.where(g == 5, p5, p)
+    p = tl.where(g == 6, p6, p)
+    return tl.where(g == 7, p7, p)
 
 
 SWAP = Launcher(hisparse_swap_kernel)
@@ -133,53 +158,87 @@ def programs_per_row(rows: int, k: int, sms: int, cfg: Mapping[str, Any]) -> int
     return max(1, min(cdiv(sms * cfg["PROGRAMS_PER_SM"], rows), cdiv(k, cfg["BLOCK_C"]), MAX_PROGRAMS))
 
 
+def layers(kv: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The layers of a swap-in's ``host_kv`` or ``device_kv``: one tensor, or each of a sequence."""
+    return (kv,) if isinstance(kv, torch.Tensor) else tuple(kv)
+
+
 def supports(target: Target, copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch=None,
              **_) -> list[str]:
-    """Reasons this kernel cannot take the call (empty: none): the index tensors and ``device_kv`` on the target's
-    device; ``host_kv`` there too or, on a GPU, in pinned host memory (read mapped); rows contiguous."""
+    """Reasons this kernel cannot take the call (empty: none): the index tensors and every ``device_kv`` layer on the
+    target's device; every ``host_kv`` layer there too or, on a GPU, in pinned host memory (read mapped); rows
+    contiguous."""
     reasons = on_target_device(target, copy_src=copy_src, copy_dst=copy_dst, copy_count=copy_count,
-                               device_kv=device_kv, device_loc=device_loc, row_to_batch=row_to_batch)
-    if host_kv.device.type == "cpu" and not target.interpreted:
-        if not host_kv.is_pinned():
-            reasons.append("host_kv is in pageable host memory: the kernel reads host memory only pinned "
-                           "(tensor.pin_memory()), mapped into the GPU's address space")
-    else:
-        reasons += on_target_device(target, host_kv=host_kv)
-    for name, t in (("host_kv", host_kv), ("device_kv", device_kv)):
-        if not rows_contiguous(t):
-            reasons.append(f"{name}'s rows are not contiguous (stride {tuple(t.stride())})")
+                               device_loc=device_loc, row_to_batch=row_to_batch)
+    for g, (host, dev) in enumerate(zip(layers(host_kv), layers(device_kv), strict=True)):
+        name = "" if isinstance(host_kv, torch.Tensor) else f"[{g}]"
+        reasons += on_target_device(target, **{f"device_kv{name}": dev})
+        if host.device.type == "cpu" and not target.interpreted:
+            if not host.is_pinned():
+                reasons.append(f"host_kv{name} is in pageable host memory: the kernel reads host memory only pinned "
+                               "(tensor.pin_memory()), mapped into the GPU's address space")
+        else:
+            reasons += on_target_device(target, **{f"host_kv{name}": host})
+        for what, t in ((f"host_kv{name}", host), (f"device_kv{name}", dev)):
+            if not rows_contiguous(t):
+                reasons.append(f"{what}'s rows are not contiguous (stride {tuple(t.stride())})")
     return reasons
 
 
-def swap_launch(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch, *, target: Target,
-                cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
-    """The launch doing one layer's copies into ``device_kv`` (contract: module docstring), None when there is nothing
-    that could be copied."""
+def _launch_groups(host: tuple[torch.Tensor, ...], dev: tuple[torch.Tensor, ...]) -> list[list[int]]:
+    """The layers in launches: consecutive runs of up to :data:`MAX_LAYERS` layers whose host rows share one row
+    count and stride, and so do their device rows."""
+    groups: list[list[int]] = []
+    shape = None
+    for g, (h, d) in enumerate(zip(host, dev, strict=True)):
+        this = (h.shape[0], h.stride(0), d.shape[0], d.stride(0))
+        if groups and this == shape and len(groups[-1]) < MAX_LAYERS:
+            groups[-1].append(g)
+        else:
+            groups.append([g])
+            shape = this
+    return groups
+
+
+def swap_launches(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch, *, target: Target,
+                  cfg: Mapping[str, Any], options: Options | None = None) -> list[Launch]:
+    """The launches doing the copies into every layer of ``device_kv`` (contract: module docstring), none where
+    nothing could be copied."""
     rows, k = copy_src.shape
     batch, width = device_loc.shape
-    host, dev = as_rows(host_kv), as_rows(device_kv)
-    row_bytes = dev.shape[1]
-    if 0 in (rows, k, batch, width, host.shape[0], dev.shape[0], row_bytes):
-        return None
-    u = unit(host.stride(0), dev.stride(0))
+    host = tuple(as_rows(t) for t in layers(host_kv))
+    dev = tuple(as_rows(t) for t in layers(device_kv))
+    row_bytes = dev[0].shape[1]
+    if 0 in (rows, k, batch, width, row_bytes):
+        return []
     block_c = cfg["BLOCK_C"]
     chunk = min(next_power_of_2(row_bytes), cfg["CHUNK_BYTES"])
-    programs = programs_per_row(rows, k, _sms(target, dev.device), cfg)
     r2b = copy_count if row_to_batch is None else row_to_batch
     options = options or launch_key_options(launch_options(target, cfg))
-    return Launch(
-        SWAP, (rows, programs), options,
-        (copy_src, copy_dst, copy_count, device_loc, r2b, host, dev,
-         k, batch, width, host.shape[0], dev.shape[0],
-         copy_src.stride(0), copy_src.stride(1), copy_dst.stride(0), copy_dst.stride(1), copy_count.stride(0),
-         device_loc.stride(0), device_loc.stride(1), r2b.stride(0), host.stride(0) // u, dev.stride(0) // u),
-        dict(ROW_BYTES=row_bytes, CHUNK=chunk, UNIT=u, BLOCK_C=block_c, HAS_R2B=row_to_batch is not None),
-    )
+    sms = _sms(target, dev[0].device)
+    launches = []
+    for group in _launch_groups(host, dev):
+        h0, d0 = host[group[0]], dev[group[0]]
+        if 0 in (h0.shape[0], d0.shape[0]):
+            continue
+        u = unit(h0.stride(0), d0.stride(0))
+        hosts = [host[g] for g in group] + [h0] * (MAX_LAYERS - len(group))
+        devs = [dev[g] for g in group] + [d0] * (MAX_LAYERS - len(group))
+        programs = programs_per_row(rows * len(group), k, sms, cfg)
+        launches.append(Launch(
+            SWAP, (rows, programs, len(group)), options,
+            (copy_src, copy_dst, copy_count, device_loc, r2b, *hosts, *devs,
+             k, batch, width, h0.shape[0], d0.shape[0],
+             copy_src.stride(0), copy_src.stride(1), copy_dst.stride(0), copy_dst.stride(1), copy_count.stride(0),
+             device_loc.stride(0), device_loc.stride(1), r2b.stride(0), h0.stride(0) // u, d0.stride(0) // u),
+            dict(ROW_BYTES=row_bytes, CHUNK=chunk, UNIT=u, BLOCK_C=block_c, HAS_R2B=row_to_batch is not None),
+        ))
+    return launches
 
 
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
     """``hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch=None)`` of a
-    GPU backend built for ``target``: ``device_kv`` written in place and returned."""
+    GPU backend built for ``target``: every layer of ``device_kv`` written in place; returns ``device_kv``."""
     cfg = tuning["hisparse_swap_in"]
     options = launch_key_options(launch_options(target, cfg))
 
@@ -188,19 +247,18 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
 
     def run(**args):
         args = args_of(**args)
-        launch = swap_launch(**args, target=target, cfg=cfg, options=options)
-        if launch is not None:
+        for launch in swap_launches(**args, target=target, cfg=cfg, options=options):
             launch()
         return args["device_kv"]
 
     def prepare(**args):
-        return bound([swap_launch(**args_of(**args), target=target, cfg=cfg, options=options)])
+        return bound(swap_launches(**args_of(**args), target=target, cfg=cfg, options=options))
 
     return {"hisparse_swap_in": OpImpl(run, lambda **args: supports(target, **args), prepare)}
 
 
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
-    """What :func:`swap_launch` builds for ``target`` (cross-compile check): DeepSeek's fp8 MLA rows (656 bytes:
+    """What :func:`swap_launches` builds for ``target`` (cross-compile check): DeepSeek's fp8 MLA rows (656 bytes:
     512 fp8 values, 4 fp32 scales, 64 bf16 rope values) and bf16 rows of 576 values (1152 bytes), contiguous KV
     tensors, an int32 and an int64 ``device_loc``, with and without ``row_to_batch``."""
     from indexcache.backends.triton.crosscompile import KernelSpec
@@ -210,7 +268,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     for row_bytes, loc, has_r2b in ((656, "*i32", True), (656, "*i64", False), (1152, "*i32", False),
                                     (1152, "*i64", True)):
         ptrs = {"src_ptr": "*i64", "dst_ptr": "*i32", "count_ptr": "*i32", "loc_ptr": loc, "r2b_ptr": "*i32",
-                "host_ptr": "*u8", "dev_ptr": "*u8"}
+                **{f"{side}{g}": "*u8" for side in ("host", "dev") for g in range(MAX_LAYERS)}}
         specs.append(KernelSpec(
             "hisparse_swap_in", hisparse_swap_kernel, ptrs,
             {"ROW_BYTES": row_bytes, "CHUNK": min(next_power_of_2(row_bytes), cfg["CHUNK_BYTES"]),

@@ -83,7 +83,10 @@ class OpSpec:
 
 
 def cpu(x):
-    """A tensor detached and on the CPU (the same tensor when it is there already); anything else as it is."""
+    """A tensor detached and on the CPU (the same tensor when it is there already), a list or tuple of tensors as a
+    list of such; anything else as it is."""
+    if isinstance(x, (list, tuple)) and x and all(isinstance(t, torch.Tensor) for t in x):
+        return [cpu(t) for t in x]
     return x.detach().cpu() if isinstance(x, torch.Tensor) else x
 
 

@@ -1,8 +1,10 @@
-"""hisparse_swap_in: one layer's copies of a HiSparse plan, host KV rows → the device slots they were given
-(contract: :func:`indexcache.hisparse_swap_in`; the rules: :mod:`indexcache.hal.hisparse`, docs/hisparse.md)."""
+"""hisparse_swap_in: the copies of a HiSparse plan, host KV rows → the device slots they were given, for one layer or
+a producer group's layers (contract: :func:`indexcache.hisparse_swap_in`; the rules: :mod:`indexcache.hal.hisparse`,
+docs/hisparse.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -15,7 +17,18 @@ from indexcache.hal.specs.hisparse_plan import COPY_SRC, HOST_LOC_DTYPES, _evolv
 DEVICE_LOC_DTYPES = HOST_LOC_DTYPES
 
 
-def check(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *, row_to_batch=None) -> dict[str, Any]:
+def layers(name: str, kv) -> tuple[torch.Tensor, ...]:
+    """``kv`` (``host_kv`` or ``device_kv``) as its layers: one tensor, or a non-empty list or tuple of them."""
+    if isinstance(kv, torch.Tensor):
+        return (kv,)
+    if not isinstance(kv, (list, tuple)) or not kv or not all(isinstance(t, torch.Tensor) for t in kv):
+        raise TypeError(f"{name}: expected a torch.Tensor or a non-empty list or tuple of them (a producer group's "
+                        f"layers), got {kv!r}")
+    return tuple(kv)
+
+
+def check(copy_src, copy_dst, copy_count, host_kv: torch.Tensor | Sequence[torch.Tensor],
+          device_kv: torch.Tensor | Sequence[torch.Tensor], device_loc, *, row_to_batch=None) -> dict[str, Any]:
     check_tensor("copy_count", copy_count, (INDEX,), (None,))
     device = copy_count.device
     rows = copy_count.shape[0]
@@ -27,41 +40,67 @@ def check(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *, row
     elif rows != device_loc.shape[0]:
         raise ValueError(f"copy_count: expected one row a request ({device_loc.shape[0]}, device_loc's rows) without "
                          f"row_to_batch, got {rows}")
-    if not isinstance(device_kv, torch.Tensor) or device_kv.dim() < 1:
-        raise TypeError(f"device_kv: expected a torch.Tensor of at least one dimension, got {device_kv!r}")
-    if device_kv.device != device:
-        raise ValueError(f"device_kv: expected a tensor on {device} (the plan's device), got {device_kv.device}")
-    if not isinstance(host_kv, torch.Tensor) or host_kv.dtype != device_kv.dtype or \
-            host_kv.shape[1:] != device_kv.shape[1:]:
-        got = f"{host_kv.dtype} {list(host_kv.shape)}" if isinstance(host_kv, torch.Tensor) else repr(host_kv)
-        raise TypeError(f"host_kv: expected rows like device_kv's ({device_kv.dtype} {list(device_kv.shape[1:])} a "
-                        f"row), got {got}")
-    if host_kv.device != device and host_kv.device.type != "cpu":
-        raise ValueError(f"host_kv: expected a tensor in host memory or on {device}, got {host_kv.device}")
-    for name, t in (("host_kv", host_kv), ("device_kv", device_kv)):
-        if t.dim() > 1 and not t[0].is_contiguous():
-            raise ValueError(f"{name}: expected each row contiguous, got strides {list(t.stride())}")
-    check_output("device_kv", device_kv, dict(copy_src=copy_src, copy_dst=copy_dst, copy_count=copy_count,
-                                              host_kv=host_kv, device_loc=device_loc, row_to_batch=row_to_batch))
+    devs, hosts = layers("device_kv", device_kv), layers("host_kv", host_kv)
+    grouped = not isinstance(device_kv, torch.Tensor)
+    if grouped != (not isinstance(host_kv, torch.Tensor)) or len(hosts) != len(devs):
+        want = f"a list of {len(devs)} layers" if grouped else "one tensor"
+        got = "one tensor" if isinstance(host_kv, torch.Tensor) else f"a list of {len(hosts)}"
+        raise TypeError(f"host_kv: expected {want}, as device_kv, got {got}")
+    inputs = dict(copy_src=copy_src, copy_dst=copy_dst, copy_count=copy_count, device_loc=device_loc,
+                  row_to_batch=row_to_batch)
+    first = devs[0]
+    for g, (host, dev) in enumerate(zip(hosts, devs, strict=True)):
+        at = f"[{g}]" if grouped else ""
+        if dev.dim() < 1:
+            raise TypeError(f"device_kv{at}: expected a torch.Tensor of at least one dimension, got {dev!r}")
+        if dev.device != device:
+            raise ValueError(f"device_kv{at}: expected a tensor on {device} (the plan's device), got {dev.device}")
+        if dev.dtype != first.dtype or dev.shape[1:] != first.shape[1:]:
+            raise TypeError(f"device_kv{at}: expected rows like device_kv[0]'s ({first.dtype} "
+                            f"{list(first.shape[1:])} a row), got {dev.dtype} {list(dev.shape[1:])}")
+        if host.dtype != dev.dtype or host.shape[1:] != dev.shape[1:]:
+            raise TypeError(f"host_kv{at}: expected rows like device_kv{at}'s ({dev.dtype} {list(dev.shape[1:])} a "
+                            f"row), got {host.dtype} {list(host.shape)}")
+        if host.device != device and host.device.type != "cpu":
+            raise ValueError(f"host_kv{at}: expected a tensor in host memory or on {device}, got {host.device}")
+        for name, t in ((f"host_kv{at}", host), (f"device_kv{at}", dev)):
+            if t.dim() > 1 and t.shape[0] and not t[0].is_contiguous():
+                raise ValueError(f"{name}: expected each row contiguous, got strides {list(t.stride())}")
+        inputs[f"host_kv{at}"] = host
+    for g, dev in enumerate(devs):
+        at = f"[{g}]" if grouped else ""
+        others = {f"device_kv[{o}]": t for o, t in enumerate(devs) if o != g}
+        check_output(f"device_kv{at}", dev, {**inputs, **others})
     return dict(copy_src=copy_src, copy_dst=copy_dst, copy_count=copy_count, host_kv=host_kv, device_kv=device_kv,
                 device_loc=device_loc, row_to_batch=row_to_batch)
 
 
-def reference(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *, row_to_batch=None) -> torch.Tensor:
-    """``device_kv`` after the swap-in, by :func:`indexcache.hal.hisparse.swap_in` (counts taken in the lists'
-    columns; a copy whose request, slot, device row or host row is out of range is skipped)."""
+def reference(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *,
+              row_to_batch=None) -> torch.Tensor | list[torch.Tensor]:
+    """``device_kv`` after the swap-in (each layer's, for a group), by :func:`indexcache.hal.hisparse.swap_in`
+    (counts taken in the lists' columns; a copy whose request, slot, device row or host row is out of range is
+    skipped)."""
     copies = hisparse.Plan(torch.empty(0), copy_src, copy_dst, copy_count, torch.empty(0), torch.empty(0))
     return hisparse.swap_in(copies, host_kv, device_kv, device_loc, row_to_batch=row_to_batch)
 
 
-def judge(args: dict, got: torch.Tensor, want: torch.Tensor, accumulation: str) -> Verdict:
-    """Byte-exact: the copied rows and every other row as it was."""
+def judge(args: dict, got, want, accumulation: str) -> Verdict:
+    """Byte-exact: the copied rows and every other row as it was, in every layer."""
+    if isinstance(want, torch.Tensor):
+        return _judge_layer("device_kv", got, want), None, None
+    if isinstance(got, torch.Tensor) or len(got) != len(want):
+        return f"device_kv: {type(got).__name__}, expected a list of {len(want)} layers", None, None
+    return "; ".join(filter(None, (_judge_layer(f"device_kv[{g}]", t, w)
+                                   for g, (t, w) in enumerate(zip(got, want, strict=True))))), None, None
+
+
+def _judge_layer(name: str, got: torch.Tensor, want: torch.Tensor) -> str:
     got = cpu(got)
     if got.dtype != want.dtype or got.shape != want.shape:
-        return f"device_kv: {got.dtype} {list(got.shape)}, expected {want.dtype} {list(want.shape)}", None, None
+        return f"{name}: {got.dtype} {list(got.shape)}, expected {want.dtype} {list(want.shape)}"
     rows = got.view(got.shape[0], -1).view(torch.uint8) != want.view(want.shape[0], -1).view(torch.uint8)
     bad = rows.any(dim=1).nonzero().flatten().tolist()
-    return (f"device_kv rows {bad[:8]} differ ({len(bad)} rows)" if bad else ""), None, None
+    return f"{name} rows {bad[:8]} differ ({len(bad)} rows)" if bad else ""
 
 
 # ------------------------------------------------------------------------------------------------------- cases
@@ -144,6 +183,32 @@ def _(gen, dev):
     args = _planned(gen, dev, [300, 500], 40, 16, 128)
     args["host_kv"] = args["host_kv"].to(dev)
     return args
+
+
+@cases.add("a producer group's four layers in one call (656-byte rows, pinned host memory)")
+def _(gen, dev):
+    args = _planned(gen, dev, [300, 90, 1000, 40], 48, 16, 656)
+    args["host_kv"] = [args["host_kv"]] + [_host(dev, _kv(gen, *args["host_kv"].shape)) for _ in range(3)]
+    args["device_kv"] = [args["device_kv"]] + [_kv(gen, *args["device_kv"].shape).to(dev) for _ in range(3)]
+    return args
+
+
+@cases.add("a group's layers of several lengths and strides (one with fewer host rows, one with none, rows in "
+           "padded strides), rows sharing a request")
+def _(gen, dev):
+    lens, hot, k = [400, 150], 24, 12
+    host_loc = _host_loc(gen, 2, 400)
+    _, tokens, ages = _evolved(gen, 3, lens, hot, k, host_loc, drift=4)
+    r2b = torch.tensor([0, 0, 1, 1, 1], dtype=I32)
+    raw = torch.stack([torch.randperm(n, generator=gen)[:k] for n in (400, 400, 150, 150, 150)]).to(I32)
+    p = hisparse.plan(raw, torch.tensor(lens, dtype=I32), host_loc, tokens, ages, row_to_batch=r2b)
+    device_loc = torch.randperm(60, generator=gen)[:2 * (hot + 1)].view(2, hot + 1).to(I32)
+    host = [_kv(gen, 800, 24), _kv(gen, 500, 24), _kv(gen, 0, 24), _kv(gen, 800, 32)[:, :24], _kv(gen, 800, 24)]
+    device = [_kv(gen, 60, 24), _kv(gen, 60, 24), _kv(gen, 60, 24), _kv(gen, 60, 24), _kv(gen, 70, 40)[:, 8:32]]
+    return dict(copy_src=p.copy_src.to(dev), copy_dst=p.copy_dst.to(dev), copy_count=p.copy_count.to(dev),
+                host_kv=[_host(dev, t.view(torch.int16)) for t in host],
+                device_kv=[t.view(torch.int16).to(dev) for t in device], device_loc=device_loc.to(dev),
+                row_to_batch=r2b.to(dev))
 
 
 @cases.add("no copies")

@@ -201,7 +201,11 @@ class DSAModel:
         role = runner.role(layer)
         hot_layer = None
         if hot is not None and batch.decode and role is not None:
-            hot_layer = HotLayer(hot.host[layer], hot.device_kv[layer], hot.device_loc, batch.seq_lens, hot.host_loc)
+            # The producer swaps in its whole group's KV at once; its shared layers then copy nothing.
+            group = [i for i in runner.layers if runner.source_of(i) == layer] if role == PRODUCER else []
+            host_kv = [hot.host[i] for i in group] if group else None
+            device_kv = [hot.device_kv[i] for i in group] if group else None
+            hot_layer = HotLayer(host_kv, device_kv, hot.device_loc, batch.seq_lens, hot.host_loc)
 
         def indexer() -> torch.Tensor:
             if role is None:
