@@ -10,9 +10,9 @@ host link, and a 61-layer step planned once per producer.
 - ``plan``: ``indexcache.hisparse_plan`` of one step (the ring's steps in one graph, the time per step), with a slot
   index kept over the ring (``slot_index=``) and without one (a state of its own, planned alike);
 - ``swap-in``: ``indexcache.hisparse_swap_in`` of the ring's steps' misses for one layer, and for a producer group of
-  ``--group`` layers in one call (each layer its own host pool and device buffer), their bytes per second against a
-  contiguous pinned host → device copy of 256 MiB in the same run (``h2d``: the link's bandwidth as the copy engine
-  reaches it);
+  ``--group`` layers in one call (each layer its own device buffer; in the host one pool holding a token's rows of
+  the group together, or a pool a layer), their bytes per second against a contiguous pinned host → device copy of
+  256 MiB in the same run (``h2d``: the link's bandwidth as the copy engine reaches it);
 - a 61-layer decode step through ``IndexerRunner`` with the hot buffers attached (``layer(..., hot=)``, keeping a
   slot index a producer), at
   ``index_topk_freq`` 1 and 4: the whole HiSparse part of the step (each producer selects — a copy of the ring's
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no GPU visible: this script times GPU kernels (pass --smoke to check it on tiny CPU shapes)")
         return 2
     if args.smoke:
-        args.requests, args.context, args.k, args.hot, args.drift, args.steps = 3, 300, 16, 64, 4, 3
+        args.requests, args.context, args.k, args.hot, args.drift, args.steps = 3, 300, 16, 24, 8, 3
         args.rounds, args.burst = 1, 1
     with indexcache.use_backend("torch") if args.smoke else contextlib.nullcontext():
         return run(args)
@@ -179,14 +179,21 @@ def run(args: argparse.Namespace) -> int:
         for c in copies:
             indexcache.hisparse_swap_in(*c, host_kv, device_kv, device_loc)
 
-    # A group's layers, each its own host pool (copies of the first) and device buffer.
-    group_host = [host_kv] + [host_kv.clone().pin_memory() if not args.smoke else host_kv.clone()
-                              for _ in range(args.group - 1)]
+    # A group's layers: each its own device buffer; in the host, one pool holding a token's rows of the group
+    # together (token-major: one launch), or a pool a layer (a launch a layer). Every layer's rows equal host_kv's.
+    pool = torch.empty(b * n, args.group, ROW_BYTES, dtype=torch.uint8, pin_memory=not args.smoke)
+    for g in range(args.group):
+        pool[:, g].copy_(host_kv)
+    group_host = {"token-major": [pool[:, g] for g in range(args.group)],
+                  "pools": [host_kv] + [host_kv.clone().pin_memory() if not args.smoke else host_kv.clone()
+                                        for _ in range(args.group - 1)]}
     group_device = [device_kv] + [torch.zeros_like(device_kv) for _ in range(args.group - 1)]
 
-    def swap_ring_group() -> None:
+    def swap_ring_group(layout: str = "token-major", layers: int = args.group) -> None:
+        host, device = group_host[layout][:layers], group_device[:layers]
         for c in copies:
-            indexcache.hisparse_swap_in(*c, group_host, group_device, device_loc)
+            indexcache.hisparse_swap_in(*c, host if layers > 1 else host[0], device if layers > 1 else device[0],
+                                        device_loc)
 
     contiguous = host_kv.view(-1)[:min(H2D_BYTES, host_kv.numel())]
     landing = torch.empty_like(contiguous, device=dev)
@@ -232,22 +239,34 @@ def run(args: argparse.Namespace) -> int:
         if not grouped:
             step_calls[f"plans {name}"] = plans_only
 
-    swap_ring_group()
-    errors += check_group(copies, group_host, group_device, device_loc)
-    contenders = {"plan ring": plan_ring, "plan ring plain": plan_ring_plain, "swap ring": swap_ring,
-                  "swap ring group": swap_ring_group, "h2d": h2d, **step_calls}
+    swap_calls = {"swap ring group": swap_ring_group,
+                  "swap ring group pools": lambda: swap_ring_group("pools"),
+                  "swap ring token-major layer": lambda: swap_ring_group(layers=1)}
+    for layout in group_host:
+        for layer in group_device:
+            layer.zero_()
+        swap_ring_group(layout)
+        errors += check_group(copies, group_host[layout], group_device, device_loc)
+    contenders = {"plan ring": plan_ring, "plan ring plain": plan_ring_plain, "swap ring": swap_ring, **swap_calls,
+                  "h2d": h2d, **step_calls}
     times = alternating_graph_us(contenders, dev, args.rounds, args.burst)
     plan_us = times["plan ring"] / steps
-    swap_gbs = misses * ROW_BYTES / (times["swap ring"] * 1e3)
-    group_gbs = args.group * misses * ROW_BYTES / (times["swap ring group"] * 1e3)
     h2d_gbs = contiguous.numel() / (times["h2d"] * 1e3)
+
+    def swap_row(what: str, us: float, layers: int) -> dict:
+        gbs = layers * misses * ROW_BYTES / (us * 1e3)
+        return dict(what=what, us=round(us / steps, 2), misses=round(layers * misses / steps, 1),
+                    gb_per_s=round(gbs, 2), of_h2d=round(gbs / h2d_gbs, 3))
+
     rows = [dict(what="plan (a step)", us=round(plan_us, 2)),
             dict(what="plan without a slot index", us=round(times["plan ring plain"] / steps, 2)),
-            dict(what="swap-in (a step, one layer)", us=round(times["swap ring"] / steps, 2),
-                 misses=round(misses / steps, 1), gb_per_s=round(swap_gbs, 2), of_h2d=round(swap_gbs / h2d_gbs, 3)),
-            dict(what=f"swap-in (a step, a group of {args.group} layers in one call)",
-                 us=round(times["swap ring group"] / steps, 2), misses=round(args.group * misses / steps, 1),
-                 gb_per_s=round(group_gbs, 2), of_h2d=round(group_gbs / h2d_gbs, 3)),
+            swap_row("swap-in (a step, one layer)", times["swap ring"], 1),
+            swap_row(f"swap-in (a step, a group of {args.group} layers in one call, token-major host pool)",
+                     times["swap ring group"], args.group),
+            swap_row(f"swap-in (a step, a group of {args.group} layers in one call, a host pool a layer)",
+                     times["swap ring group pools"], args.group),
+            swap_row("swap-in (a step, one layer of the token-major host pool)",
+                     times["swap ring token-major layer"], 1),
             dict(what=f"h2d copy {contiguous.numel() >> 20} MiB", us=round(times["h2d"], 2),
                  gb_per_s=round(h2d_gbs, 2))]
     for freq in (1, 4):

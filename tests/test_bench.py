@@ -611,14 +611,19 @@ def test_hisparse_swap_smoke_runs_on_the_cpu(tmp_path):
 
 
 def test_hisparse_smoke_runs_on_the_cpu(tmp_path):
-    """bench/hisparse_gpu.py --smoke (torch backend): the plan, the swap-in against a host copy, the 61-layer step at
-    freq 1 and 4 with its plans alone; every selected position of the step read its own row."""
+    """bench/hisparse_gpu.py --smoke (torch backend): the plan, the swap-in of a layer and of a group against a host
+    copy, the 61-layer step at freq 1 and 4 (a swap-in a layer, and a group) with its plans alone; every selected
+    position of the step read its own row, every group layer's copied rows their host rows."""
     _script("hisparse_gpu", "--smoke", "--out", str(tmp_path / "hs.json"))
     report = json.loads((tmp_path / "hs.json").read_text())
     assert report["device"] == "cpu" and not report["errors"]
-    assert [r["what"] for r in report["rows"]][-2:] == ["61-layer step, freq 1 (61 plans)",
-                                                        "61-layer step, freq 4 (16 plans)"]
-    assert all(r["us"] > 0 for r in report["rows"]) and set(report["ratios"]) == {"plans_f4_per_f1", "step_f4_per_f1"}
+    assert [r["what"] for r in report["rows"]][-3:] == ["61-layer step, freq 1 (61 plans)",
+                                                        "61-layer step, freq 4 (16 plans)",
+                                                        "61-layer step, freq 4 (16 plans), a swap-in a group"]
+    swaps = [r for r in report["rows"] if r["what"].startswith("swap-in")]
+    assert len(swaps) == 4 and all(r["misses"] > 0 for r in swaps)
+    assert all(r["us"] > 0 for r in report["rows"])
+    assert set(report["ratios"]) == {"plans_f4_per_f1", "step_f4_per_f1", "step_f4_grouped_per_f4"}
 
 
 def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):

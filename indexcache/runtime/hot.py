@@ -46,7 +46,10 @@ class HotLayer:
 
     A group swapped in at once: the producer's ``host_kv`` and ``device_kv`` are lists of the group's layers'
     tensors (any order, the same in both; every layer's slots at the same device rows, the producer's
-    ``device_loc``), and each shared layer's are None (its rows came with the producer's)."""
+    ``device_loc``), and each shared layer's are None (its rows came with the producer's). It pays where the host
+    pool holds a token's rows of the group together (``host_kv[g] = pool[:, g]`` of a ``[tokens, layers, ...]``
+    pool): a GPU backend then copies the group in one launch; layers in pools of their own are copied a launch each
+    (docs/hisparse.md, "One layer, or a group's layers")."""
 
     host_kv: torch.Tensor | Sequence[torch.Tensor] | None
     device_kv: torch.Tensor | Sequence[torch.Tensor] | None

@@ -141,7 +141,7 @@ def test_one_program_walks_many_blocks_of_a_row():
 
 def _check_layers(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, row_to_batch=None):
     """A group's layers in the launches the kernel takes them in: each layer equals the reference's byte for byte,
-    nothing between its rows written. Returns the launches' layer counts."""
+    nothing between its rows written. Returns how many launches ran."""
     from indexcache.backends.triton.hisparse import swap
 
     plan = hs.Plan(None, copy_src, copy_dst, copy_count, None, None)
@@ -158,7 +158,7 @@ def _check_layers(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc
         changed = (_bytes(d) != b).nonzero().flatten()
         row_bytes, stride = d[0].numel() * d.element_size(), d.stride(0) * d.element_size()
         assert bool((changed % stride < row_bytes).all())
-    return [launch.grid[2] for launch in launches]
+    return len(launches)
 
 
 def _group_plan(g, batch, hot, k, length):
@@ -175,32 +175,43 @@ def _group_plan(g, batch, hot, k, length):
     return plan, device_loc, requests
 
 
-def test_a_groups_layers_in_one_launch_equal_the_reference_layer_by_layer():
+def _token_major(g, rows, layers, dtype, shape):
+    """``layers`` views of one allocation holding a token's rows of every layer together
+    (``[rows, layers, *shape]``)."""
+    pool = _kv(g, rows * layers, dtype, shape).view(rows, layers, *shape)
+    return [pool[:, i] for i in range(layers)]
+
+
+def test_a_groups_interleaved_layers_in_one_launch_equal_the_reference_layer_by_layer():
     g = torch.Generator().manual_seed(45)
     batch, hot, k, length = 3, 10, 8, 50
     plan, device_loc, requests = _group_plan(g, batch, hot, k, length)
     assert int(plan.copy_count.sum()) > 10
-    host_kv = [_kv(g, batch * length, torch.float8_e4m3fn, (656,)) for _ in range(4)]
+    host_kv = _token_major(g, batch * length, 4, torch.float8_e4m3fn, (656,))
     device_kv = [_kv(g, batch * (hot + 1) + 5, torch.float8_e4m3fn, (656,)) for _ in range(4)]
-    assert _check_layers(*plan.copies, host_kv, device_kv, device_loc, requests) == [4]
+    assert _check_layers(*plan.copies, host_kv, device_kv, device_loc, requests) == 1
 
 
-def test_layers_of_other_layouts_and_past_eight_go_to_launches_of_their_own():
+def test_layers_that_do_not_interleave_go_to_launches_of_their_own():
     g = torch.Generator().manual_seed(46)
     batch, hot, k, length = 3, 10, 8, 50
     plan, device_loc, requests = _group_plan(g, batch, hot, k, length)
     nh, nd = batch * length, batch * (hot + 1) + 5
-    host_kv = [_kv(g, nh, torch.bfloat16, (2, 5)) for _ in range(9)]  # 9 alike: 8 in a launch, 1 in the next
-    device_kv = [_kv(g, nd, torch.bfloat16, (2, 5)) for _ in range(9)]
-    host_kv.append(_kv(g, nh, torch.bfloat16, (2, 5), pad=3))  # another host row stride
-    device_kv.append(_kv(g, nd, torch.bfloat16, (2, 5)))
-    host_kv.append(_kv(g, nh - 7, torch.bfloat16, (2, 5)))  # fewer host rows (copies past them skipped)
-    device_kv.append(_kv(g, nd, torch.bfloat16, (2, 5)))
+    host_kv = _token_major(g, nh, 9, torch.bfloat16, (2, 5))  # 9 interleaved: 8 in a launch, 1 in the next
+    host_kv.append(_kv(g, nh, torch.bfloat16, (2, 5), pad=3))  # pools of their own: a launch each
+    host_kv.append(_kv(g, nh - 7, torch.bfloat16, (2, 5)))  # (fewer host rows: copies past them skipped)
     host_kv.append(_kv(g, 0, torch.bfloat16, (2, 5)))  # no host rows: no launch, the layer as it was
-    device_kv.append(_kv(g, nd, torch.bfloat16, (2, 5)))
-    host_kv.append(_kv(g, nh, torch.bfloat16, (2, 5)))
-    device_kv.append(_kv(g, nd, torch.bfloat16, (2, 5), pad=1))  # another device row stride
-    assert _check_layers(*plan.copies, host_kv, device_kv, device_loc, requests) == [8, 1, 1, 1, 1]
+    host_kv += _token_major(g, nh, 2, torch.bfloat16, (2, 5))  # interleaved, but device rows of two strides
+    device_kv = [_kv(g, nd, torch.bfloat16, (2, 5)) for _ in range(13)] + [_kv(g, nd, torch.bfloat16, (2, 5), pad=1)]
+    assert _check_layers(*plan.copies, host_kv, device_kv, device_loc, requests) == 2 + 1 + 1 + 2
+
+
+def test_one_host_tensor_read_by_every_layer_is_one_launch():
+    from indexcache.backends.triton.hisparse import swap
+
+    kv = [_kv(torch.Generator().manual_seed(0), 6, torch.uint8, (4,)) for _ in range(3)]
+    assert swap._launch_groups((kv[0],) * 3, tuple(kv)) == [[0, 1, 2]]
+    assert swap._launch_groups(tuple(kv), tuple(kv)) == [[0], [1], [2]]
 
 
 def test_index_tensors_of_any_strides():

@@ -12,19 +12,21 @@ A row's stride is passed in units of ``UNIT`` bytes (the largest power of two up
 Triton knows every row start is ``UNIT``-aligned and moves 16-byte vectors where the row bytes and the tensors'
 alignment allow (656-byte fp8 MLA rows and 1152-byte bf16 rows: 16; 6-byte rows: 2).
 
-Grid: the rows of the plan × ``P`` programs a row × the launch's layers, program ``(r, p, g)`` taking the row's blocks
-``p, p + P, …`` up to its count (read on the device) for layer ``g``. ``P`` is sized from the shape only (the GPU's
-multiprocessors times ``PROGRAMS_PER_SM``, spread over the rows and layers, at most the ``k / BLOCK_C`` blocks a row
-may have): a few rows with many copies still fill the GPU, and with many rows each program walks a few blocks. Rows
-with fewer copies leave programs with nothing to do (they read the count and end). What keeps the host link busy is
-the bytes in flight: every program's step reads ``BLOCK_C`` rows at once (5 KB at 656-byte rows), and about
-``SMs × PROGRAMS_PER_SM`` programs do so together.
+Grid: the rows of the plan × ``P`` programs a row, program ``(r, p)`` taking the row's blocks ``p, p + P, …`` up to
+its count (read on the device), each block in every layer of the launch in turn (the copy lists read once for all).
+``P`` is sized from the shape only (the GPU's multiprocessors times ``PROGRAMS_PER_SM``, spread over the rows, at
+most the ``k / BLOCK_C`` blocks a row may have): a few rows with many copies still fill the GPU, and with many rows
+each program walks a few blocks. Rows with fewer copies leave programs with nothing to do (they read the count and
+end). What keeps the host link busy is the bytes in flight: every program's step reads ``BLOCK_C`` rows at once (5 KB
+at 656-byte rows), and about ``SMs × PROGRAMS_PER_SM`` programs do so together.
 
-A launch takes up to :data:`MAX_LAYERS` layers of a producer group whose host tensors share one row count and row
-stride, and whose device tensors do: each layer's two base addresses are arguments of their own (unused ones repeat
-layer 0's), so a bound or graph-captured launch holds them as it holds any tensor's. Layers that differ go to
-launches of their own. More bytes a launch is what takes the link nearer its bandwidth: a decode step's few dozen
-misses a request leave one layer's launch short of it (docs/hisparse.md, "What a row's size costs").
+A launch takes up to :data:`MAX_LAYERS` layers of a producer group whose host rows interleave: one allocation holding
+a token's rows of the group together (token-major, SGLang's "page_first" host layout), so the group's reads of a
+token fall on the same host pages. Each layer's two base addresses are arguments of their own (unused ones repeat
+layer 0's), so a bound or graph-captured launch holds them as it holds any tensor's. Every other layer goes to a
+launch of its own: measured on the H200, one launch over four separate host pools reads four times the pages at
+once and ran at 0.45 of the link against 0.75 for a launch a layer, while four interleaved layers in one launch reach
+0.82 (docs/hisparse.md, "One layer, or a group's layers").
 
 The host KV may be a GPU tensor or pinned host memory: the kernel then reads the host memory directly, mapped into
 the GPU's address space (unified addressing; Triton's launcher translates a pinned tensor's address with
@@ -56,23 +58,20 @@ MAX_LAYERS = 8  # layers a launch copies at most (each a host and a device addre
 
 # The plan's width, the requests, slots, both tensors' rows and every stride that follows them take no part in the
 # variant, nor do the addresses of the index tensors (docs/kernels.md, "Kernel variants").
-@triton.jit(do_not_specialize=("k", "batch", "width", "host_rows", "dev_rows", "src_s0", "dst_s0", "loc_s0",
-                               "host_su", "dev_su"),
+@triton.jit(do_not_specialize=("k", "batch", "width", "host_rows", "dev_rows", "layers", "src_s0", "dst_s0",
+                               "loc_s0", "host_su", "dev_su"),
             do_not_specialize_on_alignment=("src_ptr", "dst_ptr", "count_ptr", "loc_ptr", "r2b_ptr"))
 def hisparse_swap_kernel(
     src_ptr, dst_ptr, count_ptr, loc_ptr, r2b_ptr,
     host0, host1, host2, host3, host4, host5, host6, host7, dev0, dev1, dev2, dev3, dev4, dev5, dev6, dev7,
-    k, batch, width, host_rows, dev_rows,
+    k, batch, width, host_rows, dev_rows, layers,
     src_s0, src_s1, dst_s0, dst_s1, count_s0, loc_s0, loc_s1, r2b_s0, host_su, dev_su,
     ROW_BYTES: tl.constexpr, CHUNK: tl.constexpr, UNIT: tl.constexpr, BLOCK_C: tl.constexpr, HAS_R2B: tl.constexpr,
 ):
-    """Row ``program_id(0)``'s copies in blocks ``program_id(1), + num_programs(1), …`` of ``BLOCK_C`` for layer
-    ``program_id(2)`` (host ``host<g>``, device ``dev<g>``): host row ``src`` (``host_su * UNIT`` bytes apart) to
-    device row ``device_loc[b, slot]`` (``dev_su * UNIT`` apart), the ``ROW_BYTES`` bytes ``CHUNK`` at a time; every
-    read and write masked by the copy's checks."""
-    g = tl.program_id(2)
-    host_ptr = _layer(g, host0, host1, host2, host3, host4, host5, host6, host7)
-    dev_ptr = _layer(g, dev0, dev1, dev2, dev3, dev4, dev5, dev6, dev7)
+    """Row ``program_id(0)``'s copies in blocks ``program_id(1), + num_programs(1), …`` of ``BLOCK_C``, each block's
+    in ``layers`` layers one after another (host ``host<g>``, device ``dev<g>``): host row ``src`` (``host_su * UNIT``
+    bytes apart) to device row ``device_loc[b, slot]`` (``dev_su * UNIT`` apart), the ``ROW_BYTES`` bytes ``CHUNK`` at
+    a time; every read and write masked by the copy's checks."""
     r = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1)
     step = tl.num_programs(1)
@@ -94,11 +93,14 @@ def hisparse_swap_kernel(
         ok = live & (src >= 0) & (src < host_rows) & (row >= 0) & (row < dev_rows)
         host_at = src * (host_su * UNIT)
         dev_at = row * (dev_su * UNIT)
-        for c0 in tl.static_range(0, ROW_BYTES, CHUNK):
-            col = c0 + bs
-            mask = ok[:, None] & (col < ROW_BYTES)[None, :]
-            data = tl.load(host_ptr + host_at[:, None] + col[None, :], mask=mask)
-            tl.store(dev_ptr + dev_at[:, None] + col[None, :], data, mask=mask)
+        for g in range(layers):
+            host_ptr = _layer(g, host0, host1, host2, host3, host4, host5, host6, host7)
+            dev_ptr = _layer(g, dev0, dev1, dev2, dev3, dev4, dev5, dev6, dev7)
+            for c0 in tl.static_range(0, ROW_BYTES, CHUNK):
+                col = c0 + bs
+                mask = ok[:, None] & (col < ROW_BYTES)[None, :]
+                data = tl.load(host_ptr + host_at[:, None] + col[None, :], mask=mask)
+                tl.store(dev_ptr + dev_at[:, None] + col[None, :], data, mask=mask)
 
 
 @triton.jit
@@ -186,17 +188,21 @@ def supports(target: Target, copy_src, copy_dst, copy_count, host_kv, device_kv,
 
 
 def _launch_groups(host: tuple[torch.Tensor, ...], dev: tuple[torch.Tensor, ...]) -> list[list[int]]:
-    """The layers in launches: consecutive runs of up to :data:`MAX_LAYERS` layers whose host rows share one row
-    count and stride, and so do their device rows."""
+    """The layers in launches: runs of up to :data:`MAX_LAYERS` consecutive layers whose host rows interleave (one
+    row count and stride, and every layer's first row within the first layer's row stride: a token's rows of the
+    group together in one host allocation) and whose device rows share one row count and stride; every other layer
+    in a launch of its own."""
     groups: list[list[int]] = []
-    shape = None
     for g, (h, d) in enumerate(zip(host, dev, strict=True)):
-        this = (h.shape[0], h.stride(0), d.shape[0], d.stride(0))
-        if groups and this == shape and len(groups[-1]) < MAX_LAYERS:
-            groups[-1].append(g)
-        else:
-            groups.append([g])
-            shape = this
+        if groups and len(groups[-1]) < MAX_LAYERS:
+            h0, d0 = host[groups[-1][0]], dev[groups[-1][0]]
+            gap = (h.data_ptr() - h0.data_ptr()) if h.device == h0.device else -1
+            if (h.shape[0], h.stride(0), d.shape[0], d.stride(0)) == (h0.shape[0], h0.stride(0), d0.shape[0],
+                                                                      d0.stride(0)) \
+                    and 0 <= gap < h0.stride(0) * h0.element_size():
+                groups[-1].append(g)
+                continue
+        groups.append([g])
     return groups
 
 
@@ -217,6 +223,7 @@ def swap_launches(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc
     options = options or launch_key_options(launch_options(target, cfg))
     sms = _sms(target, dev[0].device)
     launches = []
+    programs = programs_per_row(rows, k, sms, cfg)
     for group in _launch_groups(host, dev):
         h0, d0 = host[group[0]], dev[group[0]]
         if 0 in (h0.shape[0], d0.shape[0]):
@@ -224,11 +231,10 @@ def swap_launches(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc
         u = unit(h0.stride(0), d0.stride(0))
         hosts = [host[g] for g in group] + [h0] * (MAX_LAYERS - len(group))
         devs = [dev[g] for g in group] + [d0] * (MAX_LAYERS - len(group))
-        programs = programs_per_row(rows * len(group), k, sms, cfg)
         launches.append(Launch(
-            SWAP, (rows, programs, len(group)), options,
+            SWAP, (rows, programs), options,
             (copy_src, copy_dst, copy_count, device_loc, r2b, *hosts, *devs,
-             k, batch, width, h0.shape[0], d0.shape[0],
+             k, batch, width, h0.shape[0], d0.shape[0], len(group),
              copy_src.stride(0), copy_src.stride(1), copy_dst.stride(0), copy_dst.stride(1), copy_count.stride(0),
              device_loc.stride(0), device_loc.stride(1), r2b.stride(0), h0.stride(0) // u, d0.stride(0) // u),
             dict(ROW_BYTES=row_bytes, CHUNK=chunk, UNIT=u, BLOCK_C=block_c, HAS_R2B=row_to_batch is not None),

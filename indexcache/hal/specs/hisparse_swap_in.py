@@ -185,16 +185,19 @@ def _(gen, dev):
     return args
 
 
-@cases.add("a producer group's four layers in one call (656-byte rows, pinned host memory)")
+@cases.add("a producer group's four layers in one call (656-byte rows, pinned host memory holding a token's rows of "
+           "the group together)")
 def _(gen, dev):
     args = _planned(gen, dev, [300, 90, 1000, 40], 48, 16, 656)
-    args["host_kv"] = [args["host_kv"]] + [_host(dev, _kv(gen, *args["host_kv"].shape)) for _ in range(3)]
+    rows = args["host_kv"].shape[0]
+    pool = _host(dev, _kv(gen, rows * 4, 656).view(rows, 4, 656))
+    args["host_kv"] = [pool[:, g] for g in range(4)]
     args["device_kv"] = [args["device_kv"]] + [_kv(gen, *args["device_kv"].shape).to(dev) for _ in range(3)]
     return args
 
 
-@cases.add("a group's layers of several lengths and strides (one with fewer host rows, one with none, rows in "
-           "padded strides), rows sharing a request")
+@cases.add("a group's layers in host pools of their own, of several lengths and strides (one with fewer host rows, "
+           "one with none, rows in padded strides), rows sharing a request")
 def _(gen, dev):
     lens, hot, k = [400, 150], 24, 12
     host_loc = _host_loc(gen, 2, 400)

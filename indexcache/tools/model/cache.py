@@ -47,7 +47,9 @@ class HotCache:
     (request ``b``'s token ``t`` at row ``b * max_len + t``, laid out alike in every layer, as HiSparse needs) and a
     hot buffer of ``hot + 1`` device slots a request.
 
-    ``host [L, max_requests * max_len, head_dim]`` float32 in host memory (pinned when ``device`` is a GPU);
+    ``host [max_requests * max_len, L, head_dim]`` float32 in host memory (pinned when ``device`` is a GPU), a token's
+    rows of every layer together (so a producer group's swap-in reads them in one launch), layer ``l``'s rows
+    ``host[:, l]``;
     ``device_kv [L, max_requests * (hot + 1) + 1, head_dim]`` on ``device`` (the last row takes padding rows'
     writes); ``device_loc [max_requests, hot + 1]`` int32, the device row of each slot; ``host_loc [max_requests,
     max_len]`` int32, the host row of each token.
@@ -56,7 +58,7 @@ class HotCache:
     def __init__(self, config: ModelConfig, max_requests: int, max_len: int, hot: int, *,
                  device: torch.device | str = "cpu") -> None:
         device = torch.device(device)
-        host = torch.zeros(config.num_layers, max_requests * max_len, config.head_dim)
+        host = torch.zeros(max_requests * max_len, config.num_layers, config.head_dim)
         self.host = host.pin_memory() if device.type != "cpu" else host
         self.device_kv = torch.zeros(config.num_layers, max_requests * (hot + 1) + 1, config.head_dim, device=device)
         self.device_loc = torch.arange(max_requests * (hot + 1), dtype=INDEX, device=device).view(max_requests, -1)
@@ -74,7 +76,7 @@ class HotCache:
         live = seq_lens > 0
         host_rows = (requests.long() * self.max_len + positions.long()).cpu()
         keep = live.cpu()
-        self.host[layer].index_copy_(0, host_rows[keep], kv[live].to(self.host.device))
+        self.host[:, layer].index_copy_(0, host_rows[keep], kv[live].to(self.host.device))
         slot = torch.where(seq_lens <= self.hot, positions, self.hot).long()
         placed = live & ((seq_lens <= self.hot) | (positions == seq_lens - 1))
         rows = self.device_loc[requests.long().clamp_min(0), slot.clamp_max(self.hot)].long()

@@ -203,7 +203,7 @@ class DSAModel:
         if hot is not None and batch.decode and role is not None:
             # The producer swaps in its whole group's KV at once; its shared layers then copy nothing.
             group = [i for i in runner.layers if runner.source_of(i) == layer] if role == PRODUCER else []
-            host_kv = [hot.host[i] for i in group] if group else None
+            host_kv = [hot.host[:, i] for i in group] if group else None
             device_kv = [hot.device_kv[i] for i in group] if group else None
             hot_layer = HotLayer(host_kv, device_kv, hot.device_loc, batch.seq_lens, hot.host_loc)
 
