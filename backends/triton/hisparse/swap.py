@@ -24,9 +24,9 @@ A launch takes up to :data:`MAX_LAYERS` layers of a producer group whose host ro
 a token's rows of the group together (token-major, SGLang's "page_first" host layout), so the group's reads of a
 token fall on the same host pages. Each layer's two base addresses are arguments of their own (unused ones repeat
 layer 0's), so a bound or graph-captured launch holds them as it holds any tensor's. Every other layer goes to a
-launch of its own: measured on the H200, one launch over four separate host pools reads four times the pages at
-once and ran at 0.45 of the link against 0.75 for a launch a layer, while four interleaved layers in one launch reach
-0.82 (docs/hisparse.md, "One layer, or a group's layers").
+launch of its own: measured on the H200, a group's reads spread over four host pools of their own ran at 0.42–0.45
+of the link in one launch as in four (each token's rows in four places to translate), while four interleaved layers
+in one launch reach 0.82 (docs/hisparse.md, "A group's layers on the H200").
 
 The host KV may be a GPU tensor or pinned host memory: the kernel then reads the host memory directly, mapped into
 the GPU's address space (unified addressing; Triton's launcher translates a pinned tensor's address with
