@@ -133,6 +133,18 @@ def _planned(gen, dev, lens, hot, k, row_bytes, steps=6, drift=6, dtype=torch.ui
                 host_kv=_host(dev, host_kv), device_kv=device_kv.to(dev), device_loc=device_loc.to(dev))
 
 
+def _shared_rows_plan(gen) -> tuple[hisparse.Plan, torch.Tensor, torch.Tensor]:
+    """A plan of two requests (400 and 150 tokens, H 24, k 12) whose five rows share them, its ``row_to_batch`` and a
+    ``device_loc`` among 60 device rows."""
+    lens, hot, k = [400, 150], 24, 12
+    host_loc = _host_loc(gen, 2, 400)
+    _, tokens, ages = _evolved(gen, 3, lens, hot, k, host_loc, drift=4)
+    r2b = torch.tensor([0, 0, 1, 1, 1], dtype=I32)
+    raw = torch.stack([torch.randperm(n, generator=gen)[:k] for n in (400, 400, 150, 150, 150)]).to(I32)
+    p = hisparse.plan(raw, torch.tensor(lens, dtype=I32), host_loc, tokens, ages, row_to_batch=r2b)
+    return p, r2b, torch.randperm(60, generator=gen)[:2 * (hot + 1)].view(2, hot + 1).to(I32)
+
+
 cases = CaseList("hisparse_swap_in")
 
 
@@ -150,13 +162,7 @@ def _(gen, dev):
 
 @cases.add("odd row bytes (6) and rows sharing a request")
 def _(gen, dev):
-    lens, hot, k = [400, 150], 24, 12
-    host_loc = _host_loc(gen, 2, 400)
-    _, tokens, ages = _evolved(gen, 3, lens, hot, k, host_loc, drift=4)
-    r2b = torch.tensor([0, 0, 1, 1, 1], dtype=I32)
-    raw = torch.stack([torch.randperm(n, generator=gen)[:k] for n in (400, 400, 150, 150, 150)]).to(I32)
-    p = hisparse.plan(raw, torch.tensor(lens, dtype=I32), host_loc, tokens, ages, row_to_batch=r2b)
-    device_loc = torch.randperm(60, generator=gen)[:2 * (hot + 1)].view(2, hot + 1).to(I32)
+    p, r2b, device_loc = _shared_rows_plan(gen)
     return dict(copy_src=p.copy_src.to(dev), copy_dst=p.copy_dst.to(dev), copy_count=p.copy_count.to(dev),
                 host_kv=_host(dev, _kv(gen, 800, 6)), device_kv=_kv(gen, 60, 6).to(dev),
                 device_loc=device_loc.to(dev), row_to_batch=r2b.to(dev))
@@ -199,13 +205,7 @@ def _(gen, dev):
 @cases.add("a group's layers in host pools of their own, of several lengths and strides (one with fewer host rows, "
            "one with none, rows in padded strides), rows sharing a request")
 def _(gen, dev):
-    lens, hot, k = [400, 150], 24, 12
-    host_loc = _host_loc(gen, 2, 400)
-    _, tokens, ages = _evolved(gen, 3, lens, hot, k, host_loc, drift=4)
-    r2b = torch.tensor([0, 0, 1, 1, 1], dtype=I32)
-    raw = torch.stack([torch.randperm(n, generator=gen)[:k] for n in (400, 400, 150, 150, 150)]).to(I32)
-    p = hisparse.plan(raw, torch.tensor(lens, dtype=I32), host_loc, tokens, ages, row_to_batch=r2b)
-    device_loc = torch.randperm(60, generator=gen)[:2 * (hot + 1)].view(2, hot + 1).to(I32)
+    p, r2b, device_loc = _shared_rows_plan(gen)
     host = [_kv(gen, 800, 24), _kv(gen, 500, 24), _kv(gen, 0, 24), _kv(gen, 800, 32)[:, :24], _kv(gen, 800, 24)]
     device = [_kv(gen, 60, 24), _kv(gen, 60, 24), _kv(gen, 60, 24), _kv(gen, 60, 24), _kv(gen, 70, 40)[:, 8:32]]
     return dict(copy_src=p.copy_src.to(dev), copy_dst=p.copy_dst.to(dev), copy_count=p.copy_count.to(dev),
