@@ -30,6 +30,8 @@ backend's own, kept for the calling thread's current stream; ``workspace=`` give
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from indexcache.hal import budget, device, dispatch, hisparse, library, memo
@@ -763,7 +765,7 @@ def hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch
 
 
 def hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *, row_to_batch=None,
-                     backend=None):
+                     backend=None) -> torch.Tensor | Sequence[torch.Tensor]:
     """A swap-in of a HiSparse plan's copies, for one layer or for a producer group's layers at once: host KV row
     ``copy_src[r, i]`` → device KV row ``device_loc[b, copy_dst[r, i]]`` for ``i < copy_count[r]`` (``b`` row ``r``'s
     request). A copy whose request, slot, device row or host row lies outside its tensor is skipped; counts are

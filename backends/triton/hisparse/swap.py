@@ -188,21 +188,22 @@ def supports(target: Target, copy_src, copy_dst, copy_count, host_kv, device_kv,
 
 
 def _launch_groups(host: tuple[torch.Tensor, ...], dev: tuple[torch.Tensor, ...]) -> list[list[int]]:
-    """The layers in launches: runs of up to :data:`MAX_LAYERS` consecutive layers whose host rows interleave (one
-    row count and stride, and every layer's first row within the first layer's row stride: a token's rows of the
-    group together in one host allocation) and whose device rows share one row count and stride; every other layer
-    in a launch of its own."""
+    """The layers (byte rows, :func:`as_rows`) in launches: runs of up to :data:`MAX_LAYERS` consecutive layers whose
+    host rows interleave (one row count and stride, and every layer's first row within the first layer's row stride:
+    a token's rows of the group together in one host allocation) and whose device rows share one row count and
+    stride; every other layer in a launch of its own."""
+
+    def layout(g: int) -> tuple:
+        return host[g].device, host[g].shape[0], host[g].stride(0), dev[g].shape[0], dev[g].stride(0)
+
     groups: list[list[int]] = []
-    for g, (h, d) in enumerate(zip(host, dev, strict=True)):
-        if groups and len(groups[-1]) < MAX_LAYERS:
-            h0, d0 = host[groups[-1][0]], dev[groups[-1][0]]
-            gap = (h.data_ptr() - h0.data_ptr()) if h.device == h0.device else -1
-            if (h.shape[0], h.stride(0), d.shape[0], d.stride(0)) == (h0.shape[0], h0.stride(0), d0.shape[0],
-                                                                      d0.stride(0)) \
-                    and 0 <= gap < h0.stride(0) * h0.element_size():
-                groups[-1].append(g)
-                continue
-        groups.append([g])
+    for g in range(len(host)):
+        first = groups[-1][0] if groups else g
+        gap = host[g].data_ptr() - host[first].data_ptr()
+        if groups and len(groups[-1]) < MAX_LAYERS and layout(g) == layout(first) and 0 <= gap < host[first].stride(0):
+            groups[-1].append(g)
+        else:
+            groups.append([g])
     return groups
 
 
