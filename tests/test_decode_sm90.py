@@ -16,8 +16,8 @@ from indexcache.backends import cuda as cuda_backend  # noqa: E402
 from indexcache.backends.cuda.arch import NVIDIA  # noqa: E402
 from indexcache.backends.triton import decode_sm90, logits  # noqa: E402
 from indexcache.backends.triton.target import detect  # noqa: E402
-from indexcache.hal import reference  # noqa: E402
-from indexcache.hal.layout import new_packed_cache  # noqa: E402
+from indexcache.hal import fp4, reference  # noqa: E402
+from indexcache.hal.layout import new_packed_cache, split_packed_cache  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 HOPPER = NVIDIA.target("sm90")
@@ -41,6 +41,14 @@ def test_takes_hopper_fp8_pages_of_64_keys_of_dim_128():
     assert decode_sm90.unsupported(q, cache, w, table, out, 64, 1, HOPPER) == []
 
 
+def test_takes_an_mxfp4_cache_and_declines_other_formats():
+    q, _, w, table, out = _args()
+    cache = new_packed_cache(8, 64, 128, fp8_dtype=fp4.FP4)
+    assert decode_sm90.unsupported(q, cache, w, table, out, 64, 2, HOPPER, fp4.FP4) == []
+    reasons = decode_sm90.unsupported(q, cache, w, table, out, 64, 1, HOPPER, torch.bfloat16)
+    assert any("k_format torch.bfloat16" in r for r in reasons), reasons
+
+
 @pytest.mark.parametrize(("change", "reason"), [
     ({"target": NVIDIA.target("sm100")}, "sm100: Hopper"),
     ({"target": NVIDIA.target("sm90", interpreted=True)}, "sm90 interpreted"),
@@ -49,7 +57,7 @@ def test_takes_hopper_fp8_pages_of_64_keys_of_dim_128():
     ({"dim": 64}, "of dim 64"),
     ({"heads": 48}, "48 heads"),
     ({"groups": 4}, "4 draft tokens"),
-    ({"pages": 0}, "empty or non-contiguous cache"),
+    ({"pages": 0}, "empty, non-contiguous or not 16-byte aligned cache"),
     ({"strided_out": True}, "unit strides"),
 ])
 def test_declines_with_the_reason(change, reason):
@@ -187,3 +195,65 @@ def test_kept_call_and_graph_replay_on_hopper():
     graph.replay()
     assert torch.equal(out, logits.paged_mqa_logits(q, cache, w, ctx, tab, max_len, torch.empty_like(out),
                                                     target=target, cfg=cfg))
+
+
+def _fp4_case(batch, next_n, contexts, max_len, pages, table_pages, seed, heads=64):
+    """:func:`_case` on an MXFP4 cache written by the reference rule, with keys of every kind: most with block scales
+    close together (one scale a key), every seventh with blocks 2^20 apart (the exact path), two with a NaN block
+    scale (byte 255)."""
+    q, _, w, ctx, table, max_len = _case(batch, next_n, contexts, max_len, pages, table_pages, seed, heads)
+    g = torch.Generator().manual_seed(seed + 1)
+    raw = torch.randn(pages * 64, 128, generator=g) * 3
+    spread = torch.exp2(torch.tensor([-14.0, 0.0, 6.0, -3.0])).repeat_interleave(32)
+    raw[::7] *= spread
+    cache = reference.store_index_k(raw, new_packed_cache(pages, 64, 128, fp8_dtype=fp4.FP4),
+                                    torch.arange(pages * 64, dtype=torch.int32), fp4.FP4)
+    scales = split_packed_cache(cache, 128, fp4.FP4)[1].view(torch.uint8)  # [pages, 64, 4]
+    scales[0, 5, 2] = scales[pages - 1, 55, 0] = 255
+    bytes_ = scales.reshape(-1, 4).int()
+    assert ((bytes_.amax(1) - bytes_.amin(1) > 10) & (bytes_.amax(1) < 255)).sum() > pages * 64 // 8
+    return q, cache, w, ctx, table, max_len
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"b{c[0]}-n{c[1]}-ctx{max(c[2])}")
+def test_mxfp4_cache_equals_the_triton_kernel_within_rounding(case):
+    """An MXFP4 cache: the same -inf and NaN as the Triton kernel (which widens to the same e4m3 values in another
+    order of the dims), the finite logits within the fp32 sums' rounding; keys with blocks far apart (the exact
+    path) and NaN block scales among them; nothing written outside the output."""
+    target = detect(NVIDIA)[2]
+    table_cfg = cuda_backend.tuning(target.arch)["paged_mqa_logits"]
+    args = [a.cuda() if torch.is_tensor(a) else a for a in _fp4_case(*case, seed=21)]
+    q = args[0]
+    outs = []
+    for cfg in ({**table_cfg, "KERNEL": "triton"}, {**table_cfg, "KERNEL": "tma-ws"}):
+        buf = torch.full((q.shape[0] * q.shape[1] + 2, args[-1]), 7.0, device="cuda")
+        launch = logits.paged_mqa_logits_launch(*args, buf[1:-1], fp4.FP4, target=target, cfg=cfg)
+        assert launch.launcher is (logits.DECODE if cfg["KERNEL"] == "triton" else decode_sm90.TMA_DECODE)
+        launch()
+        assert (buf[0] == 7).all() and (buf[-1] == 7).all(), "a kernel wrote outside its output"
+        outs.append(buf[1:-1])
+    triton_out, tma_out = outs
+    assert (tma_out != 7).all(), "a logit left unwritten"
+    assert torch.equal(triton_out.isnan(), tma_out.isnan())
+    assert torch.equal(triton_out.isneginf(), tma_out.isneginf())
+    finite = triton_out.isfinite()
+    torch.testing.assert_close(tma_out[finite], triton_out[finite], rtol=1e-3,
+                               atol=1e-4 * triton_out[finite].abs().max().item())
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+def test_mxfp4_cache_equals_the_reference_within_the_fp8_bound():
+    """Against the float64 reference on a small case (the exact path's keys among them): the relative RMS error of
+    each row within the bound the fp8 decode is judged by."""
+    target = detect(NVIDIA)[2]
+    cfg = {**cuda_backend.tuning(target.arch)["paged_mqa_logits"], "KERNEL": "tma-ws"}
+    q, cache, w, ctx, table, max_len = _fp4_case(*_CASES[1], seed=4)
+    want = reference.paged_mqa_logits(q, cache, w, ctx, table, max_len, k_format=fp4.FP4)
+    got = logits.paged_mqa_logits(q.cuda(), cache.cuda(), w.cuda(), ctx.cuda(), table.cuda(), max_len,
+                                  torch.empty(want.shape, device="cuda"), fp4.FP4, target=target, cfg=cfg).cpu()
+    assert torch.equal(got.isneginf(), want.isneginf()) and torch.equal(got.isnan(), want.isnan())
+    finite = want.isfinite()
+    err = ((got.double() - want.double()).where(finite, 0.0).square().sum(1)
+           / want.double().where(finite, 0.0).square().sum(1).clamp_min(1e-30)).sqrt()
+    assert err.max() <= 1e-3, err.max()

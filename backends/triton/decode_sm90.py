@@ -41,18 +41,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from indexcache.backends.triton import mxfp4_sm90
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options, persistent_programs
 from indexcache.backends.triton.sm90 import (
     block_barrier,
     grid_dependency_wait,
     launch_dependents,
+    reinterpret,
     tma_load,
     unsupported_target,
 )
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
+from indexcache.hal import fp4
 
 NEG_INF = gl.constexpr(float("-inf"))
+# An MXFP4 tile's value words [64 keys, 16]: a thread holds four words (one block of 32 elements) of two keys, the
+# keys placed as the matmul's accumulator rows (warp w rows 16w .. 16w + 15, a thread rows r and r + 8), so that a
+# key's vectors (its scales, whether it takes one) are where its logits are.
+WORDS_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16]))
 
 
 @gluon.jit
@@ -281,17 +290,70 @@ def _copy_partition(keys_desc, scales_desc, keys_smem, scales_smem, ready, empty
 
 
 @gluon.jit
-def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                    batch, max_ctx, skip, num_pages, table_pages, table_rows, q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0,
-                    tab_s0, out_s0, j0, t_begin, t_end, b_first, b_end, before,
+def _mxfp4_scale_words(scales_smem, layout: gl.constexpr, PAGE: gl.constexpr):
+    """A slot's scale bytes as one int32 word a key (``[PAGE]`` in ``layout``)."""
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    return reinterpret(scales_smem, gl.int32, [PAGE], flat).load(layout)
+
+
+@gluon.jit
+def _mxfp4_stage(wide_smem, words, sw, cols, lift_base, PAGE: gl.constexpr, D: gl.constexpr):
+    """Widen a tile's value words into ``wide_smem`` (fp8 ``[PAGE, D]``, the matmul's operand), fenced for the
+    matmul and all math warps past the store."""
+    wide32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    view = reinterpret(wide_smem, gl.int32, [PAGE, D // 4], wide32)
+    view.store(mxfp4_sm90.widen(words, mxfp4_sm90.lifts(sw, lift_base, cols)))
+    fence_async_shared()
+    block_barrier()
+
+
+@gluon.jit
+def _mxfp4_exact(cache_ptr, out_ptr, wide_smem, q_tok, w, page, far, n, seen, visible, row, max_ctx,
+                 H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PAGE_WORDS: gl.constexpr, mma: gl.constexpr):
+    """One token's logits of a tile's keys whose block scales lie too far apart for one scale a key (``far``), read
+    again from the cache: D / 32 matmuls into one accumulator, each taking every key's next block by scale in units
+    of that block's scale, the sum so far brought to those units first (as the Triton kernel's exact path)."""
+    words_l: gl.constexpr = WORDS_LAYOUT
+    keys_l: gl.constexpr = gl.SliceLayout(1, mma)
+    wide32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    rows = gl.arange(0, PAGE, layout=gl.SliceLayout(1, words_l))
+    cols = gl.arange(0, D // 8, layout=gl.SliceLayout(0, words_l))
+    at = page.to(gl.int64) * PAGE_WORDS
+    words = gl.load(cache_ptr + at + rows[:, None] * (D // 8) + cols[None, :])
+    sw = gl.load(cache_ptr + at + PAGE * (D // 8) + rows)
+    sw_k = gl.load(cache_ptr + at + PAGE * (D // 8) + gl.arange(0, PAGE, layout=keys_l))
+    acc = gl.zeros([PAGE, H], gl.float32, layout=mma)
+    unit = mxfp4_sm90.unit(sw_k, 0)
+    for p in range(D // 32):  # a loop, not unrolled
+        block_barrier()  # every math warp is past the matmul reading the last pass
+        reinterpret(wide_smem, gl.int32, [PAGE, D // 4], wide32).store(mxfp4_sm90.block_pass(words, sw, cols, p))
+        fence_async_shared()
+        block_barrier()
+        to = mxfp4_sm90.unit(sw_k, p)
+        acc = warpgroup_mma(wide_smem, q_tok.permute((1, 0)), acc * mxfp4_sm90.pow2(unit - to)[:, None])
+        unit = to
+    _store(out_ptr, row, n, _head_sum(acc, w) * mxfp4_sm90.e8m0(unit), seen, visible, max_ctx, far)
+
+
+@gluon.jit
+def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_ptr, keys_smem, scales_smem, q_smem,
+                    wide_smem, ready, empty, batch, max_ctx, skip, num_pages, table_pages, table_rows, q_s0, q_s1,
+                    q_s2, w_s0, ctx_s0, r2b_s0, tab_s0, out_s0, j0, t_begin, t_end, b_first, b_end, before,
                     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr,
-                    PAGE: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr):
-    """The math warps: each tile's matmul, head sum and store, releasing the slot as soon as it is read."""
+                    PAGE: gl.constexpr, PAGE_WORDS: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr,
+                    MXFP4: gl.constexpr):
+    """The math warps: each tile's matmul, head sum and store, releasing the slot as soon as it is read. An MXFP4
+    tile (``MXFP4``) is widened into shared memory first (both draft tokens' matmuls read it); its keys whose
+    blocks lie too far apart are left out, and taken again at the end by the exact path where there are any."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
     keys_l: gl.constexpr = gl.SliceLayout(1, mma)
     heads_l: gl.constexpr = gl.SliceLayout(0, mma)
     scales_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0])
     keys = gl.arange(0, PAGE, layout=keys_l)
+    if MXFP4:
+        words_l: gl.constexpr = WORDS_LAYOUT
+        cols = gl.arange(0, D // 8, layout=gl.SliceLayout(0, words_l))
+        far = gl.zeros([PAGE], gl.int32, layout=keys_l)  # keys left to the exact path, by place in a tile
     i = 0
     passed = before
     for b in range(b_first, b_end):
@@ -318,13 +380,31 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, keys_sme
             slot = i % STAGES
             _, ok = _entry(table_ptr, tab_s0, tb, named, j, num_pages, table_pages)
             mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            k_tile = keys_smem.index(slot)
+            keep0 = live0
+            keep1 = live1
+            if MXFP4:
+                words = keys_smem.index(slot).load(words_l)
+                sw = _mxfp4_scale_words(scales_smem.index(slot), gl.SliceLayout(1, words_l), PAGE)
+                sw_k = _mxfp4_scale_words(scales_smem.index(slot), keys_l, PAGE)
+                fence_async_shared()  # read through the generic proxy; the copy engine writes next
+                mbarrier.arrive(empty.index(slot), count=1)
+                lift_base, _, _ = mxfp4_sm90.key_scales(sw)
+                _, sc, one = mxfp4_sm90.key_scales(sw_k)
+                k_tile = wide_smem.index(i % 2)  # two buffers: a warp past this tile's barrier is past the matmuls
+                # of the tile before
+                _mxfp4_stage(k_tile, words, sw, cols, lift_base, PAGE, D)
+                far |= (ok & ~one).to(gl.int32)
+                keep0 = (one | ~ok) & live0
+                keep1 = (one | ~ok) & live1
+            else:
+                k_tile = keys_smem.index(slot)
             acc0 = warpgroup_mma(k_tile, q_smem.index(0).permute((1, 0)), gl.zeros([PAGE, H], gl.float32, layout=mma),
                                  use_acc=False, is_async=True)
             if GROUPS == 2:
                 acc1 = warpgroup_mma(k_tile, q_smem.index(1).permute((1, 0)),
                                      gl.zeros([PAGE, H], gl.float32, layout=mma), use_acc=False, is_async=True)
-            sc = gl.convert_layout(gl.reshape(scales_smem.index(slot).load(scales_l), [PAGE]), keys_l)
+            if not MXFP4:
+                sc = gl.convert_layout(gl.reshape(scales_smem.index(slot).load(scales_l), [PAGE]), keys_l)
             n = j * PAGE + keys
             seen = gl.where(ok, n, ctx)
             if GROUPS == 2:
@@ -333,14 +413,52 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, keys_sme
                 acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, ))
             else:
                 acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
-            fence_async_shared()  # the scales were read through the generic proxy; the copy engine writes next
-            mbarrier.arrive(empty.index(slot), count=1)
+            if not MXFP4:
+                fence_async_shared()  # the scales were read through the generic proxy; the copy engine writes next
+                mbarrier.arrive(empty.index(slot), count=1)
             if GROUPS == 1:
                 s0 = _head_sum(acc0, w0) * sc
-            _store(out_ptr, row0, n, s0, seen, visible0, max_ctx, live0)
+            _store(out_ptr, row0, n, s0, seen, visible0, max_ctx, keep0)
             if GROUPS == 2:
-                _store(out_ptr, row0 + out_s0, n, _head_sum(acc1, w1) * sc, seen, visible1, max_ctx, live1)
+                _store(out_ptr, row0 + out_s0, n, _head_sum(acc1, w1) * sc, seen, visible1, max_ctx, keep1)
             i += 1
+    if MXFP4:
+        if gl.max(far, axis=0) != 0:  # keys too far apart for one scale: the program's tiles again, exactly
+            passed = before
+            for b in range(b_first, b_end):
+                ctx, paired, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, RAGGED)
+                ctx = gl.maximum(ctx, 0)
+                tiles = gl.where(live, _tiles(ctx, max_ctx, skip, PAGE), 0)
+                lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
+                hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
+                passed += tiles
+                block_barrier()
+                w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, paired, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS,
+                                       H, D, heads_l, RAGGED)
+                row, live0, live1 = _tokens(b, j0, paired, NEXT_N, RAGGED)
+                if RAGGED:
+                    visible0 = gl.load(ctx_ptr + b * ctx_s0)
+                    visible1 = gl.load(ctx_ptr + (b + 1) * ctx_s0, mask=paired, other=0)
+                else:
+                    visible0 = ctx - NEXT_N + 1 + j0
+                    visible1 = ctx - NEXT_N + 2 + j0
+                tb, named = _table_row(r2b_ptr, r2b_s0, b, batch, table_rows, RAGGED)
+                for step in range(0, hi - lo):
+                    j = lo + step
+                    page, ok = _entry(table_ptr, tab_s0, tb, named, j, num_pages, table_pages)
+                    sw_k = gl.load(cache_ptr + page.to(gl.int64) * PAGE_WORDS + PAGE * (D // 8) + keys)
+                    _, _, one = mxfp4_sm90.key_scales(sw_k)
+                    far_k = ok & ~one
+                    if gl.max(far_k.to(gl.int32), axis=0) != 0:
+                        n = j * PAGE + keys
+                        seen = gl.where(ok, n, ctx)
+                        row0 = row.to(gl.int64) * out_s0
+                        _mxfp4_exact(cache_ptr, out_ptr, wide_smem.index(0), q_smem.index(0), w0, page, far_k & live0,
+                                     n, seen, visible0, row0, max_ctx, H, D, PAGE, PAGE_WORDS, mma)
+                        if GROUPS == 2:
+                            _mxfp4_exact(cache_ptr, out_ptr, wide_smem.index(0), q_smem.index(1), w1, page,
+                                         far_k & live1, n, seen, visible1, row0 + out_s0, max_ctx, H, D, PAGE,
+                                         PAGE_WORDS, mma)
 
 
 # The batch, the context, the cache's and the table's sizes and the row strides of the table and the logits take no
@@ -350,12 +468,12 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, keys_sme
                               "out_s0"),
            do_not_specialize_on_alignment=("ctx_ptr", "r2b_ptr", "table_ptr"))
 def paged_decode_sm90_kernel(
-    q_ptr, keys_desc, scales_desc, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr,
+    q_ptr, keys_desc, scales_desc, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_ptr,
     batch, max_ctx, skip, num_pages, table_pages, table_rows,
     q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0, out_s0,
     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, LOADER_REGS: gl.constexpr,
-    PDL: gl.constexpr, RAGGED: gl.constexpr = 0,
+    PDL: gl.constexpr, RAGGED: gl.constexpr = 0, MXFP4: gl.constexpr = 0,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers.
     ``PDL``: launched with programmatic dependent launch (its programs wait for the launch before it first). Every
@@ -364,7 +482,9 @@ def paged_decode_sm90_kernel(
     ``skip``: requests whose context clipped to ``max_ctx`` is at most this are neither computed nor filled.
     ``RAGGED``: ``batch`` ragged rows (next_n 1), row ``r`` of request ``r2b[r]`` (its table row; none where that is
     not one of the ``table_rows`` rows) and length ``context_lens[r]``; two rows of one request at an even row and
-    the next share their key reads, as two draft tokens of a request do (:func:`_unit`)."""
+    the next share their key reads, as two draft tokens of a request do (:func:`_unit`). ``MXFP4``: an MXFP4 cache
+    (``keys_desc`` its value words ``[PAGE, D / 8]`` a page, ``scales_desc`` its scale words; ``cache_ptr`` the
+    whole cache as int32, read by the exact path), widened to e4m3fn in the math warps."""
     if PDL:
         grid_dependency_wait()
     launch_dependents()
@@ -377,18 +497,24 @@ def paged_decode_sm90_kernel(
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
     scales_smem = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
                                             scales_desc.layout)
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([H, D], keys_desc.dtype)
-    q_smem = gl.allocate_shared_memory(keys_desc.dtype, [GROUPS, H, D], q_layout)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([H, D], gl.float8e4nv)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [GROUPS, H, D], q_layout)
+    if MXFP4:  # the widened keys of the tile in the matmul and the next one's
+        wide_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, D], gl.float8e4nv)
+        wide_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, PAGE, D], wide_layout)
+    else:
+        wide_smem = q_smem
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
         mbarrier.init(empty.index(st), count=1)
     gl.warp_specialize([
-        (_math_partition, (q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready,
-                           empty, batch, max_ctx, skip, num_pages, table_pages, table_rows, q_s0, q_s1, q_s2, w_s0,
-                           ctx_s0, r2b_s0, tab_s0, out_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N,
-                           GROUPS, H, D, PAGE, STAGES, RAGGED)),
+        (_math_partition, (q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_ptr, keys_smem, scales_smem,
+                           q_smem, wide_smem, ready, empty, batch, max_ctx, skip, num_pages, table_pages, table_rows,
+                           q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0, out_s0, j0, t_begin, t_end, b_first, b_end,
+                           before, NEXT_N, GROUPS, H, D, PAGE, PAGE * (D // 2 + D // 32) // 4, STAGES,
+                           RAGGED, MXFP4)),
         (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, r2b_ptr, table_ptr,
                            ctx_s0, r2b_s0, tab_s0, batch, max_ctx, skip, num_pages, table_pages, table_rows,
                            b_first, (t_begin - before).to(gl.int32), (t_end - t_begin).to(gl.int32), PAGE,
@@ -407,15 +533,17 @@ PAGE_KEYS = 64  # the tile: one page
 LOADER_REGS = 40  # the copy warp's registers
 
 
-def _options(cfg: Mapping[str, Any], groups: int) -> dict[str, Any]:
+def _options(cfg: Mapping[str, Any], groups: int, mxfp4: bool = False) -> dict[str, Any]:
     """Launch options for ``groups`` draft tokens a program: four math warps, the table's register cap for that many
-    (``TMA_MAXNREG``, 0 for none), programmatic dependent launch where the table's ``PDL`` says."""
-    cap = cfg["TMA_MAXNREG"][groups - 1]
+    (``TMA_MAXNREG``, or on an MXFP4 cache ``TMA_FP4_MAXNREG`` where the table has it; 0 for none), programmatic
+    dependent launch where the table's ``PDL`` says."""
+    cap = cfg["TMA_FP4_MAXNREG" if mxfp4 and "TMA_FP4_MAXNREG" in cfg else "TMA_MAXNREG"][groups - 1]
     return {"num_warps": 4, **({"maxnreg": cap} if cap else {}), **({"launch_pdl": True} if cfg.get("PDL") else {})}
 
 
 def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, page_table: torch.Tensor,
-                out: torch.Tensor, page: int, groups: int, target: Target) -> list[str]:
+                out: torch.Tensor, page: int, groups: int, target: Target, k_format: torch.dtype | None = None
+                ) -> list[str]:
     """Why this kernel cannot take a decode call (empty: it can; the Triton kernel takes the others). Arguments as
     ``indexcache.paged_mqa_logits``; ``page``: keys a page; ``groups``: draft tokens a program."""
     heads, dim = q.shape[2], q.shape[3]
@@ -424,10 +552,12 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, p
         reasons.append(f"pages of {page} keys of dim {dim}: 64 keys of dim 128 only")
     if heads not in (16, 32, 64, 128) or groups > 2:
         reasons.append(f"{heads} heads, {groups} draft tokens a program: 16-128 heads, at most 2 tokens")
-    if k_cache.shape[0] == 0 or not k_cache.is_contiguous():
-        reasons.append("an empty or non-contiguous cache")
+    if k_cache.shape[0] == 0 or not k_cache.is_contiguous() or k_cache.data_ptr() % 16:
+        reasons.append("an empty, non-contiguous or not 16-byte aligned cache")
     if q.stride(3) != 1 or weights.stride(1) != 1 or page_table.stride(1) != 1 or out.stride(1) != 1:
         reasons.append("q, weights, page_table and out need unit strides along their last dimension")
+    if k_format not in (None, fp4.FP4):
+        reasons.append(f"k_format {k_format}: an fp8 or MXFP4 cache only")
     return reasons
 
 
@@ -437,31 +567,52 @@ def _shared_layout(block: tuple[int, int], dtype: Any) -> Any:
     return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
 
 
+# An MXFP4 page's scale words, read a key's word at a time: unswizzled.
+_SCALE_WORDS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def _descriptors(k_cache: torch.Tensor, page: int, dim: int, mxfp4: bool) -> tuple[Any, Any, int]:
+    """The copy engine's views of the cache: ``(keys, scales, rows a page)``. An fp8 cache is rows of ``dim`` bytes
+    (a page's keys its first ``page`` rows, its scales the rest, as float32); an MXFP4 cache rows of ``dim / 8``
+    int32 words (a page's value bytes its first ``page`` rows, its scale bytes the rest, a key's four one word)."""
+    if mxfp4:
+        width, dtype, gl_dtype = dim // 8, torch.int32, gl.int32
+    else:
+        width, dtype, gl_dtype = dim, torch.float8_e4m3fn, gl.float8e4nv
+    rows = k_cache.numel() // k_cache.shape[0] // (width * dtype.itemsize)  # a page as rows
+    keys = k_cache.view(-1).view(dtype).view(k_cache.shape[0] * rows, width)
+    keys_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [page, width],
+                                 _shared_layout((page, width), gl_dtype))
+    if mxfp4:
+        scales_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [rows - page, width],
+                                       _SCALE_WORDS_LAYOUT)
+    else:  # the cache as rows of dim / 4 float32, a page's scales its last rows
+        words = k_cache.view(-1).view(torch.float32).view(k_cache.shape[0] * rows, dim // 4)
+        block = [page * 4 // dim, dim // 4]
+        scales_desc = TensorDescriptor(words, list(words.shape), list(words.stride()), block,
+                                       _shared_layout(tuple(block), gl.float32))
+    return keys_desc, scales_desc, rows
+
+
 def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, page: int, groups: int,
            target: Target, cfg: Mapping[str, Any], sms: int, batch_block: int, skip: int = -1,
-           row_to_batch: torch.Tensor | None = None) -> Launch:
+           row_to_batch: torch.Tensor | None = None, k_format: torch.dtype | None = None) -> Launch:
     """The launch filling ``out`` (contract: ``indexcache.paged_mqa_logits``) for a call :func:`unsupported` accepts.
     ``cfg``: the paged_mqa_logits tuning entry (``TMA_STAGES``; ``TMA_MAXNREG``, the kernel-wide register cap by draft
     tokens a program, 0 for none); ``sms``: the device's multiprocessors (an SM budget in force
     caps the programs: ``launcher.persistent_programs``); ``batch_block``: context lengths a step of the
     schedule reads; ``skip``: requests whose clipped context is at most this are left unwritten (-1: none);
-    ``row_to_batch``: ragged rows (``q [R, 1, H, D]``), two at a time where ``groups`` is 2."""
+    ``row_to_batch``: ragged rows (``q [R, 1, H, D]``), two at a time where ``groups`` is 2; ``k_format``: the
+    cache's (None: fp8, ``torch.float4_e2m1fn_x2``: MXFP4)."""
     batch, next_n, heads, dim = q.shape
-    rows = page * (dim + 4) // dim  # a page as rows of dim bytes
-    keys = k_cache.view(-1).view(q.dtype).view(k_cache.shape[0] * rows, dim)
-    keys_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [page, dim],
-                                 _shared_layout((page, dim), gl.float8e4nv))
-    options = launch_key_options(_options(cfg, groups))
+    mxfp4 = k_format == fp4.FP4
+    keys_desc, scales_desc, rows = _descriptors(k_cache, page, dim, mxfp4)
+    options = launch_key_options(_options(cfg, groups, mxfp4))
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
                  BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS, PDL=bool(cfg.get("PDL")),
-                 RAGGED=row_to_batch is not None)
-    # The scales through the copy engine too: the cache as rows of dim / 4 float32, a page's scales its last rows.
-    words = k_cache.view(-1).view(torch.float32).view(k_cache.shape[0] * rows, dim // 4)
-    block = [page * 4 // dim, dim // 4]
-    scales_desc = TensorDescriptor(words, list(words.shape), list(words.stride()), block,
-                                   _shared_layout(tuple(block), gl.float32))
+                 RAGGED=row_to_batch is not None, MXFP4=int(mxfp4))
     r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
-    args = (q, keys_desc, scales_desc, weights, context_lens, r2b, page_table, out,
+    args = (q, keys_desc, scales_desc, weights, context_lens, r2b, page_table, out, k_cache.view(-1).view(torch.int32),
             batch, max_context_len, skip, k_cache.shape[0], page_table.shape[1], page_table.shape[0],
             q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), r2b.stride(0),
             page_table.stride(0), out.stride(0))
@@ -474,8 +625,8 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
 def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, page: int,
                   batch_block: int) -> list:
     """What the kernel builds for ``target`` (sm90 only, else nothing) at the given indexer shape, for next_n 1-2
-    and ragged rows two a program, with the ``paged_mqa_logits`` entry ``cfg``'s stages and register caps
-    (cross-compile check)."""
+    and ragged rows two a program, on fp8 and MXFP4 caches, with the ``paged_mqa_logits`` entry ``cfg``'s stages and
+    register caps (cross-compile check)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
     if target.gpu.mma != "wgmma":  # Hopper's warp-group MMA and TMA
@@ -483,16 +634,24 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
     keys = gl.NVMMASharedLayout.get_default_for([page, dim], gl.float8e4nv)
     block = [page * 4 // dim, dim // 4]
     scales = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
-    types = {"q_ptr": "*fp8e4nv", "keys_desc": f"tensordesc<fp8e4nv[{page}, {dim}],{keys!r}>",
-             "scales_desc": f"tensordesc<fp32[{block[0]}, {block[1]}],{scales!r}>", "w_ptr": "*fp32",
-             "ctx_ptr": "*i32", "r2b_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32"}
+    words = gl.NVMMASharedLayout.get_default_for([page, dim // 8], gl.int32)
+    fp4_rows = page * (dim // 2 + dim // 32) // (dim // 2)
+    formats = (
+        (0, page * (dim + 4) // dim, f"tensordesc<fp8e4nv[{page}, {dim}],{keys!r}>",
+         f"tensordesc<fp32[{block[0]}, {block[1]}],{scales!r}>"),
+        (1, fp4_rows, f"tensordesc<i32[{page}, {dim // 8}],{words!r}>",
+         f"tensordesc<i32[{fp4_rows - page}, {dim // 8}],{_SCALE_WORDS_LAYOUT!r}>"),
+    )
     specs = []
-    for next_n, groups, ragged in ((1, 1, 0), (2, 2, 0), (1, 2, 1)):
-        specs.append(KernelSpec(
-            "paged_mqa_logits", paged_decode_sm90_kernel, types,
-            {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
-             "PAGE_ROWS": page * (dim + 4) // dim, "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block,
-             "LOADER_REGS": LOADER_REGS, "PDL": bool(cfg.get("PDL")), "RAGGED": ragged, "ctx_s0": 1, "r2b_s0": 1},
-            _options(cfg, groups), matrix="fp8",
-            aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
+    for mxfp4, rows, keys_type, scales_type in formats:
+        types = {"q_ptr": "*fp8e4nv", "keys_desc": keys_type, "scales_desc": scales_type, "w_ptr": "*fp32",
+                 "ctx_ptr": "*i32", "r2b_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32", "cache_ptr": "*i32"}
+        for next_n, groups, ragged in ((1, 1, 0), (2, 2, 0), (1, 2, 1)):
+            specs.append(KernelSpec(
+                "paged_mqa_logits", paged_decode_sm90_kernel, types,
+                {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page, "PAGE_ROWS": rows,
+                 "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block, "LOADER_REGS": LOADER_REGS,
+                 "PDL": bool(cfg.get("PDL")), "RAGGED": ragged, "MXFP4": mxfp4, "ctx_s0": 1, "r2b_s0": 1},
+                _options(cfg, groups, bool(mxfp4)), matrix="fp8",
+                aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     return specs

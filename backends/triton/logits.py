@@ -804,14 +804,14 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     # be (two rows of a request side by side share their key reads) and the table's RAGGED_PAIRS allows.
     pairs = row_to_batch is not None and cfg.get("RAGGED_PAIRS", True)
     groups = max(min(next_power_of_2(2 if pairs else next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
-    if cfg.get("KERNEL") == "tma-ws" and not mxfp4:  # the Hopper kernel in Gluon (decode_sm90.py) where it takes
-        # the call
+    if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (decode_sm90.py) where it takes the call
         from indexcache.backends.triton import decode_sm90
 
-        if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target):
+        if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target, k_format):
             return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
                                       groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
-                                      batch_block=BATCH_BLOCK, skip=skip, row_to_batch=row_to_batch)
+                                      batch_block=BATCH_BLOCK, skip=skip, row_to_batch=row_to_batch,
+                                      k_format=k_format)
     options = options or launch_key_options(_decode_options(target, cfg, mxfp4))
     widen = _widen_mode(q.dtype, target, cfg)
     if mxfp4:  # the cache's bytes for both pointers; value words where every page starts at a multiple of 4 bytes

@@ -1,6 +1,7 @@
 """What the Hopper (sm90) Gluon kernels share: the Gluon names that differ between the Triton versions they build with
-(3.6 on the H200, 3.9 in CI), resolved once — the block-wide barrier (``gl.thread_barrier`` → ``gl.barrier``) and the
-copy engine's load (``tma.async_copy_global_to_shared`` → ``tma.async_load``, same arguments) —, the grid dependency
+(3.6 on the H200, 3.9 in CI), resolved once — the block-wide barrier (``gl.thread_barrier`` → ``gl.barrier``), the
+copy engine's load (``tma.async_copy_global_to_shared`` → ``tma.async_load``, same arguments) and a shared buffer seen
+as another type (``_reinterpret`` → ``reinterpret``) —, the grid dependency
 control of programmatic dependent launch (sm90 on), and the reasons every one of them gives for a call it cannot
 take."""
 
@@ -15,6 +16,17 @@ from indexcache.backends.triton.target import Target
 
 block_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    @gluon.jit
+    def reinterpret(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        """``smem``'s bytes seen as ``dtype`` of ``shape`` in the shared ``layout``."""
+        return smem.reinterpret(dtype, shape, layout)
+else:
+    @gluon.jit
+    def reinterpret(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        """``smem``'s bytes seen as ``dtype`` of ``shape`` in the shared ``layout``."""
+        return smem._reinterpret(dtype, shape, layout)
 
 
 @gluon.jit

@@ -1,0 +1,130 @@
+"""MXFP4 keys widened to e4m3fn for Hopper's fp8 matrix path, in Gluon, by byte permutes (docs/fp4.md, "The Hopper
+decode").
+
+The same numbers as :mod:`indexcache.backends.triton.mxfp4` (its module docstring has the rule): a key whose block
+scale bytes lie within ``SPREAD`` of each other is its values times ``2 ** (byte - R)`` in e4m3, exactly, with one
+scale ``2 ** (R - 127)`` a key (``R = max(largest byte - 5, 1)``; NaN where a block's byte is 255). What differs is
+how a word is widened: the eight magnitudes an e2m1 code can have, times the block's power of two, are the eight
+bytes of two registers, so one ``prmt`` looks up four codes at once and two more put the four signs in (about 11
+instructions for eight elements, against 22 for the shifts and adds of the portable widening). The output is in the
+elements' own order (elements ``8j .. 8j + 3`` then ``8j + 4 .. 8j + 7`` of input word ``j``), so the queries are
+not permuted.
+
+The keys whose blocks lie further apart are taken by :func:`block_pass` ``D / 32`` times, each block in units of
+its own scale, smallest scale first (the portable kernel's exact path: ``mxfp4.ranks``, ``mxfp4.pass_words``).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+SPREAD = gl.constexpr(10)  # as mxfp4.SPREAD
+TOP = gl.constexpr(5)  # as mxfp4.TOP
+LIFT = gl.constexpr(0x2C)  # the e4m3fn byte of code 0's neighbour 0.5 is LIFT + 4: LIFT + 8d for values times 2 ** d
+
+# One input word (eight codes, element 2i in the low nibble of byte i) and its lift (LIFT + 8d) → two words of
+# e4m3fn bytes: elements 0-3 ($0) and 4-7 ($1). The tables: codes 0-3 are 0, lift + 4, lift + 12, lift + 16, codes 4-7
+# lift + 20 ... lift + 32 (0.5, 1, 1.5, 2, 3, 4, 6 times 2 ** d; a lift of at most 0x5C never carries into bit 7).
+# The signs: bit 3 of nibble i is bit 7 of byte i of (w << 4) for even i and of w for odd i; prmt's sign mode (bit 3
+# of a selector nibble) repeats the chosen byte's bit 7 over the output byte.
+_WIDEN_ASM = gl.constexpr("""
+{
+.reg .b32 lo, hi, m, s, t;
+mad.lo.u32 lo, $3, 0x01010100, 0x100C0400;
+mad.lo.u32 hi, $3, 0x01010101, 0x201C1814;
+and.b32 m, $2, 0x77777777;
+prmt.b32 $0, lo, hi, m;
+shr.u32 m, m, 16;
+prmt.b32 $1, lo, hi, m;
+shl.b32 s, $2, 4;
+prmt.b32 t, $2, s, 0x9D8C;
+and.b32 t, t, 0x80808080;
+or.b32 $0, $0, t;
+prmt.b32 t, $2, s, 0xBFAE;
+and.b32 t, t, 0x80808080;
+or.b32 $1, $1, t;
+}
+""")
+
+
+@gluon.jit
+def widen(words, lift):
+    """MXFP4 value words (int32 ``[ROWS, W]``) and a lift a word (int32, the same shape and layout: ``LIFT + 8d``
+    for values times ``2 ** d``) → e4m3fn bytes as int32 ``[ROWS, 2W]`` in the elements' order."""
+    lo, hi = gl.inline_asm_elementwise(_WIDEN_ASM, "=r,=r,r,r", [words, lift], dtype=(gl.int32, gl.int32),
+                                       is_pure=True, pack=1)
+    return gl.reshape(gl.join(lo, hi), [words.shape[0], 2 * words.shape[1]])
+
+
+@gluon.jit
+def _byte(x, i):
+    return (x >> (8 * i)) & 0xFF
+
+
+@gluon.jit
+def key_scales(sw):
+    """A key's four block scale bytes as one int32 word each (``sw``, byte ``b`` block ``b``: D = 128) →
+    ``(base, scale, one)``: the lift of a block is ``base + 8 · its byte``, the key's scale (float32, NaN for a
+    block byte 255), and whether the key takes them (its bytes within SPREAD, or a NaN one)."""
+    b0 = _byte(sw, 0)
+    b1 = _byte(sw, 1)
+    b2 = _byte(sw, 2)
+    b3 = _byte(sw, 3)
+    top = gl.maximum(gl.maximum(b0, b1), gl.maximum(b2, b3))
+    low = gl.minimum(gl.minimum(b0, b1), gl.minimum(b2, b3))
+    ref = gl.maximum(top - TOP, 1)
+    scale = gl.where(top == 255, float("nan"), (ref << 23).to(gl.float32, bitcast=True))
+    return LIFT - 8 * ref, scale, (top - low <= SPREAD) | (top == 255)
+
+
+@gluon.jit
+def lifts(sw, base, cols):
+    """Each value word's lift (int32, ``[ROWS, W]``): ``sw [ROWS]`` the keys' scale words, ``base [ROWS]`` from
+    :func:`key_scales`, ``cols [W]`` the words' places in a key (word ``c`` is in block ``c // 4``)."""
+    return base[:, None] + 8 * ((sw[:, None] >> (8 * (cols[None, :] // 4))) & 0xFF)
+
+
+@gluon.jit
+def _rank(sw, i):
+    """Block ``i``'s place among its key's four by scale byte, smallest first, ties by position (``[ROWS]``)."""
+    bi = _byte(sw, i)
+    r = gl.zeros_like(sw)
+    for j in gl.static_range(4):
+        if j != i:
+            bj = _byte(sw, j)
+            r += ((bj < bi) | ((bj == bi) & (j < i))).to(gl.int32)
+    return r
+
+
+@gluon.jit
+def unit(sw, p):
+    """The scale byte of each key's block of place ``p`` (:func:`_rank`; ``[ROWS]``)."""
+    u = gl.zeros_like(sw)
+    for i in gl.static_range(4):
+        u += gl.where(_rank(sw, i) == p, _byte(sw, i), 0)
+    return u
+
+
+@gluon.jit
+def block_pass(words, sw, cols, p):
+    """Pass ``p`` of the exact path: e4m3fn words ``[ROWS, 2W]``, each key's block of place ``p`` (:func:`_rank`)
+    in units of its scale (lift ``LIFT``: exact; :func:`unit` its scale byte), its other blocks zero."""
+    blk = cols[None, :] // 4
+    place = gl.where(blk == 0, _rank(sw, 0)[:, None], gl.where(blk == 1, _rank(sw, 1)[:, None],
+                     gl.where(blk == 2, _rank(sw, 2)[:, None], _rank(sw, 3)[:, None])))
+    mine = gl.where(place == p, words, 0)
+    return widen(mine, gl.full(words.shape, LIFT, gl.int32, layout=words.type.layout))
+
+
+@gluon.jit
+def e8m0(b):
+    """Scale bytes (int32) as float32: ``2 ** (b - 127)``, 255 NaN (0: 2^-127, a subnormal)."""
+    x = (b << 23).to(gl.float32, bitcast=True)
+    return gl.where(b == 255, float("nan"), gl.where(b == 0, 2.0 ** -127, x))
+
+
+@gluon.jit
+def pow2(e):
+    """``2 ** e`` as float32 for int32 ``e`` ≤ 0 (0 below 2 ** -126: a part that small of an fp32 sum is gone)."""
+    return gl.where(e < -126, 0.0, ((e + 127) << 23).to(gl.float32, bitcast=True))
