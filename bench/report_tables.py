@@ -229,6 +229,26 @@ def cp_topk(d: dict) -> str:
          "local logits µs", "communication / logits", "equals one GPU"], rows)
 
 
+_FP4_GOALS = {"paged_mqa_logits": 0.6, "paged_topk_translate": 0.7, "mqa_logits": 1.1}  # issue 37's, MXFP4 / fp8
+
+
+def fp4_decode(d: dict) -> str:
+    """bench/fp4_decode_gpu.py: MXFP4 against fp8 keys, the decode step and a prefill chunk's logits."""
+    torch_us = {(r["shape"], r["op"], r["format"]): r["us"] for r in d["rows"] if r["backend"] == "torch"}
+    rows = []
+    for r in d["ratios"]:
+        if r["backend"] != "cuda":
+            continue
+        mine = torch_us.get((r["shape"], r["op"], "mxfp4"))
+        rows.append([r["shape"], f"`{r['op']}`", _f(r["fp8_us"]), _f(r["mxfp4_us"]), _f(r["ratio"], ".3f"),
+                     f"≤ {_FP4_GOALS[r['op']]}", _f(mine, ".0f") if mine else "—",
+                     _f(r["mxfp4_us"] / mine, ".4f") if mine else "—"])
+    s = d["shape"]
+    return _head(d, f"{s['batch']} requests, H {s['heads']}, D {s['dim']}, page {s['page']}, k {s['k']}, fp8 q e4m3fn; "
+                 "cuda: median of alternating CUDA-graph replays, torch: eager") + "\n\n" + markdown_table(
+        ["shape", "op", "fp8 µs", "MXFP4 µs", "MXFP4 / fp8", "goal", "torch MXFP4 µs", "cuda / torch (MXFP4)"], rows)
+
+
 def fp4_recall(d: dict) -> str:
     """bench/fp4_recall.py: top-k recall of fp8 and MXFP4 keys against the float64 top-k (accuracy only)."""
     p = d["params"]
@@ -368,6 +388,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200-overlap.json": overlap,
     "h200x2-cp-topk.json": cp_topk,
     "cpu-fp4-recall.json": fp4_recall,
+    "h200-fp4-decode.json": fp4_decode,
 }
 
 

@@ -8,7 +8,9 @@ Ragged rows (``row_to_batch``) are taken two a program, as two draft tokens: row
 request share their page reads, any other row is a unit of its own (:func:`_unit`; an engine laying out each
 request's verify rows side by side from an even row shares them all). The schedule's units are then rows, not
 requests. Where a unit's context (its longer row's) is at most the launch's ``skip``, it is left out: not read,
-not stored, not filled.
+not stored, not filled. An MXFP4 cache (``MXFP4``) is read the same way, widened to e4m3fn by the math warps into
+shared memory before the matmuls (:mod:`mxfp4_sm90`; docs/fp4.md, "The Hopper decode"), within rounding of the
+Triton kernel's logits.
 
 - A copy warp (its own partition, few registers) walks the program's pages and fills a ring of ``STAGES``
   shared-memory slots with each page's keys ``[PAGE, D]`` and scales through the copy engine (TMA): the cache is,

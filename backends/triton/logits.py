@@ -790,7 +790,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     ``max_context_len`` is at most ``skip`` are left unwritten (the producer step's k: the top-k selects such rows
     without their logits); -1 writes every row.
     ``k_format`` is None: an fp8 cache in ``q``'s format; ``torch.float4_e2m1fn_x2``: an MXFP4 cache, read by the
-    Triton kernel on every target (the Hopper Gluon kernel reads fp8 caches only); ``row_to_batch``: ragged rows,
+    Triton kernel, or the Hopper Gluon kernel where it takes the call (both formats); ``row_to_batch``: ragged rows,
     two a program where the columns allow (both kernels)."""
     batch, next_n, heads, dim = q.shape
     if out.numel() == 0:
