@@ -533,6 +533,13 @@ def paged_decode_sm90_kernel(
 TMA_DECODE = Launcher(paged_decode_sm90_kernel)
 PAGE_KEYS = 64  # the tile: one page
 LOADER_REGS = 40  # the copy warp's registers
+# On an MXFP4 cache the copy warp keeps the fewest registers there are (it issues two copies a page), leaving the math
+# warps 104 at the table's cap of 64: four programs a SM.
+FP4_LOADER_REGS = 24
+# What ptxas keeps on the stack of the MXFP4 kernel at a cap of 64 (Triton 3.6: 8 bytes, 3.9: 16): values of the
+# program's schedule stored once before its tiles and read again after them, for the exact path, and one a request;
+# none in the tile loop.
+FP4_STACK_BYTES = 16
 
 
 def _options(cfg: Mapping[str, Any], groups: int, mxfp4: bool = False) -> dict[str, Any]:
@@ -611,7 +618,8 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     keys_desc, scales_desc, rows = _descriptors(k_cache, page, dim, mxfp4)
     options = launch_key_options(_options(cfg, groups, mxfp4))
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
-                 BLOCK_B=batch_block, LOADER_REGS=LOADER_REGS, PDL=bool(cfg.get("PDL")),
+                 BLOCK_B=batch_block, LOADER_REGS=FP4_LOADER_REGS if mxfp4 else LOADER_REGS,
+                 PDL=bool(cfg.get("PDL")),
                  RAGGED=row_to_batch is not None, MXFP4=int(mxfp4))
     r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
     args = (q, keys_desc, scales_desc, weights, context_lens, r2b, page_table, out, k_cache.view(-1).view(torch.int32),
@@ -652,8 +660,9 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
             specs.append(KernelSpec(
                 "paged_mqa_logits", paged_decode_sm90_kernel, types,
                 {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page, "PAGE_ROWS": rows,
-                 "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block, "LOADER_REGS": LOADER_REGS,
+                 "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block,
+                 "LOADER_REGS": FP4_LOADER_REGS if mxfp4 else LOADER_REGS,
                  "PDL": bool(cfg.get("PDL")), "RAGGED": ragged, "MXFP4": mxfp4, "ctx_s0": 1, "r2b_s0": 1},
                 _options(cfg, groups, bool(mxfp4)), matrix="fp8",
-                aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
+                aligned=("q_s0", "q_s1", "q_s2", "w_s0"), stack_bytes=FP4_STACK_BYTES if mxfp4 else 0))
     return specs
