@@ -237,7 +237,7 @@ def fp4_decode(d: dict) -> str:
     torch_us = {(r["shape"], r["op"], r["format"]): r["us"] for r in d["rows"] if r["backend"] == "torch"}
     rows = []
     for r in d["ratios"]:
-        if r["backend"] != "cuda":
+        if r["backend"] == "torch":  # the GPU backend's rows, the torch backend's beside them
             continue
         mine = torch_us.get((r["shape"], r["op"], "mxfp4"))
         rows.append([r["shape"], f"`{r['op']}`", _f(r["fp8_us"]), _f(r["mxfp4_us"]), _f(r["ratio"], ".3f"),
