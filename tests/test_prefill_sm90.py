@@ -16,6 +16,7 @@ from indexcache.backends import cuda as cuda_backend  # noqa: E402
 from indexcache.backends.cuda.arch import NVIDIA  # noqa: E402
 from indexcache.backends.triton import logits, prefill_sm90  # noqa: E402
 from indexcache.backends.triton.target import detect  # noqa: E402
+from indexcache.hal import fp4  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 HOPPER = NVIDIA.target("sm90")
@@ -142,12 +143,53 @@ def test_the_producers_short_rows_and_no_fill_as_the_triton_kernel(case):
     assert (triton_out[both] - tma_out[both]).abs().max() <= 1e-5 * triton_out[both].abs().max()
 
 
+def _fp4_case(tokens, keys, heads, windows, seed):
+    """:func:`_case` with MXFP4 keys written by the reference rule: most with block scales close together (one scale a
+    key), every seventh with blocks 2^20 apart (the exact path), one with a NaN block scale (byte 255)."""
+    q, _, _, w, ks, ke = _case(tokens, keys, heads, windows, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    raw = torch.randn(keys, 128, generator=g) * 3
+    raw[::7] *= torch.exp2(torch.tensor([-14.0, 0.0, 6.0, -3.0])).repeat_interleave(32)
+    values, scales = fp4.quantize(raw)
+    scales.view(torch.uint8)[keys // 2, 1] = 255
+    return q, values, scales, w, ks, ke
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"t{c[0]}-n{c[1]}-h{c[2]}-{c[3]}")
+def test_mxfp4_keys_equal_the_triton_kernel_within_rounding(case):
+    """MXFP4 keys (values widened to the same e4m3 numbers by both kernels, dims summed in another order): -inf and
+    NaN in the same places, the finite logits within the fp32 sums' rounding; nothing written outside the output."""
+    target = detect(NVIDIA)[2]
+    table_cfg = cuda_backend.tuning(target.arch)["mqa_logits"]
+    args = [a.cuda() for a in _fp4_case(*case, seed=17)]
+    outs = []
+    for cfg in ({**table_cfg, "KERNEL": "triton"}, {**table_cfg, "KERNEL": "tma-ws"}):
+        buf = torch.full((case[0] + 2, case[1]), 7.0, device="cuda")
+        launch = logits.mqa_logits_launch(*args, buf[1:-1], target=target, cfg=cfg)
+        assert launch.launcher is (logits.PREFILL if cfg["KERNEL"] == "triton" else prefill_sm90.PREFILL)
+        launch()
+        assert (buf[0] == 7).all() and (buf[-1] == 7).all(), "a kernel wrote outside its output"
+        outs.append(buf[1:-1])
+    triton_out, tma_out = outs
+    assert (tma_out != 7).all(), "a logit left unwritten"
+    assert torch.equal(triton_out.isnan(), tma_out.isnan()) and torch.equal(triton_out.isneginf(), tma_out.isneginf())
+    finite = triton_out.isfinite()
+    if finite.any():
+        torch.testing.assert_close(tma_out[finite], triton_out[finite], rtol=1e-3,
+                                   atol=1e-4 * triton_out[finite].abs().max().item())
+
+
 def test_a_ring_not_a_multiple_of_the_math_groups_is_refused():
     q, k, scale, w, out = _args()
     ks = torch.zeros(q.shape[0], dtype=torch.int32)
     cfg = {**cuda_backend.tuning("sm90")["mqa_logits"], "TMA_STAGES": 6}
     with pytest.raises(ValueError, match="TMA_STAGES=6: expected a multiple of 4"):
         prefill_sm90.launch(q, k, scale, w, ks, ks + k.shape[0], out, cfg=cfg, sms=1)
+    values, scales = fp4.quantize(torch.randn(k.shape[0], 128))
+    cfg = {**cuda_backend.tuning("sm90")["mqa_logits"], "TMA_FP4_STAGES": 8}
+    with pytest.raises(ValueError, match="TMA_FP4_STAGES=8: expected a multiple of 3"):
+        prefill_sm90.launch(q, values, scales, w, ks, ks + k.shape[0], out, cfg=cfg, sms=1)
 
 
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")

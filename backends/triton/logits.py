@@ -734,7 +734,7 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
     if out.numel() == 0:
         return None
     mxfp4 = k.dtype == fp4.FP4
-    if cfg.get("KERNEL") == "tma-ws" and not mxfp4:  # the Hopper kernel in Gluon (prefill_sm90.py) where it takes it
+    if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (prefill_sm90.py) where it takes it
         from indexcache.backends.triton import prefill_sm90
 
         if not prefill_sm90.unsupported(q, k, k_scale, weights, out, target):
@@ -763,7 +763,7 @@ def prefill_round(q, k, k_scale, weights, *, target: Target, cfg: Mapping[str, A
     a program's block holds. A launch over a multiple of it leaves no program idle in its last round."""
     heads = q.shape[1]
     programs = _programs(target, q.device)
-    if cfg.get("KERNEL") == "tma-ws" and k.dtype != fp4.FP4:
+    if cfg.get("KERNEL") == "tma-ws":
         from indexcache.backends.triton import prefill_sm90
 
         # weights stands in for the logits: what the check reads of them is a unit stride along a row
