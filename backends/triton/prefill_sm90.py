@@ -19,9 +19,8 @@ One program a SM (DeepGEMM's arrangement; docs/kernels.md, "Prefill on Hopper"):
 
 fp8 e4m3fn queries, fp8 or MXFP4 keys (``MXFP4``: three math groups widen each tile's values to e4m3fn in
 shared memory first; docs/fp4.md, "The Hopper prefill"), D = 128, 64 or 128 heads, contiguous q and k. Gluon does
-not run under the interpreter: the CPU
-checks cover the host side and the cross-compile check builds the kernel where the table takes it;
-``tests/test_prefill_sm90.py`` compares it with the Triton kernel on an sm90 GPU.
+not run under the interpreter: the CPU checks cover the host side and the cross-compile check builds the kernel where
+the table takes it; ``tests/test_prefill_sm90.py`` compares it with the Triton kernel on an sm90 GPU.
 """
 
 from __future__ import annotations
