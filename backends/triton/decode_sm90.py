@@ -338,6 +338,28 @@ def _mxfp4_exact(cache_ptr, out_ptr, wide_smem, q_tok, w, page, far, n, seen, vi
 
 
 @gluon.jit
+def _span(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, max_ctx, skip, passed, t_begin, t_end, PAGE: gl.constexpr,
+          RAGGED: gl.constexpr):
+    """Unit ``b``'s part of the program's tiles, ``passed`` tiles of the schedule before it: ``(ctx, paired, tiles,
+    lo, hi)``, its context, its tiles and the program's tiles ``[lo, hi)`` of them."""
+    ctx, paired, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, RAGGED)
+    ctx = gl.maximum(ctx, 0)
+    tiles = gl.where(live, _tiles(ctx, max_ctx, skip, PAGE), 0)
+    lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
+    hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
+    return ctx, paired, tiles, lo, hi
+
+
+@gluon.jit
+def _visible(ctx_ptr, ctx_s0, b, ctx, paired, j0, NEXT_N: gl.constexpr, RAGGED: gl.constexpr):
+    """The keys unit ``b``'s two tokens see (:func:`_tokens`): ragged rows their own lengths, draft tokens the
+    context less the drafts after them."""
+    if RAGGED:
+        return gl.load(ctx_ptr + b * ctx_s0), gl.load(ctx_ptr + (b + 1) * ctx_s0, mask=paired, other=0)
+    return ctx - NEXT_N + 1 + j0, ctx - NEXT_N + 2 + j0
+
+
+@gluon.jit
 def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_ptr, keys_smem, scales_smem, q_smem,
                     wide_smem, ready, empty, batch, max_ctx, skip, num_pages, table_pages, table_rows, q_s0, q_s1,
                     q_s2, w_s0, ctx_s0, r2b_s0, tab_s0, out_s0, j0, t_begin, t_end, b_first, b_end, before,
@@ -359,23 +381,15 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
     i = 0
     passed = before
     for b in range(b_first, b_end):
-        ctx, paired, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, RAGGED)
-        ctx = gl.maximum(ctx, 0)
-        tiles = gl.where(live, _tiles(ctx, max_ctx, skip, PAGE), 0)
-        lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
-        hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
+        ctx, paired, tiles, lo, hi = _span(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, max_ctx, skip, passed, t_begin,
+                                           t_end, PAGE, RAGGED)
         passed += tiles
         block_barrier()  # every math warp is past its last matmul on the previous request's Q
         w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, paired, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS, H, D,
                                heads_l, RAGGED)
         row, live0, live1 = _tokens(b, j0, paired, NEXT_N, RAGGED)
         row0 = row.to(gl.int64) * out_s0
-        if RAGGED:  # each row its own length
-            visible0 = gl.load(ctx_ptr + b * ctx_s0)
-            visible1 = gl.load(ctx_ptr + (b + 1) * ctx_s0, mask=paired, other=0)
-        else:
-            visible0 = ctx - NEXT_N + 1 + j0
-            visible1 = ctx - NEXT_N + 2 + j0
+        visible0, visible1 = _visible(ctx_ptr, ctx_s0, b, ctx, paired, j0, NEXT_N, RAGGED)
         tb, named = _table_row(r2b_ptr, r2b_s0, b, batch, table_rows, RAGGED)
         for step in range(0, hi - lo):  # (Triton 3.6 drops a loop-carried value used only as a loop bound)
             j = lo + step
@@ -428,22 +442,14 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
         if gl.max(far, axis=0) != 0:  # keys too far apart for one scale: the program's tiles again, exactly
             passed = before
             for b in range(b_first, b_end):
-                ctx, paired, live = _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, RAGGED)
-                ctx = gl.maximum(ctx, 0)
-                tiles = gl.where(live, _tiles(ctx, max_ctx, skip, PAGE), 0)
-                lo = gl.maximum(t_begin - passed, 0).to(gl.int32)
-                hi = gl.minimum(t_end - passed, tiles).to(gl.int32)
+                ctx, paired, tiles, lo, hi = _span(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, max_ctx, skip, passed,
+                                                   t_begin, t_end, PAGE, RAGGED)
                 passed += tiles
                 block_barrier()
                 w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, paired, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS,
                                        H, D, heads_l, RAGGED)
                 row, live0, live1 = _tokens(b, j0, paired, NEXT_N, RAGGED)
-                if RAGGED:
-                    visible0 = gl.load(ctx_ptr + b * ctx_s0)
-                    visible1 = gl.load(ctx_ptr + (b + 1) * ctx_s0, mask=paired, other=0)
-                else:
-                    visible0 = ctx - NEXT_N + 1 + j0
-                    visible1 = ctx - NEXT_N + 2 + j0
+                visible0, visible1 = _visible(ctx_ptr, ctx_s0, b, ctx, paired, j0, NEXT_N, RAGGED)
                 tb, named = _table_row(r2b_ptr, r2b_s0, b, batch, table_rows, RAGGED)
                 for step in range(0, hi - lo):
                     j = lo + step
