@@ -58,12 +58,6 @@ from indexcache.backends.triton.target import Target
 from indexcache.hal import fp4
 
 NEG_INF = gl.constexpr(float("-inf"))
-# An MXFP4 tile's value words [64 keys, 16]: a thread holds four words (one block of 32 elements) of two keys, the
-# keys placed as the matmul's accumulator rows (warp w rows 16w .. 16w + 15, a thread rows r and r + 8), so that a
-# key's vectors (its scales, whether it takes one) are where its logits are.
-WORDS_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16]))
 
 
 @gluon.jit
@@ -315,7 +309,7 @@ def _mxfp4_exact(cache_ptr, out_ptr, wide_smem, q_tok, w, page, far, n, seen, vi
     """One token's logits of a tile's keys whose block scales lie too far apart for one scale a key (``far``), read
     again from the cache: D / 32 matmuls into one accumulator, each taking every key's next block by scale in units
     of that block's scale, the sum so far brought to those units first (as the Triton kernel's exact path)."""
-    words_l: gl.constexpr = WORDS_LAYOUT
+    words_l: gl.constexpr = mxfp4_sm90.WORDS_LAYOUT
     keys_l: gl.constexpr = gl.SliceLayout(1, mma)
     wide32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
     rows = gl.arange(0, PAGE, layout=gl.SliceLayout(1, words_l))
@@ -375,7 +369,7 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
     scales_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0])
     keys = gl.arange(0, PAGE, layout=keys_l)
     if MXFP4:
-        words_l: gl.constexpr = WORDS_LAYOUT
+        words_l: gl.constexpr = mxfp4_sm90.WORDS_LAYOUT
         cols = gl.arange(0, D // 8, layout=gl.SliceLayout(0, words_l))
         far = gl.zeros([PAGE], gl.int32, layout=keys_l)  # keys left to the exact path, by place in a tile
     i = 0

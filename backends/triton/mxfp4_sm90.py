@@ -1,11 +1,11 @@
 """MXFP4 keys widened to e4m3fn for Hopper's fp8 matrix path, in Gluon, by byte permutes (docs/fp4.md, "The Hopper
-decode").
+decode", "The Hopper prefill").
 
 The same numbers as :mod:`indexcache.backends.triton.mxfp4` (its module docstring has the rule): a key whose block
 scale bytes lie within ``SPREAD`` of each other is its values times ``2 ** (byte - R)`` in e4m3, exactly, with one
 scale ``2 ** (R - 127)`` a key (``R = max(largest byte - 5, 1)``; NaN where a block's byte is 255). What differs is
 how a word is widened: the eight magnitudes an e2m1 code can have, times the block's power of two, are the eight
-bytes of two registers, so one ``prmt`` looks up four codes at once and two more put the four signs in (about 11
+bytes of two registers, so one ``prmt`` looks up four codes at once and two more put the four signs in (about 9
 instructions for eight elements, against 22 for the shifts and adds of the portable widening). The output is in the
 elements' own order (elements ``8j .. 8j + 3`` then ``8j + 4 .. 8j + 7`` of input word ``j``), so the queries are
 not permuted.
@@ -22,6 +22,14 @@ from triton.experimental.gluon import language as gl
 SPREAD = gl.constexpr(10)  # as mxfp4.SPREAD
 TOP = gl.constexpr(5)  # as mxfp4.TOP
 LIFT = gl.constexpr(0x2C)  # the e4m3fn byte of code 0's neighbour 0.5 is LIFT + 4: LIFT + 8d for values times 2 ** d
+
+# A 64-key tile's value words [64, 16] (D = 128) in the math warps of the Hopper kernels: a thread holds four words
+# (one block of 32 elements) of two keys, the keys placed as the rows of a [64, N] matmul's accumulator (warp w rows
+# 16w .. 16w + 15, a thread rows r and r + 8), so that a key's vectors (its scales, whether it takes one) are where its
+# logits are.
+WORDS_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16]))
 
 # One input word (eight codes, element 2i in the low nibble of byte i) and its lift (LIFT + 8d) → two words of
 # e4m3fn bytes: elements 0-3 ($0) and 4-7 ($1). The tables: codes 0-3 are 0, lift + 4, lift + 12, lift + 16, codes 4-7

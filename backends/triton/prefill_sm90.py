@@ -41,7 +41,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from indexcache.backends.triton import mxfp4_sm90
-from indexcache.backends.triton.decode_sm90 import WORDS_LAYOUT
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
 from indexcache.backends.triton.sm90 import block_barrier, reinterpret, tma_load, unsupported_target
 from indexcache.backends.triton.support import cdiv
@@ -169,8 +168,8 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
     fill = gl.full([BLOCK_Q, BLOCK_N], NEG_INF, gl.float32, layout=fill_l)
     zero = gl.zeros([BLOCK_N, BLOCK_Q * H], gl.float32, layout=mma)
     if MXFP4:
-        rows_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_LAYOUT))
-        cols = gl.arange(0, D // 8, layout=gl.SliceLayout(0, WORDS_LAYOUT))
+        rows_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mxfp4_sm90.WORDS_LAYOUT))
+        cols = gl.arange(0, D // 8, layout=gl.SliceLayout(0, mxfp4_sm90.WORDS_LAYOUT))
         rows_m = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
     blocks = gl.cdiv(T, BLOCK_Q)
     i = 0
@@ -198,7 +197,7 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
                 lift_base, _, _ = mxfp4_sm90.key_scales(sw)
                 k_tile = wide_smem.index(2 * WG + g // MATH % 2)  # the group's two buffers: a warp past this tile's
                 # barrier is past the group's matmul of the tile before
-                _widened(k_tile, keys_smem.index(slot).load(WORDS_LAYOUT), sw, cols, lift_base, BLOCK_N, D)
+                _widened(k_tile, keys_smem.index(slot).load(mxfp4_sm90.WORDS_LAYOUT), sw, cols, lift_base, BLOCK_N, D)
             else:
                 sc = gl.load(scale_ptr + n, mask=n < N, other=0.0)
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
@@ -223,7 +222,7 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
                 if gl.max(far.to(gl.int32), axis=0) != 0:  # the same threads store the same logits again
                     sw = gl.load(scale_ptr + n0 + rows_w, mask=n0 + rows_w < N, other=0)
                     sw_m = gl.load(scale_ptr + n0 + rows_m, mask=n0 + rows_m < N, other=0)
-                    _exact(k_tile, q_tile, keys_smem.index(slot).load(WORDS_LAYOUT), sw, cols, sw_m, w, ptrs,
+                    _exact(k_tile, q_tile, keys_smem.index(slot).load(mxfp4_sm90.WORDS_LAYOUT), sw, cols, sw_m, w, ptrs,
                            far[:, None] & inside & tok_ok[None, :], mma, view, BLOCK_N, BLOCK_Q, H, D)
                 fence_async_shared()  # read through the generic proxy; the copy engine writes next
                 mbarrier.arrive(empty.index(slot), count=1)
