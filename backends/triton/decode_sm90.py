@@ -293,42 +293,21 @@ def _mxfp4_scale_words(scales_smem, layout: gl.constexpr, PAGE: gl.constexpr):
 
 
 @gluon.jit
-def _mxfp4_stage(wide_smem, words, sw, cols, lift_base, PAGE: gl.constexpr, D: gl.constexpr):
-    """Widen a tile's value words into ``wide_smem`` (fp8 ``[PAGE, D]``, the matmul's operand), fenced for the
-    matmul and all math warps past the store."""
-    wide32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-    view = reinterpret(wide_smem, gl.int32, [PAGE, D // 4], wide32)
-    view.store(mxfp4_sm90.widen(words, mxfp4_sm90.lifts(sw, lift_base, cols)))
-    fence_async_shared()
-    block_barrier()
-
-
-@gluon.jit
 def _mxfp4_exact(cache_ptr, out_ptr, wide_smem, q_tok, w, page, far, n, seen, visible, row, max_ctx,
                  H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PAGE_WORDS: gl.constexpr, mma: gl.constexpr):
     """One token's logits of a tile's keys whose block scales lie too far apart for one scale a key (``far``), read
     again from the cache: D / 32 matmuls into one accumulator, each taking every key's next block by scale in units
     of that block's scale, the sum so far brought to those units first (as the Triton kernel's exact path)."""
     words_l: gl.constexpr = mxfp4_sm90.WORDS_LAYOUT
-    keys_l: gl.constexpr = gl.SliceLayout(1, mma)
-    wide32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
     rows = gl.arange(0, PAGE, layout=gl.SliceLayout(1, words_l))
     cols = gl.arange(0, D // 8, layout=gl.SliceLayout(0, words_l))
     at = page.to(gl.int64) * PAGE_WORDS
     words = gl.load(cache_ptr + at + rows[:, None] * (D // 8) + cols[None, :])
     sw = gl.load(cache_ptr + at + PAGE * (D // 8) + rows)
-    sw_k = gl.load(cache_ptr + at + PAGE * (D // 8) + gl.arange(0, PAGE, layout=keys_l))
-    acc = gl.zeros([PAGE, H], gl.float32, layout=mma)
-    unit = mxfp4_sm90.unit(sw_k, 0)
-    for p in range(D // 32):  # a loop, not unrolled
-        block_barrier()  # every math warp is past the matmul reading the last pass
-        reinterpret(wide_smem, gl.int32, [PAGE, D // 4], wide32).store(mxfp4_sm90.block_pass(words, sw, cols, p))
-        fence_async_shared()
-        block_barrier()
-        to = mxfp4_sm90.unit(sw_k, p)
-        acc = warpgroup_mma(wide_smem, q_tok.permute((1, 0)), acc * mxfp4_sm90.pow2(unit - to)[:, None])
-        unit = to
-    _store(out_ptr, row, n, _head_sum(acc, w) * mxfp4_sm90.e8m0(unit), seen, visible, max_ctx, far)
+    sw_m = gl.load(cache_ptr + at + PAGE * (D // 8) + gl.arange(0, PAGE, layout=gl.SliceLayout(1, mma)))
+    acc, last = mxfp4_sm90.exact(wide_smem, q_tok.permute((1, 0)), words, sw, cols, sw_m,
+                                 gl.zeros([PAGE, H], gl.float32, layout=mma))
+    _store(out_ptr, row, n, _head_sum(acc, w) * mxfp4_sm90.e8m0(last), seen, visible, max_ctx, far)
 
 
 @gluon.jit
@@ -395,14 +374,14 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
             if MXFP4:
                 words = keys_smem.index(slot).load(words_l)
                 sw = _mxfp4_scale_words(scales_smem.index(slot), gl.SliceLayout(1, words_l), PAGE)
-                sw_k = _mxfp4_scale_words(scales_smem.index(slot), keys_l, PAGE)
                 fence_async_shared()  # read through the generic proxy; the copy engine writes next
                 mbarrier.arrive(empty.index(slot), count=1)
-                lift_base, _, _ = mxfp4_sm90.key_scales(sw)
-                _, sc, one = mxfp4_sm90.key_scales(sw_k)
+                lift_base, sc, one = mxfp4_sm90.key_scales(sw)
+                sc = gl.convert_layout(sc, keys_l)  # the same keys in the same threads (WORDS_LAYOUT): no exchange
+                one = gl.convert_layout(one, keys_l)
                 k_tile = wide_smem.index(i % 2)  # two buffers: a warp past this tile's barrier is past the matmuls
                 # of the tile before
-                _mxfp4_stage(k_tile, words, sw, cols, lift_base, PAGE, D)
+                mxfp4_sm90.stage(k_tile, words, sw, cols, lift_base)
                 far |= (ok & ~one).to(gl.int32)
                 keep0 = (one | ~ok) & live0
                 keep1 = (one | ~ok) & live1

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from indexcache.backends.triton.sm90 import block_barrier, reinterpret
 
 SPREAD = gl.constexpr(10)  # as mxfp4.SPREAD
 TOP = gl.constexpr(5)  # as mxfp4.TOP
@@ -30,6 +33,9 @@ LIFT = gl.constexpr(0x2C)  # the e4m3fn byte of code 0's neighbour 0.5 is LIFT +
 WORDS_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
     warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16]))
+
+# The widened tile [ROWS, D] fp8 in the matmul operand's shared layout (128-byte rows), seen as int32 words to store.
+_WIDE_WORDS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
 
 # One input word (eight codes, element 2i in the low nibble of byte i) and its lift (LIFT + 8d) → two words of
 # e4m3fn bytes: elements 0-3 ($0) and 4-7 ($1). The tables: codes 0-3 are 0, lift + 4, lift + 12, lift + 16, codes 4-7
@@ -136,3 +142,36 @@ def e8m0(b):
 def pow2(e):
     """``2 ** e`` as float32 for int32 ``e`` ≤ 0 (0 below 2 ** -126: a part that small of an fp32 sum is gone)."""
     return gl.where(e < -126, 0.0, ((e + 127) << 23).to(gl.float32, bitcast=True))
+
+
+@gluon.jit
+def _store_operand(wide_smem, wide):
+    """``wide`` (e4m3fn words ``[ROWS, D / 4]``) into ``wide_smem`` (fp8 ``[ROWS, D]``, a matmul's operand), fenced for
+    the matmul and every warp of the warp group past the store."""
+    reinterpret(wide_smem, gl.int32, wide.shape, _WIDE_WORDS).store(wide)
+    fence_async_shared()
+    block_barrier()
+
+
+@gluon.jit
+def stage(wide_smem, words, sw, cols, base):
+    """A tile's value words ``[ROWS, D / 8]`` widened into ``wide_smem`` with one scale a key (``sw`` the keys' scale
+    words and ``base`` their :func:`key_scales` in the rows of ``words``, ``cols`` the words' places)."""
+    _store_operand(wide_smem, widen(words, lifts(sw, base, cols)))
+
+
+@gluon.jit
+def exact(wide_smem, q_tile, words, sw, cols, sw_m, acc):
+    """The exact path's matmul of a tile (``q_tile`` the matmul's ``[D, N]`` operand, ``acc`` zeros in its
+    accumulator layout): D / 32 matmuls into one accumulator, each taking every key's next block by scale
+    (:func:`block_pass`) in units of that block's scale, the sum so far brought to those units first: ``(acc, last)``,
+    the sum in units of the last block's scale byte ``last`` (:func:`e8m0` of it the factor to real units). ``sw``
+    the keys' scale words in the rows of ``words``, ``sw_m`` in the accumulator's."""
+    u = unit(sw_m, 0)
+    for p in range(words.shape[1] // 4):  # a loop, not unrolled
+        block_barrier()  # every warp of the group is past the matmul reading the last pass
+        _store_operand(wide_smem, block_pass(words, sw, cols, p))
+        to = unit(sw_m, p)
+        acc = warpgroup_mma(wide_smem, q_tile, acc * pow2(u - to)[:, None])
+        u = to
+    return acc, u

@@ -42,7 +42,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from indexcache.backends.triton import mxfp4_sm90
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
-from indexcache.backends.triton.sm90 import block_barrier, reinterpret, tma_load, unsupported_target
+from indexcache.backends.triton.sm90 import tma_load, unsupported_target
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 from indexcache.hal import fp4
@@ -109,35 +109,15 @@ def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready,
 
 
 @gluon.jit
-def _widened(wide_smem, words, sw, cols, lift_base, BLOCK_N: gl.constexpr, D: gl.constexpr):
-    """Widen a tile's MXFP4 value words into ``wide_smem`` (fp8 ``[BLOCK_N, D]``, the matmul's operand), fenced for
-    the matmul and the group's warps past the store."""
-    wide32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-    reinterpret(wide_smem, gl.int32, [BLOCK_N, D // 4], wide32).store(
-        mxfp4_sm90.widen(words, mxfp4_sm90.lifts(sw, lift_base, cols)))
-    fence_async_shared()
-    block_barrier()
-
-
-@gluon.jit
 def _exact(wide_smem, q_tile, words, sw, cols, sw_m, w, ptrs, store_ok, mma: gl.constexpr, view: gl.constexpr,
            BLOCK_N: gl.constexpr, BLOCK_Q: gl.constexpr, H: gl.constexpr, D: gl.constexpr):
     """The logits of a tile's MXFP4 keys whose block scales lie too far apart for one scale a key, stored where
     ``store_ok``: D / 32 matmuls into one accumulator, each taking every key's next block by scale in units of that
     block's scale, the sum so far brought to those units first (as the Triton kernel's exact path). ``sw`` the keys'
     scale words in the rows of ``words``, ``sw_m`` in the matmul's."""
-    wide32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-    acc = gl.zeros([BLOCK_N, BLOCK_Q * H], gl.float32, layout=mma)
-    unit = mxfp4_sm90.unit(sw_m, 0)
-    for p in range(D // 32):  # a loop, not unrolled
-        block_barrier()  # every warp of the group is past the matmul reading the last pass
-        reinterpret(wide_smem, gl.int32, [BLOCK_N, D // 4], wide32).store(mxfp4_sm90.block_pass(words, sw, cols, p))
-        fence_async_shared()
-        block_barrier()
-        to = mxfp4_sm90.unit(sw_m, p)
-        acc = warpgroup_mma(wide_smem, q_tile, acc * mxfp4_sm90.pow2(unit - to)[:, None])
-        unit = to
-    acc = acc * mxfp4_sm90.e8m0(unit)[:, None]
+    acc, last = mxfp4_sm90.exact(wide_smem, q_tile, words, sw, cols, sw_m,
+                                 gl.zeros([BLOCK_N, BLOCK_Q * H], gl.float32, layout=mma))
+    acc = acc * mxfp4_sm90.e8m0(last)[:, None]
     acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
     s = gl.sum(gl.maximum(acc3, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2)
     gl.store(ptrs, s, mask=store_ok)
@@ -197,7 +177,7 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
                 lift_base, _, _ = mxfp4_sm90.key_scales(sw)
                 k_tile = wide_smem.index(2 * WG + g // MATH % 2)  # the group's two buffers: a warp past this tile's
                 # barrier is past the group's matmul of the tile before
-                _widened(k_tile, keys_smem.index(slot).load(mxfp4_sm90.WORDS_LAYOUT), sw, cols, lift_base, BLOCK_N, D)
+                mxfp4_sm90.stage(k_tile, keys_smem.index(slot).load(mxfp4_sm90.WORDS_LAYOUT), sw, cols, lift_base)
             else:
                 sc = gl.load(scale_ptr + n, mask=n < N, other=0.0)
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
