@@ -64,6 +64,26 @@ def test_fp8_decode_uses_the_fp8_matrix_instructions(backend, arch, instruction)
     assert not [r for r in result["reasons"] if "matrix" in r]
 
 
+@pytest.mark.parametrize(("backend", "arch", "instruction"), [
+    ("rocm", "gfx950", "v_mfma_scale_f32_32x32x64_f8f6f4"),
+    ("cuda", "sm100", "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32"),
+    ("cuda", "sm120", "mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32"
+                      ".ue8m0"),
+])
+def test_mxfp4_logits_use_the_block_scaled_matrix_instruction(backend, arch, instruction):
+    """On targets with a block-scaled MMA the MXFP4 decode and prefill ask for it (``matrix="scaled"``) and build it,
+    without spills (docs/fp4.md, "Scaled matrix instructions")."""
+    target = cc.gpu_target(backend, arch)
+    built = [s for s in specs(logits, backend, arch) if s.constexprs.get("MXFP4")
+             and (s.op == "mqa_logits" or s.constexprs.get("NEXT_N") == 1)]
+    assert {s.op for s in built} == {"mqa_logits", "paged_mqa_logits"}
+    for spec in built:
+        assert spec.matrix == "scaled"
+        result = cc.compile_spec(spec, target)
+        assert result["status"] == "passed", result["reasons"]
+        assert instruction in result["matrix_instructions"]
+
+
 def test_32_warps_on_a_wave64_target_is_caught():
     spec = specs(translate, "rocm", "gfx942")[0]
     result = cc.compile_spec(dataclasses.replace(spec, options={**spec.options, "num_warps": 32}),
@@ -133,6 +153,10 @@ def test_a_stack_frame_passes_only_within_what_the_kernel_allows():
     ("tcgen05.mma.cta_group::1.kind::f8f6f4", {"fp8"}),
     ("tcgen05.mma.cta_group::1.kind::f16", {"bf16", "fp16"}),
     ("tcgen05.mma.cta_group::1.kind::tf32", {"tf32"}),
+    ("tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32", {"fp8", "scaled"}),
+    ("mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0",
+     {"fp8", "scaled"}),
+    ("v_mfma_scale_f32_32x32x64_f8f6f4", {"fp8", "scaled"}),
 ])
 def test_operand_types_of_matrix_instructions(instruction, types):
     assert cc.operand_types(instruction) == types

@@ -57,18 +57,30 @@ def test_fp8_matrix_instructions_from_sm89_and_on_the_listed_amd_targets(vendor,
     assert vendor.resolve(arch).fp8_mma is fp8_mma
 
 
+@pytest.mark.parametrize(("vendor", "arch", "keys", "rows"), [
+    (NVIDIA, "sm80", None, None), (NVIDIA, "sm89", None, None), (NVIDIA, "sm90a", None, None),
+    (NVIDIA, "sm100", "e2m1", 128), (NVIDIA, "sm103", "e2m1", 128), (NVIDIA, "sm120", "e4m3", 64),
+    (AMD, "gfx942", None, None), (AMD, "gfx950", "e2m1", 64), (AMD, "gfx90a", None, None)])
+def test_block_scaled_matrix_instructions_where_triton_emits_them(vendor, arch, keys, rows):
+    """sm100's tcgen05 and gfx950's MFMA take MXFP4 keys as e2m1, sm120's mma.sync widened to e4m3 (docs/fp4.md,
+    "Scaled matrix instructions"); none before them."""
+    scaled = vendor.resolve(arch).scaled_mma
+    assert (scaled and (scaled.keys, scaled.rows)) == (keys and (keys, rows))
+
+
 @pytest.mark.parametrize(("arch", "row"), [("sm87", "sm86"), ("sm90a", "sm90"), ("sm103", "sm100"),
                                            ("sm121", "sm120"), ("sm75", "sm80")])
 def test_an_unlisted_nvidia_arch_takes_the_nearest_row_below_under_its_own_name(arch, row):
     record, nearest = NVIDIA.resolve(arch), NVIDIA.resolve(row)
     assert (record.name, record.triton_arch) == (arch, sm_version(arch))
-    assert (record.shared_per_sm, record.fp8_mma, record.tma, record.pdl, record.mma) == (
-        nearest.shared_per_sm, nearest.fp8_mma, nearest.tma, nearest.pdl, nearest.mma)
+    assert (record.shared_per_sm, record.fp8_mma, record.tma, record.pdl, record.mma, record.scaled_mma) == (
+        nearest.shared_per_sm, nearest.fp8_mma, nearest.tma, nearest.pdl, nearest.mma, nearest.scaled_mma)
 
 
 def test_the_cuda_table_shows_the_record_it_was_chosen_by():
     assert cuda_tuning("sm90a")["arch"] == {"name": "sm90a", "shared_per_sm": 228 * 1024, "fp8_mma": True,
-                                            "tma": True, "pdl": True, "mma": "wgmma"}
+                                            "tma": True, "pdl": True, "mma": "wgmma", "scaled_mma": None}
+    assert cuda_tuning("sm100")["arch"]["scaled_mma"] == "e2m1"
     sm80 = cuda_tuning("sm80")
     assert sm80["arch"]["fp8_mma"] is False and sm80["mqa_logits"]["FP8_DOT"] == "fp16"
 

@@ -60,6 +60,8 @@ def _pytest_selections(config: configparser.ConfigParser, env: str, testpaths: l
                 ignored.append(words.pop(0))
             elif word in ("-q", "-x", "-v", "-rs"):
                 continue
+            elif word == "-k":  # a selection of tests inside the paths: the files are still run
+                words.pop(0)
             else:
                 assert not word.startswith("-"), f"tox env {env}: {word!r} is an option this test cannot read"
                 paths.append(word)

@@ -3,7 +3,8 @@
 
 What each compute capability has (CUDA C++ Programming Guide, compute capabilities; the matrix instruction is what
 Triton 3.9 emits there): shared memory per SM, fp8 matrix instructions and fp8 conversions (from sm89), TMA and
-programmatic dependent launch (from sm90), the MMA instruction (warp-group MMA only on sm90; tcgen05 on sm100).
+programmatic dependent launch (from sm90), the MMA instruction (warp-group MMA only on sm90; tcgen05 on sm100) and
+the block-scaled one (sm100, sm120).
 Shared memory one block may use is the opt-in maximum of "Technical Specifications per Compute Capability":
 163 KB (8.0), 99 KB (8.6, 8.9, 12.0), 227 KB (9.0, 10.0); the SM has 1 KB more (164 / 100 / 228 KB, Ampere and
 Hopper tuning guides), which the system reserves for each block. Unlisted architectures take the nearest listed
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from indexcache.backends.triton.target import GpuArch, GpuVendor
+from indexcache.backends.triton.target import GpuArch, GpuVendor, ScaledMma
 
 
 def sm_version(arch: str) -> int:
@@ -69,10 +70,11 @@ NVIDIA = GpuVendor(
 )
 
 
-def _arch(name: str, shared_per_block_kb: int, fp8_mma: bool, tma: bool, pdl: bool, mma: str) -> GpuArch:
+def _arch(name: str, shared_per_block_kb: int, fp8_mma: bool, tma: bool, pdl: bool, mma: str,
+          scaled_mma: ScaledMma | None = None) -> GpuArch:
     return GpuArch(NVIDIA, name, warp_size=32, shared_per_block=shared_per_block_kb * 1024,
                    shared_per_sm=(shared_per_block_kb + 1) * 1024, fp8_dtype=torch.float8_e4m3fn, fp8_mma=fp8_mma,
-                   tma=tma, pdl=pdl, mma=mma, triton_arch=sm_version(name))
+                   tma=tma, pdl=pdl, mma=mma, triton_arch=sm_version(name), scaled_mma=scaled_mma)
 
 
 ARCHS: dict[str, GpuArch] = {a.name: a for a in (
@@ -80,6 +82,9 @@ ARCHS: dict[str, GpuArch] = {a.name: a for a in (
     _arch("sm86", 99, fp8_mma=False, tma=False, pdl=False, mma="mma.sync"),
     _arch("sm89", 99, fp8_mma=True, tma=False, pdl=False, mma="mma.sync"),
     _arch("sm90", 227, fp8_mma=True, tma=True, pdl=True, mma="wgmma"),
-    _arch("sm100", 227, fp8_mma=True, tma=True, pdl=True, mma="tcgen05"),
-    _arch("sm120", 99, fp8_mma=True, tma=True, pdl=True, mma="mma.sync"),
+    # Block-scaled MMA (docs/fp4.md, "Scaled matrix instructions"): sm100's tcgen05 kind::mxf8f6f4 takes e2m1 keys
+    # beside e4m3 queries at 128 rows on M; sm120's mma.sync kind::mxf8f6f4 takes them widened to e4m3 (its e2m1
+    # form, kind::mxf4nvf4, wants e2m1 queries too).
+    _arch("sm100", 227, fp8_mma=True, tma=True, pdl=True, mma="tcgen05", scaled_mma=ScaledMma("e2m1", rows=128)),
+    _arch("sm120", 99, fp8_mma=True, tma=True, pdl=True, mma="mma.sync", scaled_mma=ScaledMma("e4m3", rows=64)),
 )}

@@ -96,7 +96,7 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
     on its record (``arch.py``), and that record's capabilities under "arch" (shown by ``indexcache info``)."""
     record = resolve(arch)
     caps = {"shared_per_sm": record.shared_per_sm, "fp8_mma": record.fp8_mma, "tma": record.tma, "pdl": record.pdl,
-            "mma": record.mma}
+            "mma": record.mma, "scaled_mma": record.scaled_mma and record.scaled_mma.keys}
     table = {op: dict(cfg) for op, cfg in _COMMON.items()}
     # fp8 logits: the fp8 dot where there are fp8 matrix instructions; before sm89 (A100) the kernels read the
     # fp8 cache as bytes and decode e4m3 to fp16 in registers before an fp16 mma.sync (exact), and quantize /
@@ -120,6 +120,12 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         table["paged_mqa_logits"]["FP4_MAXNREG"] = 255
         # Ragged rows one a program: two (RAGGED_PAIRS, elsewhere) spill 24 bytes on sm120 at 168 registers.
         table["paged_mqa_logits"]["RAGGED_PAIRS"] = False
+    if record.scaled_mma is not None and record.scaled_mma.rows > 64:
+        # MXFP4 logits on sm100's block-scaled MMA: its 128-key tiles over 8 warps, the decode's register cap 255
+        # (Triton 3.9: over 4 warps the tile's accumulator, queries and key bytes left 224-288-byte stack frames at 255
+        # registers; over 8 warps ptxas capped the next_n 1 decode at 128 and spilled 16 bytes).
+        table["mqa_logits"]["FP4_NUM_WARPS"] = table["paged_mqa_logits"]["FP4_NUM_WARPS"] = 8
+        table["paged_mqa_logits"]["FP4_MAXNREG"] = 255
     # The top-k's block kernel and finishing launch, and the Hopper decode, start with programmatic dependent launch
     # where there is one: their programs take the multiprocessors the launch before them leaves and wait there for its
     # end, in place of a launch gap each (docs/kernels.md, "The producer step of decode").

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from indexcache.backends.triton.target import GpuArch, GpuVendor
+from indexcache.backends.triton.target import GpuArch, GpuVendor, ScaledMma
 
 
 def _arch_of(props: Any) -> str:
@@ -50,12 +50,16 @@ AMD = GpuVendor(
 )
 
 
-def _arch(name: str, lds_kib: int, fp8_dtype: torch.dtype, fp8_mma: bool) -> GpuArch:
+def _arch(name: str, lds_kib: int, fp8_dtype: torch.dtype, fp8_mma: bool,
+          scaled_mma: ScaledMma | None = None) -> GpuArch:
     return GpuArch(AMD, name, warp_size=64, shared_per_block=lds_kib * 1024, shared_per_sm=lds_kib * 1024,
-                   fp8_dtype=fp8_dtype, fp8_mma=fp8_mma, tma=False, pdl=False, mma="mfma", triton_arch=name)
+                   fp8_dtype=fp8_dtype, fp8_mma=fp8_mma, tma=False, pdl=False, mma="mfma", triton_arch=name,
+                   scaled_mma=scaled_mma)
 
 
 ARCHS: dict[str, GpuArch] = {a.name: a for a in (
     _arch("gfx942", 64, torch.float8_e4m3fnuz, fp8_mma=True),
-    _arch("gfx950", 160, torch.float8_e4m3fn, fp8_mma=True),
+    # Block-scaled MFMA (v_mfma_scale_f32_32x32x64_f8f6f4) takes e2m1 keys beside e4m3 queries (docs/fp4.md,
+    # "Scaled matrix instructions").
+    _arch("gfx950", 160, torch.float8_e4m3fn, fp8_mma=True, scaled_mma=ScaledMma("e2m1", rows=64)),
 )}

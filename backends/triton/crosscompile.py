@@ -62,7 +62,8 @@ class KernelSpec:
     ``constexprs``: compile-time values, including ints a launch specialises to constants (unit strides);
     ``aligned``: int parameters a typical launch passes divisible by 16 (pointers always are);
     ``options``: launch options (num_warps, num_stages, waves_per_eu); ``matrix``: the operand type whose
-    matrix instructions the kernel must use ("fp8", "bf16", "fp16"), None for kernels without ``tl.dot``;
+    matrix instructions the kernel must use ("fp8", "bf16", "fp16"; "scaled": a block-scaled one), None for kernels
+    without ``tl.dot``;
     ``stack_bytes``: the NVIDIA stack frame the build may keep (0: none; a kernel that allows one says where
     ptxas puts it and why it is cold).
     """
@@ -110,9 +111,14 @@ def gpu_target(backend: str, arch: str) -> Target:
 
 
 def operand_types(instruction: str) -> set[str]:
-    """The operand types ("fp8", "bf16", "fp16", "tf32") a matrix instruction multiplies."""
+    """The operand types ("fp8", "bf16", "fp16", "tf32") a matrix instruction multiplies, and "scaled" where it
+    applies block scales itself (NVIDIA ``kind::mxf8f6f4.block_scale``, AMD ``v_mfma_scale_*``)."""
     tokens = set(re.split(r"[._:]+", instruction))
     found = {"fp8"} if tokens & _FP8_TOKENS else set()
+    if tokens & {"block_scale", "scale"}:
+        found.add("scaled")
+    if tokens & {"mxf8f6f4"}:
+        found.add("fp8")
     if "bf16" in tokens or ("kind" in tokens and "f16" in tokens):  # tcgen05 kind::f16 takes fp16 and bf16
         found.add("bf16")
     if "f16" in tokens:

@@ -190,7 +190,7 @@ def mqa_logits_kernel(
 
         qrow = (t0 + rows // H).to(tl.int64) * q_s0 + (rows % H) * q_s1
         q = tl.load(q_ptr + qrow[:, None] + dims[None, :] * q_s2, mask=(t0 + rows // H < T)[:, None], other=0.0)
-        if MXFP4:  # in the order of the widened keys
+        if MXFP4 and MXFP4 != mxfp4.SCALED_E2M1:  # in the order of the widened keys
             q = mxfp4.permute(q, BLOCK_Q * H, D)
         w = tl.load(w_ptr + tok64[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=tok_ok[:, None],
                     other=0.0)
@@ -203,7 +203,7 @@ def mqa_logits_kernel(
                                 + tl.arange(0, D // 8)[None, :], mask=n_ok[:, None], other=0)
                 key_scales = tl.load(scale_ptr + (n.to(tl.int64) * scale_s0)[:, None]
                                      + tl.arange(0, D // 32)[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
-                s = _fp4_head_sum(words, key_scales, n_ok, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, MXFP4 == 2)
+                s = _fp4_head_sum(words, key_scales, n_ok, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, MXFP4)
             else:
                 k = tl.load(k_ptr + n.to(tl.int64)[:, None] * k_s0 + dims[None, :] * k_s1, mask=n_ok[:, None],
                             other=0.0)
@@ -370,13 +370,49 @@ def _scaled(acc, sc, KEYS_ON_M: tl.constexpr):
 
 
 @triton.jit
+def _scaled_dot(words, scales, q, ROWS: tl.constexpr, D: tl.constexpr, MXFP4: tl.constexpr, KEYS_ON_M: tl.constexpr):
+    """A tile's MXFP4 keys (``words`` uint32 ``[ROWS, D // 8]``, ``scales`` int32 e8m0 bytes ``[ROWS, D // 32]``) times
+    e4m3fn queries ``q [COLS, D]`` on the target's block-scaled instruction, which applies each block's scale
+    (``MXFP4`` ``mxfp4.SCALED_E2M1``: the keys as e2m1, ``q`` in the elements' order; ``mxfp4.SCALED_E4M3``: widened
+    to e4m3fn, exact, ``q`` in ``mxfp4.permute``'s order): fp32 ``[ROWS, COLS]`` when ``KEYS_ON_M``, else
+    ``[COLS, ROWS]``."""
+    if MXFP4 == mxfp4.SCALED_E2M1:
+        k = _unpack_words(words, tl.uint8, ROWS, D // 2)
+    else:
+        k = _unpack_words(mxfp4.widen(words, 0x2C, ROWS, D, False), q.dtype, ROWS, D)
+    fmt: tl.constexpr = "e2m1" if MXFP4 == mxfp4.SCALED_E2M1 else "e4m3"
+    k_scales = scales.to(tl.uint8)
+    unit = tl.full((q.shape[0], D // 32), 127, tl.uint8)  # the queries' block scales: 2 ** 0
+    if KEYS_ON_M:
+        acc = tl.dot_scaled(k, k_scales, fmt, tl.trans(q), unit, "e4m3")
+    else:
+        acc = tl.dot_scaled(q, unit, "e4m3", tl.trans(k), k_scales, fmt)
+    return acc
+
+
+@triton.jit
 def _fp4_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
-                  D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, FNUZ: tl.constexpr):
-    """:func:`_head_sum` of an MXFP4 tile (:func:`_fp4_gather`), its scales applied: where every key the tile reads
-    has its block scales within ``mxfp4.SPREAD`` (or a NaN one), its values widened to e4m3 with one scale a key,
-    one dot over D. Else D / 32 dots into one accumulator, each taking every key's next block by scale (the others
-    zero) in units of that block's scale, the sum so far brought to those units first (a power of two ≤ 1), then
-    the last unit's scale and the heads."""
+                  D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, MXFP4: tl.constexpr):
+    """:func:`_head_sum` of an MXFP4 tile (:func:`_fp4_gather`), its scales applied (``MXFP4``: how, ``mxfp4``'s
+    modes): on a block-scaled instruction (:func:`_scaled_dot`) one dot, NaN for a key with a NaN block (byte 255),
+    whatever the instruction makes of that byte; else widened (:func:`_fp4_widened_head_sum`)."""
+    if MXFP4 >= mxfp4.SCALED_E2M1:
+        s = _heads(_scaled_dot(words, scales, q, ROWS, D, MXFP4, KEYS_ON_M), w, ROWS, GROUPS, H, KEYS_ON_M)
+        s = _scaled(s, tl.where(tl.max(scales, axis=1) == 255, float("nan"), 1.0), KEYS_ON_M)
+    else:
+        s = _fp4_widened_head_sum(words, scales, ok, q, w, ROWS, GROUPS, H, D, KEYS_ON_M, WIDEN,
+                                  MXFP4 == mxfp4.WIDEN_FNUZ)
+    return s
+
+
+@triton.jit
+def _fp4_widened_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
+                          D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, FNUZ: tl.constexpr):
+    """:func:`_fp4_head_sum` widened to e4m3 (e4m3fnuz with ``FNUZ``): where every key the tile reads has its block
+    scales within ``mxfp4.SPREAD`` (or a NaN one), its values with one scale a key, one dot over D. Else D / 32 dots
+    into one accumulator, each taking every key's next block by scale (the others zero) in units of that block's
+    scale, the sum so far brought to those units first (a power of two ≤ 1), then the last unit's scale and the
+    heads."""
     lift, scale, one = mxfp4.key_lifts(scales, ROWS, D, FNUZ)
     k = _unpack_words(mxfp4.widen(words, lift, ROWS, D, FNUZ), q.dtype, ROWS, D)
     s = _scaled(_head_sum(k, q, w, ROWS, GROUPS, H, KEYS_ON_M, WIDEN), scale, KEYS_ON_M)
@@ -404,7 +440,7 @@ def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, gr
     tile: ``MXFP4`` 1 widened to e4m3fn, 2 to e4m3fnuz)."""
     s = n0 + keys
     if MXFP4:
-        acc = _fp4_head_sum(k, sc, ok, q, w, BLOCK_KEYS, GROUPS, H, D, KEYS_ON_M, WIDEN, MXFP4 == 2)
+        acc = _fp4_head_sum(k, sc, ok, q, w, BLOCK_KEYS, GROUPS, H, D, KEYS_ON_M, WIDEN, MXFP4)
     else:
         if WORDS:
             k = _unpack_words(k, q.dtype, BLOCK_KEYS, D)
@@ -447,7 +483,7 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, ctx_ptr
     else:
         q = tl.load(q_ptr + tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None]
                     + dims[None, :] * q_s3, mask=(j < NEXT_N)[:, None], other=0.0)
-    if MXFP4:  # in the order of the widened keys
+    if MXFP4 and MXFP4 != mxfp4.SCALED_E2M1:  # in the order of the widened keys
         q = mxfp4.permute(q, GROUPS * H, D)
     if PAIRS:
         out_row = b + grp
@@ -657,10 +693,27 @@ def _widen_mode(dtype: torch.dtype, target: Target, cfg: Mapping[str, Any] | Non
     return 2 if target.interpreted else 0
 
 
-def _fp4_mode(dtype: torch.dtype) -> int:
-    """The decode kernel's ``MXFP4`` for fp8 queries of ``dtype``: the e4m3 bytes MXFP4 keys widen to (1: e4m3fn,
-    2: e4m3fnuz)."""
-    return 2 if dtype == torch.float8_e4m3fnuz else 1
+def _fp4_mode(dtype: torch.dtype, target: Target) -> int:
+    """The kernels' ``MXFP4`` for fp8 queries of ``dtype`` on ``target`` (``mxfp4``'s modes): into the target's
+    block-scaled instruction (its ``scaled_mma``) with e4m3fn queries, else widened to ``dtype``'s e4m3 with one scale
+    a key."""
+    scaled = target.gpu.scaled_mma
+    if scaled is not None and dtype == torch.float8_e4m3fn:
+        return (mxfp4.SCALED_E2M1 if scaled.keys == "e2m1" else mxfp4.SCALED_E4M3).value
+    return (mxfp4.WIDEN_FNUZ if dtype == torch.float8_e4m3fnuz else mxfp4.WIDEN_FN).value
+
+
+def _fp4_matrix(mode: int, widen: int) -> str:
+    """The matrix instructions an MXFP4 build in ``mode`` must use (the cross-compile check's ``matrix``)."""
+    return "scaled" if mode >= mxfp4.SCALED_E2M1.value else "fp16" if widen in (1, 3) else "fp8"
+
+
+def _fp4_tile(keys: int, mode: int, target: Target, keys_on_m: bool) -> int:
+    """Keys a tile of an MXFP4 launch in ``mode``: the table's ``keys``, or on a block-scaled instruction with the keys
+    on M at least the rows it needs (sm100: 128)."""
+    if mode >= mxfp4.SCALED_E2M1.value and keys_on_m:
+        return max(keys, target.gpu.scaled_mma.rows)
+    return keys
 
 
 def _as_bytes(x: torch.Tensor, widen: int) -> torch.Tensor:
@@ -685,10 +738,14 @@ def _check_dtype(name: str, dtype: torch.dtype, target: Target, bf16: bool) -> l
     return [f"{name} dtype {dtype} is not handled by the Triton logits kernels"]
 
 
-def _decode_options(target: Target, cfg: Mapping[str, Any], mxfp4: bool) -> dict[str, Any]:
-    """The decode's launch options; an MXFP4 cache's with the table's ``FP4_MAXNREG`` register cap where it has one
-    (NVIDIA: without a cap ptxas aims at three programs a SM and spills the widening's registers on sm80 / sm89)."""
+def format_options(target: Target, cfg: Mapping[str, Any], mxfp4: bool) -> dict[str, Any]:
+    """The launch options of a logits kernel (prefill or decode, ``cfg`` its table entry) on fp8 / bf16 keys, or on
+    MXFP4 keys with the table's ``FP4_NUM_WARPS`` and ``FP4_MAXNREG`` where it has them (NVIDIA: without a register
+    cap ptxas aims at three programs a SM and spills the widening's registers on sm80 / sm89; sm100's 128-key tiles
+    take 8 warps)."""
     options = launch_options(target, cfg)
+    if mxfp4 and "FP4_NUM_WARPS" in cfg:
+        options["num_warps"] = cfg["FP4_NUM_WARPS"]
     if mxfp4 and "FP4_MAXNREG" in cfg:
         options["maxnreg"] = cfg["FP4_MAXNREG"]
     return options
@@ -724,11 +781,11 @@ def _check_shape(heads: int, dim: int) -> list[str]:
 def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
                       options: Options | None = None, skip: int = 0, fill: bool = True) -> Launch | None:
     """The launch that fills ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``), None when ``out`` is
-    empty; ``q [T, H, D]``, ``k [N, D]``; ``options``: the launch options of ``cfg`` for ``target``
-    (:func:`~indexcache.backends.triton.launcher.launch_key_options`; computed when None). For the producer step
-    (``mqa_topk_translate``): ``skip`` its k, rows whose clipped window holds at most that many keys left unwritten
-    (the top-k selects them without logits), and ``fill`` False, nothing written outside the union of a block's
-    windows (the top-k reads only inside each row's)."""
+    empty; ``q [T, H, D]``, ``k [N, D]``; ``options``: the launch options of ``cfg`` for ``target`` and the keys'
+    format (:func:`format_options` as :func:`~indexcache.backends.triton.launcher.launch_key_options`; computed when
+    None). For the producer step (``mqa_topk_translate``): ``skip`` its k, rows whose clipped window holds at most
+    that many keys left unwritten (the top-k selects them without logits), and ``fill`` False, nothing written outside
+    the union of a block's windows (the top-k reads only inside each row's)."""
     tokens, heads, dim = q.shape
     n = k.shape[0]
     if out.numel() == 0:
@@ -742,10 +799,12 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
                                        sms=persistent_programs(_programs(target, q.device), 1),
                                        skip=skip, fill=fill)
     block_q = max(1, cfg["COLS"] // heads, 16 // heads)
+    fp4_mode = _fp4_mode(q.dtype, target) if mxfp4 else 0
+    block_n = _fp4_tile(cfg["BLOCK_N"], fp4_mode, target, cfg["KEYS_ON_M"]) if mxfp4 else cfg["BLOCK_N"]
     blocks = cdiv(tokens, block_q)
     programs = min(blocks, persistent_programs(_programs(target, q.device), cfg.get("PROGRAMS_PER_SM", 1)))
     widen = _widen_mode(q.dtype, target, cfg)
-    options = options or launch_key_options(launch_options(target, cfg))
+    options = options or launch_key_options(format_options(target, cfg, mxfp4))
     keys, scales = (k.view(torch.uint8), k_scale.view(torch.uint8)) if mxfp4 else (_as_bytes(k, widen), k_scale)
     return Launch(
         PREFILL, (programs,), options,
@@ -753,8 +812,8 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
          tokens, n, skip,
          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
          weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1)),
-        dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
-             MXFP4=_fp4_mode(q.dtype) if mxfp4 else 0, FILL=fill),
+        dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=block_n, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
+             MXFP4=fp4_mode, FILL=fill),
     )
 
 
@@ -798,7 +857,8 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     mxfp4 = k_format == fp4.FP4
     page = cache_page_size(k_cache, dim, fp4.FP4) if mxfp4 else cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
-    block_keys = cfg["BLOCK_KEYS"]
+    fp4_mode = _fp4_mode(q.dtype, target) if mxfp4 else 0
+    block_keys = _fp4_tile(cfg["BLOCK_KEYS"], fp4_mode, target, cfg["KEYS_ON_M"]) if mxfp4 else cfg["BLOCK_KEYS"]
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
     # in launch order so the second reads the keys from L2); ragged rows two a program where two draft tokens would
     # be (two rows of a request side by side share their key reads) and the table's RAGGED_PAIRS allows.
@@ -812,7 +872,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
                                       groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
                                       batch_block=BATCH_BLOCK, skip=skip, row_to_batch=row_to_batch,
                                       k_format=k_format)
-    options = options or launch_key_options(_decode_options(target, cfg, mxfp4))
+    options = options or launch_key_options(format_options(target, cfg, mxfp4))
     widen = _widen_mode(q.dtype, target, cfg)
     if mxfp4:  # the cache's bytes for both pointers; value words where every page starts at a multiple of 4 bytes
         kv, kv_scale = flat, flat
@@ -829,7 +889,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
             out.stride(1))
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, BLOCK_KEYS=block_keys, BLOCK_B=BATCH_BLOCK,
                  KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen, PREFETCH=cfg.get("PREFETCH", 1), WORDS=words,
-                 MXFP4=_fp4_mode(q.dtype) if mxfp4 else 0, HAS_R2B=row_to_batch is not None)
+                 MXFP4=fp4_mode, HAS_R2B=row_to_batch is not None)
     # A persistent grid of exactly the programs that stay resident (on NVIDIA counted from the compiled kernel's
     # registers and shared memory: a program more a SM would run as a second, mostly idle wave), never more than
     # there are tiles; the draft-token groups of a key range share the count.
@@ -853,9 +913,9 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
     """``mqa_logits`` and ``paged_mqa_logits`` of a GPU backend built for ``target`` with its tuning table."""
     prefill, decode = tuning["mqa_logits"], tuning["paged_mqa_logits"]
-    prefill_options = launch_key_options(launch_options(target, prefill))
-    # The decode's options by cache format (an MXFP4 cache takes the table's register cap for it).
-    decode_options = {mxfp4: launch_key_options(_decode_options(target, decode, mxfp4)) for mxfp4 in (False, True)}
+    # The options by the keys' format (MXFP4 keys take the table's FP4_* entries).
+    prefill_options = {mxfp4: launch_key_options(format_options(target, prefill, mxfp4)) for mxfp4 in (False, True)}
+    decode_options = {mxfp4: launch_key_options(format_options(target, decode, mxfp4)) for mxfp4 in (False, True)}
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
         mxfp4 = _mxfp4_prefill(q, k, k_scale, target) if k.dtype == fp4.FP4 else []
@@ -868,10 +928,11 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
                 *_check_dtype("q", q.dtype, target, bf16=False), *_check_shape(q.shape[2], q.shape[3])]
 
     def run_prefill(**args):
-        return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options)
+        return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options[args["k"].dtype == fp4.FP4])
 
     def prepare_prefill(**args):
-        return bound([mqa_logits_launch(**args, target=target, cfg=prefill, options=prefill_options)])
+        return bound([mqa_logits_launch(**args, target=target, cfg=prefill,
+                                        options=prefill_options[args["k"].dtype == fp4.FP4])])
 
     def run_decode(**args):
         return paged_mqa_logits(**args, target=target, cfg=decode,
@@ -908,17 +969,20 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "q_s2": 1, "k_s1": 1, "scale_s0": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
             launch_options(target, prefill), matrix=operand, aligned=("q_s0", "q_s1", "k_s0", "w_s0")))
     # The prefill on MXFP4 keys (values [N, 64] and scales [N, 4] bytes), the target's fp8 queries, where the target
-    # has fp8 matrix instructions (_mxfp4_prefill).
+    # has fp8 matrix instructions (_mxfp4_prefill); on a block-scaled instruction where it has one (the matrix check
+    # then asks for that instruction).
     widen = _widen_mode(target.fp8_dtype, target, prefill)
     data = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
+    mode = _fp4_mode(target.fp8_dtype, target)
     specs += [] if not target.gpu.fp8_mma else [KernelSpec(
         "mqa_logits", mqa_logits_kernel,
         {"q_ptr": data, "k_ptr": "*u8", "scale_ptr": "*u8", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32",
          "out_ptr": "*fp32"},
         {"H": heads, "D": dim, "BLOCK_Q": max(1, prefill["COLS"] // heads, 16 // heads),
-         "BLOCK_N": prefill["BLOCK_N"], "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen,
-         "MXFP4": _fp4_mode(target.fp8_dtype), "q_s2": 1, "k_s1": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
-        launch_options(target, prefill), matrix="fp16" if widen in (1, 3) else "fp8",
+         "BLOCK_N": _fp4_tile(prefill["BLOCK_N"], mode, target, prefill["KEYS_ON_M"]),
+         "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen, "MXFP4": mode, "q_s2": 1, "k_s1": 1, "w_s1": 1,
+         "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
+        format_options(target, prefill, mxfp4=True), matrix=_fp4_matrix(mode, widen),
         aligned=("q_s0", "q_s1", "k_s0", "scale_s0", "w_s0"))]
     widen = _widen_mode(target.fp8_dtype, target, decode)
     fp8 = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
@@ -937,7 +1001,9 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     # The MXFP4 decode (k_format float4_e2m1fn_x2): the same kernel reading the cache's bytes, widening to the
-    # target's fp8 format; the Triton kernel on every target (also where the table's KERNEL is "tma-ws").
+    # target's fp8 format or into its block-scaled instruction; the Triton kernel on every target (also where the
+    # table's KERNEL is "tma-ws").
+    mode = _fp4_mode(target.fp8_dtype, target)
     for next_n, ragged in ((1, 0), (2, 0), (3, 0), (4, 0), (1, 1)):
         pairs = ragged and decode.get("RAGGED_PAIRS", True)
         groups = max(min(next_power_of_2(2 if pairs else next_n), max(1, decode["COLS"] // heads)), 16 // heads)
@@ -946,10 +1012,11 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             {"q_ptr": fp8, "kv_ptr": "*u8", "kv_scale_ptr": "*u8", "w_ptr": "*fp32", "ctx_ptr": "*i32",
              "table_ptr": "*i32", "r2b_ptr": "*i32", "out_ptr": "*fp32"},
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
-             "BLOCK_KEYS": decode["BLOCK_KEYS"], "BLOCK_B": BATCH_BLOCK, "KEYS_ON_M": decode["KEYS_ON_M"],
-             "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": 1, "MXFP4": _fp4_mode(target.fp8_dtype),
-             "HAS_R2B": ragged, "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1, "out_s1": 1},
-            _decode_options(target, decode, mxfp4=True), matrix="fp16" if widen in (1, 3) else "fp8",
+             "BLOCK_KEYS": _fp4_tile(decode["BLOCK_KEYS"], mode, target, decode["KEYS_ON_M"]), "BLOCK_B": BATCH_BLOCK,
+             "KEYS_ON_M": decode["KEYS_ON_M"], "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": 1,
+             "MXFP4": mode, "HAS_R2B": ragged, "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1,
+             "out_s1": 1},
+            format_options(target, decode, mxfp4=True), matrix=_fp4_matrix(mode, widen),
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     if prefill.get("KERNEL") == "tma-ws":  # the Hopper prefill in Gluon (prefill_sm90.py) where the table takes it
         from indexcache.backends.triton import prefill_sm90

@@ -11,6 +11,9 @@ its values times ``2 ** (byte - R)`` in e4m3, exactly, and one scale ``2 ** (R -
 The widening works on 32-bit words, four nibbles at a time (one a byte) with byte-wise adds and a multiply that never
 carry: the value bytes of a key are read as int32 words (eight elements each), and each word gives two words of e4m3
 bytes, its even and its odd elements (:func:`permute`: the queries are put in the same order).
+
+Where the target has a block-scaled matrix instruction the keys keep their block scales (the logits kernels'
+``_scaled_dot``): as e2m1 bytes, or widened here with the lift of ``2 ** 0`` (the values as they are, exact).
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# How MXFP4 keys reach the matrix instruction, the logits kernels' ``MXFP4`` (0: no MXFP4 keys): widened to e4m3fn
+# (1) or e4m3fnuz (2) with one scale a key (this module), or into a block-scaled instruction (``tl.dot_scaled``, the
+# target's ``ScaledMma``) that applies each block's scale itself, as e2m1 (3) or widened to e4m3fn (4).
+WIDEN_FN, WIDEN_FNUZ, SCALED_E2M1, SCALED_E4M3 = (tl.constexpr(m) for m in (1, 2, 3, 4))
 SPREAD = tl.constexpr(10)  # largest difference of a key's block scale bytes that the one-scale-a-key path takes
 TOP = tl.constexpr(5)  # a key's largest block is its values times 2 ** TOP in e4m3 (6 · 32 = 192: both fp8 formats)
 

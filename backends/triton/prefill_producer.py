@@ -32,13 +32,14 @@ import triton.language as tl
 from indexcache.backends.triton import topk
 from indexcache.backends.triton import workspace as workspaces
 from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options, persistent_programs
-from indexcache.backends.triton.logits import mqa_logits_launch, prefill_round
+from indexcache.backends.triton.logits import format_options, mqa_logits_launch, prefill_round
 from indexcache.backends.triton.logits import ops as logits_ops
 from indexcache.backends.triton.producer import short_launch
-from indexcache.backends.triton.support import cdiv, launch_options, on_target_device
+from indexcache.backends.triton.support import cdiv, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.topk.kernels import MAX_COLS
 from indexcache.backends.triton.topk.plan import multiprocessors, shape_workspace_bytes
+from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
 
 WINDOW_BLOCK = 256  # queries a program of windows_kernel
@@ -166,7 +167,7 @@ def op_launches(args: Mapping[str, Any], *, target: Target, tuning: Mapping[str,
     the prefill logits' launch options (computed when None)."""
     named = dict(args)
     named["topk_k"], named["workspace_bytes_"] = named.pop("topk"), named.pop("workspace_bytes")
-    options = options or launch_key_options(launch_options(target, tuning["mqa_logits"]))
+    options = options or launch_key_options(format_options(target, tuning["mqa_logits"], named["k"].dtype == fp4.FP4))
     return launches(**named, target=target, tuning=tuning, options=options)
 
 
@@ -174,7 +175,9 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     """``mqa_topk_translate`` of a GPU backend built for ``target`` with its tuning table: served wherever
     ``mqa_logits`` is, for windows of up to the top-k's columns."""
     logits_op = logits_ops(target, tuning)["mqa_logits"]
-    options = launch_key_options(launch_options(target, tuning["mqa_logits"]))
+    # The prefill logits' options by the keys' format (MXFP4 keys take the table's FP4_* entries).
+    options = {mxfp4: launch_key_options(format_options(target, tuning["mqa_logits"], mxfp4))
+               for mxfp4 in (False, True)}
 
     def supports(q, k, k_scale, weights, ks, ke, page_table, row_to_batch, out, out_raw, workspace=None, **_):
         reasons = logits_op.supports(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out)
@@ -185,13 +188,13 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return list(dict.fromkeys(reasons))
 
     def run(**args):
-        for launch in op_launches(args, target=target, tuning=tuning, options=options):
+        for launch in op_launches(args, target=target, tuning=tuning, options=options[args["k"].dtype == fp4.FP4]):
             if launch is not None:
                 launch()
         return args["out"]
 
     def prepare(**args):
-        return bound(op_launches(args, target=target, tuning=tuning, options=options))
+        return bound(op_launches(args, target=target, tuning=tuning, options=options[args["k"].dtype == fp4.FP4]))
 
     def workspace_of(q, k, k_scale, weights, topk, workspace_bytes, **_):
         return call_workspace_bytes(q, k, k_scale, weights, topk, workspace_bytes, target=target, tuning=tuning)

@@ -2,7 +2,8 @@
 
 Each vendor's package builds its records (``backends/cuda/arch.py``, ``backends/rocm/arch.py``): a
 :class:`GpuVendor` for what its architectures share (how its GPUs are found, named and compiled for) and a
-:class:`GpuArch` per architecture (warp size, shared memory, fp8 format, TMA, PDL, matrix unit, Triton's target).
+:class:`GpuArch` per architecture (warp size, shared memory, fp8 format, TMA, PDL, matrix unit, block-scaled
+matrix instruction, Triton's target).
 The shared kernels, the side-stream scheduler and the cross-compile check read these records; they do not branch
 on vendor names (docs/architecture.md, "Architectures").
 """
@@ -63,6 +64,16 @@ class GpuVendor:
 
 
 @dataclass(frozen=True)
+class ScaledMma:
+    """A block-scaled matrix instruction that Triton emits for ``tl.dot_scaled`` (checked by cross-compiling with
+    Triton 3.9; docs/fp4.md, "Scaled matrix instructions"). The MXFP4 logits kernels use it in place of widening the
+    keys with one scale a key: the instruction applies each block's e8m0 scale itself."""
+
+    keys: str  # the format MXFP4 keys enter it in beside e4m3 queries: "e2m1" (as stored), "e4m3" (widened, exact)
+    rows: int  # key rows a tile needs (on M) for Triton to emit it; with fewer it widens both operands to bf16
+
+
+@dataclass(frozen=True)
 class GpuArch:
     """One GPU architecture, as its vendor's package records it (a typed record per architecture)."""
 
@@ -77,6 +88,7 @@ class GpuArch:
     pdl: bool  # programmatic dependent launch
     mma: str  # the matrix instructions Triton emits: "mma.sync", "wgmma", "tcgen05", "mfma"
     triton_arch: int | str  # the architecture of Triton's GPUTarget: 90 (compute capability), "gfx942"
+    scaled_mma: ScaledMma | None = None  # a block-scaled matrix instruction for MXFP4 keys and fp8 queries
 
     def triton_target(self):
         """Triton's ``GPUTarget`` for this architecture (imports Triton's compiler)."""
