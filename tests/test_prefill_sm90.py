@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 from indexcache.backends import cuda as cuda_backend  # noqa: E402
 from indexcache.backends.cuda.arch import NVIDIA  # noqa: E402
-from indexcache.backends.triton import logits, prefill_sm90  # noqa: E402
+from indexcache.backends.triton import logits, prefill_fp4, prefill_sm90  # noqa: E402
 from indexcache.backends.triton.target import detect  # noqa: E402
 from indexcache.hal import fp4  # noqa: E402
 
@@ -127,7 +127,9 @@ def test_the_producers_short_rows_and_no_fill_as_the_triton_kernel(case):
     outs = []
     for cfg in ({**table_cfg, "KERNEL": "triton"}, {**table_cfg, "KERNEL": "tma-ws"}):
         buf = torch.full((case[0] + 2, case[1]), float("nan"), device="cuda")
-        logits.mqa_logits_launch(q, k, scale, w, ks, ke, buf[1:-1], target=target, cfg=cfg, skip=skip, fill=False)()
+        for launch in logits.mqa_logits_launches(q, k, scale, w, ks, ke, buf[1:-1], target=target, cfg=cfg, skip=skip,
+                                                 fill=False):
+            launch()
         assert buf[0].isnan().all() and buf[-1].isnan().all(), "a kernel wrote outside its output"
         outs.append(buf[1:-1])
     triton_out, tma_out = outs
@@ -158,17 +160,20 @@ def _fp4_case(tokens, keys, heads, windows, seed):
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
 @pytest.mark.parametrize("case", _CASES, ids=lambda c: f"t{c[0]}-n{c[1]}-h{c[2]}-{c[3]}")
 def test_mxfp4_keys_equal_the_triton_kernel_within_rounding(case):
-    """MXFP4 keys (values widened to the same e4m3 numbers by both kernels, dims summed in another order): -inf and
-    NaN in the same places, the finite logits within the fp32 sums' rounding; nothing written outside the output."""
+    """MXFP4 keys (widened once, then the fp8 prefill of either kernel, the far keys exactly after): -inf and NaN in
+    the same places, the finite logits within the fp32 sums' rounding; nothing written outside the output."""
     target = detect(NVIDIA)[2]
     table_cfg = cuda_backend.tuning(target.arch)["mqa_logits"]
     args = [a.cuda() for a in _fp4_case(*case, seed=17)]
     outs = []
     for cfg in ({**table_cfg, "KERNEL": "triton"}, {**table_cfg, "KERNEL": "tma-ws"}):
         buf = torch.full((case[0] + 2, case[1]), 7.0, device="cuda")
-        launch = logits.mqa_logits_launch(*args, buf[1:-1], target=target, cfg=cfg)
-        assert launch.launcher is (logits.PREFILL if cfg["KERNEL"] == "triton" else prefill_sm90.PREFILL)
-        launch()
+        launches = logits.mqa_logits_launches(*args, buf[1:-1], target=target, cfg=cfg)
+        fp8 = logits.PREFILL if cfg["KERNEL"] == "triton" else prefill_sm90.PREFILL
+        assert [launch.launcher for launch in launches] == [prefill_fp4.ZERO, prefill_fp4.WIDEN_KEYS, fp8,
+                                                            prefill_fp4.FAR_KEYS]
+        for launch in launches:
+            launch()
         assert (buf[0] == 7).all() and (buf[-1] == 7).all(), "a kernel wrote outside its output"
         outs.append(buf[1:-1])
     triton_out, tma_out = outs

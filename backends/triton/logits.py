@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton import mxfp4
+from indexcache.backends.triton import workspace as workspaces
 from indexcache.backends.triton.launcher import (
     Launch,
     Launcher,
@@ -395,18 +396,18 @@ def _fp4_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.conste
                   D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, MXFP4: tl.constexpr):
     """:func:`_head_sum` of an MXFP4 tile (:func:`_fp4_gather`), its scales applied (``MXFP4``: how, ``mxfp4``'s
     modes): on a block-scaled instruction (:func:`_scaled_dot`) one dot, NaN for a key with a NaN block (byte 255),
-    whatever the instruction makes of that byte; else widened (:func:`_fp4_widened_head_sum`)."""
+    whatever the instruction makes of that byte; else widened (:func:`widened_head_sum`)."""
     if MXFP4 >= mxfp4.SCALED_E2M1:
         s = _heads(_scaled_dot(words, scales, q, ROWS, D, MXFP4, KEYS_ON_M), w, ROWS, GROUPS, H, KEYS_ON_M)
         s = _scaled(s, tl.where(tl.max(scales, axis=1) == 255, float("nan"), 1.0), KEYS_ON_M)
     else:
-        s = _fp4_widened_head_sum(words, scales, ok, q, w, ROWS, GROUPS, H, D, KEYS_ON_M, WIDEN,
+        s = widened_head_sum(words, scales, ok, q, w, ROWS, GROUPS, H, D, KEYS_ON_M, WIDEN,
                                   MXFP4 == mxfp4.WIDEN_FNUZ)
     return s
 
 
 @triton.jit
-def _fp4_widened_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
+def widened_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
                           D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, FNUZ: tl.constexpr):
     """:func:`_fp4_head_sum` widened to e4m3 (e4m3fnuz with ``FNUZ``): where every key the tile reads has its block
     scales within ``mxfp4.SPREAD`` (or a NaN one), its values with one scale a key, one dot over D. Else D / 32 dots
@@ -778,35 +779,55 @@ def _check_shape(heads: int, dim: int) -> list[str]:
     return reasons
 
 
-def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
-                      options: Options | None = None, skip: int = 0, fill: bool = True) -> Launch | None:
-    """The launch that fills ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``), None when ``out`` is
-    empty; ``q [T, H, D]``, ``k [N, D]``; ``options``: the launch options of ``cfg`` for ``target`` and the keys'
+def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
+                        options: Options | None = None, skip: int = 0, fill: bool = True,
+                        workspace: torch.Tensor | None = None, keys_widened: bool = False) -> list[Launch]:
+    """The launches that fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``), in order, none when ``out``
+    is empty; ``q [T, H, D]``, ``k [N, D]``; ``options``: the launch options of ``cfg`` for ``target`` and the keys'
     format (:func:`format_options` as :func:`~indexcache.backends.triton.launcher.launch_key_options`; computed when
     None). For the producer step (``mqa_topk_translate``): ``skip`` its k, rows whose clipped window holds at most
     that many keys left unwritten (the top-k selects them without logits), and ``fill`` False, nothing written outside
-    the union of a block's windows (the top-k reads only inside each row's)."""
+    the union of a block's windows (the top-k reads only inside each row's).
+
+    One launch, but for MXFP4 keys on a target without a block-scaled instruction: those are widened once a call into
+    ``workspace`` (int32 words, :func:`prefill_fp4.workspace_words`; the calling stream's kept one when None) and go
+    through the fp8 prefill (:mod:`prefill_fp4`); ``keys_widened``: ``workspace`` holds them already, widened by an
+    earlier launch list of the same keys (the producer step's passes)."""
     tokens, heads, dim = q.shape
     n = k.shape[0]
     if out.numel() == 0:
-        return None
-    mxfp4 = k.dtype == fp4.FP4
+        return []
+    fp4_keys = k.dtype == fp4.FP4
+    fp4_mode = _fp4_mode(q.dtype, target) if fp4_keys else 0
+    if fp4_keys and fp4_mode < mxfp4.SCALED_E2M1.value:  # widened once, then the fp8 prefill
+        from indexcache.backends.triton import prefill_fp4
+
+        words = prefill_fp4.workspace_words(n, dim)
+        ws = workspace[:words] if workspace is not None else workspaces.words(q, words, None)
+        fp8_options = launch_key_options(format_options(target, cfg, False))
+
+        def fp8_launches(wide, wide_scale):
+            return mqa_logits_launches(q, wide, wide_scale, weights, ks, ke, out, target=target, cfg=cfg,
+                                       options=fp8_options, skip=skip, fill=fill)
+
+        return prefill_fp4.launches(q, k, k_scale, weights, ks, ke, out, ws, target=target, cfg=cfg,
+                                    fp8_launches=fp8_launches, skip=skip, programs=_programs(target, q.device),
+                                    widen=not keys_widened)
     if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (prefill_sm90.py) where it takes it
         from indexcache.backends.triton import prefill_sm90
 
         if not prefill_sm90.unsupported(q, k, k_scale, weights, out, target):
-            return prefill_sm90.launch(q, k, k_scale, weights, ks, ke, out, cfg=cfg,
-                                       sms=persistent_programs(_programs(target, q.device), 1),
-                                       skip=skip, fill=fill)
+            return [prefill_sm90.launch(q, k, k_scale, weights, ks, ke, out, cfg=cfg,
+                                        sms=persistent_programs(_programs(target, q.device), 1),
+                                        skip=skip, fill=fill)]
     block_q = max(1, cfg["COLS"] // heads, 16 // heads)
-    fp4_mode = _fp4_mode(q.dtype, target) if mxfp4 else 0
-    block_n = _fp4_tile(cfg["BLOCK_N"], fp4_mode, target, cfg["KEYS_ON_M"]) if mxfp4 else cfg["BLOCK_N"]
+    block_n = _fp4_tile(cfg["BLOCK_N"], fp4_mode, target, cfg["KEYS_ON_M"]) if fp4_keys else cfg["BLOCK_N"]
     blocks = cdiv(tokens, block_q)
     programs = min(blocks, persistent_programs(_programs(target, q.device), cfg.get("PROGRAMS_PER_SM", 1)))
     widen = _widen_mode(q.dtype, target, cfg)
-    options = options or launch_key_options(format_options(target, cfg, mxfp4))
-    keys, scales = (k.view(torch.uint8), k_scale.view(torch.uint8)) if mxfp4 else (_as_bytes(k, widen), k_scale)
-    return Launch(
+    options = options or launch_key_options(format_options(target, cfg, fp4_keys))
+    keys, scales = (k.view(torch.uint8), k_scale.view(torch.uint8)) if fp4_keys else (_as_bytes(k, widen), k_scale)
+    return [Launch(
         PREFILL, (programs,), options,
         (_as_bytes(q, widen), keys, scales, weights, ks, ke, out,
          tokens, n, skip,
@@ -814,11 +835,21 @@ def mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, *, target: Target, cf
          weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1)),
         dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=block_n, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
              MXFP4=fp4_mode, FILL=fill),
-    )
+    )]
+
+
+def prefill_workspace_words(q, k, *, target: Target) -> int:
+    """int32 words of workspace a prefill (:func:`mqa_logits_launches`) on keys ``k`` takes: MXFP4 keys widened once
+    on a target without a block-scaled instruction, else none."""
+    if k.dtype != fp4.FP4 or _fp4_mode(q.dtype, target) >= mxfp4.SCALED_E2M1.value:
+        return 0
+    from indexcache.backends.triton import prefill_fp4
+
+    return prefill_fp4.workspace_words(k.shape[0], q.shape[2])
 
 
 def prefill_round(q, k, k_scale, weights, *, target: Target, cfg: Mapping[str, Any]) -> int:
-    """Query rows one round of the prefill launch (:func:`mqa_logits_launch`) takes: its programs times the queries
+    """Query rows one round of the prefill launch (:func:`mqa_logits_launches`) takes: its programs times the queries
     a program's block holds. A launch over a multiple of it leaves no program idle in its last round."""
     heads = q.shape[1]
     programs = _programs(target, q.device)
@@ -833,9 +864,8 @@ def prefill_round(q, k, k_scale, weights, *, target: Target, cfg: Mapping[str, A
 
 def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
                options: Options | None = None):
-    """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``); arguments as :func:`mqa_logits_launch`."""
-    launch = mqa_logits_launch(q, k, k_scale, weights, ks, ke, out, target=target, cfg=cfg, options=options)
-    if launch is not None:
+    """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``); arguments as :func:`mqa_logits_launches`."""
+    for launch in mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, target=target, cfg=cfg, options=options):
         launch()
     return out
 
@@ -844,7 +874,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
                             row_to_batch=None, *, target: Target, cfg: Mapping[str, Any],
                             options: Options | None = None, skip: int = -1) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
-    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launch`, for the
+    ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launches`, for the
     cache's format (:func:`_decode_options`). ``skip``: the rows of a request whose context clipped to
     ``max_context_len`` is at most ``skip`` are left unwritten (the producer step's k: the top-k selects such rows
     without their logits); -1 writes every row.
@@ -931,8 +961,8 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options[args["k"].dtype == fp4.FP4])
 
     def prepare_prefill(**args):
-        return bound([mqa_logits_launch(**args, target=target, cfg=prefill,
-                                        options=prefill_options[args["k"].dtype == fp4.FP4])])
+        return bound(mqa_logits_launches(**args, target=target, cfg=prefill,
+                                         options=prefill_options[args["k"].dtype == fp4.FP4]))
 
     def run_decode(**args):
         return paged_mqa_logits(**args, target=target, cfg=decode,
@@ -969,12 +999,16 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "q_s2": 1, "k_s1": 1, "scale_s0": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
             launch_options(target, prefill), matrix=operand, aligned=("q_s0", "q_s1", "k_s0", "w_s0")))
     # The prefill on MXFP4 keys (values [N, 64] and scales [N, 4] bytes), the target's fp8 queries, where the target
-    # has fp8 matrix instructions (_mxfp4_prefill); on a block-scaled instruction where it has one (the matrix check
-    # then asks for that instruction).
+    # has fp8 matrix instructions (_mxfp4_prefill): on its block-scaled instruction where it has one (the matrix check
+    # then asks for that instruction), else the keys widened once (prefill_fp4) for the fp8 prefill above.
     widen = _widen_mode(target.fp8_dtype, target, prefill)
     data = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
     mode = _fp4_mode(target.fp8_dtype, target)
-    specs += [] if not target.gpu.fp8_mma else [KernelSpec(
+    if target.gpu.fp8_mma and mode < mxfp4.SCALED_E2M1.value:
+        from indexcache.backends.triton import prefill_fp4
+
+        specs += prefill_fp4.compile_specs(target, prefill, heads, dim)
+    specs += [] if not target.gpu.fp8_mma or mode < mxfp4.SCALED_E2M1.value else [KernelSpec(
         "mqa_logits", mqa_logits_kernel,
         {"q_ptr": data, "k_ptr": "*u8", "scale_ptr": "*u8", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32",
          "out_ptr": "*fp32"},

@@ -5,7 +5,8 @@ step").
 
 The workspace (the caller's ``workspace=``, else a kept one of the calling thread's stream, at most the bound) holds,
 in int32 words, each a piece starting 64 bytes aligned: every query's clipped window start and length (written by
-:func:`windows_kernel`, what the top-k takes as ``row_starts`` and ``lengths``), one pass's ``[rows, N]`` float32
+:func:`windows_kernel`, what the top-k takes as ``row_starts`` and ``lengths``), MXFP4 keys widened once where the
+target has no block-scaled instruction (``prefill_fp4``: in the first pass, for all), one pass's ``[rows, N]`` float32
 logits, and the top-k's own workspace for a pass. A pass's rows are whole rounds of the logits launch (its programs
 times the queries a program holds: 528 on the H200) where the bound allows, else a multiple of 16, the passes as even
 as that leaves: no program idles through a pass's last round, and every pass's slices of the inputs keep their
@@ -32,7 +33,12 @@ import triton.language as tl
 from indexcache.backends.triton import topk
 from indexcache.backends.triton import workspace as workspaces
 from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options, persistent_programs
-from indexcache.backends.triton.logits import format_options, mqa_logits_launch, prefill_round
+from indexcache.backends.triton.logits import (
+    format_options,
+    mqa_logits_launches,
+    prefill_round,
+    prefill_workspace_words,
+)
 from indexcache.backends.triton.logits import ops as logits_ops
 from indexcache.backends.triton.producer import short_launch
 from indexcache.backends.triton.support import cdiv, on_target_device
@@ -79,11 +85,12 @@ def _topk_bytes(rows: int, keys: int, device: torch.device, k: int, target: Targ
 
 
 def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, *, target: Target,
-              cfg: Mapping[str, Any], quantum: int = ALIGN) -> int:
+              cfg: Mapping[str, Any], quantum: int = ALIGN, keys_words: int = 0) -> int:
     """Query rows a pass for a call of ``tokens`` queries over ``keys`` keys selecting ``k``, whose workspace may
     take ``limit`` bytes (``cfg``: the top-k's tuning entry); ``ValueError`` when not even one row fits. ``quantum``:
-    the rows of one round of the logits launch; a pass takes a multiple of it where the bound allows."""
-    fixed = 4 * 2 * _piece(tokens)
+    the rows of one round of the logits launch; a pass takes a multiple of it where the bound allows. ``keys_words``:
+    the keys' own workspace (MXFP4 keys widened once, ``logits.prefill_workspace_words``)."""
+    fixed = 4 * (2 * _piece(tokens) + _piece(keys_words))
 
     def need(rows: int) -> int:
         return fixed + 4 * _piece(rows * keys) + _topk_bytes(rows, keys, device, k, target, cfg)
@@ -95,8 +102,8 @@ def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, 
         rows = min(rows - 1, rows * (limit - fixed) // (need(rows) - fixed))
     if rows == 0:
         raise ValueError(f"workspace_bytes: expected at least {need(1)} bytes for {tokens} queries over {keys} keys "
-                         f"(the windows, a query row's float32 logits and its top-k's workspace), got a bound of "
-                         f"{limit}")
+                         f"(the windows, {'the keys widened, ' if keys_words else ''}a query row's float32 logits and "
+                         f"its top-k's workspace), got a bound of {limit}")
     step = math.lcm(ALIGN, quantum) if rows >= math.lcm(ALIGN, quantum) else ALIGN
     if rows >= step:  # whole rounds of the logits launch (else aligned rows), the passes as even as they then can be
         rows -= rows % step
@@ -111,9 +118,11 @@ def _passes(q, k, k_scale, weights, topk_k: int, limit: int, *, target: Target,
     of its logits launch where the bound allows): the windows, a pass's logits and its top-k's workspace."""
     tokens, keys = q.shape[0], k.shape[0]
     quantum = prefill_round(q, k, k_scale, weights, target=target, cfg=tuning["mqa_logits"])
-    rows = pass_rows(tokens, keys, q.device, topk_k, limit, target=target, cfg=tuning["topk"], quantum=quantum)
-    return rows, 4 * (2 * _piece(tokens) + _piece(rows * keys)) + _topk_bytes(rows, keys, q.device, topk_k, target,
-                                                                               tuning["topk"])
+    wide = prefill_workspace_words(q, k, target=target)
+    rows = pass_rows(tokens, keys, q.device, topk_k, limit, target=target, cfg=tuning["topk"], quantum=quantum,
+                     keys_words=wide)
+    return rows, 4 * (2 * _piece(tokens) + _piece(wide) + _piece(rows * keys)) + _topk_bytes(
+        rows, keys, q.device, topk_k, target, tuning["topk"])
 
 
 def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, topk_k: int,
@@ -137,11 +146,12 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
     if keys <= topk_k:  # every window short: its first positions, translated, in one launch
         return [short_launch(ks, 1, row_to_batch, topk_k, keys, page_table, page_size, out, out_raw, window_ends=ke)]
     rows, total = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, target=target, tuning=tuning)
-    win, part = _piece(tokens), _piece(rows * keys)
+    win, wide, part = _piece(tokens), _piece(prefill_workspace_words(q, k, target=target)), _piece(rows * keys)
     ws = workspaces.words(q, total // 4, workspace, cap=workspace_bytes_ // 4)
     starts, lengths = ws[:tokens], ws[win:win + tokens]
-    logits = ws[2 * win:2 * win + rows * keys].view(torch.float32).view(rows, keys)
-    scratch = ws[2 * win + part:].view(torch.uint8)
+    keys_ws = ws[2 * win:2 * win + wide]
+    logits = ws[2 * win + wide:2 * win + wide + rows * keys].view(torch.float32).view(rows, keys)
+    scratch = ws[2 * win + wide + part:].view(torch.uint8)
     select = topk_cfg(rows, q.device, target, tuning["topk"])
     steps: list[Launch | None] = [Launch(WINDOWS, (cdiv(tokens, WINDOW_BLOCK),), launch_key_options({"num_warps": 4}),
                                          (ks, ke, starts, lengths, tokens, keys, ks.stride(0), ke.stride(0)),
@@ -149,9 +159,10 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
     for t0 in range(0, tokens, rows):
         t1 = min(tokens, t0 + rows)
         scores = logits[:t1 - t0]
-        steps.append(mqa_logits_launch(q[t0:t1], k, k_scale, weights[t0:t1], ks[t0:t1], ke[t0:t1], scores,
-                                       target=target, cfg=tuning["mqa_logits"], options=options, skip=topk_k,
-                                       fill=False))
+        # (MXFP4 keys widened once: in the first pass)
+        steps += mqa_logits_launches(q[t0:t1], k, k_scale, weights[t0:t1], ks[t0:t1], ke[t0:t1], scores,
+                                     target=target, cfg=tuning["mqa_logits"], options=options, skip=topk_k,
+                                     fill=False, workspace=keys_ws, keys_widened=t0 > 0)
         # Without row_to_batch, query t translates through table row t: the pass's rows of the table.
         r2b, table = (None, page_table[t0:t1]) if row_to_batch is None else (row_to_batch[t0:t1], page_table)
         steps += [launch for _, launch in topk.launches(scores, lengths[t0:t1], topk_k, starts[t0:t1], out[t0:t1],

@@ -49,7 +49,7 @@ def op_launches(op: str, args: Mapping[str, Any], target: Target,
             a.get("page_size", 1), a.get("row_to_batch"), sorted=a.get("sorted", False), target=target,
             cfg=tuning["topk"])]
     elif op == "mqa_logits":
-        found = [logits.mqa_logits_launch(**a, target=target, cfg=tuning["mqa_logits"])]
+        found = logits.mqa_logits_launches(**a, target=target, cfg=tuning["mqa_logits"])
     elif op == "paged_mqa_logits":
         found = [logits.paged_mqa_logits_launch(**a, target=target, cfg=tuning["paged_mqa_logits"])]
     elif op == "gather_index_k":
