@@ -14,13 +14,11 @@ _COMMON: dict[str, dict[str, Any]] = {
     # One warpgroup a program, three resident a SM (≤ 168 registers, 40 KB shared) so epilogues overlap MMAs.
     # KERNEL "tma-ws": the Hopper kernel in Gluon (prefill_sm90.py: one program a SM, a copy warp bringing 64-key tiles
     # TMA_STAGES ahead, a multiple of its four math warp groups) where it takes the call, else this Triton kernel;
-    # TMA_MAXNREG the kernel-wide register cap (96 for the 20 warps), TMA_MATH_REGS the math groups' share. On MXFP4
-    # keys (TMA_FP4_*) three math groups of 160 registers (four at 112 spill 200 bytes: the widening's registers on top
-    # of the fp8 epilogue's), a ring of 12 tiles of value words.
+    # TMA_MAXNREG the kernel-wide register cap (96 for the 20 warps), TMA_MATH_REGS the math groups' share. MXFP4
+    # keys are widened once a call and take the fp8 kernels (prefill_fp4.py).
     "mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
                    "PROGRAMS_PER_SM": 3, "KERNEL": "triton", "TMA_STAGES": 16, "TMA_MAXNREG": 96,
-                   "TMA_MATH_REGS": 112, "TMA_FP4_GROUPS": 3, "TMA_FP4_STAGES": 12, "TMA_FP4_MAXNREG": 128,
-                   "TMA_FP4_MATH_REGS": 160},
+                   "TMA_MATH_REGS": 112},
     # Paged decode: 64-key tiles (one page: a scalar table entry, contiguous rows and scales)
     # through Triton's own pipeliner, 5 stages deep (H200: 74 / 90 % of copy at 64 × 32K / 128K; the register
     # prefetch variants PREFETCH 1-2 57-65 %), at most COLS dot columns (draft tokens × heads) a

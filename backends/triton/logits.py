@@ -53,6 +53,7 @@ import triton.language as tl
 
 from indexcache.backends.triton import mxfp4
 from indexcache.backends.triton import workspace as workspaces
+from indexcache.backends.triton.head_sum import fp4_head_sum, scale_keys, tile_head_sum, unpack_words
 from indexcache.backends.triton.launcher import (
     Launch,
     Launcher,
@@ -72,69 +73,6 @@ from indexcache.hal.layout import FP8_DTYPES, cache_page_size, token_bytes
 NEG_INF = tl.constexpr(float("-inf"))
 INTERPRETED_SMS = 3  # programs of the persistent grid under the interpreter (exercises the round-robin)
 BATCH_BLOCK = 256  # context lengths a step of the decode schedule reads
-
-
-@triton.jit
-def _e4m3_bytes_to_fp16(x, BIAS: tl.constexpr):
-    """e4m3 bytes (uint8; exponent bias 7: e4m3fn, 8: e4m3fnuz) as fp16, exactly, without fp8 instructions: the
-    7 magnitude bits go to fp16's exponent and mantissa fields (2^(e - 15) · (1 + m/8), or m · 2^-17 when
-    e = 0), the sign to bit 15, then one exact multiply by 2^(15 - BIAS) (every e4m3 value is an fp16 normal).
-    The NaN bytes (0x7F / 0xFF in e4m3fn, 0x80 in e4m3fnuz) become NaN."""
-    SCALE: tl.constexpr = 2.0 ** (15 - BIAS)
-    b = x.to(tl.uint16)
-    h = (((b & 0x7F) << 7) | ((b & 0x80) << 8)).to(tl.float16, bitcast=True)
-    if BIAS == 7:
-        nan = (b & 0x7F) == 0x7F
-    else:
-        nan = b == 0x80
-    return tl.where(nan, float("nan"), h * SCALE)
-
-
-@triton.jit
-def _widen(x, WIDEN: tl.constexpr):
-    """The dot operand in the precision the dot runs in (0: as is, 1: e4m3fn bytes decoded to fp16, 2: fp32,
-    3: e4m3fnuz bytes decoded to fp16)."""
-    if WIDEN == 1:
-        x = _e4m3_bytes_to_fp16(x, 7)
-    elif WIDEN == 3:
-        x = _e4m3_bytes_to_fp16(x, 8)
-    elif WIDEN == 2:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def _dot(k, q, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, acc=None):
-    """``k [ROWS, D] · q [GROUPS · H, D]ᵀ`` in fp32: ``[ROWS, GROUPS · H]`` when ``KEYS_ON_M``, else transposed;
-    added to ``acc`` when one is given."""
-    precision: tl.constexpr = "ieee" if WIDEN == 2 else None
-    if KEYS_ON_M:
-        acc = tl.dot(_widen(k, WIDEN), tl.trans(_widen(q, WIDEN)), acc, input_precision=precision)
-    else:
-        acc = tl.dot(_widen(q, WIDEN), tl.trans(_widen(k, WIDEN)), acc, input_precision=precision)
-    return acc
-
-
-@triton.jit
-def _heads(acc, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, KEYS_ON_M: tl.constexpr):
-    """Σ_h w · relu(acc) of a :func:`_dot` result, ``w [GROUPS, H]``: fp32 ``[ROWS, GROUPS]`` when ``KEYS_ON_M``
-    else ``[GROUPS, ROWS]``. The ReLU keeps NaN (the documented non-finite rule: a NaN product makes its logit NaN
-    on every backend)."""
-    if KEYS_ON_M:
-        acc = tl.reshape(acc, (ROWS, GROUPS, H))
-        s = tl.sum(tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2)
-    else:
-        acc = tl.reshape(acc, (GROUPS, H, ROWS))
-        s = tl.sum(tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[:, :, None], axis=1)
-    return s
-
-
-@triton.jit
-def _head_sum(k, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, KEYS_ON_M: tl.constexpr,
-              WIDEN: tl.constexpr):
-    """Σ_h w · relu(q · k) for a key tile ``k [ROWS, D]`` and ``q [GROUPS · H, D]``, ``w [GROUPS, H]``
-    (:func:`_dot`, then :func:`_heads`)."""
-    return _heads(_dot(k, q, KEYS_ON_M, WIDEN), w, ROWS, GROUPS, H, KEYS_ON_M)
 
 
 @triton.jit
@@ -160,7 +98,7 @@ def mqa_logits_kernel(
 ):
     """``MXFP4`` (1: widened to e4m3fn, 2: to e4m3fnuz): ``k`` holds MXFP4 value bytes ``[N, D / 2]`` (rows at
     multiples of 4 bytes, read as words) and ``scale`` their e8m0 bytes ``[N, D / 32]`` (unit stride along a row),
-    each tile's logits as the decode kernel's (:func:`_fp4_head_sum`: its scales applied there). ``skip``: rows
+    each tile's logits as the decode kernel's (:func:`fp4_head_sum`: its scales applied there). ``skip``: rows
     whose clipped window holds at most this many keys get no logits (0: as the contract, only empty ones);
     ``FILL`` 0: nothing is written outside the union of a block's windows (the producer step reads only inside
     each row's window)."""
@@ -204,11 +142,11 @@ def mqa_logits_kernel(
                                 + tl.arange(0, D // 8)[None, :], mask=n_ok[:, None], other=0)
                 key_scales = tl.load(scale_ptr + (n.to(tl.int64) * scale_s0)[:, None]
                                      + tl.arange(0, D // 32)[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
-                s = _fp4_head_sum(words, key_scales, n_ok, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, MXFP4)
+                s = fp4_head_sum(words, key_scales, n_ok, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, MXFP4)
             else:
                 k = tl.load(k_ptr + n.to(tl.int64)[:, None] * k_s0 + dims[None, :] * k_s1, mask=n_ok[:, None],
                             other=0.0)
-                s = _head_sum(k, q, w, BLOCK_N, BLOCK_Q, H, KEYS_ON_M, WIDEN)
+                s = tile_head_sum(k, q, w, BLOCK_N, BLOCK_Q, H, KEYS_ON_M, WIDEN)
                 sc = tl.load(scale_ptr + n * scale_s0, mask=n_ok, other=0.0)
                 if KEYS_ON_M:
                     s = s * sc[:, None]
@@ -350,90 +288,6 @@ def _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE: tl.con
 
 
 @triton.jit
-def _unpack_words(words, dtype: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr):
-    """int32 ``[ROWS, D // 4]`` → its bytes as ``dtype`` ``[ROWS, D]`` (little-endian: byte 0 first)."""
-    b0 = (words & 0xFF).to(tl.uint8)
-    b1 = ((words >> 8) & 0xFF).to(tl.uint8)
-    b2 = ((words >> 16) & 0xFF).to(tl.uint8)
-    b3 = ((words >> 24) & 0xFF).to(tl.uint8)
-    x = tl.join(tl.join(b0, b2), tl.join(b1, b3))  # [ROWS, D // 4, 2, 2]; [..., i, j] is byte 2 i + j
-    return tl.reshape(x, (ROWS, D)).to(dtype, bitcast=True)
-
-
-@triton.jit
-def _scaled(acc, sc, KEYS_ON_M: tl.constexpr):
-    """``acc`` (``[keys, …]`` when ``KEYS_ON_M``, else ``[…, keys]``) times the keys' ``sc [keys]``."""
-    if KEYS_ON_M:
-        acc = acc * sc[:, None]
-    else:
-        acc = acc * sc[None, :]
-    return acc
-
-
-@triton.jit
-def _scaled_dot(words, scales, q, ROWS: tl.constexpr, D: tl.constexpr, MXFP4: tl.constexpr, KEYS_ON_M: tl.constexpr):
-    """A tile's MXFP4 keys (``words`` uint32 ``[ROWS, D // 8]``, ``scales`` int32 e8m0 bytes ``[ROWS, D // 32]``) times
-    e4m3fn queries ``q [COLS, D]`` on the target's block-scaled instruction, which applies each block's scale
-    (``MXFP4`` ``mxfp4.SCALED_E2M1``: the keys as e2m1, ``q`` in the elements' order; ``mxfp4.SCALED_E4M3``: widened
-    to e4m3fn, exact, ``q`` in ``mxfp4.permute``'s order): fp32 ``[ROWS, COLS]`` when ``KEYS_ON_M``, else
-    ``[COLS, ROWS]``."""
-    if MXFP4 == mxfp4.SCALED_E2M1:
-        k = _unpack_words(words, tl.uint8, ROWS, D // 2)
-    else:
-        k = _unpack_words(mxfp4.widen(words, 0x2C, ROWS, D, False), q.dtype, ROWS, D)
-    fmt: tl.constexpr = "e2m1" if MXFP4 == mxfp4.SCALED_E2M1 else "e4m3"
-    k_scales = scales.to(tl.uint8)
-    unit = tl.full((q.shape[0], D // 32), 127, tl.uint8)  # the queries' block scales: 2 ** 0
-    if KEYS_ON_M:
-        acc = tl.dot_scaled(k, k_scales, fmt, tl.trans(q), unit, "e4m3")
-    else:
-        acc = tl.dot_scaled(q, unit, "e4m3", tl.trans(k), k_scales, fmt)
-    return acc
-
-
-@triton.jit
-def _fp4_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
-                  D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, MXFP4: tl.constexpr):
-    """:func:`_head_sum` of an MXFP4 tile (:func:`_fp4_gather`), its scales applied (``MXFP4``: how, ``mxfp4``'s
-    modes): on a block-scaled instruction (:func:`_scaled_dot`) one dot, NaN for a key with a NaN block (byte 255),
-    whatever the instruction makes of that byte; else widened (:func:`widened_head_sum`)."""
-    if MXFP4 >= mxfp4.SCALED_E2M1:
-        s = _heads(_scaled_dot(words, scales, q, ROWS, D, MXFP4, KEYS_ON_M), w, ROWS, GROUPS, H, KEYS_ON_M)
-        s = _scaled(s, tl.where(tl.max(scales, axis=1) == 255, float("nan"), 1.0), KEYS_ON_M)
-    else:
-        s = widened_head_sum(words, scales, ok, q, w, ROWS, GROUPS, H, D, KEYS_ON_M, WIDEN,
-                                  MXFP4 == mxfp4.WIDEN_FNUZ)
-    return s
-
-
-@triton.jit
-def widened_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
-                          D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, FNUZ: tl.constexpr):
-    """:func:`_fp4_head_sum` widened to e4m3 (e4m3fnuz with ``FNUZ``): where every key the tile reads has its block
-    scales within ``mxfp4.SPREAD`` (or a NaN one), its values with one scale a key, one dot over D. Else D / 32 dots
-    into one accumulator, each taking every key's next block by scale (the others zero) in units of that block's
-    scale, the sum so far brought to those units first (a power of two ≤ 1), then the last unit's scale and the
-    heads."""
-    lift, scale, one = mxfp4.key_lifts(scales, ROWS, D, FNUZ)
-    k = _unpack_words(mxfp4.widen(words, lift, ROWS, D, FNUZ), q.dtype, ROWS, D)
-    s = _scaled(_head_sum(k, q, w, ROWS, GROUPS, H, KEYS_ON_M, WIDEN), scale, KEYS_ON_M)
-    # The one-scale dot above is the loop's own (not under a branch: the compiler pipelines the tile's loads for it);
-    # a tile with a key whose blocks are too far apart takes it again, exactly.
-    if tl.max((ok & ~one).to(tl.int32), axis=0) != 0:
-        order = mxfp4.ranks(scales, ROWS, D)
-        block, unit = mxfp4.pass_words(words, scales, order, 0, ROWS, D, FNUZ)
-        acc = _dot(_unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN)
-        for p in range(1, D // 32):  # a loop, not unrolled: one pass live at a time
-            block, to = mxfp4.pass_words(words, scales, order, p, ROWS, D, FNUZ)
-            acc = _dot(_unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN,
-                       _scaled(acc, mxfp4.pow2(unit - to), KEYS_ON_M))
-            unit = to
-        acc = _scaled(acc, mxfp4.e8m0(unit), KEYS_ON_M)
-        s = _heads(acc, w, ROWS, GROUPS, H, KEYS_ON_M)
-    return s
-
-
-@triton.jit
 def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
                   GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_KEYS: tl.constexpr,
                   KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, WORDS: tl.constexpr, MXFP4: tl.constexpr):
@@ -441,11 +295,11 @@ def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, gr
     tile: ``MXFP4`` 1 widened to e4m3fn, 2 to e4m3fnuz)."""
     s = n0 + keys
     if MXFP4:
-        acc = _fp4_head_sum(k, sc, ok, q, w, BLOCK_KEYS, GROUPS, H, D, KEYS_ON_M, WIDEN, MXFP4)
+        acc = fp4_head_sum(k, sc, ok, q, w, BLOCK_KEYS, GROUPS, H, D, KEYS_ON_M, WIDEN, MXFP4)
     else:
         if WORDS:
-            k = _unpack_words(k, q.dtype, BLOCK_KEYS, D)
-        acc = _scaled(_head_sum(k, q, w, BLOCK_KEYS, GROUPS, H, KEYS_ON_M, WIDEN), sc, KEYS_ON_M)
+            k = unpack_words(k, q.dtype, BLOCK_KEYS, D)
+        acc = scale_keys(tile_head_sum(k, q, w, BLOCK_KEYS, GROUPS, H, KEYS_ON_M, WIDEN), sc, KEYS_ON_M)
     seen_s, vis = _pair(tl.where(ok, s, ctx), visible, KEYS_ON_M)
     col, row = _pair(s.to(tl.int64) * out_s1, out_rows, KEYS_ON_M)
     s_ok, g_ok = _pair(s < last, grp_ok, KEYS_ON_M)
@@ -810,7 +664,8 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, *, target: Target, 
             return mqa_logits_launches(q, wide, wide_scale, weights, ks, ke, out, target=target, cfg=cfg,
                                        options=fp8_options, skip=skip, fill=fill)
 
-        return prefill_fp4.launches(q, k, k_scale, weights, ks, ke, out, ws, target=target, cfg=cfg,
+        return prefill_fp4.launches(q, k, k_scale, weights, ks, ke, out, ws, cfg=cfg,
+                                    far_options=options or launch_key_options(format_options(target, cfg, True)),
                                     fp8_launches=fp8_launches, skip=skip, programs=_programs(target, q.device),
                                     widen=not keys_widened)
     if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (prefill_sm90.py) where it takes it
@@ -853,6 +708,9 @@ def prefill_round(q, k, k_scale, weights, *, target: Target, cfg: Mapping[str, A
     a program's block holds. A launch over a multiple of it leaves no program idle in its last round."""
     heads = q.shape[1]
     programs = _programs(target, q.device)
+    if prefill_workspace_words(q, k, target=target):  # MXFP4 keys widened once: the round of the fp8 launch after
+        k = torch.empty((k.shape[0], q.shape[2]), dtype=q.dtype, device="meta")
+        k_scale = torch.empty(k.shape[0], device="meta")
     if cfg.get("KERNEL") == "tma-ws":
         from indexcache.backends.triton import prefill_sm90
 
@@ -1007,7 +865,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     if target.gpu.fp8_mma and mode < mxfp4.SCALED_E2M1.value:
         from indexcache.backends.triton import prefill_fp4
 
-        specs += prefill_fp4.compile_specs(target, prefill, heads, dim)
+        specs += prefill_fp4.compile_specs(target, prefill, heads, dim, format_options(target, prefill, mxfp4=True))
     specs += [] if not target.gpu.fp8_mma or mode < mxfp4.SCALED_E2M1.value else [KernelSpec(
         "mqa_logits", mqa_logits_kernel,
         {"q_ptr": data, "k_ptr": "*u8", "scale_ptr": "*u8", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32",

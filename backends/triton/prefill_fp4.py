@@ -32,13 +32,12 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton import mxfp4
-from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options, persistent_programs
-from indexcache.backends.triton.logits import widened_head_sum
+from indexcache.backends.triton.head_sum import widened_head_sum
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options, persistent_programs
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 
 WIDEN_BLOCK = 64  # keys a program of the widening
-INTERPRETED_SMS = 3
 
 
 @triton.jit
@@ -135,12 +134,13 @@ def pieces(ws: torch.Tensor, keys: int, dim: int, fp8: torch.dtype):
             ws[body + keys:body + 2 * keys], ws[body + 2 * keys:body + 2 * keys + 1])
 
 
-def launches(q, k, k_scale, weights, ks, ke, out, ws, *, target: Target, cfg: Mapping[str, Any], fp8_launches,
+def launches(q, k, k_scale, weights, ks, ke, out, ws, *, cfg: Mapping[str, Any], far_options: Options, fp8_launches,
              skip: int = 0, programs: int, widen: bool = True) -> list[Launch]:
     """The launches of ``mqa_logits`` on MXFP4 keys ``k`` / ``k_scale`` widened once (module docstring), ``ws`` the
-    workspace (int32 words), ``fp8_launches(wide_k, wide_scale)`` the fp8 prefill's launches on the widened keys,
-    ``programs`` the multiprocessors the far keys' grid spans; ``widen`` False: ``ws`` holds these keys widened
-    already (an earlier call's launches: the producer step's passes)."""
+    workspace (int32 words), ``cfg`` the prefill's tuning entry and ``far_options`` the far keys' launch options,
+    ``fp8_launches(wide_k, wide_scale)`` the fp8 prefill's launches on the widened keys, ``programs`` the
+    multiprocessors the far keys' grid spans; ``widen`` False: ``ws`` holds these keys widened already (an earlier
+    call's launches: the producer step's passes)."""
     tokens, heads, dim = q.shape
     keys = k.shape[0]
     fnuz = q.dtype == torch.float8_e4m3fnuz
@@ -158,11 +158,8 @@ def launches(q, k, k_scale, weights, ks, ke, out, ws, *, target: Target, cfg: Ma
     found += fp8_launches(wide, wide_scale)
     block_q = max(1, cfg["COLS"] // heads, 16 // heads)
     if keys and tokens:
-        from indexcache.backends.triton.logits import format_options
-
         found.append(Launch(
-            FAR_KEYS, (max(1, min(cdiv(tokens, block_q), persistent_programs(programs, 1))),),
-            launch_key_options(format_options(target, cfg, mxfp4=True)),
+            FAR_KEYS, (max(1, min(cdiv(tokens, block_q), persistent_programs(programs, 1))),), far_options,
             (q, k.view(torch.uint8), k_scale.view(torch.uint8), weights, ks, ke, far, count, out, tokens, keys, skip,
              q.stride(0), q.stride(1), q.stride(2), k.stride(0), k_scale.stride(0), weights.stride(0),
              weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1)),
@@ -171,11 +168,11 @@ def launches(q, k, k_scale, weights, ks, ke, out, ws, *, target: Target, cfg: Ma
     return found
 
 
-def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) -> list:
+def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, far_options: Mapping[str, Any]) -> list:
     """What :func:`launches` builds for ``target`` besides the fp8 prefill (cross-compile check): the count's reset, the
-    widening and the far keys' logits at the table's tile (``cfg``, the prefill's entry), the target's fp8 queries."""
+    widening and the far keys' logits at the table's tile (``cfg``, the prefill's entry; ``far_options`` their launch
+    options), the target's fp8 queries."""
     from indexcache.backends.triton.crosscompile import KernelSpec, pointer
-    from indexcache.backends.triton.logits import format_options
 
     fnuz = target.fp8_dtype == torch.float8_e4m3fnuz
     return [
@@ -191,5 +188,5 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) 
                    {"H": heads, "D": dim, "BLOCK_Q": max(1, cfg["COLS"] // heads, 16 // heads),
                     "BLOCK_N": cfg["BLOCK_N"], "KEYS_ON_M": cfg["KEYS_ON_M"], "WIDEN": 0, "FNUZ": fnuz, "q_s2": 1,
                     "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
-                   format_options(target, cfg, mxfp4=True), matrix="fp8", aligned=("q_s0", "q_s1", "k_s0", "w_s0")),
+                   far_options, matrix="fp8", aligned=("q_s0", "q_s1", "k_s0", "w_s0")),
     ]

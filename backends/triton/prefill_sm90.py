@@ -17,10 +17,9 @@ One program a SM (DeepGEMM's arrangement; docs/kernels.md, "Prefill on Hopper"):
   from the matmul's register layout, viewed as ``[64, BLOCK_Q, H]``. The four groups' epilogues overlap each other's
   matmuls.
 
-fp8 e4m3fn queries, fp8 or MXFP4 keys (``MXFP4``: three math groups widen each tile's values to e4m3fn in
-shared memory first; docs/fp4.md, "The Hopper prefill"), D = 128, 64 or 128 heads, contiguous q and k. Gluon does
-not run under the interpreter: the CPU checks cover the host side and the cross-compile check builds the kernel where
-the table takes it; ``tests/test_prefill_sm90.py`` compares it with the Triton kernel on an sm90 GPU.
+fp8 e4m3fn only (MXFP4 keys come widened: ``prefill_fp4``), D = 128, 64 or 128 heads, contiguous q and k. Gluon
+does not run under the interpreter: the CPU checks cover the host side and the cross-compile check builds the kernel
+where the table takes it; ``tests/test_prefill_sm90.py`` compares it with the Triton kernel on an sm90 GPU.
 """
 
 from __future__ import annotations
@@ -33,28 +32,22 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from indexcache.backends.triton import mxfp4_sm90
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
 from indexcache.backends.triton.sm90 import tma_load, unsupported_target
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
-from indexcache.hal import fp4
 
 NEG_INF = gl.constexpr(float("-inf"))
 BLOCK_N = 64  # keys a tile: M of one warpgroup's matmul
 COLS = 128  # matmul columns: BLOCK_Q tokens × H heads
 LOADER_REGS = 32  # the copy warp's registers
 MATH = gl.constexpr(4)  # math warp groups a program (one program a SM): the four partitions of the kernel
-# What ptxas keeps on the stack of an MXFP4 build (Triton 3.6: 8-16 bytes, 3.9: 16-24): a word or two of the tile
-# loop's state across the exact path's branch, read once a tile after the logits are stored.
-FP4_STACK_BYTES = 24
 
 
 @gluon.jit
@@ -109,30 +102,13 @@ def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready,
 
 
 @gluon.jit
-def _exact(wide_smem, q_tile, words, sw, cols, sw_m, w, ptrs, store_ok, mma: gl.constexpr, view: gl.constexpr,
-           BLOCK_N: gl.constexpr, BLOCK_Q: gl.constexpr, H: gl.constexpr, D: gl.constexpr):
-    """The logits of a tile's MXFP4 keys whose block scales lie too far apart for one scale a key, stored where
-    ``store_ok``: D / 32 matmuls into one accumulator, each taking every key's next block by scale in units of that
-    block's scale, the sum so far brought to those units first (as the Triton kernel's exact path). ``sw`` the keys'
-    scale words in the rows of ``words``, ``sw_m`` in the matmul's."""
-    acc, last = mxfp4_sm90.exact(wide_smem, q_tile, words, sw, cols, sw_m,
-                                 gl.zeros([BLOCK_N, BLOCK_Q * H], gl.float32, layout=mma))
-    acc = acc * mxfp4_sm90.e8m0(last)[:, None]
-    acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
-    s = gl.sum(gl.maximum(acc3, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2)
-    gl.store(ptrs, s, mask=store_ok)
-
-
-@gluon.jit
-def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, wide_smem, ready, empty, q_ready,
-                    q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, WG: gl.constexpr, MATH: gl.constexpr,
-                    H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, view: gl.constexpr, FILL: gl.constexpr, MXFP4: gl.constexpr):
+def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready, q_empty,
+                    T, N, w_s0, ks_s0, ke_s0, out_s0, skip, WG: gl.constexpr, MATH: gl.constexpr, H: gl.constexpr,
+                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, view: gl.constexpr,
+                    FILL: gl.constexpr):
     """Math warp group ``WG`` of ``MATH``: of each block, the tiles ``j ≡ WG (mod MATH)`` of the program's running
     count (so each ring slot always feeds the same group, ``STAGES`` a multiple of ``MATH``): matmul, head sum,
-    store; and (``FILL``) its share of the block's -inf columns. MXFP4 keys (``MXFP4``) are widened into the group's
-    two buffers of ``wide_smem`` first; a tile holding keys whose blocks lie too far apart takes their logits again by
-    the exact path."""
+    store; and (``FILL``) its share of the block's -inf columns."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_Q * H, 32])
     pair_l: gl.constexpr = gl.SliceLayout(2, view)  # [keys, tokens]
@@ -147,10 +123,6 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
     fill_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, fill_l))
     fill = gl.full([BLOCK_Q, BLOCK_N], NEG_INF, gl.float32, layout=fill_l)
     zero = gl.zeros([BLOCK_N, BLOCK_Q * H], gl.float32, layout=mma)
-    if MXFP4:
-        rows_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mxfp4_sm90.WORDS_LAYOUT))
-        cols = gl.arange(0, D // 8, layout=gl.SliceLayout(0, mxfp4_sm90.WORDS_LAYOUT))
-        rows_m = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
     blocks = gl.cdiv(T, BLOCK_Q)
     i = 0
     c = 0
@@ -171,41 +143,20 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
             slot = g % STAGES
             n0 = start + step * BLOCK_N
             n = n0 + keys
-            if MXFP4:
-                mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-                sw = gl.load(scale_ptr + n0 + rows_w, mask=n0 + rows_w < N, other=0)  # a key's scale bytes, a word
-                lift_base, _, _ = mxfp4_sm90.key_scales(sw)
-                k_tile = wide_smem.index(2 * WG + g // MATH % 2)  # the group's two buffers: a warp past this tile's
-                # barrier is past the group's matmul of the tile before
-                mxfp4_sm90.stage(k_tile, keys_smem.index(slot).load(mxfp4_sm90.WORDS_LAYOUT), sw, cols, lift_base)
-            else:
-                sc = gl.load(scale_ptr + n, mask=n < N, other=0.0)
-                mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-                k_tile = keys_smem.index(slot)
-            acc = warpgroup_mma(k_tile, q_tile, zero, use_acc=False, is_async=True)
+            sc = gl.load(scale_ptr + n, mask=n < N, other=0.0)
+            mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
+            acc = warpgroup_mma(keys_smem.index(slot), q_tile, zero, use_acc=False, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            if MXFP4:  # the keys' scales after the matmul: fewer registers live across it
-                _, sc, one = mxfp4_sm90.key_scales(gl.load(scale_ptr + n, mask=n < N, other=0))
-            else:
-                mbarrier.arrive(empty.index(slot), count=1)
+            mbarrier.arrive(empty.index(slot), count=1)
             acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
             s = gl.sum(gl.maximum(acc3, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2)
             s = s * sc[:, None]
             ptrs = out_ptr + out_rows[None, :] + n.to(gl.int64)[:, None]
-            inside = (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
             if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
                 gl.store(ptrs, s)
             else:
+                inside = (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
                 gl.store(ptrs, gl.where(inside, s, NEG_INF), mask=(n < N)[:, None] & tok_ok[None, :])
-            if MXFP4:  # the slot is kept until here: the exact path reads the tile again
-                far = (n < N) & ~one
-                if gl.max(far.to(gl.int32), axis=0) != 0:  # the same threads store the same logits again
-                    sw = gl.load(scale_ptr + n0 + rows_w, mask=n0 + rows_w < N, other=0)
-                    sw_m = gl.load(scale_ptr + n0 + rows_m, mask=n0 + rows_m < N, other=0)
-                    _exact(k_tile, q_tile, keys_smem.index(slot).load(mxfp4_sm90.WORDS_LAYOUT), sw, cols, sw_m, w, ptrs,
-                           far[:, None] & inside & tok_ok[None, :], mma, view, BLOCK_N, BLOCK_Q, H, D)
-                fence_async_shared()  # read through the generic proxy; the copy engine writes next
-                mbarrier.arrive(empty.index(slot), count=1)
         mbarrier.arrive(q_empty.index(qb), count=1)  # this group's matmuls on the block's Q are done
         i += tiles
         c += 1
@@ -229,22 +180,14 @@ def prefill_sm90_kernel(
     T, N, w_s0, ks_s0, ke_s0, out_s0, skip,
     H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr, FILL: gl.constexpr = 1,
-    MXFP4: gl.constexpr = 0, GROUPS: gl.constexpr = 4,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots; four math warp groups (``MATH_REGS``) free them
     through mbarriers; ``view``: the matmul's accumulator layout seen as ``[BLOCK_N, BLOCK_Q, H]``
     (:func:`accumulator_view`). ``skip``: rows whose clipped window holds at most this many keys get no logits
     (0: as the contract, only empty ones); ``FILL`` 0: nothing is written outside the union of a block's windows
-    (the producer step reads only inside each row's window). ``MXFP4``: MXFP4 keys (``keys_desc`` their value words
-    ``[N, D / 8]``, ``scale_ptr`` their scale bytes a word a key), widened to e4m3fn in the math groups. ``GROUPS``:
-    the math warp groups, four (``MATH``) or three (each then has the registers of a fourth)."""
+    (the producer step reads only inside each row's window)."""
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-    if MXFP4:  # each math group's widened keys: the tile in its matmul and the next one
-        wide_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.float8e4nv)
-        wide_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * GROUPS, BLOCK_N, D], wide_layout)
-    else:
-        wide_smem = q_smem
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -254,39 +197,24 @@ def prefill_sm90_kernel(
         mbarrier.init(empty.index(st), count=1)
     for st in gl.static_range(2):
         mbarrier.init(q_ready.index(st), count=1)
-        mbarrier.init(q_empty.index(st), count=GROUPS)
-    # The math warp groups run the same function (a tuple built from another would lose ``view``'s constness).
-    if GROUPS == 4:
-        gl.warp_specialize([
-            (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, wide_smem, ready, empty,
-                               q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 0, GROUPS, H, D, BLOCK_Q,
-                               BLOCK_N, STAGES, view, FILL, MXFP4)),
-            (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, wide_smem, ready, empty,
-                               q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 1, GROUPS, H, D, BLOCK_Q,
-                               BLOCK_N, STAGES, view, FILL, MXFP4)),
-            (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, wide_smem, ready, empty,
-                               q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 2, GROUPS, H, D, BLOCK_Q,
-                               BLOCK_N, STAGES, view, FILL, MXFP4)),
-            (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, wide_smem, ready, empty,
-                               q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 3, GROUPS, H, D, BLOCK_Q,
-                               BLOCK_N, STAGES, view, FILL, MXFP4)),
-            (_copy_partition, (keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, T,
-                               N, ks_s0, ke_s0, skip, H, BLOCK_Q, BLOCK_N, STAGES)),
-        ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
-    else:
-        gl.warp_specialize([
-            (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, wide_smem, ready, empty,
-                               q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 0, GROUPS, H, D, BLOCK_Q,
-                               BLOCK_N, STAGES, view, FILL, MXFP4)),
-            (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, wide_smem, ready, empty,
-                               q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 1, GROUPS, H, D, BLOCK_Q,
-                               BLOCK_N, STAGES, view, FILL, MXFP4)),
-            (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, wide_smem, ready, empty,
-                               q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 2, GROUPS, H, D, BLOCK_Q,
-                               BLOCK_N, STAGES, view, FILL, MXFP4)),
-            (_copy_partition, (keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, T,
-                               N, ks_s0, ke_s0, skip, H, BLOCK_Q, BLOCK_N, STAGES)),
-        ], [4, 4, 1], [MATH_REGS, MATH_REGS, LOADER_REGS])
+        mbarrier.init(q_empty.index(st), count=MATH)
+    # The four math warp groups run the same function (a tuple built from another would lose ``view``'s constness).
+    gl.warp_specialize([
+        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 0, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL)),
+        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 1, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL)),
+        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 2, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL)),
+        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 3, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL)),
+        (_copy_partition, (keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, T,
+                           N, ks_s0, ke_s0, skip, H, BLOCK_Q, BLOCK_N, STAGES)),
+    ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
         mbarrier.invalidate(empty.index(st))
@@ -315,47 +243,35 @@ def accumulator_view(block_q: int, heads: int) -> gl.DistributedLinearLayout:
 def unsupported(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, out: torch.Tensor,
                 target: Target) -> list[str]:
     """Why this kernel cannot take a prefill call (empty: it can; the Triton kernel takes the others). Arguments as
-    ``indexcache.mqa_logits`` (``k`` fp8, or MXFP4 with its e8m0 ``k_scale``)."""
+    ``indexcache.mqa_logits``."""
     heads, dim = q.shape[1], q.shape[2]
     reasons = unsupported_target(q.dtype, target)
+    if k.dtype != q.dtype:
+        reasons.append(f"k dtype {k.dtype}: keys in q's fp8 format only (MXFP4 keys come widened, prefill_fp4)")
     if dim != 128 or heads not in (64, 128):  # fewer heads: more tokens a block, whose windows spill registers
         reasons.append(f"{heads} heads of dim {dim}: 64 or 128 heads of dim 128 only")
-    row = dim // 2 if k.dtype == fp4.FP4 else dim  # a key's bytes
-    if k.shape[0] == 0 or k.stride(1) != 1 or k.stride(0) != row or k.data_ptr() % 16:
-        reasons.append(f"k must be a non-empty contiguous [N, {row}] tensor aligned to 16 bytes (the copy engine's)")
+    if k.shape[0] == 0 or k.stride(1) != 1 or k.stride(0) != dim or k.data_ptr() % 16:
+        reasons.append("k must be a non-empty contiguous [N, 128] tensor aligned to 16 bytes (the copy engine's)")
     if q.shape[0] == 0 or not q.is_contiguous() or q.data_ptr() % 16:
         reasons.append("q must be a non-empty contiguous tensor aligned to 16 bytes (the copy engine's)")
-    if k_scale.stride(-1) != 1 or weights.stride(1) != 1 or out.stride(1) != 1:
+    if k_scale.stride(0) != 1 or weights.stride(1) != 1 or out.stride(1) != 1:
         reasons.append("k_scale, weights and out need unit strides along their last dimension")
-    if k.dtype == fp4.FP4 and (k_scale.stride(0) != dim // 32 or k_scale.data_ptr() % 4):
-        reasons.append(f"MXFP4 k_scale must hold a key's {dim // 32} scale bytes as one aligned word a key")
     return reasons
 
 
-def _entry(cfg: Mapping[str, Any], mxfp4: bool) -> dict[str, Any]:
-    """The table's stages, register caps and math groups for fp8 keys (``TMA_*``) or MXFP4 keys (``TMA_FP4_*``)."""
-    pre = "TMA_FP4_" if mxfp4 else "TMA_"
-    return {"stages": cfg[pre + "STAGES"], "maxnreg": cfg[pre + "MAXNREG"], "math_regs": cfg[pre + "MATH_REGS"],
-            "groups": cfg["TMA_FP4_GROUPS"] if mxfp4 else MATH.value}
-
-
-def _named(heads: int, dim: int, cfg: Mapping[str, Any], mxfp4: bool = False) -> dict[str, Any]:
+def _named(heads: int, dim: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
     block_q = COLS // heads
-    entry = _entry(cfg, mxfp4)
-    return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=entry["stages"],
-                MATH_REGS=entry["math_regs"], LOADER_REGS=LOADER_REGS, view=accumulator_view(block_q, heads),
-                MXFP4=int(mxfp4), GROUPS=entry["groups"])
+    return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=cfg["TMA_STAGES"],
+                MATH_REGS=cfg["TMA_MATH_REGS"], LOADER_REGS=LOADER_REGS, view=accumulator_view(block_q, heads))
 
 
-def _options(cfg: Mapping[str, Any], mxfp4: bool = False) -> dict[str, Any]:
-    return {"num_warps": 4, "maxnreg": _entry(cfg, mxfp4)["maxnreg"]}
+def _options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {"num_warps": 4, "maxnreg": cfg["TMA_MAXNREG"]}
 
 
-def _layouts(dim: int, mxfp4: bool = False) -> tuple:
-    """The shared layouts of a key tile (fp8 ``[BLOCK_N, dim]``, MXFP4 value words ``[BLOCK_N, dim / 8]``) and of a
-    block's Q ``[COLS, dim]``."""
-    keys = ([BLOCK_N, dim // 8], gl.int32) if mxfp4 else ([BLOCK_N, dim], gl.float8e4nv)
-    return (gl.NVMMASharedLayout.get_default_for(*keys),
+def _layouts(dim: int) -> tuple:
+    """The shared layouts of a key tile ``[BLOCK_N, dim]`` and a block's Q ``[COLS, dim]``."""
+    return (gl.NVMMASharedLayout.get_default_for([BLOCK_N, dim], gl.float8e4nv),
             gl.NVMMASharedLayout.get_default_for([COLS, dim], gl.float8e4nv))
 
 
@@ -366,25 +282,17 @@ def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: 
     ValueError; ``TMA_MAXNREG``, the kernel-wide register cap; ``TMA_MATH_REGS``, the math groups' share); ``sms``: the
     device's multiprocessors; ``skip`` and ``fill`` as the kernel's ``skip`` and ``FILL``. One program a SM (its 20
     warps take the register file), never more than there are blocks."""
+    if cfg["TMA_STAGES"] % MATH.value:
+        raise ValueError(f"mqa_logits tuning entry TMA_STAGES={cfg['TMA_STAGES']}: expected a multiple of {MATH.value} "
+                         "(each ring slot feeds one math warp group)")
     tokens, heads, dim = q.shape
     n = k.shape[0]
-    mxfp4 = k.dtype == fp4.FP4
-    entry = _entry(cfg, mxfp4)
-    if entry["stages"] % entry["groups"]:
-        name = "TMA_FP4_STAGES" if mxfp4 else "TMA_STAGES"
-        raise ValueError(f"mqa_logits tuning entry {name}={entry['stages']}: expected a multiple of {entry['groups']} "
-                         "(each ring slot feeds one math warp group)")
-    keys_layout, q_layout = _layouts(dim, mxfp4)
-    if mxfp4:  # the value bytes as words, a key's scale bytes as one
-        width = dim // 8
-        k, k_scale = k.view(torch.uint8).view(torch.int32), k_scale.view(torch.uint8).view(torch.int32).view(n)
-    else:
-        width = dim
-    keys_desc = TensorDescriptor(k, [n, width], [width, 1], [BLOCK_N, width], keys_layout)
+    keys_layout, q_layout = _layouts(dim)
+    keys_desc = TensorDescriptor(k, [n, dim], [dim, 1], [BLOCK_N, dim], keys_layout)
     rows = q.view(tokens * heads, dim)  # a block's Q: COLS rows from token t0's first
     q_desc = TensorDescriptor(rows, [tokens * heads, dim], [dim, 1], [COLS, dim], q_layout)
-    options = launch_key_options(_options(cfg, mxfp4))
-    named = dict(_named(heads, dim, cfg, mxfp4), FILL=fill)
+    options = launch_key_options(_options(cfg))
+    named = dict(_named(heads, dim, cfg), FILL=fill)
     args = (keys_desc, q_desc, k_scale, weights, ks, ke, out, tokens, n, weights.stride(0), ks.stride(0),
             ke.stride(0), out.stride(0), skip)
     return Launch(PREFILL, (max(1, min(sms, cdiv(tokens, named["BLOCK_Q"]))),), options, args, named)
@@ -392,21 +300,16 @@ def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: 
 
 def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) -> list:
     """What the kernel builds for ``target`` (sm90 only, else nothing) at the given indexer shape with the
-    ``mqa_logits`` entry ``cfg``, with the -inf fill (``mqa_logits``) and without (the producer step), on fp8 and on
-    MXFP4 keys (cross-compile check)."""
+    ``mqa_logits`` entry ``cfg``, with the -inf fill (``mqa_logits``) and without (the producer step; cross-compile
+    check)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
     if target.gpu.mma != "wgmma":  # Hopper's warp-group MMA and TMA
         return []
-    specs = []
-    for mxfp4 in (0, 1):
-        keys, q = _layouts(dim, bool(mxfp4))
-        key_type = f"i32[{BLOCK_N}, {dim // 8}]" if mxfp4 else f"fp8e4nv[{BLOCK_N}, {dim}]"
-        types = {"keys_desc": f"tensordesc<{key_type},{keys!r}>", "q_desc": f"tensordesc<fp8e4nv[{COLS}, {dim}],{q!r}>",
-                 "scale_ptr": "*i32" if mxfp4 else "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32",
-                 "out_ptr": "*fp32"}
-        specs += [KernelSpec("mqa_logits", prefill_sm90_kernel, types,
-                             {**_named(heads, dim, cfg, bool(mxfp4)), "FILL": fill, "ks_s0": 1, "ke_s0": 1},
-                             _options(cfg, bool(mxfp4)), matrix="fp8", aligned=("w_s0", "out_s0"),
-                             stack_bytes=FP4_STACK_BYTES if mxfp4 else 0) for fill in (1, 0)]
-    return specs
+    keys, q = _layouts(dim)
+    types = {"keys_desc": f"tensordesc<fp8e4nv[{BLOCK_N}, {dim}],{keys!r}>",
+             "q_desc": f"tensordesc<fp8e4nv[{COLS}, {dim}],{q!r}>", "scale_ptr": "*fp32", "w_ptr": "*fp32",
+             "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"}
+    return [KernelSpec("mqa_logits", prefill_sm90_kernel, types,
+                       {**_named(heads, dim, cfg), "FILL": fill, "ks_s0": 1, "ke_s0": 1}, _options(cfg),
+                       matrix="fp8", aligned=("w_s0", "out_s0")) for fill in (1, 0)]

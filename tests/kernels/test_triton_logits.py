@@ -17,7 +17,7 @@ import triton.language as tl
 import indexcache
 from indexcache.backends import cuda as cuda_backend
 from indexcache.backends.cuda.arch import NVIDIA
-from indexcache.backends.triton.logits import _e4m3_bytes_to_fp16
+from indexcache.backends.triton.head_sum import e4m3_bytes_to_fp16
 from indexcache.backends.triton.target import detect
 from indexcache.hal import dispatch, reference
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
@@ -373,7 +373,7 @@ SM80 = NVIDIA.target("sm80", interpreted=True)
 @triton.jit
 def _decode_bytes_kernel(x_ptr, o_ptr, BIAS: tl.constexpr):
     i = tl.arange(0, 256)
-    tl.store(o_ptr + i, _e4m3_bytes_to_fp16(tl.load(x_ptr + i), BIAS))
+    tl.store(o_ptr + i, e4m3_bytes_to_fp16(tl.load(x_ptr + i), BIAS))
 
 
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])

@@ -1,0 +1,162 @@
+"""The logits of one key tile, the part the Triton logits kernels share (``logits.py``, ``prefill_fp4.py``): the dot of
+the keys with the queries in the precision the target multiplies in, the ReLU and weighted head sum after it, the keys'
+scales; and for MXFP4 keys (``mxfp4.py``'s modes) the widening with one scale a key and its exact path, or the
+target's block-scaled instruction.
+
+``out[key, token] = scale[key] · Σ_h w[token, h] · relu(q[token, h] · k[key])``, ``[keys, tokens]`` with the keys on M
+(``KEYS_ON_M``), else ``[tokens, keys]``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from indexcache.backends.triton import mxfp4
+
+
+@triton.jit
+def e4m3_bytes_to_fp16(x, BIAS: tl.constexpr):
+    """e4m3 bytes (uint8; exponent bias 7: e4m3fn, 8: e4m3fnuz) as fp16, exactly, without fp8 instructions: the
+    7 magnitude bits go to fp16's exponent and mantissa fields (2^(e - 15) · (1 + m/8), or m · 2^-17 when
+    e = 0), the sign to bit 15, then one exact multiply by 2^(15 - BIAS) (every e4m3 value is an fp16 normal).
+    The NaN bytes (0x7F / 0xFF in e4m3fn, 0x80 in e4m3fnuz) become NaN."""
+    SCALE: tl.constexpr = 2.0 ** (15 - BIAS)
+    b = x.to(tl.uint16)
+    h = (((b & 0x7F) << 7) | ((b & 0x80) << 8)).to(tl.float16, bitcast=True)
+    if BIAS == 7:
+        nan = (b & 0x7F) == 0x7F
+    else:
+        nan = b == 0x80
+    return tl.where(nan, float("nan"), h * SCALE)
+
+
+@triton.jit
+def operand(x, WIDEN: tl.constexpr):
+    """The dot operand in the precision the dot runs in (0: as is, 1: e4m3fn bytes decoded to fp16, 2: fp32,
+    3: e4m3fnuz bytes decoded to fp16)."""
+    if WIDEN == 1:
+        x = e4m3_bytes_to_fp16(x, 7)
+    elif WIDEN == 3:
+        x = e4m3_bytes_to_fp16(x, 8)
+    elif WIDEN == 2:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def dot(k, q, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, acc=None):
+    """``k [ROWS, D] · q [GROUPS · H, D]ᵀ`` in fp32: ``[ROWS, GROUPS · H]`` when ``KEYS_ON_M``, else transposed;
+    added to ``acc`` when one is given."""
+    precision: tl.constexpr = "ieee" if WIDEN == 2 else None
+    if KEYS_ON_M:
+        acc = tl.dot(operand(k, WIDEN), tl.trans(operand(q, WIDEN)), acc, input_precision=precision)
+    else:
+        acc = tl.dot(operand(q, WIDEN), tl.trans(operand(k, WIDEN)), acc, input_precision=precision)
+    return acc
+
+
+@triton.jit
+def relu_head_sum(acc, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, KEYS_ON_M: tl.constexpr):
+    """Σ_h w · relu(acc) of a :func:`dot` result, ``w [GROUPS, H]``: fp32 ``[ROWS, GROUPS]`` when ``KEYS_ON_M``
+    else ``[GROUPS, ROWS]``. The ReLU keeps NaN (the documented non-finite rule: a NaN product makes its logit NaN
+    on every backend)."""
+    if KEYS_ON_M:
+        acc = tl.reshape(acc, (ROWS, GROUPS, H))
+        s = tl.sum(tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2)
+    else:
+        acc = tl.reshape(acc, (GROUPS, H, ROWS))
+        s = tl.sum(tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[:, :, None], axis=1)
+    return s
+
+
+@triton.jit
+def tile_head_sum(k, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, KEYS_ON_M: tl.constexpr,
+              WIDEN: tl.constexpr):
+    """Σ_h w · relu(q · k) for a key tile ``k [ROWS, D]`` and ``q [GROUPS · H, D]``, ``w [GROUPS, H]``
+    (:func:`dot`, then :func:`relu_head_sum`)."""
+    return relu_head_sum(dot(k, q, KEYS_ON_M, WIDEN), w, ROWS, GROUPS, H, KEYS_ON_M)
+
+
+@triton.jit
+def unpack_words(words, dtype: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr):
+    """int32 ``[ROWS, D // 4]`` → its bytes as ``dtype`` ``[ROWS, D]`` (little-endian: byte 0 first)."""
+    b0 = (words & 0xFF).to(tl.uint8)
+    b1 = ((words >> 8) & 0xFF).to(tl.uint8)
+    b2 = ((words >> 16) & 0xFF).to(tl.uint8)
+    b3 = ((words >> 24) & 0xFF).to(tl.uint8)
+    x = tl.join(tl.join(b0, b2), tl.join(b1, b3))  # [ROWS, D // 4, 2, 2]; [..., i, j] is byte 2 i + j
+    return tl.reshape(x, (ROWS, D)).to(dtype, bitcast=True)
+
+
+@triton.jit
+def scale_keys(acc, sc, KEYS_ON_M: tl.constexpr):
+    """``acc`` (``[keys, …]`` when ``KEYS_ON_M``, else ``[…, keys]``) times the keys' ``sc [keys]``."""
+    if KEYS_ON_M:
+        acc = acc * sc[:, None]
+    else:
+        acc = acc * sc[None, :]
+    return acc
+
+
+@triton.jit
+def scaled_dot(words, scales, q, ROWS: tl.constexpr, D: tl.constexpr, MXFP4: tl.constexpr, KEYS_ON_M: tl.constexpr):
+    """A tile's MXFP4 keys (``words`` uint32 ``[ROWS, D // 8]``, ``scales`` int32 e8m0 bytes ``[ROWS, D // 32]``) times
+    e4m3fn queries ``q [COLS, D]`` on the target's block-scaled instruction, which applies each block's scale
+    (``MXFP4`` ``mxfp4.SCALED_E2M1``: the keys as e2m1, ``q`` in the elements' order; ``mxfp4.SCALED_E4M3``: widened
+    to e4m3fn, exact, ``q`` in ``mxfp4.permute``'s order): fp32 ``[ROWS, COLS]`` when ``KEYS_ON_M``, else
+    ``[COLS, ROWS]``."""
+    if MXFP4 == mxfp4.SCALED_E2M1:
+        k = unpack_words(words, tl.uint8, ROWS, D // 2)
+    else:
+        k = unpack_words(mxfp4.widen(words, 0x2C, ROWS, D, False), q.dtype, ROWS, D)
+    fmt: tl.constexpr = "e2m1" if MXFP4 == mxfp4.SCALED_E2M1 else "e4m3"
+    k_scales = scales.to(tl.uint8)
+    unit = tl.full((q.shape[0], D // 32), 127, tl.uint8)  # the queries' block scales: 2 ** 0
+    if KEYS_ON_M:
+        acc = tl.dot_scaled(k, k_scales, fmt, tl.trans(q), unit, "e4m3")
+    else:
+        acc = tl.dot_scaled(q, unit, "e4m3", tl.trans(k), k_scales, fmt)
+    return acc
+
+
+@triton.jit
+def fp4_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
+                  D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, MXFP4: tl.constexpr):
+    """:func:`tile_head_sum` of an MXFP4 tile (:func:`_fp4_gather`), its scales applied (``MXFP4``: how, ``mxfp4``'s
+    modes): on a block-scaled instruction (:func:`scaled_dot`) one dot, NaN for a key with a NaN block (byte 255),
+    whatever the instruction makes of that byte; else widened (:func:`widened_head_sum`)."""
+    if MXFP4 >= mxfp4.SCALED_E2M1:
+        s = relu_head_sum(scaled_dot(words, scales, q, ROWS, D, MXFP4, KEYS_ON_M), w, ROWS, GROUPS, H, KEYS_ON_M)
+        s = scale_keys(s, tl.where(tl.max(scales, axis=1) == 255, float("nan"), 1.0), KEYS_ON_M)
+    else:
+        s = widened_head_sum(words, scales, ok, q, w, ROWS, GROUPS, H, D, KEYS_ON_M, WIDEN,
+                                  MXFP4 == mxfp4.WIDEN_FNUZ)
+    return s
+
+
+@triton.jit
+def widened_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
+                          D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, FNUZ: tl.constexpr):
+    """:func:`fp4_head_sum` widened to e4m3 (e4m3fnuz with ``FNUZ``): where every key the tile reads has its block
+    scales within ``mxfp4.SPREAD`` (or a NaN one), its values with one scale a key, one dot over D. Else D / 32 dots
+    into one accumulator, each taking every key's next block by scale (the others zero) in units of that block's
+    scale, the sum so far brought to those units first (a power of two ≤ 1), then the last unit's scale and the
+    heads."""
+    lift, scale, one = mxfp4.key_lifts(scales, ROWS, D, FNUZ)
+    k = unpack_words(mxfp4.widen(words, lift, ROWS, D, FNUZ), q.dtype, ROWS, D)
+    s = scale_keys(tile_head_sum(k, q, w, ROWS, GROUPS, H, KEYS_ON_M, WIDEN), scale, KEYS_ON_M)
+    # The one-scale dot above is the loop's own (not under a branch: the compiler pipelines the tile's loads for it);
+    # a tile with a key whose blocks are too far apart takes it again, exactly.
+    if tl.max((ok & ~one).to(tl.int32), axis=0) != 0:
+        order = mxfp4.ranks(scales, ROWS, D)
+        block, unit = mxfp4.pass_words(words, scales, order, 0, ROWS, D, FNUZ)
+        acc = dot(unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN)
+        for p in range(1, D // 32):  # a loop, not unrolled: one pass live at a time
+            block, to = mxfp4.pass_words(words, scales, order, p, ROWS, D, FNUZ)
+            acc = dot(unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN,
+                       scale_keys(acc, mxfp4.pow2(unit - to), KEYS_ON_M))
+            unit = to
+        acc = scale_keys(acc, mxfp4.e8m0(unit), KEYS_ON_M)
+        s = relu_head_sum(acc, w, ROWS, GROUPS, H, KEYS_ON_M)
+    return s
