@@ -1,5 +1,5 @@
-"""MXFP4 keys widened to e4m3fn for Hopper's fp8 matrix path, in Gluon, by byte permutes (docs/fp4.md, "The Hopper
-decode", "The Hopper prefill").
+"""MXFP4 keys widened to e4m3fn for Hopper's fp8 matrix path, in Gluon, by byte permutes: the Hopper decode's
+(docs/fp4.md, "The Hopper decode"; the prefill widens its keys once a call instead, "The prefill: keys widened once").
 
 The same numbers as :mod:`indexcache.backends.triton.mxfp4` (its module docstring has the rule): a key whose block
 scale bytes lie within ``SPREAD`` of each other is its values times ``2 ** (byte - R)`` in e4m3, exactly, with one
@@ -26,7 +26,7 @@ SPREAD = gl.constexpr(10)  # as mxfp4.SPREAD
 TOP = gl.constexpr(5)  # as mxfp4.TOP
 LIFT = gl.constexpr(0x2C)  # the e4m3fn byte of code 0's neighbour 0.5 is LIFT + 4: LIFT + 8d for values times 2 ** d
 
-# A 64-key tile's value words [64, 16] (D = 128) in the math warps of the Hopper kernels: a thread holds four words
+# A 64-key tile's value words [64, 16] (D = 128) in the math warps of the Hopper decode: a thread holds four words
 # (one block of 32 elements) of two keys, the keys placed as the rows of a [64, N] matmul's accumulator (warp w rows
 # 16w .. 16w + 15, a thread rows r and r + 8), so that a key's vectors (its scales, whether it takes one) are where its
 # logits are.
