@@ -73,8 +73,9 @@ def widen_keys_kernel(k_ptr, scale_ptr, wide_ptr, wide_scale_ptr, far_ptr, count
         tl.store(far_ptr + at, n, mask=far)
 
 
-# The token count takes no part in the variant, nor do the addresses of the windows (read a token at a time).
-@triton.jit(do_not_specialize=("T", "skip"), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
+# The token and key counts take no part in the variant, nor do the logits' row stride (its stores are scattered) and
+# the addresses of the windows (read a token at a time).
+@triton.jit(do_not_specialize=("T", "N", "skip", "out_s0"), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
 def far_keys_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, far_ptr, count_ptr, out_ptr, T, N, skip,
                     q_s0, q_s1, q_s2, k_s0, scale_s0, w_s0, w_s1, ks_s0, ke_s0, out_s0, out_s1,
                     H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
