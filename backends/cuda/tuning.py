@@ -114,8 +114,9 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         table["hisparse_plan"].update(BLOCK_H=1024, num_warps=8)
     if caps["mma"] == "mma.sync":
         # The MXFP4 decode before Hopper: without a register cap ptxas aims at three programs a SM (168 registers)
-        # and spills 16-24 bytes of the widening's; with 255 it takes 155-219 and spills nothing (Triton 3.9).
-        table["paged_mqa_logits"]["FP4_MAXNREG"] = 255
+        # and spills 16-24 bytes of the widening's; with 255 it takes 155-219 and spills nothing (Triton 3.9). So does
+        # the prefill's far keys' exact path (prefill_fp4.py: 24 bytes at 168 on sm89).
+        table["paged_mqa_logits"]["FP4_MAXNREG"] = table["mqa_logits"]["FP4_MAXNREG"] = 255
         # Ragged rows one a program: two (RAGGED_PAIRS, elsewhere) spill 24 bytes on sm120 at 168 registers.
         table["paged_mqa_logits"]["RAGGED_PAIRS"] = False
     if record.scaled_mma is not None and record.scaled_mma.rows > 64:

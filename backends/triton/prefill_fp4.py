@@ -38,6 +38,7 @@ from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 
 WIDEN_BLOCK = 64  # keys a program of the widening
+FAR_BLOCK = 64  # far keys a step of the exact path (few a call: the tile that builds in the fewest registers)
 
 
 @triton.jit
@@ -103,8 +104,10 @@ def far_keys_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, far_ptr, cou
                         other=0.0)
             for f0 in range(0, count, BLOCK_N):
                 f = f0 + tl.arange(0, BLOCK_N)
-                live = f < count
-                n = tl.load(far_ptr + f, mask=live, other=0).to(tl.int64)
+                listed = (f < count) & (f < N)  # (the list holds at most N keys: never read past it)
+                n = tl.load(far_ptr + f, mask=listed, other=0).to(tl.int64)
+                live = listed & (n >= 0) & (n < N)  # (a key of the cache, whatever the list holds)
+                n = tl.where(live, n, 0)
                 words = tl.load(k_ptr.to(tl.pointer_type(tl.uint32)) + (n * (k_s0 // 4))[:, None]
                                 + tl.arange(0, D // 8)[None, :], mask=live[:, None], other=0)
                 scales = tl.load(scale_ptr + (n * scale_s0)[:, None] + tl.arange(0, D // 32)[None, :],
@@ -164,7 +167,7 @@ def launches(q, k, k_scale, weights, ks, ke, out, ws, *, cfg: Mapping[str, Any],
             (q, k.view(torch.uint8), k_scale.view(torch.uint8), weights, ks, ke, far, count, out, tokens, keys, skip,
              q.stride(0), q.stride(1), q.stride(2), k.stride(0), k_scale.stride(0), weights.stride(0),
              weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1)),
-            dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=0,
+            dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=FAR_BLOCK, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=0,
                  FNUZ=fnuz)))
     return found
 
@@ -187,7 +190,7 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
                    {"q_ptr": pointer(target.fp8_dtype), "k_ptr": "*u8", "scale_ptr": "*u8", "w_ptr": "*fp32",
                     "ks_ptr": "*i32", "ke_ptr": "*i32", "far_ptr": "*i32", "count_ptr": "*i32", "out_ptr": "*fp32"},
                    {"H": heads, "D": dim, "BLOCK_Q": max(1, cfg["COLS"] // heads, 16 // heads),
-                    "BLOCK_N": cfg["BLOCK_N"], "KEYS_ON_M": cfg["KEYS_ON_M"], "WIDEN": 0, "FNUZ": fnuz, "q_s2": 1,
+                    "BLOCK_N": FAR_BLOCK, "KEYS_ON_M": cfg["KEYS_ON_M"], "WIDEN": 0, "FNUZ": fnuz, "q_s2": 1,
                     "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
                    far_options, matrix="fp8", aligned=("q_s0", "q_s1", "k_s0", "w_s0")),
     ]
