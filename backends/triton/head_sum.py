@@ -137,26 +137,33 @@ def fp4_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constex
 
 @triton.jit
 def widened_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
-                          D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, FNUZ: tl.constexpr):
-    """:func:`fp4_head_sum` widened to e4m3 (e4m3fnuz with ``FNUZ``): where every key the tile reads has its block
-    scales within ``mxfp4.SPREAD`` (or a NaN one), its values with one scale a key, one dot over D. Else D / 32 dots
-    into one accumulator, each taking every key's next block by scale (the others zero) in units of that block's
-    scale, the sum so far brought to those units first (a power of two ≤ 1), then the last unit's scale and the
-    heads."""
+                     D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, FNUZ: tl.constexpr):
+    """:func:`fp4_head_sum` widened to e4m3 (e4m3fnuz with ``FNUZ``): where every key the tile reads (``ok``) has its
+    block scales within ``mxfp4.SPREAD`` (or a NaN one), its values with one scale a key, one dot over D; else the
+    exact path (:func:`exact_head_sum`)."""
     lift, scale, one = mxfp4.key_lifts(scales, ROWS, D, FNUZ)
     k = unpack_words(mxfp4.widen(words, lift, ROWS, D, FNUZ), q.dtype, ROWS, D)
     s = scale_keys(tile_head_sum(k, q, w, ROWS, GROUPS, H, KEYS_ON_M, WIDEN), scale, KEYS_ON_M)
     # The one-scale dot above is the loop's own (not under a branch: the compiler pipelines the tile's loads for it);
     # a tile with a key whose blocks are too far apart takes it again, exactly.
     if tl.max((ok & ~one).to(tl.int32), axis=0) != 0:
-        order = mxfp4.ranks(scales, ROWS, D)
-        block, unit = mxfp4.pass_words(words, scales, order, 0, ROWS, D, FNUZ)
-        acc = dot(unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN)
-        for p in range(1, D // 32):  # a loop, not unrolled: one pass live at a time
-            block, to = mxfp4.pass_words(words, scales, order, p, ROWS, D, FNUZ)
-            acc = dot(unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN,
-                       scale_keys(acc, mxfp4.pow2(unit - to), KEYS_ON_M))
-            unit = to
-        acc = scale_keys(acc, mxfp4.e8m0(unit), KEYS_ON_M)
-        s = relu_head_sum(acc, w, ROWS, GROUPS, H, KEYS_ON_M)
+        s = exact_head_sum(words, scales, q, w, ROWS, GROUPS, H, D, KEYS_ON_M, WIDEN, FNUZ)
     return s
+
+
+@triton.jit
+def exact_head_sum(words, scales, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
+                   KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, FNUZ: tl.constexpr):
+    """:func:`fp4_head_sum` of MXFP4 keys whose block scales may lie any distance apart, exactly: D / 32 dots into one
+    accumulator, each taking every key's next block by scale (the others zero) in units of that block's scale, the sum
+    so far brought to those units first (a power of two ≤ 1), then the last unit's scale and the heads."""
+    order = mxfp4.ranks(scales, ROWS, D)
+    block, unit = mxfp4.pass_words(words, scales, order, 0, ROWS, D, FNUZ)
+    acc = dot(unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN)
+    for p in range(1, D // 32):  # a loop, not unrolled: one pass live at a time
+        block, to = mxfp4.pass_words(words, scales, order, p, ROWS, D, FNUZ)
+        acc = dot(unpack_words(block, q.dtype, ROWS, D), q, KEYS_ON_M, WIDEN,
+                  scale_keys(acc, mxfp4.pow2(unit - to), KEYS_ON_M))
+        unit = to
+    acc = scale_keys(acc, mxfp4.e8m0(unit), KEYS_ON_M)
+    return relu_head_sum(acc, w, ROWS, GROUPS, H, KEYS_ON_M)

@@ -13,13 +13,13 @@ them; the few keys one scale cannot hold exactly get their logits again, exactly
 3. The fp8 prefill (``logits.mqa_logits_launches``) on the widened keys and their scales: every logit, far keys'
    inexact.
 4. :func:`far_keys_kernel`: the listed keys' logits again, exactly (``D / 32`` dots, smallest block scale first, the
-   logits kernel's exact path), written inside each row's window only. With no far key its programs read the count and
-   end.
+   logits kernels' exact path, ``head_sum.exact_head_sum``), written inside each row's window only. With no far key
+   its programs read the count and end.
 
 The workspace (int32 words, :func:`workspace_words`): the widened keys ``[N, D]`` (e4m3), their scales ``[N]``, the
 far keys' list ``[N]`` and its count. Nothing is allocated by the launches; graph-safe with the workspace given or
-kept. The logits equal the MXFP4 logits kernel's (the same widening, the same exact path) but for the order of the
-fp32 sums.
+kept. The logits are the MXFP4 decode kernel's numbers (the same widening, the same exact path) but for the order of
+the fp32 sums.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton import mxfp4
-from indexcache.backends.triton.head_sum import widened_head_sum
+from indexcache.backends.triton.head_sum import exact_head_sum
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options, persistent_programs
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
@@ -112,7 +112,7 @@ def far_keys_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, far_ptr, cou
                                 + tl.arange(0, D // 8)[None, :], mask=live[:, None], other=0)
                 scales = tl.load(scale_ptr + (n * scale_s0)[:, None] + tl.arange(0, D // 32)[None, :],
                                  mask=live[:, None], other=0).to(tl.int32)
-                s = widened_head_sum(words, scales, live, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, FNUZ)
+                s = exact_head_sum(words, scales, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, FNUZ)
                 if KEYS_ON_M:  # s [keys, tokens]
                     inside = live[:, None] & (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
                     tl.store(out_ptr + n[:, None] * out_s1 + (tok64 * out_s0)[None, :], s, mask=inside)
