@@ -23,7 +23,9 @@ tiles or the end of one and the start of the next, whatever the lengths (no meta
 know). For each request in its share a program loads Q ``[group · H, D]`` and the weights once, then walks the
 tiles, each key row gathered through the page table from the packed cache (fp8 bytes, then the page's fp32 scales).
 An MXFP4 cache (``MXFP4``) is read the same way, its value bytes as words and its block scale bytes, and
-widened to the queries' fp8 format in registers (``mxfp4.py``; docs/fp4.md, "The decode kernel").
+widened to the queries' fp8 format in registers (``mxfp4.py``; docs/fp4.md, "The Triton kernels"), or given with its
+block scales to the target's block-scaled instruction ("Scaled matrix instructions"). MXFP4 prefill keys on a target
+without one are widened once a call before the fp8 prefill (``prefill_fp4.py``).
 A group is next_n padded to a power of two, at most ``COLS`` dot columns (next_n 3-4 at H = 64 take two programs,
 adjacent in launch order so the second reads the keys from L2); rows that see fewer keys (causal inside the next_n
 block) are masked at the store. The -inf past each context is written after, shared evenly over the ``batch ×
@@ -96,7 +98,8 @@ def mqa_logits_kernel(
     H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_ON_M: tl.constexpr,
     WIDEN: tl.constexpr, MXFP4: tl.constexpr = 0, FILL: tl.constexpr = 1,
 ):
-    """``MXFP4`` (1: widened to e4m3fn, 2: to e4m3fnuz): ``k`` holds MXFP4 value bytes ``[N, D / 2]`` (rows at
+    """``MXFP4`` (``mxfp4``'s modes; launched with the block-scaled ones, 3 and 4: elsewhere MXFP4 keys come widened
+    once, ``prefill_fp4``): ``k`` holds MXFP4 value bytes ``[N, D / 2]`` (rows at
     multiples of 4 bytes, read as words) and ``scale`` their e8m0 bytes ``[N, D / 32]`` (unit stride along a row),
     each tile's logits as the decode kernel's (:func:`fp4_head_sum`: its scales applied there). ``skip``: rows
     whose clipped window holds at most this many keys get no logits (0: as the contract, only empty ones);
@@ -292,7 +295,7 @@ def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, gr
                   GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_KEYS: tl.constexpr,
                   KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, WORDS: tl.constexpr, MXFP4: tl.constexpr):
     """Logits of one tile: the head sum scaled by the keys' scales, -inf where a row must not see the key (an MXFP4
-    tile: ``MXFP4`` 1 widened to e4m3fn, 2 to e4m3fnuz)."""
+    tile: ``MXFP4``, ``mxfp4``'s modes)."""
     s = n0 + keys
     if MXFP4:
         acc = fp4_head_sum(k, sc, ok, q, w, BLOCK_KEYS, GROUPS, H, D, KEYS_ON_M, WIDEN, MXFP4)
