@@ -50,7 +50,7 @@ TARGETS: dict[str, tuple[str, ...]] = {name: vendor.cross_compile for name, vend
 MAX_THREADS = 1024  # threads a block (NVIDIA) / work-items a workgroup (AMD), every target above
 MAX_SGPR_SPILLS = 32  # AMD: SGPRs spilled into VGPR lanes that still pass (a few cold scalars)
 
-_FP8_TOKENS = {"e4m3", "e5m2", "fp8", "bf8", "f8f6f4"}
+_FP8_TOKENS = {"e4m3", "e5m2", "fp8", "bf8", "f8f6f4", "mxf8f6f4"}
 _FNUZ = re.compile(r"f8E4M3FNUZ|f8E5M2FNUZ")  # fp8e4b8 / fp8e5b16 in the TTIR
 
 
@@ -117,8 +117,6 @@ def operand_types(instruction: str) -> set[str]:
     found = {"fp8"} if tokens & _FP8_TOKENS else set()
     if tokens & {"block_scale", "scale"}:
         found.add("scaled")
-    if tokens & {"mxf8f6f4"}:
-        found.add("fp8")
     if "bf16" in tokens or ("kind" in tokens and "f16" in tokens):  # tcgen05 kind::f16 takes fp16 and bf16
         found.add("bf16")
     if "f16" in tokens:

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from indexcache.backends.triton import mxfp4
+from indexcache.backends.triton import mxfp4, prefill_fp4
 from indexcache.backends.triton import workspace as workspaces
 from indexcache.backends.triton.head_sum import fp4_head_sum, scale_keys, tile_head_sum, unpack_words
 from indexcache.backends.triton.launcher import (
@@ -656,10 +656,8 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, *, target: Target, 
         return []
     fp4_keys = k.dtype == fp4.FP4
     fp4_mode = _fp4_mode(q.dtype, target) if fp4_keys else 0
-    if fp4_keys and fp4_mode < mxfp4.SCALED_E2M1.value:  # widened once, then the fp8 prefill
-        from indexcache.backends.triton import prefill_fp4
-
-        words = prefill_fp4.workspace_words(n, dim)
+    words = prefill_workspace_words(q, k, target=target)
+    if words:  # MXFP4 keys widened once, then the fp8 prefill
         ws = workspace[:words] if workspace is not None else workspaces.words(q, words, None)
         fp8_options = launch_key_options(format_options(target, cfg, False))
 
@@ -679,7 +677,7 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, *, target: Target, 
                                         sms=persistent_programs(_programs(target, q.device), 1),
                                         skip=skip, fill=fill)]
     block_q = max(1, cfg["COLS"] // heads, 16 // heads)
-    block_n = _fp4_tile(cfg["BLOCK_N"], fp4_mode, target, cfg["KEYS_ON_M"]) if fp4_keys else cfg["BLOCK_N"]
+    block_n = _fp4_tile(cfg["BLOCK_N"], fp4_mode, target, cfg["KEYS_ON_M"])
     blocks = cdiv(tokens, block_q)
     programs = min(blocks, persistent_programs(_programs(target, q.device), cfg.get("PROGRAMS_PER_SM", 1)))
     widen = _widen_mode(q.dtype, target, cfg)
@@ -701,8 +699,6 @@ def prefill_workspace_words(q, k, *, target: Target) -> int:
     on a target without a block-scaled instruction, else none."""
     if k.dtype != fp4.FP4 or _fp4_mode(q.dtype, target) >= mxfp4.SCALED_E2M1.value:
         return 0
-    from indexcache.backends.triton import prefill_fp4
-
     return prefill_fp4.workspace_words(k.shape[0], q.shape[2])
 
 
@@ -736,7 +732,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
                             options: Options | None = None, skip: int = -1) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
     ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launches`, for the
-    cache's format (:func:`_decode_options`). ``skip``: the rows of a request whose context clipped to
+    cache's format (:func:`format_options`). ``skip``: the rows of a request whose context clipped to
     ``max_context_len`` is at most ``skip`` are left unwritten (the producer step's k: the top-k selects such rows
     without their logits); -1 writes every row.
     ``k_format`` is None: an fp8 cache in ``q``'s format; ``torch.float4_e2m1fn_x2``: an MXFP4 cache, read by the
@@ -749,7 +745,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     page = cache_page_size(k_cache, dim, fp4.FP4) if mxfp4 else cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
     fp4_mode = _fp4_mode(q.dtype, target) if mxfp4 else 0
-    block_keys = _fp4_tile(cfg["BLOCK_KEYS"], fp4_mode, target, cfg["KEYS_ON_M"]) if mxfp4 else cfg["BLOCK_KEYS"]
+    block_keys = _fp4_tile(cfg["BLOCK_KEYS"], fp4_mode, target, cfg["KEYS_ON_M"])
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
     # in launch order so the second reads the keys from L2); ragged rows two a program where two draft tokens would
     # be (two rows of a request side by side share their key reads) and the table's RAGGED_PAIRS allows.
@@ -866,8 +862,6 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     data = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
     mode = _fp4_mode(target.fp8_dtype, target)
     if target.gpu.fp8_mma and mode < mxfp4.SCALED_E2M1.value:
-        from indexcache.backends.triton import prefill_fp4
-
         specs += prefill_fp4.compile_specs(target, prefill, heads, dim, format_options(target, prefill, mxfp4=True))
     specs += [] if not target.gpu.fp8_mma or mode < mxfp4.SCALED_E2M1.value else [KernelSpec(
         "mqa_logits", mqa_logits_kernel,

@@ -12,8 +12,8 @@ The widening works on 32-bit words, four nibbles at a time (one a byte) with byt
 carry: the value bytes of a key are read as int32 words (eight elements each), and each word gives two words of e4m3
 bytes, its even and its odd elements (:func:`permute`: the queries are put in the same order).
 
-Where the target has a block-scaled matrix instruction the keys keep their block scales (the logits kernels'
-``_scaled_dot``): as e2m1 bytes, or widened here with the lift of ``2 ** 0`` (the values as they are, exact).
+Where the target has a block-scaled matrix instruction the keys keep their block scales (``head_sum.scaled_dot``):
+as e2m1 bytes, or widened here with the lift of ``2 ** 0`` (the values as they are, exact).
 """
 
 from __future__ import annotations
@@ -59,6 +59,12 @@ def permute(x, ROWS: tl.constexpr, D: tl.constexpr):
     ``8j + 2b + h``. A dot over D is the same with both operands in this order, so the queries are put in it (once a
     request)."""
     return tl.reshape(tl.permute(tl.reshape(x, (ROWS, D // 8, 4, 2)), (0, 1, 3, 2)), (ROWS, D))
+
+
+@triton.jit
+def unpermute(x, ROWS: tl.constexpr, D: tl.constexpr):
+    """The inverse of :func:`permute`: ``x [ROWS, D]`` in :func:`widen`'s order back in the elements' own."""
+    return tl.reshape(tl.permute(tl.reshape(x, (ROWS, D // 8, 2, 4)), (0, 1, 3, 2)), (ROWS, D))
 
 
 @triton.jit

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton import mxfp4
-from indexcache.backends.triton.head_sum import exact_head_sum
+from indexcache.backends.triton.head_sum import exact_head_sum, unpack_words
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options, persistent_programs
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
@@ -62,10 +62,9 @@ def widen_keys_kernel(k_ptr, scale_ptr, wide_ptr, wide_scale_ptr, far_ptr, count
     scales = tl.load(scale_ptr + (n64 * scale_s0)[:, None] + tl.arange(0, D // 32)[None, :], mask=ok[:, None],
                      other=0).to(tl.int32)
     lift, scale, one = mxfp4.key_lifts(scales, BLOCK, D, FNUZ)
-    wide = mxfp4.widen(words, lift, BLOCK, D, FNUZ)  # uint32 [BLOCK, D // 4], mxfp4.permute's order
-    b = (wide[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF  # place 8j + 4h + b of the key
-    b = tl.reshape(tl.permute(tl.reshape(b, (BLOCK, D // 8, 2, 4)), (0, 1, 3, 2)), (BLOCK, D))  # element 8j + 2b + h
-    tl.store(wide_ptr + n64[:, None] * D + tl.arange(0, D)[None, :], b.to(tl.uint8), mask=ok[:, None])
+    wide = unpack_words(mxfp4.widen(words, lift, BLOCK, D, FNUZ), tl.uint8, BLOCK, D)  # mxfp4.permute's order
+    tl.store(wide_ptr + n64[:, None] * D + tl.arange(0, D)[None, :], mxfp4.unpermute(wide, BLOCK, D),
+             mask=ok[:, None])
     tl.store(wide_scale_ptr + n, scale, mask=ok)
     far = ok & ~one
     taken = tl.sum(far.to(tl.int32), axis=0)

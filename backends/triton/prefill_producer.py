@@ -113,15 +113,17 @@ def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, 
 
 
 def _passes(q, k, k_scale, weights, topk_k: int, limit: int, *, target: Target,
-            tuning: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
-    """``(rows a pass, workspace bytes)`` of a call with queries and a ``topk_k`` (:func:`pass_rows`, in whole rounds
-    of its logits launch where the bound allows): the windows, a pass's logits and its top-k's workspace."""
+            tuning: Mapping[str, Mapping[str, Any]]) -> tuple[int, int, int]:
+    """``(rows a pass, the keys' words, workspace bytes)`` of a call with queries and a ``topk_k`` (:func:`pass_rows`,
+    in whole rounds of its logits launch where the bound allows): the windows, the keys widened once (int32 words,
+    ``logits.prefill_workspace_words``; 0 but for MXFP4 keys on a widening target), a pass's logits and its top-k's
+    workspace."""
     tokens, keys = q.shape[0], k.shape[0]
     quantum = prefill_round(q, k, k_scale, weights, target=target, cfg=tuning["mqa_logits"])
     wide = prefill_workspace_words(q, k, target=target)
     rows = pass_rows(tokens, keys, q.device, topk_k, limit, target=target, cfg=tuning["topk"], quantum=quantum,
                      keys_words=wide)
-    return rows, 4 * (2 * _piece(tokens) + _piece(wide) + _piece(rows * keys)) + _topk_bytes(
+    return rows, wide, 4 * (2 * _piece(tokens) + _piece(wide) + _piece(rows * keys)) + _topk_bytes(
         rows, keys, q.device, topk_k, target, tuning["topk"])
 
 
@@ -131,7 +133,7 @@ def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     none when every row is short (no more keys than ``topk_k``)."""
     if q.shape[0] == 0 or topk_k == 0 or k.shape[0] <= topk_k:
         return 0
-    return _passes(q, k, k_scale, weights, topk_k, limit, target=target, tuning=tuning)[1]
+    return _passes(q, k, k_scale, weights, topk_k, limit, target=target, tuning=tuning)[2]
 
 
 def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_to_batch, out, out_raw,
@@ -145,8 +147,8 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
         return []
     if keys <= topk_k:  # every window short: its first positions, translated, in one launch
         return [short_launch(ks, 1, row_to_batch, topk_k, keys, page_table, page_size, out, out_raw, window_ends=ke)]
-    rows, total = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, target=target, tuning=tuning)
-    win, wide, part = _piece(tokens), _piece(prefill_workspace_words(q, k, target=target)), _piece(rows * keys)
+    rows, wide, total = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, target=target, tuning=tuning)
+    win, wide, part = _piece(tokens), _piece(wide), _piece(rows * keys)
     ws = workspaces.words(q, total // 4, workspace, cap=workspace_bytes_ // 4)
     starts, lengths = ws[:tokens], ws[win:win + tokens]
     keys_ws = ws[2 * win:2 * win + wide]
