@@ -137,7 +137,7 @@ def test_topk_translate_is_translate_of_topk(inputs, page_size):
          r"k: expected a last dimension divisible by block=128"),
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.bfloat16),
          r"fp8_dtype: expected float8_e4m3fn or float8_e4m3fnuz or float4_e2m1fn_x2, got torch.bfloat16"),
-        (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.float4_e2m1fn_x2),
+        (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.float4_e2m1fn_x2, block=128),
          r"block: MXFP4 keys take a scale every 32 elements, got block=128"),
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.float4_e2m1fn_x2, block=32.0),
          r"block: expected an int"),
@@ -146,6 +146,18 @@ def test_topk_translate_is_translate_of_topk(inputs, page_size):
 def test_bad_input_names_argument(call, message):
     with pytest.raises((TypeError, ValueError), match=message):
         call()
+
+
+@pytest.mark.parametrize("fp8_dtype, block", [(torch.float8_e4m3fn, 128), (torch.float4_e2m1fn_x2, 32)])
+def test_quantize_default_block_is_the_formats(fp8_dtype, block):
+    """No ``block``: a scale every 128 elements for fp8 keys, every 32 (MXFP4's only size) for MXFP4 keys; the same
+    bytes as naming it."""
+    k = torch.randn(3, 256, generator=torch.Generator().manual_seed(5))
+    values, scales = indexcache.quantize_index_k(k, fp8_dtype, backend="torch")
+    named = indexcache.quantize_index_k(k, fp8_dtype, block=block, backend="torch")
+    assert scales.shape == (3, 256 // block)
+    assert torch.equal(values.view(torch.uint8), named[0].view(torch.uint8))
+    assert torch.equal(scales.view(torch.uint8), named[1].view(torch.uint8))
 
 
 def test_translate_writes_into_out():

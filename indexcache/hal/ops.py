@@ -531,7 +531,7 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, pa
                       workspace_bytes=workspace_bytes), sm_budget=sm_budget)
 
 
-def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, backend=None):
+def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = None, backend=None):
     """Block-``block`` fp8 quantization with power-of-two scales, or MXFP4.
 
     ``scale = 2 ** ceil(log2(max(amax, 1e-4) / fp8_max))`` per block (fp8_max is 448 for e4m3fn, 240 for
@@ -544,8 +544,8 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128, back
         ``[N, D]`` float32, bfloat16 or float16, D a multiple of ``block``.
     fp8_dtype : torch.dtype
         ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2``.
-    block : int
-        Elements a scale, ≥ 1 (32 for MXFP4).
+    block : int, optional
+        Elements a scale, ≥ 1; default 128 for fp8, and for MXFP4 32, the only size it takes.
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 

@@ -15,16 +15,22 @@ from indexcache.hal.layout import fp8_max
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, CaseList, OpSpec, Verdict, cpu
 from indexcache.hal.specs.bench import DIM, BenchCase, BenchSpec
 
+# Elements a scale of fp8 keys where the call names none (one scale a key at DeepSeek-V3.2's D = 128); MXFP4 keys
+# take fp4.BLOCK, their only size.
+FP8_BLOCK = 128
 
-def check(k, fp8_dtype=torch.float8_e4m3fn, *, block: int = 128) -> dict[str, Any]:
+
+def check(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = None) -> dict[str, Any]:
     check_tensor("k", k, FLOAT_INPUTS, (None, None))
+    if block is None:
+        block = fp4.BLOCK if fp8_dtype == fp4.FP4 else FP8_BLOCK
     check_key_format(fp8_dtype, block)
     if k.shape[1] % block:
         raise ValueError(f"k: expected a last dimension divisible by block={block}, got {k.shape[1]}")
     return dict(k=k, fp8_dtype=fp8_dtype, block=block)
 
 
-def reference(k, fp8_dtype=torch.float8_e4m3fn, block=128):
+def reference(k, fp8_dtype=torch.float8_e4m3fn, block=FP8_BLOCK):
     """Block-``block`` fp8 with power-of-two scales: ``(k_fp8 [N, D], scale [N, D // block] float32)``.
 
     ``scale = 2 ** ceil(log2(max(amax, 1e-4) / fp8_max))`` so every ``k / scale`` fits the format; a block
