@@ -16,10 +16,12 @@ requests, or a prefill chunk of ``T`` tokens at the end of the context):
   deployment does for the other micro-batch under two-batch overlap).
 
 Modes, each captured in a CUDA graph and timed in alternating replays (the card is power-capped), and eagerly, the
-calls alternating too: ``side`` and ``main`` alone (and ``side@n``, the side alone under each budget, ``main@n``, the
-main alone with its matmuls held to the other multiprocessors by torch's SM carveout), ``serial`` (one after the other
-on one stream), ``overlap`` (``indexcache.overlap`` with no budget), ``overlap@n`` (``side_sms=n`` for each n of
-``--budgets``, fractions of the SMs) and, where the backend has a rule, ``rule`` (``overlap(tokens=T, context=C)``).
+calls alternating too: ``side`` and ``main`` alone (and ``side@n``, the side alone given n multiprocessors as
+``overlap(side_sms=n)`` gives them: an SM partition where the GPU and torch have them, else an SM budget; without
+partitions also ``main@n``, the main alone with its matmuls held to the other multiprocessors by torch's SM carveout),
+``serial`` (one after the other on one stream), ``overlap`` (``indexcache.overlap`` with no share), ``overlap@n``
+(``side_sms=n`` for each n of ``--budgets``, fractions of the SMs) and, where the backend has a rule, ``rule``
+(``overlap(tokens=T, context=C)``). The report says whether the shares were partitions (``partitions``).
 ``in order again`` repeats ``serial`` last in each round (the timing's own spread). Each overlapped mode reports the
 fraction of the side's time hidden, ``(side + main - both) / side``, and ``both / serial``; each shape checks that the
 side's indices under the smallest budget equal the whole device's bit for bit. Writes JSON to ``--out``. ``--smoke``:
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 import indexcache
+from indexcache.backends.triton import partition
 from indexcache.backends.triton.streams import _matmul_sms, side_budget
 from indexcache.bench.output import write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
@@ -165,9 +168,8 @@ def modes(layer: Layer, dev: torch.device, sms: int, budgets: list[int],
         calls[f"overlap@{n}"] = lambda n=n: indexcache.overlap(layer.side, layer.main, device=dev, side_sms=n)
 
     def budgeted(n: int) -> Callable[[], object]:
-        def side() -> object:
-            with indexcache.sm_budget(n):
-                return layer.side()
+        def side() -> object:  # the side alone, given n multiprocessors as overlap(side_sms=n) gives them
+            return indexcache.overlap(layer.side, lambda: None, device=dev, side_sms=n)[0]
         return side
 
     def carved(n: int) -> Callable[[], object]:
@@ -178,7 +180,8 @@ def modes(layer: Layer, dev: torch.device, sms: int, budgets: list[int],
 
     for n in budgets:
         calls[f"side@{n}"] = budgeted(n)
-        calls[f"main@{n}"] = carved(n)
+        if not partition.available():
+            calls[f"main@{n}"] = carved(n)
     if rule:
         s = layer.shape
         calls["rule"] = lambda: indexcache.overlap(layer.side, layer.main, device=dev, tokens=s.tokens,
@@ -252,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="JSON report path")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script only")
-    p.add_argument("--budgets", default="0.15,0.25,0.33,0.5,0.75",
+    p.add_argument("--budgets", default="0.25,0.33,0.485,0.6,0.75",
                    help="side budgets as fractions of the SMs (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=20, help="alternating graph rounds (default: %(default)s)")
     p.add_argument("--only", default=None, help="phase to run (decode or prefill)")
@@ -272,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cuda.preferred_blas_library(args.blas)
     report = {"what": "overlap_gpu", "date": now(), "commit": checkout_commit(), "device": device_name(dev),
               "versions": versions(), "smoke": args.smoke, "blas": args.blas,
-              "carveout": hasattr(torch._C, "_set_sm_carveout_experimental"), "rows": []}
+              "carveout": hasattr(torch._C, "_set_sm_carveout_experimental"),
+              "partitions": dev.type == "cuda" and partition.available(), "rows": []}
     for shape in shapes:
         try:
             row = measure(shape, dev, fractions, args.smoke, 3 if args.smoke else args.rounds)

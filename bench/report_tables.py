@@ -344,7 +344,7 @@ def _choice(r: dict, key: str) -> str:
     if key not in r:
         return "—"
     n = r[key]
-    return "no budget" if n is None else "in order" if n == 0 else f"{n} SMs"
+    return "no share" if n is None else "in order" if n == 0 else f"{n} SMs"
 
 
 def overlap(d: dict) -> str:
@@ -363,9 +363,10 @@ def overlap(d: dict) -> str:
                      _choice(r, "rule_budget"), _mode(g["modes"].get("rule")), _f(e["serial_us"]),
                      _mode(e["modes"]["overlap"]), _choice(r, "rule_budget_eager"), _mode(e["modes"].get("rule")),
                      _ratio(e["modes"].get("in order again"))])
-    return (_head(d, f"{d['rows'][0]['sms']} SMs, side budgets {d['rows'][0]['budgets']}, bf16 layer weights, "
-                     f"BLAS {d.get('blas') or 'torch default'}")
-            + "\n\n" + markdown_table(["shape", "side µs", "main µs", "in order µs", "overlap", "best budget",
+    shares = "SM partitions (green contexts)" if d.get("partitions") else "SM budgets"
+    return (_head(d, f"{d['rows'][0]['sms']} SMs, side shares {d['rows'][0]['budgets']} as {shares}, bf16 layer "
+                     f"weights, BLAS {d.get('blas') or 'torch default'}")
+            + "\n\n" + markdown_table(["shape", "side µs", "main µs", "in order µs", "overlap", "best share",
                                         "rule (graph)", "rule µs", "eager in order µs", "eager overlap",
                                         "rule (eager)", "eager rule µs", "eager in order again"], rows))
 

@@ -589,17 +589,17 @@ def scheduler(monkeypatch):
 def test_the_share_is_side_sms_else_the_rule_else_none(scheduler):
     streams, fake = scheduler
     gpu = torch.device("cuda", 0)
-    assert streams.share(gpu, 5, None, None) == (5, 132)
-    assert streams.share(gpu, 0, None, None) == (0, 132)
-    assert streams.share(gpu, 131, 4, 100) == (131, 132)  # side_sms wins over the rule
-    assert streams.share(gpu, None, 4, 100) == (33, 132)
-    assert streams.share(gpu, None, 5000, 100) == (0, 132)
+    assert streams.share(gpu, 5, None, None) == (5, 132, False)
+    assert streams.share(gpu, 0, None, None) == (0, 132, False)
+    assert streams.share(gpu, 131, 4, 100) == (131, 132, False)  # side_sms wins over the rule
+    assert streams.share(gpu, None, 4, 100) == (33, 132, True)
+    assert streams.share(gpu, None, 5000, 100) == (0, 132, True)
     fake.capturing = False  # eagerly, the rule's EAGER bands
-    assert streams.share(gpu, None, 4, 100) == (None, 132)
-    assert streams.share(gpu, None, 32, 8192) == (0, 132)
+    assert streams.share(gpu, None, 4, 100) == (None, 132, True)
+    assert streams.share(gpu, None, 32, 8192) == (0, 132, True)
     fake.capturing = True
-    assert streams.share(gpu, None, None, None) == (None, 132)
-    assert triton_streams.DeviceStreams(1, "cuda").share(gpu, None, 4, 100) == (None, 132)  # no rule: no budget
+    assert streams.share(gpu, None, None, None) == (None, 132, False)
+    assert triton_streams.DeviceStreams(1, "cuda").share(gpu, None, 4, 100) == (None, 132, False)  # no rule
     for bad in (132, 500):
         with pytest.raises(ValueError, match=rf"^side_sms: expected fewer than the 132 multiprocessors of cuda:0 "
                                              rf"\(0: in order\), got {bad}"):
@@ -607,8 +607,9 @@ def test_the_share_is_side_sms_else_the_rule_else_none(scheduler):
     assert fake.log == []  # the share touches no stream
 
 
-def test_the_side_function_runs_under_its_share_and_the_main_under_the_rest(scheduler):
+def test_without_partitions_side_sms_is_a_budget_and_the_rules_share_no_budget(scheduler, monkeypatch):
     streams, fake = scheduler
+    monkeypatch.setattr(triton_streams, "partition_stream", lambda *a, **k: None)  # none to be had (no green contexts)
     gpu = torch.device("cuda", 0)
 
     def side():
@@ -625,7 +626,8 @@ def test_the_side_function_runs_under_its_share_and_the_main_under_the_rest(sche
     assert streams(lambda: carveout(), lambda: carveout(), 0, gpu, side_sms=20) == (112, 20)
     assert carveout() is None
     fake.log.clear()
-    assert streams(side, main, 1, gpu, tokens=32, context=8192) == (("side", 66), ("main", 66))
+    # the rule's share (0.5) was measured with partitions: without one the two overlap with no budget
+    assert streams(side, main, 1, gpu, tokens=32, context=8192) == (("side", None), ("main", None))
     with indexcache.sm_budget(9):  # no share: both keep the budget in force
         assert streams(side, main, 1, gpu) == (("side", 9), ("main", 9))
     assert len(fake.log) == 8
@@ -633,6 +635,58 @@ def test_the_side_function_runs_under_its_share_and_the_main_under_the_rest(sche
     for named in (dict(side_sms=0), dict(tokens=5000, context=1)):  # in order on the current stream
         assert streams(side, main, 0, gpu, **named) == (("side", None), ("main", None))
     assert fake.log == []
+    assert budget.current() is None
+
+
+class _FakePartitions:
+    """:func:`~indexcache.backends.triton.partition.partition_stream` recorded: each (device, n, side) made once."""
+
+    def __init__(self, log):
+        self.log, self.made, self.calls = log, {}, []
+
+    def __call__(self, index, n, side=0, *, make=True):
+        self.calls.append((index, n, side, make))
+        if (index, n, side) not in self.made and make:
+            self.made[(index, n, side)] = SimpleNamespace(
+                wait_stream=lambda other, n=n: self.log.append(f"partition {n} waits main"))
+        return self.made.get((index, n, side))
+
+
+def test_with_partitions_the_side_runs_on_one_unbudgeted_and_the_main_keeps_the_device(scheduler, monkeypatch):
+    streams, fake = scheduler
+    parts = _FakePartitions(fake.log)
+    monkeypatch.setattr(triton_streams, "partition_stream", parts)
+    gpu = torch.device("cuda", 0)
+    entered = []
+
+    @contextlib.contextmanager
+    def on(stream):
+        entered.append(stream)
+        yield
+
+    fake.stream = on
+
+    def side():
+        return "side", budget.current(), torch._C._get_sm_carveout_experimental()
+
+    def main():
+        return "main", budget.current(), torch._C._get_sm_carveout_experimental()
+
+    fake.capturing = False
+    assert streams(side, main, 0, gpu, side_sms=20) == (("side", None, None), ("main", None, None))
+    assert entered == [parts.made[(0, 20, 0)]]
+    assert fake.log == ["partition 20 waits main", "main waits side"]
+    fake.log.clear()
+    # eagerly the rule's EAGER band runs in order (32 x 8192), but the partition its GRAPH band names (0.5: 66) is
+    # made now, so that a capture finds it; captured, the share takes it (side 3 is side stream 3 % 2 = 1)
+    assert streams(side, main, 3, gpu, tokens=32, context=8192) == (("side", None, None), ("main", None, None))
+    assert (0, 66, 1) in parts.made and fake.log == []
+    fake.capturing = True
+    assert streams(side, main, 3, gpu, tokens=32, context=8192) == (("side", None, None), ("main", None, None))
+    assert entered[-1] is parts.made[(0, 66, 1)] and parts.calls[-1] == (0, 66, 1, False)
+    # captured, a share whose partition was never made is not made (no capture-unsafe call): no budget, as without
+    assert streams(side, main, 0, gpu, tokens=4, context=100) == (("side", None, None), ("main", None, None))
+    assert parts.calls[-1] == (0, 33, 0, False) and (0, 33, 0) not in parts.made
     assert budget.current() is None
 
 

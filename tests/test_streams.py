@@ -149,3 +149,66 @@ def test_captured_overlap_replays_like_the_sequential_order():
         b.copy_(torch.randn(b.shape, device="cuda", generator=g))
         graph.replay()
         torch.testing.assert_close(result, a * 2 + 1 + b.sin(), rtol=0, atol=0)
+
+
+def _partitions() -> None:
+    """Skips unless this GPU and torch make SM partitions (CUDA green contexts with streams)."""
+    from indexcache.backends.triton import partition
+
+    _device_streams()
+    if not partition.available() or partition.partition_stream(torch.cuda.current_device(), 16) is None:
+        pytest.skip("no SM partitions here (a ROCm build, or torch / the driver without green contexts)")
+
+
+@gpu
+def test_a_partition_holds_every_kernel_of_the_side_to_its_multiprocessors():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def where_kernel(out_ptr):
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        tl.store(out_ptr + tl.program_id(0), sm)
+
+    _partitions()
+    programs = 64 * torch.cuda.get_device_properties(0).multi_processor_count
+    side_sms = torch.full((programs,), -1, device="cuda", dtype=torch.int32)
+    main_sms = torch.full((programs,), -1, device="cuda", dtype=torch.int32)
+    overlap(lambda: where_kernel[(programs,)](side_sms), lambda: where_kernel[(programs,)](main_sms), device="cuda",
+            side_sms=16)
+    torch.cuda.synchronize()
+    assert side_sms.min().item() >= 0
+    assert side_sms.unique().numel() <= 16 < main_sms.unique().numel()  # the main function keeps the whole device
+
+
+@gpu
+def test_captured_overlap_on_a_partition_replays_like_the_sequential_order():
+    _partitions()
+    a = torch.zeros(4096, device="cuda")
+    b = torch.zeros(4096, device="cuda")
+    side_out, main_out = torch.empty_like(a), torch.empty_like(b)
+
+    def step():
+        overlap(lambda: side_out.copy_(a * 2 + 1), lambda: main_out.copy_(b.sin()), device="cuda", side_sms=16)
+        return side_out + main_out
+
+    step()  # eagerly first: makes the partition, which a capture only looks up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = step()
+    for seed in range(5):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        a.copy_(torch.randn(a.shape, device="cuda", generator=g))
+        b.copy_(torch.randn(b.shape, device="cuda", generator=g))
+        graph.replay()
+        torch.testing.assert_close(result, a * 2 + 1 + b.sin(), rtol=0, atol=0)
+
+
+def test_no_partition_without_a_cuda_gpu_or_green_contexts(monkeypatch):
+    from indexcache.backends.triton import partition
+
+    monkeypatch.setattr(partition, "_PARTITIONS", {})
+    monkeypatch.setattr(partition, "available", lambda: False)
+    assert partition.partition_stream(0, 64) is None
+    assert partition.partition_stream(0, 64, make=False) is None  # remembered: asked once
+    assert partition._PARTITIONS == {(0, 64, 0): None}

@@ -144,12 +144,16 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         # 8-byte spill (a thread-index value hoisted across the warp groups), so later versions keep the Triton kernel.
         table["mqa_logits"].update(COLS=256, PROGRAMS_PER_SM=2, KERNEL="tma-ws")
     if caps["mma"] == "wgmma":
-        # overlap(tokens=, context=): measured on the H200 (bench/overlap_gpu.py, docs/streams.md, 3b54b52): the
-        # producer's indexer beside a V3.2 layer's main-stream work, captured in a graph, overlaps with no SM budget
-        # (0.83-0.98x in order at decode 1-64 x 4K-128K and prefill chunks of 1K and 4K tokens); every side budget was
-        # slower (our kernels at one program a SM lose 5-80 % of their speed, and torch's default matmuls ignore the
-        # carveout); eagerly the one host thread launches both functions' kernels in turn and overlapping was 1.02-1.3x
-        # in order: in order. Past 4K tokens (unmeasured; the gain shrank from 0.83x at 1 token to 0.96-0.98x at 4K):
-        # in order.
-        table["overlap"] = {"GRAPH": ((4096, 0, None),), "EAGER": ()}
+        # overlap(tokens=, context=): measured on the H200 (bench/overlap_gpu.py, docs/streams.md): the producer's
+        # indexer beside a V3.2 layer's main-stream work, captured in a graph. Up to 256 tokens the side on an SM
+        # partition of 0.485 of the SMs (64 of 132; a green context, the main keeping the whole device) was the best
+        # or level with overlapping with no budget at every decode shape of 1-128 requests x 4K-128K and a prefill
+        # chunk of 256: 0.858x in order at 64 x 128K against 0.936x, 0.881x against 0.912x at 64 x 32K (2026-12-04);
+        # partitions of 40 / 48 / 80 SMs did no better. A chunk of 1024 tokens lost on any partition (1.002x against
+        # 0.959x): no budget up to 4K tokens. Past that (unmeasured; the gain shrank to 0.96-0.98x at 4K): in order.
+        # An SM budget without a partition was slower than none everywhere (our kernels at one program a SM lose 5-80 %
+        # of their speed; torch's default matmuls ignore the carveout), so the partition's share, where there are no
+        # partitions, overlaps with no budget. Eagerly the one host thread launches both functions' kernels in turn
+        # and overlapping was 1.02-1.3x in order: in order.
+        table["overlap"] = {"GRAPH": ((256, 0, 0.485), (4096, 0, None)), "EAGER": ()}
     return {**table, "arch": {"name": arch, **caps}}

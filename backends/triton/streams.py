@@ -10,12 +10,17 @@ record/wait pairs, so the same code is valid under CUDA-graph capture, where the
 here allocates device memory or syncs with the host.
 Create the streams before capturing (a first eager call does).
 
-Sharing the GPU (docs/streams.md): the side function runs under an SM budget of n multiprocessors
-(:mod:`indexcache.hal.budget`) and the main function under the device's others, n from the call's ``side_sms`` or
-from the tuning table's ``overlap`` rule (its ``GRAPH`` bands while a CUDA graph is captured, else its ``EAGER`` ones)
-for the side work's ``tokens`` and ``context``; a budget of 0 runs the two in order on the current stream. Without
-either (or without a rule for the target) they overlap with no budget. Torch's own matmuls in each function are held to
-the same share through torch's SM carveout where torch has one.
+Sharing the GPU (docs/streams.md): the side function gets n multiprocessors, n from the call's ``side_sms`` or from
+the tuning table's ``overlap`` rule (its ``GRAPH`` bands while a CUDA graph is captured, else its ``EAGER`` ones) for
+the side work's ``tokens`` and ``context``; 0 runs the two in order on the current stream. Where the GPU and torch
+have SM partitions (:mod:`~indexcache.backends.triton.partition`: CUDA green contexts) the side function runs on a
+stream of a partition of n multiprocessors, every kernel of it placed there only, and the main function keeps the
+whole device. Elsewhere an explicit ``side_sms`` runs the side under an SM budget of n (:mod:`indexcache.hal.budget`)
+and the main under the device's others, torch's matmuls held to each share by torch's SM carveout where torch has
+one; a share from the rule, measured with partitions, then overlaps with no budget. Without either (or without a rule
+for the target) the two overlap with no budget. A partition is made at the first eager call that could use it (the
+eager call also makes the one its shape's ``GRAPH`` band names), never during a capture: a capture that finds none
+made falls back as where there are none.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, TypeVar
 import torch
 
 from indexcache.backends.torch.streams import in_order
+from indexcache.backends.triton.partition import partition_stream
 from indexcache.hal import budget
 from indexcache.hal.contract import OpImpl
 from indexcache.hal.device import sm_count
@@ -86,28 +92,49 @@ class DeviceStreams:
         return pool[side % self.side_streams]
 
     def share(self, device: torch.device, side_sms: int | None, tokens: int | None,
-              context: int | None) -> tuple[int | None, int]:
-        """``(side budget, the device's multiprocessors)``: the budget ``side_sms`` (fewer than the device's, else
-        ValueError), else the rule's for ``tokens`` and ``context``, else None (no budget); 0 runs in order."""
+              context: int | None) -> tuple[int | None, int, bool]:
+        """``(side share, the device's multiprocessors, whether the rule gave it)``: ``side_sms`` (fewer than the
+        device's, else ValueError), else the rule's for ``tokens`` and ``context``, else None (no share); 0 runs in
+        order."""
         index = device.index if device.index is not None else self._module.current_device()
         sms = sm_count(index)
         if side_sms is not None:
             if side_sms >= sms:
                 raise ValueError(f"side_sms: expected fewer than the {sms} multiprocessors of {device} (0: in order), "
                                  f"got {side_sms}")
-            return side_sms, sms
+            return side_sms, sms, False
         if tokens is None or self.rule is None:
-            return None, sms
+            return None, sms, False
         bands = self.rule["GRAPH" if self._module.is_current_stream_capturing() else "EAGER"]
-        return side_budget(tokens, context, sms, bands), sms
+        return side_budget(tokens, context, sms, bands), sms, True
+
+    def partition(self, device: torch.device, n: int | None, side: int, tokens: int | None,
+                  context: int | None) -> torch.Stream | None:
+        """The stream of a partition of ``n`` multiprocessors for side stream ``side`` (None: no share, or none to be
+        had here). Eagerly it is made where missing, and so is the one the ``GRAPH`` rule names for this shape, so
+        that a capture after an eager call finds it; during a capture it is only looked up."""
+        if self.device_type != "cuda" or torch.version.hip is not None:
+            return None
+        index = device.index if device.index is not None else self._module.current_device()
+        side %= self.side_streams
+        if self._module.is_current_stream_capturing():
+            return None if not n else partition_stream(index, n, side, make=False)
+        if tokens is not None and self.rule is not None:
+            graph_n = side_budget(tokens, context, sm_count(index), self.rule["GRAPH"])
+            if graph_n:
+                partition_stream(index, graph_n, side)
+        return None if not n else partition_stream(index, n, side)
 
     def __call__(self, side_fn: Callable[[], S], main_fn: Callable[[], M], side: int, device: torch.device,
                  side_sms: int | None = None, tokens: int | None = None, context: int | None = None) -> tuple[S, M]:
-        n, sms = self.share(device, side_sms, tokens, context)
+        n, sms, ruled = self.share(device, side_sms, tokens, context)
+        part = self.partition(device, n, side, tokens, context)
         if n == 0:
             return in_order(side_fn, main_fn, side, device)
+        if part is not None or ruled:
+            n = None  # a partition holds the side (no budget, the main keeps the device); a rule's share needs one
         main = self._module.current_stream(device)
-        stream = self.stream(device, side)
+        stream = part if part is not None else self.stream(device, side)
         stream.wait_stream(main)
         with self._module.stream(stream), _held_to(n, sms):
             side_out = side_fn()
