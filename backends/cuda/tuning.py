@@ -145,15 +145,16 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         table["mqa_logits"].update(COLS=256, PROGRAMS_PER_SM=2, KERNEL="tma-ws")
     if caps["mma"] == "wgmma":
         # overlap(tokens=, context=): measured on the H200 (bench/overlap_gpu.py, docs/streams.md): the producer's
-        # indexer beside a V3.2 layer's main-stream work, captured in a graph. Up to 256 tokens the side on an SM
-        # partition of 0.485 of the SMs (64 of 132; a green context, the main keeping the whole device) was the best
-        # or level with overlapping with no budget at every decode shape of 1-128 requests x 4K-128K and a prefill
-        # chunk of 256: 0.858x in order at 64 x 128K against 0.936x, 0.881x against 0.912x at 64 x 32K (2026-12-04);
-        # partitions of 40 / 48 / 80 SMs did no better. A chunk of 1024 tokens lost on any partition (1.002x against
-        # 0.959x): no budget up to 4K tokens. Past that (unmeasured; the gain shrank to 0.96-0.98x at 4K): in order.
-        # An SM budget without a partition was slower than none everywhere (our kernels at one program a SM lose 5-80 %
-        # of their speed; torch's default matmuls ignore the carveout), so the partition's share, where there are no
-        # partitions, overlaps with no budget. Eagerly the one host thread launches both functions' kernels in turn
-        # and overlapping was 1.02-1.3x in order: in order.
-        table["overlap"] = {"GRAPH": ((256, 0, 0.485), (4096, 0, None)), "EAGER": ()}
+        # indexer beside a V3.2 layer's main-stream work, captured in a graph. From 32 to 256 tokens over at least 32K
+        # keys, the side on an SM partition of 0.485 of the SMs (64 of 132; a green context, the main keeping the whole
+        # device) was the best share or level with none: 0.858x in order at 64 x 128K against 0.938x with no share,
+        # 0.887x against 0.919x at 64 x 32K, 0.847x against 0.888x at 32 x 128K, 0.889x against 0.905x for a 256-token
+        # chunk (2026-12-04); partitions of 33 to 99 SMs did no better. Below 32 tokens or 32K keys a partition was
+        # level or up to 1.5 % slower (8 x 32K), and a 1024-token chunk lost on every one (1.04x against 0.97x): no
+        # share up to 4K tokens. Past that (unmeasured; the gain shrank to 0.96-0.98x at 4K): in order. An SM budget
+        # without a partition was slower than none everywhere (our kernels at one program a SM lose 5-80 % of their
+        # speed; torch's default matmuls ignore the carveout), so where there are no partitions the rule's share
+        # overlaps with no budget. Eagerly the one host thread launches both functions' kernels in turn and
+        # overlapping was 1.02-1.3x in order: in order.
+        table["overlap"] = {"GRAPH": ((31, 0, None), (256, 32768, 0.485), (4096, 0, None)), "EAGER": ()}
     return {**table, "arch": {"name": arch, **caps}}
