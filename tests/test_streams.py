@@ -212,3 +212,22 @@ def test_no_partition_without_a_cuda_gpu_or_green_contexts(monkeypatch):
     assert partition.partition_stream(0, 64) is None
     assert partition.partition_stream(0, 64, make=False) is None  # remembered: asked once
     assert partition._PARTITIONS == {(0, 64, 0): None}
+
+
+def test_the_scheduler_is_resolved_once_per_device_and_choice(fresh_dispatch, monkeypatch):
+    resolved = []
+    real = dispatch.resolve
+
+    def counting(op, args, backend=None):
+        resolved.append((op, backend))
+        return real(op, args, backend)
+
+    monkeypatch.setattr(dispatch, "resolve", counting)
+    for _ in range(3):
+        assert overlap(lambda: 1, lambda: 2, device="cpu") == (1, 2)
+    assert resolved == [("overlap", None)]
+    assert overlap(lambda: 1, lambda: 2, device="cpu", backend="torch") == (1, 2)  # another choice: resolved anew
+    assert resolved == [("overlap", None), ("overlap", "torch")]
+    dispatch.reset()  # forgets them
+    overlap(lambda: 1, lambda: 2, device="cpu")
+    assert len(resolved) == 3

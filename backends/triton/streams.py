@@ -91,11 +91,11 @@ class DeviceStreams:
             self._streams[index] = pool
         return pool[side % self.side_streams]
 
-    def share(self, device: torch.device, side_sms: int | None, tokens: int | None,
-              context: int | None) -> tuple[int | None, int, bool]:
+    def share(self, device: torch.device, side_sms: int | None, tokens: int | None, context: int | None,
+              capturing: bool | None = None) -> tuple[int | None, int, bool]:
         """``(side share, the device's multiprocessors, whether the rule gave it)``: ``side_sms`` (fewer than the
-        device's, else ValueError), else the rule's for ``tokens`` and ``context``, else None (no share); 0 runs in
-        order."""
+        device's, else ValueError), else the rule's for ``tokens`` and ``context`` (its ``GRAPH`` bands where
+        ``capturing``, None: asked), else None (no share); 0 runs in order."""
         index = device.index if device.index is not None else self._module.current_device()
         sms = sm_count(index)
         if side_sms is not None:
@@ -105,19 +105,20 @@ class DeviceStreams:
             return side_sms, sms, False
         if tokens is None or self.rule is None:
             return None, sms, False
-        bands = self.rule["GRAPH" if self._module.is_current_stream_capturing() else "EAGER"]
-        return side_budget(tokens, context, sms, bands), sms, True
+        if capturing is None:
+            capturing = self._module.is_current_stream_capturing()
+        return side_budget(tokens, context, sms, self.rule["GRAPH" if capturing else "EAGER"]), sms, True
 
-    def partition(self, device: torch.device, n: int | None, side: int, tokens: int | None,
-                  context: int | None) -> torch.Stream | None:
+    def partition(self, device: torch.device, n: int | None, side: int, tokens: int | None, context: int | None,
+                  capturing: bool) -> torch.Stream | None:
         """The stream of a partition of ``n`` multiprocessors for side stream ``side`` (None: no share, or none to be
         had here). Eagerly it is made where missing, and so is the one the ``GRAPH`` rule names for this shape, so
-        that a capture after an eager call finds it; during a capture it is only looked up."""
+        that a capture after an eager call finds it; during a capture (``capturing``) it is only looked up."""
         if self.device_type != "cuda" or torch.version.hip is not None:
             return None
         index = device.index if device.index is not None else self._module.current_device()
         side %= self.side_streams
-        if self._module.is_current_stream_capturing():
+        if capturing:
             return None if not n else partition_stream(index, n, side, make=False)
         if tokens is not None and self.rule is not None:
             graph_n = side_budget(tokens, context, sm_count(index), self.rule["GRAPH"])
@@ -127,8 +128,9 @@ class DeviceStreams:
 
     def __call__(self, side_fn: Callable[[], S], main_fn: Callable[[], M], side: int, device: torch.device,
                  side_sms: int | None = None, tokens: int | None = None, context: int | None = None) -> tuple[S, M]:
-        n, sms, ruled = self.share(device, side_sms, tokens, context)
-        part = self.partition(device, n, side, tokens, context)
+        capturing = self._module.is_current_stream_capturing()
+        n, sms, ruled = self.share(device, side_sms, tokens, context, capturing)
+        part = self.partition(device, n, side, tokens, context, capturing)
         if n == 0:
             return in_order(side_fn, main_fn, side, device)
         if part is not None or ruled:

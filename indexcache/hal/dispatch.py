@@ -102,8 +102,10 @@ def get(name: str) -> Backend:
 
 
 def reset() -> None:
-    """Forget registry, probes, the default choice and the kept calls (for tests that change the environment)."""
+    """Forget registry, probes, the default choice, the kept calls and the kept schedulers (for tests that change the
+    environment)."""
     memo.clear()
+    _schedulers.clear()
     registry.cache_clear()
     availability.cache_clear()
     ops_of.cache_clear()
@@ -208,6 +210,20 @@ def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tup
     raise BackendNotSupportedError(
         f"no backend can run {op} with these arguments: " + " | ".join(f"{n}: {why}" for n, why in skipped)
     )
+
+
+_schedulers: dict[tuple, tuple[str, OpImpl]] = {}
+
+
+def scheduler(args: Mapping[str, Any], backend: str | None = None) -> tuple[str, OpImpl]:
+    """:func:`resolve` for ``overlap``, kept by the explicit choice in force and ``args["device"]``: a backend's
+    ``overlap`` decides whether it serves a call by the device alone (``backends/README.md``), and an eager layer step
+    then pays no dispatch for its overlap (docs/streams.md)."""
+    key = (explicit_choice(backend), args["device"])
+    found = _schedulers.get(key)
+    if found is None:
+        found = _schedulers[key] = resolve("overlap", args, backend)
+    return found
 
 
 def args_for(impl: OpImpl, args: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -65,4 +65,4 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
         return side_fn(), main_fn()
     args = dict(side_fn=side_fn, main_fn=main_fn, side=side, device=dev, side_sms=side_sms, tokens=tokens,
                 context=context)
-    return dispatch.call("overlap", args, backend)
+    return dispatch.scheduler(args, backend)[1].fn(**args)
