@@ -31,6 +31,7 @@ tiny shapes on the CPU (the torch backend, in order): checks the script only.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 from collections.abc import Callable
@@ -193,14 +194,16 @@ def modes(layer: Layer, dev: torch.device, sms: int, budgets: list[int],
 def alternating_eager_us(calls: dict[str, Callable[[], object]], dev: torch.device, rounds: int) -> dict[str, float]:
     """Per call the median µs of one eager call (events around it, synchronised before and after), over ``rounds``
     rounds in which the calls take turns: eager calls are host-bound, and timing them one after the other let the
-    host's state drift between them (the same in-order work differed by 25 %). Each round starts one call further
-    along the list, so every call follows every other equally often: on the H200's host a call following a different
-    one took 1-3 % longer than one following itself (2026-12-04), which put whatever came after the shares' modes
-    behind."""
+    host's state drift between them (the same in-order work differed by 25 %). Each round takes the calls in a new
+    random order (seeded), so no call always follows the same one: on the H200's host the same in-order step took
+    1-3 % longer after some calls than after others (2026-12-04; in a fixed order, and in one merely rotated each
+    round, which keeps every call's predecessor)."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
     order = list(calls.items())
-    for r in range(rounds):
-        for name, fn in order[r % len(order):] + order[:r % len(order)]:
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for name, fn in order:
             samples[name].append(1e3 * times_ms(fn, dev, 0.0, 1, 1, warmup=0)[0])
     return {name: statistics.median(values) for name, values in samples.items()}
 
