@@ -21,6 +21,7 @@ times one long CPU call (wall and process CPU time).
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -110,10 +111,14 @@ def median_ms(fn: Callable[[], Any], device: torch.device, budget_s: float, min_
 
 
 def alternating_graph_us(calls: dict[Any, Callable[[], Any]], device: torch.device, rounds: int,
-                         burst: int) -> dict[Any, float]:
+                         burst: int, shuffle_seed: int | None = None) -> dict[Any, float]:
     """Per call the median µs of a replay of its CUDA graph in a burst of ``burst`` back-to-back replays, over
     ``rounds`` rounds in which the calls take turns (a power-capped card: contenders alternate rather than run one
-    after the other). Off a GPU each call itself, host clock (a script's smoke run: not a speed)."""
+    after the other). With ``shuffle_seed`` each round takes them in a new random order from that seed, so that no
+    call always follows the same one (on the power-capped card a light call before a heavy one lets the heavy one
+    start at higher clocks). Off a GPU each call itself, host clock (a script's smoke run: not a speed)."""
+    order = list(calls)
+    shuffle = random.Random(shuffle_seed).shuffle if shuffle_seed is not None else None
     samples: dict[Any, list[float]] = {name: [] for name in calls}
     if not on_gpu(device):
         for _ in range(rounds):
@@ -128,7 +133,10 @@ def alternating_graph_us(calls: dict[Any, Callable[[], Any]], device: torch.devi
             graph.replay()
     module = _module(device)
     for _ in range(rounds):
-        for name, graph in graphs.items():
+        if shuffle:
+            shuffle(order)
+        for name in order:
+            graph = graphs[name]
             module.synchronize(device)
             start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
             start.record()
