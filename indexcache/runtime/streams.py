@@ -14,9 +14,10 @@ the torch backend, and any backend whose tensors live on the CPU, runs the two f
 (Inductor traces no streams), so a compiled model has no graph break here.
 
 Sharing the GPU: our persistent kernels fill every multiprocessor, so beside them main-stream work only interleaves.
-``overlap`` gives the side function an SM budget (:mod:`indexcache.hal.budget`) and the main function the rest, from
-``side_sms`` or from the GPU backend's measured rule for the side work's shape, which also runs the two in order
-where overlapping does not pay (docs/streams.md).
+``overlap`` gives the side function a share of the multiprocessors, from ``side_sms`` or from the GPU backend's
+measured rule for the side work's shape, which also runs the two in order where overlapping does not pay: an SM
+partition (a CUDA green context) where the GPU and torch have them, the main function keeping the whole device, else
+an SM budget (:mod:`indexcache.hal.budget`) with the main function under the rest (docs/streams.md).
 """
 
 from __future__ import annotations
@@ -41,11 +42,14 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
     ``side`` picks one of the backend's side streams (taken modulo how many it allows), so independent
     side work can use different streams. How the GPU is shared (docs/streams.md):
 
-    - ``side_sms``: the side function's SM budget (:func:`indexcache.sm_budget`), the main function getting the
-      device's other multiprocessors; 0 runs the two in order on the current stream (side first).
+    - ``side_sms``: the side function's multiprocessors: a partition of that many where there are partitions (every
+      kernel of the side held there, the main function keeping the whole device), else an SM budget
+      (:func:`indexcache.sm_budget`) with the main function getting the device's other multiprocessors; 0 runs the two
+      in order on the current stream (side first).
     - else ``tokens`` and ``context`` (the side work's query rows and keys a row, e.g. a decode batch's rows and its
-      longest context): the backend's measured rule picks the budget, or the order where overlapping does not pay.
-    - else the two overlap with no budget.
+      longest context): the backend's measured rule picks a partition, no share, or the order where overlapping does
+      not pay.
+    - else the two overlap with no share.
 
     Returns ``(side_fn(), main_fn())``; on return the current stream is ordered after everything both enqueued.
     """
