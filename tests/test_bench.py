@@ -564,6 +564,17 @@ def test_fp4_recall_writes_a_recall_per_data_set_and_key_format(tmp_path):
     assert rows[0]["recall_mean"] > rows[1]["recall_mean"]
 
 
+def test_host_path_smoke_counts_the_python_calls_of_a_step(tmp_path):
+    """bench/host_path.py --smoke: the cuda backend's host path for sm90 with launches stubbed, on the CPU."""
+    _script("host_path", "--smoke", "--out", str(tmp_path / "host.json"))
+    report = json.loads((tmp_path / "host.json").read_text())
+    assert report["arch"] == "sm90" and "not a GPU timing" in report["host"]
+    assert [r["kind"] for r in report["rows"]] == ["decode", "prefill"]
+    for row in report["rows"]:
+        assert row["new_us"] > 0 and row["kept_us"] > 0 and row["python_calls"] > 100
+    assert report["rows"][0]["ops"] == ["store_index_k", "paged_topk_translate", "translate"]
+
+
 @no_gpu
 def test_fp4_decode_smoke_runs_on_the_cpu(tmp_path):
     """bench/fp4_decode_gpu.py --smoke: tiny shapes interpreted, both formats, the decode ops on both backends and the
