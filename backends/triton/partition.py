@@ -42,14 +42,12 @@ def partition_stream(device_index: int, sms: int, side: int = 0, *, make: bool =
     to its granularity, 8 on Hopper), one per ``side``; made on first use where ``make``, else only looked up. None
     where no partition can be had here (see the module docstring; why is logged once)."""
     key = (device_index, sms, side)
-    found = _PARTITIONS.get(key, False)
-    if found is not False:
-        return None if found is None else found[1]
-    if not make:
-        return None
-    with _MAKING:
-        if key not in _PARTITIONS:
-            _PARTITIONS[key] = _make(device_index, sms)
+    if key not in _PARTITIONS:
+        if not make:
+            return None
+        with _MAKING:
+            if key not in _PARTITIONS:
+                _PARTITIONS[key] = _make(device_index, sms)
     made = _PARTITIONS[key]
     return None if made is None else made[1]
 

@@ -82,9 +82,12 @@ class DeviceStreams:
         self._module = torch.get_device_module(device_type)
         self._streams: dict[int, list[torch.Stream]] = {}
 
+    def _index(self, device: torch.device) -> int:
+        return device.index if device.index is not None else self._module.current_device()
+
     def stream(self, device: torch.device, side: int) -> torch.Stream:
         """Side stream ``side % side_streams`` of ``device``."""
-        index = device.index if device.index is not None else self._module.current_device()
+        index = self._index(device)
         pool = self._streams.get(index)
         if pool is None:
             pool = [self._module.Stream(device=index) for _ in range(self.side_streams)]
@@ -96,8 +99,7 @@ class DeviceStreams:
         """``(side share, the device's multiprocessors, whether the rule gave it)``: ``side_sms`` (fewer than the
         device's, else ValueError), else the rule's for ``tokens`` and ``context`` (its ``GRAPH`` bands where
         ``capturing``, None: asked), else None (no share); 0 runs in order."""
-        index = device.index if device.index is not None else self._module.current_device()
-        sms = sm_count(index)
+        sms = sm_count(self._index(device))
         if side_sms is not None:
             if side_sms >= sms:
                 raise ValueError(f"side_sms: expected fewer than the {sms} multiprocessors of {device} (0: in order), "
@@ -114,9 +116,7 @@ class DeviceStreams:
         """The stream of a partition of ``n`` multiprocessors for side stream ``side`` (None: no share, or none to be
         had here). Eagerly it is made where missing, and so is the one the ``GRAPH`` rule names for this shape, so
         that a capture after an eager call finds it; during a capture (``capturing``) it is only looked up."""
-        if self.device_type != "cuda" or torch.version.hip is not None:
-            return None
-        index = device.index if device.index is not None else self._module.current_device()
+        index = self._index(device)
         side %= self.side_streams
         if capturing:
             return None if not n else partition_stream(index, n, side, make=False)
