@@ -127,6 +127,12 @@ def materialize(kind: str, calls: list[tuple[str, dict[str, Any]]], dims: tuple[
     return found
 
 
+def renewed(step: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """``step`` with new tensors for what its calls write (:data:`OUTPUTS`): every call's signature new."""
+    return [(op, {n: torch.empty_like(v) if n in OUTPUTS and isinstance(v, torch.Tensor) else v
+                  for n, v in args.items()}) for op, args in step]
+
+
 def shapes(smoke: bool) -> list[tuple[str, tuple[int, ...]]]:
     """The sweep: ``("decode", (batch, context, next_n))`` then ``("prefill", (tokens, keys))``."""
     if smoke:
@@ -195,9 +201,8 @@ def sweep(plan, dev: torch.device, calls: int, smoke: bool) -> list[dict[str, An
         steady = [_timed(run, dev) for _ in range(calls)]
         row["steady_ms"] = statistics.median(steady)
         row["first_over_steady"] = first / row["steady_ms"]
-        renewed = [(op, {n: torch.empty_like(v) if n in OUTPUTS and isinstance(v, torch.Tensor) else v
-                         for n, v in args.items()}) for op, args in step]
-        row["new_buffers_ms"] = _timed(_runner(renewed), dev)  # a new signature: checked, dispatched and built afresh
+        # a new signature: checked, dispatched and built afresh
+        row["new_buffers_ms"] = _timed(_runner(renewed(step)), dev)
         row["first_over_new_buffers"] = first / row["new_buffers_ms"]
         rows.append(row)
         print(f"  {kind} {dims}: {row['compiled']} compiled, first {first:.1f} ms, steady {row['steady_ms']:.3f} ms",

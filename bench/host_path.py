@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from coldstart_gpu import CONFIG, OUTPUTS, materialize  # noqa: E402
+from coldstart_gpu import CONFIG, materialize, renewed  # noqa: E402
 
 SHAPES = [("decode", (1, 100, 1)), ("decode", (8, 4097, 1)), ("decode", (64, 32768, 1)), ("decode", (64, 32768, 2)),
           ("decode", (13, 100000, 2)), ("prefill", (128, 128)), ("prefill", (1000, 1000)), ("prefill", (2048, 8192))]
@@ -68,17 +68,10 @@ def measure(kind: str, dims: tuple[int, ...], plan, calls: int) -> dict:
 
     run(step)
     kept = statistics.median(run(step) for _ in range(calls + 2))
-    alive = []  # every renewed output stays alive: no new tensor may land where a kept call's did
-
-    def renewed():
-        fresh = [(op, {n: torch.empty_like(v) if n in OUTPUTS and isinstance(v, torch.Tensor) else v
-                       for n, v in args.items()}) for op, args in step]
-        alive.append(fresh)
-        return fresh
-
-    new = statistics.median(run(renewed()) for _ in range(calls))
+    alive = [renewed(step) for _ in range(calls + 1)]  # all alive: no new output lands where a kept call's did
+    new = statistics.median(run(fresh) for fresh in alive[:-1])
     profile = cProfile.Profile()
-    fresh = renewed()
+    fresh = alive[-1]
     profile.enable()
     run(fresh)
     profile.disable()

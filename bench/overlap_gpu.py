@@ -31,7 +31,6 @@ tiny shapes on the CPU (the torch backend, in order): checks the script only.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from indexcache.backends.triton import partition
 from indexcache.backends.triton.streams import _matmul_sms, side_budget
 from indexcache.bench.output import write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
-from indexcache.bench.timing import alternating_graph_us, times_ms
+from indexcache.bench.timing import alternating_graph_us, times_ms, turns
 from indexcache.hal import dispatch
 from indexcache.hal.layout import new_packed_cache
 
@@ -199,12 +198,9 @@ def alternating_eager_us(calls: dict[str, Callable[[], object]], dev: torch.devi
     1-3 % longer after some calls than after others (2026-12-04; in a fixed order, and in one merely rotated each
     round, which keeps every call's predecessor)."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
-    order = list(calls.items())
-    shuffle = random.Random(0).shuffle
-    for _ in range(rounds):
-        shuffle(order)
-        for name, fn in order:
-            samples[name].append(1e3 * times_ms(fn, dev, 0.0, 1, 1, warmup=0)[0])
+    for order in turns(list(calls), rounds, shuffle_seed=0):
+        for name in order:
+            samples[name].append(1e3 * times_ms(calls[name], dev, 0.0, 1, 1, warmup=0)[0])
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

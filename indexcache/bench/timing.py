@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -110,6 +110,17 @@ def median_ms(fn: Callable[[], Any], device: torch.device, budget_s: float, min_
     return statistics.median(times_ms(fn, device, budget_s, min_reps, max_reps, warmup, calls))
 
 
+def turns(items: list, rounds: int, shuffle_seed: int | None = None) -> Iterator[list]:
+    """``items`` once a round for ``rounds`` rounds, in their order, or with ``shuffle_seed`` in a new random order
+    each round from that seed (so that no item always follows the same one)."""
+    order = list(items)
+    shuffle = random.Random(shuffle_seed).shuffle if shuffle_seed is not None else None
+    for _ in range(rounds):
+        if shuffle:
+            shuffle(order)
+        yield order
+
+
 def alternating_graph_us(calls: dict[Any, Callable[[], Any]], device: torch.device, rounds: int,
                          burst: int, shuffle_seed: int | None = None) -> dict[Any, float]:
     """Per call the median µs of a replay of its CUDA graph in a burst of ``burst`` back-to-back replays, over
@@ -117,8 +128,6 @@ def alternating_graph_us(calls: dict[Any, Callable[[], Any]], device: torch.devi
     after the other). With ``shuffle_seed`` each round takes them in a new random order from that seed, so that no
     call always follows the same one (on the power-capped card a light call before a heavy one lets the heavy one
     start at higher clocks). Off a GPU each call itself, host clock (a script's smoke run: not a speed)."""
-    order = list(calls)
-    shuffle = random.Random(shuffle_seed).shuffle if shuffle_seed is not None else None
     samples: dict[Any, list[float]] = {name: [] for name in calls}
     if not on_gpu(device):
         for _ in range(rounds):
@@ -132,9 +141,7 @@ def alternating_graph_us(calls: dict[Any, Callable[[], Any]], device: torch.devi
         for _ in range(3):
             graph.replay()
     module = _module(device)
-    for _ in range(rounds):
-        if shuffle:
-            shuffle(order)
+    for order in turns(list(graphs), rounds, shuffle_seed):
         for name in order:
             graph = graphs[name]
             module.synchronize(device)
