@@ -358,8 +358,11 @@ def test_a_persistent_launch_under_a_budget_of_n_runs_at_most_n_programs(arch, k
         call_free, call_capped = _merged(call_free), _merged(call_capped)
         if [name for _, name, _ in call_free] != [name for _, name, _ in call_capped]:
             continue  # the budget changed the call's path (split rows no longer split): nothing to pair
+        chunks = {name: grid for _, name, grid in call_capped if name == "topk_filter_kernel"}
         for (op, name, before), (_, _, after) in zip(call_free, call_capped, strict=True):
-            if name == SPLIT:  # every row sorted, n at a time
+            if name == "topk_finish_kernel" and len(before) == 2:  # split rows: a program a chunk, as the filter
+                assert after == chunks["topk_filter_kernel"], (op, name, before, after)
+            elif name == SPLIT:  # every row sorted, n at a time
                 assert after == before, (op, name, before, after)
                 filled[name] += _product(before) > n
             elif name in FILLS:

@@ -61,8 +61,10 @@ _COMMON: dict[str, dict[str, Any]] = {
     # the finish (one program an SM, persistent): 2K tiles over 8 warps, up to 224 registers (ptxas capped itself at
     # 128 and spilled), reading up to 64 chunks side by side. SAMPLE_RANK 32: about 32 sample entries expected above
     # the k-th best (H200: 16 left more candidates, 64 sampled longer than it saved). A stash of
-    # max(4096, 4k, columns / 32) entries a row. sorted=True: a row's keys sorted over one warp per SORT_PER_WARP
-    # keys (8 int64 a thread: 2048 keys on 8 warps; from the cross-compiled register counts, not measured).
+    # max(4096, 4k, columns / 32) entries a row. A split row whose pivot bin holds at most FINISH_TIES candidates is
+    # finished by a program a chunk (its candidates above the bin; the first also ranks the bin's). sorted=True: a
+    # row's keys sorted over one warp per SORT_PER_WARP keys (8 int64 a thread: 2048 keys on 8 warps; from the
+    # cross-compiled register counts, not measured).
     # KERNEL "block": the Gluon kernel of topk/block.py (a block of BLOCK_WARPS warps a row, BLOCK_PIECE_J columns a
     # thread a piece, one program a SM) takes rows of up to BLOCK_MAX_COLS columns: the many-rows calls, and from
     # BLOCK_MIN_ROWS rows on those that would be split (H200: 32-36 % less time than the Triton path on 64 decode rows,
@@ -72,10 +74,10 @@ _COMMON: dict[str, dict[str, Any]] = {
     # slower on prefill, and leave a stack frame with Triton 3.9 at 32 warps.
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
-             "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "MIN_CHUNK": 4096,
-             "SAMPLE": 4096, "SAMPLE_RANK": 32, "STASH": 4096, "STASH_PER_K": 4, "STASH_COLS_SHIFT": 5,
-             "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 32, "BLOCK_PIECE_J": 4, "BLOCK_PER_SM": 1,
-             "BLOCK_MIN_ROWS": 32, "BLOCK_MAX_COLS": 262144},
+             "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "FINISH_TIES": 256,
+             "MIN_CHUNK": 4096, "SAMPLE": 4096, "SAMPLE_RANK": 32, "STASH": 4096, "STASH_PER_K": 4,
+             "STASH_COLS_SHIFT": 5, "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 32, "BLOCK_PIECE_J": 4,
+             "BLOCK_PER_SM": 1, "BLOCK_MIN_ROWS": 32, "BLOCK_MAX_COLS": 262144},
 }
 
 

@@ -30,10 +30,13 @@ _COMMON: dict[str, dict[str, Any]] = {
                       "num_warps": 16},
     # Top-k: the 64-lane histogram ballots live in SGPRs, so one value a lane (256-value tiles, 4 waves) is
     # what leaves the fused kernel without SGPR spills (Triton 3.9, gfx942); 2 resident programs a CU. sorted=True:
-    # one wave per SORT_PER_WARP keys (8 int64 a lane; from the cross-compiled register counts, not measured).
+    # one wave per SORT_PER_WARP keys (8 int64 a lane; from the cross-compiled register counts, not measured). Split
+    # rows finished by one program a row (FINISH_TIES 0): the finish with a program a chunk spilled 99-115 SGPRs on
+    # gfx942 and gfx950 (Triton 3.9), inlined or not.
     "topk": {"TILE": 256, "BITS": 8, "DIGIT": 6, "num_warps": 4, "waves_per_eu": 2, "PROGRAMS_PER_SM": 2,
-             "CHUNKS_PER_SM": 4, "GATHER_CHUNKS": 16, "FINISH_BINS": 2048, "MIN_CHUNK": 16384, "SAMPLE": 4096,
-             "SAMPLE_RANK": 16, "STASH": 4096, "STASH_PER_K": 4, "STASH_COLS_SHIFT": 5, "SORT_PER_WARP": 512},
+             "CHUNKS_PER_SM": 4, "GATHER_CHUNKS": 16, "FINISH_BINS": 2048, "FINISH_TIES": 0, "MIN_CHUNK": 16384,
+             "SAMPLE": 4096, "SAMPLE_RANK": 16, "STASH": 4096, "STASH_PER_K": 4, "STASH_COLS_SHIFT": 5,
+             "SORT_PER_WARP": 512},
 }
 
 

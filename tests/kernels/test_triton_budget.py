@@ -56,9 +56,10 @@ def _launched(grids: list, fn):
 
 
 @pytest.mark.parametrize(("rows", "cols", "free", "capped"), [
-    # One long row split into 4096-column chunks over 16 multiprocessors (5 of them); under 3, at most 3 chunks.
-    (1, 20000, [("topk_sample_kernel", (1,)), ("topk_filter_kernel", (1, 5)), ("topk_finish_kernel", (1,))],
-     [("topk_sample_kernel", (1,)), ("topk_filter_kernel", (1, 3)), ("topk_finish_kernel", (1,))]),
+    # One long row split into 4096-column chunks over 16 multiprocessors (5 of them), finished by a program a chunk;
+    # under 3, at most 3 chunks.
+    (1, 20000, [("topk_sample_kernel", (1,)), ("topk_filter_kernel", (1, 5)), ("topk_finish_kernel", (1, 5))],
+     [("topk_sample_kernel", (1,)), ("topk_filter_kernel", (1, 3)), ("topk_finish_kernel", (1, 3))]),
     # Six rows, a program each; under 3, each program takes two rows.
     (6, 3000, [("topk_rows_kernel", (6,)), ("topk_finish_kernel", (6,))],
      [("topk_rows_kernel", (3,)), ("topk_finish_kernel", (3,))]),

@@ -9,6 +9,8 @@ fallback are forced through a small tuning table passed to the kernel functions 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -27,9 +29,10 @@ SENTINEL = -7
 NEG_INF, NAN = float("-inf"), float("nan")
 SM90 = NVIDIA.target("sm90", interpreted=True)  # the target the kernels are interpreted for
 # 512-value tiles, 128 coarse bins, a stash of max(256, k) entries (overflows on purpose), auto split.
+# Split rows finished by a program a chunk where their pivot bin holds at most 16 candidates.
 SMALL = {"TILE": 512, "BITS": 7, "DIGIT": 5, "num_warps": 4, "PROGRAMS_PER_SM": 2, "CHUNKS_PER_SM": 4,
-         "MIN_CHUNK": 1024, "GATHER_CHUNKS": 4, "FINISH_BINS": 256, "SAMPLE": 256, "SAMPLE_RANK": 16, "STASH": 256,
-         "STASH_PER_K": 1, "STASH_COLS_SHIFT": 16, "SORT_PER_WARP": 256}
+         "MIN_CHUNK": 1024, "GATHER_CHUNKS": 4, "FINISH_BINS": 256, "FINISH_TIES": 16, "SAMPLE": 256,
+         "SAMPLE_RANK": 16, "STASH": 256, "STASH_PER_K": 1, "STASH_COLS_SHIFT": 16, "SORT_PER_WARP": 256}
 
 
 def _kernels():
@@ -218,6 +221,62 @@ def test_split_path_breaks_pivot_ties_by_position():
     _assert_rows(out, reference.topk(scores, lengths, 200))
 
 
+def _finish_alone(scores, lengths, k, cfg, parts, page_table=None, page_size=1, with_raw=False):
+    """The split rows' launches of a call, the finish run on only the first ``parts`` programs of each row (its
+    grid's second axis; None: all): ``(out, raw)``, every slot not written still ``SENTINEL``."""
+    rows = scores.shape[0]
+    out = torch.full((rows, k), SENTINEL, dtype=torch.int32)
+    raw = torch.full((rows, k), SENTINEL, dtype=torch.int32) if with_raw else None
+    steps = _kernels().launches(scores, lengths, k, None, out, raw, page_table, page_size, None, target=SM90,
+                                cfg=cfg)
+    assert [name for name, _ in steps] == ["sample", "filter", "finish"]
+    sample, filt, finish = (launch for _, launch in steps)
+    assert finish.grid[1] == filt.grid[1] > 1, "the finish has a program a chunk"
+    sample()
+    filt()
+    dataclasses.replace(finish, grid=(finish.grid[0], parts or finish.grid[1]))()
+    return out, raw
+
+
+def test_split_rows_are_finished_by_a_program_a_chunk():
+    """A split row with its k-th best in a bin of few candidates is finished by all its programs at once: the first
+    alone writes only its own chunk's candidates above the bin and the bin's own (every other slot unwritten); all of
+    them give the reference's set, translated and raw."""
+    gen = torch.Generator().manual_seed(21)
+    scores = torch.randn(2, 5000, generator=gen)
+    lengths, k = _lengths(5000, 4321), 300
+    cfg = {**SMALL, "CHUNK": 1024}
+    out, _ = _finish_alone(scores, lengths, k, cfg, 1)
+    assert ((out == SENTINEL).sum(1) > k // 2).all(), "program 0 of a row did more than its chunk"
+    out, _ = _finish_alone(scores, lengths, k, cfg, None)
+    _assert_rows(out, reference.topk(scores, lengths, k))
+    table = torch.randperm(2 * 80, generator=gen).to(torch.int32).view(2, 80)
+    table[1, 5] = -1
+    out, raw = _finish_alone(scores, lengths, k, cfg, None, table, 64, with_raw=True)
+    _assert_rows(raw, reference.topk(scores, lengths, k))
+    assert torch.equal(out, reference.translate(raw, table, lengths, 64))
+
+
+@pytest.mark.parametrize("ties", [4096, 1])
+def test_split_rows_pivot_ties_by_position_spread_or_not(ties):
+    """Scores on a coarse grid put many candidates in the pivot bin, spread over every chunk and lane: ranked by
+    position across the chunks where the bin is within ``FINISH_TIES`` (the programs share the row), else left to
+    the row's first program (which then finishes it alone)."""
+    gen = torch.Generator().manual_seed(22)
+    scores = (torch.randn(3, 6000, generator=gen) * 8).round() / 8
+    scores[2, ::3] = 1.5
+    lengths, k = _lengths(6000, 5100, 6000), 200
+    cfg = {**SMALL, "CHUNK": 1024, "STASH": 4096, "FINISH_TIES": ties}
+    alone, _ = _finish_alone(scores, lengths, k, cfg, 1)
+    out, _ = _finish_alone(scores, lengths, k, cfg, None)
+    want = reference.topk(scores, lengths, k)
+    _assert_rows(out, want)
+    if ties == 1:
+        assert torch.equal(alone, out)
+    else:
+        assert (alone == SENTINEL).any(1).all()
+
+
 def test_empty_shapes_and_workspace_reuse():
     """k = 0 and zero rows write nothing; a repeated call allocates no new workspace."""
     scores = torch.randn(2, 300)
@@ -368,7 +427,9 @@ def test_random_shapes_and_distributions_match_the_reference(seed):
     fused = SMALL | {"CHUNKS_PER_SM": 1, "MIN_CHUNK": 1 << 20}
     split = SMALL | {"CHUNK": 1024, "STASH": 4096}
     for cfg in (fused, fused | {"STASH": 4096}, SMALL | {"CHUNK": 1024}, split, split | {"FINISH_BINS": 2},
-                split | {"FINISH_BINS": 4096}):  # split rows' pivot bin: nearly all candidates, or a few
+                split | {"FINISH_BINS": 4096},  # split rows' pivot bin: nearly all candidates, or a few
+                split | {"FINISH_TIES": 1024},  # a program a chunk for any pivot bin of a stash's size
+                SMALL | {"CHUNK": 1024, "FINISH_TIES": 1024}):  # ... but none beyond the stash
         _assert_rows(_direct(scores, lengths, k, cfg, row_starts=starts), want)
     assert torch.equal(_direct(scores, lengths, k, (fused, SMALL)[seed % 2], row_starts=starts, sorted=True), want)
 

@@ -623,6 +623,79 @@ def _split_pass(region_row, counts_row, chunks, chunk, hist_row, k, stash_key, s
     return above, tied
 
 
+@triton.jit(noinline=True)  # a call of its own, as _split_pass
+def _spread_above(region_row, counts_row, s, chunk, hist_row, p, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row,
+                  tab_s1, pages, page_size, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr,
+                  BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr):
+    """Chunk ``s``'s part of a split row finished by many programs: its candidates above the pivot bin ``p`` go out,
+    translated, at slots after those of the chunks before it (counted from their keys here: no program waits for
+    another), in the order the filter packed them."""
+    floor = tl.load(hist_row + BINS)
+    shift = tl.load(hist_row + BINS + 1)
+    before = 0
+    for s0 in range(0, s, BLOCK_S):
+        c = s0 + tl.arange(0, BLOCK_S)
+        n = tl.load(counts_row + c, mask=c < s, other=0)
+        for c0 in range(0, tl.max(n, 0), BLOCK_C):
+            j = c0 + tl.arange(0, BLOCK_C)
+            m = j[None, :] < n[:, None]
+            key = tl.load(region_row + c[:, None].to(tl.int64) * (2 * chunk) + chunk + j[None, :], mask=m, other=0)
+            before += tl.sum(tl.sum((m & (_bin(key, floor, shift, BINS) > p)).to(tl.int32), 1), 0)
+    own = region_row + s.to(tl.int64) * (2 * chunk)
+    n_own = tl.load(counts_row + s)
+    for c0 in range(0, n_own, TILE):
+        j = c0 + tl.arange(0, TILE)
+        m = j < n_own
+        idx = tl.load(own + j, mask=m, other=0)
+        key = tl.load(own + chunk + j, mask=m, other=0)
+        gt = (m & (_bin(key, floor, shift, BINS) > p)).to(tl.int32)
+        emit(out_row, o_s1, raw_row, w_s1, before + tl.cumsum(gt, 0) - gt, idx, gt != 0, seq, b_ok, tab_row, tab_s1,
+             pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
+        before += tl.sum(gt, 0)
+
+
+@triton.jit(noinline=True)
+def _spread_ties(region_row, counts_row, chunks, chunk, hist_row, p, above, tied, k, stash_key, stash_idx, out_row,
+                 o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE: tl.constexpr,
+                 HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+                 BINS: tl.constexpr, TIES: tl.constexpr, RANK: tl.constexpr):
+    """The pivot bin's part of a split row finished by many programs (``tied <= TIES`` candidates): gathered into
+    the stash, each ranked by how many are ahead of it (a higher key, or the same key at a lower position: the lower
+    index wins), and the first ``k - above`` by rank go out at slots ``above + rank``, translated."""
+    floor = tl.load(hist_row + BINS)
+    shift = tl.load(hist_row + BINS + 1)
+    run = 0
+    for s0 in range(0, chunks, BLOCK_S):
+        c = s0 + tl.arange(0, BLOCK_S)
+        n = tl.load(counts_row + c, mask=c < chunks, other=0)
+        for c0 in range(0, tl.max(n, 0), BLOCK_C):
+            j = c0 + tl.arange(0, BLOCK_C)
+            m = j[None, :] < n[:, None]
+            src = region_row + c[:, None].to(tl.int64) * (2 * chunk) + j[None, :]
+            key = tl.load(src + chunk, mask=m, other=0)
+            eq = (m & (_bin(key, floor, shift, BINS) == p)).to(tl.int32)
+            line = tl.sum(eq, 1)
+            entry = run + (tl.cumsum(line, 0) - line)[:, None] + tl.cumsum(eq, 1) - eq
+            tl.store(stash_key + entry, key, mask=eq != 0)
+            tl.store(stash_idx + entry, tl.load(src, mask=eq != 0, other=0), mask=eq != 0)
+            run += tl.sum(line, 0)
+    tl.debug_barrier()  # the stash was written by other threads of this program
+    i = tl.arange(0, TIES)
+    mi = i < tied
+    key_i = tl.load(stash_key + i, mask=mi, other=INT_MIN)
+    idx_i = tl.load(stash_idx + i, mask=mi, other=0)
+    rank = tl.zeros([TIES], tl.int32)
+    for j0 in range(0, tied, RANK):
+        j = j0 + tl.arange(0, RANK)
+        mj = j < tied
+        key_j = tl.load(stash_key + j, mask=mj, other=INT_MIN)[None, :]
+        idx_j = tl.load(stash_idx + j, mask=mj, other=0)[None, :]
+        ahead = mj[None, :] & ((key_j > key_i[:, None]) | ((key_j == key_i[:, None]) & (idx_j < idx_i[:, None])))
+        rank += tl.sum(ahead.to(tl.int32), 1)
+    emit(out_row, o_s1, raw_row, w_s1, above + rank, idx_i, mi & (rank < k - above), seq, b_ok, tab_row, tab_s1,
+         pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
+
+
 @triton.jit(do_not_specialize=_PER_CALL, do_not_specialize_on_alignment=_INDEX)
 def topk_finish_kernel(
     scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, region_ptr, counts_ptr, hist_ptr,
@@ -630,18 +703,24 @@ def topk_finish_kernel(
     s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
     SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr,
-    BLOCK_S: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_S: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr, SPREAD: tl.constexpr, TIES: tl.constexpr,
 ):
     """The last launch, one program per row at a time (persistent over rows, a stash per program): rows the
     first launch finished (a count of -1) are skipped; a long split row whose chunks found ``k <= C <= cap``
     candidates takes :func:`_split_pass` and selects the rest among its pivot bin's candidates, any other long
-    row takes the exact fallback; then translate and fill (short rows: fill only). ``PDL``: launched with
+    row takes the exact fallback; then translate and fill (short rows: fill only).
+
+    ``SPREAD`` (split rows; the grid's second axis has a program a chunk): a long row with at least ``k``
+    candidates, at most ``TIES`` (and ``cap``) of them in the pivot bin, is finished by all of its programs at once,
+    program ``s`` sending out chunk ``s``'s candidates above the bin (:func:`_spread_above`) and program 0 also the
+    pivot bin's (:func:`_spread_ties`); every other row is program 0's alone, as above. ``PDL``: launched with
     programmatic dependent launch (it waits for the launch before it first), and lets the launch after it start
-    (a launch that uses it waits there for this one's end): every program is resident, at most one an SM."""
+    (a launch that uses it waits there for this one's end)."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     pid = tl.program_id(0)
+    part = tl.program_id(1)
     stash_key = stash_ptr + pid.to(tl.int64) * 2 * cap
     stash_idx = stash_key + cap
     for r in range(pid, rows, tl.num_programs(0)):
@@ -655,32 +734,48 @@ def topk_finish_kernel(
             start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
             out_row = out_ptr + r64 * o_s0
             raw_row = raw_ptr + r64 * w_s0
-            filled = 0
-            if length > k:
-                row_ptr = scores_ptr + r64 * s_s0
-                b = tl.zeros_like(count) - 1
-                above = tl.zeros_like(count)
-                tied = count
-                if (count >= k) & (count <= cap):
-                    above, tied = _split_pass(region_ptr + r64 * chunks * 2 * chunk, counts_row, chunks, chunk,
-                                              hist_ptr + r64 * (BINS + 2), k, stash_key, stash_idx, out_row, o_s1,
-                                              raw_row, w_s1, HAS_RAW, BLOCK_S, TILE // BLOCK_S, BINS)
-                else:
-                    b, above, tied = _fallback(row_ptr, s_s1, start, length, k, cap, stash_key, stash_idx,
-                                               out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE)
-                tl.debug_barrier()  # the stash was written by other threads of this program
-                if tied > cap:
-                    filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
-                                     out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, True)
-                else:
-                    filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
-                                     out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, False)
             b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
-            if length > k:
-                _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
-                           TRANSLATE, HAS_RAW, SHIFT, TILE)
-            _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row,
-                  tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
+            spread = 0
+            if SPREAD:
+                hist_row = hist_ptr + r64 * (BINS + 2)
+                p, above, tied = _threshold_bin(tl.load(hist_row + tl.arange(0, BINS)), k, BINS)
+                spread = ((length > k) & (count >= k) & (tied <= TIES) & (tied <= cap)).to(tl.int32)
+                if spread != 0:
+                    region_row = region_ptr + r64 * chunks * 2 * chunk
+                    block_c: tl.constexpr = TILE // BLOCK_S
+                    _spread_above(region_row, counts_row, part, chunk, hist_row, p, out_row, o_s1, raw_row, w_s1,
+                                  seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, BLOCK_S,
+                                  block_c, TILE, BINS)
+                    if part == 0:
+                        _spread_ties(region_row, counts_row, chunks, chunk, hist_row, p, above, tied, k, stash_key,
+                                     stash_idx, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages,
+                                     page_size, TRANSLATE, HAS_RAW, SHIFT, BLOCK_S, block_c, BINS, TIES, 32)
+            if (part == 0) & (spread == 0):
+                filled = 0
+                if length > k:
+                    row_ptr = scores_ptr + r64 * s_s0
+                    b = tl.zeros_like(count) - 1
+                    above = tl.zeros_like(count)
+                    tied = count
+                    if (count >= k) & (count <= cap):
+                        above, tied = _split_pass(region_ptr + r64 * chunks * 2 * chunk, counts_row, chunks, chunk,
+                                                  hist_ptr + r64 * (BINS + 2), k, stash_key, stash_idx, out_row, o_s1,
+                                                  raw_row, w_s1, HAS_RAW, BLOCK_S, TILE // BLOCK_S, BINS)
+                    else:
+                        b, above, tied = _fallback(row_ptr, s_s1, start, length, k, cap, stash_key, stash_idx,
+                                                   out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE)
+                    tl.debug_barrier()  # the stash was written by other threads of this program
+                    if tied > cap:
+                        filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
+                                         out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, True)
+                    else:
+                        filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
+                                         out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, False)
+                if length > k:
+                    _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
+                               TRANSLATE, HAS_RAW, SHIFT, TILE)
+                _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row,
+                      tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
             tl.debug_barrier()  # the next row reuses the stash
 
 

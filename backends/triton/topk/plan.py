@@ -226,11 +226,15 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     bins = cfg["FINISH_BINS"]
     ws = workspaces.words(scores, sum(words), workspace)
     region, counts, hist, stash = _split(ws, *words[:3])
+    # Split rows are finished by a program a chunk (the grid's second axis) where the table lets them (FINISH_TIES),
+    # the others by one program a row.
+    spread = chunk > 0 and cfg["FINISH_TIES"] > 0
     finish = ("finish", Launch(
-        FINISH, (finish_programs,), fin_opts,
+        FINISH, (finish_programs, chunks) if spread else (finish_programs,), fin_opts,
         (scores, lengths, starts, out, raw, r2b, table, region, counts, hist, stash, rows, cols, k, cap, chunks,
          chunk),
-        dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins, PDL=pdl)))
+        dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins, PDL=pdl, SPREAD=spread,
+             TIES=cfg["FINISH_TIES"])))
     if block:
         return [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols,
                                             k), dict(row_args, DIGIT=cfg["DIGIT"], PDL=pdl, **block),

@@ -127,9 +127,11 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                                 dict(filter_opts), aligned=("s_s0", "chunk")))
         specs.append(KernelSpec(op, topk_rows_kernel, ptrs, {**full, "SAMPLES": min(cfg["SAMPLE"], 2 * cfg["TILE"])},
                                 opts, aligned=aligned))
-        specs.append(KernelSpec(op, topk_finish_kernel, ptrs, dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"],
-                                                                   BINS=cfg["FINISH_BINS"], PDL=pdl), fin_opts,
-                                aligned=aligned))
+        # After the fused rows or the block kernel; after the split rows' filter where the table spreads its finish.
+        for spread in (False, True) if cfg["FINISH_TIES"] else (False,):
+            specs.append(KernelSpec(op, topk_finish_kernel, ptrs,
+                                    dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"], BINS=cfg["FINISH_BINS"],
+                                         PDL=pdl, SPREAD=spread, TIES=cfg["FINISH_TIES"]), fin_opts, aligned=aligned))
         width = MAX_SORTED_K if dtype == torch.float32 else 2048  # sorted=True at its largest k and at DSA's
         sort = {n: v for n, v in full.items() if n not in ("BITS", "TILE", "DIGIT", "k")}
         specs.append(KernelSpec(op, topk_sort_kernel, ptrs, dict(sort, K_P2=width),
