@@ -62,10 +62,8 @@ def finish_shape(target: Target, cfg: Mapping[str, Any]) -> tuple[int, Options]:
     pass tile and warps by default; ``FINISH_MAXNREG`` registers on NVIDIA, where ptxas otherwise caps itself at 128
     and spills; ``launch_pdl`` where :func:`uses_pdl`): a wide tile holds a typical stash in registers and cuts the
     serial L2 round trips of the rounds over it."""
-    opts = dict(own_options(target, cfg, "FINISH_WARPS", "FINISH_MAXNREG"))
-    if uses_pdl(target, cfg):
-        opts["launch_pdl"] = True
-    return cfg.get("FINISH_TILE", cfg["TILE"]), launch_key_options(opts)
+    return (cfg.get("FINISH_TILE", cfg["TILE"]),
+            with_pdl(own_options(target, cfg, "FINISH_WARPS", "FINISH_MAXNREG"), uses_pdl(target, cfg)))
 
 
 def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any], budget: int | None = None) -> int:
@@ -248,14 +246,19 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     lanes, pack, filter_opts = filter_shape(target, chunk, cfg)
     return [
         # The sample's own warps and no register cap: the whole sample is held in registers.
-        ("sample", Launch(SAMPLE, (rows,), own_options(target, cfg, "SAMPLE_WARPS"),
+        ("sample", Launch(SAMPLE, (rows,), with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl),
                           (scores, lengths, starts, hist, cols, k),
-                          dict(scan, SAMPLES=samples, DIGIT=cfg["DIGIT"], BINS=bins))),
-        ("filter", Launch(FILTER, (rows, chunks), filter_opts,
+                          dict(scan, SAMPLES=samples, DIGIT=cfg["DIGIT"], BINS=bins, PDL=pdl))),
+        ("filter", Launch(FILTER, (rows, chunks), with_pdl(filter_opts, pdl),
                           (scores, lengths, starts, hist, region, counts, cols, k, chunk),
-                          dict(scan, LANES=lanes, PACK=pack, BINS=bins))),
+                          dict(scan, LANES=lanes, PACK=pack, BINS=bins, PDL=pdl))),
         finish,
     ]
+
+
+def with_pdl(options: Options, pdl: bool) -> Options:
+    """``options`` with ``launch_pdl`` where the launch starts with programmatic dependent launch."""
+    return launch_key_options({**dict(options), "launch_pdl": True}) if pdl else options
 
 
 def _split(ws: torch.Tensor, *sizes: int) -> list[torch.Tensor]:

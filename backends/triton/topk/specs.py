@@ -32,6 +32,7 @@ from indexcache.backends.triton.topk.plan import (
     split_chunk,
     topk,
     topk_translate,
+    with_pdl,
     workspace_bytes,
 )
 from indexcache.backends.triton.translate import page_shift
@@ -119,12 +120,13 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
                                 {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")},
                                  "SAMPLES": cfg["SAMPLE"], "DIGIT": cfg["DIGIT"], "BINS": cfg["FINISH_BINS"],
-                                 "len_s0": 1, "st_s0": 1, **k_one},
-                                dict(own_options(target, cfg, "SAMPLE_WARPS")), aligned=("s_s0",)))
+                                 "len_s0": 1, "st_s0": 1, "PDL": pdl, **k_one},
+                                dict(with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl)), aligned=("s_s0",)))
         specs.append(KernelSpec(op, topk_filter_kernel, ptrs,
                                 {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "LANES": lanes,
-                                 "PACK": pack, "BINS": cfg["FINISH_BINS"], "len_s0": 1, "st_s0": 1, **k_one},
-                                dict(filter_opts), aligned=("s_s0", "chunk")))
+                                 "PACK": pack, "BINS": cfg["FINISH_BINS"], "len_s0": 1, "st_s0": 1, "PDL": pdl,
+                                 **k_one},
+                                dict(with_pdl(filter_opts, pdl)), aligned=("s_s0", "chunk")))
         specs.append(KernelSpec(op, topk_rows_kernel, ptrs, {**full, "SAMPLES": min(cfg["SAMPLE"], 2 * cfg["TILE"])},
                                 opts, aligned=aligned))
         # After the fused rows or the block kernel; after the split rows' filter where the table spreads its finish.
