@@ -632,57 +632,47 @@ def _split_pass(region_row, counts_row, chunks, chunk, hist_row, k, stash_key, s
     return above, tied
 
 
-@triton.jit
-def _emit_above(idx, key, m, before, floor, shift, p, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages,
-                page_size, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, BINS: tl.constexpr):
-    """Candidates of a tile above the pivot bin ``p`` out, translated, at slots from ``before`` in tile order;
-    returns the next free slot."""
-    gt = (m & (_bin(key, floor, shift, BINS) > p)).to(tl.int32)
-    emit(out_row, o_s1, raw_row, w_s1, before + tl.cumsum(gt, 0) - gt, idx, gt != 0, seq, b_ok, tab_row, tab_s1, pages,
-         page_size, TRANSLATE, HAS_RAW, SHIFT)
-    return before + tl.sum(gt, 0)
-
-
-@triton.jit
-def _spread_above(region_row, counts_row, s, chunk, floor, shift, p, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row,
+@triton.jit(noinline=True)  # a call of its own, as _split_pass
+def _spread_above(region_row, counts_row, s, chunk, hist_row, p, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row,
                   tab_s1, pages, page_size, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr, SHIFT: tl.constexpr,
                   BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr):
     """Chunk ``s``'s part of a split row finished by many programs: its candidates above the pivot bin ``p`` go out,
     translated, at slots after those of the chunks before it (counted from their keys here: no program waits for
-    another), in the order the filter packed them. The chunk's first tile is read before the count, so the two
-    reads overlap."""
-    own = region_row + s.to(tl.int64) * (2 * chunk)
-    n_own = tl.load(counts_row + s)
-    j = tl.arange(0, TILE)
-    idx = tl.load(own + j, mask=j < n_own, other=0)
-    key = tl.load(own + chunk + j, mask=j < n_own, other=0)
+    another), in the order the filter packed them."""
+    floor = tl.load(hist_row + BINS)
+    shift = tl.load(hist_row + BINS + 1)
     before = 0
     for s0 in range(0, s, BLOCK_S):
         c = s0 + tl.arange(0, BLOCK_S)
         n = tl.load(counts_row + c, mask=c < s, other=0)
         for c0 in range(0, tl.max(n, 0), BLOCK_C):
-            jc = c0 + tl.arange(0, BLOCK_C)
-            m = jc[None, :] < n[:, None]
-            above = tl.load(region_row + c[:, None].to(tl.int64) * (2 * chunk) + chunk + jc[None, :], mask=m, other=0)
-            before += tl.sum(tl.sum((m & (_bin(above, floor, shift, BINS) > p)).to(tl.int32), 1), 0)
-    before = _emit_above(idx, key, j < n_own, before, floor, shift, p, out_row, o_s1, raw_row, w_s1, seq, b_ok,
-                         tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, BINS)
-    for c0 in range(TILE, n_own, TILE):  # a chunk of more than a tile of candidates
-        jt = c0 + j
-        before = _emit_above(tl.load(own + jt, mask=jt < n_own, other=0),
-                             tl.load(own + chunk + jt, mask=jt < n_own, other=0), jt < n_own, before, floor, shift,
-                             p, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE,
-                             HAS_RAW, SHIFT, BINS)
+            j = c0 + tl.arange(0, BLOCK_C)
+            m = j[None, :] < n[:, None]
+            key = tl.load(region_row + c[:, None].to(tl.int64) * (2 * chunk) + chunk + j[None, :], mask=m, other=0)
+            before += tl.sum(tl.sum((m & (_bin(key, floor, shift, BINS) > p)).to(tl.int32), 1), 0)
+    own = region_row + s.to(tl.int64) * (2 * chunk)
+    n_own = tl.load(counts_row + s)
+    for c0 in range(0, n_own, TILE):
+        j = c0 + tl.arange(0, TILE)
+        m = j < n_own
+        idx = tl.load(own + j, mask=m, other=0)
+        key = tl.load(own + chunk + j, mask=m, other=0)
+        gt = (m & (_bin(key, floor, shift, BINS) > p)).to(tl.int32)
+        emit(out_row, o_s1, raw_row, w_s1, before + tl.cumsum(gt, 0) - gt, idx, gt != 0, seq, b_ok, tab_row, tab_s1,
+             pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
+        before += tl.sum(gt, 0)
 
 
-@triton.jit(noinline=True)  # a call of its own, as _split_pass: inlined, the kernel spilled at 224 registers (sm90)
-def _spread_ties(region_row, counts_row, chunks, chunk, floor, shift, p, above, tied, k, stash_key, stash_idx,
-                 out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE: tl.constexpr,
+@triton.jit(noinline=True)
+def _spread_ties(region_row, counts_row, chunks, chunk, hist_row, p, above, tied, k, stash_key, stash_idx, out_row,
+                 o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE: tl.constexpr,
                  HAS_RAW: tl.constexpr, SHIFT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
                  BINS: tl.constexpr, TIES: tl.constexpr, RANK: tl.constexpr):
     """The pivot bin's part of a split row finished by many programs (``tied <= TIES`` candidates): gathered into
     the stash, each ranked by how many are ahead of it (a higher key, or the same key at a lower position: the lower
     index wins), and the first ``k - above`` by rank go out at slots ``above + rank``, translated."""
+    floor = tl.load(hist_row + BINS)
+    shift = tl.load(hist_row + BINS + 1)
     run = 0
     for s0 in range(0, chunks, BLOCK_S):
         c = s0 + tl.arange(0, BLOCK_S)
@@ -691,13 +681,12 @@ def _spread_ties(region_row, counts_row, chunks, chunk, floor, shift, p, above, 
             j = c0 + tl.arange(0, BLOCK_C)
             m = j[None, :] < n[:, None]
             src = region_row + c[:, None].to(tl.int64) * (2 * chunk) + j[None, :]
-            idx = tl.load(src, mask=m, other=0)  # read beside the keys, not after them
             key = tl.load(src + chunk, mask=m, other=0)
             eq = (m & (_bin(key, floor, shift, BINS) == p)).to(tl.int32)
             line = tl.sum(eq, 1)
             entry = run + (tl.cumsum(line, 0) - line)[:, None] + tl.cumsum(eq, 1) - eq
             tl.store(stash_key + entry, key, mask=eq != 0)
-            tl.store(stash_idx + entry, idx, mask=eq != 0)
+            tl.store(stash_idx + entry, tl.load(src, mask=eq != 0, other=0), mask=eq != 0)
             run += tl.sum(line, 0)
     tl.debug_barrier()  # the stash was written by other threads of this program
     i = tl.arange(0, TIES)
@@ -746,35 +735,30 @@ def topk_finish_kernel(
     for r in range(pid, rows, tl.num_programs(0)):
         r64 = tl.cast(r, tl.int64)
         counts_row = counts_ptr + r64 * chunks
-        # Everything a row's programs decide on is read at once: its counts, window, table row and (split rows) bins.
-        start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
-        b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
-        if SPREAD:
-            hist_row = hist_ptr + r64 * (BINS + 2)
-            hist = tl.load(hist_row + tl.arange(0, BINS))
-            floor = tl.load(hist_row + BINS)
-            shift = tl.load(hist_row + BINS + 1)
         count = 0
         for s0 in range(0, chunks, BLOCK_S):
             s = s0 + tl.arange(0, BLOCK_S)
             count += tl.sum(tl.load(counts_row + s, mask=s < chunks, other=0), 0)
         if count >= 0:
+            start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
             out_row = out_ptr + r64 * o_s0
             raw_row = raw_ptr + r64 * w_s0
+            b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
             spread = 0
             if SPREAD:
-                p, above, tied = _threshold_bin(hist, k, BINS)
+                hist_row = hist_ptr + r64 * (BINS + 2)
+                p, above, tied = _threshold_bin(tl.load(hist_row + tl.arange(0, BINS)), k, BINS)
                 spread = ((length > k) & (count >= k) & (tied <= TIES) & (tied <= cap)).to(tl.int32)
                 if spread != 0:
                     region_row = region_ptr + r64 * chunks * 2 * chunk
-                    block_c: tl.constexpr = 2 * TILE // BLOCK_S
-                    _spread_above(region_row, counts_row, part, chunk, floor, shift, p, out_row, o_s1, raw_row, w_s1,
+                    block_c: tl.constexpr = TILE // BLOCK_S
+                    _spread_above(region_row, counts_row, part, chunk, hist_row, p, out_row, o_s1, raw_row, w_s1,
                                   seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, BLOCK_S,
                                   block_c, TILE, BINS)
                     if part == 0:
-                        _spread_ties(region_row, counts_row, chunks, chunk, floor, shift, p, above, tied, k,
-                                     stash_key, stash_idx, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1,
-                                     pages, page_size, TRANSLATE, HAS_RAW, SHIFT, BLOCK_S, block_c, BINS, TIES, 32)
+                        _spread_ties(region_row, counts_row, chunks, chunk, hist_row, p, above, tied, k, stash_key,
+                                     stash_idx, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages,
+                                     page_size, TRANSLATE, HAS_RAW, SHIFT, BLOCK_S, block_c, BINS, TIES, 32)
             if (part == 0) & (spread == 0):
                 filled = 0
                 if length > k:
