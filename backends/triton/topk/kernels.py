@@ -595,13 +595,16 @@ def topk_filter_kernel(
 
 
 @triton.jit(noinline=True)  # a call of its own: inlined, it spills ~50 SGPRs on gfx942 (Triton 3.9)
-def _split_pass(region_row, counts_row, chunks, chunk, hist_row, k, stash_key, stash_idx, out_row, o_s1, raw_row, w_s1,
-                HAS_RAW: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, BINS: tl.constexpr):
+def _split_pass(region_row, counts_row, chunks, chunk, hist_row, p, above, tied, k, stash_key, stash_idx, out_row,
+                o_s1, raw_row, w_s1, HAS_RAW: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+                BINS: tl.constexpr, FIND_PIVOT: tl.constexpr):
     """A split row's candidates (the chunks' regions: positions, then keys, ``chunk`` slots each), read once. The
-    row's bin counts give the bin ``p`` holding the k-th best; candidates in higher bins are in the top-k and go
-    straight to output slots ``[0, above)``, those of bin ``p`` to the stash (``tied`` of them), from which the
-    finish selects the rest. Returns ``(above, tied)``."""
-    p, above, tied = _threshold_bin(tl.load(hist_row + tl.arange(0, BINS)), k, BINS)
+    row's bin counts give the bin ``p`` holding the k-th best (:func:`_threshold_bin`: found here where
+    ``FIND_PIVOT``, else the caller's ``p, above, tied``); candidates in higher bins are in the top-k and go straight
+    to output slots ``[0, above)``, those of bin ``p`` to the stash (``tied`` of them), from which the finish selects
+    the rest. Returns ``(above, tied)``."""
+    if FIND_PIVOT:
+        p, above, tied = _threshold_bin(tl.load(hist_row + tl.arange(0, BINS)), k, BINS)
     floor = tl.load(hist_row + BINS)
     shift = tl.load(hist_row + BINS + 1)
     run_gt = 0
@@ -764,22 +767,30 @@ def topk_finish_kernel(
                 if length > k:
                     row_ptr = scores_ptr + r64 * s_s0
                     b = tl.zeros_like(count) - 1
-                    above = tl.zeros_like(count)
-                    tied = count
                     if (count >= k) & (count <= cap):
-                        above, tied = _split_pass(region_ptr + r64 * chunks * 2 * chunk, counts_row, chunks, chunk,
-                                                  hist_ptr + r64 * (BINS + 2), k, stash_key, stash_idx, out_row, o_s1,
-                                                  raw_row, w_s1, HAS_RAW, BLOCK_S, TILE // BLOCK_S, BINS)
+                        if SPREAD:  # the pivot bin found above
+                            row_above, row_tied = _split_pass(
+                                region_ptr + r64 * chunks * 2 * chunk, counts_row, chunks, chunk,
+                                hist_ptr + r64 * (BINS + 2), p, above, tied, k, stash_key, stash_idx, out_row, o_s1,
+                                raw_row, w_s1, HAS_RAW, BLOCK_S, TILE // BLOCK_S, BINS, False)
+                        else:  # found in the pass (in the kernel's body it spilled SGPRs on gfx942 and gfx950)
+                            row_above, row_tied = _split_pass(
+                                region_ptr + r64 * chunks * 2 * chunk, counts_row, chunks, chunk,
+                                hist_ptr + r64 * (BINS + 2), 0, 0, 0, k, stash_key, stash_idx, out_row, o_s1, raw_row,
+                                w_s1, HAS_RAW, BLOCK_S, TILE // BLOCK_S, BINS, True)
                     else:
-                        b, above, tied = _fallback(row_ptr, s_s1, start, length, k, cap, stash_key, stash_idx,
-                                                   out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE)
+                        b, row_above, row_tied = _fallback(row_ptr, s_s1, start, length, k, cap, stash_key,
+                                                           stash_idx, out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG,
+                                                           BITS, TILE)
                     tl.debug_barrier()  # the stash was written by other threads of this program
-                    if tied > cap:
-                        filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
-                                         out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, True)
+                    if row_tied > cap:
+                        filled = _finish(row_ptr, s_s1, start, length, b, row_above, row_tied, k, cap, stash_key,
+                                         stash_idx, out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT,
+                                         True)
                     else:
-                        filled = _finish(row_ptr, s_s1, start, length, b, above, tied, k, cap, stash_key, stash_idx,
-                                         out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT, False)
+                        filled = _finish(row_ptr, s_s1, start, length, b, row_above, row_tied, k, cap, stash_key,
+                                         stash_idx, out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG, BITS, TILE, DIGIT,
+                                         False)
                 if length > k:
                     _translate(out_row, o_s1, raw_row, w_s1, filled, seq, b_ok, tab_row, tab_s1, pages, page_size,
                                TRANSLATE, HAS_RAW, SHIFT, TILE)
