@@ -594,6 +594,21 @@ def topk_filter_kernel(
     tl.store(counts_ptr + slot, count)
 
 
+@triton.jit
+def _chunk_counts(counts_row, s0, end, BLOCK_S: tl.constexpr):
+    """Chunks ``s0 .. s0 + BLOCK_S`` of a split row (those below ``end``) and their candidate counts (0 past it)."""
+    s = s0 + tl.arange(0, BLOCK_S)
+    return s, tl.load(counts_row + s, mask=s < end, other=0)
+
+
+@triton.jit
+def _chunk_slots(region_row, s, n, c0, chunk, BLOCK_C: tl.constexpr):
+    """Slots ``c0 .. c0 + BLOCK_C`` of chunks ``s`` (``n`` candidates each) in a split row's regions: the addresses of
+    their positions (their keys lie ``chunk`` further) and which slots hold a candidate."""
+    c = c0 + tl.arange(0, BLOCK_C)
+    return region_row + s[:, None].to(tl.int64) * (2 * chunk) + c[None, :], c[None, :] < n[:, None]
+
+
 @triton.jit(noinline=True)  # a call of its own: inlined, it spills ~50 SGPRs on gfx942 (Triton 3.9)
 def _split_pass(region_row, counts_row, chunks, chunk, hist_row, p, above, tied, k, stash_key, stash_idx, out_row,
                 o_s1, raw_row, w_s1, HAS_RAW: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -610,12 +625,9 @@ def _split_pass(region_row, counts_row, chunks, chunk, hist_row, p, above, tied,
     run_gt = 0
     run_eq = 0
     for s0 in range(0, chunks, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        n = tl.load(counts_row + s, mask=s < chunks, other=0)
+        s, n = _chunk_counts(counts_row, s0, chunks, BLOCK_S)
         for c0 in range(0, tl.max(n, 0), BLOCK_C):
-            c = c0 + tl.arange(0, BLOCK_C)
-            m = c[None, :] < n[:, None]
-            src = region_row + s[:, None].to(tl.int64) * (2 * chunk) + c[None, :]
+            src, m = _chunk_slots(region_row, s, n, c0, chunk, BLOCK_C)
             idx = tl.load(src, mask=m, other=0)
             key = tl.load(src + chunk, mask=m, other=0)
             bins = _bin(key, floor, shift, BINS)
@@ -646,12 +658,10 @@ def _spread_above(region_row, counts_row, s, chunk, hist_row, p, out_row, o_s1, 
     shift = tl.load(hist_row + BINS + 1)
     before = 0
     for s0 in range(0, s, BLOCK_S):
-        c = s0 + tl.arange(0, BLOCK_S)
-        n = tl.load(counts_row + c, mask=c < s, other=0)
+        c, n = _chunk_counts(counts_row, s0, s, BLOCK_S)
         for c0 in range(0, tl.max(n, 0), BLOCK_C):
-            j = c0 + tl.arange(0, BLOCK_C)
-            m = j[None, :] < n[:, None]
-            key = tl.load(region_row + c[:, None].to(tl.int64) * (2 * chunk) + chunk + j[None, :], mask=m, other=0)
+            src, m = _chunk_slots(region_row, c, n, c0, chunk, BLOCK_C)
+            key = tl.load(src + chunk, mask=m, other=0)
             before += tl.sum(tl.sum((m & (_bin(key, floor, shift, BINS) > p)).to(tl.int32), 1), 0)
     own = region_row + s.to(tl.int64) * (2 * chunk)
     n_own = tl.load(counts_row + s)
@@ -678,12 +688,9 @@ def _spread_ties(region_row, counts_row, chunks, chunk, hist_row, p, above, tied
     shift = tl.load(hist_row + BINS + 1)
     run = 0
     for s0 in range(0, chunks, BLOCK_S):
-        c = s0 + tl.arange(0, BLOCK_S)
-        n = tl.load(counts_row + c, mask=c < chunks, other=0)
+        c, n = _chunk_counts(counts_row, s0, chunks, BLOCK_S)
         for c0 in range(0, tl.max(n, 0), BLOCK_C):
-            j = c0 + tl.arange(0, BLOCK_C)
-            m = j[None, :] < n[:, None]
-            src = region_row + c[:, None].to(tl.int64) * (2 * chunk) + j[None, :]
+            src, m = _chunk_slots(region_row, c, n, c0, chunk, BLOCK_C)
             key = tl.load(src + chunk, mask=m, other=0)
             eq = (m & (_bin(key, floor, shift, BINS) == p)).to(tl.int32)
             line = tl.sum(eq, 1)
