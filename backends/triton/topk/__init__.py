@@ -37,13 +37,16 @@ split into chunks fixed by the shape and the SM count (never by the data): one p
 the shift of the row's candidate bins to the workspace, the bins zeroed); then each chunk program filters its
 columns into its own region of the workspace, a lane a thread with a run of slots of its own (no scan while
 streaming; the runs are packed at intervals), counting each candidate in its bin (``BINS`` bins of its key's
-distance above ``T``, an atomic add); then one program a row reads the bin counts, which give the bin holding the
-k-th best, reads the candidates once (those in higher bins go straight out) and finishes among that one bin's (or
-falls back). Rows with ``len <= k`` give ``0..len-1`` then -1 without reading scores. The output order is
-deterministic but, on split rows, not by index. The workspace (on split rows about twice the size of fp32 scores,
-candidates' keys kept beside their positions) is the caller's ``workspace=`` or the kept one of the calling thread's
-current stream (:mod:`~indexcache.backends.triton.workspace`), allocated on the first call of a new stream, thread
-and size bucket and reused: no allocation after that, no host sync, grids from shapes only. Calls on different
+distance above ``T``, an atomic add); then the finish reads the bin counts, which give the bin holding the k-th
+best. Where the table's ``FINISH_TIES`` allows (NVIDIA) and that bin holds at most that many candidates, a program a
+chunk finishes the row: each sends its chunk's candidates above the bin out, after those of the chunks before it
+(counted from their keys), and the first also ranks the bin's own by compares and sends the best ``k - above``.
+Otherwise one program a row reads the candidates once (those in higher bins go straight out) and finishes among
+that one bin's (or falls back). Rows with ``len <= k`` give ``0..len-1`` then -1 without reading scores. The output
+order is deterministic but, on split rows, not by index. The workspace (on split rows about twice the size of fp32
+scores, candidates' keys kept beside their positions) is the caller's ``workspace=`` or the kept one of the calling
+thread's current stream (:mod:`~indexcache.backends.triton.workspace`), allocated on the first call of a new stream,
+thread and size bucket and reused: no allocation after that, no host sync, grids from shapes only. Calls on different
 streams or threads never share one; two CUDA graphs captured on one stream and replayed concurrently on two do,
 unless each was captured with its own ``workspace=`` (docs/ops.md, "Workspace").
 
