@@ -221,13 +221,13 @@ def test_split_path_breaks_pivot_ties_by_position():
     _assert_rows(out, reference.topk(scores, lengths, 200))
 
 
-def _finish_alone(scores, lengths, k, cfg, parts, page_table=None, page_size=1, with_raw=False):
+def _finish_alone(scores, lengths, k, cfg, parts, page_table=None, page_size=1, with_raw=False, row_to_batch=None):
     """The split rows' launches of a call, the finish run on only the first ``parts`` programs of each row (its
     grid's second axis; None: all): ``(out, raw)``, every slot not written still ``SENTINEL``."""
     rows = scores.shape[0]
     out = torch.full((rows, k), SENTINEL, dtype=torch.int32)
     raw = torch.full((rows, k), SENTINEL, dtype=torch.int32) if with_raw else None
-    steps = _kernels().launches(scores, lengths, k, None, out, raw, page_table, page_size, None, target=SM90,
+    steps = _kernels().launches(scores, lengths, k, None, out, raw, page_table, page_size, row_to_batch, target=SM90,
                                 cfg=cfg)
     assert [name for name, _ in steps] == ["sample", "filter", "finish"]
     sample, filt, finish = (launch for _, launch in steps)
@@ -255,6 +255,11 @@ def test_split_rows_are_finished_by_a_program_a_chunk():
     out, raw = _finish_alone(scores, lengths, k, cfg, None, table, 64, with_raw=True)
     _assert_rows(raw, reference.topk(scores, lengths, k))
     assert torch.equal(out, reference.translate(raw, table, lengths, 64))
+    r2b = _lengths(1, 7)  # the second row names no table row: every slot translates to -1
+    out, raw = _finish_alone(scores, lengths, k, cfg, None, table, 64, with_raw=True, row_to_batch=r2b)
+    _assert_rows(raw, reference.topk(scores, lengths, k))
+    assert torch.equal(out, reference.translate(raw, table, lengths, 64, row_to_batch=r2b))
+    assert (out[1] == -1).all() and (out[0] >= 0).any()
 
 
 @pytest.mark.parametrize("ties", [4096, 1])
