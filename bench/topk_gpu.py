@@ -36,13 +36,14 @@ from indexcache.hal import dispatch, reference
 CUDA = torch.device("cuda")
 PAGE = 64
 SHAPES = [(64, 131072, 2048), (64, 131072, 512), (1, 131072, 2048), (1, 1 << 20, 2048), (2048, 32768, 2048)]
-SWEEP_SHAPES = [(64, 131072, 2048), (64, 131072, 512), (2048, 32768, 2048)]
+SWEEP_SHAPES = [(64, 131072, 2048), (64, 131072, 512), (2048, 32768, 2048), (1, 131072, 2048)]
 ADVERSARIAL = [(40000, 2048), (9000, 513)]  # columns, k
 SWEEP = [  # tuning overrides on the table's entry (the first is the table itself); more were raced on the way
     # (docs/experiments.md, "Top-k"): the Triton kernels where the table runs the Gluon block kernel, and
-    # the block kernel with 16 warps
+    # the block kernel with 16 warps; split rows finished by one program a row, and without programmatic dependent
+    # launch (docs/kernels.md, "Where it stands")
     {}, {"KERNEL": "triton"}, {"BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}, {"SAMPLE_RANK": 64}, {"FINISH_BINS": 512},
-    {"CHUNKS_PER_SM": 16},
+    {"CHUNKS_PER_SM": 16}, {"FINISH_TIES": 0}, {"PDL": False},
 ]
 # Per-launch times: the many-rows kernel (Gluon block or Triton fused), or the split sample and filter, then the
 # finishing kernel; CHUNK forces the split path.
