@@ -612,13 +612,13 @@ def _chunk_slots(region_row, s, n, c0, chunk, BLOCK_C: tl.constexpr):
 @triton.jit(noinline=True)  # a call of its own: inlined, it spills ~50 SGPRs on gfx942 (Triton 3.9)
 def _split_pass(region_row, counts_row, chunks, chunk, hist_row, p, above, tied, k, stash_key, stash_idx, out_row,
                 o_s1, raw_row, w_s1, HAS_RAW: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
-                BINS: tl.constexpr, FIND_PIVOT: tl.constexpr):
+                BINS: tl.constexpr, PIVOT_GIVEN: tl.constexpr):
     """A split row's candidates (the chunks' regions: positions, then keys, ``chunk`` slots each), read once. The
-    row's bin counts give the bin ``p`` holding the k-th best (:func:`_threshold_bin`: found here where
-    ``FIND_PIVOT``, else the caller's ``p, above, tied``); candidates in higher bins are in the top-k and go straight
-    to output slots ``[0, above)``, those of bin ``p`` to the stash (``tied`` of them), from which the finish selects
+    row's bin counts give the bin ``p`` holding the k-th best (:func:`_threshold_bin`: the caller's ``p, above,
+    tied`` where ``PIVOT_GIVEN``, else found here); candidates in higher bins are in the top-k and go straight to
+    output slots ``[0, above)``, those of bin ``p`` to the stash (``tied`` of them), from which the finish selects
     the rest. Returns ``(above, tied)``."""
-    if FIND_PIVOT:
+    if not PIVOT_GIVEN:
         p, above, tied = _threshold_bin(tl.load(hist_row + tl.arange(0, BINS)), k, BINS)
     floor = tl.load(hist_row + BINS)
     shift = tl.load(hist_row + BINS + 1)
@@ -754,14 +754,15 @@ def topk_finish_kernel(
             out_row = out_ptr + r64 * o_s0
             raw_row = raw_ptr + r64 * w_s0
             b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
+            region_row = region_ptr + r64 * chunks * 2 * chunk
+            hist_row = hist_ptr + r64 * (BINS + 2)
+            block_c: tl.constexpr = TILE // BLOCK_S
             spread = 0
+            p, above, tied = 0, 0, 0  # split rows' pivot bin: found below where SPREAD, else by _split_pass
             if SPREAD:
-                hist_row = hist_ptr + r64 * (BINS + 2)
                 p, above, tied = _threshold_bin(tl.load(hist_row + tl.arange(0, BINS)), k, BINS)
                 spread = ((length > k) & (count >= k) & (tied <= TIES) & (tied <= cap)).to(tl.int32)
                 if spread != 0:
-                    region_row = region_ptr + r64 * chunks * 2 * chunk
-                    block_c: tl.constexpr = TILE // BLOCK_S
                     _spread_above(region_row, counts_row, part, chunk, hist_row, p, out_row, o_s1, raw_row, w_s1,
                                   seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, BLOCK_S,
                                   block_c, TILE, BINS)
@@ -775,16 +776,11 @@ def topk_finish_kernel(
                     row_ptr = scores_ptr + r64 * s_s0
                     b = tl.zeros_like(count) - 1
                     if (count >= k) & (count <= cap):
-                        if SPREAD:  # the pivot bin found above
-                            row_above, row_tied = _split_pass(
-                                region_ptr + r64 * chunks * 2 * chunk, counts_row, chunks, chunk,
-                                hist_ptr + r64 * (BINS + 2), p, above, tied, k, stash_key, stash_idx, out_row, o_s1,
-                                raw_row, w_s1, HAS_RAW, BLOCK_S, TILE // BLOCK_S, BINS, False)
-                        else:  # found in the pass (in the kernel's body it spilled SGPRs on gfx942 and gfx950)
-                            row_above, row_tied = _split_pass(
-                                region_ptr + r64 * chunks * 2 * chunk, counts_row, chunks, chunk,
-                                hist_ptr + r64 * (BINS + 2), 0, 0, 0, k, stash_key, stash_idx, out_row, o_s1, raw_row,
-                                w_s1, HAS_RAW, BLOCK_S, TILE // BLOCK_S, BINS, True)
+                        # Without SPREAD the pass finds the pivot bin (in the kernel's body that spilled SGPRs on
+                        # gfx942 and gfx950).
+                        row_above, row_tied = _split_pass(region_row, counts_row, chunks, chunk, hist_row, p, above,
+                                                          tied, k, stash_key, stash_idx, out_row, o_s1, raw_row, w_s1,
+                                                          HAS_RAW, BLOCK_S, block_c, BINS, SPREAD)
                     else:
                         b, row_above, row_tied = _fallback(row_ptr, s_s1, start, length, k, cap, stash_key,
                                                            stash_idx, out_row, o_s1, raw_row, w_s1, HAS_RAW, CONTIG,
