@@ -62,7 +62,7 @@ TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
 VARIANTS = {
     "mqa_logits": {
         "triton": {"KERNEL": "triton"},
-        "tma-ws 8 stages": {"KERNEL": "tma-ws", "TMA_STAGES": 8},
+        "tma-ws 2 stages": {"KERNEL": "tma-ws", "TMA_STAGES": 2},
     },
     "paged_mqa_logits": {
         "triton": {"KERNEL": "triton"},

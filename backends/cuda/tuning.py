@@ -12,12 +12,13 @@ _COMMON: dict[str, dict[str, Any]] = {
     # Logits (the logits recipe of docs/kernels.md): keys on M, COLS = tokens × heads on N (2 tokens at H = 64),
     # warps along keys.
     # One warpgroup a program, three resident a SM (≤ 168 registers, 40 KB shared) so epilogues overlap MMAs.
-    # KERNEL "tma-ws": the Hopper kernel in Gluon (prefill_sm90.py: one program a SM, a copy warp bringing 64-key tiles
-    # TMA_STAGES ahead, a multiple of its four math warp groups) where it takes the call, else this Triton kernel;
+    # KERNEL "tma-ws": the Hopper kernel in Gluon (prefill_sm90.py: one program a SM, a copy warp bringing 256 keys and
+    # their scales a slot into a ring of TMA_STAGES slots, a power of two: H200, 2 and 4 within 1 %) where it takes the
+    # call, else this Triton kernel;
     # TMA_MAXNREG the kernel-wide register cap (96 for the 20 warps), TMA_MATH_REGS the math groups' share. MXFP4
     # keys are widened once a call and take the fp8 kernels (prefill_fp4.py).
     "mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
-                   "PROGRAMS_PER_SM": 3, "KERNEL": "triton", "TMA_STAGES": 16, "TMA_MAXNREG": 96,
+                   "PROGRAMS_PER_SM": 3, "KERNEL": "triton", "TMA_STAGES": 4, "TMA_MAXNREG": 96,
                    "TMA_MATH_REGS": 112},
     # Paged decode: 64-key tiles (one page: a scalar table entry, contiguous rows and scales)
     # through Triton's own pipeliner, 5 stages deep (H200: 74 / 90 % of copy at 64 × 32K / 128K; the register

@@ -9,15 +9,17 @@ mask, a boundary tile stores ``where(inside, s, -inf)``, the columns outside the
 One program a SM (DeepGEMM's arrangement; docs/kernels.md, "Prefill on Hopper"):
 
 - A copy warp (its own partition, few registers) brings each block's Q ``[BLOCK_Q · H, D]`` into one of two slots and
-  each of its tiles' keys ``[64, D]`` into a ring of ``STAGES`` slots, through the copy engine (TMA; rows past the end
-  arrive as zeros), once the math groups have freed them (mbarriers).
-- Math warp group ``g`` of four takes the tiles ``j ≡ g (mod 4)`` of the program's running count (so a ring slot always
-  feeds the same group: ``STAGES`` is a multiple of four). For each it reads the 64 scales, waits on the slot, runs
-  one matmul ``[64, D] × [D, BLOCK_Q · H]`` (keys on M), frees the slot, and does the ReLU, weighted head sum and store
-  from the matmul's register layout, viewed as ``[64, BLOCK_Q, H]``. The four groups' epilogues overlap each other's
-  matmuls.
+  its keys ``STAGE_KEYS`` (256) at a time, with their scales, into a ring of ``STAGES`` slots through the copy engine
+  (TMA: one copy of ``[256, D]`` keys and one of ``[1, 256]`` scales on one mbarrier a slot; rows past the end arrive
+  as zeros), once the four math groups have freed the slot.
+- Math warp group ``g`` of four takes the ``g``-th 64-key tile of every slot. For each it waits on the slot, reads the
+  tile's 64 scales from shared memory, runs one matmul ``[64, D] × [D, BLOCK_Q · H]`` (keys on M), frees its part of
+  the slot, and does the ReLU, weighted head sum and store from the matmul's register layout, viewed as
+  ``[64, BLOCK_Q, H]``. A tile past the block's last one (the last slot of a block holds 1-4 tiles) is computed from
+  the zeros or keys there and nothing of it is stored. The four groups' epilogues overlap each other's matmuls.
 
-fp8 e4m3fn only (MXFP4 keys come widened: ``prefill_fp4``), D = 128, 64 or 128 heads, contiguous q and k. Gluon
+fp8 e4m3fn only (MXFP4 keys come widened: ``prefill_fp4``), D = 128, 64 or 128 heads, contiguous q and k, ``k_scale``
+aligned to 16 bytes (the copy engine's). Gluon
 does not run under the interpreter: the CPU checks cover the host side and the cross-compile check builds the kernel
 where the table takes it; ``tests/test_prefill_sm90.py`` compares it with the Triton kernel on an sm90 GPU.
 """
@@ -48,6 +50,11 @@ BLOCK_N = 64  # keys a tile: M of one warpgroup's matmul
 COLS = 128  # matmul columns: BLOCK_Q tokens × H heads
 LOADER_REGS = 32  # the copy warp's registers
 MATH = gl.constexpr(4)  # math warp groups a program (one program a SM): the four partitions of the kernel
+STAGE_KEYS = MATH.value * BLOCK_N  # keys a ring slot: a tile for each math group, one copy and one barrier
+# A tile's scales ``[1, BLOCK_N]`` where the accumulator has its keys (accumulator_view's key axis: a thread holds rows
+# lane / 4 and lane / 4 + 8 of its warp's 16), so that seen as ``[BLOCK_N]`` they scale the head sums in place.
+SCALES_ROW = gl.constexpr(gl.DistributedLinearLayout([[0, 8]], [[0, 0], [0, 0], [0, 1], [0, 2], [0, 4]],
+                                                     [[0, 16], [0, 32]], [], [1, BLOCK_N]))
 
 
 @gluon.jit
@@ -74,11 +81,12 @@ def _span(ks, ke, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, T, N, ks_s0,
-                    ke_s0, skip, H: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr):
+def _copy_partition(keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_smem, ready, empty, q_ready, q_empty,
+                    ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, H: gl.constexpr, BLOCK_Q: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SHIFT: gl.constexpr):
     """The copy warp: each block's Q into one of two slots once the math warps are done with the one before, then
-    each of its tiles' keys into the ring once their slot is free."""
+    its keys and their scales a ring slot (``MATH`` tiles) at a time once the slot is free (slot ``g % STAGES`` of
+    the program's running count ``g``, phase ``(g >> SHIFT) & 1``)."""
     tok_l: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     blocks = gl.cdiv(T, BLOCK_Q)
     i = 0
@@ -91,24 +99,26 @@ def _copy_partition(keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready,
         tma_load(q_desc, [t0 * H, 0], q_ready.index(qb), q_smem.index(qb))
         _, _, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, skip, BLOCK_Q, tok_l)
         start, tiles = _span(ks, ke, BLOCK_N)
-        for step in range(0, tiles):
-            slot = (i + step) % STAGES
-            mbarrier.wait(empty.index(slot), (((i + step) // STAGES) & 1) ^ 1)
+        slots = gl.cdiv(tiles, MATH)
+        for step in range(0, slots):
+            g = i + step
+            slot = g & (STAGES - 1)
+            mbarrier.wait(empty.index(slot), ((g >> SHIFT) & 1) ^ 1)
             bar = ready.index(slot)
-            mbarrier.expect(bar, keys_desc.block_type.nbytes)
-            tma_load(keys_desc, [start + step * BLOCK_N, 0], bar, keys_smem.index(slot))
-        i += tiles
+            mbarrier.expect(bar, keys_desc.block_type.nbytes + scales_desc.block_type.nbytes)
+            tma_load(keys_desc, [start + step * (MATH * BLOCK_N), 0], bar, keys_smem.index(slot))
+            tma_load(scales_desc, [0, start + step * (MATH * BLOCK_N)], bar, scales_smem.index(slot))
+        i += slots
         c += 1
 
 
 @gluon.jit
-def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready, q_empty,
+def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready, q_empty,
                     T, N, w_s0, ks_s0, ke_s0, out_s0, skip, WG: gl.constexpr, MATH: gl.constexpr, H: gl.constexpr,
-                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, view: gl.constexpr,
-                    FILL: gl.constexpr):
-    """Math warp group ``WG`` of ``MATH``: of each block, the tiles ``j ≡ WG (mod MATH)`` of the program's running
-    count (so each ring slot always feeds the same group, ``STAGES`` a multiple of ``MATH``): matmul, head sum,
-    store; and (``FILL``) its share of the block's -inf columns."""
+                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SHIFT: gl.constexpr,
+                    view: gl.constexpr, FILL: gl.constexpr):
+    """Math warp group ``WG`` of ``MATH``: the ``WG``-th tile of each ring slot: matmul, head sum, store (nothing of a
+    tile past the block's last one); and (``FILL``) its share of the block's -inf columns."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_Q * H, 32])
     pair_l: gl.constexpr = gl.SliceLayout(2, view)  # [keys, tokens]
@@ -138,14 +148,19 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
         qb = c % 2
         mbarrier.wait(q_ready.index(qb), (c // 2) & 1)
         q_tile = q_smem.index(qb).permute((1, 0))
-        for step in range((WG - i % MATH + MATH) % MATH, tiles, MATH):
+        stop = start + tiles * BLOCK_N
+        lim = gl.minimum(stop, N)
+        slots = gl.cdiv(tiles, MATH)
+        for step in range(0, slots):
             g = i + step
-            slot = g % STAGES
-            n0 = start + step * BLOCK_N
+            slot = g & (STAGES - 1)
+            n0 = start + (step * MATH + WG) * BLOCK_N
             n = n0 + keys
-            sc = gl.load(scale_ptr + n, mask=n < N, other=0.0)
-            mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-            acc = warpgroup_mma(keys_smem.index(slot), q_tile, zero, use_acc=False, is_async=True)
+            mbarrier.wait(ready.index(slot), (g >> SHIFT) & 1)
+            sc = scales_smem.index(slot).slice(WG * BLOCK_N, BLOCK_N, dim=1).load(SCALES_ROW)
+            sc = gl.convert_layout(gl.reshape(sc, [BLOCK_N]), keys_l)  # the same registers
+            acc = warpgroup_mma(keys_smem.index(slot).slice(WG * BLOCK_N, BLOCK_N), q_tile, zero, use_acc=False,
+                                is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(empty.index(slot), count=1)
             acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
@@ -154,14 +169,13 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
             ptrs = out_ptr + out_rows[None, :] + n.to(gl.int64)[:, None]
             if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
                 gl.store(ptrs, s)
-            else:
+            else:  # a tile on a window's edge, or past the block's last tile (nothing stored there)
                 inside = (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
-                gl.store(ptrs, gl.where(inside, s, NEG_INF), mask=(n < N)[:, None] & tok_ok[None, :])
+                gl.store(ptrs, gl.where(inside, s, NEG_INF), mask=(n < lim)[:, None] & tok_ok[None, :])
         mbarrier.arrive(q_empty.index(qb), count=1)  # this group's matmuls on the block's Q are done
-        i += tiles
+        i += slots
         c += 1
         if FILL:  # this group's share of the -inf outside the union of the block's windows
-            stop = start + tiles * BLOCK_N
             fill_rows = (t0 + fill_tok).to(gl.int64) * out_s0
             fill_ok = (t0 + fill_tok < T)[:, None]
             for f0 in range(WG * BLOCK_N, start, MATH * BLOCK_N):
@@ -176,10 +190,10 @@ def _math_partition(scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem
 # the -inf fill keeps 16-byte stores where it is a multiple of 16.
 @gluon.jit(do_not_specialize=("T", "skip"), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
 def prefill_sm90_kernel(
-    keys_desc, q_desc, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
+    keys_desc, scales_desc, q_desc, w_ptr, ks_ptr, ke_ptr, out_ptr,
     T, N, w_s0, ks_s0, ke_s0, out_s0, skip,
     H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr, FILL: gl.constexpr = 1,
+    SHIFT: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr, FILL: gl.constexpr = 1,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots; four math warp groups (``MATH_REGS``) free them
     through mbarriers; ``view``: the matmul's accumulator layout seen as ``[BLOCK_N, BLOCK_Q, H]``
@@ -187,6 +201,8 @@ def prefill_sm90_kernel(
     (0: as the contract, only empty ones); ``FILL`` 0: nothing is written outside the union of a block's windows
     (the producer step reads only inside each row's window)."""
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
+    scales_smem = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
+                                            scales_desc.layout)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -194,26 +210,26 @@ def prefill_sm90_kernel(
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
-        mbarrier.init(empty.index(st), count=1)
+        mbarrier.init(empty.index(st), count=MATH)
     for st in gl.static_range(2):
         mbarrier.init(q_ready.index(st), count=1)
         mbarrier.init(q_empty.index(st), count=MATH)
     # The four math warp groups run the same function (a tuple built from another would lose ``view``'s constness).
     gl.warp_specialize([
-        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 0, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, view, FILL)),
-        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           BLOCK_N, STAGES, SHIFT, view, FILL)),
+        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 1, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, view, FILL)),
-        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           BLOCK_N, STAGES, SHIFT, view, FILL)),
+        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 2, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, view, FILL)),
-        (_math_partition, (scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, q_smem, ready, empty, q_ready,
+                           BLOCK_N, STAGES, SHIFT, view, FILL)),
+        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 3, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, view, FILL)),
-        (_copy_partition, (keys_desc, q_desc, keys_smem, q_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, T,
-                           N, ks_s0, ke_s0, skip, H, BLOCK_Q, BLOCK_N, STAGES)),
+                           BLOCK_N, STAGES, SHIFT, view, FILL)),
+        (_copy_partition, (keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
+                           q_empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, H, BLOCK_Q, BLOCK_N, STAGES, SHIFT)),
     ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
@@ -224,6 +240,10 @@ def prefill_sm90_kernel(
 
 
 PREFILL = Launcher(prefill_sm90_kernel)
+# Triton 3.6 (sm90, 64 heads, with the -inf fill) keeps two values computed above the partitions (the block count and a
+# thread's accumulator row) in an 8-byte stack frame: each read once a partition and once a block, never in the tile
+# loop.
+STACK_BYTES = 8
 
 
 def accumulator_view(block_q: int, heads: int) -> gl.DistributedLinearLayout:
@@ -256,12 +276,15 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights
         reasons.append("q must be a non-empty contiguous tensor aligned to 16 bytes (the copy engine's)")
     if k_scale.stride(0) != 1 or weights.stride(1) != 1 or out.stride(1) != 1:
         reasons.append("k_scale, weights and out need unit strides along their last dimension")
+    if k_scale.data_ptr() % 16:
+        reasons.append("k_scale must be aligned to 16 bytes (the copy engine brings it with the keys)")
     return reasons
 
 
 def _named(heads: int, dim: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
     block_q = COLS // heads
-    return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=cfg["TMA_STAGES"],
+    stages = cfg["TMA_STAGES"]
+    return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=stages, SHIFT=stages.bit_length() - 1,
                 MATH_REGS=cfg["TMA_MATH_REGS"], LOADER_REGS=LOADER_REGS, view=accumulator_view(block_q, heads))
 
 
@@ -269,9 +292,12 @@ def _options(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"num_warps": 4, "maxnreg": cfg["TMA_MAXNREG"]}
 
 
+_SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
 def _layouts(dim: int) -> tuple:
-    """The shared layouts of a key tile ``[BLOCK_N, dim]`` and a block's Q ``[COLS, dim]``."""
-    return (gl.NVMMASharedLayout.get_default_for([BLOCK_N, dim], gl.float8e4nv),
+    """The shared layouts of a ring slot's keys ``[STAGE_KEYS, dim]`` and a block's Q ``[COLS, dim]``."""
+    return (gl.NVMMASharedLayout.get_default_for([STAGE_KEYS, dim], gl.float8e4nv),
             gl.NVMMASharedLayout.get_default_for([COLS, dim], gl.float8e4nv))
 
 
@@ -282,18 +308,21 @@ def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: 
     ValueError; ``TMA_MAXNREG``, the kernel-wide register cap; ``TMA_MATH_REGS``, the math groups' share); ``sms``: the
     device's multiprocessors; ``skip`` and ``fill`` as the kernel's ``skip`` and ``FILL``. One program a SM (its 20
     warps take the register file), never more than there are blocks."""
-    if cfg["TMA_STAGES"] % MATH.value:
-        raise ValueError(f"mqa_logits tuning entry TMA_STAGES={cfg['TMA_STAGES']}: expected a multiple of {MATH.value} "
-                         "(each ring slot feeds one math warp group)")
+    stages = cfg["TMA_STAGES"]
+    if stages < 1 or stages & (stages - 1):
+        raise ValueError(f"mqa_logits tuning entry TMA_STAGES={stages}: expected a power of two (ring slots of "
+                         f"{STAGE_KEYS} keys, counted with bit masks)")
     tokens, heads, dim = q.shape
     n = k.shape[0]
     keys_layout, q_layout = _layouts(dim)
-    keys_desc = TensorDescriptor(k, [n, dim], [dim, 1], [BLOCK_N, dim], keys_layout)
+    keys_desc = TensorDescriptor(k, [n, dim], [dim, 1], [STAGE_KEYS, dim], keys_layout)
+    # k_scale as one row of n float32 (the row stride is never used: any multiple of 16 bytes will do)
+    scales_desc = TensorDescriptor(k_scale, [1, n], [4 * (n // 4 + 1), 1], [1, STAGE_KEYS], _SCALES_LAYOUT)
     rows = q.view(tokens * heads, dim)  # a block's Q: COLS rows from token t0's first
     q_desc = TensorDescriptor(rows, [tokens * heads, dim], [dim, 1], [COLS, dim], q_layout)
     options = launch_key_options(_options(cfg))
     named = dict(_named(heads, dim, cfg), FILL=fill)
-    args = (keys_desc, q_desc, k_scale, weights, ks, ke, out, tokens, n, weights.stride(0), ks.stride(0),
+    args = (keys_desc, scales_desc, q_desc, weights, ks, ke, out, tokens, n, weights.stride(0), ks.stride(0),
             ke.stride(0), out.stride(0), skip)
     return Launch(PREFILL, (max(1, min(sms, cdiv(tokens, named["BLOCK_Q"]))),), options, args, named)
 
@@ -307,9 +336,10 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) 
     if target.gpu.mma != "wgmma":  # Hopper's warp-group MMA and TMA
         return []
     keys, q = _layouts(dim)
-    types = {"keys_desc": f"tensordesc<fp8e4nv[{BLOCK_N}, {dim}],{keys!r}>",
-             "q_desc": f"tensordesc<fp8e4nv[{COLS}, {dim}],{q!r}>", "scale_ptr": "*fp32", "w_ptr": "*fp32",
+    types = {"keys_desc": f"tensordesc<fp8e4nv[{STAGE_KEYS}, {dim}],{keys!r}>",
+             "scales_desc": f"tensordesc<fp32[1, {STAGE_KEYS}],{_SCALES_LAYOUT!r}>",
+             "q_desc": f"tensordesc<fp8e4nv[{COLS}, {dim}],{q!r}>", "w_ptr": "*fp32",
              "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"}
     return [KernelSpec("mqa_logits", prefill_sm90_kernel, types,
                        {**_named(heads, dim, cfg), "FILL": fill, "ks_s0": 1, "ke_s0": 1}, _options(cfg),
-                       matrix="fp8", aligned=("w_s0", "out_s0")) for fill in (1, 0)]
+                       matrix="fp8", aligned=("w_s0", "out_s0"), stack_bytes=STACK_BYTES * fill) for fill in (1, 0)]
