@@ -116,7 +116,7 @@ def _copy_partition(keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_sm
 def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready, q_empty,
                     T, N, w_s0, ks_s0, ke_s0, out_s0, skip, WG: gl.constexpr, MATH: gl.constexpr, H: gl.constexpr,
                     BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SHIFT: gl.constexpr,
-                    view: gl.constexpr, FILL: gl.constexpr):
+                    view: gl.constexpr, FILL: gl.constexpr, quad_l: gl.constexpr):
     """Math warp group ``WG`` of ``MATH``: the ``WG``-th tile of each ring slot: matmul, head sum, store (nothing of a
     tile past the block's last one); and (``FILL``) its share of the block's -inf columns."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -133,6 +133,7 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_sm
     fill_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, fill_l))
     fill = gl.full([BLOCK_Q, BLOCK_N], NEG_INF, gl.float32, layout=fill_l)
     zero = gl.zeros([BLOCK_N, BLOCK_Q * H], gl.float32, layout=mma)
+    quad: gl.constexpr = [BLOCK_N, BLOCK_Q, 4]
     blocks = gl.cdiv(T, BLOCK_Q)
     i = 0
     c = 0
@@ -168,7 +169,11 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_sm
             s = s * sc[:, None]
             ptrs = out_ptr + out_rows[None, :] + n.to(gl.int64)[:, None]
             if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
-                gl.store(ptrs, s)
+                # A quad's four lanes hold the same sums: all four store them (the quad's lane an axis of the same
+                # addresses), unmasked, where Triton would mask the copies off lane by lane (a divergent branch).
+                s4 = gl.expand_dims(gl.convert_layout(s, gl.SliceLayout(2, quad_l)), 2).broadcast_to(quad)
+                p4 = gl.expand_dims(gl.convert_layout(ptrs, gl.SliceLayout(2, quad_l)), 2).broadcast_to(quad)
+                gl.store(p4, s4)
             else:  # a tile on a window's edge, or past the block's last tile (nothing stored there)
                 inside = (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
                 gl.store(ptrs, gl.where(inside, s, NEG_INF), mask=(n < lim)[:, None] & tok_ok[None, :])
@@ -193,13 +198,15 @@ def prefill_sm90_kernel(
     keys_desc, scales_desc, q_desc, w_ptr, ks_ptr, ke_ptr, out_ptr,
     T, N, w_s0, ks_s0, ke_s0, out_s0, skip,
     H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    SHIFT: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr, FILL: gl.constexpr = 1,
+    SHIFT: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr, quad_l: gl.constexpr,
+    FILL: gl.constexpr = 1,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots; four math warp groups (``MATH_REGS``) free them
     through mbarriers; ``view``: the matmul's accumulator layout seen as ``[BLOCK_N, BLOCK_Q, H]``
-    (:func:`accumulator_view`). ``skip``: rows whose clipped window holds at most this many keys get no logits
-    (0: as the contract, only empty ones); ``FILL`` 0: nothing is written outside the union of a block's windows
-    (the producer step reads only inside each row's window)."""
+    (:func:`accumulator_view`), ``quad_l`` its head sums with a quad's lane as an axis (:func:`quad_view`).
+    ``skip``: rows whose clipped window holds at most this many keys get no logits (0: as the contract, only empty
+    ones); ``FILL`` 0: nothing is written outside the union of a block's windows (the producer step reads only inside
+    each row's window)."""
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
     scales_smem = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
                                             scales_desc.layout)
@@ -218,16 +225,16 @@ def prefill_sm90_kernel(
     gl.warp_specialize([
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 0, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, SHIFT, view, FILL)),
+                           BLOCK_N, STAGES, SHIFT, view, FILL, quad_l)),
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 1, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, SHIFT, view, FILL)),
+                           BLOCK_N, STAGES, SHIFT, view, FILL, quad_l)),
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 2, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, SHIFT, view, FILL)),
+                           BLOCK_N, STAGES, SHIFT, view, FILL, quad_l)),
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 3, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, SHIFT, view, FILL)),
+                           BLOCK_N, STAGES, SHIFT, view, FILL, quad_l)),
         (_copy_partition, (keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, H, BLOCK_Q, BLOCK_N, STAGES, SHIFT)),
     ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
@@ -260,6 +267,14 @@ def accumulator_view(block_q: int, heads: int) -> gl.DistributedLinearLayout:
     return gl.DistributedLinearLayout(regs, lanes, [[16, 0, 0], [32, 0, 0]], [], [BLOCK_N, block_q, heads])
 
 
+def quad_view(block_q: int) -> gl.DistributedLinearLayout:
+    """``[64, block_q, 4]``: the head sums ``[64, block_q]`` where the accumulator's quads hold them (each lane of a
+    quad all of the quad's), the quad's lane as the last axis: seen so, no element is a copy of another."""
+    regs = [[0, 1, 0], [8, 0, 0]] if block_q == 2 else [[8, 0, 0]]
+    return gl.DistributedLinearLayout(regs, [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+                                      [[16, 0, 0], [32, 0, 0]], [], [BLOCK_N, block_q, 4])
+
+
 def unsupported(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, out: torch.Tensor,
                 target: Target) -> list[str]:
     """Why this kernel cannot take a prefill call (empty: it can; the Triton kernel takes the others). Arguments as
@@ -285,7 +300,8 @@ def _named(heads: int, dim: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
     block_q = COLS // heads
     stages = cfg["TMA_STAGES"]
     return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=stages, SHIFT=stages.bit_length() - 1,
-                MATH_REGS=cfg["TMA_MATH_REGS"], LOADER_REGS=LOADER_REGS, view=accumulator_view(block_q, heads))
+                MATH_REGS=cfg["TMA_MATH_REGS"], LOADER_REGS=LOADER_REGS, view=accumulator_view(block_q, heads),
+                quad_l=quad_view(block_q))
 
 
 def _options(cfg: Mapping[str, Any]) -> dict[str, Any]:
