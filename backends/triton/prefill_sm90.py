@@ -19,9 +19,9 @@ One program a SM (DeepGEMM's arrangement; docs/kernels.md, "Prefill on Hopper"):
   the zeros or keys there and nothing of it is stored. The four groups' epilogues overlap each other's matmuls.
 
 fp8 e4m3fn only (MXFP4 keys come widened: ``prefill_fp4``), D = 128, 64 or 128 heads, contiguous q and k, ``k_scale``
-aligned to 16 bytes (the copy engine's). Gluon
-does not run under the interpreter: the CPU checks cover the host side and the cross-compile check builds the kernel
-where the table takes it; ``tests/test_prefill_sm90.py`` compares it with the Triton kernel on an sm90 GPU.
+aligned to 16 bytes (the copy engine's). Gluon does not run under the interpreter: the CPU checks cover the host side
+and the cross-compile check builds the kernel where the table takes it; ``tests/test_prefill_sm90.py`` compares it
+with the Triton kernel on an sm90 GPU.
 """
 
 from __future__ import annotations
