@@ -406,6 +406,28 @@ def test_sampled_threshold_finishes_random_rows_in_the_first_launch():
     _assert_rows(out, want)
 
 
+def test_one_finishing_program_takes_the_rows_left_among_many():
+    """75 rows, one finishing program (interpreted: one multiprocessor) walking them all: the rows left to it (all
+    ties: the stash overflows), first, middle and last, come out exact; the rows the first launch finished keep what
+    it wrote."""
+    gen = torch.Generator().manual_seed(9)
+    cols, k, left = 2000, 100, [0, 33, 63, 64, 74]
+    scores = torch.randn(75, cols, generator=gen)
+    scores[left] = 0.5
+    lengths = torch.full((75,), cols, dtype=torch.int32)
+    out = torch.full((75, k), SENTINEL, dtype=torch.int32)
+    steps = _kernels().launches(scores, lengths, k, None, out, None, None, 1, None, target=SM90,
+                                cfg=SMALL | {"STASH": 1024})
+    assert [name for name, _ in steps] == ["rows", "finish"] and steps[1][1].grid[0] == 1
+    steps[0][1]()
+    assert (out[left] == SENTINEL).all()
+    first = out.clone()
+    steps[1][1]()
+    _assert_rows(out, reference.topk(scores, lengths, k))
+    kept = [r for r in range(75) if r not in left]
+    assert torch.equal(out[kept], first[kept])
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_shapes_and_distributions_match_the_reference(seed):
     """Random row counts, lengths, window starts, k and score distributions (normal, uniform, few distinct
