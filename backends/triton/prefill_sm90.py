@@ -51,10 +51,24 @@ COLS = 128  # matmul columns: BLOCK_Q tokens × H heads
 LOADER_REGS = 32  # the copy warp's registers
 MATH = gl.constexpr(4)  # math warp groups a program (one program a SM): the four partitions of the kernel
 STAGE_KEYS = MATH.value * BLOCK_N  # keys a ring slot: a tile for each math group, one copy and one barrier
-# A tile's scales ``[1, BLOCK_N]`` where the accumulator has its keys (accumulator_view's key axis: a thread holds rows
-# lane / 4 and lane / 4 + 8 of its warp's 16), so that seen as ``[BLOCK_N]`` they scale the head sums in place.
-SCALES_ROW = gl.constexpr(gl.DistributedLinearLayout([[0, 8]], [[0, 0], [0, 0], [0, 1], [0, 2], [0, 4]],
-                                                     [[0, 16], [0, 32]], [], [1, BLOCK_N]))
+
+
+def _rows(at):
+    """Where Hopper's accumulator over four warps keeps its 64 rows (the keys): ``(register, lanes, warps)`` bases, row
+    offset ``v`` placed at coordinate ``at(v)``. A thread holds rows ``16 warp + lane / 4 + {0, 8}``; lanes 0-1
+    choose columns, not rows."""
+    return at(8), [at(1), at(2), at(4)], [at(16), at(32)]
+
+
+def _scales_row() -> gl.DistributedLinearLayout:
+    """:data:`SCALES_ROW`."""
+    reg, lanes, warps = _rows(lambda v: [0, v])
+    return gl.DistributedLinearLayout([reg], [[0, 0], [0, 0]] + lanes, warps, [], [1, BLOCK_N])
+
+
+# A tile's scales ``[1, BLOCK_N]`` where the accumulator has its keys, so that seen as ``[BLOCK_N]`` they scale the head
+# sums in place.
+SCALES_ROW = gl.constexpr(_scales_row())
 
 
 @gluon.jit
@@ -81,12 +95,18 @@ def _span(ks, ke, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _phase(g, STAGES: gl.constexpr):
+    """The phase of use ``g`` of the ring (slot ``g % STAGES``, ``STAGES`` a power of two): the bit above the slot's."""
+    return ((g & STAGES) != 0).to(gl.int32)
+
+
+@gluon.jit
 def _copy_partition(keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_smem, ready, empty, q_ready, q_empty,
                     ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, H: gl.constexpr, BLOCK_Q: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SHIFT: gl.constexpr):
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The copy warp: each block's Q into one of two slots once the math warps are done with the one before, then
     its keys and their scales a ring slot (``MATH`` tiles) at a time once the slot is free (slot ``g % STAGES`` of
-    the program's running count ``g``, phase ``(g >> SHIFT) & 1``)."""
+    the program's running count ``g``, phase :func:`_phase`)."""
     tok_l: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     blocks = gl.cdiv(T, BLOCK_Q)
     i = 0
@@ -103,7 +123,7 @@ def _copy_partition(keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_sm
         for step in range(0, slots):
             g = i + step
             slot = g & (STAGES - 1)
-            mbarrier.wait(empty.index(slot), ((g >> SHIFT) & 1) ^ 1)
+            mbarrier.wait(empty.index(slot), _phase(g, STAGES) ^ 1)
             bar = ready.index(slot)
             mbarrier.expect(bar, keys_desc.block_type.nbytes + scales_desc.block_type.nbytes)
             tma_load(keys_desc, [start + step * (MATH * BLOCK_N), 0], bar, keys_smem.index(slot))
@@ -115,7 +135,7 @@ def _copy_partition(keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_sm
 @gluon.jit
 def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready, q_empty,
                     T, N, w_s0, ks_s0, ke_s0, out_s0, skip, WG: gl.constexpr, MATH: gl.constexpr, H: gl.constexpr,
-                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SHIFT: gl.constexpr,
+                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     view: gl.constexpr, FILL: gl.constexpr, quad_l: gl.constexpr):
     """Math warp group ``WG`` of ``MATH``: the ``WG``-th tile of each ring slot: matmul, head sum, store (nothing of a
     tile past the block's last one); and (``FILL``) its share of the block's -inf columns."""
@@ -157,7 +177,7 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_sm
             slot = g & (STAGES - 1)
             n0 = start + (step * MATH + WG) * BLOCK_N
             n = n0 + keys
-            mbarrier.wait(ready.index(slot), (g >> SHIFT) & 1)
+            mbarrier.wait(ready.index(slot), _phase(g, STAGES))
             sc = scales_smem.index(slot).slice(WG * BLOCK_N, BLOCK_N, dim=1).load(SCALES_ROW)
             sc = gl.convert_layout(gl.reshape(sc, [BLOCK_N]), keys_l)  # the same registers
             acc = warpgroup_mma(keys_smem.index(slot).slice(WG * BLOCK_N, BLOCK_N), q_tile, zero, use_acc=False,
@@ -198,7 +218,7 @@ def prefill_sm90_kernel(
     keys_desc, scales_desc, q_desc, w_ptr, ks_ptr, ke_ptr, out_ptr,
     T, N, w_s0, ks_s0, ke_s0, out_s0, skip,
     H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    SHIFT: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr, quad_l: gl.constexpr,
+    MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr, quad_l: gl.constexpr,
     FILL: gl.constexpr = 1,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots; four math warp groups (``MATH_REGS``) free them
@@ -225,18 +245,18 @@ def prefill_sm90_kernel(
     gl.warp_specialize([
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 0, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, SHIFT, view, FILL, quad_l)),
+                           BLOCK_N, STAGES, view, FILL, quad_l)),
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 1, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, SHIFT, view, FILL, quad_l)),
+                           BLOCK_N, STAGES, view, FILL, quad_l)),
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 2, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, SHIFT, view, FILL, quad_l)),
+                           BLOCK_N, STAGES, view, FILL, quad_l)),
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 3, MATH, H, BLOCK_Q,
-                           BLOCK_N, STAGES, SHIFT, view, FILL, quad_l)),
+                           BLOCK_N, STAGES, view, FILL, quad_l)),
         (_copy_partition, (keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
-                           q_empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, H, BLOCK_Q, BLOCK_N, STAGES, SHIFT)),
+                           q_empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, H, BLOCK_Q, BLOCK_N, STAGES)),
     ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
@@ -262,17 +282,17 @@ def accumulator_view(block_q: int, heads: int) -> gl.DistributedLinearLayout:
     def col(v: int) -> list[int]:
         return [0, v // heads, 0] if v >= heads else [0, 0, v]
 
-    regs = [col(1), [8, 0, 0]] + [col(8 << b) for b in range((cols // 8).bit_length() - 1)]
-    lanes = [col(2), col(4), [1, 0, 0], [2, 0, 0], [4, 0, 0]]
-    return gl.DistributedLinearLayout(regs, lanes, [[16, 0, 0], [32, 0, 0]], [], [BLOCK_N, block_q, heads])
+    reg, lanes, warps = _rows(lambda v: [v, 0, 0])
+    regs = [col(1), reg] + [col(8 << b) for b in range((cols // 8).bit_length() - 1)]
+    return gl.DistributedLinearLayout(regs, [col(2), col(4)] + lanes, warps, [], [BLOCK_N, block_q, heads])
 
 
 def quad_view(block_q: int) -> gl.DistributedLinearLayout:
     """``[64, block_q, 4]``: the head sums ``[64, block_q]`` where the accumulator's quads hold them (each lane of a
     quad all of the quad's), the quad's lane as the last axis: seen so, no element is a copy of another."""
-    regs = [[0, 1, 0], [8, 0, 0]] if block_q == 2 else [[8, 0, 0]]
-    return gl.DistributedLinearLayout(regs, [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-                                      [[16, 0, 0], [32, 0, 0]], [], [BLOCK_N, block_q, 4])
+    reg, lanes, warps = _rows(lambda v: [v, 0, 0])
+    regs = ([[0, 1, 0]] if block_q == 2 else []) + [reg]
+    return gl.DistributedLinearLayout(regs, [[0, 0, 1], [0, 0, 2]] + lanes, warps, [], [BLOCK_N, block_q, 4])
 
 
 def unsupported(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, out: torch.Tensor,
@@ -298,8 +318,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights
 
 def _named(heads: int, dim: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
     block_q = COLS // heads
-    stages = cfg["TMA_STAGES"]
-    return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=stages, SHIFT=stages.bit_length() - 1,
+    return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=cfg["TMA_STAGES"],
                 MATH_REGS=cfg["TMA_MATH_REGS"], LOADER_REGS=LOADER_REGS, view=accumulator_view(block_q, heads),
                 quad_l=quad_view(block_q))
 
