@@ -374,7 +374,8 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
             if MXFP4:
                 words = keys_smem.index(slot).load(words_l)
                 sw = _mxfp4_scale_words(scales_smem.index(slot), gl.SliceLayout(1, words_l), PAGE)
-                mbarrier.arrive(empty.index(slot), count=1)  # read into registers: the slot is free
+                fence_async_shared()  # read through the generic proxy; the copy engine writes next
+                mbarrier.arrive(empty.index(slot), count=1)
                 lift_base, sc, one = mxfp4_sm90.key_scales(sw)
                 sc = gl.convert_layout(sc, keys_l)  # the same keys in the same threads (WORDS_LAYOUT): no exchange
                 one = gl.convert_layout(one, keys_l)
@@ -402,8 +403,7 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
             else:
                 acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
             if not MXFP4:
-                # The scales' generic reads come before the copy engine's next write to the slot through the
-                # arrive's release and the copy warp's wait (a read, not a write, needs no proxy fence).
+                fence_async_shared()  # the scales were read through the generic proxy; the copy engine writes next
                 mbarrier.arrive(empty.index(slot), count=1)
             if GROUPS == 1:
                 s0 = _head_sum(acc0, w0) * sc
