@@ -57,8 +57,9 @@ TOKEN_BYTES = DIM + 4  # a cached token: D fp8 bytes and a float32 scale
 # the Hopper kernels in Gluon (sm90 with Triton 3.6), and those with another ring (decode 5 stages, prefill 8). Raced
 # before and removed (docs/experiments.md): register caps and shallower pipelines of the Triton decode, tiles through
 # TMA host descriptors, the scales read one tile ahead by hand, the scales staged by a loop-level pipeline, one dot a
-# draft token in the Triton kernel, a Gluon decode whose math warps issue the copies; a 4-stage Triton prefill (within
-# 1 %), Gluon prefills with one math warp group a program.
+# draft token in the Triton kernel, a Gluon decode whose math warps issue the copies, a Gluon decode with four math
+# warp groups a program (DeepGEMM's arrangement); a 4-stage Triton prefill (within 1 %), Gluon prefills with one math
+# warp group a program.
 VARIANTS = {
     "mqa_logits": {
         "triton": {"KERNEL": "triton"},
