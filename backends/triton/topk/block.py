@@ -66,11 +66,12 @@ MAX_STASH = 8192  # stash entries a program: the select holds each one's key and
 LOG_BINS = gl.constexpr(11)
 BINS = 1 << LOG_BINS.value  # the candidates' bins (bin counts a program)
 TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here (more: the exact fallback)
-# 32 warps leave 64 registers a thread. With Triton 3.9, ptxas keeps one address (the pivot bin's gathered
-# candidates, a lane's) in an 8-byte stack frame in some builds (bf16, strided fp16 on sm80-sm90): stored once a
-# program, loaded once a row before the ranking loop. The compile check allows that much. Triton 3.6's builds keep
-# 8-56 bytes; the fp32 one that ran on the H200 (ab9454e) kept 16.
-STACK_BYTES = 8
+# 32 warps leave 64 registers a thread. With Triton 3.9, ptxas keeps a 16-24-byte stack frame on sm90: two of the
+# program's workspace addresses (the bin counts' and the warp counts'), stored once a program and loaded once a row
+# before the ranking, and in some builds one register of the select's first bin counts, stored and loaded once a
+# row. The compile check allows that much. Triton 3.6's builds keep 8-56 bytes; the fp32 one that ran on the H200
+# (ab9454e) kept 16.
+STACK_BYTES = 24
 
 
 @gluon.jit
@@ -213,27 +214,62 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
 
 
 @gluon.jit
-def _pivot_bin(key, m, hist, k, BINS: gl.constexpr, BIN_L: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """The bin (of ``BINS`` over the candidates' keys: their distance above the smallest, low bits dropped so
-    that the largest falls in the last) holding the k-th best of the candidates ``key`` (``m``: which slots hold
-    one), counted through ``hist`` (``BINS`` int32 in global memory, zeroed; an atomic add a candidate). Returns
-    ``(bins of the slots, p, above, in_p)``: the pivot bin, the candidates above it and in it."""
+def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """Counts of the candidates ``m`` by ``level`` (their bin, ``< BINS``) through ``hist`` (``BINS`` int32 in global
+    memory, zeroed; an atomic add a candidate): ``(p, above, in_p)``, the bin holding the ``need``-th best and the
+    candidates above it and in it."""
+    gl.atomic_add(hist + level, gl.full_like(level, 1), mask=m, sem="relaxed")
+    block_barrier()
+    b = gl.arange(0, BINS, layout=BIN_L)
+    counts = gl.load(hist + b, cache_modifier=".cg")
+    at_or_above = _block_scan(counts, BINS // (32 * NUM_WARPS), NUM_WARPS, True)
+    p = gl.sum((at_or_above >= need).to(gl.int32), 0) - 1
+    above = gl.sum(gl.where(b > p, counts, 0), 0)
+    in_p = gl.sum(gl.where(b == p, counts, 0), 0)
+    return p, above, in_p
+
+
+@gluon.jit
+def _distance(key, kmin):
+    """Order keys' distance above ``kmin`` (at most theirs) as uint32."""
+    return (key - kmin).to(gl.uint32, bitcast=True)
+
+
+@gluon.jit
+def _pivot_bin(key, m, hist, k, TIE_SLOTS: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr,
+               NUM_WARPS: gl.constexpr):
+    """The range of keys holding the k-th best of the candidates ``key`` (``m``: which slots hold one): ``BINS``
+    bins over their distance above the smallest, low bits dropped so that the largest falls in the last, counted
+    through ``hist`` (``BINS`` int32 in global memory, zeroed). While the pivot bin holds more than ``TIE_SLOTS``
+    and has low bits left, its candidates are binned again by the next ``LOG_BINS`` bits (rows whose candidates
+    span many octaves: a k-th best near zero, its candidates from negative to large positive scores, put thousands
+    in one bin of the first round). Returns ``(gt, inside, above, in_p)``: the slots above the range and in it, and
+    how many of each."""
     kmin = gl.min(gl.where(m, key, INT_MAX), 0)
     span = (gl.max(gl.where(m, key, INT_MIN), 0) - kmin).to(gl.uint32, bitcast=True)
     # The fewest low bits to drop so that ``span >> shift < BINS``, from the float exponent of ``span`` (rounding
     # may drop one more).
     top = (span.to(gl.float32).to(gl.int32, bitcast=True) >> 23) - 127  # floor(log2(span)); -127 for 0
     shift = gl.maximum(top + 1 - LOG_BINS, 0)
-    bins = gl.minimum((key - kmin).to(gl.uint32, bitcast=True) >> shift.to(gl.uint32), BINS - 1).to(gl.int32)
-    gl.atomic_add(hist + bins, gl.full_like(bins, 1), mask=m, sem="relaxed")
-    block_barrier()
+    p, above, in_p = _bin_counts(gl.minimum(_distance(key, kmin) >> shift.to(gl.uint32), BINS - 1).to(gl.int32), m,
+                                 hist, k, BINS, BIN_L, NUM_WARPS)
+    base = p.to(gl.uint32) << shift.to(gl.uint32)  # the pivot bin's smallest distance
     b = gl.arange(0, BINS, layout=BIN_L)
-    counts = gl.load(hist + b, cache_modifier=".cg")
-    at_or_above = _block_scan(counts, BINS // (32 * NUM_WARPS), NUM_WARPS, True)
-    p = gl.sum((at_or_above >= k).to(gl.int32), 0) - 1
-    above = gl.sum(gl.where(b > p, counts, 0), 0)
-    in_p = gl.sum(gl.where(b == p, counts, 0), 0)
-    return bins, p, above, in_p
+    for _ in range(2):  # span < 2^32: a first shift of at most 21 bits, two rounds of LOG_BINS settle the rest
+        if (in_p > TIE_SLOTS) & (shift > 0):
+            d = _distance(key, kmin)
+            inside = m & (d >= base) & (((d - base) >> shift.to(gl.uint32)) == 0)
+            shift = gl.maximum(shift - LOG_BINS, 0)
+            gl.store(hist + b, gl.zeros([BINS], gl.int32, layout=BIN_L))
+            block_barrier()  # every thread has read the counts before, and zeroed its bins
+            level = ((d - base) >> shift.to(gl.uint32)).to(gl.int32)
+            p, more, in_p = _bin_counts(gl.where(inside, level, 0), inside, hist, k - above, BINS, BIN_L, NUM_WARPS)
+            above += more
+            base += p.to(gl.uint32) << shift.to(gl.uint32)
+    d = _distance(key, kmin)
+    low = m & (d >= base)
+    beyond = ((d - base) >> shift.to(gl.uint32)) != 0
+    return low & beyond, low & ~beyond, above, in_p
 
 
 @gluon.jit
@@ -266,18 +302,17 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q
                 TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr, NUM_WARPS: gl.constexpr, STASH_J: gl.constexpr):
     """The row's top-k among its stashed candidates (at least ``k``, the first ``warp_counts[w]`` of each warp's
     region of ``REGION`` slots; ``q``: the stash's slots in the tensor's order) to output slots ``[0, k)``: the
-    candidates' bin counts give the bin holding the k-th best (:func:`_pivot_bin`); those above it go out, and
-    those in it (gathered at ``bin_key`` / ``bin_idx``) are ranked (:func:`_rank_pivot_bin`). Returns whether it
-    did: not when the pivot bin holds more than ``TIE_SLOTS`` (heavy ties; the row is left to the exact
-    fallback)."""
+    candidates' bin counts give the bin holding the k-th best (:func:`_pivot_bin`, binned again where it holds
+    too many); those above it go out, and those in it (gathered at ``bin_key`` / ``bin_idx``) are ranked
+    (:func:`_rank_pivot_bin`). Returns whether it did: not when the pivot bin still holds more than ``TIE_SLOTS``
+    (heavy ties: equal keys; the row is left to the exact fallback)."""
     m = (q % REGION) < gl.load(warp_counts + q // REGION)  # each warp's region holds its candidates first
     key = order_key(gl.load(stash_bits + q, mask=m, other=0))
     idx = gl.load(stash_idx + q, mask=m, other=-1)
-    bins, p, above, in_p = _pivot_bin(key, m, hist, k, BINS, BIN_L, NUM_WARPS)
+    above_p, inside, above, in_p = _pivot_bin(key, m, hist, k, TIE_SLOTS, BINS, BIN_L, NUM_WARPS)
     done = in_p <= TIE_SLOTS
     if done:
-        gt = (m & (bins > p)).to(gl.int32)
-        inside = m & (bins == p)
+        gt = above_p.to(gl.int32)
         both = gt + (inside.to(gl.int32) << 16)  # C <= 8192: both counts fit in 16 bits
         slots = _block_scan(both, STASH_J, NUM_WARPS, False) - both
         emit(out_row, o_s1, raw_row, w_s1, slots & 0xFFFF, idx, gt != 0, seq, b_ok, tab_row, tab_s1, pages, page_size,
