@@ -1,6 +1,7 @@
 """The Gluon block-a-row top-k (backends/triton/topk/block.py): what it takes, its shape, and which calls the launch
-plan gives it. Gluon does not run under the interpreter: the conformance suite runs the kernel on an NVIDIA GPU
-(``ci/gpu.sh``); the cross-compile check builds it (tests/test_crosscompile.py, ``indexcache compile-check``)."""
+plan gives it; on an NVIDIA GPU, which rows it finishes itself. Gluon does not run under the interpreter: the
+conformance suite runs the kernel on an NVIDIA GPU (``ci/gpu.sh``, which also runs this file there); the
+cross-compile check builds it (tests/test_crosscompile.py, ``indexcache compile-check``)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,31 @@ def test_block_and_finish_launches_use_programmatic_dependent_launch_from_sm90(m
 def test_interpreted_and_amd_launches_never_ask_for_programmatic_dependent_launch():
     for target in (NVIDIA.target("sm90", interpreted=True), AMD.target("gfx942")):
         assert not uses_pdl(target, {**CFG, "PDL": True})
+
+
+def _on_nvidia_gpu() -> bool:
+    return torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 0)
+
+
+@pytest.mark.skipif(not _on_nvidia_gpu(), reason="needs an NVIDIA GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("offset", [-300.0, -150.0, -10.0])
+def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset):
+    # Scores of N(offset, 100): the k-th best about offset + 153, so at -300 and -150 a row's candidates run from
+    # a negative k-th best (or one near zero) to large positive scores, every octave between. Such rows once went
+    # to the finishing launch's exact fallback (a pivot bin of thousands); the block kernel bins them again.
+    from indexcache.backends.triton.target import detect
+
+    dev = torch.device("cuda")
+    target = detect(NVIDIA)[2]
+    gen = torch.Generator(device=dev).manual_seed(0)
+    scores = torch.randn(64, 32768, device=dev, generator=gen) * 100 + offset
+    lengths = torch.full((64,), 32768, dtype=torch.int32, device=dev)
+    out = torch.full((64, 2048), -7, dtype=torch.int32, device=dev)
+    steps = plan.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=target,
+                          cfg=tuning(target.arch)["topk"])
+    block = steps[0][1]
+    assert block.launcher is topk_block.BLOCK
+    block()  # the block kernel alone: what it leaves, the finishing launch would take
+    assert (block.args[8][:64] == -1).all()  # counts: -1 for every row finished here
+    want = torch.topk(scores, 2048, dim=1).indices.sort(1).values
+    assert torch.equal(out.sort(1).values.long(), want)

@@ -69,8 +69,8 @@ TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here 
 # 32 warps leave 64 registers a thread. With Triton 3.9, ptxas keeps a 16-24-byte stack frame on sm90: two of the
 # program's workspace addresses (the bin counts' and the warp counts'), stored once a program and loaded once a row
 # before the ranking, and in some builds one register of the select's first bin counts, stored and loaded once a
-# row. The compile check allows that much. Triton 3.6's builds keep 8-56 bytes; the fp32 one that ran on the H200
-# (ab9454e) kept 16.
+# row. The compile check allows that much. Triton 3.6's builds keep 48-56 bytes, stored and loaded once a row or once
+# a radix round of the sample, never in the filter's loop.
 STACK_BYTES = 24
 
 
