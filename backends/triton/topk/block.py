@@ -66,12 +66,11 @@ MAX_STASH = 8192  # stash entries a program: the select holds each one's key and
 LOG_BINS = gl.constexpr(11)
 BINS = 1 << LOG_BINS.value  # the candidates' bins (bin counts a program)
 TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here (more: the exact fallback)
-# 32 warps leave 64 registers a thread. With Triton 3.9, ptxas keeps a 16-24-byte stack frame on sm90: two of the
-# program's workspace addresses (the bin counts' and the warp counts'), stored once a program and loaded once a row
-# before the ranking, and in some builds one register of the select's first bin counts, stored and loaded once a
-# row. The compile check allows that much. Triton 3.6's builds keep 48-56 bytes, stored and loaded once a row or once
-# a radix round of the sample, never in the filter's loop.
-STACK_BYTES = 24
+# 32 warps leave 64 registers a thread. With Triton 3.9, ptxas keeps a stack frame of up to 16 bytes in some builds
+# (8 on sm89 and sm90, 16 on sm120): program addresses stored once a program and loaded once a row. The compile
+# check allows that much. Triton 3.6's sm90 builds keep 48-56 bytes, stored and loaded once a row or once a radix
+# round of the sample, never in the filter's loop.
+STACK_BYTES = 16
 
 
 @gluon.jit
@@ -308,10 +307,10 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q
     (heavy ties: equal keys; the row is left to the exact fallback)."""
     m = (q % REGION) < gl.load(warp_counts + q // REGION)  # each warp's region holds its candidates first
     key = order_key(gl.load(stash_bits + q, mask=m, other=0))
-    idx = gl.load(stash_idx + q, mask=m, other=-1)
     above_p, inside, above, in_p = _pivot_bin(key, m, hist, k, TIE_SLOTS, BINS, BIN_L, NUM_WARPS)
     done = in_p <= TIE_SLOTS
     if done:
+        idx = gl.load(stash_idx + q, mask=m, other=-1)
         gt = above_p.to(gl.int32)
         both = gt + (inside.to(gl.int32) << 16)  # C <= 8192: both counts fit in 16 bits
         slots = _block_scan(both, STASH_J, NUM_WARPS, False) - both
