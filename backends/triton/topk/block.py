@@ -230,7 +230,7 @@ def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, N
 
 @gluon.jit
 def _distance(key, kmin):
-    """Order keys' distance above ``kmin`` (at most theirs) as uint32."""
+    """The order keys' distance above ``kmin`` (none below it), as uint32."""
     return (key - kmin).to(gl.uint32, bitcast=True)
 
 
@@ -240,10 +240,10 @@ def _pivot_bin(key, m, hist, k, TIE_SLOTS: gl.constexpr, BINS: gl.constexpr, BIN
     """The range of keys holding the k-th best of the candidates ``key`` (``m``: which slots hold one): ``BINS``
     bins over their distance above the smallest, low bits dropped so that the largest falls in the last, counted
     through ``hist`` (``BINS`` int32 in global memory, zeroed). While the pivot bin holds more than ``TIE_SLOTS``
-    and has low bits left, its candidates are binned again by the next ``LOG_BINS`` bits (rows whose candidates
-    span many octaves: a k-th best near zero, its candidates from negative to large positive scores, put thousands
-    in one bin of the first round). Returns ``(gt, inside, above, in_p)``: the slots above the range and in it, and
-    how many of each."""
+    and has low bits left, its candidates are binned again by the next ``LOG_BINS`` bits (the bins are linear in the
+    keys' bits: a row whose candidates run from a negative k-th best to large positive scores spans every octave
+    between, and the first round puts thousands in the k-th best's bin). Returns ``(gt, inside, above, in_p)``: the
+    slots above the range and in it, and how many of each."""
     kmin = gl.min(gl.where(m, key, INT_MAX), 0)
     span = (gl.max(gl.where(m, key, INT_MIN), 0) - kmin).to(gl.uint32, bitcast=True)
     # The fewest low bits to drop so that ``span >> shift < BINS``, from the float exponent of ``span`` (rounding

@@ -144,8 +144,8 @@ def _(gen, dev):
 
 @cases.add("k-th best below zero, candidates up to large positive scores (every octave between)")
 def _(gen, dev):
-    # An indexer's logits where most heads' weights are negative: the k-th best about -150, a few thousand
-    # candidates within an octave of it and the best far above zero.
+    # An indexer's logits where most heads' weights are negative: in the second row the k-th best about -150, a
+    # few thousand candidates within an octave of it and the best far above zero; the third's k-th best near zero.
     offsets = torch.tensor([-160.0, -300.0, -150.0, -10.0])[:, None]
     return args_of(gen, dev, torch.randn(4, 20000, generator=gen) * 100 + offsets, 2048,
                    lengths=torch.tensor([20000, 20000, 19000, 20000], dtype=I32))
