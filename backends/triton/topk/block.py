@@ -230,7 +230,9 @@ def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, N
 
 @gluon.jit
 def _distance(key, kmin):
-    """The order keys' distance above ``kmin`` (none below it), as uint32."""
+    """The order keys' distance above ``kmin`` (none below it), as uint32. :func:`_pivot_bin` computes it again where
+    it needs it rather than keeping it: one subtraction an entry, against 8 more registers a thread live through the
+    bin counts, at a cap of 64."""
     return (key - kmin).to(gl.uint32, bitcast=True)
 
 
