@@ -41,9 +41,10 @@ ADVERSARIAL = [(40000, 2048), (9000, 513)]  # columns, k
 SWEEP = [  # tuning overrides on the table's entry (the first is the table itself); more were raced on the way
     # (docs/experiments.md, "Top-k"): the Triton kernels where the table runs the Gluon block kernel, and
     # the block kernel with 16 warps; split rows finished by one program a row, and without programmatic dependent
-    # launch (docs/kernels.md, "Where it stands")
+    # launch (docs/kernels.md, "Where it stands"); many rows sampled in the block kernel, or ahead with their bins
+    # counted after the filter (docs/kernels.md, "Rows sampled ahead")
     {}, {"KERNEL": "triton"}, {"BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}, {"SAMPLE_RANK": 64}, {"FINISH_BINS": 512},
-    {"CHUNKS_PER_SM": 16}, {"FINISH_TIES": 0}, {"PDL": False},
+    {"CHUNKS_PER_SM": 16}, {"FINISH_TIES": 0}, {"PDL": False}, {"BLOCK_FLOORS": 0}, {"BLOCK_FLOORS": 1},
 ]
 # Per-launch times: the many-rows kernel (Gluon block or Triton fused), or the split sample and filter, then the
 # finishing kernel; CHUNK forces the split path.

@@ -407,7 +407,10 @@ def test_without_a_budget_or_under_the_whole_device_the_grids_fill_the_device(ar
     assert [(name, grid) for _, name, grid in many[-2:]] == [("topk_finish_kernel", (sms,)),
                                                             ("topk_sort_kernel", (2048,))]
     per_sm = table["topk"]["BLOCK_PER_SM" if arch.startswith("sm") else "PROGRAMS_PER_SM"]
-    assert many[0][2] == (min(2048, sms * per_sm),)
+    rows = [grid for _, name, grid in many if name in ("topk_block_kernel", "topk_rows_kernel")]
+    assert rows == [(min(2048, sms * per_sm),)]
+    if many[0][1] == "topk_sample_kernel":  # rows sampled ahead (cuda table's BLOCK_SAMPLE_ROWS): a program a row
+        assert many[0][2] == (2048,) and 2048 >= table["topk"]["BLOCK_SAMPLE_ROWS"]
     # The decode of 64 requests of 65536 keys (calls[3]: paged_mqa_logits of the second step), one group: every
     # multiprocessor's programs, the Triton kernel's the table's programs a SM, the Gluon kernel's one a SM (what it
     # takes where the compiled kernel's residency is unknown, as inside planning).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import indexcache
 from indexcache.backends.cuda import tuning
 from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.rocm.arch import AMD
@@ -32,7 +33,8 @@ def test_takes_nvidia_calls_up_to_k_2048_when_the_table_says_block():
 def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread():
     cfg = {**CFG, "BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}
     shape = topk_block.shape(131072, 2048, 2048, cfg)
-    assert shape == {"NUM_WARPS": 16, "PIECE_J": 8, "SAMPLE_J": 4, "STASH_J": 16, "BINS": 2048, "TIE_SLOTS": 256}
+    assert shape == {"NUM_WARPS": 16, "PIECE_J": 8, "SAMPLE_J": 4, "STASH_J": 16, "BINS": 2048, "TIE_SLOTS": 256,
+                     "FLOORS": 0}
     assert topk_block.capacity(topk_block.shape(131072, 512, 4096, cfg)) == 4096  # 256 a warp
     assert topk_block.capacity(shape) == 8192
     assert topk_block.workspace(shape) == 2 * 8192 + 2048 + 16 + 2 * 256  # stash, bins, warps, the pivot bin
@@ -51,7 +53,7 @@ def _plan(monkeypatch, rows: int, cols: int, cfg: dict) -> list:
 
 @pytest.mark.parametrize(("rows", "cols", "first"), [
     (64, 131072, "block"),  # decode rows that would be split: the block kernel from BLOCK_MIN_ROWS rows on
-    (2048, 32768, "block"),  # many rows (the fused kernel's calls)
+    (200, 32768, "block"),  # many rows (the fused kernel's calls)
     (1, 131072, "sample"),  # one long row: split
     (64, 1 << 20, "sample"),  # beyond BLOCK_MAX_COLS: split
 ])
@@ -63,7 +65,25 @@ def test_launch_plan_gives_the_block_kernel_its_calls(monkeypatch, rows, cols, f
     assert names[-1] == "finish"  # rows the block kernel leaves (its sample missed, heavy ties) get the exact path
     if first == "block":
         assert steps[0][1].grid == (min(rows, 132),)
+        assert steps[0][1].named["FLOORS"] == 0  # fewer rows than BLOCK_SAMPLE_ROWS: sampled in the block
         assert steps[-1][1].args[14] == topk_block.capacity(topk_block.shape(cols, 2048, 0, CFG))  # the finish's cap
+
+
+@pytest.mark.parametrize("floors", [1, 2])
+def test_many_rows_are_sampled_ahead_by_a_launch_a_row(monkeypatch, floors):
+    cfg = {**CFG, "BLOCK_SAMPLE_ROWS": 1024, "BLOCK_FLOORS": floors}
+    steps = _plan(monkeypatch, 1024, 32768, cfg)
+    assert [name for name, _ in steps] == ["sample", "rows", "finish"]
+    (_, sample), (_, block) = steps[:2]
+    assert block.launcher is topk_block.BLOCK and block.named["FLOORS"] == floors
+    assert sample.launcher is plan.SAMPLE and sample.grid == (1024,)
+    assert not sample.named["COUNTS"] and sample.named["BINS"] == topk_block.BINS
+    assert sample.named["SAMPLES"] == topk_block.samples(block.named)  # the statistics of the block's own sample
+    records = sample.args[3]
+    assert block.args[9].data_ptr() == records.data_ptr() and records.numel() >= 2 * 1024  # two words a row
+    with indexcache.sm_budget(33):  # a launch a row is not persistent: under a budget the block samples itself
+        steps = _plan(monkeypatch, 1024, 32768, cfg)
+    assert [name for name, _ in steps] == ["rows", "finish"] and steps[0][1].named["FLOORS"] == 0
 
 
 def test_a_forced_chunk_keeps_the_split_path(monkeypatch):
@@ -102,8 +122,9 @@ def _on_nvidia_gpu() -> bool:
 
 
 @pytest.mark.skipif(not _on_nvidia_gpu(), reason="needs an NVIDIA GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("floors", [0, 1, 2])
 @pytest.mark.parametrize("offset", [-300.0, -150.0, -10.0])
-def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset):
+def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset, floors):
     # Scores of N(offset, 100): the k-th best about offset + 153, so at -300 and -150 a row's candidates run from
     # a negative k-th best (or one near zero) to large positive scores, every octave between. Such rows once went
     # to the finishing launch's exact fallback (a pivot bin of thousands); the block kernel bins them again.
@@ -115,10 +136,12 @@ def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset):
     scores = torch.randn(64, 32768, device=dev, generator=gen) * 100 + offset
     lengths = torch.full((64,), 32768, dtype=torch.int32, device=dev)
     out = torch.full((64, 2048), -7, dtype=torch.int32, device=dev)
-    steps = plan.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=target,
-                          cfg=tuning(target.arch)["topk"])
-    block = steps[0][1]
-    assert block.launcher is topk_block.BLOCK
+    cfg = {**tuning(target.arch)["topk"], "BLOCK_SAMPLE_ROWS": 64, "BLOCK_FLOORS": floors}
+    steps = plan.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=target, cfg=cfg)
+    *sampled, (_, block), _ = steps
+    assert block.launcher is topk_block.BLOCK and block.named["FLOORS"] == floors
+    for _, launch in sampled:
+        launch()
     block()  # the block kernel alone: what it leaves, the finishing launch would take
     assert (block.args[8][:64] == -1).all()  # counts: -1 for every row finished here
     want = torch.topk(scores, 2048, dim=1).indices.sort(1).values

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "examples" / "configs" / "deepseek-v3.2.json")
 PLAN = LayerPlan.from_config(CONFIG)
 # The issue's serving sweep: decode batch 1-64, contexts up to 128K, next_n 1-2; prefill up to 8K tokens.
-SWEEP = dict(max_batch=64, max_context=131072, max_next_n=2, max_prefill=8192)
+SWEEP = dict(max_batch=256, max_context=131072, max_next_n=2, max_prefill=8192)
 
 
 def _per_kernel(found) -> collections.Counter:
@@ -57,13 +57,14 @@ def test_shape_points_meet_every_power_of_two_class():
 
 
 # Per kernel, the product of its classes for one deployment: the finishing launch's gather widths (7) and the
-# sample's sizes (7) and the block top-k's sample entries a thread (3), times the call patterns (decode at next_n 1
-# and 2, prefill: 3; the sample and filter 2, row starts or not); the decode's next_n; the prefill's logits stride (1,
-# a multiple of 16, another) with the -inf fill (mqa_logits) or without (the prefill producer); translate with requests
-# or without; the short rows' step at next_n 1 and 2 and the prefill producer's (docs/kernels.md, "Kernel variants").
+# sample's sizes (7) and the block top-k's sample entries a thread (3) or its rows sampled ahead (1: their records,
+# from BLOCK_SAMPLE_ROWS rows on), times the call patterns (decode at next_n 1 and 2, prefill: 3; the sample and
+# filter 2, row starts or not); the decode's next_n; the prefill's logits stride (1, a multiple of 16, another) with
+# the -inf fill (mqa_logits) or without (the prefill producer); translate with requests or without; the short rows'
+# step at next_n 1 and 2 and the prefill producer's (docs/kernels.md, "Kernel variants").
 # The split rows' kernels (sample, filter, finish) keep the scores' row stride's class, a multiple of 16 or not: twice
 # the classes of their other arguments.
-BOUNDS = {"topk_finish_kernel": 42, "topk_sample_kernel": 28, "topk_filter_kernel": 4, "topk_block_kernel": 9,
+BOUNDS = {"topk_finish_kernel": 42, "topk_sample_kernel": 28, "topk_filter_kernel": 4, "topk_block_kernel": 12,
           "paged_mqa_logits_kernel": 2, "paged_decode_sm90_kernel": 2, "mqa_logits_kernel": 6,
           "prefill_sm90_kernel": 6, "translate_kernel": 2, "store_kernel": 1, "quantize_kernel": 1,
           "draft_rows_kernel": 1, "short_rows_kernel": 3, "gather_index_k_kernel": 1, "windows_kernel": 1}

@@ -480,3 +480,29 @@ def test_sample_entries_one_a_segment_at_varied_offsets(start, length, samples):
     assert bool((pos[1:] >= pos[:-1]).all())
     if length >= 64 * samples // 2:  # several entries a 64-token page: their offsets in the page vary
         assert (pos % 64).unique().numel() > 32
+
+
+def test_a_sample_record_without_counts_holds_the_split_rows_threshold_and_shift():
+    """``topk_sample_kernel`` without ``COUNTS`` (the block kernel's rows sampled ahead: two words a row) writes the
+    threshold and bin shift the split rows' record holds after its zeroed counts; short rows are left untouched."""
+    from indexcache.backends.triton.launcher import Launch
+
+    gen = torch.Generator().manual_seed(3)
+    rows, cols, k, bins = 5, 3000, 100, 256
+    scores = torch.randn(rows, cols, generator=gen) * 50 - 80  # k-th best below zero in some rows
+    scores[1, ::7] = NEG_INF
+    lengths = _lengths(cols, cols, 2000, k, 0)
+    starts = _lengths(0, 0, 500, 0, 0)
+    opts = _plan().own_options(SM90, SMALL, "SAMPLE_WARPS")
+    named = dict(s_s0=cols, s_s1=1, len_s0=1, st_s0=1, HAS_STARTS=True, CONTIG=True, SAMPLES=256, DIGIT=5, BINS=bins,
+                 PDL=False)
+    records = {}
+    for counts, width in ((True, bins + 2), (False, 2)):
+        record = torch.full((rows, width), SENTINEL, dtype=torch.int32)
+        Launch(_plan().SAMPLE, (rows,), opts, (scores, lengths, starts, record, cols, k),
+               dict(named, COUNTS=counts))()
+        records[counts] = record
+    assert (records[True][:, :bins] == 0).all()  # the split filter's counts, zeroed
+    assert torch.equal(records[True][:3, bins:], records[False][:3])
+    assert (records[False][3:] == SENTINEL).all() and (records[True][3:, bins:] == SENTINEL).all()
+    assert (records[False][:3, 1] > 0).all()  # spans of these scores need a shift

@@ -67,10 +67,11 @@ LOG_BINS = gl.constexpr(11)
 BINS = 1 << LOG_BINS.value  # the candidates' bins (bin counts a program)
 TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here (more: the exact fallback)
 # 32 warps leave 64 registers a thread. With Triton 3.9, ptxas keeps a stack frame of up to 16 bytes in some builds
-# (8 on sm89 and sm90, 16 on sm120): program addresses stored once a program and loaded once a row. The compile
-# check allows that much. Triton 3.6's sm90 builds keep 48-56 bytes, stored and loaded once a row or once a radix
-# round of the sample, never in the filter's loop.
-STACK_BYTES = 16
+# (8 on sm89 and sm90, 16 on sm120): program addresses stored once a program and loaded once a row; 24 on sm120 where
+# the filter counts the bins (FLOORS 2; where it is loaded not yet read). The compile check allows that much.
+# Triton 3.6's sm90 builds keep 48-56 bytes, stored and loaded once a row or once a radix round of the sample, never
+# in the filter's loop.
+STACK_BYTES = 24
 
 
 @gluon.jit
@@ -147,8 +148,13 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: gl.constexpr, SAMPLES: 
     lam = (k * 1.0) * SAMPLES / length.to(gl.float32)  # k may arrive as a constexpr (1 is specialised)
     m = (lam + 4.0 * gl.sqrt(lam) + 3.0).to(gl.int32)  # >= ceil(λ + 4√λ + 2)
     thr = _select(key, gl.minimum(m, valid), valid, DIGIT, HIST, 3)
-    floor = gl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
-    return (floor ^ ((floor >> 31) & 0x7FFFFFFF)).to(gl.float32, bitcast=True)  # keys map back to their floats
+    return _key_float(gl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID))
+
+
+@gluon.jit
+def _key_float(key):
+    """The float whose order key is ``key`` (a valid key)."""
+    return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
@@ -168,15 +174,17 @@ def _piece(row_ptr, s1, c0, hi, across, along, CONTIG: gl.constexpr, FULL: gl.co
 
 
 @gluon.jit
-def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_counts, across, along,
-            CONTIG: gl.constexpr, PIECE: gl.constexpr, CAP: gl.constexpr, NUM_WARPS: gl.constexpr):
+def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_counts, across, along, hist, kmin,
+            shift, CONTIG: gl.constexpr, PIECE: gl.constexpr, CAP: gl.constexpr, NUM_WARPS: gl.constexpr,
+            COUNT: gl.constexpr, BINS: gl.constexpr):
     """Entries of the window ``>= floor`` (a float: NaN, -inf and masked entries never pass; -0.0 passes with +0.0)
     to the stash (fp32 bits, window positions), piece by piece from the first, ``x`` (read by the caller before
     the sample, so that its read overlaps the sample's select), each piece's read issued before the one before it
     is filtered (whole pieces unmasked). The pieces are ``[NUM_WARPS, …]`` tensors, a warp a row: each warp compacts
     its candidates into a region of its own (``CAP / NUM_WARPS`` entries, in order) by a ballot an entry, so no
     piece waits on a block barrier, and writes its count to ``warp_counts``. Returns the candidates in all, or
-    ``CAP + 1`` when a region overflowed."""
+    ``CAP + 1`` when a region overflowed. ``COUNT``: each stashed candidate also adds one to its bin in ``hist``
+    (:func:`_level` of its key above ``kmin`` by ``shift``)."""
     REGION: gl.constexpr = CAP // NUM_WARPS
     PJ: gl.constexpr = PIECE // (NUM_WARPS * 32)
     L3: gl.constexpr = gl.BlockedLayout([1, 1, PJ], [1, 32, 1], [NUM_WARPS, 1, 1], [2, 1, 0])
@@ -206,6 +214,9 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
         keep = (cand != 0) & (entry < REGION)
         gl.store(stash_bits + region + entry, score_bits(x), mask=keep)
         gl.store(stash_idx + region + entry, (c0 - start) + (across + along), mask=keep)
+        if COUNT:
+            gl.atomic_add(hist + _level(order_key(score_bits(x)), kmin, shift, BINS), gl.full_like(entry, 1), mask=keep,
+                          sem="relaxed")
         held += gl.convert_layout(gl.max(gl.sum(cnt3, 2), 1), held.type.layout)
         x = x_next
     gl.store(warp_counts + w, held)
@@ -213,11 +224,13 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
 
 
 @gluon.jit
-def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, NUM_WARPS: gl.constexpr):
+def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, NUM_WARPS: gl.constexpr,
+                ADD: gl.constexpr):
     """Counts of the candidates ``m`` by ``level`` (their bin, ``< BINS``) through ``hist`` (``BINS`` int32 in global
-    memory, zeroed; an atomic add a candidate): ``(p, above, in_p)``, the bin holding the ``need``-th best and the
-    candidates above it and in it."""
-    gl.atomic_add(hist + level, gl.full_like(level, 1), mask=m, sem="relaxed")
+    memory, zeroed; an atomic add a candidate, unless ``ADD`` is false: counted already): ``(p, above, in_p)``, the
+    bin holding the ``need``-th best and the candidates above it and in it."""
+    if ADD:
+        gl.atomic_add(hist + level, gl.full_like(level, 1), mask=m, sem="relaxed")
     block_barrier()
     b = gl.arange(0, BINS, layout=BIN_L)
     counts = gl.load(hist + b, cache_modifier=".cg")
@@ -229,6 +242,19 @@ def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, N
 
 
 @gluon.jit
+def _zero(hist, BINS: gl.constexpr, BIN_L: gl.constexpr):
+    """Zero the ``BINS`` bin counts at ``hist``."""
+    gl.store(hist + gl.arange(0, BINS, layout=BIN_L), gl.zeros([BINS], gl.int32, layout=BIN_L))
+
+
+@gluon.jit
+def _level(key, kmin, shift, BINS: gl.constexpr):
+    """The first bins' level of keys at or above ``kmin``: their distance above it with the low ``shift`` bits
+    dropped, the last of ``BINS`` bins taking every key beyond."""
+    return gl.minimum(_distance(key, kmin) >> shift.to(gl.uint32), BINS - 1).to(gl.int32)
+
+
+@gluon.jit
 def _distance(key, kmin):
     """The order keys' distance above ``kmin`` (none below it), as uint32. :func:`_pivot_bin` computes it again where
     it needs it rather than keeping it: one subtraction an entry, against 8 more registers a thread live through the
@@ -237,34 +263,41 @@ def _distance(key, kmin):
 
 
 @gluon.jit
-def _pivot_bin(key, m, hist, k, TIE_SLOTS: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr,
-               NUM_WARPS: gl.constexpr):
+def _pivot_bin(key, m, hist, k, kmin, shift, TIE_SLOTS: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr,
+               NUM_WARPS: gl.constexpr, GIVEN: gl.constexpr, COUNTED: gl.constexpr):
     """The range of keys holding the k-th best of the candidates ``key`` (``m``: which slots hold one): ``BINS``
     bins over their distance above the smallest, low bits dropped so that the largest falls in the last, counted
     through ``hist`` (``BINS`` int32 in global memory, zeroed). While the pivot bin holds more than ``TIE_SLOTS``
     and has low bits left, its candidates are binned again by the next ``LOG_BINS`` bits (the bins are linear in the
     keys' bits: a row whose candidates run from a negative k-th best to large positive scores spans every octave
     between, and the first round puts thousands in the k-th best's bin). Returns ``(gt, inside, above, in_p)``: the
-    slots above the range and in it, and how many of each."""
-    kmin = gl.min(gl.where(m, key, INT_MAX), 0)
-    span = (gl.max(gl.where(m, key, INT_MIN), 0) - kmin).to(gl.uint32, bitcast=True)
-    # The fewest low bits to drop so that ``span >> shift < BINS``, from the float exponent of ``span`` (rounding
-    # may drop one more).
-    top = (span.to(gl.float32).to(gl.int32, bitcast=True) >> 23) - 127  # floor(log2(span)); -127 for 0
-    shift = gl.maximum(top + 1 - LOG_BINS, 0)
-    p, above, in_p = _bin_counts(gl.minimum(_distance(key, kmin) >> shift.to(gl.uint32), BINS - 1).to(gl.int32), m,
-                                 hist, k, BINS, BIN_L, NUM_WARPS)
+    slots above the range and in it, and how many of each. ``GIVEN``: the first bins start at ``kmin`` (at or below
+    every candidate) and drop ``shift`` bits (the row's sample record), else they span the candidates exactly; a
+    pivot bin that is the last of those (it may hold keys beyond its range) gives ``in_p = TIE_SLOTS + 1``.
+    ``COUNTED``: the first bins were counted by the filter."""
+    if not GIVEN:
+        kmin = gl.min(gl.where(m, key, INT_MAX), 0)
+        span = (gl.max(gl.where(m, key, INT_MIN), 0) - kmin).to(gl.uint32, bitcast=True)
+        # The fewest low bits to drop so that ``span >> shift < BINS``, from the float exponent of ``span`` (rounding
+        # may drop one more).
+        top = (span.to(gl.float32).to(gl.int32, bitcast=True) >> 23) - 127  # floor(log2(span)); -127 for 0
+        shift = gl.maximum(top + 1 - LOG_BINS, 0)
+    p, above, in_p = _bin_counts(_level(key, kmin, shift, BINS), m, hist, k, BINS, BIN_L, NUM_WARPS, not COUNTED)
+    if GIVEN:
+        last = p == BINS - 1
+        in_p = gl.where(last, TIE_SLOTS + 1, in_p)
+        shift = gl.where(last, 0, shift)
     base = p.to(gl.uint32) << shift.to(gl.uint32)  # the pivot bin's smallest distance
-    b = gl.arange(0, BINS, layout=BIN_L)
-    for _ in range(2):  # span < 2^32: a first shift of at most 21 bits, two rounds of LOG_BINS settle the rest
+    for _ in range(2):  # span < 2^32: a first shift of at most 22 bits, two rounds of LOG_BINS settle the rest
         if (in_p > TIE_SLOTS) & (shift > 0):
             d = _distance(key, kmin)
             inside = m & (d >= base) & (((d - base) >> shift.to(gl.uint32)) == 0)
             shift = gl.maximum(shift - LOG_BINS, 0)
-            gl.store(hist + b, gl.zeros([BINS], gl.int32, layout=BIN_L))
+            _zero(hist, BINS, BIN_L)
             block_barrier()  # every thread has read the counts before, and zeroed its bins
             level = ((d - base) >> shift.to(gl.uint32)).to(gl.int32)
-            p, more, in_p = _bin_counts(gl.where(inside, level, 0), inside, hist, k - above, BINS, BIN_L, NUM_WARPS)
+            p, more, in_p = _bin_counts(gl.where(inside, level, 0), inside, hist, k - above, BINS, BIN_L, NUM_WARPS,
+                                        True)
             above += more
             base += p.to(gl.uint32) << shift.to(gl.uint32)
     d = _distance(key, kmin)
@@ -297,10 +330,11 @@ def _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_
 
 
 @gluon.jit
-def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q, out_row, o_s1, raw_row, w_s1, seq,
-                b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
+def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, kmin, shift, q, out_row, o_s1, raw_row,
+                w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
                 SHIFT: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr, REGION: gl.constexpr,
-                TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr, NUM_WARPS: gl.constexpr, STASH_J: gl.constexpr):
+                TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr, NUM_WARPS: gl.constexpr, STASH_J: gl.constexpr,
+                FLOORS: gl.constexpr):
     """The row's top-k among its stashed candidates (at least ``k``, the first ``warp_counts[w]`` of each warp's
     region of ``REGION`` slots; ``q``: the stash's slots in the tensor's order) to output slots ``[0, k)``: the
     candidates' bin counts give the bin holding the k-th best (:func:`_pivot_bin`, binned again where it holds
@@ -309,7 +343,8 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q
     (heavy ties: equal keys; the row is left to the exact fallback)."""
     m = (q % REGION) < gl.load(warp_counts + q // REGION)  # each warp's region holds its candidates first
     key = order_key(gl.load(stash_bits + q, mask=m, other=0))
-    above_p, inside, above, in_p = _pivot_bin(key, m, hist, k, TIE_SLOTS, BINS, BIN_L, NUM_WARPS)
+    above_p, inside, above, in_p = _pivot_bin(key, m, hist, k, kmin, shift, TIE_SLOTS, BINS, BIN_L, NUM_WARPS,
+                                              FLOORS > 0, FLOORS == 2)
     done = in_p <= TIE_SLOTS
     if done:
         idx = gl.load(stash_idx + q, mask=m, other=-1)
@@ -330,14 +365,15 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q
 # nor the scores' row stride: a thread's entries of a piece are a block's width apart, so no read is vectorized.
 @gluon.jit(do_not_specialize=("rows", "cols", "batches", "pages", "s_s0", "tab_s0"),
            do_not_specialize_on_alignment=("lengths_ptr", "starts_ptr", "r2b_ptr", "table_ptr", "stash_ptr",
-                                           "counts_ptr"))
+                                           "counts_ptr", "floors_ptr"))
 def topk_block_kernel(
-    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, stash_ptr, counts_ptr,
+    scores_ptr, lengths_ptr, starts_ptr, out_ptr, raw_ptr, r2b_ptr, table_ptr, stash_ptr, counts_ptr, floors_ptr,
     rows, cols, k, batches, pages, page_size,
     s_s0, s_s1, len_s0, st_s0, o_s0, o_s1, w_s0, w_s1, r2b_s0, tab_s0, tab_s1,
     HAS_STARTS: gl.constexpr, HAS_R2B: gl.constexpr, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
     SHIFT: gl.constexpr, CONTIG: gl.constexpr, DIGIT: gl.constexpr, PIECE_J: gl.constexpr, SAMPLE_J: gl.constexpr,
     STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr, TIE_SLOTS: gl.constexpr, PDL: gl.constexpr,
+    FLOORS: gl.constexpr,
 ):
     """One row at a time a program (persistent over rows; the pivot bin's gathered candidates, ``2 × TIE_SLOTS``
     int32, the program's stash, ``2 × CAP``, bin counts, ``BINS``, and warp counts, ``NUM_WARPS``, at
@@ -368,6 +404,9 @@ def topk_block_kernel(
     across = w * 32 + i // PIECE_J  # thread t's j-th entry of a piece: column t + j·NT
     along = (i % PIECE_J) * NT + w * 0
     q = gl.arange(0, CAP, layout=STASH_L)
+    if FLOORS == 2:
+        _zero(hist, BINS, BIN_L)
+        block_barrier()
     for r in range(pid, rows, gl.num_programs(0)):
         start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
         r64 = r.to(gl.int64)
@@ -377,17 +416,28 @@ def topk_block_kernel(
         count = length * 0 - 1
         if length > k:
             row_ptr = scores_ptr + r64 * s_s0
-            gl.store(hist + gl.arange(0, BINS, layout=BIN_L), gl.zeros([BINS], gl.int32, layout=BIN_L))
+            if FLOORS != 2:
+                _zero(hist, BINS, BIN_L)
             first = _piece(row_ptr, s_s1, start, start + length, across, along, CONTIG, False)
-            floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, NT * SAMPLE_J, SAMPLE_L, DIGIT, HIST)
+            if FLOORS > 0:  # the row's sample record: its threshold's key and the first bins' shift
+                kmin = gl.load(floors_ptr + 2 * r64)
+                shift = gl.load(floors_ptr + 2 * r64 + 1)
+                floor = _key_float(kmin)
+            else:
+                kmin = 0
+                shift = 0
+                floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, NT * SAMPLE_J, SAMPLE_L, DIGIT, HIST)
             count = _filter(first, row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, warp_counts, across,
-                            along, CONTIG, NT * PIECE_J, CAP, NUM_WARPS)
+                            along, hist, kmin, shift, CONTIG, NT * PIECE_J, CAP, NUM_WARPS, FLOORS == 2, BINS)
             if (count >= k) & (count <= CAP):
                 block_barrier()  # the stash was written by other threads of this program
-                done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, q, out_row, o_s1,
-                                   raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
-                                   SHIFT, BINS, BIN_L, CAP // NUM_WARPS, TIE_SLOTS, RANK_L, NUM_WARPS, STASH_J)
+                done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, kmin, shift, q,
+                                   out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
+                                   TRANSLATE, HAS_RAW, SHIFT, BINS, BIN_L, CAP // NUM_WARPS, TIE_SLOTS, RANK_L,
+                                   NUM_WARPS, STASH_J, FLOORS)
                 count = gl.where(done, -1, CAP + 1)  # CAP + 1: the finishing launch's exact fallback
+            if FLOORS == 2:
+                _zero(hist, BINS, BIN_L)  # for the next row's filter (the final barrier below comes first)
         else:
             for j0 in range(0, k, CAP):  # a short row: 0 .. len-1, then -1
                 j = j0 + q
@@ -409,7 +459,12 @@ def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, 
     threads = cfg["BLOCK_WARPS"] * WARP
     return {"NUM_WARPS": cfg["BLOCK_WARPS"], "PIECE_J": cfg["BLOCK_PIECE_J"], "SAMPLE_J": max(1, samples // threads),
             "STASH_J": max(2, min(MAX_STASH, 8 * next_power_of_2(k)) // threads), "BINS": BINS,
-            "TIE_SLOTS": TIE_SLOTS}
+            "TIE_SLOTS": TIE_SLOTS, "FLOORS": 0}
+
+
+def samples(named: Mapping[str, int]) -> int:
+    """Sample entries a row of a program of the given shape."""
+    return named["NUM_WARPS"] * WARP * named["SAMPLE_J"]
 
 
 def capacity(named: Mapping[str, int]) -> int:
@@ -447,5 +502,6 @@ def unsupported(k: int, target: Target, cfg: Mapping[str, Any]) -> list[str]:
 
 def launch(args: tuple, named: Mapping[str, Any], programs: int) -> Launch:
     """The launch of ``programs`` programs with ``topk_rows_kernel``'s arguments ``args`` (stash and counts in its
-    places) and keyword arguments ``named`` (its flags and strides, ``PDL``, and :func:`shape`)."""
+    places, then the rows' sample records, any int32 tensor when ``FLOORS`` is 0) and keyword arguments ``named``
+    (its flags and strides, ``PDL``, and :func:`shape` with ``FLOORS``)."""
     return Launch(BLOCK, (programs,), options(named), args, dict(named))

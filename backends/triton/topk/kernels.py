@@ -497,23 +497,25 @@ def topk_rows_kernel(
 def topk_sample_kernel(
     scores_ptr, lengths_ptr, starts_ptr, hist_ptr, cols, k, s_s0, s_s1, len_s0, st_s0,
     HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr, BINS: tl.constexpr,
-    PDL: tl.constexpr,
+    COUNTS: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Split rows, launch 1: row ``r``'s record in ``hist`` (``BINS + 2`` entries: the candidates' bin counts,
-    zeroed here for the filter, then the filter threshold (a key) and the bins' shift; short rows: counts only).
-    ``PDL``: it waits for the launch before it, then lets the filter start."""
+    """Row ``r``'s record in ``hist``: with ``COUNTS`` (split rows, launch 1) ``BINS + 2`` entries, the candidates'
+    bin counts, zeroed here for the filter, then the filter threshold (a key) and the shift of ``BINS`` bins from it
+    (short rows: counts only); without (the block kernel's rows sampled ahead, ``block.py``) those two alone.
+    ``PDL``: it waits for the launch before it, then lets the next start."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     r = tl.program_id(0)
     start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
-    hist_row = hist_ptr + r.to(tl.int64) * (BINS + 2)
-    tl.store(hist_row + tl.arange(0, BINS), tl.zeros([BINS], tl.int32))
+    hist_row = hist_ptr + r.to(tl.int64) * (BINS * COUNTS + 2)
+    if COUNTS:
+        tl.store(hist_row + tl.arange(0, BINS), tl.zeros([BINS], tl.int32))
     if length > k:
         floor, best = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, SAMPLES,
                                     DIGIT)
-        tl.store(hist_row + BINS, floor)
-        tl.store(hist_row + BINS + 1, _bin_shift(floor, best, BINS))
+        tl.store(hist_row + BINS * COUNTS, floor)
+        tl.store(hist_row + BINS * COUNTS + 1, _bin_shift(floor, best, BINS))
 
 
 @triton.jit(do_not_specialize=_PER_CALL, do_not_specialize_on_alignment=_INDEX)

@@ -170,6 +170,10 @@ def _plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cf
     take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"]
     chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg, budget)
     block = None if chunk else block
+    if block and budget is None and rows >= cfg.get("BLOCK_SAMPLE_ROWS", rows + 1):
+        # Many rows: sampled ahead by a launch of their own, a program a row (so not under an SM budget), the block
+        # kernel reading each row's threshold (FLOORS; docs/kernels.md, "Rows sampled ahead").
+        block["FLOORS"] = cfg["BLOCK_FLOORS"]
     cap = topk_block.capacity(block) if block else stash_capacity(cols, k, cfg)
     chunks = cdiv(cols, chunk) if chunk else 1
     per_sm = cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"]
@@ -179,7 +183,8 @@ def _plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cf
     # Each piece a multiple of 16 words, so every piece starts 64-byte aligned where the workspace does: the
     # kernels keep their aligned accesses in one variant, whatever the shape.
     words = tuple(cdiv(n, 16) * 16 for n in (rows * chunks * 2 * chunk, rows * chunks,
-                                              rows * (cfg["FINISH_BINS"] + 2) if chunk else 0,
+                                              rows * (cfg["FINISH_BINS"] + 2) if chunk else
+                                              2 * rows if block and block["FLOORS"] else 0,
                                               max(row_programs, finish_programs) * per_program))
     return _Plan(block, chunk, chunks, cap, row_programs, finish_programs, words)
 
@@ -234,10 +239,14 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
         dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins, PDL=pdl, SPREAD=spread,
              TIES=cfg["FINISH_TIES"])))
     if block:
-        return [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols,
-                                            k), dict(row_args, DIGIT=cfg["DIGIT"], PDL=pdl, **block),
-                                           row_programs)),
-                finish]
+        floors = [("sample", Launch(SAMPLE, (rows,), with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl),
+                                    (scores, lengths, starts, hist, cols, k),
+                                    dict(scan, SAMPLES=topk_block.samples(block), DIGIT=cfg["DIGIT"],
+                                         BINS=topk_block.BINS, COUNTS=False, PDL=pdl)))] if block["FLOORS"] else []
+        return floors + [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, hist,
+                                                     rows, cols, k), dict(row_args, DIGIT=cfg["DIGIT"], PDL=pdl,
+                                                                          **block), row_programs)),
+                         finish]
     if not chunk:
         return [("rows", Launch(ROWS, (row_programs,), opts,
                                 (scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap),
@@ -248,7 +257,7 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
         # The sample's own warps and no register cap: the whole sample is held in registers.
         ("sample", Launch(SAMPLE, (rows,), with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl),
                           (scores, lengths, starts, hist, cols, k),
-                          dict(scan, SAMPLES=samples, DIGIT=cfg["DIGIT"], BINS=bins, PDL=pdl))),
+                          dict(scan, SAMPLES=samples, DIGIT=cfg["DIGIT"], BINS=bins, COUNTS=True, PDL=pdl))),
         ("filter", Launch(FILTER, (rows, chunks), with_pdl(filter_opts, pdl),
                           (scores, lengths, starts, hist, region, counts, cols, k, chunk),
                           dict(scan, LANES=lanes, PACK=pack, BINS=bins, PDL=pdl))),

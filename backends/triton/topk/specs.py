@@ -117,11 +117,12 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         full = {**flags, "HAS_R2B": r2b, "TRANSLATE": translate, "HAS_RAW": has_raw, "SHIFT": shift,
                 "DIGIT": cfg["DIGIT"], **unit, **k_one}
         op = "topk_translate" if translate else "topk"
+        scan = {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "len_s0": 1, "st_s0": 1,
+                "DIGIT": cfg["DIGIT"], "PDL": pdl, **k_one}
+        sample_opts = dict(with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl))
         specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
-                                {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")},
-                                 "SAMPLES": cfg["SAMPLE"], "DIGIT": cfg["DIGIT"], "BINS": cfg["FINISH_BINS"],
-                                 "len_s0": 1, "st_s0": 1, "PDL": pdl, **k_one},
-                                dict(with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl)), aligned=("s_s0",)))
+                                {**scan, "SAMPLES": cfg["SAMPLE"], "BINS": cfg["FINISH_BINS"], "COUNTS": True},
+                                sample_opts, aligned=("s_s0",)))
         specs.append(KernelSpec(op, topk_filter_kernel, ptrs,
                                 {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "LANES": lanes,
                                  "PACK": pack, "BINS": cfg["FINISH_BINS"], "len_s0": 1, "st_s0": 1, "PDL": pdl,
@@ -141,7 +142,15 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         if cfg.get("KERNEL") == "block" and topk_block.builds_for(target):  # the Gluon kernel at decode's 128K
             block = topk_block.shape(1 << 17, 2048, sample_size(1 << 17, 2048, cfg), cfg)
             flags = {name: value for name, value in full.items() if name not in ("BITS", "TILE")}
-            specs.append(KernelSpec(op, topk_block.topk_block_kernel, ptrs, {**flags, **block, "PDL": pdl},
-                                    dict(topk_block.options({**block, "PDL": pdl})), aligned=aligned,
-                                    stack_bytes=topk_block.STACK_BYTES))
+            # Sampling in the block (decode's rows), and reading the rows' records (many rows) after the sample
+            # launch without counts.
+            for floors in dict.fromkeys((0, cfg.get("BLOCK_FLOORS", 0))):
+                specs.append(KernelSpec(op, topk_block.topk_block_kernel, {**ptrs, "floors_ptr": "*i32"},
+                                        {**flags, **block, "PDL": pdl, "FLOORS": floors},
+                                        dict(topk_block.options({**block, "PDL": pdl})), aligned=aligned,
+                                        stack_bytes=topk_block.STACK_BYTES))
+            if cfg.get("BLOCK_FLOORS", 0):
+                specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
+                                        {**scan, "SAMPLES": topk_block.samples(block), "BINS": topk_block.BINS,
+                                         "COUNTS": False}, sample_opts, aligned=("s_s0",)))
     return specs
