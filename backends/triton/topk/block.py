@@ -436,8 +436,9 @@ def topk_block_kernel(
                                    TRANSLATE, HAS_RAW, SHIFT, BINS, BIN_L, CAP // NUM_WARPS, TIE_SLOTS, RANK_L,
                                    NUM_WARPS, STASH_J, FLOORS)
                 count = gl.where(done, -1, CAP + 1)  # CAP + 1: the finishing launch's exact fallback
-            if FLOORS == 2:
-                _zero(hist, BINS, BIN_L)  # for the next row's filter (the final barrier below comes first)
+            if FLOORS == 2:  # for the next row's filter: after every thread's adds (a row the select skipped has
+                block_barrier()  # had no barrier since its filter), before the final barrier below
+                _zero(hist, BINS, BIN_L)
         else:
             for j0 in range(0, k, CAP):  # a short row: 0 .. len-1, then -1
                 j = j0 + q
