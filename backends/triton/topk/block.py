@@ -80,6 +80,21 @@ def _add(a, b):
 
 
 @gluon.jit
+def _min_max(a_min, a_max, b_min, b_max):
+    return gl.minimum(a_min, b_min), gl.maximum(a_max, b_max)
+
+
+@gluon.jit
+def _max_sum(a_max, a_sum, b_max, b_sum):
+    return gl.maximum(a_max, b_max), a_sum + b_sum
+
+
+@gluon.jit
+def _add3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@gluon.jit
 def _block_scan(x, J: gl.constexpr, NUM_WARPS: gl.constexpr, REVERSE: gl.constexpr):
     """Inclusive scan (``REVERSE``: from the end) of the int32 ``x`` laid out ``J`` entries a thread, each warp a
     contiguous ``32 × J`` of them: a scan within each warp, then one within a warp over the ``NUM_WARPS`` warp totals
@@ -220,7 +235,8 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
         held += gl.convert_layout(gl.max(gl.sum(cnt3, 2), 1), held.type.layout)
         x = x_next
     gl.store(warp_counts + w, held)
-    return gl.where(gl.max(held, 0) > REGION, CAP + 1, gl.sum(held, 0))
+    most, total = gl.reduce((held, held), 0, _max_sum)  # one block-wide reduction for both
+    return gl.where(most > REGION, CAP + 1, total)
 
 
 @gluon.jit
@@ -235,10 +251,12 @@ def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, N
     b = gl.arange(0, BINS, layout=BIN_L)
     counts = gl.load(hist + b, cache_modifier=".cg")
     at_or_above = _block_scan(counts, BINS // (32 * NUM_WARPS), NUM_WARPS, True)
-    p = gl.sum((at_or_above >= need).to(gl.int32), 0) - 1
-    above = gl.sum(gl.where(b > p, counts, 0), 0)
-    in_p = gl.sum(gl.where(b == p, counts, 0), 0)
-    return p, above, in_p
+    # The pivot is the one bin whose count at or above reaches need and whose count above does not (-1: none): its
+    # index, the count above it and its own, in one block-wide reduction.
+    pivot = (at_or_above >= need) & (at_or_above - counts < need)
+    p1, above, in_p = gl.reduce((gl.where(pivot, b + 1, 0), gl.where(pivot, at_or_above - counts, 0),
+                                 gl.where(pivot, counts, 0)), 0, _add3)
+    return p1 - 1, above, in_p
 
 
 @gluon.jit
@@ -276,8 +294,8 @@ def _pivot_bin(key, m, hist, k, kmin, shift, TIE_SLOTS: gl.constexpr, BINS: gl.c
     pivot bin that is the last of those (it may hold keys beyond its range) gives ``in_p = TIE_SLOTS + 1``.
     ``COUNTED``: the first bins were counted by the filter."""
     if not GIVEN:
-        kmin = gl.min(gl.where(m, key, INT_MAX), 0)
-        span = (gl.max(gl.where(m, key, INT_MIN), 0) - kmin).to(gl.uint32, bitcast=True)
+        kmin, kmax = gl.reduce((gl.where(m, key, INT_MAX), gl.where(m, key, INT_MIN)), 0, _min_max)
+        span = (kmax - kmin).to(gl.uint32, bitcast=True)
         # The fewest low bits to drop so that ``span >> shift < BINS``, from the float exponent of ``span`` (rounding
         # may drop one more).
         top = (span.to(gl.float32).to(gl.int32, bitcast=True) >> 23) - 127  # floor(log2(span)); -127 for 0
