@@ -34,7 +34,7 @@ def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread
     cfg = {**CFG, "BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}
     shape = topk_block.shape(131072, 2048, 2048, cfg)
     assert shape == {"NUM_WARPS": 16, "PIECE_J": 8, "SAMPLE_J": 4, "STASH_J": 16, "BINS": 2048, "TIE_SLOTS": 256,
-                     "FLOORS": 0}
+                     "FLOORS": 0, "PREFETCH": CFG["BLOCK_PREFETCH"]}
     assert topk_block.capacity(topk_block.shape(131072, 512, 4096, cfg)) == 4096  # 256 a warp
     assert topk_block.capacity(shape) == 8192
     assert topk_block.workspace(shape) == 2 * 8192 + 2048 + 16 + 2 * 256  # stash, bins, warps, the pivot bin

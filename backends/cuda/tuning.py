@@ -75,14 +75,16 @@ _COMMON: dict[str, dict[str, Any]] = {
     # slower on prefill, and leave a stack frame with Triton 3.9 at 32 warps. From BLOCK_SAMPLE_ROWS rows on, the rows
     # are sampled ahead by a launch of their own and the block kernel reads each row's threshold and first bins'
     # shift (BLOCK_FLOORS 1: the candidates' bins counted after the filter; 2: by the filter). Not yet measured: to be
-    # raced against sampling in the block (bench/topk_gpu.py) on an H200 before it leaves the "floors" branch.
+    # raced against sampling in the block (bench/topk_gpu.py) on an H200 before it leaves the "floors" branch, as is
+    # BLOCK_PREFETCH (a program's next row into L2 while a row is selected: the filter of a row sampled ahead would
+    # otherwise read DRAM that the sample in the block had touched).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "FINISH_TIES": 256,
              "MIN_CHUNK": 4096, "SAMPLE": 4096, "SAMPLE_RANK": 32, "STASH": 4096, "STASH_PER_K": 4,
              "STASH_COLS_SHIFT": 5, "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 32, "BLOCK_PIECE_J": 4,
              "BLOCK_PER_SM": 1, "BLOCK_MIN_ROWS": 32, "BLOCK_MAX_COLS": 262144,
-             "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2},
+             "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_PREFETCH": 1},
 }
 
 

@@ -240,6 +240,23 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
 
 
 @gluon.jit
+def _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r, rows, cols, k, s_s0, len_s0, st_s0,
+                  HAS_STARTS: gl.constexpr, NT: gl.constexpr, LINE_L: gl.constexpr):
+    """Row ``r``'s window (contiguous scores), where it is a long row of this call, into L2 (``prefetch.global.L2``,
+    a 32-entry stretch a thread a step: a hint, nothing read into registers), so that its filter reads L2 rather
+    than DRAM: issued after the row before it was filtered, it arrives while that row is selected."""
+    if r < rows:
+        start, length, _ = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+        if length > k:
+            row_ptr = scores_ptr + r.to(gl.int64) * s_s0 + start
+            t = gl.arange(0, NT, layout=LINE_L) * 32
+            for c0 in range(0, length, NT * 32):
+                gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                          [row_ptr + gl.minimum(c0 + t, length - 1)], dtype=gl.int32,
+                                          is_pure=False, pack=1)
+
+
+@gluon.jit
 def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, NUM_WARPS: gl.constexpr,
                 ADD: gl.constexpr):
     """Counts of the candidates ``m`` by ``level`` (their bin, ``< BINS``) through ``hist`` (``BINS`` int32 in global
@@ -391,7 +408,7 @@ def topk_block_kernel(
     HAS_STARTS: gl.constexpr, HAS_R2B: gl.constexpr, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
     SHIFT: gl.constexpr, CONTIG: gl.constexpr, DIGIT: gl.constexpr, PIECE_J: gl.constexpr, SAMPLE_J: gl.constexpr,
     STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr, TIE_SLOTS: gl.constexpr, PDL: gl.constexpr,
-    FLOORS: gl.constexpr,
+    FLOORS: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     """One row at a time a program (persistent over rows; the pivot bin's gathered candidates, ``2 × TIE_SLOTS``
     int32, the program's stash, ``2 × CAP``, bin counts, ``BINS``, and warp counts, ``NUM_WARPS``, at
@@ -447,6 +464,9 @@ def topk_block_kernel(
                 floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, NT * SAMPLE_J, SAMPLE_L, DIGIT, HIST)
             count = _filter(first, row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, warp_counts, across,
                             along, hist, kmin, shift, CONTIG, NT * PIECE_J, CAP, NUM_WARPS, FLOORS == 2, BINS)
+            if PREFETCH and CONTIG:  # the program's next row, while this one is selected
+                _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0, len_s0,
+                              st_s0, HAS_STARTS, NT, HIST)
             if (count >= k) & (count <= CAP):
                 block_barrier()  # the stash was written by other threads of this program
                 done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, kmin, shift, q,
@@ -471,14 +491,15 @@ BLOCK = Launcher(topk_block_kernel)
 
 def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, int]:
     """The kernel's shape for rows of ``cols`` columns and ``samples`` sample entries a row (``plan.sample_size``):
-    ``NUM_WARPS`` (``BLOCK_WARPS``), ``PIECE_J`` columns a thread a piece (``BLOCK_PIECE_J``), ``SAMPLE_J`` sample
+    ``NUM_WARPS`` (``BLOCK_WARPS``), ``PIECE_J`` columns a thread a piece (``BLOCK_PIECE_J``), ``PREFETCH`` (the
+    program's next row into L2 while a row is selected: ``BLOCK_PREFETCH``), ``SAMPLE_J`` sample
     entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``8 × k`` candidates, at least two
     a thread, at most ``MAX_STASH`` in all: a row gives about 1.6–3 × k, and each warp's region must hold its share
     with room for the spread between warps), ``BINS``, ``TIE_SLOTS``."""
     threads = cfg["BLOCK_WARPS"] * WARP
     return {"NUM_WARPS": cfg["BLOCK_WARPS"], "PIECE_J": cfg["BLOCK_PIECE_J"], "SAMPLE_J": max(1, samples // threads),
             "STASH_J": max(2, min(MAX_STASH, 8 * next_power_of_2(k)) // threads), "BINS": BINS,
-            "TIE_SLOTS": TIE_SLOTS, "FLOORS": 0}
+            "TIE_SLOTS": TIE_SLOTS, "FLOORS": 0, "PREFETCH": cfg.get("BLOCK_PREFETCH", 0)}
 
 
 def samples(named: Mapping[str, int]) -> int:
