@@ -99,6 +99,25 @@ _CASES = [
 ]
 
 
+@pytest.mark.parametrize(("tail", "parts", "busiest"), [
+    (0, 1, 0.0), (68, 7, 4 / 7), (100, 5, 4 / 5), (1, 8, 1 / 8), (131, 1, 1.0), (66, 2, 1 / 2)])
+def test_a_last_partial_rounds_blocks_are_cut_so_every_program_ends_about_together(tail, parts, busiest):
+    assert prefill_sm90.tail_parts(tail, 132) == parts
+    assert -(-tail * parts // 132) / parts == pytest.approx(busiest)  # the busiest program's share of a block
+
+
+def test_the_launch_takes_whole_rounds_then_the_last_rounds_parts():
+    # 4096 tokens of 64 heads: 2048 blocks of two tokens over 132 programs, 15 whole rounds (1980 blocks) and 68
+    # blocks cut into 7 parts each (the busiest program does 4/7 of a block there instead of a whole one).
+    q, k, scale, w, out = _args(tokens=4096, keys=256)
+    ks = ke = torch.zeros(4096, dtype=torch.int32)
+    cfg = {**cuda_backend.tuning("sm90")["mqa_logits"], "TMA_STAGES": 4}
+    launch = prefill_sm90.launch(q, k, scale, w, ks, ke, out, cfg=cfg, sms=132)
+    assert launch.grid == (132,) and launch.args[-3:] == (1980 + 68 * 7, 1980, 7)
+    small = prefill_sm90.launch(q[:200], k, scale, w[:200], ks[:200], ke[:200], out[:200], cfg=cfg, sms=132)
+    assert small.grid == (100,) and small.args[-3:] == (100, 100, 1)  # fewer blocks than multiprocessors
+
+
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
 @pytest.mark.parametrize("case", _CASES, ids=lambda c: f"t{c[0]}-n{c[1]}-h{c[2]}-{c[3]}")
 @pytest.mark.parametrize("stages", [2, 4])

@@ -3,8 +3,10 @@
 The cuda table's choice ``KERNEL = "tma-ws"`` for ``mqa_logits`` (the sm90 default with Triton 3.6); the Triton kernel
 ``mqa_logits_kernel`` (``logits.py``) takes every call :func:`unsupported` declines. Same contract and the same
 persistent schedule: blocks of ``BLOCK_Q`` tokens (``BLOCK_Q · H`` = 128 matmul columns) taken round-robin, last block
-first, each walking the union of its tokens' windows in 64-key tiles; a tile inside every window stores without a
-mask, a boundary tile stores ``where(inside, s, -inf)``, the columns outside the union get -inf afterwards.
+first, each walking the union of its tokens' windows in 64-key tiles (the blocks of a last, partial round cut into
+parts of their key span, :func:`tail_parts`, so that round ends on every multiprocessor at about the same time); a
+tile inside every window stores without a mask, a boundary tile stores ``where(inside, s, -inf)``, the columns
+outside the union get -inf afterwards.
 
 One program a SM (DeepGEMM's arrangement; docs/kernels.md, "Prefill on Hopper"):
 
@@ -95,6 +97,24 @@ def _span(ks, ke, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _item(it, full, parts, blocks, BLOCK_Q: gl.constexpr):
+    """``(t0, part, parts of its block)`` of the program's work item ``it``: items below ``full`` (whole rounds of the
+    programs) are whole blocks, last block first; the blocks after them (fewer than the programs) are cut into
+    ``parts`` parts of their key span each, so that the last round's work spreads over every program."""
+    tail = gl.maximum(it - full, 0)
+    in_tail = it >= full
+    blk = gl.where(in_tail, full + tail // parts, it)
+    return (blocks - 1 - blk) * BLOCK_Q, gl.where(in_tail, tail % parts, 0), gl.where(in_tail, parts, 1)
+
+
+@gluon.jit
+def _part(tiles, part, of, MATH: gl.constexpr):
+    """The ring slots ``[lo, hi)`` of part ``part`` of ``of`` of a block of ``tiles`` key tiles."""
+    slots = gl.cdiv(tiles, MATH)
+    return part * slots // of, (part + 1) * slots // of
+
+
+@gluon.jit
 def _phase(g, STAGES: gl.constexpr):
     """The phase of use ``g`` of the ring (slot ``g % STAGES``, ``STAGES`` a power of two): the bit above the slot's."""
     return ((g & STAGES) != 0).to(gl.int32)
@@ -102,8 +122,8 @@ def _phase(g, STAGES: gl.constexpr):
 
 @gluon.jit
 def _copy_partition(keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_smem, ready, empty, q_ready, q_empty,
-                    ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, H: gl.constexpr, BLOCK_Q: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                    ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, items, full, parts, H: gl.constexpr,
+                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The copy warp: each block's Q into one of two slots once the math warps are done with the one before, then
     its keys and their scales a ring slot (``MATH`` tiles) at a time once the slot is free (slot ``g % STAGES`` of
     the program's running count ``g``, phase :func:`_phase`)."""
@@ -111,30 +131,31 @@ def _copy_partition(keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_sm
     blocks = gl.cdiv(T, BLOCK_Q)
     i = 0
     c = 0
-    for blk in range(gl.program_id(0), blocks, gl.num_programs(0)):
-        t0 = (blocks - 1 - blk) * BLOCK_Q
+    for it in range(gl.program_id(0), items, gl.num_programs(0)):
+        t0, part, of = _item(it, full, parts, blocks, BLOCK_Q)
         qb = c % 2
         mbarrier.wait(q_empty.index(qb), ((c // 2) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
         mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
         tma_load(q_desc, [t0 * H, 0], q_ready.index(qb), q_smem.index(qb))
         _, _, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, skip, BLOCK_Q, tok_l)
         start, tiles = _span(ks, ke, BLOCK_N)
-        slots = gl.cdiv(tiles, MATH)
-        for step in range(0, slots):
-            g = i + step
+        lo, hi = _part(tiles, part, of, MATH)
+        for step in range(lo, hi):
+            g = i + step - lo
             slot = g & (STAGES - 1)
             mbarrier.wait(empty.index(slot), _phase(g, STAGES) ^ 1)
             bar = ready.index(slot)
             mbarrier.expect(bar, keys_desc.block_type.nbytes + scales_desc.block_type.nbytes)
             tma_load(keys_desc, [start + step * (MATH * BLOCK_N), 0], bar, keys_smem.index(slot))
             tma_load(scales_desc, [0, start + step * (MATH * BLOCK_N)], bar, scales_smem.index(slot))
-        i += slots
+        i += hi - lo
         c += 1
 
 
 @gluon.jit
 def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready, q_empty,
-                    T, N, w_s0, ks_s0, ke_s0, out_s0, skip, WG: gl.constexpr, MATH: gl.constexpr, H: gl.constexpr,
+                    T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts, WG: gl.constexpr, MATH: gl.constexpr,
+                    H: gl.constexpr,
                     BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     view: gl.constexpr, FILL: gl.constexpr, quad_l: gl.constexpr):
     """Math warp group ``WG`` of ``MATH``: the ``WG``-th tile of each ring slot: matmul, head sum, store (nothing of a
@@ -157,8 +178,8 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_sm
     blocks = gl.cdiv(T, BLOCK_Q)
     i = 0
     c = 0
-    for blk in range(gl.program_id(0), blocks, gl.num_programs(0)):
-        t0 = (blocks - 1 - blk) * BLOCK_Q
+    for it in range(gl.program_id(0), items, gl.num_programs(0)):
+        t0, part, of = _item(it, full, parts, blocks, BLOCK_Q)
         tok, tok_ok, ks, ke = _windows(ks_ptr, ke_ptr, t0, T, N, ks_s0, ke_s0, skip, BLOCK_Q, tok_l)
         start, tiles = _span(ks, ke, BLOCK_N)
         clean_lo = gl.max(ks, axis=0)
@@ -171,9 +192,9 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_sm
         q_tile = q_smem.index(qb).permute((1, 0))
         stop = start + tiles * BLOCK_N
         lim = gl.minimum(stop, N)
-        slots = gl.cdiv(tiles, MATH)
-        for step in range(0, slots):
-            g = i + step
+        lo, hi = _part(tiles, part, of, MATH)
+        for step in range(lo, hi):
+            g = i + step - lo
             slot = g & (STAGES - 1)
             n0 = start + (step * MATH + WG) * BLOCK_N
             n = n0 + keys
@@ -198,14 +219,15 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_sm
                 inside = (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
                 gl.store(ptrs, gl.where(inside, s, NEG_INF), mask=(n < lim)[:, None] & tok_ok[None, :])
         mbarrier.arrive(q_empty.index(qb), count=1)  # this group's matmuls on the block's Q are done
-        i += slots
+        i += hi - lo
         c += 1
-        if FILL:  # this group's share of the -inf outside the union of the block's windows
+        if FILL:  # this group's share of the -inf outside the union of the block's windows, once a block
             fill_rows = (t0 + fill_tok).to(gl.int64) * out_s0
             fill_ok = (t0 + fill_tok < T)[:, None]
-            for f0 in range(WG * BLOCK_N, start, MATH * BLOCK_N):
+            first = part == 0  # a block's parts: the first fills
+            for f0 in range(WG * BLOCK_N, gl.where(first, start, 0), MATH * BLOCK_N):
                 gl.store(out_ptr + fill_rows[:, None] + (f0 + fill_cols)[None, :], fill, mask=fill_ok)
-            for f0 in range(stop + WG * BLOCK_N, N, MATH * BLOCK_N):
+            for f0 in range(stop + WG * BLOCK_N, gl.where(first, N, 0), MATH * BLOCK_N):
                 fc = f0 + fill_cols
                 gl.store(out_ptr + fill_rows[:, None] + fc[None, :], fill, mask=fill_ok & (fc < N)[None, :])
 
@@ -213,10 +235,11 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_sm
 # The token count takes no part in the variant, nor do the addresses of the windows (read a token at a time;
 # docs/kernels.md, "Kernel variants"). The key count does, as the logits' row stride (equal for contiguous logits):
 # the -inf fill keeps 16-byte stores where it is a multiple of 16.
-@gluon.jit(do_not_specialize=("T", "skip"), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
+@gluon.jit(do_not_specialize=("T", "skip", "items", "full", "parts"),
+           do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
 def prefill_sm90_kernel(
     keys_desc, scales_desc, q_desc, w_ptr, ks_ptr, ke_ptr, out_ptr,
-    T, N, w_s0, ks_s0, ke_s0, out_s0, skip,
+    T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts,
     H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr, quad_l: gl.constexpr,
     FILL: gl.constexpr = 1,
@@ -226,7 +249,7 @@ def prefill_sm90_kernel(
     (:func:`accumulator_view`), ``quad_l`` its head sums with a quad's lane as an axis (:func:`quad_view`).
     ``skip``: rows whose clipped window holds at most this many keys get no logits (0: as the contract, only empty
     ones); ``FILL`` 0: nothing is written outside the union of a block's windows (the producer step reads only inside
-    each row's window)."""
+    each row's window). ``items``, ``full``, ``parts``: the work items (:func:`_item`; :func:`tail_parts`)."""
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
     scales_smem = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
                                             scales_desc.layout)
@@ -244,19 +267,20 @@ def prefill_sm90_kernel(
     # The four math warp groups run the same function (a tuple built from another would lose ``view``'s constness).
     gl.warp_specialize([
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
-                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 0, MATH, H, BLOCK_Q,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts, 0, MATH, H, BLOCK_Q,
                            BLOCK_N, STAGES, view, FILL, quad_l)),
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
-                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 1, MATH, H, BLOCK_Q,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts, 1, MATH, H, BLOCK_Q,
                            BLOCK_N, STAGES, view, FILL, quad_l)),
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
-                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 2, MATH, H, BLOCK_Q,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts, 2, MATH, H, BLOCK_Q,
                            BLOCK_N, STAGES, view, FILL, quad_l)),
         (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
-                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, 3, MATH, H, BLOCK_Q,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts, 3, MATH, H, BLOCK_Q,
                            BLOCK_N, STAGES, view, FILL, quad_l)),
         (_copy_partition, (keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
-                           q_empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, H, BLOCK_Q, BLOCK_N, STAGES)),
+                           q_empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, items, full, parts, H, BLOCK_Q,
+                           BLOCK_N, STAGES)),
     ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
@@ -357,9 +381,21 @@ def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: 
     q_desc = TensorDescriptor(rows, [tokens * heads, dim], [dim, 1], [COLS, dim], q_layout)
     options = launch_key_options(_options(cfg))
     named = dict(_named(heads, dim, cfg), FILL=fill)
+    blocks = cdiv(tokens, named["BLOCK_Q"])
+    programs = max(1, min(sms, blocks))
+    full, parts = (blocks // programs) * programs, tail_parts(blocks % programs, programs)
     args = (keys_desc, scales_desc, q_desc, weights, ks, ke, out, tokens, n, weights.stride(0), ks.stride(0),
-            ke.stride(0), out.stride(0), skip)
-    return Launch(PREFILL, (max(1, min(sms, cdiv(tokens, named["BLOCK_Q"]))),), options, args, named)
+            ke.stride(0), out.stride(0), skip, full + (blocks - full) * parts, full, parts)
+    return Launch(PREFILL, (programs,), options, args, named)
+
+
+def tail_parts(tail: int, programs: int, most: int = 8) -> int:
+    """Parts to cut each of the ``tail`` blocks of a last, partial round into (by their key span), so that the round's
+    work spreads over the ``programs`` with the least work left on the busiest: the ``s`` of ``1 .. most`` that makes
+    ``ceil(tail · s / programs) / s`` smallest (1 when the rounds are whole)."""
+    if tail == 0:
+        return 1
+    return min(range(1, most + 1), key=lambda s: (-(-tail * s // programs)) / s)
 
 
 def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) -> list:
