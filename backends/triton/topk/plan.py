@@ -238,11 +238,16 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
          chunk),
         dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins, PDL=pdl, SPREAD=spread,
              TIES=cfg["FINISH_TIES"])))
+
+    def sample(entries: int, shift_bins: int, with_counts: bool) -> tuple[str, Launch]:
+        # A program a row, its own warps and no register cap: the whole sample is held in registers.
+        return ("sample", Launch(SAMPLE, (rows,), with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl),
+                                 (scores, lengths, starts, hist, cols, k),
+                                 dict(scan, SAMPLES=entries, DIGIT=cfg["DIGIT"], BINS=shift_bins, COUNTS=with_counts,
+                                      PDL=pdl)))
+
     if block:
-        floors = [("sample", Launch(SAMPLE, (rows,), with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl),
-                                    (scores, lengths, starts, hist, cols, k),
-                                    dict(scan, SAMPLES=topk_block.samples(block), DIGIT=cfg["DIGIT"],
-                                         BINS=topk_block.BINS, COUNTS=False, PDL=pdl)))] if block["FLOORS"] else []
+        floors = [sample(topk_block.samples(block), topk_block.BINS, False)] if block["FLOORS"] else []
         return floors + [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, hist,
                                                      rows, cols, k), dict(row_args, DIGIT=cfg["DIGIT"], PDL=pdl,
                                                                           **block), row_programs)),
@@ -254,10 +259,7 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
                 finish]
     lanes, pack, filter_opts = filter_shape(target, chunk, cfg)
     return [
-        # The sample's own warps and no register cap: the whole sample is held in registers.
-        ("sample", Launch(SAMPLE, (rows,), with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl),
-                          (scores, lengths, starts, hist, cols, k),
-                          dict(scan, SAMPLES=samples, DIGIT=cfg["DIGIT"], BINS=bins, COUNTS=True, PDL=pdl))),
+        sample(samples, bins, True),
         ("filter", Launch(FILTER, (rows, chunks), with_pdl(filter_opts, pdl),
                           (scores, lengths, starts, hist, region, counts, cols, k, chunk),
                           dict(scan, LANES=lanes, PACK=pack, BINS=bins, PDL=pdl))),
