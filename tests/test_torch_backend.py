@@ -84,6 +84,17 @@ def test_topk_translate_is_translate_of_topk(inputs, page_size):
     assert torch.equal(phys, reference.translate(raw, table, lengths, page_size))
 
 
+def test_a_negative_window_start_counts_as_zero_and_keeps_the_windows_length():
+    # docs/ops.md, topk: [-3, 5) is [0, 8) (where mqa_logits makes [0, 5) of the window [ks, ke) = [-3, 5)).
+    scores = torch.arange(10, dtype=torch.float32)[None].repeat(2, 1)
+    lengths, starts = torch.tensor([8, 8], dtype=I32), torch.tensor([-3, 0], dtype=I32)
+    short = indexcache.topk(scores, lengths, 8, row_starts=starts, backend="torch")  # 8 positions: a short row
+    assert short.tolist() == [list(range(8))] * 2
+    best = indexcache.topk(scores, lengths, 2, row_starts=starts, sorted=True, backend="torch")
+    assert best.tolist() == [[7, 6], [7, 6]]
+    assert torch.equal(best, reference.topk(scores, lengths, 2, row_starts=starts))
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [

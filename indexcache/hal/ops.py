@@ -139,7 +139,11 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
          sm_budget: int | None = None, backend=None):
     """Per row, the k best positions of the window ``[row_starts[r], row_starts[r] + lengths[r])``.
 
-    Windows are clipped to the N columns. Rows with length ≤ k give ``0 .. len-1`` then -1 without
+    Windows are clipped to the N columns start first: a window starts at ``row_starts[r]`` clamped to ``[0, N]`` and
+    holds ``lengths[r]`` positions from there (a negative length none), as many as the columns left hold. A negative
+    start therefore does not shorten the window: ``[-3, 5)`` is ``[0, 8)``, not the ``[0, 5)`` that :func:`mqa_logits`
+    makes of a window ``[ks, ke) = [-3, 5)``; pass the clipped start and length (as :func:`mqa_topk_translate`
+    does) to select within such a window. Rows with length ≤ k give ``0 .. len-1`` then -1 without
     looking at the scores; longer rows never select -inf or NaN (slots they would fill are -1); among
     equal scores the lower index wins. Order inside a row is unspecified unless ``sorted``.
 
@@ -152,7 +156,7 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
     k : int
         Positions a row, in ``[0, MAX_TOPK]``.
     row_starts : torch.Tensor, optional
-        ``[R]`` int32 window starts (0 when None).
+        ``[R]`` int32 window starts (0 when None; negative counts as 0, past N as N).
     out : torch.Tensor, optional
         ``[R, k]`` int32, written in place without allocating.
     sorted : bool
