@@ -46,7 +46,7 @@ from indexcache.bench.output import write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 from indexcache.bench.timing import alternating_graph_us, times_ms, turns
 from indexcache.hal import dispatch, fp4
-from indexcache.hal.layout import new_packed_cache
+from indexcache.hal.layout import new_packed_cache, split_packed_cache
 
 HIDDEN, Q_LORA, HEADS, NOPE, ROPE, KV_LORA = 7168, 1536, 128, 128, 64, 512
 INDEX_HEADS, INDEX_DIM, TOPK, PAGE, EXPERT, EXPERTS = 64, 128, 2048, 64, 2048, 9  # 8 routed + 1 shared
@@ -101,15 +101,12 @@ class Layer:
         self.cache = new_packed_cache(self.requests * pages, PAGE, INDEX_DIM, device=dev, fp8_dtype=self.key_format)
         self.cache.view(torch.uint8).copy_(torch.randint(0, 120, self.cache.shape, generator=g, device=dev,
                                                          dtype=torch.uint8))
-        per_page = self.cache.view(self.requests * pages, -1)
-        values = PAGE * (INDEX_DIM // 2 if keys == "mxfp4" else INDEX_DIM)
+        _, scales = split_packed_cache(self.cache, INDEX_DIM, self.key_format)
         if keys == "mxfp4":  # e8m0 block scales 2^-7 .. 2^0 (random bytes are any e2m1 values)
-            per_page[:, values:].copy_(torch.randint(120, 128, per_page[:, values:].shape, generator=g, device=dev,
-                                                     dtype=torch.uint8))
+            scales.view(torch.uint8).copy_(torch.randint(120, 128, scales.shape, generator=g, device=dev,
+                                                         dtype=torch.uint8))
         else:
-            scales = per_page[:, values:].contiguous().view(torch.float32)
             scales.copy_(torch.rand(scales.shape, generator=g, device=dev) * 0.01 + 1e-3)
-            per_page[:, values:].copy_(scales.view(torch.uint8))
         perm = torch.randperm(self.requests * pages, generator=g, device=dev).to(torch.int32)
         self.table = perm.view(self.requests, pages)
         self.lens = torch.full((self.requests,), c, dtype=torch.int32, device=dev)
