@@ -797,6 +797,10 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     return out
 
 
+# Why the Triton kernels decline a call with MXFP4 queries (``q_scale`` given).
+MXFP4_QUERIES = "MXFP4 queries (q_scale): the Triton kernels take fp8 queries (docs/fp4.md, \"Queries\")"
+
+
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
     """``mqa_logits`` and ``paged_mqa_logits`` of a GPU backend built for ``target`` with its tuning table."""
     prefill, decode = tuning["mqa_logits"], tuning["paged_mqa_logits"]
@@ -804,12 +808,16 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     prefill_options = {mxfp4: launch_key_options(format_options(target, prefill, mxfp4)) for mxfp4 in (False, True)}
     decode_options = {mxfp4: launch_key_options(format_options(target, decode, mxfp4)) for mxfp4 in (False, True)}
 
-    def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
+    def supports_prefill(q, k, k_scale, weights, ks, ke, out, q_scale=None, **_):
+        if q_scale is not None:
+            return [MXFP4_QUERIES]
         mxfp4 = _mxfp4_prefill(q, k, k_scale, target) if k.dtype == fp4.FP4 else []
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
                 *_check_dtype("q", q.dtype, target, bf16=True), *_check_shape(q.shape[1], q.shape[2]), *mxfp4]
 
-    def supports_decode(q, k_cache, weights, context_lens, page_table, out, row_to_batch=None, **_):
+    def supports_decode(q, k_cache, weights, context_lens, page_table, out, row_to_batch=None, q_scale=None, **_):
+        if q_scale is not None:
+            return [MXFP4_QUERIES]
         return [*on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
                                   page_table=page_table, out=out, row_to_batch=row_to_batch),
                 *_check_dtype("q", q.dtype, target, bf16=False), *_check_shape(q.shape[2], q.shape[3])]

@@ -192,8 +192,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     options = {mxfp4: launch_key_options(format_options(target, tuning["mqa_logits"], mxfp4))
                for mxfp4 in (False, True)}
 
-    def supports(q, k, k_scale, weights, ks, ke, page_table, row_to_batch, out, out_raw, workspace=None, **_):
-        reasons = logits_op.supports(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out)
+    def supports(q, k, k_scale, weights, ks, ke, page_table, row_to_batch, out, out_raw, workspace=None, q_scale=None,
+                 **_):
+        reasons = logits_op.supports(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out,
+                                     q_scale=q_scale)
         reasons += on_target_device(target, page_table=page_table, row_to_batch=row_to_batch, out_raw=out_raw,
                                     workspace=workspace)
         if k.shape[0] > MAX_COLS:

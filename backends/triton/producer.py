@@ -167,7 +167,7 @@ def _parts(args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     ``context_lens``: what the checks read of them is their device)."""
     decode = dict(q=args["q"], k_cache=args["k_cache"], weights=args["weights"], context_lens=args["context_lens"],
                   page_table=args["block_table"], max_context_len=args["max_context_len"], out=args["logits"],
-                  k_format=args.get("k_format"), row_to_batch=args.get("row_to_batch"))
+                  k_format=args.get("k_format"), row_to_batch=args.get("row_to_batch"), q_scale=args.get("q_scale"))
     select = dict(scores=args["logits"], lengths=args["context_lens"], k=args["k"], page_table=args["page_table"],
                   page_size=args["page_size"], row_starts=None, row_to_batch=args.get("row_to_batch"), out=args["out"],
                   out_raw=args["out_raw"], sorted=False, workspace=args["workspace"])
