@@ -7,9 +7,10 @@ requests, or a prefill chunk of ``T`` tokens at the end of the context):
 
 - **side** (the producer's indexer, what ``indexcache.tools.model.dsa.DSAModel.layer`` runs as ``indexer()``): the
   index query projection from the query latent (1536 → 64 × 128), the head weights (7168 → 64), the index key
-  (7168 → 128) quantized and stored into the paged fp8 cache (``store_index_k``), the queries quantized
-  (``quantize_index_k``), then the top-k 2048 with translation: ``paged_topk_translate`` in decode over every
-  request's ``context`` keys; ``gather_index_k`` + ``mqa_topk_translate`` (causal) in prefill;
+  (7168 → 128) quantized and stored into the paged cache (``store_index_k``; fp8, or with ``--keys mxfp4``
+  DeepSeek-V4's MXFP4 keys, half the bytes a key: the decode logits read 68 bytes a key instead of 132), the
+  queries quantized (``quantize_index_k``), then the top-k 2048 with translation: ``paged_topk_translate`` in
+  decode over every request's ``context`` keys; ``gather_index_k`` + ``mqa_topk_translate`` (causal) in prefill;
 - **main** (the rest of the layer that does not wait for the indexer): the attention projections (q_a 7168 → 1536,
   q_b 1536 → 128 × 192, kv_a 7168 → 576, the absorbed W_UK 128 × (128 → 512)) and MoE-sized GEMMs (a shared expert
   and the 8 routed experts of every token as dense 7168 → 2 × 2048 → 7168 GEMMs, the work a GPU of an expert-parallel
@@ -44,8 +45,8 @@ from indexcache.backends.triton.streams import _matmul_sms, side_budget
 from indexcache.bench.output import write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 from indexcache.bench.timing import alternating_graph_us, times_ms, turns
-from indexcache.hal import dispatch
-from indexcache.hal.layout import new_packed_cache
+from indexcache.hal import dispatch, fp4
+from indexcache.hal.layout import new_packed_cache, split_packed_cache
 
 HIDDEN, Q_LORA, HEADS, NOPE, ROPE, KV_LORA = 7168, 1536, 128, 128, 64, 512
 INDEX_HEADS, INDEX_DIM, TOPK, PAGE, EXPERT, EXPERTS = 64, 128, 2048, 64, 2048, 9  # 8 routed + 1 shared
@@ -70,7 +71,7 @@ SMOKE = [Shape("decode", 2, 512), Shape("prefill", 64, 512)]
 class Layer:
     """The weights and buffers of one layer at one shape (``small``: the smoke run's cut-down sizes)."""
 
-    def __init__(self, shape: Shape, dev: torch.device, small: bool) -> None:
+    def __init__(self, shape: Shape, dev: torch.device, small: bool, keys: str = "fp8") -> None:
         g = torch.Generator(device=dev).manual_seed(0)
         cut = 16 if small else 1
         self.hidden, self.q_lora, self.heads, self.expert = HIDDEN // cut, Q_LORA // cut, HEADS // cut, EXPERT // cut
@@ -95,11 +96,17 @@ class Layer:
         # are the chunk), random keys, pages in a shuffled order.
         self.requests = t if shape.phase == "decode" else 1
         pages = -(-c // PAGE)
-        self.cache = new_packed_cache(self.requests * pages, PAGE, INDEX_DIM, device=dev)
+        self.fp8 = torch.float8_e4m3fn
+        self.key_format = fp4.FP4 if keys == "mxfp4" else self.fp8  # what store_index_k writes, the cache holds
+        self.cache = new_packed_cache(self.requests * pages, PAGE, INDEX_DIM, device=dev, fp8_dtype=self.key_format)
         self.cache.view(torch.uint8).copy_(torch.randint(0, 120, self.cache.shape, generator=g, device=dev,
                                                          dtype=torch.uint8))
-        scales = self.cache.view(-1, PAGE * (INDEX_DIM + 4))[:, PAGE * INDEX_DIM:].view(torch.float32)
-        scales.copy_(torch.rand(scales.shape, generator=g, device=dev) * 0.01 + 1e-3)
+        _, scales = split_packed_cache(self.cache, INDEX_DIM, self.key_format)
+        if keys == "mxfp4":  # e8m0 block scales 2^-7 .. 2^0 (random bytes are any e2m1 values)
+            scales.view(torch.uint8).copy_(torch.randint(120, 128, scales.shape, generator=g, device=dev,
+                                                         dtype=torch.uint8))
+        else:
+            scales.copy_(torch.rand(scales.shape, generator=g, device=dev) * 0.01 + 1e-3)
         perm = torch.randperm(self.requests * pages, generator=g, device=dev).to(torch.int32)
         self.table = perm.view(self.requests, pages)
         self.lens = torch.full((self.requests,), c, dtype=torch.int32, device=dev)
@@ -110,13 +117,16 @@ class Layer:
         request = torch.zeros_like(rows) if shape.phase == "prefill" else rows
         slot_pos = positions if shape.phase == "prefill" else torch.full_like(rows, c - 1)
         self.slots = self.table[request.long(), token_page] * PAGE + slot_pos % PAGE
-        self.fp8 = torch.float8_e4m3fn
         self.out = torch.empty(t, self.topk, dtype=torch.int32, device=dev)
         if shape.phase == "decode":
             self.logits = torch.empty(t, pages * PAGE, device=dev)
         else:
-            self.k8 = torch.empty(c, INDEX_DIM, dtype=self.fp8, device=dev)
-            self.k_scale = torch.empty(c, device=dev)
+            if keys == "mxfp4":
+                self.k8 = torch.empty(c, INDEX_DIM // 2, dtype=fp4.FP4, device=dev)
+                self.k_scale = torch.empty(c, INDEX_DIM // fp4.BLOCK, dtype=torch.float8_e8m0fnu, device=dev)
+            else:
+                self.k8 = torch.empty(c, INDEX_DIM, dtype=self.fp8, device=dev)
+                self.k_scale = torch.empty(c, device=dev)
             self.ks = torch.zeros(t, dtype=torch.int32, device=dev)
             self.ke = positions + 1  # causal: a query sees the keys up to its own
             self.r2b = torch.zeros(t, dtype=torch.int32, device=dev)
@@ -127,15 +137,16 @@ class Layer:
         q = (self.q_latent @ self.wq_index).float().view(t * self.index_heads, INDEX_DIM)
         weights = (self.h @ self.w_weights).float()
         k = (self.h @ self.wk_index).float()
-        indexcache.store_index_k(k, self.cache, self.slots, self.fp8)
+        indexcache.store_index_k(k, self.cache, self.slots, self.key_format)
         q8, q_scale = indexcache.quantize_index_k(q, self.fp8, block=INDEX_DIM)
         weights = weights * q_scale.view(t, self.index_heads) * INDEX_DIM**-0.5
         if s.phase == "decode":
             return indexcache.paged_topk_translate(
                 q8.view(t, 1, self.index_heads, INDEX_DIM), self.cache, weights, self.lens, self.table, s.context,
-                self.topk, self.table, PAGE, logits=self.logits, out=self.out)
-        k8, k_scale = indexcache.gather_index_k(self.cache, self.table, self.lens, dim=INDEX_DIM, fp8_dtype=self.fp8,
-                                                out_k=self.k8, out_scale=self.k_scale)
+                self.topk, self.table, PAGE, logits=self.logits, out=self.out,
+                k_format=None if self.key_format == self.fp8 else self.key_format)
+        k8, k_scale = indexcache.gather_index_k(self.cache, self.table, self.lens, dim=INDEX_DIM,
+                                                fp8_dtype=self.key_format, out_k=self.k8, out_scale=self.k_scale)
         return indexcache.mqa_topk_translate(q8.view(t, self.index_heads, INDEX_DIM), k8, k_scale, weights, self.ks,
                                              self.ke, self.topk, self.table, PAGE, row_to_batch=self.r2b, out=self.out)
 
@@ -204,14 +215,15 @@ def alternating_eager_us(calls: dict[str, Callable[[], object]], dev: torch.devi
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool, rounds: int) -> dict:
-    layer = Layer(shape, dev, smoke)
+def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool, rounds: int,
+            keys: str = "fp8") -> dict:
+    layer = Layer(shape, dev, smoke, keys)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 8
     budgets = sorted({max(1, min(sms - 1, round(f * sms))) for f in fractions})
     _, impl = dispatch.resolve("overlap", dict(side_fn=layer.side, main_fn=layer.main, side=0, device=dev))
     has_rule = getattr(impl.fn, "rule", None) is not None
     calls = modes(layer, dev, sms, budgets, has_rule)
-    row: dict = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context, "sms": sms,
+    row: dict = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context, "keys": keys, "sms": sms,
                  "budgets": budgets}
     if has_rule:  # what the rule picks in a captured graph and eagerly
         row["rule_budget"] = side_budget(shape.tokens, shape.context, sms, impl.fn.rule["GRAPH"])
@@ -241,7 +253,7 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
 
 
 def print_row(row: dict) -> None:
-    print(f"\n{row['phase']} {row['tokens']} x {row['context']}  budgets {row['budgets']}"
+    print(f"\n{row['phase']} {row['tokens']} x {row['context']} ({row['keys']} keys)  budgets {row['budgets']}"
           + (f"  rule -> {row['rule_budget']} (eager {row['rule_budget_eager']})" if "rule_budget" in row else "")
           + f"  equal under a budget: {row['budget_equal']}")
     for tag in ("graph", "eager"):
@@ -264,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="phase to run (decode or prefill)")
     p.add_argument("--min-tokens", type=int, default=0, help="only shapes of at least this many tokens")
     p.add_argument("--min-context", type=int, default=0, help="only shapes of at least this context")
+    p.add_argument("--keys", default="fp8", choices=("fp8", "mxfp4"),
+                   help="the index cache's key format (default: %(default)s; mxfp4: DeepSeek-V4's)")
     p.add_argument("--blas", default=None, choices=("cublas", "cublaslt"),
                    help="torch's preferred BLAS library for the layer's matmuls (default: torch's choice)")
     args = p.parse_args(argv)
@@ -277,12 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.blas and dev.type == "cuda":
         torch.backends.cuda.preferred_blas_library(args.blas)
     report = {"what": "overlap_gpu", "date": now(), "commit": checkout_commit(), "device": device_name(dev),
-              "versions": versions(), "smoke": args.smoke, "blas": args.blas,
+              "versions": versions(), "smoke": args.smoke, "keys": args.keys, "blas": args.blas,
               "carveout": hasattr(torch._C, "_set_sm_carveout_experimental"),
               "partitions": dev.type == "cuda" and partition.available(), "rows": []}
     for shape in shapes:
         try:
-            row = measure(shape, dev, fractions, args.smoke, 3 if args.smoke else args.rounds)
+            row = measure(shape, dev, fractions, args.smoke, 3 if args.smoke else args.rounds, args.keys)
         except Exception as exc:  # noqa: BLE001  (report the shape that failed, go on with the rest)
             row = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context,
                    "error": f"{type(exc).__name__}: {exc}"}

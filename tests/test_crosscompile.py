@@ -64,24 +64,29 @@ def test_fp8_decode_uses_the_fp8_matrix_instructions(backend, arch, instruction)
     assert not [r for r in result["reasons"] if "matrix" in r]
 
 
-@pytest.mark.parametrize(("backend", "arch", "instruction"), [
-    ("rocm", "gfx950", "v_mfma_scale_f32_32x32x64_f8f6f4"),
-    ("cuda", "sm100", "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32"),
-    ("cuda", "sm120", "mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32"
-                      ".ue8m0"),
+SM120_SCALED = "mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0"
+
+
+@pytest.mark.parametrize(("backend", "arch", "instruction", "fp4_queries"), [
+    ("rocm", "gfx950", "v_mfma_scale_f32_32x32x64_f8f6f4", "v_mfma_scale_f32_32x32x64_f8f6f4"),
+    ("cuda", "sm100", "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32",
+     "tcgen05.mma.cta_group::1.kind::mxf4.block_scale.block32"),
+    ("cuda", "sm120", SM120_SCALED, SM120_SCALED),
 ])
-def test_mxfp4_logits_use_the_block_scaled_matrix_instruction(backend, arch, instruction):
+def test_mxfp4_logits_use_the_block_scaled_matrix_instruction(backend, arch, instruction, fp4_queries):
     """On targets with a block-scaled MMA the MXFP4 decode and prefill ask for it (``matrix="scaled"``) and build it,
-    without spills (docs/fp4.md, "Scaled matrix instructions")."""
+    without spills (docs/fp4.md, "Scaled matrix instructions"); with MXFP4 queries too (``Q_FP4``: sm100 then takes
+    the all-FP4 instruction, ``kind::mxf4``)."""
     target = cc.gpu_target(backend, arch)
     built = [s for s in specs(logits, backend, arch) if s.constexprs.get("MXFP4")
              and (s.op == "mqa_logits" or s.constexprs.get("NEXT_N") == 1)]
-    assert {s.op for s in built} == {"mqa_logits", "paged_mqa_logits"}
+    assert {(s.op, s.constexprs.get("Q_FP4")) for s in built} == {
+        (op, q_fp4) for op in ("mqa_logits", "paged_mqa_logits") for q_fp4 in (0, 1)}
     for spec in built:
         assert spec.matrix == "scaled"
         result = cc.compile_spec(spec, target)
         assert result["status"] == "passed", result["reasons"]
-        assert instruction in result["matrix_instructions"]
+        assert (fp4_queries if spec.constexprs.get("Q_FP4") else instruction) in result["matrix_instructions"]
 
 
 def test_32_warps_on_a_wave64_target_is_caught():

@@ -132,10 +132,12 @@ def test_a_decode_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_
     assert state.raw[next_n].tolist() == list(range(4 - next_n)) + [-1] * (K - 4 + next_n)
 
 
-def test_a_prefill_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_it():
+@pytest.mark.parametrize("mxfp4", [False, True], ids=["fp8", "MXFP4 queries and keys"])
+def test_a_prefill_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_it(mxfp4):
     """A ``scores`` callable returning :class:`PrefillLogits` makes the producer call ``mqa_topk_translate``
     (``TopkState.produce_prefill``): the same slots as ``mqa_logits`` then ``produce`` over each row's window, the
-    same bookkeeping (producer, recorder, rows past the batch -1), whatever bound its scratch is given."""
+    same bookkeeping (producer, recorder, rows past the batch -1), whatever bound its scratch is given; MXFP4
+    queries travel with their ``q_scale``."""
     g = torch.Generator().manual_seed(0)
     lengths_of = [30, 9]  # two requests' keys, concatenated; each prefills its last 5 tokens
     starts = [0, 30]
@@ -146,10 +148,16 @@ def test_a_prefill_producer_scores_and_selects_in_one_op_and_shared_layers_reuse
     q = torch.randn(10, 4, 32, generator=g).to(torch.float8_e4m3fn)
     k = torch.randn(keys, 32, generator=g).to(torch.float8_e4m3fn)
     k_scale, weights = torch.rand(keys, generator=g) + 0.5, torch.randn(10, 4, generator=g)
+    q_scale = None
+    if mxfp4:
+        q, q_scale = indexcache.quantize_index_k(torch.randn(40, 32, generator=g), torch.float4_e2m1fn_x2)
+        q, q_scale = q.view(10, 4, 16), q_scale.view(10, 4, 1)
+        k, k_scale = indexcache.quantize_index_k(torch.randn(keys, 32, generator=g), torch.float4_e2m1fn_x2)
     tables = torch.stack([torch.randperm(20, generator=g).view(2, 10) for _ in range(4)]).to(torch.int32)
     lengths = ke - ks
     runner = IndexerRunner(LayerPlan(4, index_topk_freq=2, index_topk=K, page_size=PAGE))
-    prefill = PrefillLogits(q, k, k_scale, weights, ks, ke, workspace_bytes=2 * 4 * keys)  # two rows a pass
+    prefill = PrefillLogits(q, k, k_scale, weights, ks, ke, workspace_bytes=2 * 4 * keys,  # two rows a pass
+                            q_scale=q_scale)
     state, recorder = TopkState(12, K), IndexRecorder()
     state.recorder = recorder
     runner.begin(state, 10)
@@ -157,7 +165,7 @@ def test_a_prefill_producer_scores_and_selects_in_one_op_and_shared_layers_reuse
                                row_starts=ks, row_to_batch=row_to_batch).clone() for layer in range(4)}
     assert runner.roles == "FFSF" and state.producer == 3 and (state.raw[10:] == -1).all()
 
-    logits = indexcache.mqa_logits(q, k, k_scale, weights, ks, ke)
+    logits = indexcache.mqa_logits(q, k, k_scale, weights, ks, ke, q_scale=q_scale)
     plain = TopkState(12, K)
     plain.begin(10)
     for layer in range(4):
@@ -170,9 +178,10 @@ def test_a_prefill_producer_scores_and_selects_in_one_op_and_shared_layers_reuse
     assert (state.raw[:10] < lengths[:, None]).all()  # positions within each row's window, from its start
 
 
-def test_a_decode_producer_reads_an_mxfp4_cache_named_by_paged_logits():
-    """``PagedLogits(k_format=torch.float4_e2m1fn_x2)``: the producer selects from an MXFP4 cache what
-    ``paged_mqa_logits(..., k_format=...)`` then ``produce`` select."""
+@pytest.mark.parametrize("mxfp4_queries", [False, True], ids=["fp8 q", "MXFP4 q"])
+def test_a_decode_producer_reads_an_mxfp4_cache_named_by_paged_logits(mxfp4_queries):
+    """``PagedLogits(k_format=torch.float4_e2m1fn_x2)`` (and MXFP4 queries with their ``q_scale``): the producer
+    selects from an MXFP4 cache what ``paged_mqa_logits(..., k_format=...)`` then ``produce`` select."""
     from indexcache.hal import fp4
     from indexcache.hal.layout import new_packed_cache
 
@@ -181,7 +190,10 @@ def test_a_decode_producer_reads_an_mxfp4_cache_named_by_paged_logits():
     cache = new_packed_cache(batch * pages, PAGE, dim, fp8_dtype=fp4.FP4)
     keys = torch.randn(batch * pages * PAGE, dim, generator=g)
     indexcache.store_index_k(keys, cache, torch.arange(len(keys), dtype=torch.int32), fp4.FP4)
-    q = torch.randn(batch, 1, 8, dim, generator=g).to(torch.float8_e4m3fn)
+    q, q_scale = torch.randn(batch, 1, 8, dim, generator=g).to(torch.float8_e4m3fn), None
+    if mxfp4_queries:
+        values, scales = indexcache.quantize_index_k(torch.randn(batch * 8, dim, generator=g), fp4.FP4)
+        q, q_scale = values.view(batch, 1, 8, dim // 2), scales.view(batch, 1, 8, dim // fp4.BLOCK)
     weights = torch.randn(batch, 8, generator=g)
     context = torch.tensor([17, 9], dtype=torch.int32)
     block_table = torch.randperm(batch * pages, generator=g).view(batch, pages).to(torch.int32)
@@ -190,9 +202,10 @@ def test_a_decode_producer_reads_an_mxfp4_cache_named_by_paged_logits():
     runner = IndexerRunner(LayerPlan(2, index_topk_freq=2, index_topk=K, page_size=PAGE))
     state = TopkState(batch, K)
     runner.begin(state, batch)
-    decode = PagedLogits(q, cache, weights, context, block_table, max_len, k_format=fp4.FP4)
+    decode = PagedLogits(q, cache, weights, context, block_table, max_len, k_format=fp4.FP4, q_scale=q_scale)
     got = runner.layer(0, state, scores=lambda: decode, lengths=context, page_table=page_table).clone()
-    logits = indexcache.paged_mqa_logits(q, cache, weights, context, block_table, max_len, k_format=fp4.FP4)
+    logits = indexcache.paged_mqa_logits(q, cache, weights, context, block_table, max_len, k_format=fp4.FP4,
+                                         q_scale=q_scale)
     plain = TopkState(batch, K)
     plain.begin(batch)
     want = plain.produce(0, logits, context, page_table, PAGE)

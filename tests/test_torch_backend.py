@@ -84,6 +84,32 @@ def test_topk_translate_is_translate_of_topk(inputs, page_size):
     assert torch.equal(phys, reference.translate(raw, table, lengths, page_size))
 
 
+def test_a_negative_window_start_counts_as_zero_and_keeps_the_windows_length():
+    # docs/ops.md, topk: [-3, 5) is [0, 8) (where mqa_logits makes [0, 5) of the window [ks, ke) = [-3, 5)).
+    scores = torch.arange(10, dtype=torch.float32)[None].repeat(2, 1)
+    lengths, starts = torch.tensor([8, 8], dtype=I32), torch.tensor([-3, 0], dtype=I32)
+    short = indexcache.topk(scores, lengths, 8, row_starts=starts, backend="torch")  # 8 positions: a short row
+    assert short.tolist() == [list(range(8))] * 2
+    best = indexcache.topk(scores, lengths, 2, row_starts=starts, sorted=True, backend="torch")
+    assert best.tolist() == [[7, 6], [7, 6]]
+    assert torch.equal(best, reference.topk(scores, lengths, 2, row_starts=starts))
+
+
+FP4_SCALE = torch.float8_e8m0fnu
+
+
+def _fp4_prefill(q_fp4: bool, k_fp4: bool = True) -> tuple:
+    """``mqa_logits``' arguments for 2 queries of 4 heads over 3 keys of D 128, then ``q``'s block scales: the queries
+    (and the keys) MXFP4 or fp8."""
+    q = torch.zeros(2, 4, 64, dtype=torch.uint8).view(torch.float4_e2m1fn_x2) if q_fp4 else \
+        torch.zeros(2, 4, 128).to(torch.float8_e4m3fn)
+    k, k_scale = (torch.zeros(3, 64, dtype=torch.uint8).view(torch.float4_e2m1fn_x2),
+                  torch.zeros(3, 4).to(FP4_SCALE)) if k_fp4 else (torch.zeros(3, 128).to(torch.float8_e4m3fn),
+                                                                   torch.ones(3))
+    window = torch.zeros(2, dtype=I32)
+    return q, k, k_scale, torch.zeros(2, 4), window, window, torch.zeros(2, 4, 4).to(FP4_SCALE)
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -133,6 +159,20 @@ def test_topk_translate_is_translate_of_topk(inputs, page_size):
                                                  torch.zeros(1, dtype=I32), torch.zeros(1, 2, dtype=I32), 128, 8,
                                                  torch.zeros(1, 2, dtype=I32), 64, k_format="mxfp4"),
          r"k_format: expected None .* got 'mxfp4'"),
+        (lambda: indexcache.mqa_logits(*_fp4_prefill(q_fp4=True, k_fp4=False)[:6], q_scale=_fp4_prefill(True)[6]),
+         r"q: MXFP4 queries \(float4_e2m1fn_x2\) are taken with MXFP4 keys only, got keys of dtype float8_e4m3fn"),
+        (lambda: indexcache.mqa_logits(*_fp4_prefill(q_fp4=True)[:6]),
+         r"q_scale: MXFP4 queries need their block scales, \[\.\.\., D / 32\] float8_e8m0fnu, got None"),
+        (lambda: indexcache.mqa_logits(*_fp4_prefill(q_fp4=True)[:6], q_scale=torch.zeros(2, 4, 2).to(FP4_SCALE)),
+         r"q_scale: expected shape \[2, 4, 4\], got \[2, 4, 2\]"),
+        (lambda: indexcache.mqa_logits(*_fp4_prefill(q_fp4=False)[:6], q_scale=torch.zeros(2, 4, 4).to(FP4_SCALE)),
+         r"q_scale: only MXFP4 queries \(torch.float4_e2m1fn_x2\) take block scales, but q is float8_e4m3fn"),
+        (lambda: indexcache.paged_mqa_logits(torch.zeros(1, 1, 4, 64, dtype=torch.uint8).view(torch.float4_e2m1fn_x2),
+                                             torch.zeros(2, 64 * 68, dtype=torch.uint8), torch.zeros(1, 4),
+                                             torch.zeros(1, dtype=I32), torch.zeros(1, 2, dtype=I32), 128,
+                                             q_scale=torch.zeros(1, 1, 4, 4).to(FP4_SCALE)),
+         r"k_format: MXFP4 queries \(float4_e2m1fn_x2\) read an MXFP4 cache only: expected "
+         r"k_format=torch.float4_e2m1fn_x2, got None"),
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 100)),
          r"k: expected a last dimension divisible by block=128"),
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.bfloat16),

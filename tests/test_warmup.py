@@ -180,21 +180,24 @@ def test_a_bf16_index_cache_is_refused_with_its_reason():
 def test_an_mxfp4_deployment_lists_its_decode_and_key_kernels_and_no_more_with_the_batch(arch):
     """An MXFP4 index cache: the decode reads it (the kernel's MXFP4 variants), the prefill widens its keys once and
     runs the fp8 prefill (its widening and far-key kernels listed; sm80's prefill is the torch backend's) or, where
-    the target has a block-scaled instruction, reads them (MXFP4 variants); the keys are written by the MXFP4 store
-    and quantization; on NVIDIA the count stops growing with the batch past its classes (on AMD a tensor's span,
-    under 2 GiB or not, is a class of its own)."""
+    the target has a block-scaled instruction, reads them (MXFP4 variants); both read MXFP4 queries too (their
+    ``Q_FP4`` variants); the keys are written by the MXFP4 store and quantization; on NVIDIA the count stops growing
+    with the batch past its classes (on AMD a tensor's span, under 2 GiB or not, is a class of its own)."""
     plan = LayerPlan.from_config(CONFIG, index_dtype="float4_e2m1fn_x2")
     found = warmup(plan, arch=arch, compile=False, max_batch=512, max_context=8192, max_prefill=2048)
     lines = [v.line() for v in found.variants]
     assert any("paged_mqa_logits_kernel" in line and "MXFP4=0" not in line for line in lines)
+    assert any(line.startswith("paged_mqa_logits_kernel") and "Q_FP4=1" in line for line in lines)
     assert any(line.startswith("mxfp4_kernel") for line in lines)
     prefill = [line for line in lines if line.startswith(("mqa_logits_kernel", "prefill_sm90_kernel"))]
+    fp8_queries = [line for line in prefill if "Q_FP4=1" not in line]
     widening = [line for line in lines if line.startswith(("widen_keys_kernel", "far_keys_kernel"))]
     assert bool(prefill) == (arch != "sm80")  # sm80: no fp8 matrix instructions, the torch backend's prefill
+    assert (len(fp8_queries) < len(prefill)) == (arch != "sm80")  # the MXFP4 queries' prefill: the same kernel
     if arch in ("sm100", "gfx950"):  # block-scaled: the prefill kernel reads the MXFP4 keys
         assert all("MXFP4=0" not in line for line in prefill) and not widening
     elif arch != "sm80":  # widened once: the fp8 prefill, the widening and the far keys' kernels
-        assert all("MXFP4=0" in line or "MXFP4" not in line for line in prefill)
+        assert all("MXFP4=0" in line or "MXFP4" not in line for line in fp8_queries)
         assert {line.split()[0] for line in widening} == {"widen_keys_kernel", "far_keys_kernel"}
     if arch.startswith("sm"):
         more = warmup(plan, arch=arch, compile=False, max_batch=4096, max_context=8192, max_prefill=2048)

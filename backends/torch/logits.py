@@ -29,9 +29,17 @@ def _mxfp4_keys(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (x.unflatten(-1, (scale.shape[-1], -1)) * scale[..., None]).flatten(-2)
 
 
-def mqa_logits(q, k, k_scale, weights, ks, ke, out):
-    """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``)."""
-    tokens, heads, dim = q.shape
+def _queries(q: torch.Tensor, q_scale: torch.Tensor | None) -> torch.Tensor:
+    """``q`` as float32 ``[..., D]``: fp8 and bf16 values as they are, MXFP4 ones decoded with their block scales
+    ``q_scale`` (exact, as the keys)."""
+    return q.float() if q_scale is None else _mxfp4_keys(q, q_scale)
+
+
+def mqa_logits(q, k, k_scale, weights, ks, ke, out, q_scale=None):
+    """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``; MXFP4 queries decoded with ``q_scale`` a
+    chunk of rows at a time)."""
+    tokens, heads = q.shape[:2]
+    dim = 2 * q.shape[2] if q_scale is not None else q.shape[2]
     n = k.shape[0]
     if out.numel() == 0:
         return out
@@ -46,7 +54,8 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out):
         col = torch.arange(n0, n1, device=q.device)[None, :]
         for t0 in range(0, tokens, step):
             t1 = min(tokens, t0 + step)
-            prod = torch.matmul(q[t0:t1].float().reshape(-1, dim), kf.t()).view(t1 - t0, heads, n1 - n0)
+            qf = _queries(q[t0:t1], None if q_scale is None else q_scale[t0:t1])
+            prod = torch.matmul(qf.reshape(-1, dim), kf.t()).view(t1 - t0, heads, n1 - n0)
             prod.relu_().mul_(weights[t0:t1, :, None])
             logits = prod.sum(1).mul_(k_scale[None, n0:n1])
             inside = (col >= ks[t0:t1, None]) & (col < ke[t0:t1, None])
@@ -55,11 +64,12 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out):
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None,
-                     row_to_batch=None):
+                     row_to_batch=None, q_scale=None):
     """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); an MXFP4
-    cache (``k_format``) is decoded a chunk of keys at a time; ragged rows (``row_to_batch``) read their requests'
-    table rows (a row naming none reads nothing)."""
-    batch, next_n, heads, dim = q.shape
+    cache (``k_format``) is decoded a chunk of keys at a time, MXFP4 queries once (with ``q_scale``); ragged rows
+    (``row_to_batch``) read their requests' table rows (a row naming none reads nothing)."""
+    qf = _queries(q, q_scale)
+    batch, next_n, heads, dim = qf.shape
     named = None
     if row_to_batch is not None:  # each row its own table row, gathered once (rows naming none: no pages)
         named = (row_to_batch >= 0) & (row_to_batch < page_table.shape[0])
@@ -74,7 +84,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     out.fill_(float("-inf"))
     if out.numel() == 0 or cache_pages == 0 or table_pages == 0:
         return out
-    qf = q.float().reshape(batch, next_n * heads, dim)
+    qf = qf.reshape(batch, next_n * heads, dim)
     w = weights.view(batch, 1, next_n, heads)
     # Rows of the visible-key bound per (request, draft token): context - next_n + j + 1.
     visible = context_lens.long()[:, None] - next_n + 1 + torch.arange(next_n, device=q.device)[None, :]

@@ -11,14 +11,14 @@ from indexcache.backends.torch.translate import translate
 
 
 def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size,
-                         logits, out, out_raw, k_format=None, row_to_batch=None):
+                         logits, out, out_raw, k_format=None, row_to_batch=None, q_scale=None):
     """Fill ``logits``, ``out`` and ``out_raw`` (when given) (contract: ``indexcache.paged_topk_translate``).
     Each row's length and request are computed on the device (ragged rows: given): no host sync. With
     ``max_context_len <= k`` every row is short: the logits are left unwritten (the top-k does not read them)."""
     batch, next_n = q.shape[:2]
     if max_context_len > k:
         paged_mqa_logits(q, k_cache, weights, context_lens, block_table, max_context_len, logits, k_format,
-                         row_to_batch)
+                         row_to_batch, q_scale)
     if row_to_batch is not None:
         return topk_translate(logits, context_lens.clamp_min(0), k, page_table, page_size, None, row_to_batch, out,
                               out_raw, False)
@@ -29,7 +29,7 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
 
 
 def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk, page_table, page_size, row_to_batch, out, out_raw,
-                       workspace_bytes):
+                       workspace_bytes, q_scale=None):
     """Fill ``out`` and ``out_raw`` (when given) (contract: ``indexcache.mqa_topk_translate``): the queries in passes
     of as many rows as ``workspace_bytes`` holds of their ``[rows, N]`` float32 logits (the logits' own temporaries
     under the backend's memory budget, the top-k's its own), each pass's logits then its top-k and translation; with
@@ -54,7 +54,8 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk, page_table, page_si
     for t0 in range(0, tokens, step):
         t1 = min(tokens, t0 + step)
         part = logits[:t1 - t0]
-        mqa_logits(q[t0:t1], k, k_scale, weights[t0:t1], ks[t0:t1], ke[t0:t1], part)
+        mqa_logits(q[t0:t1], k, k_scale, weights[t0:t1], ks[t0:t1], ke[t0:t1], part,
+                   None if q_scale is None else q_scale[t0:t1])
         # Without row_to_batch, query t translates through table row t: the pass's rows of the table.
         r2b, table = (None, page_table[t0:t1]) if row_to_batch is None else (row_to_batch[t0:t1], page_table)
         topk_translate(part, lengths[t0:t1], topk, table, page_size, starts[t0:t1], r2b, out[t0:t1],

@@ -100,33 +100,115 @@ def scale_keys(acc, sc, KEYS_ON_M: tl.constexpr):
 
 
 @triton.jit
-def scaled_dot(words, scales, q, ROWS: tl.constexpr, D: tl.constexpr, MXFP4: tl.constexpr, KEYS_ON_M: tl.constexpr):
-    """A tile's MXFP4 keys (``words`` uint32 ``[ROWS, D // 8]``, ``scales`` int32 e8m0 bytes ``[ROWS, D // 32]``) times
-    e4m3fn queries ``q [COLS, D]`` on the target's block-scaled instruction, which applies each block's scale
-    (``MXFP4`` ``mxfp4.SCALED_E2M1``: the keys as e2m1, ``q`` in the elements' order; ``mxfp4.SCALED_E4M3``: widened
-    to e4m3fn, exact, ``q`` in ``mxfp4.permute``'s order): fp32 ``[ROWS, COLS]`` when ``KEYS_ON_M``, else
-    ``[COLS, ROWS]``."""
-    if MXFP4 == mxfp4.SCALED_E2M1:
-        k = unpack_words(words, tl.uint8, ROWS, D // 2)
-    else:
-        k = unpack_words(mxfp4.widen(words, 0x2C, ROWS, D, False), q.dtype, ROWS, D)
-    fmt: tl.constexpr = "e2m1" if MXFP4 == mxfp4.SCALED_E2M1 else "e4m3"
-    k_scales = scales.to(tl.uint8)
-    unit = tl.full((q.shape[0], D // 32), 127, tl.uint8)  # the queries' block scales: 2 ** 0
+def scale_tokens(acc, sc, KEYS_ON_M: tl.constexpr):
+    """``acc`` (``[keys, tokens]`` when ``KEYS_ON_M``, else ``[tokens, keys]``; or query rows for tokens) times the
+    tokens' ``sc [tokens]``."""
     if KEYS_ON_M:
-        acc = tl.dot_scaled(k, k_scales, fmt, tl.trans(q), unit, "e4m3")
+        acc = acc * sc[None, :]
     else:
-        acc = tl.dot_scaled(q, unit, "e4m3", tl.trans(k), k_scales, fmt)
+        acc = acc * sc[:, None]
     return acc
 
 
 @triton.jit
+def fp4_queries(words, ROWS: tl.constexpr, D: tl.constexpr, MXFP4: tl.constexpr, WIDEN: tl.constexpr):
+    """MXFP4 queries (uint32 words ``[ROWS, D // 8]`` of e2m1 values) as the dot operand the keys' mode (``MXFP4``)
+    multiplies them in, once a request: e2m1 bytes ``[ROWS, D // 2]`` for a block-scaled instruction taking e2m1
+    (``mxfp4.SCALED_E2M1``), else widened to e4m3 at their own block scale ``[ROWS, D]`` (exact, in
+    ``mxfp4.permute``'s order, the widened keys' own: e4m3fn, or e4m3fnuz for ``mxfp4.WIDEN_FNUZ``; as bytes where the
+    dot decodes them, ``WIDEN`` 1 or 3)."""
+    if MXFP4 == mxfp4.SCALED_E2M1:
+        x = unpack_words(words, tl.uint8, ROWS, D // 2)
+    else:
+        FNUZ: tl.constexpr = MXFP4 == mxfp4.WIDEN_FNUZ
+        ELEMENT: tl.constexpr = tl.uint8 if WIDEN == 1 or WIDEN == 3 else tl.float8e4b8 if FNUZ else tl.float8e4nv
+        x = unpack_words(mxfp4.widen(words, 0x2C + 8 * FNUZ, ROWS, D, FNUZ), ELEMENT, ROWS, D)
+    return x
+
+
+@triton.jit
+def scaled_dot(words, scales, q, ROWS: tl.constexpr, D: tl.constexpr, MXFP4: tl.constexpr, KEYS_ON_M: tl.constexpr,
+               q_scales=0, Q_FP4: tl.constexpr = 0):
+    """A tile's MXFP4 keys (``words`` uint32 ``[ROWS, D // 8]``, ``scales`` int32 e8m0 bytes ``[ROWS, D // 32]``) times
+    e4m3fn queries ``q [COLS, D]`` on the target's block-scaled instruction, which applies each block's scale
+    (``MXFP4`` ``mxfp4.SCALED_E2M1``: the keys as e2m1, ``q`` in the elements' order; ``mxfp4.SCALED_E4M3``: widened
+    to e4m3fn, exact, ``q`` in ``mxfp4.permute``'s order): fp32 ``[ROWS, COLS]`` when ``KEYS_ON_M``, else
+    ``[COLS, ROWS]``. ``Q_FP4``: MXFP4 queries, ``q`` as :func:`fp4_queries` gives them and ``q_scales`` their int32
+    e8m0 bytes ``[COLS, D // 32]``."""
+    if MXFP4 == mxfp4.SCALED_E2M1:
+        k = unpack_words(words, tl.uint8, ROWS, D // 2)
+    else:
+        k = unpack_words(mxfp4.widen(words, 0x2C, ROWS, D, False), tl.float8e4nv, ROWS, D)
+    fmt: tl.constexpr = "e2m1" if MXFP4 == mxfp4.SCALED_E2M1 else "e4m3"
+    k_scales = scales.to(tl.uint8)
+    if Q_FP4:
+        q_fmt: tl.constexpr = fmt
+        q_units = q_scales.to(tl.uint8)
+    else:
+        q_fmt: tl.constexpr = "e4m3"
+        q_units = tl.full((q.shape[0], D // 32), 127, tl.uint8)  # the queries' block scales: 2 ** 0
+    if KEYS_ON_M:
+        acc = tl.dot_scaled(k, k_scales, fmt, tl.trans(q), q_units, q_fmt)
+    else:
+        acc = tl.dot_scaled(q, q_units, q_fmt, tl.trans(k), k_scales, fmt)
+    return acc
+
+
+@triton.jit
+def blockwise_dot(words, scales, q, q_scales, ROWS: tl.constexpr, D: tl.constexpr, KEYS_ON_M: tl.constexpr,
+                  WIDEN: tl.constexpr, FNUZ: tl.constexpr):
+    """MXFP4 keys (``words`` uint32 ``[ROWS, D // 8]``, ``scales`` int32 ``[ROWS, D // 32]``) times MXFP4 queries
+    (``q`` widened by :func:`fp4_queries` ``[COLS, D]``, ``q_scales`` int32 ``[COLS, D // 32]``) without a
+    block-scaled instruction: D / 32 dots, the j-th taking block j of every key widened to e4m3 at its own scale (the
+    other blocks zero: the queries' block j alone, an exact sum), each added in units of the key's and the query's
+    largest block scale (a power of two ≤ 1 each, applied one after the other; a block 2^126 below its key's or
+    query's largest is dropped, as an fp32 sum would drop it), then the two largest scales. fp32 ``[ROWS, COLS]``
+    when ``KEYS_ON_M``, else ``[COLS, ROWS]``."""
+    COLS: tl.constexpr = q.shape[0]
+    LIFT: tl.constexpr = 0x2C + 8 * FNUZ  # 2 ** 0: the values as they are
+    block = tl.arange(0, D // 8) // 4  # a word's block of 32 elements
+    at = tl.arange(0, D // 32)
+    k_top = tl.max(scales, axis=1)
+    q_top = tl.max(q_scales, axis=1)
+    if KEYS_ON_M:
+        acc = tl.zeros((ROWS, COLS), tl.float32)
+    else:
+        acc = tl.zeros((COLS, ROWS), tl.float32)
+    for j in range(D // 32):  # a loop, not unrolled: one block's keys live at a time
+        k = unpack_words(mxfp4.widen(tl.where(block[None, :] == j, words, 0), LIFT, ROWS, D, FNUZ), q.dtype, ROWS, D)
+        part = scale_keys(dot(k, q, KEYS_ON_M, WIDEN),
+                          mxfp4.pow2(tl.sum(tl.where(at[None, :] == j, scales, 0), axis=1) - k_top), KEYS_ON_M)
+        acc += scale_tokens(part, mxfp4.pow2(tl.sum(tl.where(at[None, :] == j, q_scales, 0), axis=1) - q_top),
+                            KEYS_ON_M)
+    return scale_tokens(scale_keys(acc, mxfp4.e8m0(k_top), KEYS_ON_M), mxfp4.e8m0(q_top), KEYS_ON_M)
+
+
+@triton.jit
+def token_nan(q_scales, GROUPS: tl.constexpr, H: tl.constexpr):
+    """``[GROUPS]`` float32: NaN for a token one of whose heads' MXFP4 queries has a NaN block scale (byte 255: its
+    logits are NaN), else 1."""
+    bad = tl.max(tl.reshape(tl.max(q_scales, axis=1), (GROUPS, H)), axis=1) == 255
+    return tl.where(bad, float("nan"), 1.0)
+
+
+@triton.jit
 def fp4_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr,
-                  D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, MXFP4: tl.constexpr):
+                  D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, MXFP4: tl.constexpr,
+                  q_scales=0, Q_FP4: tl.constexpr = 0):
     """:func:`tile_head_sum` of an MXFP4 tile (:func:`_fp4_gather`), its scales applied (``MXFP4``: how, ``mxfp4``'s
     modes): on a block-scaled instruction (:func:`scaled_dot`) one dot, NaN for a key with a NaN block (byte 255),
-    whatever the instruction makes of that byte; else widened (:func:`widened_head_sum`)."""
-    if MXFP4 >= mxfp4.SCALED_E2M1:
+    whatever the instruction makes of that byte; else widened (:func:`widened_head_sum`). ``Q_FP4``: MXFP4 queries
+    (``q`` their words, ``q_scales`` their scale bytes, :func:`scaled_dot`), on a block-scaled instruction or block by
+    block (:func:`blockwise_dot`), NaN for a token with a NaN query block too."""
+    if Q_FP4:
+        if MXFP4 >= mxfp4.SCALED_E2M1:
+            acc = scaled_dot(words, scales, q, ROWS, D, MXFP4, KEYS_ON_M, q_scales, Q_FP4)
+        else:
+            acc = blockwise_dot(words, scales, q, q_scales, ROWS, D, KEYS_ON_M, WIDEN, MXFP4 == mxfp4.WIDEN_FNUZ)
+        s = relu_head_sum(acc, w, ROWS, GROUPS, H, KEYS_ON_M)
+        s = scale_keys(s, tl.where(tl.max(scales, axis=1) == 255, float("nan"), 1.0), KEYS_ON_M)
+        s = scale_tokens(s, token_nan(q_scales, GROUPS, H), KEYS_ON_M)
+    elif MXFP4 >= mxfp4.SCALED_E2M1:
         s = relu_head_sum(scaled_dot(words, scales, q, ROWS, D, MXFP4, KEYS_ON_M), w, ROWS, GROUPS, H, KEYS_ON_M)
         s = scale_keys(s, tl.where(tl.max(scales, axis=1) == 255, float("nan"), 1.0), KEYS_ON_M)
     else:

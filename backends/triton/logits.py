@@ -55,7 +55,7 @@ import triton.language as tl
 
 from indexcache.backends.triton import mxfp4, prefill_fp4
 from indexcache.backends.triton import workspace as workspaces
-from indexcache.backends.triton.head_sum import fp4_head_sum, scale_keys, tile_head_sum, unpack_words
+from indexcache.backends.triton.head_sum import fp4_head_sum, fp4_queries, scale_keys, tile_head_sum, unpack_words
 from indexcache.backends.triton.launcher import (
     Launch,
     Launcher,
@@ -88,23 +88,25 @@ def _pair(a, b, A_ON_ROWS: tl.constexpr):
 
 
 # The token count takes no part in the variant, nor do the addresses of the windows (read a token at a time;
-# docs/kernels.md, "Kernel variants"). The key count does, as the logits' row stride (equal for contiguous logits):
-# the boundary tiles' masks and the -inf fill keep 16-byte accesses where it is a multiple of 16.
-@triton.jit(do_not_specialize=("T", "skip"), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
+# docs/kernels.md, "Kernel variants") and of MXFP4 queries' scale bytes. The key count does, as the logits' row stride
+# (equal for contiguous logits): the boundary tiles' masks and the -inf fill keep 16-byte accesses where it is a
+# multiple of 16.
+@triton.jit(do_not_specialize=("T", "skip"), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr", "qs_ptr"))
 def mqa_logits_kernel(
-    q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
+    q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, qs_ptr,
     T, N, skip,
-    q_s0, q_s1, q_s2, k_s0, k_s1, scale_s0, w_s0, w_s1, ks_s0, ke_s0, out_s0, out_s1,
+    q_s0, q_s1, q_s2, k_s0, k_s1, scale_s0, w_s0, w_s1, ks_s0, ke_s0, out_s0, out_s1, qs_s0, qs_s1,
     H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_ON_M: tl.constexpr,
-    WIDEN: tl.constexpr, MXFP4: tl.constexpr = 0, FILL: tl.constexpr = 1,
+    WIDEN: tl.constexpr, MXFP4: tl.constexpr = 0, FILL: tl.constexpr = 1, Q_FP4: tl.constexpr = 0,
 ):
-    """``MXFP4`` (``mxfp4``'s modes; launched with the block-scaled ones, 3 and 4: elsewhere MXFP4 keys come widened
-    once, ``prefill_fp4``): ``k`` holds MXFP4 value bytes ``[N, D / 2]`` (rows at
+    """``MXFP4`` (``mxfp4``'s modes; launched with the block-scaled ones, 3 and 4, or with MXFP4 queries: elsewhere
+    MXFP4 keys come widened once, ``prefill_fp4``): ``k`` holds MXFP4 value bytes ``[N, D / 2]`` (rows at
     multiples of 4 bytes, read as words) and ``scale`` their e8m0 bytes ``[N, D / 32]`` (unit stride along a row),
-    each tile's logits as the decode kernel's (:func:`fp4_head_sum`: its scales applied there). ``skip``: rows
-    whose clipped window holds at most this many keys get no logits (0: as the contract, only empty ones);
-    ``FILL`` 0: nothing is written outside the union of a block's windows (the producer step reads only inside
-    each row's window)."""
+    each tile's logits as the decode kernel's (:func:`fp4_head_sum`: its scales applied there). ``Q_FP4``: MXFP4
+    queries, ``q`` their value bytes ``[T, H, D / 2]`` (read as words) and ``qs`` their scale bytes ``[T, H, D / 32]``
+    (unused otherwise). ``skip``: rows whose clipped window holds at most this many keys get no logits (0: as the
+    contract, only empty ones); ``FILL`` 0: nothing is written outside the union of a block's windows (the producer
+    step reads only inside each row's window)."""
     pid = tl.program_id(0)
     blocks = tl.cdiv(T, BLOCK_Q)
     rows = tl.arange(0, BLOCK_Q * H)
@@ -131,9 +133,14 @@ def mqa_logits_kernel(
         stop = start + tiles * BLOCK_N
 
         qrow = (t0 + rows // H).to(tl.int64) * q_s0 + (rows % H) * q_s1
-        q = tl.load(q_ptr + qrow[:, None] + dims[None, :] * q_s2, mask=(t0 + rows // H < T)[:, None], other=0.0)
-        if MXFP4 and MXFP4 != mxfp4.SCALED_E2M1:  # in the order of the widened keys
-            q = mxfp4.permute(q, BLOCK_Q * H, D)
+        if Q_FP4:
+            qsrow = (t0 + rows // H).to(tl.int64) * qs_s0 + (rows % H) * qs_s1
+            q, q_scales = _fp4_queries(q_ptr, qs_ptr, qrow, qsrow, t0 + rows // H < T, D, MXFP4, WIDEN)
+        else:
+            q = tl.load(q_ptr + qrow[:, None] + dims[None, :] * q_s2, mask=(t0 + rows // H < T)[:, None], other=0.0)
+            if MXFP4 and MXFP4 != mxfp4.SCALED_E2M1:  # in the order of the widened keys
+                q = mxfp4.permute(q, BLOCK_Q * H, D)
+            q_scales = 0
         w = tl.load(w_ptr + tok64[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=tok_ok[:, None],
                     other=0.0)
         out_rows = tok64 * out_s0
@@ -145,7 +152,8 @@ def mqa_logits_kernel(
                                 + tl.arange(0, D // 8)[None, :], mask=n_ok[:, None], other=0)
                 key_scales = tl.load(scale_ptr + (n.to(tl.int64) * scale_s0)[:, None]
                                      + tl.arange(0, D // 32)[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
-                s = fp4_head_sum(words, key_scales, n_ok, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, MXFP4)
+                s = fp4_head_sum(words, key_scales, n_ok, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, MXFP4,
+                                 q_scales, Q_FP4)
             else:
                 k = tl.load(k_ptr + n.to(tl.int64)[:, None] * k_s0 + dims[None, :] * k_s1, mask=n_ok[:, None],
                             other=0.0)
@@ -173,6 +181,17 @@ def mqa_logits_kernel(
                 n = n0 + keys
                 tl.store(out_ptr + out_rows[:, None] + n[None, :] * out_s1, fill,
                          mask=tok_ok[:, None] & (n < N)[None, :])
+
+
+@triton.jit
+def _fp4_queries(q_ptr, qs_ptr, qrow, qsrow, live, D: tl.constexpr, MXFP4: tl.constexpr, WIDEN: tl.constexpr):
+    """MXFP4 query rows whose value bytes start at ``q_ptr + qrow`` (multiples of 4) and scale bytes at
+    ``qs_ptr + qsrow`` (zero where not ``live``): ``(the values as the keys' mode multiplies them,
+    :func:`fp4_queries`; int32 scale bytes [ROWS, D // 32])``."""
+    words = tl.load(q_ptr.to(tl.pointer_type(tl.uint32)) + (qrow // 4)[:, None] + tl.arange(0, D // 8)[None, :],
+                    mask=live[:, None], other=0)
+    scales = tl.load(qs_ptr + qsrow[:, None] + tl.arange(0, D // 32)[None, :], mask=live[:, None], other=0)
+    return fp4_queries(words, qrow.shape[0], D, MXFP4, WIDEN), scales.to(tl.int32)
 
 
 @triton.jit
@@ -291,14 +310,15 @@ def _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE: tl.con
 
 
 @triton.jit
-def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
+def _decode_store(out_ptr, k, sc, ok, q, q_scales, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
                   GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_KEYS: tl.constexpr,
-                  KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, WORDS: tl.constexpr, MXFP4: tl.constexpr):
+                  KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, WORDS: tl.constexpr, MXFP4: tl.constexpr,
+                  Q_FP4: tl.constexpr):
     """Logits of one tile: the head sum scaled by the keys' scales, -inf where a row must not see the key (an MXFP4
-    tile: ``MXFP4``, ``mxfp4``'s modes)."""
+    tile: ``MXFP4``, ``mxfp4``'s modes; MXFP4 queries: ``Q_FP4``, ``q_scales`` their scale bytes)."""
     s = n0 + keys
     if MXFP4:
-        acc = fp4_head_sum(k, sc, ok, q, w, BLOCK_KEYS, GROUPS, H, D, KEYS_ON_M, WIDEN, MXFP4)
+        acc = fp4_head_sum(k, sc, ok, q, w, BLOCK_KEYS, GROUPS, H, D, KEYS_ON_M, WIDEN, MXFP4, q_scales, Q_FP4)
     else:
         if WORDS:
             k = unpack_words(k, q.dtype, BLOCK_KEYS, D)
@@ -310,11 +330,12 @@ def _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, gr
 
 
 @triton.jit
-def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, ctx_ptr, b, j0, ctx, paired, first, stop,
-                 max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s1, out_s0, out_s1,
+def _decode_span(q_ptr, qs_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, ctx_ptr, b, j0, ctx, paired, first,
+                 stop, max_ctx, num_pages, table_pages, q_s0, q_s1, q_s2, q_s3, qs_s0, qs_s1, qs_s2, w_s0, w_s1,
+                 ctx_s0, tab_s1, out_s0, out_s1,
                  NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                  BLOCK_KEYS: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, PREFETCH: tl.constexpr,
-                 WORDS: tl.constexpr, MXFP4: tl.constexpr, PAIRS: tl.constexpr):
+                 WORDS: tl.constexpr, MXFP4: tl.constexpr, PAIRS: tl.constexpr, Q_FP4: tl.constexpr):
     """Logits of request ``b``'s keys ``[first, stop)`` (whole tiles of its context, ``ctx`` ≥ 0) for the draft
     tokens ``j0 .. j0 + GROUPS - 1``, its pages in ``table_row`` (``table_pages`` of them): Q and the weights loaded
     once, then the tiles in order. ``PAIRS`` (ragged rows two a program): the unit of rows ``b`` and, ``paired``,
@@ -335,14 +356,26 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, ctx_ptr
     last = tl.minimum(stop, max_ctx)
 
     j = j0 + rows // H
-    if PAIRS:
-        q = tl.load(q_ptr + ((b + j).to(tl.int64) * q_s0 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
-                    mask=((j == 0) | ((j == 1) & paired))[:, None], other=0.0)
+    if Q_FP4:
+        if PAIRS:
+            q_live = (j == 0) | ((j == 1) & paired)
+            qrow = (b + j).to(tl.int64) * q_s0 + (rows % H) * q_s2
+            qsrow = (b + j).to(tl.int64) * qs_s0 + (rows % H) * qs_s2
+        else:
+            q_live = j < NEXT_N
+            qrow = tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)
+            qsrow = tl.cast(b, tl.int64) * qs_s0 + (j * qs_s1 + (rows % H) * qs_s2)
+        q, q_scales = _fp4_queries(q_ptr, qs_ptr, qrow, qsrow, q_live, D, MXFP4, WIDEN)
     else:
-        q = tl.load(q_ptr + tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None]
-                    + dims[None, :] * q_s3, mask=(j < NEXT_N)[:, None], other=0.0)
-    if MXFP4 and MXFP4 != mxfp4.SCALED_E2M1:  # in the order of the widened keys
-        q = mxfp4.permute(q, GROUPS * H, D)
+        if PAIRS:
+            q = tl.load(q_ptr + ((b + j).to(tl.int64) * q_s0 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
+                        mask=((j == 0) | ((j == 1) & paired))[:, None], other=0.0)
+        else:
+            q = tl.load(q_ptr + tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None]
+                        + dims[None, :] * q_s3, mask=(j < NEXT_N)[:, None], other=0.0)
+        if MXFP4 and MXFP4 != mxfp4.SCALED_E2M1:  # in the order of the widened keys
+            q = mxfp4.permute(q, GROUPS * H, D)
+        q_scales = 0
     if PAIRS:
         out_row = b + grp
     else:
@@ -365,13 +398,13 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, ctx_ptr
                                              keys, PAGE, BLOCK_KEYS)
             entry_b, ok_b2 = _decode_entries(table_row, n0 + 3 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
                                              keys, PAGE, BLOCK_KEYS)
-            _decode_store(out_ptr, k_a, sc_a, ok_a, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4)
+            _decode_store(out_ptr, k_a, sc_a, ok_a, q, q_scales, w, n0, ctx, visible, last, out_rows, grp_ok, keys,
+                          out_s1, GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4, Q_FP4)
             k_a, sc_a = _decode_gather(kv_ptr, kv_scale_ptr, entry_a, ok_a2, n0 + 2 * BLOCK_KEYS, keys, dims, PAGE, D,
                                        BLOCK_KEYS, WORDS, MXFP4)
             ok_a = ok_a2
-            _decode_store(out_ptr, k_b, sc_b, ok_b, q, w, n0 + BLOCK_KEYS, ctx, visible, last, out_rows, grp_ok, keys,
-                          out_s1, GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4)
+            _decode_store(out_ptr, k_b, sc_b, ok_b, q, q_scales, w, n0 + BLOCK_KEYS, ctx, visible, last, out_rows,
+                          grp_ok, keys, out_s1, GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4, Q_FP4)
             k_b, sc_b = _decode_gather(kv_ptr, kv_scale_ptr, entry_b, ok_b2, n0 + 3 * BLOCK_KEYS, keys, dims, PAGE, D,
                                        BLOCK_KEYS, WORDS, MXFP4)
             ok_b = ok_b2
@@ -388,8 +421,8 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, ctx_ptr
                                        BLOCK_KEYS, WORDS, MXFP4)
             entry_nn, ok_nn = _decode_entries(table_row, n0 + 2 * BLOCK_KEYS, kend, num_pages, table_pages, tab_s1,
                                               keys, PAGE, BLOCK_KEYS)
-            _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4)
+            _decode_store(out_ptr, k, sc, ok, q, q_scales, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
+                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4, Q_FP4)
             k, sc, ok = k_n, sc_n, ok_n
             entry_n, ok_n = entry_nn, ok_nn
     else:
@@ -398,8 +431,8 @@ def _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr, ctx_ptr
             entry, ok = _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys, PAGE, BLOCK_KEYS)
             k, sc = _decode_gather(kv_ptr, kv_scale_ptr, entry, ok, n0, keys, dims, PAGE, D, BLOCK_KEYS, WORDS,
                                    MXFP4)
-            _decode_store(out_ptr, k, sc, ok, q, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
-                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4)
+            _decode_store(out_ptr, k, sc, ok, q, q_scales, w, n0, ctx, visible, last, out_rows, grp_ok, keys, out_s1,
+                          GROUPS, H, D, BLOCK_KEYS, KEYS_ON_M, WIDEN, WORDS, MXFP4, Q_FP4)
 
 @triton.jit
 def _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, PAIRS: tl.constexpr):
@@ -438,23 +471,27 @@ def _filled_tiles(ctx, max_ctx, skip, BLOCK_KEYS: tl.constexpr):
 
 
 # The batch, the context, the cache's and the table's sizes and the row strides of the table and the logits take no
-# part in the variant, nor do the addresses of the lengths and the table (read an entry at a time): a tile's stores
-# are masked by the context and so never vectorized (docs/kernels.md, "Kernel variants").
+# part in the variant, nor do the addresses of the lengths and the table (read an entry at a time) and of MXFP4
+# queries' scale bytes: a tile's stores are masked by the context and so never vectorized (docs/kernels.md, "Kernel
+# variants").
 @triton.jit(do_not_specialize=("batch", "max_ctx", "num_pages", "table_pages", "table_rows", "skip", "tab_s0",
                                "out_s0"),
-            do_not_specialize_on_alignment=("ctx_ptr", "table_ptr", "r2b_ptr"))
+            do_not_specialize_on_alignment=("ctx_ptr", "table_ptr", "r2b_ptr", "qs_ptr"))
 def paged_mqa_logits_kernel(
-    q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, table_ptr, r2b_ptr, out_ptr,
+    q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, table_ptr, r2b_ptr, out_ptr, qs_ptr,
     batch, max_ctx, num_pages, table_pages, table_rows, skip,
-    q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, r2b_s0, out_s0, out_s1,
+    q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s0, tab_s1, r2b_s0, out_s0, out_s1, qs_s0, qs_s1, qs_s2,
     NEXT_N: tl.constexpr, GROUPS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_KEYS: tl.constexpr, BLOCK_B: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr,
     PREFETCH: tl.constexpr = 1, WORDS: tl.constexpr = 0, MXFP4: tl.constexpr = 0, HAS_R2B: tl.constexpr = 0,
+    Q_FP4: tl.constexpr = 0,
 ):
     """``HAS_R2B``: ragged rows (next_n 1): row ``b``'s pages are table row ``r2b[b]``, none where that is not one of
     the ``table_rows`` rows; with ``GROUPS`` 2, two rows of one request at an even row and the next share a program
     and their key reads (:func:`_unit`). ``skip``: requests whose context clipped to ``max_ctx`` is at most this are
-    neither computed nor filled (their rows left as they were; -1 skips none)."""
+    neither computed nor filled (their rows left as they were; -1 skips none). ``Q_FP4``: MXFP4 queries on an MXFP4
+    cache, ``q`` their value bytes ``[B, next_n, H, D / 2]`` (read as words) and ``qs`` their scale bytes
+    ``[B, next_n, H, D / 32]`` (unused otherwise)."""
     PAIRS: tl.constexpr = HAS_R2B and GROUPS == 2
     j0 = tl.program_id(0) * GROUPS
     p = tl.program_id(1).to(tl.int64)
@@ -503,10 +540,11 @@ def paged_mqa_logits_kernel(
             named = (tb >= 0) & (tb < table_rows)
             tb = tl.where(named, tb, 0)
             pages = tl.where(named, table_pages, 0)
-        _decode_span(q_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr + tl.cast(tb, tl.int64) * tab_s0, out_ptr, ctx_ptr,
-                     b, j0, ctx, paired, (lo * BLOCK_KEYS).to(tl.int32), (hi * BLOCK_KEYS).to(tl.int32), max_ctx,
-                     num_pages, pages, q_s0, q_s1, q_s2, q_s3, w_s0, w_s1, ctx_s0, tab_s1, out_s0, out_s1, NEXT_N,
-                     GROUPS, H, D, PAGE, BLOCK_KEYS, KEYS_ON_M, WIDEN, PREFETCH, WORDS, MXFP4, PAIRS)
+        _decode_span(q_ptr, qs_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_ptr + tl.cast(tb, tl.int64) * tab_s0, out_ptr,
+                     ctx_ptr, b, j0, ctx, paired, (lo * BLOCK_KEYS).to(tl.int32), (hi * BLOCK_KEYS).to(tl.int32),
+                     max_ctx, num_pages, pages, q_s0, q_s1, q_s2, q_s3, qs_s0, qs_s1, qs_s2, w_s0, w_s1, ctx_s0,
+                     tab_s1, out_s0, out_s1, NEXT_N, GROUPS, H, D, PAGE, BLOCK_KEYS, KEYS_ON_M, WIDEN, PREFETCH, WORDS,
+                     MXFP4, PAIRS, Q_FP4)
         start += tiles
     # -inf past each context (the keys no tile above stored; nothing in a skipped request's rows), shared out evenly
     # over the batch × max_ctx grid.
@@ -559,6 +597,12 @@ def _fp4_mode(dtype: torch.dtype, target: Target) -> int:
     if scaled is not None and dtype == torch.float8_e4m3fn:
         return (mxfp4.SCALED_E2M1 if scaled.keys == "e2m1" else mxfp4.SCALED_E4M3).value
     return (mxfp4.WIDEN_FNUZ if dtype == torch.float8_e4m3fnuz else mxfp4.WIDEN_FN).value
+
+
+def _columns(cfg: Mapping[str, Any], fp4_mode: int, q_fp4: bool) -> int:
+    """Dot columns (query rows) a program of the logits kernels takes: the table's ``COLS``, half of it for MXFP4
+    queries without a block-scaled instruction (``blockwise_dot`` holds a block's product beside the tile's sum)."""
+    return cfg["COLS"] // 2 if q_fp4 and fp4_mode < mxfp4.SCALED_E2M1.value else cfg["COLS"]
 
 
 def _fp4_matrix(mode: int, widen: int) -> str:
@@ -636,8 +680,8 @@ def _check_shape(heads: int, dim: int) -> list[str]:
     return reasons
 
 
-def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
-                        options: Options | None = None, skip: int = 0, fill: bool = True,
+def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, target: Target,
+                        cfg: Mapping[str, Any], options: Options | None = None, skip: int = 0, fill: bool = True,
                         workspace: torch.Tensor | None = None, keys_widened: bool = False) -> list[Launch]:
     """The launches that fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``), in order, none when ``out``
     is empty; ``q [T, H, D]``, ``k [N, D]``; ``options``: the launch options of ``cfg`` for ``target`` and the keys'
@@ -649,14 +693,16 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, *, target: Target, 
     One launch, but for MXFP4 keys on a target without a block-scaled instruction: those are widened once a call into
     ``workspace`` (int32 words, :func:`prefill_fp4.workspace_words`; the calling stream's kept one when None) and go
     through the fp8 prefill (:mod:`prefill_fp4`); ``keys_widened``: ``workspace`` holds them already, widened by an
-    earlier launch list of the same keys (the producer step's passes)."""
-    tokens, heads, dim = q.shape
+    earlier launch list of the same keys (the producer step's passes). MXFP4 queries (``q_scale`` given, with MXFP4
+    keys): the Triton kernel reads both, on any target (:func:`fp4_head_sum`)."""
+    tokens, heads = q.shape[:2]
+    dim = 2 * q.shape[2] if q_scale is not None else q.shape[2]
     n = k.shape[0]
     if out.numel() == 0:
         return []
     fp4_keys = k.dtype == fp4.FP4
-    fp4_mode = _fp4_mode(q.dtype, target) if fp4_keys else 0
-    words = prefill_workspace_words(q, k, target=target)
+    fp4_mode = _fp4_mode(target.fp8_dtype if q_scale is not None else q.dtype, target) if fp4_keys else 0
+    words = prefill_workspace_words(q, k, q_scale, target=target)
     if words:  # MXFP4 keys widened once, then the fp8 prefill
         ws = workspace[:words] if workspace is not None else workspaces.words(q, words, None)
         fp8_options = launch_key_options(format_options(target, cfg, False))
@@ -669,66 +715,72 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, *, target: Target, 
                                     far_options=options or launch_key_options(format_options(target, cfg, True)),
                                     fp8_launches=fp8_launches, skip=skip, programs=_programs(target, q.device),
                                     widen=not keys_widened)
-    if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (prefill_sm90.py) where it takes it
+    # The Hopper kernel in Gluon (prefill_sm90.py) where it takes the call (fp8 or bf16 queries)
+    if cfg.get("KERNEL") == "tma-ws" and q_scale is None:
         from indexcache.backends.triton import prefill_sm90
 
         if not prefill_sm90.unsupported(q, k, k_scale, weights, out, target):
             return [prefill_sm90.launch(q, k, k_scale, weights, ks, ke, out, cfg=cfg,
                                         sms=persistent_programs(_programs(target, q.device), 1),
                                         skip=skip, fill=fill)]
-    block_q = max(1, cfg["COLS"] // heads, 16 // heads)
+    block_q = max(1, _columns(cfg, fp4_mode, q_scale is not None) // heads, 16 // heads)
     block_n = _fp4_tile(cfg["BLOCK_N"], fp4_mode, target, cfg["KEYS_ON_M"])
     blocks = cdiv(tokens, block_q)
     programs = min(blocks, persistent_programs(_programs(target, q.device), cfg.get("PROGRAMS_PER_SM", 1)))
-    widen = _widen_mode(q.dtype, target, cfg)
+    widen = _widen_mode(target.fp8_dtype if q_scale is not None else q.dtype, target, cfg)
     options = options or launch_key_options(format_options(target, cfg, fp4_keys))
     keys, scales = (k.view(torch.uint8), k_scale.view(torch.uint8)) if fp4_keys else (_as_bytes(k, widen), k_scale)
+    # MXFP4 queries: their bytes and scale bytes (else q again for the unused scales' pointer, no strides)
+    queries, q_scales, qs_strides = ((q.view(torch.uint8), q_scale.view(torch.uint8), q_scale.stride()[:2])
+                                     if q_scale is not None else (_as_bytes(q, widen), _as_bytes(q, widen), (0, 0)))
     return [Launch(
         PREFILL, (programs,), options,
-        (_as_bytes(q, widen), keys, scales, weights, ks, ke, out,
+        (queries, keys, scales, weights, ks, ke, out, q_scales,
          tokens, n, skip,
          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
-         weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1)),
+         weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1), *qs_strides),
         dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=block_n, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
-             MXFP4=fp4_mode, FILL=fill),
+             MXFP4=fp4_mode, FILL=fill, Q_FP4=int(q_scale is not None)),
     )]
 
 
-def prefill_workspace_words(q, k, *, target: Target) -> int:
-    """int32 words of workspace a prefill (:func:`mqa_logits_launches`) on keys ``k`` takes: MXFP4 keys widened once
-    on a target without a block-scaled instruction, else none."""
-    if k.dtype != fp4.FP4 or _fp4_mode(q.dtype, target) >= mxfp4.SCALED_E2M1.value:
+def prefill_workspace_words(q, k, q_scale=None, *, target: Target) -> int:
+    """int32 words of workspace a prefill (:func:`mqa_logits_launches`) on keys ``k`` takes: MXFP4 keys with fp8
+    queries widened once on a target without a block-scaled instruction, else none (MXFP4 queries: none)."""
+    if k.dtype != fp4.FP4 or q_scale is not None or _fp4_mode(q.dtype, target) >= mxfp4.SCALED_E2M1.value:
         return 0
     return prefill_fp4.workspace_words(k.shape[0], q.shape[2])
 
 
-def prefill_round(q, k, k_scale, weights, *, target: Target, cfg: Mapping[str, Any]) -> int:
+def prefill_round(q, k, k_scale, weights, q_scale=None, *, target: Target, cfg: Mapping[str, Any]) -> int:
     """Query rows one round of the prefill launch (:func:`mqa_logits_launches`) takes: its programs times the queries
     a program's block holds. A launch over a multiple of it leaves no program idle in its last round."""
     heads = q.shape[1]
     programs = _programs(target, q.device)
-    if prefill_workspace_words(q, k, target=target):  # MXFP4 keys widened once: the round of the fp8 launch after
+    if prefill_workspace_words(q, k, q_scale, target=target):  # MXFP4 keys widened once: the fp8 launch's round
         k = torch.empty((k.shape[0], q.shape[2]), dtype=q.dtype, device="meta")
         k_scale = torch.empty(k.shape[0], device="meta")
-    if cfg.get("KERNEL") == "tma-ws":
+    if cfg.get("KERNEL") == "tma-ws" and q_scale is None:
         from indexcache.backends.triton import prefill_sm90
 
         # weights stands in for the logits: what the check reads of them is a unit stride along a row
         if not prefill_sm90.unsupported(q, k, k_scale, weights, weights, target):
             return persistent_programs(programs, 1) * max(1, prefill_sm90.COLS // heads)
-    return max(1, cfg["COLS"] // heads, 16 // heads) * persistent_programs(programs, cfg.get("PROGRAMS_PER_SM", 1))
+    cols = _columns(cfg, _fp4_mode(target.fp8_dtype, target), q_scale is not None)
+    return max(1, cols // heads, 16 // heads) * persistent_programs(programs, cfg.get("PROGRAMS_PER_SM", 1))
 
 
-def mqa_logits(q, k, k_scale, weights, ks, ke, out, *, target: Target, cfg: Mapping[str, Any],
+def mqa_logits(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, target: Target, cfg: Mapping[str, Any],
                options: Options | None = None):
     """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``); arguments as :func:`mqa_logits_launches`."""
-    for launch in mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, target=target, cfg=cfg, options=options):
+    for launch in mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale, target=target, cfg=cfg,
+                                      options=options):
         launch()
     return out
 
 
 def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None,
-                            row_to_batch=None, *, target: Target, cfg: Mapping[str, Any],
+                            row_to_batch=None, q_scale=None, *, target: Target, cfg: Mapping[str, Any],
                             options: Options | None = None, skip: int = -1) -> Launch | None:
     """The launch that fills ``out [B * next_n, max_context_len]`` float32 (contract:
     ``indexcache.paged_mqa_logits``), None when ``out`` is empty; ``options`` as :func:`mqa_logits_launches`, for the
@@ -737,21 +789,26 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     without their logits); -1 writes every row.
     ``k_format`` is None: an fp8 cache in ``q``'s format; ``torch.float4_e2m1fn_x2``: an MXFP4 cache, read by the
     Triton kernel, or the Hopper Gluon kernel where it takes the call (both formats); ``row_to_batch``: ragged rows,
-    two a program where the columns allow (both kernels)."""
-    batch, next_n, heads, dim = q.shape
+    two a program where the columns allow (both kernels); ``q_scale``: MXFP4 queries (on an MXFP4 cache), read by the
+    Triton kernel."""
+    batch, next_n, heads = q.shape[:3]
+    dim = 2 * q.shape[3] if q_scale is not None else q.shape[3]
     if out.numel() == 0:
         return None
     mxfp4 = k_format == fp4.FP4
     page = cache_page_size(k_cache, dim, fp4.FP4) if mxfp4 else cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
-    fp4_mode = _fp4_mode(q.dtype, target) if mxfp4 else 0
+    fp8 = target.fp8_dtype if q_scale is not None else q.dtype  # the format the kernel multiplies the keys in
+    fp4_mode = _fp4_mode(fp8, target) if mxfp4 else 0
     block_keys = _fp4_tile(cfg["BLOCK_KEYS"], fp4_mode, target, cfg["KEYS_ON_M"])
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
     # in launch order so the second reads the keys from L2); ragged rows two a program where two draft tokens would
     # be (two rows of a request side by side share their key reads) and the table's RAGGED_PAIRS allows.
     pairs = row_to_batch is not None and cfg.get("RAGGED_PAIRS", True)
-    groups = max(min(next_power_of_2(2 if pairs else next_n), max(1, cfg["COLS"] // heads)), 16 // heads)
-    if cfg.get("KERNEL") == "tma-ws":  # the Hopper kernel in Gluon (decode_sm90.py) where it takes the call
+    cols = _columns(cfg, fp4_mode, q_scale is not None)
+    groups = max(min(next_power_of_2(2 if pairs else next_n), max(1, cols // heads)), 16 // heads)
+    # The Hopper kernel in Gluon (decode_sm90.py) where it takes the call (fp8 queries)
+    if cfg.get("KERNEL") == "tma-ws" and q_scale is None:
         from indexcache.backends.triton import decode_sm90
 
         if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target, k_format):
@@ -760,7 +817,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
                                       batch_block=BATCH_BLOCK, skip=skip, row_to_batch=row_to_batch,
                                       k_format=k_format)
     options = options or launch_key_options(format_options(target, cfg, mxfp4))
-    widen = _widen_mode(q.dtype, target, cfg)
+    widen = _widen_mode(fp8, target, cfg)
     if mxfp4:  # the cache's bytes for both pointers; value words where every page starts at a multiple of 4 bytes
         kv, kv_scale = flat, flat
         words = int(page * token_bytes(dim, fp4.FP4) % 4 == 0 and flat.data_ptr() % 4 == 0)
@@ -768,15 +825,18 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
         kv, kv_scale = _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32)
         words = cfg.get("WORDS", 0)
     r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
-    args = (_as_bytes(q, widen), kv, kv_scale, weights,
-            context_lens, page_table, r2b, out,
+    # MXFP4 queries: their bytes and scale bytes (else q again for the unused scales' pointer, no strides)
+    queries, q_scales, qs_strides = ((q.view(torch.uint8), q_scale.view(torch.uint8), q_scale.stride()[:3])
+                                     if q_scale is not None else (_as_bytes(q, widen), _as_bytes(q, widen), (0, 0, 0)))
+    args = (queries, kv, kv_scale, weights,
+            context_lens, page_table, r2b, out, q_scales,
             batch, max_context_len, k_cache.shape[0], page_table.shape[1], page_table.shape[0], skip,
             q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
             context_lens.stride(0), page_table.stride(0), page_table.stride(1), r2b.stride(0), out.stride(0),
-            out.stride(1))
+            out.stride(1), *qs_strides)
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, BLOCK_KEYS=block_keys, BLOCK_B=BATCH_BLOCK,
                  KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen, PREFETCH=cfg.get("PREFETCH", 1), WORDS=words,
-                 MXFP4=fp4_mode, HAS_R2B=row_to_batch is not None)
+                 MXFP4=fp4_mode, HAS_R2B=row_to_batch is not None, Q_FP4=int(q_scale is not None))
     # A persistent grid of exactly the programs that stay resident (on NVIDIA counted from the compiled kernel's
     # registers and shared memory: a program more a SM would run as a second, mostly idle wave), never more than
     # there are tiles; the draft-token groups of a key range share the count.
@@ -787,14 +847,32 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None,
-                     row_to_batch=None, *, target: Target, cfg: Mapping[str, Any], options: Options | None = None):
+                     row_to_batch=None, q_scale=None, *, target: Target, cfg: Mapping[str, Any],
+                     options: Options | None = None):
     """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); arguments
     as :func:`paged_mqa_logits_launch`."""
     launch = paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format,
-                                     row_to_batch, target=target, cfg=cfg, options=options)
+                                     row_to_batch, q_scale, target=target, cfg=cfg, options=options)
     if launch is not None:
         launch()
     return out
+
+
+def _head_dim(q: torch.Tensor) -> int:
+    """The head dim of queries ``q [..., D]`` (MXFP4: ``[..., D / 2]``)."""
+    return 2 * q.shape[-1] if q.dtype == fp4.FP4 else q.shape[-1]
+
+
+def _mxfp4_queries(q: torch.Tensor, q_scale: torch.Tensor) -> list[str]:
+    """Why the logits kernels cannot read these MXFP4 queries (empty: they can): their rows are read as 4-byte words
+    and their scale bytes a row at a time."""
+    reasons = []
+    if q.stride(-1) != 1 or any(stride % 4 for stride in q.stride()[:-1]) or q.data_ptr() % 4:
+        reasons.append("MXFP4 q: the Triton kernels read its rows as 4-byte words (unit stride along a row, rows and "
+                       "the first one at multiples of 4 bytes)")
+    if q_scale.stride(-1) != 1:
+        reasons.append("MXFP4 q_scale: the Triton kernels need unit stride along a row")
+    return reasons
 
 
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
@@ -804,15 +882,19 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     prefill_options = {mxfp4: launch_key_options(format_options(target, prefill, mxfp4)) for mxfp4 in (False, True)}
     decode_options = {mxfp4: launch_key_options(format_options(target, decode, mxfp4)) for mxfp4 in (False, True)}
 
-    def supports_prefill(q, k, k_scale, weights, ks, ke, out, **_):
+    def supports_prefill(q, k, k_scale, weights, ks, ke, out, q_scale=None, **_):
         mxfp4 = _mxfp4_prefill(q, k, k_scale, target) if k.dtype == fp4.FP4 else []
+        queries = (_check_dtype("q", q.dtype, target, bf16=True) if q_scale is None else
+                   [*on_target_device(target, q_scale=q_scale), *_mxfp4_queries(q, q_scale)])
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
-                *_check_dtype("q", q.dtype, target, bf16=True), *_check_shape(q.shape[1], q.shape[2]), *mxfp4]
+                *queries, *_check_shape(q.shape[1], _head_dim(q)), *mxfp4]
 
-    def supports_decode(q, k_cache, weights, context_lens, page_table, out, row_to_batch=None, **_):
+    def supports_decode(q, k_cache, weights, context_lens, page_table, out, row_to_batch=None, q_scale=None, **_):
+        queries = (_check_dtype("q", q.dtype, target, bf16=False) if q_scale is None else
+                   [*on_target_device(target, q_scale=q_scale), *_mxfp4_queries(q, q_scale)])
         return [*on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
                                   page_table=page_table, out=out, row_to_batch=row_to_batch),
-                *_check_dtype("q", q.dtype, target, bf16=False), *_check_shape(q.shape[2], q.shape[3])]
+                *queries, *_check_shape(q.shape[2], _head_dim(q))]
 
     def run_prefill(**args):
         return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options[args["k"].dtype == fp4.FP4])
@@ -850,11 +932,12 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         specs.append(KernelSpec(
             "mqa_logits", mqa_logits_kernel,
             {"q_ptr": data, "k_ptr": data, "scale_ptr": "*fp32", "w_ptr": "*fp32",
-             "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"},
+             "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32", "qs_ptr": data},
             {"H": heads, "D": dim, "BLOCK_Q": max(1, prefill["COLS"] // heads, 16 // heads),
-             "BLOCK_N": prefill["BLOCK_N"], "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen, "MXFP4": 0,
+             "BLOCK_N": prefill["BLOCK_N"], "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen, "MXFP4": 0, "Q_FP4": 0,
              "q_s2": 1, "k_s1": 1, "scale_s0": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
-            launch_options(target, prefill), matrix=operand, aligned=("q_s0", "q_s1", "k_s0", "w_s0")))
+            launch_options(target, prefill), matrix=operand,
+            aligned=("q_s0", "q_s1", "k_s0", "w_s0", "qs_s0", "qs_s1")))
     # The prefill on MXFP4 keys (values [N, 64] and scales [N, 4] bytes), the target's fp8 queries, where the target
     # has fp8 matrix instructions (_mxfp4_prefill): on its block-scaled instruction where it has one (the matrix check
     # then asks for that instruction), else the keys widened once (prefill_fp4) for the fp8 prefill above.
@@ -866,13 +949,25 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     specs += [] if not target.gpu.fp8_mma or mode < mxfp4.SCALED_E2M1.value else [KernelSpec(
         "mqa_logits", mqa_logits_kernel,
         {"q_ptr": data, "k_ptr": "*u8", "scale_ptr": "*u8", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32",
-         "out_ptr": "*fp32"},
+         "out_ptr": "*fp32", "qs_ptr": data},
         {"H": heads, "D": dim, "BLOCK_Q": max(1, prefill["COLS"] // heads, 16 // heads),
          "BLOCK_N": _fp4_tile(prefill["BLOCK_N"], mode, target, prefill["KEYS_ON_M"]),
-         "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen, "MXFP4": mode, "q_s2": 1, "k_s1": 1, "w_s1": 1,
+         "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen, "MXFP4": mode, "Q_FP4": 0, "q_s2": 1, "k_s1": 1, "w_s1": 1,
          "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
         format_options(target, prefill, mxfp4=True), matrix=_fp4_matrix(mode, widen),
-        aligned=("q_s0", "q_s1", "k_s0", "scale_s0", "w_s0"))]
+        aligned=("q_s0", "q_s1", "k_s0", "scale_s0", "w_s0", "qs_s0", "qs_s1"))]
+    # MXFP4 queries with MXFP4 keys (the values as words, the scales as bytes: [T, 64, 64] and [T, 64, 4]), where the
+    # target has fp8 matrix instructions: on its block-scaled instruction, else block by block (blockwise_dot).
+    specs += [] if not target.gpu.fp8_mma else [KernelSpec(
+        "mqa_logits", mqa_logits_kernel,
+        {"q_ptr": "*u8", "k_ptr": "*u8", "scale_ptr": "*u8", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32",
+         "out_ptr": "*fp32", "qs_ptr": "*u8"},
+        {"H": heads, "D": dim, "BLOCK_Q": max(1, _columns(prefill, mode, True) // heads, 16 // heads),
+         "BLOCK_N": _fp4_tile(prefill["BLOCK_N"], mode, target, prefill["KEYS_ON_M"]),
+         "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen, "MXFP4": mode, "Q_FP4": 1, "q_s2": 1, "k_s1": 1,
+         "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
+        format_options(target, prefill, mxfp4=True), matrix=_fp4_matrix(mode, widen),
+        aligned=("q_s0", "q_s1", "k_s0", "scale_s0", "w_s0", "qs_s0", "qs_s1"))]
     widen = _widen_mode(target.fp8_dtype, target, decode)
     fp8 = "*u8" if widen in (1, 3) else pointer(target.fp8_dtype)
     for next_n, ragged in ((1, 0), (2, 0), (3, 0), (4, 0), (1, 1)):  # ragged: a row a token, its request named,
@@ -882,31 +977,36 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         specs.append(KernelSpec(
             "paged_mqa_logits", paged_mqa_logits_kernel,
             {"q_ptr": fp8, "kv_ptr": fp8, "kv_scale_ptr": "*fp32", "w_ptr": "*fp32", "ctx_ptr": "*i32",
-             "table_ptr": "*i32", "r2b_ptr": "*i32", "out_ptr": "*fp32"},
+             "table_ptr": "*i32", "r2b_ptr": "*i32", "out_ptr": "*fp32", "qs_ptr": fp8},
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
              "BLOCK_KEYS": decode["BLOCK_KEYS"], "BLOCK_B": BATCH_BLOCK, "KEYS_ON_M": decode["KEYS_ON_M"],
              "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": decode.get("WORDS", 0), "MXFP4": 0,
-             "HAS_R2B": ragged, "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1, "out_s1": 1},
+             "HAS_R2B": ragged, "Q_FP4": 0, "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1, "out_s1": 1},
             launch_options(target, decode), matrix="fp16" if widen in (1, 3) else "fp8",
             aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
     # The MXFP4 decode (k_format float4_e2m1fn_x2): the same kernel reading the cache's bytes, widening to the
     # target's fp8 format or into its block-scaled instruction; the Triton kernel on every target (also where the
     # table's KERNEL is "tma-ws").
     mode = _fp4_mode(target.fp8_dtype, target)
-    for next_n, ragged in ((1, 0), (2, 0), (3, 0), (4, 0), (1, 1)):
+    # MXFP4 queries on an MXFP4 cache (q_fp4: the queries' value bytes read as words, their scale bytes) at next_n 1
+    # and 2 and ragged, the same kernel on any target (blockwise_dot where there is no block-scaled instruction).
+    for next_n, ragged, q_fp4 in ((1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 0, 0), (1, 1, 0), (1, 0, 1), (2, 0, 1),
+                                  (1, 1, 1)):
         pairs = ragged and decode.get("RAGGED_PAIRS", True)
-        groups = max(min(next_power_of_2(2 if pairs else next_n), max(1, decode["COLS"] // heads)), 16 // heads)
+        cols = _columns(decode, mode, q_fp4)
+        groups = max(min(next_power_of_2(2 if pairs else next_n), max(1, cols // heads)), 16 // heads)
+        queries = "*u8" if q_fp4 else fp8
         specs.append(KernelSpec(
             "paged_mqa_logits", paged_mqa_logits_kernel,
-            {"q_ptr": fp8, "kv_ptr": "*u8", "kv_scale_ptr": "*u8", "w_ptr": "*fp32", "ctx_ptr": "*i32",
-             "table_ptr": "*i32", "r2b_ptr": "*i32", "out_ptr": "*fp32"},
+            {"q_ptr": queries, "kv_ptr": "*u8", "kv_scale_ptr": "*u8", "w_ptr": "*fp32", "ctx_ptr": "*i32",
+             "table_ptr": "*i32", "r2b_ptr": "*i32", "out_ptr": "*fp32", "qs_ptr": queries},
             {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page,
              "BLOCK_KEYS": _fp4_tile(decode["BLOCK_KEYS"], mode, target, decode["KEYS_ON_M"]), "BLOCK_B": BATCH_BLOCK,
              "KEYS_ON_M": decode["KEYS_ON_M"], "WIDEN": widen, "PREFETCH": decode.get("PREFETCH", 1), "WORDS": 1,
-             "MXFP4": mode, "HAS_R2B": ragged, "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1, "r2b_s0": 1,
-             "out_s1": 1},
+             "MXFP4": mode, "HAS_R2B": ragged, "Q_FP4": q_fp4, "q_s3": 1, "w_s1": 1, "ctx_s0": 1, "tab_s1": 1,
+             "r2b_s0": 1, "out_s1": 1},
             format_options(target, decode, mxfp4=True), matrix=_fp4_matrix(mode, widen),
-            aligned=("q_s0", "q_s1", "q_s2", "w_s0")))
+            aligned=("q_s0", "q_s1", "q_s2", "w_s0", "qs_s0", "qs_s1", "qs_s2")))
     if prefill.get("KERNEL") == "tma-ws":  # the Hopper prefill in Gluon (prefill_sm90.py) where the table takes it
         from indexcache.backends.triton import prefill_sm90
 

@@ -112,15 +112,15 @@ def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, 
     return rows
 
 
-def _passes(q, k, k_scale, weights, topk_k: int, limit: int, *, target: Target,
+def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, target: Target,
             tuning: Mapping[str, Mapping[str, Any]]) -> tuple[int, int, int]:
     """``(rows a pass, the keys' words, workspace bytes)`` of a call with queries and a ``topk_k`` (:func:`pass_rows`,
     in whole rounds of its logits launch where the bound allows): the windows, the keys widened once (int32 words,
     ``logits.prefill_workspace_words``; 0 but for MXFP4 keys on a widening target), a pass's logits and its top-k's
-    workspace."""
+    workspace. ``q_scale``: MXFP4 queries (the keys read as they are)."""
     tokens, keys = q.shape[0], k.shape[0]
-    quantum = prefill_round(q, k, k_scale, weights, target=target, cfg=tuning["mqa_logits"])
-    wide = prefill_workspace_words(q, k, target=target)
+    quantum = prefill_round(q, k, k_scale, weights, q_scale, target=target, cfg=tuning["mqa_logits"])
+    wide = prefill_workspace_words(q, k, q_scale, target=target)
     rows = pass_rows(tokens, keys, q.device, topk_k, limit, target=target, cfg=tuning["topk"], quantum=quantum,
                      keys_words=wide)
     return rows, wide, 4 * (2 * _piece(tokens) + _piece(wide) + _piece(rows * keys)) + _topk_bytes(
@@ -128,17 +128,18 @@ def _passes(q, k, k_scale, weights, topk_k: int, limit: int, *, target: Target,
 
 
 def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, topk_k: int,
-                         limit: int, *, target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> int:
+                         limit: int, q_scale: torch.Tensor | None = None, *, target: Target,
+                         tuning: Mapping[str, Mapping[str, Any]]) -> int:
     """The workspace bytes of a call (at most ``limit``): the windows, a pass's logits and its top-k's workspace;
     none when every row is short (no more keys than ``topk_k``)."""
     if q.shape[0] == 0 or topk_k == 0 or k.shape[0] <= topk_k:
         return 0
-    return _passes(q, k, k_scale, weights, topk_k, limit, target=target, tuning=tuning)[2]
+    return _passes(q, k, k_scale, weights, topk_k, limit, q_scale, target=target, tuning=tuning)[2]
 
 
 def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_to_batch, out, out_raw,
-             workspace_bytes_, workspace=None, *, target: Target, tuning: Mapping[str, Mapping[str, Any]],
-             options) -> list[Launch | None]:
+             workspace_bytes_, workspace=None, q_scale=None, *, target: Target,
+             tuning: Mapping[str, Mapping[str, Any]], options) -> list[Launch | None]:
     """The launches of one call, in order (None: nothing to launch); arguments as ``indexcache.mqa_topk_translate``
     (``topk_k`` its ``topk``, ``workspace_bytes_`` the resolved bound), ``options`` the prefill logits' launch
     options."""
@@ -147,7 +148,8 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
         return []
     if keys <= topk_k:  # every window short: its first positions, translated, in one launch
         return [short_launch(ks, 1, row_to_batch, topk_k, keys, page_table, page_size, out, out_raw, window_ends=ke)]
-    rows, wide, total = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, target=target, tuning=tuning)
+    rows, wide, total = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, q_scale, target=target,
+                                tuning=tuning)
     win, wide, part = _piece(tokens), _piece(wide), _piece(rows * keys)
     ws = workspaces.words(q, total // 4, workspace, cap=workspace_bytes_ // 4)
     starts, lengths = ws[:tokens], ws[win:win + tokens]
@@ -163,6 +165,7 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
         scores = logits[:t1 - t0]
         # (MXFP4 keys widened once: in the first pass)
         steps += mqa_logits_launches(q[t0:t1], k, k_scale, weights[t0:t1], ks[t0:t1], ke[t0:t1], scores,
+                                     None if q_scale is None else q_scale[t0:t1],
                                      target=target, cfg=tuning["mqa_logits"], options=options, skip=topk_k,
                                      fill=False, workspace=keys_ws, keys_widened=t0 > 0)
         # Without row_to_batch, query t translates through table row t: the pass's rows of the table.
@@ -192,8 +195,10 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     options = {mxfp4: launch_key_options(format_options(target, tuning["mqa_logits"], mxfp4))
                for mxfp4 in (False, True)}
 
-    def supports(q, k, k_scale, weights, ks, ke, page_table, row_to_batch, out, out_raw, workspace=None, **_):
-        reasons = logits_op.supports(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out)
+    def supports(q, k, k_scale, weights, ks, ke, page_table, row_to_batch, out, out_raw, workspace=None, q_scale=None,
+                 **_):
+        reasons = logits_op.supports(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out,
+                                     q_scale=q_scale)
         reasons += on_target_device(target, page_table=page_table, row_to_batch=row_to_batch, out_raw=out_raw,
                                     workspace=workspace)
         if k.shape[0] > MAX_COLS:
@@ -209,8 +214,9 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     def prepare(**args):
         return bound(op_launches(args, target=target, tuning=tuning, options=options[args["k"].dtype == fp4.FP4]))
 
-    def workspace_of(q, k, k_scale, weights, topk, workspace_bytes, **_):
-        return call_workspace_bytes(q, k, k_scale, weights, topk, workspace_bytes, target=target, tuning=tuning)
+    def workspace_of(q, k, k_scale, weights, topk, workspace_bytes, q_scale=None, **_):
+        return call_workspace_bytes(q, k, k_scale, weights, topk, workspace_bytes, q_scale, target=target,
+                                    tuning=tuning)
 
     return {"mqa_topk_translate": OpImpl(run, supports, prepare, workspace_of)}
 

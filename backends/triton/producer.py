@@ -136,18 +136,19 @@ def workspace_bytes(q: torch.Tensor, logits: torch.Tensor, k: int, *, target: Ta
 
 
 def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size, logits, out,
-             out_raw, workspace=None, k_format=None, row_to_batch=None, *, target: Target,
+             out_raw, workspace=None, k_format=None, row_to_batch=None, q_scale=None, *, target: Target,
              tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch | None]:
     """The launches of one call, in order (None: nothing to launch); arguments as
     ``indexcache.paged_topk_translate`` (``k_format`` None: an fp8 cache in ``q``'s format, else MXFP4;
-    ``row_to_batch``: ragged rows)."""
+    ``row_to_batch``: ragged rows; ``q_scale``: MXFP4 queries)."""
     batch, next_n = q.shape[0], q.shape[1]
     rows = batch * next_n
     if max_context_len <= k:  # every row short: no logits, no top-k
         return [short_launch(context_lens, next_n, row_to_batch, k, max_context_len, page_table, page_size, out,
                              out_raw)]
     steps = [paged_mqa_logits_launch(q, k_cache, weights, context_lens, block_table, max_context_len, logits,
-                                     k_format, row_to_batch, target=target, cfg=tuning["paged_mqa_logits"], skip=k)]
+                                     k_format, row_to_batch, q_scale, target=target, cfg=tuning["paged_mqa_logits"],
+                                     skip=k)]
     draft = _draft_words(q)
     ws = workspaces.words(q, workspace_bytes(q, logits, k, target=target, tuning=tuning) // 4, workspace)
     lengths, r2b = context_lens, row_to_batch  # next_n 1 (ragged rows: each row's own length and request)
@@ -167,7 +168,7 @@ def _parts(args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     ``context_lens``: what the checks read of them is their device)."""
     decode = dict(q=args["q"], k_cache=args["k_cache"], weights=args["weights"], context_lens=args["context_lens"],
                   page_table=args["block_table"], max_context_len=args["max_context_len"], out=args["logits"],
-                  k_format=args.get("k_format"), row_to_batch=args.get("row_to_batch"))
+                  k_format=args.get("k_format"), row_to_batch=args.get("row_to_batch"), q_scale=args.get("q_scale"))
     select = dict(scores=args["logits"], lengths=args["context_lens"], k=args["k"], page_table=args["page_table"],
                   page_size=args["page_size"], row_starts=None, row_to_batch=args.get("row_to_batch"), out=args["out"],
                   out_raw=args["out_raw"], sorted=False, workspace=args["workspace"])

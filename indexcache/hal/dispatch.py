@@ -228,11 +228,14 @@ def scheduler(args: Mapping[str, Any], backend: str | None = None) -> tuple[str,
 
 def args_for(impl: OpImpl, args: Mapping[str, Any]) -> Mapping[str, Any]:
     """The arguments ``impl`` takes: all of them, less ``workspace`` where it declares no ``workspace_bytes`` (it
-    takes no workspace), and less the paged ops' ``k_format`` and ``row_to_batch`` where None (the cache in the
-    queries' fp8 format, uniform rows: as before the paged ops had either): backends written before keep working."""
+    takes no workspace), less the paged ops' ``k_format`` and ``row_to_batch`` where None (the cache in the
+    queries' fp8 format, uniform rows: as before the paged ops had either), and less ``q_scale`` where None (fp8 or
+    bf16 queries: as before the logits ops took MXFP4 ones): backends written before keep working."""
     drop = {"workspace"} if impl.workspace_bytes is None else set()
     if "k_format" in args:  # a paged op
         drop |= {name for name in ("k_format", "row_to_batch") if name in args and args[name] is None}
+    if "q_scale" in args and args["q_scale"] is None:
+        drop.add("q_scale")
     if drop & args.keys():
         return {name: value for name, value in args.items() if name not in drop}
     return args

@@ -50,13 +50,12 @@ def quantize(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """``[N, D]`` float64 of MXFP4 ``values [N, D / 2]`` and ``scales [N, D / 32]`` (any 1-byte dtypes holding the
-    bytes; scale byte 255 decodes to NaN)."""
+    """``[..., D]`` float64 of MXFP4 ``values [..., D / 2]`` and ``scales [..., D / 32]`` (any 1-byte dtypes holding
+    the bytes; scale byte 255 decodes to NaN)."""
     packed = values.contiguous().view(torch.uint8).long()
     nibble = torch.stack((packed & 15, packed >> 4), -1).flatten(-2)
     grid = torch.tensor(E2M1_GRID, dtype=torch.float64)
     x = grid[nibble & 7] * (1 - 2 * (nibble >> 3)).double()
     b = scales.contiguous().view(torch.uint8).double()
     scale = torch.exp2(b - 127).masked_fill(b == E8M0_NAN, float("nan"))
-    n, d = x.shape
-    return (x.reshape(n, d // BLOCK, BLOCK) * scale[..., None]).reshape(n, d)
+    return (x.unflatten(-1, (scale.shape[-1], BLOCK)) * scale[..., None]).flatten(-2)

@@ -139,7 +139,11 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
          sm_budget: int | None = None, backend=None):
     """Per row, the k best positions of the window ``[row_starts[r], row_starts[r] + lengths[r])``.
 
-    Windows are clipped to the N columns. Rows with length ≤ k give ``0 .. len-1`` then -1 without
+    Windows are clipped to the N columns start first: a window starts at ``row_starts[r]`` clamped to ``[0, N]`` and
+    holds ``lengths[r]`` positions from there (a negative length none), as many as the columns left hold. A negative
+    start therefore does not shorten the window: ``[-3, 5)`` is ``[0, 8)``, not the ``[0, 5)`` that :func:`mqa_logits`
+    makes of a window ``[ks, ke) = [-3, 5)``; pass the clipped start and length (as :func:`mqa_topk_translate`
+    does) to select within such a window. Rows with length ≤ k give ``0 .. len-1`` then -1 without
     looking at the scores; longer rows never select -inf or NaN (slots they would fill are -1); among
     equal scores the lower index wins. Order inside a row is unspecified unless ``sorted``.
 
@@ -152,7 +156,7 @@ def topk(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = F
     k : int
         Positions a row, in ``[0, MAX_TOPK]``.
     row_starts : torch.Tensor, optional
-        ``[R]`` int32 window starts (0 when None).
+        ``[R]`` int32 window starts (0 when None; negative counts as 0, past N as N).
     out : torch.Tensor, optional
         ``[R, k]`` int32, written in place without allocating.
     sorted : bool
@@ -244,7 +248,8 @@ def topk_translate(scores, lengths, k: int, page_table, page_size: int, *, row_s
                       workspace=workspace), sm_budget=sm_budget)
 
 
-def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, sm_budget: int | None = None, backend=None):
+def mqa_logits(q, k, k_scale, weights, ks, ke, *, q_scale=None, out=None, sm_budget: int | None = None,
+               backend=None):
     """Ragged prefill indexer logits.
 
     ``out[t, n] = k_scale[n] * sum_h weights[t, h] * relu(q[t, h] . k[n])`` inside the window
@@ -253,9 +258,10 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, sm_budget: int | Non
     Parameters
     ----------
     q : torch.Tensor
-        ``[T, H, D]`` float8_e4m3fn, float8_e4m3fnuz or bfloat16.
+        ``[T, H, D]`` float8_e4m3fn, float8_e4m3fnuz or bfloat16; with MXFP4 keys also MXFP4 queries ``[T, H, D / 2]``
+        float4_e2m1fn_x2 (with ``q_scale``).
     k : torch.Tensor
-        ``[N, D]`` of ``q``'s dtype, or MXFP4 keys ``[N, D / 2]`` float4_e2m1fn_x2 with fp8 ``q`` (as
+        ``[N, D]`` of ``q``'s dtype, or MXFP4 keys ``[N, D / 2]`` float4_e2m1fn_x2 with fp8 or MXFP4 ``q`` (as
         :func:`quantize_index_k` returns them).
     k_scale : torch.Tensor
         ``[N]`` float32; with MXFP4 keys their scales, ``[N, D / 32]`` float8_e8m0fnu.
@@ -263,6 +269,9 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, sm_budget: int | Non
         ``[T, H]`` float32.
     ks, ke : torch.Tensor
         ``[T]`` int32, the key window of each query.
+    q_scale : torch.Tensor, optional
+        MXFP4 queries' block scales, ``[T, H, D / 32]`` float8_e8m0fnu (docs/fp4.md, "Queries"); None for any other
+        ``q`` (an fp8 query's scale belongs in ``weights``).
     out : torch.Tensor, optional
         ``[T, N]`` float32, written in place without allocating.
     sm_budget : int, optional
@@ -292,12 +301,12 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, *, out=None, sm_budget: int | Non
     >>> indexcache.mqa_logits(q, k, torch.ones(3), torch.tensor([[2.0]]), *window, backend="torch")
     tensor([[8., 0., -inf]])
     """
-    return _call("mqa_logits", backend, out is not None, (q, k, k_scale, weights, ks, ke), dict(out=out),
-                 sm_budget=sm_budget)
+    return _call("mqa_logits", backend, out is not None, (q, k, k_scale, weights, ks, ke),
+                 dict(q_scale=q_scale, out=out), sm_budget=sm_budget)
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None,
-                     k_format=None, row_to_batch=None, sm_budget: int | None = None, backend=None):
+                     k_format=None, row_to_batch=None, q_scale=None, sm_budget: int | None = None, backend=None):
     """Paged decode / speculative-verify indexer logits over the packed fp8 or MXFP4 cache.
 
     Row ``b * next_n + j`` sees keys ``0 .. context_lens[b] - next_n + j`` of table row ``b``; later keys, keys
@@ -310,7 +319,8 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     ----------
     q : torch.Tensor
         ``[B, next_n, H, D]`` float8_e4m3fn or float8_e4m3fnuz (the cache holds the same format unless
-        ``k_format`` names another); ragged rows: ``[R, 1, H, D]``, B standing for R below.
+        ``k_format`` names another), or on an MXFP4 cache MXFP4 queries ``[B, next_n, H, D / 2]`` float4_e2m1fn_x2
+        (with ``q_scale``); ragged rows: ``[R, 1, H, D]``, B standing for R below.
     k_cache : torch.Tensor
         The packed cache (:mod:`indexcache.hal.layout`): uint8, contiguous, ``[num_pages, page_size, 1, D + 4]``
         or ``[num_pages, page_size * (D + 4)]``; D a positive multiple of 4. MXFP4 keys: ``D / 2 + D / 32`` bytes
@@ -330,6 +340,9 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
         :func:`store_index_k` writes them), each decoded with its block scales in place of ``scale · key``.
     row_to_batch : torch.Tensor, optional
         ``[R]`` int32, ragged rows: each row's table row (its request).
+    q_scale : torch.Tensor, optional
+        MXFP4 queries' block scales, ``[B, next_n, H, D / 32]`` float8_e8m0fnu (docs/fp4.md, "Queries"); None for
+        fp8 queries.
     sm_budget : int, optional
         Multiprocessors (compute units on AMD) its persistent kernels may use (default: the
         :func:`indexcache.sm_budget` setting in force, else the whole device; docs/streams.md).
@@ -363,12 +376,12 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     """
     return _call("paged_mqa_logits", backend, out is not None,
                  (q, k_cache, weights, context_lens, page_table, max_context_len),
-                 dict(out=out, k_format=k_format, row_to_batch=row_to_batch), sm_budget=sm_budget)
+                 dict(out=out, k_format=k_format, row_to_batch=row_to_batch, q_scale=q_scale), sm_budget=sm_budget)
 
 
 def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table,
                          page_size: int, *, logits=None, out=None, out_raw=None, workspace=None, k_format=None,
-                         row_to_batch=None, sm_budget: int | None = None, backend=None):
+                         row_to_batch=None, q_scale=None, sm_budget: int | None = None, backend=None):
     """The producer step of decode in one op: :func:`paged_mqa_logits` then :func:`topk_translate` on its rows.
 
     Equal to ``paged_mqa_logits(q, k_cache, weights, context_lens, block_table, max_context_len, out=logits)``,
@@ -381,8 +394,8 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
     Parameters
     ----------
     q, k_cache, weights, context_lens, max_context_len
-        As :func:`paged_mqa_logits`: ``q [B, next_n, H, D]`` fp8, the packed cache, ``weights [B * next_n, H]``
-        float32, ``context_lens [B]`` int32.
+        As :func:`paged_mqa_logits`: ``q [B, next_n, H, D]`` fp8 (or MXFP4 with ``q_scale``), the packed cache,
+        ``weights [B * next_n, H]`` float32, ``context_lens [B]`` int32.
     block_table : torch.Tensor
         ``[B, P]`` int32, the index-K cache's page table (:func:`paged_mqa_logits`' ``page_table``).
     k : int
@@ -408,6 +421,8 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
         As :func:`paged_mqa_logits`: None (``q``'s fp8 format) or ``torch.float4_e2m1fn_x2`` (an MXFP4 cache).
     row_to_batch : torch.Tensor, optional
         ``[R]`` int32, ragged rows: each row's request, its row of ``block_table`` and ``page_table``.
+    q_scale : torch.Tensor, optional
+        As :func:`paged_mqa_logits`: MXFP4 queries' block scales (on an MXFP4 cache), else None.
     sm_budget : int, optional
         Multiprocessors (compute units on AMD) its persistent kernels may use (default: the
         :func:`indexcache.sm_budget` setting in force, else the whole device; docs/streams.md).
@@ -447,11 +462,11 @@ def paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_con
     return _call("paged_topk_translate", backend, out is not None and logits is not None,
                  (q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size),
                  dict(logits=logits, out=out, out_raw=out_raw, workspace=workspace, k_format=k_format,
-                      row_to_batch=row_to_batch), sm_budget=sm_budget)
+                      row_to_batch=row_to_batch, q_scale=q_scale), sm_budget=sm_budget)
 
 
 def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, page_size: int, *, row_to_batch=None,
-                       out=None, out_raw=None, workspace=None, workspace_bytes: int | None = None,
+                       out=None, out_raw=None, workspace=None, workspace_bytes: int | None = None, q_scale=None,
                        sm_budget: int | None = None, backend=None):
     """The producer step of prefill in one op, in bounded memory: :func:`mqa_logits` then :func:`topk_translate` over
     each query's key window, the ``[T, N]`` logits never written whole.
@@ -469,8 +484,8 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, pa
     Parameters
     ----------
     q, k, k_scale, weights, ks, ke
-        As :func:`mqa_logits`: ``q [T, H, D]`` fp8 or bfloat16, ``k [N, D]`` (or MXFP4 keys), ``k_scale``,
-        ``weights [T, H]`` float32, ``ks`` and ``ke [T]`` int32.
+        As :func:`mqa_logits`: ``q [T, H, D]`` fp8 or bfloat16 (or MXFP4 with ``q_scale``), ``k [N, D]`` (or MXFP4
+        keys), ``k_scale``, ``weights [T, H]`` float32, ``ks`` and ``ke [T]`` int32.
     topk : int
         Positions a query, in ``[0, MAX_TOPK]``.
     page_table : torch.Tensor
@@ -490,6 +505,8 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, pa
     workspace_bytes : int, optional
         The most bytes of scratch the call may take (default 2 GiB), ≥ 1: at least one query row's (its ``4 N`` bytes
         of logits and its top-k's workspace) where ``N > topk``, else ``ValueError``.
+    q_scale : torch.Tensor, optional
+        As :func:`mqa_logits`: MXFP4 queries' block scales ``[T, H, D / 32]`` (with MXFP4 keys), else None.
     sm_budget : int, optional
         Multiprocessors (compute units on AMD) its persistent kernels may use (default: the
         :func:`indexcache.sm_budget` setting in force, else the whole device; docs/streams.md).
@@ -528,7 +545,7 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, pa
     return _call("mqa_topk_translate", backend, out is not None,
                  (q, k, k_scale, weights, ks, ke, topk, page_table, page_size),
                  dict(row_to_batch=row_to_batch, out=out, out_raw=out_raw, workspace=workspace,
-                      workspace_bytes=workspace_bytes), sm_budget=sm_budget)
+                      workspace_bytes=workspace_bytes, q_scale=q_scale), sm_budget=sm_budget)
 
 
 def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = None, backend=None):

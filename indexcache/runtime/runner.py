@@ -157,7 +157,7 @@ class IndexerRunner:
             if isinstance(got, PagedLogits):
                 return state.produce_paged(layer, got.q, got.k_cache, got.weights, got.context_lens,
                                            got.block_table, got.max_context_len, page_table, self.page_size,
-                                           logits=got.logits, k_format=got.k_format)
+                                           logits=got.logits, k_format=got.k_format, q_scale=got.q_scale)
             if isinstance(got, PrefillLogits):
                 return state.produce_prefill(layer, got, page_table, self.page_size, row_to_batch=row_to_batch)
             return state.produce(layer, got, lengths, page_table, self.page_size, row_starts=row_starts,

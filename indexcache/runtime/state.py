@@ -110,7 +110,8 @@ class PagedLogits:
     ``q [B, next_n, H, D]`` fp8; ``k_cache`` the packed index-K cache; ``weights [B * next_n, H]`` float32;
     ``context_lens [B]`` int32; ``block_table [B, P]`` int32, the index-K cache's page table; ``logits``: an
     optional ``[B * next_n, max_context_len]`` float32 buffer for the logits (allocated when None); ``k_format``:
-    None for a cache in ``q``'s fp8 format, ``torch.float4_e2m1fn_x2`` for an MXFP4 one (docs/fp4.md).
+    None for a cache in ``q``'s fp8 format, ``torch.float4_e2m1fn_x2`` for an MXFP4 one (docs/fp4.md); ``q_scale``:
+    MXFP4 queries' block scales (``q [B, next_n, H, D / 2]`` float4_e2m1fn_x2 on an MXFP4 cache), else None.
     """
 
     q: torch.Tensor
@@ -121,6 +122,7 @@ class PagedLogits:
     max_context_len: int
     logits: torch.Tensor | None = None
     k_format: torch.dtype | None = None
+    q_scale: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ class PrefillLogits:
     :meth:`TopkState.produce_prefill` to score and select in one op in bounded memory
     (:func:`indexcache.mqa_topk_translate`: the ``[rows, N]`` logits are never written whole).
 
-    ``q [rows, H, D]`` fp8 or bfloat16; ``k [N, D]`` (or MXFP4 keys) and ``k_scale``, e.g. from
+    ``q [rows, H, D]`` fp8 or bfloat16 (or MXFP4 with ``q_scale``, on MXFP4 keys); ``k [N, D]`` (or MXFP4 keys) and
+    ``k_scale``, e.g. from
     :func:`indexcache.gather_index_k`; ``weights [rows, H]`` float32; ``ks``, ``ke [rows]`` int32, each row's key
     window (its start is where the row's positions count from); ``workspace`` / ``workspace_bytes``: the op's scratch
     and its bound (None: the backend's own, 2 GiB at most).
@@ -143,6 +146,7 @@ class PrefillLogits:
     ke: torch.Tensor
     workspace: torch.Tensor | None = None
     workspace_bytes: int | None = None
+    q_scale: torch.Tensor | None = None
 
 
 class TopkState:
@@ -221,17 +225,18 @@ class TopkState:
     def produce_paged(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor,
                       context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
                       page_table: torch.Tensor, page_size: int, *, logits: torch.Tensor | None = None,
-                      k_format: torch.dtype | None = None) -> torch.Tensor:
+                      k_format: torch.dtype | None = None, q_scale: torch.Tensor | None = None) -> torch.Tensor:
         """Decode producer ``layer``: its paged indexer logits and their top-k into ``raw`` and ``physical`` in
         one op; returns the physical slots ``[rows, k]`` int32 (-1 = empty) through ``page_table``.
 
         Arguments as for :func:`indexcache.paged_topk_translate` (``rows = B * next_n``): row ``b * next_n + j``
         sees ``context_lens[b] - next_n + 1 + j`` keys and uses ``page_table`` row ``b``; ``logits``, when
-        given, receives the logits; ``k_format`` names an MXFP4 cache.
+        given, receives the logits; ``k_format`` names an MXFP4 cache, ``q_scale`` MXFP4 queries' block scales.
         """
         self._check_rows("weights", weights)
         rows = self.rows
-        more = {} if k_format is None else {"k_format": k_format}  # a subclass written before formats keeps working
+        # A subclass written before formats keeps working: the arguments it did not know are passed only when given.
+        more = {name: value for name, value in (("k_format", k_format), ("q_scale", q_scale)) if value is not None}
         out = self.select_paged(q, k_cache, weights, context_lens, block_table, max_context_len, page_table,
                                 page_size, logits=logits, out=self.physical[:rows], out_raw=self.raw[:rows], **more)
         self.produced(layer)
@@ -261,7 +266,7 @@ class TopkState:
         return ops.mqa_topk_translate(inputs.q, inputs.k, inputs.k_scale, inputs.weights, inputs.ks, inputs.ke,
                                       self.k, page_table, page_size, row_to_batch=row_to_batch, out=out,
                                       out_raw=out_raw, workspace=inputs.workspace,
-                                      workspace_bytes=inputs.workspace_bytes)
+                                      workspace_bytes=inputs.workspace_bytes, q_scale=inputs.q_scale)
 
     def produce_short(self, layer: int, lengths: torch.Tensor, page_table: torch.Tensor, page_size: int, *,
                       row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
@@ -293,13 +298,14 @@ class TopkState:
     def select_paged(self, q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor,
                      context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
                      page_table: torch.Tensor, page_size: int, *, logits: torch.Tensor | None, out: torch.Tensor,
-                     out_raw: torch.Tensor, k_format: torch.dtype | None = None) -> torch.Tensor:
+                     out_raw: torch.Tensor, k_format: torch.dtype | None = None,
+                     q_scale: torch.Tensor | None = None) -> torch.Tensor:
         """The decode producer's scoring and selection, into ``out`` (physical) and ``out_raw`` (logical)
         ``[rows, k]`` int32: :func:`indexcache.paged_topk_translate`. A subclass may select otherwise with the
         same result contract, as for :meth:`select`."""
         return ops.paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len,
                                                self.k, page_table, page_size, logits=logits, out=out,
-                                               out_raw=out_raw, k_format=k_format)
+                                               out_raw=out_raw, k_format=k_format, q_scale=q_scale)
 
     def reuse(self, layer: int, page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, *,
               row_to_batch: torch.Tensor | None = None, source: int | None = None) -> torch.Tensor:

@@ -8,6 +8,8 @@ contexts up to ``max_context`` and 1 to ``max_next_n`` tokens a request (MTP dra
 
 - decode: ``store_index_k`` of the step's keys (bf16), ``paged_topk_translate`` (producers; ``out`` and ``out_raw``
   given, the logits buffer given), ``translate`` (shared layers; ``row_to_batch`` when next_n > 1);
+- on an MXFP4 index cache, each producer's logits also with MXFP4 queries (``q_scale``: the form DeepGEMM's SM100
+  FP4 path and vLLM's DeepSeek-V4 indexer take, docs/fp4.md "Queries");
 - prefill: ``store_index_k`` of the chunk's keys, ``gather_index_k`` of the request's keys from the cache (the small
   model's way) or ``quantize_index_k`` of the keys it scores (an engine's own; one block a head dim, MXFP4: blocks of
   32), ``mqa_logits``, ``topk_translate`` (``row_starts``, ``row_to_batch``, ``out_raw`` given), the same in one op
@@ -78,6 +80,12 @@ def _key_format(plan: LayerPlan, fp8: torch.dtype) -> torch.dtype:
     return fp4.FP4 if plan.index_dtype == "float4_e2m1fn_x2" else fp8
 
 
+def _fp4_queries(*rows: int) -> dict[str, torch.Tensor]:
+    """MXFP4 queries ``[*rows, D / 2]`` and their scales ``[*rows, D / 32]`` (``rows`` ends with the heads and D)."""
+    *lead, dim = rows
+    return dict(q=_meta(*lead, dim // 2, dtype=fp4.FP4), q_scale=_meta(*lead, dim // fp4.BLOCK, dtype=fp4.E8M0))
+
+
 def decode_calls(plan: LayerPlan, page_size: int, fp8: torch.dtype, batch: int, context: int,
                  next_n: int) -> list[tuple[str, dict[str, Any]]]:
     """The op calls of one decode step of ``batch`` requests of ``context`` keys, ``next_n`` tokens each (queries in
@@ -96,6 +104,8 @@ def decode_calls(plan: LayerPlan, page_size: int, fp8: torch.dtype, batch: int, 
         ("store_index_k", dict(k=_meta(rows, dim, dtype=K_DTYPE), k_cache=cache, slot_mapping=_meta(rows),
                                fp8_dtype=keys)),
         ("paged_topk_translate", producer),
+        *([("paged_topk_translate", dict(producer, **_fp4_queries(batch, next_n, heads, dim)))]
+          if keys == fp4.FP4 else []),
         ("translate", dict(raw=_meta(rows, k), page_table=table, seq_lens=_meta(rows), page_size=page_size,
                            row_to_batch=_meta(rows) if next_n > 1 else None, out=_meta(rows, k))),
     ]
@@ -118,6 +128,12 @@ def prefill_calls(plan: LayerPlan, page_size: int, fp8: torch.dtype, tokens: int
         k_keys, k_scale, block = _meta(keys, dim, dtype=fmt), _meta(keys, 1, dtype=torch.float32), dim
     gathered = dict(out_k=_meta(keys, dim // 2, dtype=fmt) if fmt == fp4.FP4 else _meta(keys, dim, dtype=fmt),
                     out_scale=k_scale if fmt == fp4.FP4 else _meta(keys, dtype=torch.float32))
+    logits = dict(q=_meta(tokens, heads, dim, dtype=fp8), k=k_keys,
+                  k_scale=k_scale if fmt == fp4.FP4 else _meta(keys, dtype=torch.float32),
+                  weights=_meta(tokens, heads, dtype=torch.float32), ks=ks, ke=ke, out=scores)
+    producer = dict(q=logits["q"], k=k_keys, k_scale=logits["k_scale"], weights=logits["weights"], ks=ks, ke=ke,
+                    topk=k, page_table=table, page_size=page_size, row_to_batch=_meta(tokens), out=_meta(tokens, k),
+                    out_raw=_meta(tokens, k), workspace_bytes=DEFAULT_WORKSPACE_BYTES)
     return [
         ("store_index_k", dict(k=_meta(tokens, dim, dtype=K_DTYPE), k_cache=cache, slot_mapping=_meta(tokens),
                                fp8_dtype=fmt)),
@@ -125,18 +141,13 @@ def prefill_calls(plan: LayerPlan, page_size: int, fp8: torch.dtype, tokens: int
                                 **gathered)),
         ("quantize_index_k", dict(k=_meta(keys, dim, dtype=K_DTYPE), q=k_keys, scale=k_scale, fp8_dtype=fmt,
                                   block=block)),
-        ("mqa_logits", dict(q=_meta(tokens, heads, dim, dtype=fp8), k=k_keys,
-                            k_scale=k_scale if fmt == fp4.FP4 else _meta(keys, dtype=torch.float32),
-                            weights=_meta(tokens, heads, dtype=torch.float32), ks=ks, ke=ke, out=scores)),
+        ("mqa_logits", logits),
         ("topk_translate", dict(scores=scores, lengths=_meta(tokens), k=k, page_table=table, page_size=page_size,
                                 row_starts=ks, row_to_batch=_meta(tokens), out=_meta(tokens, k),
                                 out_raw=_meta(tokens, k))),
-        ("mqa_topk_translate", dict(q=_meta(tokens, heads, dim, dtype=fp8), k=k_keys,
-                                    k_scale=k_scale if fmt == fp4.FP4 else _meta(keys, dtype=torch.float32),
-                                    weights=_meta(tokens, heads, dtype=torch.float32), ks=ks, ke=ke, topk=k,
-                                    page_table=table, page_size=page_size, row_to_batch=_meta(tokens),
-                                    out=_meta(tokens, k), out_raw=_meta(tokens, k),
-                                    workspace_bytes=DEFAULT_WORKSPACE_BYTES)),
+        ("mqa_topk_translate", producer),
+        *([("mqa_logits", dict(logits, **_fp4_queries(tokens, heads, dim))),
+           ("mqa_topk_translate", dict(producer, **_fp4_queries(tokens, heads, dim)))] if fmt == fp4.FP4 else []),
         ("translate", dict(raw=_meta(tokens, k), page_table=table, seq_lens=_meta(tokens), page_size=page_size,
                            row_to_batch=_meta(tokens), out=_meta(tokens, k))),
     ]

@@ -203,6 +203,38 @@ def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
     # layer, a group); the plan
 
 
+def test_calls_with_mxfp4_queries_are_kept_with_their_scales():
+    """MXFP4 queries (``q_scale``) on MXFP4 keys: the kept launches read the queries' values and scales anew, so new
+    queries in the same buffers give the torch backend's logits again, from the memo."""
+    dispatch.reset()
+    g = torch.Generator().manual_seed(5)
+    fp4 = torch.float4_e2m1fn_x2
+    cache = new_packed_cache(num_pages=4, page_size=8, dim=64, fp8_dtype=fp4)
+    indexcache.store_index_k(torch.randn(32, 64, generator=g), cache, torch.randperm(32, generator=g).to(I32), fp4,
+                             backend="cuda")
+    keys, key_scales = indexcache.quantize_index_k(torch.randn(40, 64, generator=g), fp4, backend="cuda")
+    q, q_scale = (t.view(2, 1, 4, -1) for t in indexcache.quantize_index_k(torch.randn(8, 64), fp4, backend="cuda"))
+    weights, ctx = torch.rand(2, 4, generator=g), torch.tensor([32, 20], dtype=I32)
+    pages = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]], dtype=I32)
+    ks, ke = torch.zeros(2, dtype=I32), torch.tensor([40, 9], dtype=I32)
+    decode, prefill = torch.empty(2, 32), torch.empty(2, 40)
+    for seed in range(3):
+        values, scales = indexcache.quantize_index_k(torch.randn(8, 64, generator=g) * 4 ** seed, fp4, backend="cuda")
+        q.view(torch.uint8).copy_(values.view(torch.uint8).view(q.shape))
+        q_scale.view(torch.uint8).copy_(scales.view(torch.uint8).view(q_scale.shape))
+        indexcache.paged_mqa_logits(q, cache, weights, ctx, pages, 32, out=decode, k_format=fp4, q_scale=q_scale,
+                                    backend="cuda")
+        indexcache.mqa_logits(q[:, 0], keys, key_scales, weights, ks, ke, q_scale=q_scale[:, 0], out=prefill,
+                              backend="cuda")
+        want = indexcache.paged_mqa_logits(q, cache, weights, ctx, pages, 32, k_format=fp4, q_scale=q_scale,
+                                           backend="torch")
+        torch.testing.assert_close(decode, want, rtol=1e-5, atol=1e-6)
+        want = indexcache.mqa_logits(q[:, 0], keys, key_scales, weights, ks, ke, q_scale=q_scale[:, 0],
+                                     backend="torch")
+        torch.testing.assert_close(prefill, want, rtol=1e-5, atol=1e-6)
+        assert memo.size() == (0 if seed == 0 else 2)
+
+
 @pytest.mark.parametrize("call, bad", [
     ("topk", dict(k=True)),
     ("topk", dict(k=1.0)),

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from indexcache.hal import dispatch, fp4
-from indexcache.hal.checks import INDEX, KEY_DTYPES, check_tensor, output
+from indexcache.hal.checks import INDEX, KEY_DTYPES, check_tensor, dtype_names, output
 from indexcache.hal.layout import FP8_DTYPES, fp8_max
 from indexcache.hal.specs import quantize_index_k
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, CaseList, OpSpec, Verdict, cpu, to_fp8
@@ -22,14 +22,51 @@ from indexcache.hal.specs.bench import BASELINE, DIM, HEADS, BenchCase, BenchSpe
 BOUNDS = {("fp8", "fp32"): 1e-5, ("fp8", "tensor-core"): 1e-3, ("bf16", "fp32"): 1e-2, ("bf16", "tensor-core"): 1e-2}
 
 
-def check_inputs(q, k, k_scale, weights, ks, ke) -> None:
-    """The inputs as :func:`check` takes them: ``q [T, H, D]``, ``k [N, D]`` (MXFP4: ``[N, D / 2]``), ``k_scale``,
-    ``weights [T, H]``, ``ks`` and ``ke [T]``."""
-    check_tensor("q", q, KEY_DTYPES, (None, None, None))
-    tokens, heads, dim = q.shape
+def head_dim(q: torch.Tensor) -> int:
+    """The head dim D of queries ``q [..., D]`` (MXFP4 queries: ``[..., D / 2]``, two values a byte)."""
+    return 2 * q.shape[-1] if q.dtype == fp4.FP4 else q.shape[-1]
+
+
+def check_queries(q: torch.Tensor, q_scale, keys: torch.dtype) -> None:
+    """``q`` (checked for its dtype already) in a format the keys of format ``keys`` take: MXFP4 queries only with
+    MXFP4 keys and with their block scales ``q_scale [..., D / 32]`` float8_e8m0fnu; any other ``q`` without
+    ``q_scale``."""
+    if q.dtype != fp4.FP4:
+        if q_scale is not None:
+            raise ValueError(f"q_scale: only MXFP4 queries (torch.float4_e2m1fn_x2) take block scales, but q is "
+                             f"{dtype_names([q.dtype])} (fold an fp8 query's scale into weights)")
+        return
+    if keys != fp4.FP4:
+        raise TypeError(f"q: MXFP4 queries (float4_e2m1fn_x2) are taken with MXFP4 keys only, got keys of dtype "
+                        f"{dtype_names([keys])}")
+    dim = head_dim(q)
+    if dim % fp4.BLOCK:
+        raise ValueError(f"q: expected a head dim that is a multiple of {fp4.BLOCK} with MXFP4 queries, got {dim}")
+    if q_scale is None:
+        raise ValueError("q_scale: MXFP4 queries need their block scales, [..., D / 32] float8_e8m0fnu, got None")
+    check_tensor("q_scale", q_scale, (fp4.E8M0,), (*q.shape[:-1], dim // fp4.BLOCK), q.device)
+
+
+def query_values(q: torch.Tensor, q_scale: torch.Tensor | None) -> torch.Tensor:
+    """The queries as float64 ``[..., D]``: fp8 or bf16 values as they are, MXFP4 ones decoded with their block
+    scales (:func:`fp4.dequantize`)."""
+    if q.dtype == fp4.FP4:
+        return fp4.dequantize(cpu(q), cpu(q_scale))
+    return cpu(q).double()
+
+
+def check_inputs(q, k, k_scale, weights, ks, ke, q_scale=None) -> None:
+    """The inputs as :func:`check` takes them: ``q [T, H, D]`` (MXFP4: ``[T, H, D / 2]`` with ``q_scale
+    [T, H, D / 32]``), ``k [N, D]`` (MXFP4: ``[N, D / 2]``), ``k_scale``, ``weights [T, H]``, ``ks`` and ``ke [T]``."""
+    check_tensor("q", q, (*KEY_DTYPES, fp4.FP4), (None, None, None))
+    tokens, heads = q.shape[:2]
+    dim = head_dim(q)
     device = q.device
-    if isinstance(k, torch.Tensor) and k.dtype == fp4.FP4:  # MXFP4 keys: fp8 queries, a scale every 32 elements
-        check_tensor("q", q, FP8_DTYPES, (None, None, None))
+    mxfp4 = isinstance(k, torch.Tensor) and k.dtype == fp4.FP4
+    if isinstance(k, torch.Tensor):
+        check_queries(q, q_scale, k.dtype)
+    if mxfp4:  # MXFP4 keys: fp8 or MXFP4 queries, a scale every 32 elements
+        check_tensor("q", q, (*FP8_DTYPES, fp4.FP4), (None, None, None))
         if dim % fp4.BLOCK:
             raise ValueError(f"q: expected a head dim that is a multiple of {fp4.BLOCK} with MXFP4 keys, got {dim}")
         check_tensor("k", k, (fp4.FP4,), (None, dim // 2), device)
@@ -42,22 +79,23 @@ def check_inputs(q, k, k_scale, weights, ks, ke) -> None:
     check_tensor("ke", ke, (INDEX,), (tokens,), device)
 
 
-def check(q, k, k_scale, weights, ks, ke, *, out=None) -> dict[str, Any]:
-    check_inputs(q, k, k_scale, weights, ks, ke)
+def check(q, k, k_scale, weights, ks, ke, *, q_scale=None, out=None) -> dict[str, Any]:
+    check_inputs(q, k, k_scale, weights, ks, ke, q_scale)
     out = output("out", out, torch.float32, (q.shape[0], k.shape[0]), q.device,
-                 dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke))
-    return dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out)
+                 dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, q_scale=q_scale))
+    return dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, q_scale=q_scale, out=out)
 
 
-def reference(q, k, k_scale, weights, ks, ke) -> torch.Tensor:
+def reference(q, k, k_scale, weights, ks, ke, q_scale=None) -> torch.Tensor:
     """Ragged prefill logits ``[T, N]`` float64, -inf outside ``[ks[t], ke[t])``.
 
     ``out[t, n] = k_scale[n] * sum_h weights[t, h] * relu(q[t, h] . k[n])``; MXFP4 keys: ``k[n]`` decoded with its
-    block scales (:func:`fp4.dequantize`) in place of ``k_scale[n] * k[n]``.
+    block scales (:func:`fp4.dequantize`) in place of ``k_scale[n] * k[n]``; MXFP4 queries decoded with ``q_scale``.
     """
+    q = query_values(q, q_scale)
     if k.dtype == fp4.FP4:
         k, k_scale = fp4.dequantize(cpu(k), cpu(k_scale)), torch.ones(k.shape[0], dtype=torch.float64)
-    q, k = cpu(q).double(), cpu(k).double()
+    k = cpu(k).double()
     k_scale, weights = cpu(k_scale).double(), cpu(weights).double()
     ks, ke = cpu(ks).long(), cpu(ke).long()
     n = k.shape[0]
@@ -143,6 +181,38 @@ cases.add("MXFP4 keys, a NaN block scale, H 16, native fp8 q", native_fp8=True)(
     lambda gen, dev, fp8: _fp4_args(gen, dev, fp8, tokens=9, keys=70, heads=16, nan_block=True))
 cases.add("MXFP4 keys with block scales up to 2^24 apart in every third key, H 32, native fp8 q", native_fp8=True)(
     lambda gen, dev, fp8: _fp4_args(gen, dev, fp8, tokens=12, keys=200, heads=32, spread=True))
+
+
+def mxfp4_queries(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q [..., D / 2] float4_e2m1fn_x2, q_scale [..., D / 32] float8_e8m0fnu)``: queries ``raw [..., D]`` quantized
+    by the MXFP4 rule, each head's D values a row (as an engine quantizes its MXFP4 queries)."""
+    dim = raw.shape[-1]
+    values, scales = quantize_index_k.reference(raw.reshape(-1, dim), fp4.FP4, block=fp4.BLOCK)
+    return values.view(*raw.shape[:-1], dim // 2), scales.view(*raw.shape[:-1], dim // fp4.BLOCK)
+
+
+def _fp4_query_args(gen, dev, tokens=24, keys=300, heads=64, spread=False, nan_block=False):
+    """MXFP4 keys (:func:`_fp4_args`) and MXFP4 queries quantized from normal ones, each (token, head) scaled by
+    its own power of two; ``spread``: every fourth head's blocks 2^10 apart (2^30 between the first and the last);
+    ``nan_block``: a NaN in query 2's head 5 (its block scale NaN)."""
+    args = _fp4_args(gen, dev, E4M3, tokens=tokens, keys=keys, heads=heads)
+    raw = torch.randn(tokens, heads, 128, generator=gen) * torch.exp2(
+        torch.randint(-8, 8, (tokens, heads, 1), generator=gen).float())
+    if spread:
+        raw[:, ::4] *= torch.exp2(10.0 * torch.arange(4).repeat_interleave(32) - 15)
+    if nan_block:
+        raw[2, 5, 70] = float("nan")
+    q, q_scale = mxfp4_queries(raw)
+    return {**args, "q": q.to(dev), "q_scale": q_scale.to(dev)}
+
+
+# MXFP4 queries (an e8m0 scale every 32 elements, as DeepGEMM's SM100 FP4 path and vLLM take them) with MXFP4 keys:
+# exact values, so the fp8 bounds hold.
+cases.add("MXFP4 queries and keys, causal prefill, H 64")(lambda gen, dev: _fp4_query_args(gen, dev))
+cases.add("MXFP4 queries with block scales up to 2^30 apart in every fourth head, MXFP4 keys, H 32")(
+    lambda gen, dev: _fp4_query_args(gen, dev, tokens=10, keys=150, heads=32, spread=True))
+cases.add("MXFP4 queries with a NaN block scale, MXFP4 keys, H 16")(
+    lambda gen, dev: _fp4_query_args(gen, dev, tokens=6, keys=90, heads=16, nan_block=True))
 
 
 @cases.add("full, empty and context-parallel windows, native fp8", native_fp8=True)

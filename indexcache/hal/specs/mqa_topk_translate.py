@@ -16,7 +16,7 @@ import torch
 from indexcache.hal import dispatch, fp4
 from indexcache.hal.checks import INDEX, MAX_TOPK, check_int, check_page_size, check_tensor, check_workspace
 from indexcache.hal.specs import mqa_logits, quantize_index_k, topk_translate, translate
-from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints
+from indexcache.hal.specs.base import E4M3, I32, CaseList, OpSpec, Verdict, cpu, ints
 from indexcache.hal.specs.bench import BASELINE, POISON, BenchCase, BenchSpec
 
 # The bytes of scratch a call may take when the caller does not bound it (``workspace_bytes``): a query row of 1M
@@ -25,8 +25,8 @@ DEFAULT_WORKSPACE_BYTES = 2 << 30
 
 
 def check(q, k, k_scale, weights, ks, ke, topk: int, page_table, page_size: int, *, row_to_batch=None, out=None,
-          out_raw=None, workspace=None, workspace_bytes: int | None = None) -> dict[str, Any]:
-    mqa_logits.check_inputs(q, k, k_scale, weights, ks, ke)
+          out_raw=None, workspace=None, workspace_bytes: int | None = None, q_scale=None) -> dict[str, Any]:
+    mqa_logits.check_inputs(q, k, k_scale, weights, ks, ke, q_scale)
     tokens, device = q.shape[0], q.device
     check_int("topk", topk, 0, MAX_TOPK, " (indexcache.hal.ops.MAX_TOPK)")
     check_tensor("page_table", page_table, (INDEX,), (None, None), device)
@@ -34,7 +34,7 @@ def check(q, k, k_scale, weights, ks, ke, topk: int, page_table, page_size: int,
     if row_to_batch is not None:
         check_tensor("row_to_batch", row_to_batch, (INDEX,), (tokens,), device)
     inputs = dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, page_table=page_table,
-                  row_to_batch=row_to_batch)
+                  row_to_batch=row_to_batch, q_scale=q_scale)
     out = topk_translate.check_outputs(out, out_raw, (tokens, topk), device, inputs)
     check_workspace(workspace, device, dict(inputs, out=out, out_raw=out_raw))
     if workspace_bytes is not None:
@@ -42,7 +42,7 @@ def check(q, k, k_scale, weights, ks, ke, topk: int, page_table, page_size: int,
     bound = DEFAULT_WORKSPACE_BYTES if workspace_bytes is None else workspace_bytes  # the backends get it resolved
     return dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, topk=topk, page_table=page_table,
                 page_size=page_size, row_to_batch=row_to_batch, out=out, out_raw=out_raw, workspace=workspace,
-                workspace_bytes=bound)
+                workspace_bytes=bound, q_scale=q_scale)
 
 
 def windows(ks: torch.Tensor, ke: torch.Tensor, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,11 +54,11 @@ def windows(ks: torch.Tensor, ke: torch.Tensor, keys: int) -> tuple[torch.Tensor
 
 
 def reference(q, k, k_scale, weights, ks, ke, topk, page_table, page_size, *, row_to_batch=None, workspace=None,
-              workspace_bytes=None):
+              workspace_bytes=None, q_scale=None):
     """``(physical, raw)``: :func:`topk_translate.reference <indexcache.hal.specs.topk_translate.reference>` of the
     float64 logits over each clipped window (its start the row start, its length the visible length); the workspace
     arguments change nothing."""
-    logits = mqa_logits.reference(q, k, k_scale, weights, ks, ke)
+    logits = mqa_logits.reference(q, k, k_scale, weights, ks, ke, q_scale)
     starts, lengths = windows(cpu(ks), cpu(ke), k.shape[0])
     return topk_translate.reference(logits, lengths, topk, cpu(page_table), page_size, row_starts=starts,
                                     row_to_batch=cpu(row_to_batch))
@@ -133,6 +133,15 @@ cases.add("ragged causal prefill, KV page 100 (not a multiple of the 64-key tile
     lambda gen, dev, fp8: ragged_prefill(gen, dev, fp8, [350, 129], [8, 6], 96, 100, heads=64))
 cases.add("ragged causal prefill over MXFP4 keys, KV page 64, native fp8 q", native_fp8=True)(
     lambda gen, dev, fp8: ragged_prefill(gen, dev, fp8, [260, 100], [9, 7], 64, 64, mxfp4=True))
+@cases.add("ragged causal prefill, MXFP4 queries and keys, KV page 64")
+def _(gen, dev):
+    args = ragged_prefill(gen, dev, E4M3, [260, 100], [9, 7], 64, 64, mxfp4=True)
+    raw = ints(gen, -2, 3, tuple(args["q"].shape)).float()
+    raw[..., ::fp4.BLOCK] = 4.0  # every block's scale 2^0: the integers in [-2, 2] exact, as the keys'
+    q, q_scale = mqa_logits.mxfp4_queries(raw)
+    return dict(args, q=q.to(dev), q_scale=q_scale.to(dev))
+
+
 cases.add("ragged causal prefill, bf16, KV page 48")(
     lambda gen, dev: ragged_prefill(gen, dev, torch.bfloat16, [230, 70], [8, 8], 50, 48))
 

@@ -23,15 +23,21 @@ def key_format(q: torch.Tensor, k_format: torch.dtype | None) -> torch.dtype:
 
 
 def check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len, table: str = "page_table",
-                 k_format=None, row_to_batch=None) -> None:
+                 k_format=None, row_to_batch=None, q_scale=None) -> None:
     """The inputs as :func:`check` takes them; ``table`` is the name errors give ``page_table`` (the index-K
     cache's table). With ``row_to_batch`` (ragged rows) ``q`` holds one token a row and the table any number of
-    requests."""
+    requests. MXFP4 queries (``q [B, next_n, H, D / 2]`` with ``q_scale [B, next_n, H, D / 32]``) take an MXFP4
+    cache."""
     if k_format is not None and not (isinstance(k_format, torch.dtype) and k_format == fp4.FP4):
         raise TypeError(f"k_format: expected None (the cache holds q's fp8 format) or torch.float4_e2m1fn_x2 "
                         f"(MXFP4 keys), got {k_format!r}")
-    check_tensor("q", q, FP8_DTYPES, (None, None, None, None))
-    batch, next_n, heads, dim = q.shape
+    check_tensor("q", q, (*FP8_DTYPES, fp4.FP4), (None, None, None, None))
+    if q.dtype == fp4.FP4 and k_format is None:
+        raise TypeError("k_format: MXFP4 queries (float4_e2m1fn_x2) read an MXFP4 cache only: expected "
+                        "k_format=torch.float4_e2m1fn_x2, got None")
+    mqa_logits.check_queries(q, q_scale, key_format(q, k_format))
+    batch, next_n, heads = q.shape[:3]
+    dim = mqa_logits.head_dim(q)
     device = q.device
     check_cache(k_cache, "q", dim, device, key_format(q, k_format))
     check_tensor("weights", weights, (torch.float32,), (batch * next_n, heads), device)
@@ -48,31 +54,33 @@ def check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len,
 
 
 def check(q, k_cache, weights, context_lens, page_table, max_context_len: int, *, out=None,
-          k_format: torch.dtype | None = None, row_to_batch=None) -> dict[str, Any]:
+          k_format: torch.dtype | None = None, row_to_batch=None, q_scale=None) -> dict[str, Any]:
     check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len, k_format=k_format,
-                 row_to_batch=row_to_batch)
+                 row_to_batch=row_to_batch, q_scale=q_scale)
     batch, next_n = q.shape[:2]
     device = q.device
     out = output("out", out, torch.float32, (batch * next_n, max_context_len), device,
                  dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table,
-                      row_to_batch=row_to_batch))
+                      row_to_batch=row_to_batch, q_scale=q_scale))
     return dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, page_table=page_table,
-                max_context_len=max_context_len, out=out, k_format=k_format, row_to_batch=row_to_batch)
+                max_context_len=max_context_len, out=out, k_format=k_format, row_to_batch=row_to_batch,
+                q_scale=q_scale)
 
 
 def reference(q, k_cache, weights, context_lens, page_table, max_context_len, k_format=None,
-              row_to_batch=None) -> torch.Tensor:
+              row_to_batch=None, q_scale=None) -> torch.Tensor:
     """Paged decode logits ``[B * next_n, max_context_len]`` float64.
 
     Row ``b * next_n + j`` sees keys ``0 .. context_lens[b] - next_n + j`` of table row ``b``; ragged rows
     (``row_to_batch``, next_n 1): row ``r`` sees keys ``0 .. context_lens[r] - 1`` of table row ``row_to_batch[r]``
     (none where that is not a row of the table). Keys past that, keys whose page lies beyond the table and keys
     whose table entry is < 0 or beyond the cache are -inf. An MXFP4 cache's keys are decoded with their block
-    scales (:func:`fp4.dequantize`), a scale of 1 a token.
+    scales (:func:`fp4.dequantize`), a scale of 1 a token; MXFP4 queries with ``q_scale``.
     """
-    q = cpu(q)
+    fmt = key_format(q, k_format)
+    q = mqa_logits.query_values(q, q_scale)
     batch, next_n, heads, dim = q.shape
-    keys, scales = split_packed_cache(cpu(k_cache), dim, key_format(q, k_format))
+    keys, scales = split_packed_cache(cpu(k_cache), dim, fmt)
     num_pages, page_size = keys.shape[:2]
     if k_format is not None:
         keys = fp4.dequantize(keys.reshape(-1, dim // 2), scales.reshape(-1, dim // fp4.BLOCK))
@@ -91,7 +99,7 @@ def reference(q, k_cache, weights, context_lens, page_table, max_context_len, k_
                 if page >= table.shape[1] or not 0 <= int(table[tb, page]) < num_pages:
                     continue
                 slot = (int(table[tb, page]), s % page_size)
-                dots = (q[b, j].double() @ keys[slot].double()).clamp_min(0)
+                dots = (q[b, j] @ keys[slot].double()).clamp_min(0)
                 out[b * next_n + j, s] = (dots * weights[b, j]).sum() * float(scales[slot])
     return out
 
@@ -239,6 +247,28 @@ cases.add("MXFP4 cache, page 5, D 32 (pages of 85 bytes: values read a byte at a
           native_fp8=True)(
     lambda gen, dev, fp8: args_of(gen, dev, 2, 1, 16, 5, [23, 9], dtype=fp8, dim=32, last_page=True,
                                   k_format=fp4.FP4))
+
+
+def with_mxfp4_queries(gen, args: dict, spread: bool = False) -> dict:
+    """``args`` (on an MXFP4 cache) with MXFP4 queries in place of the fp8 ones, quantized from normal queries whose
+    (token, head)s are each scaled by a power of two; ``spread``: every third head's blocks 2^9 apart."""
+    q = args["q"]
+    raw = torch.randn(*q.shape, generator=gen) * torch.exp2(
+        torch.randint(-6, 6, (*q.shape[:-1], 1), generator=gen).float())
+    if spread:
+        raw[..., ::3, :] *= torch.exp2(9.0 * torch.arange(q.shape[-1] // 32).repeat_interleave(32) - 12)
+    values, scales = mqa_logits.mxfp4_queries(raw)
+    return dict(args, q=values.to(q.device), q_scale=scales.to(q.device))
+
+
+cases.add("MXFP4 queries and cache, decode, page 64, H 32")(
+    lambda gen, dev: with_mxfp4_queries(gen, args_of(gen, dev, 3, 1, 32, 64, [300, 1, 257], k_format=fp4.FP4)))
+cases.add("MXFP4 queries (block scales up to 2^27 apart in some heads) and cache, next_n 2, page 48, holes")(
+    lambda gen, dev: with_mxfp4_queries(gen, args_of(gen, dev, 2, 2, 16, 48, [250, 190], holes=True,
+                                                     k_format=fp4.FP4), spread=True))
+cases.add("MXFP4 queries and cache, ragged rows, 1 to 4 draft tokens, page 64")(
+    lambda gen, dev: with_mxfp4_queries(gen, ragged_args(gen, dev, E4M3, [4, 1, 3], [150, 70, 3], heads=16,
+                                                         k_format=fp4.FP4)))
 
 
 @cases.add("MXFP4 cache in DeepGEMM's 4-D view, context length 0 and contexts beyond the table, native fp8 q",

@@ -24,23 +24,24 @@ LOGITS_ARGS = ("q", "k_cache", "weights", "context_lens", "block_table", "max_co
 
 def check(q, k_cache, weights, context_lens, block_table, max_context_len: int, k: int, page_table, page_size: int,
           *, logits=None, out=None, out_raw=None, workspace=None, k_format: torch.dtype | None = None,
-          row_to_batch=None) -> dict[str, Any]:
+          row_to_batch=None, q_scale=None) -> dict[str, Any]:
     paged_mqa_logits.check_inputs(q, k_cache, weights, context_lens, block_table, max_context_len,
-                                  table="block_table", k_format=k_format, row_to_batch=row_to_batch)
+                                  table="block_table", k_format=k_format, row_to_batch=row_to_batch, q_scale=q_scale)
     batch, next_n = q.shape[:2]
     device = q.device
     check_k(k)
     check_tensor("page_table", page_table, (INDEX,), (batch if row_to_batch is None else None, None), device)
     check_page_size(page_size)
     inputs = dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, block_table=block_table,
-                  page_table=page_table, row_to_batch=row_to_batch)
+                  page_table=page_table, row_to_batch=row_to_batch, q_scale=q_scale)
     logits = output("logits", logits, torch.float32, (batch * next_n, max_context_len), device,
                     dict(inputs, out=out, out_raw=out_raw))
     out = topk_translate.check_outputs(out, out_raw, (batch * next_n, k), device, dict(inputs, logits=logits))
     check_workspace(workspace, device, dict(inputs, logits=logits, out=out, out_raw=out_raw))
     return dict(q=q, k_cache=k_cache, weights=weights, context_lens=context_lens, block_table=block_table,
                 max_context_len=max_context_len, k=k, page_table=page_table, page_size=page_size, logits=logits,
-                out=out, out_raw=out_raw, workspace=workspace, k_format=k_format, row_to_batch=row_to_batch)
+                out=out, out_raw=out_raw, workspace=workspace, k_format=k_format, row_to_batch=row_to_batch,
+                q_scale=q_scale)
 
 
 def rows_of(context_lens: torch.Tensor, next_n: int,
@@ -65,11 +66,11 @@ def needs_logits(context_lens: torch.Tensor, next_n: int, max_context_len: int, 
 
 
 def reference(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size,
-              k_format=None, row_to_batch=None):
+              k_format=None, row_to_batch=None, q_scale=None):
     """``(physical, raw)`` as :func:`topk_translate.reference <indexcache.hal.specs.topk_translate.reference>`
     gives them for the paged logits, each row's visible length and its request's table row."""
     logits = paged_mqa_logits.reference(q, k_cache, weights, context_lens, block_table, max_context_len, k_format,
-                                        row_to_batch)
+                                        row_to_batch, q_scale)
     lengths, rows = rows_of(cpu(context_lens), q.shape[1], cpu(row_to_batch))
     return topk_translate.reference(logits, lengths, k, page_table, page_size, row_to_batch=rows)
 
@@ -91,7 +92,7 @@ def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor]
     ``out`` / ``out_raw`` like :func:`indexcache.topk_translate` against the reference top-k of *those* logits,
     not of the float64 ones in ``want`` (the bound lets a near-tie flip). Cases give ``logits``: it is read."""
     want_logits = paged_mqa_logits.reference(*(cpu(args[name]) for name in LOGITS_ARGS), args.get("k_format"),
-                                             cpu(args.get("row_to_batch")))
+                                             cpu(args.get("row_to_batch")), cpu(args.get("q_scale")))
     returned = _written(args, cpu(args["logits"]), want_logits)
     detail, err, bound = mqa_logits.judge(args, returned, want_logits, accumulation)
     if detail:
@@ -166,6 +167,12 @@ def _(gen, dev, fp8):
            native_fp8=True)
 def _(gen, dev, fp8):
     return _args(gen, dev, fp8, 2, 2, 64, [250, 190], 70, 64, holes=True, k_format=fp4.FP4)
+
+@cases.add("MXFP4 queries and cache, speculative verify next_n 2, index page 64 with holes, KV page 64")
+def _(gen, dev):
+    return paged_mqa_logits.with_mxfp4_queries(gen, _args(gen, dev, E4M3, 2, 2, 64, [250, 190], 70, 64, holes=True,
+                                                          k_format=fp4.FP4))
+
 
 def _ragged(gen, dev, fp8, drafts, context, k, page_size, *, stray=False, k_format=None):
     """paged_mqa_logits' ragged rows (:func:`paged_mqa_logits.ragged_args`), a KV ``page_table`` of a row a request
