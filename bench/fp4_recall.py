@@ -1,4 +1,5 @@
-"""Top-k recall of the indexer with fp8 and with MXFP4 keys against the float64 top-k of the same data (issue 37).
+"""Top-k recall of the indexer with fp8 and with MXFP4 keys (and MXFP4 queries) against the float64 top-k of the same
+data (issue 37).
 
     python bench/fp4_recall.py --out benchmarks/results/cpu-fp4-recall.json
 
@@ -6,9 +7,10 @@ Accuracy, not speed: it runs anywhere (the torch backend on the CPU by default).
 bf16 (``H`` heads of ``D``, ``N`` keys, ``T`` query rows seeing every key); the truth is the float64 top-k of
 ``sum_h w[t, h] relu(q[t, h] . k[n])`` on those bf16 values. The queries go to fp8 as engines feed the indexer (a
 scale per token and head, folded into the weights, ``quantize_index_k``); the keys to fp8 (one scale a token) or to
-MXFP4 (``quantize_index_k(k, torch.float4_e2m1fn_x2, block=32)``); then ``mqa_logits`` and ``topk`` as an engine calls
-them. Recall of a row: the share of the true top-k the quantized one keeps. Data sets: normal keys, keys with a few
-outlier channels (a 20x scale on 4 of 128), as activations have, and the small model's indexer
+MXFP4 (``quantize_index_k(k, torch.float4_e2m1fn_x2, block=32)``), or both to MXFP4 (the queries a head a row,
+their block scales given as ``q_scale``: what DeepGEMM's SM100 FP4 path takes); then ``mqa_logits`` and ``topk`` as an
+engine calls them. Recall of a row: the share of the true top-k the quantized one keeps. Data sets: normal keys, keys
+with a few outlier channels (a 20x scale on 4 of 128), as activations have, and the small model's indexer
 (:mod:`indexcache.tools.model`, the ``v32-like`` preset with ``H`` index heads: random seeded weights, not a trained
 model): its first sparse layer's queries, keys and head weights, computed as its forward computes them, from the
 embeddings of a random prompt of ``N`` tokens (the queries are its last ``T`` positions).
@@ -28,7 +30,8 @@ from indexcache.hal import fp4
 
 E4M3 = torch.float8_e4m3fn
 DATA = ("normal keys", "outlier channels (4 of 128 at 20x)", "small model's indexer (v32-like, first sparse layer)")
-FORMATS = {"fp8 e4m3fn": E4M3, "MXFP4": fp4.FP4}
+# The keys' format, and whether the queries are MXFP4 too (else fp8).
+FORMATS = {"fp8 e4m3fn": (E4M3, False), "MXFP4": (fp4.FP4, False), "MXFP4, MXFP4 queries": (fp4.FP4, True)}
 
 
 def inputs(data: str, tokens: int, keys: int, heads: int, dim: int, seed: int) -> dict[str, torch.Tensor]:
@@ -69,11 +72,18 @@ def true_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, top: int)
 
 
 def quantized_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, top: int, fmt: torch.dtype,
-                   backend: str) -> torch.Tensor:
-    """``[T, top]`` positions the indexer selects with fp8 queries and ``fmt`` keys, through the public ops."""
+                   backend: str, fp4_queries: bool = False) -> torch.Tensor:
+    """``[T, top]`` positions the indexer selects with fp8 (or MXFP4) queries and ``fmt`` keys, through the public
+    ops."""
     tokens, heads, dim = q.shape
-    q8, q_scale = indexcache.quantize_index_k(q.reshape(-1, dim), E4M3, block=dim, backend=backend)
-    w = weights * q_scale.view(tokens, heads)  # the query's scale folded into its head weight
+    if fp4_queries:  # a head's D values a row, their block scales beside them
+        values, scales = indexcache.quantize_index_k(q.reshape(-1, dim), fp4.FP4, backend=backend)
+        queries = dict(q=values.view(tokens, heads, dim // 2), q_scale=scales.view(tokens, heads, dim // fp4.BLOCK))
+        w = weights
+    else:
+        q8, q_scale = indexcache.quantize_index_k(q.reshape(-1, dim), E4M3, block=dim, backend=backend)
+        queries = dict(q=q8.view(tokens, heads, dim))
+        w = weights * q_scale.view(tokens, heads)  # the query's scale folded into its head weight
     if fmt == fp4.FP4:
         k_values, k_scale = indexcache.quantize_index_k(k, fmt, block=fp4.BLOCK, backend=backend)
     else:
@@ -81,7 +91,8 @@ def quantized_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, top:
         k_scale = k_scale[:, 0]
     ks = torch.zeros(tokens, dtype=torch.int32)
     ke = torch.full((tokens,), k.shape[0], dtype=torch.int32)
-    logits = indexcache.mqa_logits(q8.view(tokens, heads, dim), k_values, k_scale, w, ks, ke, backend=backend)
+    logits = indexcache.mqa_logits(queries["q"], k_values, k_scale, w, ks, ke, q_scale=queries.get("q_scale"),
+                                   backend=backend)
     return indexcache.topk(logits, ke, top, backend=backend).long()
 
 
@@ -97,12 +108,13 @@ def run(tokens: int, keys: int, heads: int, dim: int, top: int, seeds: int, back
         for seed in range(seeds):
             a = inputs(data, tokens, keys, heads, dim, seed)
             want = true_topk(a["q"], a["k"], a["weights"], top)
-            for name, fmt in FORMATS.items():
-                found[name] += recall(quantized_topk(a["q"], a["k"], a["weights"], top, fmt, backend), want)
+            for name, (fmt, fp4_queries) in FORMATS.items():
+                found[name] += recall(quantized_topk(a["q"], a["k"], a["weights"], top, fmt, backend, fp4_queries),
+                                      want)
         for name, values in found.items():
             rows.append(dict(data=data, keys=name, recall_mean=statistics.fmean(values), recall_min=min(values),
                              rows=len(values)))
-            print(f"{data:<38} {name:<11} recall mean {rows[-1]['recall_mean']:.4f} min {rows[-1]['recall_min']:.4f}",
+            print(f"{data:<38} {name:<21} recall mean {rows[-1]['recall_mean']:.4f} min {rows[-1]['recall_min']:.4f}",
                   file=sys.stderr, flush=True)
     return rows
 

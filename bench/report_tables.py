@@ -250,7 +250,8 @@ def fp4_decode(d: dict) -> str:
 
 
 def fp4_recall(d: dict) -> str:
-    """bench/fp4_recall.py: top-k recall of fp8 and MXFP4 keys against the float64 top-k (accuracy only)."""
+    """bench/fp4_recall.py: top-k recall of fp8 and MXFP4 keys (with fp8 or MXFP4 queries) against the float64 top-k
+    (accuracy only)."""
     p = d["params"]
     rows = [[r["data"], r["keys"], _f(r["recall_mean"], ".4f"), _f(r["recall_min"], ".4f"), str(r["rows"])]
             for r in d["rows"]]

@@ -553,13 +553,14 @@ def test_cp_gpu_runs_on_gloo_ranks(tmp_path):
 
 
 def test_fp4_recall_writes_a_recall_per_data_set_and_key_format(tmp_path):
-    """bench/fp4_recall.py on the CPU: one row per (data set, key format), each recall a share in (0, 1], fp8 keys
-    keeping more of the true top-k than MXFP4 ones on normal data."""
+    """bench/fp4_recall.py on the CPU: one row per (data set, key format: MXFP4 keys with fp8 and with MXFP4
+    queries), each recall a share in (0, 1], fp8 keys keeping more of the true top-k than MXFP4 ones on normal data."""
     out = tmp_path / "recall.json"
     _script("fp4_recall", "--tokens", "4", "--keys", "2048", "--top", "256", "--seeds", "1", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
     data = ("normal keys", "outlier channels (4 of 128 at 20x)", "small model's indexer (v32-like, first sparse layer)")
-    assert [(r["data"], r["keys"]) for r in rows] == [(d, f) for d in data for f in ("fp8 e4m3fn", "MXFP4")]
+    formats = ("fp8 e4m3fn", "MXFP4", "MXFP4, MXFP4 queries")
+    assert [(r["data"], r["keys"]) for r in rows] == [(d, f) for d in data for f in formats]
     assert all(0 < r["recall_min"] <= r["recall_mean"] <= 1 and r["rows"] == 4 for r in rows)
     assert rows[0]["recall_mean"] > rows[1]["recall_mean"]
 
