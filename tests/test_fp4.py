@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+import indexcache
 from indexcache.hal import fp4
 
 GRID = torch.tensor(fp4.E2M1_GRID, dtype=torch.float64)
@@ -112,3 +113,26 @@ def test_the_rule_agrees_with_torchao_rceil_byte_for_byte():
     nibbles = nibbles.masked_fill(nibbles == 8, 0)  # -0 → +0, the one difference
     assert _bytes(nibbles[..., 0] | nibbles[..., 1] << 4) == _bytes(values)
     assert (theirs != values.view(torch.uint8)).any()  # the -0 difference exists in this input: the masking is needed
+
+
+def test_mxfp4_queries_in_deepgemms_packed_form_are_taken_by_views():
+    """docs/fp4.md, "Queries": queries as DeepGEMM's SM100 FP4 path and vLLM hold them (values uint8 ``[T, H, D / 2]``,
+    the four e8m0 bytes of a head packed into one int32 ``[T, H]``, block j in byte j) become ``q`` and ``q_scale`` by
+    views alone, and give the logits of the unpacked ones."""
+    g = torch.Generator().manual_seed(7)
+    tokens, heads, dim = 3, 4, 128
+    values, scales = indexcache.quantize_index_k(torch.randn(tokens * heads, dim, generator=g), fp4.FP4,
+                                                 backend="torch")
+    packed_values = values.view(torch.uint8).view(tokens, heads, dim // 2).clone()
+    b = scales.view(torch.uint8).view(tokens, heads, 4).to(torch.int64)
+    packed_scales = (b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16 | b[..., 3] << 24).to(torch.uint32).view(torch.int32)
+    q = packed_values.view(fp4.FP4)
+    q_scale = packed_scales.unsqueeze(-1).view(torch.uint8).view(fp4.E8M0)
+    assert q_scale.shape == (tokens, heads, 4) and q_scale.data_ptr() == packed_scales.data_ptr()
+    keys, key_scales = indexcache.quantize_index_k(torch.randn(50, dim, generator=g), fp4.FP4, backend="torch")
+    window = torch.zeros(tokens, dtype=torch.int32), torch.full((tokens,), 50, dtype=torch.int32)
+    weights = torch.randn(tokens, heads, generator=g)
+    got = indexcache.mqa_logits(q, keys, key_scales, weights, *window, q_scale=q_scale, backend="torch")
+    want = indexcache.mqa_logits(values.view(tokens, heads, dim // 2), keys, key_scales, weights, *window,
+                                 q_scale=scales.view(tokens, heads, 4), backend="torch")
+    assert torch.equal(got, want)

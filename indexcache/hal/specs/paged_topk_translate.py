@@ -174,6 +174,13 @@ def _(gen, dev):
                                                           k_format=fp4.FP4))
 
 
+@cases.add("MXFP4 queries and cache, short and long requests mixed (contexts at, past and below k), index page 17, "
+           "next_n 2, KV page 48")
+def _(gen, dev):
+    return paged_mqa_logits.with_mxfp4_queries(gen, _args(gen, dev, E4M3, 4, 2, 17, [300, 64, 65, 5], 64, 48,
+                                                          k_format=fp4.FP4))
+
+
 def _ragged(gen, dev, fp8, drafts, context, k, page_size, *, stray=False, k_format=None):
     """paged_mqa_logits' ragged rows (:func:`paged_mqa_logits.ragged_args`), a KV ``page_table`` of a row a request
     with holes, a NaN-filled ``logits`` buffer and ``out_raw``."""
