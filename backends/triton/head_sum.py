@@ -198,8 +198,8 @@ def fp4_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constex
     """:func:`tile_head_sum` of an MXFP4 tile (:func:`_fp4_gather`), its scales applied (``MXFP4``: how, ``mxfp4``'s
     modes): on a block-scaled instruction (:func:`scaled_dot`) one dot, NaN for a key with a NaN block (byte 255),
     whatever the instruction makes of that byte; else widened (:func:`widened_head_sum`). ``Q_FP4``: MXFP4 queries
-    (``q`` their words, ``q_scales`` their scale bytes, :func:`scaled_dot`), on a block-scaled instruction or block by
-    block (:func:`blockwise_dot`), NaN for a token with a NaN query block too."""
+    (``q`` as :func:`fp4_queries` gives them, ``q_scales`` their int32 scale bytes), on a block-scaled instruction
+    (:func:`scaled_dot`) or block by block (:func:`blockwise_dot`), NaN for a token with a NaN query block too."""
     if Q_FP4:
         if MXFP4 >= mxfp4.SCALED_E2M1:
             acc = scaled_dot(words, scales, q, ROWS, D, MXFP4, KEYS_ON_M, q_scales, Q_FP4)

@@ -137,6 +137,29 @@ def test_the_decode_step_under_a_budget_gives_the_same_logits_and_selection(grid
     assert _sets(got) == _sets(indexcache.paged_topk_translate(*step, backend="torch"))
 
 
+def test_mxfp4_queries_under_a_budget_give_the_same_logits(grids):
+    """MXFP4 queries on an MXFP4 cache (the Triton kernel's ``Q_FP4``, block by block on sm90, at half the table's
+    columns: at H = 64 a draft token a program): the two draft tokens' programs over the 12 tiles, under a budget of 3
+    at most 3 in all, the same logits bit for bit, and the torch backend's within rounding."""
+    g = torch.Generator().manual_seed(14)
+    fp4 = torch.float4_e2m1fn_x2
+    cache = new_packed_cache(12, 64, 128, fp8_dtype=fp4)
+    indexcache.store_index_k(torch.randn(12 * 64, 128, generator=g), cache, torch.arange(12 * 64, dtype=I32), fp4,
+                             backend="torch")
+    values, scales = indexcache.quantize_index_k(torch.randn(3 * 2 * 64, 128, generator=g), fp4, backend="torch")
+    q, q_scale = values.view(3, 2, 64, 64), scales.view(3, 2, 64, 4)
+    blocks = torch.randperm(12, generator=g).to(I32).view(3, 4)
+    args = (q, cache, torch.randn(6, 64, generator=g), torch.tensor([256, 100, 200], dtype=I32), blocks, 256)
+    named = dict(k_format=fp4, q_scale=q_scale, backend="cuda")
+    free, launched = _launched(grids, lambda: indexcache.paged_mqa_logits(*args, **named))
+    assert launched == [("paged_mqa_logits_kernel", (2, 12))]  # a draft token a program, each over the 12 tiles
+    capped, launched = _launched(grids, lambda: indexcache.paged_mqa_logits(*args, sm_budget=BUDGET, **named))
+    assert launched == [("paged_mqa_logits_kernel", (2, 1))]  # the budget's 3 programs shared: one a draft token
+    assert torch.equal(capped, free)
+    torch.testing.assert_close(free, indexcache.paged_mqa_logits(*args, k_format=fp4, q_scale=q_scale,
+                                                                 backend="torch"), rtol=1e-5, atol=1e-5)
+
+
 def test_the_prefill_under_a_budget_gives_the_same_logits_and_selection(grids):
     g = torch.Generator().manual_seed(12)
     tokens, keys = 24, 400
