@@ -27,6 +27,7 @@ def _cases(op: str, n: int = 2):
     if op == "mqa_logits":  # a bf16 case too: opcheck's test_schema can run on it (see test_opcheck)
         picked.append(next(c for c in SPECS[op].cases if "bf16" in c.name))
     picked += [c for c in SPECS[op].cases if c.name.startswith("MXFP4")][:1]  # float4 and e8m0 through the op
+    picked += [c for c in SPECS[op].cases if c.name.startswith("MXFP4 queries")][:1]  # and q_scale
     picked += [c for c in SPECS[op].cases if "group's four layers" in c.name]  # Tensor[] arguments
     for case in picked:
         gen = torch.Generator().manual_seed(0)
@@ -215,6 +216,25 @@ def test_every_op_compiles_with_fullgraph_and_equals_eager(backend):
     compiled = torch.compile(every_op, fullgraph=True, backend="aot_eager")
     got = compiled(**_inputs(), backend=backend)
     _equal(got, want)
+
+
+def test_mxfp4_queries_compile_with_fullgraph_and_equal_eager():
+    """``q_scale`` (MXFP4 queries) travels through the custom op: the compiled prefill logits equal the eager ones."""
+    torch._dynamo.reset()
+    fp4 = torch.float4_e2m1fn_x2
+    g = torch.Generator().manual_seed(0)
+    q, q_scale = indexcache.quantize_index_k(torch.randn(8, 128, generator=g), fp4)
+    k, k_scale = indexcache.quantize_index_k(torch.randn(30, 128, generator=g), fp4)
+    args = (q.view(2, 4, 64), k, k_scale, torch.randn(2, 4, generator=g), torch.zeros(2, dtype=I32),
+            torch.tensor([30, 9], dtype=I32))
+
+    def f(q, k, k_scale, weights, ks, ke, q_scale):
+        return indexcache.mqa_logits(q, k, k_scale, weights, ks, ke, q_scale=q_scale)
+
+    want = f(*args, q_scale.view(2, 4, 4))
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(*args, q_scale.view(2, 4, 4))
+    _equal([got], [want])
+    assert torch.isfinite(want[:, :9]).all() and torch.isneginf(want[1, 9:]).all()
 
 
 def test_given_out_is_written_in_place_under_compile():

@@ -623,6 +623,25 @@ def _as_bytes(x: torch.Tensor, widen: int) -> torch.Tensor:
     return x.view(torch.uint8) if widen in (1, 3) else x
 
 
+def _head_dim(q: torch.Tensor) -> int:
+    """The head dim of queries ``q [..., D]`` (MXFP4: ``[..., D / 2]``)."""
+    return 2 * q.shape[-1] if q.dtype == fp4.FP4 else q.shape[-1]
+
+
+def _multiplied_in(q: torch.Tensor, target: Target) -> torch.dtype:
+    """The fp8 format the kernels multiply ``q`` (and MXFP4 keys) in: ``q``'s own, MXFP4 queries the target's."""
+    return target.fp8_dtype if q.dtype == fp4.FP4 else q.dtype
+
+
+def _query_args(q: torch.Tensor, q_scale: torch.Tensor | None, widen: int) -> tuple:
+    """The kernels' queries, their scales' pointer and its strides but the last: MXFP4 queries' bytes and scale bytes,
+    else ``q`` as the kernels take it (:func:`_as_bytes`) for both pointers (the scales' unused) and zero strides."""
+    if q_scale is not None:
+        return q.view(torch.uint8), q_scale.view(torch.uint8), q_scale.stride()[:-1]
+    queries = _as_bytes(q, widen)
+    return queries, queries, (0,) * (q.dim() - 1)
+
+
 def _programs(target: Target, device: torch.device) -> int:
     """Multiprocessors of the device (of the planned one inside ``launcher.planning``); ``INTERPRETED_SMS``
     interpreted."""
@@ -695,13 +714,12 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, ta
     through the fp8 prefill (:mod:`prefill_fp4`); ``keys_widened``: ``workspace`` holds them already, widened by an
     earlier launch list of the same keys (the producer step's passes). MXFP4 queries (``q_scale`` given, with MXFP4
     keys): the Triton kernel reads both, on any target (:func:`fp4_head_sum`)."""
-    tokens, heads = q.shape[:2]
-    dim = 2 * q.shape[2] if q_scale is not None else q.shape[2]
+    tokens, heads, dim = *q.shape[:2], _head_dim(q)
     n = k.shape[0]
     if out.numel() == 0:
         return []
     fp4_keys = k.dtype == fp4.FP4
-    fp4_mode = _fp4_mode(target.fp8_dtype if q_scale is not None else q.dtype, target) if fp4_keys else 0
+    fp4_mode = _fp4_mode(_multiplied_in(q, target), target) if fp4_keys else 0
     words = prefill_workspace_words(q, k, q_scale, target=target)
     if words:  # MXFP4 keys widened once, then the fp8 prefill
         ws = workspace[:words] if workspace is not None else workspaces.words(q, words, None)
@@ -727,12 +745,10 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, ta
     block_n = _fp4_tile(cfg["BLOCK_N"], fp4_mode, target, cfg["KEYS_ON_M"])
     blocks = cdiv(tokens, block_q)
     programs = min(blocks, persistent_programs(_programs(target, q.device), cfg.get("PROGRAMS_PER_SM", 1)))
-    widen = _widen_mode(target.fp8_dtype if q_scale is not None else q.dtype, target, cfg)
+    widen = _widen_mode(_multiplied_in(q, target), target, cfg)
     options = options or launch_key_options(format_options(target, cfg, fp4_keys))
     keys, scales = (k.view(torch.uint8), k_scale.view(torch.uint8)) if fp4_keys else (_as_bytes(k, widen), k_scale)
-    # MXFP4 queries: their bytes and scale bytes (else q again for the unused scales' pointer, no strides)
-    queries, q_scales, qs_strides = ((q.view(torch.uint8), q_scale.view(torch.uint8), q_scale.stride()[:2])
-                                     if q_scale is not None else (_as_bytes(q, widen), _as_bytes(q, widen), (0, 0)))
+    queries, q_scales, qs_strides = _query_args(q, q_scale, widen)
     return [Launch(
         PREFILL, (programs,), options,
         (queries, keys, scales, weights, ks, ke, out, q_scales,
@@ -766,7 +782,7 @@ def prefill_round(q, k, k_scale, weights, q_scale=None, *, target: Target, cfg: 
         # weights stands in for the logits: what the check reads of them is a unit stride along a row
         if not prefill_sm90.unsupported(q, k, k_scale, weights, weights, target):
             return persistent_programs(programs, 1) * max(1, prefill_sm90.COLS // heads)
-    cols = _columns(cfg, _fp4_mode(target.fp8_dtype, target), q_scale is not None)
+    cols = _columns(cfg, _fp4_mode(_multiplied_in(q, target), target), q_scale is not None)
     return max(1, cols // heads, 16 // heads) * persistent_programs(programs, cfg.get("PROGRAMS_PER_SM", 1))
 
 
@@ -791,14 +807,13 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     Triton kernel, or the Hopper Gluon kernel where it takes the call (both formats); ``row_to_batch``: ragged rows,
     two a program where the columns allow (both kernels); ``q_scale``: MXFP4 queries (on an MXFP4 cache), read by the
     Triton kernel."""
-    batch, next_n, heads = q.shape[:3]
-    dim = 2 * q.shape[3] if q_scale is not None else q.shape[3]
+    batch, next_n, heads, dim = *q.shape[:3], _head_dim(q)
     if out.numel() == 0:
         return None
     mxfp4 = k_format == fp4.FP4
     page = cache_page_size(k_cache, dim, fp4.FP4) if mxfp4 else cache_page_size(k_cache, dim)
     flat = k_cache.view(-1)
-    fp8 = target.fp8_dtype if q_scale is not None else q.dtype  # the format the kernel multiplies the keys in
+    fp8 = _multiplied_in(q, target)
     fp4_mode = _fp4_mode(fp8, target) if mxfp4 else 0
     block_keys = _fp4_tile(cfg["BLOCK_KEYS"], fp4_mode, target, cfg["KEYS_ON_M"])
     # Draft tokens a program: up to COLS dot columns (next_n 3-4 at H = 64 take two programs a key range, adjacent
@@ -825,9 +840,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
         kv, kv_scale = _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32)
         words = cfg.get("WORDS", 0)
     r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
-    # MXFP4 queries: their bytes and scale bytes (else q again for the unused scales' pointer, no strides)
-    queries, q_scales, qs_strides = ((q.view(torch.uint8), q_scale.view(torch.uint8), q_scale.stride()[:3])
-                                     if q_scale is not None else (_as_bytes(q, widen), _as_bytes(q, widen), (0, 0, 0)))
+    queries, q_scales, qs_strides = _query_args(q, q_scale, widen)
     args = (queries, kv, kv_scale, weights,
             context_lens, page_table, r2b, out, q_scales,
             batch, max_context_len, k_cache.shape[0], page_table.shape[1], page_table.shape[0], skip,
@@ -856,11 +869,6 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     if launch is not None:
         launch()
     return out
-
-
-def _head_dim(q: torch.Tensor) -> int:
-    """The head dim of queries ``q [..., D]`` (MXFP4: ``[..., D / 2]``)."""
-    return 2 * q.shape[-1] if q.dtype == fp4.FP4 else q.shape[-1]
 
 
 def _mxfp4_queries(q: torch.Tensor, q_scale: torch.Tensor) -> list[str]:

@@ -132,10 +132,9 @@ class PrefillLogits:
     (:func:`indexcache.mqa_topk_translate`: the ``[rows, N]`` logits are never written whole).
 
     ``q [rows, H, D]`` fp8 or bfloat16 (or MXFP4 with ``q_scale``, on MXFP4 keys); ``k [N, D]`` (or MXFP4 keys) and
-    ``k_scale``, e.g. from
-    :func:`indexcache.gather_index_k`; ``weights [rows, H]`` float32; ``ks``, ``ke [rows]`` int32, each row's key
-    window (its start is where the row's positions count from); ``workspace`` / ``workspace_bytes``: the op's scratch
-    and its bound (None: the backend's own, 2 GiB at most).
+    ``k_scale``, e.g. from :func:`indexcache.gather_index_k`; ``weights [rows, H]`` float32; ``ks``, ``ke [rows]``
+    int32, each row's key window (its start is where the row's positions count from); ``workspace`` /
+    ``workspace_bytes``: the op's scratch and its bound (None: the backend's own, 2 GiB at most).
     """
 
     q: torch.Tensor

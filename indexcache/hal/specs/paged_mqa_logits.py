@@ -35,11 +35,12 @@ def check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len,
     if q.dtype == fp4.FP4 and k_format is None:
         raise TypeError("k_format: MXFP4 queries (float4_e2m1fn_x2) read an MXFP4 cache only: expected "
                         "k_format=torch.float4_e2m1fn_x2, got None")
-    mqa_logits.check_queries(q, q_scale, key_format(q, k_format))
+    keys = key_format(q, k_format)
+    mqa_logits.check_queries(q, q_scale, keys)
     batch, next_n, heads = q.shape[:3]
     dim = mqa_logits.head_dim(q)
     device = q.device
-    check_cache(k_cache, "q", dim, device, key_format(q, k_format))
+    check_cache(k_cache, "q", dim, device, keys)
     check_tensor("weights", weights, (torch.float32,), (batch * next_n, heads), device)
     check_tensor("context_lens", context_lens, (INDEX,), (batch,), device)
     if row_to_batch is None:
