@@ -203,13 +203,16 @@ def _tokens(b, j0, paired, NEXT_N: gl.constexpr, RAGGED: gl.constexpr):
 @gluon.jit
 def _load_request(q_ptr, w_ptr, q_smem, b, j0, paired, q_s0, q_s1, q_s2, w_s0, NEXT_N: gl.constexpr,
                   GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, heads_l: gl.constexpr,
-                  RAGGED: gl.constexpr):
+                  RAGGED: gl.constexpr, PERMUTED: gl.constexpr = 0):
     """Unit ``b``'s Q ``[GROUPS, H, D]`` (:func:`_tokens`) into ``q_smem``, fenced for the matmul and all warps past
     it; returns the tokens' weights ``(w0, w1)`` ``[H]`` (zero for a token that is not there). The caller makes sure
-    no matmul still reads the previous Q."""
+    no matmul still reads the previous Q. ``PERMUTED``: the head dim in ``mxfp4_sm90.permuted`` order (the MXFP4 keys'
+    register operand's)."""
     q_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     rows = gl.arange(0, H, layout=gl.SliceLayout(1, q_l))
     dims = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
+    if PERMUTED:
+        dims = mxfp4_sm90.permuted(dims, D)
     heads = gl.arange(0, H, layout=heads_l)
     row, live0, live1 = _tokens(b, j0, paired, NEXT_N, RAGGED)
     for g in gl.static_range(GROUPS):
@@ -294,7 +297,8 @@ def _mxfp4_scale_words(scales_smem, layout: gl.constexpr, PAGE: gl.constexpr):
 
 @gluon.jit
 def _mxfp4_exact(cache_ptr, out_ptr, wide_smem, q_tok, w, page, far, n, seen, visible, row, max_ctx,
-                 H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PAGE_WORDS: gl.constexpr, mma: gl.constexpr):
+                 H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PAGE_WORDS: gl.constexpr, mma: gl.constexpr,
+                 REG_A: gl.constexpr = 0):
     """One token's logits of a tile's keys whose block scales lie too far apart for one scale a key (``far``), read
     again from the cache: D / 32 matmuls into one accumulator, each taking every key's next block by scale in units
     of that block's scale, the sum so far brought to those units first (as the Triton kernel's exact path)."""
@@ -305,8 +309,13 @@ def _mxfp4_exact(cache_ptr, out_ptr, wide_smem, q_tok, w, page, far, n, seen, vi
     words = gl.load(cache_ptr + at + rows[:, None] * (D // 8) + cols[None, :])
     sw = gl.load(cache_ptr + at + PAGE * (D // 8) + rows)
     sw_m = gl.load(cache_ptr + at + PAGE * (D // 8) + gl.arange(0, PAGE, layout=gl.SliceLayout(1, mma)))
-    acc, last = mxfp4_sm90.exact(wide_smem, q_tok.permute((1, 0)), words, sw, cols, sw_m,
-                                 gl.zeros([PAGE, H], gl.float32, layout=mma))
+    if REG_A:
+        acc, last = mxfp4_sm90.exact_registers(q_tok.permute((1, 0)), words, sw, cols, sw_m,
+                                               gl.zeros([PAGE, H], gl.float32, layout=mma),
+                                               gl.DotOperandLayout(0, mma, 4))
+    else:
+        acc, last = mxfp4_sm90.exact(wide_smem, q_tok.permute((1, 0)), words, sw, cols, sw_m,
+                                     gl.zeros([PAGE, H], gl.float32, layout=mma))
     _store(out_ptr, row, n, _head_sum(acc, w) * mxfp4_sm90.e8m0(last), seen, visible, max_ctx, far)
 
 
@@ -338,10 +347,11 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
                     q_s2, w_s0, ctx_s0, r2b_s0, tab_s0, out_s0, j0, t_begin, t_end, b_first, b_end, before,
                     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr,
                     PAGE: gl.constexpr, PAGE_WORDS: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr,
-                    MXFP4: gl.constexpr):
+                    MXFP4: gl.constexpr, REG_A: gl.constexpr = 0):
     """The math warps: each tile's matmul, head sum and store, releasing the slot as soon as it is read. An MXFP4
-    tile (``MXFP4``) is widened into shared memory first (both draft tokens' matmuls read it); its keys whose
-    blocks lie too far apart are left out, and taken again at the end by the exact path where there are any."""
+    tile (``MXFP4``) is widened into shared memory first (both draft tokens' matmuls read it), or with ``REG_A`` into
+    the matmul's register operand (``mxfp4_sm90.operand``; Q in its order); its keys whose blocks lie too far apart
+    are left out, and taken again at the end by the exact path where there are any."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
     keys_l: gl.constexpr = gl.SliceLayout(1, mma)
     heads_l: gl.constexpr = gl.SliceLayout(0, mma)
@@ -359,7 +369,7 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
         passed += tiles
         block_barrier()  # every math warp is past its last matmul on the previous request's Q
         w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, paired, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS, H, D,
-                               heads_l, RAGGED)
+                               heads_l, RAGGED, MXFP4 and REG_A)
         row, live0, live1 = _tokens(b, j0, paired, NEXT_N, RAGGED)
         row0 = row.to(gl.int64) * out_s0
         visible0, visible1 = _visible(ctx_ptr, ctx_s0, b, ctx, paired, j0, NEXT_N, RAGGED)
@@ -379,9 +389,13 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
                 lift_base, sc, one = mxfp4_sm90.key_scales(sw)
                 sc = gl.convert_layout(sc, keys_l)  # the same keys in the same threads (WORDS_LAYOUT): no exchange
                 one = gl.convert_layout(one, keys_l)
-                k_tile = wide_smem.index(i % 2)  # two buffers: a warp past this tile's barrier is past the matmuls
-                # of the tile before
-                mxfp4_sm90.stage(k_tile, words, sw, cols, lift_base)
+                if REG_A:  # the widened words are the matmul's registers: no shared memory, no barrier
+                    k_tile = mxfp4_sm90.operand(words, mxfp4_sm90.lifts(sw, lift_base, cols),
+                                                gl.DotOperandLayout(0, mma, 4))
+                else:
+                    k_tile = wide_smem.index(i % 2)  # two buffers: a warp past this tile's barrier is past the
+                    # matmuls of the tile before
+                    mxfp4_sm90.stage(k_tile, words, sw, cols, lift_base)
                 far |= (ok & ~one).to(gl.int32)
                 keep0 = (one | ~ok) & live0
                 keep1 = (one | ~ok) & live1
@@ -420,7 +434,7 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
                 passed += tiles
                 block_barrier()
                 w0, w1 = _load_request(q_ptr, w_ptr, q_smem, b, j0, paired, q_s0, q_s1, q_s2, w_s0, NEXT_N, GROUPS,
-                                       H, D, heads_l, RAGGED)
+                                       H, D, heads_l, RAGGED, REG_A)
                 row, live0, live1 = _tokens(b, j0, paired, NEXT_N, RAGGED)
                 visible0, visible1 = _visible(ctx_ptr, ctx_s0, b, ctx, paired, j0, NEXT_N, RAGGED)
                 tb, named = _table_row(r2b_ptr, r2b_s0, b, batch, table_rows, RAGGED)
@@ -435,11 +449,11 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
                         seen = gl.where(ok, n, ctx)
                         row0 = row.to(gl.int64) * out_s0
                         _mxfp4_exact(cache_ptr, out_ptr, wide_smem.index(0), q_smem.index(0), w0, page, far_k & live0,
-                                     n, seen, visible0, row0, max_ctx, H, D, PAGE, PAGE_WORDS, mma)
+                                     n, seen, visible0, row0, max_ctx, H, D, PAGE, PAGE_WORDS, mma, REG_A)
                         if GROUPS == 2:
                             _mxfp4_exact(cache_ptr, out_ptr, wide_smem.index(0), q_smem.index(1), w1, page,
                                          far_k & live1, n, seen, visible1, row0 + out_s0, max_ctx, H, D, PAGE,
-                                         PAGE_WORDS, mma)
+                                         PAGE_WORDS, mma, REG_A)
 
 
 # The batch, the context, the cache's and the table's sizes and the row strides of the table and the logits take no
@@ -454,7 +468,7 @@ def paged_decode_sm90_kernel(
     q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0, out_s0,
     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, LOADER_REGS: gl.constexpr,
-    PDL: gl.constexpr, RAGGED: gl.constexpr = 0, MXFP4: gl.constexpr = 0,
+    PDL: gl.constexpr, RAGGED: gl.constexpr = 0, MXFP4: gl.constexpr = 0, REG_A: gl.constexpr = 0,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers.
     ``PDL``: launched with programmatic dependent launch (its programs wait for the launch before it first). Every
@@ -465,7 +479,8 @@ def paged_decode_sm90_kernel(
     not one of the ``table_rows`` rows) and length ``context_lens[r]``; two rows of one request at an even row and
     the next share their key reads, as two draft tokens of a request do (:func:`_unit`). ``MXFP4``: an MXFP4 cache
     (``keys_desc`` its value words ``[PAGE, D / 8]`` a page, ``scales_desc`` its scale words; ``cache_ptr`` the
-    whole cache as int32, read by the exact path), widened to e4m3fn in the math warps."""
+    whole cache as int32, read by the exact path), widened to e4m3fn in the math warps (``REG_A``: straight into the
+    matmul's register operand)."""
     if PDL:
         grid_dependency_wait()
     launch_dependents()
@@ -480,7 +495,7 @@ def paged_decode_sm90_kernel(
                                             scales_desc.layout)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([H, D], gl.float8e4nv)
     q_smem = gl.allocate_shared_memory(gl.float8e4nv, [GROUPS, H, D], q_layout)
-    if MXFP4:  # the widened keys of the tile in the matmul and the next one's
+    if MXFP4 and not REG_A:  # the widened keys of the tile in the matmul and the next one's
         wide_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, D], gl.float8e4nv)
         wide_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, PAGE, D], wide_layout)
     else:
@@ -495,7 +510,7 @@ def paged_decode_sm90_kernel(
                            q_smem, wide_smem, ready, empty, batch, max_ctx, skip, num_pages, table_pages, table_rows,
                            q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0, out_s0, j0, t_begin, t_end, b_first, b_end,
                            before, NEXT_N, GROUPS, H, D, PAGE, PAGE * (D // 2 + D // 32) // 4, STAGES,
-                           RAGGED, MXFP4)),
+                           RAGGED, MXFP4, REG_A)),
         (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, r2b_ptr, table_ptr,
                            ctx_s0, r2b_s0, tab_s0, batch, max_ctx, skip, num_pages, table_pages, table_rows,
                            b_first, (t_begin - before).to(gl.int32), (t_end - t_begin).to(gl.int32), PAGE,
@@ -601,7 +616,7 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
                  BLOCK_B=batch_block, LOADER_REGS=FP4_LOADER_REGS if mxfp4 else LOADER_REGS,
                  PDL=bool(cfg.get("PDL")),
-                 RAGGED=row_to_batch is not None, MXFP4=int(mxfp4))
+                 RAGGED=row_to_batch is not None, MXFP4=int(mxfp4), REG_A=int(mxfp4 and cfg.get("TMA_FP4_REG_A", 0)))
     r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
     args = (q, keys_desc, scales_desc, weights, context_lens, r2b, page_table, out, k_cache.view(-1).view(torch.int32),
             batch, max_context_len, skip, k_cache.shape[0], page_table.shape[1], page_table.shape[0],
@@ -643,7 +658,8 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
                 {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page, "PAGE_ROWS": rows,
                  "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block,
                  "LOADER_REGS": FP4_LOADER_REGS if mxfp4 else LOADER_REGS,
-                 "PDL": bool(cfg.get("PDL")), "RAGGED": ragged, "MXFP4": mxfp4, "ctx_s0": 1, "r2b_s0": 1},
+                 "PDL": bool(cfg.get("PDL")), "RAGGED": ragged, "MXFP4": mxfp4,
+                 "REG_A": int(bool(mxfp4) and cfg.get("TMA_FP4_REG_A", 0)), "ctx_s0": 1, "r2b_s0": 1},
                 _options(cfg, groups, bool(mxfp4)), matrix="fp8",
                 aligned=("q_s0", "q_s1", "q_s2", "w_s0"),
                 stack_bytes=FP4_STACK_BYTES[groups - 1] if mxfp4 else 0))

@@ -63,12 +63,49 @@ or.b32 $1, $1, t;
 
 
 @gluon.jit
+def _widen_pair(words, lift):
+    """:func:`widen`'s two halves: e4m3fn bytes of each word's elements 0-3 and 4-7, int32 ``[ROWS, W]`` each."""
+    return gl.inline_asm_elementwise(_WIDEN_ASM, "=r,=r,r,r", [words, lift], dtype=(gl.int32, gl.int32),
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
 def widen(words, lift):
     """MXFP4 value words (int32 ``[ROWS, W]``) and a lift a word (int32, the same shape and layout: ``LIFT + 8d``
     for values times ``2 ** d``) → e4m3fn bytes as int32 ``[ROWS, 2W]`` in the elements' order."""
-    lo, hi = gl.inline_asm_elementwise(_WIDEN_ASM, "=r,=r,r,r", [words, lift], dtype=(gl.int32, gl.int32),
-                                       is_pure=True, pack=1)
+    lo, hi = _widen_pair(words, lift)
     return gl.reshape(gl.join(lo, hi), [words.shape[0], 2 * words.shape[1]])
+
+
+@gluon.jit
+def _bytes(x):
+    """int32 ``[..., 4]`` holding one word four times along its last dimension → e4m3fn ``[..., 4]``, element ``e`` the
+    word's byte ``e`` (one register of four packed bytes: the move is the register itself)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [x], dtype=gl.float8e4nv, is_pure=True, pack=4)
+
+
+@gluon.jit
+def operand(words, lift, layout: gl.constexpr):
+    """MXFP4 value words ``[ROWS, D / 8]`` in :data:`WORDS_LAYOUT` and their lifts (:func:`widen`'s) → the matmul's
+    register operand: e4m3fn ``[ROWS, D]`` in ``layout`` (a ``DotOperandLayout`` of the accumulator's, ``k_width`` 4),
+    the contraction in :func:`permuted` order: position ``4 (D / 32) m + 4 c + e`` holds element ``32 c + 4 m + e``.
+    That is the order in which a thread of WORDS_LAYOUT holds its widened words (block ``c`` of its keys, words
+    ``4c .. 4c + 3``, each two registers), so the widened registers are the operand's: no exchange between threads and
+    no byte repacking (the queries are put in the same order once a request)."""
+    ROWS: gl.constexpr = words.shape[0]
+    C: gl.constexpr = words.shape[1] // 4
+    lo, hi = _widen_pair(words, lift)
+    x = gl.reshape(gl.join(lo, hi), [ROWS, C, 4, 2])  # [key, block c, word s, half p]
+    x = gl.join(x, x)
+    x = gl.reshape(gl.join(x, x), [ROWS, C, 4, 2, 4])  # each register four times along the bytes e
+    a = gl.permute(_bytes(x), [0, 2, 3, 1, 4])  # [key, s, p, c, e]: position 16 (2 s + p) + 4 c + e at D = 128
+    return gl.convert_layout(gl.reshape(a, [ROWS, 32 * C]), layout)
+
+
+@gluon.jit
+def permuted(k, D: gl.constexpr):
+    """The element each contraction position ``k`` of :func:`operand`'s order holds (int32, ``k``'s shape)."""
+    return 32 * ((k // 4) % (D // 32)) + 4 * (k // (D // 8)) + k % 4
 
 
 @gluon.jit
@@ -121,14 +158,19 @@ def unit(sw, p):
 
 
 @gluon.jit
-def block_pass(words, sw, cols, p):
-    """Pass ``p`` of the exact path: e4m3fn words ``[ROWS, 2W]``, each key's block of place ``p`` (:func:`_rank`)
-    in units of its scale (lift ``LIFT``: exact; :func:`unit` its scale byte), its other blocks zero."""
+def _pass_words(words, sw, cols, p):
+    """Pass ``p`` of the exact path's value words: each key's block of place ``p`` (:func:`_rank`), the others zero."""
     blk = cols[None, :] // 4
     place = gl.where(blk == 0, _rank(sw, 0)[:, None], gl.where(blk == 1, _rank(sw, 1)[:, None],
                      gl.where(blk == 2, _rank(sw, 2)[:, None], _rank(sw, 3)[:, None])))
-    mine = gl.where(place == p, words, 0)
-    return widen(mine, gl.full(words.shape, LIFT, gl.int32, layout=words.type.layout))
+    return gl.where(place == p, words, 0)
+
+
+@gluon.jit
+def block_pass(words, sw, cols, p):
+    """Pass ``p`` of the exact path: e4m3fn words ``[ROWS, 2W]``, each key's block of place ``p`` (:func:`_rank`)
+    in units of its scale (lift ``LIFT``: exact; :func:`unit` its scale byte), its other blocks zero."""
+    return widen(_pass_words(words, sw, cols, p), gl.full(words.shape, LIFT, gl.int32, layout=words.type.layout))
 
 
 @gluon.jit
@@ -158,6 +200,20 @@ def stage(wide_smem, words, sw, cols, base):
     """A tile's value words ``[ROWS, D / 8]`` widened into ``wide_smem`` with one scale a key (``sw`` the keys' scale
     words and ``base`` their :func:`key_scales` in the rows of ``words``, ``cols`` the words' places)."""
     _store_operand(wide_smem, widen(words, lifts(sw, base, cols)))
+
+
+@gluon.jit
+def exact_registers(q_tile, words, sw, cols, sw_m, acc, layout: gl.constexpr):
+    """:func:`exact` with each pass's keys as the matmul's register operand (:func:`operand`, ``layout`` its
+    layout; ``q_tile`` in :func:`permuted` order): no shared memory, no barrier."""
+    lift = gl.full(words.shape, LIFT, gl.int32, layout=words.type.layout)
+    u = unit(sw_m, 0)
+    for p in range(words.shape[1] // 4):  # a loop, not unrolled
+        to = unit(sw_m, p)
+        acc = warpgroup_mma(operand(_pass_words(words, sw, cols, p), lift, layout), q_tile,
+                            acc * pow2(u - to)[:, None])
+        u = to
+    return acc, u
 
 
 @gluon.jit
