@@ -33,8 +33,8 @@ _COMMON: dict[str, dict[str, Any]] = {
     # TMA_FP4_MAXNREG on an MXFP4 cache (64 / 80: four / three programs a SM, the copy warp at 24 registers; ptxas
     # keeps 8-16 bytes on the stack outside the tile loop at 64, three words a tile in it at 80, which the H200 ran
     # 5-6 % faster than 96 without them at next_n 2; 64 against 80 at next_n 1: 3-4 % faster, decode_sm90.py).
-    # TMA_FP4_REG_A 1: the MXFP4 keys widened straight into the matmul's register operand (branch rega: not yet run
-    # on a GPU). sm90 with Triton 3.6 takes it (below).
+    # TMA_FP4_REG_A 1: the MXFP4 keys widened straight into the matmul's register operand (H200, 2026-12-05: 5-7 %
+    # less time than through shared memory, docs/fp4.md). sm90 with Triton 3.6 takes it (below).
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "PROGRAMS_PER_SM": 2,
                          "PREFETCH": 0, "num_warps": 4, "num_stages": 5, "KERNEL": "triton", "TMA_STAGES": 4,
                          "TMA_MAXNREG": [64, 80], "TMA_FP4_MAXNREG": [64, 80], "TMA_FP4_REG_A": 1},
@@ -75,10 +75,9 @@ _COMMON: dict[str, dict[str, Any]] = {
     # (2-11 % with the radix select before); 4 columns a thread a piece: 8 were 2-5 % faster on decode rows and 3 %
     # slower on prefill, and leave a stack frame with Triton 3.9 at 32 warps. From BLOCK_SAMPLE_ROWS rows on, the rows
     # are sampled ahead by a launch of their own and the block kernel reads each row's threshold and first bins'
-    # shift (BLOCK_FLOORS 1: the candidates' bins counted after the filter; 2: by the filter). Not yet measured: to be
-    # raced against sampling in the block (bench/topk_gpu.py) on an H200 before it leaves the "floors" branch, as is
-    # BLOCK_PREFETCH (a program's next row into L2 while a row is selected: the filter of a row sampled ahead would
-    # otherwise read DRAM that the sample in the block had touched).
+    # shift (BLOCK_FLOORS 1: the candidates' bins counted after the filter; 2: by the filter; H200, 4096 rows of 32K:
+    # 719-721 µs against 764-767 sampling in the block). BLOCK_PREFETCH: a program's next row into L2 while a row is
+    # selected, on rows sampled in the block only (764 against 780 µs there; 744 against 719 on rows sampled ahead).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "FINISH_TIES": 256,
