@@ -39,7 +39,7 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, q_scale=None):
     """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``; MXFP4 queries decoded with ``q_scale`` a
     chunk of rows at a time)."""
     tokens, heads = q.shape[:2]
-    dim = 2 * q.shape[2] if q_scale is not None else q.shape[2]
+    dim = fp4.head_dim(q)
     n = k.shape[0]
     if out.numel() == 0:
         return out
@@ -68,8 +68,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     """Fill ``out [B * next_n, max_context_len]`` float32 (contract: ``indexcache.paged_mqa_logits``); an MXFP4
     cache (``k_format``) is decoded a chunk of keys at a time, MXFP4 queries once (with ``q_scale``); ragged rows
     (``row_to_batch``) read their requests' table rows (a row naming none reads nothing)."""
-    qf = _queries(q, q_scale)
-    batch, next_n, heads, dim = qf.shape
+    batch, next_n, heads, dim = *q.shape[:3], fp4.head_dim(q)
     named = None
     if row_to_batch is not None:  # each row its own table row, gathered once (rows naming none: no pages)
         named = (row_to_batch >= 0) & (row_to_batch < page_table.shape[0])
@@ -84,7 +83,7 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     out.fill_(float("-inf"))
     if out.numel() == 0 or cache_pages == 0 or table_pages == 0:
         return out
-    qf = qf.reshape(batch, next_n * heads, dim)
+    qf = _queries(q, q_scale).reshape(batch, next_n * heads, dim)
     w = weights.view(batch, 1, next_n, heads)
     # Rows of the visible-key bound per (request, draft token): context - next_n + j + 1.
     visible = context_lens.long()[:, None] - next_n + 1 + torch.arange(next_n, device=q.device)[None, :]

@@ -623,11 +623,6 @@ def _as_bytes(x: torch.Tensor, widen: int) -> torch.Tensor:
     return x.view(torch.uint8) if widen in (1, 3) else x
 
 
-def _head_dim(q: torch.Tensor) -> int:
-    """The head dim of queries ``q [..., D]`` (MXFP4: ``[..., D / 2]``)."""
-    return 2 * q.shape[-1] if q.dtype == fp4.FP4 else q.shape[-1]
-
-
 def _multiplied_in(q: torch.Tensor, target: Target) -> torch.dtype:
     """The fp8 format the kernels multiply ``q`` (and MXFP4 keys) in: ``q``'s own, MXFP4 queries the target's."""
     return target.fp8_dtype if q.dtype == fp4.FP4 else q.dtype
@@ -714,7 +709,7 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, ta
     through the fp8 prefill (:mod:`prefill_fp4`); ``keys_widened``: ``workspace`` holds them already, widened by an
     earlier launch list of the same keys (the producer step's passes). MXFP4 queries (``q_scale`` given, with MXFP4
     keys): the Triton kernel reads both, on any target (:func:`fp4_head_sum`)."""
-    tokens, heads, dim = *q.shape[:2], _head_dim(q)
+    tokens, heads, dim = *q.shape[:2], fp4.head_dim(q)
     n = k.shape[0]
     if out.numel() == 0:
         return []
@@ -807,7 +802,7 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     Triton kernel, or the Hopper Gluon kernel where it takes the call (both formats); ``row_to_batch``: ragged rows,
     two a program where the columns allow (both kernels); ``q_scale``: MXFP4 queries (on an MXFP4 cache), read by the
     Triton kernel."""
-    batch, next_n, heads, dim = *q.shape[:3], _head_dim(q)
+    batch, next_n, heads, dim = *q.shape[:3], fp4.head_dim(q)
     if out.numel() == 0:
         return None
     mxfp4 = k_format == fp4.FP4
@@ -895,14 +890,14 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         queries = (_check_dtype("q", q.dtype, target, bf16=True) if q_scale is None else
                    [*on_target_device(target, q_scale=q_scale), *_mxfp4_queries(q, q_scale)])
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
-                *queries, *_check_shape(q.shape[1], _head_dim(q)), *mxfp4]
+                *queries, *_check_shape(q.shape[1], fp4.head_dim(q)), *mxfp4]
 
     def supports_decode(q, k_cache, weights, context_lens, page_table, out, row_to_batch=None, q_scale=None, **_):
         queries = (_check_dtype("q", q.dtype, target, bf16=False) if q_scale is None else
                    [*on_target_device(target, q_scale=q_scale), *_mxfp4_queries(q, q_scale)])
         return [*on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
                                   page_table=page_table, out=out, row_to_batch=row_to_batch),
-                *queries, *_check_shape(q.shape[2], _head_dim(q))]
+                *queries, *_check_shape(q.shape[2], fp4.head_dim(q))]
 
     def run_prefill(**args):
         return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options[args["k"].dtype == fp4.FP4])

@@ -27,6 +27,11 @@ AMAX_FLOOR = 1e-4  # the amax of a block of zeros or tiny values, as the fp8 key
 E8M0_NAN = 255
 
 
+def head_dim(q: torch.Tensor) -> int:
+    """The head dim D of queries ``q [..., D]`` in any format: MXFP4 ones hold ``[..., D / 2]`` (two values a byte)."""
+    return 2 * q.shape[-1] if q.dtype == FP4 else q.shape[-1]
+
+
 def quantize(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values [N, D / 2] float4_e2m1fn_x2, scales [N, D / 32] float8_e8m0fnu)`` of ``k [N, D]`` (any float dtype,
     D a multiple of 32, on the CPU), by the module's rule, computed in float64."""

@@ -22,11 +22,6 @@ from indexcache.hal.specs.bench import BASELINE, DIM, HEADS, BenchCase, BenchSpe
 BOUNDS = {("fp8", "fp32"): 1e-5, ("fp8", "tensor-core"): 1e-3, ("bf16", "fp32"): 1e-2, ("bf16", "tensor-core"): 1e-2}
 
 
-def head_dim(q: torch.Tensor) -> int:
-    """The head dim D of queries ``q [..., D]`` (MXFP4 queries: ``[..., D / 2]``, two values a byte)."""
-    return 2 * q.shape[-1] if q.dtype == fp4.FP4 else q.shape[-1]
-
-
 def check_queries(q: torch.Tensor, q_scale, keys: torch.dtype) -> None:
     """``q`` (checked for its dtype already) in a format the keys of format ``keys`` take: MXFP4 queries only with
     MXFP4 keys and with their block scales ``q_scale [..., D / 32]`` float8_e8m0fnu; any other ``q`` without
@@ -39,7 +34,7 @@ def check_queries(q: torch.Tensor, q_scale, keys: torch.dtype) -> None:
     if keys != fp4.FP4:
         raise TypeError(f"q: MXFP4 queries (float4_e2m1fn_x2) are taken with MXFP4 keys only, got keys of dtype "
                         f"{dtype_names([keys])}")
-    dim = head_dim(q)
+    dim = fp4.head_dim(q)
     if dim % fp4.BLOCK:
         raise ValueError(f"q: expected a head dim that is a multiple of {fp4.BLOCK} with MXFP4 queries, got {dim}")
     if q_scale is None:
@@ -60,7 +55,7 @@ def check_inputs(q, k, k_scale, weights, ks, ke, q_scale=None) -> None:
     [T, H, D / 32]``), ``k [N, D]`` (MXFP4: ``[N, D / 2]``), ``k_scale``, ``weights [T, H]``, ``ks`` and ``ke [T]``."""
     check_tensor("q", q, (*KEY_DTYPES, fp4.FP4), (None, None, None))
     tokens, heads = q.shape[:2]
-    dim = head_dim(q)
+    dim = fp4.head_dim(q)
     device = q.device
     mxfp4 = isinstance(k, torch.Tensor) and k.dtype == fp4.FP4
     if isinstance(k, torch.Tensor):

@@ -133,6 +133,8 @@ cases.add("ragged causal prefill, KV page 100 (not a multiple of the 64-key tile
     lambda gen, dev, fp8: ragged_prefill(gen, dev, fp8, [350, 129], [8, 6], 96, 100, heads=64))
 cases.add("ragged causal prefill over MXFP4 keys, KV page 64, native fp8 q", native_fp8=True)(
     lambda gen, dev, fp8: ragged_prefill(gen, dev, fp8, [260, 100], [9, 7], 64, 64, mxfp4=True))
+
+
 @cases.add("ragged causal prefill, MXFP4 queries and keys, KV page 64")
 def _(gen, dev):
     args = ragged_prefill(gen, dev, E4M3, [260, 100], [9, 7], 64, 64, mxfp4=True)

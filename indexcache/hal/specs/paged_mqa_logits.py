@@ -38,7 +38,7 @@ def check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len,
     keys = key_format(q, k_format)
     mqa_logits.check_queries(q, q_scale, keys)
     batch, next_n, heads = q.shape[:3]
-    dim = mqa_logits.head_dim(q)
+    dim = fp4.head_dim(q)
     device = q.device
     check_cache(k_cache, "q", dim, device, keys)
     check_tensor("weights", weights, (torch.float32,), (batch * next_n, heads), device)

@@ -168,6 +168,7 @@ def _(gen, dev, fp8):
 def _(gen, dev, fp8):
     return _args(gen, dev, fp8, 2, 2, 64, [250, 190], 70, 64, holes=True, k_format=fp4.FP4)
 
+
 @cases.add("MXFP4 queries and cache, speculative verify next_n 2, index page 64 with holes, KV page 64")
 def _(gen, dev):
     return paged_mqa_logits.with_mxfp4_queries(gen, _args(gen, dev, E4M3, 2, 2, 64, [250, 190], 70, 64, holes=True,
