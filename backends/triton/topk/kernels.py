@@ -134,19 +134,22 @@ def _threshold_bin(hist, k, NB: tl.constexpr):
 
 
 @triton.jit
-def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr):
+def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr,
+                  RUN: tl.constexpr):
     """``(floor, best)``: the filter threshold of a row (``length > 0``), as a key at or below the ``m``-th best
-    of ``SAMPLES`` entries spread evenly over the window, ``m = λ + 4·√λ + 2`` with ``λ = SAMPLES·k/length`` the
-    sample entries expected at or above the k-th best (so it lies below the k-th best unless the sample is off by
-    more than four standard deviations): the ``m``-th best sample key itself, radix-selected over the sample held
-    in registers (the lowest valid key when fewer than ``m`` are valid). -0.0 and +0.0 stay tied: a threshold of
-    +0.0 is lowered to take -0.0 in too. ``best``: the sample's largest key."""
+    of ``SAMPLES`` entries spread over the window in runs of ``RUN`` adjacent ones (``rows.sample_positions``),
+    ``m = λ + 4·√(λ·RUN) + 2`` with ``λ = SAMPLES·k/length`` the sample entries expected at or above the k-th best
+    (so it lies below the k-th best unless the sample is off by more than four standard deviations; a run's entries
+    may be alike, so its count varies up to ``RUN`` times as much as one entry's): the ``m``-th best sample key
+    itself, radix-selected over the sample held in registers (the lowest valid key when fewer than ``m`` are
+    valid). -0.0 and +0.0 stay tied: a threshold of +0.0 is lowered to take -0.0 in too. ``best``: the sample's
+    largest key."""
     i = tl.arange(0, SAMPLES)
-    pos = sample_positions(i, start, length, SAMPLES)
+    pos = sample_positions(i, start, length, SAMPLES, RUN)
     key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, 8)
     valid = tl.sum((key != INT_MIN).to(tl.int32), 0)
     lam = (k * 1.0) * SAMPLES / length.to(tl.float32)  # k may arrive as a constexpr (Triton specialises 1)
-    m = (lam + 4.0 * tl.sqrt(lam) + 3.0).to(tl.int32)  # >= ceil(λ + 4√λ + 2)
+    m = (lam + 4.0 * tl.sqrt(lam * RUN) + 3.0).to(tl.int32)  # >= ceil(λ + 4√(λ·RUN) + 2)
     thr, fixed, take, matched = _pivot(key, pos, tl.minimum(m, valid), valid, 0, 0, False, row_ptr, s1, start, 0, 0,
                                        row_ptr, row_ptr, 0, 0, 0, CONTIG, 8, SAMPLES, DIGIT, True)
     floor = tl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
@@ -473,7 +476,7 @@ def topk_rows_kernel(
         row_ptr = scores_ptr + r64 * s_s0
         count = tl.zeros_like(length) - 1
         if length > k:
-            floor, _ = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, SAMPLES, DIGIT)
+            floor, _ = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, SAMPLES, DIGIT, 1)
             count = _filter(row_ptr, s_s1, start, start + length, start, floor, cap, stash_key, stash_idx,
                             True, CONTIG, TILE)
         if (length <= k) | ((count >= k) & (count <= cap)):
@@ -496,13 +499,14 @@ def topk_rows_kernel(
 @triton.jit(do_not_specialize=_PER_CALL, do_not_specialize_on_alignment=_INDEX)
 def topk_sample_kernel(
     scores_ptr, lengths_ptr, starts_ptr, hist_ptr, cols, k, s_s0, s_s1, len_s0, st_s0,
-    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr, BINS: tl.constexpr,
-    COUNTS: tl.constexpr, PDL: tl.constexpr,
+    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, RUN: tl.constexpr, DIGIT: tl.constexpr,
+    BINS: tl.constexpr, COUNTS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Row ``r``'s record in ``hist``: with ``COUNTS`` (split rows, launch 1) ``BINS + 2`` entries, the candidates'
     bin counts, zeroed here for the filter, then the filter threshold (a key) and the shift of ``BINS`` bins from it
     (short rows: counts only); without (the block kernel's rows sampled ahead, ``block.py``) those two alone.
-    ``PDL``: it waits for the launch before it, then lets the next start."""
+    ``RUN``: the sample's entries are read in runs of that many adjacent ones (:func:`_sample_floor`). ``PDL``: it
+    waits for the launch before it, then lets the next start."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -513,7 +517,7 @@ def topk_sample_kernel(
         tl.store(hist_row + tl.arange(0, BINS), tl.zeros([BINS], tl.int32))
     if length > k:
         floor, best = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, SAMPLES,
-                                    DIGIT)
+                                    DIGIT, RUN)
         tl.store(hist_row + BINS * COUNTS, floor)
         tl.store(hist_row + BINS * COUNTS + 1, _bin_shift(floor, best, BINS))
 
@@ -725,11 +729,13 @@ def topk_finish_kernel(
     HAS_STARTS: tl.constexpr, HAS_R2B: tl.constexpr, TRANSLATE: tl.constexpr, HAS_RAW: tl.constexpr,
     SHIFT: tl.constexpr, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr,
     BLOCK_S: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr, SPREAD: tl.constexpr, TIES: tl.constexpr,
+    SKIM: tl.constexpr,
 ):
     """The last launch, one program per row at a time (persistent over rows, a stash per program): rows the
-    first launch finished (a count of -1) are skipped; a long split row whose chunks found ``k <= C <= cap``
-    candidates takes :func:`_split_pass` and selects the rest among its pivot bin's candidates, any other long
-    row takes the exact fallback; then translate and fill (short rows: fill only).
+    first launch finished (a count of -1) are skipped (a program's next ``SKIM`` rows' counts read at once); a long
+    split row whose chunks found ``k <= C <= cap`` candidates takes :func:`_split_pass` and selects the rest among
+    its pivot bin's candidates, any other long row takes the exact fallback; then translate and fill (short rows:
+    fill only).
 
     ``SPREAD`` (split rows; the grid's second axis has a program a chunk): a long row with at least ``k``
     candidates, at most ``TIES`` (and ``cap``) of them in the pivot bin, is finished by all of its programs at once,
@@ -744,7 +750,9 @@ def topk_finish_kernel(
     part = tl.program_id(1)
     stash_key = stash_ptr + pid.to(tl.int64) * 2 * cap
     stash_idx = stash_key + cap
-    for r in range(pid, rows, tl.num_programs(0)):
+    nprog = tl.num_programs(0)
+    r = pid
+    while r < rows:
         r64 = tl.cast(r, tl.int64)
         counts_row = counts_ptr + r64 * chunks
         count = 0
@@ -802,6 +810,11 @@ def topk_finish_kernel(
                 _fill(out_row, o_s1, raw_row, w_s1, filled, tl.where(length > k, 0, length), k, seq, b_ok, tab_row,
                       tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
             tl.debug_barrier()  # the next row reuses the stash
+        # On to the program's next row left open (a chunk count >= 0), among its next SKIM rows in one load, not a
+        # dependent load a finished row (H200: 4096 rows all finished by the block kernel took ~13 µs so).
+        later = r + nprog * (1 + tl.arange(0, SKIM))
+        left = tl.load(counts_ptr + later.to(tl.int64) * chunks, mask=later < rows, other=-1)
+        r += nprog * (1 + tl.min(tl.where(left >= 0, tl.arange(0, SKIM), SKIM), 0))
 
 
 @triton.jit(do_not_specialize=_PER_CALL, do_not_specialize_on_alignment=_UNALIGNED)

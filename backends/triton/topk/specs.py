@@ -22,11 +22,13 @@ from indexcache.backends.triton.topk.kernels import (
     topk_sort_kernel,
 )
 from indexcache.backends.triton.topk.plan import (
+    FINISH_SKIM,
     filter_shape,
     finish_shape,
     launches,
     own_options,
     rows_options,
+    sample_run,
     sample_size,
     sort_warps,
     split_chunk,
@@ -121,7 +123,8 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                 "DIGIT": cfg["DIGIT"], "PDL": pdl, **k_one}
         sample_opts = dict(with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl))
         specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
-                                {**scan, "SAMPLES": cfg["SAMPLE"], "BINS": cfg["FINISH_BINS"], "COUNTS": True},
+                                {**scan, "SAMPLES": cfg["SAMPLE"], "RUN": 1, "BINS": cfg["FINISH_BINS"],
+                                 "COUNTS": True},
                                 sample_opts, aligned=("s_s0",)))
         specs.append(KernelSpec(op, topk_filter_kernel, ptrs,
                                 {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "LANES": lanes,
@@ -134,7 +137,8 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         for spread in (False, True) if cfg["FINISH_TIES"] else (False,):
             specs.append(KernelSpec(op, topk_finish_kernel, ptrs,
                                     dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"], BINS=cfg["FINISH_BINS"],
-                                         PDL=pdl, SPREAD=spread, TIES=cfg["FINISH_TIES"]), fin_opts, aligned=aligned))
+                                         PDL=pdl, SPREAD=spread, TIES=cfg["FINISH_TIES"], SKIM=FINISH_SKIM), fin_opts,
+                                    aligned=aligned))
         width = MAX_SORTED_K if dtype == torch.float32 else 2048  # sorted=True at its largest k and at DSA's
         sort = {n: v for n, v in full.items() if n not in ("BITS", "TILE", "DIGIT", "k")}
         specs.append(KernelSpec(op, topk_sort_kernel, ptrs, dict(sort, K_P2=width),
@@ -151,6 +155,6 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                                         stack_bytes=topk_block.STACK_BYTES))
             if cfg.get("BLOCK_FLOORS", 0):
                 specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
-                                        {**scan, "SAMPLES": topk_block.samples(block), "BINS": topk_block.BINS,
-                                         "COUNTS": False}, sample_opts, aligned=("s_s0",)))
+                                        {**scan, "SAMPLES": topk_block.samples(block), "RUN": sample_run(block, cfg),
+                                         "BINS": topk_block.BINS, "COUNTS": False}, sample_opts, aligned=("s_s0",)))
     return specs
