@@ -79,7 +79,6 @@ def test_many_rows_are_sampled_ahead_by_a_launch_a_row(monkeypatch, floors):
     assert sample.launcher is plan.SAMPLE and sample.grid == (1024,)
     assert not sample.named["COUNTS"] and sample.named["BINS"] == topk_block.BINS
     assert sample.named["SAMPLES"] == topk_block.samples(block.named)  # the statistics of the block's own sample
-    assert sample.named["RUN"] == 1  # single entries: runs widen the margin (docs/kernels.md)
     records = sample.args[3]
     assert block.args[9].data_ptr() == records.data_ptr() and records.numel() >= 2 * 1024  # two words a row
     with indexcache.sm_budget(33):  # a launch a row is not persistent: under a budget the block samples itself

@@ -78,8 +78,6 @@ _COMMON: dict[str, dict[str, Any]] = {
     # shift (BLOCK_FLOORS 1: the candidates' bins counted after the filter; 2: by the filter; H200, 4096 rows of 32K:
     # 719-721 µs against 764-767 sampling in the block). BLOCK_PREFETCH: a program's next row into L2 while a row is
     # selected, on rows sampled in the block only (764 against 780 µs there; 744 against 719 on rows sampled ahead).
-    # BLOCK_SAMPLE_RUN: the rows sampled ahead read their sample in runs of 8 adjacent scores, a 32-byte sector a
-    # run where single entries read a sector each (25 % of a 32K row's bytes at 1024 entries; docs/kernels.md).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "FINISH_TIES": 256,

@@ -28,19 +28,14 @@ def window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS: tl.const
 
 
 @triton.jit
-def sample_positions(i, start, length, SAMPLES: tl.constexpr, RUN: tl.constexpr):
+def sample_positions(i, start, length, SAMPLES: tl.constexpr):
     """Window positions of the sample entries ``i`` (``0 <= i < SAMPLES``) of a window ``[start, start + length)``
-    (``length > 0``): ``SAMPLES / RUN`` runs of ``RUN`` adjacent entries (``RUN`` a power of two dividing
-    ``SAMPLES``), one run in each of ``SAMPLES / RUN`` equal segments, starting at an offset within it drawn from a
-    hash of the run (kept in the window; a window shorter than a run repeats its last entry). Evenly spaced entries
-    would all sit at the same few offsets of data that repeats with a power-of-two period (a cache of 64-token pages
-    read twice a page), and a threshold from such a sample can miss the row's k-th best. A run reads one 32-byte
-    sector for ``RUN`` fp32 entries, where ``RUN`` 1 reads a sector an entry."""
-    run = i // RUN
-    spread = (((run * 1540483477) >> 16) & 0xFFFF).to(tl.float32) * (1.0 / 65536)  # in [0, 1), int32 wrapping
+    (``length > 0``): one in each of ``SAMPLES`` equal segments, at an offset within it drawn from a hash of ``i``.
+    Evenly spaced entries would all sit at the same few offsets of data that repeats with a power-of-two period (a
+    cache of 64-token pages read twice a page), and a threshold from such a sample can miss the row's k-th best."""
+    spread = (((i * 1540483477) >> 16) & 0xFFFF).to(tl.float32) * (1.0 / 65536)  # in [0, 1), int32 wrapping
     # In float32 (few registers): exact segments up to 2^24 columns, evenly spread past that.
-    at = ((run.to(tl.float32) + spread) * (length.to(tl.float32) / (SAMPLES // RUN))).to(tl.int32)
-    at = tl.maximum(tl.minimum(at, length - RUN), 0) + i % RUN
+    at = ((i.to(tl.float32) + spread) * (length.to(tl.float32) / SAMPLES)).to(tl.int32)
     return start + tl.minimum(at, length - 1)
 
 

@@ -462,64 +462,24 @@ def test_random_shapes_and_distributions_match_the_reference(seed):
 
 
 @triton.jit
-def _sample_positions_kernel(out_ptr, start, length, SAMPLES: tl.constexpr, RUN: tl.constexpr):
+def _sample_positions_kernel(out_ptr, start, length, SAMPLES: tl.constexpr):
     i = tl.arange(0, SAMPLES)
-    tl.store(out_ptr + i, sample_positions(i, start, length, SAMPLES, RUN))
+    tl.store(out_ptr + i, sample_positions(i, start, length, SAMPLES))
 
 
-@pytest.mark.parametrize("run", [1, 8])
 @pytest.mark.parametrize(("start", "length", "samples"), [(0, 32768, 1024), (7, 1000, 256), (3, 100, 256), (0, 1, 64)])
-def test_sample_entries_one_run_a_segment_at_varied_offsets(start, length, samples, run):
-    """The sample's positions (``rows.sample_positions``) lie in the window, a run of ``run`` adjacent entries in each
-    of ``samples / run`` segments, in order (starting in it, up to one past its end for float rounding, or where the
-    last run fits; a window shorter than a run repeats its last entry); at a power-of-two stride the runs do not all
-    start at a few offsets a page."""
+def test_sample_entries_one_a_segment_at_varied_offsets(start, length, samples):
+    """The sample's positions (``rows.sample_positions``) lie in the window, one in each segment (up to one past its
+    end, for float rounding), in order; at a power-of-two stride they do not all share a few offsets a page."""
     out = torch.empty(samples, dtype=torch.int32)
-    _sample_positions_kernel[(1,)](out, start, length, SAMPLES=samples, RUN=run)
+    _sample_positions_kernel[(1,)](out, start, length, SAMPLES=samples)
     pos = out.long() - start
-    runs = pos.view(-1, run)
-    seg = torch.arange(samples // run)
+    seg = torch.arange(samples)
     assert bool(((pos >= 0) & (pos < length)).all())
-    if length >= run:
-        first = runs[:, 0]
-        assert torch.equal(runs - first[:, None], torch.arange(run).expand_as(runs))
-        assert bool((first[1:] >= first[:-1]).all())
-        assert bool(((first >= seg * length // (samples // run)) | (first == length - run)).all())
-        assert bool((first <= (seg + 1) * length // (samples // run)).all())
-    else:
-        assert torch.equal(runs, torch.arange(run).clamp(max=length - 1).expand_as(runs))
-    if length >= 64 * samples // 2:  # several runs a 64-token page: their offsets in the page vary
-        assert (runs[:, 0] % 64).unique().numel() > 32 // run
-
-
-def _keys(scores: torch.Tensor) -> torch.Tensor:
-    """The int32 order keys of fp32 scores (``rows.order_key``, for finite scores)."""
-    bits = scores.view(torch.int32)
-    canon = torch.where(bits == -(1 << 31), 0, bits)
-    return canon ^ ((canon >> 31) & 0x7FFFFFFF)
-
-
-@pytest.mark.parametrize("run", [1, 8])
-def test_a_sample_read_in_runs_keeps_every_rows_k_best_above_its_threshold(run):
-    """Rows whose scores come in blocks of 64 alike ones (a run's entries then rise or fall together, so the sample's
-    count above the k-th best varies ``run`` times as much): the threshold of each row's sample record lies at or
-    below its k-th best, so the filter keeps all k."""
-    from indexcache.backends.triton.launcher import Launch
-
-    gen = torch.Generator().manual_seed(run)
-    rows, cols, k, samples = 48, 8192, 256, 256
-    scores = torch.randn(rows, cols // 64, generator=gen).repeat_interleave(64, dim=1)
-    scores += torch.rand(rows, cols, generator=gen) * 1e-3  # alike, not tied
-    lengths = torch.full((rows,), cols, dtype=torch.int32)
-    record = torch.full((rows, 2), SENTINEL, dtype=torch.int32)
-    named = dict(s_s0=cols, s_s1=1, len_s0=1, st_s0=1, HAS_STARTS=False, CONTIG=True, SAMPLES=samples, RUN=run,
-                 DIGIT=5, BINS=256, COUNTS=False, PDL=False)
-    Launch(_plan().SAMPLE, (rows,), _plan().own_options(SM90, SMALL, "SAMPLE_WARPS"),
-           (scores, lengths, lengths, record, cols, k), named)()
-    kth = _keys(scores).topk(k, dim=1).values[:, -1]
-    assert bool((record[:, 0] <= kth).all()), (record[:, 0] > kth).nonzero().flatten().tolist()
-    kept = (_keys(scores) >= record[:, :1]).sum(1)
-    assert bool((kept < cols).all())  # a threshold, not the whole row
+    assert bool((pos >= seg * length // samples).all()) and bool((pos <= (seg + 1) * length // samples).all())
+    assert bool((pos[1:] >= pos[:-1]).all())
+    if length >= 64 * samples // 2:  # several entries a 64-token page: their offsets in the page vary
+        assert (pos % 64).unique().numel() > 32
 
 
 def test_a_sample_record_without_counts_holds_the_split_rows_threshold_and_shift():
@@ -534,8 +494,8 @@ def test_a_sample_record_without_counts_holds_the_split_rows_threshold_and_shift
     lengths = _lengths(cols, cols, 2000, k, 0)
     starts = _lengths(0, 0, 500, 0, 0)
     opts = _plan().own_options(SM90, SMALL, "SAMPLE_WARPS")
-    named = dict(s_s0=cols, s_s1=1, len_s0=1, st_s0=1, HAS_STARTS=True, CONTIG=True, SAMPLES=256, RUN=1, DIGIT=5,
-                 BINS=bins, PDL=False)
+    named = dict(s_s0=cols, s_s1=1, len_s0=1, st_s0=1, HAS_STARTS=True, CONTIG=True, SAMPLES=256, DIGIT=5, BINS=bins,
+                 PDL=False)
     records = {}
     for counts, width in ((True, bins + 2), (False, 2)):
         record = torch.full((rows, width), SENTINEL, dtype=torch.int32)

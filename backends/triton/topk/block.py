@@ -157,7 +157,7 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: gl.constexpr, SAMPLES: 
     key's top bits below the sample's common prefix (the threshold may lie up to a 64th of an octave below the
     ``m``-th best: a few more candidates, two fewer rounds)."""
     i = gl.arange(0, SAMPLES, layout=SAMPLE_L)
-    pos = sample_positions(i, start, length, SAMPLES, 1)
+    pos = sample_positions(i, start, length, SAMPLES)
     key = order_key(score_bits(load(row_ptr, s1, pos, i < SAMPLES, CONTIG)))
     valid = gl.sum((key != INT_MIN).to(gl.int32), 0)
     lam = (k * 1.0) * SAMPLES / length.to(gl.float32)  # k may arrive as a constexpr (1 is specialised)

@@ -134,22 +134,19 @@ def _threshold_bin(hist, k, NB: tl.constexpr):
 
 
 @triton.jit
-def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr,
-                  RUN: tl.constexpr):
+def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr):
     """``(floor, best)``: the filter threshold of a row (``length > 0``), as a key at or below the ``m``-th best
-    of ``SAMPLES`` entries spread over the window in runs of ``RUN`` adjacent ones (``rows.sample_positions``),
-    ``m = λ + 4·√(λ·RUN) + 2`` with ``λ = SAMPLES·k/length`` the sample entries expected at or above the k-th best
-    (so it lies below the k-th best unless the sample is off by more than four standard deviations; a run's entries
-    may be alike, so its count varies up to ``RUN`` times as much as one entry's): the ``m``-th best sample key
-    itself, radix-selected over the sample held in registers (the lowest valid key when fewer than ``m`` are
-    valid). -0.0 and +0.0 stay tied: a threshold of +0.0 is lowered to take -0.0 in too. ``best``: the sample's
-    largest key."""
+    of ``SAMPLES`` entries spread evenly over the window, ``m = λ + 4·√λ + 2`` with ``λ = SAMPLES·k/length`` the
+    sample entries expected at or above the k-th best (so it lies below the k-th best unless the sample is off by
+    more than four standard deviations): the ``m``-th best sample key itself, radix-selected over the sample held
+    in registers (the lowest valid key when fewer than ``m`` are valid). -0.0 and +0.0 stay tied: a threshold of
+    +0.0 is lowered to take -0.0 in too. ``best``: the sample's largest key."""
     i = tl.arange(0, SAMPLES)
-    pos = sample_positions(i, start, length, SAMPLES, RUN)
+    pos = sample_positions(i, start, length, SAMPLES)
     key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, 8)
     valid = tl.sum((key != INT_MIN).to(tl.int32), 0)
     lam = (k * 1.0) * SAMPLES / length.to(tl.float32)  # k may arrive as a constexpr (Triton specialises 1)
-    m = (lam + 4.0 * tl.sqrt(lam * RUN) + 3.0).to(tl.int32)  # >= ceil(λ + 4√(λ·RUN) + 2)
+    m = (lam + 4.0 * tl.sqrt(lam) + 3.0).to(tl.int32)  # >= ceil(λ + 4√λ + 2)
     thr, fixed, take, matched = _pivot(key, pos, tl.minimum(m, valid), valid, 0, 0, False, row_ptr, s1, start, 0, 0,
                                        row_ptr, row_ptr, 0, 0, 0, CONTIG, 8, SAMPLES, DIGIT, True)
     floor = tl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
@@ -476,7 +473,7 @@ def topk_rows_kernel(
         row_ptr = scores_ptr + r64 * s_s0
         count = tl.zeros_like(length) - 1
         if length > k:
-            floor, _ = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, SAMPLES, DIGIT, 1)
+            floor, _ = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, SAMPLES, DIGIT)
             count = _filter(row_ptr, s_s1, start, start + length, start, floor, cap, stash_key, stash_idx,
                             True, CONTIG, TILE)
         if (length <= k) | ((count >= k) & (count <= cap)):
@@ -499,14 +496,13 @@ def topk_rows_kernel(
 @triton.jit(do_not_specialize=_PER_CALL, do_not_specialize_on_alignment=_INDEX)
 def topk_sample_kernel(
     scores_ptr, lengths_ptr, starts_ptr, hist_ptr, cols, k, s_s0, s_s1, len_s0, st_s0,
-    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, RUN: tl.constexpr, DIGIT: tl.constexpr,
-    BINS: tl.constexpr, COUNTS: tl.constexpr, PDL: tl.constexpr,
+    HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr, BINS: tl.constexpr,
+    COUNTS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Row ``r``'s record in ``hist``: with ``COUNTS`` (split rows, launch 1) ``BINS + 2`` entries, the candidates'
     bin counts, zeroed here for the filter, then the filter threshold (a key) and the shift of ``BINS`` bins from it
     (short rows: counts only); without (the block kernel's rows sampled ahead, ``block.py``) those two alone.
-    ``RUN``: the sample's entries are read in runs of that many adjacent ones (:func:`_sample_floor`). ``PDL``: it
-    waits for the launch before it, then lets the next start."""
+    ``PDL``: it waits for the launch before it, then lets the next start."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -517,7 +513,7 @@ def topk_sample_kernel(
         tl.store(hist_row + tl.arange(0, BINS), tl.zeros([BINS], tl.int32))
     if length > k:
         floor, best = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, SAMPLES,
-                                    DIGIT, RUN)
+                                    DIGIT)
         tl.store(hist_row + BINS * COUNTS, floor)
         tl.store(hist_row + BINS * COUNTS + 1, _bin_shift(floor, best, BINS))
 
@@ -811,7 +807,7 @@ def topk_finish_kernel(
                       tab_s1, pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TILE)
             tl.debug_barrier()  # the next row reuses the stash
         # On to the program's next row left open (a chunk count >= 0), among its next SKIM rows in one load, not a
-        # dependent load a finished row (H200: 4096 rows all finished by the block kernel took ~13 µs so).
+        # dependent load a finished row (plan.FINISH_SKIM).
         later = r + nprog * (1 + tl.arange(0, SKIM))
         left = tl.load(counts_ptr + later.to(tl.int64) * chunks, mask=later < rows, other=-1)
         r += nprog * (1 + tl.min(tl.where(left >= 0, tl.arange(0, SKIM), SKIM), 0))

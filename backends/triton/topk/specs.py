@@ -28,7 +28,6 @@ from indexcache.backends.triton.topk.plan import (
     launches,
     own_options,
     rows_options,
-    sample_run,
     sample_size,
     sort_warps,
     split_chunk,
@@ -123,8 +122,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                 "DIGIT": cfg["DIGIT"], "PDL": pdl, **k_one}
         sample_opts = dict(with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl))
         specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
-                                {**scan, "SAMPLES": cfg["SAMPLE"], "RUN": 1, "BINS": cfg["FINISH_BINS"],
-                                 "COUNTS": True},
+                                {**scan, "SAMPLES": cfg["SAMPLE"], "BINS": cfg["FINISH_BINS"], "COUNTS": True},
                                 sample_opts, aligned=("s_s0",)))
         specs.append(KernelSpec(op, topk_filter_kernel, ptrs,
                                 {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "LANES": lanes,
@@ -155,6 +153,6 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                                         stack_bytes=topk_block.STACK_BYTES))
             if cfg.get("BLOCK_FLOORS", 0):
                 specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
-                                        {**scan, "SAMPLES": topk_block.samples(block), "RUN": sample_run(block, cfg),
-                                         "BINS": topk_block.BINS, "COUNTS": False}, sample_opts, aligned=("s_s0",)))
+                                        {**scan, "SAMPLES": topk_block.samples(block), "BINS": topk_block.BINS,
+                                         "COUNTS": False}, sample_opts, aligned=("s_s0",)))
     return specs
