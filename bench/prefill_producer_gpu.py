@@ -17,6 +17,11 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   best ones: a near-tie their rounding flips is no difference), then captured in a CUDA graph and
   replayed in turns (``--rounds`` rounds; the card is power-capped), with each call's scratch bytes as above.
 
+- **top-k race** (``--topk-race``): the top-k of the first shape's rows alone (our logits of it, causal windows, the
+  translation into the KV table), under the cuda table and under each override of ``TOPK_RACE`` (the levers of
+  docs/kernels.md, "Rows sampled ahead"), raced in turns as above; each variant's index sets checked against the
+  table's, and, where the call has a sample launch, that launch alone timed beside it (a contender of its own).
+
 Writes one JSON with the commit, device and versions. ``--smoke``: tiny shapes interpreted on the CPU, the host clock:
 checks the script only.
 """
@@ -64,6 +69,9 @@ def inputs(tokens: int, keys: int, k: int, dev: torch.device, seed: int = 38) ->
 
 
 LOGITS_ARGS = ("q", "k", "k_scale", "weights", "ks", "ke")
+# Overrides of the cuda table's top-k entry raced by --topk-race: the sample launch over fewer warps a row (more
+# rows' samples in flight a multiprocessor) and its radix select capped at 3 rounds.
+TOPK_RACE = [{"SAMPLE_WARPS": 4}, {"SAMPLE_WARPS": 2}, {"SAMPLE_ROUNDS": 3}, {"SAMPLE_ROUNDS": 3, "SAMPLE_WARPS": 4}]
 
 
 def ours(a: dict, bound: int | None, workspace: torch.Tensor | None = None) -> Callable[[], Any]:
@@ -200,6 +208,44 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
             for name, us in times.items()]
 
 
+def topk_race(dev: torch.device, tokens: int, keys: int, k: int, rounds: int,
+              errors: list[str]) -> list[dict[str, Any]]:
+    """The top-k + translation of one shape's logits rows under the table and each ``TOPK_RACE`` override, raced."""
+    from indexcache.backends.cuda import tuning
+    from indexcache.backends.cuda.arch import NVIDIA
+    from indexcache.backends.triton import topk as kernels
+    from indexcache.backends.triton.target import detect
+
+    target = detect(NVIDIA)[2] if on_gpu(dev) else NVIDIA.target("sm90", interpreted=True)
+    base = tuning(target.arch)["topk"]
+    a = inputs(tokens, keys, k, dev)
+    scores = indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS))
+    lengths = a["ke"] - a["ks"]
+    case = f"{tokens}x{size(keys)} causal k{k}"
+    calls: dict[str, Callable[[], Any]] = {}
+    outs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for overrides in [{}, *TOPK_RACE]:
+        name = " ".join(f"{n}={v}" for n, v in overrides.items()) or "table"
+        cfg = dict(base, **overrides)
+        out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
+        ws = torch.empty(kernels.workspace_bytes(scores, k, target=target, cfg=cfg) // 4 + 1, dtype=torch.int32,
+                         device=dev)
+        steps = kernels.launches(scores, lengths, k, a["ks"], out, raw, a["page_table"], a["page_size"],
+                                 a["row_to_batch"], workspace=ws, target=target, cfg=cfg)
+        calls[name] = lambda steps=steps: [launch() for _, launch in steps]
+        if steps and steps[0][0] == "sample":
+            calls[f"{name}: sample launch"] = steps[0][1]
+        outs[name] = out, raw
+    for fn in calls.values():
+        fn()
+    for name, (out, raw) in outs.items():
+        if not (same_sets(out, outs["table"][0]) and same_sets(raw, outs["table"][1])):
+            errors.append(f"top-k race {case}: {name} selects other index sets than the table")
+    times = alternating_graph_us(calls, dev, rounds, 1)
+    return [dict(case=case, config=name, us=round(us, 1), over_table=round(us / times["table"], 3))
+            for name, us in times.items()]
+
+
 def load_peers(folder: str | None) -> tuple[tuple[Any, Any] | None, dict[str, str]]:
     """``((deep_gemm, peers harness module), status)``, or None where either does not load."""
     status: dict[str, str] = {}
@@ -229,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="rounds of alternating graph replays")
     parser.add_argument("--reps", type=int, default=3, help="eager calls timed in the 1M section")
     parser.add_argument("--skip-million", action="store_true", help="leave out the 1M section")
+    parser.add_argument("--topk-race", action="store_true",
+                        help="also race the top-k of the first shape's rows under the table and TOPK_RACE's overrides")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes interpreted on the CPU: checks the script")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -251,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     print("peers:", status)
     print_rows("the prefill producer step (median µs a call)", report["rows"],
                ["case", "call", "us", "over_two_ops", "over_peers", "scratch_bytes"])
+    if args.topk_race:
+        report["topk_race"] = topk_race(dev, *shapes[0], k, 1 if args.smoke else args.rounds, errors)
+        print_rows("the top-k of the first shape's rows (median µs a call)", report["topk_race"],
+                   ["case", "config", "us", "over_table"])
     if not args.skip_million:
         tokens, keys, bound = (32, 5000, 4 * 5000 * 8 + (64 << 10)) if args.smoke else (8192, 1 << 20, 2 * GIB)
         report["million"] = million(dev, tokens, keys, k, bound, args.reps)

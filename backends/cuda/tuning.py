@@ -78,13 +78,16 @@ _COMMON: dict[str, dict[str, Any]] = {
     # shift (BLOCK_FLOORS 1: the candidates' bins counted after the filter; 2: by the filter; H200, 4096 rows of 32K:
     # 719-721 µs against 764-767 sampling in the block). BLOCK_PREFETCH: a program's next row into L2 while a row is
     # selected, on rows sampled in the block only (764 against 780 µs there; 744 against 719 on rows sampled ahead).
+    # SAMPLE_ROUNDS: the sample launch's radix rounds, at most (0: until the m-th best sample key is settled; 3 as the
+    # block kernel's own sample: on the prefill producer's 4096 x 32K logits, replayed on the CPU, 3.66 rounds a row
+    # on average become 2.97 for 1 % more candidates; not yet raced on a GPU, so not yet the table's).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "FINISH_TIES": 256,
              "MIN_CHUNK": 4096, "SAMPLE": 4096, "SAMPLE_RANK": 32, "STASH": 4096, "STASH_PER_K": 4,
              "STASH_COLS_SHIFT": 5, "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 32, "BLOCK_PIECE_J": 4,
              "BLOCK_PER_SM": 1, "BLOCK_MIN_ROWS": 32, "BLOCK_MAX_COLS": 262144,
-             "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_PREFETCH": 1},
+             "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_PREFETCH": 1, "SAMPLE_ROUNDS": 0},
 }
 
 

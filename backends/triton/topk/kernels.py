@@ -134,13 +134,16 @@ def _threshold_bin(hist, k, NB: tl.constexpr):
 
 
 @triton.jit
-def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr):
+def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr,
+                  ROUNDS: tl.constexpr):
     """``(floor, best)``: the filter threshold of a row (``length > 0``), as a key at or below the ``m``-th best
     of ``SAMPLES`` entries spread evenly over the window, ``m = λ + 4·√λ + 2`` with ``λ = SAMPLES·k/length`` the
     sample entries expected at or above the k-th best (so it lies below the k-th best unless the sample is off by
     more than four standard deviations): the ``m``-th best sample key itself, radix-selected over the sample held
-    in registers (the lowest valid key when fewer than ``m`` are valid). -0.0 and +0.0 stay tied: a threshold of
-    +0.0 is lowered to take -0.0 in too. ``best``: the sample's largest key."""
+    in registers (the lowest valid key when fewer than ``m`` are valid); with ``ROUNDS`` > 0 the select stops after
+    that many rounds below the sample's common prefix, and the floor is the bottom of the bin they settled (at most
+    ``2 ** -(DIGIT·ROUNDS - 9)`` of an octave below that key: a few more candidates, fewer rounds). -0.0 and +0.0
+    stay tied: a threshold of +0.0 is lowered to take -0.0 in too. ``best``: the sample's largest key."""
     i = tl.arange(0, SAMPLES)
     pos = sample_positions(i, start, length, SAMPLES)
     key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, 8)
@@ -148,7 +151,7 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: 
     lam = (k * 1.0) * SAMPLES / length.to(tl.float32)  # k may arrive as a constexpr (Triton specialises 1)
     m = (lam + 4.0 * tl.sqrt(lam) + 3.0).to(tl.int32)  # >= ceil(λ + 4√λ + 2)
     thr, fixed, take, matched = _pivot(key, pos, tl.minimum(m, valid), valid, 0, 0, False, row_ptr, s1, start, 0, 0,
-                                       row_ptr, row_ptr, 0, 0, 0, CONTIG, 8, SAMPLES, DIGIT, True)
+                                       row_ptr, row_ptr, 0, 0, 0, CONTIG, 8, SAMPLES, DIGIT, True, ROUNDS)
     floor = tl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
     return tl.where(floor == 0, -1, floor), tl.max(key, 0)
 
@@ -331,7 +334,7 @@ def _min_max(key):
 @triton.jit
 def _pivot(key0, idx0, need, count, t_lo, t_hi, from_row: tl.constexpr, row_ptr, s1, start, hi, b, stash_key, stash_idx,
            MODE: tl.constexpr, pk, pf, CONTIG: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr,
-           DIGIT: tl.constexpr, ONE_TILE: tl.constexpr):
+           DIGIT: tl.constexpr, ONE_TILE: tl.constexpr, ROUNDS: tl.constexpr):
     """Radix select of the ``need``-th best select key (:func:`_select_key`) of the candidates: returns ``(thr,
     fixed, take, matched)``, the pivot's settled bits (unsigned order) and which bits are settled, how many
     candidates equal to the pivot under them are still needed, and how many there are (``take == matched``
@@ -339,7 +342,8 @@ def _pivot(key0, idx0, need, count, t_lo, t_hi, from_row: tl.constexpr, row_ptr,
     key, so the rounds, one ``DIGIT``-bit digit a round from the top, start below it; once the pivot's digit
     holds exactly the ``take`` candidates still needed, the rest are too. The last round overlaps bits already
     settled when DIGIT does not divide 32 (those bits match by construction). ``ONE_TILE``: the candidates are the
-    first tile alone (no memory is read; the stash arguments are not used)."""
+    first tile alone (no memory is read; the stash arguments are not used). ``ROUNDS`` > 0: at most that many
+    rounds; the bits they leave unsettled are zero in ``thr`` (so ``take`` and ``matched`` are then not final)."""
     key0 = _select_key(key0, idx0, MODE, pk, pf)
     kmin, kmax = _min_max(key0)
     if not ONE_TILE:
@@ -356,8 +360,11 @@ def _pivot(key0, idx0, need, count, t_lo, t_hi, from_row: tl.constexpr, row_ptr,
     take = need
     matched = count
     done = (need <= 0).to(tl.int32)
+    rounds = need * 0
     for r in range((32 + DIGIT - 1) // DIGIT):  # a loop, not unrolled: one copy of the round's code
         lo = tl.maximum(32 - DIGIT * (r + 1), 0)
+        if ROUNDS > 0:
+            done = done | (rounds >= ROUNDS).to(tl.int32)
         if (((~fixed) >> lo) != 0) & (done == 0):
             hist = _digit_histogram(lo, fixed, thr, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b, stash_key,
                                     stash_idx, count, MODE, pk, pf, CONTIG, BITS, TILE, DIGIT, ONE_TILE)
@@ -367,6 +374,8 @@ def _pivot(key0, idx0, need, count, t_lo, t_hi, from_row: tl.constexpr, row_ptr,
             thr = thr | (digit << lo)
             fixed = fixed | (tl.full((), (1 << DIGIT) - 1, tl.int32) << lo)
             done = (in_digit == take).to(tl.int32)  # the whole digit goes: no lower bit matters
+            if ROUNDS > 0:
+                rounds += 1
     return thr, fixed, take, tl.where(need > 0, matched, 0)
 
 
@@ -389,7 +398,7 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
         t_hi = tl.where(need > 0, tied, 0)
     key0, idx0 = _source(t_lo, from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, tied, CONTIG, BITS, TILE)
     thr, fixed, take, matched = _pivot(key0, idx0, need, tied, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b,
-                                       stash_key, stash_idx, 0, 0, 0, CONTIG, BITS, TILE, DIGIT, False)
+                                       stash_key, stash_idx, 0, 0, 0, CONTIG, BITS, TILE, DIGIT, False, 0)
     pivot = thr ^ INT_MIN
     # Candidates equal to the pivot on every bit (ties) beyond those needed: the lower positions win, so a second
     # select over the tied candidates' positions settles which (the stash is not in index order). Without ties
@@ -397,7 +406,7 @@ def _finish(row_ptr, s1, start, length, b, above, tied, k, cap, stash_key, stash
     tie = matched > take
     thr2, fixed2, take2, _ = _pivot(key0, idx0, tl.where(tie, take, 0), tied, t_lo, tl.where(tie, t_hi, t_lo),
                                     from_row, row_ptr, s1, start, hi, b, stash_key, stash_idx, 1, pivot, fixed,
-                                    CONTIG, BITS, TILE, DIGIT, False)
+                                    CONTIG, BITS, TILE, DIGIT, False, 0)
     pivot2 = tl.where(tie, thr2 ^ INT_MIN, INT_MIN)
     fixed2 = tl.where(tie, fixed2, 0)
     take2 = tl.where(tie, take2, take)
@@ -473,7 +482,7 @@ def topk_rows_kernel(
         row_ptr = scores_ptr + r64 * s_s0
         count = tl.zeros_like(length) - 1
         if length > k:
-            floor, _ = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, SAMPLES, DIGIT)
+            floor, _ = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, SAMPLES, DIGIT, 0)
             count = _filter(row_ptr, s_s1, start, start + length, start, floor, cap, stash_key, stash_idx,
                             True, CONTIG, TILE)
         if (length <= k) | ((count >= k) & (count <= cap)):
@@ -497,12 +506,13 @@ def topk_rows_kernel(
 def topk_sample_kernel(
     scores_ptr, lengths_ptr, starts_ptr, hist_ptr, cols, k, s_s0, s_s1, len_s0, st_s0,
     HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr, BINS: tl.constexpr,
-    COUNTS: tl.constexpr, PDL: tl.constexpr,
+    COUNTS: tl.constexpr, PDL: tl.constexpr, ROUNDS: tl.constexpr,
 ):
     """Row ``r``'s record in ``hist``: with ``COUNTS`` (split rows, launch 1) ``BINS + 2`` entries, the candidates'
     bin counts, zeroed here for the filter, then the filter threshold (a key) and the shift of ``BINS`` bins from it
     (short rows: counts only); without (the block kernel's rows sampled ahead, ``block.py``) those two alone.
-    ``PDL``: it waits for the launch before it, then lets the next start."""
+    ``ROUNDS``: the sample's radix rounds, at most (0: until settled; :func:`_sample_floor`). ``PDL``: it waits for
+    the launch before it, then lets the next start."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -513,7 +523,7 @@ def topk_sample_kernel(
         tl.store(hist_row + tl.arange(0, BINS), tl.zeros([BINS], tl.int32))
     if length > k:
         floor, best = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, SAMPLES,
-                                    DIGIT)
+                                    DIGIT, ROUNDS)
         tl.store(hist_row + BINS * COUNTS, floor)
         tl.store(hist_row + BINS * COUNTS + 1, _bin_shift(floor, best, BINS))
 

@@ -249,7 +249,7 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
         return ("sample", Launch(SAMPLE, (rows,), with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl),
                                  (scores, lengths, starts, hist, cols, k),
                                  dict(scan, SAMPLES=entries, DIGIT=cfg["DIGIT"], BINS=shift_bins, COUNTS=with_counts,
-                                      PDL=pdl)))
+                                      PDL=pdl, ROUNDS=cfg.get("SAMPLE_ROUNDS", 0))))
 
     if block:
         floors = [sample(topk_block.samples(block), topk_block.BINS, False)] if block["FLOORS"] else []

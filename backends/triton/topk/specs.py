@@ -120,9 +120,10 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         op = "topk_translate" if translate else "topk"
         scan = {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "len_s0": 1, "st_s0": 1,
                 "DIGIT": cfg["DIGIT"], "PDL": pdl, **k_one}
+        sampled = {**scan, "ROUNDS": cfg.get("SAMPLE_ROUNDS", 0)}  # the sample launch's own arguments
         sample_opts = dict(with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl))
         specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
-                                {**scan, "SAMPLES": cfg["SAMPLE"], "BINS": cfg["FINISH_BINS"], "COUNTS": True},
+                                {**sampled, "SAMPLES": cfg["SAMPLE"], "BINS": cfg["FINISH_BINS"], "COUNTS": True},
                                 sample_opts, aligned=("s_s0",)))
         specs.append(KernelSpec(op, topk_filter_kernel, ptrs,
                                 {**{n: v for n, v in flags.items() if n not in ("BITS", "TILE")}, "LANES": lanes,
@@ -153,6 +154,6 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                                         stack_bytes=topk_block.STACK_BYTES))
             if cfg.get("BLOCK_FLOORS", 0):
                 specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
-                                        {**scan, "SAMPLES": topk_block.samples(block), "BINS": topk_block.BINS,
+                                        {**sampled, "SAMPLES": topk_block.samples(block), "BINS": topk_block.BINS,
                                          "COUNTS": False}, sample_opts, aligned=("s_s0",)))
     return specs
