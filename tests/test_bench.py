@@ -674,3 +674,58 @@ def test_alternating_graph_us_times_each_call_every_round_off_a_gpu():
                                           torch.device("cpu"), rounds=3, burst=5)
     assert order == ["a", "b"] * 3
     assert set(medians) == {"a", "b"} and all(us > 0 for us in medians.values())
+
+
+# ----------------------------------------------------------------------------------------------- bench/sass_loops.py
+
+SASS_LISTING = """Function:k
+--:-:-:-:1\tMOV R1, c[0x0][0x28];
+LBB0:
+--:-:-:-:4\tLDG.E R2, desc[UR4][R4.64];
+--:-:-:-:2\tNOP;
+LBB1:
+--:-:-:-:1\tHGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24;
+--:-:-:-:3\tPRMT R5, R6, 0x7610, R5;
+--:-:-:-:5\t@P0 BRA LBB1;
+--:-:-:-:1\tBAR.SYNC.DEFER_BLOCKING 0x0;
+--:-:-:-:6\t@!P1 BRA LBB0;
+--:-:-:-:5\tEXIT;
+LBB2:
+--:-:-:-:0\tBRA LBB2;
+"""
+
+
+@pytest.fixture
+def sass_loops(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_sass_loops", ROOT / "bench" / "sass_loops.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look the module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sass_loops_of_a_listing_nested_with_stalls_and_classes(sass_loops):
+    """Two loops (the inner one closed first), NOPs not counted, stall counts summed, opcode classes counted; the
+    branch to itself after EXIT is no loop."""
+    found = sass_loops.loops(SASS_LISTING)
+    assert [(lp.label, lp.instructions, lp.stall_cycles, lp.inner) for lp in found] == [
+        ("LBB0", 6, 4 + 1 + 3 + 5 + 1 + 6, False), ("LBB1", 3, 1 + 3 + 5, True)]
+    assert found[1].classes == {"matrix": 1, "permute": 1, "branch": 1}
+    assert found[0].classes == {"global": 1, "matrix": 1, "permute": 1, "branch": 2, "sync": 1}
+    assert sass_loops.opcode("@!P0 BRA LBB3;") == "BRA"
+    assert sass_loops.opcode("IMAD.WIDE.U32 R2, R3, 0x4, R4 ;") == "IMAD.WIDE.U32"
+
+
+def test_sass_loops_of_a_real_build_for_sm90(sass_loops, tmp_path):
+    """The top-k sample kernel cross-compiled for sm90 under a tuning override: its radix rounds are an inner loop
+    with control codes read; an unknown kernel or a bad override is an error."""
+    out = tmp_path / "loops.json"
+    assert sass_loops.main(["--kernel", "topk_sample_kernel", "--where", "COUNTS=False", "--where",
+                            "HAS_STARTS=False", "--tuning", "topk.SAMPLE_ROUNDS=3", "--out", str(out)]) == 0
+    (build,) = json.loads(out.read_text())["builds"]
+    assert build["config"]["ROUNDS"] == 3
+    inner = [lp for lp in build["loops"] if lp["inner"]]
+    assert inner and all(lp["instructions"] > 10 and lp["stall_cycles"] > 0 for lp in inner)
+    assert sass_loops.main(["--kernel", "no_such_kernel"]) == 2
+    with pytest.raises(SystemExit):
+        sass_loops.main(["--kernel", "topk_sample_kernel", "--tuning", "nope.X=1"])

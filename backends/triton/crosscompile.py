@@ -165,11 +165,26 @@ def _quiet_teardown() -> None:
     atexit.register(_stderr_to_devnull)
 
 
-def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
-    """Compile ``spec`` for ``target`` and apply the rules: one JSON-able result."""
+def build(spec: KernelSpec, target: Target) -> Any:
+    """``spec`` compiled for ``target``: Triton's compiled kernel (its ``asm``: the PTX or AMDGCN, the binary, and on
+    NVIDIA the SASS). Pointers are 16-byte aligned and ``aligned`` ints multiples of 16, unless the kernel
+    specializes neither (``do_not_specialize``, ``do_not_specialize_on_alignment``), as a launch does."""
     import triton
     from triton.compiler import ASTSource
 
+    signature = spec.signature()
+    free = {p.name for p in spec.fn.params if p.do_not_specialize or p.do_not_specialize_on_alignment}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(signature.items())
+             if name not in free and (ty.startswith("*") or name in spec.aligned)}
+    source = ASTSource
+    if spec.fn.is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    return triton.compile(source(spec.fn, signature, dict(spec.constexprs), attrs), target=target.gpu.triton_target(),
+                          options=dict(spec.options))
+
+
+def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
+    """Compile ``spec`` for ``target`` and apply the rules: one JSON-able result."""
     _quiet_teardown()
 
     result: dict[str, Any] = {"target": target.arch, "op": spec.op, "kernel": spec.kernel, "config": spec.config(),
@@ -179,22 +194,12 @@ def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
     if threads > MAX_THREADS:
         result["reasons"].append(f"{threads} threads a block ({spec.options['num_warps']} warps of "
                                  f"{target.warp_size}), above {MAX_THREADS}")
-    signature = spec.signature()
-    # Pointers are 16-byte aligned and ``aligned`` ints multiples of 16, unless the kernel specializes neither
-    # (``do_not_specialize``, ``do_not_specialize_on_alignment``), as a launch does.
-    free = {p.name for p in spec.fn.params if p.do_not_specialize or p.do_not_specialize_on_alignment}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(signature.items())
-             if name not in free and (ty.startswith("*") or name in spec.aligned)}
     start = time.perf_counter()
     try:
         # ptxas failures print the whole PTX on stdout; the error itself is kept.
         with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("always")
-            source = ASTSource
-            if spec.fn.is_gluon():
-                from triton.experimental.gluon._runtime import GluonASTSource as source
-            compiled = triton.compile(source(spec.fn, signature, dict(spec.constexprs), attrs),
-                                      target=target.gpu.triton_target(), options=dict(spec.options))
+            compiled = build(spec, target)
     except Exception as exc:  # the compiler's error is the result
         result["seconds"] = round(time.perf_counter() - start, 2)
         result["reasons"].append(f"compile error: {type(exc).__name__}: {str(exc).strip()[:1500]}")
