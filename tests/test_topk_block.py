@@ -81,9 +81,22 @@ def test_many_rows_are_sampled_ahead_by_a_launch_a_row(monkeypatch, floors):
     assert sample.named["SAMPLES"] == topk_block.samples(block.named)  # the statistics of the block's own sample
     records = sample.args[3]
     assert block.args[9].data_ptr() == records.data_ptr() and records.numel() >= 2 * 1024  # two words a row
+    assert sample.named["ROUNDS"] == CFG["SAMPLE_ROUNDS"]
     with indexcache.sm_budget(33):  # a launch a row is not persistent: under a budget the block samples itself
         steps = _plan(monkeypatch, 1024, 32768, cfg)
     assert [name for name, _ in steps] == ["rows", "finish"] and steps[0][1].named["FLOORS"] == 0
+
+
+@pytest.mark.parametrize(("rank", "cols", "entries"), [(0, 32768, 1024), (32, 32768, 512), (16, 32768, 256),
+                                                        (32, 131072, 2048), (16, 4096, 64)])
+def test_rows_sampled_ahead_take_the_tables_sample_size_at_their_own_rank(monkeypatch, rank, cols, entries):
+    """``AHEAD_SAMPLE_RANK``: the sample launch takes ``sample_size`` entries at that rank (at least 64), not the
+    block kernel's one a thread; 0 keeps the block's own count. The radix rounds' cap goes with it."""
+    cfg = {**CFG, "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "AHEAD_SAMPLE_RANK": rank, "SAMPLE_ROUNDS": 3}
+    (_, sample), (_, block) = _plan(monkeypatch, 256, cols, cfg)[:2]
+    assert sample.launcher is plan.SAMPLE and block.named["FLOORS"] == 2
+    assert sample.named["SAMPLES"] == (entries if rank else topk_block.samples(block.named)) == entries
+    assert sample.named["ROUNDS"] == 3
 
 
 def test_a_forced_chunk_keeps_the_split_path(monkeypatch):

@@ -81,13 +81,17 @@ _COMMON: dict[str, dict[str, Any]] = {
     # SAMPLE_ROUNDS: the sample launch's radix rounds, at most (0: until the m-th best sample key is settled; 3 as the
     # block kernel's own sample: on the prefill producer's 4096 x 32K logits, replayed on the CPU, 3.66 rounds a row
     # on average become 2.97 for 1 % more candidates; not yet raced on a GPU, so not yet the table's).
+    # AHEAD_SAMPLE_RANK: the sample launch's entries a row sampled ahead at that SAMPLE_RANK (0: the block kernel's own
+    # sample, at least one a thread: 1024 at 32K, where rank 32 takes 512; replayed on the CPU, 17 % more candidates;
+    # not yet raced).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "FINISH_TIES": 256,
              "MIN_CHUNK": 4096, "SAMPLE": 4096, "SAMPLE_RANK": 32, "STASH": 4096, "STASH_PER_K": 4,
              "STASH_COLS_SHIFT": 5, "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 32, "BLOCK_PIECE_J": 4,
              "BLOCK_PER_SM": 1, "BLOCK_MIN_ROWS": 32, "BLOCK_MAX_COLS": 262144,
-             "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_PREFETCH": 1, "SAMPLE_ROUNDS": 0},
+             "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_PREFETCH": 1, "SAMPLE_ROUNDS": 0,
+             "AHEAD_SAMPLE_RANK": 0},
 }
 
 

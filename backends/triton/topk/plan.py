@@ -123,6 +123,14 @@ def sample_size(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
     return max(64, min(want, cfg["SAMPLE"]))
 
 
+def ahead_samples(cols: int, k: int, block: Mapping[str, Any], cfg: Mapping[str, Any]) -> int:
+    """Entries the sample launch takes a row sampled ahead of the block kernel: the block kernel's own sample (a
+    power of two, at least one a thread of the block), or with ``AHEAD_SAMPLE_RANK`` > 0 :func:`sample_size` at
+    that rank (fewer at short rows: the launch is not held to the block's threads)."""
+    rank = cfg.get("AHEAD_SAMPLE_RANK", 0)
+    return sample_size(cols, k, dict(cfg, SAMPLE_RANK=rank)) if rank > 0 else topk_block.samples(block)
+
+
 _SCAN_ARGS = ("s_s0", "s_s1", "len_s0", "st_s0", "HAS_STARTS", "CONTIG")  # what the sample and filter kernels take
 
 
@@ -252,7 +260,7 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
                                       PDL=pdl, ROUNDS=cfg.get("SAMPLE_ROUNDS", 0))))
 
     if block:
-        floors = [sample(topk_block.samples(block), topk_block.BINS, False)] if block["FLOORS"] else []
+        floors = [sample(ahead_samples(cols, k, block, cfg), topk_block.BINS, False)] if block["FLOORS"] else []
         return floors + [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, hist,
                                                      rows, cols, k), dict(row_args, DIGIT=cfg["DIGIT"], PDL=pdl,
                                                                           **block), row_programs)),

@@ -23,6 +23,7 @@ from indexcache.backends.triton.topk.kernels import (
 )
 from indexcache.backends.triton.topk.plan import (
     FINISH_SKIM,
+    ahead_samples,
     filter_shape,
     finish_shape,
     launches,
@@ -154,6 +155,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                                         stack_bytes=topk_block.STACK_BYTES))
             if cfg.get("BLOCK_FLOORS", 0):
                 specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
-                                        {**sampled, "SAMPLES": topk_block.samples(block), "BINS": topk_block.BINS,
+                                        {**sampled, "SAMPLES": ahead_samples(1 << 17, 2048, block, cfg),
+                                         "BINS": topk_block.BINS,
                                          "COUNTS": False}, sample_opts, aligned=("s_s0",)))
     return specs
