@@ -629,12 +629,15 @@ def test_short_rows_smoke_runs_on_the_cpu(tmp_path):
 
 def test_hisparse_swap_smoke_runs_on_the_cpu(tmp_path):
     """bench/hisparse_swap_gpu.py --smoke: the Triton swap-in interpreted and the copy engine's path on the CPU, each
-    M's copies landing where the plan says; no host link off the GPU."""
-    _script("hisparse_swap_gpu", "--smoke", "--out", str(tmp_path))
+    M's copies landing where the plan says; no host link off the GPU. ``--race``: the kernel under each override too,
+    checked the same way."""
+    _script("hisparse_swap_gpu", "--smoke", "--race", "--out", str(tmp_path))
     report = json.loads((tmp_path / "hisparse_swap.json").read_text())
     assert report["device"] == "cpu" and not report["errors"] and report["link"] is None
     assert [r["misses"] for r in report["rows"]] == [2, 8]
     assert all(r["kernel_us"] > 0 and r["engine_us"] > 0 and r["bytes"] == r["copies"] * 656 for r in report["rows"])
+    assert [(r["config"], r["misses"]) for r in report["race"]] == [("HOST_CACHE=.cg", 2), ("HOST_CACHE=.cg", 8)]
+    assert all(r["kernel_us"] > 0 and r["over_table"] > 0 for r in report["race"])
 
 
 def test_hisparse_smoke_runs_on_the_cpu(tmp_path):

@@ -44,7 +44,9 @@ _COMMON: dict[str, dict[str, Any]] = {
     # 2 KB in one tile, about 16 programs a SM spread over the plan's rows. On the H200 (b8ab289, 64 requests x 16 /
     # 64 / 256 misses of 656-byte rows, against a 55.4 GB/s contiguous copy): 0.661 / 0.805 / 0.840 of the link,
     # where 8 copies over 4 warps at 8 a SM gave 0.614 / 0.798 / 0.834; 256-byte tiles 0.580 / 0.722 / 0.750.
-    "hisparse_swap_in": {"BLOCK_C": 4, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 16, "num_warps": 2},
+    # HOST_CACHE: the host reads' cache modifier ("" the default; ".cg" past L1, raced by bench/hisparse_swap_gpu.py
+    # --race, not yet on a GPU).
+    "hisparse_swap_in": {"BLOCK_C": 4, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 16, "num_warps": 2, "HOST_CACHE": ""},
     # HiSparse plan (hisparse/plan.py): one program a request over 16 warps, 4096 state slots a block (8 a thread:
     # 108 registers on sm90 with Triton 3.9; H200, 2026-12-03, the bench's drifting step: 26.9 µs against 29.5 at
     # 2048 a block, 30.2 over 32 warps), a row one block; 5-bit digits (32 bins, a lane each) in the eviction select;

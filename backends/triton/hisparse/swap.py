@@ -67,11 +67,13 @@ def hisparse_swap_kernel(
     k, batch, width, host_rows, dev_rows, layers,
     src_s0, src_s1, dst_s0, dst_s1, count_s0, loc_s0, loc_s1, r2b_s0, host_su, dev_su,
     ROW_BYTES: tl.constexpr, CHUNK: tl.constexpr, UNIT: tl.constexpr, BLOCK_C: tl.constexpr, HAS_R2B: tl.constexpr,
+    HOST_CACHE: tl.constexpr,
 ):
     """Row ``program_id(0)``'s copies in blocks ``program_id(1), + num_programs(1), …`` of ``BLOCK_C``, each block's
     in ``layers`` layers one after another (host ``host<g>``, device ``dev<g>``): host row ``src`` (``host_su * UNIT``
     bytes apart) to device row ``device_loc[b, slot]`` (``dev_su * UNIT`` apart), the ``ROW_BYTES`` bytes ``CHUNK`` at
-    a time; every read and write masked by the copy's checks."""
+    a time; every read and write masked by the copy's checks. ``HOST_CACHE``: the host reads' cache modifier (``""``
+    the default, ``".cg"`` past L1, ``".cv"`` fetched again; the tuning table's ``HOST_CACHE``)."""
     r = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1)
     step = tl.num_programs(1)
@@ -99,7 +101,7 @@ def hisparse_swap_kernel(
             for c0 in tl.static_range(0, ROW_BYTES, CHUNK):
                 col = c0 + bs
                 mask = ok[:, None] & (col < ROW_BYTES)[None, :]
-                data = tl.load(host_ptr + host_at[:, None] + col[None, :], mask=mask)
+                data = tl.load(host_ptr + host_at[:, None] + col[None, :], mask=mask, cache_modifier=HOST_CACHE)
                 tl.store(dev_ptr + dev_at[:, None] + col[None, :], data, mask=mask)
 
 
@@ -238,7 +240,8 @@ def swap_launches(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc
              k, batch, width, h0.shape[0], d0.shape[0], len(group),
              copy_src.stride(0), copy_src.stride(1), copy_dst.stride(0), copy_dst.stride(1), copy_count.stride(0),
              device_loc.stride(0), device_loc.stride(1), r2b.stride(0), h0.stride(0) // u, d0.stride(0) // u),
-            dict(ROW_BYTES=row_bytes, CHUNK=chunk, UNIT=u, BLOCK_C=block_c, HAS_R2B=row_to_batch is not None),
+            dict(ROW_BYTES=row_bytes, CHUNK=chunk, UNIT=u, BLOCK_C=block_c, HAS_R2B=row_to_batch is not None,
+                 HOST_CACHE=cfg.get("HOST_CACHE", "")),
         ))
     return launches
 
@@ -280,6 +283,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             "hisparse_swap_in", hisparse_swap_kernel, ptrs,
             {"ROW_BYTES": row_bytes, "CHUNK": min(next_power_of_2(row_bytes), cfg["CHUNK_BYTES"]),
              "UNIT": unit(row_bytes), "BLOCK_C": cfg["BLOCK_C"], "HAS_R2B": has_r2b,
+             "HOST_CACHE": cfg.get("HOST_CACHE", ""),
              "src_s1": 1, "dst_s1": 1, "count_s0": 1, "loc_s1": 1, "r2b_s0": 1},
             launch_options(target, cfg)))
     return specs
