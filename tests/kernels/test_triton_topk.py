@@ -512,16 +512,22 @@ def test_a_sample_record_without_counts_holds_the_split_rows_threshold_and_shift
 def test_sample_rounds_capped_lower_the_floor_to_its_bin_and_keep_the_top_k(rounds):
     """``SAMPLE_ROUNDS``: the sample launch stops its radix select after that many rounds, so each row's floor is the
     bottom of the bin those rounds settled: at or below the uncapped floor (the m-th best sample key), sharing its
-    settled top bits, lower on some row; the split rows it thresholds still come out exact."""
+    settled top bits, lower on some row, and never below the key of the lowest finite float (scores near -FLT_MAX,
+    whose bin after one round reaches down to NaN's keys); the split rows it thresholds still come out exact."""
     from indexcache.backends.triton.launcher import Launch
+    from indexcache.backends.triton.rows import KEY_MIN_VALID
 
     gen = torch.Generator().manual_seed(11)
-    rows, cols, k, bins = 6, 3000, 100, 256
+    rows, cols, k, bins = 7, 3000, 100, 256
     scores = torch.randn(rows, cols, generator=gen) * 50 - 20
     scores[1] = scores[1].abs() + 1  # one sign: the rounds start below a longer common prefix
     scores[2, ::5] = NEG_INF
-    lengths = _lengths(cols, cols, cols, 2000, k, 0)
-    starts = _lengths(0, 0, 0, 500, 0, 0)
+    scores[6] = -3e38 * (0.5 + 0.5 * torch.rand(cols, generator=gen))  # the sample's m-th best among these ...
+    scores[6, ::20] = 1.0  # ... below a few positives: no common prefix, one round leaves the whole bottom bin
+    scores[6, 1::3] = NEG_INF
+    lengths = _lengths(cols, cols, cols, 2000, k, 0, cols)
+    starts = _lengths(0, 0, 0, 500, 0, 0, 0)
+    sampled = [0, 1, 2, 3, 6]  # the rows longer than k
     opts = _plan().own_options(SM90, SMALL, "SAMPLE_WARPS")
     named = dict(s_s0=cols, s_s1=1, len_s0=1, st_s0=1, HAS_STARTS=True, CONTIG=True, SAMPLES=256, DIGIT=5, BINS=bins,
                  PDL=False, COUNTS=False)
@@ -529,10 +535,10 @@ def test_sample_rounds_capped_lower_the_floor_to_its_bin_and_keep_the_top_k(roun
     for cap in (0, rounds):
         record = torch.full((rows, 2), SENTINEL, dtype=torch.int32)
         Launch(_plan().SAMPLE, (rows,), opts, (scores, lengths, starts, record, cols, k), dict(named, ROUNDS=cap))()
-        floors[cap] = record[:4, 0].long()
+        floors[cap] = record[sampled, 0].long()
     settled = 32 - 5 * rounds  # at least the rounds' top bits: the first round may overlap the common prefix
-    assert bool((floors[rounds] <= floors[0]).all())
-    assert bool(((floors[rounds] >> settled) == (floors[0] >> settled)).all())
+    assert bool((floors[rounds] <= floors[0]).all()) and bool((floors[rounds] >= KEY_MIN_VALID.value).all())
+    assert bool(((floors[rounds][:4] >> settled) == (floors[0][:4] >> settled)).all())
     assert bool((floors[rounds] < floors[0]).any()), "the cap changed no floor: the test sees nothing"
     cfg = SMALL | {"CHUNK": 1024, "STASH": 4096, "SAMPLE_ROUNDS": rounds}
     _assert_rows(_direct(scores, lengths, k, cfg, row_starts=starts), reference.topk(scores, lengths, k,

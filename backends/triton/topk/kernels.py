@@ -153,6 +153,8 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: 
     thr, fixed, take, matched = _pivot(key, pos, tl.minimum(m, valid), valid, 0, 0, False, row_ptr, s1, start, 0, 0,
                                        row_ptr, row_ptr, 0, 0, 0, CONTIG, 8, SAMPLES, DIGIT, True, ROUNDS)
     floor = tl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
+    if ROUNDS > 0:  # a bin's bottom after fewer than two rounds may lie below every finite key: never -inf's or NaN's
+        floor = tl.maximum(floor, KEY_MIN_VALID)
     return tl.where(floor == 0, -1, floor), tl.max(key, 0)
 
 
