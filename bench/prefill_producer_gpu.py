@@ -69,11 +69,12 @@ def inputs(tokens: int, keys: int, k: int, dev: torch.device, seed: int = 38) ->
 
 
 LOGITS_ARGS = ("q", "k", "k_scale", "weights", "ks", "ke")
-# Overrides of the cuda table's top-k entry raced by --topk-race: the sample launch over fewer warps a row (more
-# rows' samples in flight a multiprocessor), its radix select capped at 3 rounds, and fewer entries a row (512 and
-# 256 at 32K keys, where the block kernel's own sample is 1024).
-TOPK_RACE = [{"SAMPLE_WARPS": 4}, {"SAMPLE_WARPS": 2}, {"SAMPLE_ROUNDS": 3}, {"SAMPLE_ROUNDS": 3, "SAMPLE_WARPS": 4},
-             {"AHEAD_SAMPLE_RANK": 32}, {"AHEAD_SAMPLE_RANK": 16}, {"AHEAD_SAMPLE_RANK": 32, "SAMPLE_ROUNDS": 3}]
+# Overrides of the cuda table's top-k entry raced by --topk-race (docs/kernels.md, "Rows sampled ahead"): the sample
+# launch over fewer warps a row (more rows' samples in flight a multiprocessor), its radix select capped at 3 rounds,
+# fewer entries a row (512 and 256 at 32K keys, where the block kernel's own sample is 1024), and together.
+TOPK_RACE = [{"AHEAD_SAMPLE_WARPS": 4}, {"AHEAD_SAMPLE_WARPS": 2}, {"AHEAD_SAMPLE_WARPS": 1}, {"SAMPLE_ROUNDS": 3},
+             {"AHEAD_SAMPLE_RANK": 32}, {"AHEAD_SAMPLE_RANK": 16}, {"AHEAD_SAMPLE_RANK": 32, "AHEAD_SAMPLE_WARPS": 2},
+             {"AHEAD_SAMPLE_RANK": 32, "AHEAD_SAMPLE_WARPS": 2, "SAMPLE_ROUNDS": 3}]
 
 
 def ours(a: dict, bound: int | None, workspace: torch.Tensor | None = None) -> Callable[[], Any]:

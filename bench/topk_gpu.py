@@ -43,12 +43,13 @@ SWEEP = [  # tuning overrides on the table's entry (the first is the table itsel
     # the block kernel with 16 warps; split rows finished by one program a row, and without programmatic dependent
     # launch (docs/kernels.md, "Where it stands"); many rows sampled in the block kernel, or ahead with their bins
     # counted after the filter, each with and without the next row prefetched (docs/kernels.md, "Rows sampled ahead");
-    # the sample launch over 4 and 2 warps a row (more rows' samples in flight an SM) and with its radix select
-    # capped at 3 rounds, and taking the table's SAMPLE_RANK rather than the block kernel's count (not yet raced)
+    # the sample launch of rows sampled ahead over 4 and 2 warps a row (more rows' samples in flight an SM), with its
+    # radix select capped at 3 rounds, and taking the table's SAMPLE_RANK rather than the block kernel's count (not
+    # yet raced)
     {}, {"KERNEL": "triton"}, {"BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}, {"SAMPLE_RANK": 64}, {"FINISH_BINS": 512},
     {"CHUNKS_PER_SM": 16}, {"FINISH_TIES": 0}, {"PDL": False}, {"BLOCK_FLOORS": 0}, {"BLOCK_FLOORS": 1},
-    {"BLOCK_PREFETCH": 0}, {"BLOCK_FLOORS": 0, "BLOCK_PREFETCH": 0}, {"SAMPLE_WARPS": 4}, {"SAMPLE_WARPS": 2},
-    {"SAMPLE_ROUNDS": 3}, {"SAMPLE_ROUNDS": 3, "SAMPLE_WARPS": 4}, {"AHEAD_SAMPLE_RANK": 32},
+    {"BLOCK_PREFETCH": 0}, {"BLOCK_FLOORS": 0, "BLOCK_PREFETCH": 0}, {"AHEAD_SAMPLE_WARPS": 4},
+    {"AHEAD_SAMPLE_WARPS": 2}, {"SAMPLE_ROUNDS": 3}, {"AHEAD_SAMPLE_RANK": 32},
 ]
 # Per-launch times: the many-rows kernel (Gluon block or Triton fused), or the split sample and filter, then the
 # finishing kernel; CHUNK forces the split path.

@@ -664,8 +664,9 @@ def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
     report = json.loads((tmp_path / "pp.json").read_text())
     assert report["device"] == "cpu" and not report["errors"]
     assert [r["config"] for r in report["topk_race"]] == [
-        "table", "SAMPLE_WARPS=4", "SAMPLE_WARPS=2", "SAMPLE_ROUNDS=3", "SAMPLE_ROUNDS=3 SAMPLE_WARPS=4",
-        "AHEAD_SAMPLE_RANK=32", "AHEAD_SAMPLE_RANK=16", "AHEAD_SAMPLE_RANK=32 SAMPLE_ROUNDS=3"]
+        "table", "AHEAD_SAMPLE_WARPS=4", "AHEAD_SAMPLE_WARPS=2", "AHEAD_SAMPLE_WARPS=1", "SAMPLE_ROUNDS=3",
+        "AHEAD_SAMPLE_RANK=32", "AHEAD_SAMPLE_RANK=16", "AHEAD_SAMPLE_RANK=32 AHEAD_SAMPLE_WARPS=2",
+        "AHEAD_SAMPLE_RANK=32 AHEAD_SAMPLE_WARPS=2 SAMPLE_ROUNDS=3"]
     assert [r["call"] for r in report["rows"][:5]] == [
         "ours, bound 2 GiB", *(f"ours, bound {b / 4096:g} GiB" for b in (0.5, 1, 4)), "ours, two ops"]
     assert report["million"]["same_as_two_ops"] and report["peers"]["FlashInfer"].startswith("absent")

@@ -99,6 +99,18 @@ def test_rows_sampled_ahead_take_the_tables_sample_size_at_their_own_rank(monkey
     assert sample.named["ROUNDS"] == 3
 
 
+@pytest.mark.parametrize(("ahead", "warps"), [(0, CFG["SAMPLE_WARPS"]), (2, 2), (1, 1)])
+def test_rows_sampled_ahead_take_their_own_warps_and_split_rows_keep_theirs(monkeypatch, ahead, warps):
+    """``AHEAD_SAMPLE_WARPS``: the warps of the sample launch for rows sampled ahead (0: ``SAMPLE_WARPS``); the split
+    rows' sample (one long row) keeps ``SAMPLE_WARPS`` whatever it is."""
+    cfg = {**CFG, "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "AHEAD_SAMPLE_WARPS": ahead}
+    (_, sample), _ = _plan(monkeypatch, 256, 32768, cfg)[:2]
+    assert sample.launcher is plan.SAMPLE and dict(sample.options)["num_warps"] == warps
+    (_, split), _ = _plan(monkeypatch, 1, 131072, cfg)[:2]
+    assert split.launcher is plan.SAMPLE and split.named["COUNTS"]
+    assert dict(split.options)["num_warps"] == CFG["SAMPLE_WARPS"]
+
+
 def test_a_forced_chunk_keeps_the_split_path(monkeypatch):
     steps = _plan(monkeypatch, 64, 131072, {**CFG, "CHUNK": 16384})
     assert [name for name, _ in steps] == ["sample", "filter", "finish"]

@@ -85,7 +85,9 @@ _COMMON: dict[str, dict[str, Any]] = {
     # on average become 2.97 for 1 % more candidates; not yet raced on a GPU, so not yet the table's).
     # AHEAD_SAMPLE_RANK: the sample launch's entries a row sampled ahead at that SAMPLE_RANK (0: the block kernel's own
     # sample, at least one a thread: 1024 at 32K, where rank 32 takes 512; replayed on the CPU, 17 % more candidates;
-    # not yet raced).
+    # not yet raced). AHEAD_SAMPLE_WARPS: that launch's warps (0: SAMPLE_WARPS, which the split rows' sample of up to
+    # SAMPLE entries keeps; with Triton 3.6 a 1024-entry sample takes 31 / 40 / 71 / 96 registers over 8 / 4 / 2 / 1
+    # warps: 8 / 12 / 14 / 21 rows in flight a multiprocessor; not yet raced).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "FINISH_TIES": 256,
@@ -93,7 +95,7 @@ _COMMON: dict[str, dict[str, Any]] = {
              "STASH_COLS_SHIFT": 5, "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 32, "BLOCK_PIECE_J": 4,
              "BLOCK_PER_SM": 1, "BLOCK_MIN_ROWS": 32, "BLOCK_MAX_COLS": 262144,
              "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_PREFETCH": 1, "SAMPLE_ROUNDS": 0,
-             "AHEAD_SAMPLE_RANK": 0},
+             "AHEAD_SAMPLE_RANK": 0, "AHEAD_SAMPLE_WARPS": 0},
 }
 
 

@@ -131,6 +131,12 @@ def ahead_samples(cols: int, k: int, block: Mapping[str, Any], cfg: Mapping[str,
     return sample_size(cols, k, dict(cfg, SAMPLE_RANK=rank)) if rank > 0 else topk_block.samples(block)
 
 
+def ahead_warps_key(cfg: Mapping[str, Any]) -> str:
+    """The tuning key of the sample launch's warps for rows sampled ahead: ``AHEAD_SAMPLE_WARPS`` where the table sets
+    it (> 0), else ``SAMPLE_WARPS`` (the split rows' sample of up to ``SAMPLE`` entries keeps its own)."""
+    return "AHEAD_SAMPLE_WARPS" if cfg.get("AHEAD_SAMPLE_WARPS", 0) > 0 else "SAMPLE_WARPS"
+
+
 _SCAN_ARGS = ("s_s0", "s_s1", "len_s0", "st_s0", "HAS_STARTS", "CONTIG")  # what the sample and filter kernels take
 
 
@@ -252,15 +258,16 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
         dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins, PDL=pdl, SPREAD=spread,
              TIES=cfg["FINISH_TIES"], SKIM=FINISH_SKIM)))
 
-    def sample(entries: int, shift_bins: int, with_counts: bool) -> tuple[str, Launch]:
+    def sample(entries: int, shift_bins: int, with_counts: bool, warps_key: str = "SAMPLE_WARPS") -> tuple[str, Launch]:
         # A program a row, its own warps and no register cap: the whole sample is held in registers.
-        return ("sample", Launch(SAMPLE, (rows,), with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl),
+        return ("sample", Launch(SAMPLE, (rows,), with_pdl(own_options(target, cfg, warps_key), pdl),
                                  (scores, lengths, starts, hist, cols, k),
                                  dict(scan, SAMPLES=entries, DIGIT=cfg["DIGIT"], BINS=shift_bins, COUNTS=with_counts,
                                       PDL=pdl, ROUNDS=cfg.get("SAMPLE_ROUNDS", 0))))
 
     if block:
-        floors = [sample(ahead_samples(cols, k, block, cfg), topk_block.BINS, False)] if block["FLOORS"] else []
+        floors = ([sample(ahead_samples(cols, k, block, cfg), topk_block.BINS, False, ahead_warps_key(cfg))]
+                  if block["FLOORS"] else [])
         return floors + [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, hist,
                                                      rows, cols, k), dict(row_args, DIGIT=cfg["DIGIT"], PDL=pdl,
                                                                           **block), row_programs)),

@@ -24,6 +24,7 @@ from indexcache.backends.triton.topk.kernels import (
 from indexcache.backends.triton.topk.plan import (
     FINISH_SKIM,
     ahead_samples,
+    ahead_warps_key,
     filter_shape,
     finish_shape,
     launches,
@@ -157,5 +158,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
                 specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
                                         {**sampled, "SAMPLES": ahead_samples(1 << 17, 2048, block, cfg),
                                          "BINS": topk_block.BINS,
-                                         "COUNTS": False}, sample_opts, aligned=("s_s0",)))
+                                         "COUNTS": False},
+                                        dict(with_pdl(own_options(target, cfg, ahead_warps_key(cfg)), pdl)),
+                                        aligned=("s_s0",)))
     return specs
