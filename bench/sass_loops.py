@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 import json
 import re
 import sys
@@ -123,21 +122,15 @@ def builds(kernel: str, arch: str, where: dict[str, Any], tuning_overrides: dict
     """The compile specs of ``kernel`` for ``arch`` whose compile-time values match ``where``, under the cuda tuning
     table with ``tuning_overrides`` (per op entry)."""
     from indexcache.backends.cuda import tuning as cuda_tuning
-    from indexcache.backends.triton import KERNEL_MODULES
-    from indexcache.backends.triton.crosscompile import gpu_target
+    from indexcache.backends.triton.crosscompile import declared
 
     table = {op: dict(entry) for op, entry in cuda_tuning(arch).items()}
     for op, overrides in tuning_overrides.items():
         if op not in table:
             raise SystemExit(f"--tuning: no entry {op!r} in the cuda table (entries: {sorted(table)})")
         table[op].update(overrides)
-    target = gpu_target("cuda", arch)
-    specs = []
-    for name in KERNEL_MODULES:
-        module = importlib.import_module(f"indexcache.backends.triton.{name}")
-        if hasattr(module, "compile_specs"):
-            specs += [s for s in module.compile_specs(target, table) if s.kernel == kernel]
-    return [s for s in specs if all(str(s.constexprs.get(n)) == str(v) for n, v in where.items())]
+    return [s for _, specs, _ in declared("cuda", arch, table) for s in specs or []
+            if s.kernel == kernel and all(str(s.constexprs.get(n)) == str(v) for n, v in where.items())]
 
 
 def main(argv: list[str] | None = None) -> int:

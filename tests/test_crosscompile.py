@@ -184,14 +184,14 @@ def test_a_kernel_without_a_spec_fails(fresh, monkeypatch):
 @pytest.mark.parametrize("backend", sorted(cc.TARGETS))
 def test_every_kernel_module_covers_its_kernels(backend):
     for arch in cc.TARGETS[backend]:
-        for module, declared, kernels in cc._declared(backend, arch):
+        for module, declared, kernels in cc.declared(backend, arch):
             assert declared is not None, f"{module} declares no compile specs"
             assert set(kernels) <= {s.kernel for s in declared}, f"{module}: kernels without a spec on {arch}"
 
 
 def test_a_kernel_package_covers_the_kernels_it_exposes():
     """topk is a package: its kernels live in topk.kernels, and the check covers those its face exposes."""
-    kernels = {module: names for module, _, names in cc._declared("cuda", "sm90")}["topk"]
+    kernels = {module: names for module, _, names in cc.declared("cuda", "sm90")}["topk"]
     assert kernels == ["topk_filter_kernel", "topk_finish_kernel", "topk_rows_kernel", "topk_sample_kernel",
                        "topk_sort_kernel"]
 

@@ -215,10 +215,11 @@ def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
     return result
 
 
-def _declared(backend: str, arch: str) -> list[tuple[str, list[KernelSpec] | None, list[str]]]:
+def declared(backend: str, arch: str, tuning: Mapping[str, Mapping[str, Any]] | None = None
+             ) -> list[tuple[str, list[KernelSpec] | None, list[str]]]:
     """Per kernel module: its specs for ``arch`` (None without ``compile_specs``) and its ``*_kernel`` names (a
-    package's: those it exposes from its own modules)."""
-    tuning = importlib.import_module(f"indexcache.backends.{backend}.tuning").tuning(arch)
+    package's: those it exposes from its own modules); under ``tuning`` where given, else the backend's table."""
+    tuning = tuning or importlib.import_module(f"indexcache.backends.{backend}.tuning").tuning(arch)
     target = gpu_target(backend, arch)
     found = []
     for name in KERNEL_MODULES:
@@ -246,7 +247,7 @@ def check_target(backend: str, arch: str, progress: Callable[[str], None] | None
         return _CACHE[key]
     target = gpu_target(backend, arch)
     results = []
-    for module, specs, kernels in _declared(backend, arch):
+    for module, specs, kernels in declared(backend, arch):
         if specs is None:
             results.append(_failure(backend, arch, module, None, "no compile specs declared"))
             continue

@@ -365,8 +365,6 @@ def _pivot(key0, idx0, need, count, t_lo, t_hi, from_row: tl.constexpr, row_ptr,
     rounds = need * 0
     for r in range((32 + DIGIT - 1) // DIGIT):  # a loop, not unrolled: one copy of the round's code
         lo = tl.maximum(32 - DIGIT * (r + 1), 0)
-        if ROUNDS > 0:
-            done = done | (rounds >= ROUNDS).to(tl.int32)
         if (((~fixed) >> lo) != 0) & (done == 0):
             hist = _digit_histogram(lo, fixed, thr, key0, t_lo, t_hi, from_row, row_ptr, s1, start, hi, b, stash_key,
                                     stash_idx, count, MODE, pk, pf, CONTIG, BITS, TILE, DIGIT, ONE_TILE)
@@ -378,6 +376,7 @@ def _pivot(key0, idx0, need, count, t_lo, t_hi, from_row: tl.constexpr, row_ptr,
             done = (in_digit == take).to(tl.int32)  # the whole digit goes: no lower bit matters
             if ROUNDS > 0:
                 rounds += 1
+                done = done | (rounds >= ROUNDS).to(tl.int32)
     return thr, fixed, take, tl.where(need > 0, matched, 0)
 
 

@@ -157,8 +157,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             if cfg.get("BLOCK_FLOORS", 0):
                 specs.append(KernelSpec(op, topk_sample_kernel, ptrs,
                                         {**sampled, "SAMPLES": ahead_samples(1 << 17, 2048, block, cfg),
-                                         "BINS": topk_block.BINS,
-                                         "COUNTS": False},
+                                         "BINS": topk_block.BINS, "COUNTS": False},
                                         dict(with_pdl(own_options(target, cfg, ahead_warps_key(cfg)), pdl)),
                                         aligned=("s_s0",)))
     return specs
