@@ -22,8 +22,9 @@ calls alternating too: ``side`` and ``main`` alone (and ``side@n``, the side alo
 partitions also ``main@n``, the main alone with its matmuls held to the other multiprocessors by torch's SM carveout),
 ``serial`` (one after the other on one stream), ``overlap`` (``indexcache.overlap`` with no share), ``overlap@n``
 (``side_sms=n`` for each n of ``--budgets``, fractions of the SMs) and, where the backend has a rule, ``rule``
-(``overlap(tokens=T, context=C)``). The report says whether the shares were partitions (``partitions``).
-``in order again`` repeats ``serial`` last in each round (the timing's own spread). Each overlapped mode reports the
+(``overlap(tokens=T, context=C)``, with ``k_format`` for MXFP4 keys: the rule's MXFP4 bands). The report says
+whether the shares were partitions (``partitions``). ``in order again`` repeats ``serial`` last in each round (the
+timing's own spread). Each overlapped mode reports the
 fraction of the side's time hidden, ``(side + main - both) / side``, and ``both / serial``; each shape checks that the
 side's indices under the smallest budget equal the whole device's bit for bit. Writes JSON to ``--out``. ``--smoke``:
 tiny shapes on the CPU (the torch backend, in order): checks the script only.
@@ -41,7 +42,7 @@ import torch
 
 import indexcache
 from indexcache.backends.triton import partition
-from indexcache.backends.triton.streams import _matmul_sms, side_budget
+from indexcache.backends.triton.streams import _matmul_sms, rule_bands, side_budget
 from indexcache.bench.output import write_json
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 from indexcache.bench.timing import alternating_graph_us, times_ms, turns
@@ -195,8 +196,9 @@ def modes(layer: Layer, dev: torch.device, sms: int, budgets: list[int],
             calls[f"main@{n}"] = carved(n)
     if rule:
         s = layer.shape
+        k_format = fp4.FP4 if layer.key_format == fp4.FP4 else None
         calls["rule"] = lambda: indexcache.overlap(layer.side, layer.main, device=dev, tokens=s.tokens,
-                                                   context=s.context)
+                                                   context=s.context, k_format=k_format)
     calls["in order again"] = serial  # the same work as "serial", timed apart: how far two timings of it differ
     return calls
 
@@ -226,8 +228,10 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
     row: dict = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context, "keys": keys, "sms": sms,
                  "budgets": budgets}
     if has_rule:  # what the rule picks in a captured graph and eagerly
-        row["rule_budget"] = side_budget(shape.tokens, shape.context, sms, impl.fn.rule["GRAPH"])
-        row["rule_budget_eager"] = side_budget(shape.tokens, shape.context, sms, impl.fn.rule["EAGER"])
+        k_format = fp4.FP4 if keys == "mxfp4" else None
+        row["rule_budget"] = side_budget(shape.tokens, shape.context, sms, rule_bands(impl.fn.rule, True, k_format))
+        row["rule_budget_eager"] = side_budget(shape.tokens, shape.context, sms,
+                                               rule_bands(impl.fn.rule, False, k_format))
     for fn in calls.values():  # compile and warm every path once
         fn()
     # The indices under the smallest budget, those of the whole device (a row's order is unspecified: sorted).

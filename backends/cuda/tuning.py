@@ -176,5 +176,11 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         # speed; torch's default matmuls ignore the carveout), so where there are no partitions the rule's share
         # overlaps with no budget. Eagerly the one host thread launches both functions' kernels in turn and
         # overlapping was 1.02-1.3x in order: in order.
-        table["overlap"] = {"GRAPH": ((31, 0, None), (256, 32768, 0.485), (4096, 0, None)), "EAGER": ()}
+        # MXFP4 keys (overlap(k_format=torch.float4_e2m1fn_x2), DeepSeek-V4's), measured on the H200 (2026-12-05,
+        # 799fc48, bench/overlap_gpu.py --keys mxfp4, decode): at 64 x 128K the side on 79 SMs (0.6) hid 42 % of the
+        # indexer (the step 0.809x in order) against 19 % on 64 (0.915x): its decode takes longer there (388 us) and
+        # wants more of the GPU; at 64 x 32K 64 SMs stayed the best (58 % hidden; 52-53 % on 44 or 79). Elsewhere
+        # unmeasured with MXFP4: as fp8.
+        table["overlap"] = {"GRAPH": ((31, 0, None), (256, 32768, 0.485), (4096, 0, None)), "EAGER": (),
+                            "GRAPH_MXFP4": ((31, 0, None), (256, 131072, 0.6), (256, 32768, 0.485), (4096, 0, None))}
     return {**table, "arch": {"name": arch, **caps}}

@@ -11,8 +11,9 @@ here allocates device memory or syncs with the host.
 Create the streams before capturing (a first eager call does).
 
 Sharing the GPU (docs/streams.md): the side function gets n multiprocessors, n from the call's ``side_sms`` or from
-the tuning table's ``overlap`` rule (its ``GRAPH`` bands while a CUDA graph is captured, else its ``EAGER`` ones) for
-the side work's ``tokens`` and ``context``; 0 runs the two in order on the current stream. Where the GPU and torch
+the tuning table's ``overlap`` rule (its ``GRAPH`` bands while a CUDA graph is captured, else its ``EAGER`` ones; for
+MXFP4 keys its ``GRAPH_MXFP4`` / ``EAGER_MXFP4`` bands where it has them: :func:`rule_bands`) for the side work's
+``tokens`` and ``context``; 0 runs the two in order on the current stream. Where the GPU and torch
 have SM partitions (:mod:`~indexcache.backends.triton.partition`: CUDA green contexts) the side function runs on a
 stream of a partition of n multiprocessors, every kernel of it placed there only, and the main function keeps the
 whole device. Elsewhere an explicit ``side_sms`` runs the side under an SM budget of n (:mod:`indexcache.hal.budget`)
@@ -33,7 +34,7 @@ import torch
 
 from indexcache.backends.torch.streams import in_order
 from indexcache.backends.triton.partition import partition_stream
-from indexcache.hal import budget
+from indexcache.hal import budget, fp4
 from indexcache.hal.contract import OpImpl
 from indexcache.hal.device import sm_count
 
@@ -68,6 +69,17 @@ def side_budget(tokens: int, context: int, sms: int, bands: Sequence[tuple[int, 
     return 0
 
 
+def rule_bands(rule: Mapping[str, Any], capturing: bool, k_format: torch.dtype | None = None) -> Sequence:
+    """The bands of ``rule`` (a tuning table's ``overlap`` entry) for a captured graph (``capturing``) or an eager call,
+    and for the side work's key format: ``GRAPH`` / ``EAGER``, or for MXFP4 keys (``k_format``
+    ``torch.float4_e2m1fn_x2``) ``GRAPH_MXFP4`` / ``EAGER_MXFP4`` where the rule has them (measured apart: the MXFP4
+    decode reads half the bytes and takes longer), else the same."""
+    mode = "GRAPH" if capturing else "EAGER"
+    if k_format is not None and k_format == fp4.FP4:
+        return rule.get(f"{mode}_MXFP4", rule[mode])
+    return rule[mode]
+
+
 class DeviceStreams:
     """Scheduler over ``side_streams`` device streams per GPU of ``device_type`` (the backend's: "cuda" takes
     torch.cuda's streams), created on first use; ``rule``: the tuning table's ``overlap`` entry (its ``GRAPH`` and
@@ -95,10 +107,10 @@ class DeviceStreams:
         return pool[side % self.side_streams]
 
     def share(self, device: torch.device, side_sms: int | None, tokens: int | None, context: int | None,
-              capturing: bool | None = None) -> tuple[int | None, int, bool]:
+              capturing: bool | None = None, k_format: torch.dtype | None = None) -> tuple[int | None, int, bool]:
         """``(side share, the device's multiprocessors, whether the rule gave it)``: ``side_sms`` (fewer than the
-        device's, else ValueError), else the rule's for ``tokens`` and ``context`` (its ``GRAPH`` bands where
-        ``capturing``, None: asked), else None (no share); 0 runs in order."""
+        device's, else ValueError), else the rule's for ``tokens``, ``context`` and ``k_format`` (its graph bands
+        where ``capturing``, None: asked; :func:`rule_bands`), else None (no share); 0 runs in order."""
         sms = sm_count(self._index(device))
         if side_sms is not None:
             if side_sms >= sms:
@@ -109,28 +121,30 @@ class DeviceStreams:
             return None, sms, False
         if capturing is None:
             capturing = self._module.is_current_stream_capturing()
-        return side_budget(tokens, context, sms, self.rule["GRAPH" if capturing else "EAGER"]), sms, True
+        return side_budget(tokens, context, sms, rule_bands(self.rule, capturing, k_format)), sms, True
 
     def partition(self, device: torch.device, n: int | None, side: int, tokens: int | None, context: int | None,
-                  capturing: bool) -> torch.Stream | None:
+                  capturing: bool, k_format: torch.dtype | None = None) -> torch.Stream | None:
         """The stream of a partition of ``n`` multiprocessors for side stream ``side`` (None: no share, or none to be
-        had here). Eagerly it is made where missing, and so is the one the ``GRAPH`` rule names for this shape, so
-        that a capture after an eager call finds it; during a capture (``capturing``) it is only looked up."""
+        had here). Eagerly it is made where missing, and so is the one the graph rule names for this shape and key
+        format, so that a capture after an eager call finds it; during a capture (``capturing``) it is only looked
+        up."""
         index = self._index(device)
         side %= self.side_streams
         if capturing:
             return None if not n else partition_stream(index, n, side, make=False)
         if tokens is not None and self.rule is not None:
-            graph_n = side_budget(tokens, context, sm_count(index), self.rule["GRAPH"])
+            graph_n = side_budget(tokens, context, sm_count(index), rule_bands(self.rule, True, k_format))
             if graph_n:
                 partition_stream(index, graph_n, side)
         return None if not n else partition_stream(index, n, side)
 
     def __call__(self, side_fn: Callable[[], S], main_fn: Callable[[], M], side: int, device: torch.device,
-                 side_sms: int | None = None, tokens: int | None = None, context: int | None = None) -> tuple[S, M]:
+                 side_sms: int | None = None, tokens: int | None = None, context: int | None = None,
+                 k_format: torch.dtype | None = None) -> tuple[S, M]:
         capturing = self._module.is_current_stream_capturing()
-        n, sms, ruled = self.share(device, side_sms, tokens, context, capturing)
-        part = self.partition(device, n, side, tokens, context, capturing)
+        n, sms, ruled = self.share(device, side_sms, tokens, context, capturing, k_format)
+        part = self.partition(device, n, side, tokens, context, capturing, k_format)
         if n == 0:
             return in_order(side_fn, main_fn, side, device)
         if part is not None or ruled:

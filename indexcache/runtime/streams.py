@@ -27,7 +27,7 @@ from typing import TypeVar
 
 import torch
 
-from indexcache.hal import dispatch
+from indexcache.hal import dispatch, fp4
 
 S = TypeVar("S")
 M = TypeVar("M")
@@ -35,7 +35,7 @@ M = TypeVar("M")
 
 def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch.device | str | None = None,
             side: int = 0, side_sms: int | None = None, tokens: int | None = None, context: int | None = None,
-            backend: str | None = None) -> tuple[S, M]:
+            k_format: torch.dtype | None = None, backend: str | None = None) -> tuple[S, M]:
     """Run ``side_fn`` on side stream ``side`` while ``main_fn`` runs on the current stream; join.
 
     ``device`` is where the tensors of both functions live (None: the CPU, which runs them in order).
@@ -48,7 +48,9 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
       in order on the current stream (side first).
     - else ``tokens`` and ``context`` (the side work's query rows and keys a row, e.g. a decode batch's rows and its
       longest context): the backend's measured rule picks a partition, no share, or the order where overlapping does
-      not pay.
+      not pay. ``k_format``: the format of the index keys the side work reads, as the paged ops take it (None: fp8
+      keys; ``torch.float4_e2m1fn_x2``: MXFP4 keys, whose decode reads half the bytes and wants its own share where
+      the backend measured one).
     - else the two overlap with no share.
 
     Returns ``(side_fn(), main_fn())``; on return the current stream is ordered after everything both enqueued.
@@ -63,10 +65,18 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
             raise ValueError(f"{name}: expected an int >= 0 or None, got {value!r}")
     if (tokens is None) != (context is None):
         raise ValueError(f"tokens and context: expected both or neither, got tokens={tokens!r}, context={context!r}")
+    if k_format is not None:
+        if not (isinstance(k_format, torch.dtype) and k_format == fp4.FP4):
+            raise TypeError(f"k_format: expected None (fp8 keys) or torch.float4_e2m1fn_x2 (MXFP4 keys), got "
+                            f"{k_format!r}")
+        if tokens is None:
+            raise ValueError("k_format: picks the rule for tokens and context: expected it with both, got neither")
     if torch.compiler.is_compiling():
         # Inductor traces no streams (record_stream cannot be functionalized): in a compiled graph the two run in
         # order on the current stream, side first, as the join makes them appear anyway.
         return side_fn(), main_fn()
     args = dict(side_fn=side_fn, main_fn=main_fn, side=side, device=dev, side_sms=side_sms, tokens=tokens,
                 context=context)
+    if k_format is not None:  # only where given: schedulers written before it keep working
+        args["k_format"] = k_format
     return dispatch.scheduler(args, backend)[1].fn(**args)
