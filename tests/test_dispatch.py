@@ -66,6 +66,17 @@ def test_cpu_machine_selects_torch(fresh_dispatch):
     assert indexcache.get_backend() == "torch"
 
 
+def test_prepare_does_what_a_first_call_sets_up_so_that_the_call_does_none_of_it(fresh_dispatch):
+    assert fresh_dispatch.ops_of.cache_info().currsize == 0
+    names = fresh_dispatch.prepare()
+    assert names == fresh_dispatch.available_backends() and "torch" in names
+    built = fresh_dispatch.ops_of.cache_info()
+    assert built.currsize == len(names) and fresh_dispatch.default_backend.cache_info().currsize == 1
+    raw = torch.tensor([[0, 5, -1]], dtype=torch.int32)
+    indexcache.translate(raw, torch.tensor([[3]], dtype=torch.int32), torch.tensor([8], dtype=torch.int32), 16)
+    assert fresh_dispatch.ops_of.cache_info().misses == built.misses  # nothing built at the call
+
+
 def test_env_var_is_an_explicit_choice(fresh_dispatch, monkeypatch):
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")
     assert dispatch.explicit_choice() == ("torch", f"{dispatch.ENV_VAR}=torch")

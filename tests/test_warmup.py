@@ -214,6 +214,27 @@ def test_the_package_exports_warmup():
     assert indexcache.warmup is warmup
 
 
+def test_warming_this_machines_gpu_also_prepares_the_first_calls(monkeypatch, fresh_dispatch):
+    """On this machine's GPU (no ``arch``) ``warmup`` loads what it compiled and prepares the dispatch, so the first op
+    call sets nothing up (no GPU here: the target, the compiles and the loads stood in)."""
+    from triton.runtime.driver import driver
+
+    import indexcache.tools.warmup as warmup_module
+
+    steps = []
+    monkeypatch.setattr(warmup_module, "_device_arch", lambda: ("cuda", "sm90"))
+    monkeypatch.setattr(driver, "_active", variants._TargetOnly(crosscompile.gpu_target("cuda", "sm90").gpu
+                                                                .triton_target()))
+    monkeypatch.setattr(variants, "warm", lambda found, gpu, jobs, progress: steps.append("warm") or {})
+    monkeypatch.setattr(variants, "load", lambda found: steps.append("load"))
+    monkeypatch.setattr(fresh_dispatch, "prepare", lambda: steps.append("prepare") or [])
+    warmup(PLAN, sms=132, max_batch=2, max_context=300, max_prefill=2)
+    assert steps == ["warm", "load", "prepare"]
+    steps.clear()
+    warmup(PLAN, sms=132, max_batch=2, max_context=300, max_prefill=2, load=False)
+    assert steps == ["warm"]
+
+
 class _Recorder:
     """A compilation listener: whether each compile Triton ran found its kernel in the cache."""
 

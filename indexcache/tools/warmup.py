@@ -209,6 +209,15 @@ def _sms(arch: str, present: bool) -> int:
     return DEFAULT_SMS[generation]
 
 
+def _prepare_calls() -> None:
+    """What the first public op call of a process does once, done now: the ops imported (their custom ops registered
+    with torch.library) and the dispatch prepared."""
+    import indexcache.hal.ops  # noqa: F401  (registers the custom ops)
+    from indexcache.hal import dispatch
+
+    dispatch.prepare()
+
+
 def _check_sizes(**sizes: int) -> None:
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -226,9 +235,11 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
     ``page_size``: the index cache's and the KV tables' tokens a page (default: the plan's); ``max_batch``,
     ``max_context``, ``max_next_n``, ``max_prefill``: the serving limits (module docstring); ``sms``: the GPU's
     multiprocessors (default: this GPU's, else :data:`DEFAULT_SMS`); ``load``: on this machine's GPU (no ``arch``
-    given), also load each compiled kernel into this process, so that an engine's first launches neither compile
-    nor load; ``jobs``: compile worker processes (default: this machine's cores; started with ``spawn``, they import
-    the main script again, so a script calling this at its top level needs ``if __name__ == "__main__":``);
+    given), also load each compiled kernel into this process and set up what a process's first op call sets up (the
+    public ops registered, the backends probed and their ops built: :func:`indexcache.hal.dispatch.prepare`), so
+    that an engine's first calls neither compile, load nor set up; ``jobs``: compile worker processes (default: this
+    machine's cores; started with ``spawn``, they import the main script again, so a script calling this at its top
+    level needs ``if __name__ == "__main__":``);
     ``progress(done, total, variant, seconds)`` after each compile. Raises ValueError for a bad argument, and for a
     plan whose index cache is bf16 (the paged decode ops read fp8 and MXFP4 caches only).
     """
@@ -267,4 +278,5 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
         seconds = kernel_variants.warm(found, gpu, jobs or os.cpu_count() or 1, progress)
         if load and present:
             kernel_variants.load(found)
+            _prepare_calls()
     return Warmup(arch, found, seconds, time.perf_counter() - start)
