@@ -68,13 +68,20 @@ def test_cpu_machine_selects_torch(fresh_dispatch):
 
 def test_prepare_does_what_a_first_call_sets_up_so_that_the_call_does_none_of_it(fresh_dispatch):
     assert fresh_dispatch.ops_of.cache_info().currsize == 0
-    names = fresh_dispatch.prepare()
-    assert names == fresh_dispatch.available_backends() and "torch" in names
+    assert fresh_dispatch.prepare() == indexcache.get_backend()
     built = fresh_dispatch.ops_of.cache_info()
-    assert built.currsize == len(names) and fresh_dispatch.default_backend.cache_info().currsize == 1
+    assert built.currsize == 1 and fresh_dispatch.default_backend.cache_info().currsize == 1
     raw = torch.tensor([[0, 5, -1]], dtype=torch.int32)
     indexcache.translate(raw, torch.tensor([[3]], dtype=torch.int32), torch.tensor([8], dtype=torch.int32), 16)
     assert fresh_dispatch.ops_of.cache_info().misses == built.misses  # nothing built at the call
+
+
+def test_prepare_builds_the_explicitly_chosen_backend_and_names_a_wrong_choice(fresh_dispatch, monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    assert fresh_dispatch.prepare() == "torch"
+    monkeypatch.setenv(dispatch.ENV_VAR, "nope")
+    with pytest.raises(dispatch.UnknownBackendError, match="INDEXCACHE_BACKEND: expected one of"):
+        fresh_dispatch.prepare()
 
 
 def test_env_var_is_an_explicit_choice(fresh_dispatch, monkeypatch):

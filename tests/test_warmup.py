@@ -227,7 +227,7 @@ def test_warming_this_machines_gpu_also_prepares_the_first_calls(monkeypatch, fr
                                                                 .triton_target()))
     monkeypatch.setattr(variants, "warm", lambda found, gpu, jobs, progress: steps.append("warm") or {})
     monkeypatch.setattr(variants, "load", lambda found: steps.append("load"))
-    monkeypatch.setattr(fresh_dispatch, "prepare", lambda: steps.append("prepare") or [])
+    monkeypatch.setattr(fresh_dispatch, "prepare", lambda: steps.append("prepare") or "cuda")
     warmup(PLAN, sms=132, max_batch=2, max_context=300, max_prefill=2)
     assert steps == ["warm", "load", "prepare"]
     steps.clear()

@@ -119,16 +119,18 @@ def available_backends() -> list[str]:
     return sorted(names, key=lambda n: -get(n).priority)
 
 
-def prepare() -> list[str]:
+def prepare() -> str:
     """Do now what the first op call of a process does once: load the backends (built-in and plugins), probe each,
-    build the ops of every available one and make the automatic choice (on a GPU machine about a tenth of a second,
-    most of it the backends' modules and tables). ``indexcache.warmup(plan)`` calls it, so an engine that warms at
-    start pays none of it at its first call. Returns the available backends, highest priority first."""
-    names = available_backends()
-    for name in names:
-        ops_of(name)
-    default_backend()
-    return names
+    make the automatic choice and build the ops of the backend calls will run on (the explicit choice in force, else
+    the automatic one; on a GPU machine about a tenth of a second, most of it the backend's modules and tables).
+    ``indexcache.warmup(plan)`` calls it, so an engine that warms at start pays none of it at its first call. Returns
+    that backend's name."""
+    default = default_backend()[0]
+    chosen = explicit_choice()
+    name = chosen[0] if chosen else default
+    get(name)
+    ops_of(name)
+    return name
 
 
 @functools.cache

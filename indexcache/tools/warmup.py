@@ -236,10 +236,10 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
     ``max_context``, ``max_next_n``, ``max_prefill``: the serving limits (module docstring); ``sms``: the GPU's
     multiprocessors (default: this GPU's, else :data:`DEFAULT_SMS`); ``load``: on this machine's GPU (no ``arch``
     given), also load each compiled kernel into this process and set up what a process's first op call sets up (the
-    public ops registered, the backends probed and their ops built: :func:`indexcache.hal.dispatch.prepare`), so
-    that an engine's first calls neither compile, load nor set up; ``jobs``: compile worker processes (default: this
-    machine's cores; started with ``spawn``, they import the main script again, so a script calling this at its top
-    level needs ``if __name__ == "__main__":``);
+    public ops registered, the backends probed and the chosen one's ops built:
+    :func:`indexcache.hal.dispatch.prepare`), so that an engine's first calls neither compile, load nor set up;
+    ``jobs``: compile worker processes (default: this machine's cores; started with ``spawn``, they import the main
+    script again, so a script calling this at its top level needs ``if __name__ == "__main__":``);
     ``progress(done, total, variant, seconds)`` after each compile. Raises ValueError for a bad argument, and for a
     plan whose index cache is bf16 (the paged decode ops read fp8 and MXFP4 caches only).
     """
