@@ -10,7 +10,10 @@ layer's translate; the prefill's key quantization), on real tensors of the same 
 shape: the kernels its first call compiled (Triton's compilation listener: compiles that missed the cache), the
 first call's time, the steady state (the median of ``--calls`` more: from the third call on, the kept launches of
 docs/ops.md, "Eager calls") and one call on new output buffers (a new signature: the host's checks, dispatch and
-launch building afresh, every kernel loaded), host clock around the calls and a sync.
+launch building afresh, every kernel loaded), host clock around the calls and a sync. A shape's inputs are built on
+the host (up to about a gigabyte of random values); before its first call the shape before runs a few steps, untimed,
+as a serving engine's host has just done when a new shape comes (``--cold-host``: not, the first call following the
+building of its inputs, whose caches it finds cold).
 
 1. **cold**: a child process with a fresh, empty Triton cache (``TRITON_CACHE_DIR``) runs the sweep.
 2. **warm**: a child process with another fresh cache calls ``indexcache.warmup(plan)`` (the variants compiled in
@@ -176,8 +179,16 @@ def _runner(step: list[tuple[str, dict[str, Any]]]) -> Callable[[], None]:
     return run
 
 
-def sweep(plan, dev: torch.device, calls: int, smoke: bool) -> list[dict[str, Any]]:
-    """Each shape of :func:`shapes`: kernels compiled at its first call, first and steady milliseconds."""
+# Steps of the shape before that run between building a shape's inputs and timing its first call (untimed): a serving
+# engine's host has just run a step when a new shape comes, not built a gigabyte of random inputs (docs/kernels.md,
+# "A first call is the host's, not the compiler's").
+REWARM_STEPS = 3
+
+
+def sweep(plan, dev: torch.device, calls: int, smoke: bool, cold_host: bool = False) -> list[dict[str, Any]]:
+    """Each shape of :func:`shapes`: kernels compiled at its first call, first and steady milliseconds. Before a
+    shape's first call the step of the shape before runs :data:`REWARM_STEPS` times (``cold_host``: not; the first
+    call then follows the building of its inputs on the host)."""
     from indexcache.backends.triton.target import device_gpu
     from indexcache.tools.warmup import decode_calls, prefill_calls
 
@@ -188,16 +199,20 @@ def sweep(plan, dev: torch.device, calls: int, smoke: bool) -> list[dict[str, An
     gpu = device_gpu(dev) if dev.type == "cuda" else None
     fp8 = gpu.fp8_dtype if gpu is not None else torch.float8_e4m3fn  # the index cache's format on this GPU
     rows = []
+    before = None  # the step of the shape before
     for kind, dims in shapes(smoke):
         meta = (decode_calls(plan, plan.page_size, fp8, *dims) if kind == "decode"
                 else prefill_calls(plan, plan.page_size, fp8, *dims))
         step = materialize(kind, meta, dims, fp8, dev)
         run = _runner(step)
+        rewarmed = before is not None and not cold_host
+        for _ in range(REWARM_STEPS if rewarmed else 0):
+            _timed(before, dev)
 
         missed, hit = compiles.missed, compiles.hit
         first = _timed(run, dev)
         row = {"kind": kind, "shape": list(dims), "compiled": compiles.missed - missed,
-               "loaded": compiles.hit - hit, "first_ms": first}
+               "loaded": compiles.hit - hit, "first_ms": first, "host_rewarmed": rewarmed}
         steady = [_timed(run, dev) for _ in range(calls)]
         row["steady_ms"] = statistics.median(steady)
         row["first_over_steady"] = first / row["steady_ms"]
@@ -205,6 +220,7 @@ def sweep(plan, dev: torch.device, calls: int, smoke: bool) -> list[dict[str, An
         row["new_buffers_ms"] = _timed(_runner(renewed(step)), dev)
         row["first_over_new_buffers"] = first / row["new_buffers_ms"]
         rows.append(row)
+        before = run
         print(f"  {kind} {dims}: {row['compiled']} compiled, first {first:.1f} ms, steady {row['steady_ms']:.3f} ms",
               file=sys.stderr, flush=True)
     if knobs:
@@ -221,7 +237,8 @@ def _triton_knobs():
     return knobs
 
 
-def child(phase: str, config: str, calls: int, smoke: bool, jobs: int | None) -> dict[str, Any]:
+def child(phase: str, config: str, calls: int, smoke: bool, jobs: int | None,
+          cold_host: bool = False) -> dict[str, Any]:
     """One phase in this (child) process, its fresh caches set by the parent."""
     from indexcache.plan import LayerPlan
 
@@ -239,7 +256,7 @@ def child(phase: str, config: str, calls: int, smoke: bool, jobs: int | None) ->
                             "compile_seconds": {v.line(): s for v, s in zip(found.variants, found.seconds,
                                                                               strict=True)}}
     start = time.perf_counter()
-    result["shapes"] = sweep(plan, dev, calls, smoke)
+    result["shapes"] = sweep(plan, dev, calls, smoke, cold_host)
     result["sweep_seconds"] = time.perf_counter() - start
     result["compiled"] = sum(r["compiled"] for r in result["shapes"])
     return result
@@ -307,7 +324,7 @@ def _run_child(phase: str, args: argparse.Namespace, env: dict[str, str]) -> dic
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, __file__, "--phase", phase, "--config", args.config, "--calls", str(args.calls),
-               "--out", str(out), *(["--smoke"] if args.smoke else []),
+               "--out", str(out), *(["--smoke"] if args.smoke else []), *(["--cold-host"] if args.cold_host else []),
                *(["--jobs", str(args.jobs)] if args.jobs else [])]
         start = time.perf_counter()
         proc = subprocess.run(cmd, env={**os.environ, **env})
@@ -353,17 +370,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="three small shapes: checks the script itself")
     parser.add_argument("--phases", default="cold,warm,deepgemm", help="which phases, comma-separated (default: "
                         "cold,warm,deepgemm)")
+    parser.add_argument("--cold-host", action="store_true", help="time each shape's first call right after its "
+                        "inputs are built on the host (default: after the shape before has run a few steps, as in an "
+                        "engine)")
     parser.add_argument("--phase", choices=("cold", "warm", "deepgemm"), help=argparse.SUPPRESS)  # a child's
     args = parser.parse_args(argv)
     if args.phase:
-        result = child(args.phase, args.config, args.calls, args.smoke, args.jobs)
+        result = child(args.phase, args.config, args.calls, args.smoke, args.jobs, args.cold_host)
         Path(args.out).write_text(json.dumps(result, indent=1))
         return 0
     from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     report: dict[str, Any] = {"date": now(), "commit": checkout_commit(), **versions(), "gpu": device_name(dev),
-                              "config": args.config, "cpus": os.cpu_count()}
+                              "config": args.config, "cpus": os.cpu_count(), "cold_host": args.cold_host}
     phases = args.phases.split(",")
     unknown = sorted(set(phases) - {"cold", "warm", "deepgemm"})
     if unknown:

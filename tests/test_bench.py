@@ -571,8 +571,9 @@ def test_host_path_smoke_counts_the_python_calls_of_a_step(tmp_path):
     report = json.loads((tmp_path / "host.json").read_text())
     assert report["arch"] == "sm90" and "not a GPU timing" in report["host"]
     assert [r["kind"] for r in report["rows"]] == ["decode", "prefill"]
+    assert report["cold_host"] is False
     for row in report["rows"]:
-        assert row["new_us"] > 0 and row["kept_us"] > 0 and row["python_calls"] > 100
+        assert row["first_us"] > 0 and row["new_us"] > 0 and row["kept_us"] > 0 and row["python_calls"] > 100
     from indexcache.plan import LayerPlan
     from indexcache.tools.warmup import decode_calls
 
