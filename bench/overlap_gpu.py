@@ -99,6 +99,7 @@ class Layer:
         pages = -(-c // PAGE)
         self.fp8 = torch.float8_e4m3fn
         self.key_format = fp4.FP4 if keys == "mxfp4" else self.fp8  # what store_index_k writes, the cache holds
+        self.k_format = fp4.FP4 if keys == "mxfp4" else None  # the paged ops' and overlap's name for it (None: fp8)
         self.cache = new_packed_cache(self.requests * pages, PAGE, INDEX_DIM, device=dev, fp8_dtype=self.key_format)
         self.cache.view(torch.uint8).copy_(torch.randint(0, 120, self.cache.shape, generator=g, device=dev,
                                                          dtype=torch.uint8))
@@ -145,7 +146,7 @@ class Layer:
             return indexcache.paged_topk_translate(
                 q8.view(t, 1, self.index_heads, INDEX_DIM), self.cache, weights, self.lens, self.table, s.context,
                 self.topk, self.table, PAGE, logits=self.logits, out=self.out,
-                k_format=None if self.key_format == self.fp8 else self.key_format)
+                k_format=self.k_format)
         k8, k_scale = indexcache.gather_index_k(self.cache, self.table, self.lens, dim=INDEX_DIM,
                                                 fp8_dtype=self.key_format, out_k=self.k8, out_scale=self.k_scale)
         return indexcache.mqa_topk_translate(q8.view(t, self.index_heads, INDEX_DIM), k8, k_scale, weights, self.ks,
@@ -196,9 +197,8 @@ def modes(layer: Layer, dev: torch.device, sms: int, budgets: list[int],
             calls[f"main@{n}"] = carved(n)
     if rule:
         s = layer.shape
-        k_format = fp4.FP4 if layer.key_format == fp4.FP4 else None
         calls["rule"] = lambda: indexcache.overlap(layer.side, layer.main, device=dev, tokens=s.tokens,
-                                                   context=s.context, k_format=k_format)
+                                                   context=s.context, k_format=layer.k_format)
     calls["in order again"] = serial  # the same work as "serial", timed apart: how far two timings of it differ
     return calls
 
@@ -228,10 +228,9 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
     row: dict = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context, "keys": keys, "sms": sms,
                  "budgets": budgets}
     if has_rule:  # what the rule picks in a captured graph and eagerly
-        k_format = fp4.FP4 if keys == "mxfp4" else None
-        row["rule_budget"] = side_budget(shape.tokens, shape.context, sms, rule_bands(impl.fn.rule, True, k_format))
-        row["rule_budget_eager"] = side_budget(shape.tokens, shape.context, sms,
-                                               rule_bands(impl.fn.rule, False, k_format))
+        row["rule_budget"], row["rule_budget_eager"] = (
+            side_budget(shape.tokens, shape.context, sms, rule_bands(impl.fn.rule, capturing, layer.k_format))
+            for capturing in (True, False))
     for fn in calls.values():  # compile and warm every path once
         fn()
     # The indices under the smallest budget, those of the whole device (a row's order is unspecified: sorted).

@@ -75,7 +75,7 @@ def rule_bands(rule: Mapping[str, Any], capturing: bool, k_format: torch.dtype |
     ``torch.float4_e2m1fn_x2``) ``GRAPH_MXFP4`` / ``EAGER_MXFP4`` where the rule has them (measured apart: the MXFP4
     decode reads half the bytes and takes longer), else the same."""
     mode = "GRAPH" if capturing else "EAGER"
-    if k_format is not None and k_format == fp4.FP4:
+    if k_format == fp4.FP4:
         return rule.get(f"{mode}_MXFP4", rule[mode])
     return rule[mode]
 

@@ -125,10 +125,8 @@ def prepare() -> str:
     the automatic one; on a GPU machine about a tenth of a second, most of it the backend's modules and tables).
     ``indexcache.warmup(plan)`` calls it, so an engine that warms at start pays none of it at its first call. Returns
     that backend's name."""
-    default = default_backend()[0]
-    chosen = explicit_choice()
-    name = chosen[0] if chosen else default
-    get(name)
+    default_backend()
+    name = get_backend()
     ops_of(name)
     return name
 
