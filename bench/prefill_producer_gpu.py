@@ -17,6 +17,9 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   best ones: a near-tie their rounding flips is no difference), then captured in a CUDA graph and
   replayed in turns (``--rounds`` rounds; the card is power-capped), with each call's scratch bytes as above.
 
+- **the step's race** (``--producer-race``): the first shape's step in one op at the default bound under each override
+  of ``TOPK_RACE`` as well (its launches built from the cuda table with the override, into outputs of its own; each
+  checked against our two ops), raced with the contenders above: each override's step against the peers directly.
 - **top-k race** (``--topk-race``): the top-k of the first shape's rows alone (our logits of it, causal windows, the
   translation into the KV table), under the cuda table and under each override of ``TOPK_RACE`` (the levers of
   docs/kernels.md, "Rows sampled ahead"), raced in turns as above; each variant's index sets checked against the
@@ -163,9 +166,32 @@ def size(keys: int) -> str:
     return f"{keys >> 10}K" if keys >= 1024 else str(keys)
 
 
+def ours_with_topk(a: dict, dev: torch.device, overrides: dict[str, Any]) -> tuple[Callable[[], Any], torch.Tensor,
+                                                                                     torch.Tensor]:
+    """Our one-op call at the default bound with the cuda table's top-k entry overridden by ``overrides`` (its launches
+    built here from the table, as the backend builds them), into outputs of its own: ``(call, out, out_raw)``."""
+    from indexcache.backends.cuda import tuning
+    from indexcache.backends.cuda.arch import NVIDIA
+    from indexcache.backends.triton import prefill_producer
+    from indexcache.backends.triton.target import detect
+
+    target = detect(NVIDIA)[2] if on_gpu(dev) else NVIDIA.target("sm90", interpreted=True)
+    base = tuning(target.arch)
+    table = {**base, "topk": {**base["topk"], **overrides}}
+    out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
+    args = {**{n: a[n] for n in (*LOGITS_ARGS, "topk", "page_table", "page_size", "row_to_batch")}, "out": out,
+            "out_raw": raw, "workspace_bytes": DEFAULT_WORKSPACE_BYTES}
+    need = prefill_producer.call_workspace_bytes(a["q"], a["k"], a["k_scale"], a["weights"], a["topk"],
+                                                 DEFAULT_WORKSPACE_BYTES, target=target, tuning=table)
+    args["workspace"] = torch.empty(need, dtype=torch.uint8, device=dev)
+    steps = [s for s in prefill_producer.op_launches(args, target=target, tuning=table) if s is not None]
+    return (lambda: [launch() for launch in steps]), out, raw
+
+
 def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], peers: tuple[Any, Any] | None,
-         rounds: int, errors: list[str]) -> list[dict[str, Any]]:
-    """One shape: ours (default bound and each of ``bounds``), ours as two ops and the peers, checked, raced."""
+         rounds: int, errors: list[str], topk_variants: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """One shape: ours (default bound and each of ``bounds``; and at the default bound under each of
+    ``topk_variants``, overrides of the top-k's tuning entry), ours as two ops and the peers, checked, raced."""
     a = inputs(tokens, keys, k, dev)
     case = f"{tokens}x{size(keys)} causal k{k}"
     logits = torch.empty(tokens, keys, device=dev)
@@ -174,6 +200,10 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
             for name, limit in limits.items()}
     calls: dict[str, Callable[[], Any]] = {
         name: ours(a, limit, torch.empty(need[name], dtype=torch.uint8, device=dev)) for name, limit in limits.items()}
+    variants = {}
+    for overrides in topk_variants:
+        name = f"ours, top-k {' '.join(f'{n}={v}' for n, v in overrides.items())}"
+        calls[name], *variants[name] = ours_with_topk(a, dev, overrides)
     calls["ours, two ops"] = ours_two_ops(a, logits)
     for fn in calls.values():
         fn()
@@ -181,6 +211,9 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
     calls[next(iter(calls))]()
     if not (same_sets(a["out_raw"], want_raw) and same_sets(a["out"], want_out)):
         errors.append(f"{case}: ours in one op differs from our two ops")
+    for name, (out, raw) in variants.items():
+        if not (same_sets(raw, want_raw) and same_sets(out, want_out)):
+            errors.append(f"{case}: {name} differs from our two ops")
     if peers is not None:
         pair = peer_pair(*peers, a)
         try:
@@ -280,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-million", action="store_true", help="leave out the 1M section")
     parser.add_argument("--topk-race", action="store_true",
                         help="also race the top-k of the first shape's rows under the table and TOPK_RACE's overrides")
+    parser.add_argument("--producer-race", action="store_true",
+                        help="also race the whole step of the first shape under each of TOPK_RACE's overrides, beside "
+                        "the peers")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes interpreted on the CPU: checks the script")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -296,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                               "scratch: allocator bytes during a call beyond its inputs/outputs"}
     shapes = [(16, 300), (24, 1000)] if args.smoke else [(4096, 32768), (8192, 131072)]
     k = 16 if args.smoke else K
-    report["rows"] = [row for tokens, keys in shapes
-                      for row in race(dev, tokens, keys, k, bounds, peers, 1 if args.smoke else args.rounds, errors)]
+    report["rows"] = [row for i, (tokens, keys) in enumerate(shapes)
+                      for row in race(dev, tokens, keys, k, bounds, peers, 1 if args.smoke else args.rounds, errors,
+                                      TOPK_RACE if args.producer_race and i == 0 else ())]
     print(f"{report['device']}  torch {report['torch']}  triton {report['triton']}  commit {report['commit']}")
     print("peers:", status)
     print_rows("the prefill producer step (median µs a call)", report["rows"],
