@@ -668,7 +668,7 @@ def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
     assert [r["config"] for r in report["topk_race"]] == [
         "table", "AHEAD_SAMPLE_WARPS=4", "AHEAD_SAMPLE_WARPS=2", "AHEAD_SAMPLE_WARPS=1", "SAMPLE_ROUNDS=3",
         "AHEAD_SAMPLE_RANK=32", "AHEAD_SAMPLE_RANK=16", "AHEAD_SAMPLE_RANK=32 AHEAD_SAMPLE_WARPS=2",
-        "AHEAD_SAMPLE_RANK=32 AHEAD_SAMPLE_WARPS=2 SAMPLE_ROUNDS=3"]
+        "AHEAD_SAMPLE_RANK=32 AHEAD_SAMPLE_WARPS=2 SAMPLE_ROUNDS=3", "BLOCK_PIECE_J=8"]
     first = [r["call"] for r in report["rows"] if r["case"] == report["rows"][0]["case"]]
     assert first == ["ours, bound 2 GiB", *(f"ours, bound {b / 4096:g} GiB" for b in (0.5, 1, 4)),
                      *(f"ours, top-k {r['config']}" for r in report["topk_race"][1:]), "ours, two ops"]
