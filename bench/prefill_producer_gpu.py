@@ -168,17 +168,23 @@ def size(keys: int) -> str:
     return f"{keys >> 10}K" if keys >= 1024 else str(keys)
 
 
+def cuda_table(dev: torch.device) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """``(target, tuning table)`` of the cuda backend on ``dev`` (off a GPU: sm90's, interpreted)."""
+    from indexcache.backends.cuda import tuning
+    from indexcache.backends.cuda.arch import NVIDIA
+    from indexcache.backends.triton.target import detect
+
+    target = detect(NVIDIA)[2] if on_gpu(dev) else NVIDIA.target("sm90", interpreted=True)
+    return target, tuning(target.arch)
+
+
 def ours_with_topk(a: dict, dev: torch.device, overrides: dict[str, Any]) -> tuple[Callable[[], Any], torch.Tensor,
                                                                                      torch.Tensor]:
     """Our one-op call at the default bound with the cuda table's top-k entry overridden by ``overrides`` (its launches
     built here from the table, as the backend builds them), into outputs of its own: ``(call, out, out_raw)``."""
-    from indexcache.backends.cuda import tuning
-    from indexcache.backends.cuda.arch import NVIDIA
     from indexcache.backends.triton import prefill_producer
-    from indexcache.backends.triton.target import detect
 
-    target = detect(NVIDIA)[2] if on_gpu(dev) else NVIDIA.target("sm90", interpreted=True)
-    base = tuning(target.arch)
+    target, base = cuda_table(dev)
     table = {**base, "topk": {**base["topk"], **overrides}}
     out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
     args = {**{n: a[n] for n in (*LOGITS_ARGS, "topk", "page_table", "page_size", "row_to_batch")}, "out": out,
@@ -249,13 +255,10 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
 def topk_race(dev: torch.device, tokens: int, keys: int, k: int, rounds: int,
               errors: list[str]) -> list[dict[str, Any]]:
     """The top-k + translation of one shape's logits rows under the table and each ``TOPK_RACE`` override, raced."""
-    from indexcache.backends.cuda import tuning
-    from indexcache.backends.cuda.arch import NVIDIA
     from indexcache.backends.triton import topk as kernels
-    from indexcache.backends.triton.target import detect
 
-    target = detect(NVIDIA)[2] if on_gpu(dev) else NVIDIA.target("sm90", interpreted=True)
-    base = tuning(target.arch)["topk"]
+    target, table = cuda_table(dev)
+    base = table["topk"]
     a = inputs(tokens, keys, k, dev)
     scores = indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS))
     lengths = a["ke"] - a["ks"]
