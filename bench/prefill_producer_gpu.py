@@ -45,7 +45,7 @@ if "--smoke" in sys.argv:  # before Triton is imported: the kernels run interpre
 import torch
 
 import indexcache
-from indexcache.bench.output import finish, print_rows
+from indexcache.bench.output import finish, print_rows, run_sections
 from indexcache.bench.provenance import report_head
 from indexcache.bench.timing import alternating_graph_us, median_ms, on_gpu
 from indexcache.hal.specs.mqa_topk_translate import DEFAULT_WORKSPACE_BYTES
@@ -211,7 +211,13 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
     variants = {}
     for overrides in topk_variants:
         name = f"ours, top-k {' '.join(f'{n}={v}' for n, v in overrides.items())}"
-        calls[name], *variants[name] = ours_with_topk(a, dev, overrides)
+        try:
+            call, *variants[name] = ours_with_topk(a, dev, overrides)
+            call()  # built and run once here: an override that does not build is reported, the others still race
+            calls[name] = call
+        except Exception as exc:  # one contender's failure is a result, not the run's end
+            variants.pop(name, None)
+            errors.append(f"{case}: {name} failed: {type(exc).__name__}: {exc}")
     calls["ours, two ops"] = ours_two_ops(a, logits)
     for fn in calls.values():
         fn()
@@ -337,26 +343,39 @@ def main(argv: list[str] | None = None) -> int:
                               "scratch: allocator bytes during a call beyond its inputs/outputs"}
     shapes = [(16, 300), (24, 1000)] if args.smoke else [(4096, 32768), (8192, 131072)]
     k = 16 if args.smoke else K
-    report["rows"] = [row for i, (tokens, keys) in enumerate(shapes)
-                      for row in race(dev, tokens, keys, k, bounds, peers, 1 if args.smoke else args.rounds, errors,
-                                      TOPK_RACE if args.producer_race and i == 0 else ())]
+    report["errors"] = errors
+    rounds = 1 if args.smoke else args.rounds
     print(f"{report['device']}  torch {report['torch']}  triton {report['triton']}  commit {report['commit']}")
     print("peers:", status)
-    print_rows("the prefill producer step (median µs a call)", report["rows"],
-               ["case", "call", "us", "over_two_ops", "over_peers", "scratch_bytes"])
-    if args.topk_race:
-        report["topk_race"] = topk_race(dev, *shapes[0], k, 1 if args.smoke else args.rounds, errors)
-        print_rows("the top-k of the first shape's rows (median µs a call)", report["topk_race"],
+
+    def rows() -> list[dict[str, Any]]:
+        found = [row for i, (tokens, keys) in enumerate(shapes)
+                 for row in race(dev, tokens, keys, k, bounds, peers, rounds, errors,
+                                 TOPK_RACE if args.producer_race and i == 0 else ())]
+        print_rows("the prefill producer step (median µs a call)", found,
+                   ["case", "call", "us", "over_two_ops", "over_peers", "scratch_bytes"])
+        return found
+
+    def topk_rows() -> list[dict[str, Any]]:
+        found = topk_race(dev, *shapes[0], k, rounds, errors)
+        print_rows("the top-k of the first shape's rows (median µs a call)", found,
                    ["case", "config", "us", "over_table"])
-    if not args.skip_million:
+        return found
+
+    def within_bound() -> dict[str, Any]:
         tokens, keys, bound = (32, 5000, 4 * 5000 * 8 + (64 << 10)) if args.smoke else (8192, 1 << 20, 2 * GIB)
-        report["million"] = million(dev, tokens, keys, k, bound, args.reps)
-        if not report["million"]["same_as_two_ops"]:
+        found = million(dev, tokens, keys, k, bound, args.reps)
+        if not found["same_as_two_ops"]:
             errors.append("1M: ours in one op differs from our two ops")
-        print_rows("within a scratch bound", [report["million"]],
+        print_rows("within a scratch bound", [found],
                    ["case", "bound_bytes", "workspace_bytes", "ours_scratch_bytes", "ours_us", "two_ops_scratch_bytes",
                     "two_ops_us", "ours_over_two_ops", "same_as_two_ops"])
-    report["errors"] = errors
+        return found
+
+    # Each section's result written as it ends (a crash or a time limit later keeps what was measured).
+    run_sections(report, [("rows", rows), *([("topk_race", topk_rows)] if args.topk_race else []),
+                          *([] if args.skip_million else [("million", within_bound)])], args.out,
+                 after=torch.cuda.empty_cache if on_gpu(dev) else None)
     return finish(report, args.out)
 
 
