@@ -373,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         return found
 
     # Each section's result written as it ends (a crash or a time limit later keeps what was measured).
-    run_sections(report, [("rows", rows), *([("topk_race", topk_rows)] if args.topk_race else []),
-                          *([] if args.skip_million else [("million", within_bound)])], args.out,
+    run_sections(report, [("rows", rows), *([] if args.skip_million else [("million", within_bound)]),
+                          *([("topk_race", topk_rows)] if args.topk_race else [])], args.out,
                  after=torch.cuda.empty_cache if on_gpu(dev) else None)
     return finish(report, args.out)
 
