@@ -25,8 +25,9 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   docs/kernels.md, "Rows sampled ahead"), raced in turns as above; each variant's index sets checked against the
   table's, and, where the call has a sample launch, that launch alone timed beside it (a contender of its own).
 
-Writes one JSON with the commit, device and versions. ``--smoke``: tiny shapes interpreted on the CPU, the host clock:
-checks the script only.
+Writes one JSON with the commit, device and versions, again as each section ends (the producer rows, the 1M
+section, the top-k race), so a run stopped later keeps what it measured. ``--smoke``: tiny shapes interpreted on the
+CPU, the host clock: checks the script only.
 """
 
 from __future__ import annotations
