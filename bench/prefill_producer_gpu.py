@@ -169,6 +169,11 @@ def size(keys: int) -> str:
     return f"{keys >> 10}K" if keys >= 1024 else str(keys)
 
 
+def override_name(overrides: dict[str, Any]) -> str:
+    """``KEY=VALUE`` of each override, space-separated (empty for none)."""
+    return " ".join(f"{n}={v}" for n, v in overrides.items())
+
+
 def cuda_table(dev: torch.device) -> tuple[Any, dict[str, dict[str, Any]]]:
     """``(target, tuning table)`` of the cuda backend on ``dev`` (off a GPU: sm90's, interpreted)."""
     from indexcache.backends.cuda import tuning
@@ -211,14 +216,14 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
         name: ours(a, limit, torch.empty(need[name], dtype=torch.uint8, device=dev)) for name, limit in limits.items()}
     variants = {}
     for overrides in topk_variants:
-        name = f"ours, top-k {' '.join(f'{n}={v}' for n, v in overrides.items())}"
+        name = f"ours, top-k {override_name(overrides)}"
         try:
-            call, *variants[name] = ours_with_topk(a, dev, overrides)
+            call, out, raw = ours_with_topk(a, dev, overrides)
             call()  # built and run once here: an override that does not build is reported, the others still race
-            calls[name] = call
         except Exception as exc:  # one contender's failure is a result, not the run's end
-            variants.pop(name, None)
             errors.append(f"{case}: {name} failed: {type(exc).__name__}: {exc}")
+            continue
+        calls[name], variants[name] = call, (out, raw)
     calls["ours, two ops"] = ours_two_ops(a, logits)
     for fn in calls.values():
         fn()
@@ -273,7 +278,7 @@ def topk_race(dev: torch.device, tokens: int, keys: int, k: int, rounds: int,
     calls: dict[str, Callable[[], Any]] = {}
     outs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for overrides in [{}, *TOPK_RACE]:
-        name = " ".join(f"{n}={v}" for n, v in overrides.items()) or "table"
+        name = override_name(overrides) or "table"
         cfg = dict(base, **overrides)
         out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
         ws = torch.empty(kernels.workspace_bytes(scores, k, target=target, cfg=cfg) // 4 + 1, dtype=torch.int32,
