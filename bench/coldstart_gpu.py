@@ -23,7 +23,9 @@ building of its inputs, whose caches it finds cold).
    with its schedule over the decode shapes and ``fp8_mqa_logits`` over the prefill ones, first call against steady
    state, and the files its JIT cache gained.
 
-Writes one JSON (``--out``) and prints a table. About five minutes on an H200 (most of it the cold phase).
+Writes one JSON (``--out``), again after each phase, and prints a table. Each first call is also split into its host
+path (until it returned) and the device allocations it made. About five minutes on an H200, more on an H100 (most of
+it the cold phase).
 """
 
 from __future__ import annotations
@@ -159,13 +161,25 @@ class _Compiles:
 
 def _timed(fn: Callable[[], None], dev: torch.device) -> float:
     """Milliseconds of one call, host clock, the device synchronized on both sides."""
+    return _timed_parts(fn, dev)[0]
+
+
+def _timed_parts(fn: Callable[[], None], dev: torch.device) -> tuple[float, float, int]:
+    """One call: its milliseconds (host clock, the device synchronized on both sides), the milliseconds until it
+    returned to the host (its host path: checks, dispatch, launches), and the device allocations it made (the
+    caching allocator's ``cudaMalloc`` calls; 0 off a GPU)."""
+    def mallocs() -> int:
+        return torch.cuda.memory_stats(dev).get("num_device_alloc", 0) if dev.type == "cuda" else 0
+
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+    before = mallocs()
     start = time.perf_counter()
     fn()
+    host = time.perf_counter() - start
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    return (time.perf_counter() - start) * 1e3
+    return (time.perf_counter() - start) * 1e3, host * 1e3, mallocs() - before
 
 
 def _runner(step: list[tuple[str, dict[str, Any]]]) -> Callable[[], None]:
@@ -210,9 +224,10 @@ def sweep(plan, dev: torch.device, calls: int, smoke: bool, cold_host: bool = Fa
             _timed(before, dev)
 
         missed, hit = compiles.missed, compiles.hit
-        first = _timed(run, dev)
+        first, first_host, first_mallocs = _timed_parts(run, dev)
         row = {"kind": kind, "shape": list(dims), "compiled": compiles.missed - missed,
-               "loaded": compiles.hit - hit, "first_ms": first, "host_rewarmed": rewarmed}
+               "loaded": compiles.hit - hit, "first_ms": first, "first_host_ms": first_host,
+               "first_device_allocs": first_mallocs, "host_rewarmed": rewarmed}
         steady = [_timed(run, dev) for _ in range(calls)]
         row["steady_ms"] = statistics.median(steady)
         row["first_over_steady"] = first / row["steady_ms"]
@@ -221,8 +236,9 @@ def sweep(plan, dev: torch.device, calls: int, smoke: bool, cold_host: bool = Fa
         row["first_over_new_buffers"] = first / row["new_buffers_ms"]
         rows.append(row)
         before = run
-        print(f"  {kind} {dims}: {row['compiled']} compiled, first {first:.1f} ms, steady {row['steady_ms']:.3f} ms",
-              file=sys.stderr, flush=True)
+        print(f"  {kind} {dims}: {row['compiled']} compiled, {row['loaded']} loaded, first {first:.1f} ms (host "
+              f"{first_host:.1f}, {first_mallocs} device allocs), steady {row['steady_ms']:.3f} ms, new buffers "
+              f"{row['new_buffers_ms']:.3f} ms", file=sys.stderr, flush=True)
     if knobs:
         knobs.compilation.listener = None
     return rows
@@ -388,16 +404,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(phases) - {"cold", "warm", "deepgemm"})
     if unknown:
         parser.error(f"--phases: expected cold, warm or deepgemm, got {', '.join(unknown)}")
+    from indexcache.bench.output import write_json
+
     for phase in phases:  # each in a child process with fresh caches of its own
         with tempfile.TemporaryDirectory() as cache:
             report[phase] = _run_child(phase, args, {"DG_JIT_CACHE_DIR" if phase == "deepgemm" else
                                                      "TRITON_CACHE_DIR": cache})
+        if args.out:  # after each phase: a time limit later keeps what was measured
+            write_json(report, args.out, indent=1)
     for line in summary(report):
         print(line)
     if args.out:
-        from indexcache.bench.output import write_json
-
-        write_json(report, args.out, indent=1)
         print(f"results written to {args.out}")
     return 1 if any("error" in report[phase] for phase in phases if phase != "deepgemm") else 0
 

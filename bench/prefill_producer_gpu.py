@@ -17,7 +17,7 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   best ones: a near-tie their rounding flips is no difference), then captured in a CUDA graph and
   replayed in turns (``--rounds`` rounds; the card is power-capped), with each call's scratch bytes as above.
 
-- **the step's race** (``--producer-race``): the first shape's step in one op at the default bound under each override
+- **the step's race** (``--producer-race``): each shape's step in one op at the default bound under each override
   of ``TOPK_RACE`` as well (its launches built from the cuda table with the override, into outputs of its own; each
   checked against our two ops), raced with the contenders above: each override's step against the peers directly.
 - **top-k race** (``--topk-race``): the top-k of the first shape's rows alone (our logits of it, causal windows, the
@@ -331,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topk-race", action="store_true",
                         help="also race the top-k of the first shape's rows under the table and TOPK_RACE's overrides")
     parser.add_argument("--producer-race", action="store_true",
-                        help="also race the whole step of the first shape under each of TOPK_RACE's overrides, beside "
-                        "the peers")
+                        help="also race the whole step of each shape under each of TOPK_RACE's overrides, beside the "
+                        "peers")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes interpreted on the CPU: checks the script")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -355,9 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     print("peers:", status)
 
     def rows() -> list[dict[str, Any]]:
-        found = [row for i, (tokens, keys) in enumerate(shapes)
+        found = [row for tokens, keys in shapes
                  for row in race(dev, tokens, keys, k, bounds, peers, rounds, errors,
-                                 TOPK_RACE if args.producer_race and i == 0 else ())]
+                                 TOPK_RACE if args.producer_race else ())]
         print_rows("the prefill producer step (median µs a call)", found,
                    ["case", "call", "us", "over_two_ops", "over_peers", "scratch_bytes"])
         return found

@@ -344,6 +344,7 @@ def test_coldstart_smoke_runs_the_sweep_on_the_cpu(tmp_path):
     rows = report["cold"]["shapes"]
     assert [(r["kind"], tuple(r["shape"])) for r in rows] == _coldstart().shapes(smoke=True)
     assert all(r["first_ms"] > 0 and r["steady_ms"] > 0 and r["new_buffers_ms"] > 0 for r in rows)
+    assert all(0 < r["first_host_ms"] <= r["first_ms"] and r["first_device_allocs"] == 0 for r in rows)  # no GPU
     # each shape's first call after steps of the shape before (as in an engine), the first shape's after none
     assert [r["host_rewarmed"] for r in rows] == [False] + [True] * (len(rows) - 1) and not report["cold_host"]
     assert "first / new buffers median" in done.stdout
