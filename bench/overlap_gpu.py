@@ -26,7 +26,10 @@ partitions also ``main@n``, the main alone with its matmuls held to the other mu
 whether the shares were partitions (``partitions``). ``in order again`` repeats ``serial`` last in each round (the
 timing's own spread). Each overlapped mode reports the
 fraction of the side's time hidden, ``(side + main - both) / side``, and ``both / serial``; each shape checks that the
-side's indices under the smallest budget equal the whole device's bit for bit. Writes JSON to ``--out``. ``--smoke``:
+side's indices under the smallest budget equal the whole device's bit for bit. The HBM yardstick: ``copy``, a
+plain device copy of half the index cache's bytes (as many bytes moved as the decode logits read), alone and beside
+the main work (``overlap`` with no share): the fraction of a pure HBM stream the layer's main work lets hide
+(``copy_overlap``), against which the indexer's is read. Writes JSON to ``--out``. ``--smoke``:
 tiny shapes on the CPU (the torch backend, in order): checks the script only.
 """
 
@@ -120,6 +123,11 @@ class Layer:
         slot_pos = positions if shape.phase == "prefill" else torch.full_like(rows, c - 1)
         self.slots = self.table[request.long(), token_page] * PAGE + slot_pos % PAGE
         self.out = torch.empty(t, self.topk, dtype=torch.int32, device=dev)
+        # The HBM yardstick: a device copy of half the cache's bytes, reading and writing as many bytes in all as the
+        # decode logits read.
+        flat = self.cache.view(torch.uint8).reshape(-1)
+        self.copy_src = flat[: flat.numel() // 2]
+        self.copy_dst = torch.empty_like(self.copy_src)
         if shape.phase == "decode":
             self.logits = torch.empty(t, pages * PAGE, device=dev)
         else:
@@ -151,6 +159,10 @@ class Layer:
                                                 fp8_dtype=self.key_format, out_k=self.k8, out_scale=self.k_scale)
         return indexcache.mqa_topk_translate(q8.view(t, self.index_heads, INDEX_DIM), k8, k_scale, weights, self.ks,
                                              self.ke, self.topk, self.table, PAGE, row_to_batch=self.r2b, out=self.out)
+
+    def copy(self) -> torch.Tensor:
+        """The HBM yardstick: the indexer's bytes moved by a plain device copy."""
+        return self.copy_dst.copy_(self.copy_src)
 
     def main(self) -> torch.Tensor:
         """The layer's work that does not wait for the indexer: attention projections, MoE-sized GEMMs."""
@@ -200,6 +212,8 @@ def modes(layer: Layer, dev: torch.device, sms: int, budgets: list[int],
         calls["rule"] = lambda: indexcache.overlap(layer.side, layer.main, device=dev, tokens=s.tokens,
                                                    context=s.context, k_format=layer.k_format)
     calls["in order again"] = serial  # the same work as "serial", timed apart: how far two timings of it differ
+    calls["copy"] = layer.copy
+    calls["copy overlap"] = lambda: indexcache.overlap(layer.copy, layer.main, device=dev)
     return calls
 
 
@@ -241,8 +255,11 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
     for tag, us in (("graph", graph), ("eager", eager)):
         side, main, serial_us = us["side"], us["main"], us["serial"]
         out = {"side_us": side, "main_us": main, "serial_us": serial_us, "modes": {}}
+        copy, both = us["copy"], us["copy overlap"]
+        out["copy_us"], out["copy_overlap"] = copy, {"us": both, "hidden": (copy + main - both) / copy,
+                                                     "vs_serial": both / (copy + main)}
         for name, both in us.items():
-            if name in ("side", "main"):
+            if name in ("side", "main", "copy", "copy overlap"):
                 continue
             if name.startswith(("side@", "main@")):
                 out[name.replace("@", "_us@")] = both
@@ -265,8 +282,10 @@ def print_row(row: dict) -> None:
                           for name, m in r["modes"].items())
         alone = {part: " ".join(f"{k.split('@')[1]}:{v:.1f}" for k, v in r.items() if k.startswith(f"{part}_us@"))
                  for part in ("side", "main")}
+        c = r["copy_overlap"]
         print(f"  {tag}: side {r['side_us']:.1f} (budgeted {alone['side']}) main {r['main_us']:.1f} (the rest "
-              f"{alone['main']}) | {cells}")
+              f"{alone['main']}) | {cells} | copy {r['copy_us']:.1f}, beside main {c['us']:.1f} ({c['hidden']:+.0%}, "
+              f"{c['vs_serial']:.3f}x)")
 
 
 def main(argv: list[str] | None = None) -> int:
