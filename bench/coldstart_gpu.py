@@ -288,7 +288,7 @@ def deepgemm(dev: torch.device, calls: int, smoke: bool) -> dict[str, Any]:
         return {"absent": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     from indexcache.hal.layout import new_packed_cache, split_packed_cache
 
-    cache = Path(os.environ["DG_JIT_CACHE_DIR"])
+    jit_cache = Path(os.environ["DG_JIT_CACHE_DIR"])
     page, heads, dim = 64, 64, 128
     sms = int(dg.get_num_sms())
     rows = []
@@ -321,14 +321,14 @@ def deepgemm(dev: torch.device, calls: int, smoke: bool) -> dict[str, Any]:
 
             def run(q=q, k=k, scale=scale, w=w, ks=ks, ke=ke):
                 dg.fp8_mqa_logits(q, (k, scale), w, ks, ke, True)
-        files = sum(1 for _ in cache.rglob("*") if _.is_file())
+        files = sum(1 for _ in jit_cache.rglob("*") if _.is_file())
         row: dict[str, Any] = {"kind": kind, "shape": list(dims)}
         try:
             row["first_ms"] = _timed(run, dev)
         except Exception as exc:  # a shape DeepGEMM does not take: recorded, not fatal
             rows.append({**row, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
             continue
-        row["cache_files_added"] = sum(1 for _ in cache.rglob("*") if _.is_file()) - files
+        row["cache_files_added"] = sum(1 for _ in jit_cache.rglob("*") if _.is_file()) - files
         row["steady_ms"] = statistics.median(_timed(run, dev) for _ in range(calls))
         row["first_over_steady"] = row["first_ms"] / row["steady_ms"]
         rows.append(row)

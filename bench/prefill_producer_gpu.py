@@ -15,7 +15,7 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   from the ``deep_gemm`` package, FlashInfer from the peers harness folder ``--peers``, ``peers.py`` there), each
   checked first (ours: the same index sets as our two ops; the peers: the selected logits of DeepGEMM's, sorted, its
   best ones: a near-tie their rounding flips is no difference), then captured in a CUDA graph and
-  replayed in turns (``--rounds`` rounds; the card is power-capped), with each call's scratch bytes as above.
+  replayed in turns, each round in a new order (``--rounds`` rounds; the card is power-capped), with each call's scratch bytes as above.
 
 - **the step's race** (``--producer-race``): each shape's step in one op at the default bound under each override
   of ``TOPK_RACE`` as well (its launches built from the cuda table with the override, into outputs of its own; each
@@ -249,7 +249,7 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
             del scores
         except Exception as exc:  # a peer that rejects the call is reported, never fatal
             errors.append(f"{case}: DeepGEMM + FlashInfer failed: {type(exc).__name__}: {exc}")
-    times = alternating_graph_us(calls, dev, rounds, 1)
+    times = alternating_graph_us(calls, dev, rounds, 1, shuffle_seed=0)
     # Scratch: each call allocating its own (ours: a workspace of what the call takes; two ops: the logits).
     memory = {name: scratch_bytes(lambda name=name, limit=limit: ours(
         a, limit, torch.empty(need[name], dtype=torch.uint8, device=dev))(), dev) for name, limit in limits.items()}
@@ -294,7 +294,7 @@ def topk_race(dev: torch.device, tokens: int, keys: int, k: int, rounds: int,
     for name, (out, raw) in outs.items():
         if not (same_sets(out, outs["table"][0]) and same_sets(raw, outs["table"][1])):
             errors.append(f"top-k race {case}: {name} selects other index sets than the table")
-    times = alternating_graph_us(calls, dev, rounds, 1)
+    times = alternating_graph_us(calls, dev, rounds, 1, shuffle_seed=0)
     return [dict(case=case, config=name, us=round(us, 1), over_table=round(us / times["table"], 3))
             for name, us in times.items()]
 
