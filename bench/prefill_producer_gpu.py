@@ -14,8 +14,8 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   two ops, and DeepGEMM ``fp8_mqa_logits`` then FlashInfer ``top_k_page_table_transform`` (where both load: DeepGEMM
   from the ``deep_gemm`` package, FlashInfer from the peers harness folder ``--peers``, ``peers.py`` there), each
   checked first (ours: the same index sets as our two ops; the peers: the selected logits of DeepGEMM's, sorted, its
-  best ones: a near-tie their rounding flips is no difference), then captured in a CUDA graph and
-  replayed in turns, each round in a new order (``--rounds`` rounds; the card is power-capped), with each call's scratch bytes as above.
+  best ones: a near-tie their rounding flips is no difference), then captured in a CUDA graph and replayed in turns,
+  each round in a new order (``--rounds`` rounds; the card is power-capped), with each call's scratch bytes as above.
 
 - **the step's race** (``--producer-race``): each shape's step in one op at the default bound under each override
   of ``TOPK_RACE`` as well (its launches built from the cuda table with the override, into outputs of its own; each
