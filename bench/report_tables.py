@@ -372,9 +372,40 @@ def overlap(d: dict) -> str:
                                         "rule (eager)", "eager rule µs", "eager in order again"], rows))
 
 
+def coldstart(d: dict) -> str:
+    """bench/coldstart_gpu.py: the serving sweep's compiles and first calls, cold, after ``indexcache warmup``, and
+    DeepGEMM's JIT over the same shapes."""
+    rows = []
+    for phase in ("cold", "warm", "deepgemm"):
+        r = d.get(phase)
+        if r is None or "error" in r or "absent" in r:
+            why = (r.get("error") or f"absent: {r.get('absent')}") if r else "not run"
+            rows.append([phase] + ["—"] * 6 + [why, "—"])
+            continue
+        shapes = [s for s in r["shapes"] if "first_over_steady" in s]
+        ratios = sorted(s["first_over_steady"] for s in shapes)
+        worst = max(shapes, key=lambda s: s["first_over_steady"])
+        compiled = sum(s.get("compiled", s.get("cache_files_added", 0)) for s in r["shapes"])
+        warm = r.get("warmup")
+        new = sorted(s["first_over_new_buffers"] for s in shapes if "first_over_new_buffers" in s)
+        rows.append([phase, str(len(r["shapes"])), f"{compiled} {'JIT files' if phase == 'deepgemm' else 'kernels'}",
+                     "—" if warm is None else f"{warm['seconds']:.1f} s ({warm['variants']} variants)",
+                     _f(r.get("sweep_seconds")), _f(ratios[len(ratios) // 2], ".2f"),
+                     _f(new[len(new) // 2], ".2f") if new else "—",
+                     f"{worst['first_ms']:.2f} ms, {worst['first_over_steady']:.1f}× ({worst['kind']} "
+                     f"{' × '.join(map(str, worst['shape']))})",
+                     f"{sum(x <= 2 for x in ratios)} of {len(ratios)}"])
+    return (_head(d, f"{d['cpus']} cores, " + ("first calls right after their inputs" if d.get("cold_host") else
+                                               "first calls after three steps of the shape before"))
+            + "\n\n" + markdown_table(["phase", "shapes", "compiled", "warmup", "sweep s", "first / steady, median",
+                                        "first / new buffers, median", "worst first call (or why none)",
+                                        "first ≤ 2× steady"], rows))
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "h200-translate.json": bench_op,
     "h200-launch-overhead.json": launch_overhead,
+    "h100-coldstart.json": coldstart,
     "h200-logits.json": logits,
     "h200-logits-vs-deepgemm.json": logits_peers,
     "h200-producer-step.json": producer_step,
