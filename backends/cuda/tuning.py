@@ -82,12 +82,13 @@ _COMMON: dict[str, dict[str, Any]] = {
     # selected, on rows sampled in the block only (764 against 780 µs there; 744 against 719 on rows sampled ahead).
     # SAMPLE_ROUNDS: the sample launch's radix rounds, at most (0: until the m-th best sample key is settled; 3 as the
     # block kernel's own sample: on the prefill producer's 4096 x 32K logits, replayed on the CPU, 3.66 rounds a row
-    # on average become 2.97 for 1 % more candidates; not yet raced on a GPU, so not yet the table's).
-    # AHEAD_SAMPLE_RANK: the sample launch's entries a row sampled ahead at that SAMPLE_RANK (0: the block kernel's own
-    # sample, at least one a thread: 1024 at 32K, where rank 32 takes 512; replayed on the CPU, 17 % more candidates;
-    # not yet raced). AHEAD_SAMPLE_WARPS: that launch's warps (0: SAMPLE_WARPS, which the split rows' sample of up to
-    # SAMPLE entries keeps; with Triton 3.6 a 1024-entry sample takes 31 / 40 / 71 / 96 registers over 8 / 4 / 2 / 1
-    # warps: 8 / 12 / 14 / 21 rows in flight a multiprocessor; not yet raced).
+    # on average become 2.97 for 1 % more candidates). AHEAD_SAMPLE_RANK: the sample launch's entries a row sampled
+    # ahead at that SAMPLE_RANK (0: the block kernel's own sample, at least one a thread: 1024 at 32K, where rank 32
+    # takes 512; replayed on the CPU, 17 % more candidates). AHEAD_SAMPLE_WARPS: that launch's warps (0: SAMPLE_WARPS,
+    # which the split rows' sample of up to SAMPLE entries keeps; with Triton 3.6 a 1024-entry sample takes 31 / 40 /
+    # 71 / 96 registers over 8 / 4 / 2 / 1 warps). Raced in the whole prefill producer step (H100, 2026-12-05, three
+    # runs, docs/kernels.md "Rows sampled ahead"): rank 32 0.8-1.2 % faster at 4096 x 32K and level at 8192 x 128K,
+    # the rounds cap and fewer warps within 0.6 %: none beats 0 by the 1 % a change needs.
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "FINISH_TIES": 256,
