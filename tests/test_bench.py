@@ -468,9 +468,11 @@ def test_every_result_file_has_a_table_that_names_its_gpu_date_and_commit():
         result = json.loads((tables.RESULTS / name).read_text())
         gpu = result.get("gpu") or result.get("device")
         assert re.fullmatch(r"[0-9a-f]{40}", result["commit"]), (name, result["commit"])
-        # A GPU's measurement, or one labelled a CPU measurement of accuracy (never of speed).
+        # A measurement on one of the GPUs lent to the project (an H200, or an H100 where none came), or one labelled
+        # a CPU measurement of accuracy (never of speed).
         assert re.match(r"\d{4}-\d{2}-\d{2}T", result["date"]) and gpu, name
-        assert "H200" in gpu or (gpu.startswith("CPU") and "accuracy only" in gpu), (name, gpu)
+        assert re.search(r"\bH(200|100)\b", gpu) or (gpu.startswith("CPU") and "accuracy only" in gpu), (name, gpu)
+        assert name.startswith(("h200", "h100", "cpu")) and ("H100" in gpu) == name.startswith("h100"), (name, gpu)
         first_line = tables.table(name).splitlines()[0]
         assert first_line.startswith(f"{gpu} · {result['date'][:10]} · commit {result['commit'][:10]}"), first_line
         assert "|---|" in tables.table(name), name
