@@ -24,8 +24,8 @@ building of its inputs, whose caches it finds cold).
    state, and the files its JIT cache gained.
 
 Writes one JSON (``--out``), again after each phase, and prints a table. Each first call is also split into its host
-path (until it returned) and the device allocations it made. About five minutes on an H200, more on an H100 (most of
-it the cold phase).
+path (until it returned) and the device allocations it made. About six and a half minutes on an H100 machine (cold
+228 s, warm 126 s, DeepGEMM 25 s; 2026-12-05).
 """
 
 from __future__ import annotations
