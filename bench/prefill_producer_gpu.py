@@ -20,6 +20,9 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
 - **the step's race** (``--producer-race``): each shape's step in one op at the default bound under each override
   of ``TOPK_RACE`` as well (its launches built from the cuda table with the override, into outputs of its own; each
   checked against our two ops), raced with the contenders above: each override's step against the peers directly.
+- **the halves** (``--parts``): each shape's two-op steps apart, raced with the contenders above: our ``mqa_logits``
+  into the whole logits, our ``topk_translate`` of rows computed once, and with the peers DeepGEMM's ``fp8_mqa_logits``
+  and FlashInfer's transform of DeepGEMM's rows computed once: which half a gap to the peers lies in.
 - **top-k race** (``--topk-race``): the top-k of the first shape's rows alone (our logits of it, causal windows, the
   translation into the KV table), under the cuda table and under each override of ``TOPK_RACE`` (the levers of
   docs/kernels.md, "Rows sampled ahead"), raced in turns as above; each variant's index sets checked against the
@@ -202,10 +205,31 @@ def ours_with_topk(a: dict, dev: torch.device, overrides: dict[str, Any]) -> tup
     return (lambda: [launch() for launch in steps]), out, raw
 
 
+def parts(a: dict, logits: torch.Tensor, peers: tuple[Any, Any] | None) -> dict[str, Callable[[], Any]]:
+    """The two halves of each two-op step, apart: our ``mqa_logits`` into ``logits``, our ``topk_translate`` of rows
+    computed once, and (with the peers) DeepGEMM's logits and FlashInfer's transform of DeepGEMM's rows computed once
+    (each top-k over its own library's logits, as in its pair)."""
+    rows = indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS))
+    out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
+    found = {"part: ours, logits": lambda: indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS), out=logits),
+             "part: ours, top-k": lambda: indexcache.topk_translate(
+                 rows, a["ke"], a["topk"], a["page_table"], a["page_size"], row_starts=a["ks"],
+                 row_to_batch=a["row_to_batch"], out=out, out_raw=raw)}
+    if peers is not None:
+        dg, fi = peers
+        scores = peer_logits(dg, a)
+        found["part: DeepGEMM logits"] = lambda: peer_logits(dg, a)
+        found["part: FlashInfer top-k"] = lambda: fi.flashinfer_top_k_page_table_transform(
+            scores, a["page_table"], a["ke"], a["topk"], row_to_batch=a["row_to_batch"], page_size=a["page_size"])
+    return found
+
+
 def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], peers: tuple[Any, Any] | None,
-         rounds: int, errors: list[str], topk_variants: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+         rounds: int, errors: list[str], topk_variants: list[dict[str, Any]] = (),
+         with_parts: bool = False) -> list[dict[str, Any]]:
     """One shape: ours (default bound and each of ``bounds``; and at the default bound under each of
-    ``topk_variants``, overrides of the top-k's tuning entry), ours as two ops and the peers, checked, raced."""
+    ``topk_variants``, overrides of the top-k's tuning entry), ours as two ops and the peers, checked, raced; with
+    ``with_parts`` each two-op step's halves too (:func:`parts`)."""
     a = inputs(tokens, keys, k, dev)
     case = f"{tokens}x{size(keys)} causal k{k}"
     logits = torch.empty(tokens, keys, device=dev)
@@ -249,6 +273,11 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
             del scores
         except Exception as exc:  # a peer that rejects the call is reported, never fatal
             errors.append(f"{case}: DeepGEMM + FlashInfer failed: {type(exc).__name__}: {exc}")
+    if with_parts:
+        try:
+            calls.update(parts(a, logits, peers if "DeepGEMM + FlashInfer" in calls else None))
+        except Exception as exc:  # a part that fails is reported, the race still runs
+            errors.append(f"{case}: the parts failed: {type(exc).__name__}: {exc}")
     times = alternating_graph_us(calls, dev, rounds, 1, shuffle_seed=0)
     # Scratch: each call allocating its own (ours: a workspace of what the call takes; two ops: the logits).
     memory = {name: scratch_bytes(lambda name=name, limit=limit: ours(
@@ -333,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--producer-race", action="store_true",
                         help="also race the whole step of each shape under each of TOPK_RACE's overrides, beside the "
                         "peers")
+    parser.add_argument("--parts", action="store_true",
+                        help="also race each two-op step's halves apart: our logits, our top-k, DeepGEMM's logits, "
+                        "FlashInfer's top-k")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes interpreted on the CPU: checks the script")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -357,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     def rows() -> list[dict[str, Any]]:
         found = [row for tokens, keys in shapes
                  for row in race(dev, tokens, keys, k, bounds, peers, rounds, errors,
-                                 TOPK_RACE if args.producer_race else ())]
+                                 TOPK_RACE if args.producer_race else (), args.parts)]
         print_rows("the prefill producer step (median µs a call)", found,
                    ["case", "call", "us", "over_two_ops", "over_peers", "scratch_bytes"])
         return found
