@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -383,15 +384,15 @@ def coldstart(d: dict) -> str:
             rows.append([phase] + ["—"] * 6 + [why, "—"])
             continue
         shapes = [s for s in r["shapes"] if "first_over_steady" in s]
-        ratios = sorted(s["first_over_steady"] for s in shapes)
+        ratios = [s["first_over_steady"] for s in shapes]
         worst = max(shapes, key=lambda s: s["first_over_steady"])
         compiled = sum(s.get("compiled", s.get("cache_files_added", 0)) for s in r["shapes"])
         warm = r.get("warmup")
-        new = sorted(s["first_over_new_buffers"] for s in shapes if "first_over_new_buffers" in s)
+        new = [s["first_over_new_buffers"] for s in shapes if "first_over_new_buffers" in s]
         rows.append([phase, str(len(r["shapes"])), f"{compiled} {'JIT files' if phase == 'deepgemm' else 'kernels'}",
                      "—" if warm is None else f"{warm['seconds']:.1f} s ({warm['variants']} variants)",
-                     _f(r.get("sweep_seconds")), _f(ratios[len(ratios) // 2], ".2f"),
-                     _f(new[len(new) // 2], ".2f") if new else "—",
+                     _f(r.get("sweep_seconds")), _f(statistics.median(ratios), ".2f"),
+                     _f(statistics.median(new), ".2f") if new else "—",
                      f"{worst['first_ms']:.2f} ms, {worst['first_over_steady']:.1f}× ({worst['kind']} "
                      f"{' × '.join(map(str, worst['shape']))})",
                      f"{sum(x <= 2 for x in ratios)} of {len(ratios)}"])
