@@ -231,6 +231,12 @@ def alternating_eager_us(calls: dict[str, Callable[[], object]], dev: torch.devi
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def overlapped(alone: float, main: float, both: float, serial: float) -> dict[str, float]:
+    """A mode's µs, the fraction of ``alone`` (the side's time, or the copy's) hidden beside ``main``, and its ratio
+    to running the two in order (``serial``)."""
+    return {"us": both, "hidden": (alone + main - both) / alone, "vs_serial": both / serial}
+
+
 def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool, rounds: int,
             keys: str = "fp8") -> dict:
     layer = Layer(shape, dev, smoke, keys)
@@ -254,17 +260,16 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
     eager = alternating_eager_us(calls, dev, rounds=3 * rounds)
     for tag, us in (("graph", graph), ("eager", eager)):
         side, main, serial_us = us["side"], us["main"], us["serial"]
-        out = {"side_us": side, "main_us": main, "serial_us": serial_us, "modes": {}}
-        copy, both = us["copy"], us["copy overlap"]
-        out["copy_us"], out["copy_overlap"] = copy, {"us": both, "hidden": (copy + main - both) / copy,
-                                                     "vs_serial": both / (copy + main)}
+        out = {"side_us": side, "main_us": main, "serial_us": serial_us, "modes": {},
+               "copy_us": us["copy"], "copy_overlap": overlapped(us["copy"], main, us["copy overlap"],
+                                                                  us["copy"] + main)}
         for name, both in us.items():
             if name in ("side", "main", "copy", "copy overlap"):
                 continue
             if name.startswith(("side@", "main@")):
                 out[name.replace("@", "_us@")] = both
                 continue
-            out["modes"][name] = {"us": both, "hidden": (side + main - both) / side, "vs_serial": both / serial_us}
+            out["modes"][name] = overlapped(side, main, both, serial_us)
         row[tag] = out
     del layer
     if dev.type == "cuda":
