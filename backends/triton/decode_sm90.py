@@ -32,7 +32,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -139,8 +138,11 @@ def _next(b, j, tiles, ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, batch, max_ctx, skip, P
 
 @gluon.jit
 def _head_sum(acc, w):
-    """``Σ_h w · relu(acc)`` over the columns of ``acc [PAGE, H]`` (NaN kept), ``w [H]``."""
-    return gl.sum(gl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :], axis=1)
+    """``Σ_h w · relu(acc)`` over the columns of ``acc [PAGE, H]`` (NaN kept), ``w [H]``. The ReLU is taken as
+    ``(acc + |acc|) / 2`` (one add on the FMA pipe, where ``max`` is an ALU instruction, the pipe the MXFP4 widening
+    fills): every term and partial sum is exactly twice the plain form's, so the halved sum is the same float
+    (``acc`` is a finite matmul sum or NaN, never ±inf)."""
+    return gl.sum((acc + gl.abs(acc)) * w[None, :], axis=1) * 0.5
 
 
 @gluon.jit

@@ -41,7 +41,8 @@ _WIDE_WORDS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_
 # e4m3fn bytes: elements 0-3 ($0) and 4-7 ($1). The tables: codes 0-3 are 0, lift + 4, lift + 12, lift + 16, codes 4-7
 # lift + 20 ... lift + 32 (0.5, 1, 1.5, 2, 3, 4, 6 times 2 ** d; a lift of at most 0x5C never carries into bit 7).
 # The signs: bit 3 of nibble i is bit 7 of byte i of (w << 4) for even i and of w for odd i; prmt's sign mode (bit 3
-# of a selector nibble) repeats the chosen byte's bit 7 over the output byte.
+# of a selector nibble) repeats the chosen byte's bit 7 over the output byte. The high half's selectors come down by
+# mul.hi (an FMA-pipe IMAD.HI on sm90) rather than a shift (the ALU pipe, which the permutes and masks fill).
 _WIDEN_ASM = gl.constexpr("""
 {
 .reg .b32 lo, hi, m, s, t;
@@ -49,7 +50,7 @@ mad.lo.u32 lo, $3, 0x01010100, 0x100C0400;
 mad.lo.u32 hi, $3, 0x01010101, 0x201C1814;
 and.b32 m, $2, 0x77777777;
 prmt.b32 $0, lo, hi, m;
-shr.u32 m, m, 16;
+mul.hi.u32 m, m, 65536;
 prmt.b32 $1, lo, hi, m;
 shl.b32 s, $2, 4;
 prmt.b32 t, $2, s, 0x9D8C;
