@@ -423,6 +423,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200x2-cp-topk.json": cp_topk,
     "cpu-fp4-recall.json": fp4_recall,
     "h200-fp4-decode.json": fp4_decode,
+    "h100-fp4-decode.json": fp4_decode,
 }
 
 
