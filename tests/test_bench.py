@@ -749,3 +749,43 @@ def test_sass_loops_of_a_real_build_for_sm90(sass_loops, tmp_path):
     assert sass_loops.main(["--kernel", "no_such_kernel"]) == 2
     with pytest.raises(SystemExit):
         sass_loops.main(["--kernel", "topk_sample_kernel", "--tuning", "nope.X=1"])
+
+
+# ----------------------------------------------------------------------------------------------- bench/ncu_stalls.py
+
+_NCU_HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_barrier",'
+               '"stall_long_sb","stall_long_sb (Not Issued)","stall_selected"')
+NCU_SOURCE_CSV = f'''"Kernel Name","k_loop",
+{_NCU_HEADER}
+"0x10","  MOV R1, c[0x0][0x28]","2","100","0","2","2","0"
+"0x20","  LDG.E R2, desc[UR4][R4.64]","30","4,000","0","24","24","6"
+"0x30","  @P0 BRA 0x20","10","4,000","0","0","0","10"
+"0x40","  NOP","58","50","58","0","0","0"
+"Kernel Name","k_other",
+{_NCU_HEADER}
+"0x10","  EXIT","1","1","0","0","0","1"
+'''
+
+
+def test_ncu_stalls_reads_kernels_reasons_and_loop_groups(tmp_path, capsys):
+    """Each kernel of the CSV apart; reasons as shares of the kernel's samples (not-issued twins left out, counts with
+    thousands separators read); the code grouped by times run, the most sampled group first; a missing kernel exits
+    2."""
+    spec = importlib.util.spec_from_file_location("bench_ncu_stalls", ROOT / "bench" / "ncu_stalls.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (first, rows), (second, _) = module.kernels(NCU_SOURCE_CSV)
+    assert (first, second, len(rows)) == ("k_loop", "k_other", 4)
+    s = module.summary(rows, top=2)
+    assert s["total"] == 100 and s["reasons"] == {"barrier": 0.58, "long_sb": 0.26, "selected": 0.16}
+    assert [(g["executed"], g["instructions"], g["share"]) for g in s["groups"]] == [(50, 1, 0.58), (4000, 2, 0.4),
+                                                                                     (100, 1, 0.02)]
+    assert s["groups"][1]["reasons"] == {"long_sb": 0.24, "selected": 0.16}
+    assert [t["source"] for t in s["top"]] == ["NOP", "LDG.E R2, desc[UR4][R4.64]"]
+    path = tmp_path / "rep.csv"
+    path.write_text(NCU_SOURCE_CSV)
+    out = tmp_path / "stalls.json"
+    assert module.main([str(path), "--kernel", "loop", "--out", str(out)]) == 0
+    assert [k["kernel"] for k in json.loads(out.read_text())] == ["k_loop"]
+    assert module.main([str(path), "--kernel", "absent"]) == 2
+    assert "no kernel named 'absent'" in capsys.readouterr().err
