@@ -540,6 +540,12 @@ FP4_LOADER_REGS = 24
 FP4_STACK_BYTES = (16, 72)
 
 
+def _stages(cfg: Mapping[str, Any], mxfp4: bool) -> int:
+    """Pages a program's copy warp keeps in flight: ``TMA_FP4_STAGES`` on an MXFP4 cache where the table has it, else
+    ``TMA_STAGES``."""
+    return cfg["TMA_FP4_STAGES" if mxfp4 and "TMA_FP4_STAGES" in cfg else "TMA_STAGES"]
+
+
 def _options(cfg: Mapping[str, Any], groups: int, mxfp4: bool = False) -> dict[str, Any]:
     """Launch options for ``groups`` draft tokens a program: four math warps, the table's register cap for that many
     (``TMA_MAXNREG``, or on an MXFP4 cache ``TMA_FP4_MAXNREG`` where the table has it; 0 for none), programmatic
@@ -615,7 +621,7 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     mxfp4 = k_format == fp4.FP4
     keys_desc, scales_desc, rows = _descriptors(k_cache, page, dim, mxfp4)
     options = launch_key_options(_options(cfg, groups, mxfp4))
-    named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=cfg["TMA_STAGES"],
+    named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=_stages(cfg, mxfp4),
                  BLOCK_B=batch_block, LOADER_REGS=FP4_LOADER_REGS if mxfp4 else LOADER_REGS,
                  PDL=bool(cfg.get("PDL")),
                  RAGGED=row_to_batch is not None, MXFP4=int(mxfp4), REG_A=int(mxfp4 and cfg.get("TMA_FP4_REG_A", 0)))
@@ -658,7 +664,7 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
             specs.append(KernelSpec(
                 "paged_mqa_logits", paged_decode_sm90_kernel, types,
                 {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page, "PAGE_ROWS": rows,
-                 "STAGES": cfg["TMA_STAGES"], "BLOCK_B": batch_block,
+                 "STAGES": _stages(cfg, bool(mxfp4)), "BLOCK_B": batch_block,
                  "LOADER_REGS": FP4_LOADER_REGS if mxfp4 else LOADER_REGS,
                  "PDL": bool(cfg.get("PDL")), "RAGGED": ragged, "MXFP4": mxfp4,
                  "REG_A": int(bool(mxfp4) and cfg.get("TMA_FP4_REG_A", 0)), "ctx_s0": 1, "r2b_s0": 1},
