@@ -540,17 +540,24 @@ FP4_LOADER_REGS = 24
 FP4_STACK_BYTES = (16, 72)
 
 
-def _stages(cfg: Mapping[str, Any], mxfp4: bool) -> int:
-    """Pages a program's copy warp keeps in flight: ``TMA_FP4_STAGES`` on an MXFP4 cache where the table has it, else
-    ``TMA_STAGES``."""
-    return cfg["TMA_FP4_STAGES" if mxfp4 and "TMA_FP4_STAGES" in cfg else "TMA_STAGES"]
+def _tuned(cfg: Mapping[str, Any], name: str, mxfp4: bool) -> Any:
+    """The table's ``TMA_<name>``, or on an MXFP4 cache its ``TMA_FP4_<name>`` where the table has one."""
+    return cfg[f"TMA_FP4_{name}" if mxfp4 and f"TMA_FP4_{name}" in cfg else f"TMA_{name}"]
+
+
+def _format_constexprs(cfg: Mapping[str, Any], mxfp4: bool) -> dict[str, Any]:
+    """The compile-time values the cache's format and the table decide: the pages in flight (``STAGES``), the copy
+    warp's registers, programmatic dependent launch, and on an MXFP4 cache whether its keys go straight into the
+    matmul's register operand (``REG_A``)."""
+    return {"STAGES": _tuned(cfg, "STAGES", mxfp4), "LOADER_REGS": FP4_LOADER_REGS if mxfp4 else LOADER_REGS,
+            "PDL": bool(cfg.get("PDL")), "MXFP4": int(mxfp4), "REG_A": int(mxfp4 and cfg.get("TMA_FP4_REG_A", 0))}
 
 
 def _options(cfg: Mapping[str, Any], groups: int, mxfp4: bool = False) -> dict[str, Any]:
     """Launch options for ``groups`` draft tokens a program: four math warps, the table's register cap for that many
     (``TMA_MAXNREG``, or on an MXFP4 cache ``TMA_FP4_MAXNREG`` where the table has it; 0 for none), programmatic
     dependent launch where the table's ``PDL`` says."""
-    cap = cfg["TMA_FP4_MAXNREG" if mxfp4 and "TMA_FP4_MAXNREG" in cfg else "TMA_MAXNREG"][groups - 1]
+    cap = _tuned(cfg, "MAXNREG", mxfp4)[groups - 1]
     return {"num_warps": 4, **({"maxnreg": cap} if cap else {}), **({"launch_pdl": True} if cfg.get("PDL") else {})}
 
 
@@ -621,10 +628,8 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     mxfp4 = k_format == fp4.FP4
     keys_desc, scales_desc, rows = _descriptors(k_cache, page, dim, mxfp4)
     options = launch_key_options(_options(cfg, groups, mxfp4))
-    named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, STAGES=_stages(cfg, mxfp4),
-                 BLOCK_B=batch_block, LOADER_REGS=FP4_LOADER_REGS if mxfp4 else LOADER_REGS,
-                 PDL=bool(cfg.get("PDL")),
-                 RAGGED=row_to_batch is not None, MXFP4=int(mxfp4), REG_A=int(mxfp4 and cfg.get("TMA_FP4_REG_A", 0)))
+    named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, BLOCK_B=batch_block,
+                 RAGGED=row_to_batch is not None, **_format_constexprs(cfg, mxfp4))
     r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
     args = (q, keys_desc, scales_desc, weights, context_lens, r2b, page_table, out, k_cache.view(-1).view(torch.int32),
             batch, max_context_len, skip, k_cache.shape[0], page_table.shape[1], page_table.shape[0],
@@ -664,10 +669,8 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int, 
             specs.append(KernelSpec(
                 "paged_mqa_logits", paged_decode_sm90_kernel, types,
                 {"NEXT_N": next_n, "GROUPS": groups, "H": heads, "D": dim, "PAGE": page, "PAGE_ROWS": rows,
-                 "STAGES": _stages(cfg, bool(mxfp4)), "BLOCK_B": batch_block,
-                 "LOADER_REGS": FP4_LOADER_REGS if mxfp4 else LOADER_REGS,
-                 "PDL": bool(cfg.get("PDL")), "RAGGED": ragged, "MXFP4": mxfp4,
-                 "REG_A": int(bool(mxfp4) and cfg.get("TMA_FP4_REG_A", 0)), "ctx_s0": 1, "r2b_s0": 1},
+                 "BLOCK_B": batch_block, "RAGGED": ragged, **_format_constexprs(cfg, bool(mxfp4)), "ctx_s0": 1,
+                 "r2b_s0": 1},
                 _options(cfg, groups, bool(mxfp4)), matrix="fp8",
                 aligned=("q_s0", "q_s1", "q_s2", "w_s0"),
                 stack_bytes=FP4_STACK_BYTES[groups - 1] if mxfp4 else 0))
