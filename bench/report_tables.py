@@ -329,7 +329,8 @@ def hisparse_swap(d: dict) -> str:
              _f(r["kernel_of_link"], ".3f"), _f(r["engine_us"]), _f(r["engine_over_kernel"], ".1f")] for r in d["rows"]]
     return (_head(d, f"{p['requests']} requests × {_keys(p['context'])} tokens of {p['row_bytes']} bytes pinned, "
                      f"host link {link['gbps']:.2f} GB/s, kernel tuning "
-                     + ", ".join(f"{k} {v}" for k, v in d["tuning"].items()) + ", kernel graph µs, engine eager")
+                     + ", ".join(f"{k} {v}" if v != "" else f"{k} default" for k, v in d["tuning"].items())
+                     + ", kernel graph µs, engine eager")
             + "\n\n" + markdown_table(["misses a request", "copies", "kernel µs", "GB/s", "of the link",
                                         "copy engine µs", "engine / kernel"], rows))
 
@@ -417,6 +418,8 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200-ragged.json": ragged,
     "h200-hisparse.json": hisparse,
     "h200-hisparse-swap.json": hisparse_swap,
+    "h100-hisparse.json": hisparse,
+    "h100-hisparse-swap.json": hisparse_swap,
     "h200-topk-vs-peers.json": topk_peers,
     "h200-e2e.json": e2e,
     "h200-overlap.json": overlap,

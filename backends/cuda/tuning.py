@@ -48,7 +48,7 @@ _COMMON: dict[str, dict[str, Any]] = {
     # 64 / 256 misses of 656-byte rows, against a 55.4 GB/s contiguous copy): 0.661 / 0.805 / 0.840 of the link,
     # where 8 copies over 4 warps at 8 a SM gave 0.614 / 0.798 / 0.834; 256-byte tiles 0.580 / 0.722 / 0.750.
     # HOST_CACHE: the host reads' cache modifier ("" the default; ".cg" past L1, raced by bench/hisparse_swap_gpu.py
-    # --race, not yet on a GPU).
+    # --race: on an H100, 2026-12-05, 1.07-1.11x the default's time at 16-256 misses a request).
     "hisparse_swap_in": {"BLOCK_C": 4, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 16, "num_warps": 2, "HOST_CACHE": ""},
     # HiSparse plan (hisparse/plan.py): one program a request over 16 warps, 4096 state slots a block (8 a thread:
     # 108 registers on sm90 with Triton 3.9; H200, 2026-12-03, the bench's drifting step: 26.9 µs against 29.5 at
