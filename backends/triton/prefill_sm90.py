@@ -32,7 +32,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -206,8 +205,10 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_sm
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(empty.index(slot), count=1)
             acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
-            s = gl.sum(gl.maximum(acc3, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :, :], axis=2)
-            s = s * sc[:, None]
+            # ReLU as (x + |x|) / 2: an add on the FMA pipe where max is an ALU instruction; every term is exactly
+            # twice the plain form's, halved with the key's scale (acc is a finite matmul sum or NaN, never ±inf).
+            s = gl.sum((acc3 + gl.abs(acc3)) * w[None, :, :], axis=2)
+            s = s * (sc * 0.5)[:, None]
             ptrs = out_ptr + out_rows[None, :] + n.to(gl.int64)[:, None]
             if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
                 # A quad's four lanes hold the same sums: all four store them (the quad's lane an axis of the same
