@@ -245,8 +245,9 @@ def fp4_decode(d: dict) -> str:
                      f"≤ {_FP4_GOALS[r['op']]}", _f(mine, ".0f") if mine else "—",
                      _f(r["mxfp4_us"] / mine, ".4f") if mine else "—"])
     s = d["shape"]
+    torch_note = "torch: eager" if torch_us else "the torch backend not run"
     return _head(d, f"{s['batch']} requests, H {s['heads']}, D {s['dim']}, page {s['page']}, k {s['k']}, fp8 q e4m3fn; "
-                 "cuda: median of alternating CUDA-graph replays, torch: eager") + "\n\n" + markdown_table(
+                 f"cuda: median of alternating CUDA-graph replays, {torch_note}") + "\n\n" + markdown_table(
         ["shape", "op", "fp8 µs", "MXFP4 µs", "MXFP4 / fp8", "goal", "torch MXFP4 µs", "cuda / torch (MXFP4)"], rows)
 
 
