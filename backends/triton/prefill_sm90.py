@@ -206,7 +206,8 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_sm
             mbarrier.arrive(empty.index(slot), count=1)
             acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
             # ReLU as (x + |x|) / 2: an add on the FMA pipe where max is an ALU instruction; every term is exactly
-            # twice the plain form's, halved with the key's scale (acc is a finite matmul sum or NaN, never ±inf).
+            # twice the plain form's, halved with the key's scale (acc is a finite matmul sum or NaN, never ±inf; a
+            # normal scale halves exactly, and quantize_index_k's are powers of two from 2^-22 up).
             s = gl.sum((acc3 + gl.abs(acc3)) * w[None, :, :], axis=2)
             s = s * (sc * 0.5)[:, None]
             ptrs = out_ptr + out_rows[None, :] + n.to(gl.int64)[:, None]
