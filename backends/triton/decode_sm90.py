@@ -50,6 +50,7 @@ from indexcache.backends.triton.sm90 import (
     launch_dependents,
     reinterpret,
     tma_load,
+    twice_relu,
     unsupported_target,
 )
 from indexcache.backends.triton.support import cdiv
@@ -138,11 +139,10 @@ def _next(b, j, tiles, ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, batch, max_ctx, skip, P
 
 @gluon.jit
 def _head_sum(acc, w):
-    """``Σ_h w · relu(acc)`` over the columns of ``acc [PAGE, H]`` (NaN kept), ``w [H]``. The ReLU is taken as
-    ``(acc + |acc|) / 2`` (one add on the FMA pipe, where ``max`` is an ALU instruction, the pipe the MXFP4 widening
-    fills): every term and partial sum is exactly twice the plain form's, so the halved sum is the same float
-    (``acc`` is a finite matmul sum or NaN, never ±inf)."""
-    return gl.sum((acc + gl.abs(acc)) * w[None, :], axis=1) * 0.5
+    """``Σ_h w · relu(acc)`` over the columns of ``acc [PAGE, H]`` (NaN kept), ``w [H]``: the sum of
+    :func:`~indexcache.backends.triton.sm90.twice_relu` terms, halved (the ALU pipe is the one the MXFP4 widening
+    fills)."""
+    return gl.sum(twice_relu(acc) * w[None, :], axis=1) * 0.5
 
 
 @gluon.jit

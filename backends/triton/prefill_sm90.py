@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
-from indexcache.backends.triton.sm90 import tma_load, unsupported_target
+from indexcache.backends.triton.sm90 import tma_load, twice_relu, unsupported_target
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 
@@ -205,10 +205,8 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_sm
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(empty.index(slot), count=1)
             acc3 = gl.convert_layout(gl.reshape(acc, [BLOCK_N, BLOCK_Q, H]), view)  # the same registers
-            # ReLU as (x + |x|) / 2: an add on the FMA pipe where max is an ALU instruction; every term is exactly
-            # twice the plain form's, halved with the key's scale (acc is a finite matmul sum or NaN, never ±inf; a
-            # normal scale halves exactly, and quantize_index_k's are powers of two from 2^-22 up).
-            s = gl.sum((acc3 + gl.abs(acc3)) * w[None, :, :], axis=2)
+            # Halved with the key's scale: exact for a normal scale (quantize_index_k's are powers of two from 2^-22).
+            s = gl.sum(twice_relu(acc3) * w[None, :, :], axis=2)
             s = s * (sc * 0.5)[:, None]
             ptrs = out_ptr + out_rows[None, :] + n.to(gl.int64)[:, None]
             if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):

@@ -502,6 +502,13 @@ def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, 
             "TIE_SLOTS": TIE_SLOTS, "FLOORS": 0, "PREFETCH": cfg.get("BLOCK_PREFETCH", 0)}
 
 
+def sampled_ahead(named: Mapping[str, int], floors: int) -> dict[str, int]:
+    """The shape ``named`` for rows sampled ahead by the sample launch (``floors``: the table's ``BLOCK_FLOORS``): the
+    block kernel reads each row's record, and no next row is prefetched (the rows' own filters were faster: H200,
+    4096 x 32K, 719 µs against 744; docs/kernels.md, "Rows sampled ahead")."""
+    return {**named, "FLOORS": floors, "PREFETCH": 0}
+
+
 def samples(named: Mapping[str, int]) -> int:
     """Sample entries a row of a program of the given shape."""
     return named["NUM_WARPS"] * WARP * named["SAMPLE_J"]

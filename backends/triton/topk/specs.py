@@ -151,8 +151,8 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             # launch without counts.
             for floors in dict.fromkeys((0, cfg.get("BLOCK_FLOORS", 0))):
                 specs.append(KernelSpec(op, topk_block.topk_block_kernel, {**ptrs, "floors_ptr": "*i32"},
-                                        {**flags, **block, "PDL": pdl, "FLOORS": floors,
-                                         **({"PREFETCH": 0} if floors else {})},  # as plan._plan sets it
+                                        {**flags, **(topk_block.sampled_ahead(block, floors) if floors else block),
+                                         "PDL": pdl},
                                         dict(topk_block.options({**block, "PDL": pdl})), aligned=aligned,
                                         stack_bytes=topk_block.STACK_BYTES))
             if cfg.get("BLOCK_FLOORS", 0):
