@@ -76,14 +76,12 @@ def inputs(tokens: int, keys: int, k: int, dev: torch.device, seed: int = 38) ->
 
 
 LOGITS_ARGS = ("q", "k", "k_scale", "weights", "ks", "ke")
-# Overrides of the cuda table's top-k entry raced by --topk-race (docs/kernels.md, "Rows sampled ahead"): the sample
-# launch over fewer warps a row (more rows' samples in flight a multiprocessor), its radix select capped at 3 rounds,
-# fewer entries a row (512 and 256 at 32K keys, where the block kernel's own sample is 1024), and together; and the
-# block kernel's filter reading 8 columns a thread a piece (3 % slower on prefill rows when their sample in the block
-# had warmed L2; rows sampled ahead are filtered from DRAM, where more loads in flight a thread may pay).
-TOPK_RACE = [{"AHEAD_SAMPLE_WARPS": 4}, {"AHEAD_SAMPLE_WARPS": 2}, {"AHEAD_SAMPLE_WARPS": 1}, {"SAMPLE_ROUNDS": 3},
-             {"AHEAD_SAMPLE_RANK": 32}, {"AHEAD_SAMPLE_RANK": 16}, {"AHEAD_SAMPLE_RANK": 32, "AHEAD_SAMPLE_WARPS": 2},
-             {"AHEAD_SAMPLE_RANK": 32, "AHEAD_SAMPLE_WARPS": 2, "SAMPLE_ROUNDS": 3}, {"BLOCK_PIECE_J": 8}]
+# Overrides of the cuda table's top-k entry raced by --topk-race (docs/kernels.md, "Rows sampled ahead" and "A row's
+# head"): the first piece of a program's next row prefetched into L2 while a row is selected (BLOCK_HEAD 1), half the
+# sample entries a row (512 at 32K keys, where the block kernel's own sample is 1024: 0.8-1.2 % off the step at 4096
+# x 32K on an H100, level at 128K), and both. The levers raced before (the sample launch's warps and rounds, a
+# quarter of the entries, 8 columns a thread a piece) lost or stayed within 1 % (docs/kernels.md).
+TOPK_RACE = [{"BLOCK_HEAD": 1}, {"AHEAD_SAMPLE_RANK": 32}, {"BLOCK_HEAD": 1, "AHEAD_SAMPLE_RANK": 32}]
 
 
 def ours(a: dict, bound: int | None, workspace: torch.Tensor | None = None) -> Callable[[], Any]:

@@ -257,6 +257,24 @@ def _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r, rows, cols, k, s_s0, l
 
 
 @gluon.jit
+def _prefetch_head(scores_ptr, lengths_ptr, starts_ptr, r, rows, cols, k, s_s0, len_s0, st_s0, HAS_STARTS: gl.constexpr,
+                   SPAN: gl.constexpr, NT: gl.constexpr, LINE_L: gl.constexpr):
+    """The first ``SPAN`` columns of row ``r``'s window (contiguous scores, a long row of this call) into L2, a 128-byte
+    line a thread (``prefetch.global.L2``, predicated: no line twice), so that its filter's first piece, which the
+    filter waits on before its first compare, reads L2 rather than DRAM: issued after the row before it was
+    filtered, it arrives while that row is selected (``HEAD`` 1)."""
+    if r < rows:
+        start, length, _ = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
+        if length > k:
+            t = gl.arange(0, NT, layout=LINE_L) * 32
+            live = (t < gl.minimum(length, SPAN)).to(gl.int32)
+            gl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }", "=r,l,r",
+                [scores_ptr + r.to(gl.int64) * s_s0 + start + gl.minimum(t, length - 1), live], dtype=gl.int32,
+                is_pure=False, pack=1)
+
+
+@gluon.jit
 def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, NUM_WARPS: gl.constexpr,
                 ADD: gl.constexpr):
     """Counts of the candidates ``m`` by ``level`` (their bin, ``< BINS``) through ``hist`` (``BINS`` int32 in global
@@ -408,14 +426,15 @@ def topk_block_kernel(
     HAS_STARTS: gl.constexpr, HAS_R2B: gl.constexpr, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
     SHIFT: gl.constexpr, CONTIG: gl.constexpr, DIGIT: gl.constexpr, PIECE_J: gl.constexpr, SAMPLE_J: gl.constexpr,
     STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr, TIE_SLOTS: gl.constexpr, PDL: gl.constexpr,
-    FLOORS: gl.constexpr, PREFETCH: gl.constexpr,
+    FLOORS: gl.constexpr, PREFETCH: gl.constexpr, HEAD: gl.constexpr,
 ):
     """One row at a time a program (persistent over rows; the pivot bin's gathered candidates, ``2 × TIE_SLOTS``
     int32, the program's stash, ``2 × CAP``, bin counts, ``BINS``, and warp counts, ``NUM_WARPS``, at
     ``stash_ptr``): sample, filter, select, translate and fill (module docstring); ``counts[r]`` -1 for rows
     finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``).
     ``PDL``: launched with programmatic dependent launch (it waits for the launch before it first, and lets the
-    finishing launch's programs take the multiprocessors it leaves idle)."""
+    finishing launch's programs take the multiprocessors it leaves idle). ``PREFETCH``: the program's next row into L2
+    while a row is selected; ``HEAD``: only its first piece (:func:`_prefetch_head`)."""
     if PDL:
         grid_dependency_wait()
         launch_dependents()
@@ -467,6 +486,9 @@ def topk_block_kernel(
             if PREFETCH and CONTIG:  # the program's next row, while this one is selected
                 _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0, len_s0,
                               st_s0, HAS_STARTS, NT, HIST)
+            if HEAD and CONTIG:  # the first piece of the program's next row, while this one is selected
+                _prefetch_head(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0,
+                               len_s0, st_s0, HAS_STARTS, NT * PIECE_J, NT, HIST)
             if (count >= k) & (count <= CAP):
                 block_barrier()  # the stash was written by other threads of this program
                 done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, kmin, shift, q,
@@ -495,18 +517,19 @@ def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, 
     program's next row into L2 while a row is selected: ``BLOCK_PREFETCH``), ``SAMPLE_J`` sample
     entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``8 × k`` candidates, at least two
     a thread, at most ``MAX_STASH`` in all: a row gives about 1.6–3 × k, and each warp's region must hold its share
-    with room for the spread between warps), ``BINS``, ``TIE_SLOTS``."""
+    with room for the spread between warps), ``BINS``, ``TIE_SLOTS``; ``HEAD`` 0 (:func:`sampled_ahead`)."""
     threads = cfg["BLOCK_WARPS"] * WARP
     return {"NUM_WARPS": cfg["BLOCK_WARPS"], "PIECE_J": cfg["BLOCK_PIECE_J"], "SAMPLE_J": max(1, samples // threads),
             "STASH_J": max(2, min(MAX_STASH, 8 * next_power_of_2(k)) // threads), "BINS": BINS,
-            "TIE_SLOTS": TIE_SLOTS, "FLOORS": 0, "PREFETCH": cfg.get("BLOCK_PREFETCH", 0)}
+            "TIE_SLOTS": TIE_SLOTS, "FLOORS": 0, "PREFETCH": cfg.get("BLOCK_PREFETCH", 0), "HEAD": 0}
 
 
-def sampled_ahead(named: Mapping[str, int], floors: int) -> dict[str, int]:
+def sampled_ahead(named: Mapping[str, int], floors: int, head: int = 0) -> dict[str, int]:
     """The shape ``named`` for rows sampled ahead by the sample launch (``floors``: the table's ``BLOCK_FLOORS``): the
     block kernel reads each row's record, and no next row is prefetched (the rows' own filters were faster: H200,
-    4096 x 32K, 719 µs against 744; docs/kernels.md, "Rows sampled ahead")."""
-    return {**named, "FLOORS": floors, "PREFETCH": 0}
+    4096 x 32K, 719 µs against 744; docs/kernels.md, "Rows sampled ahead"); with ``head`` 1 (the table's
+    ``BLOCK_HEAD``) the first piece of its next row is, while a row is selected ("A row's head")."""
+    return {**named, "FLOORS": floors, "PREFETCH": 0, "HEAD": head}
 
 
 def samples(named: Mapping[str, int]) -> int:
