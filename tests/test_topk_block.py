@@ -180,3 +180,35 @@ def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset, floors)
     assert (block.args[8][:64] == -1).all()  # counts: -1 for every row finished here
     want = torch.topk(scores, 2048, dim=1).indices.sort(1).values
     assert torch.equal(out.sort(1).values.long(), want)
+
+
+@pytest.mark.skipif(not _on_nvidia_gpu(), reason="needs an NVIDIA GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("head", [0, 1])
+def test_rows_sampled_ahead_select_the_same_sets_with_the_next_rows_head_prefetched_or_not(head):
+    # More rows than programs, so each program takes several in turn; windows that start past 0, rows of at most k
+    # between long ones, and a last row whose next lies past the call's rows: BLOCK_HEAD 1 reads ahead of each.
+    from indexcache.backends.triton.target import detect
+
+    dev = torch.device("cuda")
+    target = detect(NVIDIA)[2]
+    gen = torch.Generator(device=dev).manual_seed(1)
+    rows, cols, k = 400, 8192, 2048
+    scores = torch.randn(rows, cols, device=dev, generator=gen)
+    starts = torch.randint(0, 2048, (rows,), device=dev, generator=gen, dtype=torch.int32)
+    lengths = torch.randint(k + 1, cols - 2048, (rows,), device=dev, generator=gen, dtype=torch.int32)
+    lengths[::7] = torch.randint(1, k + 1, (len(range(0, rows, 7)),), device=dev, generator=gen, dtype=torch.int32)
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=dev)
+    cfg = {**tuning(target.arch)["topk"], "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_HEAD": head}
+    steps = plan.launches(scores, lengths, k, starts, out, None, None, 1, None, target=target, cfg=cfg)
+    assert [name for name, _ in steps] == ["sample", "rows", "finish"] and steps[1][1].named["HEAD"] == head
+    for _, launch in steps:
+        launch()
+    cols_ = torch.arange(cols, device=dev)
+    inside = (cols_ >= starts[:, None]) & (cols_ < (starts + lengths)[:, None])
+    masked = torch.where(inside, scores, float("-inf"))
+    for r in range(rows):
+        n = int(lengths[r])
+        want = (torch.topk(masked[r], min(n, k)).indices - starts[r]).sort().values
+        got = out[r][out[r] >= 0].sort().values.long()
+        assert torch.equal(got, want), r
+        assert int((out[r] >= 0).sum()) == min(n, k)
