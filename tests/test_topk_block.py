@@ -69,8 +69,8 @@ def test_launch_plan_gives_the_block_kernel_its_calls(monkeypatch, rows, cols, f
         assert steps[-1][1].args[14] == topk_block.capacity(topk_block.shape(cols, 2048, 0, CFG))  # the finish's cap
 
 
-@pytest.mark.parametrize("head", [0, 1])
-def test_the_next_rows_head_is_prefetched_only_for_rows_sampled_ahead_where_the_table_says(monkeypatch, head):
+@pytest.mark.parametrize("head", [0, 1, 2])
+def test_the_next_rows_head_is_read_ahead_only_for_rows_sampled_ahead_where_the_table_says(monkeypatch, head):
     cfg = {**CFG, "BLOCK_HEAD": head}
     ahead = _plan(monkeypatch, 1024, 32768, {**cfg, "BLOCK_SAMPLE_ROWS": 1024})[1][1]
     in_block = _plan(monkeypatch, 64, 32768, cfg)[0][1]
@@ -183,10 +183,11 @@ def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset, floors)
 
 
 @pytest.mark.skipif(not _on_nvidia_gpu(), reason="needs an NVIDIA GPU (Gluon kernels do not run interpreted)")
-@pytest.mark.parametrize("head", [0, 1])
-def test_rows_sampled_ahead_select_the_same_sets_with_the_next_rows_head_prefetched_or_not(head):
+@pytest.mark.parametrize("head", [0, 1, 2])
+def test_rows_sampled_ahead_select_the_same_sets_whether_the_next_rows_head_is_read_ahead_or_not(head):
     # More rows than programs, so each program takes several in turn; windows that start past 0, rows of at most k
-    # between long ones, and a last row whose next lies past the call's rows: BLOCK_HEAD 1 reads ahead of each.
+    # between long ones, and a last row whose next lies past the call's rows: BLOCK_HEAD 1 prefetches ahead of each,
+    # 2 copies its first piece into shared memory.
     from indexcache.backends.triton.target import detect
 
     dev = torch.device("cuda")

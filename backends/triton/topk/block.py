@@ -42,6 +42,7 @@ from typing import Any
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
 from indexcache.backends.triton.rows import (
@@ -57,7 +58,7 @@ from indexcache.backends.triton.rows import (
     score_bits,
     window,
 )
-from indexcache.backends.triton.sm90 import block_barrier, grid_dependency_wait, launch_dependents
+from indexcache.backends.triton.sm90 import async_load, block_barrier, grid_dependency_wait, launch_dependents
 from indexcache.backends.triton.support import next_power_of_2
 from indexcache.backends.triton.target import Target
 
@@ -275,6 +276,20 @@ def _prefetch_head(scores_ptr, lengths_ptr, starts_ptr, r, rows, cols, k, s_s0, 
 
 
 @gluon.jit
+def _copy_head(smem, scores_ptr, lengths_ptr, starts_ptr, r, rows, cols, k, s_s0, len_s0, st_s0, across, along,
+               HAS_STARTS: gl.constexpr):
+    """The first piece of row ``r``'s window (contiguous scores) copied into ``smem`` asynchronously (``cp.async``, one
+    group: nothing held in registers meanwhile) for the filter to read back (``HEAD`` 2); nothing read for a row of at
+    most ``k`` or past the last. Entries outside the window land as zeros: the reader puts -inf there, as
+    :func:`_piece` does."""
+    rc = gl.minimum(r, rows - 1)
+    start, length, _ = window(lengths_ptr, starts_ptr, rc, cols, len_s0, st_s0, HAS_STARTS)
+    hi = gl.where((r < rows) & (length > k), length, 0)
+    async_load(smem, ((scores_ptr + rc.to(gl.int64) * s_s0 + start) + across) + along, mask=across + along < hi)
+    async_copy.commit_group()
+
+
+@gluon.jit
 def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, NUM_WARPS: gl.constexpr,
                 ADD: gl.constexpr):
     """Counts of the candidates ``m`` by ``level`` (their bin, ``< BINS``) through ``hist`` (``BINS`` int32 in global
@@ -434,7 +449,8 @@ def topk_block_kernel(
     finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``).
     ``PDL``: launched with programmatic dependent launch (it waits for the launch before it first, and lets the
     finishing launch's programs take the multiprocessors it leaves idle). ``PREFETCH``: the program's next row into L2
-    while a row is selected; ``HEAD``: only its first piece (:func:`_prefetch_head`)."""
+    while a row is selected; ``HEAD`` 1: only its first piece (:func:`_prefetch_head`); 2: its first piece copied into
+    shared memory then (:func:`_copy_head`; fp32 contiguous scores, else as 0)."""
     if PDL:
         grid_dependency_wait()
         launch_dependents()
@@ -461,6 +477,14 @@ def topk_block_kernel(
     if FLOORS == 2:
         _zero(hist, BINS, BIN_L)
         block_barrier()
+    # HEAD 2: each row's first piece copied while the row before is selected (fp32 contiguous scores: cp.async moves
+    # 4 bytes at least, and a thread's entries of a piece lie a block's width apart).
+    COPY_HEAD: gl.constexpr = (HEAD == 2) and CONTIG and (scores_ptr.dtype.element_ty == gl.float32)
+    if COPY_HEAD:
+        head = gl.allocate_shared_memory(gl.float32, [NUM_WARPS, 32 * PIECE_J],
+                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        _copy_head(head, scores_ptr, lengths_ptr, starts_ptr, pid, rows, cols, k, s_s0, len_s0, st_s0, across, along,
+                   HAS_STARTS)
     for r in range(pid, rows, gl.num_programs(0)):
         start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
         r64 = r.to(gl.int64)
@@ -472,7 +496,11 @@ def topk_block_kernel(
             row_ptr = scores_ptr + r64 * s_s0
             if FLOORS != 2:
                 _zero(hist, BINS, BIN_L)
-            first = _piece(row_ptr, s_s1, start, start + length, across, along, CONTIG, False)
+            if COPY_HEAD:
+                async_copy.wait_group(0)
+                first = gl.where(across + along < length, head.load(PIECE_L), float("-inf"))
+            else:
+                first = _piece(row_ptr, s_s1, start, start + length, across, along, CONTIG, False)
             if FLOORS > 0:  # the row's sample record: its threshold's key and the first bins' shift
                 kmin = gl.load(floors_ptr + 2 * r64)
                 shift = gl.load(floors_ptr + 2 * r64 + 1)
@@ -486,9 +514,12 @@ def topk_block_kernel(
             if PREFETCH and CONTIG:  # the program's next row, while this one is selected
                 _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0, len_s0,
                               st_s0, HAS_STARTS, NT, HIST)
-            if HEAD and CONTIG:  # the first piece of the program's next row, while this one is selected
+            if (HEAD == 1) and CONTIG:  # the first piece of the program's next row, while this one is selected
                 _prefetch_head(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0,
                                len_s0, st_s0, HAS_STARTS, NT * PIECE_J, NT, HIST)
+            if COPY_HEAD:
+                _copy_head(head, scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0,
+                           len_s0, st_s0, across, along, HAS_STARTS)
             if (count >= k) & (count <= CAP):
                 block_barrier()  # the stash was written by other threads of this program
                 done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, kmin, shift, q,
@@ -500,12 +531,17 @@ def topk_block_kernel(
                 block_barrier()  # had no barrier since its filter), before the final barrier below
                 _zero(hist, BINS, BIN_L)
         else:
+            if COPY_HEAD:
+                _copy_head(head, scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0,
+                           len_s0, st_s0, across, along, HAS_STARTS)
             for j0 in range(0, k, CAP):  # a short row: 0 .. len-1, then -1
                 j = j0 + q
                 emit(out_row, o_s1, raw_row, w_s1, j, gl.where(j < length, j, -1), j < k, seq, b_ok, tab_row, tab_s1,
                      pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
         gl.store(counts_ptr + r, count)
         block_barrier()  # the next row reuses the stash
+    if COPY_HEAD:
+        async_copy.wait_group(0)  # the copy of the row past the last (masked off: it reads nothing)
 
 
 BLOCK = Launcher(topk_block_kernel)
@@ -527,8 +563,9 @@ def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, 
 def sampled_ahead(named: Mapping[str, int], floors: int, head: int = 0) -> dict[str, int]:
     """The shape ``named`` for rows sampled ahead by the sample launch (``floors``: the table's ``BLOCK_FLOORS``): the
     block kernel reads each row's record, and no next row is prefetched (the rows' own filters were faster: H200,
-    4096 x 32K, 719 µs against 744; docs/kernels.md, "Rows sampled ahead"); with ``head`` 1 (the table's
-    ``BLOCK_HEAD``) the first piece of its next row is, while a row is selected ("A row's head")."""
+    4096 x 32K, 719 µs against 744; docs/kernels.md, "Rows sampled ahead"); ``head`` (the table's ``BLOCK_HEAD``):
+    1, the first piece of its next row is, while a row is selected; 2, that piece is copied into shared memory then
+    (docs/kernels.md, "A row's head")."""
     return {**named, "FLOORS": floors, "PREFETCH": 0, "HEAD": head}
 
 
