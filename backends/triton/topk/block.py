@@ -242,37 +242,22 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
 
 @gluon.jit
 def _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r, rows, cols, k, s_s0, len_s0, st_s0,
-                  HAS_STARTS: gl.constexpr, NT: gl.constexpr, LINE_L: gl.constexpr):
+                  HAS_STARTS: gl.constexpr, NT: gl.constexpr, LINE_L: gl.constexpr, SPAN: gl.constexpr = 0):
     """Row ``r``'s window (contiguous scores), where it is a long row of this call, into L2 (``prefetch.global.L2``,
     a 32-entry stretch a thread a step: a hint, nothing read into registers), so that its filter reads L2 rather
-    than DRAM: issued after the row before it was filtered, it arrives while that row is selected."""
+    than DRAM: issued after the row before it was filtered, it arrives while that row is selected. ``SPAN`` > 0: only
+    the window's first ``SPAN`` columns (``HEAD`` 1: the filter's first piece, which it waits on before its first
+    compare)."""
     if r < rows:
         start, length, _ = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
         if length > k:
             row_ptr = scores_ptr + r.to(gl.int64) * s_s0 + start
+            end = gl.minimum(length, SPAN) if SPAN > 0 else length
             t = gl.arange(0, NT, layout=LINE_L) * 32
-            for c0 in range(0, length, NT * 32):
+            for c0 in range(0, end, NT * 32):
                 gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                          [row_ptr + gl.minimum(c0 + t, length - 1)], dtype=gl.int32,
+                                          [row_ptr + gl.minimum(c0 + t, end - 1)], dtype=gl.int32,
                                           is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_head(scores_ptr, lengths_ptr, starts_ptr, r, rows, cols, k, s_s0, len_s0, st_s0, HAS_STARTS: gl.constexpr,
-                   SPAN: gl.constexpr, NT: gl.constexpr, LINE_L: gl.constexpr):
-    """The first ``SPAN`` columns of row ``r``'s window (contiguous scores, a long row of this call) into L2, a 128-byte
-    line a thread (``prefetch.global.L2``, predicated: no line twice), so that its filter's first piece, which the
-    filter waits on before its first compare, reads L2 rather than DRAM: issued after the row before it was
-    filtered, it arrives while that row is selected (``HEAD`` 1)."""
-    if r < rows:
-        start, length, _ = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
-        if length > k:
-            t = gl.arange(0, NT, layout=LINE_L) * 32
-            live = (t < gl.minimum(length, SPAN)).to(gl.int32)
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }", "=r,l,r",
-                [scores_ptr + r.to(gl.int64) * s_s0 + start + gl.minimum(t, length - 1), live], dtype=gl.int32,
-                is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -449,7 +434,7 @@ def topk_block_kernel(
     finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``).
     ``PDL``: launched with programmatic dependent launch (it waits for the launch before it first, and lets the
     finishing launch's programs take the multiprocessors it leaves idle). ``PREFETCH``: the program's next row into L2
-    while a row is selected; ``HEAD`` 1: only its first piece (:func:`_prefetch_head`); 2: its first piece copied into
+    while a row is selected; ``HEAD`` 1: only its first piece; 2: its first piece copied into
     shared memory then (:func:`_copy_head`; fp32 contiguous scores, else as 0)."""
     if PDL:
         grid_dependency_wait()
@@ -515,8 +500,8 @@ def topk_block_kernel(
                 _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0, len_s0,
                               st_s0, HAS_STARTS, NT, HIST)
             if (HEAD == 1) and CONTIG:  # the first piece of the program's next row, while this one is selected
-                _prefetch_head(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0,
-                               len_s0, st_s0, HAS_STARTS, NT * PIECE_J, NT, HIST)
+                _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0, len_s0,
+                              st_s0, HAS_STARTS, NT, HIST, NT * PIECE_J)
             if COPY_HEAD:
                 _copy_head(head, scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0,
                            len_s0, st_s0, across, along, HAS_STARTS)
