@@ -34,7 +34,7 @@ def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread
     cfg = {**CFG, "BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}
     shape = topk_block.shape(131072, 2048, 2048, cfg)
     assert shape == {"NUM_WARPS": 16, "PIECE_J": 8, "SAMPLE_J": 4, "STASH_J": 16, "BINS": 2048, "TIE_SLOTS": 256,
-                     "FLOORS": 0, "PREFETCH": CFG["BLOCK_PREFETCH"], "HEAD": 0}
+                     "FLOORS": 0, "PREFETCH": CFG["BLOCK_PREFETCH"]}
     assert topk_block.capacity(topk_block.shape(131072, 512, 4096, cfg)) == 4096  # 256 a warp
     assert topk_block.capacity(shape) == 8192
     assert topk_block.workspace(shape) == 2 * 8192 + 2048 + 16 + 2 * 256  # stash, bins, warps, the pivot bin
@@ -67,15 +67,6 @@ def test_launch_plan_gives_the_block_kernel_its_calls(monkeypatch, rows, cols, f
         assert steps[0][1].grid == (min(rows, 132),)
         assert steps[0][1].named["FLOORS"] == 0  # fewer rows than BLOCK_SAMPLE_ROWS: sampled in the block
         assert steps[-1][1].args[14] == topk_block.capacity(topk_block.shape(cols, 2048, 0, CFG))  # the finish's cap
-
-
-@pytest.mark.parametrize("head", [0, 1, 2])
-def test_the_next_rows_head_is_read_ahead_only_for_rows_sampled_ahead_where_the_table_says(monkeypatch, head):
-    cfg = {**CFG, "BLOCK_HEAD": head}
-    ahead = _plan(monkeypatch, 1024, 32768, {**cfg, "BLOCK_SAMPLE_ROWS": 1024})[1][1]
-    in_block = _plan(monkeypatch, 64, 32768, cfg)[0][1]
-    assert ahead.launcher is topk_block.BLOCK and ahead.named["FLOORS"] and ahead.named["HEAD"] == head
-    assert in_block.launcher is topk_block.BLOCK and not in_block.named["FLOORS"] and in_block.named["HEAD"] == 0
 
 
 @pytest.mark.parametrize("floors", [1, 2])
@@ -183,11 +174,9 @@ def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset, floors)
 
 
 @pytest.mark.skipif(not _on_nvidia_gpu(), reason="needs an NVIDIA GPU (Gluon kernels do not run interpreted)")
-@pytest.mark.parametrize("head", [0, 1, 2])
-def test_rows_sampled_ahead_select_the_same_sets_whether_the_next_rows_head_is_read_ahead_or_not(head):
+def test_rows_sampled_ahead_give_each_windows_top_k_over_several_rows_a_program():
     # More rows than programs, so each program takes several in turn; windows that start past 0, rows of at most k
-    # between long ones, and a last row whose next lies past the call's rows: BLOCK_HEAD 1 prefetches ahead of each,
-    # 2 copies its first piece into shared memory.
+    # between long ones, and a last row after which the program has none.
     from indexcache.backends.triton.target import detect
 
     dev = torch.device("cuda")
@@ -199,9 +188,9 @@ def test_rows_sampled_ahead_select_the_same_sets_whether_the_next_rows_head_is_r
     lengths = torch.randint(k + 1, cols - 2048, (rows,), device=dev, generator=gen, dtype=torch.int32)
     lengths[::7] = torch.randint(1, k + 1, (len(range(0, rows, 7)),), device=dev, generator=gen, dtype=torch.int32)
     out = torch.full((rows, k), -7, dtype=torch.int32, device=dev)
-    cfg = {**tuning(target.arch)["topk"], "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_HEAD": head}
+    cfg = {**tuning(target.arch)["topk"], "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2}
     steps = plan.launches(scores, lengths, k, starts, out, None, None, 1, None, target=target, cfg=cfg)
-    assert [name for name, _ in steps] == ["sample", "rows", "finish"] and steps[1][1].named["HEAD"] == head
+    assert [name for name, _ in steps] == ["sample", "rows", "finish"]
     for _, launch in steps:
         launch()
     cols_ = torch.arange(cols, device=dev)

@@ -1,8 +1,7 @@
 """What the Hopper (sm90) Gluon kernels share: the Gluon names that differ between the Triton versions they build with
 (3.6 on the H200, 3.9 in CI), resolved once — the block-wide barrier (``gl.thread_barrier`` → ``gl.barrier``), the
-copy engine's load (``tma.async_copy_global_to_shared`` → ``tma.async_load``, same arguments), the threads' own
-asynchronous copy into shared memory (``async_copy.async_copy_global_to_shared`` → ``async_copy.async_load``) and a
-shared buffer seen as another type (``_reinterpret`` → ``reinterpret``) —, the grid dependency
+copy engine's load (``tma.async_copy_global_to_shared`` → ``tma.async_load``, same arguments) and a shared buffer seen
+as another type (``_reinterpret`` → ``reinterpret``) —, the grid dependency
 control of programmatic dependent launch (sm90 on), and the reasons every one of them gives for a call it cannot
 take."""
 
@@ -11,14 +10,12 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
 from indexcache.backends.triton.target import Target
 
 block_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-async_load = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
 
 if hasattr(gl.shared_memory_descriptor, "reinterpret"):
     @gluon.jit

@@ -42,7 +42,6 @@ from typing import Any
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options
 from indexcache.backends.triton.rows import (
@@ -58,7 +57,7 @@ from indexcache.backends.triton.rows import (
     score_bits,
     window,
 )
-from indexcache.backends.triton.sm90 import async_load, block_barrier, grid_dependency_wait, launch_dependents
+from indexcache.backends.triton.sm90 import block_barrier, grid_dependency_wait, launch_dependents
 from indexcache.backends.triton.support import next_power_of_2
 from indexcache.backends.triton.target import Target
 
@@ -242,36 +241,19 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
 
 @gluon.jit
 def _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r, rows, cols, k, s_s0, len_s0, st_s0,
-                  HAS_STARTS: gl.constexpr, NT: gl.constexpr, LINE_L: gl.constexpr, SPAN: gl.constexpr = 0):
+                  HAS_STARTS: gl.constexpr, NT: gl.constexpr, LINE_L: gl.constexpr):
     """Row ``r``'s window (contiguous scores), where it is a long row of this call, into L2 (``prefetch.global.L2``,
     a 32-entry stretch a thread a step: a hint, nothing read into registers), so that its filter reads L2 rather
-    than DRAM: issued after the row before it was filtered, it arrives while that row is selected. ``SPAN`` > 0: only
-    the window's first ``SPAN`` columns (``HEAD`` 1: the filter's first piece, which it waits on before its first
-    compare)."""
+    than DRAM: issued after the row before it was filtered, it arrives while that row is selected."""
     if r < rows:
         start, length, _ = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
         if length > k:
             row_ptr = scores_ptr + r.to(gl.int64) * s_s0 + start
-            end = gl.minimum(length, SPAN) if SPAN > 0 else length
             t = gl.arange(0, NT, layout=LINE_L) * 32
-            for c0 in range(0, end, NT * 32):
+            for c0 in range(0, length, NT * 32):
                 gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                          [row_ptr + gl.minimum(c0 + t, end - 1)], dtype=gl.int32,
+                                          [row_ptr + gl.minimum(c0 + t, length - 1)], dtype=gl.int32,
                                           is_pure=False, pack=1)
-
-
-@gluon.jit
-def _copy_head(smem, scores_ptr, lengths_ptr, starts_ptr, r, rows, cols, k, s_s0, len_s0, st_s0, across, along,
-               HAS_STARTS: gl.constexpr):
-    """The first piece of row ``r``'s window (contiguous scores) copied into ``smem`` asynchronously (``cp.async``, one
-    group: nothing held in registers meanwhile) for the filter to read back (``HEAD`` 2); nothing read for a row of at
-    most ``k`` or past the last. Entries outside the window land as zeros: the reader puts -inf there, as
-    :func:`_piece` does."""
-    rc = gl.minimum(r, rows - 1)
-    start, length, _ = window(lengths_ptr, starts_ptr, rc, cols, len_s0, st_s0, HAS_STARTS)
-    hi = gl.where((r < rows) & (length > k), length, 0)
-    async_load(smem, ((scores_ptr + rc.to(gl.int64) * s_s0 + start) + across) + along, mask=across + along < hi)
-    async_copy.commit_group()
 
 
 @gluon.jit
@@ -426,16 +408,14 @@ def topk_block_kernel(
     HAS_STARTS: gl.constexpr, HAS_R2B: gl.constexpr, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
     SHIFT: gl.constexpr, CONTIG: gl.constexpr, DIGIT: gl.constexpr, PIECE_J: gl.constexpr, SAMPLE_J: gl.constexpr,
     STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr, TIE_SLOTS: gl.constexpr, PDL: gl.constexpr,
-    FLOORS: gl.constexpr, PREFETCH: gl.constexpr, HEAD: gl.constexpr,
+    FLOORS: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     """One row at a time a program (persistent over rows; the pivot bin's gathered candidates, ``2 × TIE_SLOTS``
     int32, the program's stash, ``2 × CAP``, bin counts, ``BINS``, and warp counts, ``NUM_WARPS``, at
     ``stash_ptr``): sample, filter, select, translate and fill (module docstring); ``counts[r]`` -1 for rows
     finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``).
     ``PDL``: launched with programmatic dependent launch (it waits for the launch before it first, and lets the
-    finishing launch's programs take the multiprocessors it leaves idle). ``PREFETCH``: the program's next row into L2
-    while a row is selected; ``HEAD`` 1: only its first piece; 2: its first piece copied into
-    shared memory then (:func:`_copy_head`; fp32 contiguous scores, else as 0)."""
+    finishing launch's programs take the multiprocessors it leaves idle)."""
     if PDL:
         grid_dependency_wait()
         launch_dependents()
@@ -462,14 +442,6 @@ def topk_block_kernel(
     if FLOORS == 2:
         _zero(hist, BINS, BIN_L)
         block_barrier()
-    # HEAD 2: each row's first piece copied while the row before is selected (fp32 contiguous scores: cp.async moves
-    # 4 bytes at least, and a thread's entries of a piece lie a block's width apart).
-    COPY_HEAD: gl.constexpr = (HEAD == 2) and CONTIG and (scores_ptr.dtype.element_ty == gl.float32)
-    if COPY_HEAD:
-        head = gl.allocate_shared_memory(gl.float32, [NUM_WARPS, 32 * PIECE_J],
-                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        _copy_head(head, scores_ptr, lengths_ptr, starts_ptr, pid, rows, cols, k, s_s0, len_s0, st_s0, across, along,
-                   HAS_STARTS)
     for r in range(pid, rows, gl.num_programs(0)):
         start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
         r64 = r.to(gl.int64)
@@ -481,11 +453,7 @@ def topk_block_kernel(
             row_ptr = scores_ptr + r64 * s_s0
             if FLOORS != 2:
                 _zero(hist, BINS, BIN_L)
-            if COPY_HEAD:
-                async_copy.wait_group(0)
-                first = gl.where(across + along < length, head.load(PIECE_L), float("-inf"))
-            else:
-                first = _piece(row_ptr, s_s1, start, start + length, across, along, CONTIG, False)
+            first = _piece(row_ptr, s_s1, start, start + length, across, along, CONTIG, False)
             if FLOORS > 0:  # the row's sample record: its threshold's key and the first bins' shift
                 kmin = gl.load(floors_ptr + 2 * r64)
                 shift = gl.load(floors_ptr + 2 * r64 + 1)
@@ -499,12 +467,6 @@ def topk_block_kernel(
             if PREFETCH and CONTIG:  # the program's next row, while this one is selected
                 _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0, len_s0,
                               st_s0, HAS_STARTS, NT, HIST)
-            if (HEAD == 1) and CONTIG:  # the first piece of the program's next row, while this one is selected
-                _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0, len_s0,
-                              st_s0, HAS_STARTS, NT, HIST, NT * PIECE_J)
-            if COPY_HEAD:
-                _copy_head(head, scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0,
-                           len_s0, st_s0, across, along, HAS_STARTS)
             if (count >= k) & (count <= CAP):
                 block_barrier()  # the stash was written by other threads of this program
                 done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, kmin, shift, q,
@@ -516,17 +478,12 @@ def topk_block_kernel(
                 block_barrier()  # had no barrier since its filter), before the final barrier below
                 _zero(hist, BINS, BIN_L)
         else:
-            if COPY_HEAD:
-                _copy_head(head, scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0,
-                           len_s0, st_s0, across, along, HAS_STARTS)
             for j0 in range(0, k, CAP):  # a short row: 0 .. len-1, then -1
                 j = j0 + q
                 emit(out_row, o_s1, raw_row, w_s1, j, gl.where(j < length, j, -1), j < k, seq, b_ok, tab_row, tab_s1,
                      pages, page_size, TRANSLATE, HAS_RAW, SHIFT)
         gl.store(counts_ptr + r, count)
         block_barrier()  # the next row reuses the stash
-    if COPY_HEAD:
-        async_copy.wait_group(0)  # the copy of the row past the last (masked off: it reads nothing)
 
 
 BLOCK = Launcher(topk_block_kernel)
@@ -538,20 +495,18 @@ def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, 
     program's next row into L2 while a row is selected: ``BLOCK_PREFETCH``), ``SAMPLE_J`` sample
     entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``8 × k`` candidates, at least two
     a thread, at most ``MAX_STASH`` in all: a row gives about 1.6–3 × k, and each warp's region must hold its share
-    with room for the spread between warps), ``BINS``, ``TIE_SLOTS``; ``HEAD`` 0 (:func:`sampled_ahead`)."""
+    with room for the spread between warps), ``BINS``, ``TIE_SLOTS``."""
     threads = cfg["BLOCK_WARPS"] * WARP
     return {"NUM_WARPS": cfg["BLOCK_WARPS"], "PIECE_J": cfg["BLOCK_PIECE_J"], "SAMPLE_J": max(1, samples // threads),
             "STASH_J": max(2, min(MAX_STASH, 8 * next_power_of_2(k)) // threads), "BINS": BINS,
-            "TIE_SLOTS": TIE_SLOTS, "FLOORS": 0, "PREFETCH": cfg.get("BLOCK_PREFETCH", 0), "HEAD": 0}
+            "TIE_SLOTS": TIE_SLOTS, "FLOORS": 0, "PREFETCH": cfg.get("BLOCK_PREFETCH", 0)}
 
 
-def sampled_ahead(named: Mapping[str, int], floors: int, head: int = 0) -> dict[str, int]:
+def sampled_ahead(named: Mapping[str, int], floors: int) -> dict[str, int]:
     """The shape ``named`` for rows sampled ahead by the sample launch (``floors``: the table's ``BLOCK_FLOORS``): the
     block kernel reads each row's record, and no next row is prefetched (the rows' own filters were faster: H200,
-    4096 x 32K, 719 µs against 744; docs/kernels.md, "Rows sampled ahead"); ``head`` (the table's ``BLOCK_HEAD``):
-    1, the first piece of its next row is, while a row is selected; 2, that piece is copied into shared memory then
-    (docs/kernels.md, "A row's head")."""
-    return {**named, "FLOORS": floors, "PREFETCH": 0, "HEAD": head}
+    4096 x 32K, 719 µs against 744; docs/kernels.md, "Rows sampled ahead")."""
+    return {**named, "FLOORS": floors, "PREFETCH": 0}
 
 
 def samples(named: Mapping[str, int]) -> int:

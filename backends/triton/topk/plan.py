@@ -191,7 +191,7 @@ def _plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cf
     if block and budget is None and rows >= cfg.get("BLOCK_SAMPLE_ROWS", rows + 1):
         # Many rows: sampled ahead by a launch of their own, a program a row (so not under an SM budget), the block
         # kernel reading each row's threshold (FLOORS; docs/kernels.md, "Rows sampled ahead").
-        block = topk_block.sampled_ahead(block, cfg["BLOCK_FLOORS"], cfg.get("BLOCK_HEAD", 0))
+        block = topk_block.sampled_ahead(block, cfg["BLOCK_FLOORS"])
     cap = topk_block.capacity(block) if block else stash_capacity(cols, k, cfg)
     chunks = cdiv(cols, chunk) if chunk else 1
     per_sm = cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"]

@@ -150,9 +150,9 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             # Sampling in the block (decode's rows), and reading the rows' records (many rows) after the sample
             # launch without counts.
             for floors in dict.fromkeys((0, cfg.get("BLOCK_FLOORS", 0))):
-                named = topk_block.sampled_ahead(block, floors, cfg.get("BLOCK_HEAD", 0)) if floors else block
                 specs.append(KernelSpec(op, topk_block.topk_block_kernel, {**ptrs, "floors_ptr": "*i32"},
-                                        {**flags, **named, "PDL": pdl},
+                                        {**flags, **(topk_block.sampled_ahead(block, floors) if floors else block),
+                                         "PDL": pdl},
                                         dict(topk_block.options({**block, "PDL": pdl})), aligned=aligned,
                                         stack_bytes=topk_block.STACK_BYTES))
             if cfg.get("BLOCK_FLOORS", 0):
