@@ -408,6 +408,7 @@ def coldstart(d: dict) -> str:
 TABLES: dict[str, Callable[[dict], str]] = {
     "h200-translate.json": bench_op,
     "h200-launch-overhead.json": launch_overhead,
+    "h200-coldstart.json": coldstart,
     "h100-coldstart.json": coldstart,
     "h200-logits.json": logits,
     "h200-logits-vs-deepgemm.json": logits_peers,
