@@ -34,7 +34,7 @@ def test_shape_holds_eight_k_candidates_at_most_8192_and_a_sample_entry_a_thread
     cfg = {**CFG, "BLOCK_WARPS": 16, "BLOCK_PIECE_J": 8}
     shape = topk_block.shape(131072, 2048, 2048, cfg)
     assert shape == {"NUM_WARPS": 16, "PIECE_J": 8, "SAMPLE_J": 4, "STASH_J": 16, "BINS": 2048, "TIE_SLOTS": 256,
-                     "FLOORS": 0, "PREFETCH": CFG["BLOCK_PREFETCH"]}
+                     "FLOORS": 0, "PREFETCH": CFG["BLOCK_PREFETCH"], "SMEM": CFG["BLOCK_SMEM"]}
     assert topk_block.capacity(topk_block.shape(131072, 512, 4096, cfg)) == 4096  # 256 a warp
     assert topk_block.capacity(shape) == 8192
     assert topk_block.workspace(shape) == 2 * 8192 + 2048 + 16 + 2 * 256  # stash, bins, warps, the pivot bin
@@ -142,14 +142,37 @@ def test_interpreted_and_amd_launches_never_ask_for_programmatic_dependent_launc
         assert not uses_pdl(target, {**CFG, "PDL": True})
 
 
+@pytest.mark.parametrize("smem", [0, 1])
+def test_shared_words_are_declared_once_and_only_with_smem(smem):
+    # A block-scoped .shared declaration that the compiler duplicated would be a second array, so threads could
+    # count into different bins: the build must hold exactly one, and its shared memory all of it.
+    from indexcache.backends.triton import crosscompile as cc
+
+    table = tuning("sm90")
+    table["topk"] = {**table["topk"], "BLOCK_SMEM": smem}
+    target = cc.gpu_target("cuda", "sm90")
+    spec = next(s for s in topk_block_specs(target, table) if s.constexprs.get("FLOORS") == 2)
+    kernel = cc.build(spec, target)
+    assert kernel.asm["ptx"].count(topk_block.SMEM_NAME + "[") == smem
+    shared = target.gpu.vendor.resources(kernel)["shared_bytes"]
+    assert (shared >= 4 * topk_block.SMEM_WORDS) == bool(smem)
+
+
+def topk_block_specs(target, table) -> list:
+    from indexcache.backends.triton.topk import specs
+
+    return [s for s in specs.compile_specs(target, table) if s.fn is topk_block.topk_block_kernel]
+
+
 def _on_nvidia_gpu() -> bool:
     return torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 0)
 
 
 @pytest.mark.skipif(not _on_nvidia_gpu(), reason="needs an NVIDIA GPU (Gluon kernels do not run interpreted)")
+@pytest.mark.parametrize("smem", [0, 1])
 @pytest.mark.parametrize("floors", [0, 1, 2])
 @pytest.mark.parametrize("offset", [-300.0, -150.0, -10.0])
-def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset, floors):
+def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset, floors, smem):
     # Scores of N(offset, 100): the k-th best about offset + 153, so at -300 and -150 a row's candidates run from
     # a negative k-th best (or one near zero) to large positive scores, every octave between. Such rows once went
     # to the finishing launch's exact fallback (a pivot bin of thousands); the block kernel bins them again.
@@ -161,10 +184,10 @@ def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset, floors)
     scores = torch.randn(64, 32768, device=dev, generator=gen) * 100 + offset
     lengths = torch.full((64,), 32768, dtype=torch.int32, device=dev)
     out = torch.full((64, 2048), -7, dtype=torch.int32, device=dev)
-    cfg = {**tuning(target.arch)["topk"], "BLOCK_SAMPLE_ROWS": 64, "BLOCK_FLOORS": floors}
+    cfg = {**tuning(target.arch)["topk"], "BLOCK_SAMPLE_ROWS": 64, "BLOCK_FLOORS": floors, "BLOCK_SMEM": smem}
     steps = plan.launches(scores, lengths, 2048, None, out, None, None, 1, None, target=target, cfg=cfg)
     *sampled, (_, block), _ = steps
-    assert block.launcher is topk_block.BLOCK and block.named["FLOORS"] == floors
+    assert block.launcher is topk_block.BLOCK and block.named["FLOORS"] == floors and block.named["SMEM"] == smem
     for _, launch in sampled:
         launch()
     block()  # the block kernel alone: what it leaves, the finishing launch would take
@@ -174,7 +197,8 @@ def test_rows_whose_top_k_crosses_zero_are_finished_in_the_block(offset, floors)
 
 
 @pytest.mark.skipif(not _on_nvidia_gpu(), reason="needs an NVIDIA GPU (Gluon kernels do not run interpreted)")
-def test_rows_sampled_ahead_give_each_windows_top_k_over_several_rows_a_program():
+@pytest.mark.parametrize("smem", [0, 1])
+def test_rows_sampled_ahead_give_each_windows_top_k_over_several_rows_a_program(smem):
     # More rows than programs, so each program takes several in turn; windows that start past 0, rows of at most k
     # between long ones, and a last row after which the program has none.
     from indexcache.backends.triton.target import detect
@@ -188,7 +212,7 @@ def test_rows_sampled_ahead_give_each_windows_top_k_over_several_rows_a_program(
     lengths = torch.randint(k + 1, cols - 2048, (rows,), device=dev, generator=gen, dtype=torch.int32)
     lengths[::7] = torch.randint(1, k + 1, (len(range(0, rows, 7)),), device=dev, generator=gen, dtype=torch.int32)
     out = torch.full((rows, k), -7, dtype=torch.int32, device=dev)
-    cfg = {**tuning(target.arch)["topk"], "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2}
+    cfg = {**tuning(target.arch)["topk"], "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_SMEM": smem}
     steps = plan.launches(scores, lengths, k, starts, out, None, None, 1, None, target=target, cfg=cfg)
     assert [name for name, _ in steps] == ["sample", "rows", "finish"]
     for _, launch in steps:

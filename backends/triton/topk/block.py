@@ -28,6 +28,12 @@ program in the workspace:
    the pivot bin: ``CAP + 1``) ``counts[r]`` leaves the row to the finishing launch's exact fallback; rows this
    kernel finished get ``counts[r] = -1``. Rows with ``len <= k`` get ``0..len-1`` then -1 here.
 
+With ``SMEM`` (the table's ``BLOCK_SMEM``) the bin counts, the warps' counts and the pivot bin's gathered candidates
+live in shared memory instead of the workspace (the stash stays there: 64 KB at 8192 entries, past the 48 KB a
+kernel may declare): an array declared in inline PTX (:data:`SMEM_WORDS` words, a program's), since Gluon has no
+store, load or atomic at computed places of its own shared buffers. Each of those accesses is then a shared-memory
+one instead of an L2 round trip (docs/kernels.md, "The select in shared memory").
+
 Keys as in ``kernels.py`` (fp32 bits with negatives' magnitude flipped, -0.0 as +0.0, NaN and -inf below every
 valid key, never selected in a long row). No allocation, no host sync; the grid depends on the shape only.
 
@@ -72,6 +78,54 @@ TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here 
 # Triton 3.6's sm90 builds keep 48-56 bytes, stored and loaded once a row or once a radix round of the sample, never
 # in the filter's loop.
 STACK_BYTES = 24
+# SMEM: the program's shared words (bin counts, warp counts, the pivot bin's keys and positions), declared once in
+# the kernel's PTX (block-scoped: a second declaration would be a second array, so the kernel declares it once, at
+# its start; the cross-compile check counts the declarations).
+SMEM_WORDS = BINS + 32 + 2 * TIE_SLOTS
+SMEM_NAME = "ic_topk_block_words"
+_SMEM_DECL = gl.constexpr(f"{{ .shared .align 16 .b32 {SMEM_NAME}[{SMEM_WORDS}]; mov.u32 $0, {SMEM_NAME}; }}")
+_SMEM_LOAD = gl.constexpr("ld.shared.b32 $0, [$1];")
+_SMEM_STORE = gl.constexpr("{ .reg .pred p; setp.ne.s32 p, $3, 0; @p st.shared.b32 [$1], $2; mov.u32 $0, 0; }")
+_SMEM_ADD = gl.constexpr("{ .reg .pred p; setp.ne.s32 p, $2, 0; @p red.shared.add.u32 [$1], 1; mov.u32 $0, 0; }")
+
+
+@gluon.jit
+def _smem_base(pid):
+    """The shared address of the program's :data:`SMEM_WORDS` int32 words (``pid``: any scalar, for the shape)."""
+    return gl.inline_asm_elementwise(_SMEM_DECL, "=r,r", [pid], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _get(buf, i, m, other, SMEM: gl.constexpr):
+    """``buf[i]`` where ``m``, else ``other``: int32 words in global memory (read past L1: other threads of the
+    program wrote them) or, with ``SMEM``, at the shared address ``buf`` (``i`` taken as 0 where not ``m``, so
+    nothing outside the words is read)."""
+    if SMEM:
+        v = gl.inline_asm_elementwise(_SMEM_LOAD, "=r,r", [buf + gl.where(m, i, 0) * 4], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+        return gl.where(m, v, other)
+    else:
+        return gl.load(buf + i, mask=m, other=other, cache_modifier=".cg")
+
+
+@gluon.jit
+def _put(buf, i, v, m, SMEM: gl.constexpr):
+    """``buf[i] = v`` where ``m`` (global memory, or with ``SMEM`` the shared words at ``buf``)."""
+    if SMEM:
+        gl.inline_asm_elementwise(_SMEM_STORE, "=r,r,r,r", [buf + gl.where(m, i, 0) * 4, v, m.to(gl.int32)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.store(buf + i, v, mask=m)
+
+
+@gluon.jit
+def _count(buf, i, m, SMEM: gl.constexpr):
+    """``buf[i] += 1`` where ``m``, atomically (global memory, relaxed, or with ``SMEM`` the shared words)."""
+    if SMEM:
+        gl.inline_asm_elementwise(_SMEM_ADD, "=r,r,r", [buf + gl.where(m, i, 0) * 4, m.to(gl.int32)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.atomic_add(buf + i, gl.full_like(i, 1), mask=m, sem="relaxed")
 
 
 @gluon.jit
@@ -191,7 +245,7 @@ def _piece(row_ptr, s1, c0, hi, across, along, CONTIG: gl.constexpr, FULL: gl.co
 @gluon.jit
 def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_counts, across, along, hist, kmin,
             shift, CONTIG: gl.constexpr, PIECE: gl.constexpr, CAP: gl.constexpr, NUM_WARPS: gl.constexpr,
-            COUNT: gl.constexpr, BINS: gl.constexpr):
+            COUNT: gl.constexpr, BINS: gl.constexpr, SMEM: gl.constexpr):
     """Entries of the window ``>= floor`` (a float: NaN, -inf and masked entries never pass; -0.0 passes with +0.0)
     to the stash (fp32 bits, window positions), piece by piece from the first, ``x`` (read by the caller before
     the sample, so that its read overlaps the sample's select), each piece's read issued before the one before it
@@ -199,7 +253,8 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
     its candidates into a region of its own (``CAP / NUM_WARPS`` entries, in order) by a ballot an entry, so no
     piece waits on a block barrier, and writes its count to ``warp_counts``. Returns the candidates in all, or
     ``CAP + 1`` when a region overflowed. ``COUNT``: each stashed candidate also adds one to its bin in ``hist``
-    (:func:`_level` of its key above ``kmin`` by ``shift``)."""
+    (:func:`_level` of its key above ``kmin`` by ``shift``). ``SMEM``: ``hist`` and ``warp_counts`` are shared
+    addresses."""
     REGION: gl.constexpr = CAP // NUM_WARPS
     PJ: gl.constexpr = PIECE // (NUM_WARPS * 32)
     L3: gl.constexpr = gl.BlockedLayout([1, 1, PJ], [1, 32, 1], [NUM_WARPS, 1, 1], [2, 1, 0])
@@ -230,11 +285,10 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
         gl.store(stash_bits + region + entry, score_bits(x), mask=keep)
         gl.store(stash_idx + region + entry, (c0 - start) + (across + along), mask=keep)
         if COUNT:
-            gl.atomic_add(hist + _level(order_key(score_bits(x)), kmin, shift, BINS), gl.full_like(entry, 1), mask=keep,
-                          sem="relaxed")
+            _count(hist, _level(order_key(score_bits(x)), kmin, shift, BINS), keep, SMEM)
         held += gl.convert_layout(gl.max(gl.sum(cnt3, 2), 1), held.type.layout)
         x = x_next
-    gl.store(warp_counts + w, held)
+    _put(warp_counts, w, held, w >= 0, SMEM)
     most, total = gl.reduce((held, held), 0, _max_sum)  # one block-wide reduction for both
     return gl.where(most > REGION, CAP + 1, total)
 
@@ -258,15 +312,16 @@ def _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r, rows, cols, k, s_s0, l
 
 @gluon.jit
 def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, NUM_WARPS: gl.constexpr,
-                ADD: gl.constexpr):
+                ADD: gl.constexpr, SMEM: gl.constexpr):
     """Counts of the candidates ``m`` by ``level`` (their bin, ``< BINS``) through ``hist`` (``BINS`` int32 in global
-    memory, zeroed; an atomic add a candidate, unless ``ADD`` is false: counted already): ``(p, above, in_p)``, the
+    memory, or with ``SMEM`` shared, zeroed; an atomic add a candidate, unless ``ADD`` is false: counted already):
+    ``(p, above, in_p)``, the
     bin holding the ``need``-th best and the candidates above it and in it."""
     if ADD:
-        gl.atomic_add(hist + level, gl.full_like(level, 1), mask=m, sem="relaxed")
+        _count(hist, level, m, SMEM)
     block_barrier()
     b = gl.arange(0, BINS, layout=BIN_L)
-    counts = gl.load(hist + b, cache_modifier=".cg")
+    counts = _get(hist, b, b >= 0, 0, SMEM)
     at_or_above = _block_scan(counts, BINS // (32 * NUM_WARPS), NUM_WARPS, True)
     # The pivot is the one bin whose count at or above reaches need and whose count above does not (-1: none): its
     # index, the count above it and its own, in one block-wide reduction.
@@ -277,9 +332,10 @@ def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, N
 
 
 @gluon.jit
-def _zero(hist, BINS: gl.constexpr, BIN_L: gl.constexpr):
-    """Zero the ``BINS`` bin counts at ``hist``."""
-    gl.store(hist + gl.arange(0, BINS, layout=BIN_L), gl.zeros([BINS], gl.int32, layout=BIN_L))
+def _zero(hist, BINS: gl.constexpr, BIN_L: gl.constexpr, SMEM: gl.constexpr):
+    """Zero the ``BINS`` bin counts at ``hist`` (global, or with ``SMEM`` shared)."""
+    b = gl.arange(0, BINS, layout=BIN_L)
+    _put(hist, b, gl.zeros([BINS], gl.int32, layout=BIN_L), b >= 0, SMEM)
 
 
 @gluon.jit
@@ -299,7 +355,7 @@ def _distance(key, kmin):
 
 @gluon.jit
 def _pivot_bin(key, m, hist, k, kmin, shift, TIE_SLOTS: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr,
-               NUM_WARPS: gl.constexpr, GIVEN: gl.constexpr, COUNTED: gl.constexpr):
+               NUM_WARPS: gl.constexpr, GIVEN: gl.constexpr, COUNTED: gl.constexpr, SMEM: gl.constexpr):
     """The range of keys holding the k-th best of the candidates ``key`` (``m``: which slots hold one): ``BINS``
     bins over their distance above the smallest, low bits dropped so that the largest falls in the last, counted
     through ``hist`` (``BINS`` int32 in global memory, zeroed). While the pivot bin holds more than ``TIE_SLOTS``
@@ -317,7 +373,8 @@ def _pivot_bin(key, m, hist, k, kmin, shift, TIE_SLOTS: gl.constexpr, BINS: gl.c
         # may drop one more).
         top = (span.to(gl.float32).to(gl.int32, bitcast=True) >> 23) - 127  # floor(log2(span)); -127 for 0
         shift = gl.maximum(top + 1 - LOG_BINS, 0)
-    p, above, in_p = _bin_counts(_level(key, kmin, shift, BINS), m, hist, k, BINS, BIN_L, NUM_WARPS, not COUNTED)
+    p, above, in_p = _bin_counts(_level(key, kmin, shift, BINS), m, hist, k, BINS, BIN_L, NUM_WARPS, not COUNTED,
+                                 SMEM)
     if GIVEN:
         last = p == BINS - 1
         in_p = gl.where(last, TIE_SLOTS + 1, in_p)
@@ -328,11 +385,11 @@ def _pivot_bin(key, m, hist, k, kmin, shift, TIE_SLOTS: gl.constexpr, BINS: gl.c
             d = _distance(key, kmin)
             inside = m & (d >= base) & (((d - base) >> shift.to(gl.uint32)) == 0)
             shift = gl.maximum(shift - LOG_BINS, 0)
-            _zero(hist, BINS, BIN_L)
+            _zero(hist, BINS, BIN_L, SMEM)
             block_barrier()  # every thread has read the counts before, and zeroed its bins
             level = ((d - base) >> shift.to(gl.uint32)).to(gl.int32)
             p, more, in_p = _bin_counts(gl.where(inside, level, 0), inside, hist, k - above, BINS, BIN_L, NUM_WARPS,
-                                        True)
+                                        True, SMEM)
             above += more
             base += p.to(gl.uint32) << shift.to(gl.uint32)
     d = _distance(key, kmin)
@@ -344,20 +401,20 @@ def _pivot_bin(key, m, hist, k, kmin, shift, TIE_SLOTS: gl.constexpr, BINS: gl.c
 @gluon.jit
 def _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages,
                     page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr, SHIFT: gl.constexpr,
-                    TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr):
+                    TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr, SMEM: gl.constexpr):
     """The pivot bin's ``in_p <= TIE_SLOTS`` candidates (order keys ``bin_key``, window positions ``bin_idx``, in
-    global memory) ranked by key, then position (the lower index wins ties): the first ``k - above`` go to slots
-    ``above + rank``. A candidate's rank counts those ahead of it, 32 at a time (``RANK_L``: a ``[TIE_SLOTS, 32]``
-    tile, a candidate a row, those it is compared with a lane each)."""
+    global memory, or with ``SMEM`` shared) ranked by key, then position (the lower index wins ties): the first
+    ``k - above`` go to slots ``above + rank``. A candidate's rank counts those ahead of it, 32 at a time
+    (``RANK_L``: a ``[TIE_SLOTS, 32]`` tile, a candidate a row, those it is compared with a lane each)."""
     i = gl.arange(0, TIE_SLOTS, layout=gl.SliceLayout(1, RANK_L))
-    key = gl.load(bin_key + i, mask=i < in_p, other=INT_MIN, cache_modifier=".cg")
-    idx = gl.load(bin_idx + i, mask=i < in_p, other=INT_MAX, cache_modifier=".cg")
+    key = _get(bin_key, i, i < in_p, INT_MIN, SMEM)
+    idx = _get(bin_idx, i, i < in_p, INT_MAX, SMEM)
     lane = gl.arange(0, 32, layout=gl.SliceLayout(0, RANK_L))
     rank = i * 0
     for j0 in range(0, in_p, 32):  # slots past in_p hold (INT_MIN, INT_MAX): never ahead of a candidate
         j = j0 + lane
-        key_j = gl.load(bin_key + j, mask=j < in_p, other=INT_MIN, cache_modifier=".cg")[None, :]
-        idx_j = gl.load(bin_idx + j, mask=j < in_p, other=INT_MAX, cache_modifier=".cg")[None, :]
+        key_j = _get(bin_key, j, j < in_p, INT_MIN, SMEM)[None, :]
+        idx_j = _get(bin_idx, j, j < in_p, INT_MAX, SMEM)[None, :]
         ahead = (key_j > key[:, None]) | ((key_j == key[:, None]) & (idx_j < idx[:, None]))
         rank += gl.sum(ahead.to(gl.int32), 1)
     emit(out_row, o_s1, raw_row, w_s1, above + rank, idx, (i < in_p) & (rank < k - above), seq, b_ok, tab_row, tab_s1,
@@ -369,17 +426,17 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, k
                 w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
                 SHIFT: gl.constexpr, BINS: gl.constexpr, BIN_L: gl.constexpr, REGION: gl.constexpr,
                 TIE_SLOTS: gl.constexpr, RANK_L: gl.constexpr, NUM_WARPS: gl.constexpr, STASH_J: gl.constexpr,
-                FLOORS: gl.constexpr):
+                FLOORS: gl.constexpr, SMEM: gl.constexpr):
     """The row's top-k among its stashed candidates (at least ``k``, the first ``warp_counts[w]`` of each warp's
     region of ``REGION`` slots; ``q``: the stash's slots in the tensor's order) to output slots ``[0, k)``: the
     candidates' bin counts give the bin holding the k-th best (:func:`_pivot_bin`, binned again where it holds
     too many); those above it go out, and those in it (gathered at ``bin_key`` / ``bin_idx``) are ranked
     (:func:`_rank_pivot_bin`). Returns whether it did: not when the pivot bin still holds more than ``TIE_SLOTS``
     (heavy ties: equal keys; the row is left to the exact fallback)."""
-    m = (q % REGION) < gl.load(warp_counts + q // REGION)  # each warp's region holds its candidates first
+    m = (q % REGION) < _get(warp_counts, q // REGION, q >= 0, 0, SMEM)  # each warp's region: its candidates first
     key = order_key(gl.load(stash_bits + q, mask=m, other=0))
     above_p, inside, above, in_p = _pivot_bin(key, m, hist, k, kmin, shift, TIE_SLOTS, BINS, BIN_L, NUM_WARPS,
-                                              FLOORS > 0, FLOORS == 2)
+                                              FLOORS > 0, FLOORS == 2, SMEM)
     done = in_p <= TIE_SLOTS
     if done:
         idx = gl.load(stash_idx + q, mask=m, other=-1)
@@ -388,11 +445,11 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, k
         slots = _block_scan(both, STASH_J, NUM_WARPS, False) - both
         emit(out_row, o_s1, raw_row, w_s1, slots & 0xFFFF, idx, gt != 0, seq, b_ok, tab_row, tab_s1, pages, page_size,
              TRANSLATE, HAS_RAW, SHIFT)
-        gl.store(bin_key + (slots >> 16), key, mask=inside)
-        gl.store(bin_idx + (slots >> 16), idx, mask=inside)
+        _put(bin_key, slots >> 16, key, inside, SMEM)
+        _put(bin_idx, slots >> 16, idx, inside, SMEM)
         block_barrier()  # the pivot bin's candidates were gathered by other threads
         _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1,
-                        pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TIE_SLOTS, RANK_L)
+                        pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TIE_SLOTS, RANK_L, SMEM)
     return done
 
 
@@ -408,11 +465,12 @@ def topk_block_kernel(
     HAS_STARTS: gl.constexpr, HAS_R2B: gl.constexpr, TRANSLATE: gl.constexpr, HAS_RAW: gl.constexpr,
     SHIFT: gl.constexpr, CONTIG: gl.constexpr, DIGIT: gl.constexpr, PIECE_J: gl.constexpr, SAMPLE_J: gl.constexpr,
     STASH_J: gl.constexpr, NUM_WARPS: gl.constexpr, BINS: gl.constexpr, TIE_SLOTS: gl.constexpr, PDL: gl.constexpr,
-    FLOORS: gl.constexpr, PREFETCH: gl.constexpr,
+    FLOORS: gl.constexpr, PREFETCH: gl.constexpr, SMEM: gl.constexpr,
 ):
     """One row at a time a program (persistent over rows; the pivot bin's gathered candidates, ``2 × TIE_SLOTS``
     int32, the program's stash, ``2 × CAP``, bin counts, ``BINS``, and warp counts, ``NUM_WARPS``, at
-    ``stash_ptr``): sample, filter, select, translate and fill (module docstring); ``counts[r]`` -1 for rows
+    ``stash_ptr``; with ``SMEM`` all but the stash in shared memory): sample, filter, select, translate and fill
+    (module docstring); ``counts[r]`` -1 for rows
     finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``).
     ``PDL``: launched with programmatic dependent launch (it waits for the launch before it first, and lets the
     finishing launch's programs take the multiprocessors it leaves idle)."""
@@ -432,15 +490,21 @@ def topk_block_kernel(
     bin_idx = bin_key + TIE_SLOTS
     stash_bits = bin_idx + TIE_SLOTS
     stash_idx = stash_bits + CAP
-    hist = stash_idx + CAP
-    warp_counts = hist + BINS
+    if SMEM:  # the program's shared words: bin counts, warp counts, the pivot bin's keys and positions
+        hist = _smem_base(pid)
+        warp_counts = hist + 4 * BINS
+        bin_key = warp_counts + 4 * 32
+        bin_idx = bin_key + 4 * TIE_SLOTS
+    else:
+        hist = stash_idx + CAP
+        warp_counts = hist + BINS
     w = gl.arange(0, NUM_WARPS, layout=gl.SliceLayout(1, PIECE_L))[:, None]
     i = gl.arange(0, 32 * PIECE_J, layout=gl.SliceLayout(0, PIECE_L))[None, :]
     across = w * 32 + i // PIECE_J  # thread t's j-th entry of a piece: column t + j·NT
     along = (i % PIECE_J) * NT + w * 0
     q = gl.arange(0, CAP, layout=STASH_L)
     if FLOORS == 2:
-        _zero(hist, BINS, BIN_L)
+        _zero(hist, BINS, BIN_L, SMEM)
         block_barrier()
     for r in range(pid, rows, gl.num_programs(0)):
         start, length, seq = window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS)
@@ -452,7 +516,7 @@ def topk_block_kernel(
         if length > k:
             row_ptr = scores_ptr + r64 * s_s0
             if FLOORS != 2:
-                _zero(hist, BINS, BIN_L)
+                _zero(hist, BINS, BIN_L, SMEM)
             first = _piece(row_ptr, s_s1, start, start + length, across, along, CONTIG, False)
             if FLOORS > 0:  # the row's sample record: its threshold's key and the first bins' shift
                 kmin = gl.load(floors_ptr + 2 * r64)
@@ -463,7 +527,7 @@ def topk_block_kernel(
                 shift = 0
                 floor = _sample_floor(row_ptr, s_s1, start, length, k, CONTIG, NT * SAMPLE_J, SAMPLE_L, DIGIT, HIST)
             count = _filter(first, row_ptr, s_s1, start, length, floor, stash_bits, stash_idx, warp_counts, across,
-                            along, hist, kmin, shift, CONTIG, NT * PIECE_J, CAP, NUM_WARPS, FLOORS == 2, BINS)
+                            along, hist, kmin, shift, CONTIG, NT * PIECE_J, CAP, NUM_WARPS, FLOORS == 2, BINS, SMEM)
             if PREFETCH and CONTIG:  # the program's next row, while this one is selected
                 _prefetch_row(scores_ptr, lengths_ptr, starts_ptr, r + gl.num_programs(0), rows, cols, k, s_s0, len_s0,
                               st_s0, HAS_STARTS, NT, HIST)
@@ -472,11 +536,11 @@ def topk_block_kernel(
                 done = _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, kmin, shift, q,
                                    out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1, pages, page_size,
                                    TRANSLATE, HAS_RAW, SHIFT, BINS, BIN_L, CAP // NUM_WARPS, TIE_SLOTS, RANK_L,
-                                   NUM_WARPS, STASH_J, FLOORS)
+                                   NUM_WARPS, STASH_J, FLOORS, SMEM)
                 count = gl.where(done, -1, CAP + 1)  # CAP + 1: the finishing launch's exact fallback
             if FLOORS == 2:  # for the next row's filter: after every thread's adds (a row the select skipped has
                 block_barrier()  # had no barrier since its filter), before the final barrier below
-                _zero(hist, BINS, BIN_L)
+                _zero(hist, BINS, BIN_L, SMEM)
         else:
             for j0 in range(0, k, CAP):  # a short row: 0 .. len-1, then -1
                 j = j0 + q
@@ -495,11 +559,13 @@ def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, 
     program's next row into L2 while a row is selected: ``BLOCK_PREFETCH``), ``SAMPLE_J`` sample
     entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``8 × k`` candidates, at least two
     a thread, at most ``MAX_STASH`` in all: a row gives about 1.6–3 × k, and each warp's region must hold its share
-    with room for the spread between warps), ``BINS``, ``TIE_SLOTS``."""
+    with room for the spread between warps), ``BINS``, ``TIE_SLOTS``, ``SMEM`` (``BLOCK_SMEM``: the bin counts and the
+    pivot bin's candidates in shared memory)."""
     threads = cfg["BLOCK_WARPS"] * WARP
     return {"NUM_WARPS": cfg["BLOCK_WARPS"], "PIECE_J": cfg["BLOCK_PIECE_J"], "SAMPLE_J": max(1, samples // threads),
             "STASH_J": max(2, min(MAX_STASH, 8 * next_power_of_2(k)) // threads), "BINS": BINS,
-            "TIE_SLOTS": TIE_SLOTS, "FLOORS": 0, "PREFETCH": cfg.get("BLOCK_PREFETCH", 0)}
+            "TIE_SLOTS": TIE_SLOTS, "FLOORS": 0, "PREFETCH": cfg.get("BLOCK_PREFETCH", 0),
+            "SMEM": cfg.get("BLOCK_SMEM", 0)}
 
 
 def sampled_ahead(named: Mapping[str, int], floors: int) -> dict[str, int]:
