@@ -92,9 +92,9 @@ _COMMON: dict[str, dict[str, Any]] = {
     # 71 / 96 registers over 8 / 4 / 2 / 1 warps). Raced in the whole prefill producer step (H100, 2026-12-05, three
     # runs, docs/kernels.md "Rows sampled ahead"): rank 32 0.8-1.2 % faster at 4096 x 32K and level at 8192 x 128K,
     # the rounds cap and fewer warps within 0.6 %: none beats 0 by the 1 % a change needs. BLOCK_SMEM: the block
-    # kernel's bin counts, warp counts and pivot bin in shared memory (declared in inline PTX) instead of the
-    # workspace, so a row's select waits on no L2 round trip but the stash's (docs/kernels.md, "The select in shared
-    # memory"; cross-compiled, not yet raced: 0).
+    # kernel's bin counts, warp counts and pivot bin (1), and the stash's keys too (2), in shared memory (declared in
+    # inline PTX) instead of the workspace, so a row's select waits on fewer L2 round trips (docs/kernels.md, "The
+    # select in shared memory"; cross-compiled, not yet raced: 0).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "FINISH_TIES": 256,

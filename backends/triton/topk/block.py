@@ -28,11 +28,12 @@ program in the workspace:
    the pivot bin: ``CAP + 1``) ``counts[r]`` leaves the row to the finishing launch's exact fallback; rows this
    kernel finished get ``counts[r] = -1``. Rows with ``len <= k`` get ``0..len-1`` then -1 here.
 
-With ``SMEM`` (the table's ``BLOCK_SMEM``) the bin counts, the warps' counts and the pivot bin's gathered candidates
-live in shared memory instead of the workspace (the stash stays there: 64 KB at 8192 entries, past the 48 KB a
-kernel may declare): an array declared in inline PTX (:data:`SMEM_WORDS` words, a program's), since Gluon has no
-store, load or atomic at computed places of its own shared buffers. Each of those accesses is then a shared-memory
-one instead of an L2 round trip (docs/kernels.md, "The select in shared memory").
+With ``SMEM`` (the table's ``BLOCK_SMEM``) 1 the bin counts, the warps' counts and the pivot bin's gathered
+candidates live in shared memory instead of the workspace, with 2 the stash's keys too (its positions stay in the
+workspace: both would be 64 KB at 8192 entries, past the 48 KB a kernel may declare): an array declared in inline
+PTX (:func:`smem_words` words, a program's), since Gluon has no store, load or atomic at computed places of its own
+shared buffers. Each of those accesses is then a shared-memory one instead of an L2 round trip (docs/kernels.md,
+"The select in shared memory").
 
 Keys as in ``kernels.py`` (fp32 bits with negatives' magnitude flipped, -0.0 as +0.0, NaN and -inf below every
 valid key, never selected in a long row). No allocation, no host sync; the grid depends on the shape only.
@@ -78,21 +79,32 @@ TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here 
 # Triton 3.6's sm90 builds keep 48-56 bytes, stored and loaded once a row or once a radix round of the sample, never
 # in the filter's loop.
 STACK_BYTES = 24
-# SMEM: the program's shared words (bin counts, warp counts, the pivot bin's keys and positions), declared once in
-# the kernel's PTX (block-scoped: a second declaration would be a second array, so the kernel declares it once, at
-# its start; the cross-compile check counts the declarations).
-SMEM_WORDS = BINS + 32 + 2 * TIE_SLOTS
+# SMEM: the program's shared words (bin counts, warp counts, the pivot bin's keys and positions; with 2 the stash's
+# keys after them), declared once in the kernel's PTX (block-scoped: a second declaration would be a second array, so
+# the kernel declares it once, at its start; a CPU test counts the declarations).
 SMEM_NAME = "ic_topk_block_words"
-_SMEM_DECL = gl.constexpr(f"{{ .shared .align 16 .b32 {SMEM_NAME}[{SMEM_WORDS}]; mov.u32 $0, {SMEM_NAME}; }}")
+
+
+def smem_words(smem: int) -> int:
+    """int32 words a program declares in shared memory under ``BLOCK_SMEM`` = ``smem`` (0: none)."""
+    return 0 if not smem else BINS + 32 + 2 * TIE_SLOTS + (MAX_STASH if smem == 2 else 0)
+
+
+_SMEM_DECL = gl.constexpr(f"{{ .shared .align 16 .b32 {SMEM_NAME}[{smem_words(1)}]; mov.u32 $0, {SMEM_NAME}; }}")
+_SMEM_DECL_STASH = gl.constexpr(f"{{ .shared .align 16 .b32 {SMEM_NAME}[{smem_words(2)}]; mov.u32 $0, {SMEM_NAME}; }}")
 _SMEM_LOAD = gl.constexpr("ld.shared.b32 $0, [$1];")
 _SMEM_STORE = gl.constexpr("{ .reg .pred p; setp.ne.s32 p, $3, 0; @p st.shared.b32 [$1], $2; mov.u32 $0, 0; }")
 _SMEM_ADD = gl.constexpr("{ .reg .pred p; setp.ne.s32 p, $2, 0; @p red.shared.add.u32 [$1], 1; mov.u32 $0, 0; }")
 
 
 @gluon.jit
-def _smem_base(pid):
-    """The shared address of the program's :data:`SMEM_WORDS` int32 words (``pid``: any scalar, for the shape)."""
-    return gl.inline_asm_elementwise(_SMEM_DECL, "=r,r", [pid], dtype=gl.int32, is_pure=True, pack=1)
+def _smem_base(pid, STASH: gl.constexpr):
+    """The shared address of the program's int32 words (:func:`smem_words`; ``STASH``: room for the stash's keys
+    too; ``pid``: any scalar, for the shape)."""
+    if STASH:
+        return gl.inline_asm_elementwise(_SMEM_DECL_STASH, "=r,r", [pid], dtype=gl.int32, is_pure=True, pack=1)
+    else:
+        return gl.inline_asm_elementwise(_SMEM_DECL, "=r,r", [pid], dtype=gl.int32, is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -254,7 +266,7 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
     piece waits on a block barrier, and writes its count to ``warp_counts``. Returns the candidates in all, or
     ``CAP + 1`` when a region overflowed. ``COUNT``: each stashed candidate also adds one to its bin in ``hist``
     (:func:`_level` of its key above ``kmin`` by ``shift``). ``SMEM``: ``hist`` and ``warp_counts`` are shared
-    addresses."""
+    addresses, with 2 ``stash_bits`` too."""
     REGION: gl.constexpr = CAP // NUM_WARPS
     PJ: gl.constexpr = PIECE // (NUM_WARPS * 32)
     L3: gl.constexpr = gl.BlockedLayout([1, 1, PJ], [1, 32, 1], [NUM_WARPS, 1, 1], [2, 1, 0])
@@ -282,7 +294,10 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
         pre = gl.convert_layout(gl.reshape(pre3, [NUM_WARPS, 32 * PJ]), x.type.layout)
         entry = held[:, None] + pre + below
         keep = (cand != 0) & (entry < REGION)
-        gl.store(stash_bits + region + entry, score_bits(x), mask=keep)
+        if SMEM == 2:
+            _put(stash_bits, region + entry, score_bits(x), keep, True)
+        else:
+            gl.store(stash_bits + region + entry, score_bits(x), mask=keep)
         gl.store(stash_idx + region + entry, (c0 - start) + (across + along), mask=keep)
         if COUNT:
             _count(hist, _level(order_key(score_bits(x)), kmin, shift, BINS), keep, SMEM)
@@ -434,7 +449,10 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, k
     (:func:`_rank_pivot_bin`). Returns whether it did: not when the pivot bin still holds more than ``TIE_SLOTS``
     (heavy ties: equal keys; the row is left to the exact fallback)."""
     m = (q % REGION) < _get(warp_counts, q // REGION, q >= 0, 0, SMEM)  # each warp's region: its candidates first
-    key = order_key(gl.load(stash_bits + q, mask=m, other=0))
+    if SMEM == 2:
+        key = order_key(_get(stash_bits, q, m, 0, True))
+    else:
+        key = order_key(gl.load(stash_bits + q, mask=m, other=0))
     above_p, inside, above, in_p = _pivot_bin(key, m, hist, k, kmin, shift, TIE_SLOTS, BINS, BIN_L, NUM_WARPS,
                                               FLOORS > 0, FLOORS == 2, SMEM)
     done = in_p <= TIE_SLOTS
@@ -469,8 +487,8 @@ def topk_block_kernel(
 ):
     """One row at a time a program (persistent over rows; the pivot bin's gathered candidates, ``2 × TIE_SLOTS``
     int32, the program's stash, ``2 × CAP``, bin counts, ``BINS``, and warp counts, ``NUM_WARPS``, at
-    ``stash_ptr``; with ``SMEM`` all but the stash in shared memory): sample, filter, select, translate and fill
-    (module docstring); ``counts[r]`` -1 for rows
+    ``stash_ptr``; with ``SMEM`` 1 all but the stash in shared memory, with 2 all but the stash's positions):
+    sample, filter, select, translate and fill (module docstring); ``counts[r]`` -1 for rows
     finished here, else the count that sends the row to the finishing launch (its candidates, or ``CAP + 1``).
     ``PDL``: launched with programmatic dependent launch (it waits for the launch before it first, and lets the
     finishing launch's programs take the multiprocessors it leaves idle)."""
@@ -490,11 +508,13 @@ def topk_block_kernel(
     bin_idx = bin_key + TIE_SLOTS
     stash_bits = bin_idx + TIE_SLOTS
     stash_idx = stash_bits + CAP
-    if SMEM:  # the program's shared words: bin counts, warp counts, the pivot bin's keys and positions
-        hist = _smem_base(pid)
+    if SMEM:  # the program's shared words: bin counts, warp counts, the pivot bin's keys and positions (and keys)
+        hist = _smem_base(pid, SMEM == 2)
         warp_counts = hist + 4 * BINS
         bin_key = warp_counts + 4 * 32
         bin_idx = bin_key + 4 * TIE_SLOTS
+        if SMEM == 2:
+            stash_bits = bin_idx + 4 * TIE_SLOTS
     else:
         hist = stash_idx + CAP
         warp_counts = hist + BINS
@@ -559,8 +579,8 @@ def shape(cols: int, k: int, samples: int, cfg: Mapping[str, Any]) -> dict[str, 
     program's next row into L2 while a row is selected: ``BLOCK_PREFETCH``), ``SAMPLE_J`` sample
     entries a thread (at least one), ``STASH_J`` stash entries a thread (room for ``8 × k`` candidates, at least two
     a thread, at most ``MAX_STASH`` in all: a row gives about 1.6–3 × k, and each warp's region must hold its share
-    with room for the spread between warps), ``BINS``, ``TIE_SLOTS``, ``SMEM`` (``BLOCK_SMEM``: the bin counts and the
-    pivot bin's candidates in shared memory)."""
+    with room for the spread between warps), ``BINS``, ``TIE_SLOTS``, ``SMEM`` (``BLOCK_SMEM``: 1 the bin counts and the
+    pivot bin's candidates in shared memory, 2 the stash's keys too)."""
     threads = cfg["BLOCK_WARPS"] * WARP
     return {"NUM_WARPS": cfg["BLOCK_WARPS"], "PIECE_J": cfg["BLOCK_PIECE_J"], "SAMPLE_J": max(1, samples // threads),
             "STASH_J": max(2, min(MAX_STASH, 8 * next_power_of_2(k)) // threads), "BINS": BINS,
