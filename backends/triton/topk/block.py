@@ -102,9 +102,9 @@ def _smem_base(pid, STASH: gl.constexpr):
     """The shared address of the program's int32 words (:func:`smem_words`; ``STASH``: room for the stash's keys
     too; ``pid``: any scalar, for the shape)."""
     if STASH:
-        return gl.inline_asm_elementwise(_SMEM_DECL_STASH, "=r,r", [pid], dtype=gl.int32, is_pure=True, pack=1)
+        return gl.inline_asm_elementwise(_SMEM_DECL_STASH, "=r,r", [pid], dtype=gl.int32, is_pure=False, pack=1)
     else:
-        return gl.inline_asm_elementwise(_SMEM_DECL, "=r,r", [pid], dtype=gl.int32, is_pure=True, pack=1)
+        return gl.inline_asm_elementwise(_SMEM_DECL, "=r,r", [pid], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
