@@ -93,6 +93,7 @@ def smem_words(smem: int) -> int:
 _SMEM_DECL = gl.constexpr(f"{{ .shared .align 16 .b32 {SMEM_NAME}[{smem_words(1)}]; mov.u32 $0, {SMEM_NAME}; }}")
 _SMEM_DECL_STASH = gl.constexpr(f"{{ .shared .align 16 .b32 {SMEM_NAME}[{smem_words(2)}]; mov.u32 $0, {SMEM_NAME}; }}")
 _SMEM_LOAD = gl.constexpr("ld.shared.b32 $0, [$1];")
+_SMEM_STORE_ALL = gl.constexpr("st.shared.b32 [$1], $2; mov.u32 $0, 0;")
 _SMEM_STORE = gl.constexpr("{ .reg .pred p; setp.ne.s32 p, $3, 0; @p st.shared.b32 [$1], $2; mov.u32 $0, 0; }")
 _SMEM_ADD = gl.constexpr("{ .reg .pred p; setp.ne.s32 p, $2, 0; @p red.shared.add.u32 [$1], 1; mov.u32 $0, 0; }")
 
@@ -108,24 +109,34 @@ def _smem_base(pid, STASH: gl.constexpr):
 
 
 @gluon.jit
-def _get(buf, i, m, other, SMEM: gl.constexpr):
-    """``buf[i]`` where ``m``, else ``other``: int32 words in global memory (read past L1: other threads of the
-    program wrote them) or, with ``SMEM``, at the shared address ``buf`` (``i`` taken as 0 where not ``m``, so
-    nothing outside the words is read)."""
+def _get(buf, i, SMEM: gl.constexpr, m=None, other=0):
+    """``buf[i]`` (where ``m``, else ``other``; None: every ``i``): int32 words in global memory (read past L1:
+    other threads of the program wrote them) or, with ``SMEM``, at the shared address ``buf`` (``i`` taken as 0
+    where not ``m``, so nothing outside the words is read)."""
     if SMEM:
-        v = gl.inline_asm_elementwise(_SMEM_LOAD, "=r,r", [buf + gl.where(m, i, 0) * 4], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-        return gl.where(m, v, other)
+        if m is None:
+            v = gl.inline_asm_elementwise(_SMEM_LOAD, "=r,r", [buf + i * 4], dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            v = gl.where(m, gl.inline_asm_elementwise(_SMEM_LOAD, "=r,r", [buf + gl.where(m, i, 0) * 4],
+                                                      dtype=gl.int32, is_pure=False, pack=1), other)
+    elif m is None:
+        v = gl.load(buf + i, cache_modifier=".cg")
     else:
-        return gl.load(buf + i, mask=m, other=other, cache_modifier=".cg")
+        v = gl.load(buf + i, mask=m, other=other, cache_modifier=".cg")
+    return v
 
 
 @gluon.jit
-def _put(buf, i, v, m, SMEM: gl.constexpr):
-    """``buf[i] = v`` where ``m`` (global memory, or with ``SMEM`` the shared words at ``buf``)."""
+def _put(buf, i, v, SMEM: gl.constexpr, m=None):
+    """``buf[i] = v`` (where ``m``; None: every ``i``) in global memory, or with ``SMEM`` the shared words at
+    ``buf``."""
     if SMEM:
-        gl.inline_asm_elementwise(_SMEM_STORE, "=r,r,r,r", [buf + gl.where(m, i, 0) * 4, v, m.to(gl.int32)],
-                                  dtype=gl.int32, is_pure=False, pack=1)
+        if m is None:
+            gl.inline_asm_elementwise(_SMEM_STORE_ALL, "=r,r,r", [buf + i * 4, v], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+        else:
+            gl.inline_asm_elementwise(_SMEM_STORE, "=r,r,r,r", [buf + gl.where(m, i, 0) * 4, v, m.to(gl.int32)],
+                                      dtype=gl.int32, is_pure=False, pack=1)
     else:
         gl.store(buf + i, v, mask=m)
 
@@ -295,15 +306,15 @@ def _filter(x, row_ptr, s1, start, length, floor, stash_bits, stash_idx, warp_co
         entry = held[:, None] + pre + below
         keep = (cand != 0) & (entry < REGION)
         if SMEM == 2:
-            _put(stash_bits, region + entry, score_bits(x), keep, True)
-        else:
+            _put(stash_bits, region + entry, score_bits(x), True, keep)
+        else:  # the workspace's address formed as before SMEM (the same code as then)
             gl.store(stash_bits + region + entry, score_bits(x), mask=keep)
         gl.store(stash_idx + region + entry, (c0 - start) + (across + along), mask=keep)
         if COUNT:
             _count(hist, _level(order_key(score_bits(x)), kmin, shift, BINS), keep, SMEM)
         held += gl.convert_layout(gl.max(gl.sum(cnt3, 2), 1), held.type.layout)
         x = x_next
-    _put(warp_counts, w, held, w >= 0, SMEM)
+    _put(warp_counts, w, held, SMEM)
     most, total = gl.reduce((held, held), 0, _max_sum)  # one block-wide reduction for both
     return gl.where(most > REGION, CAP + 1, total)
 
@@ -336,7 +347,7 @@ def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, N
         _count(hist, level, m, SMEM)
     block_barrier()
     b = gl.arange(0, BINS, layout=BIN_L)
-    counts = _get(hist, b, b >= 0, 0, SMEM)
+    counts = _get(hist, b, SMEM)
     at_or_above = _block_scan(counts, BINS // (32 * NUM_WARPS), NUM_WARPS, True)
     # The pivot is the one bin whose count at or above reaches need and whose count above does not (-1: none): its
     # index, the count above it and its own, in one block-wide reduction.
@@ -350,7 +361,7 @@ def _bin_counts(level, m, hist, need, BINS: gl.constexpr, BIN_L: gl.constexpr, N
 def _zero(hist, BINS: gl.constexpr, BIN_L: gl.constexpr, SMEM: gl.constexpr):
     """Zero the ``BINS`` bin counts at ``hist`` (global, or with ``SMEM`` shared)."""
     b = gl.arange(0, BINS, layout=BIN_L)
-    _put(hist, b, gl.zeros([BINS], gl.int32, layout=BIN_L), b >= 0, SMEM)
+    _put(hist, b, gl.zeros([BINS], gl.int32, layout=BIN_L), SMEM)
 
 
 @gluon.jit
@@ -422,14 +433,14 @@ def _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_
     ``k - above`` go to slots ``above + rank``. A candidate's rank counts those ahead of it, 32 at a time
     (``RANK_L``: a ``[TIE_SLOTS, 32]`` tile, a candidate a row, those it is compared with a lane each)."""
     i = gl.arange(0, TIE_SLOTS, layout=gl.SliceLayout(1, RANK_L))
-    key = _get(bin_key, i, i < in_p, INT_MIN, SMEM)
-    idx = _get(bin_idx, i, i < in_p, INT_MAX, SMEM)
+    key = _get(bin_key, i, SMEM, i < in_p, INT_MIN)
+    idx = _get(bin_idx, i, SMEM, i < in_p, INT_MAX)
     lane = gl.arange(0, 32, layout=gl.SliceLayout(0, RANK_L))
     rank = i * 0
     for j0 in range(0, in_p, 32):  # slots past in_p hold (INT_MIN, INT_MAX): never ahead of a candidate
         j = j0 + lane
-        key_j = _get(bin_key, j, j < in_p, INT_MIN, SMEM)[None, :]
-        idx_j = _get(bin_idx, j, j < in_p, INT_MAX, SMEM)[None, :]
+        key_j = _get(bin_key, j, SMEM, j < in_p, INT_MIN)[None, :]
+        idx_j = _get(bin_idx, j, SMEM, j < in_p, INT_MAX)[None, :]
         ahead = (key_j > key[:, None]) | ((key_j == key[:, None]) & (idx_j < idx[:, None]))
         rank += gl.sum(ahead.to(gl.int32), 1)
     emit(out_row, o_s1, raw_row, w_s1, above + rank, idx, (i < in_p) & (rank < k - above), seq, b_ok, tab_row, tab_s1,
@@ -448,10 +459,10 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, k
     too many); those above it go out, and those in it (gathered at ``bin_key`` / ``bin_idx``) are ranked
     (:func:`_rank_pivot_bin`). Returns whether it did: not when the pivot bin still holds more than ``TIE_SLOTS``
     (heavy ties: equal keys; the row is left to the exact fallback)."""
-    m = (q % REGION) < _get(warp_counts, q // REGION, q >= 0, 0, SMEM)  # each warp's region: its candidates first
+    m = (q % REGION) < _get(warp_counts, q // REGION, SMEM)  # each warp's region holds its candidates first
     if SMEM == 2:
-        key = order_key(_get(stash_bits, q, m, 0, True))
-    else:
+        key = order_key(_get(stash_bits, q, True, m))
+    else:  # read through L1 as before SMEM (the stash was written before the block barrier, by this SM)
         key = order_key(gl.load(stash_bits + q, mask=m, other=0))
     above_p, inside, above, in_p = _pivot_bin(key, m, hist, k, kmin, shift, TIE_SLOTS, BINS, BIN_L, NUM_WARPS,
                                               FLOORS > 0, FLOORS == 2, SMEM)
@@ -463,8 +474,8 @@ def _select_row(stash_bits, stash_idx, hist, warp_counts, bin_key, bin_idx, k, k
         slots = _block_scan(both, STASH_J, NUM_WARPS, False) - both
         emit(out_row, o_s1, raw_row, w_s1, slots & 0xFFFF, idx, gt != 0, seq, b_ok, tab_row, tab_s1, pages, page_size,
              TRANSLATE, HAS_RAW, SHIFT)
-        _put(bin_key, slots >> 16, key, inside, SMEM)
-        _put(bin_idx, slots >> 16, idx, inside, SMEM)
+        _put(bin_key, slots >> 16, key, SMEM, inside)
+        _put(bin_idx, slots >> 16, idx, SMEM, inside)
         block_barrier()  # the pivot bin's candidates were gathered by other threads
         _rank_pivot_bin(bin_key, bin_idx, in_p, above, k, out_row, o_s1, raw_row, w_s1, seq, b_ok, tab_row, tab_s1,
                         pages, page_size, TRANSLATE, HAS_RAW, SHIFT, TIE_SLOTS, RANK_L, SMEM)
