@@ -77,8 +77,8 @@ TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here 
 # (8 on sm89 and sm90, 16 on sm120): program addresses stored once a program and loaded once a row; 24 on sm120 where
 # the filter counts the bins (FLOORS 2; where it is loaded not yet read). The compile check allows that much.
 # Triton 3.6's sm90 builds keep 48-56 bytes, stored and loaded once a row or once a radix round of the sample, never
-# in the filter's loop.
-STACK_BYTES = 24
+# in the filter's loop. Under BLOCK_SMEM some strided-score builds keep 32 bytes with 3.9, stored and loaded once a row.
+STACK_BYTES = 32
 # SMEM: the program's shared words (bin counts, warp counts, the pivot bin's keys and positions; with 2 the stash's
 # keys after them), declared once in the kernel's PTX (block-scoped: a second declaration would be a second array, so
 # the kernel declares it once, at its start; a CPU test counts the declarations).
