@@ -415,6 +415,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200-producer-step.json": producer_step,
     "h200-producer-step-launches.json": producer_launches,
     "h200-prefill-producer.json": prefill_producer,
+    "h100-prefill-producer.json": prefill_producer,
     "h200-paged-topk-translate.json": bench_op,
     "h200-short-rows.json": short_rows,
     "h200-ragged.json": ragged,
