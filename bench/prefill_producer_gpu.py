@@ -80,9 +80,9 @@ LOGITS_ARGS = ("q", "k", "k_scale", "weights", "ks", "ke")
 # in shared memory"): the table takes BLOCK_SMEM 1 (the block kernel's bin counts, warp counts and pivot bin in shared
 # memory; 0.916x the top-k's time before it on an H100); 0 is the kernel before, 2 the stash's keys in shared memory
 # too; and half the sample entries a row on top of 1 (512 at 32K keys, where the block kernel's own sample is 1024:
-# the step 0.8 % faster at 4096 x 32K and 0.8 % slower at 8192 x 128K on an H100). The levers raced before (the
-# sample launch's warps and rounds, a quarter of the entries, 8 columns a thread a piece, the next row's head read
-# ahead) lost or stayed within 1 %.
+# in two H100 races the step 0.8 and 1.3 % faster at 4096 x 32K, 0.7 % slower and 0.5 % faster at 8192 x 128K). The
+# levers raced before (the sample launch's warps and rounds, a quarter of the entries, 8 columns a thread a piece,
+# the next row's head read ahead) lost or stayed within 1 %.
 TOPK_RACE = [{"BLOCK_SMEM": 0}, {"BLOCK_SMEM": 2}, {"AHEAD_SAMPLE_RANK": 32}]
 
 

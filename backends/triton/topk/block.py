@@ -90,8 +90,12 @@ def smem_words(smem: int) -> int:
     return 0 if not smem else BINS + 32 + 2 * TIE_SLOTS + (MAX_STASH if smem == 2 else 0)
 
 
-_SMEM_DECL = gl.constexpr(f"{{ .shared .align 16 .b32 {SMEM_NAME}[{smem_words(1)}]; mov.u32 $0, {SMEM_NAME}; }}")
-_SMEM_DECL_STASH = gl.constexpr(f"{{ .shared .align 16 .b32 {SMEM_NAME}[{smem_words(2)}]; mov.u32 $0, {SMEM_NAME}; }}")
+def _smem_decl(smem: int) -> gl.constexpr:
+    """The PTX that declares the program's shared words under ``BLOCK_SMEM`` = ``smem`` and gives their address."""
+    return gl.constexpr(f"{{ .shared .align 16 .b32 {SMEM_NAME}[{smem_words(smem)}]; mov.u32 $0, {SMEM_NAME}; }}")
+
+
+_SMEM_DECL, _SMEM_DECL_STASH = _smem_decl(1), _smem_decl(2)
 _SMEM_LOAD = gl.constexpr("ld.shared.b32 $0, [$1];")
 _SMEM_STORE_ALL = gl.constexpr("st.shared.b32 [$1], $2; mov.u32 $0, 0;")
 _SMEM_STORE = gl.constexpr("{ .reg .pred p; setp.ne.s32 p, $3, 0; @p st.shared.b32 [$1], $2; mov.u32 $0, 0; }")
