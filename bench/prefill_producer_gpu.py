@@ -24,9 +24,10 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   into the whole logits, our ``topk_translate`` of rows computed once, and with the peers DeepGEMM's ``fp8_mqa_logits``
   and FlashInfer's transform of DeepGEMM's rows computed once: which half a gap to the peers lies in.
 - **top-k race** (``--topk-race``): the top-k of the first shape's rows alone (our logits of it, causal windows, the
-  translation into the KV table), under the cuda table and under each override of ``TOPK_RACE`` (the levers of
-  docs/kernels.md, "Rows sampled ahead"), raced in turns as above; each variant's index sets checked against the
-  table's, and, where the call has a sample launch, that launch alone timed beside it (a contender of its own).
+  translation into the KV table), then of decode-like rows (``DECODE_ROWS``: random scores, a request a row), under
+  the cuda table and under each override of ``TOPK_RACE`` (the levers of docs/kernels.md, "Rows sampled ahead"),
+  raced in turns as above, a case at a time; each variant's index sets checked against the table's, and, where the
+  call has a sample launch, that launch alone timed beside it (a contender of its own).
 
 Writes one JSON with the commit, device and versions, again as each section ends (the producer rows, the 1M
 section, the top-k race), so a run stopped later keeps what it measured. ``--smoke``: tiny shapes interpreted on the
@@ -84,6 +85,9 @@ LOGITS_ARGS = ("q", "k", "k_scale", "weights", "ks", "ke")
 # levers raced before (the sample launch's warps and rounds, a quarter of the entries, 8 columns a thread a piece,
 # the next row's head read ahead) lost or stayed within 1 %.
 TOPK_RACE = [{"BLOCK_SMEM": 0}, {"BLOCK_SMEM": 2}, {"AHEAD_SAMPLE_RANK": 32}]
+# --topk-race's decode-like rows (rows, columns): a decode producer step's top-k, short of and past the rows that are
+# sampled ahead (the cuda table's BLOCK_SAMPLE_ROWS, 256), where an override of the block kernel reaches too.
+DECODE_ROWS = [(64, 32768), (64, 131072), (512, 32768)]
 
 
 def ours(a: dict, bound: int | None, workspace: torch.Tensor | None = None) -> Callable[[], Any]:
@@ -293,27 +297,53 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
             for name, us in times.items()]
 
 
-def topk_race(dev: torch.device, tokens: int, keys: int, k: int, rounds: int,
-              errors: list[str]) -> list[dict[str, Any]]:
-    """The top-k + translation of one shape's logits rows under the table and each ``TOPK_RACE`` override, raced."""
+def decode_rows(rows: int, cols: int, dev: torch.device, seed: int = 39) -> dict[str, Any]:
+    """Decode-like rows: ``rows`` requests of ``cols`` random fp32 scores each, every row its own request's whole
+    window, through a random KV table of its own (the rows a decode producer step's top-k selects from)."""
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    pages = -(-cols // PAGE)
+    table = torch.stack([torch.randperm(pages, device=dev, generator=gen, dtype=torch.int32) for _ in range(rows)])
+    return dict(scores=torch.randn(rows, cols, device=dev, generator=gen),
+                lengths=torch.full((rows,), cols, device=dev, dtype=torch.int32),
+                starts=torch.zeros(rows, device=dev, dtype=torch.int32), page_table=table,
+                row_to_batch=torch.arange(rows, device=dev, dtype=torch.int32))
+
+
+def topk_race(dev: torch.device, tokens: int, keys: int, k: int, rounds: int, errors: list[str],
+              decode: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """The top-k + translation of one shape's logits rows, and of each ``(rows, columns)`` of ``decode``
+    (:func:`decode_rows`), under the table and each ``TOPK_RACE`` override, raced a case at a time."""
+    a = inputs(tokens, keys, k, dev)
+    causal = dict(scores=indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS)), lengths=a["ke"] - a["ks"],
+                  starts=a["ks"], page_table=a["page_table"], row_to_batch=a["row_to_batch"])
+    del a
+    found = topk_race_case(dev, f"{tokens}x{size(keys)} causal k{k}", causal, k, rounds, errors)
+    for rows, cols in decode:
+        found += topk_race_case(dev, f"{rows}x{size(cols)} random k{k}", decode_rows(rows, cols, dev), k, rounds,
+                                errors)
+    return found
+
+
+def topk_race_case(dev: torch.device, case: str, rows: dict[str, Any], k: int, rounds: int,
+                   errors: list[str]) -> list[dict[str, Any]]:
+    """One case of :func:`topk_race`: ``rows`` (scores, lengths, starts, page_table, row_to_batch) selected and
+    translated under the table and each override; each override's index sets checked against the table's, and, where
+    the call has a sample launch, that launch alone timed beside it."""
     from indexcache.backends.triton import topk as kernels
 
     target, table = cuda_table(dev)
-    base = table["topk"]
-    a = inputs(tokens, keys, k, dev)
-    scores = indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS))
-    lengths = a["ke"] - a["ks"]
-    case = f"{tokens}x{size(keys)} causal k{k}"
+    scores, shape = rows["scores"], (rows["scores"].shape[0], k)
     calls: dict[str, Callable[[], Any]] = {}
     outs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for overrides in [{}, *TOPK_RACE]:
         name = override_name(overrides) or "table"
-        cfg = dict(base, **overrides)
-        out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
+        cfg = dict(table["topk"], **overrides)
+        out = torch.empty(shape, device=dev, dtype=torch.int32)
+        raw = torch.empty_like(out)
         ws = torch.empty(kernels.workspace_bytes(scores, k, target=target, cfg=cfg) // 4 + 1, dtype=torch.int32,
                          device=dev)
-        steps = kernels.launches(scores, lengths, k, a["ks"], out, raw, a["page_table"], a["page_size"],
-                                 a["row_to_batch"], workspace=ws, target=target, cfg=cfg)
+        steps = kernels.launches(scores, rows["lengths"], k, rows["starts"], out, raw, rows["page_table"], PAGE,
+                                 rows["row_to_batch"], workspace=ws, target=target, cfg=cfg)
         calls[name] = lambda steps=steps: [launch() for _, launch in steps]
         if steps and steps[0][0] == "sample":
             calls[f"{name}: sample launch"] = steps[0][1]
@@ -358,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3, help="eager calls timed in the 1M section")
     parser.add_argument("--skip-million", action="store_true", help="leave out the 1M section")
     parser.add_argument("--topk-race", action="store_true",
-                        help="also race the top-k of the first shape's rows under the table and TOPK_RACE's overrides")
+                        help="also race the top-k of the first shape's rows and of decode-like rows under the table "
+                        "and TOPK_RACE's overrides")
     parser.add_argument("--producer-race", action="store_true",
                         help="also race the whole step of each shape under each of TOPK_RACE's overrides, beside the "
                         "peers")
@@ -380,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"{PAGE}; raced alternately in CUDA graphs, {args.rounds} rounds; median µs a call; "
                               "scratch: allocator bytes during a call beyond its inputs/outputs"}
     shapes = [(16, 300), (24, 1000)] if args.smoke else [(4096, 32768), (8192, 131072)]
+    decode = [(4, 300), (8, 1000)] if args.smoke else DECODE_ROWS
     k = 16 if args.smoke else K
     report["errors"] = errors
     rounds = 1 if args.smoke else args.rounds
@@ -395,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         return found
 
     def topk_rows() -> list[dict[str, Any]]:
-        found = topk_race(dev, *shapes[0], k, rounds, errors)
-        print_rows("the top-k of the first shape's rows (median µs a call)", found,
+        found = topk_race(dev, *shapes[0], k, rounds, errors, decode)
+        print_rows("the top-k of the first shape's rows and of decode-like rows (median µs a call)", found,
                    ["case", "config", "us", "over_table"])
         return found
 

@@ -666,21 +666,24 @@ def test_hisparse_smoke_runs_on_the_cpu(tmp_path):
 def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
     """bench/prefill_producer_gpu.py --smoke: the one-op call at each bound against the two ops, the bounded call
     over more keys against them too, every result the same; no peers off the GPU. ``--topk-race``: the first shape's
-    top-k under the table and each override, the same index sets; ``--producer-race``: each shape's whole step under
-    each override, the same index sets as the two ops (an error otherwise); ``--parts``: our two ops' halves apart
-    (the peers' only where they load)."""
+    top-k and two decode-like cases' under the table and each override, the same index sets; ``--producer-race``:
+    each shape's whole step under each override, the same index sets as the two ops (an error otherwise);
+    ``--parts``: our two ops' halves apart (the peers' only where they load)."""
     _script("prefill_producer_gpu", "--smoke", "--topk-race", "--producer-race", "--parts", "--out",
             str(tmp_path / "pp.json"))
     report = json.loads((tmp_path / "pp.json").read_text())
     assert report["device"] == "cpu" and not report["errors"]
-    assert [r["config"] for r in report["topk_race"]] == [
-        "table", "BLOCK_SMEM=0", "BLOCK_SMEM=2", "AHEAD_SAMPLE_RANK=32"]
+    race_cases = list(dict.fromkeys(r["case"] for r in report["topk_race"]))
+    assert race_cases == ["16x300 causal k16", "4x300 random k16", "8x1000 random k16"]
+    for case in race_cases:
+        assert [r["config"] for r in report["topk_race"] if r["case"] == case] == [
+            "table", "BLOCK_SMEM=0", "BLOCK_SMEM=2", "AHEAD_SAMPLE_RANK=32"]
     cases = list(dict.fromkeys(r["case"] for r in report["rows"]))
     assert len(cases) == 2
     for case in cases:
         assert [r["call"] for r in report["rows"] if r["case"] == case] == [
             "ours, bound 2 GiB", *(f"ours, bound {b / 4096:g} GiB" for b in (0.5, 1, 4)),
-            *(f"ours, top-k {r['config']}" for r in report["topk_race"][1:]), "ours, two ops",
+            *(f"ours, top-k {r['config']}" for r in report["topk_race"][1:4]), "ours, two ops",
             "part: ours, logits", "part: ours, top-k"]
     assert report["million"]["same_as_two_ops"] and report["peers"]["FlashInfer"].startswith("absent")
 
