@@ -84,7 +84,7 @@ LOGITS_ARGS = ("q", "k", "k_scale", "weights", "ks", "ke")
 # in two H100 races the step 0.8 and 1.3 % faster at 4096 x 32K, 0.7 % slower and 0.5 % faster at 8192 x 128K). The
 # levers raced before (the sample launch's warps and rounds, a quarter of the entries, 8 columns a thread a piece,
 # the next row's head read ahead) lost or stayed within 1 %.
-TOPK_RACE = [{"BLOCK_SMEM": 0}, {"BLOCK_SMEM": 2}, {"AHEAD_SAMPLE_RANK": 32}]
+TOPK_RACE = [{"BLOCK_SMEM": 0}, {"BLOCK_SMEM": 2}, {"AHEAD_SAMPLE_RANK": 0}]
 # --topk-race's decode-like rows (rows, columns): a decode producer step's top-k, short of and past the rows that are
 # sampled ahead (the cuda table's BLOCK_SAMPLE_ROWS, 256), where an override of the block kernel reaches too.
 DECODE_ROWS = [(64, 32768), (64, 131072), (512, 32768)]

@@ -71,7 +71,7 @@ def test_launch_plan_gives_the_block_kernel_its_calls(monkeypatch, rows, cols, f
 
 @pytest.mark.parametrize("floors", [1, 2])
 def test_many_rows_are_sampled_ahead_by_a_launch_a_row(monkeypatch, floors):
-    cfg = {**CFG, "BLOCK_SAMPLE_ROWS": 1024, "BLOCK_FLOORS": floors}
+    cfg = {**CFG, "BLOCK_SAMPLE_ROWS": 1024, "BLOCK_FLOORS": floors, "AHEAD_SAMPLE_RANK": 0}
     steps = _plan(monkeypatch, 1024, 32768, cfg)
     assert [name for name, _ in steps] == ["sample", "rows", "finish"]
     (_, sample), (_, block) = steps[:2]

@@ -89,9 +89,11 @@ _COMMON: dict[str, dict[str, Any]] = {
     # ahead at that SAMPLE_RANK (0: the block kernel's own sample, at least one a thread: 1024 at 32K, where rank 32
     # takes 512; replayed on the CPU, 17 % more candidates). AHEAD_SAMPLE_WARPS: that launch's warps (0: SAMPLE_WARPS,
     # which the split rows' sample of up to SAMPLE entries keeps; with Triton 3.6 a 1024-entry sample takes 31 / 40 /
-    # 71 / 96 registers over 8 / 4 / 2 / 1 warps). Raced in the whole prefill producer step (H100, 2026-12-05, three
-    # runs, docs/kernels.md "Rows sampled ahead"): rank 32 0.8-1.2 % faster at 4096 x 32K and level at 8192 x 128K,
-    # the rounds cap and fewer warps within 0.6 %: none beats 0 by the 1 % a change needs. BLOCK_SMEM: the block
+    # 71 / 96 registers over 8 / 4 / 2 / 1 warps). Rank 32: the top-k of rows sampled ahead 4-7 % faster in four races
+    # on an H100 and an H200 (the sample launch a third shorter, the block kernel a little longer over its candidates;
+    # H200, 2026-12-06: 4096 causal rows of 32K 0.959x, 512 x 32K 0.930x), the whole prefill producer step 0.6-1.3 %
+    # faster at 4096 x 32K and level at 8192 x 128K (docs/kernels.md, "Rows sampled ahead"); the rounds cap and fewer
+    # warps within 0.6 % of none. BLOCK_SMEM: the block
     # kernel's bin counts, warp counts and pivot bin (1), and the stash's keys too (2), in shared memory (declared in
     # inline PTX) instead of the workspace, so a row's select waits on fewer L2 round trips (docs/kernels.md, "The
     # select in shared memory"; raced on an H100 there: 1).
@@ -102,7 +104,7 @@ _COMMON: dict[str, dict[str, Any]] = {
              "STASH_COLS_SHIFT": 5, "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 32, "BLOCK_PIECE_J": 4,
              "BLOCK_PER_SM": 1, "BLOCK_MIN_ROWS": 32, "BLOCK_MAX_COLS": 262144,
              "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_PREFETCH": 1, "SAMPLE_ROUNDS": 0,
-             "AHEAD_SAMPLE_RANK": 0, "AHEAD_SAMPLE_WARPS": 0, "BLOCK_SMEM": 1},
+             "AHEAD_SAMPLE_RANK": 32, "AHEAD_SAMPLE_WARPS": 0, "BLOCK_SMEM": 1},
 }
 
 
