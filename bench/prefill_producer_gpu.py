@@ -79,11 +79,11 @@ def inputs(tokens: int, keys: int, k: int, dev: torch.device, seed: int = 38) ->
 LOGITS_ARGS = ("q", "k", "k_scale", "weights", "ks", "ke")
 # Overrides of the cuda table's top-k entry raced by --topk-race (docs/kernels.md, "Rows sampled ahead", "The select
 # in shared memory"): the table takes BLOCK_SMEM 1 (the block kernel's bin counts, warp counts and pivot bin in shared
-# memory; 0.916x the top-k's time before it on an H100); 0 is the kernel before, 2 the stash's keys in shared memory
-# too; and half the sample entries a row on top of 1 (512 at 32K keys, where the block kernel's own sample is 1024:
-# in two H100 races the step 0.8 and 1.3 % faster at 4096 x 32K, 0.7 % slower and 0.5 % faster at 8192 x 128K). The
-# levers raced before (the sample launch's warps and rounds, a quarter of the entries, 8 columns a thread a piece,
-# the next row's head read ahead) lost or stayed within 1 %.
+# memory; 0.916x the top-k's time before it on an H100) and AHEAD_SAMPLE_RANK 32 (512 sample entries a row sampled
+# ahead at 32K keys: 0.959x the top-k of the 4096 causal rows on the H200); 0 is the kernel before, 2 the stash's keys
+# in shared memory too, rank 0 the block kernel's own sample size (1024 at 32K). The levers raced before (the sample
+# launch's warps and rounds, a quarter of the entries, 8 columns a thread a piece, the next row's head read ahead)
+# lost or stayed within 1 %.
 TOPK_RACE = [{"BLOCK_SMEM": 0}, {"BLOCK_SMEM": 2}, {"AHEAD_SAMPLE_RANK": 0}]
 # --topk-race's decode-like rows (rows, columns): a decode producer step's top-k, short of and past the rows that are
 # sampled ahead (the cuda table's BLOCK_SAMPLE_ROWS, 256), where an override of the block kernel reaches too.

@@ -92,8 +92,8 @@ _COMMON: dict[str, dict[str, Any]] = {
     # 71 / 96 registers over 8 / 4 / 2 / 1 warps). Rank 32: the top-k of rows sampled ahead 4-7 % faster in four races
     # on an H100 and an H200 (the sample launch a third shorter, the block kernel a little longer over its candidates;
     # H200, 2026-12-06: 4096 causal rows of 32K 0.959x, 512 x 32K 0.930x), the whole prefill producer step 0.6-1.3 %
-    # faster at 4096 x 32K and level at 8192 x 128K (docs/kernels.md, "Rows sampled ahead"); the rounds cap and fewer
-    # warps within 0.6 % of none. BLOCK_SMEM: the block
+    # faster at 4096 x 32K and level at 8192 x 128K (docs/kernels.md, "On the H200, and rank 32 in the table"); the
+    # rounds cap and fewer warps within 0.6 % of none (docs/kernels.md, "Rows sampled ahead"). BLOCK_SMEM: the block
     # kernel's bin counts, warp counts and pivot bin (1), and the stash's keys too (2), in shared memory (declared in
     # inline PTX) instead of the workspace, so a row's select waits on fewer L2 round trips (docs/kernels.md, "The
     # select in shared memory"; raced on an H100 there: 1).
