@@ -28,6 +28,9 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   the cuda table and under each override of ``TOPK_RACE`` (the levers of docs/kernels.md, "Rows sampled ahead"),
   raced in turns as above, a case at a time; each variant's index sets checked against the table's, and, where the
   call has a sample launch, that launch alone timed beside it (a contender of its own).
+- **each launch** (``--launches``): each shape's step in one op at the default bound, in one op in a single pass (a
+  bound it fits in whole) and as our two ops, run eagerly as their launch lists with CUDA events between the launches
+  (the host kept ahead by a sleep first; median of ``--reps``): where the passes' seams cost, launch by launch.
 
 Writes one JSON with the commit, device and versions, again as each section ends (the producer rows, the 1M
 section, the top-k race), so a run stopped later keeps what it measured. ``--smoke``: tiny shapes interpreted on the
@@ -39,7 +42,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -358,6 +363,81 @@ def topk_race_case(dev: torch.device, case: str, rows: dict[str, Any], k: int, r
             for name, us in times.items()]
 
 
+def launch_lists(a: dict, dev: torch.device) -> dict[str, list[Any]]:
+    """The launches, in order, of our step on ``a`` in one op at the default bound and at a bound it fits in one pass,
+    and of our two ops (``mqa_logits`` into the whole logits, ``topk_translate`` of its rows), each into outputs and a
+    workspace of its own, built from the cuda table as the backend builds them."""
+    from indexcache.backends.triton import prefill_producer
+    from indexcache.backends.triton import topk as kernels
+    from indexcache.backends.triton.logits import mqa_logits_launches
+
+    target, table = cuda_table(dev)
+    tokens, keys = a["q"].shape[0], a["k"].shape[0]
+    found = {}
+    whole = 4 * tokens * keys + 2 * GIB  # the logits whole and room for the top-k's and the windows' workspace
+    for name, limit in [(f"ours, bound {DEFAULT_WORKSPACE_BYTES / GIB:g} GiB", DEFAULT_WORKSPACE_BYTES),
+                        ("ours, one pass", whole)]:
+        args = {**{n: a[n] for n in (*LOGITS_ARGS, "topk", "page_table", "page_size", "row_to_batch")},
+                "out": torch.empty_like(a["out"]), "out_raw": torch.empty_like(a["out_raw"]), "workspace_bytes": limit}
+        need = prefill_producer.call_workspace_bytes(a["q"], a["k"], a["k_scale"], a["weights"], a["topk"], limit,
+                                                     target=target, tuning=table)
+        args["workspace"] = torch.empty(need, dtype=torch.uint8, device=dev)
+        found[name] = [s for s in prefill_producer.op_launches(args, target=target, tuning=table) if s is not None]
+    logits = torch.empty(tokens, keys, device=dev)
+    scratch = torch.empty(kernels.workspace_bytes(logits, a["topk"], target=target, cfg=table["topk"]) // 4 + 1,
+                          dtype=torch.int32, device=dev)
+    found["ours, two ops"] = [
+        *mqa_logits_launches(*(a[n] for n in LOGITS_ARGS), logits, target=target, cfg=table["mqa_logits"]),
+        *(launch for _, launch in kernels.launches(logits, a["ke"] - a["ks"], a["topk"], a["ks"],
+                                                   torch.empty_like(a["out"]), torch.empty_like(a["out_raw"]),
+                                                   a["page_table"], a["page_size"], a["row_to_batch"],
+                                                   workspace=scratch, target=target, cfg=table["topk"]))]
+    return found
+
+
+def launch_us(steps: list[Any], dev: torch.device, reps: int) -> list[float]:
+    """Each of ``steps``' median µs over ``reps`` eager runs of the list in order (after one more, untimed): CUDA
+    events between the launches, the card first held by a sleep so that the host enqueues ahead of it (off a GPU: the
+    host clock, a smoke run)."""
+    binds = [step.bind() for step in steps]
+    samples: list[list[float]] = [[] for _ in steps]
+    for rep in range(reps + 1):
+        if on_gpu(dev):
+            torch.cuda.synchronize(dev)
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(binds) + 1)]
+            torch.cuda._sleep(40_000_000)  # about 20 ms: the launches enqueued before the card reaches them
+            marks[0].record()
+            for fn, mark in zip(binds, marks[1:], strict=True):
+                fn()
+                mark.record()
+            torch.cuda.synchronize(dev)
+            spans = [1e3 * a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)]
+        else:
+            spans = []
+            for fn in binds:
+                start = time.perf_counter()
+                fn()
+                spans.append(1e6 * (time.perf_counter() - start))
+        if rep:
+            for sample, us in zip(samples, spans, strict=True):
+                sample.append(us)
+    return [statistics.median(sample) for sample in samples]
+
+
+def launch_rows(dev: torch.device, tokens: int, keys: int, k: int, reps: int) -> list[dict[str, Any]]:
+    """One shape's :func:`launch_lists`, each launch timed (:func:`launch_us`): a row a launch (its kernel and grid),
+    then a row of each list's sum."""
+    a = inputs(tokens, keys, k, dev)
+    case = f"{tokens}x{size(keys)} causal k{k}"
+    found = []
+    for call, steps in launch_lists(a, dev).items():
+        times = launch_us(steps, dev, reps)
+        found += [dict(case=case, call=call, launch=i, kernel=step.launcher.__name__, grid=list(step.grid),
+                       us=round(us, 1)) for i, (step, us) in enumerate(zip(steps, times, strict=True))]
+        found.append(dict(case=case, call=call, launch="all", kernel="", grid=[], us=round(sum(times), 1)))
+    return found
+
+
 def load_peers(folder: str | None) -> tuple[tuple[Any, Any] | None, dict[str, str]]:
     """``((deep_gemm, peers harness module), status)``, or None where either does not load."""
     status: dict[str, str] = {}
@@ -396,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", action="store_true",
                         help="also race each two-op step's halves apart: our logits, our top-k, DeepGEMM's logits, "
                         "FlashInfer's top-k")
+    parser.add_argument("--launches", action="store_true",
+                        help="also time each launch of each shape's step (one op at the default bound, one op in one "
+                        "pass, two ops) eagerly, by CUDA events between them")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes interpreted on the CPU: checks the script")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -432,6 +515,12 @@ def main(argv: list[str] | None = None) -> int:
                    ["case", "config", "us", "over_table"])
         return found
 
+    def launches() -> list[dict[str, Any]]:
+        found = [row for tokens, keys in shapes for row in launch_rows(dev, tokens, keys, k, rounds)]
+        print_rows("each launch of the step (eager, median µs)", found, ["case", "call", "launch", "kernel", "grid",
+                                                                          "us"])
+        return found
+
     def within_bound() -> dict[str, Any]:
         tokens, keys, bound = (32, 5000, 4 * 5000 * 8 + (64 << 10)) if args.smoke else (8192, 1 << 20, 2 * GIB)
         found = million(dev, tokens, keys, k, bound, args.reps)
@@ -444,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # Each section's result written as it ends (a crash or a time limit later keeps what was measured).
     run_sections(report, [("rows", rows), *([] if args.skip_million else [("million", within_bound)]),
-                          *([("topk_race", topk_rows)] if args.topk_race else [])], args.out,
+                          *([("topk_race", topk_rows)] if args.topk_race else []),
+                          *([("launches", launches)] if args.launches else [])], args.out,
                  after=torch.cuda.empty_cache if on_gpu(dev) else None)
     return finish(report, args.out)
 

@@ -668,8 +668,9 @@ def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
     over more keys against them too, every result the same; no peers off the GPU. ``--topk-race``: the first shape's
     top-k and two decode-like cases' under the table and each override, the same index sets; ``--producer-race``:
     each shape's whole step under each override, the same index sets as the two ops (an error otherwise);
-    ``--parts``: our two ops' halves apart (the peers' only where they load)."""
-    _script("prefill_producer_gpu", "--smoke", "--topk-race", "--producer-race", "--parts", "--out",
+    ``--parts``: our two ops' halves apart (the peers' only where they load); ``--launches``: each launch of the one
+    op (at the default bound and in one pass) and of the two ops timed, in order, with each list's sum."""
+    _script("prefill_producer_gpu", "--smoke", "--topk-race", "--producer-race", "--parts", "--launches", "--out",
             str(tmp_path / "pp.json"))
     report = json.loads((tmp_path / "pp.json").read_text())
     assert report["device"] == "cpu" and not report["errors"]
@@ -686,6 +687,16 @@ def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
             *(f"ours, top-k {c}" for c in ("BLOCK_SMEM=0", "BLOCK_SMEM=2", "AHEAD_SAMPLE_RANK=0")), "ours, two ops",
             "part: ours, logits", "part: ours, top-k"]
     assert report["million"]["same_as_two_ops"] and report["peers"]["FlashInfer"].startswith("absent")
+    for case in cases:  # --launches: each list's launches in order, then their sum
+        rows = [r for r in report["launches"] if r["case"] == case]
+        calls = list(dict.fromkeys(r["call"] for r in rows))
+        assert calls == ["ours, bound 2 GiB", "ours, one pass", "ours, two ops"]
+        for call in calls:
+            mine = [r for r in rows if r["call"] == call]
+            assert [r["launch"] for r in mine] == [*range(len(mine) - 1), "all"] and all(r["us"] > 0 for r in mine)
+            assert mine[-1]["us"] == pytest.approx(sum(r["us"] for r in mine[:-1]), abs=0.5 * len(mine))
+        two_ops = [r["kernel"] for r in rows if r["call"] == "ours, two ops"][:-1]
+        assert two_ops[0] == "mqa_logits_kernel" and two_ops[-1] == "topk_finish_kernel"
 
 
 def test_alternating_graph_us_times_each_call_every_round_off_a_gpu():
