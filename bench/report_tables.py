@@ -280,7 +280,27 @@ def prefill_producer(d: dict) -> str:
     return (_head(d, d["settings"]) + "\n\n"
             + markdown_table(["case", "call", "µs", "/ our two ops", "/ DeepGEMM + FlashInfer", "scratch GiB"], rows)
             + "\n\n" + markdown_table(["case", "bound GiB", "ours: scratch GiB", "ours ms", "two ops: scratch GiB",
-                                        "two ops ms", "ours / two ops", "same selection"], big))
+                                        "two ops ms", "ours / two ops", "same selection"], big)
+            + (_launch_sums(d["launches"]) if d.get("launches") else ""))
+
+
+def _launch_sums(rows: list[dict]) -> str:
+    """``--launches``: each call's eager launch times summed by kernel (its passes: the logits launches)."""
+    kinds = {"logits": ("prefill_sm90_kernel", "mqa_logits_kernel"), "sample": ("topk_sample_kernel",),
+             "top-k rows": ("topk_block_kernel", "topk_rows_kernel", "topk_filter_kernel"),
+             "finish": ("topk_finish_kernel",)}
+    calls = list(dict.fromkeys((r["case"], r["call"]) for r in rows))
+    total = {key: next(r["us"] for r in rows if (r["case"], r["call"]) == key and r["launch"] == "all")
+             for key in calls}
+    table = []
+    for case, call in calls:
+        mine = [r for r in rows if (r["case"], r["call"]) == (case, call) and r["launch"] != "all"]
+        sums = {kind: sum(r["us"] for r in mine if r["kernel"] in names) for kind, names in kinds.items()}
+        table.append([case, call, str(sum(r["kernel"] in kinds["logits"] for r in mine)),
+                      *(_f(v) for v in sums.values()), _f(total[case, call]),
+                      _f(total[case, call] / total[case, "ours, two ops"], ".3f")])
+    return "\n\n" + markdown_table(["case", "call (eager, each launch timed)", "passes", "logits µs", "sample µs",
+                                     "top-k rows µs", "finish µs", "all µs", "/ our two ops"], table)
 
 
 def short_rows(d: dict) -> str:
