@@ -11,7 +11,8 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   each call's time (CUDA events around one call, median of ``--reps``) and the bytes the allocator handed out during it
   beyond its inputs and outputs (``torch.cuda.max_memory_allocated``; ours: its workspace).
 - **peers**: 4096 × 32K and 8192 × 128K: ours in one op (default bound, 2 GiB; and each bound of ``--bounds``), ours as
-  two ops, and DeepGEMM ``fp8_mqa_logits`` then FlashInfer ``top_k_page_table_transform`` (where both load: DeepGEMM
+  two ops, ours as two ops in passes of the one op's rows (the loop an engine writes to bound the logits itself), and
+  DeepGEMM ``fp8_mqa_logits`` then FlashInfer ``top_k_page_table_transform`` (where both load: DeepGEMM
   from the ``deep_gemm`` package, FlashInfer from the peers harness folder ``--peers``, ``peers.py`` there), each
   checked first (ours: the same index sets as our two ops; the peers: the selected logits of DeepGEMM's, sorted, its
   best ones: a near-tie their rounding flips is no difference), then captured in a CUDA graph and replayed in turns,
@@ -112,6 +113,36 @@ def ours_two_ops(a: dict, logits: torch.Tensor | None) -> Callable[[], Any]:
         scores = indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS), out=logits)
         indexcache.topk_translate(scores, a["ke"], a["topk"], a["page_table"], a["page_size"], row_starts=a["ks"],
                                   row_to_batch=a["row_to_batch"], out=out, out_raw=raw)
+        return out, raw
+    return call
+
+
+def op_pass_rows(a: dict, dev: torch.device) -> int:
+    """The query rows a pass of our one-op call on ``a`` takes at the default bound (the cuda table's plan)."""
+    from indexcache.backends.triton import prefill_producer
+    from indexcache.backends.triton.logits import prefill_round
+
+    target, table = cuda_table(dev)
+    quantum = prefill_round(a["q"], a["k"], a["k_scale"], a["weights"], target=target, cfg=table["mqa_logits"])
+    return prefill_producer.pass_rows(a["q"].shape[0], a["k"].shape[0], dev, a["topk"], DEFAULT_WORKSPACE_BYTES,
+                                      target=target, cfg=table["topk"], quantum=quantum)
+
+
+def ours_two_ops_in_passes(a: dict, rows: int, logits: torch.Tensor | None) -> Callable[[], Any]:
+    """Our two ops over ``rows`` queries at a time, each pass's logits into ``logits [rows, N]`` (allocated by the
+    call when None): the loop an engine writes to bound the logits' memory by hand, at the one op's pass rows."""
+    out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
+    tokens, keys = a["q"].shape[0], a["k"].shape[0]
+
+    def call():
+        scores_buf = logits if logits is not None else torch.empty(rows, keys, device=a["q"].device)
+        for t0 in range(0, tokens, rows):
+            t1 = min(tokens, t0 + rows)
+            scores = indexcache.mqa_logits(a["q"][t0:t1], a["k"], a["k_scale"], a["weights"][t0:t1], a["ks"][t0:t1],
+                                           a["ke"][t0:t1], out=scores_buf[:t1 - t0])
+            indexcache.topk_translate(scores, a["ke"][t0:t1], a["topk"], a["page_table"], a["page_size"],
+                                      row_starts=a["ks"][t0:t1], row_to_batch=a["row_to_batch"][t0:t1],
+                                      out=out[t0:t1], out_raw=raw[t0:t1])
         return out, raw
     return call
 
@@ -258,12 +289,17 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
             continue
         calls[name], variants[name] = call, (out, raw)
     calls["ours, two ops"] = ours_two_ops(a, logits)
+    rows = op_pass_rows(a, dev)
+    in_passes = f"ours, two ops in passes of {rows}"
+    calls[in_passes] = ours_two_ops_in_passes(a, rows, logits[:rows])
     for fn in calls.values():
         fn()
     want_out, want_raw = calls["ours, two ops"]()
     calls[next(iter(calls))]()
     if not (same_sets(a["out_raw"], want_raw) and same_sets(a["out"], want_out)):
         errors.append(f"{case}: ours in one op differs from our two ops")
+    if not all(same_sets(got, want) for got, want in zip(calls[in_passes](), (want_out, want_raw), strict=True)):
+        errors.append(f"{case}: our two ops in passes differ from our two ops")
     for name, (out, raw) in variants.items():
         if not (same_sets(raw, want_raw) and same_sets(out, want_out)):
             errors.append(f"{case}: {name} differs from our two ops")
@@ -292,6 +328,7 @@ def race(dev: torch.device, tokens: int, keys: int, k: int, bounds: list[int], p
     memory = {name: scratch_bytes(lambda name=name, limit=limit: ours(
         a, limit, torch.empty(need[name], dtype=torch.uint8, device=dev))(), dev) for name, limit in limits.items()}
     memory["ours, two ops"] = scratch_bytes(ours_two_ops(a, None), dev)
+    memory[in_passes] = scratch_bytes(ours_two_ops_in_passes(a, rows, None), dev)
     if "DeepGEMM + FlashInfer" in calls:
         memory["DeepGEMM + FlashInfer"] = scratch_bytes(calls["DeepGEMM + FlashInfer"], dev)
     del logits

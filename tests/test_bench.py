@@ -668,7 +668,8 @@ def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
     over more keys against them too, every result the same; no peers off the GPU. ``--topk-race``: the first shape's
     top-k and two decode-like cases' under the table and each override, the same index sets; ``--producer-race``:
     each shape's whole step under each override, the same index sets as the two ops (an error otherwise);
-    ``--parts``: our two ops' halves apart (the peers' only where they load); ``--launches``: each launch of the one
+    ``--parts``: our two ops' halves apart (the peers' only where they load); the two ops in passes of the one op's
+    rows too; ``--launches``: each launch of the one
     op (at the default bound and in one pass) and of the two ops timed, in order, with each list's sum."""
     _script("prefill_producer_gpu", "--smoke", "--topk-race", "--producer-race", "--parts", "--launches", "--out",
             str(tmp_path / "pp.json"))
@@ -681,11 +682,11 @@ def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
             "table", "BLOCK_SMEM=0", "BLOCK_SMEM=2", "AHEAD_SAMPLE_RANK=0"]
     cases = list(dict.fromkeys(r["case"] for r in report["rows"]))
     assert len(cases) == 2
-    for case in cases:
+    for case, tokens in zip(cases, (16, 24), strict=True):  # the smoke run's default bound holds either in one pass
         assert [r["call"] for r in report["rows"] if r["case"] == case] == [
             "ours, bound 2 GiB", *(f"ours, bound {b / 4096:g} GiB" for b in (0.5, 1, 4)),
             *(f"ours, top-k {c}" for c in ("BLOCK_SMEM=0", "BLOCK_SMEM=2", "AHEAD_SAMPLE_RANK=0")), "ours, two ops",
-            "part: ours, logits", "part: ours, top-k"]
+            f"ours, two ops in passes of {tokens}", "part: ours, logits", "part: ours, top-k"]
     assert report["million"]["same_as_two_ops"] and report["peers"]["FlashInfer"].startswith("absent")
     for case in cases:  # --launches: each list's launches in order, then their sum
         rows = [r for r in report["launches"] if r["case"] == case]
