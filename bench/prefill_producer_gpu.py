@@ -31,7 +31,7 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   call has a sample launch, that launch alone timed beside it (a contender of its own).
 - **each launch** (``--launches``): each shape's step in one op at the default bound, in one op in a single pass (a
   bound it fits in whole) and as our two ops, run eagerly as their launch lists with CUDA events between the launches
-  (the host kept ahead by a sleep first; median of ``--reps``): where the passes' seams cost, launch by launch.
+  (the host kept ahead by a sleep first; median of ``--rounds`` runs): where the passes' seams cost, launch by launch.
 
 Writes one JSON with the commit, device and versions, again as each section ends (the producer rows, the 1M
 section, the top-k race), so a run stopped later keeps what it measured. ``--smoke``: tiny shapes interpreted on the
@@ -108,10 +108,11 @@ def ours(a: dict, bound: int | None, workspace: torch.Tensor | None = None) -> C
 def ours_two_ops(a: dict, logits: torch.Tensor | None) -> Callable[[], Any]:
     """``mqa_logits`` into ``logits`` (allocated by the call when None), then ``topk_translate`` of its rows."""
     out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
+    lengths = a["ke"] - a["ks"]
 
     def call():
         scores = indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS), out=logits)
-        indexcache.topk_translate(scores, a["ke"], a["topk"], a["page_table"], a["page_size"], row_starts=a["ks"],
+        indexcache.topk_translate(scores, lengths, a["topk"], a["page_table"], a["page_size"], row_starts=a["ks"],
                                   row_to_batch=a["row_to_batch"], out=out, out_raw=raw)
         return out, raw
     return call
@@ -133,6 +134,7 @@ def ours_two_ops_in_passes(a: dict, rows: int, logits: torch.Tensor | None) -> C
     call when None): the loop an engine writes to bound the logits' memory by hand, at the one op's pass rows."""
     out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
     tokens, keys = a["q"].shape[0], a["k"].shape[0]
+    lengths = a["ke"] - a["ks"]
 
     def call():
         scores_buf = logits if logits is not None else torch.empty(rows, keys, device=a["q"].device)
@@ -140,7 +142,7 @@ def ours_two_ops_in_passes(a: dict, rows: int, logits: torch.Tensor | None) -> C
             t1 = min(tokens, t0 + rows)
             scores = indexcache.mqa_logits(a["q"][t0:t1], a["k"], a["k_scale"], a["weights"][t0:t1], a["ks"][t0:t1],
                                            a["ke"][t0:t1], out=scores_buf[:t1 - t0])
-            indexcache.topk_translate(scores, a["ke"][t0:t1], a["topk"], a["page_table"], a["page_size"],
+            indexcache.topk_translate(scores, lengths[t0:t1], a["topk"], a["page_table"], a["page_size"],
                                       row_starts=a["ks"][t0:t1], row_to_batch=a["row_to_batch"][t0:t1],
                                       out=out[t0:t1], out_raw=raw[t0:t1])
         return out, raw
@@ -251,9 +253,10 @@ def parts(a: dict, logits: torch.Tensor, peers: tuple[Any, Any] | None) -> dict[
     (each top-k over its own library's logits, as in its pair)."""
     rows = indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS))
     out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
+    lengths = a["ke"] - a["ks"]
     found = {"part: ours, logits": lambda: indexcache.mqa_logits(*(a[n] for n in LOGITS_ARGS), out=logits),
              "part: ours, top-k": lambda: indexcache.topk_translate(
-                 rows, a["ke"], a["topk"], a["page_table"], a["page_size"], row_starts=a["ks"],
+                 rows, lengths, a["topk"], a["page_table"], a["page_size"], row_starts=a["ks"],
                  row_to_batch=a["row_to_batch"], out=out, out_raw=raw)}
     if peers is not None:
         dg, fi = peers

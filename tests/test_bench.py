@@ -669,8 +669,8 @@ def test_prefill_producer_smoke_runs_on_the_cpu(tmp_path):
     top-k and two decode-like cases' under the table and each override, the same index sets; ``--producer-race``:
     each shape's whole step under each override, the same index sets as the two ops (an error otherwise);
     ``--parts``: our two ops' halves apart (the peers' only where they load); the two ops in passes of the one op's
-    rows too; ``--launches``: each launch of the one
-    op (at the default bound and in one pass) and of the two ops timed, in order, with each list's sum."""
+    rows too; ``--launches``: each launch of the one op (at the default bound and in one pass) and of the two ops
+    timed, in order, with each list's sum."""
     _script("prefill_producer_gpu", "--smoke", "--topk-race", "--producer-race", "--parts", "--launches", "--out",
             str(tmp_path / "pp.json"))
     report = json.loads((tmp_path / "pp.json").read_text())
