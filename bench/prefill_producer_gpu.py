@@ -233,18 +233,25 @@ def ours_with_topk(a: dict, dev: torch.device, overrides: dict[str, Any]) -> tup
                                                                                      torch.Tensor]:
     """Our one-op call at the default bound with the cuda table's top-k entry overridden by ``overrides`` (its launches
     built here from the table, as the backend builds them), into outputs of its own: ``(call, out, out_raw)``."""
+    target, base = cuda_table(dev)
+    steps, out, raw = one_op_launches(a, dev, target, {**base, "topk": {**base["topk"], **overrides}},
+                                      DEFAULT_WORKSPACE_BYTES)
+    return (lambda: [launch() for launch in steps]), out, raw
+
+
+def one_op_launches(a: dict, dev: torch.device, target: Any, table: dict[str, dict[str, Any]],
+                    limit: int) -> tuple[list[Any], torch.Tensor, torch.Tensor]:
+    """The launches of our one-op call on ``a`` under the bound ``limit``, built from ``table`` for ``target`` as the
+    backend builds them, into outputs and a workspace of their own: ``(launches, out, out_raw)``."""
     from indexcache.backends.triton import prefill_producer
 
-    target, base = cuda_table(dev)
-    table = {**base, "topk": {**base["topk"], **overrides}}
     out, raw = torch.empty_like(a["out"]), torch.empty_like(a["out_raw"])
     args = {**{n: a[n] for n in (*LOGITS_ARGS, "topk", "page_table", "page_size", "row_to_batch")}, "out": out,
-            "out_raw": raw, "workspace_bytes": DEFAULT_WORKSPACE_BYTES}
-    need = prefill_producer.call_workspace_bytes(a["q"], a["k"], a["k_scale"], a["weights"], a["topk"],
-                                                 DEFAULT_WORKSPACE_BYTES, target=target, tuning=table)
+            "out_raw": raw, "workspace_bytes": limit}
+    need = prefill_producer.call_workspace_bytes(a["q"], a["k"], a["k_scale"], a["weights"], a["topk"], limit,
+                                                 target=target, tuning=table)
     args["workspace"] = torch.empty(need, dtype=torch.uint8, device=dev)
-    steps = [s for s in prefill_producer.op_launches(args, target=target, tuning=table) if s is not None]
-    return (lambda: [launch() for launch in steps]), out, raw
+    return [s for s in prefill_producer.op_launches(args, target=target, tuning=table) if s is not None], out, raw
 
 
 def parts(a: dict, logits: torch.Tensor, peers: tuple[Any, Any] | None) -> dict[str, Callable[[], Any]]:
@@ -407,22 +414,15 @@ def launch_lists(a: dict, dev: torch.device) -> dict[str, list[Any]]:
     """The launches, in order, of our step on ``a`` in one op at the default bound and at a bound it fits in one pass,
     and of our two ops (``mqa_logits`` into the whole logits, ``topk_translate`` of its rows), each into outputs and a
     workspace of its own, built from the cuda table as the backend builds them."""
-    from indexcache.backends.triton import prefill_producer
     from indexcache.backends.triton import topk as kernels
     from indexcache.backends.triton.logits import mqa_logits_launches
 
     target, table = cuda_table(dev)
     tokens, keys = a["q"].shape[0], a["k"].shape[0]
-    found = {}
     whole = 4 * tokens * keys + 2 * GIB  # the logits whole and room for the top-k's and the windows' workspace
-    for name, limit in [(f"ours, bound {DEFAULT_WORKSPACE_BYTES / GIB:g} GiB", DEFAULT_WORKSPACE_BYTES),
-                        ("ours, one pass", whole)]:
-        args = {**{n: a[n] for n in (*LOGITS_ARGS, "topk", "page_table", "page_size", "row_to_batch")},
-                "out": torch.empty_like(a["out"]), "out_raw": torch.empty_like(a["out_raw"]), "workspace_bytes": limit}
-        need = prefill_producer.call_workspace_bytes(a["q"], a["k"], a["k_scale"], a["weights"], a["topk"], limit,
-                                                     target=target, tuning=table)
-        args["workspace"] = torch.empty(need, dtype=torch.uint8, device=dev)
-        found[name] = [s for s in prefill_producer.op_launches(args, target=target, tuning=table) if s is not None]
+    found = {name: one_op_launches(a, dev, target, table, limit)[0]
+             for name, limit in [(f"ours, bound {DEFAULT_WORKSPACE_BYTES / GIB:g} GiB", DEFAULT_WORKSPACE_BYTES),
+                                 ("ours, one pass", whole)]}
     logits = torch.empty(tokens, keys, device=dev)
     scratch = torch.empty(kernels.workspace_bytes(logits, a["topk"], target=target, cfg=table["topk"]) // 4 + 1,
                           dtype=torch.int32, device=dev)
