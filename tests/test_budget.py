@@ -752,6 +752,20 @@ def test_an_eager_call_makes_the_partition_the_mxfp4_graph_bands_name(scheduler,
     assert parts.calls[-1] == (0, 99, 0, False)
 
 
+def test_an_eager_call_the_rule_runs_in_order_makes_its_graph_partition_once(scheduler, monkeypatch):
+    streams, fake = scheduler
+    parts = _FakePartitions(fake.log)
+    monkeypatch.setattr(triton_streams, "partition_stream", parts)
+    monkeypatch.setattr(streams, "share", None)  # the rule's in-order case decides without the general path
+    gpu = torch.device("cuda", 0)
+    fake.capturing = False
+    for side in (0, 2, 0):  # side streams 0, 0, 0 (of 2): the graph band's partition (0.5 of 132) made once
+        assert streams(lambda: "side", lambda: "main", side, gpu, tokens=32, context=8192) == ("side", "main")
+    assert parts.calls == [(0, 66, 0, True)] and fake.log == []
+    assert streams(lambda: "side", lambda: "main", 1, gpu, tokens=1000, context=8192) == ("side", "main")
+    assert parts.calls == [(0, 66, 0, True)]  # no graph band gives 1000 tokens a share: nothing made
+
+
 def test_the_gpu_backends_hand_their_tables_overlap_rule_to_the_scheduler():
     rule = {"GRAPH": BANDS, "EAGER": EAGER}
     impl = triton_streams.device_overlap("cuda", side_streams=2, rule=rule)

@@ -1,6 +1,7 @@
 """Dispatch rules: automatic choice, explicit choices, fallback with logged reasons, plugins."""
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -190,3 +191,26 @@ def test_import_touches_no_device():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.parametrize("value", [None, "", "torch", "cuda", "naïve ümlaut"])
+def test_the_environment_reader_reads_what_os_environ_get_reads(monkeypatch, value):
+    name = "INDEXCACHE_TEST_READER"
+    read = dispatch._environ_reader(name)
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+    assert read() == os.environ.get(name)
+    monkeypatch.setenv(name, "later")  # read at each call, not once
+    assert read() == "later"
+    monkeypatch.delenv(name)
+    assert read() is None
+
+
+def test_the_environment_reader_falls_back_to_get_without_cpythons_mapping(monkeypatch):
+    monkeypatch.setattr(dispatch.os, "environ", {"INDEXCACHE_TEST_READER": "rocm"})
+    read = dispatch._environ_reader("INDEXCACHE_TEST_READER")
+    assert read() == "rocm"
+    dispatch.os.environ["INDEXCACHE_TEST_READER"] = "torch"
+    assert read() == "torch"

@@ -61,12 +61,22 @@ def side_budget(tokens: int, context: int, sms: int, bands: Sequence[tuple[int, 
     ``tokens <= max_tokens`` and ``context >= min_context`` gives ``share`` of the ``sms`` multiprocessors (at least 1,
     fewer than ``sms``), None (overlap with no budget) where its share is None, 0 (in order) where it is 0 or no band
     holds the shape."""
+    return share_sms(band_share(tokens, context, bands), sms)
+
+
+def band_share(tokens: int, context: int, bands: Sequence[tuple[int, int, float | None]]) -> float | None:
+    """The share of the first band of ``bands`` holding the shape (:func:`side_budget`): None (no budget), 0 (in order:
+    a share of 0 or less, or no band) or a positive fraction of the multiprocessors."""
     for max_tokens, min_context, share in bands:
         if tokens <= max_tokens and context >= min_context:
-            if share is None:
-                return None
-            return 0 if share <= 0 else min(sms - 1, max(1, round(share * sms)))
+            return share if share is None or share > 0 else 0
     return 0
+
+
+def share_sms(share: float | None, sms: int) -> int | None:
+    """A :func:`band_share` as multiprocessors of ``sms``: None and 0 as they are, else at least 1 and fewer than
+    ``sms``."""
+    return share if not share else min(sms - 1, max(1, round(share * sms)))
 
 
 def rule_bands(rule: Mapping[str, Any], capturing: bool, k_format: torch.dtype | None = None) -> Sequence:
@@ -93,6 +103,7 @@ class DeviceStreams:
         self.rule = rule
         self._module = torch.get_device_module(device_type)
         self._streams: dict[int, list[torch.Stream]] = {}
+        self._graph_made: set[tuple[int, int, float]] = set()  # (GPU, side stream, share) of graph partitions made
 
     def _index(self, device: torch.device) -> int:
         return device.index if device.index is not None else self._module.current_device()
@@ -123,30 +134,38 @@ class DeviceStreams:
             capturing = self._module.is_current_stream_capturing()
         return side_budget(tokens, context, sms, rule_bands(self.rule, capturing, k_format)), sms, True
 
-    def partition(self, device: torch.device, n: int | None, side: int, tokens: int | None, context: int | None,
-                  capturing: bool, k_format: torch.dtype | None = None) -> torch.Stream | None:
+    def partition(self, device: torch.device, n: int | None, side: int, capturing: bool) -> torch.Stream | None:
         """The stream of a partition of ``n`` multiprocessors for side stream ``side`` (None: no share, or none to be
-        had here). Eagerly it is made where missing, and so is the one the graph rule names for this shape and key
-        format, so that a capture after an eager call finds it; during a capture (``capturing``) it is only looked
-        up."""
+        had here): made where missing, but during a capture (``capturing``) only looked up."""
+        return partition_stream(self._index(device), n, side % self.side_streams, make=not capturing) if n else None
+
+    def graph_partition(self, device: torch.device, side: int, share: float | None) -> None:
+        """Make the partition of ``share`` (a graph band's) for side stream ``side``, so that a capture after this
+        eager call finds it; once: later calls find it noted."""
+        if not share:
+            return
         index = self._index(device)
-        side %= self.side_streams
-        if capturing:
-            return None if not n else partition_stream(index, n, side, make=False)
-        if tokens is not None and self.rule is not None:
-            graph_n = side_budget(tokens, context, sm_count(index), rule_bands(self.rule, True, k_format))
-            if graph_n:
-                partition_stream(index, graph_n, side)
-        return None if not n else partition_stream(index, n, side)
+        key = (index, side % self.side_streams, share)
+        if key not in self._graph_made:
+            partition_stream(index, share_sms(share, sm_count(index)), key[1])
+            self._graph_made.add(key)
 
     def __call__(self, side_fn: Callable[[], S], main_fn: Callable[[], M], side: int, device: torch.device,
                  side_sms: int | None = None, tokens: int | None = None, context: int | None = None,
                  k_format: torch.dtype | None = None) -> tuple[S, M]:
         capturing = self._module.is_current_stream_capturing()
+        if tokens is not None and self.rule is not None and not capturing:
+            # An eager call given its shape makes the partition the shape's graph band names, for a later capture;
+            # where the rule runs it in order (its EAGER bands: an eager step's usual case) that is all it does before
+            # the two calls (docs/streams.md, "The rule's eager path").
+            self.graph_partition(device, side, band_share(tokens, context, rule_bands(self.rule, True, k_format)))
+            if side_sms is None and band_share(tokens, context, rule_bands(self.rule, False, k_format)) == 0:
+                side_out = side_fn()
+                return side_out, main_fn()
         n, sms, ruled = self.share(device, side_sms, tokens, context, capturing, k_format)
-        part = self.partition(device, n, side, tokens, context, capturing, k_format)
         if n == 0:
             return in_order(side_fn, main_fn, side, device)
+        part = self.partition(device, n, side, capturing)
         if part is not None or ruled:
             n = None  # a partition holds the side (no budget, the main keeps the device); a rule's share needs one
         main = self._module.current_stream(device)
