@@ -298,3 +298,38 @@ def test_a_bound_launch_hands_a_pinned_host_tensor_to_the_driver_to_map(monkeypa
     assert jit.calls[1][1][9] == x.data_ptr()  # a GPU tensor (here any tensor not pinned): its address
     mapped = jit.calls[3][1][9]
     assert not isinstance(mapped, int) and mapped.data_ptr() == pinned.data_ptr()
+
+
+def _package_kernels() -> list[JITFunction]:
+    """Every ``@triton.jit`` function of the Triton backends' modules (their launchers' parameter lists)."""
+    import importlib
+    import pkgutil
+
+    import indexcache.backends.triton as package
+
+    found = {}
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        module = importlib.import_module(info.name)
+        found.update({id(v): v for v in vars(module).values() if isinstance(v, JITFunction)})
+    return list(found.values())
+
+
+def test_the_written_classifier_gives_each_parameter_its_rules_class():
+    """Each kernel's generated ``_classes`` equals :func:`launcher._class_of` parameter by parameter, on values of
+    every kind (ints at the class edges, tensors aligned or not, descriptors, bools, floats, None), under NVIDIA's
+    tensor rule and a rule of another backend's shape."""
+    kernels = _package_kernels()
+    assert len(kernels) > 20
+    values = _values()
+
+    def other_rule(t, align):  # AMD's shape: the alignment and whether the storage is small
+        return (align and t.data_ptr() % 16 == 0, t.numel() < 32)
+
+    for fn in kernels:
+        launcher = Launcher(fn)
+        rules = launcher._rules
+        for shift in range(0, len(values), 7):
+            row = tuple(values[(shift + i) % len(values)] for i in range(len(rules)))
+            for rule in (_rule, other_rule):
+                want = [launcher_module._class_of(v, r, rule) for v, r in zip(row, rules, strict=True)]
+                assert launcher._classes(row, rule) == want, fn.__name__

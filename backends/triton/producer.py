@@ -150,7 +150,10 @@ def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k,
                                      k_format, row_to_batch, q_scale, target=target, cfg=tuning["paged_mqa_logits"],
                                      skip=k)]
     draft = _draft_words(q)
-    ws = workspaces.words(q, workspace_bytes(q, logits, k, target=target, tuning=tuning) // 4, workspace)
+    # The top-k's plan worked out once, for the workspace and the launches (as workspace_bytes sizes it).
+    plan = (topk.call_plan(logits, k, target=target, cfg=tuning["topk"])
+            if logits.shape[1] > k and logits.shape[0] and k else None)
+    ws = workspaces.words(q, draft + (sum(plan.words) if plan else 0), workspace)
     lengths, r2b = context_lens, row_to_batch  # next_n 1 (ragged rows: each row's own length and request)
     if draft:
         lengths, r2b = ws[:rows], ws[rows:2 * rows]
@@ -159,7 +162,7 @@ def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k,
                             dict(NEXT_N=next_n, BLOCK=DRAFT_BLOCK)))
     steps += [launch for _, launch in topk.launches(logits, lengths, k, None, out, out_raw, page_table, page_size,
                                                      r2b, workspace=ws[draft:].view(torch.uint8), target=target,
-                                                     cfg=tuning["topk"])]
+                                                     cfg=tuning["topk"], plan=plan)]
     return steps
 
 

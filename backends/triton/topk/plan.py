@@ -220,14 +220,23 @@ def shape_workspace_bytes(rows: int, cols: int, device: torch.device, k: int, *,
     return 0 if rows == 0 or k == 0 else 4 * sum(_plan(rows, cols, device, k, target, cfg).words)
 
 
+def call_plan(scores: torch.Tensor, k: int, *, target: Target, cfg: Mapping[str, Any]) -> _Plan:
+    """How an unsorted call over ``scores [R, N]`` (R and ``k`` above 0) is taken: the plan :func:`launches` follows,
+    whose ``words`` are the call's workspace (4 bytes each). A caller that sizes the workspace first hands it to
+    :func:`launches` (``plan=``), which then does not work it out again."""
+    return _plan(*scores.shape, scores.device, k, target, cfg)
+
+
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
-             workspace: torch.Tensor | None = None, target: Target, cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
+             workspace: torch.Tensor | None = None, target: Target, cfg: Mapping[str, Any],
+             plan: _Plan | None = None) -> list[tuple[str, Launch]]:
     """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
     split rows' sample and filter, then the finishing kernel; with ``sorted``, those select raw positions
     (into ``out_raw`` when given, else ``out``) and a sort launch orders and translates them. Arguments as
     :func:`topk_translate` (``page_table`` None for plain top-k); the workspace (``workspace``, else the kept one
     of the calling thread's stream: :mod:`~indexcache.backends.triton.workspace`) is taken here, so launching needs
-    no allocation (and a benchmark can time each launch alone)."""
+    no allocation (and a benchmark can time each launch alone). ``plan``: :func:`call_plan`'s for this call, where the
+    caller has it (unsorted calls)."""
     rows, cols = scores.shape
     if rows == 0 or k == 0:
         return []
@@ -243,7 +252,8 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     pdl = uses_pdl(target, cfg)
     scan = {name: row_args[name] for name in _SCAN_ARGS}
     common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
-    block, chunk, chunks, cap, row_programs, finish_programs, words = _plan(rows, cols, scores.device, k, target, cfg)
+    block, chunk, chunks, cap, row_programs, finish_programs, words = plan or call_plan(scores, k, target=target,
+                                                                                       cfg=cfg)
     bins = cfg["FINISH_BINS"]
     ws = workspaces.words(scores, sum(words), workspace)
     region, counts, hist, stash = _split(ws, *words[:3])
