@@ -216,7 +216,8 @@ class Launcher:
         self._fast = isinstance(fn, JITFunction)  # not under TRITON_INTERPRET (an InterpretedFunction)
         self._names: tuple[str, ...] = tuple(fn.arg_names)
         self._rules: tuple[int, ...] = tuple(_rule(p) for p in fn.params) if self._fast else ()
-        self._classes = _classifier(self._rules)  # (values, tensor_rule) -> each parameter's class
+        # (values, tensor_rule) -> each parameter's class; interpreted, no key is built
+        self._classes = _classifier(self._rules) if self._fast else None
         self.__name__ = getattr(fn, "__name__", "kernel")
         self._kernels: dict[tuple, Any] = {}
         self._resident: dict[tuple, int | None] = {}  # resident()'s answer by specialization key
