@@ -22,7 +22,7 @@ import functools
 import importlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -155,7 +155,7 @@ def use_backend(name: str) -> Iterator[None]:
         _context_choice.reset(token)
 
 
-def _environ_reader(name: str):
+def _environ_reader(name: str) -> Callable[[], str | None]:
     """A function returning ``os.environ.get(name)``, read at each call. Where ``os.environ`` keeps its mapping in
     ``_data`` (CPython, every version this package supports), read there: ``os.environ.get`` of a name that is not set
     raises and catches two KeyErrors, 1.3 µs on the CI machine, and every op call reads this variable."""
