@@ -126,13 +126,21 @@ def _draft_words(q: torch.Tensor) -> int:
     return 0 if next_n == 1 or rows == 0 else 4 * cdiv(2 * rows, 4)
 
 
+def _workspace(q: torch.Tensor, logits: torch.Tensor, k: int, *, target: Target,
+               tuning: Mapping[str, Mapping[str, Any]]) -> tuple[int, Any]:
+    """``(int32 words, the top-k's plan)`` of a call: the draft rows' lengths and requests, then the top-k's over
+    ``logits`` (its :func:`topk.call_plan`, None where it selects nothing); none when every row is short (``logits``
+    no wider than ``k``)."""
+    if logits.shape[1] <= k:
+        return 0, None
+    plan = topk.call_plan(logits, k, target=target, cfg=tuning["topk"]) if logits.shape[0] and k else None
+    return _draft_words(q) + (sum(plan.words) if plan else 0), plan
+
+
 def workspace_bytes(q: torch.Tensor, logits: torch.Tensor, k: int, *, target: Target,
                     tuning: Mapping[str, Mapping[str, Any]]) -> int:
-    """The workspace bytes of a call: the draft rows' lengths and requests, then the top-k's over ``logits``; none
-    when every row is short (``logits`` no wider than ``k``)."""
-    if logits.shape[1] <= k:
-        return 0
-    return 4 * _draft_words(q) + topk.workspace_bytes(logits, k, target=target, cfg=tuning["topk"])
+    """The workspace bytes of a call (:func:`_workspace`)."""
+    return 4 * _workspace(q, logits, k, target=target, tuning=tuning)[0]
 
 
 def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size, logits, out,
@@ -150,10 +158,8 @@ def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k,
                                      k_format, row_to_batch, q_scale, target=target, cfg=tuning["paged_mqa_logits"],
                                      skip=k)]
     draft = _draft_words(q)
-    # The top-k's plan worked out once, for the workspace and the launches (as workspace_bytes sizes it).
-    plan = (topk.call_plan(logits, k, target=target, cfg=tuning["topk"])
-            if logits.shape[1] > k and logits.shape[0] and k else None)
-    ws = workspaces.words(q, draft + (sum(plan.words) if plan else 0), workspace)
+    words, plan = _workspace(q, logits, k, target=target, tuning=tuning)  # the top-k's plan worked out once
+    ws = workspaces.words(q, words, workspace)
     lengths, r2b = context_lens, row_to_batch  # next_n 1 (ragged rows: each row's own length and request)
     if draft:
         lengths, r2b = ws[:rows], ws[rows:2 * rows]
