@@ -16,19 +16,22 @@ requests, or a prefill chunk of ``T`` tokens at the end of the context):
   and the 8 routed experts of every token as dense 7168 → 2 × 2048 → 7168 GEMMs, the work a GPU of an expert-parallel
   deployment does for the other micro-batch under two-batch overlap).
 
-Modes, each captured in a CUDA graph and timed in alternating replays (the card is power-capped), and eagerly, the
-calls alternating too: ``side`` and ``main`` alone (and ``side@n``, the side alone given n multiprocessors as
+Modes, each captured in a CUDA graph and timed in alternating replays (the card is power-capped), and eagerly, the calls
+alternating too: ``side`` and ``main`` alone (and ``side@n``, the side alone given n multiprocessors as
 ``overlap(side_sms=n)`` gives them: an SM partition where the GPU and torch have them, else an SM budget; without
 partitions also ``main@n``, the main alone with its matmuls held to the other multiprocessors by torch's SM carveout),
 ``serial`` (one after the other on one stream), ``overlap`` (``indexcache.overlap`` with no share), ``overlap@n``
-(``side_sms=n`` for each n of ``--budgets``, fractions of the SMs) and, where the backend has a rule, ``rule``
-(``overlap(tokens=T, context=C)``, with ``k_format`` for MXFP4 keys: the rule's MXFP4 bands). The report says
-whether the shares were partitions (``partitions``). ``in order again`` repeats ``serial`` last in each round (the
-timing's own spread). Each overlapped mode reports the
-fraction of the side's time hidden, ``(side + main - both) / side``, and ``both / serial``; each shape checks that the
-side's indices under the smallest budget equal the whole device's bit for bit. The HBM yardstick: ``copy``, a
-plain device copy of half the index cache's bytes (as many bytes moved as the decode logits read), alone and beside
-the main work (``overlap`` with no share): the fraction of a pure HBM stream the layer's main work lets hide
+(``side_sms=n`` for each n of ``--budgets``, fractions of the SMs) and, where the backend has a rule, ``rule`` (the
+schedule ``overlap_schedule(tokens=T, context=C)`` gives, with ``k_format`` for MXFP4 keys: the rule's MXFP4 bands; made
+once before the eager rounds, as an eager forward makes it once for all its layers, and inside the capture for the
+graph) and ``rule per call`` (``overlap(tokens=T, context=C)``: decided at every layer); ``schedule_us`` is the host
+time of making the eager schedule (median of 200, host clock). The report says whether the shares were partitions
+(``partitions``). ``in order again`` repeats ``serial`` in each round (the timing's own spread). Each overlapped mode
+reports the fraction of the side's time hidden, ``(side + main - both) / side``, and ``both / serial`` (eagerly also
+``vs_serial_paired``, the median over the rounds of its time over ``serial``'s in the same round); each shape checks
+that the side's indices under the smallest budget equal the whole device's bit for bit. The HBM yardstick: ``copy``, a
+plain device copy of half the index cache's bytes (as many bytes moved as the decode logits read), alone and beside the
+main work (``overlap`` with no share): the fraction of a pure HBM stream the layer's main work lets hide
 (``copy_overlap``), against which the indexer's is read. Writes JSON to ``--out``. ``--smoke``:
 tiny shapes on the CPU (the torch backend, in order): checks the script only.
 """
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -209,26 +213,48 @@ def modes(layer: Layer, dev: torch.device, sms: int, budgets: list[int],
             calls[f"main@{n}"] = carved(n)
     if rule:
         s = layer.shape
-        calls["rule"] = lambda: indexcache.overlap(layer.side, layer.main, device=dev, tokens=s.tokens,
-                                                   context=s.context, k_format=layer.k_format)
+        shape = dict(device=dev, tokens=s.tokens, context=s.context, k_format=layer.k_format)
+        eager = indexcache.overlap_schedule(**shape)  # an eager forward's, made once for its layers
+
+        def ruled() -> object:
+            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():  # a captured forward's, made in it
+                return indexcache.overlap_schedule(**shape)(layer.side, layer.main)
+            return eager(layer.side, layer.main)
+
+        calls["rule"] = ruled
+        calls["rule per call"] = lambda: indexcache.overlap(layer.side, layer.main, **shape)
     calls["in order again"] = serial  # the same work as "serial", timed apart: how far two timings of it differ
     calls["copy"] = layer.copy
     calls["copy overlap"] = lambda: indexcache.overlap(layer.copy, layer.main, device=dev)
     return calls
 
 
-def alternating_eager_us(calls: dict[str, Callable[[], object]], dev: torch.device, rounds: int) -> dict[str, float]:
+def schedule_us(dev: torch.device, shape: Shape, k_format: torch.dtype | None, calls: int = 200) -> float:
+    """The median host µs of making the eager schedule of ``shape`` (``indexcache.overlap_schedule``)."""
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        indexcache.overlap_schedule(device=dev, tokens=shape.tokens, context=shape.context, k_format=k_format)
+        samples.append(1e6 * (time.perf_counter() - t0))
+    return statistics.median(samples)
+
+
+def alternating_eager_us(calls: dict[str, Callable[[], object]], dev: torch.device,
+                         rounds: int) -> tuple[dict[str, float], dict[str, float]]:
     """Per call the median µs of one eager call (events around it, synchronised before and after), over ``rounds``
     rounds in which the calls take turns: eager calls are host-bound, and timing them one after the other let the
     host's state drift between them (the same in-order work differed by 25 %). Each round takes the calls in a new
     random order (seeded), so no call always follows the same one: on the H200's host the same in-order step took
     1-3 % longer after some calls than after others (2026-12-04; in a fixed order, and in one merely rotated each
-    round, which keeps every call's predecessor)."""
+    round, which keeps every call's predecessor). Also, per call, the median over the rounds of its time over
+    ``serial``'s in the same round (paired: what drifts between rounds cancels)."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for order in turns(list(calls), rounds, shuffle_seed=0):
         for name in order:
             samples[name].append(1e3 * times_ms(calls[name], dev, 0.0, 1, 1, warmup=0)[0])
-    return {name: statistics.median(values) for name, values in samples.items()}
+    paired = {name: statistics.median(a / b for a, b in zip(values, samples["serial"], strict=True))
+              for name, values in samples.items()}
+    return {name: statistics.median(values) for name, values in samples.items()}, paired
 
 
 def overlapped(alone: float, main: float, both: float, serial: float) -> dict[str, float]:
@@ -238,7 +264,7 @@ def overlapped(alone: float, main: float, both: float, serial: float) -> dict[st
 
 
 def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool, rounds: int,
-            keys: str = "fp8") -> dict:
+            keys: str = "fp8", eager_rounds: int | None = None) -> dict:
     layer = Layer(shape, dev, smoke, keys)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 8
     budgets = sorted({max(1, min(sms - 1, round(f * sms))) for f in fractions})
@@ -247,17 +273,19 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
     calls = modes(layer, dev, sms, budgets, has_rule)
     row: dict = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context, "keys": keys, "sms": sms,
                  "budgets": budgets}
-    if has_rule:  # what the rule picks in a captured graph and eagerly
+    if has_rule:  # what the rule picks in a captured graph and eagerly, and the host time of deciding it eagerly
         row["rule_budget"], row["rule_budget_eager"] = (
             side_budget(shape.tokens, shape.context, sms, rule_bands(impl.fn.rule, capturing, layer.k_format))
             for capturing in (True, False))
+        row["schedule_us"] = schedule_us(dev, shape, layer.k_format)
     for fn in calls.values():  # compile and warm every path once
         fn()
     # The indices under the smallest budget, those of the whole device (a row's order is unspecified: sorted).
     whole = layer.side().clone().sort(dim=1).values
     row["budget_equal"] = bool(torch.equal(whole, calls[f"side@{budgets[0]}"]().clone().sort(dim=1).values))
     graph = alternating_graph_us(calls, dev, rounds=rounds, burst=5, shuffle_seed=0)
-    eager = alternating_eager_us(calls, dev, rounds=3 * rounds)
+    eager_rounds = 3 * rounds if eager_rounds is None else eager_rounds
+    eager, paired = alternating_eager_us(calls, dev, rounds=eager_rounds)
     for tag, us in (("graph", graph), ("eager", eager)):
         side, main, serial_us = us["side"], us["main"], us["serial"]
         out = {"side_us": side, "main_us": main, "serial_us": serial_us, "modes": {},
@@ -270,6 +298,8 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
                 out[name.replace("@", "_us@")] = both
                 continue
             out["modes"][name] = overlapped(side, main, both, serial_us)
+            if tag == "eager":
+                out["modes"][name]["vs_serial_paired"] = paired[name]
         row[tag] = out
     del layer
     if dev.type == "cuda":
@@ -279,11 +309,13 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
 
 def print_row(row: dict) -> None:
     print(f"\n{row['phase']} {row['tokens']} x {row['context']} ({row['keys']} keys)  budgets {row['budgets']}"
-          + (f"  rule -> {row['rule_budget']} (eager {row['rule_budget_eager']})" if "rule_budget" in row else "")
+          + (f"  rule -> {row['rule_budget']} (eager {row['rule_budget_eager']}, decided in "
+             f"{row['schedule_us']:.1f} us)" if "rule_budget" in row else "")
           + f"  equal under a budget: {row['budget_equal']}")
     for tag in ("graph", "eager"):
         r = row[tag]
-        cells = "  ".join(f"{name} {m['us']:.1f} ({m['hidden']:+.0%}, {m['vs_serial']:.3f}x)"
+        cells = "  ".join(f"{name} {m['us']:.1f} ({m['hidden']:+.0%}, {m['vs_serial']:.3f}x"
+                          + (f", paired {m['vs_serial_paired']:.3f}x)" if "vs_serial_paired" in m else ")")
                           for name, m in r["modes"].items())
         alone = {part: " ".join(f"{k.split('@')[1]}:{v:.1f}" for k, v in r.items() if k.startswith(f"{part}_us@"))
                  for part in ("side", "main")}
@@ -300,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", default="0.25,0.33,0.485,0.6,0.75",
                    help="side budgets as fractions of the SMs (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=20, help="alternating graph rounds (default: %(default)s)")
+    p.add_argument("--eager-rounds", type=int, default=None,
+                   help="alternating eager rounds (default: three times --rounds)")
     p.add_argument("--only", default=None, help="phase to run (decode or prefill)")
     p.add_argument("--min-tokens", type=int, default=0, help="only shapes of at least this many tokens")
     p.add_argument("--min-context", type=int, default=0, help="only shapes of at least this context")
@@ -323,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
               "partitions": dev.type == "cuda" and partition.available(), "rows": []}
     for shape in shapes:
         try:
-            row = measure(shape, dev, fractions, args.smoke, 3 if args.smoke else args.rounds, args.keys)
+            row = measure(shape, dev, fractions, args.smoke, 3 if args.smoke else args.rounds, args.keys,
+                          3 if args.smoke else args.eager_rounds)
         except Exception as exc:  # noqa: BLE001  (report the shape that failed, go on with the rest)
             row = {"phase": shape.phase, "tokens": shape.tokens, "context": shape.context,
                    "error": f"{type(exc).__name__}: {exc}"}

@@ -33,6 +33,7 @@ _PUBLIC = {
     "HotBuffers": "indexcache.runtime.hot",
     "HotLayer": "indexcache.runtime.hot",
     "overlap": "indexcache.runtime.streams",
+    "overlap_schedule": "indexcache.runtime.streams",
     "cp_topk": "indexcache.runtime.distributed",
     "cp_topk_translate": "indexcache.runtime.distributed",
     "zigzag_key_index": "indexcache.runtime.distributed",

@@ -39,6 +39,7 @@ from indexcache.backends.triton import streams as triton_streams  # noqa: E402
 from indexcache.backends.triton.launcher import persistent_programs, planning  # noqa: E402
 from indexcache.backends.triton.topk.plan import split_chunk  # noqa: E402
 from indexcache.hal import budget, dispatch, library, memo  # noqa: E402
+from indexcache.hal.contract import IN_ORDER  # noqa: E402
 from indexcache.hal.library import BUDGETED_OPS  # noqa: E402
 from indexcache.hal.specs import SPECS  # noqa: E402
 from indexcache.plan import LayerPlan  # noqa: E402
@@ -764,6 +765,41 @@ def test_an_eager_call_the_rule_runs_in_order_makes_its_graph_partition_once(sch
     assert parts.calls == [(0, 66, 0, True)] and fake.log == []
     assert streams(lambda: "side", lambda: "main", 1, gpu, tokens=1000, context=8192) == ("side", "main")
     assert parts.calls == [(0, 66, 0, True)]  # no graph band gives 1000 tokens a share: nothing made
+
+
+def test_a_schedule_is_decided_once_and_runs_as_the_call_would_have(scheduler, monkeypatch):
+    streams, fake = scheduler
+    parts = _FakePartitions(fake.log)
+    monkeypatch.setattr(triton_streams, "partition_stream", parts)
+    gpu = torch.device("cuda", 0)
+
+    def side():
+        return "side", budget.current()
+
+    def main():
+        return "main", budget.current()
+
+    fake.capturing = False
+    assert streams.prepare(0, gpu, tokens=32, context=8192) is IN_ORDER  # the EAGER bands: in order
+    assert list(parts.made) == [(0, 66, 0)]  # and the graph band's partition made for a later capture
+    fake.capturing = True
+    decided = {"partition": streams.prepare(0, gpu, tokens=32, context=8192),
+               "overlap": streams.prepare(1, gpu, tokens=4, context=100)}  # captured: 33's partition never made
+    monkeypatch.setattr(triton_streams, "partition_stream", lambda *a, **k: None)
+    decided["budget"] = streams.prepare(0, gpu, side_sms=20)
+    assert {how: (s.how, s.side_sms) for how, s in decided.items()} == {
+        "partition": ("partition", 66), "overlap": ("overlap", None), "budget": ("budget", 20)}
+    monkeypatch.setattr(streams, "share", None)  # nothing is decided again when a schedule runs
+    monkeypatch.setattr(streams, "partition", None)
+    fake.log.clear()
+    for _ in range(2):
+        assert decided["partition"](side, main) == (("side", None), ("main", None))
+        assert decided["budget"](side, main) == (("side", 20), ("main", 112))
+        assert decided["overlap"](side, main) == (("side", None), ("main", None))
+    ran = ["waits main", "on side", "off side", "main waits side"]
+    assert fake.log == [f"{who} {step}" if step == "waits main" else step for who in ("partition 66", "side", "side")
+                        for step in ran] * 2
+    assert budget.current() is None
 
 
 def test_the_gpu_backends_hand_their_tables_overlap_rule_to_the_scheduler():

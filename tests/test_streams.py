@@ -1,5 +1,5 @@
-"""overlap(): the scheduler each backend serves, in-order semantics, and (on a GPU) the event join,
-record_stream protection and CUDA-graph capture."""
+"""overlap() and overlap_schedule(): the scheduler each backend serves, in-order semantics, and (on a GPU) the event
+join, record_stream protection and CUDA-graph capture."""
 
 import pytest
 import torch
@@ -7,7 +7,8 @@ import torch
 from indexcache.backends.torch.streams import in_order
 from indexcache.backends.triton.streams import DeviceStreams, device_overlap
 from indexcache.hal import dispatch
-from indexcache.runtime.streams import overlap
+from indexcache.hal.contract import IN_ORDER, OpImpl
+from indexcache.runtime.streams import overlap, overlap_schedule
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 # About 50 ms on an H200 at ~1.9 GHz: far longer than any launch latency.
@@ -45,6 +46,47 @@ def test_gpu_scheduler_refuses_cpu_tensors_and_interpreted_backends_run_in_order
 def test_side_index_is_checked(bad):
     with pytest.raises(ValueError, match="side"):
         overlap(lambda: 0, lambda: 0, side=bad)
+    with pytest.raises(ValueError, match=r"^side: expected an int >= 0"):
+        overlap_schedule(side=bad)
+
+
+def test_a_schedule_on_the_cpu_runs_side_then_main_whatever_the_shape():
+    schedule = overlap_schedule(device="cpu", tokens=64, context=32768)
+    assert schedule is IN_ORDER and (schedule.how, schedule.side_sms) == ("in order", 0)
+    calls = []
+    for _ in range(2):  # decided once, run as often as a forward has layers
+        assert schedule(lambda: calls.append("side") or "s", lambda: calls.append("main") or "m") == ("s", "m")
+    assert calls == ["side", "main"] * 2
+
+
+def test_a_schedule_checks_its_arguments_as_overlap_does():
+    with pytest.raises(ValueError, match=r"^tokens and context: expected both or neither, got tokens=4, context=None"):
+        overlap_schedule(tokens=4)
+    with pytest.raises(TypeError, match=r"^k_format: expected None \(fp8 keys\) or torch.float4_e2m1fn_x2"):
+        overlap_schedule(tokens=4, context=5, k_format=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"^side_sms: expected an int >= 0"):
+        overlap_schedule(side_sms=-1)
+
+
+def test_a_scheduler_without_prepare_is_asked_at_each_call(fresh_dispatch, monkeypatch):
+    seen = []
+
+    def scheduler(side_fn, main_fn, side, device, side_sms=None, tokens=None, context=None):
+        seen.append((side, device.type, tokens, context))
+        return side_fn(), main_fn()
+
+    monkeypatch.setattr(dispatch, "scheduler", lambda args, backend=None: ("mine", OpImpl(scheduler)))
+    schedule = overlap_schedule(device="cpu", side=1, tokens=3, context=9)
+    assert (schedule.how, schedule.side_sms) == ("per call", None) and seen == []
+    assert schedule(lambda: "s", lambda: "m") == ("s", "m")
+    assert schedule(lambda: 1, lambda: 2) == (1, 2)
+    assert seen == [(1, "cpu", 3, 9)] * 2
+
+
+def test_a_schedule_made_while_compiling_runs_in_order(monkeypatch):
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(dispatch, "scheduler", None)  # not asked
+    assert overlap_schedule(device="cuda", side_sms=4) is IN_ORDER
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.0])
@@ -130,7 +172,8 @@ def test_side_and_main_run_concurrently():
 
 @gpu
 @pytest.mark.parametrize("side_sms", [None, 16], ids=["no share", "a partition"])
-def test_captured_overlap_replays_like_the_sequential_order(side_sms):
+@pytest.mark.parametrize("decided", ["per call", "once"])
+def test_captured_overlap_replays_like_the_sequential_order(side_sms, decided):
     if side_sms is not None:
         _partitions()
     a = torch.zeros(4096, device="cuda")
@@ -139,7 +182,14 @@ def test_captured_overlap_replays_like_the_sequential_order(side_sms):
     main_out = torch.empty_like(b)
 
     def step():
-        overlap(lambda: side_out.copy_(a * 2 + 1), lambda: main_out.copy_(b.sin()), device="cuda", side_sms=side_sms)
+        side, main = lambda: side_out.copy_(a * 2 + 1), lambda: main_out.copy_(b.sin())
+        if decided == "once":  # the forward's schedule, made inside the capture and run by two layers
+            schedule = overlap_schedule(device="cuda", side_sms=side_sms)
+            assert schedule.how == ("overlap" if side_sms is None else "partition")
+            schedule(side, main)
+            schedule(side, main)
+        else:
+            overlap(side, main, device="cuda", side_sms=side_sms)
         return side_out + main_out
 
     step()  # warm-up creates the side streams (and the partition, which a capture only looks up) before capture

@@ -12,7 +12,7 @@ import torch
 
 from indexcache.backends.torch import gather, hisparse, logits, producer, quantize, topk, translate
 from indexcache.backends.torch.memory import MemoryBudgetError, memory_budget, set_memory_budget
-from indexcache.backends.torch.streams import in_order
+from indexcache.backends.torch.streams import in_order, in_order_schedule
 from indexcache.hal.contract import Availability, Backend, OpImpl
 
 
@@ -40,7 +40,7 @@ BACKEND = Backend(
         "gather_index_k": OpImpl(gather.gather_index_k),
         "hisparse_plan": OpImpl(hisparse.hisparse_plan),
         "hisparse_swap_in": OpImpl(hisparse.hisparse_swap_in),
-        "overlap": OpImpl(in_order),
+        "overlap": OpImpl(in_order, prepare=in_order_schedule),
     },
     details=lambda: {"memory_budget_bytes": memory_budget()},
 )

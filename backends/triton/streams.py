@@ -27,15 +27,16 @@ made falls back as where there are none.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 
-from indexcache.backends.torch.streams import in_order
+from indexcache.backends.torch.streams import in_order, in_order_schedule
 from indexcache.backends.triton.partition import partition_stream
 from indexcache.hal import budget, fp4
-from indexcache.hal.contract import OpImpl
+from indexcache.hal.contract import IN_ORDER, OpImpl, Schedule
 from indexcache.hal.device import sm_count
 
 S = TypeVar("S")
@@ -150,34 +151,56 @@ class DeviceStreams:
             partition_stream(index, share_sms(share, sm_count(index)), key[1])
             self._graph_made.add(key)
 
-    def __call__(self, side_fn: Callable[[], S], main_fn: Callable[[], M], side: int, device: torch.device,
-                 side_sms: int | None = None, tokens: int | None = None, context: int | None = None,
-                 k_format: torch.dtype | None = None) -> tuple[S, M]:
+    def prepare(self, side: int, device: torch.device, side_sms: int | None = None, tokens: int | None = None,
+                context: int | None = None, k_format: torch.dtype | None = None) -> Schedule:
+        """The schedule of a call with these arguments (``overlap``'s ``prepare``), decided now for the mode it is made
+        in: eagerly, or for the capture in progress (a schedule made eagerly and run inside a capture stays valid, and
+        so does the reverse: only the share may not be the one the rule gives that mode). Running it does what
+        :meth:`__call__` would have done here."""
         capturing = self._module.is_current_stream_capturing()
         if tokens is not None and self.rule is not None and not capturing:
             # An eager call given its shape makes the partition the shape's graph band names, for a later capture;
-            # where the rule runs it in order (its EAGER bands: an eager step's usual case) that is all it does before
-            # the two calls (docs/streams.md, "The rule's eager path").
+            # where the rule runs it in order (its EAGER bands: an eager step's usual case) that is all it decides
+            # (docs/streams.md, "The rule's eager path").
             self.graph_partition(device, side, band_share(tokens, context, rule_bands(self.rule, True, k_format)))
             if side_sms is None and band_share(tokens, context, rule_bands(self.rule, False, k_format)) == 0:
-                side_out = side_fn()
-                return side_out, main_fn()
+                return IN_ORDER
         n, sms, ruled = self.share(device, side_sms, tokens, context, capturing, k_format)
         if n == 0:
-            return in_order(side_fn, main_fn, side, device)
+            return IN_ORDER
         part = self.partition(device, n, side, capturing)
-        if part is not None or ruled:
-            n = None  # a partition holds the side (no budget, the main keeps the device); a rule's share needs one
-        main = self._module.current_stream(device)
+        how = "partition" if part is not None else "overlap" if ruled or n is None else "budget"
+        held = n if how == "budget" else None  # a partition holds the side itself; a rule's share needs one
         stream = part if part is not None else self.stream(device, side)
-        stream.wait_stream(main)
-        with self._module.stream(stream), _held_to(n, sms):
+        return Schedule(functools.partial(self._run, stream, device, held, sms), how,
+                        None if how == "overlap" else n)
+
+    def _run(self, stream: torch.Stream, device: torch.device, n: int | None, sms: int, side_fn: Callable[[], S],
+             main_fn: Callable[[], M]) -> tuple[S, M]:
+        """``side_fn`` on ``stream`` (under a budget of ``n`` where given, the main under the rest), ``main_fn`` on the
+        current stream, joined."""
+        if torch.compiler.is_compiling():  # Inductor traces no streams: in order, as the join makes it appear
             side_out = side_fn()
-        with _held_to(None if n is None else sms - n, sms):
+            return side_out, main_fn()
+        main = self._module.current_stream(device)
+        stream.wait_stream(main)
+        if n is None:
+            with self._module.stream(stream):
+                side_out = side_fn()
             main_out = main_fn()
+        else:
+            with self._module.stream(stream), _held_to(n, sms):
+                side_out = side_fn()
+            with _held_to(sms - n, sms):
+                main_out = main_fn()
         main.wait_stream(stream)
         _record(side_out, main, self.device_type)
         return side_out, main_out
+
+    def __call__(self, side_fn: Callable[[], S], main_fn: Callable[[], M], side: int, device: torch.device,
+                 side_sms: int | None = None, tokens: int | None = None, context: int | None = None,
+                 k_format: torch.dtype | None = None) -> tuple[S, M]:
+        return self.prepare(side, device, side_sms, tokens, context, k_format)(side_fn, main_fn)
 
     def supports(self, device: torch.device, **_: Any) -> list[str]:
         """Why the scheduler declines a call (empty: it takes it): it needs tensors on its GPUs."""
@@ -217,6 +240,6 @@ def device_overlap(device_type: str, side_streams: int, rule: Mapping[str, Any] 
     and AMD; "cpu" when its kernels are interpreted, which runs in order), that allows ``side_streams`` side
     streams, with the target's ``overlap`` rule (None: none)."""
     if device_type == "cpu":
-        return OpImpl(in_order)
+        return OpImpl(in_order, prepare=in_order_schedule)
     scheduler = DeviceStreams(side_streams, device_type, rule)
-    return OpImpl(scheduler, scheduler.supports)
+    return OpImpl(scheduler, scheduler.supports, prepare=scheduler.prepare)

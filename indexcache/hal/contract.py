@@ -37,7 +37,9 @@ class OpImpl:
     ``prepare(**args)``, where a backend has it, does what ``fn(**args)`` does except running: it returns a
     callable that runs the call (its launches bound, nothing checked again), and that may be called again to
     repeat the call on whatever memory of the same layout lies at the same addresses. The public ops keep such
-    callables for calls whose outputs are given (docs/ops.md, "Eager calls").
+    callables for calls whose outputs are given (docs/ops.md, "Eager calls"). The scheduler ``overlap`` is the one
+    exception: its ``prepare`` takes the call's arguments less the two functions and returns a :class:`Schedule`,
+    the decision made once and run with any two functions (``indexcache.overlap_schedule``).
 
     ``workspace_bytes(**args)``, where a backend has it, is the bytes of device workspace the call takes (docs/ops.md,
     "Workspace"): its ``fn``, ``prepare`` and ``supports`` then get the op's ``workspace`` argument (None: the
@@ -46,8 +48,33 @@ class OpImpl:
 
     fn: Callable[..., Any]
     supports: Callable[..., list[str]] = always
-    prepare: Callable[..., Callable[[], None]] | None = None
+    prepare: Callable[..., Callable[..., Any]] | None = None
     workspace_bytes: Callable[..., int] | None = None
+
+
+def side_then_main(side_fn: Callable[[], Any], main_fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """``(side_fn(), main_fn())`` on the current stream, side first: the in-order schedule's run."""
+    side_out = side_fn()
+    return side_out, main_fn()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a scheduler runs side work beside main work, decided once (``overlap``'s ``prepare``):
+    ``schedule(side_fn, main_fn)`` returns ``(side_fn(), main_fn())`` run that way, the current stream then ordered
+    after both. ``how``: "in order" (``side_sms`` 0), "overlap" (no share: ``side_sms`` None), "partition" or
+    "budget" (the side held to ``side_sms`` multiprocessors), or "per call" (a scheduler without ``prepare``: decided
+    at each call, ``side_sms`` None)."""
+
+    run: Callable[[Callable[[], Any], Callable[[], Any]], tuple[Any, Any]]
+    how: str
+    side_sms: int | None
+
+    def __call__(self, side_fn: Callable[[], Any], main_fn: Callable[[], Any]) -> tuple[Any, Any]:
+        return self.run(side_fn, main_fn)
+
+
+IN_ORDER = Schedule(side_then_main, "in order", 0)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Overlap the producer's indexer with the rest of a layer: ``overlap(side_fn, main_fn)``.
+"""Overlap the producer's indexer with the rest of a layer: ``overlap(side_fn, main_fn)``, or decided once a forward,
+``overlap_schedule(...)(side_fn, main_fn)``.
 
 ``side_fn`` (the indexer: projections, logits, top-k) runs on a side stream while ``main_fn`` (the
 layer's other preparation: query projection, KV store) runs on the current stream; the current stream
@@ -22,12 +23,14 @@ an SM budget (:mod:`indexcache.hal.budget`) with the main function under the res
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from indexcache.hal import dispatch, fp4
+from indexcache.hal.contract import IN_ORDER, Schedule
 
 S = TypeVar("S")
 M = TypeVar("M")
@@ -54,7 +57,46 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
     - else the two overlap with no share.
 
     Returns ``(side_fn(), main_fn())``; on return the current stream is ordered after everything both enqueued.
+    Deciding costs host time at every call; a forward whose layers share one shape decides once with
+    :func:`overlap_schedule`.
     """
+    args = _checked(device, side, side_sms, tokens, context, k_format)
+    if torch.compiler.is_compiling():
+        # Inductor traces no streams (record_stream cannot be functionalized): in a compiled graph the two run in
+        # order on the current stream, side first, as the join makes them appear anyway.
+        return side_fn(), main_fn()
+    return dispatch.scheduler(args, backend)[1].fn(side_fn=side_fn, main_fn=main_fn, **args)
+
+
+def overlap_schedule(*, device: torch.device | str | None = None, side: int = 0, side_sms: int | None = None,
+                     tokens: int | None = None, context: int | None = None, k_format: torch.dtype | None = None,
+                     backend: str | None = None) -> Schedule:
+    """:func:`overlap`'s decision for these arguments, made once: ``schedule(side_fn, main_fn)`` runs any two functions
+    as ``overlap(side_fn, main_fn, **these)`` would have run them when the schedule was made, with none of its checks
+    and choices again (an eager layer step is host-bound: docs/streams.md, "Deciding once a forward").
+
+    Make it where the forward runs, once per forward (every layer of a step has the same rows and context): eagerly
+    for eager layers, inside the capture for a captured forward, since the backend's rule differs between the two
+    (a schedule run in the other mode stays correct, only its share may not be that mode's). ``schedule.how`` and
+    ``schedule.side_sms`` say what was decided (:class:`~indexcache.hal.contract.Schedule`). Under ``torch.compile``
+    the schedule runs the two in order. Same arguments and errors as :func:`overlap`."""
+    args = _checked(device, side, side_sms, tokens, context, k_format)
+    if torch.compiler.is_compiling():
+        return IN_ORDER
+    impl = dispatch.scheduler(args, backend)[1]
+    if impl.prepare is None:  # a scheduler that decides at each call
+        return Schedule(functools.partial(_per_call, impl.fn, args), "per call", None)
+    return impl.prepare(**args)
+
+
+def _per_call(fn: Callable[..., tuple[S, M]], args: dict[str, Any], side_fn: Callable[[], S],
+              main_fn: Callable[[], M]) -> tuple[S, M]:
+    return fn(side_fn=side_fn, main_fn=main_fn, **args)
+
+
+def _checked(device: torch.device | str | None, side: int, side_sms: int | None, tokens: int | None,
+             context: int | None, k_format: torch.dtype | None) -> dict[str, Any]:
+    """The scheduler's arguments (less the two functions), each checked: ValueError or TypeError naming a bad one."""
     dev = torch.device("cpu" if device is None else device)
     if isinstance(side, bool) or not isinstance(side, int) or side < 0:
         raise ValueError(f"side: expected an int >= 0, got {side!r}")
@@ -71,12 +113,7 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
                             f"{k_format!r}")
         if tokens is None:
             raise ValueError("k_format: picks the rule for tokens and context: expected it with both, got neither")
-    if torch.compiler.is_compiling():
-        # Inductor traces no streams (record_stream cannot be functionalized): in a compiled graph the two run in
-        # order on the current stream, side first, as the join makes them appear anyway.
-        return side_fn(), main_fn()
-    args = dict(side_fn=side_fn, main_fn=main_fn, side=side, device=dev, side_sms=side_sms, tokens=tokens,
-                context=context)
+    args: dict[str, Any] = dict(side=side, device=dev, side_sms=side_sms, tokens=tokens, context=context)
     if k_format is not None:  # only where given: schedulers written before it keep working
         args["k_format"] = k_format
-    return dispatch.scheduler(args, backend)[1].fn(**args)
+    return args

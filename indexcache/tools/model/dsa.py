@@ -19,8 +19,9 @@ Each layer: RMSNorm; the indexer part through :class:`~indexcache.runtime.runner
 shared, or — for layers without an indexer — a sliding window of ``ModelConfig.window`` tokens); a
 single-latent MQA attention (MLA-like: keys and values are one latent vector a token) over the selected
 physical KV slots; a residual add. Every layer has its own page table into its own KV cache, so each
-shared layer's translation matters. The producer's indexer runs on a side stream
-(:func:`indexcache.runtime.streams.overlap`) while the main stream projects the queries and stores the KV latent.
+shared layer's translation matters. The producer's indexer runs on a side stream while the main stream projects the
+queries and stores the KV latent, as the forward's schedule says (:func:`indexcache.overlap_schedule`, decided once a
+forward).
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ import torch
 import torch.nn.functional as F
 
 import indexcache
+from indexcache.hal.contract import Schedule
 from indexcache.hal.ops import INDEX
 from indexcache.plan import PRODUCER, LayerPlan
 from indexcache.runtime.hot import HotBuffers, HotLayer
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import PagedLogits, PrefillLogits, Recorder, TopkState
-from indexcache.runtime.streams import overlap
+from indexcache.runtime.streams import overlap_schedule
 from indexcache.tools.model.batch import Batch
 from indexcache.tools.model.cache import HotCache, PagedCache
 from indexcache.tools.model.config import ModelConfig, ModelSettingError
@@ -181,14 +183,23 @@ class DSAModel:
                 state: TopkState, *, hot: HotCache | None = None) -> torch.Tensor:
         """Run ``runner.layers`` on hidden states ``x [R, hidden]`` (the state already begun, or loaded
         from a pipeline carry)."""
+        schedule = self.schedule(batch)  # every layer's indexer has the same shape: decided once a forward
         for layer in runner.layers:
-            x = self.layer(layer, x, batch, cache, runner, state, hot=hot)
+            x = self.layer(layer, x, batch, cache, runner, state, hot=hot, schedule=schedule)
         return x
 
+    def schedule(self, batch: Batch) -> Schedule:
+        """How this forward's layers run their indexer beside the rest: the backend's measured rule for the side work's
+        shape (the batch's rows and its longest visible window), overlapped or in order where overlapping does not
+        pay (:func:`indexcache.overlap_schedule`)."""
+        context = batch.max_length if batch.max_length is not None else batch.max_context_len
+        return overlap_schedule(device=self.device, tokens=batch.rows, context=context)
+
     def layer(self, layer: int, x: torch.Tensor, batch: Batch, cache: PagedCache, runner: IndexerRunner,
-              state: TopkState, *, hot: HotCache | None = None) -> torch.Tensor:
+              state: TopkState, *, hot: HotCache | None = None, schedule: Schedule | None = None) -> torch.Tensor:
         """One layer on ``x [R, hidden]``; returns the new hidden states. With ``hot`` every token's latent also goes
-        to the host pool (and its hot slot), and in decode a sparse layer attends over the hot buffer's rows."""
+        to the host pool (and its hot slot), and in decode a sparse layer attends over the hot buffer's rows.
+        ``schedule``: the forward's (:meth:`schedule`; None: decided here)."""
         c = self.config
         w = self.layers[layer]
         table = batch.tables[layer]
@@ -227,9 +238,7 @@ class DSAModel:
                 hot.store(layer, requests, batch.positions, batch.seq_lens[requests.long()], latent)
             return (h @ w.wq).view(rows, c.heads, c.head_dim)
 
-        # The side work's shape picks the backend's measured rule: overlap, or in order where overlapping does not pay.
-        context = batch.max_length if batch.max_length is not None else batch.max_context_len
-        slots, q = overlap(indexer, prepare, device=self.device, tokens=rows, context=context)
+        slots, q = (schedule or self.schedule(batch))(indexer, prepare)
         kv = hot.device_kv[layer] if hot_layer is not None else cache.kv[layer]
         return x + sparse_attention(q, kv, slots) @ w.wo
 
