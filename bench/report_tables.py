@@ -361,7 +361,10 @@ def _mode(m: dict | None) -> str:
 
 
 def _ratio(m: dict | None) -> str:
-    return "—" if m is None else f"{m['vs_serial']:.3f}×"
+    """A mode's × in order, with its paired ratio where measured (eager runs since bec827e)."""
+    if m is None:
+        return "—"
+    return f"{m['vs_serial']:.3f}×" + (f" ({m['vs_serial_paired']:.3f}×)" if "vs_serial_paired" in m else "")
 
 
 def _choice(r: dict, key: str) -> str:
@@ -374,7 +377,8 @@ def _choice(r: dict, key: str) -> str:
 def overlap(d: dict) -> str:
     """bench/overlap_gpu.py: the producer's indexer on a side stream beside a V3.2 layer's main-stream work: alone,
     in order, overlapped with no budget, under the best side budget, and as the rule chooses; µs (the indexer's time
-    hidden, × in order)."""
+    hidden, × in order); eagerly the rule decided once (its schedule) and at every call, and the in-order step timed
+    again, × in order (paired: the median of each round's ratio, where measured)."""
     rows = []
     for r in d["rows"]:
         if "error" in r:
@@ -386,13 +390,15 @@ def overlap(d: dict) -> str:
                      _f(g["serial_us"]), _mode(g["modes"]["overlap"]), f"{best.split('@')[1]}: {_mode(budgeted[best])}",
                      _choice(r, "rule_budget"), _mode(g["modes"].get("rule")), _f(e["serial_us"]),
                      _mode(e["modes"]["overlap"]), _choice(r, "rule_budget_eager"), _mode(e["modes"].get("rule")),
+                     _ratio(e["modes"].get("rule")), _ratio(e["modes"].get("rule per call")),
                      _ratio(e["modes"].get("in order again"))])
     shares = "SM partitions (green contexts)" if d.get("partitions") else "SM budgets"
     return (_head(d, f"{d['rows'][0]['sms']} SMs, side shares {d['rows'][0]['budgets']} as {shares}, bf16 layer "
                      f"weights, BLAS {d.get('blas') or 'torch default'}")
             + "\n\n" + markdown_table(["shape", "side µs", "main µs", "in order µs", "overlap", "best share",
                                         "rule (graph)", "rule µs", "eager in order µs", "eager overlap",
-                                        "rule (eager)", "eager rule µs", "eager in order again"], rows))
+                                        "rule (eager)", "eager rule µs", "eager rule ×", "eager rule per call ×",
+                                        "eager in order again ×"], rows))
 
 
 def coldstart(d: dict) -> str:
@@ -446,6 +452,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200-topk-vs-peers.json": topk_peers,
     "h200-e2e.json": e2e,
     "h200-overlap.json": overlap,
+    "h100-overlap.json": overlap,
     "h200x2-cp-topk.json": cp_topk,
     "cpu-fp4-recall.json": fp4_recall,
     "h200-fp4-decode.json": fp4_decode,
