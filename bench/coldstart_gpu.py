@@ -51,7 +51,8 @@ NEXT_N = (1, 2)
 PREFILL = ((128, 128), (1000, 1000), (4096, 4096), (8192, 8192), (2048, 8192), (100, 131072))  # (tokens, keys)
 SMOKE_DECODE = ((1, 100, 1), (3, 1000, 2))  # --smoke: two decode shapes and a prefill one, small
 SMOKE_PREFILL = ((100, 300),)
-OUTPUTS = ("out", "out_raw", "logits")  # what a step's calls write: new ones make every call's signature new
+# What a step's calls write: new ones make every call's signature new.
+OUTPUTS = ("out", "out_raw", "logits", "out_scale", "out_k")
 
 
 def materialize(kind: str, calls: list[tuple[str, dict[str, Any]]], dims: tuple[int, ...], fp8: torch.dtype,
@@ -60,8 +61,7 @@ def materialize(kind: str, calls: list[tuple[str, dict[str, Any]]], dims: tuple[
     next_n) or ``prefill_calls`` ("prefill", ``dims`` = tokens, keys) with a real tensor on ``dev`` for each meta one
     (one for each meta tensor, so that what the calls share stays shared), holding valid contents: full contexts
     (decode) or causal windows ending at the last key (prefill), tables of distinct cache pages, random scores
-    and keys (``fp8`` the index cache's format). The prefill's key quantization takes the public op's arguments (it
-    allocates its outputs)."""
+    and keys (``fp8`` the index cache's format)."""
     gen = torch.Generator().manual_seed(seed)
     made: dict[int, torch.Tensor] = {}
     if kind == "decode":
@@ -126,8 +126,6 @@ def materialize(kind: str, calls: list[tuple[str, dict[str, Any]]], dims: tuple[
                 real[name] = made[id(value)]
             else:
                 real[name] = value
-        if op == "quantize_index_k":
-            real = {"k": real["k"], "fp8_dtype": real["fp8_dtype"], "block": real["block"]}
         found.append((op, real))
     return found
 

@@ -181,6 +181,17 @@ def _fp4_prefill(q_fp4: bool, k_fp4: bool = True) -> tuple:
          r"block: MXFP4 keys take a scale every 32 elements, got block=128"),
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.float4_e2m1fn_x2, block=32.0),
          r"block: expected an int"),
+        (lambda: indexcache.quantize_index_k(torch.zeros(2, 256), out=torch.zeros(2, 256)),
+         r"out: expected dtype float8_e4m3fn, got float32"),
+        (lambda: indexcache.quantize_index_k(torch.zeros(2, 256), out_scale=torch.zeros(2, 1)),
+         r"out_scale: expected shape \[2, 2\], got \[2, 1\]"),
+        (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.float4_e2m1fn_x2,
+                                             out=torch.zeros(2, 64, dtype=torch.float8_e4m3fn)),
+         r"out: expected dtype float4_e2m1fn_x2, got float8_e4m3fn"),
+        (lambda: indexcache.quantize_index_k(torch.zeros(2, 256), out_scale=torch.zeros(2, 2).t().contiguous().t()),
+         r"out_scale: expected rows of contiguous elements \(stride 1 in the last dimension\), got strides \[1, 2\]"),
+        (lambda: indexcache.quantize_index_k(_k := torch.zeros(2, 256), out_scale=_k.view(-1)[:4].view(2, 2)),
+         r"out_scale: expected a tensor that shares no memory"),
     ],
 )
 def test_bad_input_names_argument(call, message):
@@ -198,6 +209,21 @@ def test_quantize_default_block_is_the_formats(fp8_dtype, block):
     assert scales.shape == (3, 256 // block)
     assert torch.equal(values.view(torch.uint8), named[0].view(torch.uint8))
     assert torch.equal(scales.view(torch.uint8), named[1].view(torch.uint8))
+
+
+@pytest.mark.parametrize("fp8_dtype, block", [(torch.float8_e4m3fn, 64), (torch.float4_e2m1fn_x2, 32)])
+def test_quantize_writes_into_given_outputs_and_returns_them(fp8_dtype, block):
+    """Given outputs (rows of wider buffers) get the same bytes a call that allocates returns, and are returned."""
+    k = torch.randn(5, 128, generator=torch.Generator().manual_seed(6)) * 4
+    want = indexcache.quantize_index_k(k, fp8_dtype, block=block, backend="torch")
+    values = torch.full((5, want[0].shape[1] + 16), 9, dtype=torch.uint8)[:, 8:-8].view(want[0].dtype)
+    scales = torch.full((5, 128 // block + 3), 9, dtype=torch.uint8 if fp8_dtype == torch.float4_e2m1fn_x2
+                        else torch.float32)[:, 1:-2].view(want[1].dtype)
+    got = indexcache.quantize_index_k(k, fp8_dtype, block=block, out=values, out_scale=scales, backend="torch")
+    assert got[0] is values and got[1] is scales
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a, b.view(torch.uint8)
+                           if b.element_size() == 1 else b)
 
 
 def test_translate_writes_into_out():

@@ -37,17 +37,28 @@ def _mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values.view(fp4.FP4), scales.view(fp4.E8M0)
 
 
-def quantize_index_k(k, fp8_dtype, block):
-    """``(k_fp8 [N, D], scale [N, D // block] float32)``, or MXFP4's ``(values, scales)`` (contract:
-    ``indexcache.quantize_index_k``)."""
-    if fp8_dtype == fp4.FP4:
-        return _mxfp4(k)
+def _fp8(k: torch.Tensor, fp8_dtype: torch.dtype, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k_fp8 [N, D] fp8_dtype, scale [N, D // block] float32)``: a power-of-two scale a block."""
     n, d = k.shape
     blocks = k.float().reshape(n, d // block, block)
     finite = torch.isfinite(blocks).all(-1)
     scale = _pow2_scale(blocks.abs().amax(-1).clamp_min(1e-4), fp8_max(fp8_dtype)).masked_fill(~finite, float("nan"))
     q = (blocks / scale[..., None]).masked_fill(~finite[..., None], 0.0)
     return q.reshape(n, d).to(fp8_dtype), scale
+
+
+def quantize_index_k(k, fp8_dtype, block, out, out_scale):
+    """Write ``out [N, D]`` (fp8) and ``out_scale [N, D // block]`` float32, or MXFP4's ``out [N, D / 2]`` and
+    ``out_scale [N, D / 32]`` e8m0; returns them (contract: ``indexcache.quantize_index_k``)."""
+    if fp8_dtype == fp4.FP4:  # copied as bytes (torch converts to and from neither format)
+        values, scales = _mxfp4(k)
+        out.view(torch.uint8).copy_(values.view(torch.uint8))
+        out_scale.view(torch.uint8).copy_(scales.view(torch.uint8))
+    else:
+        values, scales = _fp8(k, fp8_dtype, block)
+        out.copy_(values)
+        out_scale.copy_(scales)
+    return out, out_scale
 
 
 def store_index_k(k, k_cache, slot_mapping, fp8_dtype):
@@ -60,7 +71,7 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype):
         q, scale = (t.view(torch.uint8) for t in _mxfp4(k))
         keys, scales = keys.view(torch.uint8), scales.view(torch.uint8)
     else:
-        q, scale = quantize_index_k(k, fp8_dtype, k.shape[1])
+        q, scale = _fp8(k, fp8_dtype, k.shape[1])
         scale = scale[:, 0]
     num_pages, page_size = keys.shape[:2]
     slot = slot_mapping.long()

@@ -209,24 +209,24 @@ def quantize_index_k_launch(k, q, scale, fp8_dtype, block, *, target: Target, cf
     )
 
 
-def quantize_index_k(k, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any],
-                     options: Options | None = None):
-    """``(k_fp8 [N, D] fp8_dtype, scale [N, D // block] float32)``, or MXFP4's ``(values, scales)`` (contract:
-    ``indexcache.quantize_index_k``)."""
-    rows, cols = k.shape
+def quantize_launch(k, fp8_dtype, block, out, out_scale, *, target: Target, cfg: Mapping[str, Any],
+                    options: Options | None = None) -> Launch | None:
+    """The launch that writes ``out`` and ``out_scale`` from ``k [N, D]`` (contract: ``indexcache.quantize_index_k``;
+    MXFP4 through :func:`mxfp4_launch`), None when they are empty."""
     if fp8_dtype == fp4.FP4:
-        values = torch.empty((rows, cols // 2), dtype=torch.uint8, device=k.device)
-        scales = torch.empty((rows, cols // fp4.BLOCK), dtype=torch.uint8, device=k.device)
-        launch = mxfp4_launch(k, None, values, scales, target=target, cfg=cfg, options=options)
-        if launch is not None:
-            launch()
-        return values.view(fp4.FP4), scales.view(fp4.E8M0)
-    q = torch.empty((rows, cols), dtype=fp8_dtype, device=k.device)
-    scale = torch.empty((rows, cols // block), dtype=torch.float32, device=k.device)
-    launch = quantize_index_k_launch(k, q, scale, fp8_dtype, block, target=target, cfg=cfg, options=options)
+        return mxfp4_launch(k, None, out.view(torch.uint8), out_scale.view(torch.uint8), target=target, cfg=cfg,
+                            options=options)
+    return quantize_index_k_launch(k, out, out_scale, fp8_dtype, block, target=target, cfg=cfg, options=options)
+
+
+def quantize_index_k(k, fp8_dtype, block, out, out_scale, *, target: Target, cfg: Mapping[str, Any],
+                     options: Options | None = None):
+    """Write ``out`` and ``out_scale`` (fp8's ``[N, D]`` and ``[N, D // block]`` float32, or MXFP4's values and
+    scales); returns them (contract: ``indexcache.quantize_index_k``)."""
+    launch = quantize_launch(k, fp8_dtype, block, out, out_scale, target=target, cfg=cfg, options=options)
     if launch is not None:
         launch()
-    return q, scale
+    return out, out_scale
 
 
 def _fp8_store_launch(k, k_cache, slot_mapping, fp8_dtype, *, target: Target, cfg: Mapping[str, Any],
@@ -320,13 +320,16 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     def run_quantize(**args):
         return quantize_index_k(**args, target=target, cfg=cfg, options=options)
 
+    def prepare_quantize(**args):
+        return bound([quantize_launch(**args, target=target, cfg=cfg, options=options)])
+
     def run_store(**args):
         return store_index_k(**args, target=target, cfg=cfg, options=options)
 
     def prepare_store(**args):
         return bound([store_index_k_launch(**args, target=target, cfg=cfg, options=options)])
 
-    return {"quantize_index_k": OpImpl(run_quantize, supports_quantize),
+    return {"quantize_index_k": OpImpl(run_quantize, supports_quantize, prepare_quantize),
             "store_index_k": OpImpl(run_store, supports_store, prepare_store)}
 
 

@@ -58,10 +58,8 @@ def op_launches(op: str, args: Mapping[str, Any], target: Target,
         found = [translate.translate_launch(**a, target=target, cfg=tuning["translate"])]
     elif op == "store_index_k":
         found = [quantize.store_index_k_launch(**a, target=target, cfg=tuning["quantize_index_k"])]
-    elif op == "quantize_index_k" and a["fp8_dtype"] == fp4.FP4:
-        found = [quantize.mxfp4_launch(a["k"], None, a["q"], a["scale"], target=target, cfg=tuning["quantize_index_k"])]
     elif op == "quantize_index_k":
-        found = [quantize.quantize_index_k_launch(**a, target=target, cfg=tuning["quantize_index_k"])]
+        found = [quantize.quantize_launch(**a, target=target, cfg=tuning["quantize_index_k"])]
     else:
         raise ValueError(f"op: expected an op of the Triton kernels, got {op!r}")
     return [launch for launch in found if launch is not None]

@@ -8,13 +8,13 @@ producer's ``workspace_bytes``), ``Tensor[]`` for ``torch.Tensor | Sequence[torc
 KV, one layer's or a group's: one tensor goes as a list of one), ``ScalarType`` for ``fp8_dtype``,
 ``ScalarType?`` where it annotates ``torch.dtype | None``: the paged ops' ``k_format``), then
 ``str? backend``; no argument has a default (the wrapper passes them all). The outputs ``out`` / ``out_raw``
-(and ``paged_topk_translate``'s ``logits``, ``gather_index_k``'s ``out_k`` and ``out_scale``), a caller's
-``workspace`` and ``store_index_k``'s ``k_cache`` are mutated arguments (``Tensor(a!)``): a custom op may not return an
-alias of an input, so those ops return nothing and the Python wrapper (:mod:`indexcache.hal.ops`) returns ``out``
-(:func:`result`); ``out``, ``logits``, ``out_k`` and ``out_scale`` are required arguments of the custom op (the
-wrapper allocates them from the spec check when the caller gave none), ``out_raw`` and ``workspace`` stay optional
-(no ``workspace``: the backend's own, taken when the graph runs). ``quantize_index_k`` is the one op returning new
-tensors. The per-op description below (:data:`WRITES`, :data:`RETURNS`, :data:`RESULTS`) holds only what the spec's
+(and ``paged_topk_translate``'s ``logits``, ``gather_index_k``'s ``out_k`` and ``out_scale``, ``quantize_index_k``'s
+``out_scale``), a caller's ``workspace`` and ``store_index_k``'s ``k_cache`` are mutated arguments (``Tensor(a!)``): a
+custom op may not return an alias of an input, so the ops return nothing and the Python wrapper
+(:mod:`indexcache.hal.ops`) returns ``out`` or the outputs :data:`RESULTS` names (:func:`result`); ``out``, ``logits``,
+``out_k`` and ``out_scale`` are required arguments of the custom op (the wrapper allocates them from the spec check
+when the caller gave none), ``out_raw`` and ``workspace`` stay optional (no ``workspace``: the backend's own, taken
+when the graph runs). The per-op description below (:data:`WRITES`, :data:`RESULTS`) holds only what the spec's
 signature does not say.
 
 How a call runs:
@@ -49,12 +49,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from indexcache.hal import budget, dispatch, fp4
+from indexcache.hal import budget, dispatch
 from indexcache.hal.specs import SPECS
 
 NAMESPACE = "indexcache"
@@ -78,31 +77,16 @@ def mutated(op: str) -> tuple[str, ...]:
     return tuple(n for n in inspect.signature(SPECS[op].check).parameters if n in writes)
 
 
-def _fake_quantize(k, fp8_dtype, block):
-    n, d = k.shape
-    if fp8_dtype == fp4.FP4:  # two values a byte, an e8m0 scale a block
-        return k.new_empty((n, d // 2), dtype=fp4.FP4), k.new_empty((n, d // block), dtype=fp4.E8M0)
-    return k.new_empty(k.shape, dtype=fp8_dtype), k.new_empty((n, d // block), dtype=torch.float32)
-
-
-@dataclass(frozen=True)
-class Returns:
-    """What an op returns besides its in-place outputs: the schema's return type and a fake implementation."""
-
-    schema: str
-    fake: Callable[..., Any]
-
-
 # A spec check's annotation of an argument taking one tensor or a list of them (the HiSparse swap-in's KV of one layer
 # or of a producer group's layers): ``Tensor[]`` in the schema, one tensor passed as a list of one.
 LAYERS = "torch.Tensor | Sequence[torch.Tensor]"
 
 
-# What the spec records do not say, part 2: which op returns new tensors. Every other op returns nothing.
-RETURNS: Mapping[str, Returns] = {"quantize_index_k": Returns("(Tensor, Tensor)", _fake_quantize)}
-# Part 3: the outputs a public op returns where they are not ``out`` (``gather_index_k``'s keys and scales; the
-# HiSparse plan's slots, copies and state, which the public op wraps in a ``Plan``; the layer's KV a swap-in wrote).
+# What the spec records do not say, part 2: the outputs a public op returns where they are not ``out`` alone (the
+# quantized keys and their scales, ``gather_index_k``'s keys and scales; the HiSparse plan's slots, copies and state,
+# which the public op wraps in a ``Plan``; the layer's KV a swap-in wrote).
 RESULTS: Mapping[str, tuple[str, ...]] = {
+    "quantize_index_k": ("out", "out_scale"),
     "gather_index_k": ("out_k", "out_scale"),
     "hisparse_plan": ("out", "out_copy_src", "out_copy_dst", "out_copy_count", "slot_token", "slot_age"),
     "hisparse_swap_in": ("device_kv",),
@@ -159,9 +143,8 @@ def _schema_args(op: str, aliases: Mapping[str, str]) -> list[str]:
 def schema(op: str) -> str:
     """The ``torch.library`` schema of ``op`` (without its name), derived from its spec check's signature."""
     args = _schema_args(op, dict(zip(mutated(op), "abcdefgh", strict=False)))
-    returns = RETURNS[op].schema if op in RETURNS else "()"
     extra = ["str? backend", *(f"int? {name}" for name in _budget_arg(op))]
-    return f"({', '.join([*args, *extra])}) -> {returns}"
+    return f"({', '.join([*args, *extra])}) -> ()"
 
 
 def check_schema(op: str) -> str:
@@ -172,7 +155,6 @@ def check_schema(op: str) -> str:
 def _real(op: str) -> Callable[..., Any]:
     names = ARGS[op]
     check = SPECS[op].check
-    returns = op in RETURNS
 
     def run(*args):
         kwargs = dict(zip(names, args, strict=True))
@@ -180,8 +162,7 @@ def _real(op: str) -> Callable[..., Any]:
         # The real tensors are here: the full check (the memory-overlap one included), then the backend that
         # dispatch picks now, at run time, under the call's SM budget (else the setting in force now).
         with budget.scoped(kwargs.pop("sm_budget", None)):
-            result = dispatch.call(op, check(**kwargs), backend)
-        return tuple(result) if returns else None
+            dispatch.call(op, check(**kwargs), backend)
 
     run.__name__ = f"{op}_impl"
     return run
@@ -190,16 +171,14 @@ def _real(op: str) -> Callable[..., Any]:
 def _fake(op: str) -> Callable[..., Any]:
     names = ARGS[op]
     check = SPECS[op].check
-    returns = RETURNS.get(op)
 
     def fake(*args):
         kwargs = dict(zip(names, args, strict=True))
         kwargs.pop("backend")
         kwargs.pop("sm_budget", None)
         # The spec check on fake tensors (metadata only): what tracing and torch.export see refused is what the
-        # real implementation refuses, with the same error; the output shapes come from checked arguments.
-        checked = check(**kwargs)
-        return returns.fake(**checked) if returns is not None else None
+        # real implementation refuses, with the same error.
+        check(**kwargs)
 
     fake.__name__ = f"{op}_fake"
     return fake
@@ -265,10 +244,10 @@ def op_values(op: str, args: Mapping[str, Any]) -> list[Any]:
 
 def compiled_call(op: str, args: Mapping[str, Any], backend: str | None, sm_budget: int | None = None) -> Any:
     """Call the custom op ``op`` with the spec check's ``args`` (what a traced wrapper does), ``backend`` and, for a
-    budgeted op, ``sm_budget``; returns what the public op returns: ``out`` for the ops that write one, ``(out_k,
-    out_scale)`` for ``gather_index_k``, None for ``store_index_k``, the new tensors of ``quantize_index_k``."""
+    budgeted op, ``sm_budget``; returns what the public op returns (:func:`result`): ``out`` for the ops that write one,
+    the outputs :data:`RESULTS` names for the others, None for ``store_index_k``."""
     values = op_values(op, args)
     if op in CHECKS:
         CHECKS[op](*values)
-    output = OPS[op](*values, backend, *([budget.check(sm_budget)] if op in BUDGETED_OPS else []))
-    return output if op in RETURNS else result(op, args)
+    OPS[op](*values, backend, *([budget.check(sm_budget)] if op in BUDGETED_OPS else []))
+    return result(op, args)

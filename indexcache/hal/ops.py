@@ -548,7 +548,8 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, pa
                       workspace_bytes=workspace_bytes, q_scale=q_scale), sm_budget=sm_budget)
 
 
-def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = None, backend=None):
+def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = None, out=None, out_scale=None,
+                     backend=None):
     """Block-``block`` fp8 quantization with power-of-two scales, or MXFP4.
 
     ``scale = 2 ** ceil(log2(max(amax, 1e-4) / fp8_max))`` per block (fp8_max is 448 for e4m3fn, 240 for
@@ -563,6 +564,12 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = No
         ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2``.
     block : int, optional
         Elements a scale, ≥ 1; default 128 for fp8, and for MXFP4 32, the only size it takes.
+    out, out_scale : torch.Tensor, optional
+        The outputs, written in place without allocating: ``[N, D]`` in ``fp8_dtype`` and ``[N, D // block]``
+        float32 (MXFP4: ``[N, D // 2]`` float4_e2m1fn_x2 and ``[N, D // 32]`` float8_e8m0fnu), each row's elements
+        contiguous (stride 1 in the last dimension; rows of a wider buffer are fine). With both given a repeated
+        eager call is kept (docs/ops.md, "Eager calls"), and a captured graph allocates nothing; a missing one is
+        allocated.
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -570,14 +577,15 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = No
     -------
     tuple of torch.Tensor
         ``(k_fp8 [N, D] fp8_dtype, scale [N, D // block] float32)``; MXFP4: ``(values [N, D // 2]
-        float4_e2m1fn_x2, scales [N, D // 32] float8_e8m0fnu)``.
+        float4_e2m1fn_x2, scales [N, D // 32] float8_e8m0fnu)``: ``out`` and ``out_scale`` when given.
 
     Raises
     ------
     TypeError
         A wrong type or dtype.
     ValueError
-        A wrong shape or value.
+        A wrong shape or value, an output whose rows are not contiguous, or one sharing memory with ``k`` or the
+        other output.
 
     Examples
     --------
@@ -589,7 +597,8 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = No
     >>> k_fp8[0, :3].float()
     tensor([384., 384., 384.])
     """
-    return _call("quantize_index_k", backend, False, (k, fp8_dtype), dict(block=block))
+    return _call("quantize_index_k", backend, out is not None and out_scale is not None, (k, fp8_dtype),
+                 dict(block=block, out=out, out_scale=out_scale))
 
 
 def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, backend=None) -> None:

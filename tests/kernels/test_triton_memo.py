@@ -131,8 +131,8 @@ def test_a_full_memo_drops_the_least_recently_used(monkeypatch, counted_checks):
 
 
 def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
-    """topk (sorted and not), topk_translate, both logits ops and store_index_k: the second call binds and keeps, the
-    third comes from the memo, and both equal the first."""
+    """topk (sorted and not), topk_translate, both logits ops, store_index_k and quantize_index_k: the second call binds
+    and keeps, the third comes from the memo, and both equal the first."""
     dispatch.reset()
     g = torch.Generator().manual_seed(3)
     scores = torch.randn(4, 300, generator=g)
@@ -165,6 +165,19 @@ def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
     pages = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]], dtype=I32)
     logits = torch.empty(2, 32)
     thrice(lambda: indexcache.paged_mqa_logits(q, cache, weights, ctx, pages, 32, out=logits, backend="cuda"), logits)
+    for fmt, outputs in ((torch.float8_e4m3fn, (torch.empty(32, 64, dtype=torch.float8_e4m3fn), torch.empty(32, 1))),
+                         (torch.float4_e2m1fn_x2, (torch.empty(32, 32, dtype=torch.uint8).view(torch.float4_e2m1fn_x2),
+                                                   torch.empty(32, 2, dtype=torch.uint8).view(torch.float8_e8m0fnu)))):
+        written = []
+        for _ in range(3):  # the quantized keys and scales into given outputs: garbage in them before each call
+            for t in outputs:
+                t.view(torch.uint8).fill_(7)
+            got = indexcache.quantize_index_k(keys, fmt, block=64 if fmt == torch.float8_e4m3fn else 32,
+                                              out=outputs[0], out_scale=outputs[1], backend="cuda")
+            assert got[0] is outputs[0] and got[1] is outputs[1]
+            written.append([t.view(torch.uint8).clone() for t in outputs])
+        want = reference.quantize_index_k(keys, fmt, block=64 if fmt == torch.float8_e4m3fn else 32)
+        assert all(torch.equal(a, w.view(torch.uint8)) for got in written for a, w in zip(got, want, strict=True))
     k8, scale = indexcache.quantize_index_k(keys, block=64, backend="cuda")
     scale = scale[:, 0].contiguous()
     prefill = torch.empty(2, 32)
@@ -199,8 +212,8 @@ def test_every_op_with_given_outputs_is_kept_and_repeats_exactly():
         plans.append([t.clone() for t in p])
     want = reference.hisparse_plan(raw, lens, host_loc, tokens, ages)
     assert all(torch.equal(a, b) for p in plans for a, b in zip(p, want, strict=True))
-    assert memo.size() == 10  # topk and topk_translate, sorted and not; store; both logits ops; the swap-ins (a
-    # layer, a group); the plan
+    assert memo.size() == 12  # topk and topk_translate, sorted and not; store; quantize to fp8 and MXFP4; both logits
+    # ops; the swap-ins (a layer, a group); the plan
 
 
 def test_calls_with_mxfp4_queries_are_kept_with_their_scales():

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from indexcache.hal import dispatch, fp4
-from indexcache.hal.checks import FLOAT_INPUTS, check_key_format, check_tensor
+from indexcache.hal.checks import FLOAT_INPUTS, check_key_format, check_tensor, output
 from indexcache.hal.layout import fp8_max
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, CaseList, OpSpec, Verdict, cpu
 from indexcache.hal.specs.bench import DIM, BenchCase, BenchSpec
@@ -20,18 +20,34 @@ from indexcache.hal.specs.bench import DIM, BenchCase, BenchSpec
 FP8_BLOCK = 128
 
 
-def check(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = None) -> dict[str, Any]:
+def out_shapes(rows: int, dim: int, fp8_dtype: torch.dtype, block: int) -> tuple[tuple, tuple]:
+    """``((values shape, dtype), (scales shape, dtype))`` of ``rows`` keys of ``dim`` elements: ``[N, D]`` fp8 and ``[N,
+    D / block]`` float32, or MXFP4's ``[N, D / 2]`` float4_e2m1fn_x2 and ``[N, D / 32]`` float8_e8m0fnu."""
+    if fp8_dtype == fp4.FP4:
+        return ((rows, dim // 2), fp4.FP4), ((rows, dim // block), fp4.E8M0)
+    return ((rows, dim), fp8_dtype), ((rows, dim // block), torch.float32)
+
+
+def check(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = None, out=None, out_scale=None) -> dict[str, Any]:
     check_tensor("k", k, FLOAT_INPUTS, (None, None))
     if block is None:
         block = fp4.BLOCK if fp8_dtype == fp4.FP4 else FP8_BLOCK
     check_key_format(fp8_dtype, block)
     if k.shape[1] % block:
         raise ValueError(f"k: expected a last dimension divisible by block={block}, got {k.shape[1]}")
-    return dict(k=k, fp8_dtype=fp8_dtype, block=block)
+    (q_shape, q_dtype), (s_shape, s_dtype) = out_shapes(k.shape[0], k.shape[1], fp8_dtype, block)
+    out = output("out", out, q_dtype, q_shape, k.device, {"k": k})
+    out_scale = output("out_scale", out_scale, s_dtype, s_shape, k.device, {"k": k, "out": out})
+    for name, t in (("out", out), ("out_scale", out_scale)):
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError(f"{name}: expected rows of contiguous elements (stride 1 in the last dimension), got "
+                             f"strides {list(t.stride())}")
+    return dict(k=k, fp8_dtype=fp8_dtype, block=block, out=out, out_scale=out_scale)
 
 
-def reference(k, fp8_dtype=torch.float8_e4m3fn, block=FP8_BLOCK):
-    """Block-``block`` fp8 with power-of-two scales: ``(k_fp8 [N, D], scale [N, D // block] float32)``.
+def reference(k, fp8_dtype=torch.float8_e4m3fn, block=FP8_BLOCK, out=None, out_scale=None):
+    """Block-``block`` fp8 with power-of-two scales: ``(k_fp8 [N, D], scale [N, D // block] float32)``, every entry of
+    the outputs (``out``, ``out_scale``: where the call writes them, overwritten whole).
 
     ``scale = 2 ** ceil(log2(max(amax, 1e-4) / fp8_max))`` so every ``k / scale`` fits the format; a block
     holding NaN or ±inf has scale NaN and zero values. MXFP4 (``torch.float4_e2m1fn_x2``): :func:`fp4.quantize`.
@@ -110,6 +126,23 @@ cases.add("MXFP4: random bf16 keys")(
                           block=fp4.BLOCK))
 cases.add("MXFP4: every tie of the grid, ±6 saturation, -0, tiny and huge blocks")(
     lambda gen, dev: dict(k=_fp4_ties(gen).float().to(dev), fp8_dtype=fp4.FP4, block=fp4.BLOCK))
+
+
+@cases.add("outputs given: rows of a wider buffer, garbage in them before", native_fp8=True)
+def _(gen, dev, fp8):
+    k = torch.randn(9, 256, generator=gen) * 3
+    values = torch.randint(0, 256, (9, 384), dtype=torch.uint8, generator=gen).view(fp8)
+    scales = torch.full((9, 5), 7.0)
+    return dict(k=k.to(dev), fp8_dtype=fp8, out=values.to(dev)[:, 64:320], out_scale=scales.to(dev)[:, 1:3])
+
+
+@cases.add("MXFP4: outputs given, rows of wider buffers")
+def _(gen, dev):
+    k = torch.randn(7, 128, generator=gen) * 5
+    values = torch.randint(0, 256, (7, 80), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(0, 256, (7, 6), dtype=torch.uint8, generator=gen)
+    return dict(k=k.to(dev), fp8_dtype=fp4.FP4, block=fp4.BLOCK, out=values.to(dev)[:, 8:72].view(fp4.FP4),
+                out_scale=scales.to(dev)[:, 1:5].view(fp4.E8M0))
 
 
 @cases.add("MXFP4: zero rows, values under the amax floor, blocks holding NaN or ±inf")
