@@ -120,3 +120,17 @@ def test_backends_implement_only_ops_of_the_contract(interpreted):
     served = {name: set(dispatch.ops_of(name)) for name in dispatch.available_backends()}
     assert {"torch", "cuda", "rocm"} <= set(served)
     assert all(names <= set(contract.OPS) for names in served.values()), served
+
+
+def test_every_package_directory_is_installed():
+    """pyproject.toml lists its packages by name: a subpackage missing from the list is absent from a wheel (a user's
+    ``pip install``) while an editable install and the tests run from the checkout still find it."""
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11's TOML reader")
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    where = {name: ROOT / path for name, path in setuptools["package-dir"].items()}
+    where.setdefault("indexcache", ROOT / "indexcache")
+    found = set()
+    for package, folder in where.items():
+        for init in folder.rglob("__init__.py"):
+            found.add(".".join([package, *init.parent.relative_to(folder).parts]))
+    assert found == set(setuptools["packages"])
