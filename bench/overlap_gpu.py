@@ -275,7 +275,7 @@ def measure(shape: Shape, dev: torch.device, fractions: list[float], smoke: bool
                  "budgets": budgets}
     if has_rule:  # what the rule picks in a captured graph and eagerly, and the host time of deciding it eagerly
         row["rule_budget"], row["rule_budget_eager"] = (
-            side_budget(shape.tokens, shape.context, sms, rule_bands(impl.fn.rule, capturing, layer.k_format))
+            side_budget(shape.tokens, shape.context, sms, rule_bands(impl.fn.rule_for(dev), capturing, layer.k_format))
             for capturing in (True, False))
         row["schedule_us"] = schedule_us(dev, shape, layer.k_format)
     for fn in calls.values():  # compile and warm every path once

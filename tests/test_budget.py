@@ -595,6 +595,39 @@ def test_the_cuda_tables_mxfp4_rule_gives_128k_decode_a_larger_partition():
         assert share(tokens, context, fp4) == share(tokens, context)
 
 
+def test_the_cuda_tables_rule_gives_an_h100_a_third_of_the_sms_and_other_models_the_h200s_bands():
+    rule = cuda_tuning("sm90")["overlap"]
+    fp4 = torch.float4_e2m1fn_x2
+
+    def share(name, tokens, context, k_format=None):
+        bands = triton_streams.rule_bands(triton_streams.device_rule(rule, name), True, k_format)
+        return triton_streams.side_budget(tokens, context, 132, bands)
+
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    assert [share(h100, t, c) for t, c in ((64, 131072), (64, 32768), (8, 131072), (1, 131072))] == [44] * 4
+    assert [share(h200, t, c) for t, c in ((64, 131072), (64, 32768), (8, 131072), (1, 131072))] == [64, 64, None, None]
+    assert share(h100, 8, 32768) is share(h100, 64, 4096) is share(h100, 1024, 32768) is None  # as the H200
+    assert share(h100, 64, 131072, fp4) == 79 and share(h100, 64, 32768, fp4) == 44
+    assert share(h100, 8, 131072, fp4) is None
+    assert share("NVIDIA H800", 64, 131072) == share("NVIDIA GH200 480GB", 64, 131072) == 64  # unmeasured: the H200's
+    assert triton_streams.device_rule(None, h100) is None
+    plain = {"GRAPH": BANDS, "EAGER": EAGER}
+    assert triton_streams.device_rule(plain, h100) is plain
+
+
+def test_the_scheduler_asks_the_gpus_name_only_where_the_rule_has_bands_by_model(scheduler, monkeypatch):
+    streams, fake = scheduler
+    names = []
+    monkeypatch.setattr(triton_streams, "device_name", lambda index: names.append(index) or "NVIDIA H100 80GB HBM3")
+    gpu = torch.device("cuda", 0)
+    assert streams.share(gpu, None, 64, 131072) == (66, 132, True) and names == []
+    streams.rule = {"GRAPH": BANDS, "EAGER": EAGER, "DEVICES": (("H200", {"GRAPH": ((256, 0, 0.25),)}),
+                                                                ("H100", {"GRAPH": ((256, 0, 0.75),)}))}
+    assert streams.share(gpu, None, 64, 131072) == (99, 132, True) and names == [0]
+    fake.capturing = False  # the model's bands replace the rule's GRAPH ones only: EAGER stays
+    assert streams.share(gpu, None, 4, 100) == (None, 132, True)
+
+
 class _FakeStreams:
     """``torch.cuda``'s stream calls as :class:`DeviceStreams` makes them, recorded: no GPU here."""
 

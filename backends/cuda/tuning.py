@@ -190,6 +190,17 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         # indexer (the step 0.809x in order) against 19 % on 64 (0.915x): its decode takes longer there (388 us) and
         # wants more of the GPU; at 64 x 32K 64 SMs stayed the best (58 % hidden; 52-53 % on 44 or 79). Elsewhere
         # unmeasured with MXFP4: as fp8.
+        # On an H100 (80 GB HBM3, 3.35 TB/s against the H200's 4.8; 2026-12-06, bec827e, two runs of
+        # bench/overlap_gpu.py agreeing within 0.8 %, graphs): the side wants a third of the SMs (44): at 64 x 128K the
+        # step took 0.860x in order on 44 against 0.895x on 64 and 0.948x with no share, at 64 x 32K 0.897x against
+        # 0.908x, and with one to 31 requests over 128K keys 0.870-0.877x against 0.905-0.911x with no share (8
+        # requests; one request 0.874-0.877x against 0.880-0.882x); below 128K keys up to 31 requests, and prefill
+        # chunks, as the H200. With MXFP4 keys 64 x 128K still wants 0.6 (79 SMs: 0.853x against 0.920x on 64, 1.100x on
+        # 44) and 64 x 32K took 0.884x on 44 against 0.888x on 64; below 32 requests unmeasured: no share.
         table["overlap"] = {"GRAPH": ((31, 0, None), (256, 32768, 0.485), (4096, 0, None)), "EAGER": (),
-                            "GRAPH_MXFP4": ((31, 0, None), (256, 131072, 0.6), (256, 32768, 0.485), (4096, 0, None))}
+                            "GRAPH_MXFP4": ((31, 0, None), (256, 131072, 0.6), (256, 32768, 0.485), (4096, 0, None)),
+                            "DEVICES": (("H100", {
+                                "GRAPH": ((31, 131072, 0.33), (31, 0, None), (256, 32768, 0.33), (4096, 0, None)),
+                                "GRAPH_MXFP4": ((31, 0, None), (256, 131072, 0.6), (256, 32768, 0.33),
+                                                (4096, 0, None))}),)}
     return {**table, "arch": {"name": arch, **caps}}

@@ -37,7 +37,7 @@ from indexcache.backends.torch.streams import in_order, in_order_schedule
 from indexcache.backends.triton.partition import partition_stream
 from indexcache.hal import budget, fp4
 from indexcache.hal.contract import IN_ORDER, OpImpl, Schedule
-from indexcache.hal.device import sm_count
+from indexcache.hal.device import device_name, sm_count
 
 S = TypeVar("S")
 M = TypeVar("M")
@@ -80,6 +80,18 @@ def share_sms(share: float | None, sms: int) -> int | None:
     return share if not share else min(sms - 1, max(1, round(share * sms)))
 
 
+def device_rule(rule: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | None:
+    """``rule`` (a tuning table's ``overlap`` entry) for a GPU named ``name``: its bands, with those of the first of
+    its ``DEVICES`` entries ``(model, bands)`` whose ``model`` is part of ``name`` in their place (bands measured on
+    that GPU model: an architecture's models differ in memory bandwidth, which decides the share)."""
+    if rule is None or "DEVICES" not in rule:
+        return rule
+    for model, bands in rule["DEVICES"]:
+        if model in name:
+            return {**rule, **bands}
+    return rule
+
+
 def rule_bands(rule: Mapping[str, Any], capturing: bool, k_format: torch.dtype | None = None) -> Sequence:
     """The bands of ``rule`` (a tuning table's ``overlap`` entry) for a captured graph (``capturing``) or an eager call,
     and for the side work's key format: ``GRAPH`` / ``EAGER``, or for MXFP4 keys (``k_format``
@@ -109,6 +121,12 @@ class DeviceStreams:
     def _index(self, device: torch.device) -> int:
         return device.index if device.index is not None else self._module.current_device()
 
+    def rule_for(self, device: torch.device) -> Mapping[str, Any] | None:
+        """The rule for this GPU: :attr:`rule` with the bands measured on its model where the rule has them
+        (:func:`device_rule`)."""
+        rule = self.rule
+        return rule if rule is None or "DEVICES" not in rule else device_rule(rule, device_name(self._index(device)))
+
     def stream(self, device: torch.device, side: int) -> torch.Stream:
         """Side stream ``side % side_streams`` of ``device``."""
         index = self._index(device)
@@ -129,11 +147,12 @@ class DeviceStreams:
                 raise ValueError(f"side_sms: expected fewer than the {sms} multiprocessors of {device} (0: in order), "
                                  f"got {side_sms}")
             return side_sms, sms, False
-        if tokens is None or self.rule is None:
+        rule = self.rule_for(device)
+        if tokens is None or rule is None:
             return None, sms, False
         if capturing is None:
             capturing = self._module.is_current_stream_capturing()
-        return side_budget(tokens, context, sms, rule_bands(self.rule, capturing, k_format)), sms, True
+        return side_budget(tokens, context, sms, rule_bands(rule, capturing, k_format)), sms, True
 
     def partition(self, device: torch.device, n: int | None, side: int, capturing: bool) -> torch.Stream | None:
         """The stream of a partition of ``n`` multiprocessors for side stream ``side`` (None: no share, or none to be
@@ -162,8 +181,9 @@ class DeviceStreams:
             # An eager call given its shape makes the partition the shape's graph band names, for a later capture;
             # where the rule runs it in order (its EAGER bands: an eager step's usual case) that is all it decides
             # (docs/streams.md, "The rule's eager path").
-            self.graph_partition(device, side, band_share(tokens, context, rule_bands(self.rule, True, k_format)))
-            if side_sms is None and band_share(tokens, context, rule_bands(self.rule, False, k_format)) == 0:
+            rule = self.rule_for(device)
+            self.graph_partition(device, side, band_share(tokens, context, rule_bands(rule, True, k_format)))
+            if side_sms is None and band_share(tokens, context, rule_bands(rule, False, k_format)) == 0:
                 return IN_ORDER
         n, sms, ruled = self.share(device, side_sms, tokens, context, capturing, k_format)
         if n == 0:

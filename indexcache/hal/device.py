@@ -1,5 +1,5 @@
-"""Device facts, in one place: the GPU's multiprocessor count, L2 size and a multiprocessor's limits (queried once
-per device and cached), and how many blocks of a kernel an NVIDIA multiprocessor holds.
+"""Device facts, in one place: the GPU's name, multiprocessor count, L2 size and a multiprocessor's limits (queried
+once per device and cached), and how many blocks of a kernel an NVIDIA multiprocessor holds.
 
 What an architecture has (warp size, shared memory, fp8 format, TMA, ...) is not here: each GPU backend's vendor
 package records it (docs/architecture.md, "Architectures"). :func:`workspace_owner` names who owns a call's default
@@ -30,6 +30,12 @@ def workspace_owner(t: torch.Tensor) -> tuple[int, int]:
 def sm_count(index: int = 0) -> int:
     """Streaming multiprocessors (compute units on AMD) of GPU ``index``."""
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.cache
+def device_name(index: int = 0) -> str:
+    """The name of GPU ``index`` as its driver gives it ("NVIDIA H100 80GB HBM3", "NVIDIA H200", ...)."""
+    return torch.cuda.get_device_name(index)
 
 
 @functools.cache
