@@ -453,6 +453,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "h200-e2e.json": e2e,
     "h200-overlap.json": overlap,
     "h100-overlap.json": overlap,
+    "h100-overlap-decode.json": overlap,
     "h200x2-cp-topk.json": cp_topk,
     "cpu-fp4-recall.json": fp4_recall,
     "h200-fp4-decode.json": fp4_decode,
