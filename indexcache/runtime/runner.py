@@ -13,13 +13,16 @@ Integration in an engine's layer loop (the small model in :mod:`indexcache.tools
 
     # each forward (rows = query tokens of this micro-batch):
     runner.begin(state, rows)                              # or state.load_carry(*received) on a stage with carry_in
+    schedule = indexcache.overlap_schedule(device=device, tokens=rows, context=longest_window)  # optional
     for layer in runner.layers:
         ...
-        slots = runner.layer(layer, state,
-                             scores=lambda: my_indexer_logits(layer, hidden),  # called by producers only
-                             lengths=lengths,              # [rows] int32 visible length of each row
-                             page_table=page_tables[layer],  # this layer's own table
-                             row_starts=ks, row_to_batch=req_of_row)
+        def indexer():
+            return runner.layer(layer, state,
+                                scores=lambda: my_indexer_logits(layer, hidden),  # called by producers only
+                                lengths=lengths,           # [rows] int32 visible length of each row
+                                page_table=page_tables[layer],  # this layer's own table
+                                row_starts=ks, row_to_batch=req_of_row)
+        slots, q = schedule(indexer, lambda: my_query_projection(layer, hidden))  # or: slots = indexer()
         # slots: [rows, k] int32 physical KV slots (-1 = empty), or None for a layer without an indexer
         ...sparse attention over slots...
     if runner.stage is not None and runner.stage.carry_out is not None:
@@ -32,8 +35,9 @@ selects in one op (``indexcache.paged_topk_translate``), each row's length and t
 ``context_lens`` and ``next_n`` (``lengths`` and ``row_to_batch`` then serve shared layers only), or, in prefill, a
 :class:`~indexcache.runtime.state.PrefillLogits` of ``mqa_logits``' inputs: the producer scores and selects in one
 op in bounded memory (``indexcache.mqa_topk_translate``), each row's window from ``ks`` and ``ke``. To overlap
-the producer's indexer with the rest of the layer, call ``runner.layer`` inside the side function of
-:func:`indexcache.runtime.streams.overlap`. Everything here is host-side bookkeeping around preallocated
+the producer's indexer with the rest of the layer, call ``runner.layer`` inside the side function of a schedule
+made once a forward (:func:`indexcache.overlap_schedule`, above; :func:`indexcache.overlap` decides at each call).
+Everything here is host-side bookkeeping around preallocated
 buffers: valid under CUDA-graph capture.
 
 **Short sequences.** A row that sees at most k keys selects all of them, whatever its logits: given a host-side
