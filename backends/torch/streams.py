@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import torch
 
-from indexcache.hal.contract import IN_ORDER, Schedule
+from indexcache.hal.contract import IN_ORDER, Schedule, side_then_main
 
 S = TypeVar("S")
 M = TypeVar("M")
@@ -18,8 +18,7 @@ def in_order(side_fn: Callable[[], S], main_fn: Callable[[], M], side: int, devi
              k_format: torch.dtype | None = None) -> tuple[S, M]:
     """The sequential scheduler: ``side_fn`` then ``main_fn`` on the current stream (nothing to share: the SM budget,
     the shape and the key format are not used)."""
-    side_out = side_fn()
-    return side_out, main_fn()
+    return side_then_main(side_fn, main_fn)
 
 
 def in_order_schedule(side: int, device: torch.device, side_sms: int | None = None, tokens: int | None = None,

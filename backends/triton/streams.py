@@ -36,7 +36,7 @@ import torch
 from indexcache.backends.torch.streams import in_order, in_order_schedule
 from indexcache.backends.triton.partition import partition_stream
 from indexcache.hal import budget, fp4
-from indexcache.hal.contract import IN_ORDER, OpImpl, Schedule
+from indexcache.hal.contract import IN_ORDER, OpImpl, Schedule, side_then_main
 from indexcache.hal.device import device_name, sm_count
 
 S = TypeVar("S")
@@ -200,8 +200,7 @@ class DeviceStreams:
         """``side_fn`` on ``stream`` (under a budget of ``n`` where given, the main under the rest), ``main_fn`` on the
         current stream, joined."""
         if torch.compiler.is_compiling():  # Inductor traces no streams: in order, as the join makes it appear
-            side_out = side_fn()
-            return side_out, main_fn()
+            return side_then_main(side_fn, main_fn)
         main = self._module.current_stream(device)
         stream.wait_stream(main)
         if n is None:
