@@ -390,9 +390,9 @@ def test_fp8_cache_cases_are_decode_and_prefill_at_d128():
 
 
 def test_fp8_cache_checks_catch_wrong_bytes(fresh_dispatch):
-    def coarse(k, fp8_dtype, block):
-        q, scale = ops.quantize_index_k(k, fp8_dtype, block=block, backend="torch")
-        return q, scale * 2
+    def coarse(k, fp8_dtype, block, out, out_scale):
+        ops.quantize_index_k(k, fp8_dtype, block=block, out=out, out_scale=out_scale, backend="torch")
+        return out, out_scale.mul_(2)
 
     def skips_one(k, k_cache, slot_mapping, fp8_dtype):
         ops.store_index_k(k[1:], k_cache, slot_mapping[1:], fp8_dtype, backend="torch")
