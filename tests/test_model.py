@@ -73,6 +73,19 @@ def test_freq_4_differs_from_freq_1_and_reports_its_overlap(model, freq1):
     assert min(shared[2], shared[3]) > 0.7 > 0.5 > shared[4]
 
 
+def test_a_forward_decides_its_overlap_schedule_once_for_all_its_layers(model, monkeypatch):
+    """One ``overlap_schedule`` a forward (the prefill and each decode step), whatever the layer count: every layer of
+    a forward has the same rows and context (docs/streams.md, "Deciding once a forward")."""
+    from indexcache.tools.model import dsa
+
+    made = []
+    real = dsa.overlap_schedule
+    monkeypatch.setattr(dsa, "overlap_schedule", lambda **named: made.append(named) or real(**named))
+    model.generate(prompts(), 2, IndexerRunner(model.plan(2)))
+    assert len(made) == 3  # the prefill and two decode steps, over CFG.num_layers layers each
+    assert [m["tokens"] for m in made] == [sum(PROMPTS), len(PROMPTS), len(PROMPTS)]
+
+
 def test_prefill_then_decode_equals_a_longer_prefill(model):
     plan = IndexerRunner(model.plan(2))
     (prompt,) = prompts((40,))
