@@ -191,10 +191,10 @@ def _fp8_bits(cfg: Mapping[str, Any]) -> bool:
     return cfg.get("FP8_CVT", "native") == "bits"
 
 
-def quantize_index_k_launch(k, q, scale, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any],
-                            options: Options | None = None) -> Launch | None:
-    """The launch that fills ``q [N, D]`` (fp8_dtype) and ``scale [N, D // block]`` float32 from ``k [N, D]``
-    (contract: ``indexcache.quantize_index_k``), None when they are empty."""
+def _fp8_quantize_launch(k, q, scale, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any],
+                         options: Options | None = None) -> Launch | None:
+    """:func:`quantize_launch` to fp8: fills ``q [N, D]`` (fp8_dtype) and ``scale [N, D // block]`` float32 from ``k
+    [N, D]``, None when they are empty."""
     rows, cols = k.shape
     if q.numel() == 0:
         return None
@@ -216,7 +216,7 @@ def quantize_launch(k, fp8_dtype, block, out, out_scale, *, target: Target, cfg:
     if fp8_dtype == fp4.FP4:
         return mxfp4_launch(k, None, out.view(torch.uint8), out_scale.view(torch.uint8), target=target, cfg=cfg,
                             options=options)
-    return quantize_index_k_launch(k, out, out_scale, fp8_dtype, block, target=target, cfg=cfg, options=options)
+    return _fp8_quantize_launch(k, out, out_scale, fp8_dtype, block, target=target, cfg=cfg, options=options)
 
 
 def quantize_index_k(k, fp8_dtype, block, out, out_scale, *, target: Target, cfg: Mapping[str, Any],

@@ -60,12 +60,8 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
     Deciding costs host time at every call; a forward whose layers share one shape decides once with
     :func:`overlap_schedule`.
     """
-    args = _checked(device, side, side_sms, tokens, context, k_format)
-    if torch.compiler.is_compiling():
-        # Inductor traces no streams (record_stream cannot be functionalized): in a compiled graph the two run in
-        # order on the current stream, side first, as the join makes them appear anyway.
-        return side_fn(), main_fn()
-    return dispatch.scheduler(args, backend)[1].fn(side_fn=side_fn, main_fn=main_fn, **args)
+    return overlap_schedule(device=device, side=side, side_sms=side_sms, tokens=tokens, context=context,
+                            k_format=k_format, backend=backend)(side_fn, main_fn)
 
 
 def overlap_schedule(*, device: torch.device | str | None = None, side: int = 0, side_sms: int | None = None,
@@ -82,6 +78,8 @@ def overlap_schedule(*, device: torch.device | str | None = None, side: int = 0,
     the schedule runs the two in order. Same arguments and errors as :func:`overlap`."""
     args = _checked(device, side, side_sms, tokens, context, k_format)
     if torch.compiler.is_compiling():
+        # Inductor traces no streams (record_stream cannot be functionalized): in a compiled graph the two run in
+        # order on the current stream, side first, as the join makes them appear anyway.
         return IN_ORDER
     impl = dispatch.scheduler(args, backend)[1]
     if impl.prepare is None:  # a scheduler that decides at each call
