@@ -7,14 +7,25 @@ import torch
 
 from indexcache.backends.triton.target import Target
 
+# Each device's type: ``device.type`` costs three times a look-up here, and every supports() asks it of each tensor.
+_TYPES: dict[torch.device, str] = {}
+
 
 def on_target_device(target: Target, **tensors: torch.Tensor | None) -> list[str]:
     """One reason per device other than where the target's kernels run (a GPU, or the CPU when interpreted),
     naming the given tensors (None: absent) that live there."""
+    want = target.device_type
     away: dict[torch.device, list[str]] = {}
     for name, t in tensors.items():
-        if t is not None and t.device.type != target.device_type:
-            away.setdefault(t.device, []).append(name)
+        if t is not None:
+            device = t.device
+            kind = _TYPES.get(device)
+            if kind is None:
+                kind = _TYPES[device] = device.type
+            if kind != want:
+                away.setdefault(device, []).append(name)
+    if not away:
+        return []
     mode = "interpreted Triton runs on CPU tensors" if target.interpreted else "Triton kernels need GPU tensors"
     return [f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} on {device}: {mode}"
             for device, names in away.items()]

@@ -34,7 +34,13 @@ def check_tensor(name: str, t, dtypes, shape: tuple, device: torch.device | None
     if t.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype {dtype_names(dtypes)}, got {dtype_names([t.dtype])}")
     got = t.shape
-    if len(got) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got, strict=True)):
+    bad = len(got) != len(shape)
+    if not bad:
+        for w, g in zip(shape, got, strict=True):  # a loop, not any() over a generator: every tensor of a call
+            if w is not None and w != g:
+                bad = True
+                break
+    if bad:
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{name}: expected shape {want}, got {list(got)}")
     if device is not None and t.device != device:
@@ -78,7 +84,7 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     """The bytes ``[first, end)`` a tensor's elements lie in (empty for an empty tensor)."""
     first = t.data_ptr()
     if t.is_contiguous():  # the common case, without a Python loop over the dimensions
-        return first, first + t.numel() * t.element_size()
+        return first, first + t.nbytes
     if t.numel() == 0:
         return first, first
     last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
