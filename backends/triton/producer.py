@@ -25,12 +25,13 @@ import triton.language as tl
 
 from indexcache.backends.triton import topk
 from indexcache.backends.triton import workspace as workspaces
-from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options
+from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
+from indexcache.backends.triton.logits import format_options, paged_mqa_logits_launch
 from indexcache.backends.triton.logits import ops as logits_ops
-from indexcache.backends.triton.logits import paged_mqa_logits_launch
 from indexcache.backends.triton.support import cdiv, next_power_of_2
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.translate import page_shift, physical
+from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
 
 DRAFT_BLOCK = 256  # rows a program of draft_rows_kernel
@@ -145,10 +146,12 @@ def workspace_bytes(q: torch.Tensor, logits: torch.Tensor, k: int, *, target: Ta
 
 def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size, logits, out,
              out_raw, workspace=None, k_format=None, row_to_batch=None, q_scale=None, *, target: Target,
-             tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch | None]:
+             tuning: Mapping[str, Mapping[str, Any]], options: Options | None = None) -> list[Launch | None]:
     """The launches of one call, in order (None: nothing to launch); arguments as
     ``indexcache.paged_topk_translate`` (``k_format`` None: an fp8 cache in ``q``'s format, else MXFP4;
-    ``row_to_batch``: ragged rows; ``q_scale``: MXFP4 queries)."""
+    ``row_to_batch``: ragged rows; ``q_scale``: MXFP4 queries). ``options``: the logits launch's, as
+    :func:`~indexcache.backends.triton.logits.paged_mqa_logits_launch` takes them (computed when None; the backend
+    computes them once)."""
     batch, next_n = q.shape[0], q.shape[1]
     rows = batch * next_n
     if max_context_len <= k:  # every row short: no logits, no top-k
@@ -156,7 +159,7 @@ def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k,
                              out_raw)]
     steps = [paged_mqa_logits_launch(q, k_cache, weights, context_lens, block_table, max_context_len, logits,
                                      k_format, row_to_batch, q_scale, target=target, cfg=tuning["paged_mqa_logits"],
-                                     skip=k)]
+                                     options=options, skip=k)]
     draft = _draft_words(q)
     words, plan = _workspace(q, logits, k, target=target, tuning=tuning)  # the top-k's plan worked out once
     ws = workspaces.words(q, words, workspace)
@@ -189,19 +192,24 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     ``paged_mqa_logits`` and ``topk_translate`` are."""
     decode_op = logits_ops(target, tuning)["paged_mqa_logits"]
     select_op = topk.ops(target, tuning)["topk_translate"]
+    # The logits launch's options by the cache's format (MXFP4 keys take the table's FP4_* entries).
+    decode_options = {mxfp4: launch_key_options(format_options(target, tuning["paged_mqa_logits"], mxfp4))
+                      for mxfp4 in (False, True)}
 
     def supports(**args):
         decode, select = _parts(args)
         return list(dict.fromkeys([*decode_op.supports(**decode), *select_op.supports(**select)]))
 
     def run(**args):
-        for launch in launches(**args, target=target, tuning=tuning):
+        for launch in launches(**args, target=target, tuning=tuning,
+                               options=decode_options[args.get("k_format") == fp4.FP4]):
             if launch is not None:
                 launch()
         return args["out"]
 
     def prepare(**args):
-        return bound(launches(**args, target=target, tuning=tuning))
+        return bound(launches(**args, target=target, tuning=tuning,
+                              options=decode_options[args.get("k_format") == fp4.FP4]))
 
     def workspace_of(q, logits, k, **_):
         return workspace_bytes(q, logits, k, target=target, tuning=tuning)

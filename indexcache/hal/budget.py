@@ -50,11 +50,9 @@ def current() -> int | None:
     return _BUDGET.get()
 
 
-@contextlib.contextmanager
-def scoped(n: int | None) -> Iterator[None]:
+_UNSCOPED = contextlib.nullcontext()  # stateless: one serves every call (a generator's context costs every op call)
+
+
+def scoped(n: int | None) -> contextlib.AbstractContextManager[None]:
     """A call's ``sm_budget=`` argument in force within the block (None: the enclosing setting stays)."""
-    if n is None:
-        yield
-        return
-    with sm_budget(n):
-        yield
+    return _UNSCOPED if n is None else sm_budget(n)

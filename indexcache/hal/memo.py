@@ -18,6 +18,7 @@ stall of milliseconds and every kept call its check again). ``indexcache.hal.dis
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,9 @@ import torch
 
 MAX_ENTRIES = 512
 
-_kept: dict[tuple, Callable[[], None] | None] = {}  # None: seen once, not yet kept
+# None: seen once, not yet kept. Ordered by use: moving an entry to the end or dropping the first rehashes no key (a
+# signature's tuple is hashed afresh at every look-up) and leaves no holes for the next drop to skip.
+_kept: OrderedDict[tuple, Callable[[], None] | None] = OrderedDict()
 
 
 def signature(op: str, choice: Any, params: tuple) -> tuple | None:
@@ -56,13 +59,13 @@ def get(key: tuple) -> Callable[[], None] | None:
     except TypeError:
         return None
     if launch is not None:
-        _kept[key] = _kept.pop(key)  # to the end: the dict's order is the order of use
+        _kept.move_to_end(key)  # the dict's order is the order of use
     return launch
 
 
 def _make_room() -> None:
     while len(_kept) >= MAX_ENTRIES:
-        del _kept[next(iter(_kept))]  # the least recently used
+        _kept.popitem(last=False)  # the least recently used
 
 
 def seen(key: tuple) -> bool:

@@ -54,7 +54,9 @@ def rows_options(target: Target, cfg: Mapping[str, Any]) -> Options:
 def own_options(target: Target, cfg: Mapping[str, Any], warps_key: str, maxnreg_key: str | None = None) -> Options:
     """Launch options of a kernel with warps of its own (``cfg[warps_key]``, the pass's warps by default) and no
     register cap but ``cfg[maxnreg_key]`` where that is given."""
-    own = {key: value for key, value in cfg.items() if key != "maxnreg"}
+    # Of the table's entries only those launch_options reads (not the whole table: every launch builds these).
+    keys = ("num_warps", "num_stages", *target.gpu.vendor.launch_keys)
+    own = {key: cfg[key] for key in keys if key in cfg and key != "maxnreg"}
     own["num_warps"] = cfg.get(warps_key, cfg["num_warps"])
     if maxnreg_key in cfg:
         own["maxnreg"] = cfg[maxnreg_key]
