@@ -224,6 +224,11 @@ class Launcher:
         self._driver: tuple | None = None  # (current device, current stream, tensor rule), bound at first use
 
     def __call__(self, grid: Sequence[int], options: Options, *args: Any, **named: Any) -> None:
+        self.launch(grid, options, args, named)
+
+    def launch(self, grid: Sequence[int], options: Options, args: tuple, named: dict[str, Any]) -> None:
+        """The launch ``launcher(grid, options, *args, **named)``, its arguments as they are held (a
+        :class:`Launch`'s: not unpacked into a call and packed again)."""
         values = self._values(args, named)
         if not self._fast:
             _interpret(self.fn, grid, options, args, named)
@@ -385,7 +390,7 @@ class Launch:
     named: dict[str, Any]
 
     def __call__(self) -> None:
-        self.launcher(self.grid, self.options, *self.args, **self.named)
+        self.launcher.launch(self.grid, self.options, self.args, self.named)
 
     def bind(self) -> Callable[[], None]:
         return self.launcher.bind(self.grid, self.options, *self.args, **self.named)

@@ -44,7 +44,7 @@ from indexcache.backends.triton.producer import short_launch
 from indexcache.backends.triton.support import cdiv, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.topk.kernels import MAX_COLS
-from indexcache.backends.triton.topk.plan import multiprocessors, shape_workspace_bytes
+from indexcache.backends.triton.topk.plan import multiprocessors, shape_plan, shape_workspace_bytes
 from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
 
@@ -113,18 +113,28 @@ def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, 
 
 
 def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, target: Target,
-            tuning: Mapping[str, Mapping[str, Any]]) -> tuple[int, int, int]:
-    """``(rows a pass, the keys' words, workspace bytes)`` of a call with queries and a ``topk_k`` (:func:`pass_rows`,
-    in whole rounds of its logits launch where the bound allows): the windows, the keys widened once (int32 words,
-    ``logits.prefill_workspace_words``; 0 but for MXFP4 keys on a widening target), a pass's logits and its top-k's
-    workspace. ``q_scale``: MXFP4 queries (the keys read as they are)."""
+            tuning: Mapping[str, Mapping[str, Any]]) -> tuple[int, int, int, Any, Mapping[str, Any]]:
+    """``(rows a pass, the keys' words, workspace bytes, the top-k's plan of a full pass, its tuning entry)`` of a call
+    with queries and a ``topk_k`` above 0 (:func:`pass_rows`, in whole rounds of its logits launch where the bound
+    allows): the windows, the keys widened once (int32 words, ``logits.prefill_workspace_words``; 0 but for MXFP4 keys
+    on a widening target), a pass's logits and its top-k's workspace (:func:`topk.shape_plan
+    <indexcache.backends.triton.topk.plan.shape_plan>`'s words, for :func:`topk_cfg`'s entry). ``q_scale``: MXFP4
+    queries (the keys read as they are)."""
     tokens, keys = q.shape[0], k.shape[0]
     quantum = prefill_round(q, k, k_scale, weights, q_scale, target=target, cfg=tuning["mqa_logits"])
     wide = prefill_workspace_words(q, k, q_scale, target=target)
     rows = pass_rows(tokens, keys, q.device, topk_k, limit, target=target, cfg=tuning["topk"], quantum=quantum,
                      keys_words=wide)
-    return rows, wide, 4 * (2 * _piece(tokens) + _piece(wide) + _piece(rows * keys)) + _topk_bytes(
-        rows, keys, q.device, topk_k, target, tuning["topk"])
+    select = topk_cfg(rows, q.device, target, tuning["topk"])
+    plan = shape_plan(rows, keys, q.device, topk_k, target, select)
+    return (rows, wide, 4 * (2 * _piece(tokens) + _piece(wide) + _piece(rows * keys) + sum(plan.words)), plan,
+            select)
+
+
+def _rows(t: torch.Tensor | None, t0: int, t1: int) -> torch.Tensor | None:
+    """Rows ``[t0, t1)`` of ``t`` (None: None); ``t`` itself where that is all of it (the same view, without a
+    slice's cost)."""
+    return t if t is None or (t0 == 0 and t1 == t.shape[0]) else t[t0:t1]
 
 
 def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, topk_k: int,
@@ -148,32 +158,32 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
         return []
     if keys <= topk_k:  # every window short: its first positions, translated, in one launch
         return [short_launch(ks, 1, row_to_batch, topk_k, keys, page_table, page_size, out, out_raw, window_ends=ke)]
-    rows, wide, total = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, q_scale, target=target,
-                                tuning=tuning)
+    rows, wide, total, plan, select = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, q_scale, target=target,
+                                              tuning=tuning)
     win, wide, part = _piece(tokens), _piece(wide), _piece(rows * keys)
     ws = workspaces.words(q, total // 4, workspace, cap=workspace_bytes_ // 4)
     starts, lengths = ws[:tokens], ws[win:win + tokens]
     keys_ws = ws[2 * win:2 * win + wide]
     logits = ws[2 * win + wide:2 * win + wide + rows * keys].view(torch.float32).view(rows, keys)
     scratch = ws[2 * win + wide + part:].view(torch.uint8)
-    select = topk_cfg(rows, q.device, target, tuning["topk"])
     steps: list[Launch | None] = [Launch(WINDOWS, (cdiv(tokens, WINDOW_BLOCK),), launch_key_options({"num_warps": 4}),
                                          (ks, ke, starts, lengths, tokens, keys, ks.stride(0), ke.stride(0)),
                                          dict(BLOCK=WINDOW_BLOCK))]
     for t0 in range(0, tokens, rows):
         t1 = min(tokens, t0 + rows)
-        scores = logits[:t1 - t0]
+        scores = _rows(logits, 0, t1 - t0)
         # (MXFP4 keys widened once: in the first pass)
-        steps += mqa_logits_launches(q[t0:t1], k, k_scale, weights[t0:t1], ks[t0:t1], ke[t0:t1], scores,
-                                     None if q_scale is None else q_scale[t0:t1],
+        steps += mqa_logits_launches(_rows(q, t0, t1), k, k_scale, _rows(weights, t0, t1), _rows(ks, t0, t1),
+                                     _rows(ke, t0, t1), scores, _rows(q_scale, t0, t1),
                                      target=target, cfg=tuning["mqa_logits"], options=options, skip=topk_k,
                                      fill=False, workspace=keys_ws, keys_widened=t0 > 0)
         # Without row_to_batch, query t translates through table row t: the pass's rows of the table.
-        r2b, table = (None, page_table[t0:t1]) if row_to_batch is None else (row_to_batch[t0:t1], page_table)
-        steps += [launch for _, launch in topk.launches(scores, lengths[t0:t1], topk_k, starts[t0:t1], out[t0:t1],
-                                                         None if out_raw is None else out_raw[t0:t1], table,
+        r2b, table = ((None, _rows(page_table, t0, t1)) if row_to_batch is None else
+                      (_rows(row_to_batch, t0, t1), page_table))
+        steps += [launch for _, launch in topk.launches(scores, _rows(lengths, t0, t1), topk_k, _rows(starts, t0, t1),
+                                                         _rows(out, t0, t1), _rows(out_raw, t0, t1), table,
                                                          page_size, r2b, workspace=scratch, target=target,
-                                                         cfg=select)]
+                                                         cfg=select, plan=plan if t1 - t0 == rows else None)]
     return steps
 
 

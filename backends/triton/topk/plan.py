@@ -177,7 +177,9 @@ class _Plan(NamedTuple):
     words: tuple[int, int, int, int]
 
 
-def _plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cfg: Mapping[str, Any]) -> _Plan:
+def shape_plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cfg: Mapping[str, Any]) -> _Plan:
+    """:func:`call_plan` of scores ``[rows, cols]`` on ``device``, from the shape alone (a caller that sizes a
+    workspace for scores it has yet to make, such as the prefill producer's passes)."""
     sms = multiprocessors(target, device)
     budget = sm_budget(sms)
     # The Gluon block-a-row kernel (block.py) takes rows of up to BLOCK_MAX_COLS columns: those the fused kernel
@@ -219,14 +221,14 @@ def workspace_bytes(scores: torch.Tensor, k: int, *, target: Target, cfg: Mappin
 def shape_workspace_bytes(rows: int, cols: int, device: torch.device, k: int, *, target: Target,
                           cfg: Mapping[str, Any]) -> int:
     """:func:`workspace_bytes` of scores ``[rows, cols]`` on ``device``, from the shape alone."""
-    return 0 if rows == 0 or k == 0 else 4 * sum(_plan(rows, cols, device, k, target, cfg).words)
+    return 0 if rows == 0 or k == 0 else 4 * sum(shape_plan(rows, cols, device, k, target, cfg).words)
 
 
 def call_plan(scores: torch.Tensor, k: int, *, target: Target, cfg: Mapping[str, Any]) -> _Plan:
     """How an unsorted call over ``scores [R, N]`` (R and ``k`` above 0) is taken: the plan :func:`launches` follows,
     whose ``words`` are the call's workspace (4 bytes each). A caller that sizes the workspace first hands it to
     :func:`launches` (``plan=``), which then does not work it out again."""
-    return _plan(*scores.shape, scores.device, k, target, cfg)
+    return shape_plan(*scores.shape, scores.device, k, target, cfg)
 
 
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
