@@ -35,9 +35,8 @@ def signature(op: str, choice: Any, params: tuple) -> tuple | None:
     """The key of a call of ``op`` with ``params`` under the explicit backend ``choice``; None where a tensor
     has no address to key on (a fake tensor). Any other argument is keyed by its type and value: ``True``, ``1.0``
     and ``numpy.int64(1)`` equal ``1`` in Python but not to the checks, so they must not find ``1``'s entry."""
-    try:  # _key's parts of a tensor and of a plain value written out: nearly every parameter is one or the other
-        return (op, choice, *[(p.data_ptr(), p.shape, p.stride(), p.dtype, p.device) if isinstance(p, torch.Tensor)
-                              else (type(p), p) if not isinstance(p, (list, tuple)) else _key(p) for p in params])
+    try:
+        return (op, choice, *map(_key, params))
     except Exception:  # noqa: BLE001  (a tensor without storage: the call simply runs unkept)
         return None
 
