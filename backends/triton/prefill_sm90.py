@@ -28,6 +28,7 @@ with the Triton kernel on an sm90 GPU.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -340,11 +341,18 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights
     return reasons
 
 
-def _named(heads: int, dim: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
+@functools.cache
+def _views(heads: int) -> tuple[int, gl.DistributedLinearLayout, gl.DistributedLinearLayout]:
+    """``(tokens a block, accumulator_view, quad_view)`` for ``heads`` heads, built once: a layout costs the host tens
+    of µs to build (Gluon checks it), and a launch's constexprs are these same values at every call."""
     block_q = COLS // heads
+    return block_q, accumulator_view(block_q, heads), quad_view(block_q)
+
+
+def _named(heads: int, dim: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    block_q, view, quad = _views(heads)
     return dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=BLOCK_N, STAGES=cfg["TMA_STAGES"],
-                MATH_REGS=cfg["TMA_MATH_REGS"], LOADER_REGS=LOADER_REGS, view=accumulator_view(block_q, heads),
-                quad_l=quad_view(block_q))
+                MATH_REGS=cfg["TMA_MATH_REGS"], LOADER_REGS=LOADER_REGS, view=view, quad_l=quad)
 
 
 def _options(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -354,8 +362,9 @@ def _options(cfg: Mapping[str, Any]) -> dict[str, Any]:
 _SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
+@functools.cache
 def _layouts(dim: int) -> tuple:
-    """The shared layouts of a ring slot's keys ``[STAGE_KEYS, dim]`` and a block's Q ``[COLS, dim]``."""
+    """The shared layouts of a ring slot's keys ``[STAGE_KEYS, dim]`` and a block's Q ``[COLS, dim]`` (built once)."""
     return (gl.NVMMASharedLayout.get_default_for([STAGE_KEYS, dim], gl.float8e4nv),
             gl.NVMMASharedLayout.get_default_for([COLS, dim], gl.float8e4nv))
 
