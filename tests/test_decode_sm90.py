@@ -49,6 +49,46 @@ def test_takes_an_mxfp4_cache_and_declines_other_formats():
     assert any("k_format torch.bfloat16" in r for r in reasons), reasons
 
 
+@pytest.mark.parametrize("k_format", [None, fp4.FP4])
+def test_copy_views_read_the_cache_and_keep_its_memory_not_the_tensor(k_format):
+    """The descriptors' views: the cache's bytes as a page's rows (keys, then scales) and as int32 words, sharing its
+    memory at its offset, without holding the caller's tensor (which an entry of the views kept by cache outlives
+    only while the tensor does)."""
+    import gc
+    import weakref
+
+    pages, page, dim = 5, 64, 128
+    fmt = FP8 if k_format is None else k_format
+    width = new_packed_cache(1, page, dim, fp8_dtype=fmt).shape[1]
+    whole = torch.randint(0, 256, (pages + 1, width), dtype=torch.uint8)
+    cache = whole[1:]  # a view at an offset, as a layer's cache in a larger buffer is
+    keys, scales, rows, words = decode_sm90._descriptors(cache, page, dim, k_format is not None)
+    row_bytes = dim if k_format is None else dim // 2
+    assert rows == width // row_bytes
+    assert keys.base.data_ptr() == cache.data_ptr() == words.data_ptr()
+    assert torch.equal(keys.base.view(torch.uint8).view(-1), cache.reshape(-1))
+    assert torch.equal(words, cache.reshape(-1).view(torch.int32))
+    assert scales.base.data_ptr() == cache.data_ptr() and scales.block_shape[0] == (rows - page if k_format else 2)
+    ref = weakref.ref(cache)
+    del cache
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the views are kept by cache on a GPU only")
+def test_copy_views_are_kept_while_the_cache_lives():
+    import gc
+
+    cache = new_packed_cache(4, 64, 128, device="cuda")
+    first = decode_sm90._cache_views(cache, 64, 128, False)
+    assert decode_sm90._cache_views(cache, 64, 128, False) is first
+    key = (cache.data_ptr(), cache.shape, cache.device, 64, 128, False)
+    assert key in decode_sm90._VIEWS
+    del cache, first
+    gc.collect()
+    assert key not in decode_sm90._VIEWS
+
+
 @pytest.mark.parametrize(("change", "reason"), [
     ({"target": NVIDIA.target("sm100")}, "sm100: Hopper"),
     ({"target": NVIDIA.target("sm90", interpreted=True)}, "sm90 interpreted"),

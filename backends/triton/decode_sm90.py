@@ -28,6 +28,7 @@ kernel; ``tests/test_decode_sm90.py`` compares it with the Triton kernel on an s
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -591,27 +592,55 @@ def _shared_layout(block: tuple[int, int], dtype: Any) -> Any:
 _SCALE_WORDS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
-def _descriptors(k_cache: torch.Tensor, page: int, dim: int, mxfp4: bool) -> tuple[Any, Any, int]:
-    """The copy engine's views of the cache: ``(keys, scales, rows a page)``. An fp8 cache is rows of ``dim`` bytes
-    (a page's keys its first ``page`` rows, its scales the rest, as float32); an MXFP4 cache rows of ``dim / 8``
-    int32 words (a page's value bytes its first ``page`` rows, its scale bytes the rest, a key's four one word)."""
+def _over(k_cache: torch.Tensor, dtype: torch.dtype, shape: tuple[int, int]) -> torch.Tensor:
+    """The memory of ``k_cache`` (contiguous, starting at a multiple of ``dtype``'s size) as a ``dtype`` tensor of
+    ``shape`` over the same storage that holds the memory but not ``k_cache`` itself (a view would: its base)."""
+    view = torch.empty(0, dtype=dtype, device=k_cache.device)
+    return view.set_(k_cache.untyped_storage(), k_cache.storage_offset() // dtype.itemsize, shape)
+
+
+def _descriptors(k_cache: torch.Tensor, page: int, dim: int, mxfp4: bool) -> tuple[Any, Any, int, torch.Tensor]:
+    """The copy engine's views of the cache: ``(keys, scales, rows a page, the cache as int32 words)``. An fp8 cache
+    is rows of ``dim`` bytes (a page's keys its first ``page`` rows, its scales the rest, as float32); an MXFP4 cache
+    rows of ``dim / 8`` int32 words (a page's value bytes its first ``page`` rows, its scale bytes the rest, a key's
+    four one word)."""
     if mxfp4:
         width, dtype, gl_dtype = dim // 8, torch.int32, gl.int32
     else:
         width, dtype, gl_dtype = dim, torch.float8_e4m3fn, gl.float8e4nv
-    rows = k_cache.numel() // k_cache.shape[0] // (width * dtype.itemsize)  # a page as rows
-    keys = k_cache.view(-1).view(dtype).view(k_cache.shape[0] * rows, width)
+    pages = k_cache.shape[0]
+    rows = k_cache.numel() // pages // (width * dtype.itemsize)  # a page as rows
+    keys = _over(k_cache, dtype, (pages * rows, width))
     keys_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [page, width],
                                  _shared_layout((page, width), gl_dtype))
     if mxfp4:
         scales_desc = TensorDescriptor(keys, list(keys.shape), list(keys.stride()), [rows - page, width],
                                        _SCALE_WORDS_LAYOUT)
     else:  # the cache as rows of dim / 4 float32, a page's scales its last rows
-        words = k_cache.view(-1).view(torch.float32).view(k_cache.shape[0] * rows, dim // 4)
+        words = _over(k_cache, torch.float32, (pages * rows, dim // 4))
         block = [page * 4 // dim, dim // 4]
         scales_desc = TensorDescriptor(words, list(words.shape), list(words.stride()), block,
                                        _shared_layout(tuple(block), gl.float32))
-    return keys_desc, scales_desc, rows
+    return keys_desc, scales_desc, rows, _over(k_cache, torch.int32, (k_cache.numel() // 4,))
+
+
+# The copy engine's views of the caches in use, by address, shape, device and format: an engine reads one cache step
+# after step, and building them (the views and two tensor descriptors) cost the host about 20 µs a call. An entry
+# holds the cache's memory, never the caller's tensor: it goes when that tensor does (weakref.finalize).
+_VIEWS: dict[tuple, tuple[Any, Any, int, torch.Tensor]] = {}
+
+
+def _cache_views(k_cache: torch.Tensor, page: int, dim: int, mxfp4: bool) -> tuple[Any, Any, int, torch.Tensor]:
+    """:func:`_descriptors` of ``k_cache``, kept while ``k_cache`` lives (on a GPU; built afresh elsewhere: meta
+    tensors, which ``indexcache warmup`` plans with, share one address)."""
+    if not k_cache.is_cuda:
+        return _descriptors(k_cache, page, dim, mxfp4)
+    key = (k_cache.data_ptr(), k_cache.shape, k_cache.device, page, dim, mxfp4)
+    found = _VIEWS.get(key)
+    if found is None:
+        found = _VIEWS[key] = _descriptors(k_cache, page, dim, mxfp4)
+        weakref.finalize(k_cache, _VIEWS.pop, key, None)
+    return found
 
 
 def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, *, page: int, groups: int,
@@ -626,12 +655,12 @@ def launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, 
     cache's (None: fp8, ``torch.float4_e2m1fn_x2``: MXFP4)."""
     batch, next_n, heads, dim = q.shape
     mxfp4 = k_format == fp4.FP4
-    keys_desc, scales_desc, rows = _descriptors(k_cache, page, dim, mxfp4)
+    keys_desc, scales_desc, rows, words = _cache_views(k_cache, page, dim, mxfp4)
     options = launch_key_options(_options(cfg, groups, mxfp4))
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, PAGE_ROWS=rows, BLOCK_B=batch_block,
                  RAGGED=row_to_batch is not None, **_format_constexprs(cfg, mxfp4))
     r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
-    args = (q, keys_desc, scales_desc, weights, context_lens, r2b, page_table, out, k_cache.view(-1).view(torch.int32),
+    args = (q, keys_desc, scales_desc, weights, context_lens, r2b, page_table, out, words,
             batch, max_context_len, skip, k_cache.shape[0], page_table.shape[1], page_table.shape[0],
             q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), r2b.stride(0),
             page_table.stride(0), out.stride(0))
