@@ -193,10 +193,10 @@ def test_the_torch_backend_gives_the_same_results_under_a_budget(op):
 def budgets_seen(monkeypatch):
     """The budget in force when the backend's implementation runs, and the budget in each memo signature, per call."""
     seen = collections.defaultdict(list)
-    resolve, signature = dispatch.resolve, memo.signature
+    resolve, signature = dispatch.resolve_choice, memo.signature
 
-    def resolving(op, args, backend=None):
-        name, impl = resolve(op, args, backend)
+    def resolving(op, args, chosen):
+        name, impl = resolve(op, args, chosen)
         fn = impl.fn
         return name, dataclasses.replace(impl, fn=lambda **a: seen["run"].append(budget.current()) or fn(**a))
 
@@ -204,7 +204,7 @@ def budgets_seen(monkeypatch):
         seen["key"].append(params[-1])
         return signature(op, choice, params)
 
-    monkeypatch.setattr(dispatch, "resolve", resolving)
+    monkeypatch.setattr(dispatch, "resolve_choice", resolving)
     monkeypatch.setattr(memo, "signature", signing)
     return seen
 

@@ -217,7 +217,12 @@ _logged: set[tuple[str, str, str]] = set()
 
 def resolve(op: str, args: Mapping[str, Any], backend: str | None = None) -> tuple[str, OpImpl]:
     """The backend name and implementation that serve ``op`` with these (validated) arguments."""
-    chosen = explicit_choice(backend)
+    return resolve_choice(op, args, explicit_choice(backend))
+
+
+def resolve_choice(op: str, args: Mapping[str, Any], chosen: tuple[str, str] | None) -> tuple[str, OpImpl]:
+    """:func:`resolve` under the explicit choice ``chosen`` (:func:`explicit_choice`'s answer, which a public call
+    has already read for its signature)."""
     if chosen is not None:
         name, origin = chosen
         get(name)

@@ -63,19 +63,20 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict, sm
         if sm_budget is None:
             sm_budget = budget.current()
     key = None
+    chosen = dispatch.explicit_choice(backend)
     if keep:
         params = (*args, *named.values())
         if "workspace" in named and named["workspace"] is None and isinstance(args[0], torch.Tensor):
             params += (device.workspace_owner(args[0]),)  # the default workspace: its owner is part of the key
         if budgeted:
             params += (sm_budget,)
-        key = memo.signature(op, dispatch.explicit_choice(backend), params)
+        key = memo.signature(op, chosen, params)
     if key is not None and (launch := memo.get(key)) is not None:
         launch()
         return library.result(op, named)
     with budget.scoped(sm_budget if budgeted else None):
         checked = SPECS[op].check(*args, **named)
-        name, impl = dispatch.resolve(op, checked, backend)
+        name, impl = dispatch.resolve_choice(op, checked, chosen)
         dispatch.check_workspace_size(name, op, impl, checked)
         checked = dispatch.args_for(impl, checked)
         if key is None or impl.prepare is None or not memo.seen(key):
