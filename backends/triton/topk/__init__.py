@@ -67,11 +67,12 @@ from indexcache.backends.triton.topk.kernels import (
     topk_sample_kernel,
     topk_sort_kernel,
 )
-from indexcache.backends.triton.topk.plan import call_plan, launches, topk, topk_translate, workspace_bytes
+from indexcache.backends.triton.topk.plan import Settings, call_plan, launches, topk, topk_translate, workspace_bytes
 from indexcache.backends.triton.topk.specs import compile_specs, ops
 
 __all__ = [
     "MAX_SORTED_K",
+    "Settings",
     "call_plan",
     "compile_specs",
     "launches",

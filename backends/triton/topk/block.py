@@ -70,6 +70,7 @@ from indexcache.backends.triton.target import Target
 
 WARP = 32
 MAX_STASH = 8192  # stash entries a program: the select holds each one's key and position in registers
+MAX_K = MAX_STASH // 4  # the largest k: a quarter of the largest stash
 LOG_BINS = gl.constexpr(11)
 BINS = 1 << LOG_BINS.value  # the candidates' bins (bin counts a program)
 TIE_SLOTS = 256  # the most candidates the pivot bin may hold to be ranked here (more: the exact fallback)
@@ -636,20 +637,28 @@ def builds_for(target: Target) -> bool:
     return target.gpu.vendor.asm == "ptx"
 
 
-def unsupported(k: int, target: Target, cfg: Mapping[str, Any]) -> list[str]:
-    """Why this kernel cannot take a call (empty: it can; the Triton kernels take the others)."""
+def unavailable(target: Target, cfg: Mapping[str, Any]) -> list[str]:
+    """Why this kernel takes no call on ``target`` with the top-k's tuning entry ``cfg`` (empty: it takes those of a k
+    up to :data:`MAX_K`)."""
     reasons = []
     if target.interpreted or not builds_for(target):
         reasons.append(f"{target.arch}{' interpreted' if target.interpreted else ''}: NVIDIA GPUs only (Gluon)")
     if cfg.get("KERNEL") != "block":
         reasons.append(f"the tuning table's KERNEL is {cfg.get('KERNEL')!r}, not 'block'")
-    if k > MAX_STASH // 4:
-        reasons.append(f"k {k}: at most {MAX_STASH // 4}, a quarter of the largest stash")
     return reasons
 
 
-def launch(args: tuple, named: Mapping[str, Any], programs: int) -> Launch:
+def unsupported(k: int, target: Target, cfg: Mapping[str, Any]) -> list[str]:
+    """Why this kernel cannot take a call (empty: it can; the Triton kernels take the others)."""
+    reasons = unavailable(target, cfg)
+    if k > MAX_K:
+        reasons.append(f"k {k}: at most {MAX_K}, a quarter of the largest stash")
+    return reasons
+
+
+def launch(args: tuple, named: Mapping[str, Any], programs: int, launch_options: Options | None = None) -> Launch:
     """The launch of ``programs`` programs with ``topk_rows_kernel``'s arguments ``args`` (stash and counts in its
     places, then the rows' sample records, any int32 tensor when ``FLOORS`` is 0) and keyword arguments ``named``
-    (its flags and strides, ``PDL``, and :func:`shape` with ``FLOORS``)."""
-    return Launch(BLOCK, (programs,), options(named), args, dict(named))
+    (its flags and strides, ``PDL``, and :func:`shape` with ``FLOORS``); ``launch_options``: :func:`options` of
+    ``named`` (worked out here when None)."""
+    return Launch(BLOCK, (programs,), launch_options or options(named), args, dict(named))

@@ -4,6 +4,7 @@ rows), the workspace it needs and its launches in order, from the shape, the tar
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -14,7 +15,6 @@ from indexcache.backends.triton.launcher import (
     Launcher,
     Options,
     launch_key_options,
-    persistent_programs,
     planned_sms,
     sm_budget,
 )
@@ -98,9 +98,13 @@ def split_chunk(rows: int, cols: int, sms: int, cfg: Mapping[str, Any], budget: 
 def filter_shape(target: Target, chunk: int, cfg: Mapping[str, Any]) -> tuple[int, int, Options]:
     """``(lanes, pack, options)`` of the split filter: a lane a thread (``FILTER_WARPS`` warps, the pass's warps by
     default), pieces of ``FILTER_PACK`` reads of ``lanes`` adjacent columns, both cut to fit ``chunk``."""
+    return (*filter_tile(target, chunk, cfg), own_options(target, cfg, "FILTER_WARPS"))
+
+
+def filter_tile(target: Target, chunk: int, cfg: Mapping[str, Any]) -> tuple[int, int]:
+    """``(lanes, pack)`` of :func:`filter_shape`."""
     lanes = min(target.warp_size * cfg.get("FILTER_WARPS", cfg["num_warps"]), chunk)
-    pack = max(1, min(cfg.get("FILTER_PACK", 8), chunk // lanes))
-    return lanes, pack, own_options(target, cfg, "FILTER_WARPS")
+    return lanes, max(1, min(cfg.get("FILTER_PACK", 8), chunk // lanes))
 
 
 def gather_chunks(chunks: int, cfg: Mapping[str, Any]) -> int:
@@ -139,27 +143,70 @@ def ahead_warps_key(cfg: Mapping[str, Any]) -> str:
     return "AHEAD_SAMPLE_WARPS" if cfg.get("AHEAD_SAMPLE_WARPS", 0) > 0 else "SAMPLE_WARPS"
 
 
-_SCAN_ARGS = ("s_s0", "s_s1", "len_s0", "st_s0", "HAS_STARTS", "CONTIG")  # what the sample and filter kernels take
+@dataclass(frozen=True)
+class Settings:
+    """What a call's launches take of the target and the top-k's tuning entry alone (:meth:`of`), worked out once: a
+    backend's ops keep theirs, so that a call of a new shape reads them instead of working them out of the table
+    again. The dicts are constexprs a launch takes beside the call's own (read, never changed)."""
+
+    target: Target
+    cfg: Mapping[str, Any]
+    pdl: bool  # :func:`uses_pdl`
+    block: bool  # the Gluon kernel takes the calls of a k up to ``MAX_K`` here (:func:`topk_block.unavailable`)
+    rows_options: Options  # :func:`rows_options`
+    finish_options: Options  # :func:`finish_shape`'s
+    sample_options: Options  # the split rows' sample launch (``SAMPLE_WARPS``), with ``launch_pdl`` where ``pdl``
+    ahead_options: Options  # the sample launch of rows sampled ahead (:func:`ahead_warps_key`), likewise
+    filter_options: Options  # the split filter's (:func:`filter_shape`), likewise
+    block_options: Options  # the Gluon kernel's (``topk_block.options``; none where ``block`` is False)
+    rows_named: dict[str, Any]  # the fused rows kernel's DIGIT, BITS and TILE
+    finish_named: dict[str, Any]  # the finishing kernel's, but for BLOCK_S and SPREAD
+    sample_named: dict[str, Any]  # the sample kernel's DIGIT, PDL and ROUNDS
+    filter_named: dict[str, Any]  # the filter's BINS and PDL
+
+    @classmethod
+    def of(cls, target: Target, cfg: Mapping[str, Any]) -> Settings:
+        """The settings of the top-k's tuning entry ``cfg`` on ``target``."""
+        pdl = uses_pdl(target, cfg)
+        block = not topk_block.unavailable(target, cfg)
+        fin_tile, fin_opts = finish_shape(target, cfg)
+        digit, bins = cfg["DIGIT"], cfg["FINISH_BINS"]
+        return cls(target, cfg, pdl, block, rows_options(target, cfg), fin_opts,
+                   with_pdl(own_options(target, cfg, "SAMPLE_WARPS"), pdl),
+                   with_pdl(own_options(target, cfg, ahead_warps_key(cfg)), pdl),
+                   with_pdl(own_options(target, cfg, "FILTER_WARPS"), pdl),
+                   topk_block.options({"NUM_WARPS": cfg["BLOCK_WARPS"], "PDL": pdl}) if block else (),
+                   {"DIGIT": digit, "BITS": cfg["BITS"], "TILE": cfg["TILE"]},
+                   {"DIGIT": digit, "BITS": cfg["BITS"], "TILE": fin_tile, "BINS": bins, "PDL": pdl,
+                    "TIES": cfg["FINISH_TIES"], "SKIM": FINISH_SKIM},
+                   {"DIGIT": digit, "PDL": pdl, "ROUNDS": cfg.get("SAMPLE_ROUNDS", 0)},
+                   {"BINS": bins, "PDL": pdl})
 
 
-def _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size, row_to_batch) -> tuple[tuple, dict]:
-    """``(starts, raw, r2b, table)``, the row kernels' tensors besides scores, lengths and out (an absent one stood
-    in by a tensor of the call that is never read), and their strides, flags and table shape as keyword
-    arguments."""
+def _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
+              row_to_batch) -> tuple[tuple, dict, dict]:
+    """``((starts, raw, r2b, table), scan, args)``: the row kernels' tensors besides scores, lengths and out (an absent
+    one stood in by a tensor of the call that is never read), then what the sample and filter kernels take of their
+    strides and flags, then all of the strides, flags and the table's shape as the other kernels take them."""
     translate = page_table is not None
-    table = page_table if translate else out
-    r2b = row_to_batch if row_to_batch is not None else lengths
-    starts = row_starts if row_starts is not None else lengths
-    raw = out_raw if out_raw is not None else out
+    s_s0, s_s1 = scores.stride()
+    len_s0 = lengths.stride(0)
+    o_s0, o_s1 = out.stride()
+    scan = dict(s_s0=s_s0, s_s1=s_s1, len_s0=len_s0,
+                st_s0=row_starts.stride(0) if row_starts is not None else len_s0, HAS_STARTS=row_starts is not None,
+                CONTIG=s_s1 == 1)
+    w_s0, w_s1 = out_raw.stride() if out_raw is not None else (o_s0, o_s1)
+    tab_s0, tab_s1 = page_table.stride() if translate else (o_s0, o_s1)
     args = dict(
-        s_s0=scores.stride(0), s_s1=scores.stride(1), len_s0=lengths.stride(0), st_s0=starts.stride(0),
-        HAS_STARTS=row_starts is not None, CONTIG=scores.stride(1) == 1, o_s0=out.stride(0), o_s1=out.stride(1),
-        w_s0=raw.stride(0), w_s1=raw.stride(1), r2b_s0=r2b.stride(0), tab_s0=table.stride(0), tab_s1=table.stride(1),
+        scan, o_s0=o_s0, o_s1=o_s1, w_s0=w_s0, w_s1=w_s1,
+        r2b_s0=row_to_batch.stride(0) if row_to_batch is not None else len_s0, tab_s0=tab_s0, tab_s1=tab_s1,
         HAS_R2B=row_to_batch is not None, TRANSLATE=translate, HAS_RAW=out_raw is not None,
-        SHIFT=page_shift(page_size) if translate else 0, batches=table.shape[0] if translate else 0,
-        pages=table.shape[1] if translate else 0, page_size=page_size if translate else 1,
+        SHIFT=page_shift(page_size) if translate else 0, batches=page_table.shape[0] if translate else 0,
+        pages=page_table.shape[1] if translate else 0, page_size=page_size if translate else 1,
     )
-    return (starts, raw, r2b, table), args
+    tensors = (row_starts if row_starts is not None else lengths, out_raw if out_raw is not None else out,
+               row_to_batch if row_to_batch is not None else lengths, page_table if translate else out)
+    return tensors, scan, args
 
 
 class _Plan(NamedTuple):
@@ -177,18 +224,20 @@ class _Plan(NamedTuple):
     words: tuple[int, int, int, int]
 
 
-def shape_plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cfg: Mapping[str, Any]) -> _Plan:
+def shape_plan(rows: int, cols: int, device: torch.device, k: int, target: Target, cfg: Mapping[str, Any],
+               settings: Settings | None = None) -> _Plan:
     """:func:`call_plan` of scores ``[rows, cols]`` on ``device``, from the shape alone (a caller that sizes a
-    workspace for scores it has yet to make, such as the prefill producer's passes)."""
+    workspace for scores it has yet to make, such as the prefill producer's passes); ``settings``: those of ``target``
+    and ``cfg`` (worked out here when None)."""
+    block_kernel = (settings or Settings.of(target, cfg)).block
     sms = multiprocessors(target, device)
     budget = sm_budget(sms)
     # The Gluon block-a-row kernel (block.py) takes rows of up to BLOCK_MAX_COLS columns: those the fused kernel
     # would, and, from BLOCK_MIN_ROWS rows on, those that would be split (unless CHUNK forces the split). Longer rows
     # it finishes slowly (H200, 1M columns: 8.3 ms for 480 rows against the fused kernel's 2.4, 16.5 against 9.1
     # for 2048; docs/kernels.md).
-    long = cols > cfg.get("BLOCK_MAX_COLS", cols)
-    block = (None if long or topk_block.unsupported(k, target, cfg)
-             else topk_block.shape(cols, k, sample_size(cols, k, cfg), cfg))
+    block = (topk_block.shape(cols, k, sample_size(cols, k, cfg), cfg)
+             if block_kernel and k <= topk_block.MAX_K and cols <= cfg.get("BLOCK_MAX_COLS", cols) else None)
     take_split = block and not cfg.get("CHUNK") and rows >= cfg["BLOCK_MIN_ROWS"]
     chunk = 0 if take_split else split_chunk(rows, cols, sms, cfg, budget)
     block = None if chunk else block
@@ -199,103 +248,98 @@ def shape_plan(rows: int, cols: int, device: torch.device, k: int, target: Targe
     cap = topk_block.capacity(block) if block else stash_capacity(cols, k, cfg)
     chunks = cdiv(cols, chunk) if chunk else 1
     per_sm = cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"]
-    row_programs = 0 if chunk else min(rows, persistent_programs(sms, per_sm))
-    finish_programs = min(rows, persistent_programs(sms, 1))
+    # persistent_programs(sms, per_sm) and (sms, 1) under the budget read above
+    row_programs = 0 if chunk else min(rows, sms * per_sm if budget is None else budget)
+    finish_programs = min(rows, sms if budget is None else budget)
     per_program = max(2 * cap, topk_block.workspace(block) if block else 0)  # a stash (and bin counts) a program
-    # Each piece a multiple of 16 words, so every piece starts 64-byte aligned where the workspace does: the
-    # kernels keep their aligned accesses in one variant, whatever the shape.
-    words = tuple(cdiv(n, 16) * 16 for n in (rows * chunks * 2 * chunk, rows * chunks,
-                                              rows * (cfg["FINISH_BINS"] + 2) if chunk else
-                                              2 * rows if block and block["FLOORS"] else 0,
-                                              max(row_programs, finish_programs) * per_program))
+    hist = rows * (cfg["FINISH_BINS"] + 2) if chunk else 2 * rows if block and block["FLOORS"] else 0
+    # Each piece a multiple of 16 words ((n + 15) & -16), so every piece starts 64-byte aligned where the workspace
+    # does: the kernels keep their aligned accesses in one variant, whatever the shape.
+    words = ((rows * chunks * 2 * chunk + 15) & -16, (rows * chunks + 15) & -16, (hist + 15) & -16,
+             (max(row_programs, finish_programs) * per_program + 15) & -16)
     return _Plan(block, chunk, chunks, cap, row_programs, finish_programs, words)
 
 
-def workspace_bytes(scores: torch.Tensor, k: int, *, target: Target, cfg: Mapping[str, Any]) -> int:
+def workspace_bytes(scores: torch.Tensor, k: int, *, target: Target, cfg: Mapping[str, Any],
+                    settings: Settings | None = None) -> int:
     """The workspace bytes of a call selecting ``k`` of each row of ``scores [R, N]`` (``sorted`` or not): on split
     rows about twice the bytes of fp32 scores (candidates' keys kept beside their positions), else a stash a
-    program; 0 when there are no rows or ``k`` is 0."""
-    return shape_workspace_bytes(*scores.shape, scores.device, k, target=target, cfg=cfg)
+    program; 0 when there are no rows or ``k`` is 0. ``settings`` as :func:`shape_plan`."""
+    return shape_workspace_bytes(*scores.shape, scores.device, k, target=target, cfg=cfg, settings=settings)
 
 
 def shape_workspace_bytes(rows: int, cols: int, device: torch.device, k: int, *, target: Target,
-                          cfg: Mapping[str, Any]) -> int:
+                          cfg: Mapping[str, Any], settings: Settings | None = None) -> int:
     """:func:`workspace_bytes` of scores ``[rows, cols]`` on ``device``, from the shape alone."""
-    return 0 if rows == 0 or k == 0 else 4 * sum(shape_plan(rows, cols, device, k, target, cfg).words)
+    return 0 if rows == 0 or k == 0 else 4 * sum(shape_plan(rows, cols, device, k, target, cfg, settings).words)
 
 
-def call_plan(scores: torch.Tensor, k: int, *, target: Target, cfg: Mapping[str, Any]) -> _Plan:
+def call_plan(scores: torch.Tensor, k: int, *, target: Target, cfg: Mapping[str, Any],
+              settings: Settings | None = None) -> _Plan:
     """How an unsorted call over ``scores [R, N]`` (R and ``k`` above 0) is taken: the plan :func:`launches` follows,
     whose ``words`` are the call's workspace (4 bytes each). A caller that sizes the workspace first hands it to
-    :func:`launches` (``plan=``), which then does not work it out again."""
-    return shape_plan(*scores.shape, scores.device, k, target, cfg)
+    :func:`launches` (``plan=``), which then does not work it out again. ``settings`` as :func:`shape_plan`."""
+    return shape_plan(*scores.shape, scores.device, k, target, cfg, settings)
 
 
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
              workspace: torch.Tensor | None = None, target: Target, cfg: Mapping[str, Any],
-             plan: _Plan | None = None) -> list[tuple[str, Launch]]:
+             plan: _Plan | None = None, settings: Settings | None = None) -> list[tuple[str, Launch]]:
     """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
     split rows' sample and filter, then the finishing kernel; with ``sorted``, those select raw positions
     (into ``out_raw`` when given, else ``out``) and a sort launch orders and translates them. Arguments as
     :func:`topk_translate` (``page_table`` None for plain top-k); the workspace (``workspace``, else the kept one
     of the calling thread's stream: :mod:`~indexcache.backends.triton.workspace`) is taken here, so launching needs
     no allocation (and a benchmark can time each launch alone). ``plan``: :func:`call_plan`'s for this call, where the
-    caller has it (unsorted calls)."""
+    caller has it (unsorted calls); ``settings``: those of ``target`` and ``cfg`` (worked out here when None)."""
     rows, cols = scores.shape
     if rows == 0 or k == 0:
         return []
+    s = settings or Settings.of(target, cfg)
     if sorted:
         return _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch,
-                                workspace=workspace, target=target, cfg=cfg)
-    tile = cfg["TILE"]
-    samples = sample_size(cols, k, cfg)
-    (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
-                                                    row_to_batch)
-    opts = rows_options(target, cfg)
-    fin_tile, fin_opts = finish_shape(target, cfg)
-    pdl = uses_pdl(target, cfg)
-    scan = {name: row_args[name] for name in _SCAN_ARGS}
-    common = dict(row_args, DIGIT=cfg["DIGIT"], BITS=cfg["BITS"], TILE=tile)
-    block, chunk, chunks, cap, row_programs, finish_programs, words = plan or call_plan(scores, k, target=target,
-                                                                                       cfg=cfg)
-    bins = cfg["FINISH_BINS"]
+                                workspace=workspace, settings=s)
+    (starts, raw, r2b, table), scan, row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table,
+                                                          page_size, row_to_batch)
+    block, chunk, chunks, cap, row_programs, finish_programs, words = plan or shape_plan(rows, cols, scores.device, k,
+                                                                                        target, cfg, s)
     ws = workspaces.words(scores, sum(words), workspace)
     region, counts, hist, stash = _split(ws, *words[:3])
     # Split rows are finished by a program a chunk (the grid's second axis) where the table lets them (FINISH_TIES),
     # the others by one program a row.
     spread = chunk > 0 and cfg["FINISH_TIES"] > 0
     finish = ("finish", Launch(
-        FINISH, (finish_programs, chunks) if spread else (finish_programs,), fin_opts,
+        FINISH, (finish_programs, chunks) if spread else (finish_programs,), s.finish_options,
         (scores, lengths, starts, out, raw, r2b, table, region, counts, hist, stash, rows, cols, k, cap, chunks,
          chunk),
-        dict(common, TILE=fin_tile, BLOCK_S=gather_chunks(chunks, cfg), BINS=bins, PDL=pdl, SPREAD=spread,
-             TIES=cfg["FINISH_TIES"], SKIM=FINISH_SKIM)))
+        {**row_args, **s.finish_named, "BLOCK_S": gather_chunks(chunks, cfg), "SPREAD": spread}))
 
-    def sample(entries: int, shift_bins: int, with_counts: bool, warps_key: str = "SAMPLE_WARPS") -> tuple[str, Launch]:
+    def sample(entries: int, shift_bins: int, with_counts: bool, options: Options) -> tuple[str, Launch]:
         # A program a row, its own warps and no register cap: the whole sample is held in registers.
-        return ("sample", Launch(SAMPLE, (rows,), with_pdl(own_options(target, cfg, warps_key), pdl),
-                                 (scores, lengths, starts, hist, cols, k),
-                                 dict(scan, SAMPLES=entries, DIGIT=cfg["DIGIT"], BINS=shift_bins, COUNTS=with_counts,
-                                      PDL=pdl, ROUNDS=cfg.get("SAMPLE_ROUNDS", 0))))
+        return ("sample", Launch(SAMPLE, (rows,), options, (scores, lengths, starts, hist, cols, k),
+                                 {**scan, "SAMPLES": entries, "BINS": shift_bins, "COUNTS": with_counts,
+                                  **s.sample_named}))
 
     if block:
-        floors = ([sample(ahead_samples(cols, k, block, cfg), topk_block.BINS, False, ahead_warps_key(cfg))]
+        floors = ([sample(ahead_samples(cols, k, block, cfg), topk_block.BINS, False, s.ahead_options)]
                   if block["FLOORS"] else [])
         return floors + [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, hist,
-                                                     rows, cols, k), dict(row_args, DIGIT=cfg["DIGIT"], PDL=pdl,
-                                                                          **block), row_programs)),
+                                                     rows, cols, k),
+                                                    {**row_args, "DIGIT": cfg["DIGIT"], "PDL": s.pdl, **block},
+                                                    row_programs, s.block_options)),
                          finish]
     if not chunk:
-        return [("rows", Launch(ROWS, (row_programs,), opts,
+        return [("rows", Launch(ROWS, (row_programs,), s.rows_options,
                                 (scores, lengths, starts, out, raw, r2b, table, stash, counts, rows, cols, k, cap),
-                                dict(common, SAMPLES=min(samples, 2 * tile)))),
+                                {**row_args, **s.rows_named, "SAMPLES": min(sample_size(cols, k, cfg),
+                                                                            2 * cfg["TILE"])})),
                 finish]
-    lanes, pack, filter_opts = filter_shape(target, chunk, cfg)
+    lanes, pack = filter_tile(target, chunk, cfg)
     return [
-        sample(samples, bins, True),
-        ("filter", Launch(FILTER, (rows, chunks), with_pdl(filter_opts, pdl),
+        sample(sample_size(cols, k, cfg), cfg["FINISH_BINS"], True, s.sample_options),
+        ("filter", Launch(FILTER, (rows, chunks), s.filter_options,
                           (scores, lengths, starts, hist, region, counts, cols, k, chunk),
-                          dict(scan, LANES=lanes, PACK=pack, BINS=bins, PDL=pdl))),
+                          {**scan, "LANES": lanes, "PACK": pack, **s.filter_named})),
         finish,
     ]
 
@@ -315,17 +359,17 @@ def _split(ws: torch.Tensor, *sizes: int) -> list[torch.Tensor]:
 
 
 def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
-                     workspace: torch.Tensor | None, target: Target,
-                     cfg: Mapping[str, Any]) -> list[tuple[str, Launch]]:
+                     workspace: torch.Tensor | None, settings: Settings) -> list[tuple[str, Launch]]:
     """``sorted=True``: the unsorted select's launches writing raw positions (to ``out_raw`` when given, else to
     ``out``), then ``topk_sort_kernel``, one program a row: one launch, or under an SM budget of n launches of n rows
     (a sort looping over rows spills scalar registers on AMD)."""
-    (starts, raw, r2b, table), row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table, page_size,
-                                                    row_to_batch)
+    target, cfg = settings.target, settings.cfg
+    (starts, raw, r2b, table), _, row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table,
+                                                       page_size, row_to_batch)
     width = max(16, next_power_of_2(k))
     opts = launch_key_options(launch_options(target, dict(cfg, num_warps=sort_warps(k, cfg))))
     steps = launches(scores, lengths, k, row_starts, raw, None, None, 1, None, workspace=workspace, target=target,
-                     cfg=cfg)
+                     cfg=cfg, settings=settings)
     rows = scores.shape[0]
     step = sm_budget(multiprocessors(target, scores.device)) or rows
     return steps + [("sort", Launch(SORT, (min(step, rows - row0),), opts,
@@ -339,22 +383,23 @@ def sort_warps(k: int, cfg: Mapping[str, Any]) -> int:
 
 
 def _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, sorted, workspace, *,
-            target: Target, cfg: Mapping[str, Any]):
+            target: Target, cfg: Mapping[str, Any], settings: Settings | None):
     for _, launch in launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch,
-                              sorted=sorted, workspace=workspace, target=target, cfg=cfg):
+                              sorted=sorted, workspace=workspace, target=target, cfg=cfg, settings=settings):
         launch()
     return out
 
 
-def topk(scores, lengths, k, row_starts, out, sorted, workspace=None, *, target: Target, cfg: Mapping[str, Any]):
-    """Fill ``out [R, k]`` int32 (contract: ``indexcache.topk``)."""
+def topk(scores, lengths, k, row_starts, out, sorted, workspace=None, *, target: Target, cfg: Mapping[str, Any],
+         settings: Settings | None = None):
+    """Fill ``out [R, k]`` int32 (contract: ``indexcache.topk``); ``settings`` as :func:`launches`."""
     return _select(scores, lengths, k, row_starts, out, None, None, 1, None, sorted, workspace, target=target,
-                   cfg=cfg)
+                   cfg=cfg, settings=settings)
 
 
 def topk_translate(scores, lengths, k, page_table, page_size, row_starts, row_to_batch, out, out_raw, sorted,
-                   workspace=None, *, target: Target, cfg: Mapping[str, Any]):
+                   workspace=None, *, target: Target, cfg: Mapping[str, Any], settings: Settings | None = None):
     """Fill ``out [R, k]`` with physical slots and ``out_raw`` (when given) with the raw window positions
-    (contract: ``indexcache.topk_translate``)."""
+    (contract: ``indexcache.topk_translate``); ``settings`` as :func:`launches`."""
     return _select(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, sorted,
-                   workspace, target=target, cfg=cfg)
+                   workspace, target=target, cfg=cfg, settings=settings)

@@ -23,6 +23,7 @@ from indexcache.backends.triton.topk.kernels import (
 )
 from indexcache.backends.triton.topk.plan import (
     FINISH_SKIM,
+    Settings,
     ahead_samples,
     ahead_warps_key,
     filter_shape,
@@ -55,6 +56,7 @@ def _supports(target: Target, scores, k, sorted, **tensors) -> list[str]:
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
     """The topk and topk_translate ops of a GPU backend built for ``target`` with its tuning table."""
     cfg = tuning["topk"]
+    settings = Settings.of(target, cfg)
 
     def supports_topk(scores, lengths, k, row_starts, out, sorted, **_):
         return _supports(target, scores, k, sorted, lengths=lengths, row_starts=row_starts, out=out)
@@ -64,23 +66,24 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
                          page_table=page_table, row_to_batch=row_to_batch, out_raw=out_raw)
 
     def run_topk(**args):
-        return topk(**args, target=target, cfg=cfg)
+        return topk(**args, target=target, cfg=cfg, settings=settings)
 
     def run_translate(**args):
-        return topk_translate(**args, target=target, cfg=cfg)
+        return topk_translate(**args, target=target, cfg=cfg, settings=settings)
 
     def prepare_topk(scores, lengths, k, row_starts, out, sorted, workspace=None):
         return bound([launch for _, launch in launches(scores, lengths, k, row_starts, out, None, None, 1, None,
-                                                       sorted=sorted, workspace=workspace, target=target, cfg=cfg)])
+                                                       sorted=sorted, workspace=workspace, target=target, cfg=cfg,
+                                                       settings=settings)])
 
     def prepare_translate(scores, lengths, k, page_table, page_size, row_starts, row_to_batch, out, out_raw, sorted,
                           workspace=None):
         return bound([launch for _, launch in launches(scores, lengths, k, row_starts, out, out_raw, page_table,
                                                        page_size, row_to_batch, sorted=sorted, workspace=workspace,
-                                                       target=target, cfg=cfg)])
+                                                       target=target, cfg=cfg, settings=settings)])
 
     def workspace_of(scores, k, **_):
-        return workspace_bytes(scores, k, target=target, cfg=cfg)
+        return workspace_bytes(scores, k, target=target, cfg=cfg, settings=settings)
 
     return {"topk": OpImpl(run_topk, supports_topk, prepare_topk, workspace_of),
             "topk_translate": OpImpl(run_translate, supports_translate, prepare_translate, workspace_of)}
