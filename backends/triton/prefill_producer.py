@@ -40,11 +40,11 @@ from indexcache.backends.triton.logits import (
     prefill_workspace_words,
 )
 from indexcache.backends.triton.logits import ops as logits_ops
-from indexcache.backends.triton.producer import short_launch
+from indexcache.backends.triton.producer import FOUR_WARPS, short_launch
 from indexcache.backends.triton.support import cdiv, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.topk.kernels import MAX_COLS
-from indexcache.backends.triton.topk.plan import multiprocessors, shape_plan, shape_workspace_bytes
+from indexcache.backends.triton.topk.plan import Settings, multiprocessors, shape_plan
 from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
 
@@ -74,29 +74,51 @@ def _piece(words: int) -> int:
     return cdiv(words, 16) * 16
 
 
-def topk_cfg(rows: int, device: torch.device, target: Target, cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The top-k's tuning entry for a pass of ``rows`` rows: ``cfg``, rows never split (``CHUNKS_PER_SM`` 0) from a
-    row a multiprocessor (of the SM budget in force) on."""
-    return dict(cfg, CHUNKS_PER_SM=0) if rows >= persistent_programs(multiprocessors(target, device), 1) else cfg
+def _unsplit(rows: int, device: torch.device, target: Target) -> bool:
+    """Whether the top-k of a pass of ``rows`` rows never splits its rows (its tuning entry with ``CHUNKS_PER_SM`` 0):
+    from a row a multiprocessor (of the SM budget in force) on."""
+    return rows >= persistent_programs(multiprocessors(target, device), 1)
 
 
-def _topk_bytes(rows: int, keys: int, device: torch.device, k: int, target: Target, cfg: Mapping[str, Any]) -> int:
-    return shape_workspace_bytes(rows, keys, device, k, target=target, cfg=topk_cfg(rows, device, target, cfg))
+def topk_settings(target: Target, cfg: Mapping[str, Any]) -> tuple[Settings, Settings]:
+    """The top-k's settings (:class:`~indexcache.backends.triton.topk.plan.Settings`) of a pass, from its tuning entry
+    ``cfg``: those of ``cfg`` itself, then those with rows never split (:func:`_unsplit`)."""
+    return Settings.of(target, cfg), Settings.of(target, dict(cfg, CHUNKS_PER_SM=0))
 
 
 def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, *, target: Target,
-              cfg: Mapping[str, Any], quantum: int = ALIGN, keys_words: int = 0) -> int:
+              cfg: Mapping[str, Any], quantum: int = ALIGN, keys_words: int = 0,
+              settings: tuple[Settings, Settings] | None = None) -> int:
     """Query rows a pass for a call of ``tokens`` queries over ``keys`` keys selecting ``k``, whose workspace may
     take ``limit`` bytes (``cfg``: the top-k's tuning entry); ``ValueError`` when not even one row fits. ``quantum``:
     the rows of one round of the logits launch; a pass takes a multiple of it where the bound allows. ``keys_words``:
-    the keys' own workspace (MXFP4 keys widened once, ``logits.prefill_workspace_words``)."""
+    the keys' own workspace (MXFP4 keys widened once, ``logits.prefill_workspace_words``). ``settings``:
+    :func:`topk_settings` of ``target`` and ``cfg`` (worked out when None)."""
+    return _pass(tokens, keys, device, k, limit, target, settings or topk_settings(target, cfg), quantum,
+                 keys_words)[0]
+
+
+def _pass(tokens: int, keys: int, device: torch.device, k: int, limit: int, target: Target,
+          settings: tuple[Settings, Settings], quantum: int, keys_words: int) -> tuple[int, Settings, Any]:
+    """``(rows a pass, the top-k's settings for such a pass, its plan)`` (:func:`pass_rows`: ``settings`` those of
+    :func:`topk_settings`; the plan None where the top-k selects nothing)."""
     fixed = 4 * (2 * _piece(tokens) + _piece(keys_words))
+    plans: dict[int, tuple[Settings, Any]] = {}  # each pass size's top-k, worked out once
+
+    def select(rows: int) -> tuple[Settings, Any]:
+        found = plans.get(rows)
+        if found is None:
+            chosen = settings[1] if _unsplit(rows, device, target) else settings[0]
+            plan = shape_plan(rows, keys, device, k, target, chosen.cfg, chosen) if rows and k else None
+            found = plans[rows] = chosen, plan
+        return found
 
     def need(rows: int) -> int:
-        return fixed + 4 * _piece(rows * keys) + _topk_bytes(rows, keys, device, k, target, cfg)
+        plan = select(rows)[1]
+        return fixed + 4 * _piece(rows * keys) + (4 * sum(plan.words) if plan else 0)
 
     if need(tokens) <= limit:
-        return tokens
+        return tokens, *select(tokens)
     rows = min(tokens, max(limit - fixed, 0) // (4 * keys))
     while rows > 0 and need(rows) > limit:  # the top-k's share grows about linearly with the rows
         rows = min(rows - 1, rows * (limit - fixed) // (need(rows) - fixed))
@@ -109,24 +131,23 @@ def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, 
         rows -= rows % step
         even = cdiv(cdiv(tokens, cdiv(tokens, rows)), step) * step
         rows = even if even <= rows else rows
-    return rows
+    return rows, *select(rows)
 
 
 def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, target: Target,
-            tuning: Mapping[str, Mapping[str, Any]]) -> tuple[int, int, int, Any, Mapping[str, Any]]:
-    """``(rows a pass, the keys' words, workspace bytes, the top-k's plan of a full pass, its tuning entry)`` of a call
+            tuning: Mapping[str, Mapping[str, Any]],
+            settings: tuple[Settings, Settings] | None = None) -> tuple[int, int, int, Any, Settings]:
+    """``(rows a pass, the keys' words, workspace bytes, the top-k's plan of a full pass, its settings)`` of a call
     with queries and a ``topk_k`` above 0 (:func:`pass_rows`, in whole rounds of its logits launch where the bound
     allows): the windows, the keys widened once (int32 words, ``logits.prefill_workspace_words``; 0 but for MXFP4 keys
     on a widening target), a pass's logits and its top-k's workspace (:func:`topk.shape_plan
-    <indexcache.backends.triton.topk.plan.shape_plan>`'s words, for :func:`topk_cfg`'s entry). ``q_scale``: MXFP4
-    queries (the keys read as they are)."""
+    <indexcache.backends.triton.topk.plan.shape_plan>`'s words, for the pass's settings). ``q_scale``: MXFP4
+    queries (the keys read as they are); ``settings``: :func:`topk_settings` (worked out when None)."""
     tokens, keys = q.shape[0], k.shape[0]
     quantum = prefill_round(q, k, k_scale, weights, q_scale, target=target, cfg=tuning["mqa_logits"])
     wide = prefill_workspace_words(q, k, q_scale, target=target)
-    rows = pass_rows(tokens, keys, q.device, topk_k, limit, target=target, cfg=tuning["topk"], quantum=quantum,
-                     keys_words=wide)
-    select = topk_cfg(rows, q.device, target, tuning["topk"])
-    plan = shape_plan(rows, keys, q.device, topk_k, target, select)
+    rows, select, plan = _pass(tokens, keys, q.device, topk_k, limit, target,
+                               settings or topk_settings(target, tuning["topk"]), quantum, wide)
     return (rows, wide, 4 * (2 * _piece(tokens) + _piece(wide) + _piece(rows * keys) + sum(plan.words)), plan,
             select)
 
@@ -139,34 +160,38 @@ def _rows(t: torch.Tensor | None, t0: int, t1: int) -> torch.Tensor | None:
 
 def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, topk_k: int,
                          limit: int, q_scale: torch.Tensor | None = None, *, target: Target,
-                         tuning: Mapping[str, Mapping[str, Any]]) -> int:
+                         tuning: Mapping[str, Mapping[str, Any]],
+                         settings: tuple[Settings, Settings] | None = None) -> int:
     """The workspace bytes of a call (at most ``limit``): the windows, a pass's logits and its top-k's workspace;
-    none when every row is short (no more keys than ``topk_k``)."""
+    none when every row is short (no more keys than ``topk_k``). ``settings``: :func:`topk_settings` (worked out when
+    None)."""
     if q.shape[0] == 0 or topk_k == 0 or k.shape[0] <= topk_k:
         return 0
-    return _passes(q, k, k_scale, weights, topk_k, limit, q_scale, target=target, tuning=tuning)[2]
+    return _passes(q, k, k_scale, weights, topk_k, limit, q_scale, target=target, tuning=tuning,
+                   settings=settings)[2]
 
 
 def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_to_batch, out, out_raw,
              workspace_bytes_, workspace=None, q_scale=None, *, target: Target,
-             tuning: Mapping[str, Mapping[str, Any]], options) -> list[Launch | None]:
+             tuning: Mapping[str, Mapping[str, Any]], options,
+             settings: tuple[Settings, Settings] | None = None) -> list[Launch | None]:
     """The launches of one call, in order (None: nothing to launch); arguments as ``indexcache.mqa_topk_translate``
     (``topk_k`` its ``topk``, ``workspace_bytes_`` the resolved bound), ``options`` the prefill logits' launch
-    options."""
+    options, ``settings`` :func:`topk_settings` (worked out when None)."""
     tokens, keys = q.shape[0], k.shape[0]
     if tokens == 0 or topk_k == 0:
         return []
     if keys <= topk_k:  # every window short: its first positions, translated, in one launch
         return [short_launch(ks, 1, row_to_batch, topk_k, keys, page_table, page_size, out, out_raw, window_ends=ke)]
     rows, wide, total, plan, select = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, q_scale, target=target,
-                                              tuning=tuning)
+                                              tuning=tuning, settings=settings)
     win, wide, part = _piece(tokens), _piece(wide), _piece(rows * keys)
     ws = workspaces.words(q, total // 4, workspace, cap=workspace_bytes_ // 4)
     starts, lengths = ws[:tokens], ws[win:win + tokens]
     keys_ws = ws[2 * win:2 * win + wide]
     logits = ws[2 * win + wide:2 * win + wide + rows * keys].view(torch.float32).view(rows, keys)
     scratch = ws[2 * win + wide + part:].view(torch.uint8)
-    steps: list[Launch | None] = [Launch(WINDOWS, (cdiv(tokens, WINDOW_BLOCK),), launch_key_options({"num_warps": 4}),
+    steps: list[Launch | None] = [Launch(WINDOWS, (cdiv(tokens, WINDOW_BLOCK),), FOUR_WARPS,
                                          (ks, ke, starts, lengths, tokens, keys, ks.stride(0), ke.stride(0)),
                                          dict(BLOCK=WINDOW_BLOCK))]
     for t0 in range(0, tokens, rows):
@@ -183,18 +208,19 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
         steps += [launch for _, launch in topk.launches(scores, _rows(lengths, t0, t1), topk_k, _rows(starts, t0, t1),
                                                          _rows(out, t0, t1), _rows(out_raw, t0, t1), table,
                                                          page_size, r2b, workspace=scratch, target=target,
-                                                         cfg=select, plan=plan if t1 - t0 == rows else None)]
+                                                         cfg=select.cfg, plan=plan if t1 - t0 == rows else None,
+                                                         settings=select)]
     return steps
 
 
 def op_launches(args: Mapping[str, Any], *, target: Target, tuning: Mapping[str, Mapping[str, Any]],
-                options=None) -> list[Launch | None]:
+                options=None, settings: tuple[Settings, Settings] | None = None) -> list[Launch | None]:
     """:func:`launches` of a call given as the op's checked arguments (its ``workspace_bytes`` resolved); ``options``
-    the prefill logits' launch options (computed when None)."""
+    the prefill logits' launch options, ``settings`` :func:`topk_settings` (both worked out when None)."""
     named = dict(args)
     named["topk_k"], named["workspace_bytes_"] = named.pop("topk"), named.pop("workspace_bytes")
     options = options or launch_key_options(format_options(target, tuning["mqa_logits"], named["k"].dtype == fp4.FP4))
-    return launches(**named, target=target, tuning=tuning, options=options)
+    return launches(**named, target=target, tuning=tuning, options=options, settings=settings)
 
 
 def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, OpImpl]:
@@ -204,6 +230,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     # The prefill logits' options by the keys' format (MXFP4 keys take the table's FP4_* entries).
     options = {mxfp4: launch_key_options(format_options(target, tuning["mqa_logits"], mxfp4))
                for mxfp4 in (False, True)}
+    settings = topk_settings(target, tuning["topk"])
 
     def supports(q, k, k_scale, weights, ks, ke, page_table, row_to_batch, out, out_raw, workspace=None, q_scale=None,
                  **_):
@@ -216,17 +243,19 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return list(dict.fromkeys(reasons))
 
     def run(**args):
-        for launch in op_launches(args, target=target, tuning=tuning, options=options[args["k"].dtype == fp4.FP4]):
+        for launch in op_launches(args, target=target, tuning=tuning, options=options[args["k"].dtype == fp4.FP4],
+                                  settings=settings):
             if launch is not None:
                 launch()
         return args["out"]
 
     def prepare(**args):
-        return bound(op_launches(args, target=target, tuning=tuning, options=options[args["k"].dtype == fp4.FP4]))
+        return bound(op_launches(args, target=target, tuning=tuning, options=options[args["k"].dtype == fp4.FP4],
+                                 settings=settings))
 
     def workspace_of(q, k, k_scale, weights, topk, workspace_bytes, q_scale=None, **_):
         return call_workspace_bytes(q, k, k_scale, weights, topk, workspace_bytes, q_scale, target=target,
-                                    tuning=tuning)
+                                    tuning=tuning, settings=settings)
 
     return {"mqa_topk_translate": OpImpl(run, supports, prepare, workspace_of)}
 

@@ -36,6 +36,7 @@ from indexcache.hal.contract import OpImpl
 
 DRAFT_BLOCK = 256  # rows a program of draft_rows_kernel
 SHORT_ROWS, SHORT_COLS = 4, 512  # the tile of a short_rows_kernel program
+FOUR_WARPS = launch_key_options({"num_warps": 4})  # the options of the small launches (draft rows, short rows)
 
 
 @triton.jit(do_not_specialize=("rows",), do_not_specialize_on_alignment=("ctx_ptr", "lengths_ptr", "r2b_ptr"))
@@ -110,7 +111,7 @@ def short_launch(context_lens, next_n, row_to_batch, k, cols, page_table, page_s
     ends = window_ends if window_ends is not None else context_lens
     block_k = min(SHORT_COLS, next_power_of_2(k))
     block_r = max(1, SHORT_ROWS * SHORT_COLS // block_k)
-    return Launch(SHORT, (cdiv(rows, block_r), cdiv(k, block_k)), launch_key_options({"num_warps": 4}),
+    return Launch(SHORT, (cdiv(rows, block_r), cdiv(k, block_k)), FOUR_WARPS,
                   (context_lens, ends, r2b, page_table, out, raw, rows, cols, k, page_table.shape[0],
                    page_table.shape[1], page_size, context_lens.stride(0), ends.stride(0), r2b.stride(0),
                    page_table.stride(0), page_table.stride(1), out.stride(0), out.stride(1), raw.stride(0),
@@ -128,30 +129,33 @@ def _draft_words(q: torch.Tensor) -> int:
 
 
 def _workspace(q: torch.Tensor, logits: torch.Tensor, k: int, *, target: Target,
-               tuning: Mapping[str, Mapping[str, Any]]) -> tuple[int, Any]:
+               tuning: Mapping[str, Mapping[str, Any]], settings: topk.Settings | None = None) -> tuple[int, Any]:
     """``(int32 words, the top-k's plan)`` of a call: the draft rows' lengths and requests, then the top-k's over
     ``logits`` (its :func:`topk.call_plan`, None where it selects nothing); none when every row is short (``logits``
-    no wider than ``k``)."""
+    no wider than ``k``). ``settings``: the top-k's (worked out when None)."""
     if logits.shape[1] <= k:
         return 0, None
-    plan = topk.call_plan(logits, k, target=target, cfg=tuning["topk"]) if logits.shape[0] and k else None
+    plan = (topk.call_plan(logits, k, target=target, cfg=tuning["topk"], settings=settings) if logits.shape[0] and k
+            else None)
     return _draft_words(q) + (sum(plan.words) if plan else 0), plan
 
 
 def workspace_bytes(q: torch.Tensor, logits: torch.Tensor, k: int, *, target: Target,
-                    tuning: Mapping[str, Mapping[str, Any]]) -> int:
+                    tuning: Mapping[str, Mapping[str, Any]], settings: topk.Settings | None = None) -> int:
     """The workspace bytes of a call (:func:`_workspace`)."""
-    return 4 * _workspace(q, logits, k, target=target, tuning=tuning)[0]
+    return 4 * _workspace(q, logits, k, target=target, tuning=tuning, settings=settings)[0]
 
 
 def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k, page_table, page_size, logits, out,
              out_raw, workspace=None, k_format=None, row_to_batch=None, q_scale=None, *, target: Target,
-             tuning: Mapping[str, Mapping[str, Any]], options: Options | None = None) -> list[Launch | None]:
+             tuning: Mapping[str, Mapping[str, Any]], options: Options | None = None,
+             settings: topk.Settings | None = None) -> list[Launch | None]:
     """The launches of one call, in order (None: nothing to launch); arguments as
     ``indexcache.paged_topk_translate`` (``k_format`` None: an fp8 cache in ``q``'s format, else MXFP4;
     ``row_to_batch``: ragged rows; ``q_scale``: MXFP4 queries). ``options``: the logits launch's, as
-    :func:`~indexcache.backends.triton.logits.paged_mqa_logits_launch` takes them (computed when None; the backend
-    computes them once)."""
+    :func:`~indexcache.backends.triton.logits.paged_mqa_logits_launch` takes them, and ``settings``: the top-k's
+    (:class:`topk.Settings <indexcache.backends.triton.topk.plan.Settings>`), both worked out when None (the backend
+    keeps them)."""
     batch, next_n = q.shape[0], q.shape[1]
     rows = batch * next_n
     if max_context_len <= k:  # every row short: no logits, no top-k
@@ -161,17 +165,18 @@ def launches(q, k_cache, weights, context_lens, block_table, max_context_len, k,
                                      k_format, row_to_batch, q_scale, target=target, cfg=tuning["paged_mqa_logits"],
                                      options=options, skip=k)]
     draft = _draft_words(q)
-    words, plan = _workspace(q, logits, k, target=target, tuning=tuning)  # the top-k's plan worked out once
+    settings = settings or topk.Settings.of(target, tuning["topk"])
+    words, plan = _workspace(q, logits, k, target=target, tuning=tuning, settings=settings)  # the plan worked out once
     ws = workspaces.words(q, words, workspace)
     lengths, r2b = context_lens, row_to_batch  # next_n 1 (ragged rows: each row's own length and request)
     if draft:
         lengths, r2b = ws[:rows], ws[rows:2 * rows]
-        steps.append(Launch(DRAFT_ROWS, (cdiv(rows, DRAFT_BLOCK),), launch_key_options({"num_warps": 4}),
+        steps.append(Launch(DRAFT_ROWS, (cdiv(rows, DRAFT_BLOCK),), FOUR_WARPS,
                             (context_lens, lengths, r2b, rows, context_lens.stride(0)),
                             dict(NEXT_N=next_n, BLOCK=DRAFT_BLOCK)))
     steps += [launch for _, launch in topk.launches(logits, lengths, k, None, out, out_raw, page_table, page_size,
                                                      r2b, workspace=ws[draft:].view(torch.uint8), target=target,
-                                                     cfg=tuning["topk"], plan=plan)]
+                                                     cfg=tuning["topk"], plan=plan, settings=settings)]
     return steps
 
 
@@ -195,6 +200,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     # The logits launch's options by the cache's format (MXFP4 keys take the table's FP4_* entries).
     decode_options = {mxfp4: launch_key_options(format_options(target, tuning["paged_mqa_logits"], mxfp4))
                       for mxfp4 in (False, True)}
+    settings = topk.Settings.of(target, tuning["topk"])
 
     def supports(**args):
         decode, select = _parts(args)
@@ -202,17 +208,17 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
 
     def run(**args):
         for launch in launches(**args, target=target, tuning=tuning,
-                               options=decode_options[args.get("k_format") == fp4.FP4]):
+                               options=decode_options[args.get("k_format") == fp4.FP4], settings=settings):
             if launch is not None:
                 launch()
         return args["out"]
 
     def prepare(**args):
         return bound(launches(**args, target=target, tuning=tuning,
-                              options=decode_options[args.get("k_format") == fp4.FP4]))
+                              options=decode_options[args.get("k_format") == fp4.FP4], settings=settings))
 
     def workspace_of(q, logits, k, **_):
-        return workspace_bytes(q, logits, k, target=target, tuning=tuning)
+        return workspace_bytes(q, logits, k, target=target, tuning=tuning, settings=settings)
 
     return {"paged_topk_translate": OpImpl(run, supports, prepare, workspace_of)}
 
