@@ -285,10 +285,9 @@ class Launcher:
         """Programs of this specialization one NVIDIA multiprocessor holds at once, from the compiled kernel's
         registers and shared memory (compiled now where it was not yet; nothing launched). None interpreted or on
         AMD: the caller's tuning table decides there."""
-        values = self._values(args, named)
         if not self._fast or planned_sms() is not None:
             return None
-        device, key = self._key(options, values)
+        device, key = self._key(options, self._values(args, named))
         if key in self._resident:
             return self._resident[key]
         kernel = self._compiled(key, options, args, named)
@@ -329,11 +328,12 @@ class Launcher:
 
     def _values(self, args: tuple, named: dict) -> tuple:
         """Every parameter's value in the kernel's order; a TypeError naming what is missing or unexpected."""
+        given = len(args)
         try:
-            values = args + tuple([named[n] for n in self._names[len(args):]])
+            values = args + tuple(map(named.__getitem__, self._names[given:]))
         except KeyError:
             values = ()
-        if len(values) != len(args) + len(named):
+        if len(values) != given + len(named):
             rest = self._names[len(args):]
             raise TypeError(f"{self.__name__}: expected {len(self._names)} arguments, missing "
                             f"{[n for n in rest if n not in named]}, unexpected {[n for n in named if n not in rest]}")
