@@ -748,8 +748,8 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, ta
         PREFILL, (programs,), options,
         (queries, keys, scales, weights, ks, ke, out, q_scales,
          tokens, n, skip,
-         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k_scale.stride(0),
-         weights.stride(0), weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1), *qs_strides),
+         *q.stride(), *k.stride(), k_scale.stride(0), *weights.stride(), ks.stride(0), ke.stride(0), *out.stride(),
+         *qs_strides),
         dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=block_n, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
              MXFP4=fp4_mode, FILL=fill, Q_FP4=int(q_scale is not None)),
     )]
@@ -834,14 +834,13 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     else:
         kv, kv_scale = _as_bytes(flat.view(q.dtype), widen), flat.view(torch.float32)
         words = cfg.get("WORDS", 0)
-    r2b = context_lens if row_to_batch is None else row_to_batch  # (not read without ragged rows)
-    queries, q_scales, qs_strides = _query_args(q, q_scale, widen)
+    ctx_s0 = context_lens.stride(0)
+    r2b, r2b_s0 = (context_lens, ctx_s0) if row_to_batch is None else (row_to_batch, row_to_batch.stride(0))
+    queries, q_scales, qs_strides = _query_args(q, q_scale, widen)  # (r2b not read without ragged rows)
     args = (queries, kv, kv_scale, weights,
             context_lens, page_table, r2b, out, q_scales,
             batch, max_context_len, k_cache.shape[0], page_table.shape[1], page_table.shape[0], skip,
-            q.stride(0), q.stride(1), q.stride(2), q.stride(3), weights.stride(0), weights.stride(1),
-            context_lens.stride(0), page_table.stride(0), page_table.stride(1), r2b.stride(0), out.stride(0),
-            out.stride(1), *qs_strides)
+            *q.stride(), *weights.stride(), ctx_s0, *page_table.stride(), r2b_s0, *out.stride(), *qs_strides)
     named = dict(NEXT_N=next_n, GROUPS=groups, H=heads, D=dim, PAGE=page, BLOCK_KEYS=block_keys, BLOCK_B=BATCH_BLOCK,
                  KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen, PREFETCH=cfg.get("PREFETCH", 1), WORDS=words,
                  MXFP4=fp4_mode, HAS_R2B=row_to_batch is not None, Q_FP4=int(q_scale is not None))
