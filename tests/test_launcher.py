@@ -317,7 +317,8 @@ def _package_kernels() -> list[JITFunction]:
 def test_the_written_classifier_gives_each_parameter_its_rules_class():
     """Each kernel's generated ``_classes`` equals :func:`launcher._class_of` parameter by parameter, on values of
     every kind (ints at the class edges, tensors aligned or not, descriptors, bools, floats, None), under NVIDIA's
-    tensor rule and a rule of another backend's shape."""
+    tensor rule (given as a function of its own, and as the launcher's ``aligned16``, which the classifier writes in)
+    and a rule of another backend's shape."""
     kernels = _package_kernels()
     assert len(kernels) > 20
     values = _values()
@@ -330,6 +331,6 @@ def test_the_written_classifier_gives_each_parameter_its_rules_class():
         rules = launcher._rules
         for shift in range(0, len(values), 7):
             row = tuple(values[(shift + i) % len(values)] for i in range(len(rules)))
-            for rule in (_rule, other_rule):
+            for rule in (_rule, launcher_module.aligned16, other_rule):
                 want = [launcher_module._class_of(v, r, rule) for v, r in zip(row, rules, strict=True)]
                 assert launcher._classes(row, rule) == want, fn.__name__

@@ -171,26 +171,37 @@ def _class_of(v: Any, rule: int, tensor_rule: Callable[[Any, bool], Any]) -> Any
 _WIDTH = "(1 if -2147483648 <= {v} < 2147483648 else 2 if -9223372036854775808 <= {v} < 9223372036854775808 else 3)"
 
 
+def aligned16(t: torch.Tensor, align: bool) -> bool:
+    """The tensor rule of Triton's ``BaseBackend`` (NVIDIA's): 16-byte alignment where ``align``."""
+    return align and t.data_ptr() % 16 == 0
+
+
 def _classifier(rules: Sequence[int]) -> Callable[[tuple, Callable[[Any, bool], Any]], list]:
     """``classes(values, tensor_rule)``, the list ``[_class_of(v, rule, tensor_rule)]`` over a kernel's parameters, as
     one function written for their rules: each parameter one expression, an int's class and a tensor's computed in
-    it, any other value through :func:`_class_of`. A launch of a new signature builds its key this way (a kernel has
-    up to 44 parameters; the loop over :func:`_class_of` took 8-15 µs on the CI machine, this 3-5)."""
+    it, any other value through :func:`_class_of`; where ``tensor_rule`` is :func:`aligned16` (NVIDIA), a tensor's
+    written in too. A launch of a new signature builds its key this way (a kernel has up to 44 parameters; the loop
+    over :func:`_class_of` took 8-15 µs on the CI machine, this 3-5)."""
     names = [f"v{i}" for i in range(len(rules))]
-    items = []
+    items, nvidia = [], []  # each parameter's expression under any tensor rule, and under aligned16
     for v, rule in zip(names, rules, strict=True):
         if rule == _CONSTEXPR:
             items.append(v)
+            nvidia.append(v)
         elif rule == _TYPE_ONLY:
             items.append(f"({_WIDTH.format(v=v)} if type({v}) is int else {v}.dtype if type({v}) is T "
                          f"else of({v}, {rule}, tr))")
+            nvidia.append(items[-1])
         else:
-            tensor = f"({v}.dtype, tr({v}, {rule == _SPECIALIZED}))"
-            items.append(f"((0 if {v} == 1 else 2 * {_WIDTH.format(v=v)} + ({v} % 16 == 0)) if type({v}) is int "
-                         f"else {tensor} if type({v}) is T else of({v}, {rule}, tr))")
+            align = rule == _SPECIALIZED
+            written = f"{v}.data_ptr() % 16 == 0" if align else "False"  # aligned16(v, align)
+            for found, tensor in ((items, f"({v}.dtype, tr({v}, {align}))"), (nvidia, f"({v}.dtype, {written})")):
+                found.append(f"((0 if {v} == 1 else 2 * {_WIDTH.format(v=v)} + ({v} % 16 == 0)) if type({v}) is int "
+                             f"else {tensor} if type({v}) is T else of({v}, {rule}, tr))")
     unpack = f"    {', '.join(names)}, = values\n" if names else ""
-    source = f"def classes(values, tr):\n{unpack}    return [{', '.join(items)}]\n"
-    namespace: dict[str, Any] = {"T": torch.Tensor, "of": _class_of}
+    source = (f"def classes(values, tr):\n{unpack}    if tr is aligned16:\n        return [{', '.join(nvidia)}]\n"
+              f"    return [{', '.join(items)}]\n")
+    namespace: dict[str, Any] = {"T": torch.Tensor, "of": _class_of, "aligned16": aligned16}
     exec(source, namespace)  # noqa: S102  (source built here from the rules' four values and parameter positions)
     return namespace["classes"]
 
@@ -408,8 +419,7 @@ def _bind_driver():
     backend = make_backend(active.get_current_target())
     rule = type(backend).get_tensor_specialization
     if rule is BaseBackend.get_tensor_specialization:
-        def tensor_rule(t, align):
-            return align and t.data_ptr() % 16 == 0
+        tensor_rule = aligned16
     else:
         def tensor_rule(t, align):
             return rule(t, align=align)
