@@ -70,8 +70,8 @@ WINDOWS = Launcher(windows_kernel)
 
 
 def _piece(words: int) -> int:
-    """``words`` rounded up to 16 (64 bytes)."""
-    return cdiv(words, 16) * 16
+    """``words`` (at least 0) rounded up to 16 (64 bytes)."""
+    return (words + 15) & -16
 
 
 def _unsplit(rows: int, device: torch.device, target: Target) -> bool:
@@ -136,11 +136,12 @@ def _pass(tokens: int, keys: int, device: torch.device, k: int, limit: int, targ
 
 def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, target: Target,
             tuning: Mapping[str, Mapping[str, Any]],
-            settings: tuple[Settings, Settings] | None = None) -> tuple[int, int, int, Any, Settings]:
-    """``(rows a pass, the keys' words, workspace bytes, the top-k's plan of a full pass, its settings)`` of a call
+            settings: tuple[Settings, Settings] | None = None) -> tuple[int, tuple[int, int, int], int, Any, Settings]:
+    """``(rows a pass, the workspace's pieces, its bytes, the top-k's plan of a full pass, its settings)`` of a call
     with queries and a ``topk_k`` above 0 (:func:`pass_rows`, in whole rounds of its logits launch where the bound
-    allows): the windows, the keys widened once (int32 words, ``logits.prefill_workspace_words``; 0 but for MXFP4 keys
-    on a widening target), a pass's logits and its top-k's workspace (:func:`topk.shape_plan
+    allows): the windows (two pieces of the first size, in int32 words), the keys widened once (the second size,
+    ``logits.prefill_workspace_words``; 0 but for MXFP4 keys on a widening target), a pass's logits (the third) and
+    its top-k's workspace (:func:`topk.shape_plan
     <indexcache.backends.triton.topk.plan.shape_plan>`'s words, for the pass's settings). ``q_scale``: MXFP4
     queries (the keys read as they are); ``settings``: :func:`topk_settings` (worked out when None)."""
     tokens, keys = q.shape[0], k.shape[0]
@@ -148,14 +149,14 @@ def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, ta
     wide = prefill_workspace_words(q, k, q_scale, target=target)
     rows, select, plan = _pass(tokens, keys, q.device, topk_k, limit, target,
                                settings or topk_settings(target, tuning["topk"]), quantum, wide)
-    return (rows, wide, 4 * (2 * _piece(tokens) + _piece(wide) + _piece(rows * keys) + sum(plan.words)), plan,
-            select)
+    pieces = _piece(tokens), _piece(wide), _piece(rows * keys)
+    return rows, pieces, 4 * (2 * pieces[0] + pieces[1] + pieces[2] + sum(plan.words)), plan, select
 
 
-def _rows(t: torch.Tensor | None, t0: int, t1: int) -> torch.Tensor | None:
-    """Rows ``[t0, t1)`` of ``t`` (None: None); ``t`` itself where that is all of it (the same view, without a
-    slice's cost)."""
-    return t if t is None or (t0 == 0 and t1 == t.shape[0]) else t[t0:t1]
+def _rows(tensors: tuple[torch.Tensor | None, ...], t0: int, t1: int) -> list[torch.Tensor | None]:
+    """Rows ``[t0, t1)`` of each of ``tensors`` (None: None); a tensor itself where that is all of it (the same view,
+    without a slice's cost)."""
+    return [t if t is None or (t0 == 0 and t1 == t.shape[0]) else t[t0:t1] for t in tensors]
 
 
 def call_workspace_bytes(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, topk_k: int,
@@ -183,9 +184,8 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
         return []
     if keys <= topk_k:  # every window short: its first positions, translated, in one launch
         return [short_launch(ks, 1, row_to_batch, topk_k, keys, page_table, page_size, out, out_raw, window_ends=ke)]
-    rows, wide, total, plan, select = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, q_scale, target=target,
-                                              tuning=tuning, settings=settings)
-    win, wide, part = _piece(tokens), _piece(wide), _piece(rows * keys)
+    rows, (win, wide, part), total, plan, select = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, q_scale,
+                                                           target=target, tuning=tuning, settings=settings)
     ws = workspaces.words(q, total // 4, workspace, cap=workspace_bytes_ // 4)
     starts, lengths = ws[:tokens], ws[win:win + tokens]
     keys_ws = ws[2 * win:2 * win + wide]
@@ -194,22 +194,21 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
     steps: list[Launch | None] = [Launch(WINDOWS, (cdiv(tokens, WINDOW_BLOCK),), FOUR_WARPS,
                                          (ks, ke, starts, lengths, tokens, keys, ks.stride(0), ke.stride(0)),
                                          dict(BLOCK=WINDOW_BLOCK))]
+    # Without row_to_batch, query t translates through table row t: the pass's rows of the table.
+    per_row = page_table if row_to_batch is None else row_to_batch
     for t0 in range(0, tokens, rows):
         t1 = min(tokens, t0 + rows)
-        scores = _rows(logits, 0, t1 - t0)
+        scores = logits if t1 - t0 == rows else logits[:t1 - t0]
+        q_, weights_, ks_, ke_, q_scale_, lengths_, starts_, out_, raw_, per_row_ = _rows(
+            (q, weights, ks, ke, q_scale, lengths, starts, out, out_raw, per_row), t0, t1)
         # (MXFP4 keys widened once: in the first pass)
-        steps += mqa_logits_launches(_rows(q, t0, t1), k, k_scale, _rows(weights, t0, t1), _rows(ks, t0, t1),
-                                     _rows(ke, t0, t1), scores, _rows(q_scale, t0, t1),
-                                     target=target, cfg=tuning["mqa_logits"], options=options, skip=topk_k,
-                                     fill=False, workspace=keys_ws, keys_widened=t0 > 0)
-        # Without row_to_batch, query t translates through table row t: the pass's rows of the table.
-        r2b, table = ((None, _rows(page_table, t0, t1)) if row_to_batch is None else
-                      (_rows(row_to_batch, t0, t1), page_table))
-        steps += [launch for _, launch in topk.launches(scores, _rows(lengths, t0, t1), topk_k, _rows(starts, t0, t1),
-                                                         _rows(out, t0, t1), _rows(out_raw, t0, t1), table,
-                                                         page_size, r2b, workspace=scratch, target=target,
-                                                         cfg=select.cfg, plan=plan if t1 - t0 == rows else None,
-                                                         settings=select)]
+        steps += mqa_logits_launches(q_, k, k_scale, weights_, ks_, ke_, scores, q_scale_, target=target,
+                                     cfg=tuning["mqa_logits"], options=options, skip=topk_k, fill=False,
+                                     workspace=keys_ws, keys_widened=t0 > 0)
+        r2b, table = (None, per_row_) if row_to_batch is None else (per_row_, page_table)
+        steps += [launch for _, launch in topk.launches(scores, lengths_, topk_k, starts_, out_, raw_, table, page_size,
+                                                         r2b, workspace=scratch, target=target, cfg=select.cfg,
+                                                         plan=plan if t1 - t0 == rows else None, settings=select)]
     return steps
 
 
