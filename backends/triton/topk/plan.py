@@ -121,11 +121,11 @@ def stash_capacity(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
     return min(want, width)
 
 
-def sample_size(cols: int, k: int, cfg: Mapping[str, Any]) -> int:
-    """Entries sampled a row: enough that about ``SAMPLE_RANK`` of them are expected at or above the k-th
-    best of a full row, a power of two between 64 and ``SAMPLE`` (a longer row with a small k is sampled
-    more thinly: the threshold's safety margin then keeps more candidates)."""
-    want = next_power_of_2(cdiv(cfg["SAMPLE_RANK"] * cols, max(k, 1)))
+def sample_size(cols: int, k: int, cfg: Mapping[str, Any], rank: int | None = None) -> int:
+    """Entries sampled a row: enough that about ``SAMPLE_RANK`` (``rank`` where given) of them are expected at or
+    above the k-th best of a full row, a power of two between 64 and ``SAMPLE`` (a longer row with a small k is
+    sampled more thinly: the threshold's safety margin then keeps more candidates)."""
+    want = next_power_of_2(cdiv((cfg["SAMPLE_RANK"] if rank is None else rank) * cols, max(k, 1)))
     return max(64, min(want, cfg["SAMPLE"]))
 
 
@@ -134,7 +134,7 @@ def ahead_samples(cols: int, k: int, block: Mapping[str, Any], cfg: Mapping[str,
     power of two, at least one a thread of the block), or with ``AHEAD_SAMPLE_RANK`` > 0 :func:`sample_size` at
     that rank (fewer at short rows: the launch is not held to the block's threads)."""
     rank = cfg.get("AHEAD_SAMPLE_RANK", 0)
-    return sample_size(cols, k, dict(cfg, SAMPLE_RANK=rank)) if rank > 0 else topk_block.samples(block)
+    return sample_size(cols, k, cfg, rank) if rank > 0 else topk_block.samples(block)
 
 
 def ahead_warps_key(cfg: Mapping[str, Any]) -> str:
@@ -152,7 +152,7 @@ class Settings:
     target: Target
     cfg: Mapping[str, Any]
     pdl: bool  # :func:`uses_pdl`
-    block: bool  # the Gluon kernel takes the calls of a k up to ``MAX_K`` here (:func:`topk_block.unavailable`)
+    block: bool  # the Gluon kernel takes the calls of a k up to ``topk_block.MAX_K`` (``topk_block.unavailable``)
     rows_options: Options  # :func:`rows_options`
     finish_options: Options  # :func:`finish_shape`'s
     sample_options: Options  # the split rows' sample launch (``SAMPLE_WARPS``), with ``launch_pdl`` where ``pdl``
@@ -304,15 +304,16 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     block, chunk, chunks, cap, row_programs, finish_programs, words = plan or shape_plan(rows, cols, scores.device, k,
                                                                                         target, cfg, s)
     ws = workspaces.words(scores, sum(words), workspace)
-    region, counts, hist, stash = _split(ws, *words[:3])
+    a, b, c = words[0], words[0] + words[1], words[0] + words[1] + words[2]  # where the pieces end
+    region, counts, hist, stash = ws[:a], ws[a:b], ws[b:c], ws[c:]
     # Split rows are finished by a program a chunk (the grid's second axis) where the table lets them (FINISH_TIES),
-    # the others by one program a row.
+    # the others by one program a row; rows not split are one chunk (gather_chunks: 1).
     spread = chunk > 0 and cfg["FINISH_TIES"] > 0
     finish = ("finish", Launch(
         FINISH, (finish_programs, chunks) if spread else (finish_programs,), s.finish_options,
         (scores, lengths, starts, out, raw, r2b, table, region, counts, hist, stash, rows, cols, k, cap, chunks,
          chunk),
-        {**row_args, **s.finish_named, "BLOCK_S": gather_chunks(chunks, cfg), "SPREAD": spread}))
+        {**row_args, **s.finish_named, "BLOCK_S": gather_chunks(chunks, cfg) if chunk else 1, "SPREAD": spread}))
 
     def sample(entries: int, shift_bins: int, with_counts: bool, options: Options) -> tuple[str, Launch]:
         # A program a row, its own warps and no register cap: the whole sample is held in registers.
@@ -347,15 +348,6 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
 def with_pdl(options: Options, pdl: bool) -> Options:
     """``options`` with ``launch_pdl`` where the launch starts with programmatic dependent launch."""
     return launch_key_options({**dict(options), "launch_pdl": True}) if pdl else options
-
-
-def _split(ws: torch.Tensor, *sizes: int) -> list[torch.Tensor]:
-    """Consecutive pieces of ``ws`` of the given sizes, then the rest."""
-    pieces, at = [], 0
-    for n in sizes:
-        pieces.append(ws[at:at + n])
-        at += n
-    return pieces + [ws[at:]]
 
 
 def _sorted_launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *,
