@@ -46,6 +46,9 @@ def launch_key_options(options: dict[str, Any]) -> Options:
     return tuple(sorted(options.items()))
 
 
+FOUR_WARPS = launch_key_options({"num_warps": 4})  # the options of the small fixed launches (draft rows, windows, …)
+
+
 def _hooked() -> bool:
     """Whether a launch hook is installed (Triton calls it with per-launch metadata only on its own path)."""
     for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):

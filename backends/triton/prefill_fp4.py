@@ -33,7 +33,7 @@ import triton.language as tl
 
 from indexcache.backends.triton import mxfp4
 from indexcache.backends.triton.head_sum import exact_head_sum, unpack_words
-from indexcache.backends.triton.launcher import Launch, Launcher, Options, launch_key_options, persistent_programs
+from indexcache.backends.triton.launcher import FOUR_WARPS, Launch, Launcher, Options, persistent_programs
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
 
@@ -148,12 +148,11 @@ def launches(q, k, k_scale, weights, ks, ke, out, ws, *, cfg: Mapping[str, Any],
     keys = k.shape[0]
     fnuz = q.dtype == torch.float8_e4m3fnuz
     wide, wide_scale, far, count = pieces(ws, keys, dim, q.dtype)
-    options = launch_key_options({"num_warps": 4})
     found = []
     if widen:
-        found.append(Launch(ZERO, (1,), options, (count,), {}))
+        found.append(Launch(ZERO, (1,), FOUR_WARPS, (count,), {}))
     if widen and keys:
-        found.append(Launch(WIDEN_KEYS, (cdiv(keys, WIDEN_BLOCK),), options,
+        found.append(Launch(WIDEN_KEYS, (cdiv(keys, WIDEN_BLOCK),), FOUR_WARPS,
                             (k.view(torch.uint8), k_scale.view(torch.uint8), wide.view(torch.uint8), wide_scale, far,
                              count, keys,
                              k.stride(0), k_scale.stride(0)),
@@ -164,8 +163,8 @@ def launches(q, k, k_scale, weights, ks, ke, out, ws, *, cfg: Mapping[str, Any],
         found.append(Launch(
             FAR_KEYS, (max(1, min(cdiv(tokens, block_q), persistent_programs(programs, 1))),), far_options,
             (q, k.view(torch.uint8), k_scale.view(torch.uint8), weights, ks, ke, far, count, out, tokens, keys, skip,
-             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k_scale.stride(0), weights.stride(0),
-             weights.stride(1), ks.stride(0), ke.stride(0), out.stride(0), out.stride(1)),
+             *q.stride(), k.stride(0), k_scale.stride(0), *weights.stride(), ks.stride(0), ke.stride(0),
+             *out.stride()),
             dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=FAR_BLOCK, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=0,
                  FNUZ=fnuz)))
     return found

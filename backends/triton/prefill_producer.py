@@ -32,7 +32,14 @@ import triton.language as tl
 
 from indexcache.backends.triton import topk
 from indexcache.backends.triton import workspace as workspaces
-from indexcache.backends.triton.launcher import Launch, Launcher, bound, launch_key_options, persistent_programs
+from indexcache.backends.triton.launcher import (
+    FOUR_WARPS,
+    Launch,
+    Launcher,
+    bound,
+    launch_key_options,
+    persistent_programs,
+)
 from indexcache.backends.triton.logits import (
     format_options,
     mqa_logits_launches,
@@ -40,7 +47,7 @@ from indexcache.backends.triton.logits import (
     prefill_workspace_words,
 )
 from indexcache.backends.triton.logits import ops as logits_ops
-from indexcache.backends.triton.producer import FOUR_WARPS, short_launch
+from indexcache.backends.triton.producer import short_launch
 from indexcache.backends.triton.support import cdiv, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.topk.kernels import MAX_COLS

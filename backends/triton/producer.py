@@ -25,7 +25,7 @@ import triton.language as tl
 
 from indexcache.backends.triton import topk
 from indexcache.backends.triton import workspace as workspaces
-from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
+from indexcache.backends.triton.launcher import FOUR_WARPS, Launch, Launcher, Options, bound, launch_key_options
 from indexcache.backends.triton.logits import format_options, paged_mqa_logits_launch
 from indexcache.backends.triton.logits import ops as logits_ops
 from indexcache.backends.triton.support import cdiv, next_power_of_2
@@ -36,7 +36,6 @@ from indexcache.hal.contract import OpImpl
 
 DRAFT_BLOCK = 256  # rows a program of draft_rows_kernel
 SHORT_ROWS, SHORT_COLS = 4, 512  # the tile of a short_rows_kernel program
-FOUR_WARPS = launch_key_options({"num_warps": 4})  # the options of the small launches (draft rows, short rows)
 
 
 @triton.jit(do_not_specialize=("rows",), do_not_specialize_on_alignment=("ctx_ptr", "lengths_ptr", "r2b_ptr"))
