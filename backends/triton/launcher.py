@@ -348,7 +348,7 @@ class Launcher:
         except KeyError:
             values = ()
         if len(values) != given + len(named):
-            rest = self._names[len(args):]
+            rest = self._names[given:]
             raise TypeError(f"{self.__name__}: expected {len(self._names)} arguments, missing "
                             f"{[n for n in rest if n not in named]}, unexpected {[n for n in named if n not in rest]}")
         return values

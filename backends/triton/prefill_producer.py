@@ -146,11 +146,11 @@ def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, ta
             settings: tuple[Settings, Settings] | None = None) -> tuple[int, tuple[int, int, int], int, Any, Settings]:
     """``(rows a pass, the workspace's pieces, its bytes, the top-k's plan of a full pass, its settings)`` of a call
     with queries and a ``topk_k`` above 0 (:func:`pass_rows`, in whole rounds of its logits launch where the bound
-    allows): the windows (two pieces of the first size, in int32 words), the keys widened once (the second size,
-    ``logits.prefill_workspace_words``; 0 but for MXFP4 keys on a widening target), a pass's logits (the third) and
-    its top-k's workspace (:func:`topk.shape_plan
-    <indexcache.backends.triton.topk.plan.shape_plan>`'s words, for the pass's settings). ``q_scale``: MXFP4
-    queries (the keys read as they are); ``settings``: :func:`topk_settings` (worked out when None)."""
+    allows). The pieces, in int32 words: the windows' (two of the first size), the keys widened once (the second,
+    ``logits.prefill_workspace_words``; 0 but for MXFP4 keys on a widening target) and a pass's logits (the third);
+    the top-k's workspace follows them (:func:`topk.shape_plan <indexcache.backends.triton.topk.plan.shape_plan>`'s
+    words, for the pass's settings). ``q_scale``: MXFP4 queries (the keys read as they are); ``settings``:
+    :func:`topk_settings` (worked out when None)."""
     tokens, keys = q.shape[0], k.shape[0]
     quantum = prefill_round(q, k, k_scale, weights, q_scale, target=target, cfg=tuning["mqa_logits"])
     wide = prefill_workspace_words(q, k, q_scale, target=target)
