@@ -77,8 +77,8 @@ WINDOWS = Launcher(windows_kernel)
 
 
 def _piece(words: int) -> int:
-    """``words`` (at least 0) rounded up to 16 (64 bytes)."""
-    return (words + 15) & -16
+    """``words`` rounded up to 16 (64 bytes)."""
+    return cdiv(words, 16) * 16
 
 
 def _unsplit(rows: int, device: torch.device, target: Target) -> bool:

@@ -15,6 +15,7 @@ from indexcache.backends.triton.launcher import (
     Launcher,
     Options,
     launch_key_options,
+    persistent_programs,
     planned_sms,
     sm_budget,
 )
@@ -248,15 +249,15 @@ def shape_plan(rows: int, cols: int, device: torch.device, k: int, target: Targe
     cap = topk_block.capacity(block) if block else stash_capacity(cols, k, cfg)
     chunks = cdiv(cols, chunk) if chunk else 1
     per_sm = cfg["BLOCK_PER_SM" if block else "PROGRAMS_PER_SM"]
-    # persistent_programs(sms, per_sm) and (sms, 1) under the budget read above
-    row_programs = 0 if chunk else min(rows, sms * per_sm if budget is None else budget)
-    finish_programs = min(rows, sms if budget is None else budget)
+    row_programs = 0 if chunk else min(rows, persistent_programs(sms, per_sm))
+    finish_programs = min(rows, persistent_programs(sms, 1))
     per_program = max(2 * cap, topk_block.workspace(block) if block else 0)  # a stash (and bin counts) a program
-    hist = rows * (cfg["FINISH_BINS"] + 2) if chunk else 2 * rows if block and block["FLOORS"] else 0
-    # Each piece a multiple of 16 words ((n + 15) & -16), so every piece starts 64-byte aligned where the workspace
-    # does: the kernels keep their aligned accesses in one variant, whatever the shape.
-    words = ((rows * chunks * 2 * chunk + 15) & -16, (rows * chunks + 15) & -16, (hist + 15) & -16,
-             (max(row_programs, finish_programs) * per_program + 15) & -16)
+    # Each piece a multiple of 16 words, so every piece starts 64-byte aligned where the workspace does: the
+    # kernels keep their aligned accesses in one variant, whatever the shape.
+    words = tuple(cdiv(n, 16) * 16 for n in (rows * chunks * 2 * chunk, rows * chunks,
+                                              rows * (cfg["FINISH_BINS"] + 2) if chunk else
+                                              2 * rows if block and block["FLOORS"] else 0,
+                                              max(row_programs, finish_programs) * per_program))
     return _Plan(block, chunk, chunks, cap, row_programs, finish_programs, words)
 
 
@@ -307,13 +308,13 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
     a, b, c = words[0], words[0] + words[1], words[0] + words[1] + words[2]  # where the pieces end
     region, counts, hist, stash = ws[:a], ws[a:b], ws[b:c], ws[c:]
     # Split rows are finished by a program a chunk (the grid's second axis) where the table lets them (FINISH_TIES),
-    # the others by one program a row; rows not split are one chunk (gather_chunks: 1).
+    # the others by one program a row.
     spread = chunk > 0 and cfg["FINISH_TIES"] > 0
     finish = ("finish", Launch(
         FINISH, (finish_programs, chunks) if spread else (finish_programs,), s.finish_options,
         (scores, lengths, starts, out, raw, r2b, table, region, counts, hist, stash, rows, cols, k, cap, chunks,
          chunk),
-        {**row_args, **s.finish_named, "BLOCK_S": gather_chunks(chunks, cfg) if chunk else 1, "SPREAD": spread}))
+        {**row_args, **s.finish_named, "BLOCK_S": gather_chunks(chunks, cfg), "SPREAD": spread}))
 
     def sample(entries: int, shift_bins: int, with_counts: bool, options: Options) -> tuple[str, Launch]:
         # A program a row, its own warps and no register cap: the whole sample is held in registers.
