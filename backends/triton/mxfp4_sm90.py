@@ -130,6 +130,31 @@ def key_scales(sw):
     return LIFT - 8 * ref, scale, (top - low <= SPREAD) | (top == 255)
 
 
+# A key record's lift steps: block b's lift is STEP0 + 8 · its step, its step its scale byte less the key's reference
+# byte (key_scales) plus TOP, 0 to SPREAD for a key that takes one scale.
+STEP0 = gl.constexpr(LIFT.value - 8 * TOP.value)
+
+
+@gluon.jit
+def key_records(sw):
+    """A key's scale word (its four block scale bytes, int32 ``[ROWS]``) → the two words of its record, int32 each:
+    ``(steps, scale)``, byte ``b`` of ``steps`` block ``b``'s lift step (:func:`record_lifts`), ``scale`` the bits of
+    the key's float32 scale (:func:`key_scales`; NaN for a block byte 255), -1.0 for a key whose blocks lie too far
+    apart for one scale. A key that takes one scale has every step in ``[0, SPREAD]``, so the bytes of ``steps`` are
+    subtracted at once with no borrow (another key's steps are not read)."""
+    base, scale, one = key_scales(sw)
+    ref = (LIFT - base) // 8
+    steps = sw - (ref - TOP) * 0x01010101
+    return steps, gl.where(one, scale, -1.0).to(gl.int32, bitcast=True)
+
+
+@gluon.jit
+def record_lifts(steps, cols):
+    """Each value word's lift (int32, ``[ROWS, W]``) from its key's record steps (``steps [ROWS]``,
+    :func:`key_records`): as :func:`lifts` gives it from the scale word."""
+    return STEP0 + 8 * ((steps[:, None] >> (8 * (cols[None, :] // 4))) & 0xFF)
+
+
 @gluon.jit
 def lifts(sw, base, cols):
     """Each value word's lift (int32, ``[ROWS, W]``): ``sw [ROWS]`` the keys' scale words, ``base [ROWS]`` from
@@ -197,10 +222,10 @@ def _store_operand(wide_smem, wide):
 
 
 @gluon.jit
-def stage(wide_smem, words, sw, cols, base):
-    """A tile's value words ``[ROWS, D / 8]`` widened into ``wide_smem`` with one scale a key (``sw`` the keys' scale
-    words and ``base`` their :func:`key_scales` in the rows of ``words``, ``cols`` the words' places)."""
-    _store_operand(wide_smem, widen(words, lifts(sw, base, cols)))
+def stage(wide_smem, words, word_lifts):
+    """A tile's value words ``[ROWS, D / 8]`` widened into ``wide_smem`` with one scale a key (``word_lifts`` each
+    word's lift: :func:`lifts` or :func:`record_lifts`)."""
+    _store_operand(wide_smem, widen(words, word_lifts))
 
 
 @gluon.jit
