@@ -15,7 +15,8 @@ Triton kernel's logits.
 - A copy warp (its own partition, few registers) walks the program's pages and fills a ring of ``STAGES``
   shared-memory slots with each page's keys ``[PAGE, D]`` and scales through the copy engine (TMA): the cache is,
   for it, rows of ``D`` bytes, a page ``PAGE_ROWS`` of them, its keys the first ``PAGE`` and its scales the rest, as
-  float32. An entry that names no page of the cache is copied from page 0 and its keys store -inf.
+  float32. An entry that names no page of the cache is copied from page 0 and its keys store -inf. On an MXFP4
+  cache a record warp beside it works out each key's scales once the page is in (:func:`_records_partition`).
 - The four math warps wait on a slot's mbarrier, issue one matmul a draft token ``[PAGE, D] × [D, H]`` (keys on M)
   asynchronously, so the second runs while the first one's ReLU and weighted head sum do, free the slot through a
   second mbarrier as soon as it is read, and store each logit from the matmul's register layout. No block barrier in
