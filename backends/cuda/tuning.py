@@ -36,13 +36,11 @@ _COMMON: dict[str, dict[str, Any]] = {
     # TMA_FP4_REG_A 1: the MXFP4 keys widened straight into the matmul's register operand (H200, 2026-12-05: 5-7 %
     # less time than through shared memory, docs/fp4.md). TMA_FP4_STAGES: the pages in flight on an MXFP4 cache (H100,
     # 2026-12-05, two runs: 2 against 4 took 0.981-0.984 of the time at 64 x 32K next_n 1, 0.988-0.994 at 128K, never
-    # more; 3 between; 6 and 8 slower: docs/fp4.md). TMA_FP4_RECORDS 1: each key's scales worked out by a record warp
-    # of its own, two words a key for the math warps (H100, 2026-12-06: 0.94-0.95 of the time at 32K-128K, next_n 1
-    # and 2, the same logits; docs/fp4.md). sm90 with Triton 3.6 takes it (below).
+    # more; 3 between; 6 and 8 slower: docs/fp4.md). sm90 with Triton 3.6 takes it (below).
     "paged_mqa_logits": {"KEYS_ON_M": True, "COLS": 128, "BLOCK_KEYS": 64, "PROGRAMS_PER_SM": 2,
                          "PREFETCH": 0, "num_warps": 4, "num_stages": 5, "KERNEL": "triton", "TMA_STAGES": 4,
                          "TMA_MAXNREG": [64, 80], "TMA_FP4_MAXNREG": [64, 80], "TMA_FP4_REG_A": 1,
-                         "TMA_FP4_RECORDS": 1, "TMA_FP4_STAGES": 2},
+                         "TMA_FP4_STAGES": 2},
     "quantize_index_k": {"ELEMS": 4096, "num_warps": 4},  # also store_index_k: 4K values a program
     "gather_index_k": {"BLOCK_T": 32, "num_warps": 4},  # 32 tokens a block: 4 KB of fp8 keys at D = 128
     # HiSparse swap-in (hisparse/swap.py): 4 copies a step of a program over 2 warps (16-byte vectors), rows of up to

@@ -369,12 +369,12 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
                     t_end, b_first, b_end, before,
                     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr,
                     PAGE: gl.constexpr, PAGE_WORDS: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr,
-                    MXFP4: gl.constexpr, REG_A: gl.constexpr = 0, RECORDS: gl.constexpr = 0):
+                    MXFP4: gl.constexpr, REG_A: gl.constexpr = 0):
     """The math warps: each tile's matmul, head sum and store, releasing the slot as soon as it is read. An MXFP4
     tile (``MXFP4``) is widened into shared memory first (both draft tokens' matmuls read it), or with ``REG_A`` into
     the matmul's register operand (``mxfp4_sm90.operand``; Q in its order); its keys whose blocks lie too far apart
-    are left out, and taken again at the end by the exact path where there are any. ``RECORDS``: each MXFP4 key's
-    scales come worked out by the record warp (:func:`_records_partition`), two words a key."""
+    are left out, and taken again at the end by the exact path where there are any. An MXFP4 key's scales come worked
+    out by the record warp (:func:`_records_partition`), two words a key."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 32])
     keys_l: gl.constexpr = gl.SliceLayout(1, mma)
     heads_l: gl.constexpr = gl.SliceLayout(0, mma)
@@ -406,22 +406,13 @@ def _math_partition(q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_pt
             keep1 = live1
             if MXFP4:
                 words = keys_smem.index(slot).load(words_l)
-                if RECORDS:
-                    mbarrier.wait(scaled.index(slot), (i // STAGES) & 1)
-                    steps = steps_smem.index(slot).load(gl.SliceLayout(1, words_l))
-                    sc = scale_smem.index(slot).load(keys_l).to(gl.float32, bitcast=True)
-                else:
-                    sw = _mxfp4_scale_words(scales_smem.index(slot), gl.SliceLayout(1, words_l), PAGE)
+                mbarrier.wait(scaled.index(slot), (i // STAGES) & 1)  # the keys' records
+                steps = steps_smem.index(slot).load(gl.SliceLayout(1, words_l))
+                sc = scale_smem.index(slot).load(keys_l).to(gl.float32, bitcast=True)
                 fence_async_shared()  # read through the generic proxy; the copy engine writes next
                 mbarrier.arrive(empty.index(slot), count=1)
-                if RECORDS:
-                    one = ~(sc < 0.0)  # a NaN scale (a NaN block) takes it
-                    word_lifts = mxfp4_sm90.record_lifts(steps, cols)
-                else:
-                    lift_base, sc, one = mxfp4_sm90.key_scales(sw)
-                    sc = gl.convert_layout(sc, keys_l)  # the same keys in the same threads (WORDS_LAYOUT): no exchange
-                    one = gl.convert_layout(one, keys_l)
-                    word_lifts = mxfp4_sm90.lifts(sw, lift_base, cols)
+                one = ~(sc < 0.0)  # a NaN scale (a NaN block) takes it
+                word_lifts = mxfp4_sm90.record_lifts(steps, cols)
                 if REG_A:  # the widened words are the matmul's registers: no shared memory, no barrier
                     k_tile = mxfp4_sm90.operand(words, word_lifts, gl.DotOperandLayout(0, mma, 4))
                 else:
@@ -501,7 +492,6 @@ def paged_decode_sm90_kernel(
     NEXT_N: gl.constexpr, GROUPS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PAGE_ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_B: gl.constexpr, LOADER_REGS: gl.constexpr,
     PDL: gl.constexpr, RAGGED: gl.constexpr = 0, MXFP4: gl.constexpr = 0, REG_A: gl.constexpr = 0,
-    RECORDS: gl.constexpr = 0,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots, the four math warps free them through mbarriers.
     ``PDL``: launched with programmatic dependent launch (its programs wait for the launch before it first). Every
@@ -513,8 +503,8 @@ def paged_decode_sm90_kernel(
     the next share their key reads, as two draft tokens of a request do (:func:`_unit`). ``MXFP4``: an MXFP4 cache
     (``keys_desc`` its value words ``[PAGE, D / 8]`` a page, ``scales_desc`` its scale words; ``cache_ptr`` the
     whole cache as int32, read by the exact path), widened to e4m3fn in the math warps (``REG_A``: straight into the
-    matmul's register operand; ``RECORDS``: each key's scales worked out by a record warp of its own, with the copy
-    warp's registers)."""
+    matmul's register operand), each key's scales worked out once a page by a record warp with the copy warp's
+    registers."""
     if PDL:
         grid_dependency_wait()
     launch_dependents()
@@ -536,7 +526,7 @@ def paged_decode_sm90_kernel(
         wide_smem = q_smem
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if RECORDS:  # each slot's key records: lift steps and scale bits, a word each a key
+    if MXFP4:  # each slot's key records: lift steps and scale bits, a word each a key
         records_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # a slot's records: flat words
         steps_smem = gl.allocate_shared_memory(gl.int32, [STAGES, PAGE], records_layout)
         scale_smem = gl.allocate_shared_memory(gl.int32, [STAGES, PAGE], records_layout)
@@ -548,16 +538,16 @@ def paged_decode_sm90_kernel(
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
         mbarrier.init(empty.index(st), count=1)
-        if RECORDS:
+        if MXFP4:
             mbarrier.init(scaled.index(st), count=1)
     count = (t_end - t_begin).to(gl.int32)
-    if RECORDS:
+    if MXFP4:
         gl.warp_specialize([
             (_math_partition, (q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_ptr, keys_smem, scales_smem,
                              q_smem, wide_smem, steps_smem, scale_smem, ready, empty, scaled, batch, max_ctx, skip,
                              num_pages, table_pages, table_rows, q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0,
                              out_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE,
-                             PAGE * (D // 2 + D // 32) // 4, STAGES, RAGGED, MXFP4, REG_A, RECORDS)),
+                             PAGE * (D // 2 + D // 32) // 4, STAGES, RAGGED, MXFP4, REG_A)),
         (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, r2b_ptr,
                            table_ptr, ctx_s0, r2b_s0, tab_s0, batch, max_ctx, skip, num_pages, table_pages,
                            table_rows, b_first, (t_begin - before).to(gl.int32), count, PAGE, PAGE_ROWS, STAGES,
@@ -570,7 +560,7 @@ def paged_decode_sm90_kernel(
                              q_smem, wide_smem, steps_smem, scale_smem, ready, empty, scaled, batch, max_ctx, skip,
                              num_pages, table_pages, table_rows, q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0,
                              out_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE,
-                             PAGE * (D // 2 + D // 32) // 4, STAGES, RAGGED, MXFP4, REG_A, RECORDS)),
+                             PAGE * (D // 2 + D // 32) // 4, STAGES, RAGGED, MXFP4, REG_A)),
         (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, r2b_ptr,
                            table_ptr, ctx_s0, r2b_s0, tab_s0, batch, max_ctx, skip, num_pages, table_pages,
                            table_rows, b_first, (t_begin - before).to(gl.int32), count, PAGE, PAGE_ROWS, STAGES,
@@ -579,7 +569,7 @@ def paged_decode_sm90_kernel(
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
         mbarrier.invalidate(empty.index(st))
-        if RECORDS:
+        if MXFP4:
             mbarrier.invalidate(scaled.index(st))
     if fill > 0:  # only where a request of the share is shorter than max_ctx: no reads at the end otherwise
         _fill(out_ptr, ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, batch, max_ctx, skip, out_s0, f_begin, f_end, j0, NEXT_N,
@@ -610,8 +600,7 @@ def _format_constexprs(cfg: Mapping[str, Any], mxfp4: bool) -> dict[str, Any]:
     warp's registers, programmatic dependent launch, and on an MXFP4 cache whether its keys go straight into the
     matmul's register operand (``REG_A``)."""
     return {"STAGES": _tuned(cfg, "STAGES", mxfp4), "LOADER_REGS": FP4_LOADER_REGS if mxfp4 else LOADER_REGS,
-            "PDL": bool(cfg.get("PDL")), "MXFP4": int(mxfp4), "REG_A": int(mxfp4 and cfg.get("TMA_FP4_REG_A", 0)),
-            "RECORDS": int(mxfp4 and cfg.get("TMA_FP4_RECORDS", 0))}
+            "PDL": bool(cfg.get("PDL")), "MXFP4": int(mxfp4), "REG_A": int(mxfp4 and cfg.get("TMA_FP4_REG_A", 0))}
 
 
 def _options(cfg: Mapping[str, Any], groups: int, mxfp4: bool = False) -> dict[str, Any]:

@@ -151,15 +151,8 @@ def key_records(sw):
 @gluon.jit
 def record_lifts(steps, cols):
     """Each value word's lift (int32, ``[ROWS, W]``) from its key's record steps (``steps [ROWS]``,
-    :func:`key_records`): as :func:`lifts` gives it from the scale word."""
+    :func:`key_records`): ``base + 8 ·`` its block's scale byte, ``base`` from :func:`key_scales`."""
     return STEP0 + 8 * ((steps[:, None] >> (8 * (cols[None, :] // 4))) & 0xFF)
-
-
-@gluon.jit
-def lifts(sw, base, cols):
-    """Each value word's lift (int32, ``[ROWS, W]``): ``sw [ROWS]`` the keys' scale words, ``base [ROWS]`` from
-    :func:`key_scales`, ``cols [W]`` the words' places in a key (word ``c`` is in block ``c // 4``)."""
-    return base[:, None] + 8 * ((sw[:, None] >> (8 * (cols[None, :] // 4))) & 0xFF)
 
 
 @gluon.jit
@@ -224,7 +217,7 @@ def _store_operand(wide_smem, wide):
 @gluon.jit
 def stage(wide_smem, words, word_lifts):
     """A tile's value words ``[ROWS, D / 8]`` widened into ``wide_smem`` with one scale a key (``word_lifts`` each
-    word's lift: :func:`lifts` or :func:`record_lifts`)."""
+    word's lift: :func:`record_lifts`)."""
     _store_operand(wide_smem, widen(words, word_lifts))
 
 
