@@ -541,30 +541,31 @@ def paged_decode_sm90_kernel(
         if MXFP4:
             mbarrier.init(scaled.index(st), count=1)
     count = (t_end - t_begin).to(gl.int32)
+    # The partitions spelled out for each format: a Gluon kernel can hold no partition's function in a variable.
     if MXFP4:
         gl.warp_specialize([
             (_math_partition, (q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_ptr, keys_smem, scales_smem,
-                             q_smem, wide_smem, steps_smem, scale_smem, ready, empty, scaled, batch, max_ctx, skip,
-                             num_pages, table_pages, table_rows, q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0,
-                             out_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE,
-                             PAGE * (D // 2 + D // 32) // 4, STAGES, RAGGED, MXFP4, REG_A)),
-        (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, r2b_ptr,
-                           table_ptr, ctx_s0, r2b_s0, tab_s0, batch, max_ctx, skip, num_pages, table_pages,
-                           table_rows, b_first, (t_begin - before).to(gl.int32), count, PAGE, PAGE_ROWS, STAGES,
-                           RAGGED)),
+                               q_smem, wide_smem, steps_smem, scale_smem, ready, empty, scaled, batch, max_ctx, skip,
+                               num_pages, table_pages, table_rows, q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0,
+                               out_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE,
+                               PAGE * (D // 2 + D // 32) // 4, STAGES, RAGGED, MXFP4, REG_A)),
+            (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, r2b_ptr,
+                               table_ptr, ctx_s0, r2b_s0, tab_s0, batch, max_ctx, skip, num_pages, table_pages,
+                               table_rows, b_first, (t_begin - before).to(gl.int32), count, PAGE, PAGE_ROWS, STAGES,
+                               RAGGED)),
             (_records_partition, (scales_smem, steps_smem, scale_smem, ready, scaled, count, PAGE, STAGES)),
         ], [1, 1], [LOADER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_math_partition, (q_ptr, w_ptr, ctx_ptr, r2b_ptr, table_ptr, out_ptr, cache_ptr, keys_smem, scales_smem,
-                             q_smem, wide_smem, steps_smem, scale_smem, ready, empty, scaled, batch, max_ctx, skip,
-                             num_pages, table_pages, table_rows, q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0,
-                             out_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE,
-                             PAGE * (D // 2 + D // 32) // 4, STAGES, RAGGED, MXFP4, REG_A)),
-        (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, r2b_ptr,
-                           table_ptr, ctx_s0, r2b_s0, tab_s0, batch, max_ctx, skip, num_pages, table_pages,
-                           table_rows, b_first, (t_begin - before).to(gl.int32), count, PAGE, PAGE_ROWS, STAGES,
-                           RAGGED)),
+                               q_smem, wide_smem, steps_smem, scale_smem, ready, empty, scaled, batch, max_ctx, skip,
+                               num_pages, table_pages, table_rows, q_s0, q_s1, q_s2, w_s0, ctx_s0, r2b_s0, tab_s0,
+                               out_s0, j0, t_begin, t_end, b_first, b_end, before, NEXT_N, GROUPS, H, D, PAGE,
+                               PAGE * (D // 2 + D // 32) // 4, STAGES, RAGGED, MXFP4, REG_A)),
+            (_copy_partition, (keys_desc, scales_desc, keys_smem, scales_smem, ready, empty, ctx_ptr, r2b_ptr,
+                               table_ptr, ctx_s0, r2b_s0, tab_s0, batch, max_ctx, skip, num_pages, table_pages,
+                               table_rows, b_first, (t_begin - before).to(gl.int32), count, PAGE, PAGE_ROWS, STAGES,
+                               RAGGED)),
         ], [1], [LOADER_REGS])
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))

@@ -141,7 +141,8 @@ def key_records(sw):
     ``(steps, scale)``, byte ``b`` of ``steps`` block ``b``'s lift step (:func:`record_lifts`), ``scale`` the bits of
     the key's float32 scale (:func:`key_scales`; NaN for a block byte 255), -1.0 for a key whose blocks lie too far
     apart for one scale. A key that takes one scale has every step in ``[0, SPREAD]``, so the bytes of ``steps`` are
-    subtracted at once with no borrow (another key's steps are not read)."""
+    subtracted at once with no borrow; another key's may borrow, but its steps are never read (the exact path takes
+    it, and a NaN block makes its logits NaN whatever its lifts)."""
     base, scale, one = key_scales(sw)
     ref = (LIFT - base) // 8
     steps = sw - (ref - TOP) * 0x01010101
