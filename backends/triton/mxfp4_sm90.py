@@ -117,8 +117,9 @@ def _byte(x, i):
 @gluon.jit
 def key_scales(sw):
     """A key's four block scale bytes as one int32 word each (``sw``, byte ``b`` block ``b``: D = 128) →
-    ``(base, scale, one)``: the lift of a block is ``base + 8 · its byte``, the key's scale (float32, NaN for a
-    block byte 255), and whether the key takes them (its bytes within SPREAD, or a NaN one)."""
+    ``(ref, scale, one)``: the key's reference byte (a block's lift is ``LIFT + 8 · (its byte - ref)``), its scale
+    ``2 ** (ref - 127)`` (float32, NaN for a block byte 255), and whether the key takes them (its bytes within
+    SPREAD, or a NaN one)."""
     b0 = _byte(sw, 0)
     b1 = _byte(sw, 1)
     b2 = _byte(sw, 2)
@@ -127,7 +128,7 @@ def key_scales(sw):
     low = gl.minimum(gl.minimum(b0, b1), gl.minimum(b2, b3))
     ref = gl.maximum(top - TOP, 1)
     scale = gl.where(top == 255, float("nan"), (ref << 23).to(gl.float32, bitcast=True))
-    return LIFT - 8 * ref, scale, (top - low <= SPREAD) | (top == 255)
+    return ref, scale, (top - low <= SPREAD) | (top == 255)
 
 
 # A key record's lift steps: block b's lift is STEP0 + 8 · its step, its step its scale byte less the key's reference
@@ -143,8 +144,7 @@ def key_records(sw):
     apart for one scale. A key that takes one scale has every step in ``[0, SPREAD]``, so the bytes of ``steps`` are
     subtracted at once with no borrow; another key's may borrow, but its steps are never read (the exact path takes
     it, and a NaN block makes its logits NaN whatever its lifts)."""
-    base, scale, one = key_scales(sw)
-    ref = (LIFT - base) // 8
+    ref, scale, one = key_scales(sw)
     steps = sw - (ref - TOP) * 0x01010101
     return steps, gl.where(one, scale, -1.0).to(gl.int32, bitcast=True)
 
@@ -152,7 +152,7 @@ def key_records(sw):
 @gluon.jit
 def record_lifts(steps, cols):
     """Each value word's lift (int32, ``[ROWS, W]``) from its key's record steps (``steps [ROWS]``,
-    :func:`key_records`): ``base + 8 ·`` its block's scale byte, ``base`` from :func:`key_scales`."""
+    :func:`key_records`): ``LIFT + 8 · (its block's scale byte - ref)``, ``ref`` the key's (:func:`key_scales`)."""
     return STEP0 + 8 * ((steps[:, None] >> (8 * (cols[None, :] // 4))) & 0xFF)
 
 
