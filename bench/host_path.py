@@ -24,6 +24,14 @@ with every kernel launch stubbed out, so nothing but the host path is timed. The
 
 Host clock on this machine: not a GPU timing (the H200's host took about 3x this project's CPU machine's time for the
 same path), and interpreted, never quoted as speed. ``--smoke``: two shapes, few calls.
+
+``--profile N``: per shape also the ``N`` functions with the most time of their own over ``--calls`` more
+new-signature steps (``cProfile``, per step: what to work on first; the profiler's hooks inflate every time, so read
+their order, not their size). ``--gpu``: on this machine's GPU instead (the default above is the CPU, interpreted),
+the real launches after ``indexcache.warmup(plan)`` (nothing compiles during the sweep), each step's host time to
+its last call's return and the device synchronized after it, untimed: a GPU host's path costs more than the CPU
+machine's for the same Python (docs/kernels.md, "A first call is the host's, not the compiler's"), and a profile
+there shows where.
 """
 
 from __future__ import annotations
@@ -64,75 +72,136 @@ def _run(calls_of_step) -> float:
     return (time.perf_counter() - start) * 1e6
 
 
-def _step(kind: str, dims: tuple[int, ...], plan) -> list:
+def _step(kind: str, dims: tuple[int, ...], plan, dev: torch.device) -> list:
     from indexcache.tools.warmup import decode_calls, prefill_calls
 
     fp8 = torch.float8_e4m3fn
     meta = (decode_calls(plan, plan.page_size, fp8, *dims) if kind == "decode"
             else prefill_calls(plan, plan.page_size, fp8, *dims))
-    return materialize(kind, meta, dims, fp8, torch.device("cpu"))
+    return materialize(kind, meta, dims, fp8, dev)
 
 
-def measure(kind: str, dims: tuple[int, ...], plan, calls: int, before: list | None = None) -> tuple[dict, list]:
+def _timed(calls_of_step, dev: torch.device) -> float:
+    """:func:`_run`, then on a GPU the device synchronized (untimed), so no step queues behind the one before."""
+    us = _run(calls_of_step)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return us
+
+
+def _where(code: tuple[str, int, str]) -> str:
+    """A profile entry's function as ``path:line(name)``, the path relative to the project where it lies in it."""
+    file, line, name = code
+    root = Path(__file__).resolve().parents[1]
+    path = Path(file)
+    return f"{path.relative_to(root) if path.is_relative_to(root) else path.name}:{line}({name})"
+
+
+def _heaviest(profile: cProfile.Profile, steps: int, top: int) -> list[dict]:
+    """The ``top`` functions of ``profile`` by time of their own, per step of ``steps``: calls and µs."""
+    stats = pstats.Stats(profile).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, ...)}
+    ranked = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    return [{"function": _where(code), "calls": n / steps, "own_us": own * 1e6 / steps,
+             "cumulative_us": cum * 1e6 / steps} for code, (_, n, own, cum, _) in ranked]
+
+
+def measure(kind: str, dims: tuple[int, ...], plan, calls: int, before: list | None = None,
+            dev: torch.device | None = None, top: int = 0) -> tuple[dict, list]:
     """One shape's first, new-signature and kept step times (µs, host clock) and the Python calls of a new-signature
     step, and its step (the next shape's ``before``); ``before``: the step of the shape before, run
-    :data:`REWARM_STEPS` times before the first step (None: not)."""
-    step = _step(kind, dims, plan)
+    :data:`REWARM_STEPS` times before the first step (None: not); ``top`` > 0: also the ``top`` functions with the
+    most time of their own over ``calls`` more new-signature steps (``profile``). ``dev``: where the tensors live
+    (default the CPU)."""
+    dev = torch.device("cpu") if dev is None else dev
+    step = _step(kind, dims, plan, dev)
     for _ in range(REWARM_STEPS if before is not None else 0):
-        _run(before)
-    first = _run(step)
-    kept = statistics.median(_run(step) for _ in range(calls + 2))
-    alive = [renewed(step) for _ in range(calls + 1)]  # all alive: no new output lands where a kept call's did
-    new = statistics.median(_run(fresh) for fresh in alive[:-1])
+        _timed(before, dev)
+    first = _timed(step, dev)
+    kept = statistics.median(_timed(step, dev) for _ in range(calls + 2))
+    # All alive: no new output lands where a kept call's did.
+    alive = [renewed(step) for _ in range(calls + 1 + (calls if top else 0))]
+    new = statistics.median(_timed(fresh, dev) for fresh in alive[:calls])
     profile = cProfile.Profile()
-    fresh = alive[-1]
     profile.enable()
-    _run(fresh)
+    _run(alive[calls])
     profile.disable()
-    python_calls = pstats.Stats(profile).total_calls
-    return {"kind": kind, "shape": list(dims), "ops": [op for op, _ in step], "first_us": first, "new_us": new,
-            "kept_us": kept, "first_over_kept": first / kept, "new_over_kept": new / kept,
-            "python_calls": python_calls}, step
+    row = {"kind": kind, "shape": list(dims), "ops": [op for op, _ in step], "first_us": first, "new_us": new,
+           "kept_us": kept, "first_over_kept": first / kept, "new_over_kept": new / kept,
+           "python_calls": pstats.Stats(profile).total_calls}
+    if top:
+        profile = cProfile.Profile()
+        for fresh in alive[calls + 1:]:
+            profile.enable()
+            _run(fresh)
+            profile.disable()
+            _timed([], dev)
+        row["profile"] = _heaviest(profile, calls, top)
+    return row, step
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
-    parser.add_argument("--arch", default="sm90", help="the NVIDIA target whose host path runs (default sm90)")
+    parser.add_argument("--arch", default="sm90", help="the NVIDIA target whose host path runs interpreted "
+                        "(default sm90; with --gpu the GPU's own)")
     parser.add_argument("--config", default=CONFIG, help="the model config (default: DeepSeek-V3.2's example)")
     parser.add_argument("--calls", type=int, default=20, help="timed steps a shape for each median (default 20)")
     parser.add_argument("--smoke", action="store_true", help="two small shapes, few calls: checks the script")
     parser.add_argument("--cold-host", action="store_true", help="time each shape's first step right after its inputs "
                         "are built (default: after the shape before has run a few steps, as in an engine)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="also list, a shape, the N functions with "
+                        "the most time of their own over --calls more new-signature steps")
+    parser.add_argument("--gpu", action="store_true", help="on this machine's GPU: the real launches after "
+                        "indexcache.warmup (default: interpreted on the CPU, launches stubbed)")
     args = parser.parse_args(argv)
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        parser.error("run it as a script: Triton must be imported with TRITON_INTERPRET=1 here")
-    # Before Triton is imported: the kernels as interpreted functions, the cuda backend for the target named.
-    os.environ.update(TRITON_INTERPRET="1", INDEXCACHE_BACKEND="cuda", INDEXCACHE_CUDA_ARCH=args.arch)
-    _stub_launches()
-    from indexcache.bench.provenance import checkout_commit, now, versions
+    if args.gpu:
+        if not torch.cuda.is_available():
+            parser.error("--gpu: no GPU visible here")
+        dev = torch.device("cuda")
+        host = "this machine's GPU, the real launches after indexcache.warmup: host clock to each step's last return"
+    else:
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            parser.error("run it as a script: Triton must be imported with TRITON_INTERPRET=1 here")
+        # Before Triton is imported: the kernels as interpreted functions, the cuda backend for the target named.
+        os.environ.update(TRITON_INTERPRET="1", INDEXCACHE_BACKEND="cuda", INDEXCACHE_CUDA_ARCH=args.arch)
+        _stub_launches()
+        dev = torch.device("cpu")
+        host = "interpreted, launches stubbed: host clock of this machine, not a GPU timing"
+    import indexcache
+    from indexcache.bench.provenance import checkout_commit, device_name, now, versions
     from indexcache.plan import LayerPlan
 
     plan = LayerPlan.from_config(args.config)
+    if args.gpu:
+        warmed = indexcache.warmup(plan)
+        arch = warmed.target
+        print(f"indexcache.warmup: {len(warmed.variants)} variants for {arch} in {warmed.wall:.1f} s")
+    else:
+        arch = args.arch
     calls = 3 if args.smoke else args.calls
     rows, before = [], None
     for kind, dims in SMOKE if args.smoke else SHAPES:
-        row, step = measure(kind, dims, plan, calls, before)
+        row, step = measure(kind, dims, plan, calls, before, dev, args.profile)
         before = None if args.cold_host else step
         rows.append(row)
-    print(f"host path of a step's calls, {args.arch} host code, launches stubbed, this machine's host clock "
-          f"(not a GPU timing)")
+    where = device_name(dev) if args.gpu else f"{args.arch} host code, launches stubbed"
+    print(f"host path of a step's calls, {where}, this machine's host clock"
+          f"{'' if args.gpu else ' (not a GPU timing)'}")
     for r in rows:
         print(f"  {r['kind']:7s} {str(tuple(r['shape'])):18s} first {r['first_us']:7.1f} us  new {r['new_us']:7.1f} us"
               f"  kept {r['kept_us']:6.1f} us  "
               f"first/kept {r['first_over_kept']:5.2f}  new/kept {r['new_over_kept']:5.2f}  python calls "
               f"{r['python_calls']}")
+        for f in r.get("profile", []):
+            print(f"      {f['own_us']:7.1f} us own {f['cumulative_us']:8.1f} us with callees {f['calls']:6.1f} calls  "
+                  f"{f['function']}")
     if args.out:
         from indexcache.bench.output import write_json
 
-        write_json({"what": "host_path", "date": now(), "commit": checkout_commit(), **versions(), "arch": args.arch,
-                    "host": "interpreted, launches stubbed: host clock of this machine, not a GPU timing",
-                    "cpus": os.cpu_count(), "smoke": args.smoke, "cold_host": args.cold_host, "rows": rows}, args.out)
+        write_json({"what": "host_path", "date": now(), "commit": checkout_commit(), **versions(),
+                    "arch": arch, "device": device_name(dev) if args.gpu else None,
+                    "host": host, "cpus": os.cpu_count(), "smoke": args.smoke, "cold_host": args.cold_host,
+                    "rows": rows}, args.out)
         print(f"results written to {args.out}")
     return 0
 

@@ -568,14 +568,20 @@ def test_fp4_recall_writes_a_recall_per_data_set_and_key_format(tmp_path):
 
 
 def test_host_path_smoke_counts_the_python_calls_of_a_step(tmp_path):
-    """bench/host_path.py --smoke: the cuda backend's host path for sm90 with launches stubbed, on the CPU."""
-    _script("host_path", "--smoke", "--out", str(tmp_path / "host.json"))
+    """bench/host_path.py --smoke: the cuda backend's host path for sm90 with launches stubbed, on the CPU; with
+    --profile, each shape's heaviest functions, the project's own among them."""
+    _script("host_path", "--smoke", "--profile", "5", "--out", str(tmp_path / "host.json"))
     report = json.loads((tmp_path / "host.json").read_text())
-    assert report["arch"] == "sm90" and "not a GPU timing" in report["host"]
+    assert report["arch"] == "sm90" and "not a GPU timing" in report["host"] and report["device"] is None
     assert [r["kind"] for r in report["rows"]] == ["decode", "prefill"]
     assert report["cold_host"] is False
     for row in report["rows"]:
         assert row["first_us"] > 0 and row["new_us"] > 0 and row["kept_us"] > 0 and row["python_calls"] > 100
+        profile = row["profile"]
+        assert len(profile) == 5 and all(f["cumulative_us"] >= f["own_us"] > 0 and f["calls"] > 0 for f in profile)
+        assert [f["own_us"] for f in profile] == sorted((f["own_us"] for f in profile), reverse=True)
+        assert all(re.fullmatch(r".+:\d+\(.+\)", f["function"]) for f in profile)
+        assert any(f["function"].startswith("indexcache/") for f in profile)  # the project's own, by its path
     from indexcache.plan import LayerPlan
     from indexcache.tools.warmup import decode_calls
 
