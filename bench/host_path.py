@@ -81,11 +81,16 @@ def _step(kind: str, dims: tuple[int, ...], plan, dev: torch.device) -> list:
     return materialize(kind, meta, dims, fp8, dev)
 
 
-def _timed(calls_of_step, dev: torch.device) -> float:
-    """:func:`_run`, then on a GPU the device synchronized (untimed), so no step queues behind the one before."""
-    us = _run(calls_of_step)
+def _settle(dev: torch.device) -> None:
+    """On a GPU, wait for the device: no step queues behind the one before."""
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+
+
+def _timed(calls_of_step, dev: torch.device) -> float:
+    """:func:`_run`, then :func:`_settle` (untimed)."""
+    us = _run(calls_of_step)
+    _settle(dev)
     return us
 
 
@@ -105,14 +110,12 @@ def _heaviest(profile: cProfile.Profile, steps: int, top: int) -> list[dict]:
              "cumulative_us": cum * 1e6 / steps} for code, (_, n, own, cum, _) in ranked]
 
 
-def measure(kind: str, dims: tuple[int, ...], plan, calls: int, before: list | None = None,
-            dev: torch.device | None = None, top: int = 0) -> tuple[dict, list]:
+def measure(kind: str, dims: tuple[int, ...], plan, calls: int, before: list | None, dev: torch.device,
+            top: int = 0) -> tuple[dict, list]:
     """One shape's first, new-signature and kept step times (µs, host clock) and the Python calls of a new-signature
     step, and its step (the next shape's ``before``); ``before``: the step of the shape before, run
     :data:`REWARM_STEPS` times before the first step (None: not); ``top`` > 0: also the ``top`` functions with the
-    most time of their own over ``calls`` more new-signature steps (``profile``). ``dev``: where the tensors live
-    (default the CPU)."""
-    dev = torch.device("cpu") if dev is None else dev
+    most time of their own over ``calls`` more new-signature steps (``profile``). ``dev``: where the tensors live."""
     step = _step(kind, dims, plan, dev)
     for _ in range(REWARM_STEPS if before is not None else 0):
         _timed(before, dev)
@@ -134,7 +137,7 @@ def measure(kind: str, dims: tuple[int, ...], plan, calls: int, before: list | N
             profile.enable()
             _run(fresh)
             profile.disable()
-            _timed([], dev)
+            _settle(dev)
         row["profile"] = _heaviest(profile, calls, top)
     return row, step
 
@@ -184,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         row, step = measure(kind, dims, plan, calls, before, dev, args.profile)
         before = None if args.cold_host else step
         rows.append(row)
-    where = device_name(dev) if args.gpu else f"{args.arch} host code, launches stubbed"
-    print(f"host path of a step's calls, {where}, this machine's host clock"
+    device = device_name(dev) if args.gpu else None
+    print(f"host path of a step's calls, {device or f'{arch} host code, launches stubbed'}, this machine's host clock"
           f"{'' if args.gpu else ' (not a GPU timing)'}")
     for r in rows:
         print(f"  {r['kind']:7s} {str(tuple(r['shape'])):18s} first {r['first_us']:7.1f} us  new {r['new_us']:7.1f} us"
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         from indexcache.bench.output import write_json
 
         write_json({"what": "host_path", "date": now(), "commit": checkout_commit(), **versions(),
-                    "arch": arch, "device": device_name(dev) if args.gpu else None,
+                    "arch": arch, "device": device,
                     "host": host, "cpus": os.cpu_count(), "smoke": args.smoke, "cold_host": args.cold_host,
                     "rows": rows}, args.out)
         print(f"results written to {args.out}")
