@@ -105,7 +105,8 @@ def _where(code: tuple[str, int, str]) -> str:
 def _heaviest(profile: cProfile.Profile, steps: int, top: int) -> list[dict]:
     """The ``top`` functions of ``profile`` by time of their own, per step of ``steps``: calls and µs."""
     stats = pstats.Stats(profile).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, ...)}
-    ranked = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    entries = [item for item in stats.items() if "_lsprof" not in item[0][2]]  # less the profiler's own disable()
+    ranked = sorted(entries, key=lambda item: item[1][2], reverse=True)[:top]
     return [{"function": _where(code), "calls": n / steps, "own_us": own * 1e6 / steps,
              "cumulative_us": cum * 1e6 / steps} for code, (_, n, own, cum, _) in ranked]
 
