@@ -22,16 +22,16 @@ with every kernel launch stubbed out, so nothing but the host path is timed. The
 - ``python_calls``: the Python function calls of one new-signature step (``cProfile``'s count: the same on every
   machine, the number to drive down).
 
-Host clock on this machine: not a GPU timing (the H200's host took about 3x this project's CPU machine's time for the
-same path), and interpreted, never quoted as speed. ``--smoke``: two shapes, few calls.
+Host clock on this machine: not a GPU timing (a GPU host's warm path took about this machine's time, its launches,
+stubbed here, more; docs/kernels.md, "The GPU host's profile"), and interpreted, never quoted as speed. ``--smoke``:
+two shapes, few calls.
 
 ``--profile N``: per shape also the ``N`` functions with the most time of their own over ``--calls`` more
 new-signature steps (``cProfile``, per step: what to work on first; the profiler's hooks inflate every time, so read
 their order, not their size). ``--gpu``: on this machine's GPU instead (the default above is the CPU, interpreted),
 the real launches after ``indexcache.warmup(plan)`` (nothing compiles during the sweep), each step's host time to
-its last call's return and the device synchronized after it, untimed: a GPU host's path costs more than the CPU
-machine's for the same Python (docs/kernels.md, "A first call is the host's, not the compiler's"), and a profile
-there shows where.
+its last call's return and the device synchronized after it, untimed: what the stubbed launches hide here (the
+launchers' keys, Triton's launcher call, the Hopper decode's launch building) shows there.
 """
 
 from __future__ import annotations
