@@ -11,13 +11,16 @@ kept launches directly: the checks read nothing but this signature, so they woul
 would choose the same backend.
 
 The kept launches hold addresses, not tensors (they keep no memory alive, interpreted too). At most :data:`MAX_ENTRIES`
-signatures are held (kept or seen once); a new one beyond that drops the least recently used, so an engine's
-repeated calls stay kept while calls of passing shapes come and go (emptying the whole memo instead cost a
-stall of milliseconds and every kept call its check again). ``indexcache.hal.dispatch.reset()`` empties it.
+signatures are held (kept or seen once); a new one beyond that drops the least recently used (a look-up, a second
+sighting and keeping each count as a use), so an engine's repeated calls stay kept while calls of passing shapes come
+and go (emptying the whole memo instead cost a stall of milliseconds and every kept call its check again).
+``indexcache.hal.dispatch.reset()`` empties it. One memo serves the process's threads: each function below changes it
+under one lock, so a thread's look-up never meets an entry another thread dropped half-way.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +32,7 @@ MAX_ENTRIES = 512
 # None: seen once, not yet kept. Ordered by use: moving an entry to the end or dropping the first rehashes no key (a
 # signature's tuple is hashed afresh at every look-up) and leaves no holes for the next drop to skip.
 _kept: OrderedDict[tuple, Callable[[], None] | None] = OrderedDict()
+_lock = threading.Lock()  # every change of _kept, and a look-up with the move it makes
 
 
 def signature(op: str, choice: Any, params: tuple) -> tuple | None:
@@ -54,11 +58,12 @@ def get(key: tuple) -> Callable[[], None] | None:
     """The kept launches of the call with this signature (now the most recently used), or None (also for a key
     that cannot be hashed)."""
     try:
-        launch = _kept.get(key)
+        with _lock:
+            launch = _kept.get(key)
+            if launch is not None:
+                _kept.move_to_end(key)  # the dict's order is the order of use
     except TypeError:
         return None
-    if launch is not None:
-        _kept.move_to_end(key)  # the dict's order is the order of use
     return launch
 
 
@@ -68,32 +73,38 @@ def _make_room() -> None:
 
 
 def seen(key: tuple) -> bool:
-    """Whether a call with this signature came before (kept or not); notes it if not."""
+    """Whether a call with this signature came before (kept or not; now the most recently used); notes it if not."""
     try:
-        if key in _kept:
-            return True
-        _make_room()
-        _kept[key] = None
+        with _lock:
+            if key in _kept:
+                _kept.move_to_end(key)
+                return True
+            _make_room()
+            _kept[key] = None
     except TypeError:  # an argument that cannot be hashed: never kept
         return False
     return False
 
 
 def keep(key: tuple, launch: Callable[[], None]) -> None:
-    """Keep ``launch`` for later calls with this signature."""
+    """Keep ``launch`` for later calls with this signature (now the most recently used)."""
     try:
-        if key not in _kept:
-            _make_room()
-        _kept[key] = launch
+        with _lock:
+            if key not in _kept:
+                _make_room()
+            _kept[key] = launch
+            _kept.move_to_end(key)
     except TypeError:  # an argument that cannot be hashed: not kept
         pass
 
 
 def clear() -> None:
     """Forget every kept call."""
-    _kept.clear()
+    with _lock:
+        _kept.clear()
 
 
 def size() -> int:
     """How many calls are kept (signatures seen once not counted)."""
-    return sum(launch is not None for launch in _kept.values())
+    with _lock:
+        return sum(launch is not None for launch in _kept.values())

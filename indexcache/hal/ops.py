@@ -43,6 +43,11 @@ __all__ = ["FLOAT_INPUTS", "INDEX", "KEY_DTYPES", "MAX_PAGE_SIZE", "MAX_TOPK", "
            *SPECS]
 # The ops that take a device workspace (a ``workspace`` argument in their spec check).
 WORKSPACE_OPS = tuple(op for op in SPECS if "workspace" in library.ARGS[op])
+# The ops a call of which may run on the default workspace of its thread and stream (docs/ops.md, "Workspace"):
+# those above when given none, and two that take no ``workspace=`` but may still scratch in it (``mqa_logits`` widening
+# MXFP4 keys, ``hisparse_plan``). A kept call of these is kept per owner: replayed from another thread or stream it
+# would share the first owner's scratch with that owner's own calls.
+OWNED_OPS = frozenset((*WORKSPACE_OPS, "mqa_logits", "hisparse_plan"))
 
 
 def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict, sm_budget: int | None = None):
@@ -66,7 +71,7 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict, sm
     chosen = dispatch.explicit_choice(backend)
     if keep:
         params = (*args, *named.values())
-        if "workspace" in named and named["workspace"] is None and isinstance(args[0], torch.Tensor):
+        if op in OWNED_OPS and named.get("workspace") is None and isinstance(args[0], torch.Tensor):
             params += (device.workspace_owner(args[0]),)  # the default workspace: its owner is part of the key
         if budgeted:
             params += (sm_budget,)

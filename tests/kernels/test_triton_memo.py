@@ -288,3 +288,125 @@ def test_a_kept_call_keeps_no_tensor_alive():
     del scores, lens, out, got
     gc.collect()
     assert [ref() for ref in freed] == [None, None, None]
+
+
+def test_a_signature_seen_again_or_kept_becomes_the_most_recently_used(monkeypatch, counted_checks):
+    """Three signatures in a memo of three, the first called again (kept now): a fourth drops the second, not it."""
+    dispatch.reset()
+    monkeypatch.setattr(memo, "MAX_ENTRIES", 3)
+    raw, table, lens = _translate_inputs(0)
+    outs = [torch.empty_like(raw) for _ in range(4)]
+
+    def call(i):
+        indexcache.translate(raw, table, lens, 64, out=outs[i], backend="cuda")
+
+    for i in (0, 1, 2, 0, 3):  # 0's second call keeps it: the most recently used when 3 comes
+        call(i)
+    assert len(counted_checks) == 5 and memo.size() == 1
+    call(0)
+    assert len(counted_checks) == 5  # from the memo
+    call(1)
+    assert len(counted_checks) == 6  # dropped, checked afresh
+
+
+def test_the_memo_is_safe_to_share_between_threads(monkeypatch):
+    """An engine thread replaying its kept call while two others note passing signatures in a small memo: no look-up
+    meets an entry dropped half-way (it raised KeyError when the look-up and its move were two steps)."""
+    import sys
+    import threading
+
+    monkeypatch.setattr(memo, "MAX_ENTRIES", 4)
+    switch = sys.getswitchinterval()
+    memo.clear()
+    errors, rounds = [], 20000
+    key = ("op", None, (int, 1))
+
+    def replaying():
+        memo.keep(key, lambda: None)
+        for _ in range(rounds):
+            try:
+                if memo.get(key) is None:
+                    memo.keep(key, lambda: None)
+            except Exception as e:  # noqa: BLE001  (what the test looks for)
+                errors.append(repr(e))
+                return
+
+    def passing(t):
+        for i in range(rounds):
+            try:
+                memo.seen(("op", None, (int, t * 10**7 + i)))
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+                return
+
+    threads = [threading.Thread(target=replaying)] + [threading.Thread(target=passing, args=(t,)) for t in (1, 2)]
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+        memo.clear()
+    assert errors == []
+
+
+def _in_live_threads(steps: list[int], fn) -> None:
+    """``fn()`` run ``steps[i]`` times in thread i, one thread after another, every thread kept alive until all have
+    run (so no thread id is reused)."""
+    import threading
+
+    done = threading.Event()
+
+    def worker(n, ready):
+        for _ in range(n):
+            fn()
+        ready.set()
+        done.wait()
+
+    threads = []
+    for n in steps:
+        ready = threading.Event()
+        threads.append(threading.Thread(target=worker, args=(n, ready)))
+        threads[-1].start()
+        ready.wait()
+    done.set()
+    for t in threads:
+        t.join()
+
+
+@pytest.mark.parametrize("op", ["hisparse_plan", "mqa_logits"])
+def test_ops_that_scratch_in_the_default_workspace_are_kept_per_thread(monkeypatch, op):
+    """hisparse_plan and mqa_logits on MXFP4 keys take no ``workspace=`` but scratch in the calling thread's default
+    workspace: a call kept by one thread runs afresh in another (checked again), never on the first one's scratch."""
+    from indexcache.hal import fp4
+    from indexcache.hal.hisparse import empty_state
+
+    dispatch.reset()
+    calls = []
+    check = SPECS[op].check
+    counted = dataclasses.replace(SPECS[op], check=lambda *a, **k: calls.append(1) or check(*a, **k))
+    monkeypatch.setitem(SPECS, op, counted)
+    g = torch.Generator().manual_seed(5)
+    if op == "hisparse_plan":
+        raw = torch.randint(-1, 300, (2, 8), generator=g, dtype=I32)
+        lens, host_loc = torch.tensor([300, 12], dtype=I32), torch.arange(600, dtype=I32).view(2, 300)
+        outs = dict(out=torch.empty(2, 8, dtype=I32), out_copy_src=torch.empty(2, 8, dtype=torch.int64),
+                    out_copy_dst=torch.empty(2, 8, dtype=I32), out_copy_count=torch.empty(2, dtype=I32))
+        state = empty_state(2, 16)
+
+        def call():
+            indexcache.hisparse_plan(raw, lens, host_loc, *state, backend="cuda", **outs)
+    else:
+        keys, scales = indexcache.quantize_index_k(torch.randn(48, 64, generator=g), fp4.FP4, block=32,
+                                                   backend="torch")
+        q = torch.randn(3, 4, 64, generator=g).to(torch.float8_e4m3fn)
+        weights = torch.rand(3, 4, generator=g)
+        ks, ke, out = torch.zeros(3, dtype=I32), torch.tensor([48, 20, 1], dtype=I32), torch.empty(3, 48)
+
+        def call():
+            indexcache.mqa_logits(q, keys, scales, weights, ks, ke, out=out, backend="cuda")
+
+    _in_live_threads([2, 1], call)  # kept by the first thread (two checks); the second thread's call checked too
+    assert len(calls) == 3
