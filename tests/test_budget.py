@@ -524,6 +524,15 @@ def test_overlap_takes_tokens_and_context_together(named, message):
         overlap(lambda: 0, lambda: 0, **named)
 
 
+@pytest.mark.parametrize(("device", "error", "message"), [
+    ("gpu", ValueError, r"^device: expected a device torch knows .* got 'gpu'"),
+    (1.5, TypeError, r"^device: expected a torch.device, a device string or None, got float 1.5"),
+])
+def test_overlap_checks_the_device(device, error, message):
+    with pytest.raises(error, match=message):
+        overlap(lambda: 0, lambda: 0, device=device)
+
+
 @pytest.mark.parametrize(("named", "error", "message"), [
     (dict(tokens=4, context=8, k_format=torch.float8_e4m3fn), TypeError,
      r"^k_format: expected None \(fp8 keys\) or torch.float4_e2m1fn_x2 \(MXFP4 keys\), got torch.float8_e4m3fn"),
@@ -731,6 +740,35 @@ class _FakePartitions:
             self.made[(index, n, side)] = SimpleNamespace(
                 wait_stream=lambda other, n=n: self.log.append(f"partition {n} waits main"))
         return self.made.get((index, n, side))
+
+
+def test_two_threads_budget_blocks_leave_torchs_carveout_as_it_was_whatever_their_order():
+    """Thread A enters a side's block (8 of 132), thread B a main's (100 of 132), A leaves, then B: while both run the
+    last entered holds the process-wide carveout; after both, it is what it was before (it was left at 124)."""
+    carveout = torch._C._get_sm_carveout_experimental
+    before = carveout()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with triton_streams._held_to(8, 132):
+            a_in.set()
+            b_in.wait()
+        a_out.set()
+
+    def b():
+        a_in.wait()
+        with triton_streams._held_to(100, 132):
+            b_in.set()
+            a_out.wait()
+            seen["b alone"] = carveout()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"b alone": 32} and carveout() == before
 
 
 def test_with_partitions_the_side_runs_on_one_unbudgeted_and_the_main_keeps_the_device(scheduler, monkeypatch):

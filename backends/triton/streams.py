@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -236,22 +237,37 @@ def _held_to(n: int | None, sms: int) -> Iterator[None]:
         yield
 
 
+# The carveouts of the _matmul_sms blocks in force, in the order they were entered (each under a token of its own),
+# and the setting found before the first of them: torch's setting is the process's, so blocks of two threads may
+# interleave and leave in any order.
+_carveouts: list[tuple[object, int]] = []
+_before_carveouts: list[int | None] = [None]
+_carveouts_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def _matmul_sms(n: int | None, sms: int) -> Iterator[None]:
     """Within the block torch's matmuls (cuBLAS / cuBLASLt, where torch passes it an SM count target) use at most
     ``n`` of the ``sms`` multiprocessors, by torch's SM carveout (``torch._C._set_sm_carveout_experimental``: a
     process-wide setting, read when a matmul is launched or captured); nothing where ``n`` is None or this torch has no
-    carveout."""
+    carveout. Blocks of several threads at once (docs/streams.md, "`overlap`: when and how"): the one entered last
+    sets it while it lasts, and when the last one leaves the setting is what it was before the first."""
     setter = getattr(torch._C, "_set_sm_carveout_experimental", None)
     if n is None or setter is None:
         yield
         return
-    before = torch._C._get_sm_carveout_experimental()
-    setter(sms - n)
+    token = object()
+    with _carveouts_lock:
+        if not _carveouts:
+            _before_carveouts[0] = torch._C._get_sm_carveout_experimental()
+        _carveouts.append((token, sms - n))
+        setter(sms - n)
     try:
         yield
     finally:
-        setter(before)
+        with _carveouts_lock:
+            _carveouts[:] = [entry for entry in _carveouts if entry[0] is not token]
+            setter(_carveouts[-1][1] if _carveouts else _before_carveouts[0])
 
 
 def device_overlap(device_type: str, side_streams: int, rule: Mapping[str, Any] | None = None) -> OpImpl:

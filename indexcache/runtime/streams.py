@@ -95,7 +95,13 @@ def _per_call(fn: Callable[..., tuple[S, M]], args: dict[str, Any], side_fn: Cal
 def _checked(device: torch.device | str | None, side: int, side_sms: int | None, tokens: int | None,
              context: int | None, k_format: torch.dtype | None) -> dict[str, Any]:
     """The scheduler's arguments (less the two functions), each checked: ValueError or TypeError naming a bad one."""
-    dev = torch.device("cpu" if device is None else device)
+    if device is not None and not isinstance(device, (torch.device, str)):
+        raise TypeError(f"device: expected a torch.device, a device string or None, got {type(device).__name__} "
+                        f"{device!r}")
+    try:
+        dev = torch.device("cpu" if device is None else device)
+    except RuntimeError as e:  # a string torch does not parse
+        raise ValueError(f"device: expected a device torch knows ('cuda', 'cuda:1', 'cpu', ...), got {device!r}") from e
     if isinstance(side, bool) or not isinstance(side, int) or side < 0:
         raise ValueError(f"side: expected an int >= 0, got {side!r}")
     if side_sms is not None and (isinstance(side_sms, bool) or not isinstance(side_sms, int) or side_sms < 0):
