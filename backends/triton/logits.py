@@ -894,9 +894,13 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     def supports_decode(q, k_cache, weights, context_lens, page_table, out, row_to_batch=None, q_scale=None, **_):
         queries = (_check_dtype("q", q.dtype, target, bf16=False) if q_scale is None else
                    [*on_target_device(target, q_scale=q_scale), *_mxfp4_queries(q, q_scale)])
+        # A tile inside one page reads the page its entry names, or page 0 where the entry names none, unmasked: a
+        # cache of no pages has nothing to read (the torch backend serves it: every key -inf).
+        empty = ["k_cache: a cache of no pages (the kernels read page 0 in place of a missing one)"] \
+            if k_cache.shape[0] == 0 else []
         return [*on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
                                   page_table=page_table, out=out, row_to_batch=row_to_batch),
-                *queries, *_check_shape(q.shape[2], fp4.head_dim(q))]
+                *queries, *_check_shape(q.shape[2], fp4.head_dim(q)), *empty]
 
     def run_prefill(**args):
         return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options[args["k"].dtype == fp4.FP4])

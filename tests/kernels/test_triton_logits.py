@@ -244,6 +244,30 @@ def test_paged_decode_ragged_rows_two_a_program(backend, skip):
         _assert_logits(out[kept], want[kept], 1e-5)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k_format", [None, torch.float4_e2m1fn_x2], ids=["fp8", "mxfp4"])
+def test_a_cache_of_no_pages_is_declined_and_served_by_the_torch_backend(backend, k_format, monkeypatch):
+    """A tile inside one page reads page 0 in place of a missing one, unmasked: with no pages there is none, so the
+    Triton backends decline such a cache (naming it) and the automatic choice gives the torch backend's -inf logits,
+    for the logits op and the producer step alike (it read through a null pointer)."""
+    from indexcache.hal import fp4
+
+    fmt = FP8[backend] if k_format is None else fp4.FP4
+    cache = new_packed_cache(0, 64, 128, fp8_dtype=fmt)
+    q = torch.zeros(2, 1, 4, 128).to(FP8[backend])
+    args = (q, cache, torch.ones(2, 4), torch.tensor([10, 300], dtype=torch.int32),
+            torch.tensor([[0], [1]], dtype=torch.int32), 300)
+    with pytest.raises(dispatch.BackendNotSupportedError, match="k_cache: a cache of no pages"):
+        indexcache.paged_mqa_logits(*args, k_format=k_format, backend=backend)
+    monkeypatch.setattr(dispatch, "default_backend", lambda: (backend, "the automatic choice, here"))
+    assert indexcache.paged_mqa_logits(*args, k_format=k_format).eq(float("-inf")).all()
+    raw = torch.empty(2, 64, dtype=torch.int32)
+    indexcache.paged_topk_translate(*args, 64, torch.tensor([[5], [6]], dtype=torch.int32), 64, out_raw=raw,
+                                    k_format=k_format)
+    assert torch.equal(raw[0], torch.tensor([*range(10), *[-1] * 54], dtype=torch.int32))
+    assert raw[1].eq(-1).all()
+
+
 def test_paged_decode_tma_choice_off_hopper_takes_the_triton_kernel():
     """A table choosing the Hopper kernel (``KERNEL="tma-ws"``) still gets the Triton kernel where that one cannot run
     (here: interpreted), with the same result."""
