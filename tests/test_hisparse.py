@@ -184,6 +184,23 @@ def test_argument_errors_name_the_argument():
         plan(t([[1], [2]]), t([3, 3]), torch.zeros(2, 4), tok, age)
 
 
+def test_the_public_ops_name_a_host_rows_past_int64_and_a_host_kv_of_no_dimension():
+    """host_rows at 2**63 made every row look off the host (2**64: a bare OverflowError); a 0-d host_kv beside a 1-d
+    device_kv passed the row check (both rows shaped ()) and failed inside the backend with an IndexError."""
+    import indexcache
+
+    tok, age = empty_state(1, 2)
+    for host_rows in (2**63, 2**64):
+        with pytest.raises(ValueError, match=r"^host_rows: expected an int in \[0, 9223372036854775807\] \(host rows"):
+            indexcache.hisparse_plan(t([[1, 2]]), t([10]), host(1, 10), tok, age, host_rows=host_rows,
+                                     backend="torch")
+    assert indexcache.hisparse_plan(t([[1, 2]]), t([10]), host(1, 10), tok, age, host_rows=2**63 - 1,
+                                    backend="torch").slots.tolist() == [[0, 1]]
+    copy = (torch.tensor([[0]]), t([[0]]), t([1]))
+    with pytest.raises(TypeError, match="^host_kv: expected a torch.Tensor of at least one dimension"):
+        indexcache.hisparse_swap_in(*copy, torch.tensor(5.0), torch.zeros(3), t([[0, 1]]), backend="torch")
+
+
 # ---- many steps: the engine's duties simulated, the device must hold what the plan says ----------------------------
 
 def _simulate(seed: int, batches: int, hot: int, k: int, steps: int, rows_per_request: int, start_max: int) -> None:

@@ -805,7 +805,9 @@ def hisparse_swap_in(copy_src, copy_dst, copy_count, host_kv, device_kv, device_
     each layer in a call of its own (``indexcache.hisparse_swap_in(*plan.copies, ...)``), or the group's layers in one
     call (lists of their tensors), which the GPU backends copy in one launch and so nearer the host link's bandwidth
     (docs/hisparse.md, "One layer, or a group's layers"). Never reads or writes out of bounds, whatever the inputs
-    hold.
+    hold. Copies that land in one device row (``device_loc`` naming a row for two slots or requests, or a hand-made
+    list naming a slot twice; a plan's copies never do) leave one of them there, which one unspecified: the GPU
+    backends copy in parallel (the reference, and the torch backend, keep the last in row order).
 
     Parameters
     ----------

@@ -25,7 +25,8 @@ token's slot is the index's when the state says that slot holds it (a hit, marke
 state cleans it and writes the keys: no scattered pass over the state's slots. Otherwise (a first step, a state
 changed elsewhere) every event goes through the table as above and the index is rebuilt; placed misses and short
 requests' identities are written into it, and every slot's check word each step. The plan trusts an index whose
-check words match (only a plan writes them); anything else only sends a step the long way.
+check words match (only a plan writes them or the entries): a check word that does not match only sends a step the
+long way, but an entry changed behind matching check words is trusted (a held token it misnames is copied in again).
 
 Misses on the host are numbered in order of first appearance (a row at a time, a running count and a cumsum). The free
 slots' eviction keys ``(occupied, age)`` (then the slot) are written in the pass that resolves the state; the M-th

@@ -44,7 +44,7 @@ def check(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, h
     else:
         check_tensor("row_to_batch", row_to_batch, (INDEX,), (rows,), device)
     if host_rows is not None:
-        check_int("host_rows", host_rows, 0)
+        check_int("host_rows", host_rows, 0, 2**63 - 1, " (host rows are int64)")
     reads = dict(raw=raw, seq_lens=seq_lens, host_loc=host_loc, row_to_batch=row_to_batch)
     state = dict(slot_token=slot_token, slot_age=slot_age)
     for name, t in state.items():

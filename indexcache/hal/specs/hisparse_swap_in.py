@@ -58,6 +58,8 @@ def check(copy_src, copy_dst, copy_count, host_kv: torch.Tensor | Sequence[torch
         if dev.dtype != first.dtype or dev.shape[1:] != first.shape[1:]:
             raise TypeError(f"device_kv{at}: expected rows like device_kv[0]'s ({first.dtype} "
                             f"{list(first.shape[1:])} a row), got {dev.dtype} {list(dev.shape[1:])}")
+        if host.dim() < 1:
+            raise TypeError(f"host_kv{at}: expected a torch.Tensor of at least one dimension, got {host!r}")
         if host.dtype != dev.dtype or host.shape[1:] != dev.shape[1:]:
             raise TypeError(f"host_kv{at}: expected rows like device_kv{at}'s ({dev.dtype} {list(dev.shape[1:])} a "
                             f"row), got {host.dtype} {list(host.shape)}")
