@@ -91,11 +91,27 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return first, first + (last + 1) * t.element_size()
 
 
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of a non-contiguous ``t`` may share memory: its dimensions of more than one element,
+    by stride, must each step past all the smaller ones span (a view such as ``as_strided((2, 3), (1, 1))`` does
+    not; a few exotic views that interleave without overlapping are refused with them)."""
+    dims = sorted((stride, size) for size, stride in zip(t.shape, t.stride(), strict=True) if size > 1)
+    span = 0
+    for stride, size in dims:
+        if stride <= span:
+            return True
+        span += (size - 1) * stride
+    return False
+
+
 def check_output(name: str, out: torch.Tensor, inputs: dict) -> None:
-    """``out`` must not write one element twice (a stride-0 view) nor share memory with any input."""
-    if not out.is_contiguous() and any(size > 1 and stride == 0 for size, stride in zip(out.shape, out.stride(),
-                                                                                         strict=True)):
-        raise ValueError(f"{name}: expected a tensor whose elements have memory of their own, got an expanded view "
+    """``out`` must not write one element twice (an expanded, stride-0 view or any view whose elements overlap) nor
+    share memory with any input."""
+    if not out.is_contiguous() and out.numel() and _overlaps_itself(out):
+        what = ("an expanded view" if any(size > 1 and stride == 0 for size, stride in zip(out.shape, out.stride(),
+                                                                                             strict=True))
+                else "a view whose elements overlap")
+        raise ValueError(f"{name}: expected a tensor whose elements have memory of their own, got {what} "
                          f"(shape {list(out.shape)}, strides {list(out.stride())})")
     if torch.compiler.is_compiling() or out.is_meta or isinstance(out, FakeTensor):
         # Fake and meta tensors (Dynamo's tracing, the custom ops' fake implementations) have no memory to compare:

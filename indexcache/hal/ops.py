@@ -7,7 +7,7 @@ negative count as 0 (checking them would need a device sync). Bad arguments rais
 (wrong type or dtype) or ``ValueError`` (wrong shape, device or value) naming the argument, what
 was expected and what came. ``k`` is at most :data:`MAX_TOPK` and ``page_size`` at most
 :data:`MAX_PAGE_SIZE`; an ``out`` (or ``out_raw``) must not share memory with any input, with the
-other output, or with itself (an expanded, stride-0 view).
+other output, or with itself (an expanded, stride-0 view, or any view whose elements overlap).
 
 Non-finite values, the same on every backend: ``quantize_index_k`` / ``store_index_k`` give a block
 (a token) holding NaN or ±inf the scale NaN and zero fp8 values; the logits propagate NaN (a NaN in

@@ -199,6 +199,25 @@ def test_expanded_out_is_refused():
         indexcache.paged_mqa_logits(**_paged(), out=logits, backend="torch")
 
 
+def test_an_out_whose_rows_overlap_is_refused_and_strided_views_that_do_not_are_taken():
+    """An ``as_strided`` out whose rows share elements passed the stride-0 check and gave garbage (rows writing over
+    each other); a column slice of a wider buffer, a transposed view and an empty one are fine."""
+    from indexcache.hal.hisparse import empty_state
+
+    raw = torch.tensor([[7, 2, 5], [1, 2, 3]], dtype=I32)
+    args = (raw, torch.tensor([10, 10], dtype=I32), torch.arange(20, dtype=I32).view(2, 10), *empty_state(2, 4))
+    overlapping = torch.zeros(4, dtype=I32).as_strided((2, 3), (1, 1))
+    with pytest.raises(ValueError, match=r"^out: expected a tensor whose elements have memory of their own, got a "
+                                         r"view whose elements overlap \(shape \[2, 3\], strides \[1, 1\]\)"):
+        indexcache.hisparse_plan(*args, out=overlapping, backend="torch")
+    table, lens = torch.tensor([[10, 11]], dtype=I32).expand(2, 2).contiguous(), torch.tensor([128, 128], dtype=I32)
+    for out in (torch.empty(2, 8, dtype=I32)[:, 2:5], torch.empty(3, 2, dtype=I32).t(), torch.empty(0, 3, dtype=I32)):
+        r = raw[:out.shape[0]]
+        assert torch.equal(indexcache.translate(r, table[:out.shape[0]], lens[:out.shape[0]], 64, out=out,
+                                                backend="torch"),
+                           indexcache.translate(r, table[:out.shape[0]], lens[:out.shape[0]], 64, backend="torch"))
+
+
 def test_page_of_zero_tokens_is_refused():
     """issue 21 item 14: a 4-D cache view with 0 tokens a page divided by zero."""
     args = _paged()
