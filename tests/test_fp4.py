@@ -136,3 +136,32 @@ def test_mxfp4_queries_in_deepgemms_packed_form_are_taken_by_views():
     want = indexcache.mqa_logits(values.view(tokens, heads, dim // 2), keys, key_scales, weights, *window,
                                  q_scale=scales.view(tokens, heads, 4), backend="torch")
     assert torch.equal(got, want)
+
+
+def test_the_torch_backend_gives_finite_logits_for_finite_keys_near_the_top_of_float32():
+    """Keys quantized from finite values near 3e38 (block scale byte 253: 3e38 is 4 · 2^126, and 2^128 is past
+    float32) made the torch backend's logits inf or NaN: it decoded each block at its own scale in float32. In units
+    of the key's largest block scale it matches the float64 reference, on mqa_logits and paged_mqa_logits alike."""
+    from indexcache.hal import reference
+    from indexcache.hal.layout import new_packed_cache
+
+    raw = torch.zeros(4, 64)
+    raw[:, 0], raw[:, 1], raw[:, 32:] = 3.0e38, -1.0e38, 1.0
+    keys, scales = indexcache.quantize_index_k(raw, fp4.FP4, block=32, backend="torch")
+    assert scales.view(torch.uint8)[0].tolist() == [253, 125]  # 3e38 as 4 · 2^126: 2^128, past float32
+    for first in (2.0**-6, 0.0):  # the big block read, or only the small one (0 x 6 · 2^127 was NaN)
+        q = torch.zeros(2, 8, 64)
+        q[..., 0], q[..., 32:] = first, 0.5
+        q = q.to(torch.float8_e4m3fn)
+        args = (q, keys, scales, torch.full((2, 8), 0.125), torch.zeros(2, dtype=torch.int32),
+                torch.full((2,), 4, dtype=torch.int32))
+        got, want = indexcache.mqa_logits(*args, backend="torch"), reference.mqa_logits(*args)
+        assert torch.isfinite(want).all() and torch.allclose(got.double(), want, rtol=1e-6)
+    cache = new_packed_cache(1, 4, 64, fp8_dtype=fp4.FP4)
+    indexcache.store_index_k(raw, cache, torch.arange(4, dtype=torch.int32), fp8_dtype=fp4.FP4, backend="torch")
+    paged = (q[:1, None].expand(1, 2, 8, 64).contiguous(), cache, torch.full((2, 8), 0.125),
+             torch.tensor([4], dtype=torch.int32), torch.tensor([[0]], dtype=torch.int32), 4)
+    got = indexcache.paged_mqa_logits(*paged, k_format=fp4.FP4, backend="torch")
+    want = reference.paged_mqa_logits(*paged, k_format=fp4.FP4)
+    finite = torch.isfinite(want)
+    assert torch.equal(finite, torch.isfinite(got)) and torch.allclose(got[finite].double(), want[finite], rtol=1e-6)

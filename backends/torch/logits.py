@@ -15,24 +15,37 @@ from indexcache.hal.layout import split_packed_cache
 KEY_CHUNK = 4096
 
 
-def _mxfp4_keys(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """MXFP4 keys ``[n, D / 2]`` with their e8m0 scales ``[n, D / 32]`` as float32 ``[n, D]`` (exact: an e2m1 value
-    times a power of two; scale byte 255 gives NaN). A magnitude from its code ``c`` by arithmetic, so no table is
-    copied to the device at each chunk: ``c / 2`` below 2, else ``2 ** (c // 2 - 1) * (1 + (c % 2) / 2)``."""
+def _e2m1(values: torch.Tensor) -> torch.Tensor:
+    """MXFP4 values ``[..., D / 2]`` (two a byte) as float32 ``[..., D]``, their block scales not applied. A magnitude
+    from its code ``c`` by arithmetic, so no table is copied to the device at each chunk: ``c / 2`` below 2, else
+    ``2 ** (c // 2 - 1) * (1 + (c % 2) / 2)``."""
     packed = values.view(torch.uint8)
     nibble = torch.stack((packed & 15, packed >> 4), -1).flatten(-2)
     code = (nibble & 7).float()
     magnitude = torch.where(code < 2, code / 2, torch.exp2(torch.floor(code / 2) - 1) * (1 + (code % 2) / 2))
-    x = torch.where(nibble >= 8, -magnitude, magnitude)
+    return torch.where(nibble >= 8, -magnitude, magnitude)
+
+
+def _mxfp4_keys(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 keys ``[..., D / 2]`` with their e8m0 scales ``[..., D / 32]`` as ``(float32 [..., D], float32 [...])``:
+    the values in units of the key's largest block scale (each block times ``2 ** (its byte - the largest)``, at most
+    1: exact but for a block more than about 2^149 below the largest, which an fp32 sum in those units drops too) and
+    that scale, NaN for a key with a NaN block (byte 255). Decoding each block at its own scale instead overflowed
+    float32 for finite keys (6 at byte 254 is 1.5 · 2^129) and made their logits inf or NaN."""
     b = scales.view(torch.uint8).float()
-    scale = torch.where(b == 255, float("nan"), torch.exp2(b - 127))
-    return (x.unflatten(-1, (scale.shape[-1], -1)) * scale[..., None]).flatten(-2)
+    top = b.amax(-1)
+    x = _e2m1(values).unflatten(-1, (b.shape[-1], -1)) * torch.exp2(b - top[..., None])[..., None]
+    return x.flatten(-2), torch.where(top == 255, float("nan"), torch.exp2(top - 127))
 
 
 def _queries(q: torch.Tensor, q_scale: torch.Tensor | None) -> torch.Tensor:
     """``q`` as float32 ``[..., D]``: fp8 and bf16 values as they are, MXFP4 ones decoded with their block scales
-    ``q_scale`` (exact, as the keys)."""
-    return q.float() if q_scale is None else _mxfp4_keys(q, q_scale)
+    ``q_scale`` (exact where they fit float32; scale byte 255 gives NaN)."""
+    if q_scale is None:
+        return q.float()
+    b = q_scale.view(torch.uint8).float()
+    scale = torch.where(b == 255, float("nan"), torch.exp2(b - 127))
+    return (_e2m1(q).unflatten(-1, (scale.shape[-1], -1)) * scale[..., None]).flatten(-2)
 
 
 def mqa_logits(q, k, k_scale, weights, ks, ke, out, q_scale=None):
@@ -43,8 +56,8 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, q_scale=None):
     n = k.shape[0]
     if out.numel() == 0:
         return out
-    if k.dtype == fp4.FP4:  # the keys decoded with their block scales; no scale a key left to apply
-        k, k_scale = _mxfp4_keys(k, k_scale), torch.ones(n, device=q.device)
+    if k.dtype == fp4.FP4:  # the keys in units of their largest block scale, that scale a key's
+        k, k_scale = _mxfp4_keys(k, k_scale)
     key_chunk = max(1, min(n, KEY_CHUNK, memory_budget() // (8 * heads + 4 * dim + 16)))
     # Per query row of a chunk: the product and its ReLU'd copy, plus the row's q in float32.
     step = rows_per_chunk(8 * heads * key_chunk + 4 * heads * dim + 8 * key_chunk, tokens)
@@ -101,8 +114,9 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
             ok &= named[:, None]
         entry = entry.clamp(0, cache_pages - 1)
         slot = (pos % page_size)[None, :]
-        if mxfp4:  # the keys decoded with their block scales; no scale a key left to apply
-            kf, scale = _mxfp4_keys(keys[entry, slot], scales[entry, slot]), 1.0
+        if mxfp4:  # the keys in units of their largest block scale, that scale a key's
+            kf, scale = _mxfp4_keys(keys[entry, slot], scales[entry, slot])
+            scale = scale[..., None]
         else:
             kf, scale = keys[entry, slot].float(), scales[entry, slot][..., None]
         prod = torch.bmm(kf, qf.transpose(1, 2)).view(batch, s1 - s0, next_n, heads)
