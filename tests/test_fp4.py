@@ -165,3 +165,19 @@ def test_the_torch_backend_gives_finite_logits_for_finite_keys_near_the_top_of_f
     want = reference.paged_mqa_logits(*paged, k_format=fp4.FP4)
     finite = torch.isfinite(want)
     assert torch.equal(finite, torch.isfinite(got)) and torch.allclose(got[finite].double(), want[finite], rtol=1e-6)
+
+
+def test_the_gather_reference_makes_its_own_mxfp4_outputs_at_any_size():
+    """Without given outputs it made them with torch.zeros, which fills no float4_e2m1fn_x2 tensor past a small size
+    (NotImplementedError at 2000 keys of dim 64); against the torch backend's gather into given ones."""
+    from indexcache.hal.layout import new_packed_cache
+    from indexcache.hal.specs import gather_index_k
+
+    cache = new_packed_cache(40, 64, 64, fp8_dtype=fp4.FP4)
+    keys = torch.randn(2000, 64, generator=torch.Generator().manual_seed(0))
+    indexcache.store_index_k(keys, cache, torch.arange(2000, dtype=torch.int32), fp8_dtype=fp4.FP4, backend="torch")
+    table, lens = torch.arange(40, dtype=torch.int32)[None], torch.tensor([2000], dtype=torch.int32)
+    got_k, got_scale = gather_index_k.reference(cache, table, lens, dim=64, fp8_dtype=fp4.FP4)
+    want_k, want_scale = indexcache.gather_index_k(cache, table, lens, dim=64, fp8_dtype=fp4.FP4, backend="torch")
+    assert got_k.dtype == fp4.FP4 and torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(got_scale.view(torch.uint8), want_scale.view(torch.uint8))

@@ -67,7 +67,10 @@ def reference(k_cache, block_table, context_lens, *, dim=128, fp8_dtype=torch.fl
     lens = cpu(context_lens).clamp_min(0).tolist()
     if out_k is None:
         (k_shape, k_dtype), (s_shape, s_dtype) = out_shapes(sum(lens), dim, fp8_dtype)
-        out_k, out_scale = torch.zeros(k_shape, dtype=k_dtype), torch.zeros(s_shape, dtype=s_dtype)
+        # one-byte formats zeroed as bytes: torch fills no float4_e2m1fn_x2 tensor (NotImplementedError past a size)
+        out_k, out_scale = (torch.zeros(shape, dtype=torch.uint8).view(dtype) if dtype.itemsize == 1
+                            else torch.zeros(shape, dtype=dtype)
+                            for shape, dtype in ((k_shape, k_dtype), (s_shape, s_dtype)))
     got_k, got_scale = cpu(out_k).clone(), cpu(out_scale).clone()
     k_bytes = got_k.view(torch.uint8).view(got_k.shape[0], keys.shape[2])
     s_bytes = got_scale.view(torch.uint8).view(got_scale.shape[0], scales.shape[2])
