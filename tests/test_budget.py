@@ -742,6 +742,24 @@ class _FakePartitions:
         return self.made.get((index, n, side))
 
 
+@pytest.mark.parametrize("raising", ["side", "main"])
+def test_a_function_that_raises_still_joins_the_side_stream(scheduler, monkeypatch, raising):
+    """The current stream waits for the side's work even where a function raised (it was left unordered)."""
+    streams, fake = scheduler
+    monkeypatch.setattr(triton_streams, "partition_stream", lambda *a, **k: None)
+
+    def fn(name):
+        def run():
+            if name == raising:
+                raise RuntimeError(f"{name} failed")
+            return name
+        return run
+
+    with pytest.raises(RuntimeError, match=f"{raising} failed"):
+        streams(fn("side"), fn("main"), 0, torch.device("cuda", 0), side_sms=20)
+    assert fake.log[-1] == "main waits side" and budget.current() is None
+
+
 def test_two_threads_budget_blocks_leave_torchs_carveout_as_it_was_whatever_their_order():
     """Thread A enters a side's block (8 of 132), thread B a main's (100 of 132), A leaves, then B: while both run the
     last entered holds the process-wide carveout; after both, it is what it was before (it was left at 124)."""

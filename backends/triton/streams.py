@@ -199,21 +199,24 @@ class DeviceStreams:
     def _run(self, stream: torch.Stream, device: torch.device, n: int | None, sms: int, side_fn: Callable[[], S],
              main_fn: Callable[[], M]) -> tuple[S, M]:
         """``side_fn`` on ``stream`` (under a budget of ``n`` where given, the main under the rest), ``main_fn`` on the
-        current stream, joined."""
+        current stream, joined: also where either raises (what the side enqueued is then ordered before whatever the
+        caller does next on the current stream)."""
         if torch.compiler.is_compiling():  # Inductor traces no streams: in order, as the join makes it appear
             return side_then_main(side_fn, main_fn)
         main = self._module.current_stream(device)
         stream.wait_stream(main)
-        if n is None:
-            with self._module.stream(stream):
-                side_out = side_fn()
-            main_out = main_fn()
-        else:
-            with self._module.stream(stream), _held_to(n, sms):
-                side_out = side_fn()
-            with _held_to(sms - n, sms):
+        try:
+            if n is None:
+                with self._module.stream(stream):
+                    side_out = side_fn()
                 main_out = main_fn()
-        main.wait_stream(stream)
+            else:
+                with self._module.stream(stream), _held_to(n, sms):
+                    side_out = side_fn()
+                with _held_to(sms - n, sms):
+                    main_out = main_fn()
+        finally:
+            main.wait_stream(stream)
         _record(side_out, main, self.device_type)
         return side_out, main_out
 
