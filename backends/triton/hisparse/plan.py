@@ -186,6 +186,7 @@ def hisparse_plan_kernel(
     if b < B:
         if HAS_R2B:
             rows, row0 = _link_rows(r2b_ptr, r2b_s0, links, R, b, BLOCK_R)
+            _sync(FENCE)  # every thread's links stored before any is followed (_next_row), on AMD too
         else:
             rows = 1
     if rows > 0:  # a request no row names is left as it was
