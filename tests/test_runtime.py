@@ -578,3 +578,42 @@ def test_max_length_must_be_a_size(bound):
     _, lengths, tables = inputs(2)
     with pytest.raises(ValueError, match="max_length: expected an int >= 0 or None"):
         runner.layer(0, state, scores=_no_scores, lengths=lengths, page_table=tables[0], max_length=bound)
+
+
+def test_a_refused_producer_leaves_the_state_to_the_producer_before_it():
+    """A producer on the short path (runner, max_length <= k) or a draft step (DraftTopk.serve) wrote ``raw`` before
+    translate checked its arguments: refused, it left the previous producer named over the new rows, and the next
+    shared layer translated those. Now the arguments are checked first (and ``lengths`` is named as given)."""
+    from indexcache.runtime.draft import DraftTopk
+    from indexcache.runtime.runner import IndexerRunner
+    from indexcache.runtime.state import TopkState
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 24, generator=g)
+    lengths = torch.tensor([20, 16], dtype=torch.int32)
+    tables = torch.stack([torch.randperm(12, generator=g).view(2, 6) for _ in range(8)]).to(torch.int32)
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=4, page_size=4))  # FFSSSFSS
+    state = TopkState(2, 4)
+    runner.begin(state, 2)
+    for layer in (0, 1):
+        runner.layer(layer, state, scores=lambda: scores, lengths=lengths, page_table=tables[layer])
+    held = state.raw.clone()
+    with pytest.raises(TypeError, match="^lengths: expected dtype int32, got int64"):
+        runner.layer(5, state, scores=lambda: scores, lengths=lengths.long(), page_table=tables[5], max_length=4)
+    assert state.producer == 1 and torch.equal(state.raw, held)
+    got = runner.layer(2, state, scores=lambda: scores, lengths=lengths, page_table=tables[2])
+    assert torch.equal(got, reference.translate(held, tables[2], lengths, 4))
+
+    state = TopkState(2, 4)
+    state.begin(2)
+    draft = DraftTopk([0, 1], 2, 4, 1)
+    state.produce(0, scores, lengths, tables[0], 4)
+    draft.keep(0, state)
+    state.produce(1, -scores, lengths, tables[1], 4)
+    draft.keep(1, state)
+    state.begin(2)
+    draft.serve(0, state, 1, lengths + 1, tables[0], 4)
+    held = state.raw.clone()
+    with pytest.raises(TypeError, match="^page_table: expected dtype int32, got int64"):
+        draft.serve(1, state, 1, lengths + 1, tables[1].long(), 4)
+    assert state.producer == 0 and torch.equal(state.raw, held)

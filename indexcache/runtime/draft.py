@@ -186,6 +186,7 @@ class DraftTopk:
                              f"{list(getattr(seq_lens, 'shape', []))}")
         if seq_lens.device != state.raw.device:
             raise ValueError(f"seq_lens: on {seq_lens.device}, the state on {state.raw.device}")
+        state.check_translation("seq_lens", seq_lens, page_table, page_size, row_to_batch)  # before raw is written
         raw = state.raw[:rows]
         raw.copy_(self.kept[index, :rows])
         back = self._back[self.max_steps - step:]  # -step .. -1

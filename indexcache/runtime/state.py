@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from indexcache.hal import ops
+from indexcache.hal import checks, ops
 from indexcache.hal.ops import INDEX
 
 CARRY_VERSION = 1
@@ -196,6 +196,14 @@ class TopkState:
         if t.shape[0] != self.rows:
             raise ValueError(f"{name}: expected {self.rows} rows (the live batch given to begin()), got {t.shape[0]}")
 
+    def check_translation(self, lengths_name: str, lengths, page_table, page_size, row_to_batch) -> None:
+        """The arguments of a translation of the live rows (``lengths`` named ``lengths_name``), checked as
+        :func:`indexcache.translate` checks them, before a producer writes ``raw``: a refused call leaves the state as
+        it was (shared layers keep reusing the producer before it). Metadata only: valid under CUDA-graph capture."""
+        checks.check_tensor(lengths_name, lengths, (INDEX,), (self.rows,), self.raw.device)
+        checks.check_translate_inputs((self.rows, self.k), page_table, lengths, page_size, row_to_batch,
+                                      self.raw.device)
+
     def produce(self, layer: int, scores: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor,
                 page_size: int, *, row_starts: torch.Tensor | None = None,
                 row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
@@ -277,7 +285,7 @@ class TopkState:
         ``lengths [rows]`` int32: each row's visible length (negative counts as 0; a row longer than k selects its
         first k positions); ``row_to_batch [rows]``: its table row (identity when None). Writes only into the
         state's buffers: valid under CUDA-graph capture."""
-        self._check_rows("lengths", lengths)
+        self.check_translation("lengths", lengths, page_table, page_size, row_to_batch)
         rows = self.rows
         raw, beyond = self.raw[:rows], self._beyond[:rows]
         torch.ge(self._positions, lengths[:, None], out=beyond)
