@@ -205,3 +205,15 @@ def test_cp_topk_rejects_bad_arguments_before_communicating(kwargs, error, match
 def test_cp_topk_translate_rejects_bad_page_table_before_communicating():
     with pytest.raises(TypeError, match="page_table"):
         cp_topk_translate(torch.zeros(2, 3), 0, torch.zeros(2, dtype=I32), 2, torch.zeros(2, 2), 4)
+
+
+def test_key_counts_past_int32_are_refused_and_a_large_world_costs_nothing():
+    """num_keys past int32 wrapped zigzag_key_index's indices negative, and passed cp_topk's check only to fail in
+    the ranks' agreement (a peer then waited out the timeout); a world of 2**29 ranks built a list of 2**30 bounds."""
+    with pytest.raises(ValueError, match=r"^num_keys: expected an int in \[0, 2147483648\] \(the keys' global "):
+        zigzag_key_index(3 * 2**30, 2**20, 0)
+    assert zigzag_key_index(2**31, 2**20, 0)[-1] == 2**31 - 1  # the last chunk of 1024 keys
+    assert zigzag_key_index(10, 2**29, 5).numel() == 0
+    scores, lengths = torch.randn(2, 8), torch.tensor([8, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^num_keys: expected an int in \[0, 2147483648\]"):
+        cp_topk(scores, 0, lengths, 4, num_keys=2**70)

@@ -56,13 +56,13 @@ def zigzag_key_index(num_keys: int, world_size: int, rank: int, *, device=None) 
     rank ``r`` holding chunks ``r`` and ``2 * world_size - 1 - r``. Returns the rank's global key
     indices ``[N_local]`` int32, increasing: the ``key_offset`` of :func:`cp_topk` for that layout.
     """
-    check_int("num_keys", num_keys, 0)
+    check_int("num_keys", num_keys, 0, _INDEX_MAX + 1, " (the keys' global indices are int32)")
     check_int("world_size", world_size, 1)
     if not 0 <= check_int("rank", rank, 0) < world_size:
         raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank}")
     chunks = 2 * world_size
-    bounds = [num_keys * i // chunks for i in range(chunks + 1)]
-    parts = [torch.arange(bounds[c], bounds[c + 1], device=device) for c in (rank, chunks - 1 - rank)]
+    parts = [torch.arange(num_keys * c // chunks, num_keys * (c + 1) // chunks, device=device)
+             for c in (rank, chunks - 1 - rank)]
     return torch.cat(parts).to(INDEX)
 
 
@@ -79,7 +79,7 @@ def _check(local_scores, key_offset, lengths, k, row_starts, num_keys) -> None:
     if row_starts is not None:
         check_tensor("row_starts", row_starts, (INDEX,), (rows,), device)
     if num_keys is not None:
-        check_int("num_keys", num_keys, 0)
+        check_int("num_keys", num_keys, 0, _INDEX_MAX + 1, " (the keys' global indices are int32)")
 
 
 def _timeout(timeout) -> datetime.timedelta:
