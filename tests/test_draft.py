@@ -165,8 +165,9 @@ def test_bad_calls_raise_naming_the_argument():
         draft.keep(1, state)
     with pytest.raises(ValueError, match="state: holds k=4, but this DraftTopk keeps k=8"):
         draft.keep(0, TopkState(3, 4))
-    with pytest.raises(ValueError, match="last_rows: expected a 1-D integer tensor"):
-        draft.keep(0, state, torch.tensor([0.0, 1.0]))
+    for bad in (torch.tensor([0.0, 1.0]), torch.tensor([0, 1], dtype=torch.int16)):  # int16: index_select's error
+        with pytest.raises(ValueError, match="last_rows: expected a 1-D int32 or int64 tensor"):
+            draft.keep(0, state, bad)
     with pytest.raises(ValueError, match="last_rows: 4 requests, but this DraftTopk holds at most 3"):
         draft.keep(0, state, torch.tensor([0, 1, 2, 2]))
     draft.keep(0, state)

@@ -617,3 +617,18 @@ def test_a_refused_producer_leaves_the_state_to_the_producer_before_it():
     with pytest.raises(TypeError, match="^page_table: expected dtype int32, got int64"):
         draft.serve(1, state, 1, lengths + 1, tables[1].long(), 4)
     assert state.producer == 0 and torch.equal(state.raw, held)
+
+
+@pytest.mark.parametrize(("named", "error", "message"), [
+    (dict(k="4"), TypeError, r"^k: expected an int, got str '4'"),
+    (dict(k=4.0), TypeError, r"^k: expected an int, got float 4.0"),
+    (dict(k=0), ValueError, r"^k: expected an int in \[1, 65536\]"),
+    (dict(page_size=0), ValueError, r"^page_size: expected an int in \[1, 2147483647\]"),
+])
+def test_the_runner_checks_its_k_and_page_size(named, error, message):
+    """k='4' was taken and met later as 'state: holds k=4, but this runner selects k=4'; page_size=0 at the first
+    translation."""
+    from indexcache.runtime.runner import IndexerRunner
+
+    with pytest.raises(error, match=message):
+        IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=4, page_size=4), **named)

@@ -140,9 +140,9 @@ class DraftTopk:
         if last_rows is None:
             rows = state.rows
         else:
-            if not isinstance(last_rows, torch.Tensor) or last_rows.dim() != 1 or last_rows.is_floating_point() \
-                    or last_rows.is_complex() or last_rows.dtype == torch.bool:
-                raise ValueError("last_rows: expected a 1-D integer tensor (each request's newest row of the "
+            if not isinstance(last_rows, torch.Tensor) or last_rows.dim() != 1 or \
+                    last_rows.dtype not in (torch.int32, torch.int64):
+                raise ValueError("last_rows: expected a 1-D int32 or int64 tensor (each request's newest row of the "
                                  f"extend), got {getattr(last_rows, 'dtype', type(last_rows).__name__)} "
                                  f"{list(getattr(last_rows, 'shape', []))}")
             if last_rows.device != state.raw.device:

@@ -57,6 +57,7 @@ from collections.abc import Callable
 
 import torch
 
+from indexcache.hal import checks
 from indexcache.plan import PRODUCER, LayerPlan, Stage
 from indexcache.runtime.hot import HotLayer
 from indexcache.runtime.state import PagedLogits, PrefillLogits, TopkState
@@ -75,8 +76,8 @@ class IndexerRunner:
         self.stage = stage
         self._run = plan if stage is None else plan.for_stage(stage)  # the roles as run here
         self.roles = self._run.roles
-        self.k = plan.top_k if k is None else k
-        self.page_size = plan.page_size if page_size is None else page_size
+        self.k = plan.top_k if k is None else checks.check_int("k", k, 1, checks.MAX_TOPK)
+        self.page_size = plan.page_size if page_size is None else checks.check_page_size(page_size)
         self.layers = range(stage.start, stage.stop) if stage is not None else range(plan.num_layers)
 
     def _check_layer(self, layer: int) -> None:
