@@ -106,26 +106,34 @@ def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, 
 
 
 def _pass(tokens: int, keys: int, device: torch.device, k: int, limit: int, target: Target,
-          settings: tuple[Settings, Settings], quantum: int, keys_words: int) -> tuple[int, Settings, Any]:
-    """``(rows a pass, the top-k's settings for such a pass, its plan)`` (:func:`pass_rows`: ``settings`` those of
-    :func:`topk_settings`; the plan None where the top-k selects nothing)."""
+          settings: tuple[Settings, Settings], quantum: int, keys_words: int) -> tuple[int, tuple, tuple]:
+    """``(rows a pass, (settings, plan) of a full pass, (settings, plan) of the last, shorter one)`` (:func:`pass_rows`:
+    ``settings`` those of :func:`topk_settings`; a plan None where the top-k selects nothing; the last pass's the full
+    one's where the rows divide evenly). The last pass splits its rows only where a full pass does (fewer rows could
+    split under an SM budget where the full pass's do not, and take more workspace than a full pass), and the workspace
+    holds the larger of the two passes' top-k."""
     fixed = 4 * (2 * _piece(tokens) + _piece(keys_words))
-    plans: dict[int, tuple[Settings, Any]] = {}  # each pass size's top-k, worked out once
+    plans: dict[tuple[int, bool], tuple[Settings, Any]] = {}  # each pass size's top-k (split or not), worked out once
 
-    def select(rows: int) -> tuple[Settings, Any]:
-        found = plans.get(rows)
+    def select(rows: int, split: bool = True) -> tuple[Settings, Any]:
+        found = plans.get((rows, split))
         if found is None:
-            chosen = settings[1] if _unsplit(rows, device, target) else settings[0]
+            chosen = settings[1] if not split or _unsplit(rows, device, target) else settings[0]
             plan = shape_plan(rows, keys, device, k, target, chosen.cfg, chosen) if rows and k else None
-            found = plans[rows] = chosen, plan
+            found = plans[rows, split] = chosen, plan
         return found
 
+    def both(rows: int) -> tuple[tuple[Settings, Any], tuple[Settings, Any]]:
+        full = select(rows)
+        last = tokens % rows
+        return full, (select(last, full[1] is not None and full[1].chunk > 0) if last else full)
+
     def need(rows: int) -> int:
-        plan = select(rows)[1]
-        return fixed + 4 * _piece(rows * keys) + (4 * sum(plan.words) if plan else 0)
+        words = max(sum(plan.words) if plan else 0 for _, plan in both(rows))
+        return fixed + 4 * _piece(rows * keys) + 4 * words
 
     if need(tokens) <= limit:
-        return tokens, *select(tokens)
+        return tokens, *both(tokens)
     rows = min(tokens, max(limit - fixed, 0) // (4 * keys))
     while rows > 0 and need(rows) > limit:  # the top-k's share grows about linearly with the rows
         rows = min(rows - 1, rows * (limit - fixed) // (need(rows) - fixed))
@@ -133,18 +141,22 @@ def _pass(tokens: int, keys: int, device: torch.device, k: int, limit: int, targ
         raise ValueError(f"workspace_bytes: expected at least {need(1)} bytes for {tokens} queries over {keys} keys "
                          f"(the windows, {'the keys widened, ' if keys_words else ''}a query row's float32 logits and "
                          f"its top-k's workspace), got a bound of {limit}")
+    fits = rows
     step = math.lcm(ALIGN, quantum) if rows >= math.lcm(ALIGN, quantum) else ALIGN
     if rows >= step:  # whole rounds of the logits launch (else aligned rows), the passes as even as they then can be
         rows -= rows % step
         even = cdiv(cdiv(tokens, cdiv(tokens, rows)), step) * step
         rows = even if even <= rows else rows
-    return rows, *select(rows)
+    if need(rows) > limit:  # another last pass than the one that fitted: keep that one
+        rows = fits
+    return rows, *both(rows)
 
 
 def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, target: Target,
             tuning: Mapping[str, Mapping[str, Any]],
-            settings: tuple[Settings, Settings] | None = None) -> tuple[int, tuple[int, int, int], int, Any, Settings]:
-    """``(rows a pass, the workspace's pieces, its bytes, the top-k's plan of a full pass, its settings)`` of a call
+            settings: tuple[Settings, Settings] | None = None) -> tuple[int, tuple[int, int, int], int, tuple, tuple]:
+    """``(rows a pass, the workspace's pieces, its bytes, (settings, plan) of a full pass's top-k, (settings, plan) of
+    the last pass's)`` of a call
     with queries and a ``topk_k`` above 0 (:func:`pass_rows`, in whole rounds of its logits launch where the bound
     allows). The pieces, in int32 words: the windows' (two of the first size), the keys widened once (the second,
     ``logits.prefill_workspace_words``; 0 but for MXFP4 keys on a widening target) and a pass's logits (the third);
@@ -154,10 +166,11 @@ def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, ta
     tokens, keys = q.shape[0], k.shape[0]
     quantum = prefill_round(q, k, k_scale, weights, q_scale, target=target, cfg=tuning["mqa_logits"])
     wide = prefill_workspace_words(q, k, q_scale, target=target)
-    rows, select, plan = _pass(tokens, keys, q.device, topk_k, limit, target,
-                               settings or topk_settings(target, tuning["topk"]), quantum, wide)
+    rows, full, last = _pass(tokens, keys, q.device, topk_k, limit, target,
+                             settings or topk_settings(target, tuning["topk"]), quantum, wide)
     pieces = _piece(tokens), _piece(wide), _piece(rows * keys)
-    return rows, pieces, 4 * (2 * pieces[0] + pieces[1] + pieces[2] + sum(plan.words)), plan, select
+    words = max(sum(plan.words) for _, plan in (full, last))
+    return rows, pieces, 4 * (2 * pieces[0] + pieces[1] + pieces[2] + words), full, last
 
 
 def _rows(tensors: tuple[torch.Tensor | None, ...], t0: int, t1: int) -> list[torch.Tensor | None]:
@@ -191,8 +204,8 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
         return []
     if keys <= topk_k:  # every window short: its first positions, translated, in one launch
         return [short_launch(ks, 1, row_to_batch, topk_k, keys, page_table, page_size, out, out_raw, window_ends=ke)]
-    rows, (win, wide, part), total, plan, select = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, q_scale,
-                                                           target=target, tuning=tuning, settings=settings)
+    rows, (win, wide, part), total, full, last = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, q_scale,
+                                                         target=target, tuning=tuning, settings=settings)
     ws = workspaces.words(q, total // 4, workspace, cap=workspace_bytes_ // 4)
     starts, lengths = ws[:tokens], ws[win:win + tokens]
     keys_ws = ws[2 * win:2 * win + wide]
@@ -213,9 +226,10 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
                                      cfg=tuning["mqa_logits"], options=options, skip=topk_k, fill=False,
                                      workspace=keys_ws, keys_widened=t0 > 0)
         r2b, table = (None, per_row_) if row_to_batch is None else (per_row_, page_table)
+        select, plan = full if t1 - t0 == rows else last
         steps += [launch for _, launch in topk.launches(scores, lengths_, topk_k, starts_, out_, raw_, table, page_size,
                                                          r2b, workspace=scratch, target=target, cfg=select.cfg,
-                                                         plan=plan if t1 - t0 == rows else None, settings=select)]
+                                                         plan=plan, settings=select)]
     return steps
 
 

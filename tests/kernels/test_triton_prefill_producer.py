@@ -146,3 +146,29 @@ def test_windows_all_short_take_one_launch_and_no_workspace():
     want = indexcache.mqa_topk_translate(**{**mixed, "out": None, "out_raw": None}, backend="torch")
     assert ((mixed["ke"] <= 48).any() and (mixed["ke"] > 48).any())
     assert torch.equal(indexcache.mqa_topk_translate(**mixed, backend="cuda").sort(1).values, want.sort(1).values)
+
+
+def test_a_shorter_last_pass_under_an_sm_budget_stays_within_the_workspace(monkeypatch):
+    """Planned as on a 132-multiprocessor GPU under a budget of 3: passes of 2 rows do not split (3 // 2 programs a
+    row), a last pass of 1 row would (3), taking more scratch than a full pass, which was all the workspace held: its
+    launches wrote through empty views (a segfault). The last pass now splits only where a full pass does; the
+    workspace, exactly as large as asked, ends in a guard that stays untouched, and the selection is the torch
+    backend's."""
+    from indexcache.backends.triton.topk import plan
+
+    monkeypatch.setattr(plan, "multiprocessors", lambda target, device: 132)
+    monkeypatch.setattr(prefill_producer, "multiprocessors", lambda target, device: 132)
+    args = _inputs(torch.Generator().manual_seed(0), 5, 5000, 64)
+    target, table = _target_and_tuning()
+    with indexcache.sm_budget(3):
+        full = plan.shape_plan(2, 5000, torch.device("cpu"), 64, target, table["topk"])
+        assert full.chunk == 0 and plan.shape_plan(1, 5000, torch.device("cpu"), 64, target, table["topk"]).chunk > 0
+    bound = 4 * 2 * 16 + 4 * 2 * 5000 + 4 * sum(full.words)  # what a pass of 2 rows takes: passes of 2, 2 and 1
+    named = dict(workspace_bytes=bound, sm_budget=3)
+    n = indexcache.workspace_bytes("mqa_topk_translate", **args, **named, backend="cuda")
+    buffer = torch.full((n + 4096,), 0x5A, dtype=torch.uint8)
+    indexcache.mqa_topk_translate(**args, **named, workspace=buffer[:n], backend="cuda")
+    assert buffer[n:].eq(0x5A).all()
+    want = dict(args, out=torch.empty_like(args["out"]), out_raw=torch.empty_like(args["out_raw"]))
+    indexcache.mqa_topk_translate(**want, backend="torch")
+    assert torch.equal(args["out_raw"].sort(1).values, want["out_raw"].sort(1).values)
