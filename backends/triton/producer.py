@@ -83,7 +83,8 @@ def short_rows_kernel(ctx_ptr, ke_ptr, r2b_ptr, table_ptr, out_ptr, raw_ptr, row
         seq = tl.load(ctx_ptr + r64 * ctx_s0, mask=r_ok, other=0)
     else:
         b = r // NEXT_N
-        seq = tl.load(ctx_ptr + b.to(tl.int64) * ctx_s0, mask=r_ok, other=0) - NEXT_N + 1 + r % NEXT_N
+        # the context clamped first: near -2^31 the row's length would wrap to a full row
+        seq = tl.maximum(tl.load(ctx_ptr + b.to(tl.int64) * ctx_s0, mask=r_ok, other=0), 0) - NEXT_N + 1 + r % NEXT_N
     length = tl.minimum(tl.maximum(seq, 0), cols)
     x = tl.where(j[None, :] < length[:, None], j[None, :], -1)
     b_ok = (b >= 0) & (b < batches)

@@ -96,12 +96,13 @@ def test_rows_all_short_take_one_launch_and_no_logits(form):
 
     g = torch.Generator().manual_seed(40)
     k, pages = 130, 2  # max_context_len 128 <= k
-    context = torch.tensor([128, 0, 57, 300, -3], dtype=torch.int32)  # 300: clipped to the logits' 128 columns
+    # 300: clipped to the logits' 128 columns; -2^31 with two draft tokens wrapped to a full row
+    context = torch.tensor([128, 0, 57, 300, -3, -2**31], dtype=torch.int32)
     next_n = 2 if form == "next_n 2" else 1
     cache, q, weights, blocks, table = _paged(g, context.shape[0], next_n, pages)
     r2b = None
     if form == "ragged":
-        r2b = torch.tensor([4, 1, 2, 0, 7], dtype=torch.int32)  # 7: a row naming no request
+        r2b = torch.tensor([4, 1, 2, 0, 7, 5], dtype=torch.int32)  # 7: a row naming no request
     rows = q.shape[0] * next_n
     args = (q, cache, weights, context, blocks, pages * 64, k, table, 16)
     logits = torch.full((rows, pages * 64), float("nan"))
