@@ -58,6 +58,13 @@ def check_int(name: str, value, minimum: int, maximum: int | None = None, why: s
     return value
 
 
+def check_bool(name: str, value) -> bool:
+    """``value``, checked to be a bool (a flag: ``1``, ``"no"`` or a tensor are not taken for one)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
 def check_k(k) -> int:
     """``k`` in ``[0, MAX_TOPK]``."""
     return check_int("k", k, 0, MAX_TOPK, " (indexcache.hal.ops.MAX_TOPK)")

@@ -224,3 +224,12 @@ def test_page_of_zero_tokens_is_refused():
     args["k_cache"] = torch.zeros(3, 0, 1, 132, dtype=torch.uint8)
     with pytest.raises(ValueError, match="k_cache: expected pages of at least one token"):
         indexcache.paged_mqa_logits(**args, backend="torch")
+
+
+@pytest.mark.parametrize("op", ["topk", "topk_translate"])
+def test_sorted_must_be_a_bool(op):
+    """sorted="no" was taken as True (bool("no")) and the call ran sorted."""
+    scores, lengths, table, k = _producer()
+    extra = (table, 64) if op == "topk_translate" else ()
+    with pytest.raises(TypeError, match="^sorted: expected a bool, got str 'no'"):
+        getattr(indexcache, op)(scores, lengths, k, *extra, sorted="no", backend="torch")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from indexcache.hal import dispatch
-from indexcache.hal.checks import INDEX, SCORE_DTYPES, check_k, check_tensor, check_workspace, output
+from indexcache.hal.checks import INDEX, SCORE_DTYPES, check_bool, check_k, check_tensor, check_workspace, output
 from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints
 from indexcache.hal.specs.bench import POISON, BenchCase, BenchSpec
 
@@ -30,8 +30,8 @@ def check(scores, lengths, k: int, *, row_starts=None, out=None, sorted: bool = 
     inputs = dict(scores=scores, lengths=lengths, row_starts=row_starts)
     out = output("out", out, INDEX, (scores.shape[0], k), scores.device, inputs)
     check_workspace(workspace, scores.device, dict(inputs, out=out))
-    return dict(scores=scores, lengths=lengths, k=k, row_starts=row_starts, out=out, sorted=bool(sorted),
-                workspace=workspace)
+    return dict(scores=scores, lengths=lengths, k=k, row_starts=row_starts, out=out,
+                sorted=check_bool("sorted", sorted), workspace=workspace)
 
 
 def _window(scores: torch.Tensor, start: int, length: int) -> tuple[int, int]:

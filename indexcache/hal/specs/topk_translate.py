@@ -12,6 +12,7 @@ import torch
 from indexcache.hal import dispatch
 from indexcache.hal.checks import (
     INDEX,
+    check_bool,
     check_output,
     check_tensor,
     check_translate_inputs,
@@ -33,8 +34,8 @@ def check(scores, lengths, k: int, page_table, page_size: int, *, row_starts=Non
     out = check_outputs(out, out_raw, (scores.shape[0], k), device, inputs)
     check_workspace(workspace, device, dict(inputs, out=out, out_raw=out_raw))
     return dict(scores=scores, lengths=lengths, k=k, page_table=page_table, page_size=page_size,
-                row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw, sorted=bool(sorted),
-                workspace=workspace)
+                row_starts=row_starts, row_to_batch=row_to_batch, out=out, out_raw=out_raw,
+                sorted=check_bool("sorted", sorted), workspace=workspace)
 
 
 def check_outputs(out, out_raw, shape: tuple[int, int], device: torch.device, inputs: dict) -> torch.Tensor:
