@@ -109,9 +109,9 @@ def _pass(tokens: int, keys: int, device: torch.device, k: int, limit: int, targ
           settings: tuple[Settings, Settings], quantum: int, keys_words: int) -> tuple[int, tuple, tuple]:
     """``(rows a pass, (settings, plan) of a full pass, (settings, plan) of the last, shorter one)`` (:func:`pass_rows`:
     ``settings`` those of :func:`topk_settings`; a plan None where the top-k selects nothing; the last pass's the full
-    one's where the rows divide evenly). The last pass splits its rows only where a full pass does (fewer rows could
-    split under an SM budget where the full pass's do not, and take more workspace than a full pass), and the workspace
-    holds the larger of the two passes' top-k."""
+    one's where the rows divide evenly). The last pass is planned afresh, and not split where that would take more
+    scratch than a full pass (under an SM budget fewer rows can split where a full pass's do not); the workspace holds
+    the larger of the two passes' top-k."""
     fixed = 4 * (2 * _piece(tokens) + _piece(keys_words))
     plans: dict[tuple[int, bool], tuple[Settings, Any]] = {}  # each pass size's top-k (split or not), worked out once
 
@@ -123,14 +123,20 @@ def _pass(tokens: int, keys: int, device: torch.device, k: int, limit: int, targ
             found = plans[rows, split] = chosen, plan
         return found
 
+    def words(plan: Any) -> int:
+        return sum(plan.words) if plan else 0
+
     def both(rows: int) -> tuple[tuple[Settings, Any], tuple[Settings, Any]]:
         full = select(rows)
-        last = tokens % rows
-        return full, (select(last, full[1] is not None and full[1].chunk > 0) if last else full)
+        if not tokens % rows:
+            return full, full
+        last = select(tokens % rows)
+        if words(last[1]) > words(full[1]):  # split where a full pass is not: within a full pass's scratch unsplit
+            last = select(tokens % rows, False)
+        return full, last
 
     def need(rows: int) -> int:
-        words = max(sum(plan.words) if plan else 0 for _, plan in both(rows))
-        return fixed + 4 * _piece(rows * keys) + 4 * words
+        return fixed + 4 * _piece(rows * keys) + 4 * max(words(plan) for _, plan in both(rows))
 
     if need(tokens) <= limit:
         return tokens, *both(tokens)
