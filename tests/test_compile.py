@@ -512,3 +512,19 @@ def test_every_op_compiles_on_the_gpu_and_equals_eager(compiler):
     graph.replay()
     torch.cuda.synchronize()
     _equal(captured, want)
+
+
+def test_a_strided_out_compiles_in_full_once_shapes_are_symbolic_and_an_overlapping_one_is_still_refused():
+    """The check that an out's elements do not overlap ordered its strides: symbolic after the first recompile, which
+    fullgraph refused (sort with non-constant keys). Traced, only the stride-0 test runs; the custom op's real
+    implementation refuses an overlapping view as eagerly."""
+    g = torch.compile(lambda r, t, n, o: indexcache.translate(r, t, n, 64, out=o), fullgraph=True, backend="eager")
+    for rows in (2, 3, 4):
+        raw, table = torch.randint(-1, 200, (rows, 4), dtype=torch.int32), torch.randint(0, 9, (rows, 3),
+                                                                                          dtype=torch.int32)
+        lens = torch.full((rows,), 150, dtype=torch.int32)
+        out = torch.zeros(rows, 8, dtype=torch.int32)[:, :4]
+        assert torch.equal(g(raw, table, lens, out), indexcache.translate(raw, table, lens, 64, backend="torch"))
+    overlapping = torch.zeros(4, dtype=torch.int32).as_strided((2, 3), (1, 1))
+    with pytest.raises(ValueError, match="^out: expected a tensor whose elements have memory of their own, got a view"):
+        g(raw[:2, :3], table[:2], lens[:2], overlapping)
