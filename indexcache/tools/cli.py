@@ -476,10 +476,10 @@ def _run_compile_check(args) -> int:
 
     backends = list(TARGETS) if args.backend == "all" else [args.backend]
     runs = [(b, arch) for b in backends for arch in TARGETS[b] if not args.target or arch in args.target]
-    if not runs:
-        known = ", ".join(arch for b in backends for arch in TARGETS[b])
-        raise UsageError(f"no target of --backend {args.backend} matches --target {' '.join(args.target)} "
-                         f"(known: {known})")
+    known = [arch for b in backends for arch in TARGETS[b]]
+    if unknown := [t for t in args.target or () if t not in known]:  # one mistyped beside a good one: not dropped
+        raise UsageError(f"--target: no target of --backend {args.backend} is {', '.join(unknown)} "
+                         f"(known: {', '.join(known)})")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     if args.json:
