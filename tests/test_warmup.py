@@ -148,10 +148,15 @@ def test_cli_lists_the_same_count_for_512_and_4096_requests(capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--max-context", "0"], "argument --max-context: expected an integer >= 1, got 0"),
+    (["--max-context", "0"], "argument --max-context: expected an integer in 1..134217728, got 0"),
     (["--jobs", "0"], "argument --jobs: expected an integer >= 1, got 0"),
+    # past the limits: a traceback from a meta tensor's size, an error naming the workspace bound, a count that grew
+    # with every draft token
+    (["--max-batch", "9" * 26], "argument --max-batch: expected an integer in 1..1048576, got 9999"),
+    (["--max-context", str(2**28)], "argument --max-context: expected an integer in 1..134217728, got 268435456"),
+    (["--max-next-n", "17"], "argument --max-next-n: expected an integer in 1..16, got 17"),
 ])
-def test_cli_refuses_sizes_below_one(argv, message, capsys):
+def test_cli_refuses_sizes_out_of_range(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["warmup", "--config", CONFIG, "--list", *argv])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
@@ -348,3 +353,8 @@ def test_coldstart_smoke_runs_the_sweep_on_the_cpu(tmp_path):
     assert [r["host_rewarmed"] for r in rows] == [False] + [True] * (len(rows) - 1) and not report["cold_host"]
     assert "first / new buffers median" in done.stdout
     assert "absent" in report["deepgemm"] or report["deepgemm"]["shapes"]
+
+
+def test_the_function_refuses_sizes_past_its_limits():
+    with pytest.raises(ValueError, match=r"^max_next_n: expected an int in \[1, 16\], got 17"):
+        warmup(PLAN, arch="sm90", compile=False, **dict(SWEEP, max_next_n=17))
