@@ -80,6 +80,10 @@ MAX_TOPK = 65536  # what the ops select at most (indexcache.hal.checks.MAX_TOPK)
 MAX_INDEX_HEADS = 1024  # released indexers have 32-64 heads, and attention at most 128
 MAX_INDEX_HEAD_DIM = 4096  # released index heads are 128 wide; 4096 is a whole hidden state of a large model
 MAX_PAGE_SIZE = 2**20  # engines page their caches by 1-256 tokens; 2^20 holds a 1M-token context in one page
+# A deployment's serving limits as `indexcache warmup` takes them (indexcache.tools.warmup): past them a step's shapes
+# overflow what the ops and their workspace bound take (a query row over 2^28 keys needs more than the prefill
+# producer's default 2 GiB), and each draft token a request adds its own kernel variants (next_n is a kernel constant).
+SERVING_LIMITS = {"max_batch": 2**20, "max_context": 2**27, "max_next_n": 16, "max_prefill": 2**27}
 MAX_CONFIG_KEYS = 4096  # a config.json has some tens of top-level keys; each is compared with the schedule keys
 # index_topk_freq, index_skip_topk_offset and cli_factor are bounded by MAX_LAYERS: past the layer count a
 # larger period or offset changes nothing.

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from indexcache.plan import MAX_LAYERS, MAX_TOPK
+from indexcache.plan import MAX_LAYERS, MAX_TOPK, SERVING_LIMITS
 
 
 class UsageError(Exception):
@@ -515,14 +515,15 @@ def _add_warmup(sub) -> None:
                    "GPU)")
     p.add_argument("--page-size", type=_int_in(1), default=None, metavar="P", help="index cache and KV tokens a page "
                    "(default: the config's, else 64)")
-    p.add_argument("--max-batch", type=_int_in(1, 2**20), metavar="B", help="requests a decode step (default 256, "
-                   "at most 2^20)")
-    p.add_argument("--max-context", type=_int_in(1, 2**27), metavar="N", help="keys a request sees (default 131072, "
-                   "at most 2^27)")
-    p.add_argument("--max-next-n", type=_int_in(1, 16), metavar="N", help="tokens a request a decode step, MTP "
-                   "drafts included (default 2, at most 16: each adds its own variants)")
-    p.add_argument("--max-prefill", type=_int_in(1, 2**27), metavar="T", help="tokens a prefill chunk (default 8192, "
-                   "at most 2^27)")
+    limit = SERVING_LIMITS
+    p.add_argument("--max-batch", type=_int_in(1, limit["max_batch"]), metavar="B", help="requests a decode step "
+                   "(default 256, at most 2^20)")
+    p.add_argument("--max-context", type=_int_in(1, limit["max_context"]), metavar="N", help="keys a request sees "
+                   "(default 131072, at most 2^27)")
+    p.add_argument("--max-next-n", type=_int_in(1, limit["max_next_n"]), metavar="N", help="tokens a request a "
+                   "decode step, MTP drafts included (default 2, at most 16: each adds its own variants)")
+    p.add_argument("--max-prefill", type=_int_in(1, limit["max_prefill"]), metavar="T", help="tokens a prefill "
+                   "chunk (default 8192, at most 2^27)")
     p.add_argument("--sms", type=_int_in(1), default=None, metavar="N", help="the GPU's multiprocessors (default: "
                    "this GPU's, else the generation's largest data-center part)")
     p.add_argument("--list", action="store_true", help="print one line per variant and compile nothing")

@@ -43,17 +43,13 @@ import torch
 from indexcache.hal import fp4
 from indexcache.hal.layout import token_bytes
 from indexcache.hal.specs.mqa_topk_translate import DEFAULT_WORKSPACE_BYTES
-from indexcache.plan import LayerPlan
+from indexcache.plan import SERVING_LIMITS, LayerPlan
 
 # Multiprocessors of each generation's largest data-center part (A100, A40, L40S, H100 SXM / H200, B200, RTX PRO
 # 6000, MI300X / MI325X, MI355X): the top-k's split decision counts them; a GPU that is present gives its own.
 DEFAULT_SMS = {"sm80": 108, "sm86": 84, "sm89": 142, "sm90": 132, "sm100": 148, "sm120": 188, "gfx942": 304,
                "gfx950": 256}
 DEFAULTS = {"max_batch": 256, "max_context": 131072, "max_next_n": 2, "max_prefill": 8192}
-# The largest serving limits taken: past them a step's shapes overflow what the ops and their workspace bound take (a
-# query row over 2^28 keys needs more than the prefill producer's default 2 GiB), and each draft token a request adds
-# its own variants (next_n is a kernel constant).
-LIMITS = {"max_batch": 2**20, "max_context": 2**27, "max_next_n": 16, "max_prefill": 2**27}
 K_DTYPE = torch.bfloat16  # the indexer's keys before quantization (the models' activations)
 
 
@@ -224,7 +220,7 @@ def _prepare_calls() -> None:
 
 def _check_sizes(**sizes: int) -> None:
     for name, value in sizes.items():
-        high = LIMITS.get(name)
+        high = SERVING_LIMITS.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (high and value > high):
             raise ValueError(f"{name}: expected an int {f'in [1, {high}]' if high else '>= 1'}, got {value!r}")
 
