@@ -105,6 +105,11 @@ def pass_rows(tokens: int, keys: int, device: torch.device, k: int, limit: int, 
                  keys_words)[0]
 
 
+def _words(plan: Any) -> int:
+    """The int32 words of a top-k plan's workspace (0 for none)."""
+    return sum(plan.words) if plan else 0
+
+
 def _pass(tokens: int, keys: int, device: torch.device, k: int, limit: int, target: Target,
           settings: tuple[Settings, Settings], quantum: int, keys_words: int) -> tuple[int, tuple, tuple]:
     """``(rows a pass, (settings, plan) of a full pass, (settings, plan) of the last, shorter one)`` (:func:`pass_rows`:
@@ -123,20 +128,17 @@ def _pass(tokens: int, keys: int, device: torch.device, k: int, limit: int, targ
             found = plans[rows, split] = chosen, plan
         return found
 
-    def words(plan: Any) -> int:
-        return sum(plan.words) if plan else 0
-
     def both(rows: int) -> tuple[tuple[Settings, Any], tuple[Settings, Any]]:
         full = select(rows)
         if not tokens % rows:
             return full, full
         last = select(tokens % rows)
-        if words(last[1]) > words(full[1]):  # split where a full pass is not: within a full pass's scratch unsplit
+        if _words(last[1]) > _words(full[1]):  # split where a full pass is not: within a full pass's scratch unsplit
             last = select(tokens % rows, False)
         return full, last
 
     def need(rows: int) -> int:
-        return fixed + 4 * _piece(rows * keys) + 4 * max(words(plan) for _, plan in both(rows))
+        return fixed + 4 * _piece(rows * keys) + 4 * max(_words(plan) for _, plan in both(rows))
 
     if need(tokens) <= limit:
         return tokens, *both(tokens)
@@ -175,7 +177,7 @@ def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, ta
     rows, full, last = _pass(tokens, keys, q.device, topk_k, limit, target,
                              settings or topk_settings(target, tuning["topk"]), quantum, wide)
     pieces = _piece(tokens), _piece(wide), _piece(rows * keys)
-    words = max(sum(plan.words) for _, plan in (full, last))
+    words = max(_words(plan) for _, plan in (full, last))
     return rows, pieces, 4 * (2 * pieces[0] + pieces[1] + pieces[2] + words), full, last
 
 

@@ -114,18 +114,17 @@ def _overlaps_itself(t: torch.Tensor) -> bool:
 def check_output(name: str, out: torch.Tensor, inputs: dict) -> None:
     """``out`` must not write one element twice (an expanded, stride-0 view or any view whose elements overlap) nor
     share memory with any input."""
+    # Fake and meta tensors (Dynamo's tracing, the custom ops' fake implementations) have no memory to compare, and
+    # symbolic strides the general overlap test cannot order: traced, only the stride-0 test runs; the custom op's real
+    # implementation runs this check again on the real tensors (indexcache.hal.library).
+    traced = torch.compiler.is_compiling() or out.is_meta or isinstance(out, FakeTensor)
     if not out.is_contiguous():
         expanded = any(size > 1 and stride == 0 for size, stride in zip(out.shape, out.stride(), strict=True))
-        # Traced (symbolic sizes and strides, which the general test cannot order) only the stride-0 test: the custom
-        # op's real implementation runs the whole check again on the real tensors (indexcache.hal.library).
-        traced = torch.compiler.is_compiling() or out.is_meta or isinstance(out, FakeTensor)
         if expanded or (not traced and out.numel() and _overlaps_itself(out)):
             raise ValueError(f"{name}: expected a tensor whose elements have memory of their own, got "
                              f"{'an expanded view' if expanded else 'a view whose elements overlap'} "
                              f"(shape {list(out.shape)}, strides {list(out.stride())})")
-    if torch.compiler.is_compiling() or out.is_meta or isinstance(out, FakeTensor):
-        # Fake and meta tensors (Dynamo's tracing, the custom ops' fake implementations) have no memory to compare:
-        # the custom op's real implementation runs this check again on the real tensors (indexcache.hal.library).
+    if traced:
         return
     o0, o1 = _span(out)  # compared with each input's span (metadata only: never a device sync)
     for other, t in inputs.items():
