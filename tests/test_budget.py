@@ -454,15 +454,16 @@ def test_split_chunk_under_a_budget():
 
 # ------------------------------------------------------------------------------------ the custom op under torch.compile
 
-def test_the_custom_ops_of_the_budgeted_ops_take_an_optional_int_sm_budget_last():
+def test_the_custom_ops_of_the_budgeted_ops_take_an_optional_int_sm_budget_after_backend():
     for op in SPECS:
         schema = getattr(torch.ops.indexcache, op).default._schema
         names = [a.name for a in schema.arguments]
+        assert names[-1] == "e8m0", op
         if op in SIX:
-            assert names[-2:] == ["backend", "sm_budget"], op
-            assert str(schema.arguments[-1].type) == "Optional[int]", op
+            assert names[-3:-1] == ["backend", "sm_budget"], op
+            assert str(schema.arguments[-2].type) == "Optional[int]", op
         else:
-            assert names[-1] == "backend" and "sm_budget" not in names, op
+            assert names[-2] == "backend" and "sm_budget" not in names, op
     assert "int? sm_budget" in library.schema("topk")
 
 
@@ -492,7 +493,7 @@ def test_a_compiled_call_with_a_budget_runs_under_it(monkeypatch):
     assert torch.equal(got, indexcache.topk(scores, lengths, 4, backend="torch") + 1)
     [graph] = graphs
     [node] = [n for n in graph.graph.nodes if n.target is torch.ops.indexcache.topk.default]
-    assert node.args[-2:] == ("torch", 4)
+    assert node.args[-3:] == ("torch", 4, [])
     assert seen == [("topk", 4)]
     seen.clear()
     g = torch.compile(lambda s, n: indexcache.topk(s, n, 4, backend="torch"), fullgraph=True, backend="aot_eager")

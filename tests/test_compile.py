@@ -61,17 +61,16 @@ def test_opcheck(op, args):
     # shapes) run on every case, test_schema on the cases without fp8 inputs.
     utils = [u for u in ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
              if not (fp8 and u == "test_schema")]
-    budget = [None] if op in library.BUDGETED_OPS else []
-    torch.library.opcheck(library.OPS[op], (*library.op_values(op, kwargs), "torch", *budget), test_utils=utils)
+    torch.library.opcheck(library.OPS[op], tuple(library.op_arguments(op, kwargs, "torch")), test_utils=utils)
 
 
 def _checked_args(op: str) -> dict:
-    """The custom op's arguments (``backend`` "torch", no SM budget) for ``op``'s first conformance case, outputs
-    allocated."""
+    """The custom op's arguments (``backend`` "torch", no SM budget, no e8m0 views) for ``op``'s first conformance
+    case, outputs allocated."""
     case = SPECS[op].cases[0]
     gen = torch.Generator().manual_seed(0)
     args = SPECS[op].check(**(case.build(gen, "cpu", E4M3) if case.native_fp8 else case.build(gen, "cpu")))
-    return dict(args, backend="torch", **({"sm_budget": None} if op in library.BUDGETED_OPS else {}))
+    return dict(args, backend="torch", **({"sm_budget": None} if op in library.BUDGETED_OPS else {}), e8m0=[])
 
 
 def _i32(*shape):
@@ -417,6 +416,49 @@ def test_eager_calls_do_not_go_through_torch_ops(monkeypatch):
     raw = torch.tensor([[0, 63, 64, -1]], dtype=I32)
     got = indexcache.translate(raw, torch.tensor([[10, 11]], dtype=I32), torch.tensor([128], dtype=I32), 64)
     assert torch.equal(got, torch.tensor([[640, 703, 704, -1]], dtype=I32))
+
+
+@pytest.mark.skipif(os.environ.get("INDEXCACHE_SKIP_INDUCTOR") == "1", reason="INDEXCACHE_SKIP_INDUCTOR=1")
+def test_inductor_compiles_mxfp4_keys_and_queries():
+    """MXFP4's e8m0 scales cross the custom ops as uint8 views: Inductor lowers quantize_index_k to MXFP4 (the scales
+    it allocates) and the prefill logits over MXFP4 keys and queries, equal to eager (before, it failed with
+    "auto_functionalized_v2 was not removed" on any op that writes in place with an e8m0 argument)."""
+    torch._dynamo.reset()
+    fp4 = torch.float4_e2m1fn_x2
+    g = torch.Generator().manual_seed(0)
+    raw_q, raw_k = torch.randn(8, 128, generator=g), torch.randn(30, 128, generator=g)
+    weights, ks, ke = torch.randn(2, 4, generator=g), torch.zeros(2, dtype=I32), torch.tensor([30, 9], dtype=I32)
+
+    def f(raw_q, raw_k, weights, ks, ke):
+        q, q_scale = indexcache.quantize_index_k(raw_q, fp4)
+        k, k_scale = indexcache.quantize_index_k(raw_k, fp4)
+        logits = indexcache.mqa_logits(q.view(2, 4, 64), k, k_scale, weights, ks, ke, q_scale=q_scale.view(2, 4, 4))
+        return q.view(torch.uint8), q_scale.view(torch.uint8), k_scale.view(torch.uint8), logits
+
+    args = (raw_q, raw_k, weights, ks, ke)
+    want = f(*args)
+    _equal(torch.compile(f, fullgraph=True, backend="inductor")(*args), want)
+    assert torch.isfinite(want[3][:, :9]).all() and torch.isneginf(want[3][1, 9:]).all()
+
+
+def test_a_custom_op_views_the_e8m0_positions_back_and_refuses_a_tensor_not_uint8_there():
+    """``e8m0`` names the positions of scales passed as uint8 views; the op views them back (equal to the public op),
+    and a position whose tensor is not uint8 is a TypeError naming the argument."""
+    g = torch.Generator().manual_seed(0)
+    k, k_scale = indexcache.quantize_index_k(torch.randn(30, 128, generator=g), torch.float4_e2m1fn_x2)
+    q = torch.randn(2, 4, 128, generator=g).to(torch.float8_e4m3fn)
+    args = dict(q=q, k=k, k_scale=k_scale, weights=torch.randn(2, 4, generator=g), ks=torch.zeros(2, dtype=I32),
+                ke=torch.tensor([30, 9], dtype=I32))
+    want = indexcache.mqa_logits(**args, backend="torch")
+    checked = SPECS["mqa_logits"].check(**args)
+    arguments = library.op_arguments("mqa_logits", checked, "torch")
+    position = library.PARAMS["mqa_logits"].index("k_scale")
+    assert arguments[-1] == [position] and arguments[position].dtype == torch.uint8
+    library.OPS["mqa_logits"](*arguments)
+    _equal([checked["out"]], [want])
+    arguments[position] = k_scale.float()
+    with pytest.raises(TypeError, match="'k_scale'.*uint8 view of a float8_e8m0fnu tensor, got torch.float32"):
+        library.OPS["mqa_logits"](*arguments)
 
 
 @pytest.mark.skipif(os.environ.get("INDEXCACHE_SKIP_INDUCTOR") == "1", reason="INDEXCACHE_SKIP_INDUCTOR=1")

@@ -127,8 +127,9 @@ def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
 
 def arg_names(op: str) -> tuple[str, ...]:
     """The custom op's arguments in order: the spec check's parameters, then ``backend`` (and ``sm_budget`` for the
-    ops of :data:`BUDGETED_OPS`)."""
-    return (*PARAMS[op], "backend", *_budget_arg(op))
+    ops of :data:`BUDGETED_OPS`), then ``e8m0``: the positions of the float8_e8m0fnu tensors passed as uint8 views
+    (:func:`op_arguments`)."""
+    return (*PARAMS[op], "backend", *_budget_arg(op), "e8m0")
 
 
 def _budget_arg(op: str) -> tuple[str, ...]:
@@ -143,7 +144,7 @@ def _schema_args(op: str, aliases: Mapping[str, str]) -> list[str]:
 def schema(op: str) -> str:
     """The ``torch.library`` schema of ``op`` (without its name), derived from its spec check's signature."""
     args = _schema_args(op, dict(zip(mutated(op), "abcdefgh", strict=False)))
-    extra = ["str? backend", *(f"int? {name}" for name in _budget_arg(op))]
+    extra = ["str? backend", *(f"int? {name}" for name in _budget_arg(op)), "int[] e8m0=[]"]
     return f"({', '.join([*args, *extra])}) -> ()"
 
 
@@ -152,12 +153,31 @@ def check_schema(op: str) -> str:
     return f"({', '.join(_schema_args(op, {}))}) -> ()"
 
 
+# Inductor cannot lower an op that writes in place (an auto-functionalized custom op) one of whose tensors is
+# float8_e8m0fnu (torch 2.13: "auto_functionalized_v2 was not removed"). So the MXFP4 block scales cross the custom
+# op as uint8 views, and its last argument, ``e8m0``, gives their positions among the spec check's parameters: the op
+# views them back before its check. A caller of ``torch.ops.indexcache.<op>`` may leave it out (no views). An e8m0
+# tensor the op writes that is an input of the compiled graph (a given ``out_scale``) still fails there: Inductor
+# writes it back with a kernel of that dtype, which it cannot generate (docs/ops.md, "Under torch.compile").
+
+def _unpacked(op: str, args: tuple) -> dict[str, Any]:
+    """The custom op's positional ``args`` by name, ``e8m0`` popped and the tensors it names viewed back as
+    float8_e8m0fnu (the comment above); a caller that leaves ``e8m0`` out gives none."""
+    kwargs = dict(zip(ARGS[op], args if len(args) == len(ARGS[op]) else (*args, ()), strict=True))
+    for i in kwargs.pop("e8m0"):
+        name = PARAMS[op][i]
+        if not isinstance(kwargs[name], torch.Tensor) or kwargs[name].dtype != torch.uint8:
+            raise TypeError(f"{op}: e8m0 names {name!r}, which must then come as a uint8 view of a float8_e8m0fnu "
+                            f"tensor, got {getattr(kwargs[name], 'dtype', type(kwargs[name]).__name__)}")
+        kwargs[name] = kwargs[name].view(torch.float8_e8m0fnu)
+    return kwargs
+
+
 def _real(op: str) -> Callable[..., Any]:
-    names = ARGS[op]
     check = SPECS[op].check
 
     def run(*args):
-        kwargs = dict(zip(names, args, strict=True))
+        kwargs = _unpacked(op, args)
         backend = kwargs.pop("backend")
         # The real tensors are here: the full check (the memory-overlap one included), then the backend that
         # dispatch picks now, at run time, under the call's SM budget (else the setting in force now).
@@ -169,11 +189,10 @@ def _real(op: str) -> Callable[..., Any]:
 
 
 def _fake(op: str) -> Callable[..., Any]:
-    names = ARGS[op]
     check = SPECS[op].check
 
     def fake(*args):
-        kwargs = dict(zip(names, args, strict=True))
+        kwargs = _unpacked(op, args)
         kwargs.pop("backend")
         kwargs.pop("sm_budget", None)
         # The spec check on fake tensors (metadata only): what tracing and torch.export see refused is what the
@@ -237,17 +256,27 @@ CHECKS: dict[str, Any] = _register_checks()
 
 
 def op_values(op: str, args: Mapping[str, Any]) -> list[Any]:
-    """The custom op's arguments before ``backend`` from the spec check's ``args``: each in order, a tensor given for
-    a ``Tensor[]`` parameter (:data:`LIST_PARAMS`) as a list of one."""
+    """The spec check's parameters from its ``args``, in order, a tensor given for a ``Tensor[]`` parameter
+    (:data:`LIST_PARAMS`) as a list of one: the arguments of ``check_<op>`` (:data:`CHECKS`)."""
     return [[args[n]] if n in LIST_PARAMS[op] and isinstance(args[n], torch.Tensor) else args[n] for n in PARAMS[op]]
+
+
+def op_arguments(op: str, args: Mapping[str, Any], backend: str | None, sm_budget: int | None = None) -> list[Any]:
+    """The custom op's arguments from the spec check's ``args``: :func:`op_values` with each float8_e8m0fnu tensor as
+    a uint8 view, ``backend``, ``sm_budget`` for a budgeted op, and the positions of those views (``e8m0``)."""
+    values = op_values(op, args)
+    e8m0 = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and v.dtype == torch.float8_e8m0fnu]
+    for i in e8m0:
+        values[i] = values[i].view(torch.uint8)
+    return [*values, backend, *([budget.check(sm_budget)] if op in BUDGETED_OPS else []), e8m0]
 
 
 def compiled_call(op: str, args: Mapping[str, Any], backend: str | None, sm_budget: int | None = None) -> Any:
     """Call the custom op ``op`` with the spec check's ``args`` (what a traced wrapper does), ``backend`` and, for a
     budgeted op, ``sm_budget``; returns what the public op returns (:func:`result`): ``out`` for the ops that write one,
     the outputs :data:`RESULTS` names for the others, None for ``store_index_k``."""
-    values = op_values(op, args)
+    arguments = op_arguments(op, args, backend, sm_budget)
     if op in CHECKS:
-        CHECKS[op](*values)
-    OPS[op](*values, backend, *([budget.check(sm_budget)] if op in BUDGETED_OPS else []))
+        CHECKS[op](*op_values(op, args))
+    OPS[op](*arguments)
     return result(op, args)
