@@ -165,6 +165,8 @@ def test_cli_refuses_sizes_out_of_range(argv, message, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--arch", "tpu7"], "arch: expected an NVIDIA ('sm90', ...) or AMD ('gfx942', ...) architecture, got 'tpu7'"),
     (["--arch", "sm75"], "sms: no default multiprocessor count for 'sm75'"),
+    (["--arch", "gfxzz", "--sms", "8"], "arch: expected an AMD architecture such as 'gfx942', got 'gfxzz'"),
+    (["--arch", "sm9", "--sms", "8"], "arch: expected an NVIDIA architecture such as 'sm90', got 'sm9'"),
 ])
 def test_cli_refuses_an_unknown_target(argv, message, capsys):
     assert cli.main(["warmup", "--config", CONFIG, "--list", *argv]) == 2
@@ -208,6 +210,29 @@ def test_an_mxfp4_deployment_lists_its_decode_and_key_kernels_and_no_more_with_t
     if arch.startswith("sm"):
         more = warmup(plan, arch=arch, compile=False, max_batch=4096, max_context=8192, max_prefill=2048)
         assert {v.key for v in more.variants} == {v.key for v in found.variants}
+
+
+@pytest.mark.parametrize("arch", ["sm90", "gfx942"])
+@pytest.mark.parametrize(("heads", "dim"), [(64, 96), (48, 128)])
+def test_heads_or_a_head_dim_the_logits_decline_list_no_logits_kernel(tmp_path, arch, heads, dim):
+    """A model whose indexer the Triton logits kernels decline (heads or head dim not a power of two, or the dim out of
+    [32, 256]) runs its logits and producer steps on the torch backend: warmup lists none of their kernels (it listed
+    a variant of each, which nothing would launch), and still the key store and the top-k it does launch."""
+    import json
+
+    config = json.loads(Path(CONFIG).read_text())
+    config.update(index_n_heads=heads, index_head_dim=dim)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    plan = LayerPlan.from_config(str(path))
+    kernels = {v.kernel for v in warmup(plan, arch=arch, compile=False, max_batch=64, max_context=8192,
+                                        max_prefill=2048).variants}
+    assert logits.declined_shape(torch.empty(1, heads, dim, device="meta"))
+    assert not {k for k in kernels if "logits" in k or "sm90" in k or k.startswith(("widen", "far", "head"))}
+    assert {"store_kernel", "quantize_kernel", "translate_kernel"} <= kernels and any("topk" in k for k in kernels)
+    full = {v.kernel for v in warmup(PLAN, arch=arch, compile=False, max_batch=64, max_context=8192,
+                                     max_prefill=2048).variants}
+    assert any("logits" in k for k in full)
 
 
 def test_interpreted_triton_compiles_nothing_and_says_so(monkeypatch):

@@ -27,7 +27,7 @@ from indexcache.backends.triton.target import GpuArch, GpuVendor, ScaledMma
 def sm_version(arch: str) -> int:
     """The compute capability of an NVIDIA architecture as a number: 90 for "sm90" and "sm90a", 100 for "sm100f"."""
     digits = arch.removeprefix("sm").rstrip("af")
-    if not arch.startswith("sm") or not digits.isdigit():
+    if not arch.startswith("sm") or not digits.isdigit() or len(digits) < 2:
         raise ValueError(f"arch: expected an NVIDIA architecture such as 'sm90', got {arch!r}")
     return int(digits)
 

@@ -37,6 +37,8 @@ def resolve(arch: str) -> GpuArch:
     """The record of ``arch`` ("gfx942", "gfx950", …); one without fp8 matrix instructions for an unlisted one."""
     if arch in ARCHS:
         return ARCHS[arch]
+    if not re.fullmatch(r"gfx[0-9]{2,3}[0-9a-f]", arch):
+        raise ValueError(f"arch: expected an AMD architecture such as 'gfx942', got {arch!r}")
     fp8 = torch.float8_e4m3fnuz if arch.startswith("gfx94") else torch.float8_e4m3fn
     return _arch(arch, 64, fp8, fp8_mma=False)
 

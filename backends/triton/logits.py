@@ -685,6 +685,12 @@ def _mxfp4_prefill(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, targ
     return reasons
 
 
+def declined_shape(q: torch.Tensor) -> list[str]:
+    """Why the Triton logits kernels decline queries ``q [..., H, D]`` (``D / 2`` packed for MXFP4) by their heads and
+    head dim alone (empty: they take them); meta tensors too."""
+    return _check_shape(q.shape[-2], fp4.head_dim(q))
+
+
 def _check_shape(heads: int, dim: int) -> list[str]:
     reasons = []
     if not _is_pow2(heads):
@@ -889,7 +895,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         queries = (_check_dtype("q", q.dtype, target, bf16=True) if q_scale is None else
                    [*on_target_device(target, q_scale=q_scale), *_mxfp4_queries(q, q_scale)])
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
-                *queries, *_check_shape(q.shape[1], fp4.head_dim(q)), *mxfp4]
+                *queries, *declined_shape(q), *mxfp4]
 
     def supports_decode(q, k_cache, weights, context_lens, page_table, out, row_to_batch=None, q_scale=None, **_):
         queries = (_check_dtype("q", q.dtype, target, bf16=False) if q_scale is None else
@@ -900,7 +906,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
             if k_cache.shape[0] == 0 else []
         return [*on_target_device(target, q=q, k_cache=k_cache, weights=weights, context_lens=context_lens,
                                   page_table=page_table, out=out, row_to_batch=row_to_batch),
-                *queries, *_check_shape(q.shape[2], fp4.head_dim(q)), *empty]
+                *queries, *declined_shape(q), *empty]
 
     def run_prefill(**args):
         return mqa_logits(**args, target=target, cfg=prefill, options=prefill_options[args["k"].dtype == fp4.FP4])
