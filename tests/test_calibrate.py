@@ -184,6 +184,20 @@ def test_load_dump_errors(tmp_path):
         load_dump(tmp_path)
 
 
+@pytest.mark.parametrize(("value", "message"), [
+    (torch.tensor([[1, 2], [3, 4]]).to_sparse(), "a sparse_coo tensor; top-k indices must be a dense integer"),
+    (torch.empty(2, 2, dtype=torch.int32, device="meta"), "a meta tensor"),
+    (torch.ones(2, 2, dtype=torch.bfloat16), "dtype torch.bfloat16; top-k indices must be integers"),
+    (torch.ones(2, 2).to(torch.float8_e4m3fn), "dtype torch.float8_e4m3fn; top-k indices must be integers"),
+])
+def test_a_dump_tensor_that_is_not_dense_integers_is_a_dump_error(tmp_path, value, message):
+    """Tensors numpy cannot take (sparse, meta, bf16, fp8) are a DumpError naming the file, not numpy's or torch's
+    TypeError / RuntimeError from the conversion."""
+    torch.save(value, tmp_path / "layer_0.pt")
+    with pytest.raises(calibrate.DumpError, match=f"layer_0.pt: {message}"):
+        load_dump(tmp_path)
+
+
 # ------------------------------------------------------------------------------------------------ search
 
 

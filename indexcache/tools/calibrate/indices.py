@@ -24,6 +24,13 @@ def as_rows(value: IndexArray, what: str, error: type[ValueError] = CalibrationE
     uint64 becomes int64 when every value fits (other integer dtypes mix with int64 exactly); problems
     raise ``error`` naming ``what``.
     """
+    if isinstance(value, torch.Tensor):
+        kind = ("meta" if value.is_meta else "quantized" if value.is_quantized else
+                None if value.layout == torch.strided else str(value.layout).removeprefix("torch."))
+        if kind:
+            raise error(f"{what}: a {kind} tensor; top-k indices must be a dense integer tensor (int32)")
+        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise error(f"{what}: dtype {value.dtype}; top-k indices must be integers (int32)")
     array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     if not np.issubdtype(array.dtype, np.integer):
         raise error(f"{what}: dtype {array.dtype}; top-k indices must be integers (int32)")
