@@ -161,7 +161,7 @@ def test_an_op_plugs_in_as_data(fresh_dispatch, monkeypatch):
 
 # Timed by bench/hisparse_gpu.py, not the harness: a plan's state moves on with every call, and a swap-in reads host
 # memory, which the harness's inputs (each moved to the device) cannot hold.
-UNBENCHED = ("hisparse_plan", "hisparse_swap_in")
+UNBENCHED = tuple(cli.UNBENCHED)
 
 
 def test_every_op_is_benchmarked_by_its_spec_record():
@@ -823,3 +823,14 @@ def test_ncu_stalls_reads_kernels_reasons_and_loop_groups(tmp_path, capsys):
     assert [k["kernel"] for k in json.loads(out.read_text())] == ["k_loop"]
     assert module.main([str(path), "--kernel", "absent"]) == 2
     assert "no kernel named 'absent'" in capsys.readouterr().err
+
+
+def test_bench_help_lists_the_ops_its_op_option_takes_and_names_the_scripts_of_the_others():
+    """``--op``'s help named the HiSparse ops, which ``--op`` refuses (they have no bench record)."""
+    from indexcache.hal.specs import OP_NAMES
+
+    assert set(OP_NAMES) - set(cli.UNBENCHED) == set(harness.OPS)
+    assert all((ROOT / script).is_file() for script in cli.UNBENCHED.values())
+    text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["bench"].format_help().split())
+    listed = text.split("an op to time: ")[1].split(" (repeatable")[0].split(", ")
+    assert listed == [n for n in OP_NAMES if n in harness.OPS]
