@@ -235,6 +235,16 @@ def test_heads_or_a_head_dim_the_logits_decline_list_no_logits_kernel(tmp_path, 
     assert any("logits" in k for k in full)
 
 
+def test_a_cache_directory_that_cannot_be_written_is_refused_before_any_compile(tmp_path, monkeypatch, capsys):
+    """It failed in a worker part of the way through, with NotADirectoryError's traceback."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    monkeypatch.setattr(variants, "warm", lambda *a, **k: pytest.fail("compiled with an unwritable cache"))
+    assert cli.main(["warmup", "--config", CONFIG, "--arch", "sm90"]) == 2
+    assert "TRITON_CACHE_DIR: Triton's cache directory" in capsys.readouterr().err
+    assert cli.main(["warmup", "--config", CONFIG, "--arch", "sm90", "--list"]) == 0  # listing writes nothing
+
+
 def test_interpreted_triton_compiles_nothing_and_says_so(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1: Triton interprets the kernels here"):

@@ -218,6 +218,24 @@ def _prepare_calls() -> None:
     dispatch.prepare()
 
 
+def _check_cache_dir() -> None:
+    """Raise ValueError unless Triton's cache directory (``TRITON_CACHE_DIR``) can be made and written: checked before
+    the first compile, which would otherwise fail in a worker process part of the way through."""
+    import tempfile
+
+    from triton import knobs
+
+    directory = knobs.cache.dir
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ValueError(f"TRITON_CACHE_DIR: Triton's cache directory {directory} cannot be written ({reason}); set "
+                         "TRITON_CACHE_DIR to a writable directory") from None
+
+
 def _check_sizes(**sizes: int) -> None:
     for name, value in sizes.items():
         high = SERVING_LIMITS.get(name)
@@ -251,6 +269,8 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
 
     if interpreting():
         raise ValueError(f"{INTERPRET_ENV}=1: Triton interprets the kernels here and compiles none; unset it")
+    if compile:
+        _check_cache_dir()
     start = time.perf_counter()
     page_size = plan.page_size if page_size is None else page_size
     _check_sizes(page_size=page_size, max_batch=max_batch, max_context=max_context, max_next_n=max_next_n,
