@@ -22,22 +22,24 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 
+from indexcache.hal.checks import check_int
+
+# The largest budget taken (an int32; any count at or above the device's is the whole device).
+MAX_SM_BUDGET = 2**31 - 1
 _BUDGET: contextvars.ContextVar[int | None] = contextvars.ContextVar("indexcache_sm_budget", default=None)
 
 
 def check(n: int | None, name: str = "sm_budget") -> int | None:
-    """``n`` when it is a budget (an int >= 1) or None (no budget); else ValueError naming ``name``."""
-    if n is None:
-        return None
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name}: expected an int >= 1 (multiprocessors) or None, got {n!r}")
-    return n
+    """``n`` when it is a budget (an int in ``[1, MAX_SM_BUDGET]``) or None (no budget); else TypeError (not an int)
+    or ValueError (out of range) naming ``name``."""
+    return None if n is None else check_int(name, n, 1, MAX_SM_BUDGET, " (multiprocessors)")
 
 
 @contextlib.contextmanager
 def sm_budget(n: int | None) -> Iterator[None]:
     """Within the block, the persistent kernels of this thread's calls use at most ``n`` multiprocessors (compute
-    units on AMD); None lifts an enclosing budget. Raises ValueError for anything but an int >= 1 or None."""
+    units on AMD); None lifts an enclosing budget. Raises TypeError for anything but an int or None, ValueError for an
+    int out of ``[1, MAX_SM_BUDGET]``."""
     token = _BUDGET.set(check(n))
     try:
         yield

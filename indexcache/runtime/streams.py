@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import torch
 
 from indexcache.hal import dispatch, fp4
+from indexcache.hal.checks import check_int
 from indexcache.hal.contract import IN_ORDER, Schedule
 
 S = TypeVar("S")
@@ -102,13 +103,10 @@ def _checked(device: torch.device | str | None, side: int, side_sms: int | None,
         dev = torch.device("cpu" if device is None else device)
     except RuntimeError as e:  # a string torch does not parse
         raise ValueError(f"device: expected a device torch knows ('cuda', 'cuda:1', 'cpu', ...), got {device!r}") from e
-    if isinstance(side, bool) or not isinstance(side, int) or side < 0:
-        raise ValueError(f"side: expected an int >= 0, got {side!r}")
-    if side_sms is not None and (isinstance(side_sms, bool) or not isinstance(side_sms, int) or side_sms < 0):
-        raise ValueError(f"side_sms: expected an int >= 0 (0: in order) or None, got {side_sms!r}")
-    for name, value in (("tokens", tokens), ("context", context)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"{name}: expected an int >= 0 or None, got {value!r}")
+    check_int("side", side, 0)
+    for name, value in (("side_sms", side_sms), ("tokens", tokens), ("context", context)):
+        if value is not None:
+            check_int(name, value, 0, None, " (0: in order)" if name == "side_sms" else "")
     if (tokens is None) != (context is None):
         raise ValueError(f"tokens and context: expected both or neither, got tokens={tokens!r}, context={context!r}")
     if k_format is not None:
