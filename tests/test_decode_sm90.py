@@ -237,6 +237,29 @@ def test_kept_call_and_graph_replay_on_hopper():
                                                     target=target, cfg=cfg))
 
 
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU (Gluon kernels do not run interpreted)")
+def test_a_kept_call_keeps_no_cache_memory_alive_on_hopper():
+    """The public op's kept call (given ``out``, from its second call) held the Hopper kernel's tensor descriptors,
+    whose bases are views of the cache: freeing the cache freed nothing while the memo kept the call. Now the cache's
+    memory goes when the caller's last reference does."""
+    import gc
+
+    import indexcache
+    from indexcache.hal import dispatch
+
+    if dispatch.get_backend() != "cuda":
+        pytest.skip(f"the cuda backend is not the one in force here ({dispatch.get_backend()})")
+    q, cache, w, ctx, tab, max_len = [a.cuda() if torch.is_tensor(a) else a for a in _case(*_CASES[3], seed=5)]
+    out = torch.empty(q.shape[0] * q.shape[1], max_len, device="cuda")
+    for _ in range(3):
+        indexcache.paged_mqa_logits(q, cache, w, ctx, tab, max_len, out=out)
+    torch.cuda.synchronize()
+    size, before = cache.untyped_storage().nbytes(), torch.cuda.memory_allocated()
+    del cache
+    gc.collect()
+    assert torch.cuda.memory_allocated() <= before - size
+
+
 def _fp4_case(batch, next_n, contexts, max_len, pages, table_pages, seed, heads=64):
     """:func:`_case` on an MXFP4 cache written by the reference rule, with keys of every kind: most with block scales
     close together (one scale a key), every seventh with blocks 2^20 apart (the exact path), two with a NaN block

@@ -300,6 +300,29 @@ def test_a_bound_launch_hands_a_pinned_host_tensor_to_the_driver_to_map(monkeypa
     assert not isinstance(mapped, int) and mapped.data_ptr() == pinned.data_ptr()
 
 
+def test_a_bound_launch_holds_a_tensor_descriptors_address_not_its_tensor(monkeypatch):
+    """A kept Hopper decode or prefill launch held its tensor descriptors, whose bases are views of the cache, the keys
+    and the queries: the memory stayed alive as long as the kept call after the caller freed it. The bound launch now
+    holds a copy of each descriptor over its base's address alone (what Triton's launcher reads of it)."""
+    import gc
+    import weakref
+
+    launcher, jit = _fast_launcher(monkeypatch)
+    desc = _descriptors()[0]
+    base = weakref.ref(desc.base)
+    address, fields = desc.base.data_ptr(), (desc.shape, desc.strides, desc.block_shape, desc.layout, desc.padding)
+    launch = launcher.bind((5,), launch_key_options({"num_warps": 4}), desc, 32, FLAG=True)
+    jit.calls.clear()  # the stand-in's record of its warmup's arguments (Triton's own keeps none)
+    del desc
+    gc.collect()
+    assert base() is None  # nothing the bound launch holds keeps the tensor
+    launch()
+    held = jit.calls[-1][1][9]
+    assert type(held).__name__ == "TensorDescriptor" and not isinstance(held.base, torch.Tensor)
+    assert held.base.data_ptr() == address
+    assert (held.shape, held.strides, held.block_shape, held.layout, held.padding) == fields
+
+
 def _package_kernels() -> list[JITFunction]:
     """Every ``@triton.jit`` function of the Triton backends' modules (their launchers' parameter lists)."""
     import importlib

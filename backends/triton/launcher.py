@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import ctypes
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -266,8 +267,9 @@ class Launcher:
     def bind(self, grid: Sequence[int], options: Options, *args: Any, **named: Any) -> Callable[[], None]:
         """This launch as a callable that repeats it with the same arguments, compiled now (nothing launched).
 
-        The callable keeps the tensors' addresses, not the tensors: it is valid while memory of the same layout
-        lies there (the caller's contract); a pinned host tensor's address is mapped into the GPU's by the driver at
+        The callable keeps the tensors' addresses, not the tensors (nor a tensor descriptor's base:
+        :func:`_descriptor_by_address`): it is valid while memory of the same layout lies there (the caller's
+        contract); a pinned host tensor's address is mapped into the GPU's by the driver at
         each launch, as Triton's launcher does for the tensor (:class:`_Mapped`). Interpreted, it launches through
         Triton on tensors found by the same addresses (:func:`_by_address`), so it keeps no memory alive there
         either."""
@@ -278,7 +280,9 @@ class Launcher:
             return lambda: _interpret(self.fn, grid, options, args, named)
         device, key = self._key(options, values)
         kernel = self._compiled(key, options, args, named)
-        plain = tuple(_address(v) if isinstance(v, torch.Tensor) else v for v in values)
+        plain = tuple(_address(v) if isinstance(v, torch.Tensor) else
+                      _descriptor_by_address(v) if isinstance(getattr(v, "base", None), torch.Tensor) else v
+                      for v in values)
         gx, gy, gz = (*grid, 1, 1)[:3]
         current_stream = self._driver[1]
         run = kernel.run  # first: loads the compiled kernel (its function handle) where only warmed up
@@ -355,11 +359,12 @@ class Launcher:
 
 
 class _Mapped:
-    """A pinned host tensor's address in a bound launch. Triton's launcher takes an int argument as the GPU address
-    it is, but asks anything else for ``data_ptr()`` and maps that address into the GPU's address space
-    (``cuPointerGetAttribute`` / ``hipPointerGetAttribute``, as it does for a tensor given to it): under unified
-    addressing a pinned buffer's GPU address is usually its host address, and this keeps the driver's word for it
-    (and its error for memory that is not pinned)."""
+    """A pinned host tensor's address in a bound launch (and a tensor descriptor's base's:
+    :func:`_descriptor_by_address`). Triton's launcher takes an int argument as the GPU address it is, but asks
+    anything else for ``data_ptr()`` and maps that address into the GPU's address space (``cuPointerGetAttribute`` /
+    ``hipPointerGetAttribute``, as it does for a tensor given to it): under unified addressing a pinned buffer's GPU
+    address is usually its host address, and this keeps the driver's word for it (and its error for memory that is
+    not pinned)."""
 
     __slots__ = ("address",)
 
@@ -371,6 +376,16 @@ class _Mapped:
 
     def __repr__(self) -> str:
         return f"_Mapped({self.address:#x})"
+
+
+def _descriptor_by_address(desc: Any) -> Any:
+    """A copy of tensor descriptor ``desc`` (Triton's or Gluon's) whose base is its address alone (:class:`_Mapped`):
+    what a bound launch holds, so that a kept call keeps no tensor, and no memory, alive (the Hopper decode's and
+    prefill's descriptors are over the cache, the keys and the queries). A launch reads of the base only its
+    ``data_ptr()`` (the copy engine's descriptor is filled from it, or a decomposed one passes it as a pointer)."""
+    held = copy.copy(desc)  # not through __init__: its checks read the base's dtype
+    object.__setattr__(held, "base", _Mapped(desc.base.data_ptr()))
+    return held
 
 
 def _address(t: torch.Tensor) -> int | _Mapped:
