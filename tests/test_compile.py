@@ -309,6 +309,27 @@ def test_errors_are_the_same_under_compile():
         torch.compile(f, fullgraph=True, backend="aot_eager")(raw)
 
 
+@pytest.mark.parametrize("backend", [5, b"torch"], ids=repr)
+def test_a_backend_not_a_str_is_named_under_compile(backend):
+    """An unknown backend= is an UnknownBackendError in eager mode; under compile a value that is not a str reached
+    the custom op's ``str?`` and failed there without naming it (fake tensor call's RuntimeError, Dynamo's internal
+    error for bytes). Now it is refused while Dynamo traces: the same error class as eager (the graph breaks), the
+    message in Dynamo's report with fullgraph."""
+    torch._dynamo.reset()
+    scores, lengths = torch.randn(2, 8), torch.tensor([8, 3], dtype=I32)
+
+    def f(s, n):
+        return indexcache.topk(s, n, 2, backend=backend)
+
+    with pytest.raises(dispatch.UnknownBackendError, match="^backend: expected one of"):
+        f(scores, lengths)
+    with pytest.raises(dispatch.UnknownBackendError, match="^backend: expected"):
+        torch.compile(f, backend="aot_eager")(scores, lengths)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"backend: expected a backend's name \(a str\) or None, got"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(scores, lengths)
+
+
 def _overlapping(op: str) -> tuple[dict, str]:
     """Arguments of ``op`` where a written tensor overlaps another argument, and the error that names it."""
     buf = torch.zeros(64, dtype=I32)

@@ -61,6 +61,9 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict, sm
     signature: kept launches are bound to that owner's workspace; a budgeted op adds the budget in force. Under
     ``torch.compile``: the custom op ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
     if torch.compiler.is_compiling():
+        if backend is not None and not isinstance(backend, str):  # the custom op's str? would fail on it unnamed
+            raise dispatch.UnknownBackendError(f"backend: expected a backend's name (a str) or None, got "
+                                               f"{type(backend).__name__} {backend!r}")
         return library.compiled_call(op, SPECS[op].check(*args, **named), backend, sm_budget)
     budgeted = op in library.BUDGETED_OPS
     if budgeted:
