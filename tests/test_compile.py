@@ -294,6 +294,20 @@ def test_hisparse_swap_in_writes_every_layer_in_place_under_compile(grouped):
         assert torch.equal(layer, expected)
 
 
+def test_one_layers_swap_in_names_its_kv_alike_under_compile():
+    """One layer's tensor goes to the custom op as a list of one: its overlap error (the check op on the real tensors)
+    named ``device_kv[0]`` where the eager call names ``device_kv``."""
+    torch._dynamo.reset()
+    case = next(c for c in SPECS["hisparse_swap_in"].cases if "group's four layers" in c.name)
+    args = case.build(torch.Generator().manual_seed(0), "cpu")
+    args.update(host_kv=args["device_kv"][0], device_kv=args["device_kv"][0])  # the layer copied onto itself
+    with pytest.raises(ValueError, match=r"^device_kv: .*overlaps host_kv") as eager:
+        indexcache.hisparse_swap_in(**args)
+    with pytest.raises(ValueError) as compiled:
+        torch.compile(indexcache.hisparse_swap_in, backend="aot_eager")(**args)
+    assert str(compiled.value) == str(eager.value)
+
+
 def test_errors_are_the_same_under_compile():
     """The spec check runs while Dynamo traces: the same error; with fullgraph, Dynamo reports it as Unsupported
     naming the same message."""

@@ -49,8 +49,11 @@ def check(copy_src, copy_dst, copy_count, host_kv: torch.Tensor | Sequence[torch
     inputs = dict(copy_src=copy_src, copy_dst=copy_dst, copy_count=copy_count, device_loc=device_loc,
                   row_to_batch=row_to_batch)
     first = devs[0]
+    # A layer is named by its index in a group of several only: one tensor and a list of one (what a call under
+    # torch.compile passes the custom op for one tensor) name it alike.
+    indexed = len(devs) > 1
     for g, (host, dev) in enumerate(zip(hosts, devs, strict=True)):
-        at = f"[{g}]" if grouped else ""
+        at = f"[{g}]" if indexed else ""
         if dev.dim() < 1:
             raise TypeError(f"device_kv{at}: expected a torch.Tensor of at least one dimension, got {dev!r}")
         if dev.device != device:
@@ -70,7 +73,7 @@ def check(copy_src, copy_dst, copy_count, host_kv: torch.Tensor | Sequence[torch
                 raise ValueError(f"{name}: expected each row contiguous, got strides {list(t.stride())}")
         inputs[f"host_kv{at}"] = host
     for g, dev in enumerate(devs):
-        at = f"[{g}]" if grouped else ""
+        at = f"[{g}]" if indexed else ""
         others = {f"device_kv[{o}]": t for o, t in enumerate(devs) if o != g}
         check_output(f"device_kv{at}", dev, {**inputs, **others})
     return dict(copy_src=copy_src, copy_dst=copy_dst, copy_count=copy_count, host_kv=host_kv, device_kv=device_kv,
