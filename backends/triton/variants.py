@@ -30,10 +30,6 @@ if TYPE_CHECKING:  # Triton is imported only when launches are built or compiled
     from indexcache.backends.triton.launcher import Launch
 
 
-# The ops whose Triton implementation starts from the logits kernels, and declines with them.
-LOGITS_OPS = ("mqa_logits", "paged_mqa_logits", "paged_topk_translate", "mqa_topk_translate")
-
-
 def op_launches(op: str, args: Mapping[str, Any], target: Target,
                 tuning: Mapping[str, Mapping[str, Any]]) -> list[Launch]:
     """The launches one call of ``op`` (a public op's name, its arguments as the op takes them, outputs given) makes
@@ -41,7 +37,7 @@ def op_launches(op: str, args: Mapping[str, Any], target: Target,
     from indexcache.backends.triton import gather, logits, prefill_producer, producer, quantize, topk, translate
 
     a = dict(args)
-    if op in LOGITS_OPS and logits.declined_shape(a["q"]):
+    if "q" in a and logits.declined_shape(a["q"]):  # the ops with queries start from the logits kernels
         found = []  # heads or a head dim the Triton logits decline: the torch backend's call, no kernel of ours
     elif op == "paged_topk_translate":
         found = producer.launches(**a, target=target, tuning=tuning)
