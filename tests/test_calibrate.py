@@ -467,6 +467,14 @@ def test_calibrate_arrays_takes_torch_indices_and_no_model(tmp_path):
     assert (found.rows, found.k, found.source) == (*stack.shape[1:], "a test")
 
 
+def test_calibrate_arrays_needs_one_array_per_layer(tmp_path):
+    stack = planted_stack([2, 2], seed=1)
+    for layers in ([0, 1, 2], [0, 1, 2, 3, 4]):
+        with pytest.raises(calibrate.CalibrationError, match=rf"layers: {len(layers)} layer ids, but indices holds 4"):
+            calibrate.calibrate_arrays(layers, list(stack), tmp_path / "out", producers=1, plots=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_calibrate_checks_the_dump_against_a_config(tmp_path, capsys):
     config = EXAMPLES / "deepseek-v4-flash.json"
     c4 = c4_layers(json.loads(config.read_text())["compress_ratios"])

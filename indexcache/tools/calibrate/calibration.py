@@ -19,7 +19,7 @@ import numpy as np
 
 from indexcache.plan import LayerPlan
 from indexcache.tools.calibrate.dump import load_dump
-from indexcache.tools.calibrate.errors import DumpError
+from indexcache.tools.calibrate.errors import CalibrationError, DumpError
 from indexcache.tools.calibrate.freq_rule import FreqBaseline, freq_baselines
 from indexcache.tools.calibrate.indices import IndexArray, as_rows
 from indexcache.tools.calibrate.objective import CachedObjective, overlap_objective
@@ -83,6 +83,10 @@ def calibrate_arrays(
     :func:`freq_baselines`) and writes the outputs (:func:`write_outputs`; ``info`` and the sizes head
     ``report.json``; ``plots`` draws the PNGs). ``source`` says where the indices came from, for a summary.
     """
+    if len(layers) != len(indices):
+        raise CalibrationError(
+            f"layers: {len(layers)} layer ids, but indices holds {len(indices)} arrays; give one array per layer"
+        )
     if keep is None and producers is None:
         keep = DEFAULT_KEEP
     budget = producer_budget(len(layers), keep=keep, producers=producers)
