@@ -317,6 +317,10 @@ def test_callback_objective_is_cached():
 def test_search_rejects_bad_input():
     with pytest.raises(ValueError, match="ascending"):
         greedy_search([3, 1], lambda p: 0.0, producers=1)
+    for layers in ([0, 1.5, 3], ["0", "1"], [0, True]):  # int() would take them as 1 or 0
+        with pytest.raises(ValueError, match=r"must be distinct, ascending, non-negative integer layer ids"):
+            greedy_search(layers, lambda p: 0.0, producers=1)
+    assert greedy_search(np.arange(3), lambda p: 0.0, producers=1).layers == (0, 1, 2)
     with pytest.raises(ValueError, match="producers"):
         greedy_search([0, 1], lambda p: 0.0, producers=3)
     with pytest.raises(ValueError, match="finite"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 from indexcache.tools.calibrate.errors import CalibrationError
@@ -96,9 +97,11 @@ def greedy_search(
     pattern (pass a :class:`CachedObjective` to share the cache). Costs about ``n * (n - producers)``
     evaluations for ``n`` sparse layers.
     """
-    ids = [int(layer) for layer in layers]
-    if not ids or ids != sorted(set(ids)) or ids[0] < 0:
-        raise CalibrationError(f"layers={list(layers)!r}: must be distinct, ascending, non-negative layer ids")
+    ids = [int(layer) for layer in layers if isinstance(layer, Integral) and not isinstance(layer, bool)]
+    if not ids or len(ids) != len(layers) or ids != sorted(set(ids)) or ids[0] < 0:
+        raise CalibrationError(
+            f"layers={list(layers)!r}: must be distinct, ascending, non-negative integer layer ids"
+        )
     num = len(ids)
     budget = producer_budget(num, producers=producers)
     cached = objective if isinstance(objective, CachedObjective) else CachedObjective(objective, name)
