@@ -167,6 +167,10 @@ def test_load_dump_errors(tmp_path):
         load_dump(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="no layer_"):
         load_dump(tmp_path)
+    (tmp_path / "file.npz").write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match=r"file\.npz: not a directory; expected the dump directory"):
+        load_dump(tmp_path / "file.npz")
+    (tmp_path / "file.npz").unlink()
     torch.save(torch.zeros(2, 3, dtype=torch.int32), tmp_path / "layer_1.pt")
     np.savez(tmp_path / "layer_001.npz", np.zeros((2, 3), np.int32))
     with pytest.raises(ValueError, match="layer 1 appears twice"):
@@ -469,6 +473,14 @@ def test_calibrate_arrays_takes_torch_indices_and_no_model(tmp_path):
                                        source="a test", plots=False)
     assert found.search.pattern == "FSFS" and found.search.producers == [3, 7] and found.freq_rule is None
     assert (found.rows, found.k, found.source) == (*stack.shape[1:], "a test")
+
+
+def test_cli_calibrate_dump_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "layer_0.npz").write_bytes(b"")
+    assert main(["calibrate", "--dump", str(tmp_path / "layer_0.npz"), "--no-plots", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / 'layer_0.npz'}: not a directory; expected the dump directory" in err
+    assert "Traceback" not in err
 
 
 def test_calibrate_arrays_needs_one_array_per_layer(tmp_path):

@@ -356,7 +356,7 @@ def _run_calibrate(args) -> int:
         if args.config is not None:
             _check_input("--config", args.config)
         run = partial(calibrate.calibrate_dump, args.dump, config=args.config)
-        errors += (FileNotFoundError,)  # a missing or empty --dump directory
+        errors += (FileNotFoundError, NotADirectoryError)  # a missing, empty or not a --dump directory
     with _input_errors(*errors, flags=vars(args)):
         found = run(args.out, keep=args.keep, producers=args.producers, threads=args.threads, plots=not args.no_plots)
     search, layers = found.search, found.layers

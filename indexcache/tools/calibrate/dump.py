@@ -42,10 +42,12 @@ def load_dump(path: str | os.PathLike[str]) -> tuple[list[int], list[np.ndarray]
     """Read a dump directory: the layer ids (ascending) and one ``[rows, k]`` integer array per layer.
 
     See the module docstring for the format. Raises ``FileNotFoundError`` for a missing or empty
-    directory and :class:`DumpError` (a ``ValueError``) for a duplicate layer id, an unreadable or bad
-    file, or mismatched shapes.
+    directory, ``NotADirectoryError`` for a path that is not one, and :class:`DumpError` (a ``ValueError``) for a
+    duplicate layer id, an unreadable or bad file, or mismatched shapes.
     """
     directory = Path(path)
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"{directory}: not a directory; expected the dump directory of layer_<id> files")
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no such directory")
     files: dict[int, Path] = {}
