@@ -171,6 +171,10 @@ def test_load_dump_errors(tmp_path):
     with pytest.raises(NotADirectoryError, match=r"file\.npz: not a directory; expected the dump directory"):
         load_dump(tmp_path / "file.npz")
     (tmp_path / "file.npz").unlink()
+    (tmp_path / "layer_0.npz").symlink_to(tmp_path / "nowhere.npz")
+    with pytest.raises(calibrate.DumpError, match=r"layer_0\.npz: cannot be read \(No such file or directory\)"):
+        load_dump(tmp_path)
+    (tmp_path / "layer_0.npz").unlink()
     torch.save(torch.zeros(2, 3, dtype=torch.int32), tmp_path / "layer_1.pt")
     np.savez(tmp_path / "layer_001.npz", np.zeros((2, 3), np.int32))
     with pytest.raises(ValueError, match="layer 1 appears twice"):

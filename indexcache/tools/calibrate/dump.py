@@ -69,7 +69,11 @@ def load_dump(path: str | os.PathLike[str]) -> tuple[list[int], list[np.ndarray]
 
 def _read_layer(file: Path) -> np.ndarray:
     """One dump file as ``[rows, k]``; every way it can be unreadable or malformed is a :class:`DumpError`."""
-    if file.stat().st_size == 0:
+    try:
+        size = file.stat().st_size
+    except OSError as exc:  # a link to nothing, a file removed since the listing
+        raise DumpError(f"{file}: cannot be read ({exc.strerror or exc})") from None
+    if size == 0:
         raise DumpError(f"{file}: empty file (0 bytes)")
     if file.suffix == ".pt":
         try:
