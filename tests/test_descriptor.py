@@ -252,3 +252,16 @@ def test_ranks_disagree_on_layout():
 def test_no_ranks():
     with pytest.raises(ValueError, match=r"no prefill ranks reported"):
         check_ranks_agree([])
+
+
+def test_arguments_that_are_not_descriptors_are_named():
+    d = v32()
+    message = r"decode: expected a Descriptor \(Descriptor.from_json reads a payload\), got dict"
+    with pytest.raises(TypeError, match=message):
+        check_pd_compatible(d, d.to_dict())
+    with pytest.raises(TypeError, match=r"prefill: expected a Descriptor .*, got str"):
+        check_pd_compatible(d.to_json(), d)
+    with pytest.raises(TypeError, match=r"reports\[0\]: expected a Descriptor .*, got str"):
+        check_ranks_agree([d.to_json(), d.to_json()])  # payloads that agree were returned as they came
+    with pytest.raises(TypeError, match=r"reports\[1\]: expected a Descriptor .*, got dict"):
+        check_ranks_agree([d, d.to_dict()])

@@ -180,6 +180,13 @@ class Descriptor:
         return cls.from_dict(parse_json(text, "descriptor", DescriptorError))
 
 
+def _check_descriptor(name: str, value: Any) -> None:
+    if not isinstance(value, Descriptor):
+        raise TypeError(
+            f"{name}: expected a Descriptor (Descriptor.from_json reads a payload), got {type(value).__name__}"
+        )
+
+
 def _layer_difference(prefill: Sequence[int], decode: Sequence[int]) -> str:
     only_prefill = sorted(set(prefill) - set(decode))
     only_decode = sorted(set(decode) - set(prefill))
@@ -190,8 +197,11 @@ def check_pd_compatible(prefill: Descriptor, decode: Descriptor) -> None:
     """Raise :class:`PDIncompatibleError` unless ``decode`` may consume ``prefill``'s state.
 
     The signed fields must be equal and every decode producer must be a prefill producer. The error
-    names every differing field and every uncovered decode producer.
+    names every differing field and every uncovered decode producer; an argument that is not a descriptor is a
+    ``TypeError`` naming it.
     """
+    for name, descriptor in (("prefill", prefill), ("decode", decode)):
+        _check_descriptor(name, descriptor)
     differences = {
         name: (getattr(prefill, name), getattr(decode, name))
         for name in SIGNED_FIELDS
@@ -219,10 +229,14 @@ def check_ranks_agree(reports: Sequence[Descriptor | None]) -> Descriptor | None
     """The one descriptor all prefill ranks report, or None when none reports one.
 
     ``reports[i]`` is rank i's descriptor (None: it reported none). Raises :class:`DescriptorError` naming the
-    ranks when some report one and some do not, or when they report different descriptors.
+    ranks when some report one and some do not, or when they report different descriptors; a report that is neither
+    a descriptor nor None is a ``TypeError`` naming its rank.
     """
     if not reports:
         raise DescriptorError("no prefill ranks reported")
+    for rank, descriptor in enumerate(reports):
+        if descriptor is not None:
+            _check_descriptor(f"reports[{rank}]", descriptor)
     silent = [rank for rank, d in enumerate(reports) if d is None]
     if len(silent) == len(reports):
         return None
