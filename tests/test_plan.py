@@ -456,6 +456,14 @@ def test_for_stage_runs_the_stage_roles_over_its_layers():
     other = LayerPlan(10).split_stages([5])[1]
     with pytest.raises(ConfigError, match=r"stage: layers 5\.\.9 do not fit the plan's 8 layers"):
         LayerPlan(8).for_stage(other)
+    v4 = LayerPlan(10, compress_ratios=V4_EXAMPLE_RATIOS)  # "..F.F.F.F.": another sparse layout, same span
+    with pytest.raises(ConfigError, match=r"stage: roles 'FFFFF' over layers 5\.\.9 are not this plan's \('\.F\.F\.'"):
+        v4.for_stage(other)
+    demoted = LayerPlan(10, index_topk_freq=2).split_stages([5])[1]  # producers of LayerPlan(10) turned shared
+    with pytest.raises(ConfigError, match=r"stage: roles 'FSFSF' over layers 5\.\.9 are not this plan's \('FFFFF'"):
+        LayerPlan(10).for_stage(demoted)
+    with pytest.raises(TypeError, match=r"stage: expected a Stage \(from split_stages\), got tuple"):
+        plan.for_stage((15, 61))
 
 
 def test_no_boundaries_is_one_stage():

@@ -366,10 +366,19 @@ class LayerPlan:
     def for_stage(self, stage: Stage) -> LayerPlan:
         """This plan as pipeline ``stage`` runs it: the stage's roles over its layers (so a ``"promote"`` split's
         promoted layers are producers), the plan's roles elsewhere. :meth:`role` and :meth:`source_of` of the
-        result answer for the stage's layers."""
+        result answer for the stage's layers. A stage of another plan (another span, or roles that are not this
+        plan's with at most shared layers promoted) raises :class:`ConfigError`."""
+        if not isinstance(stage, Stage):
+            raise TypeError(f"stage: expected a Stage (from split_stages), got {type(stage).__name__}")
         if not 0 <= stage.start < stage.stop <= self.num_layers or len(stage.roles) != stage.stop - stage.start:
             raise ConfigError(
                 f"stage: layers {stage.start}..{stage.stop - 1} do not fit the plan's {self.num_layers} layers"
+            )
+        own = self.roles[stage.start : stage.stop]
+        if any(r != o and (o, r) != (SHARED, PRODUCER) for r, o in zip(stage.roles, own, strict=True)):
+            raise ConfigError(
+                f"stage: roles {shown(stage.roles)} over layers {stage.start}..{stage.stop - 1} are not this plan's "
+                f"({shown(own)}) with shared layers promoted; a stage of another plan?"
             )
         plan = copy.copy(self)
         plan.roles = self.roles[: stage.start] + stage.roles + self.roles[stage.stop :]
