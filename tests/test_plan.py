@@ -479,6 +479,11 @@ def test_bad_boundaries(boundaries):
         LayerPlan(5).split_stages(boundaries)
 
 
+def test_boundaries_that_are_not_a_list():
+    with pytest.raises(TypeError, match=r"boundaries=3: expected a list of layer ids, got int"):
+        LayerPlan(5).split_stages(3)
+
+
 def test_bad_mode():
     with pytest.raises(ValueError, match=r"mode='copy': must be 'carry' or 'promote'"):
         LayerPlan(5).split_stages([2], mode="copy")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice, pairwise
 from typing import Any
@@ -394,6 +394,9 @@ def _carried_into(roles: str, start: int) -> int | None:
 
 
 def _check_boundaries(boundaries: Sequence[int], num_layers: int) -> list[int]:
+    if not isinstance(boundaries, Iterable):
+        expected = f"expected a list of layer ids, got {type(boundaries).__name__}"
+        raise TypeError(f"boundaries={shown(boundaries)}: {expected}")
     values = list(islice(boundaries, num_layers))  # more than num_layers - 1 cannot all be new stages
     ok = all(isinstance(b, int) and not isinstance(b, bool) and 0 < b < num_layers for b in values)
     if not ok or len(values) >= num_layers or any(a >= b for a, b in pairwise(values)):
