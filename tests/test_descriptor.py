@@ -217,6 +217,9 @@ def test_bad_json_text():
         Descriptor.from_json("{not json")
     with pytest.raises(ValueError, match=r"descriptor must be a JSON object, got list"):
         Descriptor.from_json("[1, 2]")
+    text = v32().to_json()
+    with pytest.raises(DescriptorError, match="descriptor: key 'top_k' appears twice"):
+        Descriptor.from_json(text.replace('"top_k":', '"top_k": 1, "top_k":', 1))
 
 
 # --- prefill ranks ------------------------------------------------------------------------------

@@ -391,6 +391,16 @@ def test_invalid_json_file(tmp_path):
         LayerPlan.from_config(path)
 
 
+def test_a_key_given_twice_is_refused(tmp_path):
+    """json keeps the last of duplicate keys silently: a config whose schedule was set twice ran the last one."""
+    path = tmp_path / "config.json"
+    path.write_text('{"num_hidden_layers": 4, "index_topk_freq": 1, "index_topk_freq": 4}')
+    with pytest.raises(ConfigError, match=r"config\.json: key 'index_topk_freq' appears twice in one object"):
+        LayerPlan.from_config(path)
+    path.write_text('{"num_hidden_layers": 4, "text_config": {"a": 1, "b": 2}, "index_topk_freq": 4}')
+    assert LayerPlan.from_config(path).num_layers == 4  # the same name in two objects is no duplicate
+
+
 def test_missing_file():
     with pytest.raises(FileNotFoundError):
         LayerPlan.from_config("/nonexistent/config.json")

@@ -149,8 +149,9 @@ class Descriptor:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Descriptor:
-        """The inverse of :meth:`to_dict`. The ``signature`` is required and must match the fields, so a
-        payload altered or truncated on the way is refused."""
+        """The inverse of :meth:`to_dict`. The ``signature`` is required and must match the signed fields, so a
+        payload whose layout was altered or truncated on the way is refused; the producers are not signed (the
+        schedule may differ between the sides: :func:`check_pd_compatible` checks them against the other side's)."""
         if not isinstance(data, Mapping):
             raise DescriptorError(f"descriptor must be a JSON object, got {type(data).__name__}")
         names = {f.name for f in fields(cls)}

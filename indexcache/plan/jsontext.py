@@ -1,7 +1,8 @@
 """Untrusted JSON in, named errors out: the one place a model config or a P/D descriptor is read from text.
 
 :func:`read_json` and :func:`parse_json` turn every way a file or a text can be malformed (too large, not UTF-8,
-not JSON, nested deeper than the parser can follow, an integer literal past the interpreter's digit limit)
+not JSON, nested deeper than the parser can follow, an integer literal past the interpreter's digit limit, a key
+given twice in one object)
 into the caller's error class, naming the file; :func:`shown` writes a value of any size, depth or type into a
 message in bounded space and time.
 """
@@ -42,7 +43,10 @@ def parse_json(text: str | bytes, what: str, error: type[Exception]) -> Any:
     elif len(text) > MAX_JSON_BYTES:
         raise error(f"{what}: more than {MAX_JSON_BYTES} characters (indexcache.plan.jsontext.MAX_JSON_BYTES)")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise error(f"{what}: key {shown(exc.args[0])} appears twice in one object; which one holds is "
+                    "ambiguous (JSON readers differ): keep one") from None
     except RecursionError:
         raise error(f"{what}: JSON nested too deeply to read (past Python's recursion limit, "
                     f"{sys.getrecursionlimit()})") from None
@@ -51,6 +55,19 @@ def parse_json(text: str | bytes, what: str, error: type[Exception]) -> Any:
     except ValueError:  # the only other: an integer literal beyond sys.get_int_max_str_digits()
         raise error(f"{what}: an integer literal of more than {sys.get_int_max_str_digits()} digits; "
                     "no value indexcache reads is that large") from None
+
+
+class _DuplicateKey(ValueError):
+    """A key given twice in one JSON object (``json`` keeps the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _DuplicateKey(key)
+        found[key] = value
+    return found
 
 
 class _Bounded(reprlib.Repr):
