@@ -1,10 +1,11 @@
 """``gather_index_k`` in Triton: the paged index-K cache → contiguous keys and scales in request order.
 
 A program copies blocks of ``BLOCK_T`` tokens of one request (grid: requests × a bounded number of programs a request,
-each walking every such program count'th block up to the request's length, read on the device). A request's first row
-is the sum of the earlier requests' lengths, which each program adds up itself, ``BLOCK_B`` lengths at a time. Every
-read is masked by the token's page entry (in the table, in the cache) and every write by its row (below the outputs'
-rows), whatever the table and the lengths hold; nothing is allocated and nothing syncs with the host.
+each walking every such program count'th block up to the request's length, read on the device, or to the outputs'
+end). A request's first row is the sum of the earlier requests' lengths, which each program adds up itself, ``BLOCK_B``
+lengths at a time. Every read is masked by the token's page entry (in the table, in the cache) and every write by its
+row (below the outputs' rows), whatever the table and the lengths hold; nothing is allocated and nothing syncs with the
+host.
 """
 
 from __future__ import annotations
@@ -49,13 +50,16 @@ def gather_index_k_kernel(
         lens = tl.load(ctx_ptr + (b0 + bs) * ctx_s0, mask=b0 + bs < b, other=0)
         start += tl.sum(tl.maximum(lens, 0).to(tl.int64), axis=0)
     n = tl.maximum(tl.load(ctx_ptr + b * ctx_s0), 0)
+    # Only the tokens that have a row below ``rows``: a length past the outputs (garbage in a padded batch) would walk
+    # blocks that write nothing, up to 2^26 of them. The block count in int64: near 2^31 it overflowed int32.
+    n = tl.minimum(n.to(tl.int64), tl.maximum(rows - start, 0)).to(tl.int32)
     page_bytes: tl.constexpr = PAGE * (VALUE_BYTES + SCALE_BYTES)
     vb = tl.arange(0, BLOCK_V)
     sb = tl.arange(0, BLOCK_S)
-    for c in range(first, tl.cdiv(n, BLOCK_T), step):
+    for c in range(first, tl.cdiv(n.to(tl.int64), BLOCK_T).to(tl.int32), step):
         t = c * BLOCK_T + tl.arange(0, BLOCK_T)
         row = start + t
-        live = (t < n) & (row < rows)
+        live = (t >= 0) & (t < n) & (row < rows)  # t wraps past 2^31 - 1 in a last block only
         column = t // PAGE
         entry = tl.load(table_ptr + b.to(tl.int64) * tab_s0 + column * tab_s1, mask=live & (column < table_pages),
                         other=-1)
