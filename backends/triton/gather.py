@@ -61,13 +61,13 @@ def gather_index_k_kernel(
         row = start + t
         live = (t >= 0) & (t < n) & (row < rows)  # t wraps past 2^31 - 1 in a last block only
         column = t // PAGE
-        entry = tl.load(table_ptr + b.to(tl.int64) * tab_s0 + column * tab_s1, mask=live & (column < table_pages),
-                        other=-1)
+        entry = tl.load(table_ptr + b.to(tl.int64) * tab_s0 + column.to(tl.int64) * tab_s1,
+                        mask=live & (column < table_pages), other=-1)
         valid = live & (entry >= 0) & (entry < num_pages)
         at = entry.to(tl.int64) * page_bytes + t % PAGE * VALUE_BYTES
         values = tl.load(cache_ptr + at[:, None] + vb[None, :], mask=valid[:, None] & (vb < VALUE_BYTES)[None, :],
                          other=0)
-        tl.store(keys_ptr + row[:, None] * keys_s0 + vb[None, :] * keys_s1, values,
+        tl.store(keys_ptr + row[:, None] * keys_s0 + vb.to(tl.int64)[None, :] * keys_s1, values,
                  mask=live[:, None] & (vb < VALUE_BYTES)[None, :])
         at = entry.to(tl.int64) * page_bytes + PAGE * VALUE_BYTES + t % PAGE * SCALE_BYTES
         if FLOAT_SCALE:
@@ -77,7 +77,7 @@ def gather_index_k_kernel(
             scale = tl.load(cache_ptr + at[:, None] + sb[None, :], mask=valid[:, None] & (sb < SCALE_BYTES)[None, :],
                             other=0)
             scale = tl.where(valid[:, None], scale, 255)  # e8m0 NaN
-            tl.store(scale_ptr + row[:, None] * scale_s0 + sb[None, :] * scale_s1, scale,
+            tl.store(scale_ptr + row[:, None] * scale_s0 + sb.to(tl.int64)[None, :] * scale_s1, scale,
                      mask=live[:, None] & (sb < SCALE_BYTES)[None, :])
 
 

@@ -101,9 +101,10 @@ def quantize_kernel(
     col = blk * BLOCK + c
     ok = (r < rows)[:, None] & (c < BLOCK)[None, :]
     r64 = r.to(tl.int64)
-    x = tl.load(k_ptr + r64[:, None] * k_s0 + col[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
+    col64 = col.to(tl.int64)  # a column stride may be large (transposed keys): offsets in int64, as the rows'
+    x = tl.load(k_ptr + r64[:, None] * k_s0 + col64[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
     y, scale = _quantize_rows(x, LIMIT, MIN_EXP)
-    tl.store(q_ptr + r64[:, None] * q_s0 + col[None, :] * q_s1, _fp8_out(y, q_ptr, MIN_EXP), mask=ok)
+    tl.store(q_ptr + r64[:, None] * q_s0 + col64[None, :] * q_s1, _fp8_out(y, q_ptr, MIN_EXP), mask=ok)
     tl.store(s_ptr + r64 * s_s0 + blk * s_s1, scale, mask=r < rows)
 
 
@@ -120,7 +121,7 @@ def store_kernel(
     slot = tl.load(slot_ptr + r64 * slot_s0, mask=r < rows, other=-1).to(tl.int64)
     live = (slot >= 0) & (slot < slots)
     ok = live[:, None] & (c < D)[None, :]
-    x = tl.load(k_ptr + r64[:, None] * k_s0 + c[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(k_ptr + r64[:, None] * k_s0 + c.to(tl.int64)[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
     y, scale = _quantize_rows(x, LIMIT, MIN_EXP)
     page = slot // PAGE
     off = slot % PAGE
@@ -159,7 +160,7 @@ def mxfp4_kernel(
     b = tl.arange(0, NB)
     col = b[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
     ok = live[:, None, None] & (col < D)
-    x = tl.load(k_ptr + r64[:, None, None] * k_s0 + col * k_s1, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(k_ptr + r64[:, None, None] * k_s0 + col.to(tl.int64) * k_s1, mask=ok, other=0.0).to(tl.float32)
     bad = tl.max(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), axis=2) > 0
     amax = tl.maximum(tl.max(tl.abs(x), axis=2), 1e-4)
     e = tl.ceil(tl.log2(amax / 6.0)).to(tl.int32)
