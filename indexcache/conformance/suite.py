@@ -92,6 +92,6 @@ def table(reports: list[dict[str, Any]]) -> str:
 
 def not_passed(reports: list[dict[str, Any]]) -> list[str]:
     """One line per case that did not pass: status, backend, op, case and the first line of why (a declined case's
-    reason is the backend's own, e.g. the fp8 format it lacks; the report's .md has the whole detail)."""
+    reason is the backend's own, e.g. the fp8 format it lacks; the report's .json has the whole detail)."""
     return [f"{r['status']} {report['backend']} {r['op']}: {r['case']}: {(r['detail'].splitlines() or [''])[0]}"
             for report in reports for r in report["results"] if r["status"] != "passed"]

@@ -118,7 +118,8 @@ def summarize(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def to_markdown(report: dict[str, Any]) -> str:
-    """The human report: header, per-op summary, then every case."""
+    """The human report: header, per-op summary, then every case (its detail on one line, at most 200 characters;
+    the .json has it whole)."""
     lines = [
         f"# Conformance: backend `{report['backend']}`",
         "",
@@ -136,7 +137,7 @@ def to_markdown(report: dict[str, Any]) -> str:
     for r in report["results"]:
         err = "" if r["error"] is None else f"{r['error']:.2e}"
         bound = "" if r["bound"] is None else f"{r['bound']:.0e}"
-        detail = r["detail"].replace("|", "\\|")[:200]
+        detail = " ".join(r["detail"].splitlines()).replace("|", "\\|")[:200]  # one table row, whatever it holds
         lines.append(f"| {r['op']} | {r['case']} | {r['status']} | {err} | {bound} | {detail} |")
     if "compiled_for" in report:
         from indexcache.backends.triton.crosscompile import markdown

@@ -221,3 +221,16 @@ def test_calibrate_errors_name_the_flag(tmp_path, capsys, args, message):
     assert main(["calibrate", "--from-model", "v32-like", "--no-plots", "--out", str(tmp_path), *args]) == 2
     _, err = capsys.readouterr()
     assert err == f"indexcache calibrate: error: {message}\n"
+
+
+def test_conformance_markdown_keeps_a_multi_line_detail_in_its_row():
+    """A case's detail of several lines (a compiler's error, a judge's row list) stays one row of the .md's case
+    table: its line breaks ended the row, and the lines after it were no table row at all."""
+    report = {**_report("passed one"), "device_name": "cpu", "reason": "r", "date": "d", "torch": "t"}
+    report["results"].append({"op": "topk", "case": "ties", "status": "failed", "error": None, "bound": None,
+                              "detail": "row 3: index sets differ\r\nsecond line | with a pipe\nthird line"})
+    lines = worker.to_markdown(report).splitlines()
+    cases = lines[lines.index("| op | case | status | error | bound | detail |"):]
+    assert len(cases) == 4 and all(line.startswith("|") and line.endswith("|") for line in cases), cases
+    assert cases[-1] == ("| topk | ties | failed |  |  | row 3: index sets differ second line \\| with a pipe "
+                         "third line |")
