@@ -193,6 +193,13 @@ def test_unknown_names_exit_2(capsys):
     assert "--op: expected one of" in err and "backend: expected one of" in err
 
 
+def test_an_op_named_twice_runs_once(fresh_dispatch):
+    """`indexcache bench --op translate --op translate` times each case once (every row was there twice)."""
+    report = bench.run(["translate", "translate"], ["torch", "torch"], quick=True)
+    rows = [(row["case"], row["backend"]) for row in report["results"]]
+    assert rows == [(case.name, "torch") for case in harness.OPS["translate"].cases(True)]
+
+
 # ----------------------------------------------------------------------------------------------- logits and top-k
 
 # Every op but translate (the section above) and paged_topk_translate (its own test above).

@@ -220,8 +220,9 @@ def _run_op_case(op: BenchSpec, case: BenchCase, backends: Sequence[str] | None,
 
 def run(op_names: Sequence[str] | None = None, backends: Sequence[str] | None = None,
         quick: bool = False) -> dict[str, Any]:
-    """Measure the ceilings, then every case of every op on every backend; returns the report (JSON-ready)."""
-    names = list(op_names) if op_names else list(OPS)
+    """Measure the ceilings, then every case of every op on every backend; returns the report (JSON-ready). An op
+    or backend named twice runs once."""
+    names = list(dict.fromkeys(op_names)) if op_names else list(OPS)
     unknown = [n for n in names if n not in OPS]
     if unknown:
         raise ValueError(f"--op: expected one of {sorted(OPS)}, got {', '.join(map(repr, unknown))}")
