@@ -32,6 +32,11 @@ def _f(x, fmt: str = ".1f") -> str:
     return "—" if x is None else format(x, fmt)
 
 
+def _pct(x, fmt: str) -> str:
+    """A fraction as a percentage; "—" where it was not measured (None)."""
+    return "—" if x is None else format(100 * x, fmt) + " %"
+
+
 def _head(d: dict, *more: str) -> str:
     """GPU · date · commit, then the versions where the file has them, then ``more``, then the result's ``note``
     (how the run differed from its commit) where it has one."""
@@ -45,11 +50,12 @@ def _head(d: dict, *more: str) -> str:
 def bench_op(d: dict) -> str:
     """An ``indexcache bench`` report of an op whose roofline is the copy bandwidth."""
     ceil = d["ceilings"]
-    copy, launch = ceil["copy_bandwidth"]["rate"] / 1e9, ceil["launch"]
-    head = _head(d, f"copy {copy:.0f} GB/s", f"empty Triton launch {launch['eager_us']:.1f} µs eager, "
-                 f"{launch['graph_us']:.2f} µs in a graph")
+    copy, launch = ceil["copy_bandwidth"]["rate"], ceil["launch"]
+    copy = None if copy is None else copy / 1e9
+    head = _head(d, f"copy {_f(copy, '.0f')} GB/s", f"empty Triton launch {_f(launch['eager_us'])} µs eager, "
+                 f"{_f(launch['graph_us'], '.2f')} µs in a graph")
     rows = [[r["case"], r["backend"], _f(r["eager_us"]), _f(r["graph_us"]), _f(r["rate"], ".0f"),
-             _f(100 * r["ceiling_fraction"], ".0f") + " %", _f(r["launch_ratio"], ".2f"),
+             _pct(r["ceiling_fraction"], ".0f"), _f(r["launch_ratio"], ".2f"),
              _f(r["speedup_vs_torch"], ".1f")] for r in d["results"]]
     header = ["case", "backend", "eager µs", "graph µs", "GB/s", "% copy", "eager × empty launch", "× torch"]
     return head + "\n\n" + markdown_table(header, rows)
@@ -79,10 +85,10 @@ def logits(d: dict) -> str:
     c = d["ceilings"]
     head = _head(d, f"fp8 matmul {c['fp8_tflops']:.0f} TFLOP/s, bf16 {c['bf16_tflops']:.0f} TFLOP/s, copy "
                  f"{c['copy_gbps']:.0f} GB/s")
-    pre = [[r["case"], _f(r["ms"], ".3f"), _f(r["tflops"], ".0f"), _f(100 * r["fraction"], ".1f") + " %",
+    pre = [[r["case"], _f(r["ms"], ".3f"), _f(r["tflops"], ".0f"), _pct(r["fraction"], ".1f"),
             _f(r["torch_ms"], ".1f"), _f(r["speedup"], ".1f")] for r in d["prefill"]]
     dec = [[r["case"], _f(r["ms"] * 1e3, ".0f"), _f(r.get("graph_ms", 0) * 1e3, ".0f"), _f(r["floor_ms"] * 1e3, ".0f"),
-            _f(r["gbps"], ".0f"), _f(100 * r["fraction"], ".1f") + " %", _f(r["speedup"], ".1f")] for r in d["decode"]]
+            _f(r["gbps"], ".0f"), _pct(r["fraction"], ".1f"), _f(r["speedup"], ".1f")] for r in d["decode"]]
     return "\n\n".join([
         head,
         markdown_table(["prefill (mqa_logits)", "ms", "TFLOP/s (in-window)", "of matmul rate", "torch ms", "× torch"],
@@ -103,8 +109,8 @@ def logits_peers(d: dict) -> str:
         roof = next(k for k in r if k.startswith("ours_fraction_of_")).removeprefix("ours_fraction_of_")
         rows.append([r["case"], _f(us["ours"]), _f(us.get("ours triton")), _f(us["DeepGEMM"]),
                      _f(us.get("DeepGEMM schedule")), _f(r["ours_over_DeepGEMM"], ".2f"),
-                     _f(100 * r["ours_fraction_of_" + roof], ".1f") + " %",
-                     _f(100 * r["DeepGEMM_fraction_of_" + roof], ".1f") + " % " + roof.replace("_", " ")])
+                     _pct(r["ours_fraction_of_" + roof], ".1f"),
+                     _pct(r["DeepGEMM_fraction_of_" + roof], ".1f") + " " + roof.replace("_", " ")])
     return head + "\n\n" + markdown_table(
         ["case (H 64, D 128, fp8)", "ours µs", "Triton kernel µs", "DeepGEMM µs", "DeepGEMM's schedule µs",
          "ours / DeepGEMM", "ours, of roofline", "DeepGEMM, of roofline"], rows)
@@ -222,7 +228,7 @@ def cp_topk(d: dict) -> str:
     s = d["settings"]
     rows = [[_keys(r["keys"]), r["layout"], _f(r["single_topk_us"], ".0f"), _f(r["local_topk_us"], ".0f"),
              _f(r["all_gather_us"], ".0f"), _f(r["merge_us"], ".0f"), _f(r["cp_topk_us"], ".0f"),
-             _f(r["local_logits_us"], ".0f"), _f(100 * r["comm_over_logits"], ".1f") + " %",
+             _f(r["local_logits_us"], ".0f"), _pct(r["comm_over_logits"], ".1f"),
              "yes" if r["equal"] else f"no ({r['mismatched_rows']} rows)"] for r in d["results"]]
     return _head(d, f"{d['world_size']} GPUs over {s['dist_backend'].upper()} {d['versions'].get('nccl', '')}".rstrip(),
                  f"{s['rows']} rows, k {s['k']}, {s['statistic']} of {s['reps']}") + "\n\n" + markdown_table(

@@ -514,6 +514,20 @@ def test_report_tables_check_fails_on_a_table_edited_by_hand(tmp_path, monkeypat
     assert tables.main(["--write"]) == 0 and edited.read_text() == text
 
 
+def test_report_tables_prints_a_bench_row_that_was_not_timed(tmp_path):
+    """An ``indexcache bench --json`` report whose rows were not all timed (a backend skipped, unsupported or failed:
+    no time, no fraction of the copy) and whose launch had no graph time gives "—" there: it raised a TypeError."""
+    tables = _report_tables()
+    d = json.loads((tables.RESULTS / "h200-translate.json").read_text())
+    d["ceilings"]["launch"]["graph_us"] = None
+    untimed = dict.fromkeys(("eager_us", "graph_us", "rate", "ceiling_fraction", "launch_ratio", "speedup_vs_torch"))
+    d["results"].append({**d["results"][-1], "backend": "rocm", "check": "skipped: not available", **untimed})
+    (tmp_path / "h200-translate.json").write_text(json.dumps(d))
+    text = tables.table("h200-translate.json", tmp_path)
+    assert "µs eager, — µs in a graph" in text.splitlines()[0]
+    assert text.splitlines()[-1] == f"| {d['results'][-1]['case']} | rocm | — | — | — | — | — | — |"
+
+
 def test_calibrate_overlap_runs_small():
     done = _script("calibrate_overlap", "--layers", "8", "--rows", "16", "--k", "64", "--context", "4096", "--pool",
                    "512")
