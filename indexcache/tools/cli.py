@@ -29,14 +29,16 @@ class UsageError(Exception):
 @contextlib.contextmanager
 def _input_errors(*errors: type[Exception], flags: Iterable[str] = ()) -> Iterator[None]:
     """Turn the library's input errors ``errors`` raised inside into a :class:`UsageError`; anything else
-    propagates. A library argument the message names as ``name=`` that is one of ``flags`` (the command's
-    argparse dests) is named as its flag: ``producers=40`` reads ``--producers 40``."""
+    propagates. A library argument the message names as ``name=`` (or leads with as ``name:``) that is one of
+    ``flags`` (the command's argparse dests) is named as its flag: ``producers=40`` reads ``--producers 40``,
+    ``backend: expected ...`` ``--backend: expected ...``."""
     try:
         yield
     except errors as exc:
         message = str(exc)
         for name in flags:
-            message = re.sub(rf"(?<![\w-]){name}= ?", f"--{name.replace('_', '-')} ", message)
+            flag = f"--{name.replace('_', '-')}"
+            message = re.sub(rf"(?<![\w-]){name}= ?", f"{flag} ", re.sub(rf"^{name}: ", f"{flag}: ", message))
         raise UsageError(message) from exc
 
 
@@ -219,7 +221,7 @@ def _run_conformance(args) -> int:
     _check_environment()
     _check_output("--out", args.out, directory=True)
     out = Path(args.out)
-    with _input_errors(UnknownBackendError):
+    with _input_errors(UnknownBackendError, flags=("backend",)):
         reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile, jobs=args.jobs)
     print(table(reports))
     for line in not_passed(reports):
@@ -271,7 +273,7 @@ def _run_bench(args) -> int:
     unknown = [name for name in args.op or () if name not in OPS]
     if unknown:
         raise UsageError(f"--op: expected one of {sorted(OPS)}, got {', '.join(map(repr, unknown))}")
-    with _input_errors(UnknownBackendError):
+    with _input_errors(UnknownBackendError, flags=("backend",)):
         report = run(args.op, args.backend, quick=args.quick)
     print(format_table(report))
     if args.json:
@@ -420,7 +422,7 @@ def _run_demo(args) -> int:
             check_plotting()
         except ImportError as exc:
             raise UsageError(str(exc)) from None
-    with _input_errors(ModelSettingError, UnknownBackendError):
+    with _input_errors(ModelSettingError, UnknownBackendError, flags=("backend",)):
         demo = run_demo(args.preset, freq=args.freq, backend=args.backend, batch=args.batch,
                         prompt_len=args.prompt_len, decode_steps=args.decode_steps, topk=args.topk, seed=args.seed)
     config, result, steps = demo.config, demo.comparison, demo.steps

@@ -234,3 +234,18 @@ def test_conformance_markdown_keeps_a_multi_line_detail_in_its_row():
     assert len(cases) == 4 and all(line.startswith("|") and line.endswith("|") for line in cases), cases
     assert cases[-1] == ("| topk | ties | failed |  |  | row 3: index sets differ second line \\| with a pipe "
                          "third line |")
+
+
+@pytest.mark.parametrize("argv", [
+    ["conformance", "--backend", "bogus", "--out", "OUT"],
+    ["bench", "--backend", "bogus", "--op", "translate", "--quick"],
+    ["demo", "--backend", "bogus"],
+    ["calibrate", "--from-model", "v32-like", "--backend", "bogus", "--no-plots", "--out", "OUT"],
+], ids=lambda argv: argv[0])
+def test_an_unknown_backend_is_named_by_its_flag(tmp_path, capsys, fresh_dispatch, argv):
+    """`--backend bogus` is one line naming the flag, as `--op bogus` is (it named the library's argument,
+    "backend: expected ...")."""
+    argv = [arg.replace("OUT", str(tmp_path / "out")) for arg in argv]
+    assert main(argv) == 2
+    known = sorted(dispatch.registry())
+    assert capsys.readouterr().err == f"indexcache {argv[0]}: error: --backend: expected one of {known}, got 'bogus'\n"
