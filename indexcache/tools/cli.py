@@ -212,7 +212,7 @@ def _add_conformance(sub) -> None:
 def _run_conformance(args) -> int:
     from indexcache.conformance.suite import not_passed, run_all, table
     from indexcache.conformance.worker import catalogue_ops
-    from indexcache.hal.dispatch import UnknownBackendError
+    from indexcache.hal.dispatch import BackendNotSupportedError, UnknownBackendError
 
     if args.op is not None and args.op not in catalogue_ops():
         raise UsageError(f"--op: expected one of {catalogue_ops()}, got {args.op!r}")
@@ -221,7 +221,7 @@ def _run_conformance(args) -> int:
     _check_environment()
     _check_output("--out", args.out, directory=True)
     out = Path(args.out)
-    with _input_errors(UnknownBackendError, flags=("backend",)):
+    with _input_errors(UnknownBackendError, BackendNotSupportedError, flags=("backend",)):  # not one that can't run
         reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile, jobs=args.jobs)
     print(table(reports))
     for line in not_passed(reports):

@@ -249,3 +249,14 @@ def test_an_unknown_backend_is_named_by_its_flag(tmp_path, capsys, fresh_dispatc
     assert main(argv) == 2
     known = sorted(dispatch.registry())
     assert capsys.readouterr().err == f"indexcache {argv[0]}: error: --backend: expected one of {known}, got 'bogus'\n"
+
+
+def test_conformance_of_a_backend_that_cannot_run_here(tmp_path, capsys, monkeypatch, fresh_dispatch):
+    """`conformance --backend mynpu` where the plug-in backend's probe finds no device and it cannot be interpreted
+    is one line saying why (exit 2), before any worker starts: it was a BackendNotSupportedError traceback."""
+    monkeypatch.setitem(dispatch.registry(), "mynpu", dispatch.Backend(
+        name="mynpu", priority=-1, probe=lambda: dispatch.Availability(False, "no NPU here")))
+    commands = _fake_workers(monkeypatch, lambda cmd: pytest.fail(f"a worker ran: {cmd}"))
+    assert main(["conformance", "--backend", "mynpu", "--out", str(tmp_path)]) == 2
+    assert commands == []
+    assert capsys.readouterr().err == "indexcache conformance: error: backend 'mynpu' cannot run here: no NPU here\n"
