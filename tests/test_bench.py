@@ -514,6 +514,23 @@ def test_report_tables_check_fails_on_a_table_edited_by_hand(tmp_path, monkeypat
     assert tables.main(["--write"]) == 0 and edited.read_text() == text
 
 
+def test_a_package_inside_another_repository_records_no_commit(tmp_path, monkeypatch):
+    """indexcache installed or copied into another project's git work tree (its venv, a copied tree) records no
+    commit, not that project's HEAD as the commit the benchmark measured; its own checkout records its HEAD."""
+    from indexcache.bench import provenance
+
+    monkeypatch.delenv(provenance.COMMIT_ENV, raising=False)
+    mine = provenance.git_state()[0]
+    assert mine is None or re.fullmatch(r"[0-9a-f]{40}", mine)
+    outer = tmp_path / "project"
+    (outer / "venv" / "indexcache" / "bench").mkdir(parents=True)
+    git = ["git", "-C", str(outer), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "another project"], check=True)
+    monkeypatch.setattr(provenance, "__file__", str(outer / "venv" / "indexcache" / "bench" / "provenance.py"))
+    assert provenance.git_state() == (None, None)
+
+
 def test_report_tables_prints_a_bench_row_that_was_not_timed(tmp_path):
     """An ``indexcache bench --json`` report whose rows were not all timed (a backend skipped, unsupported or failed:
     no time, no fraction of the copy) and whose launch had no graph time gives "—" there: it raised a TypeError."""

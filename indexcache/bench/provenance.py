@@ -29,16 +29,19 @@ def checkout_commit() -> str | None:
 
 def git_state() -> tuple[str | None, bool | None]:
     """``(commit, dirty)``: the commit as :func:`checkout_commit` finds it, and whether tracked files differ
-    from it (None when unknown: taken from ``$INDEXCACHE_COMMIT``, or no git)."""
+    from it (None when unknown: taken from ``$INDEXCACHE_COMMIT``, or no git, or the package is not the top of its
+    git work tree: installed or copied into another repository's, whose commit is not this code's)."""
     if os.environ.get(COMMIT_ENV):
         return os.environ[COMMIT_ENV], None
     root = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if head.returncode == 0:
+        head = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=10)
+        found = head.stdout.splitlines()
+        if head.returncode == 0 and len(found) == 2 and Path(found[0]).resolve() == root:
             status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                     capture_output=True, text=True, timeout=10)
-            return head.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
+            return found[1], bool(status.stdout.strip()) if status.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         pass
     return None, None
