@@ -203,6 +203,26 @@ def test_presets_and_bad_names():
         preset("v5")
 
 
+@pytest.mark.parametrize(("override", "message"), [
+    ({"block": 0}, "block: expected an integer >= 1, got 0"),
+    ({"hidden": 0}, "hidden: expected an integer >= 1, got 0"),
+    ({"vocab": 0}, "vocab: expected an integer >= 1, got 0"),
+    ({"heads": 2.0}, "heads: expected an integer >= 1, got 2.0"),
+    ({"index_dim": 96}, "index_dim: expected a power of two >= 4, got 96"),
+    ({"block_share": 1.5}, "global_share, block_share: expected 0 <= global_share <= block_share <= 1, got 0.3, 1.5"),
+    ({"global_share": 0.995}, "global_share, block_share: expected 0 <= global_share <= block_share <= 1, got 0.995"),
+    ({"index_dtype": "bogus"}, "index_dtype: expected float8_e4m3fn or float8_e4m3fnuz or float4_e2m1fn_x2, got "
+                               "'bogus'"),
+    ({"index_dtype": "bfloat16"}, "index_dtype: expected float8_e4m3fn or .*, got 'bfloat16'"),
+], ids=lambda v: str(v) if isinstance(v, dict) else None)
+def test_a_config_the_model_cannot_be_built_with_is_refused(override, message):
+    """DSAModel refuses a config setting it cannot use with a ModelSettingError naming it, before any weight is
+    drawn: block 0, hidden 0 and vocab 0 raised ZeroDivisionError or a RuntimeError of torch, shares out of order
+    "math domain error", an unknown index_dtype an AttributeError of torch."""
+    with pytest.raises(ModelSettingError, match=f"^{message}"):
+        DSAModel(dataclasses.replace(CFG, **override))
+
+
 @gpu
 def test_captured_decode_step_replays_like_eager_without_allocating():
     """Decode steps of the model, captured once and replayed with changing batches (short and long

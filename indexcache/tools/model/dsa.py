@@ -35,7 +35,10 @@ import torch
 import torch.nn.functional as F
 
 import indexcache
+from indexcache.hal import fp4
+from indexcache.hal.checks import dtype_names
 from indexcache.hal.contract import Schedule
+from indexcache.hal.layout import FP8_DTYPES
 from indexcache.hal.ops import INDEX
 from indexcache.plan import PRODUCER, LayerPlan
 from indexcache.runtime.hot import HotBuffers, HotLayer
@@ -63,12 +66,31 @@ class _Layer:
     w_weights: torch.Tensor | None
 
 
+# The config's sizes, each an integer >= 1 (index_dim also a power of two >= 4).
+_SIZES = ("num_layers", "hidden", "heads", "head_dim", "index_heads", "topk", "page_size", "vocab", "block")
+_INDEX_DTYPES = (*FP8_DTYPES, fp4.FP4)
+
+
+def _check_config(c: ModelConfig) -> None:
+    """Raise :class:`ModelSettingError` naming the first setting of ``c`` the model cannot be built with."""
+    for name in _SIZES:
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelSettingError(f"{name}: expected an integer >= 1, got {value!r}")
+    if c.index_dim % 4 or c.index_dim & (c.index_dim - 1):
+        raise ModelSettingError(f"index_dim: expected a power of two >= 4, got {c.index_dim}")
+    if not 0 <= c.global_share <= c.block_share <= 1:
+        raise ModelSettingError(f"global_share, block_share: expected 0 <= global_share <= block_share <= 1, got "
+                                f"{c.global_share!r}, {c.block_share!r}")
+    if getattr(torch, str(c.index_dtype), None) not in _INDEX_DTYPES:
+        raise ModelSettingError(f"index_dtype: expected {dtype_names(_INDEX_DTYPES)}, got {c.index_dtype!r}")
+
+
 class DSAModel:
     """The small DSA model on ``device`` (weights drawn from ``config.seed``; identical on every device)."""
 
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu") -> None:
-        if config.index_dim % 4 or config.index_dim & (config.index_dim - 1):
-            raise ModelSettingError(f"index_dim: expected a power of two >= 4, got {config.index_dim}")
+        _check_config(config)
         self.config = config
         self.device = torch.device(device)
         self.fp8 = getattr(torch, config.index_dtype)
