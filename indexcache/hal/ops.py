@@ -107,7 +107,8 @@ def translate(raw, page_table, seq_lens, page_size: int, *, row_to_batch=None, o
     raw : torch.Tensor
         ``[R, K]`` int32 logical token positions, -1 = empty (may be non-contiguous).
     page_table : torch.Tensor
-        ``[B, P]`` int32 physical page of each logical page; entries < 0 are holes.
+        ``[B, P]`` int32 physical page of each logical page; entries < 0 are holes. A slot is an int32: an entry
+        whose slots pass 2^31 - 1 (``entry * page_size``) wraps, on every backend as in the reference.
     seq_lens : torch.Tensor
         ``[R]`` int32, the visible length of each row.
     page_size : int
@@ -624,7 +625,9 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
         arguments.
     slot_mapping : torch.Tensor
         ``[N]`` int32: token ``i`` goes to slot ``slot_mapping[i]`` (page ``slot // page_size``, offset
-        ``slot % page_size``); slots < 0 or beyond the cache are skipped.
+        ``slot % page_size``); slots < 0 or beyond the cache are skipped. Tokens mapped to one slot leave one of
+        them there, which one unspecified (the GPU backends write in parallel: a token's values and its scales may
+        then come from different tokens).
     fp8_dtype : torch.dtype
         ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2`` (MXFP4, D a multiple of
         32).
