@@ -214,6 +214,8 @@ def test_presets_and_bad_names():
     ({"index_dtype": "bogus"}, "index_dtype: expected float8_e4m3fn or float8_e4m3fnuz or float4_e2m1fn_x2, got "
                                "'bogus'"),
     ({"index_dtype": "bfloat16"}, "index_dtype: expected float8_e4m3fn or .*, got 'bfloat16'"),
+    ({"seed": 2**70}, r"seed: expected an integer in 0\.\.18446744073709551615 .*, got 1180591620717411303424"),
+    ({"seed": -1}, r"seed: expected an integer in 0\.\."),
 ], ids=lambda v: str(v) if isinstance(v, dict) else None)
 def test_a_config_the_model_cannot_be_built_with_is_refused(override, message):
     """DSAModel refuses a config setting it cannot use with a ModelSettingError naming it, before any weight is

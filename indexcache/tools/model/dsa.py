@@ -47,6 +47,7 @@ from indexcache.runtime.state import PagedLogits, PrefillLogits, Recorder, TopkS
 from indexcache.runtime.streams import overlap_schedule
 from indexcache.tools.model.batch import Batch
 from indexcache.tools.model.cache import HotCache, PagedCache
+from indexcache.tools.model.checks import MAX_SEED
 from indexcache.tools.model.config import ModelConfig, ModelSettingError
 from indexcache.tools.model.functional import hadamard, rope_first_half, sparse_attention
 
@@ -82,6 +83,9 @@ def _check_config(c: ModelConfig) -> None:
     if not 0 <= c.global_share <= c.block_share <= 1:
         raise ModelSettingError(f"global_share, block_share: expected 0 <= global_share <= block_share <= 1, got "
                                 f"{c.global_share!r}, {c.block_share!r}")
+    if isinstance(c.seed, bool) or not isinstance(c.seed, int) or not 0 <= c.seed <= MAX_SEED:
+        raise ModelSettingError(f"seed: expected an integer in 0..{MAX_SEED} (torch.Generator's 64 bits), got "
+                                f"{c.seed!r}")
     if getattr(torch, str(c.index_dtype), None) not in _INDEX_DTYPES:
         raise ModelSettingError(f"index_dtype: expected {dtype_names(_INDEX_DTYPES)}, got {c.index_dtype!r}")
 
