@@ -322,6 +322,16 @@ def test_callback_objective_is_cached():
     assert len(seen) == len(set(seen)) == cached.calls
 
 
+def test_greedy_search_is_a_name_of_the_calibrate_package():
+    """The README's "From Python" names: ``calibrate.greedy_search(layers, objective, producers=...)`` and
+    ``calibrate.calibrate_dump`` on ``from indexcache.tools import calibrate`` (the package split left the search
+    importable from ``calibrate.search`` only: AttributeError)."""
+    assert calibrate.greedy_search is greedy_search and "greedy_search" in calibrate.__all__
+    result = calibrate.greedy_search([0, 1, 2, 3], lambda pattern: pattern.count("S") * 0.1, producers=2)
+    assert result.pattern == "FSSF"  # equal losses: the earliest flippable layer first
+    assert callable(calibrate.calibrate_dump)
+
+
 def test_search_rejects_bad_input():
     with pytest.raises(ValueError, match="ascending"):
         greedy_search([3, 1], lambda p: 0.0, producers=1)

@@ -24,6 +24,7 @@ from indexcache.tools.calibrate.calibration import Calibration, calibrate_arrays
 from indexcache.tools.calibrate.dump import load_dump
 from indexcache.tools.calibrate.errors import CalibrationError, DumpError, OutputError
 from indexcache.tools.calibrate.plots import check_plotting
+from indexcache.tools.calibrate.search import greedy_search
 
 __all__ = ["Calibration", "CalibrationError", "DumpError", "OutputError", "calibrate_arrays", "calibrate_dump",
-           "check_plotting", "load_dump"]
+           "check_plotting", "greedy_search", "load_dump"]
