@@ -272,5 +272,6 @@ def test_memory_budget_setting(monkeypatch):
     monkeypatch.setenv(memory.ENV_VAR, "lots")
     with pytest.raises(ValueError, match="INDEXCACHE_TORCH_MEMORY_BUDGET: expected a positive number of bytes"):
         memory.memory_budget()
-    with pytest.raises(ValueError, match="nbytes: expected a positive int or None, got 0"):
-        memory.set_memory_budget(0)
+    for bad in (0, -1, 1.5, True, "1024"):  # the README: not a positive integer is a MemoryBudgetError, either way
+        with pytest.raises(memory.MemoryBudgetError, match=f"nbytes: expected a positive int or None, got {bad!r}"):
+            memory.set_memory_budget(bad)

@@ -10,16 +10,18 @@ DEFAULT_BUDGET = 256 * 2**20
 _budget: int | None = None
 
 
+class MemoryBudgetError(ValueError):
+    """A budget other than a positive number of bytes: ``INDEXCACHE_TORCH_MEMORY_BUDGET``'s or
+    :func:`set_memory_budget`'s."""
+
+
 def set_memory_budget(nbytes: int | None) -> None:
-    """Set the budget in bytes for temporaries of one op call; None restores the default."""
+    """Set the budget in bytes for temporaries of one op call; None restores the default. Anything else than a
+    positive int or None is a :class:`MemoryBudgetError`."""
     global _budget
     if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0):
-        raise ValueError(f"nbytes: expected a positive int or None, got {nbytes!r}")
+        raise MemoryBudgetError(f"nbytes: expected a positive int or None, got {nbytes!r}")
     _budget = nbytes
-
-
-class MemoryBudgetError(ValueError):
-    """``INDEXCACHE_TORCH_MEMORY_BUDGET`` holds something other than a positive number of bytes."""
 
 
 def env_budget() -> int | None:
