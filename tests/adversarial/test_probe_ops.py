@@ -176,8 +176,15 @@ def test_misaligned_cache_is_refused():
         indexcache.store_index_k(torch.randn(3, 128), cache, torch.arange(3, dtype=I32), backend="torch")
     args = _paged()
     args["k_cache"] = cache
-    with pytest.raises(ValueError, match="k_cache: expected a view that starts at a multiple of 4 bytes"):
+    with pytest.raises(ValueError, match=r"k_cache: expected a view that starts at a multiple of 4 bytes \(its "
+                                         r"scales are float32\)"):
         indexcache.paged_mqa_logits(**args, backend="torch")
+    fp4 = torch.float4_e2m1fn_x2  # MXFP4 scales are bytes: the reason is the kernels' word reads
+    flat = new_packed_cache(3, 64, 128, fp8_dtype=fp4).view(-1)
+    cache = flat[1 : 1 + 2 * 64 * 68].view(2, 64 * 68)
+    with pytest.raises(ValueError, match=r"a multiple of 4 bytes \(the kernels read its keys and scales as 4-byte "
+                                         r"words\), got storage offset 1"):
+        indexcache.store_index_k(torch.randn(3, 128), cache, torch.arange(3, dtype=I32), fp4, backend="torch")
 
 
 @pytest.mark.parametrize("dim", [0, 2, 6])
