@@ -228,10 +228,14 @@ def test_cli_exits_1_on_a_broken_configuration(fresh, monkeypatch, capsys):
 
 def test_cli_rejects_an_unknown_target(capsys):
     assert cli.main(["compile-check", "--backend", "rocm", "--target", "sm90"]) == 2
-    assert "--target: no target of --backend rocm is sm90" in capsys.readouterr().err
+    assert "--target: no target of --backend rocm is 'sm90'" in capsys.readouterr().err
     # a mistyped one beside one that matches is named too, not dropped (nothing compiled)
     assert cli.main(["compile-check", "--target", "sm90", "--target", "sm9O"]) == 2
-    assert "--target: no target of --backend all is sm9O" in capsys.readouterr().err
+    assert "--target: no target of --backend all is 'sm9O'" in capsys.readouterr().err
+    assert cli.main(["compile-check", "--target", ""]) == 2  # an empty name is shown, not left invisible
+    assert "--target: no target of --backend all is '' (known: " in capsys.readouterr().err
+    assert cli.main(["compile-check", "--jobs", "0"]) == 2  # worded as conformance's --jobs
+    assert "--jobs: expected an int >= 1, got 0" in capsys.readouterr().err
 
 
 def test_conformance_report_has_a_compiled_for_section(fresh, monkeypatch):

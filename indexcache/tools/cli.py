@@ -486,10 +486,10 @@ def _run_compile_check(args) -> int:
     runs = [(b, arch) for b in backends for arch in TARGETS[b] if not args.target or arch in args.target]
     known = [arch for b in backends for arch in TARGETS[b]]
     if unknown := [t for t in args.target or () if t not in known]:  # one mistyped beside a good one: not dropped
-        raise UsageError(f"--target: no target of --backend {args.backend} is {', '.join(unknown)} "
+        raise UsageError(f"--target: no target of --backend {args.backend} is {', '.join(map(repr, unknown))} "
                          f"(known: {', '.join(known)})")
     if args.jobs < 1:
-        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+        raise UsageError(f"--jobs: expected an int >= 1, got {args.jobs}")
     if args.json:
         _check_output("--json", args.json)
     results = check_targets(runs, args.jobs, progress=to_stderr)
