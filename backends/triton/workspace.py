@@ -29,9 +29,9 @@ def words(on: torch.Tensor, n: int, given: torch.Tensor | None, cap: int | None 
     stream (of the smallest bucket that holds them, a power of two; ``cap``, at least ``n``, bounds the bucket: a call
     bounded in memory keeps a buffer of at most ``cap`` words)."""
     if given is not None:
-        if given.numel() * given.element_size() < 4 * n:  # the op checked its size: a plan past it is a bug here
+        if given.nbytes < 4 * n:  # the op checked its size: a plan past it is a bug here
             raise ValueError(f"workspace: expected at least {4 * n} bytes for this call's launches, got "
-                             f"{given.numel() * given.element_size()}")
+                             f"{given.nbytes}")
         return given[:4 * n].view(torch.int32)
     size = next_power_of_2(max(n, 1))
     if cap is not None:

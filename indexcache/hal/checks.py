@@ -187,8 +187,8 @@ def check_cache(k_cache, dim_name: str, dim: int, device: torch.device,
         raise ValueError("k_cache: expected a contiguous tensor, got a strided view")
     # Dynamo cannot trace storage_offset(): under compile the custom op's real implementation checks it.
     if not torch.compiler.is_compiling() and k_cache.storage_offset() % 4:
-        why = "the kernels read its keys and scales as 4-byte words" if fp8_dtype == fp4.FP4 else \
-            "its scales are float32"
+        why = ("the kernels read its keys and scales as 4-byte words" if fp8_dtype == fp4.FP4 else
+               "its scales are float32")
         raise ValueError(f"k_cache: expected a view that starts at a multiple of 4 bytes ({why}), got storage offset "
                          f"{k_cache.storage_offset()}")
 
