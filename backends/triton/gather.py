@@ -18,13 +18,11 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
+from indexcache.backends.triton.support import cdiv, grid_y, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
 from indexcache.hal.layout import cache_page_size, scale_bytes
-
-MAX_PROGRAMS = 65535  # programs a request at most (the grid's second dimension)
 
 
 # The batch, the cache's and the table's sizes, the output rows and the row strides of the table and the scales take no
@@ -87,7 +85,7 @@ BLOCK_B = 1024  # lengths a step of a program's running sum
 
 def _programs(block_table: torch.Tensor, page: int, block_t: int) -> int:
     """Programs a request: its table's tokens in blocks (at least one; a longer request's program takes more)."""
-    return max(1, min(cdiv(block_table.shape[1] * page, block_t), MAX_PROGRAMS))
+    return grid_y(cdiv(block_table.shape[1] * page, block_t))
 
 
 def gather_launch(k_cache, block_table, context_lens, dim, fp8_dtype, out_k, out_scale, *, target: Target,

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
+from indexcache.backends.triton.support import cdiv, grid_y, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
@@ -95,17 +95,19 @@ def quantize_kernel(
     k_s0, k_s1, q_s0, q_s1, s_s0, s_s1,
     LIMIT: tl.constexpr, MIN_EXP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
+    """Rows ``program_id(0)`` · BLOCK_R onward, their blocks ``program_id(1), + num_programs(1), …`` of BLOCK
+    columns."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.arange(0, BLOCK_P2)
-    blk = tl.program_id(1)
-    col = blk * BLOCK + c
     ok = (r < rows)[:, None] & (c < BLOCK)[None, :]
     r64 = r.to(tl.int64)
-    col64 = col.to(tl.int64)  # a column stride may be large (transposed keys): offsets in int64, as the rows'
-    x = tl.load(k_ptr + r64[:, None] * k_s0 + col64[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
-    y, scale = _quantize_rows(x, LIMIT, MIN_EXP)
-    tl.store(q_ptr + r64[:, None] * q_s0 + col64[None, :] * q_s1, _fp8_out(y, q_ptr, MIN_EXP), mask=ok)
-    tl.store(s_ptr + r64 * s_s0 + blk * s_s1, scale, mask=r < rows)
+    for blk in range(tl.program_id(1), cols // BLOCK, tl.num_programs(1)):
+        # A stride may be large (transposed keys or scales): offsets in int64, as the rows'.
+        col64 = tl.cast(blk, tl.int64) * BLOCK + c
+        x = tl.load(k_ptr + r64[:, None] * k_s0 + col64[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
+        y, scale = _quantize_rows(x, LIMIT, MIN_EXP)
+        tl.store(q_ptr + r64[:, None] * q_s0 + col64[None, :] * q_s1, _fp8_out(y, q_ptr, MIN_EXP), mask=ok)
+        tl.store(s_ptr + r64 * s_s0 + tl.cast(blk, tl.int64) * s_s1, scale, mask=r < rows)
 
 
 @triton.jit(do_not_specialize=("rows", "slots"), do_not_specialize_on_alignment=("slot_ptr",))
@@ -203,7 +205,7 @@ def _fp8_quantize_launch(k, q, scale, fp8_dtype, block, *, target: Target, cfg: 
     block_r = max(1, cfg["ELEMS"] // block_p2)  # the tile follows the block, never the row count
     options = options or launch_key_options(launch_options(target, cfg))
     return Launch(
-        QUANTIZE, (cdiv(rows, block_r), cols // block), options,
+        QUANTIZE, (cdiv(rows, block_r), grid_y(cols // block)), options,
         (k, q.view(torch.uint8) if _fp8_bits(cfg) else q, scale, rows, cols,
          k.stride(0), k.stride(1), q.stride(0), q.stride(1), scale.stride(0), scale.stride(1)),
         dict(LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), BLOCK=block, BLOCK_P2=block_p2, BLOCK_R=block_r),

@@ -49,6 +49,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Programs a grid holds in its second and third dimensions (CUDA's and HIP's limit; the first holds 2^31 - 1).
+MAX_GRID_Y = 65535
+
+
+def grid_y(blocks: int) -> int:
+    """Programs in a grid's second dimension for ``blocks`` blocks: at least 1, at most :data:`MAX_GRID_Y` (a
+    kernel whose block count may pass it takes blocks ``program_id(1), + num_programs(1), …``)."""
+    return max(1, min(blocks, MAX_GRID_Y))
+
+
 def next_power_of_2(n: int) -> int:
     """The least power of two ≥ ``n`` (0 for 0), as ``triton.next_power_of_2`` without its host-call wrapper."""
     return 1 << (n - 1).bit_length() if n > 0 else 0

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.support import launch_options, next_power_of_2, on_target_device
+from indexcache.backends.triton.support import cdiv, grid_y, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 
@@ -50,13 +50,10 @@ def translate_kernel(
     raw_s0, raw_s1, tab_s0, tab_s1, seq_s0, r2b_s0, out_s0, out_s1,
     HAS_R2B: tl.constexpr, SHIFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """Rows ``program_id(0)`` · BLOCK_R onward, their column blocks ``program_id(1), + num_programs(1), …``."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    j = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     r_ok = r < rows
-    inside = r_ok[:, None] & (j < k)[None, :]
     r64 = r.to(tl.int64)
-    j64 = j.to(tl.int64)
-    x = tl.load(raw_ptr + r64[:, None] * raw_s0 + j64[None, :] * raw_s1, mask=inside, other=-1)
     seq = tl.load(seq_ptr + r64 * seq_s0, mask=r_ok, other=0)
     if HAS_R2B:
         b = tl.load(r2b_ptr + r64 * r2b_s0, mask=r_ok, other=-1)
@@ -64,8 +61,13 @@ def translate_kernel(
         b = r
     b_ok = (b >= 0) & (b < batches)
     table_row = table_ptr + b.to(tl.int64)[:, None] * tab_s0
-    phys = physical(x, inside & b_ok[:, None], seq[:, None], table_row, tab_s1, pages, page_size, SHIFT)
-    tl.store(out_ptr + r64[:, None] * out_s0 + j64[None, :] * out_s1, phys, mask=inside)
+    for jb in range(tl.program_id(1), tl.cdiv(k, BLOCK_K), tl.num_programs(1)):
+        j = jb * BLOCK_K + tl.arange(0, BLOCK_K)
+        inside = r_ok[:, None] & (j < k)[None, :]
+        j64 = j.to(tl.int64)
+        x = tl.load(raw_ptr + r64[:, None] * raw_s0 + j64[None, :] * raw_s1, mask=inside, other=-1)
+        phys = physical(x, inside & b_ok[:, None], seq[:, None], table_row, tab_s1, pages, page_size, SHIFT)
+        tl.store(out_ptr + r64[:, None] * out_s0 + j64[None, :] * out_s1, phys, mask=inside)
 
 
 def page_shift(page_size: int) -> int:
@@ -94,7 +96,7 @@ def translate_launch(raw, page_table, seq_lens, page_size, row_to_batch, out, *,
     tab_s0, tab_s1 = page_table.stride()
     out_s0, out_s1 = out.stride()
     return Launch(
-        TRANSLATE, ((rows + block_r - 1) // block_r, (k + block_k - 1) // block_k), options,
+        TRANSLATE, (cdiv(rows, block_r), grid_y(cdiv(k, block_k))), options,
         (raw, page_table, seq_lens, r2b, out,
          rows, k, page_table.shape[0], page_table.shape[1], page_size,
          raw_s0, raw_s1, tab_s0, tab_s1, seq_lens.stride(0), r2b.stride(0), out_s0, out_s1),

@@ -46,12 +46,11 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options, planned_sms
-from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
+from indexcache.backends.triton.support import cdiv, grid_y, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 
 INTERPRETED_SMS = 3  # multiprocessors the grid is sized for under the interpreter
-MAX_PROGRAMS = 65535  # programs a row at most (the grid's second dimension)
 MAX_UNIT = 16  # the widest vector a thread moves, in bytes
 MAX_LAYERS = 8  # layers a launch copies at most (each a host and a device address argument)
 
@@ -159,7 +158,7 @@ def _sms(target: Target, device: torch.device) -> int:
 
 def programs_per_row(rows: int, k: int, sms: int, cfg: Mapping[str, Any]) -> int:
     """Programs a row: ``SMs × PROGRAMS_PER_SM`` over the rows, at least one, at most the row's blocks."""
-    return max(1, min(cdiv(sms * cfg["PROGRAMS_PER_SM"], rows), cdiv(k, cfg["BLOCK_C"]), MAX_PROGRAMS))
+    return grid_y(min(cdiv(sms * cfg["PROGRAMS_PER_SM"], rows), cdiv(k, cfg["BLOCK_C"])))
 
 
 def layers(kv: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
