@@ -581,3 +581,22 @@ def test_promote_split_needs_no_carry(plan, data):
     promoted = {layer for s in stages for layer in s.promoted}
     split = "".join(s.roles for s in stages)
     assert split == "".join("F" if layer in promoted else r for layer, r in enumerate(plan.roles))
+
+
+def test_a_multimodal_config_is_read_from_its_text_config():
+    """Hugging Face nests a multimodal model's language model under ``text_config``: such a config had no layer count
+    at its top level and was refused; it is read from the nested object, its misspelt keys refused there too."""
+    inner = {"num_hidden_layers": 8, "index_topk_freq": 4, "index_topk": 512}
+    plan = LayerPlan.from_config({"model_type": "vl", "vision_config": {"depth": 24}, "text_config": inner})
+    assert plan.roles == LayerPlan.from_config(inner).roles == "FFSSSFSS"
+    with pytest.raises(ConfigError, match=r"config key 'index_topk_frq'.*did you mean 'index_topk_freq'"):
+        LayerPlan.from_config({"text_config": {"num_hidden_layers": 8, "index_topk_frq": 4}})
+
+
+def test_a_layer_count_beside_a_text_config_with_schedule_keys_is_refused():
+    """A top-level layer count with the schedule under ``text_config``: the schedule was ignored without a word (every
+    layer a producer)."""
+    with pytest.raises(ConfigError, match=r"layer count at its top level and 'index_topk_freq' under text_config"):
+        LayerPlan.from_config({"num_hidden_layers": 8, "text_config": {"index_topk_freq": 4}})
+    plan = LayerPlan.from_config({"num_hidden_layers": 8, "index_topk_freq": 4, "text_config": {"vocab_size": 5}})
+    assert plan.roles == "FFSSSFSS"

@@ -229,14 +229,16 @@ class LayerPlan:
     def from_config(cls, config: Mapping[str, Any] | str | os.PathLike[str], **overrides: Any) -> LayerPlan:
         """A plan from a model config (a dict or the path of a ``config.json``).
 
-        The layer count comes from ``num_hidden_layers`` or ``num_layers``. ``overrides`` replace config keys
-        (``None`` values are ignored); an override of a schedule key also drops the config's keys of higher
-        precedence, so the override is the one that takes effect. A config key that looks like a misspelt
-        schedule key raises :class:`ConfigError` (see the module docstring); other unknown keys are ignored. A
-        file that cannot be opened raises ``OSError``; one that is not a UTF-8 JSON object of at most
-        ``jsontext.MAX_JSON_BYTES`` raises :class:`ConfigError` naming it.
+        The layer count comes from ``num_hidden_layers`` or ``num_layers``; a config without one at its top level
+        that holds a ``text_config`` object (a multimodal model's, as Hugging Face writes them) is read from that
+        object, and one with a layer count beside a ``text_config`` holding keys this reads (``CONFIG_KEYS``) is
+        refused as ambiguous. ``overrides`` replace config keys (``None`` values are ignored); an override of a
+        schedule key also drops the config's keys of higher precedence, so the override is the one that takes
+        effect. A config key that looks like a misspelt schedule key raises :class:`ConfigError` (see the module
+        docstring); other unknown keys are ignored. A file that cannot be opened raises ``OSError``; one that is
+        not a UTF-8 JSON object of at most ``jsontext.MAX_JSON_BYTES`` raises :class:`ConfigError` naming it.
         """
-        cfg = dict(_load(config))
+        cfg = _language_model(dict(_load(config)))
         if len(cfg) > MAX_CONFIG_KEYS:
             raise ConfigError(
                 f"config has {len(cfg)} top-level keys: must be at most {MAX_CONFIG_KEYS} "
@@ -417,6 +419,23 @@ def check_index_dtype(value: Any) -> str:
     hint = f"; did you mean {close[0]!r}?" if close else ""
     names = ", ".join(map(repr, INDEX_DTYPES))
     raise ConfigError(f"index_dtype={shown(value)}: must be one of {names} (torch dtype names){hint}")
+
+
+def _language_model(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The part of a config that describes the language model: ``cfg`` itself, or its ``text_config`` object when
+    ``cfg`` has no layer count of its own (:meth:`LayerPlan.from_config`)."""
+    sub = cfg.get("text_config")
+    if not isinstance(sub, Mapping):
+        return cfg
+    if all(cfg.get(key) is None for key in _LAYER_COUNT_KEYS):
+        return dict(sub)
+    nested = [key for key in CONFIG_KEYS if key in sub]
+    if nested:
+        raise ConfigError(
+            f"config has a layer count at its top level and {', '.join(map(repr, nested))} under text_config: "
+            "ambiguous; pass the language model's config alone (or without text_config)"
+        )
+    return cfg
 
 
 def _check_unknown_keys(cfg: Mapping[str, Any]) -> None:
