@@ -3,11 +3,14 @@ in catalogue order; a shard that crashes is a failed result per case it held, ne
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import time
 
 import pytest
 
-from indexcache.conformance import worker
+from indexcache.conformance import suite, worker
 from indexcache.tools.cli import main
 
 KEYS = ("op", "case", "status", "error", "bound")
@@ -48,3 +51,53 @@ def test_jobs_below_one_are_refused(jobs):
 def test_cli_refuses_jobs_below_one(tmp_path, capsys):
     assert main(["conformance", "--backend", "torch", "--jobs", "0", "--out", str(tmp_path)]) == 2
     assert "--jobs: expected an int >= 1, got 0" in capsys.readouterr().err
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child of ours that is not yet reaped is a zombie: dead for this purpose.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[-1][0] != "Z"
+
+
+def test_a_backend_past_the_timeout_is_killed_with_its_shards(monkeypatch, tmp_path, capsys):
+    """A backend whose process hangs (a kernel that never ends) held the suite for ever: with a timeout it and the
+    shard it started are killed, the run is not ok and writes no report."""
+    real = subprocess.Popen
+    pids = tmp_path / "pids"
+    hang = ("import subprocess, sys, time; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            f"open({str(pids)!r}, 'w').write(f'{{c.pid}}'); time.sleep(120)")
+
+    def popen(cmd, **kwargs):
+        if "indexcache.conformance.worker" in cmd:
+            cmd = [sys.executable, "-c", hang]
+        return real(cmd, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    start = time.monotonic()
+    reports, ok = suite.run_all("torch", tmp_path / "out", "translate", timeout=3)
+    assert time.monotonic() - start < 60
+    assert reports == [] and not ok
+    assert "conformance: backend torch did not finish within 3 s: killed" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "conformance-torch.json").exists()
+    child = int(pids.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, True, "5"])
+def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout, tmp_path):
+    with pytest.raises(ValueError, match="timeout: expected a number of seconds > 0 or None"):
+        suite.run_all("torch", tmp_path, "translate", timeout=timeout)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "nan"])
+def test_cli_refuses_a_timeout_below_or_at_zero(value, tmp_path, capsys):
+    assert main(["conformance", "--backend", "torch", "--timeout", value, "--out", str(tmp_path)]) == 2
+    assert "--timeout: expected a number of seconds > 0" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,12 +41,18 @@ def plan_runs(which: str | None) -> list[tuple[str, dict[str, str]]]:
 
 
 def run_all(which: str | None, out_dir: Path, op: str | None = None,
-            compile_check: bool = False, jobs: int = 1) -> tuple[list[dict[str, Any]], bool]:
+            compile_check: bool = False, jobs: int = 1,
+            timeout: float | None = None) -> tuple[list[dict[str, Any]], bool]:
     """Run each planned backend in a subprocess (``compile_check``: with the cross-compile check of cuda and rocm;
-    ``jobs``: its cases dealt to that many processes, ``worker.run_backend``);
-    return the reports this run wrote and whether every case passed. A backend whose process fails or writes no
-    report counts as crashed: no report, not ok (a report left by an earlier run is deleted first, never read). A bad
-    ``INDEXCACHE_TORCH_MEMORY_BUDGET`` raises ``MemoryBudgetError`` before any worker starts."""
+    ``jobs``: its cases dealt to that many processes, ``worker.run_backend``; ``timeout``: seconds a backend's
+    processes may take, after which they are killed, None for no limit);
+    return the reports this run wrote and whether every case passed. A backend whose process fails, runs past the
+    timeout or writes no report counts as crashed: no report, not ok (a report left by an earlier run is deleted
+    first, never read). A bad ``INDEXCACHE_TORCH_MEMORY_BUDGET`` raises ``MemoryBudgetError`` before any worker
+    starts."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout > 0):
+        raise ValueError(f"timeout: expected a number of seconds > 0 or None, got {timeout!r}")
     env_budget()  # every worker may run the torch backend: a bad budget is one error here, not one per worker
     reports, ok = [], True
     for name, extra in plan_runs(which):
@@ -62,16 +69,37 @@ def run_all(which: str | None, out_dir: Path, op: str | None = None,
             cmd += ["--jobs", str(jobs)]
         mode = " (interpreted)" if extra else ""
         print(f"conformance: running backend {name}{mode} ...", file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, env=env)
-        if proc.returncode not in (0, 1) or not path.exists():
+        returncode = _run(cmd, env, timeout)
+        if returncode is None:
+            print(f"conformance: backend {name} did not finish within {timeout:g} s: killed (its last case "
+                  "reported above; no report written)", file=sys.stderr)
+            ok = False
+            continue
+        if returncode not in (0, 1) or not path.exists():
             wrote = "" if path.exists() else ", no report written"
-            print(f"conformance: backend {name} crashed (exit {proc.returncode}{wrote})", file=sys.stderr)
+            print(f"conformance: backend {name} crashed (exit {returncode}{wrote})", file=sys.stderr)
             ok = False
             continue
         report = json.loads(path.read_text())
         reports.append(report)
-        ok &= proc.returncode == 0
+        ok &= returncode == 0
     return reports, ok
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float | None) -> int | None:
+    """``cmd``'s exit status, or None when it ran past ``timeout`` seconds: then it and every process it started
+    (its shards) are killed, as they are when this process is interrupted while waiting."""
+    if timeout is None:
+        return subprocess.run(cmd, env=env).returncode
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: a kill reaches the shards
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def table(reports: list[dict[str, Any]]) -> str:

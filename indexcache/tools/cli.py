@@ -197,7 +197,8 @@ def _add_conformance(sub) -> None:
         "float64 reference. Default: the selected backend plus every other available one; 'all' adds the "
         "Triton backends interpreted on the CPU (TRITON_INTERPRET=1) where their GPU is absent. A backend's report "
         "from an earlier run is deleted before it runs. Prints a backend x op table, then each case that was declined "
-        "or failed with its reason. Exits 1 if any case fails or a backend's process crashes or writes no report.",
+        "or failed with its reason. Exits 1 if any case fails or a backend's process crashes, runs past --timeout or "
+        "writes no report.",
     )
     p.add_argument("--backend", default=None, metavar="NAME|all", help="one backend, or 'all'")
     p.add_argument("--out", default="reports", help="directory for conformance-<backend>.json/.md (default: reports)")
@@ -206,6 +207,8 @@ def _add_conformance(sub) -> None:
                    "generation (as indexcache compile-check) and add a 'compiled for' section to their reports")
     p.add_argument("--jobs", type=int, default=1, help="processes each backend's cases are dealt to (default 1): "
                    "on a GPU with an empty Triton cache the kernels then compile side by side")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="kill a backend's processes after this many seconds and count it as crashed (default: none)")
     p.set_defaults(func=_run_conformance)
 
 
@@ -218,11 +221,14 @@ def _run_conformance(args) -> int:
         raise UsageError(f"--op: expected one of {catalogue_ops()}, got {args.op!r}")
     if args.jobs < 1:
         raise UsageError(f"--jobs: expected an int >= 1, got {args.jobs}")
+    if args.timeout is not None and not args.timeout > 0:  # NaN too
+        raise UsageError(f"--timeout: expected a number of seconds > 0, got {args.timeout:g}")
     _check_environment()
     _check_output("--out", args.out, directory=True)
     out = Path(args.out)
     with _input_errors(UnknownBackendError, BackendNotSupportedError, flags=("backend",)):  # not one that can't run
-        reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile, jobs=args.jobs)
+        reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile, jobs=args.jobs,
+                              timeout=args.timeout)
     print(table(reports))
     for line in not_passed(reports):
         print(f"  {line}")
