@@ -101,3 +101,11 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout, tmp_path):
 def test_cli_refuses_a_timeout_below_or_at_zero(value, tmp_path, capsys):
     assert main(["conformance", "--backend", "torch", "--timeout", value, "--out", str(tmp_path)]) == 2
     assert "--timeout: expected a number of seconds > 0" in capsys.readouterr().err
+
+
+def test_the_worker_run_by_hand_refuses_jobs_below_one(tmp_path, capsys):
+    """``python -m indexcache.conformance.worker --jobs 0`` ended in a traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        worker.main(["--backend", "torch", "--out", str(tmp_path), "--jobs", "0"])
+    assert exit_.value.code == 2
+    assert "--jobs: expected an int >= 1, got 0" in capsys.readouterr().err

@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes the cases are dealt to (default 1)")
     parser.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)  # i/n: a process of --jobs n
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs: expected an int >= 1, got {args.jobs}")
     index, count = (int(n) for n in args.shard.split("/"))
     # Triton's interpreter casts with numpy, which warns when the cases that feed NaN or inf on purpose cast them to
     # an integer or fp8 type; the verdict is the case's (as in pyproject.toml's pytest filter).
