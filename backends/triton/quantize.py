@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from indexcache.backends.triton import support
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.support import cdiv, grid_y, launch_options, next_power_of_2, on_target_device
+from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
@@ -95,19 +96,17 @@ def quantize_kernel(
     k_s0, k_s1, q_s0, q_s1, s_s0, s_s1,
     LIMIT: tl.constexpr, MIN_EXP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
-    """Rows ``program_id(0)`` · BLOCK_R onward, their blocks ``program_id(1), + num_programs(1), …`` of BLOCK
-    columns."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.arange(0, BLOCK_P2)
+    blk = tl.program_id(1)
+    col = blk * BLOCK + c
     ok = (r < rows)[:, None] & (c < BLOCK)[None, :]
     r64 = r.to(tl.int64)
-    for blk in range(tl.program_id(1), cols // BLOCK, tl.num_programs(1)):
-        # A stride may be large (transposed keys or scales): offsets in int64, as the rows'.
-        col64 = tl.cast(blk, tl.int64) * BLOCK + c
-        x = tl.load(k_ptr + r64[:, None] * k_s0 + col64[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
-        y, scale = _quantize_rows(x, LIMIT, MIN_EXP)
-        tl.store(q_ptr + r64[:, None] * q_s0 + col64[None, :] * q_s1, _fp8_out(y, q_ptr, MIN_EXP), mask=ok)
-        tl.store(s_ptr + r64 * s_s0 + tl.cast(blk, tl.int64) * s_s1, scale, mask=r < rows)
+    col64 = col.to(tl.int64)  # a column stride may be large (transposed keys): offsets in int64, as the rows'
+    x = tl.load(k_ptr + r64[:, None] * k_s0 + col64[None, :] * k_s1, mask=ok, other=0.0).to(tl.float32)
+    y, scale = _quantize_rows(x, LIMIT, MIN_EXP)
+    tl.store(q_ptr + r64[:, None] * q_s0 + col64[None, :] * q_s1, _fp8_out(y, q_ptr, MIN_EXP), mask=ok)
+    tl.store(s_ptr + r64 * s_s0 + blk.to(tl.int64) * s_s1, scale, mask=r < rows)  # a large stride: int64
 
 
 @triton.jit(do_not_specialize=("rows", "slots"), do_not_specialize_on_alignment=("slot_ptr",))
@@ -194,40 +193,47 @@ def _fp8_bits(cfg: Mapping[str, Any]) -> bool:
     return cfg.get("FP8_CVT", "native") == "bits"
 
 
-def _fp8_quantize_launch(k, q, scale, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any],
-                         options: Options | None = None) -> Launch | None:
-    """:func:`quantize_launch` to fp8: fills ``q [N, D]`` (fp8_dtype) and ``scale [N, D // block]`` float32 from ``k
-    [N, D]``, None when they are empty."""
+def _fp8_quantize_launches(k, q, scale, fp8_dtype, block, *, target: Target, cfg: Mapping[str, Any],
+                           options: Options | None = None) -> list[Launch]:
+    """:func:`quantize_launches` to fp8: fill ``q [N, D]`` (fp8_dtype) and ``scale [N, D // block]`` float32 from ``k
+    [N, D]``; none when they are empty, one more for each ``MAX_GRID_Y`` blocks a row past the first (a grid's second
+    dimension holds no more), each over its columns' views."""
     rows, cols = k.shape
     if q.numel() == 0:
-        return None
+        return []
     block_p2 = next_power_of_2(block)
     block_r = max(1, cfg["ELEMS"] // block_p2)  # the tile follows the block, never the row count
     options = options or launch_key_options(launch_options(target, cfg))
-    return Launch(
-        QUANTIZE, (cdiv(rows, block_r), grid_y(cols // block)), options,
-        (k, q.view(torch.uint8) if _fp8_bits(cfg) else q, scale, rows, cols,
-         k.stride(0), k.stride(1), q.stride(0), q.stride(1), scale.stride(0), scale.stride(1)),
-        dict(LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), BLOCK=block, BLOCK_P2=block_p2, BLOCK_R=block_r),
-    )
+    q = q.view(torch.uint8) if _fp8_bits(cfg) else q
+    blocks = support.MAX_GRID_Y
+    parts = [(k, q, scale)] if cols // block <= blocks else [
+        (k[:, c:c + blocks * block], q[:, c:c + blocks * block], scale[:, c // block:c // block + blocks])
+        for c in range(0, cols, blocks * block)]
+    named = dict(LIMIT=fp8_max(fp8_dtype), MIN_EXP=_min_exp(fp8_dtype), BLOCK=block, BLOCK_P2=block_p2,
+                 BLOCK_R=block_r)
+    return [Launch(QUANTIZE, (cdiv(rows, block_r), part.shape[1] // block), options,
+                   (part, part_q, part_scale, rows, part.shape[1], *part.stride(), *part_q.stride(),
+                    *part_scale.stride()), named)
+            for part, part_q, part_scale in parts]
 
 
-def quantize_launch(k, fp8_dtype, block, out, out_scale, *, target: Target, cfg: Mapping[str, Any],
-                    options: Options | None = None) -> Launch | None:
-    """The launch that writes ``out`` and ``out_scale`` from ``k [N, D]`` (contract: ``indexcache.quantize_index_k``;
-    MXFP4 through :func:`mxfp4_launch`), None when they are empty."""
+def quantize_launches(k, fp8_dtype, block, out, out_scale, *, target: Target, cfg: Mapping[str, Any],
+                      options: Options | None = None) -> list[Launch]:
+    """The launches that write ``out`` and ``out_scale`` from ``k [N, D]`` (contract: ``indexcache.quantize_index_k``;
+    MXFP4 through :func:`mxfp4_launch`): one, none when they are empty, more for rows of more than ``MAX_GRID_Y``
+    fp8 blocks."""
     if fp8_dtype == fp4.FP4:
-        return mxfp4_launch(k, None, out.view(torch.uint8), out_scale.view(torch.uint8), target=target, cfg=cfg,
-                            options=options)
-    return _fp8_quantize_launch(k, out, out_scale, fp8_dtype, block, target=target, cfg=cfg, options=options)
+        launch = mxfp4_launch(k, None, out.view(torch.uint8), out_scale.view(torch.uint8), target=target, cfg=cfg,
+                              options=options)
+        return [] if launch is None else [launch]
+    return _fp8_quantize_launches(k, out, out_scale, fp8_dtype, block, target=target, cfg=cfg, options=options)
 
 
 def quantize_index_k(k, fp8_dtype, block, out, out_scale, *, target: Target, cfg: Mapping[str, Any],
                      options: Options | None = None):
     """Write ``out`` and ``out_scale`` (fp8's ``[N, D]`` and ``[N, D // block]`` float32, or MXFP4's values and
     scales); returns them (contract: ``indexcache.quantize_index_k``)."""
-    launch = quantize_launch(k, fp8_dtype, block, out, out_scale, target=target, cfg=cfg, options=options)
-    if launch is not None:
+    for launch in quantize_launches(k, fp8_dtype, block, out, out_scale, target=target, cfg=cfg, options=options):
         launch()
     return out, out_scale
 
@@ -324,7 +330,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return quantize_index_k(**args, target=target, cfg=cfg, options=options)
 
     def prepare_quantize(**args):
-        return bound([quantize_launch(**args, target=target, cfg=cfg, options=options)])
+        return bound(quantize_launches(**args, target=target, cfg=cfg, options=options))
 
     def run_store(**args):
         return store_index_k(**args, target=target, cfg=cfg, options=options)

@@ -13,8 +13,9 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from indexcache.backends.triton import support
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options
-from indexcache.backends.triton.support import cdiv, grid_y, launch_options, next_power_of_2, on_target_device
+from indexcache.backends.triton.support import launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 
@@ -50,10 +51,13 @@ def translate_kernel(
     raw_s0, raw_s1, tab_s0, tab_s1, seq_s0, r2b_s0, out_s0, out_s1,
     HAS_R2B: tl.constexpr, SHIFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Rows ``program_id(0)`` · BLOCK_R onward, their column blocks ``program_id(1), + num_programs(1), …``."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    j = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     r_ok = r < rows
+    inside = r_ok[:, None] & (j < k)[None, :]
     r64 = r.to(tl.int64)
+    j64 = j.to(tl.int64)
+    x = tl.load(raw_ptr + r64[:, None] * raw_s0 + j64[None, :] * raw_s1, mask=inside, other=-1)
     seq = tl.load(seq_ptr + r64 * seq_s0, mask=r_ok, other=0)
     if HAS_R2B:
         b = tl.load(r2b_ptr + r64 * r2b_s0, mask=r_ok, other=-1)
@@ -61,13 +65,8 @@ def translate_kernel(
         b = r
     b_ok = (b >= 0) & (b < batches)
     table_row = table_ptr + b.to(tl.int64)[:, None] * tab_s0
-    for jb in range(tl.program_id(1), tl.cdiv(k, BLOCK_K), tl.num_programs(1)):
-        j = jb * BLOCK_K + tl.arange(0, BLOCK_K)
-        inside = r_ok[:, None] & (j < k)[None, :]
-        j64 = j.to(tl.int64)
-        x = tl.load(raw_ptr + r64[:, None] * raw_s0 + j64[None, :] * raw_s1, mask=inside, other=-1)
-        phys = physical(x, inside & b_ok[:, None], seq[:, None], table_row, tab_s1, pages, page_size, SHIFT)
-        tl.store(out_ptr + r64[:, None] * out_s0 + j64[None, :] * out_s1, phys, mask=inside)
+    phys = physical(x, inside & b_ok[:, None], seq[:, None], table_row, tab_s1, pages, page_size, SHIFT)
+    tl.store(out_ptr + r64[:, None] * out_s0 + j64[None, :] * out_s1, phys, mask=inside)
 
 
 def page_shift(page_size: int) -> int:
@@ -78,38 +77,38 @@ def page_shift(page_size: int) -> int:
 TRANSLATE = Launcher(translate_kernel)
 
 
-def translate_launch(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target: Target,
-                     cfg: Mapping[str, Any], options: Options | None = None) -> Launch | None:
-    """The launch that fills ``out [R, K]`` int32 (contract: ``indexcache.translate``), None when it is empty;
-    ``options``: the launch options of ``cfg`` for ``target`` as
+def translate_launches(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target: Target,
+                       cfg: Mapping[str, Any], options: Options | None = None) -> list[Launch]:
+    """The launches that fill ``out [R, K]`` int32 (contract: ``indexcache.translate``): one, none when it is empty,
+    and one for each ``MAX_GRID_Y`` blocks of columns of a row wider than that (a grid's second dimension holds no
+    more), each over its columns' views; ``options``: the launch options of ``cfg`` for ``target`` as
     :func:`~indexcache.backends.triton.launcher.launch_key_options` gives them (computed when None; the backend
     computes them once)."""
     rows, k = raw.shape
     if rows == 0 or k == 0:
-        return None
+        return []
     # A program's tile follows k (the model's), never the row count: fewer rows only leave rows of it masked.
     block_k = min(cfg["BLOCK_K"], next_power_of_2(k))
     block_r = max(1, cfg["ELEMS"] // block_k)
     options = options or launch_key_options(launch_options(target, cfg))
     r2b = row_to_batch if row_to_batch is not None else seq_lens
-    raw_s0, raw_s1 = raw.stride()
+    width = support.MAX_GRID_Y * block_k
+    parts = [(raw, out)] if k <= width else [(raw[:, c:c + width], out[:, c:c + width]) for c in range(0, k, width)]
     tab_s0, tab_s1 = page_table.stride()
-    out_s0, out_s1 = out.stride()
-    return Launch(
-        TRANSLATE, (cdiv(rows, block_r), grid_y(cdiv(k, block_k))), options,
-        (raw, page_table, seq_lens, r2b, out,
-         rows, k, page_table.shape[0], page_table.shape[1], page_size,
-         raw_s0, raw_s1, tab_s0, tab_s1, seq_lens.stride(0), r2b.stride(0), out_s0, out_s1),
+    return [Launch(
+        TRANSLATE, (-(-rows // block_r), -(-part.shape[1] // block_k)), options,
+        (part, page_table, seq_lens, r2b, part_out,
+         rows, part.shape[1], page_table.shape[0], page_table.shape[1], page_size,
+         *part.stride(), tab_s0, tab_s1, seq_lens.stride(0), r2b.stride(0), *part_out.stride()),
         dict(HAS_R2B=row_to_batch is not None, SHIFT=page_shift(page_size), BLOCK_R=block_r, BLOCK_K=block_k),
-    )
+    ) for part, part_out in parts]
 
 
 def translate(raw, page_table, seq_lens, page_size, row_to_batch, out, *, target: Target, cfg: Mapping[str, Any],
               options: Options | None = None):
-    """Fill ``out [R, K]`` int32 (contract: ``indexcache.translate``); arguments as :func:`translate_launch`."""
-    launch = translate_launch(raw, page_table, seq_lens, page_size, row_to_batch, out, target=target, cfg=cfg,
-                              options=options)
-    if launch is not None:
+    """Fill ``out [R, K]`` int32 (contract: ``indexcache.translate``); arguments as :func:`translate_launches`."""
+    for launch in translate_launches(raw, page_table, seq_lens, page_size, row_to_batch, out, target=target, cfg=cfg,
+                                     options=options):
         launch()
     return out
 
@@ -127,7 +126,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         return translate(**args, target=target, cfg=cfg, options=options)
 
     def prepare(**args):
-        return bound([translate_launch(**args, target=target, cfg=cfg, options=options)])
+        return bound(translate_launches(**args, target=target, cfg=cfg, options=options))
 
     return {"translate": OpImpl(run, supports, prepare)}
 

@@ -57,11 +57,11 @@ def op_launches(op: str, args: Mapping[str, Any], target: Target,
     elif op == "gather_index_k":
         found = [gather.gather_launch(**a, target=target, cfg=tuning["gather_index_k"])]
     elif op == "translate":
-        found = [translate.translate_launch(**a, target=target, cfg=tuning["translate"])]
+        found = translate.translate_launches(**a, target=target, cfg=tuning["translate"])
     elif op == "store_index_k":
         found = [quantize.store_index_k_launch(**a, target=target, cfg=tuning["quantize_index_k"])]
     elif op == "quantize_index_k":
-        found = [quantize.quantize_launch(**a, target=target, cfg=tuning["quantize_index_k"])]
+        found = quantize.quantize_launches(**a, target=target, cfg=tuning["quantize_index_k"])
     else:
         raise ValueError(f"op: expected an op of the Triton kernels, got {op!r}")
     return [launch for launch in found if launch is not None]
