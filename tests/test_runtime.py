@@ -132,6 +132,38 @@ def test_a_decode_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_
     assert state.raw[next_n].tolist() == list(range(4 - next_n)) + [-1] * (K - 4 + next_n)
 
 
+def test_a_decode_producer_takes_ragged_rows_named_by_paged_logits():
+    """``PagedLogits(row_to_batch=...)``: ragged speculative rows (a different number of draft tokens a request, each
+    row its own length) score and select in one op, as ``paged_mqa_logits(..., row_to_batch=...)`` then ``produce``
+    select, with both tables indexed by request; shared layers reuse the selection through ``row_to_batch``."""
+    from indexcache.hal.specs.paged_mqa_logits import ragged_args
+
+    g = torch.Generator().manual_seed(0)
+    paged = ragged_args(g, "cpu", torch.float8_e4m3fn, [1, 3, 2], [30, 9, 3], page_size=PAGE, heads=4)
+    rows, cols = paged["q"].shape[0], paged["max_context_len"]
+    lengths, row_to_batch = paged["context_lens"], paged["row_to_batch"]
+    tables = torch.stack([torch.randperm(30, generator=g).view(3, 10) for _ in range(3)]).to(torch.int32)
+    decode = PagedLogits(paged["q"], paged["k_cache"], paged["weights"], lengths, paged["page_table"], cols,
+                         row_to_batch=row_to_batch)
+    runner = IndexerRunner(LayerPlan(3, index_topk_freq=2, index_topk=K, page_size=PAGE))
+    state = TopkState(8, K)
+    runner.begin(state, rows)
+    got = {layer: runner.layer(layer, state, scores=lambda: decode, lengths=lengths, page_table=tables[layer],
+                               row_to_batch=row_to_batch).clone() for layer in range(3)}
+    assert runner.roles == "FFS"
+
+    logits = indexcache.paged_mqa_logits(*(paged[n] for n in ("q", "k_cache", "weights", "context_lens",
+                                                               "page_table", "max_context_len")),
+                                         row_to_batch=row_to_batch)
+    plain = TopkState(8, K)
+    plain.begin(rows)
+    want = plain.produce(1, logits, lengths, tables[1], PAGE, row_to_batch=row_to_batch)
+    assert torch.equal(state.raw[:rows], plain.raw[:rows]) and torch.equal(got[1], want)
+    assert torch.equal(got[2], reference.translate(plain.raw[:rows], tables[2], lengths, PAGE,
+                                                   row_to_batch=row_to_batch))
+    assert (state.raw[:rows] >= 0).sum() == lengths.clamp(0, K).sum()
+
+
 @pytest.mark.parametrize("mxfp4", [False, True], ids=["fp8", "MXFP4 queries and keys"])
 def test_a_prefill_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_it(mxfp4):
     """A ``scores`` callable returning :class:`PrefillLogits` makes the producer call ``mqa_topk_translate``

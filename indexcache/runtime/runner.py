@@ -32,7 +32,8 @@ Integration in an engine's layer loop (the small model in :mod:`indexcache.tools
 (``indexcache.mqa_logits`` / ``paged_mqa_logits`` output, -inf outside a row's window), or, in decode, a
 :class:`~indexcache.runtime.state.PagedLogits` of ``paged_mqa_logits``' inputs: the producer then scores and
 selects in one op (``indexcache.paged_topk_translate``), each row's length and table row following from
-``context_lens`` and ``next_n`` (``lengths`` and ``row_to_batch`` then serve shared layers only), or, in prefill, a
+``context_lens`` and ``next_n``, or for ragged rows from ``context_lens`` and the ``PagedLogits``' own
+``row_to_batch`` (``lengths`` and the ``row_to_batch`` given here then serve shared layers only), or, in prefill, a
 :class:`~indexcache.runtime.state.PrefillLogits` of ``mqa_logits``' inputs: the producer scores and selects in one
 op in bounded memory (``indexcache.mqa_topk_translate``), each row's window from ``ks`` and ``ke``. To overlap
 the producer's indexer with the rest of the layer, call ``runner.layer`` inside the side function of a schedule
@@ -162,7 +163,8 @@ class IndexerRunner:
             if isinstance(got, PagedLogits):
                 return state.produce_paged(layer, got.q, got.k_cache, got.weights, got.context_lens,
                                            got.block_table, got.max_context_len, page_table, self.page_size,
-                                           logits=got.logits, k_format=got.k_format, q_scale=got.q_scale)
+                                           logits=got.logits, k_format=got.k_format, q_scale=got.q_scale,
+                                           row_to_batch=got.row_to_batch)
             if isinstance(got, PrefillLogits):
                 return state.produce_prefill(layer, got, page_table, self.page_size, row_to_batch=row_to_batch)
             return state.produce(layer, got, lengths, page_table, self.page_size, row_starts=row_starts,

@@ -111,7 +111,11 @@ class PagedLogits:
     ``context_lens [B]`` int32; ``block_table [B, P]`` int32, the index-K cache's page table; ``logits``: an
     optional ``[B * next_n, max_context_len]`` float32 buffer for the logits (allocated when None); ``k_format``:
     None for a cache in ``q``'s fp8 format, ``torch.float4_e2m1fn_x2`` for an MXFP4 one (docs/fp4.md); ``q_scale``:
-    MXFP4 queries' block scales (``q [B, next_n, H, D / 2]`` float4_e2m1fn_x2 on an MXFP4 cache), else None.
+    MXFP4 queries' block scales (``q [B, next_n, H, D / 2]`` float4_e2m1fn_x2 on an MXFP4 cache), else None;
+    ``row_to_batch``: ragged rows (any number of draft tokens a request), ``[R]`` int32, each row's request, its row
+    of ``block_table`` and of the layer's page table, with ``q [R, 1, H, D]``, ``weights [R, H]`` and
+    ``context_lens [R]`` each row's own visible length (:func:`indexcache.paged_topk_translate`); None: the uniform
+    ``next_n`` layout.
     """
 
     q: torch.Tensor
@@ -123,6 +127,7 @@ class PagedLogits:
     logits: torch.Tensor | None = None
     k_format: torch.dtype | None = None
     q_scale: torch.Tensor | None = None
+    row_to_batch: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -232,18 +237,22 @@ class TopkState:
     def produce_paged(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor,
                       context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
                       page_table: torch.Tensor, page_size: int, *, logits: torch.Tensor | None = None,
-                      k_format: torch.dtype | None = None, q_scale: torch.Tensor | None = None) -> torch.Tensor:
+                      k_format: torch.dtype | None = None, q_scale: torch.Tensor | None = None,
+                      row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
         """Decode producer ``layer``: its paged indexer logits and their top-k into ``raw`` and ``physical`` in
         one op; returns the physical slots ``[rows, k]`` int32 (-1 = empty) through ``page_table``.
 
         Arguments as for :func:`indexcache.paged_topk_translate` (``rows = B * next_n``): row ``b * next_n + j``
         sees ``context_lens[b] - next_n + 1 + j`` keys and uses ``page_table`` row ``b``; ``logits``, when
-        given, receives the logits; ``k_format`` names an MXFP4 cache, ``q_scale`` MXFP4 queries' block scales.
+        given, receives the logits; ``k_format`` names an MXFP4 cache, ``q_scale`` MXFP4 queries' block scales;
+        ``row_to_batch [R]`` ragged rows (``q [R, 1, H, D]``): row ``r`` sees ``context_lens[r]`` keys and uses
+        row ``row_to_batch[r]`` of both tables.
         """
         self._check_rows("weights", weights)
         rows = self.rows
-        # A subclass written before formats keeps working: the arguments it did not know are passed only when given.
-        more = {name: value for name, value in (("k_format", k_format), ("q_scale", q_scale)) if value is not None}
+        # A subclass written before these keeps working: the arguments it did not know are passed only when given.
+        more = {name: value for name, value in (("k_format", k_format), ("q_scale", q_scale),
+                                                ("row_to_batch", row_to_batch)) if value is not None}
         out = self.select_paged(q, k_cache, weights, context_lens, block_table, max_context_len, page_table,
                                 page_size, logits=logits, out=self.physical[:rows], out_raw=self.raw[:rows], **more)
         self.produced(layer)
@@ -306,13 +315,14 @@ class TopkState:
                      context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int,
                      page_table: torch.Tensor, page_size: int, *, logits: torch.Tensor | None, out: torch.Tensor,
                      out_raw: torch.Tensor, k_format: torch.dtype | None = None,
-                     q_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     q_scale: torch.Tensor | None = None, row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
         """The decode producer's scoring and selection, into ``out`` (physical) and ``out_raw`` (logical)
         ``[rows, k]`` int32: :func:`indexcache.paged_topk_translate`. A subclass may select otherwise with the
         same result contract, as for :meth:`select`."""
         return ops.paged_topk_translate(q, k_cache, weights, context_lens, block_table, max_context_len,
                                                self.k, page_table, page_size, logits=logits, out=out,
-                                               out_raw=out_raw, k_format=k_format, q_scale=q_scale)
+                                               out_raw=out_raw, k_format=k_format, q_scale=q_scale,
+                                               row_to_batch=row_to_batch)
 
     def reuse(self, layer: int, page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, *,
               row_to_batch: torch.Tensor | None = None, source: int | None = None) -> torch.Tensor:
