@@ -254,6 +254,17 @@ def test_produce_paged_checks_the_live_rows():
         state.produce_paged(0, *paged.values(), torch.zeros(2, 3, dtype=torch.int32), PAGE)
 
 
+@pytest.mark.parametrize("returned", [None, (1, 2), {"q": 1}], ids=["None", "a tuple", "a dict"])
+def test_a_scores_callable_returning_neither_scores_nor_logits_inputs_is_a_type_error_naming_scores(returned):
+    runner = IndexerRunner(LayerPlan(2, index_topk_freq=2, index_topk=K, page_size=PAGE))
+    state = TopkState(2, K)
+    runner.begin(state, 2)
+    lengths, table = torch.full((2,), 5, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(TypeError, match=f"scores: expected .* got {type(returned).__name__}"):
+        runner.layer(0, state, scores=lambda: returned, lengths=lengths, page_table=table)
+    assert state.producer is None and (state.raw == -1).all()
+
+
 def test_layers_without_an_indexer_return_none_and_leave_the_state_alone():
     scores, lengths, tables = inputs(5, layers=6)
     plan = LayerPlan(6, compress_ratios=[0, 4, 128, 4, 0, 4], index_topk_freq=2, index_topk=K, page_size=PAGE)

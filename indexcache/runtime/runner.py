@@ -167,6 +167,9 @@ class IndexerRunner:
                                            row_to_batch=got.row_to_batch)
             if isinstance(got, PrefillLogits):
                 return state.produce_prefill(layer, got, page_table, self.page_size, row_to_batch=row_to_batch)
+            if not isinstance(got, torch.Tensor):
+                raise TypeError(f"scores: expected the callable to return scores [rows, N] (a torch.Tensor), a "
+                                f"PagedLogits or a PrefillLogits, got {type(got).__name__}")
             return state.produce(layer, got, lengths, page_table, self.page_size, row_starts=row_starts,
                                  row_to_batch=row_to_batch)
         return state.reuse(layer, page_table, lengths, self.page_size, row_to_batch=row_to_batch,
