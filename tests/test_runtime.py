@@ -675,3 +675,19 @@ def test_the_runner_checks_its_k_and_page_size(named, error, message):
 
     with pytest.raises(error, match=message):
         IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=4, page_size=4), **named)
+
+
+def test_a_layer_refuses_a_state_of_another_k_however_it_was_begun():
+    """A state begun without the runner (a pipeline stage's ``load_carry``, or ``state.begin``) of another k: the
+    runner's short-row bound (``max_length <= k``) and the state's selection would disagree (here the producer would
+    take the first 4 of 6 positions without scoring them), so every layer refuses it as ``begin`` does."""
+    runner = IndexerRunner(LayerPlan(4, index_topk_freq=2, index_topk=8, page_size=PAGE))
+    state = TopkState(2, K)
+    state.load_carry(torch.zeros(2, K, dtype=torch.int32), CarryHeader(producer=1, rows=2, k=K))
+    lengths, table = torch.full((2,), 6, dtype=torch.int32), torch.arange(4, dtype=torch.int32).expand(2, 4)
+    assert runner.roles == "FFSF"
+    for layer in (2, 3):  # shared, then producer
+        with pytest.raises(ValueError, match=f"^state: holds k={K}, but this runner selects k=8"):
+            runner.layer(layer, state, scores=lambda: torch.randn(2, 6), lengths=lengths, page_table=table,
+                         max_length=6)
+    assert state.producer == 1 and (state.raw[:2] == 0).all()

@@ -97,9 +97,12 @@ class IndexerRunner:
 
     def begin(self, state: TopkState, rows: int) -> None:
         """Start a forward of ``rows`` query rows on ``state`` (0 rows clears it)."""
+        self._check_state(state)
+        state.begin(rows)
+
+    def _check_state(self, state: TopkState) -> None:
         if state.k != self.k:
             raise ValueError(f"state: holds k={state.k}, but this runner selects k={self.k}")
-        state.begin(rows)
 
     def layer(self, layer: int, state: TopkState, *,
               scores: Callable[[], torch.Tensor | PagedLogits | PrefillLogits],
@@ -119,7 +122,8 @@ class IndexerRunner:
         them); ``page_table [B, P]`` int32: this layer's own table;
         ``row_starts [rows]``: window starts in the scores; ``row_to_batch [rows]``: table row of each row
         (identity when None). A shared layer whose producer has not run raises
-        :class:`~indexcache.runtime.state.MissingProducerError`.
+        :class:`~indexcache.runtime.state.MissingProducerError`; a state of another k than the runner's (however it
+        was begun: :meth:`begin`, or a stage's ``load_carry``) raises ``ValueError``.
 
         ``max_length``: a host-side bound on every row's visible length (``lengths``, or in decode the lengths
         ``context_lens`` gives), or None. Where it is at most k, a producer selects every visible position without
@@ -137,6 +141,7 @@ class IndexerRunner:
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 0):
             raise ValueError(f"max_length: expected an int >= 0 or None, got {max_length!r}")
+        self._check_state(state)
         role = self.role(layer)
         if role is None:
             return None
