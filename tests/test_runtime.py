@@ -691,3 +691,20 @@ def test_a_layer_refuses_a_state_of_another_k_however_it_was_begun():
             runner.layer(layer, state, scores=lambda: torch.randn(2, 6), lengths=lengths, page_table=table,
                          max_length=6)
     assert state.producer == 1 and (state.raw[:2] == 0).all()
+
+
+@pytest.mark.parametrize(("given", "error", "message"), [
+    (torch.tensor(1.0), ValueError, r"^scores: expected \[2, \.\.\.\] \(2 rows: the live batch given to begin\(\)\), "
+                                    r"got a 0-d tensor"),
+    (None, TypeError, r"^scores: expected a torch.Tensor of 2 rows \(the live batch given to begin\(\)\), "
+                      r"got NoneType"),
+    (torch.randn(3, 8), ValueError, r"^scores: expected 2 rows \(the live batch given to begin\(\)\), got 3"),
+])
+def test_produce_names_scores_that_are_not_rows_of_the_live_batch(given, error, message):
+    """A 0-d tensor was an IndexError ('tuple index out of range') and None an AttributeError, neither naming it."""
+    state = TopkState(4, K)
+    state.begin(2)
+    lengths, table = torch.full((2,), 5, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(error, match=message):
+        state.produce(0, given, lengths, table, PAGE)
+    assert state.producer is None

@@ -198,6 +198,12 @@ class TopkState:
         self.begin(0)
 
     def _check_rows(self, name: str, t: torch.Tensor) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor of {self.rows} rows (the live batch given to begin()), "
+                            f"got {type(t).__name__}")
+        if t.dim() == 0:
+            raise ValueError(f"{name}: expected [{self.rows}, ...] ({self.rows} rows: the live batch given to "
+                             "begin()), got a 0-d tensor")
         if t.shape[0] != self.rows:
             raise ValueError(f"{name}: expected {self.rows} rows (the live batch given to begin()), got {t.shape[0]}")
 
