@@ -708,3 +708,15 @@ def test_produce_names_scores_that_are_not_rows_of_the_live_batch(given, error, 
     with pytest.raises(error, match=message):
         state.produce(0, given, lengths, table, PAGE)
     assert state.producer is None
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((-1, 8), ValueError, r"max_rows: expected an int >= 0, got -1"),
+    ((4, 65537), ValueError, r"k: expected an int in \[0, 65536\]"),
+    ((4.0, 8), TypeError, r"max_rows: expected an int, got float 4.0"),
+    ((4, True), TypeError, r"k: expected an int, got bool True"),
+])
+def test_a_state_of_sizes_the_ops_cannot_fill_is_refused(args, error, match):
+    """A k above what the ops select (MAX_TOPK) was allocated (max_rows x k) and failed only at the first producer."""
+    with pytest.raises(error, match=match):
+        TopkState(*args)

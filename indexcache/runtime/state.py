@@ -157,9 +157,8 @@ class TopkState:
     """Per-forward top-k state with buffers of capacity ``[max_rows, k]`` int32 on ``device``."""
 
     def __init__(self, max_rows: int, k: int, device: torch.device | str = "cpu") -> None:
-        for name, value in (("max_rows", max_rows), ("k", k)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
+        checks.check_int("max_rows", max_rows, 0)
+        checks.check_k(k)  # what the ops select at most: a state of more could never be filled
         self.raw = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
         self.physical = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
         self._positions = torch.arange(k, dtype=INDEX, device=device)  # what a short row selects (produce_short)
