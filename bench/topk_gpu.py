@@ -10,12 +10,12 @@ against the torch backend's and the reference's order; (b) a CUDA graph of two
 ``topk_translate`` calls (the split-row and the one-program-a-row paths) with preallocated out/out_raw,
 replayed 1000 times while scores and lengths change, each replay equal to eager, and no allocation by an
 eager call with preallocated outputs; (c) timings — CUDA-graph replays, median, inputs rotated through more
-than twice the L2 — of our topk, topk with sorted=True and topk_translate, torch.topk, the torch backend
-(eager) and one read of the scores (a sum), on 64 × 128K (k 2048 and 512), 1 × 128K, 1 × 1M and 2048 × 32K
-fp32, with the issue's targets; (d) each kernel launch of a call timed (the launches up to it less those before
-it), and a small sweep of tuning configurations. Prints tables, writes JSON to ``--out``, exits 1 when a check
-fails. Uses no Triton API (Triton 3.6 and later); about three minutes on an H200 (the sweep: per configuration,
-the call and each launch).
+than twice the caches (``indexcache.bench.timing.cache_bytes``) — of our topk, topk with sorted=True and
+topk_translate, torch.topk, the torch backend (eager) and one read of the scores (a sum), on 64 × 128K (k 2048
+and 512), 1 × 128K, 1 × 1M and 2048 × 32K fp32, with the issue's targets; (d) each kernel launch of a call
+timed (the launches up to it less those before it), and a small sweep of tuning configurations. Prints tables,
+writes JSON to ``--out``, exits 1 when a check fails. Uses no Triton API (Triton 3.6 and later); about three
+minutes on an H200 (the sweep: per configuration, the call and each launch).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 import indexcache
 from indexcache.bench.output import print_rows, run_sections
 from indexcache.bench.provenance import checkout_commit, device_name, now, versions
-from indexcache.bench.timing import capture_graph, l2_bytes, median_ms
+from indexcache.bench.timing import cache_bytes, capture_graph, median_ms
 from indexcache.hal import dispatch, reference
 
 CUDA = torch.device("cuda")
@@ -227,8 +227,8 @@ def check_graph(dev, replays: int = 1000) -> list[dict]:
 
 
 def _rotation(nbytes: int, dev) -> int:
-    """Input sets that together hold more than twice the L2 (2 to 64)."""
-    return max(2, min(64, -(-2 * l2_bytes(dev) // nbytes)))
+    """Input sets that together hold more than twice the caches (the L2; on AMD also the Infinity Cache; 2 to 64)."""
+    return max(2, min(64, -(-2 * cache_bytes(dev) // nbytes)))
 
 
 def time_shapes(dev) -> list[dict]:

@@ -147,3 +147,24 @@ def test_an_override_forces_the_architecture(monkeypatch):
     monkeypatch.setenv(NVIDIA.arch_env, "sm80")
     ok, reason, target = detect(NVIDIA)
     assert ok and target == NVIDIA.target("sm80") and "(sm90 (forced by INDEXCACHE_CUDA_ARCH))" in reason
+
+
+@pytest.mark.parametrize(("runtime", "props", "cache"), [
+    # ROCm reports one XCD's L2 of an MI300X (4 MiB); its 8 XCDs' L2 and the 256 MiB Infinity Cache hold 288 MiB.
+    ("hip", types.SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-", L2_cache_size=4 * 2**20), 288 * 2**20),
+    ("hip", types.SimpleNamespace(gcnArchName="gfx950:sramecc+:xnack-", L2_cache_size=4 * 2**20), 288 * 2**20),
+    ("hip", types.SimpleNamespace(gcnArchName="gfx90a:sramecc+:xnack-", L2_cache_size=8 * 2**20), 8 * 2**20),
+    ("cuda", types.SimpleNamespace(major=9, minor=0, L2_cache_size=50 * 2**20), 50 * 2**20),
+])
+def test_benchmark_inputs_rotate_past_every_cache_of_the_gpu(monkeypatch, runtime, props, cache):
+    """The bench's rotation (:func:`indexcache.bench.timing.cache_bytes`) takes the record's caches where torch's L2
+    size leaves some out (before: 4 MiB on an MI300X, so 16 MiB of inputs rotated inside its caches), else the L2."""
+    from indexcache.bench.timing import cache_bytes
+    from indexcache.hal import device
+
+    _fake_gpu(monkeypatch, runtime, props)
+    device.l2_bytes.cache_clear()
+    try:
+        assert cache_bytes(torch.device("cuda", 0)) == cache
+    finally:
+        device.l2_bytes.cache_clear()

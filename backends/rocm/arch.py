@@ -53,15 +53,20 @@ AMD = GpuVendor(
 
 
 def _arch(name: str, lds_kib: int, fp8_dtype: torch.dtype, fp8_mma: bool,
-          scaled_mma: ScaledMma | None = None) -> GpuArch:
+          scaled_mma: ScaledMma | None = None, cache_mib: int | None = None) -> GpuArch:
     return GpuArch(AMD, name, warp_size=64, shared_per_block=lds_kib * 1024, shared_per_sm=lds_kib * 1024,
                    fp8_dtype=fp8_dtype, fp8_mma=fp8_mma, tma=False, pdl=False, mma="mfma", triton_arch=name,
-                   scaled_mma=scaled_mma)
+                   scaled_mma=scaled_mma, cache_bytes=cache_mib and cache_mib * 2**20)
 
+
+# The caches of the MI300 and MI350 series: a 4 MiB L2 on each of up to 8 XCDs and the 256 MiB Infinity Cache (ROCm
+# "AMD GPU specifications"); ROCm's L2 size, which torch reports, is one XCD's (4 MiB on an MI300X).
+_INSTINCT_CACHE_MIB = 8 * 4 + 256
 
 ARCHS: dict[str, GpuArch] = {a.name: a for a in (
-    _arch("gfx942", 64, torch.float8_e4m3fnuz, fp8_mma=True),
+    _arch("gfx942", 64, torch.float8_e4m3fnuz, fp8_mma=True, cache_mib=_INSTINCT_CACHE_MIB),
     # Block-scaled MFMA (v_mfma_scale_f32_32x32x64_f8f6f4) takes e2m1 keys beside e4m3 queries (docs/fp4.md,
     # "Scaled matrix instructions").
-    _arch("gfx950", 160, torch.float8_e4m3fn, fp8_mma=True, scaled_mma=ScaledMma("e2m1", rows=64)),
+    _arch("gfx950", 160, torch.float8_e4m3fn, fp8_mma=True, scaled_mma=ScaledMma("e2m1", rows=64),
+          cache_mib=_INSTINCT_CACHE_MIB),
 )}

@@ -3,7 +3,7 @@
 Each vendor's package builds its records (``backends/cuda/arch.py``, ``backends/rocm/arch.py``): a
 :class:`GpuVendor` for what its architectures share (how its GPUs are found, named and compiled for) and a
 :class:`GpuArch` per architecture (warp size, shared memory, fp8 format, TMA, PDL, matrix unit, block-scaled
-matrix instruction, Triton's target).
+matrix instruction, Triton's target, caches torch does not report).
 The shared kernels, the side-stream scheduler and the cross-compile check read these records; they do not branch
 on vendor names (docs/architecture.md, "Architectures").
 """
@@ -89,6 +89,9 @@ class GpuArch:
     mma: str  # the matrix instructions Triton emits: "mma.sync", "wgmma", "tcgen05", "mfma"
     triton_arch: int | str  # the architecture of Triton's GPUTarget: 90 (compute capability), "gfx942"
     scaled_mma: ScaledMma | None = None  # a block-scaled matrix instruction for MXFP4 keys and fp8 queries
+    # Bytes of cache between the multiprocessors and memory where torch's ``L2_cache_size`` leaves some out, else None
+    # (AMD: ROCm reports one XCD's L2, not the others' nor the Infinity Cache); what benchmark inputs rotate past.
+    cache_bytes: int | None = None
 
     def triton_target(self):
         """Triton's ``GPUTarget`` for this architecture (imports Triton's compiler)."""

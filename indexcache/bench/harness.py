@@ -5,8 +5,9 @@ roofline is per case (one read of its scores). Then each case of each op (:data:
 the ops' spec records, :mod:`indexcache.hal.specs`) runs
 on each backend: checked against the torch backend on fresh inputs, then timed (:class:`Timer`) as the
 median of many calls after warm-up (CUDA events on a GPU, the host clock elsewhere), rotating through
-enough input sets to exceed four times the L2 cache. On a GPU each case is also timed as replays of one
-CUDA graph holding one call per input set (the device time without the host's launch cost).
+enough input sets to exceed four times the GPU's caches (the L2; on AMD also the Infinity Cache). On a GPU each case
+is also timed as replays of one CUDA graph holding one call per input set (the device time without the host's launch
+cost).
 
 Derived numbers (fraction of a ceiling, ratio to the empty launch, speed-up over torch) only compare
 measurements of one mode: a CPU or interpreted-Triton time is never set against a GPU one, nor reported as
@@ -24,7 +25,7 @@ import torch
 from indexcache.bench.ceilings import CEILINGS, Ceiling, empty_launch
 from indexcache.bench.output import SCHEMA
 from indexcache.bench.provenance import device_name, git_state, now, versions
-from indexcache.bench.timing import Timer, l2_bytes, on_gpu
+from indexcache.bench.timing import Timer, cache_bytes, on_gpu
 from indexcache.hal import dispatch
 from indexcache.hal.specs import SPECS
 from indexcache.hal.specs.bench import BASELINE, BenchCase, BenchSpec
@@ -120,7 +121,7 @@ def _run_case(op: BenchSpec, case: BenchCase, backend: str, timer_for: Callable[
             row["check"] = _verdict(op, result, baseline, case)
         sets = sets_cache.get(avail.device)
         if sets is None:
-            rotate = 4 * l2_bytes(device) if on_gpu(device) else 0
+            rotate = 4 * cache_bytes(device) if on_gpu(device) else 0
             sets = sets_cache[avail.device] = _input_sets(op, case, device, rotate, fresh)
         _time_row(row, lambda a: op.call(a, backend), sets, timer_for(device))
     except dispatch.BackendNotSupportedError as exc:
@@ -267,7 +268,7 @@ def run(op_names: Sequence[str] | None = None, backends: Sequence[str] | None = 
         "commit": commit,
         "dirty": dirty,
         "settings": {"quick": quick, "warmup": warmup, "reps": reps, "graph_reps": graph_reps,
-                     "rotate_bytes": 4 * l2_bytes(device) if gpu else 0, "statistic": "median"},
+                     "rotate_bytes": 4 * cache_bytes(device) if gpu else 0, "statistic": "median"},
         "ceilings": ceilings,
         "results": results,
     }

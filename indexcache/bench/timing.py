@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from indexcache.backends.triton.target import device_gpu
 from indexcache.hal.device import l2_bytes as device_l2_bytes
 
 BUDGET_S = 0.5  # on a GPU, a Timer's warm-up and timed calls each stop after about this long
@@ -45,8 +46,13 @@ def _module(device: torch.device) -> Any:
     return torch.get_device_module(device)
 
 
-def l2_bytes(device: torch.device) -> int:
-    """The L2 cache of a GPU in bytes (:func:`indexcache.hal.device.l2_bytes`): inputs rotate past it."""
+def cache_bytes(device: torch.device) -> int:
+    """The caches of a GPU in bytes, which inputs rotate past: its L2 (:func:`indexcache.hal.device.l2_bytes`), or
+    its architecture record's ``cache_bytes`` where torch's L2 size leaves caches out (an MI300X: 4 MiB reported, 288
+    MiB of L2 and Infinity Cache)."""
+    gpu = device_gpu(device)
+    if gpu is not None and gpu.cache_bytes:
+        return gpu.cache_bytes
     return device_l2_bytes(device.index if device.index is not None else _module(device).current_device())
 
 
