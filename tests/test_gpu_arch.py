@@ -12,6 +12,7 @@ import torch
 from indexcache.backends.cuda import tuning as cuda_tuning
 from indexcache.backends.cuda.arch import NVIDIA, sm_version
 from indexcache.backends.rocm.arch import AMD
+from indexcache.backends.rocm.tuning import tuning as rocm_tuning
 from indexcache.backends.triton.support import launch_options, uses_pdl
 from indexcache.backends.triton.target import GpuArch, detect, device_gpu, vendors
 
@@ -83,6 +84,14 @@ def test_the_cuda_table_shows_the_record_it_was_chosen_by():
     assert cuda_tuning("sm100")["arch"]["scaled_mma"] == "e2m1"
     sm80 = cuda_tuning("sm80")
     assert sm80["arch"]["fp8_mma"] is False and sm80["mqa_logits"]["FP8_DOT"] == "fp16"
+
+
+def test_the_rocm_table_shows_the_record_it_was_chosen_by():
+    """``indexcache info --json`` shows the capability row on an AMD GPU too (README, "Targets"; it had none)."""
+    assert rocm_tuning("gfx942")["arch"] == {"name": "gfx942", "shared_per_sm": 64 * 1024, "fp8_mma": True,
+                                             "tma": False, "pdl": False, "mma": "mfma", "scaled_mma": None}
+    assert rocm_tuning("gfx950")["arch"]["scaled_mma"] == "e2m1"
+    assert rocm_tuning("gfx90a")["arch"]["fp8_mma"] is False
 
 
 @pytest.mark.parametrize(("target", "args"), [(NVIDIA.target("sm90a"), ("cuda", 90, 32)),

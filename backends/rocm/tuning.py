@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from indexcache.backends.rocm.arch import resolve
+
 _COMMON: dict[str, dict[str, Any]] = {
     "translate": {"BLOCK_K": 1024, "ELEMS": 4096, "num_warps": 4, "waves_per_eu": 2},
     # Logits: one token of 64 heads a program block, 128-key steps, 4 waves, 2 stages, keys on M (the NVIDIA
@@ -41,5 +43,9 @@ _COMMON: dict[str, dict[str, Any]] = {
 
 
 def tuning(arch: str) -> dict[str, dict[str, Any]]:
-    """The table for an AMD architecture ("gfx942", "gfx950", …)."""
-    return {op: dict(cfg) for op, cfg in _COMMON.items()}
+    """The table for an AMD architecture ("gfx942", "gfx950", …), with its record's capabilities under "arch" (shown
+    by ``indexcache info``, as the cuda table's)."""
+    record = resolve(arch)
+    caps = {"shared_per_sm": record.shared_per_sm, "fp8_mma": record.fp8_mma, "tma": record.tma, "pdl": record.pdl,
+            "mma": record.mma, "scaled_mma": record.scaled_mma and record.scaled_mma.keys}
+    return {**{op: dict(cfg) for op, cfg in _COMMON.items()}, "arch": {"name": arch, **caps}}
