@@ -177,3 +177,36 @@ def test_benchmark_inputs_rotate_past_every_cache_of_the_gpu(monkeypatch, runtim
         assert cache_bytes(torch.device("cuda", 0)) == cache
     finally:
         device.l2_bytes.cache_clear()
+
+
+@pytest.mark.parametrize("arch", ["gfx942:sramecc+:xnack-", "gfx950:sramecc+:xnack-", "gfx90a:xnack+"])
+def test_an_amd_target_id_names_its_processors_record(arch):
+    """torch's ``gcnArchName`` and rocminfo give the target ID with its feature flags; as an override or a warmup's
+    ``--arch`` it is the processor's record (before: ValueError)."""
+    assert AMD.resolve(arch) == AMD.resolve(arch.split(":")[0])
+
+
+def test_an_amd_target_id_as_the_override_forces_its_architecture(monkeypatch):
+    pytest.importorskip("triton")
+    _fake_gpu(monkeypatch, "hip", types.SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-"))
+    monkeypatch.setenv(AMD.arch_env, "gfx950:sramecc+:xnack-")
+    ok, reason, target = detect(AMD)
+    assert ok and target == AMD.target("gfx950") and "(gfx942 (forced by INDEXCACHE_ROCM_ARCH))" in reason
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    ok, reason, target = detect(AMD)
+    assert ok and target == AMD.target("gfx950", interpreted=True) and reason.endswith("on the CPU as for gfx950")
+
+
+@pytest.mark.parametrize(("vendor", "value"), [(AMD, "mi300"), (NVIDIA, "hopper")])
+def test_an_override_naming_no_architecture_leaves_the_backend_unavailable(monkeypatch, vendor, value):
+    """The reason names the variable; every other backend still runs (before: ValueError out of every op call's
+    probe, the torch backend's calls too)."""
+    pytest.importorskip("triton")
+    _fake_gpu(monkeypatch, vendor.runtime, types.SimpleNamespace(gcnArchName="gfx942", major=9, minor=0))
+    monkeypatch.setenv(vendor.arch_env, value)
+    for interpreted in (False, True):
+        if interpreted:
+            monkeypatch.setenv("TRITON_INTERPRET", "1")
+        ok, reason, target = detect(vendor)
+        assert (ok, target) == (False, None)
+        assert reason.startswith(f"{vendor.arch_env}: expected an ") and reason.endswith(f"got {value!r}")

@@ -393,3 +393,12 @@ def test_coldstart_smoke_runs_the_sweep_on_the_cpu(tmp_path):
 def test_the_function_refuses_sizes_past_its_limits():
     with pytest.raises(ValueError, match=r"^max_next_n: expected an int in \[1, 16\], got 17"):
         warmup(PLAN, arch="sm90", compile=False, **dict(SWEEP, max_next_n=17))
+
+
+def test_an_amd_target_id_warms_its_processor():
+    """``--arch`` as torch's ``gcnArchName`` gives it (the target ID with its feature flags) lists the processor's
+    variants under its name (before: ValueError naming the flags)."""
+    sizes = dict(max_batch=3, max_context=256, max_next_n=1, max_prefill=16)
+    found = warmup(PLAN, arch="gfx942:sramecc+:xnack-", compile=False, **sizes)
+    plain = warmup(PLAN, arch="gfx942", compile=False, **sizes)
+    assert found.target == "gfx942" and [v.key for v in found.variants] == [v.key for v in plain.variants]

@@ -34,13 +34,16 @@ def _resources(compiled: Any) -> dict[str, int]:
 
 
 def resolve(arch: str) -> GpuArch:
-    """The record of ``arch`` ("gfx942", "gfx950", …); one without fp8 matrix instructions for an unlisted one."""
-    if arch in ARCHS:
-        return ARCHS[arch]
-    if not re.fullmatch(r"gfx[0-9]{2,3}[0-9a-f]", arch):
+    """The record of ``arch`` ("gfx942", "gfx950", …, or a target ID with its feature flags, as torch's
+    ``gcnArchName`` and rocminfo give it: "gfx942:sramecc+:xnack-" is gfx942); one without fp8 matrix instructions for
+    an unlisted one."""
+    name = arch.split(":")[0]
+    if name in ARCHS:
+        return ARCHS[name]
+    if not re.fullmatch(r"gfx[0-9]{2,3}[0-9a-f]", name):
         raise ValueError(f"arch: expected an AMD architecture such as 'gfx942', got {arch!r}")
-    fp8 = torch.float8_e4m3fnuz if arch.startswith("gfx94") else torch.float8_e4m3fn
-    return _arch(arch, 64, fp8, fp8_mma=False)
+    fp8 = torch.float8_e4m3fnuz if name.startswith("gfx94") else torch.float8_e4m3fn
+    return _arch(name, 64, fp8, fp8_mma=False)
 
 
 AMD = GpuVendor(

@@ -167,17 +167,22 @@ def _triton_version() -> str | None:
 def detect(vendor: GpuVendor) -> tuple[bool, str, Target | None]:
     """Find a GPU of ``vendor`` for Triton: ``(available, reason, target)``.
 
-    ``vendor.arch_env`` names the variable that overrides the architecture (for tests and forced paths);
-    under ``TRITON_INTERPRET=1`` the target is ``vendor.interpreted_arch`` unless overridden.
+    ``vendor.arch_env`` names the variable that overrides the architecture (for tests and forced paths; one its
+    vendor does not know leaves the backend unavailable, the reason naming the variable); under ``TRITON_INTERPRET=1``
+    the target is ``vendor.interpreted_arch`` unless overridden.
     """
     version = _triton_version()
     if version is None:
         return False, f"Triton is not installed (pip install 'indexcache[{vendor.backend}]')", None
     override = os.environ.get(vendor.arch_env)
+    if override:
+        try:
+            vendor.resolve(override)
+        except ValueError as exc:
+            return False, f"{vendor.arch_env}: {str(exc).removeprefix('arch: ')}", None
     if interpreting():
-        arch = override or vendor.interpreted_arch
-        return True, f"{INTERPRET_ENV}=1: Triton {version} runs the kernels on the CPU as for {arch}", vendor.target(
-            arch, interpreted=True)
+        target = vendor.target(override or vendor.interpreted_arch, interpreted=True)
+        return True, f"{INTERPRET_ENV}=1: Triton {version} runs the kernels on the CPU as for {target.arch}", target
     if not getattr(torch.version, vendor.runtime, None):
         hint = f"set {INTERPRET_ENV}=1 to run the kernels on the CPU"
         return False, f"this torch build has no {vendor.runtime_name} support; {hint}", None

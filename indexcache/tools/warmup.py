@@ -282,6 +282,7 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
     present = arch is None
     backend, arch = _device_arch() if present else (_backend(arch), arch)
     target = gpu_target(backend, arch)
+    arch = target.arch  # its record's name: "gfx942" for the target ID "gfx942:sramecc+:xnack-"
     tuning = importlib.import_module(f"indexcache.backends.{backend}.tuning").tuning(arch)
     gpu = target.gpu.triton_target()
     if present:  # the driver's own target, as a launch here looks it up
