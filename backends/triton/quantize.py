@@ -58,7 +58,7 @@ def _fp8_out(y, ptr, MIN_EXP: tl.constexpr):
     """``y`` (fp32 on the e4m3 grid, |y| ≤ the format's max) as ``ptr``'s element type: an exact cast to the fp8
     type, or for a uint8 ``ptr`` the e4m3 byte from bit arithmetic (exponent bias 1 - MIN_EXP): a normal's fp32
     exponent rebiased above its top 3 mantissa bits, a subnormal's multiple of 2^(MIN_EXP - 3), the sign in
-    bit 7 (not for zero in e4m3fnuz, whose 0x80 is NaN)."""
+    bit 7. Never a -0 in e4m3fnuz, whose 0x80 is NaN (the native cast is not left to decide it)."""
     if ptr.dtype.element_ty == tl.uint8:
         STEP: tl.constexpr = 2.0 ** (3 - MIN_EXP)
         bits = y.to(tl.int32, bitcast=True)
@@ -71,6 +71,8 @@ def _fp8_out(y, ptr, MIN_EXP: tl.constexpr):
             sign = tl.where(mag == 0, 0, sign)
         out = (code | sign).to(tl.uint8)
     else:
+        if MIN_EXP == -7:  # e4m3fnuz has no -0 (0x80 is NaN): a value that rounded to -0.0 is cast as +0
+            y = tl.where(y == 0.0, 0.0, y)
         out = y.to(ptr.dtype.element_ty)
     return out
 
