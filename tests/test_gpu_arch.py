@@ -210,3 +210,11 @@ def test_an_override_naming_no_architecture_leaves_the_backend_unavailable(monke
         ok, reason, target = detect(vendor)
         assert (ok, target) == (False, None)
         assert reason.startswith(f"{vendor.arch_env}: expected an ") and reason.endswith(f"got {value!r}")
+
+
+@pytest.mark.parametrize("arch, warp", [("gfx1100", 32), ("gfx1201", 32), ("gfx1030", 32), ("gfx90a", 64),
+                                        ("gfx940", 64), ("gfx942", 64), ("gfx950", 64)])
+def test_an_amd_record_takes_its_wave_size(arch, warp):
+    """RDNA (Radeon, gfx10xx-gfx12xx) runs Triton's kernels in waves of 32: an unlisted RDNA name got 64, so warmup
+    compiled variants no launch there uses and the launch arithmetic sized wavefronts of 64."""
+    assert AMD.resolve(arch).warp_size == warp

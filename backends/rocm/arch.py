@@ -43,7 +43,8 @@ def resolve(arch: str) -> GpuArch:
     if not re.fullmatch(r"gfx[0-9]{2,3}[0-9a-f]", name):
         raise ValueError(f"arch: expected an AMD architecture such as 'gfx942', got {arch!r}")
     fp8 = torch.float8_e4m3fnuz if name.startswith("gfx94") else torch.float8_e4m3fn
-    return _arch(name, 64, fp8, fp8_mma=False)
+    # RDNA (gfx10xx-gfx12xx: four characters after "gfx") runs Triton's kernels in waves of 32, CDNA in waves of 64.
+    return _arch(name, 64, fp8, fp8_mma=False, warp_size=32 if len(name) == 7 else 64)
 
 
 AMD = GpuVendor(
@@ -56,8 +57,8 @@ AMD = GpuVendor(
 
 
 def _arch(name: str, lds_kib: int, fp8_dtype: torch.dtype, fp8_mma: bool,
-          scaled_mma: ScaledMma | None = None, cache_mib: int | None = None) -> GpuArch:
-    return GpuArch(AMD, name, warp_size=64, shared_per_block=lds_kib * 1024, shared_per_sm=lds_kib * 1024,
+          scaled_mma: ScaledMma | None = None, cache_mib: int | None = None, warp_size: int = 64) -> GpuArch:
+    return GpuArch(AMD, name, warp_size=warp_size, shared_per_block=lds_kib * 1024, shared_per_sm=lds_kib * 1024,
                    fp8_dtype=fp8_dtype, fp8_mma=fp8_mma, tma=False, pdl=False, mma="mfma", triton_arch=name,
                    scaled_mma=scaled_mma, cache_bytes=cache_mib and cache_mib * 2**20)
 
