@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
-from indexcache.hal import ops
+from indexcache.hal import dispatch, ops
 from indexcache.hal.checks import (
     INDEX,
     SCORE_DTYPES,
@@ -39,6 +39,7 @@ from indexcache.hal.checks import (
     check_translate_inputs,
     output,
 )
+from indexcache.hal.specs import SPECS
 
 DEFAULT_TIMEOUT = 60.0  # seconds a rank waits in the argument check for its peers
 
@@ -66,7 +67,7 @@ def zigzag_key_index(num_keys: int, world_size: int, rank: int, *, device=None) 
     return torch.cat(parts).to(INDEX)
 
 
-def _check(local_scores, key_offset, lengths, k, row_starts, num_keys) -> None:
+def _check(local_scores, key_offset, lengths, k, row_starts, num_keys, backend) -> None:
     check_tensor("local_scores", local_scores, SCORE_DTYPES, (None, None))
     rows, cols = local_scores.shape
     device = local_scores.device
@@ -80,6 +81,9 @@ def _check(local_scores, key_offset, lengths, k, row_starts, num_keys) -> None:
         check_tensor("row_starts", row_starts, (INDEX,), (rows,), device)
     if num_keys is not None:
         check_int("num_keys", num_keys, 0, _INDEX_MAX + 1, " (the keys' global indices are int32)")
+    if cols:  # the backend of the shard's top-k, chosen before the all-gather (a rank holding no keys runs none)
+        # lengths stands in for the call's row starts: an int32 [R] tensor on the same device.
+        dispatch.resolve("topk", SPECS["topk"].check(local_scores, lengths, k, row_starts=lengths), backend)
 
 
 def _timeout(timeout) -> datetime.timedelta:
@@ -211,10 +215,12 @@ def cp_topk(local_scores, key_offset, lengths, k: int, group=None, *, row_starts
     the communicator's stream like any other collective, without a host sync.
 
     Agreement check (on unless ``check_agreement=False``): first, even before returning early for ``R = 0``
-    or ``k = 0``, every rank checks its own arguments and all-gathers five int64 (pass/fail, ``R``, ``k``,
-    ``num_keys`` or -1, whether ``row_starts`` is given). A rank whose checks failed raises its own error,
-    the others a ValueError naming it; values that differ make every rank raise a ValueError listing each
-    rank's value (``lengths`` and ``row_starts`` contents are not compared). A peer that never joins is
+    or ``k = 0``, every rank checks its own arguments (``backend`` too: a rank holding keys resolves the backend of
+    its shard's top-k, so an unknown name or one that cannot run it fails the check, not the top-k after it) and
+    all-gathers five int64 (pass/fail, ``R``, ``k``, ``num_keys`` or -1, whether ``row_starts`` is given). A rank
+    whose checks failed raises its own error, the others a ValueError naming it; values that differ make every
+    rank raise a ValueError listing each rank's value (``lengths`` and ``row_starts`` contents are not
+    compared). A peer that never joins is
     waited for at most ``timeout`` (seconds or a timedelta), then a RuntimeError follows and the group may
     be unusable: gloo ends the collective itself; on NCCL/RCCL the host stops waiting (``Work.wait``) while
     the watchdog keeps the group's own timeout (``init_process_group(timeout=...)``). Groups with gloo (also
@@ -224,7 +230,7 @@ def cp_topk(local_scores, key_offset, lengths, k: int, group=None, *, row_starts
     initialized ``torch.distributed``; ``check_agreement=False`` skips it too, e.g. in a loop checked once.
     """
     def local() -> torch.Tensor:
-        _check(local_scores, key_offset, lengths, k, row_starts, num_keys)
+        _check(local_scores, key_offset, lengths, k, row_starts, num_keys, backend)
         inputs = dict(local_scores=local_scores, key_offset=key_offset, lengths=lengths, row_starts=row_starts)
         return output("out", out, INDEX, (local_scores.shape[0], k), local_scores.device, inputs)
 
@@ -265,7 +271,7 @@ def cp_topk_translate(local_scores, key_offset, lengths, k: int, page_table, pag
     arguments too: a rank whose page table is rejected fails every rank.
     """
     def local() -> tuple[torch.Tensor, torch.Tensor]:
-        _check(local_scores, key_offset, lengths, k, row_starts, num_keys)
+        _check(local_scores, key_offset, lengths, k, row_starts, num_keys, backend)
         shape = (local_scores.shape[0], k)
         device = local_scores.device
         check_translate_inputs(shape, page_table, lengths, page_size, row_to_batch, device)

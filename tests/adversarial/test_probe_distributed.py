@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from indexcache.hal import reference
+from indexcache.hal.dispatch import UnknownBackendError
 from indexcache.runtime.distributed import cp_topk, cp_topk_translate
 
 I32 = torch.int32
@@ -122,6 +123,15 @@ def _bad_page_table(rank: int) -> tuple[Callable[[], torch.Tensor], type[Excepti
     return (lambda: cp_topk_translate(**args, page_table=page_table, page_size=1)), TypeError, "page_table"
 
 
+def _bad_backend(rank: int) -> tuple[Callable[[], torch.Tensor], type[Exception], str]:
+    """Both ranks name a backend no module registers, and rank 0 holds no keys: it runs no local top-k, so only
+    rank 1's check of the backend (before the all-gather) can reject it; rank 0 used to wait in the all-gather."""
+    args = _args(rank, backend="nonesuch")
+    if rank == 0:
+        args["local_scores"] = args["local_scores"][:, :0]
+    return (lambda: cp_topk(**args)), UnknownBackendError, "backend: expected one of .*got 'nonesuch'"
+
+
 def _check_rejected(case, rank: int) -> None:
     call, error, match = case(rank)
     if rank == 1:  # the rank whose argument is wrong raises its own error
@@ -131,10 +141,12 @@ def _check_rejected(case, rank: int) -> None:
     _group_still_works(rank)
 
 
-@pytest.mark.parametrize("case", [_bad_scores, _bad_page_table], ids=["cp_topk dtype", "cp_topk_translate page_table"])
+@pytest.mark.parametrize("case", [_bad_scores, _bad_page_table, _bad_backend],
+                         ids=["cp_topk dtype", "cp_topk_translate page_table", "backend, peer holding no keys"])
 def test_one_rank_rejecting_its_arguments_fails_every_rank(case, tmp_path):
-    """issue 21 item 2: a validation error on one rank (wrong dtype) used to leave its peer blocked in the
-    all-gather; now that rank raises its own error and the other a ValueError naming it, within seconds."""
+    """issue 21 item 2: a validation error on one rank (wrong dtype, a backend that cannot run the rank's top-k)
+    used to leave its peer blocked in the all-gather; now that rank raises its own error and the other a ValueError
+    naming it, within seconds."""
     _spawn(tmp_path, functools.partial(_check_rejected, case))
 
 
