@@ -248,8 +248,14 @@ def test_ranks_disagree():
 
 
 def test_ranks_disagree_on_layout():
-    with pytest.raises(ValueError, match=r"2 different descriptors"):
-        check_ranks_agree([v32(), v32(page_size=1)])
+    with pytest.raises(ValueError, match=r"2 different descriptors: .*; they differ in page_size "
+                                         r"\(ranks \[0, 2\]: 64, ranks \[1\]: 1\)$"):
+        check_ranks_agree([v32(), v32(page_size=1), v32()])
+    # Every differing field is named, the producers among them.
+    with pytest.raises(ValueError, match=r"they differ in top_k \(ranks \[0\]: 2048, ranks \[1\]: 512\); "
+                                         r"index_dtype \(ranks \[0\]: 'float8_e4m3fn', ranks \[1\]: 'bfloat16'\); "
+                                         r"producers \(ranks \[0\]: \(0, 1, 2, .*\), ranks \[1\]: \(0, 1, 5, .*\)\)$"):
+        check_ranks_agree([v32(), v32(index_topk=512, index_dtype="bfloat16", index_topk_freq=4)])
 
 
 def test_no_ranks():

@@ -230,8 +230,9 @@ def check_ranks_agree(reports: Sequence[Descriptor | None]) -> Descriptor | None
     """The one descriptor all prefill ranks report, or None when none reports one.
 
     ``reports[i]`` is rank i's descriptor (None: it reported none). Raises :class:`DescriptorError` naming the
-    ranks when some report one and some do not, or when they report different descriptors; a report that is neither
-    a descriptor nor None is a ``TypeError`` naming its rank.
+    ranks when some report one and some do not, or when they report different descriptors (then also each field
+    that differs, with each group of ranks' value); a report that is neither a descriptor nor None is a
+    ``TypeError`` naming its rank.
     """
     if not reports:
         raise DescriptorError("no prefill ranks reported")
@@ -252,5 +253,12 @@ def check_ranks_agree(reports: Sequence[Descriptor | None]) -> Descriptor | None
             f"ranks {ranks}: signature {d.signature[:12]}…, producers {list(d.producers)}"
             for d, ranks in groups.items()
         )
-        raise DescriptorError(f"prefill ranks report {len(groups)} different descriptors: {described}")
+        differing = "; ".join(
+            f"{name} (" + ", ".join(f"ranks {ranks}: {shown(getattr(d, name))}" for d, ranks in groups.items()) + ")"
+            for name in (*SIGNED_FIELDS, "producers")
+            if len({getattr(d, name) for d in groups}) > 1
+        )
+        raise DescriptorError(
+            f"prefill ranks report {len(groups)} different descriptors: {described}; they differ in {differing}"
+        )
     return reports[0]
