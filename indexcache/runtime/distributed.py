@@ -104,11 +104,12 @@ def _agreed(name: str, local: Callable[[], _T], local_scores, k, row_starts, num
     has heard whether the others' checks passed and that all agree on :data:`_AGREED`; otherwise raise on
     every rank. Skipped (the checks run and raise locally) when ``check`` is false, while the current CUDA
     stream is capturing, when ``torch.distributed`` is not initialized and on a group of one rank."""
+    limit, result, error = datetime.timedelta(seconds=DEFAULT_TIMEOUT), None, None
     try:
-        limit = _timeout(timeout)
-        result, error = local(), None
+        limit = _timeout(timeout)  # a rejected timeout leaves the default bound for telling the peers
+        result = local()
     except Exception as exc:  # re-raised below, once the peers know this rank will not run the top-k
-        limit, result, error = datetime.timedelta(seconds=DEFAULT_TIMEOUT), None, exc
+        error = exc
     # No capture can run before CUDA is initialized; asking first would initialize it (and break forked ranks).
     capturing = torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
     if not check or capturing or not dist.is_initialized() or dist.get_world_size(group) == 1:

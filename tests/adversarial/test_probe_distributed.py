@@ -157,6 +157,24 @@ def _check_absent_peer(rank: int) -> None:
     _raises_promptly(RuntimeError, "did not finish within 1 s", lambda: cp_topk(**_args(rank), timeout=1.0))
 
 
+def _check_absent_peer_bad_arguments(rank: int) -> None:
+    if rank == 1:  # never calls cp_topk; its exit (which ends rank 0's wait too) comes after rank 0's bound
+        time.sleep(5.0)
+        return
+    args = _args(rank, timeout=1.0)
+    args["local_scores"] = args["local_scores"].double()
+    began = time.monotonic()
+    with pytest.raises(TypeError, match="local_scores"):
+        cp_topk(**args)
+    assert time.monotonic() - began < 4.0, f"raised only after {time.monotonic() - began:.1f} s"
+
+
+def test_rank_rejecting_its_arguments_waits_for_an_absent_peer_only_timeout(tmp_path):
+    """A rank whose own arguments fail its check still tells its peers, waiting for them at most the ``timeout``
+    it was given (1 s here; it waited the default 60 s), then raises its own error."""
+    _spawn(tmp_path, _check_absent_peer_bad_arguments)
+
+
 def test_peer_that_never_calls_is_bounded_by_timeout(tmp_path):
     """issue 21 item 2: a peer that never arrives blocks a rank for ``timeout`` (here 1 s), not for the
     process group's timeout (30 minutes by default): the rank raises a RuntimeError saying so."""
