@@ -265,6 +265,11 @@ def test_no_ranks():
 
 def test_arguments_that_are_not_descriptors_are_named():
     d = v32()
+    message = r"^plan: expected a LayerPlan \(LayerPlan.from_config reads a config\), got str$"
+    with pytest.raises(TypeError, match=message):
+        Descriptor.from_plan("examples/configs/deepseek-v3.2.json")  # it raised AttributeError on str.num_layers
+    with pytest.raises(TypeError, match=r"^plan: expected a LayerPlan .*, got dict$"):
+        Descriptor.from_plan({"num_hidden_layers": 61})
     message = r"decode: expected a Descriptor \(Descriptor.from_json reads a payload\), got dict"
     with pytest.raises(TypeError, match=message):
         check_pd_compatible(d, d.to_dict())

@@ -122,7 +122,12 @@ class Descriptor:
 
     @classmethod
     def from_plan(cls, plan: LayerPlan) -> Descriptor:
-        """The descriptor of an engine running ``plan``."""
+        """The descriptor of an engine running ``plan``; anything but a :class:`LayerPlan` is a ``TypeError`` naming
+        it."""
+        if not isinstance(plan, LayerPlan):
+            raise TypeError(
+                f"plan: expected a LayerPlan (LayerPlan.from_config reads a config), got {type(plan).__name__}"
+            )
         return cls(
             num_layers=plan.num_layers,
             sparse_layers=tuple(plan.sparse_layers),
