@@ -228,7 +228,9 @@ def cp_topk(local_scores, key_offset, lengths, k: int, group=None, *, row_starts
     a mixed ``cpu:gloo,cuda:nccl`` one) gather host memory; NCCL/RCCL-only groups gather device memory, and
     reading it SYNCS the host with the device. Skipped while the current CUDA stream is capturing (a graph
     cannot sync: an eager warm-up call of the same shapes checks them), on one rank and without an
-    initialized ``torch.distributed``; ``check_agreement=False`` skips it too, e.g. in a loop checked once.
+    initialized ``torch.distributed``; ``check_agreement=False`` skips it too, e.g. in a loop checked once. Pass the
+    same ``check_agreement`` on every rank: a rank that skips the check meets its peers' check with the top-k's
+    all-gather, which fails, or, where the sizes match (``R × k = 5``), returns wrong indices without an error.
     """
     def local() -> torch.Tensor:
         _check(local_scores, key_offset, lengths, k, row_starts, num_keys, backend)
