@@ -330,6 +330,19 @@ def test_demo_command_prints_phases_overlap_drift_and_plots(tmp_path, capsys):
     assert exc.value.code == 2
 
 
+def test_demo_command_names_the_flags_of_a_run_too_large(monkeypatch, capsys):
+    """A run refused for its memory names the sizes as the command's flags, as `calibrate --from-model` does (it
+    named run_demo's arguments: `prompt_len=100000, decode_steps=3`)."""
+    from indexcache.tools.model import checks
+
+    monkeypatch.setattr(checks, "free_bytes", lambda device: 2**30)
+    argv = ["demo", "--backend", "torch", "--prompt-len", "100000", "--decode-steps", "3", "--topk", "16"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: --batch 2, --prompt-len 100000, --decode-steps 3, --topk 16: the run needs at least" in err
+    assert "Traceback" not in err
+
+
 def test_short_prompts_skip_the_producers_indexer_and_select_what_it_would(model):
     """Prompts and steps no longer than k (16): every producer skips its scores (the batch's ``max_length``) and the
     run equals one whose runner ignores the bound, logits, tokens and every layer's indices alike."""

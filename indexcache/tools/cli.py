@@ -428,7 +428,7 @@ def _run_demo(args) -> int:
             check_plotting()
         except ImportError as exc:
             raise UsageError(str(exc)) from None
-    with _input_errors(ModelSettingError, UnknownBackendError, flags=("backend",)):
+    with _input_errors(ModelSettingError, UnknownBackendError, flags=vars(args)):
         demo = run_demo(args.preset, freq=args.freq, backend=args.backend, batch=args.batch,
                         prompt_len=args.prompt_len, decode_steps=args.decode_steps, topk=args.topk, seed=args.seed)
     config, result, steps = demo.config, demo.comparison, demo.steps

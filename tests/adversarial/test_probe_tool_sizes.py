@@ -72,7 +72,7 @@ SIZES = [
     (["demo", "--topk", "100000"], "argument --topk: expected an integer in 1..65536, got 100000"),
     (["demo", "--freq", "5000"], "argument --freq: expected an integer in 1..4096, got 5000"),
     (["demo", "--seed", "-1"], "argument --seed: expected an integer >= 0, got -1"),
-    (["demo", "--seed", str(2**64)], f"seed={2**64}: must be at most {2**64 - 1}"),
+    (["demo", "--seed", str(2**64)], f"--seed {2**64}: must be at most {2**64 - 1}"),
     (["demo", "--prompt-len", "100000000"], "the run needs at least"),
     (["demo", "--batch", "100000000"], "the run needs at least"),
     (["demo", "--decode-steps", "1000000000"], "the run needs at least"),
