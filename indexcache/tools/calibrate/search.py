@@ -94,8 +94,10 @@ def greedy_search(
     shared layer the producer (never the first sparse layer) whose flip gives the lowest
     ``objective(pattern)``; ties go to the earliest layer. ``objective`` takes a pattern of one
     ``F``/``S`` per sparse layer and returns a float, lower is better (a loss); it is cached per
-    pattern (pass a :class:`CachedObjective` to share the cache). Costs ``1 + (n - producers) * (n + producers - 1)
-    / 2`` evaluations for ``n`` sparse layers (about ``n * (n - 1) / 2`` for few producers).
+    pattern (pass a :class:`CachedObjective` to share the cache). The search costs ``1 + (n - producers) * (n +
+    producers - 1) / 2`` evaluations for ``n`` sparse layers (about ``n * (n - 1) / 2`` for few producers), and each
+    budget's evenly spaced pattern (:attr:`Step.uniform_objective`) one more where the search did not meet it: at
+    most ``n - producers`` more.
     """
     ids = [int(layer) for layer in layers if isinstance(layer, Integral) and not isinstance(layer, bool)]
     if not ids or len(ids) != len(layers) or ids != sorted(set(ids)) or ids[0] < 0:
