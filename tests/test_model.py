@@ -216,11 +216,17 @@ def test_presets_and_bad_names():
     ({"index_dtype": "bfloat16"}, "index_dtype: expected float8_e4m3fn or .*, got 'bfloat16'"),
     ({"seed": 2**70}, r"seed: expected an integer in 0\.\.18446744073709551615 .*, got 1180591620717411303424"),
     ({"seed": -1}, r"seed: expected an integer in 0\.\."),
+    ({"compress_ratios": (0, 0) + (4, 128) * 9}, r"compress_ratios: expected 8 ratios \(one a layer, num_layers\), "
+                                                 r"each 0, 4, 128, got \(0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, "),
+    ({"compress_ratios": (0, 4, 5, 4, 4, 4, 4, 4)}, r"compress_ratios: expected 8 ratios .*, got \(0, 4, 5, 4"),
+    ({"compress_ratios": (0, 4, True, 4, 4, 4, 4, 4)}, r"compress_ratios: expected 8 ratios .*, got \(0, 4, True"),
 ], ids=lambda v: str(v) if isinstance(v, dict) else None)
 def test_a_config_the_model_cannot_be_built_with_is_refused(override, message):
     """DSAModel refuses a config setting it cannot use with a ModelSettingError naming it, before any weight is
     drawn: block 0, hidden 0 and vocab 0 raised ZeroDivisionError or a RuntimeError of torch, shares out of order
-    "math domain error", an unknown index_dtype an AttributeError of torch."""
+    "math domain error", an unknown index_dtype an AttributeError of torch; compress_ratios that do not fit the layers
+    (v4-like's 20 ratios on 8 layers) built a model whose sparse_layers named layers it does not have, refused only
+    later, by its plan, with the plan's ConfigError."""
     with pytest.raises(ModelSettingError, match=f"^{message}"):
         DSAModel(dataclasses.replace(CFG, **override))
 

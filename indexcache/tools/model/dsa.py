@@ -40,7 +40,8 @@ from indexcache.hal.checks import dtype_names
 from indexcache.hal.contract import Schedule
 from indexcache.hal.layout import FP8_DTYPES
 from indexcache.hal.ops import INDEX
-from indexcache.plan import PRODUCER, LayerPlan
+from indexcache.plan import COMPRESS_RATIOS, PRODUCER, LayerPlan
+from indexcache.plan.jsontext import shown
 from indexcache.runtime.hot import HotBuffers, HotLayer
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import PagedLogits, PrefillLogits, Recorder, TopkState
@@ -88,6 +89,11 @@ def _check_config(c: ModelConfig) -> None:
                                 f"{c.seed!r}")
     if getattr(torch, str(c.index_dtype), None) not in _INDEX_DTYPES:
         raise ModelSettingError(f"index_dtype: expected {dtype_names(_INDEX_DTYPES)}, got {c.index_dtype!r}")
+    ratios = c.compress_ratios
+    if ratios is not None and (not isinstance(ratios, (tuple, list)) or len(ratios) != c.num_layers or any(
+            isinstance(r, bool) or not isinstance(r, int) or r not in COMPRESS_RATIOS for r in ratios)):
+        raise ModelSettingError(f"compress_ratios: expected {c.num_layers} ratios (one a layer, num_layers), each "
+                                f"{', '.join(map(str, COMPRESS_RATIOS))}, got {shown(ratios)}")
 
 
 class DSAModel:
