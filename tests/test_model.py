@@ -299,6 +299,15 @@ def test_run_demo_compares_the_freq_plan_with_freq_1(tmp_path):
         assert plot_demo(result, tmp_path / "o.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_demo_refuses_a_comparison_without_decode_steps(model, tmp_path):
+    """compare_plans(..., steps=0) measures no overlaps: plot_demo says so (it raised KeyError: 0)."""
+    result = compare_plans(model, model.plan(2), prompts((9, 13)), 0)
+    assert result.overlap == {} and result.agreement == 1.0
+    with pytest.raises(ValueError, match=r"^comparison: compared no decode steps, so it has no overlaps to plot"):
+        plot_demo(result, tmp_path / "o.png")
+    assert not (tmp_path / "o.png").exists()
+
+
 def test_runs_refuse_settings_they_cannot_use(monkeypatch):
     with pytest.raises(ModelSettingError, match="batch=0: must be an integer >= 1"):
         run_demo(batch=0)

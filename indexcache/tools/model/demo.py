@@ -71,7 +71,11 @@ def run_demo(
 
 def plot_demo(comparison: PlanComparison, path: str | os.PathLike[str]) -> Path:
     """A PNG at ``path`` of each sparse layer's top-k overlap with the producer it reuses (bars) and with the
-    previous sparse layer (line), from :func:`compare_plans`; needs matplotlib."""
+    previous sparse layer (line), from :func:`compare_plans`; needs matplotlib. A comparison of no decode steps has
+    no overlaps to draw (they are measured on decode steps): ``ValueError``."""
+    if comparison.plan.sparse_layers and not comparison.overlap:
+        raise ValueError("comparison: compared no decode steps, so it has no overlaps to plot (compare_plans measures "
+                         "them on decode steps; give it steps >= 1)")
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
