@@ -145,6 +145,19 @@ def test_overlap_rejects_bad_input(arrays, message):
         overlap_matrix(arrays)
 
 
+@pytest.mark.parametrize("threads", [0, -2, 1.5, "2", True])
+def test_overlap_refuses_a_thread_count_that_is_not_one_or_more(threads, tmp_path):
+    """``threads`` (calibrate_dump's and calibrate_arrays' too) is a count >= 1: 0 and -2 ran on one thread without a
+    word, "2" and 1.5 failed inside the thread pool with a TypeError naming no argument."""
+    arrays = [np.array([[0, 1]], np.int32)] * 2
+    with pytest.raises(calibrate.CalibrationError, match=rf"^threads={threads!r}: must be an integer >= 1"):
+        overlap_matrix(arrays, threads=threads)
+    with pytest.raises(calibrate.CalibrationError, match=rf"^threads={threads!r}: must be an integer >= 1"):
+        calibrate.calibrate_arrays([0, 1], arrays, tmp_path / "out", threads=threads, plots=False)
+    assert not (tmp_path / "out").exists()
+    assert overlap_matrix(arrays, threads=None)[0, 1] == overlap_matrix(arrays, threads=3)[0, 1] == 1.0
+
+
 # ----------------------------------------------------------------------------------------------- loading
 
 

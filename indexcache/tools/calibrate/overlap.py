@@ -40,6 +40,8 @@ def overlap_matrix(indices: Sequence[IndexArray], *, threads: int | None = None)
     (default: the CPUs this process may use). Memory grows with rows, layers and k, not with the index
     values: when the largest index exceeds ``16 * L * k``, each row's indices are renumbered densely first.
     """
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise CalibrationError(f"threads={threads!r}: must be an integer >= 1 (row blocks at once) or None (every CPU)")
     arrays = [as_rows(a, f"indices[{i}]") for i, a in enumerate(indices)]
     if not arrays:
         raise CalibrationError("indices: no layers")
@@ -59,7 +61,7 @@ def overlap_matrix(indices: Sequence[IndexArray], *, threads: int | None = None)
     workers = threads if threads is not None else usable_cpus()
     total = np.zeros((num, num))
     counted = 0
-    with ThreadPoolExecutor(max(1, workers)) as pool:
+    with ThreadPoolExecutor(workers) as pool:
         jobs = [
             pool.submit(_block_counts, arrays, start, min(rows, start + block), span, batch, compact)
             for start in range(0, rows, block)
