@@ -175,6 +175,15 @@ def test_load_dump_reads_pt_and_npz_by_layer_id(tmp_path):
         np.testing.assert_array_equal(array, arrays[layer])
 
 
+def test_load_dump_reads_only_names_of_ascii_digits(tmp_path):
+    """``layer_<id>`` is ASCII digits and the whole name: a fullwidth or Arabic-Indic digit (which int() reads) and a
+    name ending in a newline (which ``$`` let through) were read as layers 3, 1 and 2; they are other files."""
+    for name in ("layer_0.pt", "layer_\uff13.pt", "layer_\u0661.npz", "layer_2.pt\n"):
+        torch.save(torch.zeros(2, 3, dtype=torch.int32), tmp_path / name)
+    layers, arrays = load_dump(tmp_path)
+    assert layers == [0] and len(arrays) == 1
+
+
 def test_load_dump_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such directory"):
         load_dump(tmp_path / "missing")

@@ -4,8 +4,8 @@ Dump format (one directory, one file per sparse layer, every layer's indexer run
 
     layer_000.pt  layer_001.pt  ...   or   layer_2.npz  layer_4.npz  ...
 
-- The file name gives the layer id: ``layer_<id>.pt`` or ``layer_<id>.npz``, leading zeros optional;
-  other files are ignored. Only layers with an indexer belong in the dump (all layers of a
+- The file name gives the layer id: ``layer_<id>.pt`` or ``layer_<id>.npz``, ``<id>`` in ASCII digits,
+  leading zeros optional; other files are ignored. Only layers with an indexer belong in the dump (all layers of a
   DeepSeek-V3.2 / GLM-5 style model, the C4 layers of a DeepSeek-V4 one; no MTP layers).
 - ``.pt``: a tensor saved with ``torch.save``. ``.npz``: one array, or several with one named
   ``indices``.
@@ -35,7 +35,7 @@ import torch
 from indexcache.tools.calibrate.errors import DumpError
 from indexcache.tools.calibrate.indices import as_rows, check_shapes
 
-_LAYER_FILE = re.compile(r"^layer_(\d+)\.(pt|npz)$")
+_LAYER_FILE = re.compile(r"layer_([0-9]+)\.(pt|npz)")  # ASCII digits, the whole name (fullmatch)
 
 
 def load_dump(path: str | os.PathLike[str]) -> tuple[list[int], list[np.ndarray]]:
@@ -52,7 +52,7 @@ def load_dump(path: str | os.PathLike[str]) -> tuple[list[int], list[np.ndarray]
         raise FileNotFoundError(f"{directory}: no such directory")
     files: dict[int, Path] = {}
     for file in sorted(directory.iterdir()):
-        match = _LAYER_FILE.match(file.name)
+        match = _LAYER_FILE.fullmatch(file.name)
         if match is None:
             continue
         layer = int(match.group(1))
