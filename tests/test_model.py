@@ -308,6 +308,25 @@ def test_plot_demo_refuses_a_comparison_without_decode_steps(model, tmp_path):
     assert not (tmp_path / "o.png").exists()
 
 
+def test_demo_refuses_a_prompt_shorter_than_topk(monkeypatch, capsys):
+    """The demo measures overlaps on decode steps: with contexts of at most k tokens every layer selects every token,
+    and `indexcache demo --prompt-len 64` (k 128 on a CPU) printed overlap 1.000 for every layer and no drift."""
+    with pytest.raises(ModelSettingError, match=r"^prompt_len=64 must be at least topk=128: the overlaps are measured"):
+        run_demo(backend="torch", prompt_len=64, decode_steps=1)
+    assert cli.main(["demo", "--backend", "torch", "--prompt-len", "64", "--decode-steps", "2"]) == 2
+    assert "error: --prompt-len 64 must be at least --topk 128: " in capsys.readouterr().err
+
+    class Built(Exception):
+        pass
+
+    def build(*args):
+        raise Built
+
+    monkeypatch.setattr("indexcache.tools.model.demo.DSAModel", build)
+    with pytest.raises(Built):  # a prompt of k tokens: every decode step's context exceeds k
+        run_demo(backend="torch", prompt_len=16, topk=16, decode_steps=1)
+
+
 def test_runs_refuse_settings_they_cannot_use(monkeypatch):
     with pytest.raises(ModelSettingError, match="batch=0: must be an integer >= 1"):
         run_demo(batch=0)

@@ -13,7 +13,7 @@ from indexcache.hal import dispatch
 from indexcache.tools.model.batch import random_prompts
 from indexcache.tools.model.checks import backend_setup, check_fits, check_sizes
 from indexcache.tools.model.comparison import PlanComparison, compare_plans
-from indexcache.tools.model.config import ModelConfig, preset
+from indexcache.tools.model.config import ModelConfig, ModelSettingError, preset
 from indexcache.tools.model.dsa import DSAModel
 
 
@@ -52,8 +52,9 @@ def run_demo(
     ``batch`` random prompts of ``prompt_len`` tokens (default 4096 on a GPU, 512 on a CPU), ``decode_steps``
     decode steps (default 32 on a GPU, 8 on a CPU), top-k ``topk`` (default: the preset's on a GPU, 128 on a
     CPU); weights and prompts from ``seed``. Bad sizes (as :func:`~indexcache.tools.model.calibration.record_dump`
-    says), an unknown preset or a backend that cannot run here raise
-    :class:`~indexcache.tools.model.config.ModelSettingError` before any work.
+    says; a prompt shorter than top-k too: the overlaps are measured on decode steps, and a context of at most k
+    tokens selects every token, so every layer would select the same), an unknown preset or a backend that cannot
+    run here raise :class:`~indexcache.tools.model.config.ModelSettingError` before any work.
     """
     check_sizes(freq=freq, batch=batch, prompt_len=prompt_len, decode_steps=decode_steps, topk=topk, seed=seed)
     chosen, avail, overrides = backend_setup(backend)
@@ -61,6 +62,11 @@ def run_demo(
     config = preset(name, topk=topk or (preset(name).topk if gpu else 128), seed=seed, **overrides)
     prompt_len = prompt_len or (4096 if gpu else 512)
     steps = decode_steps or (32 if gpu else 8)
+    if prompt_len < config.topk:
+        raise ModelSettingError(
+            f"prompt_len={prompt_len} must be at least topk={config.topk}: the overlaps are measured on decode steps, "
+            "and a context of at most k tokens selects every token (every layer the same top-k, no drift)"
+        )
     check_fits(config, avail.device, batch=batch, prompt_len=prompt_len, decode_steps=steps)
     with dispatch.use_backend(backend) if backend else contextlib.nullcontext():
         model = DSAModel(config, avail.device)
