@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from functools import partial
 from pathlib import Path
@@ -365,6 +366,11 @@ def test_search_rejects_bad_input():
         greedy_search([0, 1], lambda p: 0.0, producers=3)
     with pytest.raises(ValueError, match="finite"):
         greedy_search([0, 1, 2], lambda p: math.nan, producers=1)
+    # An objective that forgot its return (float() said "argument must be a string or a real number, not 'NoneType'").
+    for returned in (None, "low", [0.5]):
+        message = rf"^objective\('FFF'\) returned {re.escape(repr(returned))}; it must return a finite number"
+        with pytest.raises(TypeError, match=message):
+            greedy_search([0, 1, 2], lambda p, returned=returned: returned, producers=1)
     with pytest.raises(ValueError, match="first sparse layer"):
         overlap_objective(np.eye(2))("SF")
 

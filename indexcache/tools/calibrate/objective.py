@@ -57,8 +57,13 @@ class CachedObjective:
 
     def __call__(self, pattern: str) -> float:
         if pattern not in self.cache:
-            value = float(self.objective(pattern))
+            returned = self.objective(pattern)
             self.calls += 1
+            try:
+                value = float(returned)
+            except (TypeError, ValueError):
+                message = f"objective({pattern!r}) returned {returned!r}; it must return a finite number"
+                raise TypeError(message) from None
             if not math.isfinite(value):
                 raise ValueError(f"objective({pattern!r}) = {value}; it must return a finite number")
             self.cache[pattern] = value
