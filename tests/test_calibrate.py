@@ -239,6 +239,9 @@ def test_producer_budget():
     assert producer_budget(5, keep=0.01) == 1
     assert producer_budget(5, keep=1.0) == 5
     assert producer_budget(5, producers=2) == 2
+    # A numpy integer is a count, as it is a layer id (it was refused as "producers=np.int64(2): must be an integer").
+    assert type(producer_budget(5, producers=np.int64(2))) is int and producer_budget(5, producers=np.uint8(5)) == 5
+    assert greedy_search(np.arange(4), lambda p: p.count("S"), producers=np.int64(2)).pattern == "FSSF"
     for kwargs in (
         {},
         {"keep": 0.5, "producers": 2},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from numbers import Integral
 
 from indexcache.tools.calibrate.errors import CalibrationError
 
@@ -22,16 +23,16 @@ def producer_budget(num_sparse: int, *, keep: float | None = None, producers: in
     """How many producers to keep among ``num_sparse`` sparse layers: give exactly one of the two.
 
     ``keep`` is a fraction in (0, 1], rounded up (``keep=0.25`` of 61 layers keeps 16, as
-    ``index_topk_freq=4`` does); ``producers`` is a count in 1..num_sparse.
+    ``index_topk_freq=4`` does); ``producers`` is a count in 1..num_sparse (a numpy integer too, as layer ids are).
     """
     if (keep is None) == (producers is None):
         raise CalibrationError("give exactly one of keep (a fraction of the sparse layers) and producers (a count)")
     if producers is not None:
-        if isinstance(producers, bool) or not isinstance(producers, int) or not 1 <= producers <= num_sparse:
+        if isinstance(producers, bool) or not isinstance(producers, Integral) or not 1 <= producers <= num_sparse:
             raise CalibrationError(
                 f"producers={producers!r}: must be an integer in 1..{num_sparse} (the sparse layers)"
             )
-        return producers
+        return int(producers)
     if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 < keep <= 1:
         raise CalibrationError(f"keep={keep!r}: must be a fraction in (0, 1]; use producers= for a count")
     return max(1, math.ceil(keep * num_sparse - 1e-9))
