@@ -242,6 +242,16 @@ def test_producer_budget():
     # A numpy integer is a count, as it is a layer id (it was refused as "producers=np.int64(2): must be an integer").
     assert type(producer_budget(5, producers=np.int64(2))) is int and producer_budget(5, producers=np.uint8(5)) == 5
     assert greedy_search(np.arange(4), lambda p: p.count("S"), producers=np.int64(2)).pattern == "FSSF"
+    assert producer_budget(61, keep=np.float32(0.25)) == 16  # np.float32 is no float subclass: it was refused
+
+
+def test_calibrate_arrays_takes_numpy_numbers_for_keep_and_producers(tmp_path):
+    stack = planted_stack([2, 2], seed=1)
+    found = calibrate.calibrate_arrays(np.arange(4), list(stack), tmp_path, keep=np.float32(0.5), plots=False)
+    assert found.search.producers == [0, 2]
+    assert json.loads(found.paths["report.json"].read_text())["keep"] == 0.5
+    found = calibrate.calibrate_arrays(np.arange(4), list(stack), tmp_path, producers=np.int64(2), plots=False)
+    assert found.search.producers == [0, 2]
     for kwargs in (
         {},
         {"keep": 0.5, "producers": 2},

@@ -97,6 +97,7 @@ def calibrate_arrays(
     search = greedy_search(layers, objective, producers=budget)
     freq_rule = None if plan_for is None else freq_baselines(layers, objective, plan_for, min_producers=budget)
     rows, k = as_rows(indices[0], "indices[0]").shape
+    keep = None if keep is None else float(keep)  # a numpy float too, for report.json
     report = {**(info or {}), "rows": rows, "k": k, "keep": keep, "overlap_seconds": round(seconds, 3)}
     removed = () if plots else stale_plots(out)
     paths = write_outputs(out, search, overlap, info=report, freq_rule=freq_rule or (), plots=plots)

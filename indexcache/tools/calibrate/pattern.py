@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from numbers import Integral
+from numbers import Integral, Real
 
 from indexcache.tools.calibrate.errors import CalibrationError
 
@@ -33,7 +33,7 @@ def producer_budget(num_sparse: int, *, keep: float | None = None, producers: in
                 f"producers={producers!r}: must be an integer in 1..{num_sparse} (the sparse layers)"
             )
         return int(producers)
-    if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 < keep <= 1:
+    if isinstance(keep, bool) or not isinstance(keep, Real) or not 0 < keep <= 1:
         raise CalibrationError(f"keep={keep!r}: must be a fraction in (0, 1]; use producers= for a count")
     return max(1, math.ceil(keep * num_sparse - 1e-9))
 
