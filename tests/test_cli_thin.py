@@ -83,3 +83,16 @@ def test_plan_never_imports_torch():
     assert result.returncode == 0, result.stderr
     assert '"producers": [0, 1, 5,' in result.stdout
 
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
+    """``indexcache plan ... | head -1`` ended in a BrokenPipeError traceback (or 'Exception ignored ...'
+    at exit) once head had its line; a shell tool stops quietly with SIGPIPE's status."""
+    config = Path(__file__).parent.parent / "examples" / "configs" / "deepseek-v3.2.json"
+    code = "import sys; from indexcache.tools.cli import main; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", code, "plan", "--config", str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # no reader: the command's first write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141, err
+    assert "BrokenPipeError" not in err and "Traceback" not in err

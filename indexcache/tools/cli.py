@@ -601,10 +601,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not in the interpreter's flush at exit
+        return code
     except UsageError as exc:
         print(f"indexcache {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader of stdout went away (``indexcache plan ... | head``): stop quietly, as a shell tool does; the
+        # interpreter's own flush at exit would raise again, so stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, a shell's status for a writer whose pipe closed
 
 
 if __name__ == "__main__":
