@@ -23,7 +23,7 @@ from indexcache.tools.calibrate.dump import load_dump
 from indexcache.tools.calibrate.freq_rule import freq_baselines
 from indexcache.tools.calibrate.objective import CachedObjective, overlap_objective
 from indexcache.tools.calibrate.overlap import overlap_matrix
-from indexcache.tools.calibrate.pattern import c4_layers, check_pattern, producer_budget, uniform_pattern
+from indexcache.tools.calibrate.pattern import check_pattern, producer_budget, uniform_pattern
 from indexcache.tools.calibrate.search import greedy_search
 from indexcache.tools.cli import main
 from indexcache.tools.model.calibration import record_dump
@@ -42,6 +42,11 @@ def v32_dump():
         yield record_dump("v32-like", **MODEL_SIZES)
     finally:
         torch.set_num_threads(threads)
+
+
+def c4_layers(compress_ratios: list[int]) -> list[int]:
+    """The sparse layers of a DeepSeek-V4 style model: those whose compression ratio is 4 (C4)."""
+    return [layer for layer, ratio in enumerate(compress_ratios) if ratio == 4]
 
 
 def brute_overlap(stack: np.ndarray) -> np.ndarray:

@@ -4,19 +4,12 @@ producers to keep, a pattern's check and the evenly spaced pattern."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from numbers import Integral, Real
 
 from indexcache.tools.calibrate.errors import CalibrationError
 
 PRODUCER = "F"
 SHARED = "S"
-_C4_RATIO = 4
-
-
-def c4_layers(compress_ratios: Sequence[int]) -> list[int]:
-    """The sparse layers of a DeepSeek-V4 style model: those whose compression ratio is 4 (C4)."""
-    return [layer for layer, ratio in enumerate(compress_ratios) if ratio == _C4_RATIO]
 
 
 def producer_budget(num_sparse: int, *, keep: float | None = None, producers: int | None = None) -> int:
