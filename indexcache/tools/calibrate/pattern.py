@@ -1,4 +1,4 @@
-"""Producer (F) / shared (S) patterns over the sparse layers: the two roles, which layers are sparse, how many
+"""Producer (F) / shared (S) patterns over the sparse layers: the two roles, how many
 producers to keep, a pattern's check and the evenly spaced pattern."""
 
 from __future__ import annotations
