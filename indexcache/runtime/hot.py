@@ -30,6 +30,7 @@ import torch
 from indexcache.hal import hisparse, ops
 from indexcache.hal.ops import INDEX
 from indexcache.hal.slot_index import index_width
+from indexcache.hal.specs.hisparse_swap_in import layers
 from indexcache.runtime.state import MissingProducerError
 
 
@@ -118,8 +119,7 @@ class HotBuffers:
         tokens, ages = self.state[producer]
         host_rows = layer.host_rows
         if host_rows is None:
-            host_rows = min(t.shape[0] for t in ([layer.host_kv] if isinstance(layer.host_kv, torch.Tensor)
-                                                 else layer.host_kv))
+            host_rows = min(t.shape[0] for t in layers("host_kv", layer.host_kv))
         index = self.index.get(producer)
         if index is not None and index.shape[1] < index_width(tokens.shape[1], layer.host_loc.shape[1]):
             index = None  # a host_loc wider than the index covers: planned without it
@@ -142,6 +142,10 @@ class HotBuffers:
             raise ValueError("hot: expected host_kv and device_kv both given or both None (a layer swapped in with "
                              f"its producer's group), got host_kv {type(layer.host_kv).__name__} and device_kv "
                              f"{type(layer.device_kv).__name__}")
+        if not isinstance(layer.device_loc, torch.Tensor) or layer.device_loc.dtype != INDEX:
+            got = layer.device_loc.dtype if isinstance(layer.device_loc, torch.Tensor) else type(layer.device_loc)
+            raise TypeError(f"hot: device_loc: expected an int32 tensor (its rows are the int32 device rows the "
+                            f"attention reads), got {got}")
         rows = self.rows
         if layer.host_kv is not None:
             ops.hisparse_swap_in(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows], layer.host_kv,
