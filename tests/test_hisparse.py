@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from indexcache.hal import hisparse
+from indexcache.hal import hisparse, ops
 from indexcache.hal.hisparse import EMPTY, empty_state, plan, swap_in
 from indexcache.hal.slot_index import check_words, index_width
 
@@ -164,6 +164,9 @@ def test_swap_in_copies_each_planned_row_and_skips_rows_out_of_bounds():
     assert out[5].tolist() == [11.0] * 3 and out[0].tolist() == [3.0] * 3
     assert (out[[1, 2, 3, 4, 6, 7]] == -1).all() and (device_kv == -1).all()  # a copy, the input untouched
     assert hisparse.device_rows(p.slots, device_loc).tolist() == [[5, 7, 7], [0, -1, -1]]
+    holed = t([[-5, 6, 7], [0, 1, -3]])  # slots without a device row: -1, as translate over device_loc reads them
+    assert hisparse.device_rows(p.slots, holed).tolist() == [[-1, 7, 7], [0, -1, -1]]
+    assert ops.translate(p.slots, holed, t([hot + 1] * 2), 1, backend="torch").tolist() == [[-1, 7, 7], [0, -1, -1]]
     # a host row past host_kv, a device row past device_kv: skipped
     bad = p._replace(copy_src=torch.tensor([[99, -1, -1], [3, -1, -1]]))
     out = swap_in(bad, host_kv, device_kv, t([[5, 6, 7], [50, 1, 2]]))

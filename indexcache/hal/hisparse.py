@@ -182,7 +182,8 @@ def swap_in(p: Plan, host_kv: torch.Tensor | Sequence[torch.Tensor], device_kv: 
 def device_rows(slots: torch.Tensor, device_loc: torch.Tensor, *,
                 row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
     """``[R, k]`` int32: the device row each selected position is read from, ``device_loc[b, slot]``; -1 where the
-    slot is -1 or the row's request is outside ``device_loc``."""
+    slot is -1, the row's request is outside ``device_loc`` or the entry is negative (no device row: what
+    ``translate`` with a page size of 1 over ``device_loc`` gives, as the runtime reads it)."""
     slots, device_loc = slots.cpu().long(), device_loc.cpu().long()
     rows, k = slots.shape
     r2b = torch.arange(rows) if row_to_batch is None else row_to_batch.cpu().long()
@@ -194,5 +195,5 @@ def device_rows(slots: torch.Tensor, device_loc: torch.Tensor, *,
         for j in range(k):
             s = int(slots[r, j])
             if 0 <= s < device_loc.shape[1]:
-                out[r, j] = device_loc[b, s]
+                out[r, j] = max(int(device_loc[b, s]), EMPTY)
     return out.int()
