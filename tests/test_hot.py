@@ -145,6 +145,11 @@ def test_buffers_check_their_sizes_and_reset_empties_a_requests_rows():
     hot.reset(torch.tensor([1]))
     for tokens, ages in hot.state.values():
         assert tokens[1].eq(-1).all() and ages[1].eq(-1).all() and tokens[0].eq(7).all() and tokens[2].eq(7).all()
+    for bad in (torch.tensor([1], dtype=INDEX), [1], torch.tensor([[1]])):
+        with pytest.raises(TypeError, match="requests: expected an int64 tensor of the state rows to empty"):
+            hot.reset(bad)
+    with pytest.raises(ValueError, match="requests: expected a tensor on cpu .*got meta"):
+        hot.reset(torch.tensor([1], device="meta"))
     with pytest.raises(KeyError, match="producer 1: no hot-buffer state"):
         hot.plan(1, torch.zeros(3, 4, dtype=INDEX),
                  HotLayer(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(3, 5, dtype=INDEX),

@@ -91,8 +91,15 @@ class HotBuffers:
         return f"HotBuffers(producers={sorted(self.state)}, plan of={self.group}, rows={self.rows})"
 
     def reset(self, requests: torch.Tensor) -> None:
-        """Empty the state rows ``requests`` (int64 indices, on the device) in every group: what an engine does when
-        it gives a request row to a new request. Graph-safe."""
+        """Empty the state rows ``requests`` (``[N]`` int64 indices in ``[0, max_requests)``, on the device) in every
+        group: what an engine does when it gives a request row to a new request. Graph-safe."""
+        device = self.slots.device
+        if not isinstance(requests, torch.Tensor) or requests.dtype != torch.int64 or requests.dim() > 1:
+            got = (f"{requests.dtype} of shape {list(requests.shape)}" if isinstance(requests, torch.Tensor)
+                   else type(requests).__name__)
+            raise TypeError(f"requests: expected an int64 tensor of the state rows to empty ([N]), got {got}")
+        if requests.device != device:
+            raise ValueError(f"requests: expected a tensor on {device} (the state's device), got {requests.device}")
         for tokens, ages in self.state.values():
             tokens.index_fill_(0, requests, hisparse.EMPTY)
             ages.index_fill_(0, requests, hisparse.EMPTY)
