@@ -156,10 +156,11 @@ def test_buffers_check_their_sizes_and_reset_empties_a_requests_rows():
                           torch.ones(3, dtype=INDEX), torch.zeros(3, 1, dtype=INDEX)))
 
 
-def test_a_hot_layers_bad_kv_lists_and_an_int64_device_loc_are_named():
+def test_a_producers_bad_hot_layer_is_named_before_the_state_changes():
     """A producer's host_kv that is no tensor or list of them is refused by name (not ``min()``'s or ``.shape``'s
-    error); an int64 device_loc, which the swap-in op takes but the device rows (int32) cannot, is refused by name
-    before anything is copied (not as the translation's ``page_table``, after the copies)."""
+    error); host_kv without device_kv, and an int64 device_loc (which the swap-in op takes but the device rows, int32,
+    cannot), are refused before the plan: raised at the swap-in, they came after the state had taken the step's
+    misses as copied (and the int64 one as the translation's ``page_table``)."""
     hot = HotBuffers([0], 2, 4, 2, 3)
     raw = torch.tensor([[1, 2, 8], [0, 1, 2]], dtype=INDEX)
     lens, host_loc = torch.tensor([9, 3], dtype=INDEX), torch.arange(40, dtype=INDEX).view(2, 20)
@@ -167,11 +168,18 @@ def test_a_hot_layers_bad_kv_lists_and_an_int64_device_loc_are_named():
     for bad in ([], [1]):
         with pytest.raises(TypeError, match="host_kv: expected a torch.Tensor or a non-empty list or tuple of them"):
             hot.plan(0, raw, HotLayer(bad, [torch.zeros(12, 2)], loc, lens, host_loc))
-    layer = HotLayer(torch.randn(40, 2), torch.zeros(12, 2), loc.long(), lens, host_loc)
+    host_kv, device_kv = torch.randn(40, 2), torch.zeros(12, 2)
+    with pytest.raises(ValueError, match="host_kv and device_kv both given or both None"):
+        hot.plan(0, raw, HotLayer(host_kv, None, loc, lens, host_loc))
+    with pytest.raises(TypeError, match="hot: device_loc: expected an int32 tensor .*got torch.int64"):
+        hot.plan(0, raw, HotLayer(host_kv, device_kv, loc.long(), lens, host_loc))
+    tokens, ages = hot.state[0]
+    assert tokens.eq(-1).all() and ages.eq(-1).all() and hot.group is None  # nothing planned
+    layer = HotLayer(host_kv, device_kv, loc, lens, host_loc)
     assert hot.plan(0, raw, layer).copy_count.tolist() == [2, 0]  # 8 is the newest: slot H
     with pytest.raises(TypeError, match="hot: device_loc: expected an int32 tensor .*got torch.int64"):
-        hot.swap_in(0, layer)
-    assert layer.device_kv.eq(0).all()  # refused before any copy
+        hot.swap_in(0, HotLayer(host_kv, device_kv, loc.long(), lens, host_loc))
+    assert device_kv.eq(0).all()  # refused before any copy
 
 
 def test_buffers_keep_a_slot_index_a_producer_and_pass_it_where_it_covers_host_loc(monkeypatch):

@@ -120,7 +120,7 @@ class HotBuffers:
         if rows > self.slots.shape[0] or raw.shape[1] != self.slots.shape[1]:
             raise ValueError(f"raw: expected at most {self.slots.shape[0]} rows of {self.slots.shape[1]} positions "
                              f"(the buffers' capacity), got {list(raw.shape)}")
-        if layer.host_kv is None:
+        if not _copies_kv(layer):  # the layer refused before the state changes, not at its swap-in after
             raise ValueError(f"hot: producer {producer}'s HotLayer has no host_kv (a producer swaps in its own layer "
                              "or its whole group)")
         tokens, ages = self.state[producer]
@@ -145,16 +145,8 @@ class HotBuffers:
         if self.group != producer:
             raise MissingProducerError(f"the hot buffers hold the plan of {self.group}, not of producer {producer}: "
                                        "run the producer (with hot=) first in this forward")
-        if (layer.host_kv is None) != (layer.device_kv is None):
-            raise ValueError("hot: expected host_kv and device_kv both given or both None (a layer swapped in with "
-                             f"its producer's group), got host_kv {type(layer.host_kv).__name__} and device_kv "
-                             f"{type(layer.device_kv).__name__}")
-        if not isinstance(layer.device_loc, torch.Tensor) or layer.device_loc.dtype != INDEX:
-            got = layer.device_loc.dtype if isinstance(layer.device_loc, torch.Tensor) else type(layer.device_loc)
-            raise TypeError(f"hot: device_loc: expected an int32 tensor (its rows are the int32 device rows the "
-                            f"attention reads), got {got}")
         rows = self.rows
-        if layer.host_kv is not None:
+        if _copies_kv(layer):
             ops.hisparse_swap_in(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows], layer.host_kv,
                                  layer.device_kv, layer.device_loc, row_to_batch=row_to_batch)
             self.grouped |= not isinstance(layer.device_kv, torch.Tensor)
@@ -163,3 +155,18 @@ class HotBuffers:
                              "producer's HotLayer lists of its group's KV tensors, or this layer its own)")
         return ops.translate(self.slots[:rows], layer.device_loc, self._span[:rows], 1, row_to_batch=row_to_batch,
                              out=self.device_rows[:rows])
+
+
+def _copies_kv(layer: HotLayer) -> bool:
+    """Whether ``layer`` brings KV tensors to swap in (not a layer of a group its producer swapped in); refuses
+    ``host_kv`` without ``device_kv`` or the reverse, and a ``device_loc`` that is not int32 (the device rows the
+    attention reads are int32)."""
+    if (layer.host_kv is None) != (layer.device_kv is None):
+        raise ValueError("hot: expected host_kv and device_kv both given or both None (a layer swapped in with its "
+                         f"producer's group), got host_kv {type(layer.host_kv).__name__} and device_kv "
+                         f"{type(layer.device_kv).__name__}")
+    if not isinstance(layer.device_loc, torch.Tensor) or layer.device_loc.dtype != INDEX:
+        got = layer.device_loc.dtype if isinstance(layer.device_loc, torch.Tensor) else type(layer.device_loc)
+        raise TypeError(f"hot: device_loc: expected an int32 tensor (its rows are the int32 device rows the attention "
+                        f"reads), got {got}")
+    return layer.host_kv is not None
