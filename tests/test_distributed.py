@@ -193,6 +193,9 @@ def test_zigzag_key_index_covers_every_key_once_balanced(num_keys, world):
     (dict(out=torch.zeros(2, 3, dtype=I32)), ValueError, "out"),
     (dict(timeout=0.0), ValueError, "timeout"),
     (dict(timeout="60"), TypeError, "timeout"),
+    # None or 0 skipped the check on this rank while its peers ran it (their collectives then do not match).
+    (dict(check_agreement=None), TypeError, "check_agreement: expected a bool, got NoneType None"),
+    (dict(check_agreement=0), TypeError, "check_agreement: expected a bool, got int 0"),
 ])
 def test_cp_topk_rejects_bad_arguments_before_communicating(kwargs, error, match):
     # No process group exists here, so no agreement check runs: the rank's own checks raise, before any all-gather

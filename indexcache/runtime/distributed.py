@@ -33,6 +33,7 @@ from indexcache.hal import dispatch, ops
 from indexcache.hal.checks import (
     INDEX,
     SCORE_DTYPES,
+    check_bool,
     check_int,
     check_k,
     check_tensor,
@@ -107,12 +108,13 @@ def _agreed(name: str, local: Callable[[], _T], local_scores, k, row_starts, num
     limit, result, error = datetime.timedelta(seconds=DEFAULT_TIMEOUT), None, None
     try:
         limit = _timeout(timeout)  # a rejected timeout leaves the default bound for telling the peers
+        check_bool("check_agreement", check)  # one that is no bool takes part, so that the peers hear of it
         result = local()
     except Exception as exc:  # re-raised below, once the peers know this rank will not run the top-k
         error = exc
     # No capture can run before CUDA is initialized; asking first would initialize it (and break forked ranks).
     capturing = torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
-    if not check or capturing or not dist.is_initialized() or dist.get_world_size(group) == 1:
+    if check is False or capturing or not dist.is_initialized() or dist.get_world_size(group) == 1:
         if error is not None:
             raise error
         return result
