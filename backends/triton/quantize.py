@@ -315,8 +315,8 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     cfg = tuning["quantize_index_k"]
     options = launch_key_options(launch_options(target, cfg))
 
-    def supports_quantize(k, fp8_dtype, block, **_):
-        reasons = [*on_target_device(target, k=k), *_fp8_policy(fp8_dtype, target)]
+    def supports_quantize(k, fp8_dtype, block, out, out_scale, **_):
+        reasons = [*on_target_device(target, k=k, out=out, out_scale=out_scale), *_fp8_policy(fp8_dtype, target)]
         if block > cfg["ELEMS"]:
             reasons.append(f"block={block}: the Triton kernel holds one block in registers, at most {cfg['ELEMS']}")
         return reasons

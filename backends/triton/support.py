@@ -13,7 +13,8 @@ _TYPES: dict[torch.device, str] = {}
 
 def on_target_device(target: Target, **tensors: torch.Tensor | None) -> list[str]:
     """One reason per device other than where the target's kernels run (a GPU, or the CPU when interpreted),
-    naming the given tensors (None: absent) that live there."""
+    naming the given tensors (None: absent) that live there; and one naming those that are negated views
+    (:func:`negated`)."""
     want = target.device_type
     away: dict[torch.device, list[str]] = {}
     for name, t in tensors.items():
@@ -24,11 +25,20 @@ def on_target_device(target: Target, **tensors: torch.Tensor | None) -> list[str
                 kind = _TYPES[device] = device.type
             if kind != want:
                 away.setdefault(device, []).append(name)
-    if not away:
-        return []
     mode = "interpreted Triton runs on CPU tensors" if target.interpreted else "Triton kernels need GPU tensors"
-    return [f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} on {device}: {mode}"
-            for device, names in away.items()]
+    return [*(f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} on {device}: {mode}"
+              for device, names in away.items()), *negated(**tensors)]
+
+
+def negated(**tensors: torch.Tensor | None) -> list[str]:
+    """A reason naming the given tensors (None: absent) whose negative bit is set (lazily negated views, as
+    ``z.conj().imag`` of a complex ``z`` gives; the torch backend reads them negated), else none: a kernel reads
+    and writes memory as it lies, so it would take the values unnegated."""
+    names = [name for name, t in tensors.items() if t is not None and t.is_neg()]
+    if not names:
+        return []
+    return [f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} the negative bit set (a lazily negated view): "
+            "the Triton kernels read memory as it lies (resolve_neg() gives the values negated in memory)"]
 
 
 def launch_options(target: Target, cfg) -> dict:

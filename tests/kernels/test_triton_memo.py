@@ -410,3 +410,41 @@ def test_ops_that_scratch_in_the_default_workspace_are_kept_per_thread(monkeypat
 
     _in_live_threads([2, 1], call)  # kept by the first thread (two checks); the second thread's call checked too
     assert len(calls) == 3
+
+
+def _negated_call(op: str):
+    """``(tensor, run, want)`` for a call of ``op`` taking float32 ``tensor`` (topk: its scores, an input;
+    quantize_index_k: its scales, an output): ``run(t, backend)`` calls it with ``t`` in that place and gives what to
+    compare, ``want(t)`` the reference of that."""
+    g = torch.Generator().manual_seed(7)
+    if op == "topk":
+        lens, out = torch.tensor([300, 120, 5, 0], dtype=I32), torch.empty(4, 16, dtype=I32)
+
+        def run(t, backend):
+            return indexcache.topk(t, lens, 16, out=out, backend=backend).sort(dim=1).values
+
+        return torch.randn(4, 300, generator=g), run, lambda t: reference.topk(t, lens, 16).sort(dim=1).values.to(I32)
+    keys, values = torch.randn(32, 64, generator=g), torch.empty(32, 64, dtype=torch.float8_e4m3fn)
+
+    def run(t, backend):
+        return indexcache.quantize_index_k(keys, block=64, out=values, out_scale=t, backend=backend)[1].clone()
+
+    return torch.empty(32, 1), run, lambda t: reference.quantize_index_k(keys, block=64)[1].float()
+
+
+@pytest.mark.parametrize("op", ["topk", "quantize_index_k"])
+def test_a_negated_view_is_declined_and_never_finds_the_call_kept_for_its_memory(op):
+    """A view with the negative bit set (``torch._neg_view``; ``z.conj().imag`` of a complex ``z``) has the address,
+    shape, strides and dtype of the memory it negates: the Triton kernels, which read and write memory as it lies, must
+    decline it (they took it unnegated), and a call kept with the plain tensor must not be found by it. The torch
+    backend reads and writes it negated."""
+    dispatch.reset()
+    plain, run, want = _negated_call(op)
+    negated = torch._neg_view(plain)
+    assert negated.is_neg() and negated.data_ptr() == plain.data_ptr()
+    for _ in range(2):
+        assert torch.equal(run(plain, "cuda"), want(plain))
+    assert memo.size() == 1
+    with pytest.raises(dispatch.BackendNotSupportedError, match="negative bit"):
+        run(negated, "cuda")
+    assert torch.equal(run(negated, "torch"), want(negated))

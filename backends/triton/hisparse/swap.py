@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from indexcache.backends.triton.launcher import Launch, Launcher, Options, bound, launch_key_options, planned_sms
-from indexcache.backends.triton.support import cdiv, grid_y, launch_options, next_power_of_2, on_target_device
+from indexcache.backends.triton.support import cdiv, grid_y, launch_options, negated, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal.contract import OpImpl
 
@@ -170,7 +170,7 @@ def supports(target: Target, copy_src, copy_dst, copy_count, host_kv, device_kv,
              **_) -> list[str]:
     """Reasons this kernel cannot take the call (empty: none): the index tensors and every ``device_kv`` layer on the
     target's device; every ``host_kv`` layer there too or, on a GPU, in pinned host memory (read mapped); rows
-    contiguous."""
+    contiguous; none a negated view (:func:`~indexcache.backends.triton.support.negated`)."""
     reasons = on_target_device(target, copy_src=copy_src, copy_dst=copy_dst, copy_count=copy_count,
                                device_loc=device_loc, row_to_batch=row_to_batch)
     for g, (host, dev) in enumerate(zip(layers(host_kv), layers(device_kv), strict=True)):
@@ -180,6 +180,7 @@ def supports(target: Target, copy_src, copy_dst, copy_count, host_kv, device_kv,
             if not host.is_pinned():
                 reasons.append(f"host_kv{name} is in pageable host memory: the kernel reads host memory only pinned "
                                "(tensor.pin_memory()), mapped into the GPU's address space")
+            reasons += negated(**{f"host_kv{name}": host})
         else:
             reasons += on_target_device(target, **{f"host_kv{name}": host})
         for what, t in ((f"host_kv{name}", host), (f"device_kv{name}", dev)):
