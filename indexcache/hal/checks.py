@@ -145,6 +145,20 @@ def output(name: str, out, dtype, shape: tuple, device: torch.device, inputs: di
     return out
 
 
+def _misaligned(t: torch.Tensor) -> str | None:
+    """Where ``t``'s first element lies off a multiple of 4 bytes, for an error message (None: it does not): by its
+    address, which a kept call's signature holds (:mod:`indexcache.hal.memo`; a storage offset does not show a storage
+    that itself starts off one, as ``torch.frombuffer`` of a buffer's third byte does); by its storage offset on fake
+    and meta tensors, which have no address. None under compile (Dynamo traces neither: the custom op's real
+    implementation checks it)."""
+    if torch.compiler.is_compiling():
+        return None
+    offset = t.storage_offset()
+    if (offset if t.is_meta or isinstance(t, FakeTensor) else t.data_ptr()) % 4 == 0:
+        return None
+    return f"storage offset {offset}" + ("" if offset % 4 else " of a storage that starts off a 4-byte boundary")
+
+
 def check_workspace(workspace, device: torch.device, tensors: dict) -> None:
     """A caller's ``workspace`` (None: the backend's own, docs/ops.md "Workspace"): a 1-D contiguous uint8 tensor on
     ``device`` starting at a multiple of 4 bytes, sharing no memory with ``tensors``. That it holds enough bytes
@@ -161,10 +175,9 @@ def check_workspace(workspace, device: torch.device, tensors: dict) -> None:
     if workspace.dim() != 1 or not workspace.is_contiguous():
         raise ValueError(f"workspace: expected a 1-D contiguous tensor, got shape {list(workspace.shape)} strides "
                          f"{list(workspace.stride())}")
-    # Dynamo cannot trace storage_offset(): under compile the custom op's real implementation checks it.
-    if not torch.compiler.is_compiling() and workspace.storage_offset() % 4:
+    if where := _misaligned(workspace):
         raise ValueError(f"workspace: expected a view that starts at a multiple of 4 bytes (kernels read it as "
-                         f"int32), got storage offset {workspace.storage_offset()}")
+                         f"int32), got {where}")
     check_output("workspace", workspace, tensors)
 
 
@@ -185,12 +198,10 @@ def check_cache(k_cache, dim_name: str, dim: int, device: torch.device,
     cache_page_size(k_cache, dim, fp8_dtype)
     if not k_cache.is_contiguous():
         raise ValueError("k_cache: expected a contiguous tensor, got a strided view")
-    # Dynamo cannot trace storage_offset(): under compile the custom op's real implementation checks it.
-    if not torch.compiler.is_compiling() and k_cache.storage_offset() % 4:
+    if where := _misaligned(k_cache):
         why = ("the kernels read its keys and scales as 4-byte words" if fp8_dtype == fp4.FP4 else
                "its scales are float32")
-        raise ValueError(f"k_cache: expected a view that starts at a multiple of 4 bytes ({why}), got storage offset "
-                         f"{k_cache.storage_offset()}")
+        raise ValueError(f"k_cache: expected a view that starts at a multiple of 4 bytes ({why}), got {where}")
 
 
 def check_translate_inputs(raw_shape, page_table, seq_lens, page_size, row_to_batch, device) -> None:

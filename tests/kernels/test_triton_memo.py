@@ -448,3 +448,24 @@ def test_a_negated_view_is_declined_and_never_finds_the_call_kept_for_its_memory
     with pytest.raises(dispatch.BackendNotSupportedError, match="negative bit"):
         run(negated, "cuda")
     assert torch.equal(run(negated, "torch"), want(negated))
+
+
+def test_a_cache_off_a_4_byte_boundary_is_refused_by_its_address_whatever_its_storage_offset():
+    """The cache check refuses a start off a 4-byte boundary by the address, which the signature holds: by the storage
+    offset alone it took a storage that itself starts off one (``torch.frombuffer`` at a buffer's third byte), kept
+    that call, and then a view of the same memory with a refused storage offset found the kept call unchecked."""
+    import ctypes
+
+    dispatch.reset()
+    shape = new_packed_cache(num_pages=4, page_size=8, dim=64).shape
+    n = shape.numel()
+    buffer = torch.zeros(n + 64, dtype=torch.uint8)
+    skip = (-buffer.data_ptr()) % 64 + 2
+    sliced = buffer[skip:skip + n].view(shape)  # storage offset 2 mod 4
+    fresh = torch.frombuffer((ctypes.c_byte * n).from_address(sliced.data_ptr()), dtype=torch.uint8).view(shape)
+    assert fresh.storage_offset() == 0 and fresh.data_ptr() == sliced.data_ptr()
+    keys, slots = torch.randn(32, 64), torch.arange(32, dtype=I32)
+    for cache in (fresh, fresh, sliced):
+        with pytest.raises(ValueError, match="k_cache: expected a view that starts at a multiple of 4 bytes"):
+            indexcache.store_index_k(keys, cache, slots, backend="cuda")
+    assert memo.size() == 0
