@@ -863,6 +863,23 @@ def test_an_eager_call_the_rule_runs_in_order_makes_its_graph_partition_once(sch
     assert parts.calls == [(0, 66, 0, True)]  # no graph band gives 1000 tokens a share: nothing made
 
 
+def test_an_eager_call_given_side_sms_makes_no_partition_for_the_rule(scheduler, monkeypatch):
+    """``side_sms`` wins over the rule: an eager call given it and the shape makes the partition of its own share (none
+    for 0: in order), never the one the rule's graph band names for the shape (0.5: 66), also where it is refused."""
+    streams, fake = scheduler
+    parts = _FakePartitions(fake.log)
+    monkeypatch.setattr(triton_streams, "partition_stream", parts)
+    gpu = torch.device("cuda", 0)
+    fake.capturing = False
+    fake.stream = lambda stream: contextlib.nullcontext()
+    shape = dict(tokens=32, context=8192)
+    assert streams.prepare(0, gpu, side_sms=0, **shape) is IN_ORDER
+    assert streams(lambda: "side", lambda: "main", 0, gpu, side_sms=20, **shape) == ("side", "main")
+    with pytest.raises(ValueError, match=r"^side_sms: expected fewer than the 132 multiprocessors"):
+        streams.prepare(1, gpu, side_sms=132, **shape)
+    assert list(parts.made) == [(0, 20, 0)]
+
+
 def test_a_schedule_is_decided_once_and_runs_as_the_call_would_have(scheduler, monkeypatch):
     streams, fake = scheduler
     parts = _FakePartitions(fake.log)

@@ -178,13 +178,14 @@ class DeviceStreams:
         so does the reverse: only the share may not be the one the rule gives that mode). Running it does what
         :meth:`__call__` would have done here."""
         capturing = self._module.is_current_stream_capturing()
-        if tokens is not None and self.rule is not None and not capturing:
-            # An eager call given its shape makes the partition the shape's graph band names, for a later capture;
-            # where the rule runs it in order (its EAGER bands: an eager step's usual case) that is all it decides
+        if side_sms is None and tokens is not None and self.rule is not None and not capturing:
+            # An eager call the rule decides makes the partition its shape's graph band names, for a later capture
+            # (given side_sms, the rule is not asked: a capture with the same side_sms takes that share); where the
+            # rule runs it in order (its EAGER bands: an eager step's usual case) that is all it decides
             # (docs/streams.md, "The rule's eager path").
             rule = self.rule_for(device)
             self.graph_partition(device, side, band_share(tokens, context, rule_bands(rule, True, k_format)))
-            if side_sms is None and band_share(tokens, context, rule_bands(rule, False, k_format)) == 0:
+            if band_share(tokens, context, rule_bands(rule, False, k_format)) == 0:
                 return IN_ORDER
         n, sms, ruled = self.share(device, side_sms, tokens, context, capturing, k_format)
         if n == 0:
