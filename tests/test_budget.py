@@ -237,11 +237,13 @@ def test_the_calls_budget_wins_over_the_block_and_is_in_force_where_the_backend_
 # ------------------------------------------------------------------ the launched grids (Triton backends, built as data)
 
 PLAN = LayerPlan.from_config(str(Path(__file__).resolve().parents[1] / "examples" / "configs" / "deepseek-v3.2.json"))
+PLAN_MXFP4 = LayerPlan.from_config(str(Path(__file__).resolve().parents[1] / "examples" / "configs" /
+                                       "deepseek-v3.2.json"), index_dtype="float4_e2m1fn_x2")  # DeepSeek-V4's keys
 SMS = {"sm90": 132, "sm80": 108, "gfx942": 304}  # H100 / H200, A100, MI300X
 # Persistent launches: sized by the device (programs loop over the work), capped by the budget.
 PERSISTENT = {"mqa_logits_kernel", "prefill_sm90_kernel", "paged_mqa_logits_kernel", "paged_decode_sm90_kernel",
               "topk_rows_kernel", "topk_block_kernel", "topk_sample_kernel", "topk_filter_kernel",
-              "topk_finish_kernel", "topk_sort_kernel"}
+              "topk_finish_kernel", "topk_sort_kernel", "far_keys_kernel"}
 # The decode kernels' grid is (draft-token groups, programs): a budget below the groups still runs one program each.
 GROUPED = {"paged_mqa_logits_kernel", "paged_decode_sm90_kernel"}
 # Persistent launches whose programs fill the budget: min(their programs without it, n).
@@ -264,7 +266,11 @@ EXEMPT = {
     "short_rows_kernel": "a short-row step's fill (producer.SHORT): a tile of rows and slots a program",
     "draft_rows_kernel": "the draft rows' lengths and requests (producer.DRAFT_ROWS): DRAFT_BLOCK rows a program",
     "windows_kernel": "the prefill producer's windows (prefill_producer.WINDOWS): WINDOW_BLOCK queries a program",
+    "zero_kernel": "MXFP4 keys widened once a call (prefill_fp4.py): the far keys' count reset, one program",
+    "widen_keys_kernel": "MXFP4 keys widened once a call (prefill_fp4.py): WIDEN_BLOCK keys a program",
 }
+# The launches of MXFP4 keys alone (the prefill widening them; the far keys' logits after the fp8 prefill).
+MXFP4_ONLY = {"zero_kernel", "widen_keys_kernel", "far_keys_kernel"}
 # (arch, the paged / prefill logits kernel): as the tuning table picks it with this Triton, and the Gluon Hopper
 # kernels forced (the table picks them before Triton 3.7: cuda/tuning.py, _triton_before).
 CONFIGS = [("sm90", "tuned"), ("sm90", "tma-ws"), ("sm80", "tuned"), ("gfx942", "tuned")]
@@ -289,21 +295,22 @@ def _meta(*shape: int, dtype: torch.dtype = I32) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def _calls(fp8: torch.dtype) -> list[tuple[str, dict]]:
-    """The budgeted ops' calls of decode steps and prefill chunks of the deployment (as ``indexcache warmup`` lists
-    them), ``paged_mqa_logits`` of the decode steps alone, and top-k calls on rows few and many, short and long,
-    unsorted and sorted."""
+def _calls(fp8: torch.dtype, plan: LayerPlan = PLAN) -> list[tuple[str, dict]]:
+    """The budgeted ops' calls of decode steps and prefill chunks of the deployment ``plan`` (as ``indexcache
+    warmup`` lists them), ``paged_mqa_logits`` of the decode steps alone, and top-k calls on rows few and many, short
+    and long, unsorted and sorted."""
     calls = []
     # (batch, context, next_n): one request, a large batch, draft tokens (2 and 4), every row short.
     for batch, context, next_n in ((1, 65536, 1), (64, 65536, 1), (3, 131072, 2), (16, 20000, 4), (2, 100, 1)):
-        for op, args in decode_calls(PLAN, 64, fp8, batch, context, next_n):
+        for op, args in decode_calls(plan, 64, fp8, batch, context, next_n):
             if op == "paged_topk_translate":
                 calls.append((op, args))
                 calls.append(("paged_mqa_logits", dict(
                     q=args["q"], k_cache=args["k_cache"], weights=args["weights"], context_lens=args["context_lens"],
-                    page_table=args["block_table"], max_context_len=args["max_context_len"], out=args["logits"])))
+                    page_table=args["block_table"], max_context_len=args["max_context_len"], out=args["logits"],
+                    **{name: args[name] for name in ("k_format", "q_scale") if name in args})))
     for tokens, keys in ((1, 65536), (300, 131072), (4096, 8192), (3, 300)):
-        calls += [(op, args) for op, args in prefill_calls(PLAN, 64, fp8, tokens, keys) if op in SIX]
+        calls += [(op, args) for op, args in prefill_calls(plan, 64, fp8, tokens, keys) if op in SIX]
     for rows, cols, k in ((1, 65536, 2048), (4, 32768, 2048), (300, 4096, 512), (2048, 8192, 2048),
                           (1200, 300000, 2048)):
         for sorted_ in (False, True):
@@ -312,13 +319,14 @@ def _calls(fp8: torch.dtype) -> list[tuple[str, dict]]:
     return calls
 
 
-def _launches(arch: str, kernel: str, n: int | None) -> list[list[tuple[str, str, tuple[int, ...]]]]:
-    """Per call of :func:`_calls`, its launches as ``(op, kernel, grid)``, built for ``arch`` under a budget of ``n``
-    (None: no budget)."""
+def _launches(arch: str, kernel: str, n: int | None,
+              plan: LayerPlan = PLAN) -> list[list[tuple[str, str, tuple[int, ...]]]]:
+    """Per call of :func:`_calls` (of ``plan``), its launches as ``(op, kernel, grid)``, built for ``arch`` under a
+    budget of ``n`` (None: no budget)."""
     target, table = _setup(arch, kernel)
     found = []
     with planning(SMS[arch]), indexcache.sm_budget(n):
-        for op, args in _calls(target.fp8_dtype):
+        for op, args in _calls(target.fp8_dtype, plan):
             found.append([(op, launch.launcher.__name__, tuple(launch.grid))
                           for launch in variants.op_launches(op, args, target, table)])
     return found
@@ -334,7 +342,8 @@ def _product(grid: tuple[int, ...]) -> int:
 @pytest.mark.parametrize(("arch", "kernel"), CONFIGS, ids=CONFIG_IDS)
 def test_every_launch_of_a_budgeted_op_is_persistent_or_listed_exempt(arch, kernel):
     """A new launch in the six ops must be named here: either persistent (and then checked against the budget below)
-    or exempt with its reason. The calls reach every persistent kernel the configuration has."""
+    or exempt with its reason, with fp8 keys and with MXFP4 ones. The calls reach every persistent kernel the
+    configuration has."""
     names = {name for call in _launches(arch, kernel, None) for _, name, _ in call}
     assert names <= PERSISTENT | set(EXEMPT), names - PERSISTENT - set(EXEMPT)
     _, table = _setup(arch, kernel)
@@ -343,7 +352,11 @@ def test_every_launch_of_a_budgeted_op_is_persistent_or_listed_exempt(arch, kern
     rows = {"topk_rows_kernel"} | ({"topk_block_kernel"} if arch.startswith("sm") else set())
     want = {decode, prefill, *rows, "topk_sample_kernel", "topk_filter_kernel", "topk_finish_kernel",
             "topk_sort_kernel", *EXEMPT}
-    assert names == want
+    assert names == want - MXFP4_ONLY
+    # MXFP4 keys (and queries): the keys widened for the fp8 prefill, but on sm80 (no fp8 matmul: the torch backend's)
+    mxfp4 = {name for call in _launches(arch, kernel, None, PLAN_MXFP4) for _, name, _ in call}
+    assert mxfp4 <= PERSISTENT | set(EXEMPT), mxfp4 - PERSISTENT - set(EXEMPT)
+    assert (mxfp4 & MXFP4_ONLY) == (set() if arch == "sm80" else MXFP4_ONLY)
 
 
 @pytest.mark.parametrize("n", [1, 7, 33])
@@ -355,6 +368,23 @@ def test_a_persistent_launch_under_a_budget_of_n_runs_at_most_n_programs(arch, k
     free, capped = _launches(arch, kernel, None), _launches(arch, kernel, n)
     # Every budgeted op launches persistent kernels here.
     assert {op for call in free for op, name, _ in call if name in PERSISTENT} == SIX
+    _check_budgeted(free, capped, n)
+
+
+@pytest.mark.parametrize("n", [1, 7])
+@pytest.mark.parametrize(("arch", "kernel"), CONFIGS[:2] + CONFIGS[3:], ids=CONFIG_IDS[:2] + CONFIG_IDS[3:])
+def test_with_mxfp4_keys_a_persistent_launch_under_a_budget_of_n_runs_at_most_n_programs(arch, kernel, n):
+    """The same check with MXFP4 keys and queries (sm80 leaves the MXFP4 prefill to torch): the far keys' logits after
+    the widened keys' fp8 prefill fill the budget too."""
+    present = _check_budgeted(_launches(arch, kernel, None, PLAN_MXFP4), _launches(arch, kernel, n, PLAN_MXFP4), n)
+    assert "far_keys_kernel" in present
+
+
+def _check_budgeted(free: list, capped: list, n: int) -> set[str]:
+    """Every persistent launch of ``capped`` (the calls' launches under a budget of ``n``) runs at most n programs
+    (the decode: at most n, or one a draft-token group where there are more groups than n); paired with ``free`` (the
+    same calls' launches without a budget), those that fill the device fill the budget instead. Returns the kernels
+    that fill the device, each checked to have had more than n programs somewhere without the budget."""
     filled = collections.Counter()
     for call_free, call_capped in zip(free, capped, strict=True):
         for op, name, grid in call_capped:
@@ -381,6 +411,7 @@ def test_a_persistent_launch_under_a_budget_of_n_runs_at_most_n_programs(arch, k
     # Not vacuous: each kernel that fills the device had more than n programs somewhere without the budget.
     present = {name for call in free for _, name, _ in call} & (FILLS | GROUPED | {SPLIT})
     assert {name for name in present if filled[name]} == present, filled
+    return present
 
 
 @pytest.mark.parametrize(("arch", "kernel"), CONFIGS, ids=CONFIG_IDS)

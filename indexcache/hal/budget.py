@@ -13,7 +13,8 @@ calling thread (and asyncio task) whatever stream it enqueues on, and :func:`ind
 function and one for its main function. The budget is read when a call builds its launches, so a CUDA graph keeps
 the grids of its capture, and an eager call kept by its signature (:mod:`indexcache.hal.memo`) is kept per budget.
 Launches sized by their work rather than by the device (translation, the short-row fills, the prefill producer's
-windows) are not persistent and run as before; the torch backend has no persistent kernels and ignores it.
+windows, the MXFP4 prefill's key widening) are not persistent and run as before; the torch backend has no persistent
+kernels and ignores it.
 """
 
 from __future__ import annotations
