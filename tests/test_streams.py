@@ -51,6 +51,17 @@ def test_side_index_is_checked(bad):
         overlap_schedule(side=bad)
 
 
+@pytest.mark.parametrize("bad", ["side_fn", "main_fn"])
+def test_functions_that_are_not_callable_are_named_before_either_runs(bad):
+    """A function that is not callable gave Python's "'str' object is not callable", naming neither; on a GPU the
+    side function had already run when a bad main_fn failed."""
+    ran = []
+    fns = {"side_fn": lambda: ran.append("side"), "main_fn": lambda: ran.append("main"), bad: "not a function"}
+    with pytest.raises(TypeError, match=f"{bad}: expected a function of no arguments, got str"):
+        overlap(fns["side_fn"], fns["main_fn"])
+    assert ran == []
+
+
 def test_a_schedule_on_the_cpu_runs_side_then_main_whatever_the_shape():
     schedule = overlap_schedule(device="cpu", tokens=64, context=32768)
     assert schedule is IN_ORDER and (schedule.how, schedule.side_sms) == ("in order", 0)

@@ -61,6 +61,9 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
     Deciding costs host time at every call; a forward whose layers share one shape decides once with
     :func:`overlap_schedule`.
     """
+    for name, fn in (("side_fn", side_fn), ("main_fn", main_fn)):  # before either runs
+        if not callable(fn):
+            raise TypeError(f"{name}: expected a function of no arguments, got {type(fn).__name__}")
     return overlap_schedule(device=device, side=side, side_sms=side_sms, tokens=tokens, context=context,
                             k_format=k_format, backend=backend)(side_fn, main_fn)
 
