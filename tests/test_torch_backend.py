@@ -259,6 +259,33 @@ def test_logits_stay_under_memory_budget():
     assert grown < 128 * 2**20, f"peak memory grew by {grown / 2**20:.0f} MiB"
 
 
+MXFP4_BUDGET_SCRIPT = """
+import resource, torch, indexcache
+from indexcache.backends.torch import set_memory_budget
+from indexcache.hal import fp4
+torch.manual_seed(0)
+T, H, N, D = 4, 8, 131072, 128   # all N MXFP4 keys decoded at once: about N * D * 24 bytes, 384 MiB
+q = torch.randn(T, H, D).to(torch.float8_e4m3fn)
+k = torch.randint(0, 256, (N, D // 2), dtype=torch.uint8).view(fp4.FP4)
+k_scale = torch.randint(120, 135, (N, D // 32), dtype=torch.uint8).view(fp4.E8M0)
+args = (torch.randn(T, H), torch.zeros(T, dtype=torch.int32), torch.full((T,), N, dtype=torch.int32))
+out = torch.empty(T, N)
+set_memory_budget(32 * 2**20)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+indexcache.mqa_logits(q, k, k_scale, *args, out=out, backend="torch")
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def test_mxfp4_key_logits_stay_under_memory_budget():
+    """MXFP4 keys are decoded a chunk at a time: with a 32 MiB budget the peak grows by well under the 384 MiB that
+    decoding all 131072 keys at once takes."""
+    proc = subprocess.run([sys.executable, "-c", MXFP4_BUDGET_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    grown = int(proc.stdout.strip())
+    assert grown < 128 * 2**20, f"peak memory grew by {grown / 2**20:.0f} MiB"
+
+
 def test_memory_budget_setting(monkeypatch):
     from indexcache.backends.torch import memory
 

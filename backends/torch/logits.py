@@ -49,28 +49,32 @@ def _queries(q: torch.Tensor, q_scale: torch.Tensor | None) -> torch.Tensor:
 
 
 def mqa_logits(q, k, k_scale, weights, ks, ke, out, q_scale=None):
-    """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``; MXFP4 queries decoded with ``q_scale`` a
-    chunk of rows at a time)."""
+    """Fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``; MXFP4 keys decoded a chunk of keys at a
+    time, MXFP4 queries with ``q_scale`` a chunk of rows at a time)."""
     tokens, heads = q.shape[:2]
     dim = fp4.head_dim(q)
     n = k.shape[0]
     if out.numel() == 0:
         return out
-    if k.dtype == fp4.FP4:  # the keys in units of their largest block scale, that scale a key's
-        k, k_scale = _mxfp4_keys(k, k_scale)
-    key_chunk = max(1, min(n, KEY_CHUNK, memory_budget() // (8 * heads + 4 * dim + 16)))
+    mxfp4 = k.dtype == fp4.FP4
+    # Per key of a chunk: one query row's product and its ReLU'd copy, the key in float32 (MXFP4: the decode's
+    # temporaries besides, about 24 bytes an element in all) and its column.
+    key_chunk = max(1, min(n, KEY_CHUNK, memory_budget() // (8 * heads + (24 if mxfp4 else 4) * dim + 16)))
     # Per query row of a chunk: the product and its ReLU'd copy, plus the row's q in float32.
     step = rows_per_chunk(8 * heads * key_chunk + 4 * heads * dim + 8 * key_chunk, tokens)
     for n0 in range(0, n, key_chunk):
         n1 = min(n, n0 + key_chunk)
-        kf = k[n0:n1].float()
+        if mxfp4:  # the chunk's keys in units of their largest block scale, that scale a key's
+            kf, scale = _mxfp4_keys(k[n0:n1], k_scale[n0:n1])
+        else:
+            kf, scale = k[n0:n1].float(), k_scale[n0:n1]
         col = torch.arange(n0, n1, device=q.device)[None, :]
         for t0 in range(0, tokens, step):
             t1 = min(tokens, t0 + step)
             qf = _queries(q[t0:t1], None if q_scale is None else q_scale[t0:t1])
             prod = torch.matmul(qf.reshape(-1, dim), kf.t()).view(t1 - t0, heads, n1 - n0)
             prod.relu_().mul_(weights[t0:t1, :, None])
-            logits = prod.sum(1).mul_(k_scale[None, n0:n1])
+            logits = prod.sum(1).mul_(scale[None, :])
             inside = (col >= ks[t0:t1, None]) & (col < ke[t0:t1, None])
             out[t0:t1, n0:n1] = torch.where(inside, logits, float("-inf"))
     return out
