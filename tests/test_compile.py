@@ -162,6 +162,43 @@ def test_fake_implementations_refuse_what_the_real_op_refuses(op, change):
     assert str(fake.value) == str(real.value)
 
 
+@pytest.mark.parametrize(("op", "change"), [pytest.param(op, change, id=f"{op}: {what}")
+                                            for op, what, change in BAD_METADATA])
+def test_errors_under_fullgraph_and_dynamic_shapes_give_the_eager_message(op, change):
+    """With dynamic shapes the sizes, strides and int arguments are symbolic while Dynamo traces the check, and Dynamo
+    cannot format a symbolic int: with fullgraph, 34 of these refusals reported "Failed to trace builtin operator" or
+    "BUILD_STRING type error" without the check's message. Now Dynamo's report holds the eager message, values and
+    all."""
+    case = SPECS[op].cases[0]
+    gen = torch.Generator().manual_seed(0)
+    args = case.build(gen, "cpu", E4M3) if case.native_fp8 else case.build(gen, "cpu")
+    args.update(change(dict(args, **SPECS[op].check(**args))))
+    public = getattr(indexcache, op)
+    with pytest.raises((TypeError, ValueError)) as eager:
+        public(**args)
+    # The tensors and the ints are the compiled function's arguments (symbolic with dynamic=True), the rest constants.
+    traced = {n: v for n, v in args.items() if isinstance(v, (torch.Tensor, list, int)) and not isinstance(v, bool)}
+    constants = {n: v for n, v in args.items() if n not in traced}
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda **kw: public(**kw, **constants), fullgraph=True, backend="eager", dynamic=True)
+    with pytest.raises(Exception) as got:  # Dynamo's Unsupported, or the op's own error where the real op checks
+        compiled(**traced)
+    assert str(eager.value) in str(got.value)
+
+
+def test_a_float_for_an_int_gives_the_eager_message_under_fullgraph_and_dynamic_shapes():
+    """A float is symbolic too while Dynamo traces with dynamic=True: refusing ``k=2.0`` reported "BUILD_STRING type
+    error" in place of the message."""
+    scores, lengths, k = torch.randn(2, 8), torch.tensor([8, 3], dtype=I32), 2.0
+    with pytest.raises(TypeError, match="^k: expected an int, got ") as eager:
+        indexcache.topk(scores, lengths, k)
+    torch._dynamo.reset()
+    compiled = torch.compile(indexcache.topk, fullgraph=True, backend="eager", dynamic=True)
+    with pytest.raises(Exception, match="raised exception") as got:
+        compiled(scores, lengths, k)
+    assert str(eager.value) in str(got.value)
+
+
 def _inputs():
     g = torch.Generator().manual_seed(0)
     rows, n, k, page, dim, heads = 4, 40, 8, 8, 32, 2

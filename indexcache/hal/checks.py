@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from indexcache.hal import fp4
 from indexcache.hal.layout import FP8_DTYPES, cache_page_size
+from indexcache.hal.shown import dims, given, shown
 
 INDEX = torch.int32  # every index tensor; -1 marks an empty slot
 SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -41,8 +42,8 @@ def check_tensor(name: str, t, dtypes, shape: tuple, device: torch.device | None
                 bad = True
                 break
     if bad:
-        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        raise ValueError(f"{name}: expected shape {want}, got {list(got)}")
+        want = "[" + ", ".join(["*" if s is None else str(shown(s)) for s in shape]) + "]"
+        raise ValueError(f"{name}: expected shape {want}, got {dims(got)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
 
@@ -51,17 +52,17 @@ def check_int(name: str, value, minimum: int, maximum: int | None = None, why: s
     """``value``, checked to be an int (not a bool) in ``[minimum, maximum]``; ``why`` explains the bound."""
     # A SymInt only comes from Dynamo tracing with dynamic shapes (the custom op checks the real int again).
     if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {given(value)!r}")
     if value < minimum or (maximum is not None and value > maximum):
         bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name}: expected an int {bounds}{why}, got {value}")
+        raise ValueError(f"{name}: expected an int {bounds}{why}, got {shown(value)}")
     return value
 
 
 def check_bool(name: str, value) -> bool:
     """``value``, checked to be a bool (a flag: ``1``, ``"no"`` or a tensor are not taken for one)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {given(value)!r}")
     return value
 
 
@@ -84,7 +85,7 @@ def check_key_format(fp8_dtype, block: int | None = None) -> None:
         return
     check_int("block", block, 1)
     if fp8_dtype == fp4.FP4 and block != fp4.BLOCK:
-        raise ValueError(f"block: MXFP4 keys take a scale every {fp4.BLOCK} elements, got block={block}")
+        raise ValueError(f"block: MXFP4 keys take a scale every {fp4.BLOCK} elements, got block={shown(block)}")
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -123,7 +124,7 @@ def check_output(name: str, out: torch.Tensor, inputs: dict) -> None:
         if expanded or (not traced and out.numel() and _overlaps_itself(out)):
             raise ValueError(f"{name}: expected a tensor whose elements have memory of their own, got "
                              f"{'an expanded view' if expanded else 'a view whose elements overlap'} "
-                             f"(shape {list(out.shape)}, strides {list(out.stride())})")
+                             f"(shape {dims(out.shape)}, strides {dims(out.stride())})")
     if traced:
         return
     o0, o1 = _span(out)  # compared with each input's span (metadata only: never a device sync)
@@ -173,8 +174,8 @@ def check_workspace(workspace, device: torch.device, tensors: dict) -> None:
     if workspace.device != device:
         raise ValueError(f"workspace: expected a tensor on {device}, got one on {workspace.device}")
     if workspace.dim() != 1 or not workspace.is_contiguous():
-        raise ValueError(f"workspace: expected a 1-D contiguous tensor, got shape {list(workspace.shape)} strides "
-                         f"{list(workspace.stride())}")
+        raise ValueError(f"workspace: expected a 1-D contiguous tensor, got shape {dims(workspace.shape)} strides "
+                         f"{dims(workspace.stride())}")
     if where := _misaligned(workspace):
         raise ValueError(f"workspace: expected a view that starts at a multiple of 4 bytes (kernels read it as "
                          f"int32), got {where}")
@@ -191,10 +192,10 @@ def check_cache(k_cache, dim_name: str, dim: int, device: torch.device,
         raise ValueError(f"k_cache: expected a tensor on {device}, got one on {k_cache.device}")
     if fp8_dtype == fp4.FP4 and (dim == 0 or dim % fp4.BLOCK):
         raise ValueError(f"{dim_name}: expected a last dimension that is a positive multiple of {fp4.BLOCK} (MXFP4 "
-                         f"keys: a scale every {fp4.BLOCK} elements), got {dim}")
+                         f"keys: a scale every {fp4.BLOCK} elements), got {shown(dim)}")
     if dim == 0 or dim % 4:
         raise ValueError(f"{dim_name}: expected a last dimension that is a positive multiple of 4 (the packed "
-                         f"cache keeps float32 scales after each page's keys), got {dim}")
+                         f"cache keeps float32 scales after each page's keys), got {shown(dim)}")
     cache_page_size(k_cache, dim, fp8_dtype)
     if not k_cache.is_contiguous():
         raise ValueError("k_cache: expected a contiguous tensor, got a strided view")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from indexcache.hal import fp4
+from indexcache.hal.shown import dims, shown
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 SCALE_BYTES = 4
@@ -44,15 +45,15 @@ def cache_page_size(k_cache: torch.Tensor, dim: int, fp8_dtype: torch.dtype = to
     width = token_bytes(dim, fp8_dtype)
     if k_cache.dim() == 4:
         if k_cache.shape[2] != 1 or k_cache.shape[3] != width:
-            raise ValueError(f"k_cache: expected shape [num_pages, page_size, 1, {width}], got {list(k_cache.shape)}")
+            raise ValueError(f"k_cache: expected shape [num_pages, page_size, 1, {width}], got {dims(k_cache.shape)}")
         if k_cache.shape[1] == 0:
-            raise ValueError(f"k_cache: expected pages of at least one token, got shape {list(k_cache.shape)}")
+            raise ValueError(f"k_cache: expected pages of at least one token, got shape {dims(k_cache.shape)}")
         return int(k_cache.shape[1])
     if k_cache.dim() == 2:
         page_bytes = int(k_cache.shape[1])
         if page_bytes == 0 or page_bytes % width:
-            raise ValueError(f"k_cache: expected flat pages of page_size * {width} bytes, got {page_bytes} bytes "
-                             "a page")
+            raise ValueError(f"k_cache: expected flat pages of page_size * {width} bytes, got {shown(page_bytes)} "
+                             "bytes a page")
         return page_bytes // width
     raise ValueError(f"k_cache: expected a 2-D or 4-D uint8 tensor, got {k_cache.dim()}-D")
 

@@ -9,6 +9,7 @@ import torch
 
 from indexcache.hal import hisparse
 from indexcache.hal.checks import INDEX, MAX_TOPK, check_int, check_output, check_tensor, output
+from indexcache.hal.shown import dims, shown
 from indexcache.hal.slot_index import check_words, index_width
 from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu
 
@@ -24,23 +25,23 @@ def check(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, h
     batches, hot = slot_token.shape
     if hot < 1:
         raise ValueError("slot_token: expected at least one slot a request (H >= 1), got shape "
-                         f"{list(slot_token.shape)}")
+                         f"{dims(slot_token.shape)}")
     check_tensor("slot_age", slot_age, (INDEX,), (batches, hot), device)
     for name, state in (("slot_token", slot_token), ("slot_age", slot_age)):
         if not state.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor (the op writes the state in place), got strides "
-                             f"{list(state.stride())}")
+                             f"{dims(state.stride())}")
     check_output("slot_age", slot_age, {"slot_token": slot_token})
     check_tensor("raw", raw, (INDEX,), (None, None), device)
     rows, k = raw.shape
     if k > MAX_TOPK:
-        raise ValueError(f"raw: expected at most {MAX_TOPK} columns, got {k}")
+        raise ValueError(f"raw: expected at most {MAX_TOPK} columns, got {shown(k)}")
     check_tensor("seq_lens", seq_lens, (INDEX,), (batches,), device)
     check_tensor("host_loc", host_loc, HOST_LOC_DTYPES, (batches, None), device)
     if row_to_batch is None:
         if rows != batches:
-            raise ValueError(f"raw: expected one row a request ({batches}, slot_token's rows) without row_to_batch, "
-                             f"got {rows}")
+            raise ValueError(f"raw: expected one row a request ({shown(batches)}, slot_token's rows) without "
+                             f"row_to_batch, got {shown(rows)}")
     else:
         check_tensor("row_to_batch", row_to_batch, (INDEX,), (rows,), device)
     if host_rows is not None:
@@ -53,9 +54,9 @@ def check(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=None, h
         width = index_width(hot, host_loc.shape[1])
         check_tensor("slot_index", slot_index, (INDEX,), (batches, None), device)
         if slot_index.shape[1] < width or not slot_index.is_contiguous():
-            raise ValueError(f"slot_index: expected a contiguous [{batches}, >= {width}] tensor (a check word a slot, "
-                             f"then a word a token a slot can hold: H + max(L, H)), got shape "
-                             f"{list(slot_index.shape)}, strides {list(slot_index.stride())}")
+            raise ValueError(f"slot_index: expected a contiguous [{shown(batches)}, >= {shown(width)}] tensor (a check "
+                             f"word a slot, then a word a token a slot can hold: H + max(L, H)), got shape "
+                             f"{dims(slot_index.shape)}, strides {dims(slot_index.stride())}")
         check_output("slot_index", slot_index, {**reads, **state})
         state["slot_index"] = slot_index
     taken = {**reads, **state}

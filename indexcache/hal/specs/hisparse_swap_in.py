@@ -11,6 +11,7 @@ import torch
 
 from indexcache.hal import hisparse
 from indexcache.hal.checks import INDEX, check_output, check_tensor
+from indexcache.hal.shown import dims, shown
 from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu
 from indexcache.hal.specs.hisparse_plan import COPY_SRC, HOST_LOC_DTYPES, _evolved, _host_loc
 
@@ -38,8 +39,8 @@ def check(copy_src, copy_dst, copy_count, host_kv: torch.Tensor | Sequence[torch
     if row_to_batch is not None:
         check_tensor("row_to_batch", row_to_batch, (INDEX,), (rows,), device)
     elif rows != device_loc.shape[0]:
-        raise ValueError(f"copy_count: expected one row a request ({device_loc.shape[0]}, device_loc's rows) without "
-                         f"row_to_batch, got {rows}")
+        raise ValueError(f"copy_count: expected one row a request ({shown(device_loc.shape[0])}, device_loc's rows) "
+                         f"without row_to_batch, got {shown(rows)}")
     devs, hosts = layers("device_kv", device_kv), layers("host_kv", host_kv)
     grouped = not isinstance(device_kv, torch.Tensor)
     if grouped != (not isinstance(host_kv, torch.Tensor)) or len(hosts) != len(devs):
@@ -60,17 +61,17 @@ def check(copy_src, copy_dst, copy_count, host_kv: torch.Tensor | Sequence[torch
             raise ValueError(f"device_kv{at}: expected a tensor on {device} (the plan's device), got {dev.device}")
         if dev.dtype != first.dtype or dev.shape[1:] != first.shape[1:]:
             raise TypeError(f"device_kv{at}: expected rows like device_kv[0]'s ({first.dtype} "
-                            f"{list(first.shape[1:])} a row), got {dev.dtype} {list(dev.shape[1:])}")
+                            f"{dims(first.shape[1:])} a row), got {dev.dtype} {dims(dev.shape[1:])}")
         if host.dim() < 1:
             raise TypeError(f"host_kv{at}: expected a torch.Tensor of at least one dimension, got {host!r}")
         if host.dtype != dev.dtype or host.shape[1:] != dev.shape[1:]:
-            raise TypeError(f"host_kv{at}: expected rows like device_kv{at}'s ({dev.dtype} {list(dev.shape[1:])} a "
-                            f"row), got {host.dtype} {list(host.shape)}")
+            raise TypeError(f"host_kv{at}: expected rows like device_kv{at}'s ({dev.dtype} {dims(dev.shape[1:])} a "
+                            f"row), got {host.dtype} {dims(host.shape)}")
         if host.device != device and host.device.type != "cpu":
             raise ValueError(f"host_kv{at}: expected a tensor in host memory or on {device}, got {host.device}")
         for name, t in ((f"host_kv{at}", host), (f"device_kv{at}", dev)):
             if t.dim() > 1 and t.shape[0] and not t[0].is_contiguous():
-                raise ValueError(f"{name}: expected each row contiguous, got strides {list(t.stride())}")
+                raise ValueError(f"{name}: expected each row contiguous, got strides {dims(t.stride())}")
         inputs[f"host_kv{at}"] = host
     for g, dev in enumerate(devs):
         at = f"[{g}]" if indexed else ""

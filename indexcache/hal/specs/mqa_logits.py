@@ -12,6 +12,7 @@ import torch
 from indexcache.hal import dispatch, fp4
 from indexcache.hal.checks import INDEX, KEY_DTYPES, check_tensor, dtype_names, output
 from indexcache.hal.layout import FP8_DTYPES, fp8_max
+from indexcache.hal.shown import shown
 from indexcache.hal.specs import quantize_index_k
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, CaseList, OpSpec, Verdict, cpu, to_fp8
 from indexcache.hal.specs.bench import BASELINE, DIM, HEADS, BenchCase, BenchSpec
@@ -36,7 +37,8 @@ def check_queries(q: torch.Tensor, q_scale, keys: torch.dtype) -> None:
                         f"{dtype_names([keys])}")
     dim = fp4.head_dim(q)
     if dim % fp4.BLOCK:
-        raise ValueError(f"q: expected a head dim that is a multiple of {fp4.BLOCK} with MXFP4 queries, got {dim}")
+        raise ValueError(f"q: expected a head dim that is a multiple of {fp4.BLOCK} with MXFP4 queries, got "
+                         f"{shown(dim)}")
     if q_scale is None:
         raise ValueError("q_scale: MXFP4 queries need their block scales, [..., D / 32] float8_e8m0fnu, got None")
     check_tensor("q_scale", q_scale, (fp4.E8M0,), (*q.shape[:-1], dim // fp4.BLOCK), q.device)
@@ -63,7 +65,8 @@ def check_inputs(q, k, k_scale, weights, ks, ke, q_scale=None) -> None:
     if mxfp4:  # MXFP4 keys: fp8 or MXFP4 queries, a scale every 32 elements
         check_tensor("q", q, (*FP8_DTYPES, fp4.FP4), (None, None, None))
         if dim % fp4.BLOCK:
-            raise ValueError(f"q: expected a head dim that is a multiple of {fp4.BLOCK} with MXFP4 keys, got {dim}")
+            raise ValueError(f"q: expected a head dim that is a multiple of {fp4.BLOCK} with MXFP4 keys, got "
+                             f"{shown(dim)}")
         check_tensor("k", k, (fp4.FP4,), (None, dim // 2), device)
         check_tensor("k_scale", k_scale, (fp4.E8M0,), (k.shape[0], dim // fp4.BLOCK), device)
     else:

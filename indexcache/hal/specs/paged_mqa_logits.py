@@ -12,6 +12,7 @@ import torch
 from indexcache.hal import dispatch, fp4
 from indexcache.hal.checks import INDEX, check_cache, check_int, check_tensor, output
 from indexcache.hal.layout import FP8_DTYPES, new_packed_cache, split_packed_cache
+from indexcache.hal.shown import dims
 from indexcache.hal.specs import mqa_logits, store_index_k
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList, OpSpec, cpu, to_fp8
 from indexcache.hal.specs.bench import DIM, HEADS, PAGE, BenchCase, BenchSpec
@@ -48,7 +49,7 @@ def check_inputs(q, k_cache, weights, context_lens, page_table, max_context_len,
     else:
         if next_n != 1:
             raise ValueError(f"q: expected one token a row, shape [R, 1, H, D], with row_to_batch (ragged rows), got "
-                             f"shape {list(q.shape)}")
+                             f"shape {dims(q.shape)}")
         check_tensor(table, page_table, (INDEX,), (None, None), device)
         check_tensor("row_to_batch", row_to_batch, (INDEX,), (batch,), device)
     check_int("max_context_len", max_context_len, 0)

@@ -12,6 +12,7 @@ import torch
 from indexcache.hal import dispatch, fp4
 from indexcache.hal.checks import FLOAT_INPUTS, check_key_format, check_tensor, output
 from indexcache.hal.layout import fp8_max
+from indexcache.hal.shown import dims, shown
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, CaseList, OpSpec, Verdict, cpu
 from indexcache.hal.specs.bench import DIM, BenchCase, BenchSpec
 
@@ -34,14 +35,14 @@ def check(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = None, out=Non
         block = fp4.BLOCK if fp8_dtype == fp4.FP4 else FP8_BLOCK
     check_key_format(fp8_dtype, block)
     if k.shape[1] % block:
-        raise ValueError(f"k: expected a last dimension divisible by block={block}, got {k.shape[1]}")
+        raise ValueError(f"k: expected a last dimension divisible by block={shown(block)}, got {shown(k.shape[1])}")
     (q_shape, q_dtype), (s_shape, s_dtype) = out_shapes(k.shape[0], k.shape[1], fp8_dtype, block)
     out = output("out", out, q_dtype, q_shape, k.device, {"k": k})
     out_scale = output("out_scale", out_scale, s_dtype, s_shape, k.device, {"k": k, "out": out})
     for name, t in (("out", out), ("out_scale", out_scale)):
         if t.shape[1] > 1 and t.stride(1) != 1:
             raise ValueError(f"{name}: expected rows of contiguous elements (stride 1 in the last dimension), got "
-                             f"strides {list(t.stride())}")
+                             f"strides {dims(t.stride())}")
     return dict(k=k, fp8_dtype=fp8_dtype, block=block, out=out, out_scale=out_scale)
 
 
