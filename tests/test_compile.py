@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import indexcache
-from indexcache.hal import dispatch, library
+from indexcache.hal import budget, dispatch, library
 from indexcache.hal.checks import MAX_TOPK
 from indexcache.hal.dispatch import BackendNotSupportedError
 from indexcache.hal.layout import new_packed_cache
@@ -582,6 +582,31 @@ def test_overlap_traces_without_a_graph_break():
 
     x = torch.arange(6.0)
     assert torch.equal(torch.compile(f, fullgraph=True, backend="aot_eager")(x), f(x))
+
+
+def test_a_budget_given_as_an_argument_compiles_once_with_dynamic_shapes_and_runs_under_each_value(monkeypatch):
+    """The custom op's ``sm_budget`` was an ``int?``: with dynamic=True, Dynamo specialized a budget given as an
+    argument of the compiled function, one recompile per value (past the recompile limit, eager). As ``SymInt?`` it is
+    one graph, and each call runs under its own budget."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    seen = []
+    call = dispatch.call
+
+    def spy(op, args, backend=None):
+        seen.append(budget.current())
+        return call(op, args, backend)
+
+    monkeypatch.setattr(dispatch, "call", spy)
+    scores, lengths = torch.randn(3, 30), torch.tensor([30, 4, 12], dtype=I32)
+    f = torch.compile(lambda s, n, b: indexcache.topk(s, n, 4, sm_budget=b, sorted=True), fullgraph=True,
+                      backend="aot_eager", dynamic=True)
+    want = indexcache.topk(scores, lengths, 4, sorted=True)
+    seen.clear()
+    for b in (4, 5, 6, 7):
+        assert torch.equal(f(scores, lengths, b), want)
+    assert seen == [4, 5, 6, 7]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
 def test_dynamic_shapes_and_ints():

@@ -144,7 +144,7 @@ def _schema_args(op: str, aliases: Mapping[str, str]) -> list[str]:
 def schema(op: str) -> str:
     """The ``torch.library`` schema of ``op`` (without its name), derived from its spec check's signature."""
     args = _schema_args(op, dict(zip(mutated(op), "abcdefgh", strict=False)))
-    extra = ["str? backend", *(f"int? {name}" for name in _budget_arg(op)), "int[] e8m0=[]"]
+    extra = ["str? backend", *(f"SymInt? {name}" for name in _budget_arg(op)), "int[] e8m0=[]"]
     return f"({', '.join([*args, *extra])}) -> ()"
 
 
