@@ -302,3 +302,92 @@ def test_memory_budget_setting(monkeypatch):
     for bad in (0, -1, 1.5, True, "1024"):  # the README: not a positive integer is a MemoryBudgetError, either way
         with pytest.raises(memory.MemoryBudgetError, match=f"nbytes: expected a positive int or None, got {bad!r}"):
             memory.set_memory_budget(bad)
+
+
+def _peak_temporaries(fn) -> int:
+    """The most bytes ``fn`` holds at once on the CPU: the profiler's allocations and frees in time order (an op's
+    own net bytes at its start, frees between ops as they come), so a storage counts from its allocation to its
+    free; what existed before the call (inputs, ``out``) never counts. Exact up to scalar temporaries of a few bytes:
+    ``a = empty(2**20); b = a * 2; del a; c = b + 1`` peaks at 8 MiB and 8 bytes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    live = top = 0
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
+        top = max(top, live)
+    return top
+
+
+def test_peak_temporaries_counts_exactly():
+    def three():
+        a = torch.empty(2**20)
+        b = a * 2
+        del a
+        return b + 1
+
+    assert 8 * 2**20 <= _peak_temporaries(three) <= 8 * 2**20 + 64
+
+
+def _mqa_args(k_fp4: bool):
+    """``mqa_logits``' arguments: 64 queries of 16 heads over 8192 keys of D 128, fp8 or MXFP4 keys, ragged
+    windows."""
+    from indexcache.hal import fp4
+
+    g = torch.Generator().manual_seed(0)
+    tokens, heads, n, dim = 64, 16, 8192, 128
+    q = torch.randn(tokens, heads, dim, generator=g).to(torch.float8_e4m3fn)
+    if k_fp4:
+        k = torch.randint(0, 256, (n, dim // 2), generator=g, dtype=torch.uint8).view(fp4.FP4)
+        k_scale = torch.randint(120, 135, (n, dim // 32), generator=g, dtype=torch.uint8).view(fp4.E8M0)
+    else:
+        k, k_scale = torch.randn(n, dim, generator=g).to(torch.float8_e4m3fn), torch.rand(n, generator=g)
+    ks = torch.randint(0, n // 2, (tokens,), generator=g, dtype=I32)
+    ke = torch.randint(n // 2, n + 1, (tokens,), generator=g, dtype=I32)
+    return q, k, k_scale, torch.randn(tokens, heads, generator=g), ks, ke, torch.empty(tokens, n)
+
+
+def _paged_args(k_fp4: bool):
+    """``paged_mqa_logits``' arguments: 4 requests of 2 draft tokens, 16 heads, D 128, over 64 pages of 64 keys
+    (fp8 or MXFP4), 2048 key positions, table entries from -1."""
+    from indexcache.hal import fp4
+
+    g = torch.Generator().manual_seed(0)
+    batch, next_n, heads, dim, pages, page_size = 4, 2, 16, 128, 64, 64
+    q = torch.randn(batch, next_n, heads, dim, generator=g).to(torch.float8_e4m3fn)
+    if k_fp4:
+        cache = torch.cat([torch.randint(0, 256, (pages, page_size * dim // 2), generator=g, dtype=torch.uint8),
+                           torch.randint(120, 135, (pages, page_size * dim // 32), generator=g, dtype=torch.uint8)], 1)
+    else:
+        cache = torch.cat([torch.randn(pages, page_size * dim, generator=g).to(torch.float8_e4m3fn).view(torch.uint8),
+                           torch.rand(pages, page_size, generator=g).view(torch.uint8).reshape(pages, -1)], 1)
+    max_len = pages * page_size // 2
+    table = torch.randint(-1, pages, (batch, max_len // page_size + 1), generator=g, dtype=I32)
+    lens = torch.randint(next_n, max_len + 1, (batch,), generator=g, dtype=I32)
+    return (q, cache, torch.randn(batch * next_n, heads, generator=g), lens, table, max_len,
+            torch.empty(batch * next_n, max_len), fp4.FP4 if k_fp4 else None)
+
+
+@pytest.mark.parametrize("budget_mib", [1, 2, 4])
+@pytest.mark.parametrize("k_fp4", [False, True], ids=["fp8", "mxfp4"])
+@pytest.mark.parametrize("op", ["mqa_logits", "paged_mqa_logits"])
+def test_logits_temporaries_peak_under_budget(op, k_fp4, budget_mib):
+    """The README's promise, counted byte for byte: no two chunks' temporaries alive at once, and mqa_logits' row
+    chunk sized from what its key chunk leaves. The slack is 4 KiB of scalars and small index tensors (a chunk's
+    column numbers and window bounds), well under one key's or one row's bytes."""
+    from indexcache.backends.torch import logits, set_memory_budget
+
+    args = _mqa_args(k_fp4) if op == "mqa_logits" else _paged_args(k_fp4)
+    expected = getattr(logits, op)(*args).clone()
+    set_memory_budget(budget_mib * 2**20)
+    try:
+        top = _peak_temporaries(lambda: getattr(logits, op)(*args))
+        chunked = args[6].clone()
+    finally:
+        set_memory_budget(None)
+    assert top <= budget_mib * 2**20 + 4096, f"{top / 2**20:.3f} MiB of temporaries under a {budget_mib} MiB budget"
+    if op == "paged_mqa_logits":  # one key position a product: any chunking gives the same bits
+        assert torch.equal(chunked, expected)
+    else:  # fp32 matmuls of other shapes may round otherwise: within the reference's tolerance
+        torch.testing.assert_close(chunked, expected, rtol=1e-5, atol=1e-3)

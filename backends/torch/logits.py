@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from indexcache.backends.torch.memory import memory_budget, rows_per_chunk
+from indexcache.backends.torch.memory import memory_budget
 from indexcache.hal import fp4
 from indexcache.hal.layout import split_packed_cache
 
@@ -57,27 +57,47 @@ def mqa_logits(q, k, k_scale, weights, ks, ke, out, q_scale=None):
     if out.numel() == 0:
         return out
     mxfp4 = k.dtype == fp4.FP4
-    # Per key of a chunk: one query row's product and its ReLU'd copy, the key in float32 (MXFP4: the decode's
-    # temporaries besides, about 24 bytes an element in all) and its column.
-    key_chunk = max(1, min(n, KEY_CHUNK, memory_budget() // (8 * heads + (24 if mxfp4 else 4) * dim + 16)))
-    # Per query row of a chunk: the product and its ReLU'd copy, plus the row's q in float32.
-    step = rows_per_chunk(8 * heads * key_chunk + 4 * heads * dim + 8 * key_chunk, tokens)
+    budget = memory_budget()
+    # Per key of a chunk while its rows run: the key in float32, its scale and its column.
+    key_bytes = 4 * dim + 16
+    # Per query row of a chunk: the row's q in float32 (MXFP4 queries: their decode's temporaries besides, about 24
+    # bytes an element in all), then per key of the chunk the row's product, its head sum, the where() result and
+    # the window's masks.
+    row_bytes = (24 if q_scale is not None else 4) * heads * dim
+    row_key_bytes = 4 * heads + 16
+    # The key chunk leaves room for at least one row; decoding MXFP4 keys takes about 24 bytes an element, the rows
+    # of the previous chunk released by then.
+    key_chunk = max(1, min(n, KEY_CHUNK, (budget - row_bytes) // (key_bytes + row_key_bytes),
+                           budget // (24 * dim + 16) if mxfp4 else n))
+    # The row chunk from what the key chunk leaves (at least one row).
+    step = max(1, min(tokens, (budget - key_chunk * key_bytes) // (row_bytes + row_key_bytes * key_chunk)))
     for n0 in range(0, n, key_chunk):
-        n1 = min(n, n0 + key_chunk)
-        if mxfp4:  # the chunk's keys in units of their largest block scale, that scale a key's
-            kf, scale = _mxfp4_keys(k[n0:n1], k_scale[n0:n1])
-        else:
-            kf, scale = k[n0:n1].float(), k_scale[n0:n1]
-        col = torch.arange(n0, n1, device=q.device)[None, :]
-        for t0 in range(0, tokens, step):
-            t1 = min(tokens, t0 + step)
-            qf = _queries(q[t0:t1], None if q_scale is None else q_scale[t0:t1])
-            prod = torch.matmul(qf.reshape(-1, dim), kf.t()).view(t1 - t0, heads, n1 - n0)
-            prod.relu_().mul_(weights[t0:t1, :, None])
-            logits = prod.sum(1).mul_(scale[None, :])
-            inside = (col >= ks[t0:t1, None]) & (col < ke[t0:t1, None])
-            out[t0:t1, n0:n1] = torch.where(inside, logits, float("-inf"))
+        _mqa_key_chunk(q, k, k_scale, weights, ks, ke, out, q_scale, n0, min(n, n0 + key_chunk), step, mxfp4)
     return out
+
+
+def _mqa_key_chunk(q, k, k_scale, weights, ks, ke, out, q_scale, n0, n1, step, mxfp4):
+    """Fill ``out[:, n0:n1]``, ``step`` rows at a time; each row chunk's temporaries die with its call, the key
+    chunk's at return, so no two chunks' temporaries are alive at once."""
+    if mxfp4:  # the chunk's keys in units of their largest block scale, that scale a key's
+        kf, scale = _mxfp4_keys(k[n0:n1], k_scale[n0:n1])
+    else:
+        kf, scale = k[n0:n1].float(), k_scale[n0:n1]
+    col = torch.arange(n0, n1, device=q.device)[None, :]
+    for t0 in range(0, q.shape[0], step):
+        _mqa_rows(q, kf, scale, col, weights, ks, ke, out, q_scale, n0, n1, t0, min(q.shape[0], t0 + step))
+
+
+def _mqa_rows(q, kf, scale, col, weights, ks, ke, out, q_scale, n0, n1, t0, t1):
+    """Fill ``out[t0:t1, n0:n1]`` from the key chunk ``kf`` (float32) and its ``scale``."""
+    qf = _queries(q[t0:t1], None if q_scale is None else q_scale[t0:t1])
+    prod = torch.matmul(qf.reshape(-1, kf.shape[1]), kf.t()).view(t1 - t0, q.shape[1], n1 - n0)
+    del qf
+    prod.relu_().mul_(weights[t0:t1, :, None])
+    logits = prod.sum(1).mul_(scale[None, :])
+    del prod
+    inside = (col >= ks[t0:t1, None]) & (col < ke[t0:t1, None])
+    out[t0:t1, n0:n1] = torch.where(inside, logits, float("-inf"))
 
 
 def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_len, out, k_format=None,
@@ -104,27 +124,44 @@ def paged_mqa_logits(q, k_cache, weights, context_lens, page_table, max_context_
     w = weights.view(batch, 1, next_n, heads)
     # Rows of the visible-key bound per (request, draft token): context - next_n + j + 1.
     visible = context_lens.long()[:, None] - next_n + 1 + torch.arange(next_n, device=q.device)[None, :]
-    # MXFP4: the decode's int64 codes and float32 values besides the keys (about 24 bytes an element in all).
+    # What stays alive across chunks: the queries in float32 (MXFP4 ones: their decode's temporaries, about 24
+    # bytes an element, died with it), the visible-key bounds and a ragged call's gathered table rows.
+    held = qf.nbytes + visible.nbytes + (page_table.nbytes + named.nbytes if named is not None else 0)
+    # Per key position of a chunk, per table row: its entry, mask and gathered key (MXFP4: the decode's int64 codes
+    # and float32 values besides, about 24 bytes an element in all), the products, their head sums and masks.
     per_key = batch * (8 * next_n * heads + (24 if mxfp4 else 4) * dim + 32)
-    step = rows_per_chunk(per_key, max_context_len)
+    step = max(1, min(max_context_len, (memory_budget() - held) // per_key))
     view = out.view(batch, next_n, max_context_len)
     for s0 in range(0, max_context_len, step):
-        s1 = min(max_context_len, s0 + step)
-        pos = torch.arange(s0, s1, device=q.device)
-        page = pos // page_size
-        entry = page_table[:, page.clamp(max=table_pages - 1)].long()
-        ok = (page < table_pages)[None, :] & (entry >= 0) & (entry < cache_pages)
-        if named is not None:
-            ok &= named[:, None]
-        entry = entry.clamp(0, cache_pages - 1)
-        slot = (pos % page_size)[None, :]
-        if mxfp4:  # the keys in units of their largest block scale, that scale a key's
-            kf, scale = _mxfp4_keys(keys[entry, slot], scales[entry, slot])
-            scale = scale[..., None]
-        else:
-            kf, scale = keys[entry, slot].float(), scales[entry, slot][..., None]
-        prod = torch.bmm(kf, qf.transpose(1, 2)).view(batch, s1 - s0, next_n, heads)
-        logits = prod.relu_().mul_(w).sum(-1).mul_(scale)
-        seen = ok[..., None] & (pos[None, :, None] < visible[:, None, :])
-        view[:, :, s0:s1] = torch.where(seen, logits, float("-inf")).transpose(1, 2)
+        _paged_chunk(qf, keys, scales, w, page_table, named, visible, view, s0, min(max_context_len, s0 + step),
+                     mxfp4)
     return out
+
+
+def _paged_chunk(qf, keys, scales, w, page_table, named, visible, view, s0, s1, mxfp4):
+    """Fill ``view[:, :, s0:s1]`` (key positions ``s0 .. s1 - 1`` of every row); the chunk's temporaries die at
+    return, so no two chunks' temporaries are alive at once."""
+    batch, next_n, heads = w.shape[0], w.shape[2], w.shape[3]
+    cache_pages, page_size = keys.shape[:2]
+    table_pages = page_table.shape[1]
+    pos = torch.arange(s0, s1, device=qf.device)
+    page = pos // page_size
+    entry = page_table[:, page.clamp(max=table_pages - 1)].long()
+    ok = (page < table_pages)[None, :] & (entry >= 0) & (entry < cache_pages)
+    if named is not None:
+        ok &= named[:, None]
+    entry = entry.clamp(0, cache_pages - 1)
+    slot = (pos % page_size)[None, :]
+    if mxfp4:  # the keys in units of their largest block scale, that scale a key's
+        kf, scale = _mxfp4_keys(keys[entry, slot], scales[entry, slot])
+        scale = scale[..., None]
+    else:
+        kf, scale = keys[entry, slot].float(), scales[entry, slot][..., None]
+    del entry, slot
+    prod = torch.bmm(kf, qf.transpose(1, 2)).view(batch, s1 - s0, next_n, heads)
+    del kf
+    logits = prod.relu_().mul_(w).sum(-1).mul_(scale)
+    del prod, scale
+    seen = ok[..., None] & (pos[None, :, None] < visible[:, None, :])
+    del ok
+    view[:, :, s0:s1] = torch.where(seen, logits, float("-inf")).transpose(1, 2)
