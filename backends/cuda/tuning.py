@@ -122,8 +122,7 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
     """The table for an NVIDIA architecture ("sm80", "sm90", …): the common entries with the choices that depend
     on its record (``arch.py``), and that record's capabilities under "arch" (shown by ``indexcache info``)."""
     record = resolve(arch)
-    caps = {"shared_per_sm": record.shared_per_sm, "fp8_mma": record.fp8_mma, "tma": record.tma, "pdl": record.pdl,
-            "mma": record.mma, "scaled_mma": record.scaled_mma and record.scaled_mma.keys}
+    caps = record.capabilities(arch)
     table = {op: dict(cfg) for op, cfg in _COMMON.items()}
     # fp8 logits: the fp8 dot where there are fp8 matrix instructions; before sm89 (A100) the kernels read the
     # fp8 cache as bytes and decode e4m3 to fp16 in registers before an fp16 mma.sync (exact), and quantize /
@@ -203,4 +202,4 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
                                 "GRAPH": ((31, 131072, 0.33), (31, 0, None), (256, 32768, 0.33), (4096, 0, None)),
                                 "GRAPH_MXFP4": ((31, 0, None), (256, 131072, 0.6), (256, 32768, 0.33),
                                                 (4096, 0, None))}),)}
-    return {**table, "arch": {"name": arch, **caps}}
+    return {**table, "arch": caps}

@@ -45,7 +45,4 @@ _COMMON: dict[str, dict[str, Any]] = {
 def tuning(arch: str) -> dict[str, dict[str, Any]]:
     """The table for an AMD architecture ("gfx942", "gfx950", …), with its record's capabilities under "arch" (shown
     by ``indexcache info``, as the cuda table's)."""
-    record = resolve(arch)
-    caps = {"shared_per_sm": record.shared_per_sm, "fp8_mma": record.fp8_mma, "tma": record.tma, "pdl": record.pdl,
-            "mma": record.mma, "scaled_mma": record.scaled_mma and record.scaled_mma.keys}
-    return {**{op: dict(cfg) for op, cfg in _COMMON.items()}, "arch": {"name": arch, **caps}}
+    return {**{op: dict(cfg) for op, cfg in _COMMON.items()}, "arch": resolve(arch).capabilities(arch)}

@@ -93,6 +93,12 @@ class GpuArch:
     # (AMD: ROCm reports one XCD's L2, not the others' nor the Infinity Cache); what benchmark inputs rotate past.
     cache_bytes: int | None = None
 
+    def capabilities(self, arch: str) -> dict[str, Any]:
+        """The row a tuning table shows under "arch" (``indexcache info``): ``arch`` as asked for, and what this
+        record has."""
+        return {"name": arch, "shared_per_sm": self.shared_per_sm, "fp8_mma": self.fp8_mma, "tma": self.tma,
+                "pdl": self.pdl, "mma": self.mma, "scaled_mma": self.scaled_mma and self.scaled_mma.keys}
+
     def triton_target(self):
         """Triton's ``GPUTarget`` for this architecture (imports Triton's compiler)."""
         from triton.backends.compiler import GPUTarget
