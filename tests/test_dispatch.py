@@ -72,8 +72,12 @@ def test_prepare_does_what_a_first_call_sets_up_so_that_the_call_does_none_of_it
     assert fresh_dispatch.prepare() == indexcache.get_backend()
     built = fresh_dispatch.ops_of.cache_info()
     assert built.currsize == 1 and fresh_dispatch.default_backend.cache_info().currsize == 1
-    raw = torch.tensor([[0, 5, -1]], dtype=torch.int32)
-    indexcache.translate(raw, torch.tensor([[3]], dtype=torch.int32), torch.tensor([8], dtype=torch.int32), 16)
+    # on the chosen backend's device: a GPU backend declines CPU tensors, and the torch backend serving them is built
+    dev = "cuda" if indexcache.get_backend() in ("cuda", "rocm") else "cpu"
+    raw = torch.tensor([[0, 5, -1]], dtype=torch.int32, device=dev)
+    out = indexcache.translate(raw, torch.tensor([[3]], dtype=torch.int32, device=dev),
+                               torch.tensor([8], dtype=torch.int32, device=dev), 16)
+    assert out.tolist() == [[48, 53, -1]]
     assert fresh_dispatch.ops_of.cache_info().misses == built.misses  # nothing built at the call
 
 
