@@ -58,13 +58,19 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict, sm
     looked up first: the kept launches of an identical earlier call run instead (returning the given outputs,
     :func:`indexcache.hal.library.result`), and a call the backend can prepare is kept from the signature's second call
     on. A call on the backend's default workspace adds its owner (the calling thread and its current stream) to the
-    signature: kept launches are bound to that owner's workspace; a budgeted op adds the budget in force. Under
+    signature: kept launches are bound to that owner's workspace; a budgeted op adds the budget in force. A call on
+    a GPU other than the current one runs with that GPU current, as Triton launches on the current GPU. Under
     ``torch.compile``: the custom op ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
     if torch.compiler.is_compiling():
         if backend is not None and not isinstance(backend, str):  # the custom op's str? would fail on it unnamed
             raise dispatch.UnknownBackendError(f"backend: expected a backend's name (a str) or None, got "
                                                f"{type(backend).__name__} {backend!r}")
         return library.compiled_call(op, SPECS[op].check(*args, **named), backend, sm_budget)
+    first = args[0]  # the op's device: a tensor's, its spec check names anything else
+    if (isinstance(first, torch.Tensor) and first.is_cuda
+            and (index := first.get_device()) != torch.cuda.current_device()):
+        with torch.cuda.device(index):  # the launches, their streams and the default workspace are that GPU's
+            return _call(op, backend, keep, args, named, sm_budget)
     budgeted = op in library.BUDGETED_OPS
     if budgeted:
         sm_budget = budget.check(sm_budget)
