@@ -142,9 +142,11 @@ def test_buffers_check_their_sizes_and_reset_empties_a_requests_rows():
     for tokens, ages in hot.state.values():
         tokens.fill_(7)
         ages.fill_(3)
-    hot.reset(torch.tensor([1]))
+    hot.reset(torch.tensor([1, -1, 3, -4, 2**40]))  # -1 and the others outside the state's 3 rows: nothing
     for tokens, ages in hot.state.values():
         assert tokens[1].eq(-1).all() and ages[1].eq(-1).all() and tokens[0].eq(7).all() and tokens[2].eq(7).all()
+        assert ages[0].eq(3).all() and ages[2].eq(3).all()
+    hot.reset(torch.tensor([], dtype=torch.int64))
     for bad in (torch.tensor([1], dtype=INDEX), [1], torch.tensor([[1]])):
         with pytest.raises(TypeError, match="requests: expected an int64 tensor of the state rows to empty"):
             hot.reset(bad)

@@ -92,7 +92,8 @@ class HotBuffers:
 
     def reset(self, requests: torch.Tensor) -> None:
         """Empty the state rows ``requests`` (``[N]`` int64 indices in ``[0, max_requests)``, on the device) in every
-        group: what an engine does when it gives a request row to a new request. Graph-safe."""
+        group: what an engine does when it gives a request row to a new request. Entries outside that range (-1 for
+        none, as a captured graph's fixed ``N`` pads) empty nothing. Graph-safe."""
         device = self.slots.device
         if not isinstance(requests, torch.Tensor) or requests.dtype != torch.int64 or requests.dim() > 1:
             got = (f"{requests.dtype} of shape {list(requests.shape)}" if isinstance(requests, torch.Tensor)
@@ -100,9 +101,12 @@ class HotBuffers:
             raise TypeError(f"requests: expected an int64 tensor of the state rows to empty ([N]), got {got}")
         if requests.device != device:
             raise ValueError(f"requests: expected a tensor on {device} (the state's device), got {requests.device}")
-        for tokens, ages in self.state.values():
-            tokens.index_fill_(0, requests, hisparse.EMPTY)
-            ages.index_fill_(0, requests, hisparse.EMPTY)
+        n = next(iter(self.state.values()))[0].shape[0] if self.state else 0
+        rows = requests.masked_fill((requests < 0) | (requests >= n), n)  # outside the state: row n, dropped below
+        emptied = torch.zeros(n + 1, dtype=torch.bool, device=device).index_fill_(0, rows, True)[:n, None]
+        for tokens, ages in self.state.values():  # index_fill_ would take -1 for the last row
+            tokens.masked_fill_(emptied, hisparse.EMPTY)
+            ages.masked_fill_(emptied, hisparse.EMPTY)
 
     def forget(self) -> None:
         """No plan is current (a new forward): a shared layer must wait for its producer's."""
