@@ -59,9 +59,9 @@ def emit(out_row, o_s1, raw_row, w_s1, pos, raw, m, seq, b_ok, tab_row, tab_s1, 
         val = physical(raw, m, tl.where(b_ok, seq, 0), tab_row, tab_s1, pages, page_size, SHIFT)
     else:
         val = raw
-    tl.store(out_row + pos * o_s1, val, mask=m)
+    tl.store(out_row + pos.to(tl.int64) * o_s1, val, mask=m)
     if HAS_RAW:
-        tl.store(raw_row + pos * w_s1, raw, mask=m)
+        tl.store(raw_row + pos.to(tl.int64) * w_s1, raw, mask=m)
 
 
 @triton.jit

@@ -543,3 +543,36 @@ def test_sample_rounds_capped_lower_the_floor_to_its_bin_and_keep_the_top_k(roun
     cfg = SMALL | {"CHUNK": 1024, "STASH": 4096, "SAMPLE_ROUNDS": rounds}
     _assert_rows(_direct(scores, lengths, k, cfg, row_starts=starts), reference.topk(scores, lengths, k,
                                                                                       row_starts=starts))
+
+
+def _far_columns(rows: int, cols: int) -> torch.Tensor:
+    """An int32 ``[rows, cols]`` view with row stride 1 and column stride ``2^32 / cols`` (a transposed buffer of that
+    many rows): its last columns lie past 2^31 elements. Gigabytes of virtual memory, kilobytes resident."""
+    stride = 2**32 // cols
+    view = torch.empty((cols - 1) * stride + rows, dtype=torch.int32).as_strided((rows, cols), (1, stride))
+    return view.fill_(SENTINEL)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "rocm"])
+@pytest.mark.parametrize("sorted_", [False, True], ids=["unsorted", "sorted"])
+def test_outputs_of_a_huge_column_stride(backend, sorted_):
+    """Given outputs whose column offsets pass 2^31 elements (rows of transposed buffers), a long row, a short one and
+    a row naming no batch: the kernels computed a slot's offset in int32 and wrote (and read back, translating) far
+    outside ``out`` and ``out_raw`` (a segfault interpreted)."""
+    scores = torch.randn(3, 16, generator=torch.Generator().manual_seed(5))
+    lengths = torch.tensor([16, 3, 16], dtype=torch.int32)
+    table, r2b = torch.arange(8, dtype=torch.int32).view(2, 4), torch.tensor([1, 0, 2], dtype=torch.int32)
+    want_raw = reference.topk(scores, lengths, 4)  # sorted by (score desc, index asc)
+    want = reference.translate(want_raw, table, lengths, 4, row_to_batch=r2b)
+    for with_raw in (True, False):
+        out = _far_columns(3, 4)
+        out_raw = _far_columns(3, 4) if with_raw else None
+        indexcache.topk_translate(scores, lengths, 4, table, 4, row_to_batch=r2b, out=out, out_raw=out_raw,
+                                  sorted=sorted_, backend=backend)
+        if sorted_:
+            assert torch.equal(out, want)
+        else:
+            assert torch.equal(out.sort(1).values, want.sort(1).values)
+        if with_raw:
+            assert torch.equal(out_raw if sorted_ else out_raw.sort(1).values,
+                               want_raw if sorted_ else want_raw.sort(1).values)

@@ -57,9 +57,9 @@ def _stage(out_row, o_s1, raw_row, w_s1, pos, raw, m, HAS_RAW: tl.constexpr):
     """Write window positions ``raw`` at slots ``pos``: to ``out_raw`` when given, else to ``out`` (translated
     in place by :func:`_translate` when translating), so no page-table read delays the passes."""
     if HAS_RAW:
-        tl.store(raw_row + pos * w_s1, raw, mask=m)
+        tl.store(raw_row + pos.to(tl.int64) * w_s1, raw, mask=m)
     else:
-        tl.store(out_row + pos * o_s1, raw, mask=m)
+        tl.store(out_row + pos.to(tl.int64) * o_s1, raw, mask=m)
 
 
 @triton.jit
@@ -72,12 +72,12 @@ def _translate(out_row, o_s1, raw_row, w_s1, n, seq, b_ok, tab_row, tab_s1, page
             j = j0 + tl.arange(0, TILE)
             m = j < n
             if HAS_RAW:
-                raw = tl.load(raw_row + j * w_s1, mask=m, other=-1)
+                raw = tl.load(raw_row + j.to(tl.int64) * w_s1, mask=m, other=-1)
             else:
-                raw = tl.load(out_row + j * o_s1, mask=m, other=-1)
+                raw = tl.load(out_row + j.to(tl.int64) * o_s1, mask=m, other=-1)
             # The batch guard folds into the length (a scalar bool & tensor mask breaks the interpreter).
             val = physical(raw, m, tl.where(b_ok, seq, 0), tab_row, tab_s1, pages, page_size, SHIFT)
-            tl.store(out_row + j * o_s1, val, mask=m)
+            tl.store(out_row + j.to(tl.int64) * o_s1, val, mask=m)
 
 
 @triton.jit
@@ -845,9 +845,9 @@ def topk_sort_kernel(
         j = tl.arange(0, K_P2)
         m = j < k
         if HAS_RAW:
-            pos = tl.load(raw_row + j * w_s1, mask=m, other=-1)
+            pos = tl.load(raw_row + j.to(tl.int64) * w_s1, mask=m, other=-1)
         else:
-            pos = tl.load(out_row + j * o_s1, mask=m, other=-1)
+            pos = tl.load(out_row + j.to(tl.int64) * o_s1, mask=m, other=-1)
         ok = (pos >= 0) & (pos < length)
         key, _ = _load_keys(scores_ptr + r64 * s_s0, s_s1, start + pos, ok, CONTIG, 8)
         packed = (key.to(tl.int64) << 32) | (pos ^ INT_MAX).to(tl.int64)  # pos ^ INT_MAX = INT_MAX - pos
@@ -855,9 +855,9 @@ def topk_sort_kernel(
         pos = tl.where(packed == INT64_MIN, -1, (packed & INT_MAX).to(tl.int32) ^ INT_MAX)
         tl.debug_barrier()  # every thread has read the row's slots before any is overwritten
         if HAS_RAW:
-            tl.store(raw_row + j * w_s1, pos, mask=m)
+            tl.store(raw_row + j.to(tl.int64) * w_s1, pos, mask=m)
         else:
-            tl.store(out_row + j * o_s1, pos, mask=m)
+            tl.store(out_row + j.to(tl.int64) * o_s1, pos, mask=m)
     b_ok, tab_row = row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B)
     _translate(out_row, o_s1, raw_row, w_s1, k, seq, b_ok, tab_row, tab_s1, pages, page_size, TRANSLATE, HAS_RAW,
                SHIFT, K_P2)
