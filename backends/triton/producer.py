@@ -90,9 +90,9 @@ def short_rows_kernel(ctx_ptr, ke_ptr, r2b_ptr, table_ptr, out_ptr, raw_ptr, row
     b_ok = (b >= 0) & (b < batches)
     table_row = table_ptr + b.to(tl.int64)[:, None] * tab_s0
     slots = physical(x, inside & b_ok[:, None], seq[:, None], table_row, tab_s1, pages, page_size, SHIFT)
-    tl.store(out_ptr + r64[:, None] * out_s0 + j[None, :] * out_s1, slots, mask=inside)
+    tl.store(out_ptr + r64[:, None] * out_s0 + j.to(tl.int64)[None, :] * out_s1, slots, mask=inside)
     if HAS_RAW:
-        tl.store(raw_ptr + r64[:, None] * raw_s0 + j[None, :] * raw_s1, x, mask=inside)
+        tl.store(raw_ptr + r64[:, None] * raw_s0 + j.to(tl.int64)[None, :] * raw_s1, x, mask=inside)
 
 
 SHORT = Launcher(short_rows_kernel)
