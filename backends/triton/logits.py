@@ -176,10 +176,10 @@ def mqa_logits_kernel(
             fill = tl.full((BLOCK_Q, BLOCK_N), NEG_INF, tl.float32)
             for n0 in range(0, start, BLOCK_N):
                 n = n0 + keys
-                tl.store(out_ptr + out_rows[:, None] + n[None, :] * out_s1, fill, mask=tok_ok[:, None])
+                tl.store(out_ptr + out_rows[:, None] + n.to(tl.int64)[None, :] * out_s1, fill, mask=tok_ok[:, None])
             for n0 in range(stop, N, BLOCK_N):
                 n = n0 + keys
-                tl.store(out_ptr + out_rows[:, None] + n[None, :] * out_s1, fill,
+                tl.store(out_ptr + out_rows[:, None] + n.to(tl.int64)[None, :] * out_s1, fill,
                          mask=tok_ok[:, None] & (n < N)[None, :])
 
 
@@ -568,7 +568,7 @@ def paged_mqa_logits_kernel(
         hi = tl.minimum(f_end - b * width, width)
         for n0 in range(lo * BLOCK_KEYS, hi * BLOCK_KEYS, BLOCK_KEYS):
             s = n0 + keys
-            tl.store(out_ptr + out_rows[:, None] + s[None, :] * out_s1, fill,
+            tl.store(out_ptr + out_rows[:, None] + s.to(tl.int64)[None, :] * out_s1, fill,
                      mask=there[:, None] & (s < max_ctx)[None, :])
 
 

@@ -448,3 +448,32 @@ def test_sm80_logits_quantize_store(backend):
     ref = reference.store_index_k(x[:, :128], cache.clone(), slots, fp8)
     quantize.store_index_k(x[:, :128], cache, slots, fp8, target=SM80, cfg=table["quantize_index_k"])
     assert torch.equal(cache, ref)
+
+
+def _far_columns(rows: int, cols: int) -> torch.Tensor:
+    """A float32 ``[rows, cols]`` view with row stride 1 and a column stride that puts its last column just past 2^31
+    elements (a transposed buffer), filled with 7.0. Gigabytes of virtual memory, kilobytes resident."""
+    stride = 2**31 // (cols - 1) + 1
+    return torch.empty((cols - 1) * stride + rows).as_strided((rows, cols), (1, stride)).fill_(7.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_minus_inf_fill_of_logits_of_a_huge_column_stride(backend):
+    """Logits whose column offsets pass 2^31 elements (rows of a transposed buffer), short contexts and windows so that
+    the -inf past them is the fill's (past the tiles that read keys): the fills of both kernels computed a column's
+    offset in int32 and wrote far outside ``out`` (a segfault interpreted)."""
+    g = torch.Generator().manual_seed(8)
+    fp8, dim, heads, page = FP8[backend], 32, 16, 16
+    cache = new_packed_cache(4, page, dim)
+    cache.copy_(reference.store_index_k(torch.randn(4 * page, dim, generator=g), cache,
+                                        torch.arange(4 * page, dtype=torch.int32), fp8))
+    q = torch.randn(2, 1, heads, dim, generator=g).to(fp8)
+    weights = torch.randn(2, heads, generator=g)
+    args = (q, cache, weights, torch.tensor([5, 20], dtype=torch.int32),
+            torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]], dtype=torch.int32), 256)
+    _assert_logits(indexcache.paged_mqa_logits(*args, out=_far_columns(2, 256), backend=backend),
+                   reference.paged_mqa_logits(*args), 1e-5)
+    args = (q[:, 0], torch.randn(256, dim, generator=g).to(fp8), torch.rand(256, generator=g), weights,
+            torch.tensor([0, 3], dtype=torch.int32), torch.tensor([5, 9], dtype=torch.int32))
+    _assert_logits(indexcache.mqa_logits(*args, out=_far_columns(2, 256), backend=backend),
+                   reference.mqa_logits(*args), 1e-5)
