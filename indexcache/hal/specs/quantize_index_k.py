@@ -115,17 +115,21 @@ def _(gen, dev, fp8):
     return dict(k=k.to(dev), fp8_dtype=fp8)
 
 def _fp4_ties(gen):
-    """Rows of 32 holding 6 (scale 1) and every half-way point of the e2m1 grid, both signs, and values that round
-    to zero from below: each tie must go to the even code."""
-    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.1, 7.0, 6.0], dtype=torch.float64)
-    row = torch.cat([ties, -ties, torch.full((12,), 6.0, dtype=torch.float64)])
-    return torch.stack([row, row * 2.0**-20, row * 2.0**40])
+    """Rows of 32 at the block scales 2^0, 2^-12, 2^40 and 2^125 (each holds ±6, so its scale is its factor) and one
+    under the amax floor (2^-20: scale 2^-15, every value to 0): every half-way point of the e2m1 grid, both signs
+    (each tie must go to the even code), values beside them, values rounding to zero from either side, and -0 (all
+    written +0)."""
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+    near = [0.2, 0.3, 5.5, 5.99]
+    row = torch.tensor([*ties, *(-t for t in ties), 6.0, -6.0, 0.1, -0.1, -0.0, 0.0, *near, *(-t for t in near), 1.0,
+                        -1.0, 4.0, -4.0], dtype=torch.float64)
+    return torch.stack([row * 2.0**e for e in (0, -12, 40, 125, -20)])
 
 
 cases.add("MXFP4: random bf16 keys")(
     lambda gen, dev: dict(k=(torch.randn(64, 256, generator=gen) * 10).to(torch.bfloat16).to(dev), fp8_dtype=fp4.FP4,
                           block=fp4.BLOCK))
-cases.add("MXFP4: every tie of the grid, ±6 saturation, -0, tiny and huge blocks")(
+cases.add("MXFP4: every tie of the grid at four block scales up to 2^125, ±6, -0, a block under the amax floor")(
     lambda gen, dev: dict(k=_fp4_ties(gen).float().to(dev), fp8_dtype=fp4.FP4, block=fp4.BLOCK))
 
 
