@@ -202,3 +202,24 @@ def test_the_conformance_case_of_ties_holds_them_at_its_block_scales():
         assert torch.isin(halfway, row).all() and torch.isin(-halfway, row).all()
     ties = [0x20, 0x42, 0x64, 0x06, 0xAA, 0xCC, 0xEE]  # 0.25 → 0, 0.75 → 1, 1.25 → 1, ... each sign's pair a byte
     assert all(_bytes(values[r])[:7] == ties for r in range(4)) and set(_bytes(values[4])) == {0}
+
+
+def test_a_page_of_the_mxfp4_cache_holds_its_tokens_values_then_their_scales():
+    """docs/ops.md and docs/fp4.md, "The paged cache": token ``t`` of a page has its D / 2 value bytes at byte
+    ``t * D / 2`` and its D / 32 scale bytes at ``page_size * D / 2 + t * D / 32``; at D 96, page 5 (neither a power
+    of two), written by the torch backend's store and read back by those offsets."""
+    from indexcache.hal.layout import new_packed_cache
+
+    dim, page, pages = 96, 5, 3
+    keys = torch.randn(2 * page, dim, generator=torch.Generator().manual_seed(11)) * 8
+    slots = torch.arange(page, 3 * page, dtype=torch.int32)  # pages 1 and 2, in full
+    cache = new_packed_cache(pages, page, dim, fp8_dtype=fp4.FP4)
+    assert cache.shape == (pages, page * (dim // 2 + dim // 32))
+    indexcache.store_index_k(keys, cache, slots, fp8_dtype=fp4.FP4, backend="torch")
+    values, scales = fp4.quantize(keys)
+    assert set(_bytes(cache[0])) == {0}
+    for i, slot in enumerate(slots.tolist()):
+        p, t = divmod(slot, page)
+        assert _bytes(cache[p, t * dim // 2:(t + 1) * dim // 2]) == _bytes(values[i])
+        at = page * dim // 2 + t * dim // 32
+        assert _bytes(cache[p, at:at + dim // 32]) == _bytes(scales[i])
