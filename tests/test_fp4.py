@@ -96,8 +96,8 @@ def test_dequantize_reads_every_nibble_and_scale_byte():
 def test_the_rule_agrees_with_torchao_rceil_byte_for_byte():
     """torchao's MX quantization (``to_mx``, ``ScaleCalculationMode.RCEIL``: ``2 ** ceil(log2(amax / 6))``, values
     to nearest, ties to even) writes the same scale and value bytes as the reference wherever the two rules agree:
-    finite blocks of amax ≥ :data:`fp4.AMAX_FLOOR`, where torchao writes a negative value rounding to 0 as -0
-    (nibble 8) and the reference +0 (docs/fp4.md, "The write rule")."""
+    finite blocks of amax above ``6 * 2 ** -16`` (the floor's scale), where torchao writes a negative value rounding
+    to 0 as -0 (nibble 8) and the reference +0 (docs/fp4.md, "The write rule")."""
     pytest.importorskip("torchao", minversion="0.13", reason="the cross-check needs the test extra's torchao")
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.prototype.mx_formats.mx_tensor import to_mx
@@ -116,6 +116,12 @@ def test_the_rule_agrees_with_torchao_rceil_byte_for_byte():
     nibbles = nibbles.masked_fill(nibbles == 8, 0)  # -0 → +0, the one difference
     assert _bytes(nibbles[..., 0] | nibbles[..., 1] << 4) == _bytes(values)
     assert (theirs != values.view(torch.uint8)).any()  # the -0 difference exists in this input: the masking is needed
+    # Under the amax floor: amax 9.9e-5 and just above 6 * 2^-16 give the floor's scale 2^-15 in both; at 6 * 2^-16
+    # torchao's is 2^-16 (docs/fp4.md, "The write rule").
+    tiny = torch.zeros(3, 32)
+    tiny[:, 0] = torch.tensor([9.9e-5, 6 * 2.0**-16 * 1.0001, 6 * 2.0**-16])
+    their_scales, _ = to_mx(tiny, torch.float4_e2m1fn_x2, fp4.BLOCK, ScaleCalculationMode.RCEIL)
+    assert _bytes(fp4.quantize(tiny)[1]) == [127 - 15] * 3 and _bytes(their_scales) == [127 - 15] * 2 + [127 - 16]
 
 
 def test_mxfp4_queries_in_deepgemms_packed_form_are_taken_by_views():
