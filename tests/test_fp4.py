@@ -229,3 +229,16 @@ def test_a_page_of_the_mxfp4_cache_holds_its_tokens_values_then_their_scales():
         assert _bytes(cache[p, t * dim // 2:(t + 1) * dim // 2]) == _bytes(values[i])
         at = page * dim // 2 + t * dim // 32
         assert _bytes(cache[p, at:at + dim // 32]) == _bytes(scales[i])
+
+
+@pytest.mark.parametrize("op", ["mqa_logits", "mqa_topk_translate"])
+def test_bf16_queries_with_mxfp4_keys_are_refused_naming_q(op):
+    """MXFP4 keys take fp8 or MXFP4 queries: the op's check refuses bf16 ones before any backend is asked."""
+    keys, scales = indexcache.quantize_index_k(torch.randn(8, 64), fp4.FP4, backend="torch")
+    args = (torch.randn(2, 4, 64).bfloat16(), keys, scales, torch.rand(2, 4), torch.zeros(2, dtype=torch.int32),
+            torch.full((2,), 8, dtype=torch.int32))
+    if op == "mqa_topk_translate":
+        args += (4, torch.zeros(1, 4, dtype=torch.int32), 2)
+    with pytest.raises(TypeError, match=r"^q: expected dtype float8_e4m3fn or float8_e4m3fnuz or float4_e2m1fn_x2, "
+                                        r"got bfloat16$"):
+        getattr(indexcache, op)(*args, backend="torch")

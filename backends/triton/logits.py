@@ -667,16 +667,14 @@ def format_options(target: Target, cfg: Mapping[str, Any], mxfp4: bool) -> dict[
     return options
 
 
-def _mxfp4_prefill(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, target: Target) -> list[str]:
+def _mxfp4_prefill(k: torch.Tensor, k_scale: torch.Tensor, target: Target) -> list[str]:
     """Why the prefill kernel cannot read these MXFP4 keys (empty: it can): a target with fp8 matrix instructions
-    (without them the widened tile and the fp16 queries spill), fp8 queries, the values' rows read as words, the
-    scale bytes of a row adjacent."""
+    (without them the widened tile and the fp16 queries spill), the values' rows read as words, the scale bytes of a
+    row adjacent. (Queries with MXFP4 keys are fp8 or MXFP4: the op's check refuses bf16 ones.)"""
     reasons = []
     if not target.gpu.fp8_mma:
         reasons.append(f"MXFP4 keys on {target.arch}: the Triton prefill takes them where there are fp8 matrix "
                        "instructions (the torch backend serves the others)")
-    if q.dtype == torch.bfloat16:
-        reasons.append("MXFP4 keys with bf16 queries: the Triton kernels take fp8 queries with them")
     if k.stride(1) != 1 or k.stride(0) % 4 or k.data_ptr() % 4:
         reasons.append("MXFP4 k: the Triton prefill reads its rows as 4-byte words (unit stride along a row, rows "
                        "and the first one at multiples of 4 bytes)")
@@ -891,7 +889,7 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
     decode_options = {mxfp4: launch_key_options(format_options(target, decode, mxfp4)) for mxfp4 in (False, True)}
 
     def supports_prefill(q, k, k_scale, weights, ks, ke, out, q_scale=None, **_):
-        mxfp4 = _mxfp4_prefill(q, k, k_scale, target) if k.dtype == fp4.FP4 else []
+        mxfp4 = _mxfp4_prefill(k, k_scale, target) if k.dtype == fp4.FP4 else []
         queries = (_check_dtype("q", q.dtype, target, bf16=True) if q_scale is None else
                    [*on_target_device(target, q_scale=q_scale), *_mxfp4_queries(q, q_scale)])
         return [*on_target_device(target, q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, out=out),
