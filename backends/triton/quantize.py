@@ -319,6 +319,8 @@ def ops(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> dict[str, Op
         reasons = [*on_target_device(target, k=k, out=out, out_scale=out_scale), *_fp8_policy(fp8_dtype, target)]
         if block > cfg["ELEMS"]:
             reasons.append(f"block={block}: the Triton kernel holds one block in registers, at most {cfg['ELEMS']}")
+        if fp8_dtype == fp4.FP4 and k.shape[1] > cfg["ELEMS"]:
+            reasons.append(f"D={k.shape[1]}: the MXFP4 kernel holds one key in registers, at most {cfg['ELEMS']}")
         return reasons
 
     def supports_store(k, k_cache, slot_mapping, fp8_dtype, **_):

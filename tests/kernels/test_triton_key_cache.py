@@ -102,3 +102,16 @@ def test_gather_writes_outputs_of_a_huge_column_stride(backend, mxfp4):
     indexcache.gather_index_k(cache, table, lens, fp8_dtype=fmt, out_k=out_k, out_scale=out_scale, backend=backend)
     assert torch.equal(out_k.view(torch.uint8), want[0].view(torch.uint8))
     assert torch.equal(out_scale.view(torch.uint8), want[1].view(torch.uint8))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mxfp4_keys_wider_than_a_program_holds_are_declined_by_name(backend):
+    """The MXFP4 kernel holds a whole key in registers: a head dim past the table's ``ELEMS`` is declined, as the store
+    declines it, not left to fail in the compiler."""
+    k = torch.zeros(1, 8192)
+    for call in (lambda: indexcache.quantize_index_k(k, fp4.FP4, backend=backend),
+                 lambda: indexcache.store_index_k(k, new_packed_cache(1, 1, dim=8192, fp8_dtype=fp4.FP4),
+                                                  torch.zeros(1, dtype=I32), fp4.FP4, backend=backend)):
+        with pytest.raises(indexcache.hal.dispatch.BackendNotSupportedError,
+                           match="D=8192: the (MXFP4 kernel holds one key|Triton store holds one token) in registers"):
+            call()
