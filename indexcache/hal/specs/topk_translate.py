@@ -55,7 +55,8 @@ def reference(scores, lengths, k, page_table, page_size, *, row_starts=None, row
 
 
 def _rows_as_sets(idx: torch.Tensor) -> list[list[int]]:
-    return [sorted(v for v in row if v >= 0) for row in idx.tolist()]
+    """Each row's entries but -1 (empty slots), sorted: any other negative value stays, so it differs."""
+    return [sorted(v for v in row if v != -1) for row in idx.tolist()]
 
 
 def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor], accumulation: str) -> Verdict:
@@ -68,6 +69,8 @@ def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor]
         if sort:
             return topk.check_topk(got, want_phys, True), None, None
         # Order is unspecified: compare the physical sets row by row.
+        if got.shape != want_phys.shape:
+            return f"shape {list(got.shape)}, expected {list(want_phys.shape)}", None, None
         sets_got, sets_want = _rows_as_sets(got), _rows_as_sets(want_phys)
         bad = [r for r, (a, b) in enumerate(zip(sets_got, sets_want, strict=True)) if a != b]
         return (f"rows {bad[:5]} differ" if bad else ""), None, None
