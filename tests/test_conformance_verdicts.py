@@ -57,3 +57,36 @@ def test_topk_translate_without_out_raw_fails_a_wider_answer(wrong):
     wrong("topk_translate", wider)
     result = run_case(_case("topk_translate", "page 1 token table, no out_raw"), "torch")
     assert result.status == "failed" and result.detail == "shape [6, 101], expected [6, 100]"
+
+
+def _into_a_copy(*names):
+    """The op run on copies of its given outputs ``names``: the right answer, in tensors the caller never sees."""
+    def wrap(fn):
+        def run(**args):
+            args = dict(args)
+            for name in names:
+                given = args[name]
+                args[name] = [t.clone() for t in given] if isinstance(given, list) else given.clone()
+            return fn(**args)
+        return run
+    return wrap
+
+
+@pytest.mark.parametrize(("op", "case", "names", "detail"), [
+    ("translate", "preallocated out", ("out",), "out"),
+    ("topk", "preallocated out", ("out",), "out"),
+    ("quantize_index_k", "outputs given: rows of a wider buffer, garbage in them before", ("out", "out_scale"), "out"),
+    ("gather_index_k", "given outputs: more rows than the tokens (the rest untouched), native fp8",
+     ("out_k", "out_scale"), "out_k"),
+    ("hisparse_swap_in", "odd row bytes (6) and rows sharing a request", ("device_kv",), "device_kv"),
+    ("hisparse_swap_in", "a producer group's four layers in one call (656-byte rows, pinned host memory holding a "
+     "token's rows of the group together)", ("device_kv",), "device_kv[0]"),
+])
+def test_an_answer_not_written_into_the_given_output_fails(wrong, op, case, names, detail):
+    case = _case(op, case)
+    assert run_case(case, "torch").status == "passed"
+    wrong(op, _into_a_copy(*names))
+    result = run_case(case, "torch")
+    assert (result.status, result.detail) == ("failed", f"did not write into the given {detail} (returned another "
+                                                        "tensor)")
+

@@ -99,3 +99,17 @@ def to_fp8(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t`` clamped to the format's finite range, then cast."""
     limit = float(torch.finfo(dtype).max)
     return t.clamp(-limit, limit).to(dtype)
+
+
+def not_written(args: dict[str, Any], returned: dict[str, Any]) -> str:
+    """What a judge reports ("" when nothing) where an op given an output did not return that output: ``returned``
+    maps an output argument's name to what the op returned for it; each one the case gave (a tensor in ``args``)
+    must be that very memory (address, shape and strides), as every op's contract returns it, or its answer never
+    reached the caller's tensor."""
+    for name, got in returned.items():
+        given = args.get(name)
+        if isinstance(given, torch.Tensor) and not (
+                isinstance(got, torch.Tensor) and got.data_ptr() == given.data_ptr() and got.dtype == given.dtype
+                and got.shape == given.shape and got.stride() == given.stride()):
+            return f"did not write into the given {name} (returned another tensor)"
+    return ""

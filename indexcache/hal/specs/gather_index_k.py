@@ -14,7 +14,7 @@ from indexcache.hal import dispatch, fp4
 from indexcache.hal.checks import INDEX, check_cache, check_int, check_key_format, check_tensor, output
 from indexcache.hal.layout import new_packed_cache, scale_bytes, split_packed_cache, token_bytes
 from indexcache.hal.specs import quantize_index_k
-from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu
+from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu, not_written
 from indexcache.hal.specs.bench import DIM, PAGE, BenchCase, BenchSpec
 
 
@@ -96,7 +96,10 @@ def reference(k_cache, block_table, context_lens, *, dim=128, fp8_dtype=torch.fl
 
 def judge(args: dict, got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor],
           accumulation: str) -> Verdict:
-    """Keys and scales byte-exact (float32 scales: equal, NaN where the reference has NaN)."""
+    """Keys and scales byte-exact (float32 scales: equal, NaN where the reference has NaN); written into the given
+    outputs."""
+    if detail := not_written(args, {"out_k": got[0], "out_scale": got[1]}):
+        return detail, None, None
     got_k, got_scale = (cpu(t) for t in got)
     want_k, want_scale = want
     if got_k.dtype != want_k.dtype or got_scale.dtype != want_scale.dtype:

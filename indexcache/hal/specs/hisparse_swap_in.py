@@ -12,7 +12,7 @@ import torch
 from indexcache.hal import hisparse
 from indexcache.hal.checks import INDEX, check_output, check_tensor
 from indexcache.hal.shown import dims, shown
-from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu
+from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, not_written
 from indexcache.hal.specs.hisparse_plan import COPY_SRC, HOST_LOC_DTYPES, _evolved, _host_loc
 
 DEVICE_LOC_DTYPES = HOST_LOC_DTYPES
@@ -91,11 +91,15 @@ def reference(copy_src, copy_dst, copy_count, host_kv, device_kv, device_loc, *,
 
 
 def judge(args: dict, got, want, accumulation: str) -> Verdict:
-    """Byte-exact: the copied rows and every other row as it was, in every layer."""
+    """Byte-exact: the copied rows and every other row as it was, in every layer, written in place (each layer the
+    given tensor)."""
     if isinstance(want, torch.Tensor):
-        return _judge_layer("device_kv", got, want), None, None
+        return not_written(args, {"device_kv": got}) or _judge_layer("device_kv", got, want), None, None
     if isinstance(got, torch.Tensor) or len(got) != len(want):
         return f"device_kv: {type(got).__name__}, expected a list of {len(want)} layers", None, None
+    layers = {f"device_kv[{g}]": t for g, t in enumerate(args["device_kv"])}
+    if detail := not_written(layers, {name: got[g] for g, name in enumerate(layers)}):
+        return detail, None, None
     return "; ".join(filter(None, (_judge_layer(f"device_kv[{g}]", t, w)
                                    for g, (t, w) in enumerate(zip(got, want, strict=True))))), None, None
 

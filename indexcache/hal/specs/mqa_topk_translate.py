@@ -69,7 +69,7 @@ def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor]
     reference's index sets, ``out`` exactly ``translate(out_raw)``; without ``out_raw`` the physical sets."""
     _, lengths = windows(cpu(args["ks"]), cpu(args["ke"]), args["k"].shape[0])
     composed = dict(lengths=lengths, page_table=cpu(args["page_table"]), page_size=args["page_size"],
-                    row_to_batch=cpu(args.get("row_to_batch")), out_raw=args.get("out_raw"))
+                    row_to_batch=cpu(args.get("row_to_batch")), out=args.get("out"), out_raw=args.get("out_raw"))
     return topk_translate.judge(composed, got, want, accumulation)
 
 

@@ -102,7 +102,7 @@ def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor]
     again = topk_translate.reference(returned, lengths, args["k"], page_table, args["page_size"],
                                      row_to_batch=row_to_batch)
     composed = dict(lengths=lengths, page_table=page_table, page_size=args["page_size"], row_to_batch=row_to_batch,
-                    out_raw=args.get("out_raw"))
+                    out=args.get("out"), out_raw=args.get("out_raw"))
     detail = topk_translate.judge(composed, got, again, accumulation)[0]
     return (f"top-k of the returned logits: {detail}" if detail else ""), err, bound
 

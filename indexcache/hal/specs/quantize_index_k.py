@@ -13,7 +13,7 @@ from indexcache.hal import dispatch, fp4
 from indexcache.hal.checks import FLOAT_INPUTS, check_key_format, check_tensor, output
 from indexcache.hal.layout import fp8_max
 from indexcache.hal.shown import dims, shown
-from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, CaseList, OpSpec, Verdict, cpu
+from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, CaseList, OpSpec, Verdict, cpu, not_written
 from indexcache.hal.specs.bench import DIM, BenchCase, BenchSpec
 
 # Elements a scale of fp8 keys where the call names none (one scale a key at DeepSeek-V3.2's D = 128); MXFP4 keys
@@ -74,8 +74,10 @@ def bytes_equal(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 def judge(args: dict, got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor],
           accumulation: str) -> Verdict:
-    """Scales equal (NaN where the reference has NaN), fp8 values byte-exact."""
+    """Scales equal (NaN where the reference has NaN), fp8 values byte-exact; written into the given outputs."""
     q, scale = got
+    if detail := not_written(args, {"out": q, "out_scale": scale}):
+        return detail, None, None
     want_q, want_scale = want
     if q.dtype != want_q.dtype or scale.dtype != want_scale.dtype:
         return f"dtypes {q.dtype}, {scale.dtype}: expected {want_q.dtype}, {want_scale.dtype}", None, None

@@ -11,7 +11,7 @@ import torch
 
 from indexcache.hal import dispatch
 from indexcache.hal.checks import INDEX, SCORE_DTYPES, check_bool, check_k, check_tensor, check_workspace, output
-from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints
+from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints, not_written
 from indexcache.hal.specs.bench import POISON, BenchCase, BenchSpec
 
 
@@ -85,8 +85,8 @@ def check_topk(got: torch.Tensor, want: torch.Tensor, sort: bool) -> str:
 
 
 def judge(args: dict, got: torch.Tensor, want: torch.Tensor, accumulation: str) -> Verdict:
-    """:func:`check_topk`."""
-    return check_topk(cpu(got), want, args.get("sorted", False)), None, None
+    """:func:`check_topk`, written into the given ``out``."""
+    return not_written(args, {"out": got}) or check_topk(cpu(got), want, args.get("sorted", False)), None, None
 
 
 cases = CaseList("topk")

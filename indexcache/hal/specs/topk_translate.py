@@ -20,7 +20,7 @@ from indexcache.hal.checks import (
     output,
 )
 from indexcache.hal.specs import topk, translate
-from indexcache.hal.specs.base import I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu, ints
+from indexcache.hal.specs.base import I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu, ints, not_written
 from indexcache.hal.specs.bench import BASELINE, BenchCase, BenchSpec
 
 
@@ -61,7 +61,10 @@ def _rows_as_sets(idx: torch.Tensor) -> list[list[int]]:
 
 def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor], accumulation: str) -> Verdict:
     """With ``out_raw``: ``out_raw`` judged like :func:`indexcache.topk`, and ``out`` exactly
-    ``translate(out_raw)``. Without: per row the same physical slots (in order when sorted)."""
+    ``translate(out_raw)``. Without: per row the same physical slots (in order when sorted). Written into the given
+    ``out``."""
+    if detail := not_written(args, {"out": got}):
+        return detail, None, None
     got = cpu(got)
     want_phys, want_raw = want
     sort = args.get("sorted", False)

@@ -11,7 +11,7 @@ import torch
 
 from indexcache.hal import dispatch
 from indexcache.hal.checks import INDEX, check_tensor, check_translate_inputs, output
-from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints
+from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, ints, not_written
 from indexcache.hal.specs.bench import POISON, BenchCase, BenchSpec
 
 
@@ -50,8 +50,8 @@ def reference(raw, page_table, seq_lens, page_size, *, row_to_batch=None) -> tor
 
 def judge(args: dict, got: torch.Tensor, want: torch.Tensor, accumulation: str) -> Verdict:
     """Exact equality, written into the given ``out``."""
-    if "out" in args and got.data_ptr() != args["out"].data_ptr():
-        return "did not write into the given out", None, None
+    if detail := not_written(args, {"out": got}):
+        return detail, None, None
     got = cpu(got)
     return ("" if torch.equal(got, want) else f"{int((got != want).sum())} slots differ"), None, None
 
