@@ -90,3 +90,19 @@ def test_an_answer_not_written_into_the_given_output_fails(wrong, op, case, name
     assert (result.status, result.detail) == ("failed", f"did not write into the given {detail} (returned another "
                                                         "tensor)")
 
+
+@pytest.mark.parametrize("case", ["NaN key (scale NaN in the cache) and NaN weights propagate, native fp8",
+                                  "MXFP4 cache, a NaN block scale and NaN weights propagate, next_n 2, native fp8 q"])
+def test_the_inf_key_of_the_second_request_is_read(wrong, case):
+    """The case puts a NaN key at position 10 of request 0 and an inf key at position 10 of request 1 (its scale NaN
+    in the cache): a backend that reads request 1's key as finite fails (row 2 is request 1's first row)."""
+    def finite_second_key(fn):
+        def run(**args):
+            got = fn(**args)
+            got[2, 10] = 0.0
+            return got
+        return run
+
+    wrong("paged_mqa_logits", finite_second_key)
+    result = run_case(_case("paged_mqa_logits", case), "torch")
+    assert result.status == "failed" and result.detail.startswith("NaN placement differs at 1 positions")

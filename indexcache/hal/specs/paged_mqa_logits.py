@@ -176,7 +176,7 @@ def _nan_args(gen, dev, fp8, k_format=None, block_spread=0):
                                    block_spread=block_spread).items()}
     bad = torch.randn(2, 128, generator=gen)
     bad[0, 3], bad[1, 0] = float("nan"), float("inf")
-    slots = (args["page_table"][:, 0].long() * 64 + torch.tensor([10, 70])).to(I32)  # position 10 of each request
+    slots = (args["page_table"][:, 0].long() * 64 + 10).to(I32)  # position 10 of each request
     args["k_cache"] = store_index_k.reference(bad, args["k_cache"], slots, k_format or fp8)
     args["weights"][3, 0] = float("nan")
     return {name: t.to(dev) if isinstance(t, torch.Tensor) else t for name, t in args.items()}
