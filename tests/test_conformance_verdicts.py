@@ -106,3 +106,27 @@ def test_the_inf_key_of_the_second_request_is_read(wrong, case):
     wrong("paged_mqa_logits", finite_second_key)
     result = run_case(_case("paged_mqa_logits", case), "torch")
     assert result.status == "failed" and result.detail.startswith("NaN placement differs at 1 positions")
+
+
+def test_a_case_the_backend_does_not_support_is_declined(wrong, fresh_dispatch, monkeypatch):
+    """Declined is the dispatcher's answer before the op runs (the backend's supports), with its reasons."""
+    ops = fresh_dispatch.ops_of("torch")
+    monkeypatch.setitem(ops, "translate", dataclasses.replace(ops["translate"], supports=lambda **_: ["no pages"]))
+    result = run_case(_case("translate", "preallocated out"), "torch")
+    assert result.status == "declined" and result.detail.endswith("cannot run translate: no pages")
+
+
+def test_a_backend_raising_not_supported_while_it_runs_fails(wrong):
+    """A backend that took the call and then raised BackendNotSupportedError (from a call of its own, say) failed it:
+    it is not declined (a skip in tests/conformance)."""
+    from indexcache.hal import dispatch
+
+    def refuses(fn):
+        def run(**args):
+            raise dispatch.BackendNotSupportedError("no backend can run topk with these arguments")
+        return run
+
+    wrong("translate", refuses)
+    result = run_case(_case("translate", "preallocated out"), "torch")
+    assert (result.status, result.detail) == ("failed", "BackendNotSupportedError: no backend can run topk with these "
+                                                        "arguments")

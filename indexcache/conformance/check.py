@@ -26,7 +26,8 @@ _NOT_FOR_REFERENCE = ("out", "out_raw", "logits", "sorted")
 
 @dataclass
 class CaseResult:
-    """The outcome of one case: status "passed", "failed" or "declined" (the backend does not serve it)."""
+    """The outcome of one case: status "passed", "failed" or "declined" (the backend's ``supports`` says it does not
+    serve these arguments, or it lacks the op)."""
 
     op: str
     case: str
@@ -50,6 +51,17 @@ def _judge(case: Case, args: dict, backend: str, accumulation: str) -> Verdict:
     return spec.judge(args, got, want, accumulation)
 
 
+def _declined(case: Case, args: dict, backend: str) -> str:
+    """Why the backend does not serve the case ("" when it does): the dispatcher's answer for the checked arguments,
+    before anything runs. A :class:`~indexcache.hal.dispatch.BackendNotSupportedError` raised later, by a backend
+    that took the call, is a failure like any other exception."""
+    try:
+        dispatch.resolve(case.op, SPECS[case.op].check(**args), backend)
+    except dispatch.BackendNotSupportedError as exc:
+        return str(exc)
+    return ""
+
+
 def native_fp8(backend: str) -> torch.dtype:
     """The fp8 format a backend computes in (its capabilities' ``fp8_dtype``; e4m3fn when it takes either)."""
     return dispatch.get(backend).capabilities().fp8_dtype or torch.float8_e4m3fn
@@ -64,9 +76,9 @@ def run_case(case: Case, backend: str, seed: int = 0) -> CaseResult:
     args = case.build(gen, device, native_fp8(backend)) if case.native_fp8 else case.build(gen, device)
     start = time.perf_counter()
     try:
+        if why := _declined(case, args, backend):
+            return CaseResult(case.op, case.name, "declined", why, seconds=time.perf_counter() - start)
         detail, err, bound = _judge(case, args, backend, accumulation)
-    except dispatch.BackendNotSupportedError as exc:
-        return CaseResult(case.op, case.name, "declined", str(exc), seconds=time.perf_counter() - start)
     except Exception as exc:  # a crash is a failure of the backend, reported, not raised
         return CaseResult(case.op, case.name, "failed", f"{type(exc).__name__}: {exc}",
                           seconds=time.perf_counter() - start)
