@@ -130,3 +130,17 @@ def test_a_backend_raising_not_supported_while_it_runs_fails(wrong):
     result = run_case(_case("translate", "preallocated out"), "torch")
     assert (result.status, result.detail) == ("failed", "BackendNotSupportedError: no backend can run topk with these "
                                                         "arguments")
+
+
+def test_sorted_top_k_with_the_empty_slots_first_fails(wrong):
+    """sorted=True: the picks in order, then -1; a backend putting the -1 first fails the case that has some."""
+    def empty_first(fn):
+        def run(**args):
+            got = fn(**args)
+            key = (got != -1).int()  # 0 for -1: a stable sort puts them first, the picks in their order after
+            return got.copy_(got.gather(1, key.sort(dim=1, stable=True).indices))
+        return run
+
+    wrong("topk", empty_first)
+    result = run_case(_case("topk", "sorted output, -1 after the picks (short rows, -inf and NaN)"), "torch")
+    assert result.status == "failed" and result.detail == "rows [0, 2, 3] differ from the sorted reference"

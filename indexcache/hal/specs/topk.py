@@ -201,6 +201,14 @@ def _(gen, dev):
     return args_of(gen, dev, scores_of(gen, 4, 1000, distinct=False), 90, sorted=True)
 
 
+@cases.add("sorted output, -1 after the picks (short rows, -inf and NaN)")
+def _(gen, dev):
+    s = scores_of(gen, 4, 1000, distinct=False)
+    s[2, 40:] = float("-inf")
+    s[3, ::2] = float("nan")
+    return args_of(gen, dev, s, 90, lengths=torch.tensor([50, 0, 1000, 150], dtype=I32), sorted=True)
+
+
 @cases.add("k = 0")
 def _(gen, dev):
     return args_of(gen, dev, scores_of(gen, 3, 100), 0)
