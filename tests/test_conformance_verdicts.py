@@ -144,3 +144,19 @@ def test_sorted_top_k_with_the_empty_slots_first_fails(wrong):
     wrong("topk", empty_first)
     result = run_case(_case("topk", "sorted output, -1 after the picks (short rows, -inf and NaN)"), "torch")
     assert result.status == "failed" and result.detail == "rows [0, 2, 3] differ from the sorted reference"
+
+
+def test_bf16_logits_rounded_to_bf16_fail_with_fp32_accumulation(wrong):
+    """bf16 inputs are exact, as fp8 ones are: with fp32 accumulation their logits are held to 1e-5, so an answer
+    rounded through bf16 (relative error about 2e-3) fails."""
+    def rounded(fn):
+        def run(**args):
+            got = fn(**args)
+            return got.copy_(got.bfloat16().float())
+        return run
+
+    case = _case("mqa_logits", "causal prefill, H 64, bf16")
+    assert run_case(case, "torch").error < 1e-6
+    wrong("mqa_logits", rounded)
+    result = run_case(case, "torch")
+    assert result.status == "failed" and result.bound == 1e-5 and 1e-3 < result.error < 1e-2
