@@ -161,8 +161,9 @@ def test_buffers_check_their_sizes_and_reset_empties_a_requests_rows():
 def test_a_producers_bad_hot_layer_is_named_before_the_state_changes():
     """A producer's host_kv that is no tensor or list of them is refused by name (not ``min()``'s or ``.shape``'s
     error); host_kv without device_kv, and an int64 device_loc (which the swap-in op takes but the device rows, int32,
-    cannot), are refused before the plan: raised at the swap-in, they came after the state had taken the step's
-    misses as copied (and the int64 one as the translation's ``page_table``)."""
+    cannot), are refused before the plan, as is anything the producer's swap-in would refuse (KV of another dtype,
+    a list beside one tensor): raised at the swap-in, they came after the state had taken the step's misses as copied
+    (and the int64 one as the translation's ``page_table``)."""
     hot = HotBuffers([0], 2, 4, 2, 3)
     raw = torch.tensor([[1, 2, 8], [0, 1, 2]], dtype=INDEX)
     lens, host_loc = torch.tensor([9, 3], dtype=INDEX), torch.arange(40, dtype=INDEX).view(2, 20)
@@ -175,6 +176,10 @@ def test_a_producers_bad_hot_layer_is_named_before_the_state_changes():
         hot.plan(0, raw, HotLayer(host_kv, None, loc, lens, host_loc))
     with pytest.raises(TypeError, match="hot: device_loc: expected an int32 tensor .*got torch.int64"):
         hot.plan(0, raw, HotLayer(host_kv, device_kv, loc.long(), lens, host_loc))
+    with pytest.raises(TypeError, match="device_kv"):  # the swap-in's own check: another dtype than host_kv
+        hot.plan(0, raw, HotLayer(host_kv, device_kv.half(), loc, lens, host_loc))
+    with pytest.raises(TypeError, match="host_kv: expected one tensor, as device_kv, got a list of 1"):
+        hot.plan(0, raw, HotLayer([host_kv], device_kv, loc, lens, host_loc))
     tokens, ages = hot.state[0]
     assert tokens.eq(-1).all() and ages.eq(-1).all() and hot.group is None  # nothing planned
     layer = HotLayer(host_kv, device_kv, loc, lens, host_loc)

@@ -30,6 +30,7 @@ import torch
 from indexcache.hal import hisparse, ops
 from indexcache.hal.ops import INDEX
 from indexcache.hal.slot_index import index_width
+from indexcache.hal.specs import SPECS
 from indexcache.hal.specs.hisparse_swap_in import layers
 from indexcache.runtime.state import MissingProducerError
 
@@ -117,7 +118,8 @@ class HotBuffers:
     def plan(self, producer: int, raw: torch.Tensor, layer: HotLayer, *,
              row_to_batch: torch.Tensor | None = None) -> hisparse.Plan:
         """Plan the step of ``producer``'s group for its selection ``raw [rows, k]`` (logical positions, -1 none),
-        into the buffers; returns the plan (views of the buffers)."""
+        into the buffers; returns the plan (views of the buffers). ``layer`` is checked as its swap-in will check it
+        before the state changes: a refused swap-in would leave the state holding misses it never copied."""
         if producer not in self.state:
             raise KeyError(f"producer {producer}: no hot-buffer state (producers {sorted(self.state)})")
         rows = raw.shape[0]
@@ -127,6 +129,9 @@ class HotBuffers:
         if not _copies_kv(layer):  # the layer refused before the state changes, not at its swap-in after
             raise ValueError(f"hot: producer {producer}'s HotLayer has no host_kv (a producer swaps in its own layer "
                              "or its whole group)")
+        # the producer's own swap-in checked before the state takes this step's misses as copied
+        SPECS["hisparse_swap_in"].check(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows],
+                                        layer.host_kv, layer.device_kv, layer.device_loc, row_to_batch=row_to_batch)
         tokens, ages = self.state[producer]
         host_rows = layer.host_rows
         if host_rows is None:
