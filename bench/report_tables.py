@@ -233,7 +233,7 @@ def cp_topk(d: dict) -> str:
     return _head(d, f"{d['world_size']} GPUs over {s['dist_backend'].upper()} {d['versions'].get('nccl', '')}".rstrip(),
                  f"{s['rows']} rows, k {s['k']}, {s['statistic']} of {s['reps']}") + "\n\n" + markdown_table(
         ["keys a row", "shards", "one GPU's topk µs", "local top-k µs", "all-gather µs", "merge µs", "cp_topk µs",
-         "local logits µs", "communication / logits", "equals one GPU"], rows)
+         "local logits µs", "gathered / logits bytes", "equals one GPU"], rows)
 
 
 _FP4_GOALS = {"paged_mqa_logits": 0.6, "paged_topk_translate": 0.7, "mqa_logits": 1.1}  # issue 37's, MXFP4 / fp8
