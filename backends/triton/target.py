@@ -162,12 +162,24 @@ def device_gpu(device: torch.device) -> GpuArch | None:
     return None
 
 
-def _triton_version() -> str | None:
+def triton_import() -> tuple[str | None, str]:
+    """``(version, "")`` when Triton imports, else ``(None, why)``: not installed, or installed but its import failed
+    (a broken or mismatched install: the error it raised, whatever its type, so that probing a Triton backend never
+    breaks the torch backend)."""
     try:
         import triton
-    except ImportError:
-        return None
-    return triton.__version__
+    except ModuleNotFoundError as exc:
+        if exc.name == "triton":
+            return None, "Triton is not installed"
+        return None, _import_failed(exc)
+    except Exception as exc:  # a Triton that fails to import may raise anything (OSError of its library, ...)
+        return None, _import_failed(exc)
+    return triton.__version__, ""
+
+
+def _import_failed(exc: Exception) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"Triton failed to import: {type(exc).__name__}: {first}"
 
 
 def detect(vendor: GpuVendor) -> tuple[bool, str, Target | None]:
@@ -177,9 +189,9 @@ def detect(vendor: GpuVendor) -> tuple[bool, str, Target | None]:
     vendor does not know leaves the backend unavailable, the reason naming the variable); under ``TRITON_INTERPRET=1``
     the target is ``vendor.interpreted_arch`` unless overridden.
     """
-    version = _triton_version()
+    version, missing = triton_import()
     if version is None:
-        return False, f"Triton is not installed (pip install 'indexcache[{vendor.backend}]')", None
+        return False, f"{missing} (pip install 'indexcache[{vendor.backend}]')", None
     override = os.environ.get(vendor.arch_env)
     if override:
         try:

@@ -102,13 +102,12 @@ def empty_launch(device: torch.device, timer: Timer, graph_ok: bool) -> dict[str
     """An empty Triton kernel launch: eager (host issue + device) and, on a GPU, inside a graph of 100 launches.
 
     ``{"mode": "GPU" / "interpreted" / None, "reason", "eager_us", "graph_us", "graph_error"}``."""
-    from indexcache.backends.triton.target import interpreting
+    from indexcache.backends.triton.target import interpreting, triton_import
 
     found: dict[str, Any] = {"mode": None, "reason": "", "eager_us": None, "graph_us": None, "graph_error": None}
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return {**found, "reason": "Triton is not installed"}
+    version, missing = triton_import()
+    if version is None:
+        return {**found, "reason": missing}
     if interpreting():
         mode, where = "interpreted", torch.device("cpu")
     elif on_gpu(device):

@@ -49,13 +49,9 @@ def git_state() -> tuple[str | None, bool | None]:
 
 def versions() -> dict[str, str | None]:
     """indexcache, torch, Triton (None when absent), CUDA, HIP and Python versions."""
-    try:
-        import triton
+    from indexcache.backends.triton.target import triton_import
 
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {"indexcache": indexcache.__version__, "torch": torch.__version__, "triton": triton_version,
+    return {"indexcache": indexcache.__version__, "torch": torch.__version__, "triton": triton_import()[0],
             "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
             "python": platform.python_version()}
 

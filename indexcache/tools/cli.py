@@ -68,6 +68,15 @@ def _check_environment() -> None:
         env_budget()
 
 
+def _need_triton(command: str) -> None:
+    """Refuse, before any work, a command that needs Triton where it is absent or fails to import, saying which."""
+    from indexcache.backends.triton.target import triton_import
+
+    version, missing = triton_import()
+    if version is None:
+        raise UsageError(f"{command} needs Triton: {missing} (pip install triton)")
+
+
 def _check_input(option: str, path: str | os.PathLike[str]) -> None:
     """Refuse, before any work, an input file ``path`` that cannot be read (missing, a directory, no permission)."""
     try:
@@ -481,11 +490,9 @@ def _add_compile_check(sub) -> None:
 
 
 def _run_compile_check(args) -> int:
-    import importlib.util
     import json
 
-    if importlib.util.find_spec("triton") is None:
-        raise UsageError("the compile check needs Triton (pip install triton)")
+    _need_triton("the compile check")
     from indexcache.backends.triton.crosscompile import TARGETS, check_targets, failed, format_table, to_stderr, why
 
     backends = list(TARGETS) if args.backend == "all" else [args.backend]
@@ -547,10 +554,7 @@ def _add_warmup(sub) -> None:
 
 
 def _run_warmup(args) -> int:
-    import importlib.util
-
-    if importlib.util.find_spec("triton") is None:
-        raise UsageError("warmup needs Triton (pip install triton)")
+    _need_triton("warmup")
     from triton import knobs
 
     from indexcache.plan import ConfigError, LayerPlan
