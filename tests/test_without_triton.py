@@ -1,6 +1,6 @@
 """Where Triton is absent or fails to import (macOS, Windows, a CPU install without the ``cuda`` extra, a broken
 wheel): the torch backend still runs every call, ``indexcache info`` says why cuda and rocm are unavailable, and the
-commands that need Triton (compile-check, warmup) refuse in one line instead of a
+commands that need Triton (compile-check, warmup, conformance of a Triton backend) refuse in one line instead of a
 traceback. Each case runs in a subprocess whose ``PYTHONPATH`` puts a stand-in ``triton`` package first, one whose
 import raises what a missing or broken Triton raises."""
 
@@ -78,3 +78,33 @@ def test_the_commands_that_need_triton_refuse_in_one_line(no_triton, tmp_path):
         ran = _cli(env, *args)
         assert ran.returncode == 2, ran.stderr
         assert ran.stderr == f"indexcache {args[0]}: error: {what} needs Triton: {reason} (pip install triton)\n"
+    ran = _cli(env, "conformance", "--backend", "cuda", "--op", "translate", "--out", str(tmp_path / "reports"))
+    assert ran.returncode == 2
+    assert ran.stderr == (f"indexcache conformance: error: backend 'cuda' cannot run here: {reason} "
+                          "(pip install 'indexcache[cuda]')\n")
+    assert not (tmp_path / "reports" / "conformance-cuda.json").exists()
+
+
+def test_conformance_all_runs_the_torch_backend_and_says_why_the_others_are_left_out(tmp_path):
+    """The README's quick-start command on a machine without Triton: the torch backend's cases, no crash."""
+    raising, reason = TRITONS["absent"]
+    ran = _cli(_environment(tmp_path, raising), "conformance", "--backend", "all", "--op", "translate",
+               "--out", str(tmp_path / "reports"))
+    assert ran.returncode == 0, ran.stderr
+    for name in ("cuda", "rocm"):
+        assert f"conformance: backend {name} left out: its Triton kernels cannot run here ({reason})" in ran.stderr
+    assert "crashed" not in ran.stderr and "Traceback" not in ran.stderr
+    assert [line.split()[:3] for line in ran.stdout.splitlines()[1:2]] == [["torch", "CPU", "translate"]]
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["conformance-torch.json",
+                                                                        "conformance-torch.md"]
+
+
+def test_conformance_all_refuses_a_bad_architecture_override_in_one_line(tmp_path):
+    """Triton is here but the interpreted backend cannot run: the variable is named, before any backend runs."""
+    pytest.importorskip("triton")
+    env = {**_environment(tmp_path), "INDEXCACHE_CUDA_ARCH": "sm7x"}
+    ran = _cli(env, "conformance", "--backend", "all", "--op", "translate", "--out", str(tmp_path / "reports"))
+    assert ran.returncode == 2
+    assert ran.stderr.startswith("indexcache conformance: error: backend 'cuda' cannot run here: "
+                                 "INDEXCACHE_CUDA_ARCH: ")
+    assert "running backend" not in ran.stderr

@@ -15,29 +15,61 @@ from pathlib import Path
 from typing import Any
 
 from indexcache.backends.torch.memory import env_budget
-from indexcache.backends.triton.target import INTERPRET_ENV
+from indexcache.backends.triton.target import INTERPRET_ENV, triton_import
 from indexcache.conformance.worker import summarize
 from indexcache.hal import dispatch
+from indexcache.hal.contract import Availability
 
 
 def plan_runs(which: str | None) -> list[tuple[str, dict[str, str]]]:
     """``(backend, extra environment)`` to run: ``None`` = the selected backend plus every other
-    available one; ``"all"`` = also every interpretable backend; else the one named."""
+    available one; ``"all"`` = also every interpretable backend that can be interpreted here; else the one named.
+
+    An interpretable backend runs interpreted only where its probe under ``TRITON_INTERPRET=1`` finds it available:
+    with ``"all"``, where Triton itself is absent or fails to import (a CPU, macOS or Windows install without it), the
+    interpretable backends are left out and a line on stderr says why; any other reason (a bad architecture override)
+    raises :class:`~indexcache.hal.dispatch.BackendNotSupportedError`, as it does for a named backend."""
     if which not in (None, "all"):
         dispatch.get(which)
         avail = dispatch.availability(which)
         if avail.available:
             return [(which, {})]
         if dispatch.get(which).interpretable:
-            return [(which, {INTERPRET_ENV: "1"})]
+            interpreted = _interpreted_probe(which)
+            if interpreted.available:
+                return [(which, {INTERPRET_ENV: "1"})]
+            avail = interpreted
         raise dispatch.BackendNotSupportedError(f"backend {which!r} cannot run here: {avail.reason}")
     selected = dispatch.get_backend()
     names = [selected] + [n for n in dispatch.available_backends() if n != selected]
     runs = [(n, {}) for n in names]
     if which == "all":
-        runs += [(n, {INTERPRET_ENV: "1"}) for n, b in dispatch.registry().items()
-                 if n not in names and b.interpretable]
+        version, missing = triton_import()
+        for n, b in dispatch.registry().items():
+            if n in names or not b.interpretable:
+                continue
+            if version is None:
+                print(f"conformance: backend {n} left out: its Triton kernels cannot run here ({missing})",
+                      file=sys.stderr, flush=True)
+                continue
+            interpreted = _interpreted_probe(n)
+            if not interpreted.available:
+                raise dispatch.BackendNotSupportedError(f"backend {n!r} cannot run here: {interpreted.reason}")
+            runs.append((n, {INTERPRET_ENV: "1"}))
     return runs
+
+
+def _interpreted_probe(name: str) -> Availability:
+    """Backend ``name``'s probe as its worker process, started with ``TRITON_INTERPRET=1``, will find it."""
+    saved = os.environ.get(INTERPRET_ENV)
+    os.environ[INTERPRET_ENV] = "1"
+    try:
+        return dispatch.get(name).probe()
+    finally:
+        if saved is None:
+            del os.environ[INTERPRET_ENV]
+        else:
+            os.environ[INTERPRET_ENV] = saved
 
 
 def run_all(which: str | None, out_dir: Path, op: str | None = None,

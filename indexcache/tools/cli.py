@@ -204,7 +204,8 @@ def _add_conformance(sub) -> None:
         help="run the conformance suite per backend against the float64 reference; write reports",
         description="Run every conformance case on each backend (each in its own process) and compare with the "
         "float64 reference. Default: the selected backend plus every other available one; 'all' adds the "
-        "Triton backends interpreted on the CPU (TRITON_INTERPRET=1) where their GPU is absent. A backend's report "
+        "Triton backends interpreted on the CPU (TRITON_INTERPRET=1) where their GPU is absent (left out, saying "
+        "why, where Triton is absent or fails to import). A backend's report "
         "from an earlier run is deleted before it runs. Prints a backend x op table, then each case that was declined "
         "or failed with its reason. Exits 1 if any case fails or a backend's process crashes, runs past --timeout or "
         "writes no report.",
