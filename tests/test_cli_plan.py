@@ -90,6 +90,17 @@ def test_page_size_changes_the_signature(capsys):
     assert data["signature"] != base["signature"] and data["roles"] == base["roles"]
 
 
+def test_without_page_size_the_configs_own_is_used(capsys, tmp_path):
+    """``--page-size`` defaults to the config's ``page_size`` (as its help says), 64 only where the config has none."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**json.loads(Path(V32).read_text()), "page_size": 128}))
+    own = run_json(capsys, "--config", str(config))["signature"]
+    assert own == run_json(capsys, "--config", str(config), "--page-size", "128")["signature"]
+    assert own != run_json(capsys, "--config", str(config), "--page-size", "64")["signature"]
+    assert run_json(capsys, "--config", V32)["signature"] == run_json(capsys, "--config", V32, "--page-size",
+                                                                      "64")["signature"]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

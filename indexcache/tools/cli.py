@@ -152,7 +152,8 @@ def _add_plan(sub) -> None:
     p.add_argument("--freq", type=int, help="override index_topk_freq (a producer every N sparse layers)")
     p.add_argument("--pattern", help="override index_topk_pattern (F/S per layer or per sparse layer)")
     p.add_argument("--offset", type=int, help="override index_skip_topk_offset")
-    p.add_argument("--page-size", type=int, help="index-K cache tokens a page (default 64)")
+    p.add_argument("--page-size", type=int,
+                   help="index-K cache tokens a page (default: the config's page_size, else 64)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run_plan)
 
