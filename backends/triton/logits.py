@@ -132,16 +132,17 @@ def mqa_logits_kernel(
         tiles = tl.where(hi > lo, tl.cdiv(hi - start, BLOCK_N), 0)
         stop = start + tiles * BLOCK_N
 
-        qrow = (t0 + rows // H).to(tl.int64) * q_s0 + (rows % H) * q_s1
+        qrow = (t0 + rows // H).to(tl.int64) * q_s0 + (rows % H).to(tl.int64) * q_s1
         if Q_FP4:
-            qsrow = (t0 + rows // H).to(tl.int64) * qs_s0 + (rows % H) * qs_s1
+            qsrow = (t0 + rows // H).to(tl.int64) * qs_s0 + (rows % H).to(tl.int64) * qs_s1
             q, q_scales = _fp4_queries(q_ptr, qs_ptr, qrow, qsrow, t0 + rows // H < T, D, MXFP4, WIDEN)
         else:
-            q = tl.load(q_ptr + qrow[:, None] + dims[None, :] * q_s2, mask=(t0 + rows // H < T)[:, None], other=0.0)
+            q = tl.load(q_ptr + qrow[:, None] + dims.to(tl.int64)[None, :] * q_s2, mask=(t0 + rows // H < T)[:, None],
+                        other=0.0)
             if MXFP4 and MXFP4 != mxfp4.SCALED_E2M1:  # in the order of the widened keys
                 q = mxfp4.permute(q, BLOCK_Q * H, D)
             q_scales = 0
-        w = tl.load(w_ptr + tok64[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=tok_ok[:, None],
+        w = tl.load(w_ptr + tok64[:, None] * w_s0 + tl.arange(0, H).to(tl.int64)[None, :] * w_s1, mask=tok_ok[:, None],
                     other=0.0)
         out_rows = tok64 * out_s0
         for n0 in range(start, stop, BLOCK_N):
@@ -155,10 +156,10 @@ def mqa_logits_kernel(
                 s = fp4_head_sum(words, key_scales, n_ok, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, MXFP4,
                                  q_scales, Q_FP4)
             else:
-                k = tl.load(k_ptr + n.to(tl.int64)[:, None] * k_s0 + dims[None, :] * k_s1, mask=n_ok[:, None],
+                k = tl.load(k_ptr + n.to(tl.int64)[:, None] * k_s0 + dims.to(tl.int64)[None, :] * k_s1, mask=n_ok[:, None],
                             other=0.0)
                 s = tile_head_sum(k, q, w, BLOCK_N, BLOCK_Q, H, KEYS_ON_M, WIDEN)
-                sc = tl.load(scale_ptr + n * scale_s0, mask=n_ok, other=0.0)
+                sc = tl.load(scale_ptr + n.to(tl.int64) * scale_s0, mask=n_ok, other=0.0)
                 if KEYS_ON_M:
                     s = s * sc[:, None]
                 else:
@@ -209,14 +210,14 @@ def _decode_entries(table_row, n0, kend, num_pages, table_pages, tab_s1, keys,
     s = n0 + keys
     if PAGE % BLOCK_KEYS == 0:
         page = n0 // PAGE
-        entry = tl.load(table_row + page * tab_s1, mask=(n0 < kend) & (page < table_pages), other=-1)
+        entry = tl.load(table_row + tl.cast(page, tl.int64) * tab_s1, mask=(n0 < kend) & (page < table_pages), other=-1)
         entry_k = entry + 0 * keys  # the tile's keys share it (-1 when not read)
         ok = (s < kend) & (entry_k >= 0) & (entry_k < num_pages)
         entry = tl.where((entry >= 0) & (entry < num_pages), entry, 0)
     else:
         page = s // PAGE
         live = (s < kend) & (page < table_pages)
-        entry = tl.load(table_row + page * tab_s1, mask=live, other=-1)
+        entry = tl.load(table_row + page.to(tl.int64) * tab_s1, mask=live, other=-1)
         ok = live & (entry >= 0) & (entry < num_pages)
     return entry.to(tl.int64), ok
 
@@ -346,7 +347,7 @@ def _decode_span(q_ptr, qs_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr,
     grp = j0 + tl.arange(0, GROUPS)
     if PAIRS:
         grp_ok = (grp == 0) | ((grp == 1) & paired)
-        visible = tl.load(ctx_ptr + (b + grp) * ctx_s0, mask=grp_ok, other=0)
+        visible = tl.load(ctx_ptr + (b + grp).to(tl.int64) * ctx_s0, mask=grp_ok, other=0)
     else:
         grp_ok = grp < NEXT_N
         # Row j of the next_n block sees keys [0, ctx - NEXT_N + j + 1); no row sees past ctx.
@@ -359,20 +360,22 @@ def _decode_span(q_ptr, qs_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr,
     if Q_FP4:
         if PAIRS:
             q_live = (j == 0) | ((j == 1) & paired)
-            qrow = (b + j).to(tl.int64) * q_s0 + (rows % H) * q_s2
-            qsrow = (b + j).to(tl.int64) * qs_s0 + (rows % H) * qs_s2
+            qrow = (b + j).to(tl.int64) * q_s0 + (rows % H).to(tl.int64) * q_s2
+            qsrow = (b + j).to(tl.int64) * qs_s0 + (rows % H).to(tl.int64) * qs_s2
         else:
             q_live = j < NEXT_N
-            qrow = tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)
-            qsrow = tl.cast(b, tl.int64) * qs_s0 + (j * qs_s1 + (rows % H) * qs_s2)
+            qrow = tl.cast(b, tl.int64) * q_s0 + j.to(tl.int64) * q_s1 + (rows % H).to(tl.int64) * q_s2
+            qsrow = tl.cast(b, tl.int64) * qs_s0 + j.to(tl.int64) * qs_s1 + (rows % H).to(tl.int64) * qs_s2
         q, q_scales = _fp4_queries(q_ptr, qs_ptr, qrow, qsrow, q_live, D, MXFP4, WIDEN)
     else:
         if PAIRS:
-            q = tl.load(q_ptr + ((b + j).to(tl.int64) * q_s0 + (rows % H) * q_s2)[:, None] + dims[None, :] * q_s3,
+            q = tl.load(q_ptr + ((b + j).to(tl.int64) * q_s0 + (rows % H).to(tl.int64) * q_s2)[:, None]
+                        + dims.to(tl.int64)[None, :] * q_s3,
                         mask=((j == 0) | ((j == 1) & paired))[:, None], other=0.0)
         else:
-            q = tl.load(q_ptr + tl.cast(b, tl.int64) * q_s0 + (j * q_s1 + (rows % H) * q_s2)[:, None]
-                        + dims[None, :] * q_s3, mask=(j < NEXT_N)[:, None], other=0.0)
+            q = tl.load(q_ptr + tl.cast(b, tl.int64) * q_s0
+                        + (j.to(tl.int64) * q_s1 + (rows % H).to(tl.int64) * q_s2)[:, None]
+                        + dims.to(tl.int64)[None, :] * q_s3, mask=(j < NEXT_N)[:, None], other=0.0)
         if MXFP4 and MXFP4 != mxfp4.SCALED_E2M1:  # in the order of the widened keys
             q = mxfp4.permute(q, GROUPS * H, D)
         q_scales = 0
@@ -380,7 +383,8 @@ def _decode_span(q_ptr, qs_ptr, kv_ptr, kv_scale_ptr, w_ptr, table_row, out_ptr,
         out_row = b + grp
     else:
         out_row = b * NEXT_N + grp
-    w = tl.load(w_ptr + out_row[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=grp_ok[:, None], other=0.0)
+    w = tl.load(w_ptr + out_row.to(tl.int64)[:, None] * w_s0 + tl.arange(0, H).to(tl.int64)[None, :] * w_s1,
+                mask=grp_ok[:, None], other=0.0)
     out_rows = out_row.to(tl.int64) * out_s0
     if PREFETCH == 2:
         # Two tiles in flight without register moves: tiles go in pairs (a, b) and each buffer is reloaded
@@ -440,17 +444,18 @@ def _unit(ctx_ptr, r2b_ptr, ctx_s0, r2b_s0, b, batch, PAIRS: tl.constexpr):
     with ``PAIRS`` (ragged rows two a program) rows ``b`` and ``b + 1`` where ``b`` is even and both name the same
     request (their longer length; ``paired``), else row ``b`` alone; ``live`` where the row starts a unit."""
     inside = b < batch
-    ctx = tl.load(ctx_ptr + b * ctx_s0, mask=inside, other=0)
+    b64 = tl.cast(b, tl.int64)
+    ctx = tl.load(ctx_ptr + b64 * ctx_s0, mask=inside, other=0)
     paired = b < 0
     live = inside
     if PAIRS:
-        req = tl.load(r2b_ptr + b * r2b_s0, mask=inside, other=-1)
-        prev = tl.load(r2b_ptr + (b - 1) * r2b_s0, mask=inside & (b >= 1), other=-1)
-        after = tl.load(r2b_ptr + (b + 1) * r2b_s0, mask=b + 1 < batch, other=-1)
+        req = tl.load(r2b_ptr + b64 * r2b_s0, mask=inside, other=-1)
+        prev = tl.load(r2b_ptr + (b64 - 1) * r2b_s0, mask=inside & (b >= 1), other=-1)
+        after = tl.load(r2b_ptr + (b64 + 1) * r2b_s0, mask=b + 1 < batch, other=-1)
         even = b % 2 == 0
         live = inside & (even | (req != prev))
         paired = even & (b + 1 < batch) & (after == req)
-        ctx = tl.where(paired, tl.maximum(ctx, tl.load(ctx_ptr + (b + 1) * ctx_s0, mask=paired, other=0)), ctx)
+        ctx = tl.where(paired, tl.maximum(ctx, tl.load(ctx_ptr + (b64 + 1) * ctx_s0, mask=paired, other=0)), ctx)
     return ctx, paired, live
 
 
@@ -528,7 +533,7 @@ def paged_mqa_logits_kernel(
             ctx = tl.maximum(ctx, 0)
             tiles = tl.where(live, _context_tiles(ctx, max_ctx, skip, BLOCK_KEYS), 0)
         else:
-            ctx = tl.maximum(tl.load(ctx_ptr + b * ctx_s0), 0)
+            ctx = tl.maximum(tl.load(ctx_ptr + tl.cast(b, tl.int64) * ctx_s0), 0)
             tiles = _context_tiles(ctx, max_ctx, skip, BLOCK_KEYS)
             paired = b < 0
         lo = tl.maximum(t_begin - start, 0)
@@ -536,7 +541,7 @@ def paged_mqa_logits_kernel(
         tb = b
         pages = table_pages
         if HAS_R2B:
-            tb = tl.load(r2b_ptr + b * r2b_s0)
+            tb = tl.load(r2b_ptr + tl.cast(b, tl.int64) * r2b_s0)
             named = (tb >= 0) & (tb < table_rows)
             tb = tl.where(named, tb, 0)
             pages = tl.where(named, table_pages, 0)
@@ -561,7 +566,7 @@ def paged_mqa_logits_kernel(
             out_rows = (b + grp).to(tl.int64) * out_s0
             there = (grp == 0) | ((grp == 1) & paired)
         else:
-            filled = _filled_tiles(tl.load(ctx_ptr + b * ctx_s0), max_ctx, skip, BLOCK_KEYS)
+            filled = _filled_tiles(tl.load(ctx_ptr + tl.cast(b, tl.int64) * ctx_s0), max_ctx, skip, BLOCK_KEYS)
             out_rows = (b * NEXT_N + grp).to(tl.int64) * out_s0
             there = grp < NEXT_N
         lo = tl.maximum(f_begin - b * width, filled)

@@ -9,6 +9,8 @@ bounds fails the test. Interpreted bf16 widens to fp32 before the dot (the inter
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import triton
@@ -477,3 +479,56 @@ def test_the_minus_inf_fill_of_logits_of_a_huge_column_stride(backend):
             torch.tensor([0, 3], dtype=torch.int32), torch.tensor([5, 9], dtype=torch.int32))
     _assert_logits(indexcache.mqa_logits(*args, out=_far_columns(2, 256), backend=backend),
                    reference.mqa_logits(*args), 1e-5)
+
+
+def _far(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` copied into a view whose dimension ``dim`` steps ``2^32 / size`` elements, at most ``2^31 - 1`` (an int32
+    stride), the others compact inside a step: its upper half of that dimension (of two: the second index, with the
+    others' offsets) lies past 2^31 elements. Gigabytes of virtual memory, kilobytes resident."""
+    rest = [size for i, size in enumerate(x.shape) if i != dim]
+    strides = list(torch.empty(rest, device="meta").stride())
+    step = max(min(2**32 // x.shape[dim], 2**31 - 1), math.prod(rest))
+    strides.insert(dim, step)
+    view = torch.empty((x.shape[dim] - 1) * step + math.prod(rest), dtype=x.dtype).as_strided(x.shape, strides)
+    return view.copy_(x)
+
+
+@pytest.mark.parametrize(("name", "dim"), [("q", 1), ("q", 2), ("k", 1), ("k_scale", 0), ("weights", 1)])
+def test_prefill_reads_inputs_of_a_huge_stride(name, dim):
+    """Prefill inputs whose offsets along one dimension pass 2^31 elements (a head's, a dim's, a key's scale, a head's
+    weight): the kernel computed them in int32 and read far outside the input (a segfault interpreted)."""
+    g = torch.Generator().manual_seed(9)
+    fp8, t, n, heads, dim_ = FP8["cuda"], 3, 40, 16, 32
+    args = dict(q=torch.randn(t, heads, dim_, generator=g).to(fp8), k=torch.randn(n, dim_, generator=g).to(fp8),
+                k_scale=torch.rand(n, generator=g) + 0.25, weights=torch.randn(t, heads, generator=g),
+                ks=torch.tensor([0, 5, 20], dtype=torch.int32), ke=torch.tensor([40, 33, 21], dtype=torch.int32))
+    want = reference.mqa_logits(**args)
+    args[name] = _far(args[name], dim)
+    _assert_logits(indexcache.mqa_logits(**args, backend="cuda"), want, 1e-5)
+
+
+@pytest.mark.parametrize(("name", "dim"), [("q", 1), ("q", 2), ("q", 3), ("weights", 0), ("weights", 1),
+                                           ("context_lens", 0), ("page_table", 1)])
+def test_paged_decode_reads_inputs_of_a_huge_stride(name, dim):
+    """Decode inputs whose offsets along one dimension pass 2^31 elements (a draft token's, a head's or a dim's query,
+    a row's or a head's weight, a request's length, a page's table entry): the kernel computed them in int32 and read
+    far outside the input (a segfault interpreted)."""
+    args = dict(zip(("q", "k_cache", "weights", "context_lens", "page_table", "max_context_len"),
+                    _decode_case("cuda", 2, 16, d=32, seed=10), strict=True))
+    want = reference.paged_mqa_logits(**args)
+    args[name] = _far(args[name], dim)
+    _assert_logits(indexcache.paged_mqa_logits(**args, backend="cuda"), want, 1e-5)
+
+
+@pytest.mark.parametrize("name", ["context_lens", "row_to_batch"])
+def test_paged_decode_ragged_rows_of_a_huge_stride(name):
+    """Ragged rows (two a program) whose lengths or requests lie past 2^31 elements: the schedule and the rows read
+    them at int32 offsets, far outside (a segfault interpreted)."""
+    q, cache, w, context, table, max_len = _decode_case("cuda", 2, 32, d=32, seed=11)
+    rows = torch.arange(2 * q.shape[0])
+    args = dict(q=q.view(2 * q.shape[0], 1, *q.shape[2:]), k_cache=cache, weights=w,
+                context_lens=(context.long()[rows // 2] - 1 + rows % 2).to(torch.int32), page_table=table,
+                max_context_len=max_len, row_to_batch=(rows // 2).to(torch.int32))
+    want = reference.paged_mqa_logits(**args)
+    args[name] = _far(args[name], 0)
+    _assert_logits(indexcache.paged_mqa_logits(**args, backend="cuda"), want, 1e-5)
