@@ -95,12 +95,12 @@ def far_keys_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, far_ptr, cou
             ks = tl.minimum(tl.maximum(tl.load(ks_ptr + tok64 * ks_s0, mask=tok_ok, other=0), 0), N)
             ke = tl.minimum(tl.maximum(tl.load(ke_ptr + tok64 * ke_s0, mask=tok_ok, other=0), 0), N)
             ke = tl.where((ke - ks <= skip) | ~tok_ok, ks, ke)  # no logits in a row of at most skip keys
-            qrow = (i * BLOCK_Q + rows // H).to(tl.int64) * q_s0 + (rows % H) * q_s1
-            q = tl.load(q_ptr + qrow[:, None] + dims[None, :] * q_s2, mask=(i * BLOCK_Q + rows // H < T)[:, None],
-                        other=0.0)
+            qrow = (i * BLOCK_Q + rows // H).to(tl.int64) * q_s0 + (rows % H).to(tl.int64) * q_s1
+            q = tl.load(q_ptr + qrow[:, None] + dims.to(tl.int64)[None, :] * q_s2,
+                        mask=(i * BLOCK_Q + rows // H < T)[:, None], other=0.0)
             q = mxfp4.permute(q, BLOCK_Q * H, D)
-            w = tl.load(w_ptr + tok64[:, None] * w_s0 + tl.arange(0, H)[None, :] * w_s1, mask=tok_ok[:, None],
-                        other=0.0)
+            w = tl.load(w_ptr + tok64[:, None] * w_s0 + tl.arange(0, H).to(tl.int64)[None, :] * w_s1,
+                        mask=tok_ok[:, None], other=0.0)
             for f0 in range(0, count, BLOCK_N):
                 f = f0 + tl.arange(0, BLOCK_N)
                 listed = (f < count) & (f < N)  # (the list holds at most N keys: never read past it)

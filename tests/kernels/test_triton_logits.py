@@ -21,7 +21,7 @@ from indexcache.backends import cuda as cuda_backend
 from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.triton.head_sum import e4m3_bytes_to_fp16
 from indexcache.backends.triton.target import detect
-from indexcache.hal import dispatch, reference
+from indexcache.hal import dispatch, fp4, reference
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
 
 pytestmark = [
@@ -532,3 +532,20 @@ def test_paged_decode_ragged_rows_of_a_huge_stride(name):
     want = reference.paged_mqa_logits(**args)
     args[name] = _far(args[name], 0)
     _assert_logits(indexcache.paged_mqa_logits(**args, backend="cuda"), want, 1e-5)
+
+
+@pytest.mark.parametrize(("name", "dim"), [("q", 1), ("q", 2), ("weights", 1)])
+def test_prefill_of_mxfp4_keys_reads_inputs_of_a_huge_stride(name, dim):
+    """MXFP4 keys widened once, then the fp8 prefill and the far keys' logits (every seventh key's blocks 2^20
+    apart), given queries or weights whose offsets along a head or a dim pass 2^31 elements: the far keys' kernel
+    computed them in int32 and read far outside the input (a segfault interpreted). Same logits as contiguous."""
+    g = torch.Generator().manual_seed(12)
+    raw = torch.randn(40, 64, generator=g) * 3
+    raw[::7] *= torch.exp2(torch.tensor([-14.0, 6.0])).repeat_interleave(32)
+    keys, scales = fp4.quantize(raw)
+    args = dict(q=torch.randn(3, 16, 64, generator=g).to(FP8["cuda"]), k=keys, k_scale=scales,
+                weights=torch.randn(3, 16, generator=g), ks=torch.tensor([0, 5, 20], dtype=torch.int32),
+                ke=torch.tensor([40, 33, 21], dtype=torch.int32))
+    want = indexcache.mqa_logits(**args, backend="cuda")
+    args[name] = _far(args[name], dim)
+    assert torch.equal(indexcache.mqa_logits(**args, backend="cuda"), want)
