@@ -156,8 +156,8 @@ def mqa_logits_kernel(
                 s = fp4_head_sum(words, key_scales, n_ok, q, w, BLOCK_N, BLOCK_Q, H, D, KEYS_ON_M, WIDEN, MXFP4,
                                  q_scales, Q_FP4)
             else:
-                k = tl.load(k_ptr + n.to(tl.int64)[:, None] * k_s0 + dims.to(tl.int64)[None, :] * k_s1, mask=n_ok[:, None],
-                            other=0.0)
+                k = tl.load(k_ptr + n.to(tl.int64)[:, None] * k_s0 + dims.to(tl.int64)[None, :] * k_s1,
+                            mask=n_ok[:, None], other=0.0)
                 s = tile_head_sum(k, q, w, BLOCK_N, BLOCK_Q, H, KEYS_ON_M, WIDEN)
                 sc = tl.load(scale_ptr + n.to(tl.int64) * scale_s0, mask=n_ok, other=0.0)
                 if KEYS_ON_M:
