@@ -19,9 +19,9 @@ NEG_INF_BITS = tl.constexpr(-8388608)  # 0xFF800000
 @triton.jit
 def window(lengths_ptr, starts_ptr, r, cols, len_s0, st_s0, HAS_STARTS: tl.constexpr):
     """``(start, clipped length, raw length)`` of row ``r``: the window clipped to the columns."""
-    raw_len = tl.load(lengths_ptr + r * len_s0)
+    raw_len = tl.load(lengths_ptr + tl.cast(r, tl.int64) * len_s0)
     if HAS_STARTS:
-        start = tl.minimum(tl.maximum(tl.load(starts_ptr + r * st_s0), 0), cols)
+        start = tl.minimum(tl.maximum(tl.load(starts_ptr + tl.cast(r, tl.int64) * st_s0), 0), cols)
     else:
         start = 0
     return start, tl.minimum(tl.maximum(raw_len, 0), cols - start), raw_len
@@ -43,7 +43,7 @@ def sample_positions(i, start, length, SAMPLES: tl.constexpr):
 def row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B: tl.constexpr):
     """``(batch ok, page-table row pointer)`` of row ``r``."""
     if HAS_R2B:
-        b = tl.load(r2b_ptr + r * r2b_s0)
+        b = tl.load(r2b_ptr + tl.cast(r, tl.int64) * r2b_s0)
     else:
         b = r
     return (b >= 0) & (b < batches), table_ptr + tl.cast(b, tl.int64) * tab_s0

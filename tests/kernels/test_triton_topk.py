@@ -576,3 +576,34 @@ def test_outputs_of_a_huge_column_stride(backend, sorted_):
         if with_raw:
             assert torch.equal(out_raw if sorted_ else out_raw.sort(1).values,
                                want_raw if sorted_ else want_raw.sort(1).values)
+
+
+def _far_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x [R]`` copied into a view of stride ``2^32 / R`` (an int32 stride for R >= 3): its upper half lies past 2^31
+    elements. Gigabytes of virtual memory, kilobytes resident."""
+    stride = 2**32 // x.shape[0]
+    return torch.empty((x.shape[0] - 1) * stride + 1, dtype=x.dtype).as_strided(x.shape, (stride,)).copy_(x)
+
+
+@pytest.mark.parametrize("cols", [16, 3000], ids=["fused", "split"])
+@pytest.mark.parametrize("name", ["lengths", "row_starts", "row_to_batch"])
+def test_row_metadata_of_a_huge_stride(name, cols):
+    """Lengths, window starts or rows' requests whose offsets pass 2^31 elements (a column of a wide buffer), on the
+    fused path (sorted) and the split one: the kernels read a row's at r * stride in int32, far outside (a segfault
+    interpreted). Same slots as contiguous."""
+    g = torch.Generator().manual_seed(13)
+    k = 4 if cols == 16 else 150
+    args = dict(scores=torch.randn(3, cols, generator=g), lengths=_lengths(cols, cols - 9, cols // 2),
+                row_starts=_lengths(0, 5, 3), row_to_batch=_lengths(1, 0, 1))
+    table = torch.arange(2 * 47, dtype=torch.int32).view(2, 47).flip(1).contiguous()
+
+    def run(a):
+        out, raw = torch.empty(3, k, dtype=torch.int32), torch.empty(3, k, dtype=torch.int32)
+        _kernels().topk_translate(a["scores"], a["lengths"], k, table, 64, a["row_starts"], a["row_to_batch"], out,
+                                  raw, cols == 16, target=SM90, cfg={**SMALL, "CHUNK": 1024})
+        return out.sort(1).values, raw.sort(1).values
+
+    want = run(args)
+    args[name] = _far_rows(args[name])
+    got = run(args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
