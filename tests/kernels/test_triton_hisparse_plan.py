@@ -334,3 +334,33 @@ def test_ages_spread_past_the_bins_take_the_radix_select(cfg):
     _kernel().plan_launch(raw, seq, host_loc, tok, age, None, None, out, src, dst, count, target=SM90, cfg=cfg)()
     for name, got, w in zip(FIELDS, (out, src, dst, count, tok, age), want, strict=True):
         assert torch.equal(got, w), f"{name}:\n got {got.tolist()}\nwant {w.tolist()}"
+
+
+def _far_columns(x: torch.Tensor) -> torch.Tensor:
+    """``x [R, K]`` copied into a view of row stride 1 and column stride ``2^32 / K`` (an int32 stride for K >= 3; a
+    transposed buffer): its upper columns lie past 2^31 elements. Gigabytes of virtual memory, kilobytes resident."""
+    rows, k = x.shape
+    stride = 2**32 // k
+    return torch.empty((k - 1) * stride + rows, dtype=x.dtype).as_strided(x.shape, (1, stride)).copy_(x)
+
+
+@pytest.mark.parametrize("indexed", [False, True], ids=["table", "slot index"])
+def test_raw_of_a_huge_column_stride(indexed):
+    """Steps of a short and a long request whose selections' column offsets pass 2^31 elements (rows of a transposed
+    buffer), with and without a slot index: the kernel read a selection's entry at cols * raw_s1 in int32, far outside
+    ``raw`` (a segfault interpreted). Every plan and state equal to the reference's."""
+    g = torch.Generator().manual_seed(21)
+    batches, hot, k, length = 2, 8, 6, 40
+    tok, age = hisparse.empty_state(batches, hot)
+    index = torch.full((batches, index_width(hot, length)), -1, dtype=I32) if indexed else None
+    host_loc, seq = host(batches, length), t([5, 30])
+    for step in range(3):
+        raw = torch.stack([torch.randint(-1, int(seq[r]) + 1, (k,), generator=g) for r in range(batches)]).to(I32)
+        want = hisparse.plan(raw, seq, host_loc, tok, age)
+        out, src = torch.full((batches, k), -7, dtype=I32), torch.full((batches, k), -7, dtype=torch.int64)
+        dst, count = torch.full((batches, k), -7, dtype=I32), torch.full((batches,), -7, dtype=I32)
+        _kernel().plan_launch(_far_columns(raw), seq, host_loc, tok, age, None, None, out, src, dst, count, index,
+                              target=SM90, cfg=SMALL)()
+        for name, got, w in zip(FIELDS, (out, src, dst, count, tok, age), want, strict=True):
+            assert torch.equal(got, w), f"step {step}, {name}:\n got {got.tolist()}\nwant {w.tolist()}"
+        seq = seq + 1

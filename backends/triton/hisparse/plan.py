@@ -217,7 +217,7 @@ def hisparse_plan_kernel(
                 r = row.to(tl.int64)
                 row = _next_row(links, row, R, HAS_R2B)
                 if r < R:  # always (the links name a row), whatever the workspace holds
-                    x = tl.load(raw_ptr + r * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+                    x = tl.load(raw_ptr + r * raw_s0 + cols.to(tl.int64) * raw_s1, mask=in_row, other=-1)
                     valid = in_row & (x >= 0) & (x < n)
                     tl.store(out_ptr + r * K + cols, tl.where(valid, x, -1), mask=in_row)
                     tl.store(src_ptr + r * K + cols, none.to(tl.int64), mask=in_row)
@@ -238,7 +238,7 @@ def _selected(raw_row, raw_s1, K: tl.constexpr, K_P2: tl.constexpr, n, newest, r
     """A row's selected positions and which of them are looked up in the table: valid (``[0, n)``), not the newest,
     below ``reach``."""
     cols = tl.arange(0, K_P2)
-    x = tl.load(raw_row + cols * raw_s1, mask=cols < K, other=-1)
+    x = tl.load(raw_row + cols.to(tl.int64) * raw_s1, mask=cols < K, other=-1)
     return x, (cols < K) & (x >= 0) & (x < n) & (x != newest) & (x < reach)
 
 
@@ -408,7 +408,7 @@ def _row_codes(out_ptr, raw_ptr, r, raw_s0, raw_s1, K: tl.constexpr, K_P2: tl.co
     r64 = r.to(tl.int64)
     at = out_ptr + r64 * K + cols
     code = tl.load(at, mask=cols < K, other=-1, cache_modifier=".cg")
-    x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=cols < K, other=-1)
+    x = tl.load(raw_ptr + r64 * raw_s0 + cols.to(tl.int64) * raw_s1, mask=cols < K, other=-1)
     return at, code, x
 
 
@@ -449,7 +449,8 @@ def _resolve_indexed(raw_ptr, tok_row, age_row, host_row, links, out_ptr, keys, 
         if r < R:
             r64 = r.to(tl.int64)
             code = tl.load(out_ptr + r64 * K + cols, mask=cols < K, other=-1, cache_modifier=".cg")
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=(cols < K) & (code == PENDING), other=0)
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols.to(tl.int64) * raw_s1, mask=(cols < K) & (code == PENDING),
+                        other=0)
             tl.atomic_min(words + 2 * x.to(tl.int64), H + r * K + cols, mask=(cols < K) & (code == PENDING),
                           sem="relaxed")
             tl.store(hit + code, tl.full([K_P2], 1, tl.int32), mask=(cols < K) & (code >= 0) & (code < H))
@@ -530,7 +531,7 @@ def _long_request(raw_ptr, host_row, tok_row, age_row, links, ws_ptr, out_ptr, s
         row = _next_row(links, row, R, HAS_R2B)
         if r < R:
             r64 = r.to(tl.int64)
-            x = tl.load(raw_ptr + r64 * raw_s0 + cols * raw_s1, mask=in_row, other=-1)
+            x = tl.load(raw_ptr + r64 * raw_s0 + cols.to(tl.int64) * raw_s1, mask=in_row, other=-1)
             valid = in_row & (x >= 0) & (x < n)
             pending = valid & (x != newest) & (x < reach)
             code = tl.where(pending, PENDING, tl.where(valid & (x == newest), H, -1))
