@@ -45,9 +45,9 @@ def gather_index_k_kernel(
     bs = tl.arange(0, BLOCK_B)
     start = tl.zeros([], tl.int64)
     for b0 in range(0, b, BLOCK_B):
-        lens = tl.load(ctx_ptr + (b0 + bs) * ctx_s0, mask=b0 + bs < b, other=0)
+        lens = tl.load(ctx_ptr + (b0 + bs).to(tl.int64) * ctx_s0, mask=b0 + bs < b, other=0)
         start += tl.sum(tl.maximum(lens, 0).to(tl.int64), axis=0)
-    n = tl.maximum(tl.load(ctx_ptr + b * ctx_s0), 0)
+    n = tl.maximum(tl.load(ctx_ptr + b.to(tl.int64) * ctx_s0), 0)
     # Only the tokens that have a row below ``rows``: a length past the outputs (garbage in a padded batch) would walk
     # blocks that write nothing, up to 2^26 of them. The block count in int64: near 2^31 it overflowed int32.
     n = tl.minimum(n.to(tl.int64), tl.maximum(rows - start, 0)).to(tl.int32)

@@ -45,7 +45,7 @@ def draft_rows_kernel(ctx_ptr, lengths_ptr, r2b_ptr, rows, ctx_s0, NEXT_N: tl.co
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = r < rows
     b = r // NEXT_N
-    ctx = tl.maximum(tl.load(ctx_ptr + b * ctx_s0, mask=m, other=0), 0)
+    ctx = tl.maximum(tl.load(ctx_ptr + b.to(tl.int64) * ctx_s0, mask=m, other=0), 0)
     tl.store(lengths_ptr + r, ctx - NEXT_N + 1 + r % NEXT_N, mask=m)
     tl.store(r2b_ptr + r, b, mask=m)
 

@@ -105,6 +105,22 @@ def test_gather_writes_outputs_of_a_huge_column_stride(backend, mxfp4):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_reads_context_lens_of_a_huge_stride(backend):
+    """``context_lens`` whose offsets pass 2^31 elements (a column of a wide buffer): the kernel read a request's length
+    at b * stride in int32, far outside (a segfault interpreted). Same keys as contiguous lengths."""
+    fmt = FP8[backend]
+    cache = new_packed_cache(3, 4, fp8_dtype=fmt)
+    keys = torch.randn(12, 128, generator=torch.Generator().manual_seed(3)) * 3
+    cache.copy_(reference.store_index_k(keys, cache, torch.arange(12, dtype=I32), fmt))
+    table, lens = torch.tensor([[1, 0], [2, -1], [0, 1]], dtype=I32), torch.tensor([6, 3, 5], dtype=I32)
+    far = torch.empty(2 * (2**30 + 1) + 1, dtype=I32).as_strided((3,), (2**30 + 1,)).copy_(lens)  # an int32 stride
+    want = indexcache.gather_index_k(cache, table, lens, fp8_dtype=fmt, backend=backend)
+    got = indexcache.gather_index_k(cache, table, far, fp8_dtype=fmt, backend=backend)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_mxfp4_keys_wider_than_a_program_holds_are_declined_by_name(backend):
     """The MXFP4 kernel holds a whole key in registers: a head dim past the table's ``ELEMS`` is declined, as the store
     declines it, not left to fail in the compiler."""
