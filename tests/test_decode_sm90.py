@@ -99,6 +99,9 @@ def test_copy_views_are_kept_while_the_cache_lives():
     ({"groups": 4}, "4 draft tokens"),
     ({"pages": 0}, "empty, non-contiguous or not 16-byte aligned cache"),
     ({"strided_out": True}, "unit strides"),
+    ({"far": "context_lens"}, "offsets pass 2^31 elements"),
+    ({"far": "row_to_batch"}, "offsets pass 2^31 elements"),
+    ({"far": "q"}, "offsets pass 2^31 elements"),
 ])
 def test_declines_with_the_reason(change, reason):
     q, cache, w, table, out = _args(heads=change.get("heads", 64), dim=change.get("dim", 128),
@@ -107,8 +110,14 @@ def test_declines_with_the_reason(change, reason):
         q = q.to(change["dtype"])
     if change.get("strided_out"):
         out = torch.zeros(out.shape[1], out.shape[0]).t()
+    far = {}  # a view whose last element lies past 2^31 elements (an int32 stride): gigabytes virtual, none touched
+    if change.get("far") == "q":
+        head = 2**26  # 63 heads apart: past 2^31
+        q = torch.empty(2 * 64 * head, dtype=FP8).as_strided(q.shape, (64 * head, 64 * head, head, 1))
+    elif "far" in change:
+        far[change["far"]] = torch.empty(2 * (2**30 + 1) + 1, dtype=torch.int32).as_strided((3,), (2**30 + 1,))
     reasons = decode_sm90.unsupported(q, cache, w, table, out, change.get("page", 64), change.get("groups", 1),
-                                      change.get("target", HOPPER))
+                                      change.get("target", HOPPER), **far)
     assert any(reason in r for r in reasons), reasons
 
 

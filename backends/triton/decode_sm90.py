@@ -613,8 +613,8 @@ def _options(cfg: Mapping[str, Any], groups: int, mxfp4: bool = False) -> dict[s
 
 
 def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, page_table: torch.Tensor,
-                out: torch.Tensor, page: int, groups: int, target: Target, k_format: torch.dtype | None = None
-                ) -> list[str]:
+                out: torch.Tensor, page: int, groups: int, target: Target, k_format: torch.dtype | None = None,
+                context_lens: torch.Tensor | None = None, row_to_batch: torch.Tensor | None = None) -> list[str]:
     """Why this kernel cannot take a decode call (empty: it can; the Triton kernel takes the others). Arguments as
     ``indexcache.paged_mqa_logits``; ``page``: keys a page; ``groups``: draft tokens a program."""
     heads, dim = q.shape[2], q.shape[3]
@@ -629,6 +629,11 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, p
         reasons.append("q, weights, page_table and out need unit strides along their last dimension")
     if k_format not in (None, fp4.FP4):
         reasons.append(f"k_format {k_format}: an fp8 or MXFP4 cache only")
+    # a request's query, length and row read at int32 offsets (int64 would cost its schedule loop instructions)
+    spans = [(q.shape[1] - 1) * q.stride(1) + (q.shape[2] - 1) * q.stride(2)]
+    spans += [(t.shape[0] - 1) * t.stride(0) for t in (context_lens, row_to_batch) if t is not None]
+    if max(spans) >= 2**31:
+        reasons.append("q, context_lens or row_to_batch strides whose offsets pass 2^31 elements")
     return reasons
 
 

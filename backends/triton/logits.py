@@ -830,7 +830,8 @@ def paged_mqa_logits_launch(q, k_cache, weights, context_lens, page_table, max_c
     if cfg.get("KERNEL") == "tma-ws" and q_scale is None:
         from indexcache.backends.triton import decode_sm90
 
-        if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target, k_format):
+        if not decode_sm90.unsupported(q, k_cache, weights, page_table, out, page, groups, target, k_format,
+                                       context_lens, row_to_batch):
             return decode_sm90.launch(q, k_cache, weights, context_lens, page_table, max_context_len, out, page=page,
                                       groups=groups, target=target, cfg=cfg, sms=_programs(target, q.device),
                                       batch_block=BATCH_BLOCK, skip=skip, row_to_batch=row_to_batch,
