@@ -91,6 +91,15 @@ def test_a_backend_past_the_timeout_is_killed_with_its_shards(monkeypatch, tmp_p
     assert not _alive(child)
 
 
+def test_a_timeout_without_process_groups_kills_the_backend(monkeypatch):
+    """Where the platform has no process groups (Windows: no ``os.killpg``), the backend's process is killed alone
+    (the kill of its group raised AttributeError there)."""
+    monkeypatch.delattr(os, "killpg")
+    start = time.monotonic()
+    assert suite._run([sys.executable, "-c", "import time; time.sleep(120)"], dict(os.environ), 1) is None
+    assert time.monotonic() - start < 30
+
+
 @pytest.mark.parametrize("timeout", [0, -1.0, True, "5"])
 def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout, tmp_path):
     with pytest.raises(ValueError, match="timeout: expected a number of seconds > 0 or None"):

@@ -120,7 +120,8 @@ def run_all(which: str | None, out_dir: Path, op: str | None = None,
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float | None) -> int | None:
     """``cmd``'s exit status, or None when it ran past ``timeout`` seconds: then it and every process it started
-    (its shards) are killed, as they are when this process is interrupted while waiting."""
+    (its shards) are killed, as they are when this process is interrupted while waiting (on Windows, which has no
+    process groups, the backend's process alone)."""
     if timeout is None:
         return subprocess.run(cmd, env=env).returncode
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: a kill reaches the shards
@@ -130,7 +131,10 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float | None) -> int | No
         return None
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            if hasattr(os, "killpg"):
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
             proc.wait()
 
 
