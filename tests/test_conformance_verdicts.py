@@ -10,6 +10,7 @@ import torch
 
 from indexcache.conformance.cases import cases_for
 from indexcache.conformance.check import run_case
+from indexcache.hal import hisparse
 
 
 @pytest.fixture
@@ -160,3 +161,26 @@ def test_bf16_logits_rounded_to_bf16_fail_with_fp32_accumulation(wrong):
     wrong("mqa_logits", rounded)
     result = run_case(case, "torch")
     assert result.status == "failed" and result.bound == 1e-5 and 1e-3 < result.error < 1e-2
+
+
+def test_a_plan_answered_outside_the_given_outputs_fails(wrong):
+    """hisparse_plan given its outputs must answer in them: the same plan in new tensors fails."""
+    case = _case("hisparse_plan", "given outputs holding garbage: the plan written into the caller's slots, copy "
+                                  "lists and counts")
+    assert run_case(case, "torch").status == "passed"
+    moved = []  # the field the wrong backend answers in a new tensor
+
+    def elsewhere(fn):
+        def run(**args):
+            got = list(fn(**args))  # the backend's tuple, in Plan's order
+            at = hisparse.Plan._fields.index(moved[-1])
+            got[at] = got[at].clone()
+            return tuple(got)
+        return run
+
+    wrong("hisparse_plan", elsewhere)
+    for field, name in (("slots", "out"), ("copy_src", "out_copy_src"), ("copy_count", "out_copy_count")):
+        moved.append(field)
+        result = run_case(case, "torch")
+        assert result.status == "failed" and result.detail == f"did not write into the given {name} (returned " \
+                                                              "another tensor)"

@@ -11,7 +11,7 @@ from indexcache.hal import hisparse
 from indexcache.hal.checks import INDEX, MAX_TOPK, check_int, check_output, check_tensor, output
 from indexcache.hal.shown import dims, shown
 from indexcache.hal.slot_index import check_words, index_width
-from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu
+from indexcache.hal.specs.base import I32, CaseList, OpSpec, Verdict, cpu, not_written
 
 HOST_LOC_DTYPES = (torch.int32, torch.int64)
 # Where a plan's copies come from: int64 host rows (a host pool of a 61-layer model's tokens outgrows int32).
@@ -79,7 +79,12 @@ def reference(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=Non
 
 
 def judge(args: dict, got: hisparse.Plan, want: hisparse.Plan, accumulation: str) -> Verdict:
-    """Every field exact: the slots, the copy lists and counts, the state after the step."""
+    """Every field exact: the slots, the copy lists and counts (in the given outputs where the case gives them), the
+    state after the step (the op returns the given state: its values are the backend's in-place update)."""
+    wrote = not_written(args, {"out": got.slots, "out_copy_src": got.copy_src, "out_copy_dst": got.copy_dst,
+                               "out_copy_count": got.copy_count})
+    if wrote:
+        return wrote, None, None
     for field in hisparse.Plan._fields:
         g, w = cpu(getattr(got, field)), getattr(want, field)
         if g.dtype != w.dtype or g.shape != w.shape:
@@ -282,6 +287,16 @@ def _(gen, dev):
     stranger = next(t for t in range(lens[2] - 1) if t not in tokens[2].tolist())
     tokens[2, 4], raw[2, 0], raw[2, 1] = stranger, lens[2] - 1, stranger
     return _args(dev, raw, lens, host_loc, tokens, ages, slot_index=index)
+
+
+@cases.add("given outputs holding garbage: the plan written into the caller's slots, copy lists and counts")
+def _(gen, dev):
+    hot, k, lens = 32, 8, [100, 40, 20]
+    host_loc = _host_loc(gen, 3, 100)
+    raw, tokens, ages = _evolved(gen, 6, lens, hot, k, host_loc, drift=3)
+    return _args(dev, raw, lens, host_loc, tokens, ages, out=torch.full((3, k), 77, dtype=I32),
+                 out_copy_src=torch.full((3, k), 99, dtype=COPY_SRC), out_copy_dst=torch.full((3, k), 55, dtype=I32),
+                 out_copy_count=torch.full((3,), 66, dtype=I32))
 
 
 @cases.add("no rows and no requests")
