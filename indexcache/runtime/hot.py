@@ -74,6 +74,7 @@ class HotBuffers:
                                  ("k", k, 1), ("index_tokens", 0 if index_tokens is None else index_tokens, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        self.max_requests = max_requests
         self.state = {int(p): hisparse.empty_state(max_requests, hot, device) for p in producers}
         width = index_width(hot, index_tokens or 0)
         self.index = ({p: torch.empty(max_requests, width, dtype=INDEX, device=device) for p in self.state}
@@ -102,7 +103,7 @@ class HotBuffers:
             raise TypeError(f"requests: expected an int64 tensor of the state rows to empty ([N]), got {got}")
         if requests.device != device:
             raise ValueError(f"requests: expected a tensor on {device} (the state's device), got {requests.device}")
-        n = next(iter(self.state.values()))[0].shape[0] if self.state else 0
+        n = self.max_requests
         rows = requests.masked_fill((requests < 0) | (requests >= n), n)  # outside the state: row n, dropped below
         emptied = torch.zeros(n + 1, dtype=torch.bool, device=device).index_fill_(0, rows, True)[:n, None]
         for tokens, ages in self.state.values():  # index_fill_ would take -1 for the last row

@@ -81,10 +81,9 @@ def reference(raw, seq_lens, host_loc, slot_token, slot_age, *, row_to_batch=Non
 def judge(args: dict, got: hisparse.Plan, want: hisparse.Plan, accumulation: str) -> Verdict:
     """Every field exact: the slots, the copy lists and counts (in the given outputs where the case gives them), the
     state after the step (the op returns the given state: its values are the backend's in-place update)."""
-    wrote = not_written(args, {"out": got.slots, "out_copy_src": got.copy_src, "out_copy_dst": got.copy_dst,
-                               "out_copy_count": got.copy_count})
-    if wrote:
-        return wrote, None, None
+    if detail := not_written(args, {"out": got.slots, "out_copy_src": got.copy_src, "out_copy_dst": got.copy_dst,
+                                    "out_copy_count": got.copy_count}):
+        return detail, None, None
     for field in hisparse.Plan._fields:
         g, w = cpu(getattr(got, field)), getattr(want, field)
         if g.dtype != w.dtype or g.shape != w.shape:

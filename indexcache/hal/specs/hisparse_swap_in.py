@@ -97,8 +97,8 @@ def judge(args: dict, got, want, accumulation: str) -> Verdict:
         return not_written(args, {"device_kv": got}) or _judge_layer("device_kv", got, want), None, None
     if isinstance(got, torch.Tensor) or len(got) != len(want):
         return f"device_kv: {type(got).__name__}, expected a list of {len(want)} layers", None, None
-    layers = {f"device_kv[{g}]": t for g, t in enumerate(args["device_kv"])}
-    if detail := not_written(layers, {name: got[g] for g, name in enumerate(layers)}):
+    given = {f"device_kv[{g}]": t for g, t in enumerate(args["device_kv"])}
+    if detail := not_written(given, {name: got[g] for g, name in enumerate(given)}):
         return detail, None, None
     return "; ".join(filter(None, (_judge_layer(f"device_kv[{g}]", t, w)
                                    for g, (t, w) in enumerate(zip(got, want, strict=True))))), None, None
