@@ -15,6 +15,8 @@ from indexcache.backends.cuda.tuning import tuning
 from indexcache.hal import hisparse
 from indexcache.hal.slot_index import check_words, index_width
 
+from .far import far
+
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks"),
               pytest.mark.usefixtures("interpreted")]
 
@@ -336,14 +338,6 @@ def test_ages_spread_past_the_bins_take_the_radix_select(cfg):
         assert torch.equal(got, w), f"{name}:\n got {got.tolist()}\nwant {w.tolist()}"
 
 
-def _far_columns(x: torch.Tensor) -> torch.Tensor:
-    """``x [R, K]`` copied into a view of row stride 1 and column stride ``2^32 / K`` (an int32 stride for K >= 3; a
-    transposed buffer): its upper columns lie past 2^31 elements. Gigabytes of virtual memory, kilobytes resident."""
-    rows, k = x.shape
-    stride = 2**32 // k
-    return torch.empty((k - 1) * stride + rows, dtype=x.dtype).as_strided(x.shape, (1, stride)).copy_(x)
-
-
 @pytest.mark.parametrize("indexed", [False, True], ids=["table", "slot index"])
 def test_raw_of_a_huge_column_stride(indexed):
     """Steps of a short and a long request whose selections' column offsets pass 2^31 elements (rows of a transposed
@@ -359,7 +353,7 @@ def test_raw_of_a_huge_column_stride(indexed):
         want = hisparse.plan(raw, seq, host_loc, tok, age)
         out, src = torch.full((batches, k), -7, dtype=I32), torch.full((batches, k), -7, dtype=torch.int64)
         dst, count = torch.full((batches, k), -7, dtype=I32), torch.full((batches,), -7, dtype=I32)
-        _kernel().plan_launch(_far_columns(raw), seq, host_loc, tok, age, None, None, out, src, dst, count, index,
+        _kernel().plan_launch(far(raw, 1), seq, host_loc, tok, age, None, None, out, src, dst, count, index,
                               target=SM90, cfg=SMALL)()
         for name, got, w in zip(FIELDS, (out, src, dst, count, tok, age), want, strict=True):
             assert torch.equal(got, w), f"step {step}, {name}:\n got {got.tolist()}\nwant {w.tolist()}"

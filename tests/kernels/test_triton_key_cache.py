@@ -13,6 +13,8 @@ from indexcache.hal import fp4, reference
 from indexcache.hal.layout import new_packed_cache
 from indexcache.hal.specs.gather_index_k import out_shapes
 
+from .far import far
+
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; ci/gpu.sh runs them compiled"),
               pytest.mark.usefixtures("interpreted")]
 
@@ -56,15 +58,6 @@ def test_gather_of_a_huge_length_into_few_rows(backend, length):
     assert (want[1] != 7.0).all()  # every row written
 
 
-def _far_columns(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """A ``[rows, cols]`` view with row stride 1 and column stride ``2^32 / cols`` (a transposed buffer of that many
-    rows): its last column lies past 2^31 elements. The buffer is left untouched but where the view lies (gigabytes of
-    virtual memory, kilobytes resident)."""
-    stride = 2**32 // cols
-    base = torch.empty((cols - 1) * stride + rows, dtype=torch.uint8 if dtype.itemsize == 1 else dtype)
-    return base.view(dtype).as_strided((rows, cols), (1, stride))
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mxfp4", [False, True], ids=["fp8", "mxfp4"])
 def test_quantize_and_store_read_keys_of_a_huge_column_stride(backend, mxfp4):
@@ -72,8 +65,7 @@ def test_quantize_and_store_read_keys_of_a_huge_column_stride(backend, mxfp4):
     outside ``k`` (a segfault interpreted)."""
     fmt = fp4.FP4 if mxfp4 else FP8[backend]
     values = torch.randn(3, 128, generator=torch.Generator().manual_seed(1)).half() * 3
-    k = _far_columns(3, 128, torch.float16)
-    k.copy_(values)
+    k = far(values, 1)
     got = indexcache.quantize_index_k(k, fmt, backend=backend)
     want = reference.quantize_index_k(values, fmt, block=fp4.BLOCK if mxfp4 else 128)
     for g, w in zip(got, want, strict=True):
@@ -94,9 +86,9 @@ def test_gather_writes_outputs_of_a_huge_column_stride(backend, mxfp4):
     cache.copy_(reference.store_index_k(keys, cache, torch.arange(8, dtype=I32), fmt))
     table, lens = torch.tensor([[1, 0]], dtype=I32), torch.tensor([6], dtype=I32)
     (k_shape, k_dtype), (s_shape, s_dtype) = out_shapes(6, 128, fmt)
-    out_k = _far_columns(*k_shape, k_dtype)
+    out_k = far(torch.empty(k_shape, dtype=torch.uint8).view(k_dtype), 1)
     out_k.view(torch.uint8).fill_(0x5A)
-    out_scale = _far_columns(*s_shape, s_dtype) if mxfp4 else torch.full(s_shape, 7.0)
+    out_scale = far(torch.empty(s_shape, dtype=torch.uint8).view(s_dtype), 1) if mxfp4 else torch.full(s_shape, 7.0)
     out_scale.view(torch.uint8).fill_(0x5A)
     want = reference.gather_index_k(cache, table, lens, fp8_dtype=fmt, out_k=out_k, out_scale=out_scale)
     indexcache.gather_index_k(cache, table, lens, fp8_dtype=fmt, out_k=out_k, out_scale=out_scale, backend=backend)

@@ -9,8 +9,6 @@ bounds fails the test. Interpreted bf16 widens to fp32 before the dot (the inter
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import triton
@@ -23,6 +21,8 @@ from indexcache.backends.triton.head_sum import e4m3_bytes_to_fp16
 from indexcache.backends.triton.target import detect
 from indexcache.hal import dispatch, fp4, reference
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
+
+from .far import far
 
 pytestmark = [
     pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/logits_gpu.py is for GPUs"),
@@ -452,13 +452,6 @@ def test_sm80_logits_quantize_store(backend):
     assert torch.equal(cache, ref)
 
 
-def _far_columns(rows: int, cols: int) -> torch.Tensor:
-    """A float32 ``[rows, cols]`` view with row stride 1 and a column stride that puts its last column just past 2^31
-    elements (a transposed buffer), filled with 7.0. Gigabytes of virtual memory, kilobytes resident."""
-    stride = 2**31 // (cols - 1) + 1
-    return torch.empty((cols - 1) * stride + rows).as_strided((rows, cols), (1, stride)).fill_(7.0)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_minus_inf_fill_of_logits_of_a_huge_column_stride(backend):
     """Logits whose column offsets pass 2^31 elements (rows of a transposed buffer), short contexts and windows so that
@@ -473,24 +466,12 @@ def test_the_minus_inf_fill_of_logits_of_a_huge_column_stride(backend):
     weights = torch.randn(2, heads, generator=g)
     args = (q, cache, weights, torch.tensor([5, 20], dtype=torch.int32),
             torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]], dtype=torch.int32), 256)
-    _assert_logits(indexcache.paged_mqa_logits(*args, out=_far_columns(2, 256), backend=backend),
+    _assert_logits(indexcache.paged_mqa_logits(*args, out=far(torch.full((2, 256), 7.0), 1), backend=backend),
                    reference.paged_mqa_logits(*args), 1e-5)
     args = (q[:, 0], torch.randn(256, dim, generator=g).to(fp8), torch.rand(256, generator=g), weights,
             torch.tensor([0, 3], dtype=torch.int32), torch.tensor([5, 9], dtype=torch.int32))
-    _assert_logits(indexcache.mqa_logits(*args, out=_far_columns(2, 256), backend=backend),
+    _assert_logits(indexcache.mqa_logits(*args, out=far(torch.full((2, 256), 7.0), 1), backend=backend),
                    reference.mqa_logits(*args), 1e-5)
-
-
-def _far(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """``x`` copied into a view whose dimension ``dim`` steps ``2^32 / size`` elements, at most ``2^31 - 1`` (an int32
-    stride), the others compact inside a step: its upper half of that dimension (of two: the second index, with the
-    others' offsets) lies past 2^31 elements. Gigabytes of virtual memory, kilobytes resident."""
-    rest = [size for i, size in enumerate(x.shape) if i != dim]
-    strides = list(torch.empty(rest, device="meta").stride())
-    step = max(min(2**32 // x.shape[dim], 2**31 - 1), math.prod(rest))
-    strides.insert(dim, step)
-    view = torch.empty((x.shape[dim] - 1) * step + math.prod(rest), dtype=x.dtype).as_strided(x.shape, strides)
-    return view.copy_(x)
 
 
 @pytest.mark.parametrize(("name", "dim"), [("q", 1), ("q", 2), ("k", 1), ("k_scale", 0), ("weights", 1)])
@@ -503,7 +484,7 @@ def test_prefill_reads_inputs_of_a_huge_stride(name, dim):
                 k_scale=torch.rand(n, generator=g) + 0.25, weights=torch.randn(t, heads, generator=g),
                 ks=torch.tensor([0, 5, 20], dtype=torch.int32), ke=torch.tensor([40, 33, 21], dtype=torch.int32))
     want = reference.mqa_logits(**args)
-    args[name] = _far(args[name], dim)
+    args[name] = far(args[name], dim)
     _assert_logits(indexcache.mqa_logits(**args, backend="cuda"), want, 1e-5)
 
 
@@ -516,7 +497,7 @@ def test_paged_decode_reads_inputs_of_a_huge_stride(name, dim):
     args = dict(zip(("q", "k_cache", "weights", "context_lens", "page_table", "max_context_len"),
                     _decode_case("cuda", 2, 16, d=32, seed=10), strict=True))
     want = reference.paged_mqa_logits(**args)
-    args[name] = _far(args[name], dim)
+    args[name] = far(args[name], dim)
     _assert_logits(indexcache.paged_mqa_logits(**args, backend="cuda"), want, 1e-5)
 
 
@@ -530,7 +511,7 @@ def test_paged_decode_ragged_rows_of_a_huge_stride(name):
                 context_lens=(context.long()[rows // 2] - 1 + rows % 2).to(torch.int32), page_table=table,
                 max_context_len=max_len, row_to_batch=(rows // 2).to(torch.int32))
     want = reference.paged_mqa_logits(**args)
-    args[name] = _far(args[name], 0)
+    args[name] = far(args[name], 0)
     _assert_logits(indexcache.paged_mqa_logits(**args, backend="cuda"), want, 1e-5)
 
 
@@ -547,5 +528,5 @@ def test_prefill_of_mxfp4_keys_reads_inputs_of_a_huge_stride(name, dim):
                 weights=torch.randn(3, 16, generator=g), ks=torch.tensor([0, 5, 20], dtype=torch.int32),
                 ke=torch.tensor([40, 33, 21], dtype=torch.int32))
     want = indexcache.mqa_logits(**args, backend="cuda")
-    args[name] = _far(args[name], dim)
+    args[name] = far(args[name], dim)
     assert torch.equal(indexcache.mqa_logits(**args, backend="cuda"), want)

@@ -11,6 +11,8 @@ import torch
 import indexcache
 from indexcache.hal.layout import new_packed_cache
 
+from .far import far
+
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks"),
               pytest.mark.usefixtures("interpreted")]
 
@@ -127,14 +129,6 @@ def test_rows_all_short_take_one_launch_and_no_logits(form):
     assert indexcache.workspace_bytes("paged_topk_translate", *args, logits=logits, backend="cuda") == 0
 
 
-def _far_columns(rows: int, cols: int) -> torch.Tensor:
-    """An int32 ``[rows, cols]`` view with row stride 1 and column stride ``2^32 / cols`` (a transposed buffer of that
-    many rows), filled with -7: its last columns lie past 2^31 elements. Gigabytes of virtual memory, kilobytes
-    resident."""
-    stride = 2**32 // cols
-    return torch.empty((cols - 1) * stride + rows, dtype=torch.int32).as_strided((rows, cols), (1, stride)).fill_(-7)
-
-
 def test_rows_all_short_write_outputs_of_a_huge_column_stride():
     """The one launch of a step whose rows are all short, into outputs whose column offsets pass 2^31 elements (rows
     of transposed buffers): it computed a slot's offset in int32 and wrote far outside ``out`` and ``out_raw`` (a
@@ -146,7 +140,7 @@ def test_rows_all_short_write_outputs_of_a_huge_column_stride():
     args = (q, cache, weights, context, blocks, k, k, table, 16)
     want_raw = torch.full((3, k), -7, dtype=torch.int32)
     want = indexcache.paged_topk_translate(*args, out_raw=want_raw, backend="torch")
-    out, out_raw = _far_columns(3, k), _far_columns(3, k)
+    out, out_raw = (far(torch.full((3, k), -7, dtype=torch.int32), 1) for _ in range(2))
     indexcache.paged_topk_translate(*args, out=out, out_raw=out_raw, backend="cuda")
     assert torch.equal(out, want) and torch.equal(out_raw, want_raw)
     assert out_raw.tolist() == [[0, 1, 2, -1], [0, 1, 2, 3], [-1, -1, -1, -1]]

@@ -21,6 +21,8 @@ from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.triton.rows import sample_positions
 from indexcache.hal import dispatch, reference
 
+from .far import far
+
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="interpreted checks; bench/topk_gpu.py is for GPUs"),
               pytest.mark.usefixtures("interpreted")]
 
@@ -545,14 +547,6 @@ def test_sample_rounds_capped_lower_the_floor_to_its_bin_and_keep_the_top_k(roun
                                                                                       row_starts=starts))
 
 
-def _far_columns(rows: int, cols: int) -> torch.Tensor:
-    """An int32 ``[rows, cols]`` view with row stride 1 and column stride ``2^32 / cols`` (a transposed buffer of that
-    many rows): its last columns lie past 2^31 elements. Gigabytes of virtual memory, kilobytes resident."""
-    stride = 2**32 // cols
-    view = torch.empty((cols - 1) * stride + rows, dtype=torch.int32).as_strided((rows, cols), (1, stride))
-    return view.fill_(SENTINEL)
-
-
 @pytest.mark.parametrize("backend", ["cuda", "rocm"])
 @pytest.mark.parametrize("sorted_", [False, True], ids=["unsorted", "sorted"])
 def test_outputs_of_a_huge_column_stride(backend, sorted_):
@@ -565,8 +559,8 @@ def test_outputs_of_a_huge_column_stride(backend, sorted_):
     want_raw = reference.topk(scores, lengths, 4)  # sorted by (score desc, index asc)
     want = reference.translate(want_raw, table, lengths, 4, row_to_batch=r2b)
     for with_raw in (True, False):
-        out = _far_columns(3, 4)
-        out_raw = _far_columns(3, 4) if with_raw else None
+        out = far(torch.full((3, 4), SENTINEL, dtype=torch.int32), 1)
+        out_raw = far(torch.full((3, 4), SENTINEL, dtype=torch.int32), 1) if with_raw else None
         indexcache.topk_translate(scores, lengths, 4, table, 4, row_to_batch=r2b, out=out, out_raw=out_raw,
                                   sorted=sorted_, backend=backend)
         if sorted_:
@@ -576,13 +570,6 @@ def test_outputs_of_a_huge_column_stride(backend, sorted_):
         if with_raw:
             assert torch.equal(out_raw if sorted_ else out_raw.sort(1).values,
                                want_raw if sorted_ else want_raw.sort(1).values)
-
-
-def _far_rows(x: torch.Tensor) -> torch.Tensor:
-    """``x [R]`` copied into a view of stride ``2^32 / R`` (an int32 stride for R >= 3): its upper half lies past 2^31
-    elements. Gigabytes of virtual memory, kilobytes resident."""
-    stride = 2**32 // x.shape[0]
-    return torch.empty((x.shape[0] - 1) * stride + 1, dtype=x.dtype).as_strided(x.shape, (stride,)).copy_(x)
 
 
 @pytest.mark.parametrize("cols", [16, 3000], ids=["fused", "split"])
@@ -604,6 +591,6 @@ def test_row_metadata_of_a_huge_stride(name, cols):
         return out.sort(1).values, raw.sort(1).values
 
     want = run(args)
-    args[name] = _far_rows(args[name])
+    args[name] = far(args[name], 0)
     got = run(args)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
