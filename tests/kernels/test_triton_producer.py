@@ -29,10 +29,9 @@ def test_each_draft_row_gets_its_length_and_request():
     assert requests.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
     # context_lens whose offsets pass 2^31 elements (an int32 stride): read at b * stride in int32 before, far outside
     # (a segfault interpreted)
-    stride = 2**30 + 1
-    far = torch.empty(4 * stride + 1, dtype=torch.int32).as_strided((5,), (stride,)).copy_(context_lens)
+    far_lens = far(context_lens, 0)
     lengths.fill_(99)
-    Launch(producer.DRAFT_ROWS, (1,), (("num_warps", 4),), (far, lengths, requests, 15, stride),
+    Launch(producer.DRAFT_ROWS, (1,), (("num_warps", 4),), (far_lens, lengths, requests, 15, far_lens.stride(0)),
            dict(NEXT_N=3, BLOCK=producer.DRAFT_BLOCK))()
     assert lengths.tolist() == [-2, -1, 0, -1, 0, 1, 0, 1, 2, 698, 699, 700, -2, -1, 0]
 
