@@ -3,7 +3,8 @@
 The package root is the public face for engines (docs/architecture.md, "Public names"): the ops, backend
 choice, the layer plan and the runtime, each loaded from its layer at first use (PEP 562), so ``import
 indexcache`` touches no device and imports no torch, and ``import indexcache.plan`` stays pure Python. The
-backend is chosen at the first op call (see :mod:`indexcache.hal.dispatch`).
+backend is chosen at the first op call (see :mod:`indexcache.hal.dispatch`). The first name that needs torch checks
+its version (:mod:`indexcache.hal.torch_version`): an older torch than pyproject.toml's is an ImportError naming both.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 from typing import Any
 
 from indexcache.hal.specs import OP_NAMES
+from indexcache.hal.torch_version import require_torch as _require_torch
 
 __version__ = "0.1.0"
 
@@ -47,6 +49,8 @@ __all__ = sorted(_PUBLIC)
 def __getattr__(name: str) -> Any:
     if name not in _PUBLIC:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _PUBLIC[name] != "indexcache.plan":  # the plan is pure Python; every other layer needs torch
+        _require_torch()
     value = getattr(importlib.import_module(_PUBLIC[name]), name)
     globals()[name] = value
     return value

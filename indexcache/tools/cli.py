@@ -4,8 +4,9 @@ function parses what argparse cannot check, calls the library and prints.
 Bad input (a :class:`UsageError`, or one of the library's input errors a subcommand names in
 :func:`_input_errors`) is one line on stderr and exit status 2; any other exception is a bug and propagates
 with its traceback. Library modules are imported inside the subcommands (only the pure-Python plan's bounds at the
-top, for the options' ranges), so ``indexcache plan`` never imports torch. Sizes are checked when the arguments are
-parsed, the environment and the output paths (by writing there) before any work.
+top, for the options' ranges), so ``indexcache plan`` never imports torch; every other command first checks that
+the torch installed is one indexcache runs on (:mod:`indexcache.hal.torch_version`; else exit status 2). Sizes are
+checked when the arguments are parsed, the environment and the output paths (by writing there) before any work.
 """
 
 from __future__ import annotations
@@ -607,6 +608,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command != "plan":  # every other command builds or runs ops: first a torch they run on
+            from indexcache.hal.torch_version import require_torch
+
+            with _input_errors(ImportError):
+                require_torch()
         code = args.func(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not in the interpreter's flush at exit
         return code
