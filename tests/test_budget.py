@@ -946,6 +946,95 @@ def test_a_schedule_is_decided_once_and_runs_as_the_call_would_have(scheduler, m
     assert budget.current() is None
 
 
+
+@pytest.mark.parametrize(("n", "outer", "want"), [
+    (40, None, (40, 132)),   # no enclosing budget: the device
+    (40, 100, (40, 100)),    # the side's share within it, the main the other 60
+    (99, 100, (99, 100)),
+    (100, 100, (99, 100)),   # the side keeps one fewer than the budget: the main keeps one
+    (120, 100, (99, 100)),
+    (40, 132, (40, 132)),    # a budget at or above the device's count is the whole device
+    (40, 500, (40, 132)),
+    (5, 2, (1, 2)),
+    (5, 1, (0, 1)),          # under a budget of 1: in order
+    (None, 100, (None, 100)),  # no share, in order: as they are
+    (0, 100, (0, 100)),
+])
+def test_an_enclosing_budget_holds_the_side_share_and_the_pair(n, outer, want):
+    assert triton_streams.within_budget(n, 132, outer) == want
+
+
+def test_without_partitions_an_enclosing_budget_holds_the_side_and_the_main(scheduler, monkeypatch):
+    """``with sm_budget(100): overlap(side, main, side_sms=40)``: the side under 40, the main under the other 60 (not
+    the device's other 92), torch's matmuls to the same shares; the enclosing budget again after."""
+    streams, fake = scheduler
+    monkeypatch.setattr(triton_streams, "partition_stream", lambda *a, **k: None)
+    gpu = torch.device("cuda", 0)
+    carveout = torch._C._get_sm_carveout_experimental
+
+    def side():
+        return "side", budget.current(), carveout()
+
+    def main():
+        return "main", budget.current(), carveout()
+
+    with indexcache.sm_budget(100):
+        assert streams(side, main, 0, gpu, side_sms=40) == (("side", 40, 92), ("main", 60, 72))
+        assert streams(side, main, 0, gpu, side_sms=120) == (("side", 99, 33), ("main", 1, 131))
+        decided = streams.prepare(0, gpu, side_sms=120)
+        assert (decided.how, decided.side_sms) == ("budget", 99)
+        assert budget.current() == 100 and carveout() is None
+    with indexcache.sm_budget(500):  # the whole device: as without
+        assert streams(side, main, 0, gpu, side_sms=40) == (("side", 40, 92), ("main", 92, 40))
+    fake.log.clear()
+    with indexcache.sm_budget(1):  # no room for two: in order on the current stream, each under the budget
+        assert streams.prepare(0, gpu, side_sms=40) is IN_ORDER
+        assert streams(side, main, 0, gpu, side_sms=40) == (("side", 1, None), ("main", 1, None))
+    assert fake.log == [] and budget.current() is None
+
+
+def test_with_partitions_an_enclosing_budget_holds_the_partition_and_the_main(scheduler, monkeypatch):
+    """Within ``sm_budget(100)`` the side's partition is of its share within the budget and the main runs under the
+    budget's others (without one it keeps the whole device); the partition an eager call makes for the rule's graph
+    band is the one a capture under the same budget takes."""
+    streams, fake = scheduler
+    parts = _FakePartitions(fake.log)
+    monkeypatch.setattr(triton_streams, "partition_stream", parts)
+    gpu = torch.device("cuda", 0)
+    entered = []
+
+    @contextlib.contextmanager
+    def on(stream):
+        entered.append(stream)
+        yield
+
+    fake.stream = on
+    fake.capturing = False
+
+    def side():
+        return "side", budget.current()
+
+    def main():
+        return "main", budget.current()
+
+    with indexcache.sm_budget(100):
+        assert streams(side, main, 0, gpu, side_sms=40) == (("side", 100), ("main", 60))
+        assert entered[-1] is parts.made[(0, 40, 0)]
+        assert streams(side, main, 0, gpu, side_sms=120) == (("side", 100), ("main", 1))
+        assert entered[-1] is parts.made[(0, 99, 0)]
+    with indexcache.sm_budget(500):  # the whole device: the main keeps it, as without a budget
+        assert streams(side, main, 0, gpu, side_sms=40) == (("side", 500), ("main", 500))
+    with indexcache.sm_budget(50):
+        # eagerly in order (EAGER bands), the graph band's partition (0.5 of 132: 66) made within the budget: 49
+        assert streams(side, main, 0, gpu, tokens=32, context=8192) == (("side", 50), ("main", 50))
+        assert (0, 49, 0) in parts.made and (0, 66, 0) not in parts.made
+        fake.capturing = True
+        decided = streams.prepare(0, gpu, tokens=32, context=8192)
+        assert (decided.how, decided.side_sms) == ("partition", 49)
+        assert decided(side, main) == (("side", 50), ("main", 1))
+        assert entered[-1] is parts.made[(0, 49, 0)]
+    assert budget.current() is None
+
 def test_the_gpu_backends_hand_their_tables_overlap_rule_to_the_scheduler():
     rule = {"GRAPH": BANDS, "EAGER": EAGER}
     impl = triton_streams.device_overlap("cuda", side_streams=2, rule=rule)

@@ -21,7 +21,9 @@ and the main under the device's others, torch's matmuls held to each share by to
 one; a share from the rule, measured with partitions, then overlaps with no budget. Without either (or without a rule
 for the target) the two overlap with no budget. A partition is made at the first eager call that could use it (the
 eager call also makes the one its shape's ``GRAPH`` band names), never during a capture: a capture that finds none
-made falls back as where there are none.
+made falls back as where there are none. Within an enclosing SM budget (the one in force where the schedule is made)
+the pair keeps to it (:func:`within_budget`): the side's share is at most one fewer than it, and the main function
+runs under the budget's other multiprocessors, beside a partition too; with no share both keep the enclosing budget.
 """
 
 from __future__ import annotations
@@ -81,6 +83,15 @@ def share_sms(share: float | None, sms: int) -> int | None:
     return share if not share else min(sms - 1, max(1, round(share * sms)))
 
 
+def within_budget(n: int | None, sms: int, outer: int | None) -> tuple[int | None, int]:
+    """``(the side's share, the multiprocessors of the pair)`` for a side share ``n`` (None: no share, 0: in order) of a
+    device of ``sms`` under the SM budget ``outer`` in force where the schedule is made (None: none): the pair keeps to
+    ``min(outer, sms)``, and the side to fewer, so that the main function keeps at least one (in order under a budget
+    of 1, where the two keep to it one after the other)."""
+    pair = sms if outer is None else min(outer, sms)
+    return (n if not n else min(n, pair - 1)), pair
+
+
 def device_rule(rule: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | None:
     """``rule`` (a tuning table's ``overlap`` entry) for a GPU named ``name``: its bands, with those of the first of
     its ``DEVICES`` entries ``(model, bands)`` whose ``model`` is part of ``name`` in their place (bands measured on
@@ -117,7 +128,8 @@ class DeviceStreams:
         self.rule = rule
         self._module = torch.get_device_module(device_type)
         self._streams: dict[int, list[torch.Stream]] = {}
-        self._graph_made: set[tuple[int, int, float]] = set()  # (GPU, side stream, share) of graph partitions made
+        # (GPU, side stream, share, SM budget in force) of the graph partitions made
+        self._graph_made: set[tuple[int, int, float, int | None]] = set()
 
     def _index(self, device: torch.device) -> int:
         return device.index if device.index is not None else self._module.current_device()
@@ -161,14 +173,17 @@ class DeviceStreams:
         return partition_stream(self._index(device), n, side % self.side_streams, make=not capturing) if n else None
 
     def graph_partition(self, device: torch.device, side: int, share: float | None) -> None:
-        """Make the partition of ``share`` (a graph band's) for side stream ``side``, so that a capture after this
-        eager call finds it; once: later calls find it noted."""
+        """Make the partition of ``share`` (a graph band's) for side stream ``side``, within the SM budget in force
+        (:func:`within_budget`), so that a capture after this eager call under the same budget finds it; once: later
+        calls find it noted."""
         if not share:
             return
         index = self._index(device)
-        key = (index, side % self.side_streams, share)
+        key = (index, side % self.side_streams, share, budget.current())
         if key not in self._graph_made:
-            partition_stream(index, share_sms(share, sm_count(index)), key[1])
+            sms = sm_count(index)
+            if n := within_budget(share_sms(share, sms), sms, key[3])[0]:
+                partition_stream(index, n, key[1])
             self._graph_made.add(key)
 
     def prepare(self, side: int, device: torch.device, side_sms: int | None = None, tokens: int | None = None,
@@ -188,33 +203,37 @@ class DeviceStreams:
             if band_share(tokens, context, rule_bands(rule, False, k_format)) == 0:
                 return IN_ORDER
         n, sms, ruled = self.share(device, side_sms, tokens, context, capturing, k_format)
+        n, pair = within_budget(n, sms, budget.current())  # an enclosing budget holds the pair
         if n == 0:
             return IN_ORDER
         part = self.partition(device, n, side, capturing)
         how = "partition" if part is not None else "overlap" if ruled or n is None else "budget"
         held = n if how == "budget" else None  # a partition holds the side itself; a rule's share needs one
+        # the main function under the pair's others: beside a budget, and beside a partition within an enclosing
+        # budget (else it keeps the whole device); with no share both keep the budget in force
+        rest = pair - n if how == "budget" or (how == "partition" and pair < sms) else None
         stream = part if part is not None else self.stream(device, side)
-        return Schedule(functools.partial(self._run, stream, device, held, sms), how,
+        return Schedule(functools.partial(self._run, stream, device, held, rest, sms), how,
                         None if how == "overlap" else n)
 
-    def _run(self, stream: torch.Stream, device: torch.device, n: int | None, sms: int, side_fn: Callable[[], S],
-             main_fn: Callable[[], M]) -> tuple[S, M]:
-        """``side_fn`` on ``stream`` (under a budget of ``n`` where given, the main under the rest), ``main_fn`` on the
-        current stream, joined: also where either raises (what the side enqueued is then ordered before whatever the
-        caller does next on the current stream)."""
+    def _run(self, stream: torch.Stream, device: torch.device, n: int | None, rest: int | None, sms: int,
+             side_fn: Callable[[], S], main_fn: Callable[[], M]) -> tuple[S, M]:
+        """``side_fn`` on ``stream`` (under a budget of ``n`` where given), ``main_fn`` on the current stream (under a
+        budget of ``rest`` where given), joined: also where either raises (what the side enqueued is then ordered before
+        whatever the caller does next on the current stream)."""
         if torch.compiler.is_compiling():  # Inductor traces no streams: in order, as the join makes it appear
             return side_then_main(side_fn, main_fn)
         main = self._module.current_stream(device)
         stream.wait_stream(main)
         try:
-            if n is None:
+            if n is None and rest is None:
                 with self._module.stream(stream):
                     side_out = side_fn()
                 main_out = main_fn()
             else:
                 with self._module.stream(stream), _held_to(n, sms):
                     side_out = side_fn()
-                with _held_to(sms - n, sms):
+                with _held_to(rest, sms):
                     main_out = main_fn()
         finally:
             main.wait_stream(stream)

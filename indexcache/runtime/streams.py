@@ -18,7 +18,8 @@ Sharing the GPU: our persistent kernels fill every multiprocessor, so beside the
 ``overlap`` gives the side function a share of the multiprocessors, from ``side_sms`` or from the GPU backend's
 measured rule for the side work's shape, which also runs the two in order where overlapping does not pay: an SM
 partition (a CUDA green context) where the GPU and torch have them, the main function keeping the whole device, else
-an SM budget (:mod:`indexcache.hal.budget`) with the main function under the rest (docs/streams.md).
+an SM budget (:mod:`indexcache.hal.budget`) with the main function under the rest; an enclosing SM budget holds the
+pair (docs/streams.md).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
     - ``side_sms``: the side function's multiprocessors: a partition of that many where there are partitions (every
       kernel of the side held there, the main function keeping the whole device), else an SM budget
       (:func:`indexcache.sm_budget`) with the main function getting the device's other multiprocessors; 0 runs the two
-      in order on the current stream (side first).
+      in order on the current stream (side first). Within an enclosing ``sm_budget(n)`` the pair keeps to ``n``: the
+      side's share (a partition's too) at most ``n - 1``, the main function under the other multiprocessors of ``n``.
     - else ``tokens`` and ``context`` (the side work's query rows and keys a row, e.g. a decode batch's rows and its
       longest context): the backend's measured rule picks a partition, no share, or the order where overlapping does
       not pay. ``k_format``: the format of the index keys the side work reads, as the paged ops take it (None: fp8
