@@ -5,6 +5,7 @@ them (launch options, Triton's target, the fp8 path, PDL)."""
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -218,3 +219,21 @@ def test_an_amd_record_takes_its_wave_size(arch, warp):
     """RDNA (Radeon, gfx10xx-gfx12xx) runs Triton's kernels in waves of 32: an unlisted RDNA name got 64, so warmup
     compiled variants no launch there uses and the launch arithmetic sized wavefronts of 64."""
     assert AMD.resolve(arch).warp_size == warp
+
+
+def test_without_a_rocm_torch_the_rocm_backend_names_the_index_its_triton_comes_from(monkeypatch):
+    """pytorch-triton-rocm >= 3.6 is on PyTorch's ROCm wheel index only (PyPI's stops at 2.1.0): the reason names the
+    README's command for a ROCm torch, which brings it; the cuda extra brings Triton from PyPI, no index named."""
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    command = f"pip install torch --index-url {AMD.torch_index}"
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())  # lines joined
+    assert AMD.torch_index.startswith("https://download.pytorch.org/whl/rocm") and f"{command} && " in readme
+    assert f'pip install -e ".[rocm]" --extra-index-url {AMD.torch_index}' in readme
+    assert detect(AMD)[1] == (f"this torch build has no ROCm/HIP support (a ROCm/HIP build of torch: {command}); "
+                              "set TRITON_INTERPRET=1 to run the kernels on the CPU")
+    assert NVIDIA.torch_index is None
+    assert detect(NVIDIA)[1] == ("this torch build has no CUDA support; set TRITON_INTERPRET=1 to run the kernels on "
+                                 "the CPU")

@@ -67,8 +67,12 @@ def test_the_torch_backend_runs_and_info_says_why(no_triton):
     assert info.returncode == 0, info.stderr
     lines = info.stdout.splitlines()
     assert lines[0].startswith("selected backend: torch")
-    for name in ("cuda", "rocm"):
-        assert f"  {name:<8} not available: {reason} (pip install 'indexcache[{name}]')" in lines, info.stdout
+    # the cuda extra brings Triton from PyPI; ROCm's (pytorch-triton-rocm) comes with torch from PyTorch's ROCm index
+    installs = {"cuda": "pip install 'indexcache[cuda]'",
+                "rocm": "a ROCm/HIP build of torch brings it: pip install torch --index-url "
+                        "https://download.pytorch.org/whl/rocm6.4"}
+    for name, install in installs.items():
+        assert f"  {name:<8} not available: {reason} ({install})" in lines, info.stdout
 
 
 def test_the_commands_that_need_triton_refuse_in_one_line(no_triton, tmp_path):

@@ -53,6 +53,7 @@ AMD = GpuVendor(
     launch_keys=("waves_per_eu",),  # occupancy: waves a SIMD
     asm="amdgcn", barrier_orders_memory=False, matrix_instructions=re.compile(r"\bv_s?mfmac?_\w+"),
     arch_of=_arch_of, resolve=resolve, resources=_resources,
+    torch_index="https://download.pytorch.org/whl/rocm6.4",  # README, "GPU backends"
 )
 
 

@@ -57,6 +57,9 @@ class GpuVendor:
     resolve: Callable[[str], GpuArch] = dataclasses.field(repr=False)  # the record of an architecture name
     # registers, spills, scratch and shared bytes of a kernel Triton compiled (the cross-compile check's rules)
     resources: Callable[[Any], dict[str, int]] = dataclasses.field(repr=False)
+    # PyTorch's wheel index whose torch builds for this vendor bring the Triton it needs, where PyPI has none (ROCm's
+    # pytorch-triton-rocm: PyPI's newest is 2.1.0); None: the pip extra ``backend`` brings Triton from PyPI
+    torch_index: str | None = None
 
     def target(self, arch: str, interpreted: bool = False) -> Target:
         """The target of architecture ``arch`` (its record from :attr:`resolve`), on the GPU or interpreted."""
@@ -190,8 +193,11 @@ def detect(vendor: GpuVendor) -> tuple[bool, str, Target | None]:
     the target is ``vendor.interpreted_arch`` unless overridden.
     """
     version, missing = triton_import()
+    get_torch = f"pip install torch --index-url {vendor.torch_index}"  # only where torch_index is not None
     if version is None:
-        return False, f"{missing} (pip install 'indexcache[{vendor.backend}]')", None
+        install = (f"a {vendor.runtime_name} build of torch brings it: {get_torch}" if vendor.torch_index
+                   else f"pip install 'indexcache[{vendor.backend}]'")
+        return False, f"{missing} ({install})", None
     override = os.environ.get(vendor.arch_env)
     if override:
         try:
@@ -203,7 +209,8 @@ def detect(vendor: GpuVendor) -> tuple[bool, str, Target | None]:
         return True, f"{INTERPRET_ENV}=1: Triton {version} runs the kernels on the CPU as for {target.arch}", target
     if not getattr(torch.version, vendor.runtime, None):
         hint = f"set {INTERPRET_ENV}=1 to run the kernels on the CPU"
-        return False, f"this torch build has no {vendor.runtime_name} support; {hint}", None
+        build = f" (a {vendor.runtime_name} build of torch: {get_torch})" if vendor.torch_index else ""
+        return False, f"this torch build has no {vendor.runtime_name} support{build}; {hint}", None
     module = torch.get_device_module(vendor.device_type)
     if not module.is_available():
         return False, f"no GPU visible to torch; set {INTERPRET_ENV}=1 to run the kernels on the CPU", None
