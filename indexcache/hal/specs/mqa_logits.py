@@ -214,6 +214,42 @@ cases.add("MXFP4 queries with a NaN block scale, MXFP4 keys, H 16")(
     lambda gen, dev: _fp4_query_args(gen, dev, tokens=6, keys=90, heads=16, nan_block=True))
 
 
+
+def at_the_top_of_e8m0(values: torch.Tensor, scales: torch.Tensor, other_scales: torch.Tensor) -> None:
+    """In place: MXFP4 rows (``values [..., D / 2]``, ``scales [..., D / 32]``; D a multiple of 64) with block scale
+    bytes at the top of e8m0, by threes of rows: every block 254 (2^127), every block 253, and the even blocks 254
+    beside odd ones at 140 (2^13) in a row (in every other such row the 254 blocks' values zero, so that the small
+    blocks give its products); and the other operand's scale bytes ``other_scales`` 100 less (at least 0; the cases'
+    are above 100), so that the logits lie well inside float32 while the rows decoded at their own scales do not
+    (docs/fp4.md, "Queries")."""
+    v, b = values.view(torch.uint8), scales.view(torch.uint8)  # views of the rows as they lie (a cache's too)
+    row = torch.arange(b[..., 0].numel(), device=b.device).view(*b.shape[:-1], 1)
+    even = torch.arange(b.shape[-1], device=b.device) % 2 == 0
+    b.copy_(torch.where(row % 3 == 0, 254, torch.where(row % 3 == 1, 253, torch.where(even, 254, 140))))
+    v.masked_fill_((row % 6 == 5) & even.repeat_interleave(fp4.BLOCK // 2), 0)
+    other = other_scales.view(torch.uint8)
+    other.copy_((other.int() - 100).clamp_min(0))
+
+
+def _fp4_top_args(gen, dev, side: str) -> dict:
+    """:func:`_fp4_query_args` (6 tokens, 60 keys, H 16) with the queries' (``side`` "q") or the keys' ("k") block
+    scales at the top of e8m0 (:func:`at_the_top_of_e8m0`)."""
+    args = _fp4_query_args(gen, dev, tokens=6, keys=60, heads=16)
+    if side == "q":
+        at_the_top_of_e8m0(args["q"], args["q_scale"], args["k_scale"])
+    else:
+        at_the_top_of_e8m0(args["k"], args["k_scale"], args["q_scale"])
+    return args
+
+
+# Block scales 2^127 and 2^126, the top of e8m0, on one side and small ones on the other: logits well inside float32
+# whose operands decoded at their own scales are not (6 at byte 254 is 1.5 · 2^129).
+cases.add("MXFP4 queries with block scale bytes 254 and 253 (beside 140 in some rows), keys 2^-100 smaller")(
+    lambda gen, dev: _fp4_top_args(gen, dev, "q"))
+cases.add("MXFP4 keys with block scale bytes 254 and 253 (beside 140 in some rows), MXFP4 queries 2^-100 smaller")(
+    lambda gen, dev: _fp4_top_args(gen, dev, "k"))
+
+
 @cases.add("full, empty and context-parallel windows, native fp8", native_fp8=True)
 def _(gen, dev, fp8):
     tokens, keys = 12, 257
