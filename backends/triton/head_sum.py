@@ -162,9 +162,8 @@ def blockwise_dot(words, scales, q, q_scales, ROWS: tl.constexpr, D: tl.constexp
     block-scaled instruction: D / 32 dots, the j-th taking block j of every key widened to e4m3 at its own scale (the
     other blocks zero: the queries' block j alone, an exact sum), each added in units of the key's and the query's
     largest block scale (a power of two ≤ 1 each, applied one after the other: a product more than about 2^149 below
-    the two largest together is lost), then the two largest scales, the key's first (docs/fp4.md, "Queries": the
-    limits of fp32 this leaves). fp32 ``[ROWS, COLS]``
-    when ``KEYS_ON_M``, else ``[COLS, ROWS]``."""
+    the two largest together is lost), then the two largest scales together (:func:`scale_pairs`; docs/fp4.md,
+    "Queries": the limits of fp32 this leaves). fp32 ``[ROWS, COLS]`` when ``KEYS_ON_M``, else ``[COLS, ROWS]``."""
     COLS: tl.constexpr = q.shape[0]
     LIFT: tl.constexpr = 0x2C + 8 * FNUZ  # 2 ** 0: the values as they are
     block = tl.arange(0, D // 8) // 4  # a word's block of 32 elements
@@ -181,7 +180,22 @@ def blockwise_dot(words, scales, q, q_scales, ROWS: tl.constexpr, D: tl.constexp
                           mxfp4.pow2(tl.sum(tl.where(at[None, :] == j, scales, 0), axis=1) - k_top), KEYS_ON_M)
         acc += scale_tokens(part, mxfp4.pow2(tl.sum(tl.where(at[None, :] == j, q_scales, 0), axis=1) - q_top),
                             KEYS_ON_M)
-    return scale_tokens(scale_keys(acc, mxfp4.e8m0(k_top), KEYS_ON_M), mxfp4.e8m0(q_top), KEYS_ON_M)
+    return scale_pairs(acc, k_top, q_top, KEYS_ON_M)
+
+
+@triton.jit
+def scale_pairs(acc, k_bytes, q_bytes, KEYS_ON_M: tl.constexpr):
+    """``acc`` (``[keys, tokens]`` when ``KEYS_ON_M``, else ``[tokens, keys]``) times ``2 ** (k_bytes - 127)`` of its
+    key and ``2 ** (q_bytes - 127)`` of its query row (int32 e8m0 bytes, 255 NaN): the two exponents added as integers
+    and applied as two powers of two of the same sign (each 2^-127 .. 2^127), so that a product inside float32 stays
+    inside it on the way (the two scales one after the other overflowed where a key near 2^127 met a query far below
+    1, or the reverse). A byte 255 gives NaN here only beside 254 or 255: the callers make such logits NaN."""
+    if KEYS_ON_M:
+        e = k_bytes[:, None] + q_bytes[None, :] - 254
+    else:
+        e = q_bytes[:, None] + k_bytes[None, :] - 254
+    half = e >> 1
+    return acc * mxfp4.e8m0(half + 127) * mxfp4.e8m0(e - half + 127)
 
 
 @triton.jit
