@@ -176,30 +176,24 @@ def test_the_torch_backend_gives_finite_logits_for_finite_keys_near_the_top_of_f
     assert torch.equal(finite, torch.isfinite(got)) and torch.allclose(got[finite].double(), want[finite], rtol=1e-6)
 
 
-def _top_of_e8m0_cases() -> list:
-    """The logits ops' conformance cases with one operand's block scale bytes at 254 and 253 (2^127, 2^126; beside
-    140 in some rows) and the other's 2^-100 smaller, as ``pytest.param(spec, case)``."""
-    from indexcache.hal.specs import mqa_logits, paged_mqa_logits
-
-    return [pytest.param(spec, case, id=f"{spec.__name__.rsplit('.', 1)[-1]}: {case.name}")
-            for spec in (mqa_logits, paged_mqa_logits) for case in spec.cases
-            if "block scale bytes 254 and 253" in case.name]
-
-
-@pytest.mark.parametrize(("spec", "case"), _top_of_e8m0_cases())
-def test_mxfp4_operands_at_the_top_of_e8m0_give_the_references_logits_on_the_torch_backend(spec, case):
+@pytest.mark.parametrize("side", ["q", "k"])
+@pytest.mark.parametrize("op", ["mqa_logits", "paged_mqa_logits"])
+def test_mxfp4_operands_at_the_top_of_e8m0_give_the_references_logits_on_the_torch_backend(op, side):
     """MXFP4 queries with block scale byte 254 (2^127: 6 · 2^127 is past float32) or 253, alone and beside small bytes
     in a row, against keys of small scales, and the reverse: the torch backend decoded the queries at their own block
     scales in float32 (inf, and NaN in the dot) where the reference's logits lie well inside float32. Each product now
     takes its query's and key's largest scale together, as one power of two in two halves; within the fp8 bound of
-    fp32 accumulation."""
+    fp32 accumulation (inputs: the specs' ``top_of_e8m0_args``, one operand's block scale bytes at 254 and 253,
+    beside 140 in some rows, the other's 2^-100 smaller)."""
+    from indexcache.hal import specs
     from indexcache.hal.specs.mqa_logits import BOUNDS, check_logits
 
-    args = case.build(torch.Generator().manual_seed(0), torch.device("cpu"))
+    spec = getattr(specs, op)
+    args = spec.top_of_e8m0_args(torch.Generator().manual_seed(0), torch.device("cpu"), side)
     want = spec.reference(**args)
     finite = torch.isfinite(want)
     assert not torch.isnan(want).any() and (want[finite] != 0).any() and want[finite].abs().max() < 2.0**100
-    got = getattr(indexcache, spec.__name__.rsplit(".", 1)[-1])(**args, backend="torch")
+    got = getattr(indexcache, op)(**args, backend="torch")
     assert check_logits(got, want, BOUNDS[("fp8", "fp32")])[0] == ""
 
 

@@ -536,11 +536,6 @@ def test_prefill_of_mxfp4_keys_reads_inputs_of_a_huge_stride(name, dim):
 
 # ---------------------------------------------------------------- MXFP4 block scales at the top of e8m0
 
-# The conformance cases of the logits ops with one operand's block scale bytes at 254 and 253 (2^127, 2^126; beside
-# 140 in some rows) and the other's 2^-100 smaller: logits well inside float32 from operands that are not.
-_TOP_OF_E8M0 = [pytest.param(spec, case, id=f"{spec.__name__.rsplit('.', 1)[-1]}: {case.name}")
-                for spec in (mqa_logits_spec, paged_mqa_logits_spec) for case in spec.cases
-                if "block scale bytes 254 and 253" in case.name]
 # tl.dot_scaled interpreted scales each operand's values in fp32 before the product (6 · 2^127 is +inf); what the
 # block-scaled instructions do with such scales is not known here (docs/fp4.md, "Queries").
 _SCALED = pytest.mark.xfail(strict=True, reason="the block-scaled path (tl.dot_scaled) takes the operands at their own "
@@ -551,16 +546,19 @@ _SCALED = pytest.mark.xfail(strict=True, reason="the block-scaled path (tl.dot_s
                                                pytest.param("cuda", "sm100", marks=_SCALED),
                                                pytest.param("cuda", "sm120", marks=_SCALED),
                                                pytest.param("rocm", "gfx950", marks=_SCALED)])
-@pytest.mark.parametrize(("spec", "case"), _TOP_OF_E8M0)
-def test_mxfp4_operands_at_the_top_of_e8m0_give_the_references_logits(backend, arch, spec, case, monkeypatch,
+@pytest.mark.parametrize("side", ["q", "k"])
+@pytest.mark.parametrize("spec", [mqa_logits_spec, paged_mqa_logits_spec], ids=["mqa_logits", "paged_mqa_logits"])
+def test_mxfp4_operands_at_the_top_of_e8m0_give_the_references_logits(backend, arch, spec, side, monkeypatch,
                                                                        fresh_dispatch):
     """MXFP4 queries with block scale byte 254 or 253 against keys of small scales, and the reverse, on the Triton
     kernels (``arch``: as for that target; the table's by default, the exact block-by-block path): the exact path
     applied the key's largest scale and then the query's, and overflowed to +inf where a key near 2^127 met a query
-    far below 1. Its two scales are now one exponent, applied in two halves; the fp8 bound of fp32 accumulation."""
+    far below 1. Its two scales are now one exponent, applied in two halves; the fp8 bound of fp32 accumulation.
+    Inputs: the specs' ``top_of_e8m0_args``, one operand's (``side``) block scale bytes at 254 and 253 (beside 140
+    in some rows), the other's 2^-100 smaller: logits well inside float32 from operands that are not."""
     if arch is not None:
         monkeypatch.setenv({"cuda": "INDEXCACHE_CUDA_ARCH", "rocm": "INDEXCACHE_ROCM_ARCH"}[backend], arch)
-    args = case.build(torch.Generator().manual_seed(0), torch.device("cpu"))
+    args = spec.top_of_e8m0_args(torch.Generator().manual_seed(0), torch.device("cpu"), side)
     want = spec.reference(**args)
     finite = torch.isfinite(want)
     assert (want[finite] != 0).any() and want[finite].abs().max() < 2.0**100

@@ -231,9 +231,10 @@ def at_the_top_of_e8m0(values: torch.Tensor, scales: torch.Tensor, other_scales:
     other.copy_((other.int() - 100).clamp_min(0))
 
 
-def _fp4_top_args(gen, dev, side: str) -> dict:
+def top_of_e8m0_args(gen: torch.Generator, dev: torch.device, side: str) -> dict[str, Any]:
     """:func:`_fp4_query_args` (6 tokens, 60 keys, H 16) with the queries' (``side`` "q") or the keys' ("k") block
-    scales at the top of e8m0 (:func:`at_the_top_of_e8m0`)."""
+    scales at the top of e8m0 (:func:`at_the_top_of_e8m0`). Inputs of tests, not a conformance case: the Triton
+    kernels' block-scaled path overflows on them (docs/fp4.md, "Queries")."""
     args = _fp4_query_args(gen, dev, tokens=6, keys=60, heads=16)
     if side == "q":
         at_the_top_of_e8m0(args["q"], args["q_scale"], args["k_scale"])
@@ -241,13 +242,6 @@ def _fp4_top_args(gen, dev, side: str) -> dict:
         at_the_top_of_e8m0(args["k"], args["k_scale"], args["q_scale"])
     return args
 
-
-# Block scales 2^127 and 2^126, the top of e8m0, on one side and small ones on the other: logits well inside float32
-# whose operands decoded at their own scales are not (6 at byte 254 is 1.5 · 2^129).
-cases.add("MXFP4 queries with block scale bytes 254 and 253 (beside 140 in some rows), keys 2^-100 smaller")(
-    lambda gen, dev: _fp4_top_args(gen, dev, "q"))
-cases.add("MXFP4 keys with block scale bytes 254 and 253 (beside 140 in some rows), MXFP4 queries 2^-100 smaller")(
-    lambda gen, dev: _fp4_top_args(gen, dev, "k"))
 
 
 @cases.add("full, empty and context-parallel windows, native fp8", native_fp8=True)

@@ -274,9 +274,10 @@ cases.add("MXFP4 queries and cache, ragged rows, 1 to 4 draft tokens, page 64")(
 
 
 
-def _fp4_top_args(gen, dev, side: str) -> dict:
+def top_of_e8m0_args(gen: torch.Generator, dev: torch.device, side: str) -> dict[str, Any]:
     """MXFP4 queries and cache (2 requests, next_n 2, H 16, page 32) with the queries' (``side`` "q") or the cache's
-    keys' ("k") block scales at the top of e8m0 (:func:`mqa_logits.at_the_top_of_e8m0`)."""
+    keys' ("k") block scales at the top of e8m0 (:func:`mqa_logits.at_the_top_of_e8m0`). Inputs of tests, not a
+    conformance case: the Triton kernels' block-scaled path overflows on them (docs/fp4.md, "Queries")."""
     args = with_mxfp4_queries(gen, args_of(gen, dev, 2, 2, 16, 32, [70, 45], k_format=fp4.FP4))
     values, scales = split_packed_cache(args["k_cache"], 128, fp4.FP4)
     if side == "q":
@@ -285,12 +286,6 @@ def _fp4_top_args(gen, dev, side: str) -> dict:
         mqa_logits.at_the_top_of_e8m0(values, scales, args["q_scale"])
     return args
 
-
-# Block scales at the top of e8m0 on one side, small ones on the other (as mqa_logits' cases).
-cases.add("MXFP4 queries with block scale bytes 254 and 253 (beside 140 in some rows), cache 2^-100 smaller")(
-    lambda gen, dev: _fp4_top_args(gen, dev, "q"))
-cases.add("MXFP4 cache with block scale bytes 254 and 253 (beside 140 in some rows), MXFP4 queries 2^-100 smaller")(
-    lambda gen, dev: _fp4_top_args(gen, dev, "k"))
 
 
 @cases.add("MXFP4 cache in DeepGEMM's 4-D view, context length 0 and contexts beyond the table, native fp8 q",
