@@ -109,6 +109,33 @@ def test_the_inf_key_of_the_second_request_is_read(wrong, case):
     assert result.status == "failed" and result.detail.startswith("NaN placement differs at 1 positions")
 
 
+_INF_CASE = "+inf and -inf keys, bf16: +inf, -inf and NaN logits inside the windows, 0 where relu takes -inf"
+
+
+@pytest.mark.parametrize(("at", "value", "detail"), [
+    ((1, 20), torch.finfo(torch.float32).max, "+inf placement differs at 1 positions"),  # +inf in the reference
+    ((1, 21), float("inf"), "+inf placement differs at 1 positions"),  # a finite logit
+    ((2, 20), float("inf"), "-inf placement differs at 1 positions"),  # -inf inside the window
+    ((1, 40), float("nan"), "NaN placement differs at 1 positions"),  # relu of a -inf dot is 0
+])
+def test_an_inf_logit_is_judged_by_equality(wrong, at, value, detail):
+    """The reference's +inf (an inf key, relu, positive weights) is right only as +inf, as -inf and NaN are: the right
+    answer passes; a finite value there, or +inf where the reference is finite, fails."""
+    case = _case("mqa_logits", _INF_CASE)
+    assert run_case(case, "torch").status == "passed"
+
+    def poke(fn):
+        def run(**args):
+            got = fn(**args)
+            got[at] = value
+            return got
+        return run
+
+    wrong("mqa_logits", poke)
+    result = run_case(case, "torch")
+    assert (result.status, result.detail) == ("failed", detail)
+
+
 def test_a_case_the_backend_does_not_support_is_declined(wrong, fresh_dispatch, monkeypatch):
     """Declined is the dispatcher's answer before the op runs (the backend's supports), with its reasons."""
     ops = fresh_dispatch.ops_of("torch")

@@ -1,7 +1,7 @@
 """Run one case on one backend and judge it against the float64 reference, by its op's spec record.
 
 Each op's judge rule and tolerance live in its record (:mod:`indexcache.hal.specs`): integer ops exact;
-top-k the same set of positions per row (the exact order when sorted); logits -inf and NaN where the
+top-k the same set of positions per row (the exact order when sorted); logits -inf, +inf and NaN where the
 reference has them and a relative RMS error within the bound of the input dtype and accumulation;
 quantization and the cache store byte-exact.
 """

@@ -106,23 +106,19 @@ def reference(q, k, k_scale, weights, ks, ke, q_scale=None) -> torch.Tensor:
 
 
 def check_logits(got: torch.Tensor, want: torch.Tensor, bound: float) -> tuple[str, float]:
-    """``(what differs or "", relative RMS error)``: float32, -inf and NaN where the reference has them (NaN
-    only where a non-finite input puts it), no +inf among finite values, and the relative RMS error of the
-    finite values within ``bound``."""
+    """``(what differs or "", relative RMS error)``: float32, NaN, -inf and +inf exactly where the reference has
+    them (each judged by equality: NaN and +inf arise only where a non-finite input puts them), and the relative
+    RMS error of the finite values within ``bound``."""
     if got.shape != want.shape:
         return f"shape {list(got.shape)}, expected {list(want.shape)}", float("inf")
     if got.dtype != torch.float32:
         return f"dtype {got.dtype}, expected float32", float("inf")
-    want_nan, got_nan = torch.isnan(want), torch.isnan(got)
-    if not torch.equal(want_nan, got_nan):
-        return f"NaN placement differs at {int((want_nan != got_nan).sum())} positions", float("inf")
+    for name, where in (("NaN", torch.isnan), ("-inf", torch.isneginf), ("+inf", torch.isposinf)):
+        want_at, got_at = where(want), where(got)
+        if not torch.equal(want_at, got_at):
+            return f"{name} placement differs at {int((want_at != got_at).sum())} positions", float("inf")
     got = got.double()
-    want_inf, got_inf = torch.isneginf(want), torch.isneginf(got)
-    if not torch.equal(want_inf, got_inf):
-        return f"-inf placement differs at {int((want_inf != got_inf).sum())} positions", float("inf")
-    finite = ~want_inf & ~want_nan
-    if torch.isinf(got[finite]).any():
-        return "+inf among finite values", float("inf")
+    finite = torch.isfinite(want)
     if not finite.any():
         return "", 0.0
     ref_norm = want[finite].norm().item()
@@ -293,11 +289,25 @@ cases.add("NaN in weights and k_scale propagates, native fp8", native_fp8=True)(
 cases.add("NaN in q, k, weights and k_scale propagates, bf16")(
     lambda gen, dev: _nan_args(gen, dev, torch.bfloat16))
 
+
+@cases.add("+inf and -inf keys, bf16: +inf, -inf and NaN logits inside the windows, 0 where relu takes -inf")
+def _(gen, dev):
+    """Key 20 holds +inf and key 40 -inf in dimension 0, which every query holds positive: q . k is +inf, resp. -inf
+    (relu gives 0, so key 40's logits are finite). Token 1's weights are all positive (+inf at key 20), token 2's
+    all negative (-inf there, inside its window), the others' of both signs (NaN: +inf - inf)."""
+    args = {name: t.cpu() for name, t in _args(gen, dev, 6, 130, 8, torch.bfloat16).items()}
+    args["q"][:, :, 0] = args["q"][:, :, 0].abs() + 1
+    args["k"][20, 0] = float("inf")
+    args["k"][40, 0] = float("-inf")
+    args["weights"][1] = args["weights"][1].abs() + 0.1
+    args["weights"][2] = -args["weights"][2].abs() - 0.1
+    return {name: t.to(dev) for name, t in args.items()}
+
 # ----------------------------------------------------------------------------------------------- benchmark
 
 
 def same_logits(got: torch.Tensor, want: torch.Tensor, case: BenchCase) -> str:
-    """The conformance rule against the torch backend: -inf in the same places, no NaN, relative RMS error
+    """The conformance rule against the torch backend: NaN, -inf and +inf in the same places, relative RMS error
     of the finite values within the tensor-core bound of the key dtype (fp8 1e-3, bf16 1e-2)."""
     bound = BOUNDS[(case.params.get("kind", "fp8"), "tensor-core")]
     return check_logits(got, want.to(got.device), bound)[0]
