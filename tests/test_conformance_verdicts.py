@@ -47,6 +47,26 @@ def test_physical_sets_fail_garbage_in_an_empty_slot(wrong):
     assert result.status == "failed" and "differ" in result.detail
 
 
+_TOKEN_TABLE = ("page 1 token table, no out_raw, empty slots: rows shorter than k, -inf and NaN scores, entries < 0 "
+                "and positions past the table")
+_TOKEN_TABLE_SORTED = ("sorted, page 1, no out_raw, row_starts, empty slots: rows shorter than k, -inf and NaN scores, "
+                       "entries < 0 and positions past the table")
+
+
+@pytest.mark.parametrize(("case", "detail"), [
+    (_TOKEN_TABLE, "rows [0, 1, 2, 3, 4] differ"),
+    (_TOKEN_TABLE_SORTED, "rows [0, 1, 2, 3, 4] differ from the sorted reference"),
+])
+def test_topk_translate_without_out_raw_fails_garbage_in_an_empty_slot(wrong, case, detail):
+    """The cases without out_raw have -1 slots in every row (short rows, -inf and NaN scores, entries < 0, positions
+    past the table): a backend writing another value there fails, by set or slot by slot when sorted."""
+    case = _case("topk_translate", case)
+    assert run_case(case, "torch").status == "passed"
+    wrong("topk_translate", _negative_padding)
+    result = run_case(case, "torch")
+    assert (result.status, result.detail) == ("failed", detail)
+
+
 def test_topk_translate_without_out_raw_fails_a_wider_answer(wrong):
     """An extra column of -1 holds no slot, but the answer is not [R, k]."""
     def wider(fn):
@@ -56,7 +76,7 @@ def test_topk_translate_without_out_raw_fails_a_wider_answer(wrong):
         return run
 
     wrong("topk_translate", wider)
-    result = run_case(_case("topk_translate", "page 1 token table, no out_raw"), "torch")
+    result = run_case(_case("topk_translate", _TOKEN_TABLE), "torch")
     assert result.status == "failed" and result.detail == "shape [6, 101], expected [6, 100]"
 
 

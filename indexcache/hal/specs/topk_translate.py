@@ -106,9 +106,25 @@ def _(gen, dev):
     return args
 
 
-@cases.add("page 1 token table, no out_raw")
+def _empty_slots(args: dict, lengths: list[int], pages: int, low_row: int, low: float) -> dict:
+    """``args`` (page 1) with rows whose top-k holds -1: ``lengths`` (rows shorter than k), row ``low_row``'s scores
+    below ``low`` -inf or NaN (fewer finite ones than k), and a table of ``pages`` entries a batch (positions past
+    it have none) with entries < 0 (every 9th -1, every 13th from the 5th -5)."""
+    dev = args["scores"].device
+    scores = args["scores"].cpu()
+    row = scores[low_row]
+    scores[low_row] = row.masked_fill(row < low, float("-inf")).masked_fill(row < low - 2, float("nan"))
+    table = args["page_table"].cpu()[:, :pages].clone()
+    table[:, ::9] = -1
+    table[:, 4::13] = -5
+    return dict(args, scores=scores.to(dev), lengths=torch.tensor(lengths, dtype=I32, device=dev),
+                page_table=table.to(dev))
+
+
+@cases.add("page 1 token table, no out_raw, empty slots: rows shorter than k, -inf and NaN scores, entries < 0 "
+           "and positions past the table")
 def _(gen, dev):
-    return _args(gen, dev, 6, 1500, 100, 1)
+    return _empty_slots(_args(gen, dev, 6, 1500, 100, 1), [777, 40, 0, 1500, 100, 362], 1200, 5, 1.5)
 
 
 @cases.add("page 48 (not a power of two), row_to_batch, ties")
@@ -142,9 +158,10 @@ def _(gen, dev):
     return args
 
 
-@cases.add("sorted, page 1, no out_raw, row_starts")
+@cases.add("sorted, page 1, no out_raw, row_starts, empty slots: rows shorter than k, -inf and NaN scores, entries "
+           "< 0 and positions past the table")
 def _(gen, dev):
-    args = _args(gen, dev, 6, 2000, 128, 1)
+    args = _empty_slots(_args(gen, dev, 6, 2000, 128, 1), [1492, 60, 0, 1400, 128, 725], 1300, 5, 1.5)
     args["row_starts"] = ints(gen, 0, 600, (6,)).to(dev)
     args["sorted"] = True
     return args
