@@ -19,6 +19,7 @@ import triton.language as tl
 import indexcache
 from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.triton.rows import sample_positions
+from indexcache.backends.triton.topk.kernels import _bin, _bin_shift
 from indexcache.hal import dispatch, reference
 
 from .far import far
@@ -455,12 +456,33 @@ def test_random_shapes_and_distributions_match_the_reference(seed):
     want = reference.topk(scores, lengths, k, row_starts=starts)
     fused = SMALL | {"CHUNKS_PER_SM": 1, "MIN_CHUNK": 1 << 20}
     split = SMALL | {"CHUNK": 1024, "STASH": 4096}
-    for cfg in (fused, fused | {"STASH": 4096}, SMALL | {"CHUNK": 1024}, split, split | {"FINISH_BINS": 2},
-                split | {"FINISH_BINS": 4096},  # split rows' pivot bin: nearly all candidates, or a few
+    for cfg in (fused, fused | {"STASH": 4096}, SMALL | {"CHUNK": 1024}, split, split | {"FINISH_BINS": 1},
+                split | {"FINISH_BINS": 2}, split | {"FINISH_BINS": 4096},  # the pivot bin: all candidates, or few
                 split | {"FINISH_TIES": 1024},  # a program a chunk for any pivot bin of a stash's size
                 SMALL | {"CHUNK": 1024, "FINISH_TIES": 1024}):  # ... but none beyond the stash
         _assert_rows(_direct(scores, lengths, k, cfg, row_starts=starts), want)
     assert torch.equal(_direct(scores, lengths, k, (fused, SMALL)[seed % 2], row_starts=starts, sorted=True), want)
+
+
+@triton.jit
+def _bin_shift_kernel(out_ptr, floor, best, BINS: tl.constexpr):
+    shift = _bin_shift(floor, best, BINS)
+    tl.store(out_ptr, shift)
+    tl.store(out_ptr + 1, _bin(best, floor, shift, BINS))
+
+
+@pytest.mark.parametrize("bins", [1, 2, 256, 2048])
+@pytest.mark.parametrize(("floor", "best"), [(-2**31, 2**31 - 1), (-2**31, 0), (0, 5), (7, 7)])
+def test_the_bin_shift_is_the_fewest_bits_below_the_key_width(bins, floor, best):
+    """``_bin_shift``: the fewest low bits to drop so that the bins from ``floor`` reach ``best``, which falls in the
+    last bin it reaches; never 32 or more (a 32-bit shift by that is undefined), even with one bin, whose shift may be
+    anything below 32 (every key in it): a table's ``FINISH_BINS`` of 1 spans the whole key range at 31."""
+    out = torch.empty(2, dtype=torch.int32)
+    _bin_shift_kernel[(1,)](out, floor, best, BINS=bins)
+    shift, last = out.tolist()
+    span = max(best - floor, 0)
+    fewest = next(s for s in range(33) if span >> s < bins)
+    assert (shift, last) == ((min(fewest, 31), 0) if bins == 1 else (fewest, span >> fewest))
 
 
 @triton.jit

@@ -160,10 +160,12 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: 
 
 @triton.jit
 def _bin_shift(floor, best, BINS: tl.constexpr):
-    """The fewest low key bits to drop so that ``BINS`` bins from ``floor`` reach the key ``best`` (:func:`_bin`)."""
+    """The fewest low key bits to drop so that ``BINS`` bins from ``floor`` reach the key ``best`` (:func:`_bin`),
+    at most 31: a span below 2^32 needs no more from 2 bins on, and :func:`_bin`'s shift of a 32-bit distance must
+    stay below 32 (one bin, the last, takes every key whatever the shift)."""
     span = tl.maximum(best.to(tl.int64) - floor.to(tl.int64), 0)
     shift = tl.zeros_like(floor)
-    for _ in tl.static_range(33):
+    for _ in tl.static_range(31):
         shift += ((span >> shift.to(tl.int64)) >= BINS).to(tl.int32)
     return shift
 
