@@ -245,10 +245,31 @@ def test_a_cache_directory_that_cannot_be_written_is_refused_before_any_compile(
     assert cli.main(["warmup", "--config", CONFIG, "--arch", "sm90", "--list"]) == 0  # listing writes nothing
 
 
-def test_interpreted_triton_compiles_nothing_and_says_so(monkeypatch):
+def test_interpreted_triton_compiles_nothing_and_says_so(monkeypatch, capsys):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with pytest.raises(ValueError, match="TRITON_INTERPRET=1: Triton interprets the kernels here"):
-        warmup(PLAN, arch="sm90", compile=False)
+    monkeypatch.setattr(variants, "warm", lambda *a, **k: pytest.fail("compiled under TRITON_INTERPRET=1"))
+    with pytest.raises(ValueError, match=r"TRITON_INTERPRET=1: Triton interprets the kernels here and compiles none; "
+                                         r"unset it \(listing them, compile=False or --list, takes it\)"):
+        warmup(PLAN, arch="sm90")
+    assert cli.main(["warmup", "--config", CONFIG, "--arch", "sm90"]) == 2
+    assert "TRITON_INTERPRET=1: Triton interprets the kernels here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["sm90", "gfx942"])
+def test_listing_with_triton_interpreting_gives_the_same_variants(arch, capsys):
+    """``--list`` under TRITON_INTERPRET=1 from the process start (its kernels imported interpreted, the Gluon ones
+    calling interpreted functions) lists what a process with compiled kernels lists, line for line."""
+    import subprocess
+    import sys
+
+    argv = ["warmup", "--config", CONFIG, "--arch", arch, "--list", "--max-batch", "8", "--max-context", "4096",
+            "--max-prefill", "1024"]
+    assert cli.main(argv) == 0
+    want = capsys.readouterr().out
+    done = subprocess.run([sys.executable, "-m", "indexcache.tools.cli", *argv], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == want and int(want.splitlines()[-1].split()[0]) > 20
 
 
 def test_the_package_exports_warmup():

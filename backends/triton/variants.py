@@ -81,7 +81,7 @@ class Variant:
         """One line: the kernel, its launch options, constexprs, the pointers' dtypes, the ints specialized to 1 or
         to multiples of 16 and any pointer specialized as not 16-byte aligned (every other int is of its plain type,
         every other pointer aligned or not specialized on it)."""
-        fn = self.launch.launcher.fn
+        fn = _jit(self.launch.launcher.fn)
         values = _values(self.launch)
         options = " ".join(f"{k}={v}" for k, v in self.launch.options)
         const, ones, sixteen, dtypes, unaligned = [], [], [], {}, []
@@ -114,7 +114,26 @@ def _values(launch: Launch) -> tuple:
     return tuple(launch.args) + tuple(launch.named[n] for n in names[len(launch.args):])
 
 
-_BINDERS: dict[tuple[Any, Any], Callable] = {}
+_JITS: dict[Any, Any] = {}
+
+
+def _jit(fn: Any) -> Any:
+    """The ``JITFunction`` of the kernel ``fn``: itself, or for an ``InterpretedFunction`` (Triton decides at import,
+    by TRITON_INTERPRET) one made of the same Python function with the same ``triton.jit`` options, which has the same
+    parameters, so the same binder and keys; it is never run or compiled (its source hash, over the interpreted
+    functions it calls, cannot be computed)."""
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(fn, JITFunction):
+        return fn
+    if fn not in _JITS:
+        _JITS[fn] = JITFunction(fn.fn, **fn.kwargs)
+    return _JITS[fn]
+
+
+# By the kernel's id: a JITFunction hashes by its source hash, which a Gluon kernel (a JITFunction under
+# TRITON_INTERPRET too) cannot compute over the interpreted functions it calls. Kernels live as long as their modules.
+_BINDERS: dict[tuple[int, Any], Callable] = {}
 
 
 def _binder(fn: Any, gpu: Any) -> Callable:
@@ -122,12 +141,10 @@ def _binder(fn: Any, gpu: Any) -> Callable:
     from triton.compiler.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    key = (fn, gpu)
-    if not hasattr(fn, "signature"):  # an InterpretedFunction: Triton decides at import, by TRITON_INTERPRET
-        raise ValueError(f"{getattr(fn, '__name__', fn)}: the Triton kernels were imported with TRITON_INTERPRET=1 in "
-                         "this process and compile nothing here; warm up in a process without it")
+    key = (id(fn), gpu)
     if key not in _BINDERS:
-        _BINDERS[key] = create_function_from_signature(fn.signature, fn.params, make_backend(gpu))
+        jit = _jit(fn)
+        _BINDERS[key] = create_function_from_signature(jit.signature, jit.params, make_backend(gpu))
     return _BINDERS[key]
 
 

@@ -249,7 +249,8 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
            sms: int | None = None, compile: bool = True, load: bool = True, jobs: int | None = None,
            progress: Callable[[int, int, Any, float], None] | None = None) -> Warmup:
     """Every Triton kernel variant a deployment of ``plan`` can launch on ``arch`` (default: this machine's GPU),
-    compiled into Triton's cache unless ``compile`` is False (listing needs no GPU, for any ``arch``).
+    compiled into Triton's cache unless ``compile`` is False (listing needs no GPU, for any ``arch``, and runs under
+    TRITON_INTERPRET=1 too; compiling does not).
 
     ``page_size``: the index cache's and the KV tables' tokens a page (default: the plan's); ``max_batch``,
     ``max_context``, ``max_next_n``, ``max_prefill``: the serving limits (module docstring); ``sms``: the GPU's
@@ -259,17 +260,19 @@ def warmup(plan: LayerPlan, *, arch: str | None = None, page_size: int | None = 
     :func:`indexcache.hal.dispatch.prepare`), so that an engine's first calls neither compile, load nor set up;
     ``jobs``: compile worker processes (default: this machine's cores; started with ``spawn``, they import the main
     script again, so a script calling this at its top level needs ``if __name__ == "__main__":``);
-    ``progress(done, total, variant, seconds)`` after each compile. Raises ValueError for a bad argument, and for a
-    plan whose index cache is bf16 (the paged decode ops read fp8 and MXFP4 caches only).
+    ``progress(done, total, variant, seconds)`` after each compile. Raises ValueError for a bad argument, for a
+    plan whose index cache is bf16 (the paged decode ops read fp8 and MXFP4 caches only), and for compiling under
+    TRITON_INTERPRET=1.
     """
     from indexcache.backends.triton import variants as kernel_variants
     from indexcache.backends.triton.crosscompile import gpu_target
     from indexcache.backends.triton.launcher import planning
     from indexcache.backends.triton.target import INTERPRET_ENV, interpreting
 
-    if interpreting():
-        raise ValueError(f"{INTERPRET_ENV}=1: Triton interprets the kernels here and compiles none; unset it")
     if compile:
+        if interpreting():
+            raise ValueError(f"{INTERPRET_ENV}=1: Triton interprets the kernels here and compiles none; unset it "
+                             "(listing them, compile=False or --list, takes it)")
         _check_cache_dir()
     start = time.perf_counter()
     page_size = plan.page_size if page_size is None else page_size
