@@ -720,3 +720,32 @@ def test_a_state_of_sizes_the_ops_cannot_fill_is_refused(args, error, match):
     """A k above what the ops select (MAX_TOPK) was allocated (max_rows x k) and failed only at the first producer."""
     with pytest.raises(error, match=match):
         TopkState(*args)
+
+
+def test_the_runner_names_a_plan_a_state_a_scores_or_a_hot_of_the_wrong_kind():
+    """Each was an AttributeError or "'Tensor' object is not callable" naming no argument; a producer given a hot that
+    is no HotLayer had already written its selection and named itself the state's producer when it failed."""
+    from indexcache.runtime.hot import HotBuffers
+
+    with pytest.raises(TypeError, match=r"^plan: expected a LayerPlan .*got str"):
+        IndexerRunner("FFSS")
+    scores, lengths, tables = inputs(2)
+    runner = IndexerRunner(LayerPlan(8, index_topk_freq=4, index_topk=K, page_size=PAGE))  # FFSSSFSS
+    for call in (lambda bad: runner.begin(bad, 2),
+                 lambda bad: runner.layer(0, bad, scores=lambda: scores, lengths=lengths, page_table=tables[0])):
+        with pytest.raises(TypeError, match=r"^state: expected a TopkState, got NoneType"):
+            call(None)
+    state = TopkState(2, K)
+    runner.begin(state, 2)
+    with pytest.raises(TypeError, match=r"^scores: expected a function of no arguments returning the scores .*"
+                                        r"got Tensor"):
+        runner.layer(0, state, scores=scores, lengths=lengths, page_table=tables[0])
+    assert state.producer is None
+    runner.layer(0, state, scores=None, lengths=lengths, page_table=tables[0], max_length=K)  # short: not called
+    assert state.producer == 0
+    state.hot = HotBuffers([0, 1, 5], 2, 8, 2, K)
+    held = state.raw.clone()
+    for layer in (1, 2):  # a producer, a shared layer
+        with pytest.raises(TypeError, match=r"^hot: expected a HotLayer \(or None\), got dict"):
+            runner.layer(layer, state, scores=lambda: scores, lengths=lengths, page_table=tables[layer], hot={})
+    assert state.producer == 0 and torch.equal(state.raw, held)

@@ -73,6 +73,9 @@ class IndexerRunner:
 
     def __init__(self, plan: LayerPlan, *, stage: Stage | None = None, k: int | None = None,
                  page_size: int | None = None) -> None:
+        if not isinstance(plan, LayerPlan):
+            raise TypeError(f"plan: expected a LayerPlan (LayerPlan.from_config reads a config), got "
+                            f"{type(plan).__name__}")
         self.plan = plan
         self.stage = stage
         self._run = plan if stage is None else plan.for_stage(stage)  # the roles as run here
@@ -101,6 +104,8 @@ class IndexerRunner:
         state.begin(rows)
 
     def _check_state(self, state: TopkState) -> None:
+        if not isinstance(state, TopkState):
+            raise TypeError(f"state: expected a TopkState, got {type(state).__name__}")
         if state.k != self.k:
             raise ValueError(f"state: holds k={state.k}, but this runner selects k={self.k}")
 
@@ -141,6 +146,8 @@ class IndexerRunner:
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 0):
             raise ValueError(f"max_length: expected an int >= 0 or None, got {max_length!r}")
+        if hot is not None and not isinstance(hot, HotLayer):
+            raise TypeError(f"hot: expected a HotLayer (or None), got {type(hot).__name__}")
         self._check_state(state)
         role = self.role(layer)
         if role is None:
@@ -164,6 +171,9 @@ class IndexerRunner:
         if role == PRODUCER and max_length is not None and max_length <= self.k:
             return state.produce_short(layer, lengths, page_table, self.page_size, row_to_batch=row_to_batch)
         if role == PRODUCER:
+            if not callable(scores):
+                raise TypeError("scores: expected a function of no arguments returning the scores (called by "
+                                f"producers only), got {type(scores).__name__}")
             got = scores()
             if isinstance(got, PagedLogits):
                 return state.produce_paged(layer, got.q, got.k_cache, got.weights, got.context_lens,
