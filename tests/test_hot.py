@@ -237,3 +237,40 @@ def test_the_public_ops_run_one_step_and_one_layer():
     loc = torch.arange(10, dtype=INDEX).view(2, 5)
     assert indexcache.hisparse_swap_in(*p.copies, host_kv, device_kv, loc) is device_kv
     assert device_kv[:, 0].tolist() == [7, 2, 0, 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_a_producer_whose_hot_layer_is_refused_leaves_the_state_to_the_producer_before_it():
+    """The runner selected first and checked the producer's HotLayer at the plan after: a refused one (KV without
+    device KV, seq_lens of another dtype, a producer without hot-buffer state) had written its selection into ``raw``
+    and named itself the state's producer, whose shared layers then met the previous group's plan. Now the HotLayer is
+    checked as the plan and the swap-in check it before the selection: the state, the plan and the KV stay as they
+    were, and the previous producer's shared layer still swaps in its own plan."""
+    g, _, runner, state, layers, table = setup()
+    seq_lens = torch.tensor([20, 9, 30], dtype=INDEX)
+    state.next = torch.randint(0, 9, (REQUESTS, K), generator=g, dtype=INDEX)
+    runner.begin(state, REQUESTS)
+    own = [HotLayer(layer.host_kv, layer.device_kv, layer.device_loc, seq_lens, layer.host_loc) for layer in layers]
+    runner.layer(0, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=seq_lens, page_table=table, hot=own[0])
+    held, plan, kv = state.raw.clone(), state.hot.slots.clone(), layers[2].device_kv.clone()
+    state.next = torch.randint(0, 9, (REQUESTS, K), generator=g, dtype=INDEX)
+    bad = [
+        (ValueError, "host_kv and device_kv both given or both None", dict(device_kv=None)),
+        (TypeError, "seq_lens: expected dtype int32", dict(seq_lens=seq_lens.long())),
+        (ValueError, r"seq_lens: expected shape \[3\]", dict(seq_lens=seq_lens[:2])),
+    ]
+    for error, message, change in bad:
+        fields = dict(vars(own[2]), **change)
+        with pytest.raises(error, match=message):
+            runner.layer(2, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=seq_lens, page_table=table,
+                         hot=HotLayer(**fields))
+        assert state.producer == 0 and torch.equal(state.raw, held), message
+        assert state.hot.group == 0 and torch.equal(state.hot.slots, plan) and torch.equal(layers[2].device_kv, kv)
+    state.hot.state.pop(2)
+    with pytest.raises(KeyError, match="producer 2: no hot-buffer state"):
+        runner.layer(2, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=seq_lens, page_table=table,
+                     hot=own[2])
+    assert state.producer == 0 and torch.equal(state.raw, held)
+    rows = runner.layer(1, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=seq_lens, page_table=table,
+                        hot=own[1])
+    assert torch.equal(rows, ops.translate(plan, layers[1].device_loc, torch.full((REQUESTS,), HOT + 1, dtype=INDEX),
+                                           1))

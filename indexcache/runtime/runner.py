@@ -158,7 +158,8 @@ class IndexerRunner:
         if state.hot is None:
             raise ValueError("hot: given, but the state has no hot buffers (attach state.hot = HotBuffers(...))")
         producer = self.source_of(layer)
-        if role == PRODUCER:
+        if role == PRODUCER:  # its HotLayer checked before it selects: a refused one leaves the state as it was
+            state.hot.check(producer, state.raw[:state.rows], hot, row_to_batch=row_to_batch)
             self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length)
             state.hot.plan(producer, state.raw[:state.rows], hot, row_to_batch=row_to_batch)
         else:  # the producer's raw indices feed the swap-in: no translation through the page table
