@@ -274,3 +274,17 @@ def test_a_producer_whose_hot_layer_is_refused_leaves_the_state_to_the_producer_
                         hot=own[1])
     assert torch.equal(rows, ops.translate(plan, layers[1].device_loc, torch.full((REQUESTS,), HOT + 1, dtype=INDEX),
                                            1))
+
+
+@pytest.mark.parametrize(("producers", "message"), [
+    ([0.5], r"^producers: expected layer ids \(ints >= 0\), got \[0.5\]"),
+    (["12"], r"^producers: expected layer ids \(ints >= 0\), got \['12'\]"),
+    ("015", r"^producers: expected layer ids \(ints >= 0\), got '015'"),
+    ([True, 2], r"^producers: expected layer ids \(ints >= 0\), got \[True, 2\]"),
+    ([-1], r"^producers: expected layer ids \(ints >= 0\), got \[-1\]"),
+])
+def test_buffers_refuse_producers_that_are_not_layer_ids(producers, message):
+    """Each was taken through int(): 0.5 as producer 0, '12' as 12, '015' as producers 0, 1 and 5, -1 as a producer no
+    layer is, so the buffers kept state for layers the engine never named."""
+    with pytest.raises(ValueError, match=message):
+        HotBuffers(producers, 2, 4, 2, 4)

@@ -74,8 +74,11 @@ class HotBuffers:
                                  ("k", k, 1), ("index_tokens", 0 if index_tokens is None else index_tokens, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        listed = None if isinstance(producers, (str, bytes)) or not isinstance(producers, Iterable) else list(producers)
+        if listed is None or any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in listed):
+            raise ValueError(f"producers: expected layer ids (ints >= 0), got {producers!r}")
         self.max_requests = max_requests
-        self.state = {int(p): hisparse.empty_state(max_requests, hot, device) for p in producers}
+        self.state = {p: hisparse.empty_state(max_requests, hot, device) for p in listed}
         width = index_width(hot, index_tokens or 0)
         self.index = ({p: torch.empty(max_requests, width, dtype=INDEX, device=device) for p in self.state}
                       if index_tokens is not None else {})
