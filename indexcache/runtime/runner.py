@@ -33,7 +33,8 @@ Integration in an engine's layer loop (the small model in :mod:`indexcache.tools
 :class:`~indexcache.runtime.state.PagedLogits` of ``paged_mqa_logits``' inputs: the producer then scores and
 selects in one op (``indexcache.paged_topk_translate``), each row's length and table row following from
 ``context_lens`` and ``next_n``, or for ragged rows from ``context_lens`` and the ``PagedLogits``' own
-``row_to_batch`` (``lengths`` and the ``row_to_batch`` given here then serve shared layers only), or, in prefill, a
+``row_to_batch`` (``lengths`` and the ``row_to_batch`` given here then serve shared layers only, and with ``hot=``
+the producer's HiSparse plan, which reads each row's request from the ``row_to_batch`` given here), or, in prefill, a
 :class:`~indexcache.runtime.state.PrefillLogits` of ``mqa_logits``' inputs: the producer scores and selects in one
 op in bounded memory (``indexcache.mqa_topk_translate``), each row's window from ``ks`` and ``ke``. To overlap
 the producer's indexer with the rest of the layer, call ``runner.layer`` inside the side function of a schedule
@@ -141,7 +142,10 @@ class IndexerRunner:
         :attr:`~indexcache.runtime.state.TopkState.hot` buffers must be attached). A producer then plans its group's
         step from its selection, every sparse layer swaps in its own misses (or the producer its whole group's, at
         once: ``HotLayer`` docstring), and the call returns the device rows ``[rows, k]`` int32 the attention reads
-        (``device_loc[b, slot]``, -1 none) instead of page-table slots.
+        (``device_loc[b, slot]``, -1 none) instead of page-table slots. The plan and the swap-ins take each row's
+        request from the ``row_to_batch`` given here, a producer's too (not from a ``PagedLogits``' own): give it
+        wherever rows are not one a request in order (``next_n > 1``, ragged rows), or rows would be planned as
+        requests they are not.
         """
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 0):
