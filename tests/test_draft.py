@@ -366,3 +366,21 @@ def test_a_draft_loop_of_the_small_model_reuses_the_extends_top_k():
                 recalls.append(len(served & recomputed) / len(recomputed))
         recall = sum(recalls) / len(recalls)
         assert recall >= RECALL_BOUNDS[step - 1], (step, recall)
+
+
+def test_a_draft_extend_without_a_reset_after_the_last_one_is_named():
+    """A round with no draft decode step (one draft token: the extend drafts it) needs reset() too; without it the
+    next extend's first producer, keeping another request count, was told that 'this draft extend's earlier producers
+    kept' the last round's, which no producer of this extend did."""
+    state, _, _ = extend([5, 30, 9])
+    draft = DraftTopk([0, 1], 3, K, 2)
+    draft.keep(0, state)
+    state.produced(1)
+    draft.keep(1, state)
+    state, _, _ = extend([7, 12], seed=1)  # the next round, no reset
+    with pytest.raises(ValueError, match=r"^last_rows: 2 requests, but layer 0 was kept with 3 since the last "
+                                         r"reset\(\); call reset\(\) after verification, before the next draft extend"):
+        draft.keep(0, state)
+    draft.reset()
+    draft.keep(0, state)
+    assert draft.rows == 2
