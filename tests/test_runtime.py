@@ -461,6 +461,9 @@ def test_from_carry_checks_the_header_against_the_tensor_before_allocating(monke
             TopkState.from_carry(raw, header)
     with pytest.raises(CarryError, match="expected a CarryHeader"):
         TopkState.from_carry(raw, CarryHeader(producer=0, rows=2, k=K).to_tensor())
+    # a capacity below the carry's rows: was allocated, then refused by load_carry
+    with pytest.raises(CarryError, match=r"^carry header: rows=2, but this state holds at most 1"):
+        TopkState.from_carry(raw, CarryHeader(producer=0, rows=2, k=K), max_rows=1)
 
 
 def test_load_carry_refuses_a_meta_tensor_and_rows_past_capacity():

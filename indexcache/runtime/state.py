@@ -392,9 +392,11 @@ class TopkState:
     @classmethod
     def from_carry(cls, raw: torch.Tensor, header: CarryHeader, max_rows: int | None = None) -> TopkState:
         """A new state on ``raw.device`` (capacity ``max_rows``, default ``header.rows``) loaded from a carry;
-        the carry is checked (:meth:`CarryHeader.check`) before any buffer is allocated."""
+        the carry is checked (:meth:`CarryHeader.check`), and against ``max_rows``, before any buffer is allocated."""
         _check_header(header)
         header.check(raw)
+        if isinstance(max_rows, int) and not isinstance(max_rows, bool) and max_rows < header.rows:
+            raise CarryError(f"carry header: rows={header.rows}, but this state holds at most {max_rows}")
         state = cls(header.rows if max_rows is None else max_rows, header.k, raw.device)
         state.load_carry(raw, header)
         return state
