@@ -124,11 +124,11 @@ class HotBuffers:
         """Raise what :meth:`plan` of ``producer``'s selection ``raw [rows, k]`` with ``layer`` would raise, and what
         the producer's swap-in would, without planning: the runner checks a producer's ``layer`` so before the
         producer selects into ``raw``, so that a refused one leaves the state as it was."""
-        self._checked(producer, raw, layer, row_to_batch)
+        SPECS["hisparse_plan"].check(**self._args(producer, raw, layer, row_to_batch))
 
-    def _checked(self, producer: int, raw: torch.Tensor, layer: HotLayer,
-                 row_to_batch: torch.Tensor | None) -> dict:
-        """The arguments of ``producer``'s :func:`indexcache.hisparse_plan` into the buffers, each checked."""
+    def _args(self, producer: int, raw: torch.Tensor, layer: HotLayer, row_to_batch: torch.Tensor | None) -> dict:
+        """The arguments of ``producer``'s :func:`indexcache.hisparse_plan` into the buffers (which the op checks),
+        after the checks of the buffers' capacity and of the producer's swap-in."""
         if producer not in self.state:
             raise KeyError(f"producer {producer}: no hot-buffer state (producers {sorted(self.state)})")
         rows = raw.shape[0]
@@ -148,19 +148,17 @@ class HotBuffers:
         index = self.index.get(producer)
         if index is not None and index.shape[1] < index_width(tokens.shape[1], layer.host_loc.shape[1]):
             index = None  # a host_loc wider than the index covers: planned without it
-        args = dict(raw=raw, seq_lens=layer.seq_lens, host_loc=layer.host_loc, slot_token=tokens, slot_age=ages,
+        return dict(raw=raw, seq_lens=layer.seq_lens, host_loc=layer.host_loc, slot_token=tokens, slot_age=ages,
                     row_to_batch=row_to_batch, host_rows=host_rows, slot_index=index, out=self.slots[:rows],
                     out_copy_src=self.copy_src[:rows], out_copy_dst=self.copy_dst[:rows],
                     out_copy_count=self.copy_count[:rows])
-        SPECS["hisparse_plan"].check(**args)
-        return args
 
     def plan(self, producer: int, raw: torch.Tensor, layer: HotLayer, *,
              row_to_batch: torch.Tensor | None = None) -> hisparse.Plan:
         """Plan the step of ``producer``'s group for its selection ``raw [rows, k]`` (logical positions, -1 none),
         into the buffers; returns the plan (views of the buffers). ``layer`` is checked as its swap-in will check it
         before the state changes: a refused swap-in would leave the state holding misses it never copied."""
-        got = ops.hisparse_plan(**self._checked(producer, raw, layer, row_to_batch))
+        got = ops.hisparse_plan(**self._args(producer, raw, layer, row_to_batch))
         self.group, self.rows = producer, raw.shape[0]
         self.grouped = False
         return got
