@@ -147,6 +147,10 @@ def test_buffers_check_their_sizes_and_reset_empties_a_requests_rows():
         assert tokens[1].eq(-1).all() and ages[1].eq(-1).all() and tokens[0].eq(7).all() and tokens[2].eq(7).all()
         assert ages[0].eq(3).all() and ages[2].eq(3).all()
     hot.reset(torch.tensor([], dtype=torch.int64))
+    hot.reset(torch.tensor([2, -7]))  # no more entries than rows: through the buffers kept for it, reused
+    hot.reset(torch.tensor(3))  # a single entry outside the state
+    for tokens, ages in hot.state.values():
+        assert tokens[2].eq(-1).all() and ages[2].eq(-1).all() and tokens[0].eq(7).all() and ages[0].eq(3).all()
     for bad in (torch.tensor([1], dtype=INDEX), [1], torch.tensor([[1]])):
         with pytest.raises(TypeError, match="requests: expected an int64 tensor of the state rows to empty"):
             hot.reset(bad)

@@ -88,6 +88,8 @@ class HotBuffers:
         self.copy_count = torch.zeros(max_rows, dtype=INDEX, device=device)
         self.device_rows = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
         self._span = torch.full((max_rows,), hot + 1, dtype=INDEX, device=device)  # every slot 0..H is in range
+        self._emptied = torch.zeros(max_requests + 1, dtype=torch.bool, device=device)  # reset's rows, and row n
+        self._reset_rows = torch.empty(max_requests, dtype=torch.int64, device=device)
         self.group: int | None = None  # the producer whose plan the buffers hold
         self.rows = 0
         self.grouped = False  # whether the producer swapped in its whole group
@@ -98,7 +100,8 @@ class HotBuffers:
     def reset(self, requests: torch.Tensor) -> None:
         """Empty the state rows ``requests`` (``[N]`` int64 indices in ``[0, max_requests)``, on the device) in every
         group: what an engine does when it gives a request row to a new request. Entries outside that range (-1 for
-        none, as a captured graph's fixed ``N`` pads) empty nothing. Graph-safe."""
+        none, as a captured graph's fixed ``N`` pads) empty nothing. Graph-safe, and allocates nothing for ``N`` up to
+        ``max_requests`` (more entries take a temporary of ``N``)."""
         device = self.slots.device
         if not isinstance(requests, torch.Tensor) or requests.dtype != torch.int64 or requests.dim() > 1:
             got = (f"{requests.dtype} of shape {list(requests.shape)}" if isinstance(requests, torch.Tensor)
@@ -106,10 +109,12 @@ class HotBuffers:
             raise TypeError(f"requests: expected an int64 tensor of the state rows to empty ([N]), got {got}")
         if requests.device != device:
             raise ValueError(f"requests: expected a tensor on {device} (the state's device), got {requests.device}")
-        n = self.max_requests
-        rows = requests.masked_fill((requests < 0) | (requests >= n), n)  # outside the state: row n, dropped below
-        emptied = torch.zeros(n + 1, dtype=torch.bool, device=device).index_fill_(0, rows, True)[:n, None]
-        for tokens, ages in self.state.values():  # index_fill_ would take -1 for the last row
+        n, flat = self.max_requests, requests.reshape(-1)
+        rows = self._reset_rows[: flat.shape[0]] if flat.shape[0] <= n else torch.empty_like(flat)
+        # outside the state: row n, dropped below (index_fill_ would take -1 for the last row)
+        torch.clamp(flat, -1, n, out=rows).remainder_(n + 1)
+        emptied = self._emptied.zero_().index_fill_(0, rows, True)[:n, None]
+        for tokens, ages in self.state.values():
             tokens.masked_fill_(emptied, hisparse.EMPTY)
             ages.masked_fill_(emptied, hisparse.EMPTY)
 
