@@ -3,7 +3,7 @@
     pip install -e . && python bench/logits_gpu.py --out out/logits.json
 
 In one run: (a) checks on the GPU — small prefill and paged-decode cases against the float64
-reference (-inf placement exact, relative RMS ≤ 1e-3 for fp8 on tensor cores, ≤ 1e-2 for bf16,
+reference (-inf placement exact, relative RMS ≤ 1e-3 for fp8 on tensor cores, ≤ 1e-5 for bf16 (fp32 accumulation),
 no NaN), the large cases against the torch backend, and fp8 quantize/store bit-exact; (b) the
 ceilings — fp8 ``torch._scaled_mm`` and bf16 matmul rates on 8192³, device-to-device copy
 bandwidth; (c) timings (CUDA events, median after warm-up) of ``indexcache.mqa_logits`` (4096
@@ -163,7 +163,7 @@ def checks(dev, fp8: torch.dtype) -> list[dict]:
         rows.append({"check": name, "ok": bool(ok and err <= bound), "error": err, "bound": bound, "detail": why})
 
     torch.manual_seed(0)
-    for kind, bound in (("fp8", 1e-3), ("bf16", 1e-2)):
+    for kind, bound in (("fp8", 1e-3), ("bf16", 1e-5)):
         q, k, k_scale, w, ks, ke = _prefill_inputs(96, 1000, kind, True, dev, fp8)
         ks[::7] = 300  # CP-shaped windows, some empty
         ke[5] = 0

@@ -20,8 +20,9 @@ from indexcache.hal.specs.bench import BASELINE, DIM, HEADS, BenchCase, BenchSpe
 # The logits' relative RMS error bound by (key dtype kind, accumulation). fp8 and bfloat16 inputs are exact values
 # (the reference takes them as they are; their products are exact in fp32), so only the accumulation differs: 1e-5 in
 # fp32 (CPU, interpreted, torch: about 1e-7 measured, fp8 and bf16 alike), 1e-3 for fp8 on tensor cores (Hopper's fp8
-# MMA accumulates with reduced precision: a plain Triton kernel measured 1.2e-4 on the H200), 1e-2 for bf16 there.
-BOUNDS = {("fp8", "fp32"): 1e-5, ("fp8", "tensor-core"): 1e-3, ("bf16", "fp32"): 1e-5, ("bf16", "tensor-core"): 1e-2}
+# MMA accumulates with reduced precision: a plain Triton kernel measured 1.2e-4 on the H200), and 1e-5 for bf16 there
+# too: the bf16 MMA accumulates in fp32 (1.2e-7 to 1.4e-7 on an H100's tensor cores, 2026-12-07, every bf16 case).
+BOUNDS = {("fp8", "fp32"): 1e-5, ("fp8", "tensor-core"): 1e-3, ("bf16", "fp32"): 1e-5, ("bf16", "tensor-core"): 1e-5}
 
 
 def check_queries(q: torch.Tensor, q_scale, keys: torch.dtype) -> None:
@@ -308,7 +309,7 @@ def _(gen, dev):
 
 def same_logits(got: torch.Tensor, want: torch.Tensor, case: BenchCase) -> str:
     """The conformance rule against the torch backend: NaN, -inf and +inf in the same places, relative RMS error
-    of the finite values within the tensor-core bound of the key dtype (fp8 1e-3, bf16 1e-2)."""
+    of the finite values within the tensor-core bound of the key dtype (fp8 1e-3, bf16 1e-5)."""
     bound = BOUNDS[(case.params.get("kind", "fp8"), "tensor-core")]
     return check_logits(got, want.to(got.device), bound)[0]
 
