@@ -135,6 +135,27 @@ def test_a_shared_layer_needs_its_producers_plan_of_this_forward():
         runner.layer(0, plain, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
 
 
+def test_states_sharing_hot_buffers_cannot_interleave_a_groups_layers():
+    """Two states (micro-batches) sharing one HotBuffers: the buffers hold one plan, so B's producer planning between
+    A's producer and A's shared layer would hand A's shared layer B's plan; it is refused by name, and A's producer
+    planning again makes A's shared layer run."""
+    _, _, runner, a, layers, table = setup()
+    b = Chosen(REQUESTS, K)
+    b.hot = a.hot
+    lens = torch.tensor([20, 20, 20], dtype=INDEX)
+    a.next = torch.zeros(REQUESTS, K, dtype=INDEX)
+    b.next = torch.ones(REQUESTS, K, dtype=INDEX)
+    layer = HotLayer(layers[1].host_kv, layers[1].device_kv, layers[1].device_loc, lens, layers[1].host_loc)
+    for state in (a, b):
+        runner.begin(state, REQUESTS)
+        runner.layer(0, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+    with pytest.raises(MissingProducerError, match="hold producer 0's plan for another state"):
+        runner.layer(1, a, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+    runner.layer(1, b, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+    runner.layer(0, a, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+    runner.layer(1, a, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=layer)
+
+
 def test_buffers_check_their_sizes_and_reset_empties_a_requests_rows():
     with pytest.raises(ValueError, match="hot: expected an int >= 1"):
         HotBuffers([0], 2, 0, 2, 4)

@@ -91,6 +91,7 @@ class HotBuffers:
         self._emptied = torch.zeros(max_requests + 1, dtype=torch.bool, device=device)  # reset's rows, and row n
         self._reset_rows = torch.empty(max_requests, dtype=torch.int64, device=device)
         self.group: int | None = None  # the producer whose plan the buffers hold
+        self.owner: object | None = None  # what planned it (the runner's TopkState), where given
         self.rows = 0
         self.grouped = False  # whether the producer swapped in its whole group
 
@@ -121,6 +122,7 @@ class HotBuffers:
     def forget(self) -> None:
         """No plan is current (a new forward): a shared layer must wait for its producer's."""
         self.group = None
+        self.owner = None
         self.rows = 0
         self.grouped = False
 
@@ -159,22 +161,29 @@ class HotBuffers:
                     out_copy_count=self.copy_count[:rows])
 
     def plan(self, producer: int, raw: torch.Tensor, layer: HotLayer, *,
-             row_to_batch: torch.Tensor | None = None) -> hisparse.Plan:
+             row_to_batch: torch.Tensor | None = None, owner: object | None = None) -> hisparse.Plan:
         """Plan the step of ``producer``'s group for its selection ``raw [rows, k]`` (logical positions, -1 none),
         into the buffers; returns the plan (views of the buffers). ``layer`` is checked as its swap-in will check it
-        before the state changes: a refused swap-in would leave the state holding misses it never copied."""
+        before the state changes: a refused swap-in would leave the state holding misses it never copied. ``owner``:
+        what plans (the runner passes its :class:`~indexcache.runtime.state.TopkState`), so that a swap-in for another
+        owner is refused: the buffers hold one plan at a time."""
         got = ops.hisparse_plan(**self._args(producer, raw, layer, row_to_batch))
-        self.group, self.rows = producer, raw.shape[0]
+        self.group, self.owner, self.rows = producer, owner, raw.shape[0]
         self.grouped = False
         return got
 
-    def swap_in(self, producer: int, layer: HotLayer, *, row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy ``layer``'s misses of the current plan (``producer``'s) into its device rows (every layer's of a group,
-        given lists; none, given None after its producer's group swap-in); returns its device rows ``[rows, k]`` int32
-        of the selected positions (-1 none), a view valid until the next layer."""
+    def swap_in(self, producer: int, layer: HotLayer, *, row_to_batch: torch.Tensor | None = None,
+                owner: object | None = None) -> torch.Tensor:
+        """Copy ``layer``'s misses of the current plan (``producer``'s, planned for ``owner``) into its device rows
+        (every layer's of a group, given lists; none, given None after its producer's group swap-in); returns its
+        device rows ``[rows, k]`` int32 of the selected positions (-1 none), a view valid until the next layer."""
         if self.group != producer:
             raise MissingProducerError(f"the hot buffers hold the plan of {self.group}, not of producer {producer}: "
                                        "run the producer (with hot=) first in this forward")
+        if owner is not self.owner:  # two states sharing these buffers, their groups' layers interleaved
+            raise MissingProducerError(f"the hot buffers hold producer {producer}'s plan for another state: they hold "
+                                       "one plan at a time, so states sharing them (micro-batches) must run each "
+                                       "producer group's layers without interleaving")
         rows = self.rows
         if _copies_kv(layer):
             ops.hisparse_swap_in(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows], layer.host_kv,

@@ -165,10 +165,10 @@ class IndexerRunner:
         if role == PRODUCER:  # its HotLayer checked before it selects: a refused one leaves the state as it was
             state.hot.check(producer, state.raw[:state.rows], hot, row_to_batch=row_to_batch)
             self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length)
-            state.hot.plan(producer, state.raw[:state.rows], hot, row_to_batch=row_to_batch)
+            state.hot.plan(producer, state.raw[:state.rows], hot, row_to_batch=row_to_batch, owner=state)
         else:  # the producer's raw indices feed the swap-in: no translation through the page table
             state.reused(layer, source=producer)
-        return state.hot.swap_in(producer, hot, row_to_batch=row_to_batch)
+        return state.hot.swap_in(producer, hot, row_to_batch=row_to_batch, owner=state)
 
     def _indices(self, layer: int, role: str, state: TopkState, scores, lengths, page_table, row_starts,
                  row_to_batch, max_length) -> torch.Tensor:
