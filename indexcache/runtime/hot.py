@@ -179,7 +179,8 @@ class HotBuffers:
         device rows ``[rows, k]`` int32 of the selected positions (-1 none), a view valid until the next layer."""
         if self.group != producer:
             raise MissingProducerError(f"the hot buffers hold the plan of {self.group}, not of producer {producer}: "
-                                       "run the producer (with hot=) first in this forward")
+                                       "run the producer (with hot=) first in this forward (a selection served by "
+                                       "DraftTopk.serve or loaded by TopkState.load_carry makes no plan)")
         if owner is not self.owner:  # two states sharing these buffers, their groups' layers interleaved
             raise MissingProducerError(f"the hot buffers hold producer {producer}'s plan for another state: they hold "
                                        "one plan at a time, so states sharing them (micro-batches) must run each "
