@@ -111,12 +111,16 @@ def scale_tokens(acc, sc, KEYS_ON_M: tl.constexpr):
 
 
 @triton.jit
-def fp4_queries(words, ROWS: tl.constexpr, D: tl.constexpr, MXFP4: tl.constexpr, WIDEN: tl.constexpr):
-    """MXFP4 queries (uint32 words ``[ROWS, D // 8]`` of e2m1 values) as the dot operand the keys' mode (``MXFP4``)
-    multiplies them in, once a request: e2m1 bytes ``[ROWS, D // 2]`` for a block-scaled instruction taking e2m1
-    (``mxfp4.SCALED_E2M1``), else widened to e4m3 at their own block scale ``[ROWS, D]`` (exact, in
-    ``mxfp4.permute``'s order, the widened keys' own: e4m3fn, or e4m3fnuz for ``mxfp4.WIDEN_FNUZ``; as bytes where the
-    dot decodes them, ``WIDEN`` 1 or 3)."""
+def fp4_queries(words, scales, ROWS: tl.constexpr, D: tl.constexpr, MXFP4: tl.constexpr, WIDEN: tl.constexpr):
+    """MXFP4 queries (uint32 words ``[ROWS, D // 8]`` of e2m1 values, int32 ``scales [ROWS, D // 32]`` their scale
+    bytes) as the dot operand the keys' mode (``MXFP4``) multiplies them in, once a request: e2m1 bytes
+    ``[ROWS, D // 2]`` for a block-scaled instruction taking e2m1 (``mxfp4.SCALED_E2M1``), else widened to e4m3 at
+    their own block scale ``[ROWS, D]`` (exact, in ``mxfp4.permute``'s order, the widened keys' own: e4m3fn, or
+    e4m3fnuz for ``mxfp4.WIDEN_FNUZ``; as bytes where the dot decodes them, ``WIDEN`` 1 or 3). For a block-scaled
+    instruction the blocks more than 2^127 below their row's largest are zeroed (``mxfp4.drop_below``: the scales
+    enter :func:`scaled_dot` relative to the row's largest)."""
+    if MXFP4 >= mxfp4.SCALED_E2M1:
+        words = mxfp4.drop_below(words, mxfp4.from_top(scales), ROWS, D)
     if MXFP4 == mxfp4.SCALED_E2M1:
         x = unpack_words(words, tl.uint8, ROWS, D // 2)
     else:
@@ -133,17 +137,22 @@ def scaled_dot(words, scales, q, ROWS: tl.constexpr, D: tl.constexpr, MXFP4: tl.
     e4m3fn queries ``q [COLS, D]`` on the target's block-scaled instruction, which applies each block's scale
     (``MXFP4`` ``mxfp4.SCALED_E2M1``: the keys as e2m1, ``q`` in the elements' order; ``mxfp4.SCALED_E4M3``: widened
     to e4m3fn, exact, ``q`` in ``mxfp4.permute``'s order): fp32 ``[ROWS, COLS]`` when ``KEYS_ON_M``, else
-    ``[COLS, ROWS]``. ``Q_FP4``: MXFP4 queries, ``q`` as :func:`fp4_queries` gives them and ``q_scales`` their int32
-    e8m0 bytes ``[COLS, D // 32]``."""
+    ``[COLS, ROWS]``, in units of each key's largest block scale (``mxfp4.from_top``: the instruction takes the
+    blocks' scales relative to it, so no operand it scales exceeds 6 · 2^0 whatever it does with a scale; a block
+    more than 2^127 below is lost, ``mxfp4.drop_below``; the caller applies the largest, 255 NaN). ``Q_FP4``: MXFP4
+    queries, ``q`` as :func:`fp4_queries` gives them and ``q_scales`` their int32 e8m0 bytes ``[COLS, D // 32]``,
+    relative to each query's largest too (in units of both largest)."""
+    rel = mxfp4.from_top(scales)
+    words = mxfp4.drop_below(words, rel, ROWS, D)
     if MXFP4 == mxfp4.SCALED_E2M1:
         k = unpack_words(words, tl.uint8, ROWS, D // 2)
     else:
         k = unpack_words(mxfp4.widen(words, 0x2C, ROWS, D, False), tl.float8e4nv, ROWS, D)
     fmt: tl.constexpr = "e2m1" if MXFP4 == mxfp4.SCALED_E2M1 else "e4m3"
-    k_scales = scales.to(tl.uint8)
+    k_scales = tl.maximum(rel, 0).to(tl.uint8)
     if Q_FP4:
         q_fmt: tl.constexpr = fmt
-        q_units = q_scales.to(tl.uint8)
+        q_units = tl.maximum(mxfp4.from_top(q_scales), 0).to(tl.uint8)  # the blocks below 0 zeroed by fp4_queries
     else:
         q_fmt: tl.constexpr = "e4m3"
         q_units = tl.full((q.shape[0], D // 32), 127, tl.uint8)  # the queries' block scales: 2 ** 0
@@ -199,6 +208,18 @@ def scale_pairs(acc, k_bytes, q_bytes, KEYS_ON_M: tl.constexpr):
 
 
 @triton.jit
+def head_units(w, q_scales, GROUPS: tl.constexpr, H: tl.constexpr):
+    """``(w [GROUPS, H] times 2 ** (top - T) of each head, T int32 [GROUPS])``: ``top`` a (token, head)'s largest
+    MXFP4 query block scale byte (of ``q_scales`` int32 ``[GROUPS · H, D // 32]``) and ``T`` its token's largest,
+    so that a head sum in units of each query's largest block scale (:func:`scaled_dot`) is one in units of its
+    token's ``2 ** (T - 127)``: a power of two ≤ 1 a weight, 0 below 2^-126 (a head whose queries lie that far
+    below its token's largest head's is lost)."""
+    top = tl.reshape(tl.max(q_scales, axis=1), (GROUPS, H))
+    tops = tl.max(top, axis=1)
+    return w * mxfp4.pow2(top - tops[:, None]), tops
+
+
+@triton.jit
 def token_nan(q_scales, GROUPS: tl.constexpr, H: tl.constexpr):
     """``[GROUPS]`` float32: NaN for a token one of whose heads' MXFP4 queries has a NaN block scale (byte 255: its
     logits are NaN), else 1."""
@@ -211,21 +232,28 @@ def fp4_head_sum(words, scales, ok, q, w, ROWS: tl.constexpr, GROUPS: tl.constex
                   D: tl.constexpr, KEYS_ON_M: tl.constexpr, WIDEN: tl.constexpr, MXFP4: tl.constexpr,
                   q_scales=0, Q_FP4: tl.constexpr = 0):
     """:func:`tile_head_sum` of an MXFP4 tile (:func:`_fp4_gather`), its scales applied (``MXFP4``: how, ``mxfp4``'s
-    modes): on a block-scaled instruction (:func:`scaled_dot`) one dot, NaN for a key with a NaN block (byte 255),
-    whatever the instruction makes of that byte; else widened (:func:`widened_head_sum`). ``Q_FP4``: MXFP4 queries
-    (``q`` as :func:`fp4_queries` gives them, ``q_scales`` their int32 scale bytes), on a block-scaled instruction
-    (:func:`scaled_dot`) or block by block (:func:`blockwise_dot`), NaN for a token with a NaN query block too."""
+    modes): on a block-scaled instruction (:func:`scaled_dot`) one dot, each key's largest block scale after the
+    heads (NaN for a key with a NaN block, byte 255: the instruction never sees that byte); else widened
+    (:func:`widened_head_sum`). ``Q_FP4``: MXFP4 queries (``q`` as :func:`fp4_queries` gives them, ``q_scales`` their
+    int32 scale bytes), NaN for a token with a NaN query block too: on a block-scaled instruction (:func:`scaled_dot`)
+    each query's largest block scale in its weight, relative to its token's largest (:func:`head_units`), then the
+    key's and the token's largest together after the heads (:func:`scale_pairs`, on ``[ROWS, GROUPS]``: one more
+    multiply a logit, none an accumulator element, whose per-column factors spilled on sm100 and sm120); or block by
+    block (:func:`blockwise_dot`)."""
     if Q_FP4:
         if MXFP4 >= mxfp4.SCALED_E2M1:
-            acc = scaled_dot(words, scales, q, ROWS, D, MXFP4, KEYS_ON_M, q_scales, Q_FP4)
+            w, tops = head_units(w, q_scales, GROUPS, H)
+            s = relu_head_sum(scaled_dot(words, scales, q, ROWS, D, MXFP4, KEYS_ON_M, q_scales, Q_FP4), w, ROWS,
+                              GROUPS, H, KEYS_ON_M)
+            s = scale_pairs(s, tl.max(scales, axis=1), tops, KEYS_ON_M)
         else:
-            acc = blockwise_dot(words, scales, q, q_scales, ROWS, D, KEYS_ON_M, WIDEN, MXFP4 == mxfp4.WIDEN_FNUZ)
-        s = relu_head_sum(acc, w, ROWS, GROUPS, H, KEYS_ON_M)
+            s = relu_head_sum(blockwise_dot(words, scales, q, q_scales, ROWS, D, KEYS_ON_M, WIDEN,
+                                            MXFP4 == mxfp4.WIDEN_FNUZ), w, ROWS, GROUPS, H, KEYS_ON_M)
         s = scale_keys(s, tl.where(tl.max(scales, axis=1) == 255, float("nan"), 1.0), KEYS_ON_M)
         s = scale_tokens(s, token_nan(q_scales, GROUPS, H), KEYS_ON_M)
     elif MXFP4 >= mxfp4.SCALED_E2M1:
         s = relu_head_sum(scaled_dot(words, scales, q, ROWS, D, MXFP4, KEYS_ON_M), w, ROWS, GROUPS, H, KEYS_ON_M)
-        s = scale_keys(s, tl.where(tl.max(scales, axis=1) == 255, float("nan"), 1.0), KEYS_ON_M)
+        s = scale_keys(s, mxfp4.e8m0(tl.max(scales, axis=1)), KEYS_ON_M)
     else:
         s = widened_head_sum(words, scales, ok, q, w, ROWS, GROUPS, H, D, KEYS_ON_M, WIDEN,
                                   MXFP4 == mxfp4.WIDEN_FNUZ)

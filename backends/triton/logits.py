@@ -192,7 +192,8 @@ def _fp4_queries(q_ptr, qs_ptr, qrow, qsrow, live, D: tl.constexpr, MXFP4: tl.co
     words = tl.load(q_ptr.to(tl.pointer_type(tl.uint32)) + (qrow // 4)[:, None] + tl.arange(0, D // 8)[None, :],
                     mask=live[:, None], other=0)
     scales = tl.load(qs_ptr + qsrow[:, None] + tl.arange(0, D // 32)[None, :], mask=live[:, None], other=0)
-    return fp4_queries(words, qrow.shape[0], D, MXFP4, WIDEN), scales.to(tl.int32)
+    scales = scales.to(tl.int32)
+    return fp4_queries(words, scales, qrow.shape[0], D, MXFP4, WIDEN), scales
 
 
 @triton.jit

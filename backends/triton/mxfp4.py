@@ -12,8 +12,9 @@ The widening works on 32-bit words, four nibbles at a time (one a byte) with byt
 carry: the value bytes of a key are read as int32 words (eight elements each), and each word gives two words of e4m3
 bytes, its even and its odd elements (:func:`permute`: the queries are put in the same order).
 
-Where the target has a block-scaled matrix instruction the keys keep their block scales (``head_sum.scaled_dot``):
-as e2m1 bytes, or widened here with the lift of ``2 ** 0`` (the values as they are, exact).
+Where the target has a block-scaled matrix instruction the keys keep their block scales (``head_sum.scaled_dot``),
+relative to each key's largest (:func:`from_top`, the largest applied after the dot): as e2m1 bytes, or widened here
+with the lift of ``2 ** 0`` (the values as they are, exact).
 """
 
 from __future__ import annotations
@@ -86,6 +87,25 @@ def key_lifts(scales, ROWS: tl.constexpr, D: tl.constexpr, FNUZ: tl.constexpr):
     lift = tl.reshape(tl.broadcast_to(lift[:, :, None], (ROWS, D // 32, 4)), (ROWS, D // 8))
     scale = tl.where(top == 255, float("nan"), (ref << 23).to(tl.float32, bitcast=True))
     return lift, scale, one
+
+
+@triton.jit
+def from_top(scales):
+    """Rows' block scale bytes (int32 ``[ROWS, D // 32]``) relative to each row's largest, for a block-scaled
+    instruction (``head_sum.scaled_dot``): ``byte - top + 127``, int32, the largest block at 2^0 (its values at most
+    6, whatever the instruction does with a scale; the row's largest is applied after the dot, 255 NaN by the
+    callers' rule). Below 0 for a block more than 2^127 below its row's largest, which no byte holds:
+    :func:`drop_below` zeroes its values."""
+    return scales - tl.max(scales, axis=1)[:, None] + 127
+
+
+@triton.jit
+def drop_below(words, rel, ROWS: tl.constexpr, D: tl.constexpr):
+    """MXFP4 rows ``words`` (uint32 ``[ROWS, D // 8]``) with the values of each block whose byte relative to its
+    row's largest (``rel``, :func:`from_top`) is below 0 zeroed: a block more than 2^127 below its row's largest is
+    lost (the exact paths' limit, docs/fp4.md), where clamping its byte at 0 would take it at 2^-127."""
+    below = tl.reshape(tl.broadcast_to((rel < 0)[:, :, None], (ROWS, D // 32, 4)), (ROWS, D // 8))
+    return tl.where(below, 0, words)
 
 
 @triton.jit

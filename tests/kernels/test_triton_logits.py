@@ -19,6 +19,7 @@ from indexcache.backends import cuda as cuda_backend
 from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.triton.head_sum import e4m3_bytes_to_fp16
 from indexcache.backends.triton.target import detect
+from indexcache.conformance.check import native_fp8
 from indexcache.hal import dispatch, fp4, reference
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
 from indexcache.hal.specs import mqa_logits as mqa_logits_spec
@@ -536,16 +537,12 @@ def test_prefill_of_mxfp4_keys_reads_inputs_of_a_huge_stride(name, dim):
 
 # ---------------------------------------------------------------- MXFP4 block scales at the top of e8m0
 
-# tl.dot_scaled interpreted scales each operand's values in fp32 before the product (6 · 2^127 is +inf); what the
-# block-scaled instructions do with such scales is not known here (docs/fp4.md, "Queries").
-_SCALED = pytest.mark.xfail(strict=True, reason="the block-scaled path (tl.dot_scaled) takes the operands at their own "
-                                                "block scales: 6 · 2^127 overflows float32 interpreted")
+# The Triton targets: the table's (the widening and exact block-by-block paths), and as for each target with a
+# block-scaled instruction (tl.dot_scaled).
+_TARGETS = [("cuda", None), ("rocm", None), ("cuda", "sm100"), ("cuda", "sm120"), ("rocm", "gfx950")]
 
 
-@pytest.mark.parametrize(("backend", "arch"), [("cuda", None), ("rocm", None),
-                                               pytest.param("cuda", "sm100", marks=_SCALED),
-                                               pytest.param("cuda", "sm120", marks=_SCALED),
-                                               pytest.param("rocm", "gfx950", marks=_SCALED)])
+@pytest.mark.parametrize(("backend", "arch"), _TARGETS)
 @pytest.mark.parametrize("side", ["q", "k"])
 @pytest.mark.parametrize("spec", [mqa_logits_spec, paged_mqa_logits_spec], ids=["mqa_logits", "paged_mqa_logits"])
 def test_mxfp4_operands_at_the_top_of_e8m0_give_the_references_logits(backend, arch, spec, side, monkeypatch,
@@ -554,6 +551,9 @@ def test_mxfp4_operands_at_the_top_of_e8m0_give_the_references_logits(backend, a
     kernels (``arch``: as for that target; the table's by default, the exact block-by-block path): the exact path
     applied the key's largest scale and then the query's, and overflowed to +inf where a key near 2^127 met a query
     far below 1. Its two scales are now one exponent, applied in two halves; the fp8 bound of fp32 accumulation.
+    The block-scaled path (sm100, sm120, gfx950) gave ``tl.dot_scaled`` the operands at their own block scales,
+    +inf interpreted (6 · 2^127); it now gives it the scales relative to each row's largest, each query's largest in
+    its weight (relative to its token's largest head's) and the key's and token's largest after the heads.
     Inputs: the specs' ``top_of_e8m0_args``, one operand's (``side``) block scale bytes at 254 and 253 (beside 140
     in some rows), the other's 2^-100 smaller: logits well inside float32 from operands that are not."""
     if arch is not None:
@@ -563,4 +563,58 @@ def test_mxfp4_operands_at_the_top_of_e8m0_give_the_references_logits(backend, a
     finite = torch.isfinite(want)
     assert (want[finite] != 0).any() and want[finite].abs().max() < 2.0**100
     got = getattr(indexcache, spec.__name__.rsplit(".", 1)[-1])(**args, backend=backend)
+    _assert_logits(got, want, 1e-5)
+
+
+@pytest.mark.parametrize(("backend", "arch"), _TARGETS)
+@pytest.mark.parametrize("spec", [mqa_logits_spec, paged_mqa_logits_spec], ids=["mqa_logits", "paged_mqa_logits"])
+def test_fp8_queries_against_mxfp4_keys_at_the_top_of_e8m0_give_the_references_logits(backend, arch, spec,
+                                                                                        monkeypatch, fresh_dispatch):
+    """fp8 queries (the target's format) against MXFP4 keys with block scale bytes 254 and 253 (beside 140 in some
+    rows; the specs' ``top_of_e8m0_fp8_args``): the queries small and the weights 2^-100, so that every product of a
+    query and a key lies inside float32 and the logits well inside it, while a key decoded at its own block scales
+    does not (6 · 2^127). On the block-scaled path (``arch`` sm100, sm120, gfx950) the keys entered ``tl.dot_scaled``
+    at their own scales, +inf interpreted (NaN logits); now relative to each key's largest, that one applied after the
+    heads. Elsewhere the one-scale widening and the exact path. The fp8 bound of fp32 accumulation."""
+    if arch is not None:
+        monkeypatch.setenv({"cuda": "INDEXCACHE_CUDA_ARCH", "rocm": "INDEXCACHE_ROCM_ARCH"}[backend], arch)
+    args = spec.top_of_e8m0_fp8_args(torch.Generator().manual_seed(0), torch.device("cpu"), native_fp8(backend))
+    want = spec.reference(**args)
+    finite = torch.isfinite(want)
+    assert (want[finite] != 0).any() and want[finite].abs().max() < 2.0**100
+    got = getattr(indexcache, spec.__name__.rsplit(".", 1)[-1])(**args, backend=backend)
+    _assert_logits(got, want, 1e-5)
+
+
+@pytest.mark.parametrize(("backend", "arch"), _TARGETS)
+@pytest.mark.parametrize("side", ["q", "k"])
+def test_mxfp4_blocks_more_than_2_127_below_their_rows_largest_are_lost(backend, arch, side, monkeypatch,
+                                                                        fresh_dispatch):
+    """MXFP4 rows (the queries' or the keys', ``side``) with blocks 0 and 2 at byte 254 and blocks 1 and 3 at 130
+    (2^124 below: kept) in even rows, at 120 (2^134 below: lost, docs/fp4.md) in odd rows, against the other operand
+    zero on blocks 0 and 2, so that the small blocks give every product. The logits are the reference's of the same
+    inputs with the lost blocks zero: on the block-scaled path (``arch`` sm100, sm120, gfx950) the bytes relative to
+    the row's largest are below 0 there, and taken at byte 0 (2^-127) such a block counted 2^7 times its real value
+    where it should count 0; the exact block-by-block path loses it too (a power of two below 2^-126)."""
+    if arch is not None:
+        monkeypatch.setenv({"cuda": "INDEXCACHE_CUDA_ARCH", "rocm": "INDEXCACHE_ROCM_ARCH"}[backend], arch)
+    g = torch.Generator().manual_seed(3)
+    tokens, keys, heads = 4, 24, 16
+    k, k_scale = fp4.quantize(torch.randn(keys, 128, generator=g))
+    q, q_scale = mqa_logits_spec.mxfp4_queries(torch.randn(tokens, heads, 128, generator=g))
+    far, far_scale, near = (q, q_scale, k) if side == "q" else (k, k_scale, q)
+    rows = far_scale.shape[:-1]
+    odd = (torch.arange(rows.numel()) % 2 == 1).view(*rows, 1)
+    block = torch.arange(4) % 2 == 1
+    far_scale.view(torch.uint8).copy_(torch.where(block, torch.where(odd, 120, 130), 254))
+    near.view(torch.uint8).view(*near.shape[:-1], 4, 16)[..., ~block, :] = 0
+    args = dict(q=q, k=k, k_scale=k_scale, weights=torch.randn(tokens, heads, generator=g), q_scale=q_scale,
+                ks=torch.zeros(tokens, dtype=torch.int32), ke=torch.full((tokens,), keys, dtype=torch.int32))
+    kept = {name: t.clone() for name, t in args.items()}
+    kept[side].view(torch.uint8).view(*rows, 4, 16).masked_fill_((odd & block)[..., None], 0)
+    want = mqa_logits_spec.reference(**kept)
+    assert (want != 0).any() and not torch.equal(want, mqa_logits_spec.reference(**args))
+    got = indexcache.mqa_logits(**args, backend=backend)
+    if side == "k":
+        assert (got[:, 1::2] == 0).all()
     _assert_logits(got, want, 1e-5)

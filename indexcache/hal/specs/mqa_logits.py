@@ -212,32 +212,50 @@ cases.add("MXFP4 queries with a NaN block scale, MXFP4 keys, H 16")(
 
 
 
-def at_the_top_of_e8m0(values: torch.Tensor, scales: torch.Tensor, other_scales: torch.Tensor) -> None:
+def at_the_top_of_e8m0(values: torch.Tensor, scales: torch.Tensor, other_scales: torch.Tensor | None) -> None:
     """In place: MXFP4 rows (``values [..., D / 2]``, ``scales [..., D / 32]``; D a multiple of 64) with block scale
     bytes at the top of e8m0, by threes of rows: every block 254 (2^127), every block 253, and the even blocks 254
     beside odd ones at 140 (2^13) in a row (in every other such row the 254 blocks' values zero, so that the small
     blocks give its products); and the other operand's scale bytes ``other_scales`` 100 less (at least 0; the cases'
-    are above 100), so that the logits lie well inside float32 while the rows decoded at their own scales do not
-    (docs/fp4.md, "Queries")."""
+    are above 100; None: fp8 queries, made small by the caller), so that the logits lie well inside float32 while
+    the rows decoded at their own scales do not (docs/fp4.md, "Queries")."""
     v, b = values.view(torch.uint8), scales.view(torch.uint8)  # views of the rows as they lie (a cache's too)
     row = torch.arange(b[..., 0].numel(), device=b.device).view(*b.shape[:-1], 1)
     even = torch.arange(b.shape[-1], device=b.device) % 2 == 0
     b.copy_(torch.where(row % 3 == 0, 254, torch.where(row % 3 == 1, 253, torch.where(even, 254, 140))))
     v.masked_fill_((row % 6 == 5) & even.repeat_interleave(fp4.BLOCK // 2), 0)
-    other = other_scales.view(torch.uint8)
-    other.copy_((other.int() - 100).clamp_min(0))
+    if other_scales is not None:
+        other = other_scales.view(torch.uint8)
+        other.copy_((other.int() - 100).clamp_min(0))
+
+
+def small_fp8_queries(gen: torch.Generator, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with its fp8 queries made small (normal ones times 2^-9, the smallest e4m3 subnormal of e4m3fn: many
+    round to 0 or to a few subnormals) and its weights times 2^-100: against keys whose block scales are at the top
+    of e8m0 (:func:`at_the_top_of_e8m0`) each product of a query and a key stays inside float32 (about 2^125 at most)
+    and the logits well inside it."""
+    q = args["q"]
+    small = to_fp8(torch.randn(q.shape, generator=gen) * 2.0**-9, q.dtype)
+    return dict(args, q=small.to(q.device), weights=args["weights"] * 2.0**-100)
 
 
 def top_of_e8m0_args(gen: torch.Generator, dev: torch.device, side: str) -> dict[str, Any]:
     """:func:`_fp4_query_args` (6 tokens, 60 keys, H 16) with the queries' (``side`` "q") or the keys' ("k") block
-    scales at the top of e8m0 (:func:`at_the_top_of_e8m0`). Inputs of tests, not a conformance case: the Triton
-    kernels' block-scaled path overflows on them (docs/fp4.md, "Queries")."""
+    scales at the top of e8m0 (:func:`at_the_top_of_e8m0`)."""
     args = _fp4_query_args(gen, dev, tokens=6, keys=60, heads=16)
     if side == "q":
         at_the_top_of_e8m0(args["q"], args["q_scale"], args["k_scale"])
     else:
         at_the_top_of_e8m0(args["k"], args["k_scale"], args["q_scale"])
     return args
+
+
+def top_of_e8m0_fp8_args(gen: torch.Generator, dev: torch.device, fp8: torch.dtype) -> dict[str, Any]:
+    """:func:`_fp4_args` (6 tokens, 60 keys, H 16) with the keys' block scales at the top of e8m0
+    (:func:`at_the_top_of_e8m0`) and fp8 queries of format ``fp8`` (:func:`small_fp8_queries`)."""
+    args = _fp4_args(gen, dev, fp8, tokens=6, keys=60, heads=16)
+    at_the_top_of_e8m0(args["k"], args["k_scale"], None)
+    return small_fp8_queries(gen, args)
 
 
 

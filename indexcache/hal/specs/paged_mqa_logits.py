@@ -276,8 +276,7 @@ cases.add("MXFP4 queries and cache, ragged rows, 1 to 4 draft tokens, page 64")(
 
 def top_of_e8m0_args(gen: torch.Generator, dev: torch.device, side: str) -> dict[str, Any]:
     """MXFP4 queries and cache (2 requests, next_n 2, H 16, page 32) with the queries' (``side`` "q") or the cache's
-    keys' ("k") block scales at the top of e8m0 (:func:`mqa_logits.at_the_top_of_e8m0`). Inputs of tests, not a
-    conformance case: the Triton kernels' block-scaled path overflows on them (docs/fp4.md, "Queries")."""
+    keys' ("k") block scales at the top of e8m0 (:func:`mqa_logits.at_the_top_of_e8m0`)."""
     args = with_mxfp4_queries(gen, args_of(gen, dev, 2, 2, 16, 32, [70, 45], k_format=fp4.FP4))
     values, scales = split_packed_cache(args["k_cache"], 128, fp4.FP4)
     if side == "q":
@@ -285,6 +284,15 @@ def top_of_e8m0_args(gen: torch.Generator, dev: torch.device, side: str) -> dict
     else:
         mqa_logits.at_the_top_of_e8m0(values, scales, args["q_scale"])
     return args
+
+
+def top_of_e8m0_fp8_args(gen: torch.Generator, dev: torch.device, fp8: torch.dtype) -> dict[str, Any]:
+    """An MXFP4 cache (2 requests, next_n 2, H 16, page 32) whose keys' block scales are at the top of e8m0
+    (:func:`mqa_logits.at_the_top_of_e8m0`), fp8 queries of format ``fp8`` (:func:`mqa_logits.small_fp8_queries`)."""
+    args = args_of(gen, dev, 2, 2, 16, 32, [70, 45], dtype=fp8, k_format=fp4.FP4)
+    values, scales = split_packed_cache(args["k_cache"], 128, fp4.FP4)
+    mqa_logits.at_the_top_of_e8m0(values, scales, None)
+    return mqa_logits.small_fp8_queries(gen, args)
 
 
 
