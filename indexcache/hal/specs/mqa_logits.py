@@ -258,6 +258,16 @@ def top_of_e8m0_fp8_args(gen: torch.Generator, dev: torch.device, fp8: torch.dty
     return small_fp8_queries(gen, args)
 
 
+# Block scales 2^127 and 2^126, the top of e8m0, on one side and small ones on the other (or small fp8 queries): logits
+# well inside float32 whose operands decoded at their own scales are not (6 at byte 254 is 1.5 · 2^129).
+cases.add("MXFP4 queries with block scale bytes 254 and 253 (beside 140 in some rows), keys 2^-100 smaller")(
+    lambda gen, dev: top_of_e8m0_args(gen, dev, "q"))
+cases.add("MXFP4 keys with block scale bytes 254 and 253 (beside 140 in some rows), MXFP4 queries 2^-100 smaller")(
+    lambda gen, dev: top_of_e8m0_args(gen, dev, "k"))
+cases.add("MXFP4 keys with block scale bytes 254 and 253 (beside 140 in some rows), small native fp8 q, weights "
+          "2^-100", native_fp8=True)(top_of_e8m0_fp8_args)
+
+
 
 @cases.add("full, empty and context-parallel windows, native fp8", native_fp8=True)
 def _(gen, dev, fp8):

@@ -295,6 +295,15 @@ def top_of_e8m0_fp8_args(gen: torch.Generator, dev: torch.device, fp8: torch.dty
     return mqa_logits.small_fp8_queries(gen, args)
 
 
+# Block scales at the top of e8m0 on one side, small ones on the other (as mqa_logits' cases).
+cases.add("MXFP4 queries with block scale bytes 254 and 253 (beside 140 in some rows), cache 2^-100 smaller")(
+    lambda gen, dev: top_of_e8m0_args(gen, dev, "q"))
+cases.add("MXFP4 cache with block scale bytes 254 and 253 (beside 140 in some rows), MXFP4 queries 2^-100 smaller")(
+    lambda gen, dev: top_of_e8m0_args(gen, dev, "k"))
+cases.add("MXFP4 cache with block scale bytes 254 and 253 (beside 140 in some rows), small native fp8 q, weights "
+          "2^-100", native_fp8=True)(top_of_e8m0_fp8_args)
+
+
 
 @cases.add("MXFP4 cache in DeepGEMM's 4-D view, context length 0 and contexts beyond the table, native fp8 q",
            native_fp8=True)
