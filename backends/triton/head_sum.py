@@ -170,8 +170,9 @@ def blockwise_dot(words, scales, q, q_scales, ROWS: tl.constexpr, D: tl.constexp
     (``q`` widened by :func:`fp4_queries` ``[COLS, D]``, ``q_scales`` int32 ``[COLS, D // 32]``) without a
     block-scaled instruction: D / 32 dots, the j-th taking block j of every key widened to e4m3 at its own scale (the
     other blocks zero: the queries' block j alone, an exact sum), each added in units of the key's and the query's
-    largest block scale (a power of two ≤ 1 each, applied one after the other: a product more than about 2^149 below
-    the two largest together is lost), then the two largest scales together (:func:`scale_pairs`; docs/fp4.md,
+    largest block scale (a power of two ≤ 1 each, 0 below 2^-126, applied one after the other: a block more than 2^126
+    below its row's largest is lost, and a product more than about 2^149 below the two largest together), then the two
+    largest scales together (:func:`scale_pairs`; docs/fp4.md,
     "Queries": the limits of fp32 this leaves). fp32 ``[ROWS, COLS]`` when ``KEYS_ON_M``, else ``[COLS, ROWS]``."""
     COLS: tl.constexpr = q.shape[0]
     LIFT: tl.constexpr = 0x2C + 8 * FNUZ  # 2 ** 0: the values as they are
