@@ -5,6 +5,8 @@ without it."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import indexcache
 from indexcache.hal import ops
@@ -313,3 +315,21 @@ def test_buffers_refuse_producers_that_are_not_layer_ids(producers, message):
     layer is, so the buffers kept state for layers the engine never named."""
     with pytest.raises(ValueError, match=message):
         HotBuffers(producers, 2, 4, 2, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 5), st.lists(st.integers(-2**62, 2**62) | st.integers(-3, 8), max_size=14))
+def test_reset_empties_exactly_the_rows_named_inside_the_state(max_requests, requests):
+    """Any requests (duplicates, -1 padding, far outside, more entries than rows or fewer): the rows named in
+    ``[0, max_requests)`` are emptied in every group and no other."""
+    hot = HotBuffers([1, 4], max_requests, 3, 1, 2)
+    for tokens, ages in hot.state.values():
+        tokens.fill_(5)
+        ages.fill_(2)
+    hot.reset(torch.tensor(requests, dtype=torch.int64))
+    hot.reset(torch.tensor(requests, dtype=torch.int64))  # the kept buffers used again: nothing left from before
+    named = {r for r in requests if 0 <= r < max_requests}
+    for tokens, ages in hot.state.values():
+        for row in range(max_requests):
+            want = (-1, -1) if row in named else (5, 2)
+            assert (tokens[row].unique().tolist(), ages[row].unique().tolist()) == ([want[0]], [want[1]]), row
