@@ -310,10 +310,11 @@ def test_plot_demo_refuses_a_comparison_without_decode_steps(model, tmp_path):
 
 def test_demo_refuses_a_prompt_shorter_than_topk(monkeypatch, capsys):
     """The demo measures overlaps on decode steps: with contexts of at most k tokens every layer selects every token,
-    and `indexcache demo --prompt-len 64` (k 128 on a CPU) printed overlap 1.000 for every layer and no drift."""
+    and `indexcache demo --prompt-len 64` (k 128 on a CPU) printed overlap 1.000 for every layer and no drift. k given
+    (the default is the preset's 2048 where the torch backend runs on a GPU)."""
     with pytest.raises(ModelSettingError, match=r"^prompt_len=64 must be at least topk=128: the overlaps are measured"):
-        run_demo(backend="torch", prompt_len=64, decode_steps=1)
-    assert cli.main(["demo", "--backend", "torch", "--prompt-len", "64", "--decode-steps", "2"]) == 2
+        run_demo(backend="torch", prompt_len=64, topk=128, decode_steps=1)
+    assert cli.main(["demo", "--backend", "torch", "--prompt-len", "64", "--topk", "128", "--decode-steps", "2"]) == 2
     assert "error: --prompt-len 64 must be at least --topk 128: " in capsys.readouterr().err
 
     class Built(Exception):
