@@ -421,6 +421,60 @@ def test_timer_without_a_budget_makes_exactly_warmup_then_reps_calls():
     assert timer.eager_us(calls.append) >= 0 and calls == list(range(7))
 
 
+class _FakeDevice:
+    """A stand-in for ``torch.cuda`` in the timer's GPU path: events read a clock that each call advances by its
+    cost, so the timer's counting and rotation run here without a GPU."""
+
+    def __init__(self):
+        self.now_ms = 0.0
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self, stream=None):
+                self.at = fake.now_ms
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        self.Event = Event
+
+    def synchronize(self, device=None):
+        pass
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    fake = _FakeDevice()
+    monkeypatch.setattr(timing, "on_gpu", lambda device: True)
+    monkeypatch.setattr(timing, "_module", lambda device: fake)
+    return fake
+
+
+@pytest.mark.parametrize("warmup", [1, 2, 3, 4, 10])
+@pytest.mark.parametrize("cost_ms", [0.01, 1.0, 400.0])
+def test_timer_on_a_gpu_never_gives_a_call_the_previous_calls_input_set(fake_gpu, warmup, cost_ms):
+    """The rotation's promise (BENCHMARKS.md, "Inputs rotate"): no call finds its inputs in L2 from the previous
+    one. The call estimating the timed calls' count and the first timed call took the same input set (both
+    ``fn(warmup)``), so the first sample was timed on a warm L2; and where MIN_REPS raised the warm-up's count
+    past ``warmup``, the last warm-up call and the estimate did too. Here a call on the previous call's set is 10x
+    cheaper, as an L2 hit would be."""
+    sets, calls = 4, []
+
+    def fn(i):
+        fake_gpu.now_ms += cost_ms / 10 if calls and calls[-1] % sets == i % sets else cost_ms
+        calls.append(i)
+
+    us = timing.Timer(torch.device("cuda"), warmup=warmup, reps=100, graph_reps=0).eager_us(fn)
+    assert all(a % sets != b % sets for a, b in zip(calls, calls[1:], strict=False)), calls
+    assert us == pytest.approx(cost_ms * 1e3)
+
+
 def test_times_ms_warms_up_then_times_bursts():
     calls = []
     times = timing.times_ms(lambda: calls.append(1), torch.device("cpu"), 0.0, 3, 3, warmup=4, calls=10)

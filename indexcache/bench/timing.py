@@ -190,18 +190,22 @@ class Timer:
             warm = self._fit(lambda: fn(1), self.warmup - 1)
             for i in range(2, warm + 1):
                 fn(i)
+            # Every call takes the next input set, the estimating one too: no call, timed or not, runs on the set
+            # of the call before it (whose inputs could still be in L2).
+            reps = self._fit(lambda: fn(warm + 1), self.reps)
+            first = warm + 2
         else:
             for i in range(self.warmup):
                 fn(i)
+            reps, first = self.reps, self.warmup
         if not on_gpu(self.device):
             times = []
-            for i in range(self.reps):
+            for i in range(reps):
                 t0 = time.perf_counter()
-                fn(self.warmup + i)
+                fn(first + i)
                 times.append((time.perf_counter() - t0) * 1e6)
             return statistics.median(times)
-        reps = self._fit(lambda: fn(self.warmup), self.reps) if fitted else self.reps
-        return self._events_us(lambda i: fn(self.warmup + i), reps)
+        return self._events_us(lambda i: fn(first + i), reps)
 
     def graph_us(self, fn: Callable[[int], Any], calls: int) -> float:
         """One CUDA graph holding ``calls`` calls (``fn(0) .. fn(calls-1)``), replayed; per call."""
