@@ -34,7 +34,7 @@ from indexcache.backends.triton.launcher import Launcher, launch_key_options
 from indexcache.backends.triton.support import launch_options
 from indexcache.backends.triton.target import detect
 from indexcache.bench.output import write_json
-from indexcache.bench.provenance import device_name, versions
+from indexcache.bench.provenance import device_name, report_head, versions
 from indexcache.bench.timing import Timer
 from indexcache.hal import dispatch, memo
 from indexcache.hal.specs import SPECS
@@ -213,9 +213,14 @@ def main() -> None:
         print(f"{r['case']:<36}  {r['checked_eager_us']:10.1f}  {r['eager_us']:9.1f}  {r['graph_us']:9.1f}  "
               f"{r['overhead_us']:11.1f}  {r['target']}: {'met' if r['met'] else 'MISSED'}")
     if args.out:
-        write_json({"gpu": gpu, "torch": v["torch"], "triton": v["triton"], "us_per_call": ladder, "host_us": host,
-                    "empty_launch_eager_us": empty,
-                    "bound_translate_launch_eager_us": bound_launch, "eager_vs_graph": rows}, args.out)
+        write_json(report(dev, ladder, host, empty, bound_launch, rows), args.out)
+
+
+def report(dev: torch.device, ladder: dict, host: dict, empty: float, bound_launch: float, rows: list) -> dict:
+    """The JSON: what ran where (date, commit, GPU, versions: :func:`~indexcache.bench.provenance.report_head`),
+    then the three sections."""
+    return {**report_head(dev), "gpu": device_name(dev), "us_per_call": ladder, "host_us": host,
+            "empty_launch_eager_us": empty, "bound_translate_launch_eager_us": bound_launch, "eager_vs_graph": rows}
 
 
 if __name__ == "__main__":

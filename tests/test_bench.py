@@ -554,6 +554,26 @@ def test_every_result_file_has_a_table_that_names_its_gpu_date_and_commit():
         assert "|---|" in tables.table(name), name
 
 
+def test_launch_overhead_writes_the_date_commit_and_versions_its_table_names(monkeypatch):
+    """bench/launch_overhead_gpu.py wrote only the GPU, torch and Triton: no date, no commit (the published file's
+    were added by hand), so its own output could not be published (report_tables reads both)."""
+    path = ROOT / "bench" / "launch_overhead_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_launch_overhead_gpu", path)
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)
+    spec.loader.exec_module(script)
+    monkeypatch.setenv("INDEXCACHE_COMMIT", "c" * 40)
+    rows = [{"case": "translate", "checked_eager_us": 9.0, "eager_us": 8.0, "graph_us": 4.0, "overhead_us": 4.0,
+             "target": "<= 1", "met": False}]
+    report = script.report(torch.device("cpu"), {"empty": 5.0}, {"translate": {"spec check": 1.0, "dispatch": 2.0}},
+                           5.0, 6.0, rows)
+    assert report["commit"] == "c" * 40 and re.match(r"\d{4}-\d{2}-\d{2}T", report["date"])
+    assert {"torch", "triton", "cuda", "python", "indexcache"} <= set(report)
+    report["gpu"] = "NVIDIA H200"  # as on the GPU (device_name gives None off one)
+    first = _report_tables().launch_overhead(report).splitlines()[0]
+    assert first.startswith(f"NVIDIA H200 · {report['date'][:10]} · commit cccccccccc"), first
+
+
 def test_benchmarks_md_shows_the_tables_the_committed_results_give():
     _script("report_tables", "--check")
 
