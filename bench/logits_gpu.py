@@ -219,7 +219,9 @@ def prefill(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
 
 def decode(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
     """Eager time (``ms``: Python dispatch + launch + kernel) and CUDA-graph replay time (``graph_ms``: what an
-    engine's captured decode step sees); bandwidth, fraction and the target are judged on the graph time."""
+    engine's captured decode step sees); bandwidth, fraction and the target are judged on the graph time. The
+    speed-up over the torch backend compares like with like (``speedup_timing``): its graph replay
+    (``torch_graph_ms``) against ours, or where either was not captured its eager time (``torch_ms``) against ours."""
     rows = []
     for batch, context, next_n in DECODE_CASES:
         args = _decode_inputs(batch, context, next_n, dev, fp8)
@@ -232,14 +234,26 @@ def decode(dev, fp8: torch.dtype, ceil: dict) -> list[dict]:
             graph = _graph_timed(call)
         except Exception as exc:  # a capture failure is a finding; judge the eager time then
             graph, graph_error = None, f"{type(exc).__name__}: {exc}"[:300]
-        base = _timed(lambda a=args, o=out: indexcache.paged_mqa_logits(*a, out=o, backend="torch"), 0, 1, 2)
+        torch_call = lambda a=args, o=out: indexcache.paged_mqa_logits(*a, out=o, backend="torch")  # noqa: E731
+        base = _timed(torch_call, 0, 1, 2)
+        base_graph = None
+        if graph is not None:
+            try:
+                base_graph = _graph_timed(torch_call, 0)
+            except Exception:  # the torch backend not capturable here: both eager then
+                base_graph = None
         judged = graph or ours
         gbps = moved / judged / 1e6
         frac = gbps / ceil["copy_gbps"]
+        # Graph against graph, else eager against eager: never the torch backend's eager time (its host cost
+        # included) over our graph time.
+        speedup = base_graph / graph if base_graph is not None else base / ours
         rows.append({"op": "paged_mqa_logits", "case": f"{batch}x{context // 1024}K next_n={next_n}", "ms": ours,
-                     "graph_ms": graph, "floor_ms": moved / ceil["copy_gbps"] / 1e6, "torch_ms": base, "gbps": gbps,
-                     "fraction": frac, "speedup": base / judged, "target": batch == BATCH, "graph_error": graph_error,
-                     "meets_target": (frac >= TARGETS["decode"] and base / judged >= TARGETS["speedup"]
+                     "graph_ms": graph, "floor_ms": moved / ceil["copy_gbps"] / 1e6, "torch_ms": base,
+                     "torch_graph_ms": base_graph, "gbps": gbps, "fraction": frac, "speedup": speedup,
+                     "speedup_timing": "graph" if base_graph is not None else "eager", "target": batch == BATCH,
+                     "graph_error": graph_error,
+                     "meets_target": (frac >= TARGETS["decode"] and speedup >= TARGETS["speedup"]
                                       if batch == BATCH else None)})
         del args, out
     return rows

@@ -574,6 +574,36 @@ def test_launch_overhead_writes_the_date_commit_and_versions_its_table_names(mon
     assert first.startswith(f"NVIDIA H200 · {report['date'][:10]} · commit cccccccccc"), first
 
 
+def test_logits_decode_speedup_sets_graph_against_graph(monkeypatch):
+    """bench/logits_gpu.py's decode "x torch" divided the torch backend's eager time (its host cost included) by our
+    graph replay's time; it compares like with like: graph against graph, else eager against eager."""
+    spec = importlib.util.spec_from_file_location("bench_logits_gpu", ROOT / "bench" / "logits_gpu.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)
+    spec.loader.exec_module(script)
+    used = []
+    monkeypatch.setattr(script.indexcache, "paged_mqa_logits", lambda *a, out, backend: used.append(backend))
+    eager_ms, graph_ms = {"cuda": 0.2, "torch": 5.7}, {"cuda": 0.1, "torch": 5.3}
+
+    def timed(fn, *args):
+        fn()
+        return eager_ms[used[-1]]
+
+    def graph_timed(fn, *args):
+        fn()
+        if used[-1] == "torch" and not capturable[0]:
+            raise RuntimeError("not capturable")
+        return graph_ms[used[-1]]
+
+    monkeypatch.setattr(script, "_timed", timed)
+    monkeypatch.setattr(script, "_graph_timed", graph_timed)
+    monkeypatch.setattr(script, "DECODE_CASES", [(2, 128, 1)])
+    capturable = [True]
+    for capturable[0], want in ((True, 5.3 / 0.1), (False, 5.7 / 0.2)):
+        row, = script.decode(torch.device("cpu"), torch.float8_e4m3fn, {"copy_gbps": 1000.0})
+        assert row["speedup"] == pytest.approx(want) and row["torch_ms"] == 5.7 and row["graph_ms"] == 0.1
+
+
 def test_benchmarks_md_shows_the_tables_the_committed_results_give():
     _script("report_tables", "--check")
 
