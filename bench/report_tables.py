@@ -80,6 +80,15 @@ def launch_overhead(d: dict) -> str:
     ])
 
 
+def _decode_speedup(r: dict) -> str:
+    """A decode row's speed-up over the torch backend, like with like: the file's own where it says how it was timed
+    (``speedup_timing``: graph against graph, else eager against eager); in older files, whose ``speedup`` divided
+    torch's eager time by our graph time, eager against eager from their two eager times."""
+    if "speedup_timing" in r:
+        return f"{_f(r['speedup'], '.1f')} ({r['speedup_timing']})"
+    return f"{_f(r['torch_ms'] / r['ms'], '.1f')} (eager)"
+
+
 def logits(d: dict) -> str:
     """bench/logits_gpu.py: prefill against the matmul rate, decode against the copy bandwidth, both against torch."""
     c = d["ceilings"]
@@ -88,7 +97,7 @@ def logits(d: dict) -> str:
     pre = [[r["case"], _f(r["ms"], ".3f"), _f(r["tflops"], ".0f"), _pct(r["fraction"], ".1f"),
             _f(r["torch_ms"], ".1f"), _f(r["speedup"], ".1f")] for r in d["prefill"]]
     dec = [[r["case"], _f(r["ms"] * 1e3, ".0f"), _f(r.get("graph_ms", 0) * 1e3, ".0f"), _f(r["floor_ms"] * 1e3, ".0f"),
-            _f(r["gbps"], ".0f"), _pct(r["fraction"], ".1f"), _f(r["speedup"], ".1f")] for r in d["decode"]]
+            _f(r["gbps"], ".0f"), _pct(r["fraction"], ".1f"), _decode_speedup(r)] for r in d["decode"]]
     return "\n\n".join([
         head,
         markdown_table(["prefill (mqa_logits)", "ms", "TFLOP/s (in-window)", "of matmul rate", "torch ms", "× torch"],
