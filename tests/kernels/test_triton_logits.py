@@ -17,6 +17,7 @@ import triton.language as tl
 import indexcache
 from indexcache.backends import cuda as cuda_backend
 from indexcache.backends.cuda.arch import NVIDIA
+from indexcache.backends.rocm.arch import AMD
 from indexcache.backends.triton.head_sum import e4m3_bytes_to_fp16
 from indexcache.backends.triton.target import detect
 from indexcache.conformance.check import native_fp8
@@ -542,6 +543,22 @@ def test_prefill_of_mxfp4_keys_reads_inputs_of_a_huge_stride(name, dim):
 _TARGETS = [("cuda", None), ("rocm", None), ("cuda", "sm100"), ("cuda", "sm120"), ("rocm", "gfx950")]
 
 
+def _as_target(backend: str, arch: str | None, monkeypatch) -> None:
+    """The ``backend``'s kernels as for ``arch`` (None: the table's interpreted target)."""
+    if arch is not None:
+        monkeypatch.setenv((NVIDIA if backend == "cuda" else AMD).arch_env, arch)
+
+
+def _assert_inside_float32_logits(spec, args: dict, backend: str) -> None:
+    """``spec``'s op on ``backend`` gives the reference's logits for ``args``, which are nonzero and well inside
+    float32 (below 2^100), within the fp8 bound of fp32 accumulation."""
+    want = spec.reference(**args)
+    finite = torch.isfinite(want)
+    assert (want[finite] != 0).any() and want[finite].abs().max() < 2.0**100
+    got = getattr(indexcache, spec.__name__.rsplit(".", 1)[-1])(**args, backend=backend)
+    _assert_logits(got, want, 1e-5)
+
+
 @pytest.mark.parametrize(("backend", "arch"), _TARGETS)
 @pytest.mark.parametrize("side", ["q", "k"])
 @pytest.mark.parametrize("spec", [mqa_logits_spec, paged_mqa_logits_spec], ids=["mqa_logits", "paged_mqa_logits"])
@@ -556,14 +573,9 @@ def test_mxfp4_operands_at_the_top_of_e8m0_give_the_references_logits(backend, a
     its weight (relative to its token's largest head's) and the key's and token's largest after the heads.
     Inputs: the specs' ``top_of_e8m0_args``, one operand's (``side``) block scale bytes at 254 and 253 (beside 140
     in some rows), the other's 2^-100 smaller: logits well inside float32 from operands that are not."""
-    if arch is not None:
-        monkeypatch.setenv({"cuda": "INDEXCACHE_CUDA_ARCH", "rocm": "INDEXCACHE_ROCM_ARCH"}[backend], arch)
+    _as_target(backend, arch, monkeypatch)
     args = spec.top_of_e8m0_args(torch.Generator().manual_seed(0), torch.device("cpu"), side)
-    want = spec.reference(**args)
-    finite = torch.isfinite(want)
-    assert (want[finite] != 0).any() and want[finite].abs().max() < 2.0**100
-    got = getattr(indexcache, spec.__name__.rsplit(".", 1)[-1])(**args, backend=backend)
-    _assert_logits(got, want, 1e-5)
+    _assert_inside_float32_logits(spec, args, backend)
 
 
 @pytest.mark.parametrize(("backend", "arch"), _TARGETS)
@@ -576,14 +588,9 @@ def test_fp8_queries_against_mxfp4_keys_at_the_top_of_e8m0_give_the_references_l
     does not (6 · 2^127). On the block-scaled path (``arch`` sm100, sm120, gfx950) the keys entered ``tl.dot_scaled``
     at their own scales, +inf interpreted (NaN logits); now relative to each key's largest, that one applied after the
     heads. Elsewhere the one-scale widening and the exact path. The fp8 bound of fp32 accumulation."""
-    if arch is not None:
-        monkeypatch.setenv({"cuda": "INDEXCACHE_CUDA_ARCH", "rocm": "INDEXCACHE_ROCM_ARCH"}[backend], arch)
+    _as_target(backend, arch, monkeypatch)
     args = spec.top_of_e8m0_fp8_args(torch.Generator().manual_seed(0), torch.device("cpu"), native_fp8(backend))
-    want = spec.reference(**args)
-    finite = torch.isfinite(want)
-    assert (want[finite] != 0).any() and want[finite].abs().max() < 2.0**100
-    got = getattr(indexcache, spec.__name__.rsplit(".", 1)[-1])(**args, backend=backend)
-    _assert_logits(got, want, 1e-5)
+    _assert_inside_float32_logits(spec, args, backend)
 
 
 @pytest.mark.parametrize(("backend", "arch"), _TARGETS)
@@ -596,8 +603,7 @@ def test_mxfp4_blocks_more_than_2_127_below_their_rows_largest_are_lost(backend,
     inputs with the lost blocks zero: on the block-scaled path (``arch`` sm100, sm120, gfx950) the bytes relative to
     the row's largest are below 0 there, and taken at byte 0 (2^-127) such a block counted 2^7 times its real value
     where it should count 0; the exact block-by-block path loses it too (a power of two below 2^-126)."""
-    if arch is not None:
-        monkeypatch.setenv({"cuda": "INDEXCACHE_CUDA_ARCH", "rocm": "INDEXCACHE_ROCM_ARCH"}[backend], arch)
+    _as_target(backend, arch, monkeypatch)
     g = torch.Generator().manual_seed(3)
     tokens, keys, heads = 4, 24, 16
     k, k_scale = fp4.quantize(torch.randn(keys, 128, generator=g))
