@@ -780,6 +780,19 @@ class _FakePartitions:
         return self.made.get((index, n, side))
 
 
+def _entered_streams(fake) -> list:
+    """The streams the scheduler enters (``fake.stream`` recorded), in order."""
+    entered = []
+
+    @contextlib.contextmanager
+    def on(stream):
+        entered.append(stream)
+        yield
+
+    fake.stream = on
+    return entered
+
+
 @pytest.mark.parametrize("raising", ["side", "main"])
 def test_a_function_that_raises_still_joins_the_side_stream(scheduler, monkeypatch, raising):
     """The current stream waits for the side's work even where a function raised (it was left unordered)."""
@@ -832,14 +845,7 @@ def test_with_partitions_the_side_runs_on_one_unbudgeted_and_the_main_keeps_the_
     parts = _FakePartitions(fake.log)
     monkeypatch.setattr(triton_streams, "partition_stream", parts)
     gpu = torch.device("cuda", 0)
-    entered = []
-
-    @contextlib.contextmanager
-    def on(stream):
-        entered.append(stream)
-        yield
-
-    fake.stream = on
+    entered = _entered_streams(fake)
 
     def side():
         return "side", budget.current(), torch._C._get_sm_carveout_experimental()
@@ -1001,14 +1007,7 @@ def test_with_partitions_an_enclosing_budget_holds_the_partition_and_the_main(sc
     parts = _FakePartitions(fake.log)
     monkeypatch.setattr(triton_streams, "partition_stream", parts)
     gpu = torch.device("cuda", 0)
-    entered = []
-
-    @contextlib.contextmanager
-    def on(stream):
-        entered.append(stream)
-        yield
-
-    fake.stream = on
+    entered = _entered_streams(fake)
     fake.capturing = False
 
     def side():

@@ -268,7 +268,6 @@ cases.add("MXFP4 keys with block scale bytes 254 and 253 (beside 140 in some row
           "2^-100", native_fp8=True)(top_of_e8m0_fp8_args)
 
 
-
 @cases.add("full, empty and context-parallel windows, native fp8", native_fp8=True)
 def _(gen, dev, fp8):
     tokens, keys = 12, 257

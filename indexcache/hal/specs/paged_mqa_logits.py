@@ -304,7 +304,6 @@ cases.add("MXFP4 cache with block scale bytes 254 and 253 (beside 140 in some ro
           "2^-100", native_fp8=True)(top_of_e8m0_fp8_args)
 
 
-
 @cases.add("MXFP4 cache in DeepGEMM's 4-D view, context length 0 and contexts beyond the table, native fp8 q",
            native_fp8=True)
 def _(gen, dev, fp8):
