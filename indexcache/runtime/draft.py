@@ -150,10 +150,10 @@ class DraftTopk:
             rows = last_rows.shape[0]
         if rows > self.max_rows:
             raise ValueError(f"last_rows: {rows} requests, but this DraftTopk holds at most {self.max_rows}")
-        if layer in self._kept and rows != self.rows:
-            raise ValueError(f"last_rows: {rows} requests, but layer {layer} was kept with {self.rows} since the last "
-                             "reset(); call reset() after verification, before the next draft extend")
         if self._kept and rows != self.rows:
+            if layer in self._kept:
+                raise ValueError(f"last_rows: {rows} requests, but layer {layer} was kept with {self.rows} since the "
+                                 "last reset(); call reset() after verification, before the next draft extend")
             raise ValueError(f"last_rows: {rows} requests, but this draft extend's earlier producers kept "
                              f"{self.rows}")
         kept = self.kept[index]

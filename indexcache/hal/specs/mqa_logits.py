@@ -211,7 +211,6 @@ cases.add("MXFP4 queries with a NaN block scale, MXFP4 keys, H 16")(
     lambda gen, dev: _fp4_query_args(gen, dev, tokens=6, keys=90, heads=16, nan_block=True))
 
 
-
 def at_the_top_of_e8m0(values: torch.Tensor, scales: torch.Tensor, other_scales: torch.Tensor | None) -> None:
     """In place: MXFP4 rows (``values [..., D / 2]``, ``scales [..., D / 32]``; D a multiple of 64) with block scale
     bytes at the top of e8m0, by threes of rows: every block 254 (2^127), every block 253, and the even blocks 254
@@ -330,6 +329,7 @@ def _(gen, dev):
     args["weights"][1] = args["weights"][1].abs() + 0.1
     args["weights"][2] = -args["weights"][2].abs() - 0.1
     return {name: t.to(dev) for name, t in args.items()}
+
 
 # ----------------------------------------------------------------------------------------------- benchmark
 
