@@ -756,9 +756,16 @@ def test_without_partitions_side_sms_is_a_budget_and_the_rules_share_no_budget(s
     fake.log.clear()
     # the rule's share (0.5) was measured with partitions: without one the two overlap with no budget
     assert streams(side, main, 1, gpu, tokens=32, context=8192) == (("side", None), ("main", None))
-    with indexcache.sm_budget(9):  # no share: both keep the budget in force
-        assert streams(side, main, 1, gpu) == (("side", 9), ("main", 9))
-    assert len(fake.log) == 8
+    with indexcache.sm_budget(9):  # no share within a budget: the side half of it, the main the rest (never 9 + 9)
+        assert streams(side, main, 1, gpu) == (("side", 4), ("main", 5))
+        # a rule's share without a partition, held as a budget within the enclosing one (0.25 of 132: 33, at most 8)
+        assert streams(side, main, 1, gpu, tokens=4, context=100) == (("side", 8), ("main", 1))
+        assert streams.prepare(1, gpu).how == "budget"
+    with indexcache.sm_budget(1):  # in order, each under it
+        assert streams(side, main, 1, gpu) == (("side", 1), ("main", 1))
+    with indexcache.sm_budget(500):  # at or above the device's count: the whole device, no split
+        assert streams(side, main, 1, gpu) == (("side", 500), ("main", 500))
+    assert len(fake.log) == 16
     fake.log.clear()
     for named in (dict(side_sms=0), dict(tokens=5000, context=1)):  # in order on the current stream
         assert streams(side, main, 0, gpu, **named) == (("side", None), ("main", None))
@@ -898,6 +905,11 @@ def test_an_eager_call_the_rule_runs_in_order_makes_its_graph_partition_once(sch
     assert parts.calls == [(0, 66, 0, True)] and fake.log == []
     assert streams(lambda: "side", lambda: "main", 1, gpu, tokens=1000, context=8192) == ("side", "main")
     assert parts.calls == [(0, 66, 0, True)]  # no graph band gives 1000 tokens a share: nothing made
+    # 100 tokens: the graph band of no share: nothing to make on the whole device, half of an enclosing budget's 100
+    assert streams(lambda: "side", lambda: "main", 0, gpu, tokens=100, context=8192) == ("side", "main")
+    with indexcache.sm_budget(100):
+        assert streams(lambda: "side", lambda: "main", 0, gpu, tokens=100, context=8192) == ("side", "main")
+    assert parts.calls == [(0, 66, 0, True), (0, 50, 0, True)]
 
 
 def test_an_eager_call_given_side_sms_makes_no_partition_for_the_rule(scheduler, monkeypatch):
@@ -963,7 +975,11 @@ def test_a_schedule_is_decided_once_and_runs_as_the_call_would_have(scheduler, m
     (40, 500, (40, 132)),
     (5, 2, (1, 2)),
     (5, 1, (0, 1)),          # under a budget of 1: in order
-    (None, 100, (None, 100)),  # no share, in order: as they are
+    (None, 100, (50, 100)),  # no share within a budget: half of it, the main the other half
+    (None, 101, (50, 101)),
+    (None, 1, (0, 1)),
+    (None, 132, (None, 132)),  # the whole device: no share stays none
+    (None, None, (None, 132)),
     (0, 100, (0, 100)),
 ])
 def test_an_enclosing_budget_holds_the_side_share_and_the_pair(n, outer, want):

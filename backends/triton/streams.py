@@ -22,8 +22,9 @@ one; a share from the rule, measured with partitions, then overlaps with no budg
 for the target) the two overlap with no budget. A partition is made at the first eager call that could use it (the
 eager call also makes the one its shape's ``GRAPH`` band names), never during a capture: a capture that finds none
 made falls back as where there are none. Within an enclosing SM budget (the one in force where the schedule is made)
-the pair keeps to it (:func:`within_budget`): the side's share is at most one fewer than it, and the main function
-runs under the budget's other multiprocessors, beside a partition too; with no share both keep the enclosing budget.
+the pair keeps to it (:func:`within_budget`): the side's share is at most one fewer than it (half of it where there is
+no share), held by a partition or else by a budget (a rule's share too), and the main function runs under the
+budget's other multiprocessors.
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ def within_budget(n: int | None, sms: int, outer: int | None) -> tuple[int | Non
     """``(the side's share, the multiprocessors of the pair)`` for a side share ``n`` (None: no share, 0: in order) of a
     device of ``sms`` under the SM budget ``outer`` in force where the schedule is made (None: none): the pair keeps to
     ``min(outer, sms)``, and the side to fewer, so that the main function keeps at least one (in order under a budget
-    of 1, where the two keep to it one after the other)."""
+    of 1, where the two keep to it one after the other). No share under a budget below the device's count is half of
+    it (the main function the other half): two functions each under the whole budget could hold twice it."""
     pair = sms if outer is None else min(outer, sms)
+    if n is None:
+        return (None if pair == sms else pair // 2), pair
     return (n if not n else min(n, pair - 1)), pair
 
 
@@ -173,10 +177,10 @@ class DeviceStreams:
         return partition_stream(self._index(device), n, side % self.side_streams, make=not capturing) if n else None
 
     def graph_partition(self, device: torch.device, side: int, share: float | None) -> None:
-        """Make the partition of ``share`` (a graph band's) for side stream ``side``, within the SM budget in force
-        (:func:`within_budget`), so that a capture after this eager call under the same budget finds it; once: later
-        calls find it noted."""
-        if not share:
+        """Make the partition of ``share`` (a graph band's; None: no share, which within an SM budget is half of it)
+        for side stream ``side``, within the SM budget in force (:func:`within_budget`), so that a capture after this
+        eager call under the same budget finds it; once: later calls find it noted."""
+        if share == 0:
             return
         index = self._index(device)
         key = (index, side % self.side_streams, share, budget.current())
@@ -207,10 +211,12 @@ class DeviceStreams:
         if n == 0:
             return IN_ORDER
         part = self.partition(device, n, side, capturing)
-        how = "partition" if part is not None else "overlap" if ruled or n is None else "budget"
+        # a rule's share was measured with partitions: without one the two overlap unbudgeted, but not within an
+        # enclosing budget, which they keep as a split
+        how = "partition" if part is not None else "overlap" if n is None or (ruled and pair == sms) else "budget"
         held = n if how == "budget" else None  # a partition holds the side itself; a rule's share needs one
         # the main function under the pair's others: beside a budget, and beside a partition within an enclosing
-        # budget (else it keeps the whole device); with no share both keep the budget in force
+        # budget (else it keeps the whole device)
         rest = pair - n if how == "budget" or (how == "partition" and pair < sms) else None
         stream = part if part is not None else self.stream(device, side)
         return Schedule(functools.partial(self._run, stream, device, held, rest, sms), how,

@@ -12,12 +12,12 @@ argument wins. The block's setting is a context variable, like :func:`indexcache
 calling thread (and asyncio task) whatever stream it enqueues on. Nested blocks replace the enclosing budget, except
 :func:`indexcache.overlap`'s: it sets one for its side function and one for its main function within the budget in
 force, so that ``with sm_budget(100): overlap(side, main, device=..., side_sms=40)`` keeps the pair to 100 (the side
-under 40, the main under the other 60; the side's share at most one fewer than the enclosing budget, in order under a
-budget of 1; docs/streams.md, "`overlap`: when and how"). The budget is read when a call builds its launches, so a
-CUDA graph keeps the grids of its capture, and an eager call kept by its signature (:mod:`indexcache.hal.memo`) is kept
-per budget. Launches sized by their work rather than by the device (translation, the short-row fills, the prefill
-producer's windows, the MXFP4 prefill's key widening) are not persistent and run as before; the torch backend has no
-persistent kernels and ignores it.
+under 40, the main under the other 60; the side's share at most one fewer than the enclosing budget, half of it where
+none is given, in order under a budget of 1; docs/streams.md, "`overlap`: when and how"). The budget is read when a
+call builds its launches, so a CUDA graph keeps the grids of its capture, and an eager call kept by its signature
+(:mod:`indexcache.hal.memo`) is kept per budget. Launches sized by their work rather than by the device (translation,
+the short-row fills, the prefill producer's windows, the MXFP4 prefill's key widening) are not persistent and run as
+before; the torch backend has no persistent kernels and ignores it.
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ def overlap(side_fn: Callable[[], S], main_fn: Callable[[], M], *, device: torch
       kernel of the side held there, the main function keeping the whole device), else an SM budget
       (:func:`indexcache.sm_budget`) with the main function getting the device's other multiprocessors; 0 runs the two
       in order on the current stream (side first). Within an enclosing ``sm_budget(n)`` the pair keeps to ``n``: the
-      side's share (a partition's too) at most ``n - 1``, the main function under the other multiprocessors of ``n``.
+      side's share (a partition's too) at most ``n - 1`` (half of ``n`` with no share), the main function under the
+      other multiprocessors of ``n``.
     - else ``tokens`` and ``context`` (the side work's query rows and keys a row, e.g. a decode batch's rows and its
       longest context): the backend's measured rule picks a partition, no share, or the order where overlapping does
       not pay. ``k_format``: the format of the index keys the side work reads, as the paged ops take it (None: fp8
