@@ -3,6 +3,7 @@ benchmarking package's timer and tables; the ``bench/`` scripts' CPU paths."""
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import importlib.util
 import json
@@ -427,6 +428,8 @@ class _FakeDevice:
 
     def __init__(self):
         self.now_ms = 0.0
+        self.current = "another device"  # the current device, which a timer's own need not be
+        self.recorded_on = set()  # the devices current when events were recorded
         fake = self
 
         class Event:
@@ -435,6 +438,7 @@ class _FakeDevice:
 
             def record(self, stream=None):
                 self.at = fake.now_ms
+                fake.recorded_on.add(fake.current)
 
             def synchronize(self):
                 pass
@@ -444,8 +448,25 @@ class _FakeDevice:
 
         self.Event = Event
 
+    @contextlib.contextmanager
+    def device(self, device):
+        before, self.current = self.current, device
+        try:
+            yield
+        finally:
+            self.current = before
+
     def synchronize(self, device=None):
         pass
+
+
+def test_the_timer_records_its_events_on_its_own_device(fake_gpu):
+    """Events go on the stream of the device they are recorded on: the timer's, not whichever is current."""
+    gpu = torch.device("cuda", 1)
+    timer = timing.Timer(gpu, warmup=2, reps=5, graph_reps=0)
+    timer.eager_us(lambda i: None)
+    timing.call_times_ms(lambda: None, gpu, budget_s=0.0, min_reps=2, max_reps=2)
+    assert fake_gpu.recorded_on == {gpu}
 
 
 @pytest.fixture

@@ -83,10 +83,12 @@ def call_times_ms(fn: Callable[[], Any], device: torch.device, budget_s: float, 
             fn()
             times.append(1e3 * (time.perf_counter() - start))
             continue
-        start, end = _module(device).Event(enable_timing=True), _module(device).Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
+        module = _module(device)
+        start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
+        with module.device(device):  # events on this device, whichever is current
+            start.record()
+            fn()
+            end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     return times
@@ -152,10 +154,11 @@ def alternating_graph_us(calls: dict[Any, Callable[[], Any]], device: torch.devi
             graph = graphs[name]
             module.synchronize(device)
             start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
-            start.record()
-            for _ in range(burst):
-                graph.replay()
-            end.record()
+            with module.device(device):  # a replay runs on the current device's stream
+                start.record()
+                for _ in range(burst):
+                    graph.replay()
+                end.record()
             end.synchronize()
             samples[name].append(start.elapsed_time(end) * 1e3 / burst)
     return {name: statistics.median(s) for name, s in samples.items()}
@@ -218,10 +221,11 @@ class Timer:
         """Median µs of ``fn(0) .. fn(reps-1)``, each between two events, synchronised once at the end."""
         module = _module(self.device)
         marks = [(module.Event(enable_timing=True), module.Event(enable_timing=True)) for _ in range(reps)]
-        for i, (start, end) in enumerate(marks):
-            start.record()
-            fn(i)
-            end.record()
+        with module.device(self.device):  # events on this timer's device (a replay runs on the current one)
+            for i, (start, end) in enumerate(marks):
+                start.record()
+                fn(i)
+                end.record()
         module.synchronize(self.device)
         return statistics.median(s.elapsed_time(e) for s, e in marks) * 1e3
 
@@ -230,8 +234,9 @@ class Timer:
         module = _module(self.device)
         module.synchronize(self.device)
         start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
-        start.record()
-        once()
-        end.record()
+        with module.device(self.device):
+            start.record()
+            once()
+            end.record()
         module.synchronize(self.device)
         return max(MIN_REPS, min(wanted, int(self.budget_s * 1e3 / max(start.elapsed_time(end), 1e-3))))
