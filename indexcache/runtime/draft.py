@@ -9,6 +9,12 @@ max_steps``) skips the producer's indexer and :meth:`DraftTopk.serve` writes int
 seq_len - 1``; shared layers reuse that as any producer's selection. After verification (tokens accepted or rejected,
 the context changes) the engine calls :meth:`DraftTopk.reset`, and the next draft extend selects afresh.
 
+With HiSparse (the state's hot buffers attached, :mod:`indexcache.runtime.hot`), ``serve(..., hot=HotLayer(...))``
+plans the producer group's step from the served selection, swaps in the producer's misses (or its group's) and
+returns the device rows, as a producer run through the runner with ``hot=`` does; the draft step's shared layers then
+swap in with that plan (``runner.layer(..., hot=...)``). Without ``hot`` the served selection makes no plan, and a
+shared layer given ``hot`` raises :class:`~indexcache.runtime.state.MissingProducerError`.
+
 **Which slots the drafted positions take.** Row ``r`` at step ``i``, of length ``seq_len`` (its extend length + i),
 starts from the kept row and writes its ``i`` newest positions, in order, into the slots ``min(seq_len, k) - i ..
 min(seq_len, k) - 1``:
@@ -61,6 +67,7 @@ import torch
 
 from indexcache.hal import ops
 from indexcache.hal.ops import INDEX
+from indexcache.runtime.hot import HotLayer
 from indexcache.runtime.state import MissingProducerError, TopkState
 
 
@@ -166,7 +173,8 @@ class DraftTopk:
         self._kept.add(layer)
 
     def serve(self, layer: int, state: TopkState, step: int, seq_lens: torch.Tensor, page_table: torch.Tensor,
-              page_size: int, *, row_to_batch: torch.Tensor | None = None) -> torch.Tensor:
+              page_size: int, *, row_to_batch: torch.Tensor | None = None,
+              hot: HotLayer | None = None) -> torch.Tensor:
         """Draft decode step ``step`` (1 .. ``max_steps``), producer ``layer`` without its indexer: the kept row plus
         the ``step`` newest positions into ``state.raw`` (module docstring: which slots), translated through this
         layer's ``page_table`` into ``state.physical``; ``state``'s producer becomes ``layer``. Returns the
@@ -174,7 +182,13 @@ class DraftTopk:
 
         ``state`` begun with the ``B`` rows :meth:`keep` kept (one a request, in the same order); ``seq_lens [B]``
         int32: each row's visible length, its extend length + ``step``; ``page_table``, ``page_size`` and
-        ``row_to_batch`` as for :func:`indexcache.translate`."""
+        ``row_to_batch`` as for :func:`indexcache.translate`.
+
+        ``hot``: the producer's HiSparse tensors (:class:`~indexcache.runtime.hot.HotLayer`; ``state.hot`` must be
+        attached), checked before ``state.raw`` is written. The served selection then plans ``layer``'s group's step
+        into ``state.hot`` and the layer's misses (or its group's) are swapped in; returns the device rows ``[B, k]``
+        int32 (``device_loc[b, slot]``, -1 none; a view of the hot buffers valid until the next layer) instead of the
+        physical slots, which ``state.physical`` still receives."""
         index = self._check(layer, state)
         _size("step", step, 1, self.max_steps)
         if layer not in self._kept:
@@ -190,6 +204,12 @@ class DraftTopk:
         if seq_lens.device != state.raw.device:
             raise ValueError(f"seq_lens: on {seq_lens.device}, the state on {state.raw.device}")
         state.check_translation("seq_lens", seq_lens, page_table, page_size, row_to_batch)  # before raw is written
+        if hot is not None:
+            if not isinstance(hot, HotLayer):
+                raise TypeError(f"hot: expected a HotLayer (or None), got {type(hot).__name__}")
+            if state.hot is None:
+                raise ValueError("hot: given, but the state has no hot buffers (attach state.hot = HotBuffers(...))")
+            state.hot.check(layer, state.raw[:rows], hot, row_to_batch=row_to_batch)
         raw = state.raw[:rows]
         raw.copy_(self.kept[index, :rows])
         back = self._back[self.max_steps - step:]  # -step .. -1
@@ -205,7 +225,10 @@ class DraftTopk:
                             out=state.physical[:rows])
         self._served = True
         state.produced(layer)
-        return out
+        if hot is None:
+            return out
+        state.hot.plan(layer, raw, hot, row_to_batch=row_to_batch, owner=state)
+        return state.hot.swap_in(layer, hot, row_to_batch=row_to_batch, owner=state)
 
     def reset(self) -> None:
         """After verification: forget every kept selection (-1 in the buffers); the next draft extend keeps afresh."""

@@ -15,6 +15,16 @@ passes each sparse layer's :class:`HotLayer` to
   None);
 - both return the device rows the attention reads, ``device_loc[b, slot]`` (-1 for none), instead of page-table slots.
 
+Two selections arrive without their producer running here, and are planned where they arrive:
+
+- a pipeline stage's carry (:meth:`TopkState.load_carry <indexcache.runtime.state.TopkState.load_carry>`): the first
+  of this stage's layers of the carried producer's group run with ``hot=`` plans the group's step and swaps in (its
+  ``HotLayer`` bringing KV, its own layer's or this stage's group's), the later ones only swap in. The plan is a
+  function of the indices, ``seq_lens``, ``host_loc`` and the group's state, so each stage's buffers for the group
+  stay in lockstep as long as they saw the same steps;
+- a draft decode step's selection (:meth:`DraftTopk.serve <indexcache.runtime.draft.DraftTopk.serve>` given
+  ``hot=``): planned and swapped in as a producer's.
+
 Every buffer is allocated at construction; a call only writes into them: valid under CUDA-graph capture.
 :meth:`TopkState.begin <indexcache.runtime.state.TopkState.begin>` forgets the current plan, so a shared layer of the
 next forward cannot swap in with a stale one (it raises :class:`~indexcache.runtime.state.MissingProducerError`).
@@ -130,7 +140,8 @@ class HotBuffers:
               row_to_batch: torch.Tensor | None = None) -> None:
         """Raise what :meth:`plan` of ``producer``'s selection ``raw [rows, k]`` with ``layer`` would raise, and what
         the producer's swap-in would, without planning: the runner checks a producer's ``layer`` so before the
-        producer selects into ``raw``, so that a refused one leaves the state as it was."""
+        producer selects into ``raw`` (and a carried selection's first layer before it plans, DraftTopk.serve its
+        ``hot`` before it writes ``raw``), so that a refused one leaves the state as it was."""
         SPECS["hisparse_plan"].check(**self._args(producer, raw, layer, row_to_batch))
 
     def _args(self, producer: int, raw: torch.Tensor, layer: HotLayer, row_to_batch: torch.Tensor | None) -> dict:
@@ -143,8 +154,9 @@ class HotBuffers:
             raise ValueError(f"raw: expected at most {self.slots.shape[0]} rows of {self.slots.shape[1]} positions "
                              f"(the buffers' capacity), got {list(raw.shape)}")
         if not _copies_kv(layer):  # the layer refused before the state changes, not at its swap-in after
-            raise ValueError(f"hot: producer {producer}'s HotLayer has no host_kv (a producer swaps in its own layer "
-                             "or its whole group)")
+            raise ValueError(f"hot: the HotLayer planning producer {producer}'s group has no host_kv (the layer that "
+                             "plans, a producer or a carried selection's first layer, swaps in its own layer or its "
+                             "whole group)")
         # the producer's own swap-in checked before the state takes this step's misses as copied
         SPECS["hisparse_swap_in"].check(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows],
                                         layer.host_kv, layer.device_kv, layer.device_loc, row_to_batch=row_to_batch)
@@ -179,8 +191,10 @@ class HotBuffers:
         device rows ``[rows, k]`` int32 of the selected positions (-1 none), a view valid until the next layer."""
         if self.group != producer:
             raise MissingProducerError(f"the hot buffers hold the plan of {self.group}, not of producer {producer}: "
-                                       "run the producer (with hot=) first in this forward (a selection served by "
-                                       "DraftTopk.serve or loaded by TopkState.load_carry makes no plan)")
+                                       "in this forward the producer has not run, or ran without hot= (its attention "
+                                       "then read page-table slots); run it, or DraftTopk.serve, with hot= first (a "
+                                       "carry loaded by TopkState.load_carry is planned by its group's first layer "
+                                       "run with hot=)")
         if owner is not self.owner:  # two states sharing these buffers, their groups' layers interleaved
             raise MissingProducerError(f"the hot buffers hold producer {producer}'s plan for another state: they hold "
                                        "one plan at a time, so states sharing them (micro-batches) must run each "

@@ -145,7 +145,12 @@ class IndexerRunner:
         (``device_loc[b, slot]``, -1 none) instead of page-table slots. The plan and the swap-ins take each row's
         request from the ``row_to_batch`` given here, a producer's too (not from a ``PagedLogits``' own): give it
         wherever rows are not one a request in order (``next_n > 1``, ragged rows), or rows would be planned as
-        requests they are not.
+        requests they are not. A selection loaded by :meth:`TopkState.load_carry
+        <indexcache.runtime.state.TopkState.load_carry>` (the producer ran on the previous pipeline stage) is planned
+        by the first shared layer of its group called with ``hot``, whose ``HotLayer`` must then bring KV (its own
+        layer's, or lists of this stage's layers of the group); the same indices and hot-buffer state give the same
+        plan on every stage. A producer that ran without ``hot`` in this forward made no plan: its shared layers
+        given ``hot`` raise :class:`~indexcache.runtime.state.MissingProducerError`.
         """
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 0):
@@ -161,11 +166,16 @@ class IndexerRunner:
                                  max_length)
         if state.hot is None:
             raise ValueError("hot: given, but the state has no hot buffers (attach state.hot = HotBuffers(...))")
-        producer = self.source_of(layer)
+        producer, raw = self.source_of(layer), state.raw[:state.rows]
         if role == PRODUCER:  # its HotLayer checked before it selects: a refused one leaves the state as it was
-            state.hot.check(producer, state.raw[:state.rows], hot, row_to_batch=row_to_batch)
+            state.hot.check(producer, raw, hot, row_to_batch=row_to_batch)
             self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length)
-            state.hot.plan(producer, state.raw[:state.rows], hot, row_to_batch=row_to_batch, owner=state)
+            state.hot.plan(producer, raw, hot, row_to_batch=row_to_batch, owner=state)
+        elif state.carried:  # the previous stage's producer: its group's step planned here, as the producer would
+            state.hot.check(producer, raw, hot, row_to_batch=row_to_batch)
+            state.reused(layer, source=producer)
+            state.hot.plan(producer, raw, hot, row_to_batch=row_to_batch, owner=state)
+            state.carried = False
         else:  # the producer's raw indices feed the swap-in: no translation through the page table
             state.reused(layer, source=producer)
         return state.hot.swap_in(producer, hot, row_to_batch=row_to_batch, owner=state)

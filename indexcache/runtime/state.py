@@ -167,6 +167,7 @@ class TopkState:
         self.rows = 0
         self.recorder: Recorder | None = None
         self.hot = None  # HiSparse's hot buffers (indexcache.runtime.hot.HotBuffers), where the engine attaches them
+        self.carried = False  # raw loaded by load_carry and not yet planned for HiSparse (the runner plans it late)
 
     @property
     def max_rows(self) -> int:
@@ -189,6 +190,7 @@ class TopkState:
         self.physical[rows:].fill_(-1)
         self.rows = rows
         self.producer = None
+        self.carried = False
         if self.hot is not None:
             self.hot.forget()
 
@@ -313,6 +315,7 @@ class TopkState:
         The ``produce*`` methods call it; so does a companion that fills ``raw`` and ``physical`` itself
         (:meth:`indexcache.runtime.draft.DraftTopk.serve`)."""
         self.producer = layer
+        self.carried = False
         if self.recorder is not None:
             self.recorder(layer, self.raw[: self.rows])
 
@@ -377,7 +380,12 @@ class TopkState:
         """Begin a forward from the previous stage's carry: ``raw [header.rows, k]`` int32 is copied in
         and ``header.producer`` becomes the producer shared layers reuse. A header or tensor that does not
         match (:meth:`CarryHeader.check`), or a k or row count this state cannot hold, raises
-        :class:`CarryError` and leaves the state as it was."""
+        :class:`CarryError` and leaves the state as it was.
+
+        With HiSparse (:attr:`hot` attached) no plan is made here: :attr:`carried` is set, and the first of this
+        stage's layers of the producer's group run with ``hot=`` plans the group's step from ``raw`` into :attr:`hot`
+        (as the producer did on its own stage), the later ones only swap in
+        (:meth:`IndexerRunner.layer <indexcache.runtime.runner.IndexerRunner.layer>`)."""
         _check_header(header)
         if header.k != self.k:
             raise CarryError(f"carry header: k={header.k}, but this state holds k={self.k}")
@@ -388,6 +396,7 @@ class TopkState:
         self.raw[: header.rows].copy_(raw)
         self.physical[: header.rows].fill_(-1)  # this stage's slots come from its own layers' page tables
         self.producer = header.producer
+        self.carried = True
 
     @classmethod
     def from_carry(cls, raw: torch.Tensor, header: CarryHeader, max_rows: int | None = None) -> TopkState:
