@@ -12,9 +12,10 @@ import indexcache
 from indexcache.hal import ops
 from indexcache.hal.ops import INDEX
 from indexcache.plan import LayerPlan
+from indexcache.runtime.draft import DraftTopk
 from indexcache.runtime.hot import HotBuffers, HotLayer
 from indexcache.runtime.runner import IndexerRunner
-from indexcache.runtime.state import IndexRecorder, MissingProducerError, TopkState
+from indexcache.runtime.state import CarryHeader, IndexRecorder, MissingProducerError, TopkState
 from indexcache.tools.model.config import preset
 from indexcache.tools.model.dsa import DSAModel
 
@@ -51,6 +52,20 @@ def setup(seed=0, one_loc=False):
     return g, plan, runner, state, layers, table
 
 
+def prefill(layer, seq_lens):
+    """The engine's side of the prefill for ``layer``: a request within H has token t at slot t."""
+    for b, n in enumerate(seq_lens.tolist()):
+        for t in range(n if n <= HOT else 0):
+            layer.device_kv[layer.device_loc[b, t]] = layer.host_kv[layer.host_loc[b, t]]
+
+
+def write_newest(layer, seq_lens):
+    """The engine's side of a decode step for ``layer``: each request's newest token at its slot."""
+    for b, n in enumerate(seq_lens.tolist()):
+        slot = n - 1 if n <= HOT else HOT
+        layer.device_kv[layer.device_loc[b, slot]] = layer.host_kv[layer.host_loc[b, n - 1]]
+
+
 def step(runner, state, layers, table, seq_lens, raw, grouped=False):
     """One decode step through the runner; the engine's side first: each request's newest token at its slot. With
     ``grouped`` a producer swaps in its group's layers at once and the shared layers copy nothing."""
@@ -59,9 +74,7 @@ def step(runner, state, layers, table, seq_lens, raw, grouped=False):
     got = {}
     for i in runner.layers:
         own = layers[i]
-        for b, n in enumerate(seq_lens.tolist()):
-            slot = n - 1 if n <= HOT else HOT
-            own.device_kv[own.device_loc[b, slot]] = own.host_kv[own.host_loc[b, n - 1]]
+        write_newest(own, seq_lens)
         host_kv, device_kv = own.host_kv, own.device_kv
         if grouped:
             group = [j for j in runner.layers if runner.source_of(j) == i]
@@ -83,10 +96,8 @@ def test_every_sparse_layer_reads_the_kv_of_its_producers_selection_over_steps_c
     real_swap = ops.hisparse_swap_in
     monkeypatch.setattr(ops, "hisparse_swap_in", lambda *a, **kw: swaps.append(1) or real_swap(*a, **kw))
     lens = torch.tensor([5, 11, 30], dtype=INDEX)
-    for layer in layers:  # the prefill: a request within H has token t at slot t
-        for b, n in enumerate(lens.tolist()):
-            for t in range(n if n <= HOT else 0):
-                layer.device_kv[layer.device_loc[b, t]] = layer.host_kv[layer.host_loc[b, t]]
+    for layer in layers:
+        prefill(layer, lens)
     raw = torch.stack([torch.randint(0, int(n), (K,), generator=g) for n in lens]).to(INDEX)
     for _ in range(16):  # request 1 crosses H = 12 on the way; the selections drift
         lens = lens + 1
@@ -333,3 +344,209 @@ def test_reset_empties_exactly_the_rows_named_inside_the_state(max_requests, req
         for row in range(max_requests):
             want = (-1, -1) if row in named else (5, 2)
             assert (tokens[row].unique().tolist(), ages[row].unique().tolist()) == ([want[0]], [want[1]]), row
+
+
+def pipeline(seed=1):
+    """Producer 0's group split across two pipeline stages: producer 0 and shared layer 1 on stage A, shared layers 2
+    and 3 on stage B, each stage with its own runner, state, hot buffers and KV tensors; one ``device_loc`` and
+    ``host_loc`` for the group (as a group's swap-in at once needs). Short requests' prefill written at their slots."""
+    g = torch.Generator().manual_seed(seed)
+    plan = LayerPlan(4, index_topk_pattern="FSSS", index_topk=K, page_size=PAGE)
+    runners = [IndexerRunner(plan, stage=stage) for stage in plan.split_stages([2])]
+    states = [Chosen(REQUESTS, K), TopkState(REQUESTS, K)]
+    for state in states:
+        state.hot = HotBuffers([0], REQUESTS, HOT, REQUESTS, K)
+    max_len = 40
+    host_loc = torch.randperm(REQUESTS * max_len, generator=g).view(REQUESTS, max_len).to(INDEX)
+    rows = REQUESTS * (HOT + 1)
+    loc = torch.randperm(rows + 2, generator=g)[:rows].view(REQUESTS, HOT + 1).to(INDEX)
+    layers = [HotLayer(torch.randn(REQUESTS * max_len, WIDTH, generator=g), torch.zeros(rows + 2, WIDTH), loc, None,
+                       host_loc) for _ in range(4)]
+    return g, runners, states, layers
+
+
+def run(runner, state, layers, i, seq_lens, grouped=False):
+    """Layer ``i`` of one decode step, the engine's side first; ``grouped``: the group's first layer on this stage
+    swaps in the stage's layers of the group, the others copy nothing."""
+    own = layers[i]
+    write_newest(own, seq_lens)
+    host_kv, device_kv = own.host_kv, own.device_kv
+    if grouped:
+        first = i == runner.layers.start
+        host_kv = [layers[j].host_kv for j in runner.layers] if first else None
+        device_kv = [layers[j].device_kv for j in runner.layers] if first else None
+    table = torch.zeros(REQUESTS, 1, dtype=INDEX)  # not read: Chosen's producer selects without translating
+    return runner.layer(i, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=seq_lens, page_table=table,
+                        hot=HotLayer(host_kv, device_kv, own.device_loc, seq_lens, own.host_loc)).clone()
+
+
+def reads_its_selection(layer, rows, raw):
+    """Every selected position's device row holds that token's host row; -1 where nothing is selected."""
+    for b in range(REQUESTS):
+        for j in range(K):
+            x = int(raw[b, j])
+            if x < 0:
+                assert rows[b, j] == -1
+                continue
+            assert rows[b, j] >= 0, (b, j)
+            assert torch.equal(layer.device_kv[rows[b, j]], layer.host_kv[layer.host_loc[b, x]]), (b, x)
+
+
+def plan_of(hot):
+    """The buffers' plan and producer 0's state, copied."""
+    rows = hot.rows
+    return [t.clone() for t in (hot.slots[:rows], hot.copy_src[:rows], hot.copy_dst[:rows], hot.copy_count[:rows],
+                                *hot.state[0])]
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["a swap-in a layer", "a swap-in a stage's group"])
+def test_a_group_split_across_stages_plans_the_carried_selection_in_lockstep(monkeypatch, grouped):
+    """Stage B loads stage A's carry; its first shared layer with hot= plans the group's step from the carried indices,
+    its second only swaps in: over three steps (request 1 crossing H) stage B's plan and hot state equal stage A's,
+    its device rows equal A's, and the KV rows it copied are each selected token's host rows."""
+    g, (runner_a, runner_b), (a, b), layers = pipeline()
+    planned = []
+    real = ops.hisparse_plan
+    monkeypatch.setattr(ops, "hisparse_plan", lambda *args, **kw: planned.append(1) or real(*args, **kw))
+    lens = torch.tensor([5, 11, 30], dtype=INDEX)
+    for layer in layers:
+        prefill(layer, lens)
+    for _ in range(3):  # lengths 6, 12, 31, then 7, 13, 32 (request 1 crosses H = 12), then 8, 14, 33
+        lens = lens + 1
+        raw = torch.stack([torch.randint(0, int(n), (K,), generator=g) for n in lens]).to(INDEX)
+        raw[0, -1] = -1
+        a.next = raw
+        runner_a.begin(a, REQUESTS)
+        got = {i: run(runner_a, a, layers, i, lens, grouped) for i in (0, 1)}
+        want = plan_of(a.hot)
+        b.load_carry(*a.to_carry())
+        assert b.carried and b.hot.group is None  # loading plans nothing
+        planned.clear()
+        got.update({i: run(runner_b, b, layers, i, lens, grouped) for i in (2, 3)})
+        assert len(planned) == 1 and not b.carried  # layer 2 planned, layer 3 only swapped in
+        assert b.hot.copy_count[2] > 0  # the long request copied rows into stage B's own KV
+        for x, y in zip(plan_of(b.hot), want, strict=True):
+            assert torch.equal(x, y)
+        for i, rows in got.items():
+            assert torch.equal(rows, got[0]), i
+            reads_its_selection(layers[i], rows, raw)
+        n = int(lens[0])  # request 0 is short: token t at slot t, nothing copied
+        assert b.hot.slots[0].tolist() == raw[0, :-1].tolist() + [-1] and b.hot.copy_count[0] == 0
+        assert b.hot.state[0][0][0].tolist() == list(range(n)) + [-1] * (HOT - n)
+
+
+def test_a_carried_selections_refused_hot_layer_leaves_the_hot_state_as_it_was():
+    """After load_carry, the first shared layer with hot= plans; a HotLayer it cannot plan with (no host_kv, seq_lens
+    of another shape) is refused before the hot state changes, and the carry is still planned by the next call."""
+    g, (_, runner_b), (_, b), layers = pipeline()
+    lens = torch.tensor([20, 9, 30], dtype=INDEX)
+    raw = torch.stack([torch.randint(0, int(n), (K,), generator=g) for n in lens]).to(INDEX)
+    b.load_carry(raw, CarryHeader(producer=0, rows=REQUESTS, k=K))
+    tokens, ages = (t.clone() for t in b.hot.state[0])
+    table = torch.zeros(REQUESTS, 1, dtype=INDEX)
+    layer = layers[2]
+    prefill(layer, lens)
+    kv = layer.device_kv.clone()
+    for error, message, bad in (
+        (ValueError, "HotLayer planning producer 0's group has no host_kv",
+         HotLayer(None, None, layer.device_loc, lens, layer.host_loc)),
+        (ValueError, r"seq_lens: expected shape \[3\]", HotLayer(layer.host_kv, layer.device_kv, layer.device_loc,
+                                                                  lens[:2], layer.host_loc)),
+    ):
+        with pytest.raises(error, match=message):
+            runner_b.layer(2, b, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=bad)
+        assert b.carried and b.hot.group is None and b.hot.rows == 0, message
+        assert torch.equal(b.hot.state[0][0], tokens) and torch.equal(b.hot.state[0][1], ages), message
+        assert torch.equal(layer.device_kv, kv), message
+    rows = run(runner_b, b, layers, 2, lens)
+    assert b.hot.group == 0 and not b.carried
+    reads_its_selection(layer, rows, raw)
+
+
+def test_only_a_carried_selection_is_planned_by_a_shared_layer():
+    """A producer run without hot= made no plan (its attention read page-table slots): its shared layer with hot=
+    raises, after a carry of another producer too; begin() forgets a loaded carry; DraftTopk.serve without hot makes
+    no plan either."""
+    _, _, runner, state, layers, table = setup()
+    lens = torch.tensor([20, 20, 20], dtype=INDEX)
+    own = [HotLayer(layer.host_kv, layer.device_kv, layer.device_loc, lens, layer.host_loc) for layer in layers]
+    state.next = torch.zeros(REQUESTS, K, dtype=INDEX)
+    runner.begin(state, REQUESTS)
+    runner.layer(0, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table)
+    with pytest.raises(MissingProducerError, match="plan of None, not of producer 0: .*ran without hot="):
+        runner.layer(1, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=own[1])
+    state.load_carry(torch.zeros(REQUESTS, K, dtype=INDEX), CarryHeader(producer=0, rows=REQUESTS, k=K))
+    runner.layer(2, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table)
+    assert not state.carried  # producer 2 selected: the carry is no longer the state's selection
+    with pytest.raises(MissingProducerError, match="plan of None, not of producer 2: .*ran without hot="):
+        runner.layer(3, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=own[3])
+    state.load_carry(torch.zeros(REQUESTS, K, dtype=INDEX), CarryHeader(producer=0, rows=REQUESTS, k=K))
+    runner.begin(state, REQUESTS)
+    state.producer = 0  # indices from somewhere, but no carry loaded in this forward
+    with pytest.raises(MissingProducerError, match="plan of None, not of producer 0"):
+        runner.layer(1, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=own[1])
+    draft = DraftTopk([0], REQUESTS, K, 2)
+    runner.begin(state, REQUESTS)
+    runner.layer(0, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table)
+    draft.keep(0, state)
+    runner.begin(state, REQUESTS)
+    draft.serve(0, state, 1, lens + 1, table, PAGE)
+    with pytest.raises(MissingProducerError, match="plan of None, not of producer 0"):
+        runner.layer(1, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens + 1, page_table=table,
+                     hot=own[1])
+
+
+def test_a_draft_step_served_with_hot_plans_and_swaps_in_as_the_ops_do():
+    """DraftTopk.serve(hot=) on the served selection: the device rows, the KV copied and the hot state are those of
+    hisparse_plan, hisparse_swap_in and the translation through device_loc run on it directly; the page-table slots
+    still go to state.physical; the step's shared layer swaps in with the same plan. Refused: hot without hot
+    buffers, a HotLayer without host_kv (before raw is written)."""
+    g, _, runner, state, layers, table = setup()
+    lens = torch.tensor([10, 13, 30], dtype=INDEX)
+    own = [HotLayer(layer.host_kv, layer.device_kv, layer.device_loc, lens, layer.host_loc) for layer in layers]
+    for layer in layers[:2]:
+        prefill(layer, lens)
+        write_newest(layer, lens)
+    state.next = torch.stack([torch.randint(0, int(n), (K,), generator=g) for n in lens]).to(INDEX)
+    runner.begin(state, REQUESTS)  # the draft extend, with HiSparse
+    for i in (0, 1):
+        runner.layer(i, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=own[i])
+    draft = DraftTopk([0], REQUESTS, K, 3)
+    draft.keep(0, state)
+    span = torch.full((REQUESTS,), HOT + 1, dtype=INDEX)
+    for step in (1, 2):
+        seq_lens = lens + step
+        hot = [HotLayer(layer.host_kv, layer.device_kv, layer.device_loc, seq_lens, layer.host_loc)
+               for layer in layers]
+        runner.begin(state, REQUESTS)
+        for layer in layers[:2]:
+            write_newest(layer, seq_lens)
+        tokens, ages = (t.clone() for t in state.hot.state[0])
+        kv = layers[0].device_kv.clone()
+        rows = draft.serve(0, state, step, seq_lens, table, PAGE, hot=hot[0]).clone()
+        served = state.raw[:REQUESTS].clone()
+        # step 1: every kept token a hit, the newest at slot H; step 2: the long requests' one miss is step 1's newest
+        assert state.hot.copy_count.tolist() == ([0, 0, 0] if step == 1 else [0, 1, 1])
+        if step == 2:
+            assert state.hot.copy_src[1:, 0].tolist() == [int(layers[0].host_loc[b, seq_lens[b] - 2]) for b in (1, 2)]
+        assert served[:, -step:].tolist() == [[n - step + i for i in range(step)] for n in seq_lens.tolist()]
+        plan = indexcache.hisparse_plan(served, seq_lens, layers[0].host_loc, tokens, ages)
+        indexcache.hisparse_swap_in(*plan.copies, layers[0].host_kv, kv, layers[0].device_loc)
+        assert torch.equal(rows, indexcache.translate(plan.slots, layers[0].device_loc, span, 1))
+        assert torch.equal(layers[0].device_kv, kv)
+        assert torch.equal(state.hot.state[0][0], tokens) and torch.equal(state.hot.state[0][1], ages)
+        assert torch.equal(state.physical[:REQUESTS], indexcache.translate(served, table, seq_lens, PAGE))
+        shared = runner.layer(1, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=seq_lens,
+                              page_table=table, hot=hot[1])
+        assert torch.equal(shared, indexcache.translate(plan.slots, layers[1].device_loc, span, 1))
+        reads_its_selection(layers[1], shared, served)
+    runner.begin(state, REQUESTS)
+    held = state.raw.clone()
+    with pytest.raises(ValueError, match="HotLayer planning producer 0's group has no host_kv"):
+        draft.serve(0, state, 3, lens + 3, table, PAGE, hot=HotLayer(None, None, own[0].device_loc, lens + 3,
+                                                                    own[0].host_loc))
+    assert torch.equal(state.raw, held) and state.producer is None
+    plain = TopkState(REQUESTS, K)
+    plain.begin(REQUESTS)
+    with pytest.raises(ValueError, match="hot: given, but the state has no hot buffers"):
+        draft.serve(0, plain, 3, lens + 3, table, PAGE, hot=own[0])
