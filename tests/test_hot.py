@@ -121,6 +121,49 @@ def test_every_sparse_layer_reads_the_kv_of_its_producers_selection_over_steps_c
                     assert torch.equal(layer.device_kv[rows[b, j]], layer.host_kv[layer.host_loc[b, x]]), (i, b, x)
 
 
+def test_a_live_batch_smaller_than_max_requests_is_planned_without_row_to_batch():
+    """Hot buffers for more requests than the step's rows (an engine's usual live batch): row r is request r without
+    row_to_batch, exactly as with row_to_batch = 0 .. rows - 1; the requests past the rows are left alone; more rows
+    than requests without row_to_batch are refused, naming it."""
+    g, plan, runner, _, layers, table = setup()
+    lens = torch.tensor([5, 20, 30], dtype=INDEX)
+    for layer in layers:
+        prefill(layer, lens)
+    lens = lens + 1
+    for layer in layers:
+        write_newest(layer, lens)
+    seq_lens = torch.cat([lens, torch.zeros(1, dtype=INDEX)])  # [max_requests]: the fourth request idle
+    host_loc = torch.cat([layers[0].host_loc, torch.full_like(layers[0].host_loc[:1], -1)])
+    raw = torch.stack([torch.randint(0, int(n), (K,), generator=g) for n in lens]).to(INDEX)
+    got = {}
+    for requests in (None, torch.arange(REQUESTS, dtype=INDEX)):
+        state = Chosen(REQUESTS, K)
+        state.hot = HotBuffers(plan.producers, REQUESTS + 1, HOT, REQUESTS, K)
+        state.next = raw
+        runner.begin(state, REQUESTS)
+        rows = [runner.layer(i, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table,
+                             row_to_batch=requests, hot=HotLayer(layers[i].host_kv, layers[i].device_kv,
+                                                              layers[i].device_loc, seq_lens, host_loc)).clone()
+                for i in runner.layers]
+        got[requests is None] = rows, {p: [t.clone() for t in s] for p, s in state.hot.state.items()}
+    assert all(torch.equal(a, b) for a, b in zip(got[True][0], got[False][0], strict=True))
+    for p, (tokens, ages) in got[True][1].items():
+        assert torch.equal(tokens, got[False][1][p][0]) and torch.equal(ages, got[False][1][p][1])
+        assert (tokens[REQUESTS] == -1).all() and (ages[REQUESTS] == -1).all()
+    for i, rows in enumerate(got[True][0]):
+        for b in range(REQUESTS):
+            for j in range(K):
+                x, r = int(raw[b, j]), int(rows[b, j])
+                assert torch.equal(layers[i].device_kv[r], layers[i].host_kv[layers[i].host_loc[b, x]]), (i, b, x)
+    state = Chosen(REQUESTS, K)
+    state.hot = HotBuffers(plan.producers, REQUESTS - 1, HOT, REQUESTS, K)
+    state.next = raw
+    runner.begin(state, REQUESTS)
+    hot = HotLayer(layers[0].host_kv, layers[0].device_kv, layers[0].device_loc, lens[:-1], layers[0].host_loc[:-1])
+    with pytest.raises(ValueError, match=r"row_to_batch: None .* 3 rows and the hot buffers hold 2 requests"):
+        runner.layer(0, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table, hot=hot)
+
+
 def test_a_shared_layer_needs_its_producers_plan_of_this_forward():
     _, _, runner, state, layers, table = setup()
     lens = torch.tensor([20, 20, 20], dtype=INDEX)

@@ -54,7 +54,9 @@ class HotLayer:
     row of each request's slot (slot ``H``: the newest token's); ``seq_lens [B]`` int32: each request's length, the
     token being decoded included; ``host_loc [B, L]`` int32 or int64: the host row of each token, the same for
     every layer of a producer group (each layer's host pool laid out alike); ``host_rows``: a bound on host rows
-    (default the fewest of ``host_kv``'s layers).
+    (default the fewest of ``host_kv``'s layers). ``B`` is the :class:`HotBuffers`' ``max_requests`` (a live batch of
+    fewer requests pads ``seq_lens`` and ``host_loc``); without ``row_to_batch``, row ``r`` of the step is request
+    ``r``.
 
     A group swapped in at once: the producer's ``host_kv`` and ``device_kv`` are lists of the group's layers'
     tensors (any order, the same in both; every layer's slots at the same device rows, the producer's
@@ -98,6 +100,7 @@ class HotBuffers:
         self.copy_count = torch.zeros(max_rows, dtype=INDEX, device=device)
         self.device_rows = torch.full((max_rows, k), -1, dtype=INDEX, device=device)
         self._span = torch.full((max_rows,), hot + 1, dtype=INDEX, device=device)  # every slot 0..H is in range
+        self._requests = torch.arange(max_rows, dtype=INDEX, device=device)  # row r is request r (_row_to_batch)
         self._emptied = torch.zeros(max_requests + 1, dtype=torch.bool, device=device)  # reset's rows, and row n
         self._reset_rows = torch.empty(max_requests, dtype=torch.int64, device=device)
         self.group: int | None = None  # the producer whose plan the buffers hold
@@ -144,6 +147,17 @@ class HotBuffers:
         ``hot`` before it writes ``raw``), so that a refused one leaves the state as it was."""
         SPECS["hisparse_plan"].check(**self._args(producer, raw, layer, row_to_batch))
 
+    def _row_to_batch(self, rows: int, row_to_batch: torch.Tensor | None) -> torch.Tensor | None:
+        """``row_to_batch`` as the ops take it: None (row ``r`` is request ``r``) stands for the first ``rows`` of the
+        ``max_requests`` requests, which the ops' None means only where ``rows`` is ``max_requests`` (the usual live
+        batch is smaller)."""
+        if row_to_batch is not None or rows == self.max_requests:
+            return row_to_batch
+        if rows > self.max_requests:
+            raise ValueError(f"row_to_batch: None (row r is request r), but the step has {rows} rows and the hot "
+                             f"buffers hold {self.max_requests} requests: give each row's request")
+        return self._requests[:rows]
+
     def _args(self, producer: int, raw: torch.Tensor, layer: HotLayer, row_to_batch: torch.Tensor | None) -> dict:
         """The arguments of ``producer``'s :func:`indexcache.hisparse_plan` into the buffers (which the op checks),
         after the checks of the buffers' capacity and of the producer's swap-in."""
@@ -153,6 +167,7 @@ class HotBuffers:
         if rows > self.slots.shape[0] or raw.shape[1] != self.slots.shape[1]:
             raise ValueError(f"raw: expected at most {self.slots.shape[0]} rows of {self.slots.shape[1]} positions "
                              f"(the buffers' capacity), got {list(raw.shape)}")
+        row_to_batch = self._row_to_batch(rows, row_to_batch)
         if not _copies_kv(layer):  # the layer refused before the state changes, not at its swap-in after
             raise ValueError(f"hot: the HotLayer planning producer {producer}'s group has no host_kv (the layer that "
                              "plans, a producer or a carried selection's first layer, swaps in its own layer or its "
@@ -200,6 +215,7 @@ class HotBuffers:
                                        "one plan at a time, so states sharing them (micro-batches) must run each "
                                        "producer group's layers without interleaving")
         rows = self.rows
+        row_to_batch = self._row_to_batch(rows, row_to_batch)
         if _copies_kv(layer):
             ops.hisparse_swap_in(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows], layer.host_kv,
                                  layer.device_kv, layer.device_loc, row_to_batch=row_to_batch)
