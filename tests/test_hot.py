@@ -242,7 +242,8 @@ def test_buffers_check_their_sizes_and_reset_empties_a_requests_rows():
 def test_a_producers_bad_hot_layer_is_named_before_the_state_changes():
     """A producer's host_kv that is no tensor or list of them is refused by name (not ``min()``'s or ``.shape``'s
     error); host_kv without device_kv, and an int64 device_loc (which the swap-in op takes but the device rows, int32,
-    cannot), are refused before the plan, as is anything the producer's swap-in would refuse (KV of another dtype,
+    cannot) and one of fewer than H + 1 columns (the newest token's slot H would read no row), are refused before the
+    plan, as is anything the producer's swap-in would refuse (KV of another dtype,
     a list beside one tensor): raised at the swap-in, they came after the state had taken the step's misses as copied
     (and the int64 one as the translation's ``page_table``)."""
     hot = HotBuffers([0], 2, 4, 2, 3)
@@ -257,6 +258,8 @@ def test_a_producers_bad_hot_layer_is_named_before_the_state_changes():
         hot.plan(0, raw, HotLayer(host_kv, None, loc, lens, host_loc))
     with pytest.raises(TypeError, match="hot: device_loc: expected an int32 tensor .*got torch.int64"):
         hot.plan(0, raw, HotLayer(host_kv, device_kv, loc.long(), lens, host_loc))
+    with pytest.raises(ValueError, match=r"hot: device_loc: expected \[B, H \+ 1\] = \[B, 5\] .*got \[2, 4\]"):
+        hot.plan(0, raw, HotLayer(host_kv, device_kv, loc[:, :4], lens, host_loc))  # slot H would read no row
     with pytest.raises(TypeError, match="device_kv"):  # the swap-in's own check: another dtype than host_kv
         hot.plan(0, raw, HotLayer(host_kv, device_kv.half(), loc, lens, host_loc))
     with pytest.raises(TypeError, match="host_kv: expected one tensor, as device_kv, got a list of 1"):
@@ -267,6 +270,8 @@ def test_a_producers_bad_hot_layer_is_named_before_the_state_changes():
     assert hot.plan(0, raw, layer).copy_count.tolist() == [2, 0]  # 8 is the newest: slot H
     with pytest.raises(TypeError, match="hot: device_loc: expected an int32 tensor .*got torch.int64"):
         hot.swap_in(0, HotLayer(host_kv, device_kv, loc.long(), lens, host_loc))
+    with pytest.raises(ValueError, match=r"hot: device_loc: expected \[B, H \+ 1\]"):
+        hot.swap_in(0, HotLayer(host_kv, device_kv, loc[:, :4], lens, host_loc))
     assert device_kv.eq(0).all()  # refused before any copy
 
 

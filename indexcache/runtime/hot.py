@@ -90,6 +90,7 @@ class HotBuffers:
         if listed is None or any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in listed):
             raise ValueError(f"producers: expected layer ids (ints >= 0), got {producers!r}")
         self.max_requests = max_requests
+        self._hot = hot  # slots a request: device_loc holds H + 1
         self.state = {p: hisparse.empty_state(max_requests, hot, device) for p in listed}
         width = index_width(hot, index_tokens or 0)
         self.index = ({p: torch.empty(max_requests, width, dtype=INDEX, device=device) for p in self.state}
@@ -168,7 +169,7 @@ class HotBuffers:
             raise ValueError(f"raw: expected at most {self.slots.shape[0]} rows of {self.slots.shape[1]} positions "
                              f"(the buffers' capacity), got {list(raw.shape)}")
         row_to_batch = self._row_to_batch(rows, row_to_batch)
-        if not _copies_kv(layer):  # the layer refused before the state changes, not at its swap-in after
+        if not _copies_kv(layer, self._hot):  # the layer refused before the state changes, not at its swap-in after
             raise ValueError(f"hot: the HotLayer planning producer {producer}'s group has no host_kv (the layer that "
                              "plans, a producer or a carried selection's first layer, swaps in its own layer or its "
                              "whole group)")
@@ -216,7 +217,7 @@ class HotBuffers:
                                        "producer group's layers without interleaving")
         rows = self.rows
         row_to_batch = self._row_to_batch(rows, row_to_batch)
-        if _copies_kv(layer):
+        if _copies_kv(layer, self._hot):
             ops.hisparse_swap_in(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows], layer.host_kv,
                                  layer.device_kv, layer.device_loc, row_to_batch=row_to_batch)
             self.grouped |= not isinstance(layer.device_kv, torch.Tensor)
@@ -227,10 +228,11 @@ class HotBuffers:
                              out=self.device_rows[:rows])
 
 
-def _copies_kv(layer: HotLayer) -> bool:
+def _copies_kv(layer: HotLayer, hot: int) -> bool:
     """Whether ``layer`` brings KV tensors to swap in (not a layer of a group its producer swapped in); refuses
-    ``host_kv`` without ``device_kv`` or the reverse, and a ``device_loc`` that is not int32 (the device rows the
-    attention reads are int32)."""
+    ``host_kv`` without ``device_kv`` or the reverse, a ``device_loc`` that is not int32 (the device rows the
+    attention reads are int32) and one of fewer than ``hot + 1`` columns (slot ``hot``, the newest token's, would
+    read no row)."""
     if (layer.host_kv is None) != (layer.device_kv is None):
         raise ValueError("hot: expected host_kv and device_kv both given or both None (a layer swapped in with its "
                          f"producer's group), got host_kv {type(layer.host_kv).__name__} and device_kv "
@@ -239,4 +241,7 @@ def _copies_kv(layer: HotLayer) -> bool:
         got = layer.device_loc.dtype if isinstance(layer.device_loc, torch.Tensor) else type(layer.device_loc)
         raise TypeError(f"hot: device_loc: expected an int32 tensor (its rows are the int32 device rows the attention "
                         f"reads), got {got}")
+    if layer.device_loc.dim() != 2 or layer.device_loc.shape[1] < hot + 1:
+        raise ValueError(f"hot: device_loc: expected [B, H + 1] = [B, {hot + 1}] (slot H holds the newest token), got "
+                         f"{list(layer.device_loc.shape)}")
     return layer.host_kv is not None
