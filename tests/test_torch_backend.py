@@ -137,7 +137,8 @@ def _fp4_prefill(q_fp4: bool, k_fp4: bool = True) -> tuple:
         (lambda: indexcache.paged_mqa_logits(torch.zeros(1, 1, 4, 128).to(torch.float8_e4m3fn),
                                              torch.zeros(2, 64 * 130, dtype=torch.uint8), torch.zeros(1, 4),
                                              torch.zeros(1, dtype=I32), torch.zeros(1, 2, dtype=I32), 128),
-         r"k_cache: expected flat pages of page_size \* 132 bytes, got 8320 bytes a page"),
+         r"k_cache: expected flat pages of page_size \* 132 bytes \(132 bytes a token of D = 128 fp8 keys\), got 8320 "
+         r"bytes a page"),
         (lambda: indexcache.paged_mqa_logits(torch.zeros(1, 1, 4, 128).to(torch.float8_e4m3fn),
                                              torch.zeros(2, 64 * 132, dtype=torch.uint8), torch.zeros(1, 4),
                                              torch.zeros(1, dtype=I32), torch.zeros(1, 2, dtype=I32), 128,
@@ -148,7 +149,17 @@ def _fp4_prefill(q_fp4: bool, k_fp4: bool = True) -> tuple:
                                              torch.zeros(2, 64 * 132, dtype=torch.uint8), torch.zeros(1, 4),
                                              torch.zeros(1, dtype=I32), torch.zeros(1, 2, dtype=I32), 128,
                                              k_format=torch.float4_e2m1fn_x2),
-         r"k_cache: expected flat pages of page_size \* 68 bytes, got 8448 bytes a page"),
+         r"k_cache: expected flat pages of page_size \* 68 bytes \(68 bytes a token of D = 128 MXFP4 keys\), got 8448 "
+         r"bytes a page"),
+        (lambda: indexcache.paged_mqa_logits(torch.zeros(1, 1, 4, 64).to(torch.float8_e4m3fn),  # q of D 64, cache 128
+                                             torch.zeros(2, 64 * 132, dtype=torch.uint8), torch.zeros(1, 4),
+                                             torch.zeros(1, dtype=I32), torch.zeros(1, 2, dtype=I32), 128),
+         r"k_cache: expected flat pages of page_size \* 68 bytes \(68 bytes a token of D = 64 fp8 keys\), got 8448 "
+         r"bytes a page"),
+        (lambda: indexcache.gather_index_k(torch.zeros(2, 64, 1, 68, dtype=torch.uint8), torch.zeros(1, 2, dtype=I32),
+                                           torch.zeros(1, dtype=I32)),  # a cache of D 64, dim left at 128
+         r"k_cache: expected shape \[num_pages, page_size, 1, 132\] \(132 bytes a token of D = 128 fp8 keys\), got "
+         r"\[2, 64, 1, 68\]"),
         (lambda: indexcache.paged_mqa_logits(torch.zeros(1, 1, 4, 48).to(torch.float8_e4m3fn),
                                              torch.zeros(2, 64 * 51, dtype=torch.uint8), torch.zeros(1, 4),
                                              torch.zeros(1, dtype=I32), torch.zeros(1, 2, dtype=I32), 128,
