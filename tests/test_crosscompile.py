@@ -145,6 +145,15 @@ def test_a_stack_frame_passes_only_within_what_the_kernel_allows():
         "spills: a 16-byte stack frame in local memory (the kernel allows 8)"]
 
 
+def test_the_help_says_which_spills_pass():
+    """`indexcache compile-check --help` said it fails on any spill; up to MAX_SGPR_SPILLS AMD SGPR spills and the
+    stack frame a kernel allows pass."""
+    parser = cli.build_parser()._subparsers._group_actions[0].choices["compile-check"]
+    help_text = " ".join(parser.format_help().split())
+    assert f"up to {cc.MAX_SGPR_SPILLS} AMD SGPR spills into VGPR lanes, and the stack frame a kernel allows, pass" \
+        in help_text
+
+
 @pytest.mark.parametrize(("instruction", "types"), [
     ("v_mfma_f32_32x32x16_fp8_fp8", {"fp8"}),
     ("v_mfma_f32_32x32x64_f8f6f4", {"fp8"}),

@@ -480,8 +480,9 @@ def _add_compile_check(sub) -> None:
         "shared memory and matrix instructions",
         description="Compile every kernel configuration the cuda and rocm tuning tables can choose, with Triton, "
         "for sm80, sm89, sm90, sm100, sm120 (cuda) and gfx942, gfx950 (rocm), on this machine: no GPU needed, "
-        "nothing is run. Fails (exit 1) on a compile error, a spill or scratch use, shared memory or threads "
-        "beyond a block's limit, a matrix kernel without the target's matrix instructions, or fnuz fp8 on gfx950.",
+        "nothing is run. Fails (exit 1) on a compile error, a spill or scratch use (up to 32 AMD SGPR spills into "
+        "VGPR lanes, and the stack frame a kernel allows, pass), shared memory or threads beyond a block's limit, a "
+        "matrix kernel without the target's matrix instructions, or fnuz fp8 on gfx950.",
     )
     p.add_argument("--backend", default="all", choices=("cuda", "rocm", "all"), help="default: all")
     p.add_argument("--target", action="append", default=None, metavar="ARCH",
