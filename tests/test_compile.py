@@ -219,7 +219,8 @@ def _inputs():
 
 
 def every_op(keys, cache, slots, q, weights, lens, table, ks, ke, k, page, backend=None):
-    """Every op but gather_index_k (tested on its own below) in one function, each feeding the next."""
+    """Every op but gather_index_k (tested on its own below) and the HiSparse two in one function, each feeding the
+    next."""
     dim = keys.shape[1]
     k8, scale = indexcache.quantize_index_k(keys, E4M3, block=dim, backend=backend)
     indexcache.store_index_k(keys, cache, slots, E4M3, backend=backend)
@@ -628,9 +629,9 @@ def test_dynamic_shapes_and_ints():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the cuda backend compiled needs a GPU")
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
 def test_every_op_compiles_on_the_gpu_and_equals_eager(compiler):
-    """On a GPU (cuda backend): every op but gather_index_k in one fullgraph compile equal to eager, then the compiled
-    function captured in a CUDA graph and replayed equal to eager too (ci/gpu.sh runs this; a skip there fails the
-    step)."""
+    """On a GPU (cuda backend): every op but gather_index_k and the HiSparse two in one fullgraph compile equal to
+    eager, then the compiled function captured in a CUDA graph and replayed equal to eager too (ci/gpu.sh runs this; a
+    skip there fails the step)."""
     if dispatch.get_backend() != "cuda":
         pytest.skip(f"the cuda backend is not the one in force here ({dispatch.get_backend()})")
     torch._dynamo.reset()
