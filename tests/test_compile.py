@@ -668,3 +668,162 @@ def test_a_strided_out_compiles_in_full_once_shapes_are_symbolic_and_an_overlapp
     overlapping = torch.zeros(4, dtype=torch.int32).as_strided((2, 3), (1, 1))
     with pytest.raises(ValueError, match="^out: expected a tensor whose elements have memory of their own, got a view"):
         g(raw[:2, :3], table[:2], lens[:2], overlapping)
+
+
+def _quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return indexcache.quantize_index_k(x, E4M3, block=x.shape[-1], backend="torch")
+
+
+def _filled_cache(gen, pages: int, page: int, dim: int) -> torch.Tensor:
+    cache = new_packed_cache(num_pages=pages, page_size=page, dim=dim)
+    indexcache.store_index_k(torch.randn(pages * page, dim, generator=gen), cache,
+                             torch.arange(pages * page, dtype=I32), E4M3, backend="torch")
+    return cache
+
+
+def _paged_inputs(gen, n: int, ints: bool) -> tuple:
+    """Decode inputs of ``n`` requests (one token each) over a 16-page cache of 8-token pages, D 32; ``ints``: a
+    ``max_context_len`` that changes with ``n`` (an int argument, symbolic only with ``dynamic=True``)."""
+    heads, dim, page, pages = 2, 32, 8, 16
+    q, _ = _quantized(torch.randn(n * heads, dim, generator=gen))
+    table = torch.stack([torch.randperm(pages, generator=gen) for _ in range(n)]).to(I32)
+    return (q.view(n, 1, heads, dim), _filled_cache(gen, pages, page, dim), torch.rand(n, heads, generator=gen),
+            torch.randint(1, pages * page, (n,), generator=gen, dtype=I32), table, pages * page - 8 * n * ints)
+
+
+def _prefill_inputs(gen, n: int) -> tuple:
+    """Prefill inputs of ``n`` query tokens over ``10 + 4 n`` keys, D 32."""
+    heads, dim, keys = 2, 32, 10 + 4 * n
+    q, _ = _quantized(torch.randn(n * heads, dim, generator=gen))
+    k, k_scale = _quantized(torch.randn(keys, dim, generator=gen))
+    return (q.view(n, heads, dim), k, k_scale[:, 0].contiguous(), torch.rand(n, heads, generator=gen),
+            torch.randint(0, 4, (n,), generator=gen, dtype=I32), torch.randint(4, keys + 1, (n,), generator=gen,
+                                                                               dtype=I32))
+
+
+def _gather(cache, table, lens, out_k, out_scale, dim):
+    k, k_scale = indexcache.gather_index_k(cache, table, lens, dim=dim, out_k=out_k, out_scale=out_scale)
+    return k.view(torch.uint8), k_scale
+
+
+def _store(k, cache, slots):
+    indexcache.store_index_k(k, cache, slots, E4M3)
+    return cache
+
+
+def _plan(raw, seq_lens, host_loc, slot_token, slot_age):
+    return tuple(indexcache.hisparse_plan(raw, seq_lens, host_loc, slot_token, slot_age))
+
+
+def _dynamic_case(op: str, n: int, gen, ints: bool) -> tuple:
+    """``(function, arguments, the (argument, dim) pairs that grow with n)`` of ``op`` at batch size / token count
+    ``n``: the token or batch dimension, and where the op has one the key count or context length too (``ints``: the
+    paged ops' ``max_context_len`` as well). No two sizes of one call are equal (duck sizing would tie them)."""
+    rand = torch.randint
+    if op == "translate":
+        return (lambda raw, table, lens: indexcache.translate(raw, table, lens, 32),
+                (rand(-1, 100, (n, 7), generator=gen, dtype=I32), rand(0, 20, (n, 4), generator=gen, dtype=I32),
+                 rand(0, 130, (n,), generator=gen, dtype=I32)), [(0, 0), (1, 0), (2, 0)])
+    if op in ("topk", "topk_translate"):
+        cols = 20 + 3 * n
+        args = (torch.randn(n, cols, generator=gen), rand(0, cols + 1, (n,), generator=gen, dtype=I32))
+        if op == "topk":
+            return lambda s, lens: indexcache.topk(s, lens, 4, sorted=True), args, [(0, 0), (0, 1), (1, 0)]
+        return (lambda s, lens, table: indexcache.topk_translate(s, lens, 4, table, 8, sorted=True),
+                (*args, rand(0, 20, (n, 9), generator=gen, dtype=I32)), [(0, 0), (0, 1), (1, 0), (2, 0)])
+    if op == "mqa_logits":
+        return indexcache.mqa_logits, _prefill_inputs(gen, n), [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0)]
+    if op == "mqa_topk_translate":
+        args = _prefill_inputs(gen, n)
+        table = rand(0, 50, (n, 3 * n + 1), generator=gen, dtype=I32)
+        return (lambda *a: indexcache.mqa_topk_translate(*a[:6], 4, a[6], 8, workspace_bytes=1 << 16).sort(1).values,
+                (*args, table), [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0), (6, 1)])
+    if op == "paged_mqa_logits":
+        return indexcache.paged_mqa_logits, _paged_inputs(gen, n, ints), [(0, 0), (2, 0), (3, 0), (4, 0)]
+    if op == "paged_topk_translate":
+        args = _paged_inputs(gen, n, ints)
+        return (lambda *a: indexcache.paged_topk_translate(*a[:6], 4, a[6], 8).sort(1).values,
+                (*args, args[4].clone()), [(0, 0), (2, 0), (3, 0), (4, 0), (6, 0)])
+    if op == "quantize_index_k":
+        return (lambda x: tuple(t.view(torch.uint8) if t.dtype == E4M3 else t
+                                for t in indexcache.quantize_index_k(x, E4M3, block=32)),
+                (torch.randn(n, 64, generator=gen),), [(0, 0)])
+    if op == "store_index_k":
+        return (_store, (torch.randn(n, 32, generator=gen), new_packed_cache(num_pages=8, page_size=8, dim=32),
+                         torch.randperm(64, generator=gen)[:n].to(I32)), [(0, 0), (2, 0)])
+    if op == "gather_index_k":
+        lens = rand(0, 33, (n,), generator=gen, dtype=I32)
+        rows = int(lens.sum()) + 2
+        return (_gather, (_filled_cache(gen, 16, 8, 32), rand(0, 16, (n, 5), generator=gen, dtype=I32), lens,
+                          torch.zeros(rows, 32, dtype=E4M3), torch.zeros(rows), 32), [(1, 0), (2, 0), (3, 0), (4, 0)])
+    hot, tokens = 4, 40
+    slot_token, slot_age = indexcache.hal.hisparse.empty_state(n, hot)
+    plan = (rand(-1, 30, (n, 5), generator=gen, dtype=I32), rand(1, 30, (n,), generator=gen, dtype=I32),
+            torch.arange(n * tokens, dtype=I32).view(n, tokens), slot_token, slot_age)
+    if op == "hisparse_plan":
+        return _plan, plan, [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)]
+    copies = indexcache.hisparse_plan(*plan, backend="torch").copies
+    return (indexcache.hisparse_swap_in, (*copies, torch.randn(n * tokens, 6, generator=gen),
+                                          torch.zeros(n * (hot + 1), 6),
+                                          torch.arange(n * (hot + 1), dtype=I32).view(n, hot + 1)),
+            [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0)])
+
+
+def _same(got, want) -> None:
+    """Equal outputs, bit for bit (NaN included), of equal shapes, strides and dtypes."""
+    if isinstance(want, (tuple, list)):
+        for g, w in zip(got, want, strict=True):
+            _same(g, w)
+        return
+    assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dynamic", ["mark_dynamic", "dynamic=True"])
+@pytest.mark.parametrize("op", SPECS)
+def test_every_op_compiles_once_for_every_batch_size(op, dynamic):
+    """As vLLM compiles a model (``mark_dynamic`` on the token / batch dimension, fullgraph) or with ``dynamic=True``
+    (the int arguments symbolic too): one graph, then batch sizes, token counts, key counts and context lengths it has
+    not seen run without recompiling, equal to eager (the arguments an op writes too)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    ints = dynamic == "dynamic=True"
+    fn = _dynamic_case(op, 3, torch.Generator().manual_seed(0), ints)[0]
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=True if ints else None)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for n in (3, 5, 8):
+            fn, args, grows = _dynamic_case(op, n, torch.Generator().manual_seed(n), ints)
+            eager = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            traced = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            if not ints:
+                for i, d in grows:
+                    torch._dynamo.mark_dynamic(traced[i], d)
+            want = fn(*eager)
+            _same(compiled(*traced), want)
+            _same([a for a in traced if isinstance(a, torch.Tensor)], [a for a in eager if isinstance(a, torch.Tensor)])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("view", ["flat", "4-D"])
+def test_the_cache_shape_is_not_specialized_with_dynamic_shapes(view):
+    """The cache's shape check formatted its error text on every call and read the page size with ``int()``: traced
+    with ``dynamic=True`` that specialized the key dim and the page's bytes (a recompile for another page size), and an
+    int argument for ``dim`` (``gather_index_k``) failed to trace at all ("BUILD_STRING type error")."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    def store_then_gather(k, slots, cache, table, lens, out_k, out_scale, dim):
+        return _store(k, cache, slots), *_gather(cache, table, lens, out_k, out_scale, dim)
+
+    compiled = torch.compile(store_then_gather, fullgraph=True, backend="aot_eager", dynamic=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for page, dim in ((8, 32), (16, 64), (4, 96)):
+            gen = torch.Generator().manual_seed(page)
+            cache = new_packed_cache(num_pages=6, page_size=page, dim=dim)
+            if view == "4-D":
+                cache = cache.view(6, page, 1, -1)
+            args = (torch.randn(5, dim, generator=gen), torch.randperm(6 * page, generator=gen)[:5].to(I32), cache,
+                    torch.randint(0, 6, (3, 5), generator=gen, dtype=I32), torch.tensor([7, 0, 13], dtype=I32),
+                    torch.zeros(21, dim, dtype=E4M3), torch.zeros(21), dim)
+            want = store_then_gather(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+            _same(compiled(*args), want)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

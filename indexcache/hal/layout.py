@@ -40,22 +40,28 @@ def new_packed_cache(num_pages: int, page_size: int, dim: int = 128, device="cpu
     return torch.zeros(num_pages, page_size * token_bytes(dim, fp8_dtype), dtype=torch.uint8, device=device)
 
 
+def _token(width: int, dim: int, fp8_dtype: torch.dtype) -> str:
+    """``"36 bytes a token of D = 32 fp8 keys"``: a token's bytes as the cache's shape errors give them (D from the
+    call). Formatted only when refusing: while Dynamo traces with dynamic shapes ``dim`` may be symbolic, and
+    formatting it would specialize it (or, an int argument of the compiled function, fail to trace)."""
+    return f"{shown(width)} bytes a token of D = {shown(dim)} {'MXFP4' if fp8_dtype == fp4.FP4 else 'fp8'} keys"
+
+
 def cache_page_size(k_cache: torch.Tensor, dim: int, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> int:
     """Tokens a page of ``k_cache`` holds, from its shape; raises ValueError if the shape does not fit."""
     width = token_bytes(dim, fp8_dtype)
-    token = f"{width} bytes a token of D = {dim} {'MXFP4' if fp8_dtype == fp4.FP4 else 'fp8'} keys"  # D from the call
     if k_cache.dim() == 4:
         if k_cache.shape[2] != 1 or k_cache.shape[3] != width:
-            raise ValueError(f"k_cache: expected shape [num_pages, page_size, 1, {width}] ({token}), got "
-                             f"{dims(k_cache.shape)}")
+            raise ValueError(f"k_cache: expected shape [num_pages, page_size, 1, {shown(width)}] "
+                             f"({_token(width, dim, fp8_dtype)}), got {dims(k_cache.shape)}")
         if k_cache.shape[1] == 0:
             raise ValueError(f"k_cache: expected pages of at least one token, got shape {dims(k_cache.shape)}")
-        return int(k_cache.shape[1])
+        return k_cache.shape[1]
     if k_cache.dim() == 2:
-        page_bytes = int(k_cache.shape[1])
+        page_bytes = k_cache.shape[1]
         if page_bytes == 0 or page_bytes % width:
-            raise ValueError(f"k_cache: expected flat pages of page_size * {width} bytes ({token}), got "
-                             f"{shown(page_bytes)} bytes a page")
+            raise ValueError(f"k_cache: expected flat pages of page_size * {shown(width)} bytes "
+                             f"({_token(width, dim, fp8_dtype)}), got {shown(page_bytes)} bytes a page")
         return page_bytes // width
     raise ValueError(f"k_cache: expected a 2-D or 4-D uint8 tensor, got {k_cache.dim()}-D")
 
