@@ -779,17 +779,22 @@ def _same(got, want) -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
+_INDUCTOR = pytest.param("inductor", marks=pytest.mark.skipif(os.environ.get("INDEXCACHE_SKIP_INDUCTOR") == "1",
+                                                                reason="INDEXCACHE_SKIP_INDUCTOR=1"))
+
+
+@pytest.mark.parametrize("compiler", ["aot_eager", _INDUCTOR])
 @pytest.mark.parametrize("dynamic", ["mark_dynamic", "dynamic=True"])
 @pytest.mark.parametrize("op", SPECS)
-def test_every_op_compiles_once_for_every_batch_size(op, dynamic):
-    """As vLLM compiles a model (``mark_dynamic`` on the token / batch dimension, fullgraph) or with ``dynamic=True``
-    (the int arguments symbolic too): one graph, then batch sizes, token counts, key counts and context lengths it has
-    not seen run without recompiling, equal to eager (the arguments an op writes too)."""
+def test_every_op_compiles_once_for_every_batch_size(op, dynamic, compiler):
+    """As vLLM compiles a model (``mark_dynamic`` on the token / batch dimension, fullgraph, Inductor) or with
+    ``dynamic=True`` (the int arguments symbolic too): one graph, then batch sizes, token counts, key counts and context
+    lengths it has not seen run without recompiling, equal to eager (the arguments an op writes too)."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     ints = dynamic == "dynamic=True"
     fn = _dynamic_case(op, 3, torch.Generator().manual_seed(0), ints)[0]
-    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=True if ints else None)
+    compiled = torch.compile(fn, fullgraph=True, backend=compiler, dynamic=True if ints else None)
     with torch._dynamo.config.patch(error_on_recompile=True):
         for n in (3, 5, 8):
             fn, args, grows = _dynamic_case(op, n, torch.Generator().manual_seed(n), ints)
@@ -826,4 +831,34 @@ def test_the_cache_shape_is_not_specialized_with_dynamic_shapes(view):
                     torch.zeros(21, dim, dtype=E4M3), torch.zeros(21), dim)
             want = store_then_gather(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
             _same(compiled(*args), want)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_overlap_and_a_schedule_given_symbolic_sizes_compile_once():
+    """``overlap`` and ``overlap_schedule`` given the side work's rows and keys from the (dynamic) shapes, and a
+    schedule made eagerly, run in one graph for every batch size, equal to eager."""
+    from indexcache.runtime.streams import overlap, overlap_schedule
+
+    made = overlap_schedule(device="cpu", tokens=4, context=100)
+
+    def f(scores, lengths, x):
+        rows, cols = scores.shape
+        side, main = overlap(lambda: indexcache.topk(scores, lengths, 4, sorted=True), lambda: x * 2,
+                             device=x.device, tokens=rows, context=cols)
+        schedule = overlap_schedule(device=x.device, tokens=rows, context=cols)
+        again = schedule(lambda: indexcache.topk(scores * 2, lengths, 3, sorted=True), lambda: x + 1)
+        return side, main, *again, made(lambda: indexcache.topk(scores, lengths, 2, sorted=True), lambda: x)[0]
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for n in (3, 5, 8):
+            g = torch.Generator().manual_seed(n)
+            args = (torch.randn(n, 20 + n, generator=g), torch.randint(0, 21 + n, (n,), generator=g, dtype=I32),
+                    torch.randn(n, 7, generator=g))
+            for t in args:
+                torch._dynamo.mark_dynamic(t, 0)
+            torch._dynamo.mark_dynamic(args[0], 1)
+            _same(compiled(*args), f(*args))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
