@@ -237,3 +237,22 @@ def test_without_a_rocm_torch_the_rocm_backend_names_the_index_its_triton_comes_
     assert NVIDIA.torch_index is None
     assert detect(NVIDIA)[1] == ("this torch build has no CUDA support; set TRITON_INTERPRET=1 to run the kernels on "
                                  "the CPU")
+
+
+@pytest.mark.parametrize(("arch", "auto"), [("gfx942:sramecc+:xnack-", True), ("gfx950", True), ("gfx90a", False),
+                                            ("gfx1100", False), ("gfx1201", False)])
+def test_an_amd_gpu_without_a_record_is_left_to_the_torch_backend(monkeypatch, fresh_dispatch, arch, auto):
+    """The rocm table is gfx942's and gfx950's: on MI250 (gfx90a) or a Radeon (gfx11xx, gfx12xx) it was chosen
+    automatically all the same (compiled for gfx1100 its logits kernels spill hundreds of VGPRs and use no matrix
+    instructions). There the automatic choice is the torch backend, the reason says why, and naming rocm runs it."""
+    triton = pytest.importorskip("triton")
+    _fake_gpu(monkeypatch, "hip", types.SimpleNamespace(gcnArchName=arch))
+    avail = fresh_dispatch.availability("rocm")
+    assert (avail.available, avail.auto, avail.mode) == (True, auto, "GPU")
+    assert fresh_dispatch.default_backend()[0] == ("rocm" if auto else "torch")
+    name = arch.split(":")[0]
+    note = (f"; not chosen automatically: {name} has no record in backends/rocm/arch.py (the kernels are tuned for "
+            "gfx942, gfx950); backend='rocm', use_backend('rocm') or INDEXCACHE_BACKEND=rocm runs them")
+    assert avail.reason == f"a fake GPU ({name}) with Triton {triton.__version__}" + ("" if auto else note)
+    monkeypatch.setenv("INDEXCACHE_BACKEND", "rocm")
+    assert fresh_dispatch.get_backend() == "rocm"

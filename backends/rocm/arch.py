@@ -4,8 +4,11 @@
 LDS is 64 KiB on MI300X / MI325X (gfx942) and 160 KiB on MI350X / MI355X (gfx950), all of it addressable by one
 workgroup (ROCm "AMD GPU specifications", rocm.docs.amd.com/en/latest/reference/gpu-specs.html). Both multiply fp8
 with MFMA: the MI300 generation (gfx94x) in e4m3fnuz, gfx950 in e4m3fn (OCP); Triton upcasts the other format to
-fp16. An architecture without a record takes the kernels' paths without fp8 matrix instructions (fp8 read as bytes)
-and its generation's fp8 format.
+fp16. An architecture without a record (gfx90a, RDNA's gfx11xx / gfx12xx, ...) takes the kernels' paths without fp8
+matrix instructions (fp8 read as bytes) and its generation's fp8 format, and is never chosen automatically: the
+tuning table is gfx942's and gfx950's (compiled for gfx1100 with Triton 3.9 the logits kernels spill 73-567 VGPRs and
+use no matrix instructions), so on such a GPU the automatic choice is the torch backend and the rocm backend runs only
+when named (``indexcache info`` says so).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def resolve(arch: str) -> GpuArch:
         raise ValueError(f"arch: expected an AMD architecture such as 'gfx942', got {arch!r}")
     fp8 = torch.float8_e4m3fnuz if name.startswith("gfx94") else torch.float8_e4m3fn
     # RDNA (gfx10xx-gfx12xx: four characters after "gfx") runs Triton's kernels in waves of 32, CDNA in waves of 64.
-    return _arch(name, 64, fp8, fp8_mma=False, warp_size=32 if len(name) == 7 else 64)
+    return _arch(name, 64, fp8, fp8_mma=False, warp_size=32 if len(name) == 7 else 64, auto_select=False)
 
 
 AMD = GpuVendor(
@@ -58,10 +61,11 @@ AMD = GpuVendor(
 
 
 def _arch(name: str, lds_kib: int, fp8_dtype: torch.dtype, fp8_mma: bool,
-          scaled_mma: ScaledMma | None = None, cache_mib: int | None = None, warp_size: int = 64) -> GpuArch:
+          scaled_mma: ScaledMma | None = None, cache_mib: int | None = None, warp_size: int = 64,
+          auto_select: bool = True) -> GpuArch:
     return GpuArch(AMD, name, warp_size=warp_size, shared_per_block=lds_kib * 1024, shared_per_sm=lds_kib * 1024,
                    fp8_dtype=fp8_dtype, fp8_mma=fp8_mma, tma=False, pdl=False, mma="mfma", triton_arch=name,
-                   scaled_mma=scaled_mma, cache_bytes=cache_mib and cache_mib * 2**20)
+                   scaled_mma=scaled_mma, cache_bytes=cache_mib and cache_mib * 2**20, auto_select=auto_select)
 
 
 # The caches of the MI300 and MI350 series: a 4 MiB L2 on each of up to 8 XCDs and the 256 MiB Infinity Cache (ROCm

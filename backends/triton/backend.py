@@ -25,7 +25,11 @@ def gpu_backend(vendor: GpuVendor, priority: int, tuning: Callable[[str], Mappin
         ok, reason, found = detect(vendor)
         if not ok:
             return Availability(False, reason)
-        return Availability(True, reason, auto=not found.interpreted,
+        if not found.interpreted and not found.gpu.auto_select:
+            reason += (f"; not chosen automatically: {found.arch} has no record in backends/{name}/arch.py (the "
+                       f"kernels are tuned for {', '.join(vendor.cross_compile)}); backend={name!r}, "
+                       f"use_backend({name!r}) or INDEXCACHE_BACKEND={name} runs them")
+        return Availability(True, reason, auto=not found.interpreted and found.gpu.auto_select,
                             mode="interpreted" if found.interpreted else "GPU", device=found.device_type)
 
     def ops() -> dict[str, OpImpl]:

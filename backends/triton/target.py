@@ -95,6 +95,9 @@ class GpuArch:
     # Bytes of cache between the multiprocessors and memory where torch's ``L2_cache_size`` leaves some out, else None
     # (AMD: ROCm reports one XCD's L2, not the others' nor the Infinity Cache); what benchmark inputs rotate past.
     cache_bytes: int | None = None
+    # Whether the automatic backend choice takes a GPU of this architecture (False: one its vendor's kernels were not
+    # tuned or cross-compiled for, whose backend then runs only when chosen explicitly)
+    auto_select: bool = True
 
     def capabilities(self, arch: str) -> dict[str, Any]:
         """The row a tuning table shows under "arch" (``indexcache info``): ``arch`` as asked for, and what this
