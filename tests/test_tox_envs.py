@@ -175,3 +175,16 @@ def test_a_backend_env_without_its_backend_stops_with_one_line():
     assert done.returncode == 4 and len(lines) == 1, done.stdout + done.stderr
     assert re.fullmatch(rf"ERROR: INDEXCACHE_CONFORMANCE_BACKENDS names {missing}, which cannot run here: .+ "
                         rf"\(tox -e {missing}-interpret does\)", lines[0]), lines[0]
+
+
+def test_the_rocm_env_takes_torch_and_its_triton_from_pytorchs_rocm_index():
+    """PyPI has no ROCm build of torch and no pytorch-triton-rocm past 2.1.0: ``tox -e rocm`` took its deps from
+    PyPI (the cuda env's), a CUDA torch, so on an AMD GPU the rocm backend could not run. It now installs from the
+    index the README and the rocm backend's install hint name (``--index-url``: with an extra index pip would take
+    PyPI's newer CUDA build)."""
+    from indexcache.backends.rocm.arch import AMD
+
+    config = _tox((ROOT / "tox.ini").read_text())
+    deps = [line.strip() for line in _value(config, "rocm", "deps").splitlines() if line.strip()]
+    assert deps == [f"--index-url {{env:INDEXCACHE_TORCH_INDEX:{AMD.torch_index}}}",
+                    "{env:INDEXCACHE_TORCH_SPEC:torch}", "{env:INDEXCACHE_TRITON_SPEC:pytorch-triton-rocm}"]
