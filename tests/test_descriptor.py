@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -91,6 +92,18 @@ def test_decode_producers_must_be_a_subset_not_just_fewer():
         check_pd_compatible(v32(index_topk_freq=4), v32(index_topk_pattern="FFF" + "S" * 58))
     assert err.value.uncovered == (2,)
 
+
+def test_a_promoting_pipeline_split_is_described_by_the_plan_its_stages_run():
+    # Decode over 4 stages promotes layers 15 and 30; a prefill without the split never computed their index keys.
+    plan = LayerPlan(61, index_topk_freq=4)
+    stages = plan.split_stages([15, 30, 45], mode="promote")
+    decode = Descriptor.from_plan(functools.reduce(LayerPlan.for_stage, stages, plan))
+    assert decode.producers == tuple(sorted({*plan.producers, 15, 30}))
+    assert check_ranks_agree([decode] * len(stages)) == decode
+    with pytest.raises(PDIncompatibleError, match=r"decode producers \[15, 30\] are not prefill producers") as err:
+        check_pd_compatible(Descriptor.from_plan(plan), decode)
+    assert err.value.uncovered == (15, 30)
+    check_pd_compatible(decode, Descriptor.from_plan(plan))  # the promoting prefill serves a decode without it
 
 def test_every_differing_field_is_named():
     prefill = v32(index_topk_freq=4)

@@ -123,7 +123,9 @@ class Descriptor:
     @classmethod
     def from_plan(cls, plan: LayerPlan) -> Descriptor:
         """The descriptor of an engine running ``plan``; anything but a :class:`LayerPlan` is a ``TypeError`` naming
-        it."""
+        it. An engine whose pipeline stages promote layers (``split_stages(..., mode="promote")``) passes the plan its
+        stages run, ``functools.reduce(LayerPlan.for_stage, stages, plan)``, on every rank: the plain plan leaves the
+        promoted producers out, so :func:`check_pd_compatible` could not see that prefill never computed their keys."""
         if not isinstance(plan, LayerPlan):
             raise TypeError(
                 f"plan: expected a LayerPlan (LayerPlan.from_config reads a config), got {type(plan).__name__}"
