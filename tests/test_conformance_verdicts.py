@@ -231,3 +231,37 @@ def test_a_plan_answered_outside_the_given_outputs_fails(wrong):
         result = run_case(case, "torch")
         assert result.status == "failed" and result.detail == f"did not write into the given {name} (returned " \
                                                               "another tensor)"
+
+
+def _returning(change):
+    """The op's answer passed through ``change`` (the same values in another form)."""
+    def wrap(fn):
+        def run(**args):
+            return change(fn(**args))
+        return run
+    return wrap
+
+
+@pytest.mark.parametrize(("op", "case", "change", "detail"), [
+    ("translate", "random guards, page 64", lambda t: t.long(),
+     "result 0: torch.int64 [24, 67] on cpu, expected torch.int32 [24, 67] on cpu"),
+    ("topk", "random rows, k 64", lambda t: t.float(),
+     "result 0: torch.float32 [12, 64] on cpu, expected torch.int32 [12, 64] on cpu"),
+    ("topk_translate", _TOKEN_TABLE, lambda t: t.long(),
+     "result 0: torch.int64 [6, 100] on cpu, expected torch.int32 [6, 100] on cpu"),
+    ("translate", "random guards, page 64", lambda t: t[:, :-1],
+     "result 0: torch.int32 [24, 66] on cpu, expected torch.int32 [24, 67] on cpu"),
+    ("translate", "random guards, page 64", lambda t: t.to("meta"),
+     "result 0: torch.int32 [24, 67] on meta, expected torch.int32 [24, 67] on cpu"),
+    ("gather_index_k", "MXFP4: page 17, D 64, outputs allocated", lambda t: t[:1],
+     "returned a tuple, expected 2 tensors"),
+])
+def test_an_answer_of_the_wrong_dtype_shape_or_device_fails(wrong, op, case, change, detail):
+    """The judges compare values on the CPU, where an int64 or float index equals its int32 one and a tensor on another
+    device is moved: what the op returns must have its contract's dtype, shape and device (an index op asked for no
+    ``out`` returns int32 on the inputs' device)."""
+    case = _case(op, case)
+    assert run_case(case, "torch").status == "passed"
+    wrong(op, _returning(change))
+    result = run_case(case, "torch")
+    assert (result.status, result.detail) == ("failed", detail)

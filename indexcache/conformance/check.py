@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from indexcache.hal import dispatch, ops
+from indexcache.hal import dispatch, library, ops
 from indexcache.hal.specs import SPECS
 from indexcache.hal.specs.base import Case, Verdict, cpu
 from indexcache.hal.specs.mqa_logits import BOUNDS
@@ -48,7 +48,28 @@ def _judge(case: Case, args: dict, backend: str, accumulation: str) -> Verdict:
     spec = SPECS[case.op]
     want = spec.reference(**{k: cpu(v) for k, v in args.items() if k not in _NOT_FOR_REFERENCE})
     got = getattr(ops, spec.name)(**args, backend=backend)
+    if detail := _misshapen(got, library.result(case.op, spec.check(**args))):
+        return detail, None, None
     return spec.judge(args, got, want, accumulation)
+
+
+def _misshapen(got, expected) -> str:
+    """What differs ("" when nothing) between the tensors the op returned and those its contract returns
+    (``expected``: the outputs its spec check allocates, or the given ones) in dtype, shape or device: the judges
+    compare values on the CPU, where an int64 or float index equals its int32 one and every device is the same."""
+    if isinstance(expected, torch.Tensor):
+        got, expected = [got], [expected]
+    elif expected is None:
+        return "" if got is None else f"returned a {type(got).__name__}, expected None"
+    if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+        return f"returned a {type(got).__name__}, expected {len(expected)} tensors"
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        if not isinstance(g, torch.Tensor):
+            return f"result {i}: a {type(g).__name__}, expected a tensor"
+        if (g.dtype, g.shape, g.device) != (e.dtype, e.shape, e.device):
+            return (f"result {i}: {g.dtype} {list(g.shape)} on {g.device}, expected {e.dtype} {list(e.shape)} on "
+                    f"{e.device}")
+    return ""
 
 
 def _declined(case: Case, args: dict, backend: str) -> str:
