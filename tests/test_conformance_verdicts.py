@@ -265,3 +265,27 @@ def test_an_answer_of_the_wrong_dtype_shape_or_device_fails(wrong, op, case, cha
     wrong(op, _returning(change))
     result = run_case(case, "torch")
     assert (result.status, result.detail) == ("failed", detail)
+
+
+@pytest.mark.parametrize(("op", "case"), [
+    ("mqa_logits", "full, empty and context-parallel windows, native fp8"),
+    ("paged_mqa_logits", "MXFP4 cache, page 17, D 64, the cache's last page first, next_n 2, short contexts, "
+                         "native fp8 q"),
+])
+def test_logits_of_a_small_row_are_held_to_that_row(wrong, op, case):
+    """The relative RMS error is each row's against its own norm: the row of the smallest logits 0.1% off (100 times
+    the bound) fails, though over the whole tensor its error is a few 1e-8."""
+    def small_row_off(fn):
+        def run(**args):
+            got = fn(**args)
+            norms = torch.where(got.isfinite(), got, 0.0).norm(dim=1)
+            row = int(torch.where(norms > 0, norms, float("inf")).argmin())
+            got[row] *= 1.001
+            return got
+        return run
+
+    case = _case(op, case)
+    assert run_case(case, "torch").status == "passed"
+    wrong(op, small_row_off)
+    result = run_case(case, "torch")
+    assert result.status == "failed" and result.detail.startswith("relative RMS error 0.001 > 1e-05 (row ")
