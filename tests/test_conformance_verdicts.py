@@ -97,6 +97,8 @@ def _into_a_copy(*names):
 @pytest.mark.parametrize(("op", "case", "names", "detail"), [
     ("translate", "preallocated out", ("out",), "out"),
     ("topk", "preallocated out", ("out",), "out"),
+    ("mqa_logits", "logits into a given out (NaN before), native fp8", ("out",), "out"),
+    ("paged_mqa_logits", "logits into a given out (NaN before), next_n 2, page 64, native fp8", ("out",), "out"),
     ("quantize_index_k", "outputs given: rows of a wider buffer, garbage in them before", ("out", "out_scale"), "out"),
     ("gather_index_k", "given outputs: more rows than the tokens (the rest untouched), native fp8",
      ("out_k", "out_scale"), "out_k"),

@@ -14,7 +14,7 @@ from indexcache.hal.checks import INDEX, KEY_DTYPES, check_tensor, dtype_names, 
 from indexcache.hal.layout import FP8_DTYPES, fp8_max
 from indexcache.hal.shown import shown
 from indexcache.hal.specs import quantize_index_k
-from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, CaseList, OpSpec, Verdict, cpu, to_fp8
+from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, CaseList, OpSpec, Verdict, cpu, not_written, to_fp8
 from indexcache.hal.specs.bench import BASELINE, DIM, HEADS, BenchCase, BenchSpec
 
 # The logits' relative RMS error bound by (key dtype kind, accumulation). fp8 and bfloat16 inputs are exact values
@@ -130,11 +130,18 @@ def check_logits(got: torch.Tensor, want: torch.Tensor, bound: float) -> tuple[s
     return ("" if err <= bound else f"relative RMS error {err:.3g} > {bound:g} (row {row})"), err
 
 
-def judge(args: dict, got: torch.Tensor, want: torch.Tensor, accumulation: str) -> Verdict:
+def judge_values(args: dict, got: torch.Tensor, want: torch.Tensor, accumulation: str) -> Verdict:
     """:func:`check_logits` within the bound of ``q``'s dtype and the accumulation (:data:`BOUNDS`)."""
     bound = BOUNDS[("bf16" if args["q"].dtype == torch.bfloat16 else "fp8", accumulation)]
     detail, err = check_logits(cpu(got), want, bound)
     return detail, err, bound
+
+
+def judge(args: dict, got: torch.Tensor, want: torch.Tensor, accumulation: str) -> Verdict:
+    """A given ``out`` returned (:func:`not_written`), then :func:`judge_values`; the paged logits' judge too."""
+    if detail := not_written(args, {"out": got}):
+        return detail, None, None
+    return judge_values(args, got, want, accumulation)
 
 
 cases = CaseList("mqa_logits")
@@ -172,6 +179,12 @@ def _fp4_args(gen, dev, fp8, tokens=24, keys=300, heads=64, nan_block=False, spr
         raw[::3] *= torch.exp2(8.0 * torch.arange(4).repeat_interleave(32) - 12)
     values, scales = quantize_index_k.reference(raw, fp4.FP4, block=fp4.BLOCK)
     return {**args, "k": values.to(dev), "k_scale": scales.to(dev)}
+
+
+@cases.add("logits into a given out (NaN before), native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    args = _args(gen, dev, 12, 200, 16, fp8)
+    return dict(args, out=torch.full((12, 200), float("nan"), device=dev))
 
 
 cases.add("MXFP4 keys, causal prefill, H 64, native fp8 q", native_fp8=True)(

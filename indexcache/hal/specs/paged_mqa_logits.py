@@ -163,6 +163,12 @@ def _(gen, dev, fp8):
     return args_of(gen, dev, 2, 2, 16, 32, [250, 190], dtype=fp8, holes=True)
 
 
+@cases.add("logits into a given out (NaN before), next_n 2, page 64, native fp8", native_fp8=True)
+def _(gen, dev, fp8):
+    args = args_of(gen, dev, 2, 2, 16, 64, [300, 130], dtype=fp8)
+    return dict(args, out=torch.full((4, args["max_context_len"]), float("nan"), device=dev))
+
+
 @cases.add("context length 0 and contexts beyond the table, native fp8", native_fp8=True)
 def _(gen, dev, fp8):
     return args_of(gen, dev, 3, 1, 8, 64, [0, 10**6, 64], dtype=fp8, pages_per_req=2)

@@ -94,7 +94,7 @@ def judge(args: dict, got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor]
     want_logits = paged_mqa_logits.reference(*(cpu(args[name]) for name in LOGITS_ARGS), args.get("k_format"),
                                              cpu(args.get("row_to_batch")), cpu(args.get("q_scale")))
     returned = _written(args, cpu(args["logits"]), want_logits)
-    detail, err, bound = mqa_logits.judge(args, returned, want_logits, accumulation)
+    detail, err, bound = mqa_logits.judge_values(args, returned, want_logits, accumulation)
     if detail:
         return f"logits: {detail}", err, bound
     lengths, row_to_batch = rows_of(cpu(args["context_lens"]), args["q"].shape[1], cpu(args.get("row_to_batch")))
