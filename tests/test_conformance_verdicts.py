@@ -292,3 +292,32 @@ def test_logits_of_a_small_row_are_held_to_that_row(wrong, op, case):
     wrong(op, small_row_off)
     result = run_case(case, "torch")
     assert result.status == "failed" and result.detail.startswith("relative RMS error 0.001 > 1e-05 (row ")
+
+
+def _and_outside(name):
+    """The op's answer, and then the first byte of the buffer its given output ``name`` is a view of changed (a byte
+    outside the view: the cases put the view past the buffer's start)."""
+    def wrap(fn):
+        def run(**args):
+            got = fn(**args)
+            given = args[name][0] if isinstance(args[name], list) else args[name]
+            flat = torch.empty(0, dtype=torch.uint8, device=given.device).set_(given.untyped_storage())
+            flat[0] ^= 1
+            return got
+        return run
+    return wrap
+
+
+@pytest.mark.parametrize(("op", "case", "name", "detail"), [
+    ("quantize_index_k", "outputs given: rows of a wider buffer, garbage in them before", "out", "out"),
+    ("quantize_index_k", "MXFP4: outputs given, rows of wider buffers", "out_scale", "out_scale"),
+])
+def test_a_write_outside_a_given_view_fails(wrong, op, case, name, detail):
+    """A given output that is a view of a wider buffer: the rest of the buffer must be left as it was (memcheck
+    cannot see such a write: it stays inside the allocation)."""
+    case = _case(op, case)
+    assert run_case(case, "torch").status == "passed"
+    wrong(op, _and_outside(name))
+    result = run_case(case, "torch")
+    assert (result.status, result.detail) == (
+        "failed", f"wrote outside the given {detail} (into the rest of the buffer it is a view of)")

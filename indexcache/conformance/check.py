@@ -47,10 +47,46 @@ def _judge(case: Case, args: dict, backend: str, accumulation: str) -> Verdict:
     (``store_index_k``'s cache), and the reference never does."""
     spec = SPECS[case.op]
     want = spec.reference(**{k: cpu(v) for k, v in args.items() if k not in _NOT_FOR_REFERENCE})
+    around = [(name, t, outside, _bytes(t).cpu().clone()) for name, t in _given_outputs(case.op, args)
+              if (outside := _outside(t)) is not None]
     got = getattr(ops, spec.name)(**args, backend=backend)
     if detail := _misshapen(got, library.result(case.op, spec.check(**args))):
         return detail, None, None
+    for name, t, outside, before in around:
+        if not torch.equal(_bytes(t).cpu()[outside], before[outside]):
+            return f"wrote outside the given {name} (into the rest of the buffer it is a view of)", None, None
     return spec.judge(args, got, want, accumulation)
+
+
+def _given_outputs(op: str, args: dict) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of each output the case gave (the tensors of the op's result that are its arguments; a
+    list argument's items named ``name[i]``)."""
+    named = {}
+    for name, value in args.items():
+        items = [(name, value)] if isinstance(value, torch.Tensor) else \
+            [(f"{name}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else []
+        named.update({id(v): (n, v) for n, v in items if isinstance(v, torch.Tensor)})
+    result = library.result(op, SPECS[op].check(**args))
+    result = [result] if isinstance(result, torch.Tensor) else list(result or ())
+    return [named[id(t)] for t in result if id(t) in named]
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t``'s whole storage, flat (uint8)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _outside(t: torch.Tensor) -> torch.Tensor | None:
+    """A CPU mask of the bytes of ``t``'s storage that are not ``t``'s elements (None where it holds every byte): a
+    given output that is a view of a wider buffer must leave the rest of it as it was."""
+    size, total = t.element_size(), t.untyped_storage().nbytes()
+    if t.numel() * size == total:
+        return None
+    first = torch.arange(total // size).as_strided(t.shape, t.stride(), t.storage_offset()).reshape(-1) * size
+    outside = torch.ones(total, dtype=torch.bool)
+    for byte in range(size):
+        outside[first + byte] = False
+    return outside
 
 
 def _misshapen(got, expected) -> str:
