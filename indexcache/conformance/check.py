@@ -47,10 +47,11 @@ def _judge(case: Case, args: dict, backend: str, accumulation: str) -> Verdict:
     (``store_index_k``'s cache), and the reference never does."""
     spec = SPECS[case.op]
     want = spec.reference(**{k: cpu(v) for k, v in args.items() if k not in _NOT_FOR_REFERENCE})
-    around = [(name, t, outside, _bytes(t).cpu().clone()) for name, t in _given_outputs(case.op, args)
+    expected = library.result(case.op, spec.check(**args))  # the given outputs, or new ones of their form
+    around = [(name, t, outside, _bytes(t).cpu().clone()) for name, t in _given_outputs(args, expected)
               if (outside := _outside(t)) is not None]
     got = getattr(ops, spec.name)(**args, backend=backend)
-    if detail := _misshapen(got, library.result(case.op, spec.check(**args))):
+    if detail := _misshapen(got, expected):
         return detail, None, None
     for name, t, outside, before in around:
         if not torch.equal(_bytes(t).cpu()[outside], before[outside]):
@@ -58,15 +59,15 @@ def _judge(case: Case, args: dict, backend: str, accumulation: str) -> Verdict:
     return spec.judge(args, got, want, accumulation)
 
 
-def _given_outputs(op: str, args: dict) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` of each output the case gave (the tensors of the op's result that are its arguments; a
-    list argument's items named ``name[i]``)."""
+def _given_outputs(args: dict, result) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of each output the case gave: the tensors of the op's contract ``result`` that are its
+    arguments (a list argument's items named ``name[i]``)."""
     named = {}
     for name, value in args.items():
-        items = [(name, value)] if isinstance(value, torch.Tensor) else \
-            [(f"{name}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else []
-        named.update({id(v): (n, v) for n, v in items if isinstance(v, torch.Tensor)})
-    result = library.result(op, SPECS[op].check(**args))
+        if isinstance(value, torch.Tensor):
+            named[id(value)] = name, value
+        elif isinstance(value, list):
+            named.update({id(v): (f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)})
     result = [result] if isinstance(result, torch.Tensor) else list(result or ())
     return [named[id(t)] for t in result if id(t) in named]
 
