@@ -110,15 +110,7 @@ def test_every_sparse_layer_reads_the_kv_of_its_producers_selection_over_steps_c
         assert len(planned) == len(plan.producers)  # one plan a producer, none for a shared layer
         assert len(swaps) == len(plan.producers if grouped else plan.sparse_layers)
         for i, rows in got.items():
-            layer = layers[i]
-            for b in range(REQUESTS):
-                for j in range(K):
-                    x = int(raw[b, j])
-                    if x < 0:
-                        assert rows[b, j] == -1
-                        continue
-                    assert rows[b, j] >= 0, (i, b, j)
-                    assert torch.equal(layer.device_kv[rows[b, j]], layer.host_kv[layer.host_loc[b, x]]), (i, b, x)
+            reads_its_selection(layers[i], rows, raw)
 
 
 def test_a_live_batch_smaller_than_max_requests_is_planned_without_row_to_batch():
