@@ -19,7 +19,7 @@ One request's causal prefill (the last ``T`` tokens of ``N``; H = 64, D = 128, f
   each round in a new order (``--rounds`` rounds; the card is power-capped), with each call's scratch bytes as above.
 
 - **the step's race** (``--producer-race``): each shape's step in one op at the default bound under each override
-  of ``PRODUCER_RACE`` as well (its launches built from the cuda table with the override, into outputs of its own; each
+  of ``TOPK_RACE`` as well (its launches built from the cuda table with the override, into outputs of its own; each
   checked against our two ops), raced with the contenders above: each override's step against the peers directly.
 - **the halves** (``--parts``): each shape's two-op steps apart, raced with the contenders above: our ``mqa_logits``
   into the whole logits, our ``topk_translate`` of rows computed once, and with the peers DeepGEMM's ``fp8_mqa_logits``
@@ -91,10 +91,6 @@ LOGITS_ARGS = ("q", "k", "k_scale", "weights", "ks", "ke")
 # launch's warps and rounds, a quarter of the entries, 8 columns a thread a piece, the next row's head read ahead)
 # lost or stayed within 1 %.
 TOPK_RACE = [{"BLOCK_SMEM": 0}, {"BLOCK_SMEM": 2}, {"AHEAD_SAMPLE_RANK": 0}]
-# --producer-race's overrides: TOPK_RACE's, after SEGMENT_SAMPLE 0, the one-op step's rows sampled ahead gathering their
-# sample from the logits as the two ops' do, instead of reading the segment sample its logits launch writes
-# (docs/kernels.md, "The segment sample"; an override of the one-op step alone).
-PRODUCER_RACE = [{"SEGMENT_SAMPLE": 0}, *TOPK_RACE]
 # --topk-race's decode-like rows (rows, columns): a decode producer step's top-k, short of and past the rows that are
 # sampled ahead (the cuda table's BLOCK_SAMPLE_ROWS, 256), where an override of the block kernel reaches too.
 DECODE_ROWS = [(64, 32768), (64, 131072), (512, 32768)]
@@ -515,8 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also race the top-k of the first shape's rows and of decode-like rows under the table "
                         "and TOPK_RACE's overrides")
     parser.add_argument("--producer-race", action="store_true",
-                        help="also race the whole step of each shape under each of PRODUCER_RACE's overrides, beside "
-                        "the peers")
+                        help="also race the whole step of each shape under each of TOPK_RACE's overrides, beside the "
+                        "peers")
     parser.add_argument("--parts", action="store_true",
                         help="also race each two-op step's halves apart: our logits, our top-k, DeepGEMM's logits, "
                         "FlashInfer's top-k")
@@ -548,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     def rows() -> list[dict[str, Any]]:
         found = [row for tokens, keys in shapes
                  for row in race(dev, tokens, keys, k, bounds, peers, rounds, errors,
-                                 PRODUCER_RACE if args.producer_race else (), args.parts)]
+                                 TOPK_RACE if args.producer_race else (), args.parts)]
         print_rows("the prefill producer step (median µs a call)", found,
                    ["case", "call", "us", "over_two_ops", "over_peers", "scratch_bytes"])
         return found

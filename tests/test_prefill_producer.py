@@ -68,36 +68,3 @@ def test_graph_replays_equal_eager_without_allocating():
         want = indexcache.mqa_topk_translate(**{**args, "out": None, "out_raw": fresh["out_raw"]},
                                              workspace_bytes=bound, backend="cuda")
         assert torch.equal(got, want) and torch.equal(got_raw, fresh["out_raw"])
-
-
-@gpu
-def test_passes_sampled_ahead_from_the_segment_sample_equal_the_two_ops():
-    """Passes of rows sampled ahead read the segment sample their logits launch wrote (docs/kernels.md, "The segment
-    sample"), the last, shorter pass samples in the block kernel: each row's selection is the two ops' (as sets: a
-    row's order is unspecified), whatever the sample, since it only sets each row's filter threshold."""
-    avail = dispatch.availability("cuda")
-    if not (avail.available and avail.mode == "GPU"):
-        pytest.skip(f"backend cuda does not run on this GPU: {avail.reason}")
-    from indexcache.backends.cuda.arch import NVIDIA
-    from indexcache.backends.cuda.tuning import tuning
-    from indexcache.backends.triton import prefill_producer
-    from indexcache.backends.triton.target import detect
-
-    tokens, keys, k = 1024, 32768, 2048
-    args = _inputs(torch.Generator().manual_seed(3), tokens, keys, k, "cuda", heads=64)
-    bound = 300 * 4 * keys + (16 << 20)  # passes of at least BLOCK_SAMPLE_ROWS rows, and a shorter last one
-    target = detect(NVIDIA)[2]
-    launches = prefill_producer.op_launches({**args, "workspace_bytes": bound}, target=target,
-                                            tuning=tuning(target.arch))
-    sampled = [launch.named["SEGMENTS"] for launch in launches if launch.launcher.__name__ == "topk_sample_kernel"]
-    assert sampled and all(sampled), "no pass read a segment sample: the test sees nothing"
-    got = indexcache.mqa_topk_translate(**args, workspace_bytes=bound, backend="cuda")
-    got_raw = args["out_raw"].clone()
-    logits = indexcache.mqa_logits(args["q"], args["k"], args["k_scale"], args["weights"], args["ks"], args["ke"],
-                                   backend="cuda")
-    raw = torch.empty_like(got_raw)
-    want = indexcache.topk_translate(logits, args["ke"] - args["ks"], k, args["page_table"], args["page_size"],
-                                     row_starts=args["ks"], row_to_batch=args["row_to_batch"], out_raw=raw,
-                                     backend="cuda")
-    assert torch.equal(got.sort(1).values, want.sort(1).values)
-    assert torch.equal(got_raw.sort(1).values, raw.sort(1).values)

@@ -64,12 +64,10 @@ def test_shape_points_meet_every_power_of_two_class():
 # step at next_n 1 and 2 and the prefill producer's (docs/kernels.md, "Kernel variants").
 # The split rows' kernels (sample, filter, finish) keep the scores' row stride's class, a multiple of 16 or not: twice
 # the classes of their other arguments. Rows sampled ahead take AHEAD_SAMPLE_RANK's sample size (64 to 4096 entries,
-# by columns / k), not the block's own: the sample launch's four call patterns of theirs at each size class. The
-# prefill producer's rows sampled ahead read the segment sample its logits launch writes (SEGMENT_SAMPLE): a sample
-# launch at each of its size classes (64 to 2048 entries, by columns / 64) and a logits variant that writes it.
-BOUNDS = {"topk_finish_kernel": 42, "topk_sample_kernel": 50, "topk_filter_kernel": 4, "topk_block_kernel": 12,
-          "paged_mqa_logits_kernel": 2, "paged_decode_sm90_kernel": 2, "mqa_logits_kernel": 7,
-          "prefill_sm90_kernel": 7, "translate_kernel": 2, "store_kernel": 1, "quantize_kernel": 1,
+# by columns / k), not the block's own: the sample launch's four call patterns of theirs at each size class.
+BOUNDS = {"topk_finish_kernel": 42, "topk_sample_kernel": 44, "topk_filter_kernel": 4, "topk_block_kernel": 12,
+          "paged_mqa_logits_kernel": 2, "paged_decode_sm90_kernel": 2, "mqa_logits_kernel": 6,
+          "prefill_sm90_kernel": 6, "translate_kernel": 2, "store_kernel": 1, "quantize_kernel": 1,
           "draft_rows_kernel": 1, "short_rows_kernel": 3, "gather_index_k_kernel": 1, "windows_kernel": 1}
 
 

@@ -96,10 +96,7 @@ _COMMON: dict[str, dict[str, Any]] = {
     # rounds cap and fewer warps within 0.6 % of none (docs/kernels.md, "Rows sampled ahead"). BLOCK_SMEM: the block
     # kernel's bin counts, warp counts and pivot bin (1), and the stash's keys too (2), in shared memory (declared in
     # inline PTX) instead of the workspace, so a row's select waits on fewer L2 round trips (docs/kernels.md, "The
-    # select in shared memory"; raced on an H100 there: 1). SEGMENT_SAMPLE 1: the producer step of prefill has its
-    # logits launch write one entry a 64-key segment of each row beside the logits, which the sample launch of its
-    # rows sampled ahead reads whole instead of gathering entries over the row (docs/kernels.md, "The segment
-    # sample").
+    # select in shared memory"; raced on an H100 there: 1).
     "topk": {"TILE": 1024, "BITS": 8, "DIGIT": 5, "num_warps": 4, "maxnreg": 128, "PROGRAMS_PER_SM": 4,
              "CHUNKS_PER_SM": 8, "SAMPLE_WARPS": 8, "FILTER_WARPS": 8, "FILTER_PACK": 8, "FINISH_TILE": 2048,
              "FINISH_WARPS": 8, "FINISH_MAXNREG": 224, "GATHER_CHUNKS": 64, "FINISH_BINS": 2048, "FINISH_TIES": 256,
@@ -107,7 +104,7 @@ _COMMON: dict[str, dict[str, Any]] = {
              "STASH_COLS_SHIFT": 5, "SORT_PER_WARP": 256, "KERNEL": "block", "BLOCK_WARPS": 32, "BLOCK_PIECE_J": 4,
              "BLOCK_PER_SM": 1, "BLOCK_MIN_ROWS": 32, "BLOCK_MAX_COLS": 262144,
              "BLOCK_SAMPLE_ROWS": 256, "BLOCK_FLOORS": 2, "BLOCK_PREFETCH": 1, "SAMPLE_ROUNDS": 0,
-             "AHEAD_SAMPLE_RANK": 32, "AHEAD_SAMPLE_WARPS": 0, "BLOCK_SMEM": 1, "SEGMENT_SAMPLE": 1},
+             "AHEAD_SAMPLE_RANK": 32, "AHEAD_SAMPLE_WARPS": 0, "BLOCK_SMEM": 1},
 }
 
 

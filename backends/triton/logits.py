@@ -65,7 +65,6 @@ from indexcache.backends.triton.launcher import (
     persistent_programs,
     planned_sms,
 )
-from indexcache.backends.triton.rows import SEGMENT, segment_entry
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.hal import fp4
@@ -94,12 +93,11 @@ def _pair(a, b, A_ON_ROWS: tl.constexpr):
 # multiple of 16.
 @triton.jit(do_not_specialize=("T", "skip"), do_not_specialize_on_alignment=("ks_ptr", "ke_ptr", "qs_ptr"))
 def mqa_logits_kernel(
-    q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, qs_ptr, smp_ptr,
+    q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, qs_ptr,
     T, N, skip,
-    q_s0, q_s1, q_s2, k_s0, k_s1, scale_s0, w_s0, w_s1, ks_s0, ke_s0, out_s0, out_s1, qs_s0, qs_s1, smp_s0,
+    q_s0, q_s1, q_s2, k_s0, k_s1, scale_s0, w_s0, w_s1, ks_s0, ke_s0, out_s0, out_s1, qs_s0, qs_s1,
     H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_ON_M: tl.constexpr,
     WIDEN: tl.constexpr, MXFP4: tl.constexpr = 0, FILL: tl.constexpr = 1, Q_FP4: tl.constexpr = 0,
-    SAMPLE: tl.constexpr = 0,
 ):
     """``MXFP4`` (``mxfp4``'s modes; launched with the block-scaled ones, 3 and 4, or with MXFP4 queries: elsewhere
     MXFP4 keys come widened once, ``prefill_fp4``): ``k`` holds MXFP4 value bytes ``[N, D / 2]`` (rows at
@@ -108,9 +106,7 @@ def mqa_logits_kernel(
     queries, ``q`` their value bytes ``[T, H, D / 2]`` (read as words) and ``qs`` their scale bytes ``[T, H, D / 32]``
     (unused otherwise). ``skip``: rows whose clipped window holds at most this many keys get no logits (0: as the
     contract, only empty ones); ``FILL`` 0: nothing is written outside the union of a block's windows (the producer
-    step reads only inside each row's window). ``SAMPLE`` 1: the segment sample too, ``smp [T, >= ceil(N / 64)]``
-    float32 (row stride ``smp_s0``): entry ``[t, j]`` row ``t``'s logit at key ``64 j + segment_entry(t, j)`` of
-    each segment ``j`` its block's key span walks (-inf outside its window; ``rows.segment_entry``)."""
+    step reads only inside each row's window)."""
     pid = tl.program_id(0)
     blocks = tl.cdiv(T, BLOCK_Q)
     rows = tl.arange(0, BLOCK_Q * H)
@@ -170,18 +166,13 @@ def mqa_logits_kernel(
                     s = s * sc[None, :]
             col, row = _pair(n.to(tl.int64) * out_s1, out_rows, KEYS_ON_M)
             ptrs = out_ptr + col + row
-            n2, ks2 = _pair(n, ks, KEYS_ON_M)
-            n2, ke2 = _pair(n, ke, KEYS_ON_M)
-            n_ok2, tok_ok2 = _pair(n_ok, tok_ok, KEYS_ON_M)
             if (n0 >= clean_lo) & (n0 + BLOCK_N <= clean_hi):
                 tl.store(ptrs, s)
             else:
-                s = tl.where((n2 >= ks2) & (n2 < ke2), s, NEG_INF)
-                tl.store(ptrs, s, mask=n_ok2 & tok_ok2)
-            if SAMPLE:
-                n2, tok2 = _pair(n, tok, KEYS_ON_M)
-                picked = (n2 % SEGMENT) == segment_entry(tok2, n2 // SEGMENT)
-                tl.store(smp_ptr + tok2.to(tl.int64) * smp_s0 + n2 // SEGMENT, s, mask=picked & n_ok2 & tok_ok2)
+                n2, ks2 = _pair(n, ks, KEYS_ON_M)
+                n2, ke2 = _pair(n, ke, KEYS_ON_M)
+                n_ok2, tok_ok2 = _pair(n_ok, tok_ok, KEYS_ON_M)
+                tl.store(ptrs, tl.where((n2 >= ks2) & (n2 < ke2), s, NEG_INF), mask=n_ok2 & tok_ok2)
         if FILL:  # -inf outside the union of the rows' windows
             fill = tl.full((BLOCK_Q, BLOCK_N), NEG_INF, tl.float32)
             for n0 in range(0, start, BLOCK_N):
@@ -715,8 +706,7 @@ def _check_shape(heads: int, dim: int) -> list[str]:
 
 def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, target: Target,
                         cfg: Mapping[str, Any], options: Options | None = None, skip: int = 0, fill: bool = True,
-                        workspace: torch.Tensor | None = None, keys_widened: bool = False,
-                        sample: torch.Tensor | None = None) -> list[Launch]:
+                        workspace: torch.Tensor | None = None, keys_widened: bool = False) -> list[Launch]:
     """The launches that fill ``out [T, N]`` float32 (contract: ``indexcache.mqa_logits``), in order, none when ``out``
     is empty; ``q [T, H, D]``, ``k [N, D]``; ``options``: the launch options of ``cfg`` for ``target`` and the keys'
     format (:func:`format_options` as :func:`~indexcache.backends.triton.launcher.launch_key_options`; computed when
@@ -728,10 +718,7 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, ta
     ``workspace`` (int32 words, :func:`prefill_fp4.workspace_words`; the calling stream's kept one when None) and go
     through the fp8 prefill (:mod:`prefill_fp4`); ``keys_widened``: ``workspace`` holds them already, widened by an
     earlier launch list of the same keys (the producer step's passes). MXFP4 queries (``q_scale`` given, with MXFP4
-    keys): the Triton kernel reads both, on any target (:func:`fp4_head_sum`). ``sample``: the segment sample
-    ``[T, >= ceil(N / 64)]`` float32 (unit stride along a row) the launch writes beside the logits for the producer
-    step's top-k (``SAMPLE`` of the kernels; written before the far keys' logits are: an entry may hold the
-    widened key's logit)."""
+    keys): the Triton kernel reads both, on any target (:func:`fp4_head_sum`)."""
     tokens, heads, dim = *q.shape[:2], fp4.head_dim(q)
     n = k.shape[0]
     if out.numel() == 0:
@@ -745,7 +732,7 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, ta
 
         def fp8_launches(wide, wide_scale):
             return mqa_logits_launches(q, wide, wide_scale, weights, ks, ke, out, target=target, cfg=cfg,
-                                       options=fp8_options, skip=skip, fill=fill, sample=sample)
+                                       options=fp8_options, skip=skip, fill=fill)
 
         return prefill_fp4.launches(q, k, k_scale, weights, ks, ke, out, ws, cfg=cfg,
                                     far_options=options or launch_key_options(format_options(target, cfg, True)),
@@ -758,7 +745,7 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, ta
         if not prefill_sm90.unsupported(q, k, k_scale, weights, out, target):
             return [prefill_sm90.launch(q, k, k_scale, weights, ks, ke, out, cfg=cfg,
                                         sms=persistent_programs(_programs(target, q.device), 1),
-                                        skip=skip, fill=fill, sample=sample)]
+                                        skip=skip, fill=fill)]
     block_q = max(1, _columns(cfg, fp4_mode, q_scale is not None) // heads, 16 // heads)
     block_n = _fp4_tile(cfg["BLOCK_N"], fp4_mode, target, cfg["KEYS_ON_M"])
     blocks = cdiv(tokens, block_q)
@@ -769,12 +756,12 @@ def mqa_logits_launches(q, k, k_scale, weights, ks, ke, out, q_scale=None, *, ta
     queries, q_scales, qs_strides = _query_args(q, q_scale, widen)
     return [Launch(
         PREFILL, (programs,), options,
-        (queries, keys, scales, weights, ks, ke, out, q_scales, out if sample is None else sample,
+        (queries, keys, scales, weights, ks, ke, out, q_scales,
          tokens, n, skip,
          *q.stride(), *k.stride(), k_scale.stride(0), *weights.stride(), ks.stride(0), ke.stride(0), *out.stride(),
-         *qs_strides, 0 if sample is None else sample.stride(0)),
+         *qs_strides),
         dict(H=heads, D=dim, BLOCK_Q=block_q, BLOCK_N=block_n, KEYS_ON_M=cfg["KEYS_ON_M"], WIDEN=widen,
-             MXFP4=fp4_mode, FILL=fill, Q_FP4=int(q_scale is not None), SAMPLE=int(sample is not None)),
+             MXFP4=fp4_mode, FILL=fill, Q_FP4=int(q_scale is not None)),
     )]
 
 
@@ -962,7 +949,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
         specs.append(KernelSpec(
             "mqa_logits", mqa_logits_kernel,
             {"q_ptr": data, "k_ptr": data, "scale_ptr": "*fp32", "w_ptr": "*fp32",
-             "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32", "qs_ptr": data, "smp_ptr": "*fp32"},
+             "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32", "qs_ptr": data},
             {"H": heads, "D": dim, "BLOCK_Q": max(1, prefill["COLS"] // heads, 16 // heads),
              "BLOCK_N": prefill["BLOCK_N"], "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen, "MXFP4": 0, "Q_FP4": 0,
              "q_s2": 1, "k_s1": 1, "scale_s0": 1, "w_s1": 1, "ks_s0": 1, "ke_s0": 1, "out_s1": 1},
@@ -979,7 +966,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     specs += [] if not target.gpu.fp8_mma or mode < mxfp4.SCALED_E2M1.value else [KernelSpec(
         "mqa_logits", mqa_logits_kernel,
         {"q_ptr": data, "k_ptr": "*u8", "scale_ptr": "*u8", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32",
-         "out_ptr": "*fp32", "qs_ptr": data, "smp_ptr": "*fp32"},
+         "out_ptr": "*fp32", "qs_ptr": data},
         {"H": heads, "D": dim, "BLOCK_Q": max(1, prefill["COLS"] // heads, 16 // heads),
          "BLOCK_N": _fp4_tile(prefill["BLOCK_N"], mode, target, prefill["KEYS_ON_M"]),
          "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen, "MXFP4": mode, "Q_FP4": 0, "q_s2": 1, "k_s1": 1, "w_s1": 1,
@@ -991,7 +978,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
     specs += [] if not target.gpu.fp8_mma else [KernelSpec(
         "mqa_logits", mqa_logits_kernel,
         {"q_ptr": "*u8", "k_ptr": "*u8", "scale_ptr": "*u8", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32",
-         "out_ptr": "*fp32", "qs_ptr": "*u8", "smp_ptr": "*fp32"},
+         "out_ptr": "*fp32", "qs_ptr": "*u8"},
         {"H": heads, "D": dim, "BLOCK_Q": max(1, _columns(prefill, mode, True) // heads, 16 // heads),
          "BLOCK_N": _fp4_tile(prefill["BLOCK_N"], mode, target, prefill["KEYS_ON_M"]),
          "KEYS_ON_M": prefill["KEYS_ON_M"], "WIDEN": widen, "MXFP4": mode, "Q_FP4": 1, "q_s2": 1, "k_s1": 1,

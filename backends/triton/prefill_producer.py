@@ -48,11 +48,10 @@ from indexcache.backends.triton.logits import (
 )
 from indexcache.backends.triton.logits import ops as logits_ops
 from indexcache.backends.triton.producer import short_launch
-from indexcache.backends.triton.rows import SEGMENT
 from indexcache.backends.triton.support import cdiv, on_target_device
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.topk.kernels import MAX_COLS
-from indexcache.backends.triton.topk.plan import Settings, multiprocessors, segment_samples, shape_plan
+from indexcache.backends.triton.topk.plan import Settings, multiprocessors, shape_plan
 from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
 
@@ -139,9 +138,7 @@ def _pass(tokens: int, keys: int, device: torch.device, k: int, limit: int, targ
         return full, last
 
     def need(rows: int) -> int:
-        plans = both(rows)
-        return (fixed + 4 * _piece(rows * keys) + 4 * _piece(rows * _segment_row(plans, keys, k))
-                + 4 * max(_words(plan) for _, plan in plans))
+        return fixed + 4 * _piece(rows * keys) + 4 * max(_words(plan) for _, plan in both(rows))
 
     if need(tokens) <= limit:
         return tokens, *both(tokens)
@@ -163,25 +160,14 @@ def _pass(tokens: int, keys: int, device: torch.device, k: int, limit: int, targ
     return rows, *both(rows)
 
 
-def _segment_row(plans: tuple[tuple[Settings, Any], ...], keys: int, k: int) -> int:
-    """int32 words a query row's segment sample takes (``rows.segment_entry``: one entry a 64-key segment, the row
-    64-byte aligned) where a pass's top-k (``(settings, plan)`` of ``plans``) reads one
-    (:func:`topk.plan.segment_samples <indexcache.backends.triton.topk.plan.segment_samples>`), else 0."""
-    if any(segment_samples(plan, keys, k, chosen.cfg) for chosen, plan in plans):
-        return _piece(cdiv(keys, SEGMENT.value))
-    return 0
-
-
 def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, target: Target,
             tuning: Mapping[str, Mapping[str, Any]],
-            settings: tuple[Settings, Settings] | None = None) -> tuple[int, tuple[int, int, int, int], int, tuple,
-                                                                         tuple]:
+            settings: tuple[Settings, Settings] | None = None) -> tuple[int, tuple[int, int, int], int, tuple, tuple]:
     """``(rows a pass, the workspace's pieces, its bytes, (settings, plan) of a full pass's top-k, (settings, plan) of
     the last pass's)`` of a call
     with queries and a ``topk_k`` above 0 (:func:`pass_rows`, in whole rounds of its logits launch where the bound
     allows). The pieces, in int32 words: the windows' (two of the first size), the keys widened once (the second,
-    ``logits.prefill_workspace_words``; 0 but for MXFP4 keys on a widening target), a pass's logits (the third) and
-    its rows' segment sample (the fourth, 0 where the pass's top-k reads none: :func:`_segment_row`, a row's words);
+    ``logits.prefill_workspace_words``; 0 but for MXFP4 keys on a widening target) and a pass's logits (the third);
     the top-k's workspace follows them (:func:`topk.shape_plan <indexcache.backends.triton.topk.plan.shape_plan>`'s
     words, for the pass's settings). ``q_scale``: MXFP4 queries (the keys read as they are); ``settings``:
     :func:`topk_settings` (worked out when None)."""
@@ -190,10 +176,9 @@ def _passes(q, k, k_scale, weights, topk_k: int, limit: int, q_scale=None, *, ta
     wide = prefill_workspace_words(q, k, q_scale, target=target)
     rows, full, last = _pass(tokens, keys, q.device, topk_k, limit, target,
                              settings or topk_settings(target, tuning["topk"]), quantum, wide)
-    row = _segment_row((full, last), keys, topk_k)
-    pieces = _piece(tokens), _piece(wide), _piece(rows * keys), _piece(rows * row)
+    pieces = _piece(tokens), _piece(wide), _piece(rows * keys)
     words = max(_words(plan) for _, plan in (full, last))
-    return rows, pieces, 4 * (2 * pieces[0] + sum(pieces[1:]) + words), full, last
+    return rows, pieces, 4 * (2 * pieces[0] + pieces[1] + pieces[2] + words), full, last
 
 
 def _rows(tensors: tuple[torch.Tensor | None, ...], t0: int, t1: int) -> list[torch.Tensor | None]:
@@ -227,17 +212,13 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
         return []
     if keys <= topk_k:  # every window short: its first positions, translated, in one launch
         return [short_launch(ks, 1, row_to_batch, topk_k, keys, page_table, page_size, out, out_raw, window_ends=ke)]
-    rows, (win, wide, part, smp), total, full, last = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_,
-                                                              q_scale, target=target, tuning=tuning, settings=settings)
+    rows, (win, wide, part), total, full, last = _passes(q, k, k_scale, weights, topk_k, workspace_bytes_, q_scale,
+                                                         target=target, tuning=tuning, settings=settings)
     ws = workspaces.words(q, total // 4, workspace, cap=workspace_bytes_ // 4)
     starts, lengths = ws[:tokens], ws[win:win + tokens]
     keys_ws = ws[2 * win:2 * win + wide]
-    at = 2 * win + wide
-    logits = ws[at:at + rows * keys].view(torch.float32).view(rows, keys)
-    at += part
-    segment_row = smp // rows if smp else 0  # (the piece's rows each 64-byte aligned: it divides)
-    samples = ws[at:at + rows * segment_row].view(torch.float32).view(rows, segment_row)
-    scratch = ws[at + smp:].view(torch.uint8)
+    logits = ws[2 * win + wide:2 * win + wide + rows * keys].view(torch.float32).view(rows, keys)
+    scratch = ws[2 * win + wide + part:].view(torch.uint8)
     steps: list[Launch | None] = [Launch(WINDOWS, (cdiv(tokens, WINDOW_BLOCK),), FOUR_WARPS,
                                          (ks, ke, starts, lengths, tokens, keys, ks.stride(0), ke.stride(0)),
                                          dict(BLOCK=WINDOW_BLOCK))]
@@ -248,17 +229,15 @@ def launches(q, k, k_scale, weights, ks, ke, topk_k, page_table, page_size, row_
         scores = logits if t1 - t0 == rows else logits[:t1 - t0]
         q_, weights_, ks_, ke_, q_scale_, lengths_, starts_, out_, raw_, per_row_ = _rows(
             (q, weights, ks, ke, q_scale, lengths, starts, out, out_raw, per_row), t0, t1)
-        select, plan = full if t1 - t0 == rows else last
-        # The pass's segment sample, written with its logits, where its top-k reads one (rows sampled ahead)
-        sample = samples[:t1 - t0] if segment_samples(plan, keys, topk_k, select.cfg) else None
         # (MXFP4 keys widened once: in the first pass)
         steps += mqa_logits_launches(q_, k, k_scale, weights_, ks_, ke_, scores, q_scale_, target=target,
                                      cfg=tuning["mqa_logits"], options=options, skip=topk_k, fill=False,
-                                     workspace=keys_ws, keys_widened=t0 > 0, sample=sample)
+                                     workspace=keys_ws, keys_widened=t0 > 0)
         r2b, table = (None, per_row_) if row_to_batch is None else (per_row_, page_table)
+        select, plan = full if t1 - t0 == rows else last
         steps += [launch for _, launch in topk.launches(scores, lengths_, topk_k, starts_, out_, raw_, table, page_size,
                                                          r2b, workspace=scratch, target=target, cfg=select.cfg,
-                                                         plan=plan, settings=select, segment_sample=sample)]
+                                                         plan=plan, settings=select)]
     return steps
 
 

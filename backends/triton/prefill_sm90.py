@@ -43,7 +43,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from indexcache.backends.triton.launcher import Launch, Launcher, launch_key_options
-from indexcache.backends.triton.rows import SEGMENT, segment_entry
 from indexcache.backends.triton.sm90 import tma_load, twice_relu, unsupported_target
 from indexcache.backends.triton.support import cdiv
 from indexcache.backends.triton.target import Target
@@ -54,7 +53,6 @@ COLS = 128  # matmul columns: BLOCK_Q tokens × H heads
 LOADER_REGS = 32  # the copy warp's registers
 MATH = gl.constexpr(4)  # math warp groups a program (one program a SM): the four partitions of the kernel
 STAGE_KEYS = MATH.value * BLOCK_N  # keys a ring slot: a tile for each math group, one copy and one barrier
-assert BLOCK_N == SEGMENT.value  # a tile is a segment of the segment sample
 
 
 def _rows(at):
@@ -155,14 +153,13 @@ def _copy_partition(keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_sm
 
 
 @gluon.jit
-def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, smp_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
-                    q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, smp_s0, skip, items, full, parts, WG: gl.constexpr,
-                    MATH: gl.constexpr, H: gl.constexpr,
+def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready, q_empty,
+                    T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts, WG: gl.constexpr, MATH: gl.constexpr,
+                    H: gl.constexpr,
                     BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    view: gl.constexpr, FILL: gl.constexpr, quad_l: gl.constexpr, SAMPLE: gl.constexpr):
+                    view: gl.constexpr, FILL: gl.constexpr, quad_l: gl.constexpr):
     """Math warp group ``WG`` of ``MATH``: the ``WG``-th tile of each ring slot: matmul, head sum, store (nothing of a
-    tile past the block's last one); and (``FILL``) its share of the block's -inf columns. ``SAMPLE``: each tile, a
-    segment of the segment sample, stores its tokens' entries too (``rows.segment_entry``)."""
+    tile past the block's last one); and (``FILL``) its share of the block's -inf columns."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_Q * H, 32])
     pair_l: gl.constexpr = gl.SliceLayout(2, view)  # [keys, tokens]
@@ -188,7 +185,6 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, smp_ptr, keys_smem, scales_s
         clean_lo = gl.max(ks, axis=0)
         clean_hi = gl.min(ke, axis=0)
         out_rows = tok.to(gl.int64) * out_s0
-        smp_rows = tok.to(gl.int64) * smp_s0
         w = gl.load(w_ptr + (t0 + w_tok).to(gl.int64)[:, None] * w_s0 + w_heads[None, :],
                     mask=(t0 + w_tok < T)[:, None], other=0.0)
         qb = c % 2
@@ -222,13 +218,7 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, smp_ptr, keys_smem, scales_s
                 gl.store(p4, s4)
             else:  # a tile on a window's edge, or past the block's last tile (nothing stored there)
                 inside = (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
-                s = gl.where(inside, s, NEG_INF)
-                gl.store(ptrs, s, mask=(n < lim)[:, None] & tok_ok[None, :])
-            if SAMPLE:  # the tile is segment n0 / BLOCK_N: each token's entry of it (a predicated store)
-                seg = n0 // BLOCK_N
-                picked = keys[:, None] == segment_entry(tok, seg)[None, :]
-                gl.store(smp_ptr + (smp_rows + seg)[None, :] + (keys * 0)[:, None], s,
-                         mask=picked & (n < lim)[:, None] & tok_ok[None, :])
+                gl.store(ptrs, gl.where(inside, s, NEG_INF), mask=(n < lim)[:, None] & tok_ok[None, :])
         mbarrier.arrive(q_empty.index(qb), count=1)  # this group's matmuls on the block's Q are done
         i += hi - lo
         c += 1
@@ -249,19 +239,18 @@ def _math_partition(w_ptr, ks_ptr, ke_ptr, out_ptr, smp_ptr, keys_smem, scales_s
 @gluon.jit(do_not_specialize=("T", "skip", "items", "full", "parts"),
            do_not_specialize_on_alignment=("ks_ptr", "ke_ptr"))
 def prefill_sm90_kernel(
-    keys_desc, scales_desc, q_desc, w_ptr, ks_ptr, ke_ptr, out_ptr, smp_ptr,
-    T, N, w_s0, ks_s0, ke_s0, out_s0, smp_s0, skip, items, full, parts,
+    keys_desc, scales_desc, q_desc, w_ptr, ks_ptr, ke_ptr, out_ptr,
+    T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts,
     H: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, view: gl.constexpr, quad_l: gl.constexpr,
-    FILL: gl.constexpr = 1, SAMPLE: gl.constexpr = 0,
+    FILL: gl.constexpr = 1,
 ):
     """One copy warp (``LOADER_REGS`` registers) fills the slots; four math warp groups (``MATH_REGS``) free them
     through mbarriers; ``view``: the matmul's accumulator layout seen as ``[BLOCK_N, BLOCK_Q, H]``
     (:func:`accumulator_view`), ``quad_l`` its head sums with a quad's lane as an axis (:func:`quad_view`).
     ``skip``: rows whose clipped window holds at most this many keys get no logits (0: as the contract, only empty
     ones); ``FILL`` 0: nothing is written outside the union of a block's windows (the producer step reads only inside
-    each row's window). ``items``, ``full``, ``parts``: the work items (:func:`_item`; :func:`tail_parts`).
-    ``SAMPLE`` 1: the segment sample too, ``smp`` (row stride ``smp_s0``), as the Triton kernel's ``SAMPLE``."""
+    each row's window). ``items``, ``full``, ``parts``: the work items (:func:`_item`; :func:`tail_parts`)."""
     keys_smem = gl.allocate_shared_memory(keys_desc.dtype, [STAGES] + keys_desc.block_type.shape, keys_desc.layout)
     scales_smem = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
                                             scales_desc.layout)
@@ -278,18 +267,18 @@ def prefill_sm90_kernel(
         mbarrier.init(q_empty.index(st), count=MATH)
     # The four math warp groups run the same function (a tuple built from another would lose ``view``'s constness).
     gl.warp_specialize([
-        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, smp_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                           q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, smp_s0, skip, items, full, parts, 0,
-                           MATH, H, BLOCK_Q, BLOCK_N, STAGES, view, FILL, quad_l, SAMPLE)),
-        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, smp_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                           q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, smp_s0, skip, items, full, parts, 1,
-                           MATH, H, BLOCK_Q, BLOCK_N, STAGES, view, FILL, quad_l, SAMPLE)),
-        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, smp_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                           q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, smp_s0, skip, items, full, parts, 2,
-                           MATH, H, BLOCK_Q, BLOCK_N, STAGES, view, FILL, quad_l, SAMPLE)),
-        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, smp_ptr, keys_smem, scales_smem, q_smem, ready, empty,
-                           q_ready, q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, smp_s0, skip, items, full, parts, 3,
-                           MATH, H, BLOCK_Q, BLOCK_N, STAGES, view, FILL, quad_l, SAMPLE)),
+        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts, 0, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL, quad_l)),
+        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts, 1, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL, quad_l)),
+        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts, 2, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL, quad_l)),
+        (_math_partition, (w_ptr, ks_ptr, ke_ptr, out_ptr, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
+                           q_empty, T, N, w_s0, ks_s0, ke_s0, out_s0, skip, items, full, parts, 3, MATH, H, BLOCK_Q,
+                           BLOCK_N, STAGES, view, FILL, quad_l)),
         (_copy_partition, (keys_desc, scales_desc, q_desc, keys_smem, scales_smem, q_smem, ready, empty, q_ready,
                            q_empty, ks_ptr, ke_ptr, T, N, ks_s0, ke_s0, skip, items, full, parts, H, BLOCK_Q,
                            BLOCK_N, STAGES)),
@@ -381,13 +370,12 @@ def _layouts(dim: int) -> tuple:
 
 
 def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: int, skip: int = 0,
-           fill: bool = True, sample: torch.Tensor | None = None) -> Launch:
+           fill: bool = True) -> Launch:
     """The launch filling ``out [T, N]`` (contract: ``indexcache.mqa_logits``) for a call :func:`unsupported`
     accepts. ``cfg``: the mqa_logits tuning entry (``TMA_STAGES``, a multiple of the four math groups, else
     ValueError; ``TMA_MAXNREG``, the kernel-wide register cap; ``TMA_MATH_REGS``, the math groups' share); ``sms``: the
-    device's multiprocessors; ``skip`` and ``fill`` as the kernel's ``skip`` and ``FILL``; ``sample``: the segment
-    sample to write (``SAMPLE``; ``logits.mqa_logits_launches``). One program a SM (its 20 warps take the register
-    file), never more than there are blocks."""
+    device's multiprocessors; ``skip`` and ``fill`` as the kernel's ``skip`` and ``FILL``. One program a SM (its 20
+    warps take the register file), never more than there are blocks."""
     stages = cfg["TMA_STAGES"]
     if stages < 1 or stages & (stages - 1):
         raise ValueError(f"mqa_logits tuning entry TMA_STAGES={stages}: expected a power of two (ring slots of "
@@ -401,13 +389,12 @@ def launch(q, k, k_scale, weights, ks, ke, out, *, cfg: Mapping[str, Any], sms: 
     rows = q.view(tokens * heads, dim)  # a block's Q: COLS rows from token t0's first
     q_desc = TensorDescriptor(rows, [tokens * heads, dim], [dim, 1], [COLS, dim], q_layout)
     options = launch_key_options(_options(cfg))
-    named = dict(_named(heads, dim, cfg), FILL=fill, SAMPLE=int(sample is not None))
+    named = dict(_named(heads, dim, cfg), FILL=fill)
     blocks = cdiv(tokens, named["BLOCK_Q"])
     programs = max(1, min(sms, blocks))
     full, parts = (blocks // programs) * programs, tail_parts(blocks % programs, programs)
-    args = (keys_desc, scales_desc, q_desc, weights, ks, ke, out, out if sample is None else sample, tokens, n,
-            weights.stride(0), ks.stride(0), ke.stride(0), out.stride(0), 0 if sample is None else sample.stride(0),
-            skip, full + (blocks - full) * parts, full, parts)
+    args = (keys_desc, scales_desc, q_desc, weights, ks, ke, out, tokens, n, weights.stride(0), ks.stride(0),
+            ke.stride(0), out.stride(0), skip, full + (blocks - full) * parts, full, parts)
     return Launch(PREFILL, (programs,), options, args, named)
 
 
@@ -422,8 +409,8 @@ def tail_parts(tail: int, programs: int, most: int = 8) -> int:
 
 def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) -> list:
     """What the kernel builds for ``target`` (sm90 only, else nothing) at the given indexer shape with the
-    ``mqa_logits`` entry ``cfg``, with the -inf fill (``mqa_logits``) and without (the producer step), with the
-    segment sample and without (cross-compile check)."""
+    ``mqa_logits`` entry ``cfg``, with the -inf fill (``mqa_logits``) and without (the producer step; cross-compile
+    check)."""
     from indexcache.backends.triton.crosscompile import KernelSpec
 
     if target.gpu.mma != "wgmma":  # Hopper's warp-group MMA and TMA
@@ -432,8 +419,7 @@ def compile_specs(target: Target, cfg: Mapping[str, Any], heads: int, dim: int) 
     types = {"keys_desc": f"tensordesc<fp8e4nv[{STAGE_KEYS}, {dim}],{keys!r}>",
              "scales_desc": f"tensordesc<fp32[1, {STAGE_KEYS}],{_SCALES_LAYOUT!r}>",
              "q_desc": f"tensordesc<fp8e4nv[{COLS}, {dim}],{q!r}>", "w_ptr": "*fp32",
-             "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32", "smp_ptr": "*fp32"}
+             "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32"}
     return [KernelSpec("mqa_logits", prefill_sm90_kernel, types,
-                       {**_named(heads, dim, cfg), "FILL": fill, "SAMPLE": sample, "ks_s0": 1, "ke_s0": 1},
-                       _options(cfg), matrix="fp8", aligned=("w_s0", "out_s0", "smp_s0"),
-                       stack_bytes=STACK_BYTES * fill) for fill, sample in ((1, 0), (0, 0), (0, 1))]
+                       {**_named(heads, dim, cfg), "FILL": fill, "ks_s0": 1, "ke_s0": 1}, _options(cfg),
+                       matrix="fp8", aligned=("w_s0", "out_s0"), stack_bytes=STACK_BYTES * fill) for fill in (1, 0)]

@@ -39,20 +39,6 @@ def sample_positions(i, start, length, SAMPLES: tl.constexpr):
     return start + tl.minimum(at, length - 1)
 
 
-SEGMENT = tl.constexpr(64)  # keys a segment of a segment sample (segment_entry)
-
-
-@triton.jit
-def segment_entry(t, j):
-    """Offset in ``[0, SEGMENT)`` of query row ``t``'s entry of key segment ``j`` (keys ``[SEGMENT j, SEGMENT j +
-    SEGMENT)``) in the segment sample a prefill logits launch writes for the producer step's top-k (one entry a
-    segment and row: ``docs/kernels.md``, "The segment sample"): a hash of ``(t, j)``, so that the entries of data
-    that repeats with a power-of-two period do not all sit at the same offsets. The same integer arithmetic in every
-    kernel (int32, wrapping)."""
-    h = (t * 40503 + j) * 1540483477
-    return ((h ^ (h >> 13)) >> 16) & (SEGMENT - 1)
-
-
 @triton.jit
 def row_batch(r2b_ptr, r, r2b_s0, table_ptr, tab_s0, batches, HAS_R2B: tl.constexpr):
     """``(batch ok, page-table row pointer)`` of row ``r``."""

@@ -9,8 +9,6 @@ bounds fails the test. Interpreted bf16 widens to fp32 before the dot (the inter
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 import triton
@@ -626,51 +624,3 @@ def test_mxfp4_blocks_more_than_2_127_below_their_rows_largest_are_lost(backend,
     if side == "k":
         assert (got[:, 1::2] == 0).all()
     _assert_logits(got, want, 1e-5)
-
-
-def segment_entry(t: int, j: int) -> int:
-    """``rows.segment_entry`` in Python (int32 wrapping arithmetic, arithmetic shifts)."""
-
-    def i32(x: int) -> int:
-        return (x + 2**31) % 2**32 - 2**31
-
-    h = i32(i32(t * 40503 + j) * 1540483477)
-    return ((h ^ (h >> 13)) >> 16) & 63
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("keys_on_m", [True, False])
-def test_prefill_writes_each_rows_segment_sample(backend, keys_on_m):
-    """With a segment sample (the producer step's rows sampled ahead), the prefill launch writes, for every 64-key
-    segment a row's window touches, the row's logit at ``64 j + segment_entry(t, j)`` (-inf where that key lies
-    outside the window), beside logits equal to those of a launch without it; nothing else of the sample."""
-    from indexcache.backends.triton.logits import mqa_logits_launches
-
-    torch.manual_seed(5)
-    t, n, h, d = 12, 700, 16, 64
-    q, k = _fp8((t, h, d), FP8[backend], 4), _fp8((n, d), FP8[backend], 4)
-    k_scale, w = torch.rand(n) + 0.25, torch.randn(t, h)
-    ks = torch.tensor([0, 0, 5, 70, 130, 0, 600, 0, 10, 64, 0, 3], dtype=torch.int32)
-    ke = torch.tensor([700, 1, 300, 71, 500, 0, 700, 650, 659, 128, 699, 700], dtype=torch.int32)
-    _, _, target = detect(cuda_backend.NVIDIA if backend == "cuda" else AMD)
-    table = importlib.import_module(f"indexcache.backends.{backend}.tuning").tuning(target.arch)
-    cfg = dict(table["mqa_logits"], KEYS_ON_M=keys_on_m)
-    segments = -(-n // 64)
-    sample = torch.full((t, segments + 5), float("nan"))
-    plain, out = torch.full((t, n), float("nan")), torch.full((t, n), float("nan"))
-    for given, logits in ((None, plain), (sample, out)):
-        for launch in mqa_logits_launches(q, k, k_scale, w, ks, ke, logits, target=target, cfg=cfg, skip=2,
-                                          fill=False, sample=given):
-            launch()
-    assert torch.equal(out.isnan(), plain.isnan()) and torch.equal(out[~out.isnan()], plain[~plain.isnan()])
-    want = torch.full_like(sample, float("nan"))
-    for row in range(t):
-        lo, hi = max(int(ks[row]), 0), min(int(ke[row]), n)
-        if hi - lo <= 2:  # a row of at most skip keys: no logits, no sample
-            continue
-        for j in range(lo // 64, (hi - 1) // 64 + 1):
-            at = 64 * j + segment_entry(row, j)
-            want[row, j] = float(out[row, at]) if lo <= at < hi else float("-inf")
-    written = ~want.isnan()
-    assert torch.equal(sample[written], want[written])
-    assert (sample[:, segments:].isnan()).all()  # past the last segment: untouched

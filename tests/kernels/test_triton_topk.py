@@ -519,7 +519,7 @@ def test_a_sample_record_without_counts_holds_the_split_rows_threshold_and_shift
     starts = _lengths(0, 0, 500, 0, 0)
     opts = _plan().own_options(SM90, SMALL, "SAMPLE_WARPS")
     named = dict(s_s0=cols, s_s1=1, len_s0=1, st_s0=1, HAS_STARTS=True, CONTIG=True, SAMPLES=256, DIGIT=5, BINS=bins,
-                 PDL=False, ROUNDS=0, SEGMENTS=False)
+                 PDL=False, ROUNDS=0)
     records = {}
     for counts, width in ((True, bins + 2), (False, 2)):
         record = torch.full((rows, width), SENTINEL, dtype=torch.int32)
@@ -554,7 +554,7 @@ def test_sample_rounds_capped_lower_the_floor_to_its_bin_and_keep_the_top_k(roun
     sampled = [0, 1, 2, 3, 6]  # the rows longer than k
     opts = _plan().own_options(SM90, SMALL, "SAMPLE_WARPS")
     named = dict(s_s0=cols, s_s1=1, len_s0=1, st_s0=1, HAS_STARTS=True, CONTIG=True, SAMPLES=256, DIGIT=5, BINS=bins,
-                 PDL=False, COUNTS=False, SEGMENTS=False)
+                 PDL=False, COUNTS=False)
     floors = {}
     for cap in (0, rounds):
         record = torch.full((rows, 2), SENTINEL, dtype=torch.int32)
@@ -616,48 +616,3 @@ def test_row_metadata_of_a_huge_stride(name, cols):
     args[name] = far(args[name], 0)
     got = run(args)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
-def test_a_segment_sample_record_holds_the_threshold_of_its_valid_entries():
-    """``topk_sample_kernel`` with ``SEGMENTS`` (rows sampled ahead from the segment sample a prefill logits launch
-    writes: one entry a 64-key segment) reads each row's entries of the segments its window touches, and its record's
-    threshold takes exactly the m best valid entries in (at or below the m-th best one's key, above the next one's),
-    ``m = ceil(λ + 4√λ + 2)`` with ``λ = k / 64`` (every valid key when fewer are valid); short rows untouched;
-    nothing read outside the segments a row's window touches (+inf there would be taken as the best)."""
-    from indexcache.backends.triton.launcher import Launch
-    from indexcache.backends.triton.rows import KEY_MIN_VALID
-
-    gen = torch.Generator().manual_seed(4)
-    rows, cols, k, bins = 6, 5000, 256, 256
-    segments = -(-cols // 64)
-    sample = torch.randn(rows, 128, generator=gen) * 30
-    sample[:, segments:] = float("inf")  # past the last segment: never read
-    starts = _lengths(0, 100, 64, 0, 4000, 0)
-    lengths = _lengths(5000, 3000, 4936, 200, 1000, 4999)  # row 3 short (<= k)
-    for r in range(rows):  # entries of segments outside the window: +inf, which a read would take as the best
-        first, last = int(starts[r]) // 64, (int(starts[r]) + int(lengths[r]) - 1) // 64
-        sample[r, :first] = float("inf")
-        sample[r, last + 1:] = float("inf")
-    sample[2, 5] = float("-inf")  # an entry outside its window (the logits launch writes -inf there)
-    sample[4, ::3] = float("-inf")
-    opts = _plan().own_options(SM90, SMALL, "SAMPLE_WARPS")
-    record = torch.full((rows, 2), SENTINEL, dtype=torch.int32)
-    named = dict(s_s0=sample.stride(0), s_s1=1, len_s0=1, st_s0=1, HAS_STARTS=True, CONTIG=True, SAMPLES=128, DIGIT=5,
-                 BINS=bins, PDL=False, ROUNDS=0, COUNTS=False, SEGMENTS=True)
-    Launch(_plan().SAMPLE, (rows,), opts, (sample, lengths, starts, record, cols, k), named)()
-    lam = k / 64
-    m = int(lam + 4 * lam ** 0.5 + 3)
-    for r in range(rows):
-        if int(lengths[r]) <= k:
-            assert (record[r] == SENTINEL).all()
-            continue
-        first, last = int(starts[r]) // 64, (int(starts[r]) + int(lengths[r]) - 1) // 64
-        entries = sample[r, first:last + 1]
-        valid = entries[entries != float("-inf")].sort(descending=True).values
-        bits = valid.view(torch.int32).long()
-        keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # order keys (no -0.0, NaN or -inf here)
-        if valid.numel() < m:  # too few valid entries: every key passes
-            assert int(record[r, 0]) == KEY_MIN_VALID.value
-        else:
-            assert int(keys[m]) < int(record[r, 0]) <= int(keys[m - 1]), (r, int(record[r, 0]), keys[m - 1:m + 1])
-    assert (record[[0, 1, 2, 4, 5], 1] > 0).all()  # these spans need a shift

@@ -12,7 +12,6 @@ from indexcache.backends.triton.rows import (
     INT_MAX,
     INT_MIN,
     KEY_MIN_VALID,
-    SEGMENT,
     below_common_prefix,
     emit,
     load,
@@ -147,30 +146,12 @@ def _sample_floor(row_ptr, s1, start, length, k, CONTIG: tl.constexpr, SAMPLES: 
     stay tied: a threshold of +0.0 is lowered to take -0.0 in too. ``best``: the sample's largest key."""
     i = tl.arange(0, SAMPLES)
     pos = sample_positions(i, start, length, SAMPLES)
-    key, _ = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, 8)
-    return _floor(key, pos, (k * 1.0) * SAMPLES / length.to(tl.float32), row_ptr, SAMPLES, DIGIT, ROUNDS)
-
-
-@triton.jit
-def _segment_floor(smp_row, start, length, k, SAMPLES: tl.constexpr, DIGIT: tl.constexpr, ROUNDS: tl.constexpr):
-    """:func:`_sample_floor` from the row's segment sample ``smp_row`` (one entry a key segment, written by the
-    prefill logits launch: ``rows.segment_entry``; at most ``SAMPLES`` segments a window): the entries of the
-    segments the window ``[start, start + length)`` touches, -inf where the entry lies outside it, so that about
-    ``length / SEGMENT`` are valid and ``λ = k / SEGMENT``."""
-    i = tl.arange(0, SAMPLES)
-    first = start // SEGMENT
-    key, _ = _load_keys(smp_row + first, 1, i, i <= (start + length - 1) // SEGMENT - first, True, 8)
-    return _floor(key, i, (k * 1.0) / SEGMENT, smp_row, SAMPLES, DIGIT, ROUNDS)
-
-
-@triton.jit
-def _floor(key, pos, lam, row_ptr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr, ROUNDS: tl.constexpr):
-    """``(floor, best)`` of a sample's keys ``key`` at positions ``pos`` with ``λ = lam`` (:func:`_sample_floor`;
-    ``row_ptr`` any pointer: nothing is read)."""
+    key, coarse = _load_keys(row_ptr, s1, pos, i < SAMPLES, CONTIG, 8)
     valid = tl.sum((key != INT_MIN).to(tl.int32), 0)
+    lam = (k * 1.0) * SAMPLES / length.to(tl.float32)  # k may arrive as a constexpr (Triton specialises 1)
     m = (lam + 4.0 * tl.sqrt(lam) + 3.0).to(tl.int32)  # >= ceil(λ + 4√λ + 2)
-    thr, fixed, take, matched = _pivot(key, pos, tl.minimum(m, valid), valid, 0, 0, False, row_ptr, 1, 0, 0, 0,
-                                       row_ptr, row_ptr, 0, 0, 0, True, 8, SAMPLES, DIGIT, True, ROUNDS)
+    thr, fixed, take, matched = _pivot(key, pos, tl.minimum(m, valid), valid, 0, 0, False, row_ptr, s1, start, 0, 0,
+                                       row_ptr, row_ptr, 0, 0, 0, CONTIG, 8, SAMPLES, DIGIT, True, ROUNDS)
     floor = tl.where(valid >= m, thr ^ INT_MIN, KEY_MIN_VALID)
     if ROUNDS > 0:  # a bin's bottom after fewer than two rounds may lie below every finite key: never -inf's or NaN's
         floor = tl.maximum(floor, KEY_MIN_VALID)
@@ -528,15 +509,13 @@ def topk_rows_kernel(
 def topk_sample_kernel(
     scores_ptr, lengths_ptr, starts_ptr, hist_ptr, cols, k, s_s0, s_s1, len_s0, st_s0,
     HAS_STARTS: tl.constexpr, CONTIG: tl.constexpr, SAMPLES: tl.constexpr, DIGIT: tl.constexpr, BINS: tl.constexpr,
-    COUNTS: tl.constexpr, PDL: tl.constexpr, ROUNDS: tl.constexpr, SEGMENTS: tl.constexpr = 0,
+    COUNTS: tl.constexpr, PDL: tl.constexpr, ROUNDS: tl.constexpr,
 ):
     """Row ``r``'s record in ``hist``: with ``COUNTS`` (split rows, launch 1) ``BINS + 2`` entries, the candidates'
     bin counts, zeroed here for the filter, then the filter threshold (a key) and the shift of ``BINS`` bins from it
     (short rows: counts only); without (the block kernel's rows sampled ahead, ``block.py``) those two alone.
     ``ROUNDS``: the sample's radix rounds, at most (0: until settled; :func:`_sample_floor`). ``PDL``: it waits for
-    the launch before it, then lets the next start. ``SEGMENTS`` 1 (rows sampled ahead): ``scores`` is the rows'
-    segment sample (row stride ``s_s0``, unit column stride), read whole (:func:`_segment_floor`), not the
-    scores."""
+    the launch before it, then lets the next start."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -546,11 +525,8 @@ def topk_sample_kernel(
     if COUNTS:
         tl.store(hist_row + tl.arange(0, BINS), tl.zeros([BINS], tl.int32))
     if length > k:
-        if SEGMENTS:
-            floor, best = _segment_floor(scores_ptr + r.to(tl.int64) * s_s0, start, length, k, SAMPLES, DIGIT, ROUNDS)
-        else:
-            floor, best = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, SAMPLES,
-                                        DIGIT, ROUNDS)
+        floor, best = _sample_floor(scores_ptr + r.to(tl.int64) * s_s0, s_s1, start, length, k, CONTIG, SAMPLES,
+                                    DIGIT, ROUNDS)
         tl.store(hist_row + BINS * COUNTS, floor)
         tl.store(hist_row + BINS * COUNTS + 1, _bin_shift(floor, best, BINS))
 

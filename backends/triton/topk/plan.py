@@ -19,7 +19,6 @@ from indexcache.backends.triton.launcher import (
     planned_sms,
     sm_budget,
 )
-from indexcache.backends.triton.rows import SEGMENT
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, uses_pdl
 from indexcache.backends.triton.target import Target
 from indexcache.backends.triton.topk import block as topk_block
@@ -139,20 +138,6 @@ def ahead_samples(cols: int, k: int, block: Mapping[str, Any], cfg: Mapping[str,
     return sample_size(cols, k, cfg, rank) if rank > 0 else topk_block.samples(block)
 
 
-def segment_samples(plan: _Plan | None, cols: int, k: int, cfg: Mapping[str, Any]) -> int:
-    """Entries the sample launch reads a row of a segment sample (``rows.segment_entry``: one entry a key segment,
-    which a prefill logits launch writes beside the logits of the producer step) where the call of ``plan`` over
-    rows of ``cols`` columns selecting ``k`` takes one: the power of two at or above a row's segments; 0 where it
-    does not: rows not sampled ahead, ``SEGMENT_SAMPLE`` off in ``cfg``, more segments than ``SAMPLE`` entries, or
-    fewer entries expected above the k-th best (``k / SEGMENT``) than half ``AHEAD_SAMPLE_RANK`` (else
-    ``SAMPLE_RANK``)."""
-    if not (plan and plan.block and plan.block["FLOORS"] and cfg.get("SEGMENT_SAMPLE", 0)):
-        return 0
-    entries = next_power_of_2(cdiv(cols, SEGMENT.value))
-    rank = cfg.get("AHEAD_SAMPLE_RANK", 0) or cfg["SAMPLE_RANK"]
-    return entries if entries <= cfg["SAMPLE"] and 2 * k >= rank * SEGMENT.value else 0
-
-
 def ahead_warps_key(cfg: Mapping[str, Any]) -> str:
     """The tuning key of the sample launch's warps for rows sampled ahead: ``AHEAD_SAMPLE_WARPS`` where the table sets
     it (> 0), else ``SAMPLE_WARPS`` (the split rows' sample of up to ``SAMPLE`` entries keeps its own)."""
@@ -177,7 +162,7 @@ class Settings:
     block_options: Options  # the Gluon kernel's (``topk_block.options``; none where ``block`` is False)
     rows_named: dict[str, Any]  # the fused rows kernel's DIGIT, BITS and TILE
     finish_named: dict[str, Any]  # the finishing kernel's, but for BLOCK_S and SPREAD
-    sample_named: dict[str, Any]  # the sample kernel's DIGIT, PDL, ROUNDS and SEGMENTS (False)
+    sample_named: dict[str, Any]  # the sample kernel's DIGIT, PDL and ROUNDS
     filter_named: dict[str, Any]  # the filter's BINS and PDL
 
     @classmethod
@@ -195,7 +180,7 @@ class Settings:
                    {"DIGIT": digit, "BITS": cfg["BITS"], "TILE": cfg["TILE"]},
                    {"DIGIT": digit, "BITS": cfg["BITS"], "TILE": fin_tile, "BINS": bins, "PDL": pdl,
                     "TIES": cfg["FINISH_TIES"], "SKIM": FINISH_SKIM},
-                   {"DIGIT": digit, "PDL": pdl, "ROUNDS": cfg.get("SAMPLE_ROUNDS", 0), "SEGMENTS": False},
+                   {"DIGIT": digit, "PDL": pdl, "ROUNDS": cfg.get("SAMPLE_ROUNDS", 0)},
                    {"BINS": bins, "PDL": pdl})
 
 
@@ -300,18 +285,14 @@ def call_plan(scores: torch.Tensor, k: int, *, target: Target, cfg: Mapping[str,
 
 def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size, row_to_batch, *, sorted=False,
              workspace: torch.Tensor | None = None, target: Target, cfg: Mapping[str, Any],
-             plan: _Plan | None = None, settings: Settings | None = None,
-             segment_sample: torch.Tensor | None = None) -> list[tuple[str, Launch]]:
+             plan: _Plan | None = None, settings: Settings | None = None) -> list[tuple[str, Launch]]:
     """The kernel launches of one call, in order, as ``(name, launch)``: the fused kernel (many rows) or the
     split rows' sample and filter, then the finishing kernel; with ``sorted``, those select raw positions
     (into ``out_raw`` when given, else ``out``) and a sort launch orders and translates them. Arguments as
     :func:`topk_translate` (``page_table`` None for plain top-k); the workspace (``workspace``, else the kept one
     of the calling thread's stream: :mod:`~indexcache.backends.triton.workspace`) is taken here, so launching needs
     no allocation (and a benchmark can time each launch alone). ``plan``: :func:`call_plan`'s for this call, where the
-    caller has it (unsorted calls); ``settings``: those of ``target`` and ``cfg`` (worked out here when None).
-    ``segment_sample``: the rows' segment sample ``[R, >= ceil(N / 64)]`` float32 (unit stride along a row), written
-    with the scores, which the sample launch then reads in their place, where :func:`segment_samples` of the plan
-    is above 0 (else ValueError: the caller asked for it where the plan does not sample ahead)."""
+    caller has it (unsorted calls); ``settings``: those of ``target`` and ``cfg`` (worked out here when None)."""
     rows, cols = scores.shape
     if rows == 0 or k == 0:
         return []
@@ -321,11 +302,8 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
                                 workspace=workspace, settings=s)
     (starts, raw, r2b, table), scan, row_args = _row_args(scores, lengths, row_starts, out, out_raw, page_table,
                                                           page_size, row_to_batch)
-    plan = plan or shape_plan(rows, cols, scores.device, k, target, cfg, s)
-    block, chunk, chunks, cap, row_programs, finish_programs, words = plan
-    segments = 0 if segment_sample is None else segment_samples(plan, cols, k, cfg)
-    if segment_sample is not None and not segments:
-        raise ValueError("segment_sample: given for a call whose plan reads none (segment_samples is 0)")
+    block, chunk, chunks, cap, row_programs, finish_programs, words = plan or shape_plan(rows, cols, scores.device, k,
+                                                                                        target, cfg, s)
     ws = workspaces.words(scores, sum(words), workspace)
     a, b, c = words[0], words[0] + words[1], words[0] + words[1] + words[2]  # where the pieces end
     region, counts, hist, stash = ws[:a], ws[a:b], ws[b:c], ws[c:]
@@ -345,15 +323,8 @@ def launches(scores, lengths, k, row_starts, out, out_raw, page_table, page_size
                                   **s.sample_named}))
 
     if block:
-        if segments:  # the rows' segment sample read in place of their scores
-            floors = [("sample", Launch(SAMPLE, (rows,), s.ahead_options,
-                                        (segment_sample, lengths, starts, hist, cols, k),
-                                        {**scan, "s_s0": segment_sample.stride(0), "s_s1": 1, "CONTIG": True,
-                                         "SAMPLES": segments, "BINS": topk_block.BINS, "COUNTS": False,
-                                         **s.sample_named, "SEGMENTS": True}))]
-        else:
-            floors = ([sample(ahead_samples(cols, k, block, cfg), topk_block.BINS, False, s.ahead_options)]
-                      if block["FLOORS"] else [])
+        floors = ([sample(ahead_samples(cols, k, block, cfg), topk_block.BINS, False, s.ahead_options)]
+                  if block["FLOORS"] else [])
         return floors + [("rows", topk_block.launch((scores, lengths, starts, out, raw, r2b, table, stash, counts, hist,
                                                      rows, cols, k),
                                                     {**row_args, "DIGIT": cfg["DIGIT"], "PDL": s.pdl, **block},
