@@ -590,3 +590,32 @@ def test_a_draft_step_served_with_hot_plans_and_swaps_in_as_the_ops_do():
     plain.begin(REQUESTS)
     with pytest.raises(ValueError, match="hot: given, but the state has no hot buffers"):
         draft.serve(0, plain, 3, lens + 3, table, PAGE, hot=own[0])
+
+
+@pytest.mark.parametrize("ragged", [False, True], ids=["next_n 2", "ragged rows"])
+def test_a_producer_of_draft_rows_without_row_to_batch_is_refused_before_it_selects(ragged):
+    """A decode producer's PagedLogits of next_n 2 (or ragged rows with their own row_to_batch) and no row_to_batch
+    given to layer(): the HiSparse plan would take row r as request r, so the call is refused naming row_to_batch,
+    before the state selects or plans (its selection and hot state as they were)."""
+    from indexcache.runtime.state import PagedLogits
+
+    _, plan, runner, _, layers, table = setup()
+    rows = 2 * REQUESTS
+    state = Chosen(rows, K)
+    state.hot = HotBuffers(plan.producers, 4 * REQUESTS, HOT, rows, K)  # room for as many requests as rows: silent
+    runner.begin(state, rows)
+    before = state.raw.clone(), [t.clone() for s in state.hot.state.values() for t in s]
+    q = torch.zeros(rows, 1, 1, 4) if ragged else torch.zeros(REQUESTS, 2, 1, 4)
+    paged = PagedLogits(q=q, k_cache=torch.zeros(1, 8, dtype=torch.uint8), weights=torch.zeros(rows, 1),
+                        context_lens=torch.full((rows if ragged else REQUESTS,), 10, dtype=INDEX), block_table=table,
+                        max_context_len=10,
+                        row_to_batch=torch.arange(rows, dtype=INDEX) // 2 if ragged else None)
+    lens = torch.full((rows,), 10, dtype=INDEX)
+    device_loc = layers[0].device_loc.repeat(4, 1)  # the layer's tensors for the buffers' requests
+    hot = HotLayer(layers[0].host_kv, layers[0].device_kv, device_loc, lens.repeat(2), layers[0].host_loc.repeat(4, 1))
+    layout = "ragged rows" if ragged else "next_n=2 rows a request"
+    with pytest.raises(ValueError, match=f"row_to_batch: None, but layer 0's PagedLogits has {layout}"):
+        runner.layer(0, state, scores=lambda: paged, lengths=lens, page_table=table, hot=hot)
+    assert torch.equal(state.raw, before[0]) and state.hot.group is None
+    assert all(torch.equal(a, b) for a, b in zip([t for s in state.hot.state.values() for t in s], before[1],
+                                                  strict=True))

@@ -140,17 +140,18 @@ class IndexerRunner:
 
         ``hot``: the layer's HiSparse tensors (:class:`~indexcache.runtime.hot.HotLayer`; the state's
         :attr:`~indexcache.runtime.state.TopkState.hot` buffers must be attached). A producer then plans its group's
-        step from its selection, every sparse layer swaps in its own misses (or the producer its whole group's, at
-        once: ``HotLayer`` docstring), and the call returns the device rows ``[rows, k]`` int32 the attention reads
+        step from its selection, every sparse layer swaps in its own misses (or the producer its whole group's, at once:
+        ``HotLayer`` docstring), and the call returns the device rows ``[rows, k]`` int32 the attention reads
         (``device_loc[b, slot]``, -1 none) instead of page-table slots. The plan and the swap-ins take each row's
         request from the ``row_to_batch`` given here, a producer's too (not from a ``PagedLogits``' own): give it
-        wherever rows are not one a request in order (``next_n > 1``, ragged rows), or rows would be planned as
-        requests they are not. A selection loaded by :meth:`TopkState.load_carry
-        <indexcache.runtime.state.TopkState.load_carry>` (the producer ran on the previous pipeline stage) is planned
-        by the first shared layer of its group called with ``hot``, whose ``HotLayer`` must then bring KV (its own
-        layer's, or lists of this stage's layers of the group); the same indices and hot-buffer state give the same
-        plan on every stage. A producer that ran without ``hot`` in this forward made no plan: its shared layers
-        given ``hot`` raise :class:`~indexcache.runtime.state.MissingProducerError`.
+        wherever rows are not one a request in order (``next_n > 1``, ragged rows), or rows would be planned as requests
+        they are not. A producer whose ``PagedLogits`` has such rows is refused without it (``ValueError``, before it
+        selects); scores given as a tensor do not say how their rows map to requests. A selection loaded by
+        :meth:`TopkState.load_carry <indexcache.runtime.state.TopkState.load_carry>` (the producer ran on the previous
+        pipeline stage) is planned by the first shared layer of its group called with ``hot``, whose ``HotLayer`` must
+        then bring KV (its own layer's, or lists of this stage's layers of the group); the same indices and hot-buffer
+        state give the same plan on every stage. A producer that ran without ``hot`` in this forward made no plan: its
+        shared layers given ``hot`` raise :class:`~indexcache.runtime.state.MissingProducerError`.
         """
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 0):
@@ -163,13 +164,14 @@ class IndexerRunner:
             return None
         if hot is None:
             return self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch,
-                                 max_length)
+                                 max_length, planned=False)
         if state.hot is None:
             raise ValueError("hot: given, but the state has no hot buffers (attach state.hot = HotBuffers(...))")
         producer, raw = self.source_of(layer), state.raw[:state.rows]
         if role == PRODUCER:  # its HotLayer checked before it selects: a refused one leaves the state as it was
             state.hot.check(producer, raw, hot, row_to_batch=row_to_batch)
-            self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length)
+            self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length,
+                          planned=True)
             state.hot.plan(producer, raw, hot, row_to_batch=row_to_batch, owner=state)
         elif state.carried:  # the previous stage's producer: its group's step planned here, as the producer would
             state.hot.check(producer, raw, hot, row_to_batch=row_to_batch)
@@ -181,8 +183,9 @@ class IndexerRunner:
         return state.hot.swap_in(producer, hot, row_to_batch=row_to_batch, owner=state)
 
     def _indices(self, layer: int, role: str, state: TopkState, scores, lengths, page_table, row_starts,
-                 row_to_batch, max_length) -> torch.Tensor:
-        """A producer's selection or a shared layer's translation into ``state`` (the page-table slots)."""
+                 row_to_batch, max_length, *, planned: bool) -> torch.Tensor:
+        """A producer's selection or a shared layer's translation into ``state`` (the page-table slots);
+        ``planned``: a HiSparse plan follows the selection, reading each row's request from ``row_to_batch``."""
         if role == PRODUCER and max_length is not None and max_length <= self.k:
             return state.produce_short(layer, lengths, page_table, self.page_size, row_to_batch=row_to_batch)
         if role == PRODUCER:
@@ -191,6 +194,14 @@ class IndexerRunner:
                                 f"producers only), got {type(scores).__name__}")
             got = scores()
             if isinstance(got, PagedLogits):
+                if planned and row_to_batch is None and (got.q.shape[1] > 1 or got.row_to_batch is not None):
+                    # refused before the state selects: the plan would take row r as request r
+                    layout = (f"next_n={got.q.shape[1]} rows a request" if got.row_to_batch is None
+                              else "ragged rows (its own row_to_batch)")
+                    raise ValueError(f"row_to_batch: None, but layer {layer}'s PagedLogits has {layout}: with hot= "
+                                     "the HiSparse plan and every layer's swap-in read each row's request from the "
+                                     "row_to_batch given to layer(), and would take row r as request r; give it "
+                                     "(row r of the next_n layout is request r // next_n)")
                 return state.produce_paged(layer, got.q, got.k_cache, got.weights, got.context_lens,
                                            got.block_table, got.max_context_len, page_table, self.page_size,
                                            logits=got.logits, k_format=got.k_format, q_scale=got.q_scale,
