@@ -1,5 +1,5 @@
 """The conformance suite's verdicts can fail: a torch-backend op made to give a wrong answer is reported failed by the
-cases that meet the wrong part, never passed."""
+cases that meet the wrong part, never passed; a decline without a reason is failed."""
 
 from __future__ import annotations
 
@@ -159,12 +159,50 @@ def test_an_inf_logit_is_judged_by_equality(wrong, at, value, detail):
     assert (result.status, result.detail) == ("failed", detail)
 
 
-def test_a_case_the_backend_does_not_support_is_declined(wrong, fresh_dispatch, monkeypatch):
-    """Declined is the dispatcher's answer before the op runs (the backend's supports), with its reasons."""
+@pytest.mark.parametrize("reasons", [["no pages"], [" ", "no pages", ""]])
+def test_a_case_the_backend_does_not_support_is_declined(fresh_dispatch, monkeypatch, reasons):
+    """Declined is the dispatcher's answer before the op runs (the backend's supports), with the reasons that say
+    something."""
     ops = fresh_dispatch.ops_of("torch")
-    monkeypatch.setitem(ops, "translate", dataclasses.replace(ops["translate"], supports=lambda **_: ["no pages"]))
+    monkeypatch.setitem(ops, "translate", dataclasses.replace(ops["translate"], supports=lambda **_: reasons))
     result = run_case(_case("translate", "preallocated out"), "torch")
-    assert result.status == "declined" and result.detail.endswith("cannot run translate: no pages")
+    assert (result.status, result.detail) == ("declined", "no pages")
+
+
+def _raises_not_supported(**_):
+    from indexcache.hal import dispatch
+
+    raise dispatch.BackendNotSupportedError("")
+
+
+@pytest.mark.parametrize(("supports", "got"), [
+    (lambda **_: [""], "['']"),
+    (lambda **_: [" ", "\t\n"], "[' ', '\\t\\n']"),
+    (_raises_not_supported, "['']"),  # a supports that raises the error itself, with no message
+])
+def test_a_decline_without_a_reason_fails(fresh_dispatch, monkeypatch, supports, got):
+    """A backend must say why it declines a case: a decline whose reasons are all blank is a failed case."""
+    ops = fresh_dispatch.ops_of("torch")
+    monkeypatch.setitem(ops, "translate", dataclasses.replace(ops["translate"], supports=supports))
+    result = run_case(_case("translate", "preallocated out"), "torch")
+    assert (result.status, result.detail) == (
+        "failed", f"backend 'torch' declined translate case 'preallocated out' without giving a reason: expected a "
+                  f"non-blank reason, got {got}")
+
+
+@pytest.mark.parametrize(("reasons", "outcome", "message"), [
+    (["no pages"], pytest.skip.Exception, "torch declines: no pages"),
+    ([" "], AssertionError, "backend 'torch' declined translate case 'preallocated out' without giving a reason"),
+])
+def test_the_pytest_entry_skips_a_decline_only_with_a_reason(fresh_dispatch, monkeypatch, reasons, outcome, message):
+    """tests/conformance's test of a case: a decline with reasons is a skip naming them, one without a failure."""
+    from conformance.test_conformance import test_case  # tests/ is on sys.path: pytest puts its conftest's dir there
+
+    ops = fresh_dispatch.ops_of("torch")
+    monkeypatch.setitem(ops, "translate", dataclasses.replace(ops["translate"], supports=lambda **_: reasons))
+    with pytest.raises((pytest.skip.Exception, AssertionError)) as raised:
+        test_case("torch", _case("translate", "preallocated out"))
+    assert raised.type is outcome and str(raised.value).startswith(message)
 
 
 def test_a_backend_raising_not_supported_while_it_runs_fails(wrong):
@@ -321,3 +359,4 @@ def test_a_write_outside_a_given_view_fails(wrong, op, case, name, detail):
     result = run_case(case, "torch")
     assert (result.status, result.detail) == (
         "failed", f"wrote outside the given {detail} (into the rest of the buffer it is a view of)")
+

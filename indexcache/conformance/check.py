@@ -26,8 +26,9 @@ _NOT_FOR_REFERENCE = ("out", "out_raw", "logits", "sorted")
 
 @dataclass
 class CaseResult:
-    """The outcome of one case: status "passed", "failed" or "declined" (the backend's ``supports`` says it does not
-    serve these arguments, or it lacks the op)."""
+    """The outcome of one case: status "passed", "failed" or "declined" (the backend's ``supports`` says why it does
+    not serve these arguments, or it lacks the op: ``detail`` holds the reasons; a decline that gives no reason is
+    failed)."""
 
     op: str
     case: str
@@ -109,15 +110,26 @@ def _misshapen(got, expected) -> str:
     return ""
 
 
-def _declined(case: Case, args: dict, backend: str) -> str:
-    """Why the backend does not serve the case ("" when it does): the dispatcher's answer for the checked arguments,
-    before anything runs. A :class:`~indexcache.hal.dispatch.BackendNotSupportedError` raised later, by a backend
-    that took the call, is a failure like any other exception."""
+def _declined(case: Case, args: dict, backend: str) -> list[str] | None:
+    """The reasons the backend gives for not serving the case (None when it serves it): the dispatcher's answer for
+    the checked arguments, before anything runs (the error's message where it carries no list: a ``supports`` that
+    raised it). A :class:`~indexcache.hal.dispatch.BackendNotSupportedError` raised later, by a backend that took the
+    call, is a failure like any other exception."""
     try:
         dispatch.resolve(case.op, SPECS[case.op].check(**args), backend)
     except dispatch.BackendNotSupportedError as exc:
-        return str(exc)
-    return ""
+        return [str(exc)] if exc.reasons is None else exc.reasons
+    return None
+
+
+def _decline(case: Case, backend: str, reasons: list[str]) -> tuple[str, str]:
+    """``(status, detail)`` of a case the backend declined with ``reasons``: declined with the reasons that say
+    something, or failed where none does (a backend must say why it does not serve a case)."""
+    said = [r for r in reasons if r.strip()]
+    if not said:
+        return "failed", (f"backend {backend!r} declined {case.op} case {case.name!r} without giving a reason: "
+                          f"expected a non-blank reason, got {reasons!r}")
+    return "declined", "; ".join(said)
 
 
 def native_fp8(backend: str) -> torch.dtype:
@@ -134,8 +146,9 @@ def run_case(case: Case, backend: str, seed: int = 0) -> CaseResult:
     args = case.build(gen, device, native_fp8(backend)) if case.native_fp8 else case.build(gen, device)
     start = time.perf_counter()
     try:
-        if why := _declined(case, args, backend):
-            return CaseResult(case.op, case.name, "declined", why, seconds=time.perf_counter() - start)
+        if (reasons := _declined(case, args, backend)) is not None:
+            return CaseResult(case.op, case.name, *_decline(case, backend, reasons),
+                              seconds=time.perf_counter() - start)
         detail, err, bound = _judge(case, args, backend, accumulation)
     except Exception as exc:  # a crash is a failure of the backend, reported, not raised
         return CaseResult(case.op, case.name, "failed", f"{type(exc).__name__}: {exc}",

@@ -43,7 +43,12 @@ BUILTIN_MODULES = (
 
 
 class BackendNotSupportedError(RuntimeError):
-    """An explicitly chosen backend cannot serve a call; the message lists every reason."""
+    """An explicitly chosen backend cannot serve a call; the message lists every reason, and ``reasons`` holds them
+    as that backend gave them (None where no one backend's list is behind the error)."""
+
+    def __init__(self, message: str, reasons: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.reasons = reasons
 
 
 class UnknownBackendError(ValueError):
@@ -227,7 +232,8 @@ def resolve_choice(op: str, args: Mapping[str, Any], chosen: tuple[str, str] | N
         name, origin = chosen
         get(name)
         if why := _why_not(name, op, args):
-            raise BackendNotSupportedError(f"backend {name!r} (chosen by {origin}) cannot run {op}: {'; '.join(why)}")
+            raise BackendNotSupportedError(f"backend {name!r} (chosen by {origin}) cannot run {op}: {'; '.join(why)}",
+                                           why)
         return name, ops_of(name)[op]
     first, _ = default_backend()
     if not (why := _why_not(first, op, args)):

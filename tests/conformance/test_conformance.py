@@ -2,7 +2,7 @@
 
 ``INDEXCACHE_CONFORMANCE_BACKENDS=cuda,rocm`` restricts the backends (tox's interpreted envs set
 it together with ``TRITON_INTERPRET=1``; conftest.py parametrizes ``backend``). A case a backend
-declines is a skip with its reason.
+declines is a skip with its reason; a decline without a reason fails.
 """
 
 import pytest
