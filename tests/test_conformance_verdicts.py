@@ -1,16 +1,21 @@
 """The conformance suite's verdicts can fail: a torch-backend op made to give a wrong answer is reported failed by the
-cases that meet the wrong part, never passed; a decline without a reason is failed."""
+cases that meet the wrong part, never passed; a decline without a reason is failed, and a run in which no case ran
+(every case declined) fails."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
 
 import pytest
 import torch
 
+from indexcache.conformance import worker
 from indexcache.conformance.cases import cases_for
 from indexcache.conformance.check import run_case
 from indexcache.hal import hisparse
+from indexcache.tools.cli import main
 
 
 @pytest.fixture
@@ -360,3 +365,86 @@ def test_a_write_outside_a_given_view_fails(wrong, op, case, name, detail):
     assert (result.status, result.detail) == (
         "failed", f"wrote outside the given {detail} (into the rest of the buffer it is a view of)")
 
+
+# A conformance worker whose torch backend declines every case of the ops named in its first argument.
+_DECLINING_WORKER = """
+import dataclasses, sys
+from indexcache.conformance import worker
+from indexcache.hal import dispatch
+ops = dispatch.ops_of("torch")
+for op in sys.argv[1].split(","):
+    ops[op] = dataclasses.replace(ops[op], supports=lambda **_: ["declined on purpose"])
+sys.exit(worker.main(sys.argv[2:]))
+"""
+
+
+@pytest.fixture
+def declining(monkeypatch):
+    """``declining(*ops)``: the workers ``indexcache conformance`` starts run a torch backend whose ``ops`` decline
+    every case ("declined on purpose")."""
+    real = subprocess.run
+
+    def patch(*ops):
+        def run(cmd, **kwargs):
+            if cmd[1:3] == ["-m", "indexcache.conformance.worker"]:
+                cmd = [cmd[0], "-c", _DECLINING_WORKER, ",".join(ops), *cmd[3:]]
+            return real(cmd, **kwargs)
+
+        monkeypatch.setattr(subprocess, "run", run)
+
+    return patch
+
+
+def _markdown(out) -> list[str]:
+    return (out / "conformance-torch.md").read_text().splitlines()
+
+
+def test_a_backend_declining_every_case_fails_the_run(declining, tmp_path, capsys):
+    """A backend that declines every case checked nothing: exit 1 and one line saying so and why, not a green run."""
+    declining(*worker.catalogue_ops())
+    assert main(["conformance", "--backend", "torch", "--out", str(tmp_path)]) == 1
+    why = f"every case was declined: declined on purpose ({len(cases_for())})"
+    assert f"conformance: no case ran on backend torch, nothing was checked: {why}" in capsys.readouterr().out
+    assert f"- **no case ran** (the run fails): {why}" in _markdown(tmp_path)
+    report = json.loads((tmp_path / "conformance-torch.json").read_text())
+    assert {r["status"] for r in report["results"]} == {"declined"}
+
+
+def test_the_one_op_run_of_an_op_all_declined_fails(declining, tmp_path, capsys):
+    """``--op`` selects the cases: every one of them declined checked nothing."""
+    declining("translate")
+    assert main(["conformance", "--backend", "torch", "--op", "translate", "--out", str(tmp_path)]) == 1
+    line = (f"conformance: no case ran on backend torch, nothing was checked: every case was declined: declined on "
+            f"purpose ({len(cases_for('translate'))})")
+    assert line in capsys.readouterr().out.splitlines()
+
+
+def test_an_op_all_declined_beside_others_run_is_a_line_not_a_failure(declining, tmp_path, capsys):
+    declining("translate")
+    assert main(["conformance", "--backend", "torch", "--out", str(tmp_path)]) == 0
+    why = f"every case was declined: declined on purpose ({len(cases_for('translate'))})"
+    out = capsys.readouterr().out
+    assert f"conformance: no case of translate ran on backend torch (its other ops ran): {why}" in out.splitlines()
+    assert "no case ran on backend" not in out
+    assert f"- no case of `translate` ran: {why}" in _markdown(tmp_path)
+
+
+def test_the_worker_run_by_hand_fails_when_no_case_ran(fresh_dispatch, monkeypatch, tmp_path):
+    """``python -m indexcache.conformance.worker`` (the memcheck step of ci/gpu.sh runs it) exits 1 when every case
+    was declined, or there was none, as when one fails."""
+    ops = fresh_dispatch.ops_of("torch")
+    monkeypatch.setitem(ops, "translate", dataclasses.replace(ops["translate"], supports=lambda **_: ["no pages"]))
+    argv = ["--backend", "torch", "--op", "translate", "--out", str(tmp_path)]
+    assert worker.main(argv) == 1
+    assert f"- **no case ran** (the run fails): every case was declined: no pages ({len(cases_for('translate'))})" \
+        in _markdown(tmp_path)
+    monkeypatch.setattr(worker, "cases_for", lambda op: [])
+    assert worker.main(argv) == 1
+    assert "- **no case ran** (the run fails): there was no case to run" in _markdown(tmp_path)
+
+
+def test_no_case_ran_names_the_three_most_common_reasons():
+    results = [{"op": "topk", "status": "declined", "detail": why}
+               for why in ["a", "b", "b", "c\n  d", "c d", "c d", "e", "f"]]
+    assert worker.unchecked(results) == "every case was declined: c d (3); b (2); a (1); 2 other reasons"
+    assert worker.unchecked([*results, {"op": "topk", "status": "failed", "detail": "x"}]) == ""

@@ -16,7 +16,7 @@ from typing import Any
 
 from indexcache.backends.torch.memory import env_budget
 from indexcache.backends.triton.target import INTERPRET_ENV, triton_import
-from indexcache.conformance.worker import summarize
+from indexcache.conformance.worker import summarize, unchecked, unchecked_ops
 from indexcache.hal import dispatch
 from indexcache.hal.contract import Availability
 
@@ -78,10 +78,11 @@ def run_all(which: str | None, out_dir: Path, op: str | None = None,
     """Run each planned backend in a subprocess (``compile_check``: with the cross-compile check of cuda and rocm;
     ``jobs``: its cases dealt to that many processes, ``worker.run_backend``; ``timeout``: seconds a backend's
     processes may take, after which they are killed, None for no limit);
-    return the reports this run wrote and whether every case passed. A backend whose process fails, runs past the
-    timeout or writes no report counts as crashed: no report, not ok (a report left by an earlier run is deleted
-    first, never read). A bad ``INDEXCACHE_TORCH_MEMORY_BUDGET`` raises ``MemoryBudgetError`` before any worker
-    starts."""
+    return the reports this run wrote and whether every case passed and a case ran on every backend (its worker exits
+    1 where one failed or none ran: :func:`~indexcache.conformance.worker.unchecked`). A backend whose process fails,
+    runs past the timeout or writes no report counts as crashed: no report, not ok (a report left by an earlier run
+    is deleted first, never read). A bad ``INDEXCACHE_TORCH_MEMORY_BUDGET`` raises ``MemoryBudgetError`` before any
+    worker starts."""
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not timeout > 0):
         raise ValueError(f"timeout: expected a number of seconds > 0 or None, got {timeout!r}")
@@ -159,3 +160,15 @@ def not_passed(reports: list[dict[str, Any]]) -> list[str]:
     reason is the backend's own, e.g. the fp8 format it lacks; the report's .json has the whole detail)."""
     return [f"{r['status']} {report['backend']} {r['op']}: {r['case']}: {(r['detail'].splitlines() or [''])[0]}"
             for report in reports for r in report["results"] if r["status"] != "passed"]
+
+
+def unchecked_lines(reports: list[dict[str, Any]]) -> list[str]:
+    """One line per backend on which no case ran (its worker exited 1: the run fails), and per op of which no case
+    ran on a backend that ran others' (every case of the op declined: a line, not a failure)."""
+    lines = []
+    for report in reports:
+        if why := unchecked(report["results"]):
+            lines.append(f"conformance: no case ran on backend {report['backend']}, nothing was checked: {why}")
+        lines += [f"conformance: no case of {op} ran on backend {report['backend']} (its other ops ran): {why}"
+                  for op, why in unchecked_ops(report).items()]
+    return lines

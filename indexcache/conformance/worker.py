@@ -1,7 +1,8 @@
 """Run the catalogue on one backend and write ``conformance-<backend>.json`` and ``.md``.
 
 ``python -m indexcache.conformance.worker --backend NAME --out DIR`` is what ``indexcache
-conformance`` starts, one process per backend, so interpreted and compiled Triton never mix.
+conformance`` starts, one process per backend, so interpreted and compiled Triton never mix. It exits 1 if a case
+fails or no case ran (every case declined, or none given: the run checked nothing), else 0.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import platform
 import sys
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,30 @@ def summarize(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return ops
 
 
+def unchecked(results: list[dict[str, Any]]) -> str:
+    """Why no case of ``results`` ran ("" when one passed or failed): every case was declined, with the most common
+    reasons (how many cases gave each), or there was no case."""
+    if any(r["status"] != "declined" for r in results):
+        return ""
+    if not results:
+        return "there was no case to run"
+    reasons = Counter(" ".join(r["detail"].split()) for r in results).most_common()  # each on one line
+    listed = "; ".join(f"{why} ({n})" for why, n in reasons[:3])
+    others = f"; {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
+    return f"every case was declined: {listed}{others}"
+
+
+def unchecked_ops(report: dict[str, Any]) -> dict[str, str]:
+    """Per op of which no case ran while another op's did: :func:`unchecked`'s why (empty when no case ran at all:
+    the backend's own verdict says so). A line in the reports, not a failure."""
+    if unchecked(report["results"]):
+        return {}
+    by_op: dict[str, list[dict[str, Any]]] = {}
+    for r in report["results"]:
+        by_op.setdefault(r["op"], []).append(r)
+    return {op: why for op, results in by_op.items() if (why := unchecked(results))}
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     """The human report: header, per-op summary, then every case (its detail on one line, at most 200 characters;
     the .json has it whole)."""
@@ -126,6 +152,11 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"- mode: **{report['mode']}** on {report['device']} ({report['device_name']})",
         f"- why available: {report['reason']}",
         f"- date: {report['date']}, torch {report['torch']}",
+    ]
+    if why := unchecked(report["results"]):
+        lines.append(f"- **no case ran** (the run fails): {why}")
+    lines += [f"- no case of `{op}` ran: {why}" for op, why in unchecked_ops(report).items()]
+    lines += [
         "",
         "| op | passed | failed | declined | worst error / bound |",
         "|---|---|---|---|---|",
@@ -178,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
 
         report["compiled_for"] = compiled_for(args.backend)
     write_report(report, args.out)
-    return 1 if any(r["status"] == "failed" for r in report["results"] + report.get("compiled_for", [])) else 0
+    failed = any(r["status"] == "failed" for r in report["results"] + report.get("compiled_for", []))
+    return 1 if failed or unchecked(report["results"]) else 0
 
 
 if __name__ == "__main__":

@@ -209,8 +209,11 @@ def _add_conformance(sub) -> None:
         "Triton backends interpreted on the CPU (TRITON_INTERPRET=1) where their GPU is absent (left out, saying "
         "why, where Triton is absent or fails to import). A backend's report "
         "from an earlier run is deleted before it runs. Prints a backend x op table, then each case that was declined "
-        "or failed with its reason. Exits 1 if any case fails or a backend's process crashes, runs past --timeout or "
-        "writes no report.",
+        "or failed with its reason, then a line for each backend on which no case ran and for each op of which no case "
+        "ran on a backend that ran others. Exits 1 if any case fails (a decline without a reason fails), no case ran "
+        "on a backend (every case declined: nothing was checked), or a backend's process crashes, runs past --timeout "
+        "or writes no report; an op whose every case was declined while the backend's other ops ran is a line, not a "
+        "failure.",
     )
     p.add_argument("--backend", default=None, metavar="NAME|all", help="one backend, or 'all'")
     p.add_argument("--out", default="reports", help="directory for conformance-<backend>.json/.md (default: reports)")
@@ -225,7 +228,7 @@ def _add_conformance(sub) -> None:
 
 
 def _run_conformance(args) -> int:
-    from indexcache.conformance.suite import not_passed, run_all, table
+    from indexcache.conformance.suite import not_passed, run_all, table, unchecked_lines
     from indexcache.conformance.worker import catalogue_ops
     from indexcache.hal.dispatch import BackendNotSupportedError, UnknownBackendError
 
@@ -244,6 +247,8 @@ def _run_conformance(args) -> int:
     print(table(reports))
     for line in not_passed(reports):
         print(f"  {line}")
+    for line in unchecked_lines(reports):
+        print(line)
     if reports:
         written = ", ".join(f"conformance-{r['backend']}" for r in reports)
         print(f"reports written to {out}: {written} (.json and .md)")
