@@ -65,6 +65,15 @@ class GpuVendor:
         """The target of architecture ``arch`` (its record from :attr:`resolve`), on the GPU or interpreted."""
         return Target(self.resolve(arch), interpreted)
 
+    def device_arch(self, device: torch.device) -> GpuArch | None:
+        """The record of ``device``'s architecture where it is one of this vendor's GPUs (its device type, under a
+        torch build carrying this vendor's runtime), else None. Queries the device's properties: no Triton needed."""
+        if device.type != self.device_type or not getattr(torch.version, self.runtime, None):
+            return None
+        module = torch.get_device_module(device)
+        index = device.index if device.index is not None else module.current_device()
+        return self.resolve(self.arch_of(module.get_device_properties(index)))
+
 
 @dataclass(frozen=True)
 class ScaledMma:
@@ -160,12 +169,7 @@ def vendors() -> dict[str, GpuVendor]:
 def device_gpu(device: torch.device) -> GpuArch | None:
     """The record of GPU ``device``'s architecture, from the vendor whose runtime this torch build carries (None:
     no vendor's)."""
-    module = torch.get_device_module(device)
-    for vendor in vendors().values():
-        if vendor.device_type == device.type and getattr(torch.version, vendor.runtime, None):
-            index = device.index if device.index is not None else module.current_device()
-            return vendor.resolve(vendor.arch_of(module.get_device_properties(index)))
-    return None
+    return next((gpu for vendor in vendors().values() if (gpu := vendor.device_arch(device)) is not None), None)
 
 
 def triton_import() -> tuple[str | None, str]:
