@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
+
 from indexcache.backends.triton.target import GpuVendor, Target, detect
 from indexcache.hal.contract import Availability, Backend, Capabilities, OpImpl
 
@@ -48,5 +50,9 @@ def gpu_backend(vendor: GpuVendor, priority: int, tuning: Callable[[str], Mappin
     def details() -> dict[str, Any]:
         return {"tuning": tuning(target().arch)}
 
+    def device_fp8(device: torch.device) -> torch.dtype | None:
+        gpu = vendor.device_arch(device)
+        return None if gpu is None else gpu.fp8_dtype
+
     return Backend(name=name, priority=priority, probe=probe, ops=ops, capabilities=capabilities, details=details,
-                   interpretable=True, fp8_tensor_core=True)
+                   device_fp8=device_fp8, interpretable=True, fp8_tensor_core=True)

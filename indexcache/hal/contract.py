@@ -29,6 +29,11 @@ def always(**_: Any) -> list[str]:
     return []
 
 
+def no_device_fp8(device: torch.device) -> None:
+    """A ``device_fp8`` for backends that know no device's own fp8 format (the torch backend's: it takes either)."""
+    return None
+
+
 @dataclass(frozen=True)
 class OpImpl:
     """One backend's implementation of one op: ``fn(**args)``, and ``supports(**args)`` returning every reason
@@ -117,7 +122,10 @@ class Backend:
     building that map (called once, only when the probe found the backend available).
 
     ``capabilities()`` and ``details()`` are asked only of an available backend: the typed facts of its
-    target, and further display-only data (tuning table, memory budget). ``interpretable`` backends run
+    target, and further display-only data (tuning table, memory budget). ``device_fp8(device)`` is asked of any
+    registered backend, available or not (no Triton needed): the fp8 format native to ``device`` where it is one of
+    the backend's GPUs (from its architecture's record: e4m3fnuz on an MI300), else None
+    (:func:`indexcache.hal.dispatch.native_fp8` asks it). ``interpretable`` backends run
     their Triton kernels on the CPU when ``TRITON_INTERPRET=1``. ``fp8_tensor_core`` says its fp8 logits
     accumulate on matrix units with reduced precision when run on a GPU (conformance then bounds their fp8
     logits' relative RMS error by 1e-3 instead of fp32 accumulation's 1e-5; docs/ops.md).
@@ -129,6 +137,7 @@ class Backend:
     ops: Mapping[str, OpImpl] | Callable[[], Mapping[str, OpImpl]] = field(default_factory=dict)
     capabilities: Callable[[], Capabilities] = Capabilities
     details: Callable[[], dict[str, Any]] = dict
+    device_fp8: Callable[[torch.device], torch.dtype | None] = no_device_fp8
     interpretable: bool = False
     fp8_tensor_core: bool = False
 

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
+import torch
+
 # Backend, OpImpl and Availability stay importable from here for plugins written before the contract had a module.
 from indexcache.hal import memo
 from indexcache.hal.contract import Availability, Backend, OpImpl
@@ -107,15 +109,35 @@ def get(name: str) -> Backend:
 
 
 def reset() -> None:
-    """Forget registry, probes, the default choice, the kept calls and the kept schedulers (for tests that change the
-    environment)."""
+    """Forget registry, probes, the default choice, the devices' fp8 formats, the kept calls and the kept schedulers
+    (for tests that change the environment)."""
     memo.clear()
     _schedulers.clear()
     registry.cache_clear()
     availability.cache_clear()
     ops_of.cache_clear()
     default_backend.cache_clear()
+    _native_fp8s.clear()
     _logged.clear()
+
+
+# Each device's native fp8 format, as native_fp8 found it (a dict: Dynamo would trace through a functools.cache).
+_native_fp8s: dict[torch.device, torch.dtype] = {}
+
+
+# Under torch.compile Dynamo calls it while tracing and keeps its answer as a constant of the graph, rather than
+# tracing the backends' imports and device queries (a graph break).
+@torch.compiler.assume_constant_result
+def native_fp8(device: torch.device) -> torch.dtype:
+    """The fp8 format native to ``device``, what an op's ``fp8_dtype=None`` means: the first answer of the registered
+    backends' ``device_fp8`` (highest priority first; the GPU backends read the architecture's record: e4m3fnuz on
+    gfx942, MI300), else ``torch.float8_e4m3fn`` (the CPU, and any device no backend claims). Asked once a device,
+    then kept."""
+    fp8 = _native_fp8s.get(device)
+    if fp8 is None:
+        answers = (b.device_fp8(device) for b in sorted(registry().values(), key=lambda b: -b.priority))
+        fp8 = _native_fp8s[device] = next((a for a in answers if a is not None), torch.float8_e4m3fn)
+    return fp8
 
 
 def available_backends() -> list[str]:
