@@ -303,6 +303,30 @@ def test_paged_topk_translate_writes_its_logits_and_outputs_in_place_under_compi
     assert torch.equal(args["logits"], want_logits) and torch.equal(args["out_raw"], want_raw)
 
 
+def test_the_default_fp8_dtype_compiles_with_fullgraph_and_equals_eager(fresh_dispatch):
+    """``fp8_dtype`` left out (None: the device's native fp8 format) in the three ops that take it: resolved while
+    Dynamo traces, the first time for this device (nothing kept yet), without a graph break, to e4m3fn on the CPU."""
+
+    def f(keys, cache, slots, table, lens, out_k, out_scale):
+        k8, scale = indexcache.quantize_index_k(keys, block=keys.shape[1])
+        indexcache.store_index_k(keys, cache, slots)
+        gathered = indexcache.gather_index_k(cache, table, lens, dim=keys.shape[1], out_k=out_k, out_scale=out_scale)
+        return k8.view(torch.uint8), scale, cache, gathered[0].view(torch.uint8), gathered[1]
+
+    def inputs():
+        a = _inputs()
+        rows = int(a["lens"][0])
+        return (a["keys"], a["cache"], a["slots"], a["table"][:1], a["lens"][:1],
+                torch.empty(rows, a["keys"].shape[1], dtype=E4M3), torch.empty(rows))
+
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(*inputs())
+    want = f(*inputs())
+    _equal(got, want)
+    want_k8, _ = indexcache.quantize_index_k(inputs()[0], E4M3, block=inputs()[0].shape[1])
+    assert torch.equal(got[0], want_k8.view(torch.uint8))
+
+
 def test_gather_index_k_writes_its_outputs_in_place_under_compile_and_needs_them():
     torch._dynamo.reset()
     args = SPECS["gather_index_k"].cases[0].build(torch.Generator().manual_seed(0), "cpu")

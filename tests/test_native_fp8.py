@@ -1,19 +1,30 @@
-"""The fp8 format native to a device (:func:`indexcache.hal.dispatch.native_fp8`, from the GPU backends' architecture
-records): e4m3fnuz on an MI300 (gfx942), e4m3fn elsewhere."""
+"""``fp8_dtype=None``, the default of quantize_index_k, store_index_k and gather_index_k: the fp8 format native to the
+input's device (:func:`indexcache.hal.dispatch.native_fp8`, from the GPU backends' architecture records), e4m3fnuz on
+an MI300 (gfx942), e4m3fn elsewhere; given explicitly, a format is taken as it is."""
 
 from __future__ import annotations
 
+import inspect
+import re
 import types
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+import indexcache
 from indexcache.backends.cuda.arch import NVIDIA
 from indexcache.backends.rocm.arch import AMD
-from indexcache.hal import dispatch
+from indexcache.hal import dispatch, library
+from indexcache.hal.checks import key_format
+from indexcache.hal.layout import new_packed_cache
+from indexcache.hal.specs import SPECS
 
-FN, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
+FN, FNUZ, FP4 = torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float4_e2m1fn_x2
+I32 = torch.int32
 GPU = torch.device("cuda", 0)
+# The ops that take ``fp8_dtype``: quantize_index_k, store_index_k and gather_index_k.
+KEY_OPS = tuple(op for op in SPECS if "fp8_dtype" in library.PARAMS[op])
 
 
 @pytest.fixture
@@ -48,14 +59,100 @@ def test_a_gpus_native_fp8_is_its_architecture_records_format(fake_gpu, runtime,
     assert vendor.device_arch(GPU).fp8_dtype == native
     assert dispatch.native_fp8(GPU) == native
     assert dispatch.native_fp8(GPU) == native and len(reads) == 2  # the record's read above, then one: kept
+    assert key_format(None, GPU) == native
+
+
+def test_an_mi300_takes_an_explicit_format_as_given(fake_gpu):
+    fake_gpu("hip", AMD_GPU["gfx942"])
+    assert [key_format(fmt, GPU) for fmt in (FN, FNUZ, FP4)] == [FN, FNUZ, FP4]
 
 
 def test_the_cpu_is_e4m3fn_without_asking_a_gpu(fake_gpu):
     reads = fake_gpu("hip", AMD_GPU["gfx942"])
     assert dispatch.native_fp8(torch.device("cpu")) == FN
+    assert key_format(None, torch.device("cpu")) == FN
     assert reads == []
 
 
 def test_no_backend_claims_a_device_of_another_type(fake_gpu):
     fake_gpu("hip", AMD_GPU["gfx942"])
     assert dispatch.native_fp8(torch.device("meta")) == FN
+
+
+def _op_args(device: str = "cpu", outputs: torch.dtype | None = None) -> dict[str, dict]:
+    """Each op's arguments with ``fp8_dtype`` left out, on ``device``; gather_index_k's outputs given in ``outputs``
+    (a format) where it is not None."""
+    keys = torch.linspace(-40.0, 40.0, 8 * 128, device=device).view(8, 128)
+    cache = new_packed_cache(2, 4, 128, device=device)
+    gather = dict(k_cache=cache, block_table=torch.tensor([[1, 0]], dtype=I32, device=device),
+                  context_lens=torch.tensor([7], dtype=I32, device=device))
+    if outputs is not None:
+        gather.update(out_k=torch.empty(7, 128, dtype=outputs, device=device), out_scale=torch.empty(7, device=device))
+    return dict(quantize_index_k=dict(k=keys), gather_index_k=gather,
+                store_index_k=dict(k=keys, k_cache=cache, slot_mapping=torch.arange(8, dtype=I32, device=device)))
+
+
+@pytest.mark.parametrize("op", KEY_OPS)
+def test_the_spec_check_gives_the_backends_an_mi300s_own_format(fake_gpu, op):
+    fake_gpu("hip", AMD_GPU["gfx942"])
+    with FakeTensorMode():  # tensors on a "cuda" device, on a machine without one
+        for given, native in ((dict(), FNUZ), (dict(fp8_dtype=None), FNUZ), (dict(fp8_dtype=FN), FN)):
+            args = _op_args("cuda", outputs=native)[op]
+            assert SPECS[op].check(**args, **given)["fp8_dtype"] == native
+
+
+def test_quantize_index_k_allocates_an_mi300s_format(fake_gpu):
+    fake_gpu("hip", AMD_GPU["gfx942"])
+    with FakeTensorMode():
+        checked = SPECS["quantize_index_k"].check(torch.empty(4, 256, device="cuda"))
+    assert (checked["out"].dtype, checked["block"]) == (FNUZ, 128)
+
+
+def _same(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> None:
+    assert [(g.dtype, g.shape) for g in got] == [(w.dtype, w.shape) for w in want]
+    assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want, strict=True))
+
+
+def test_on_the_cpu_quantize_index_k_gives_e4m3fn_by_default():
+    args = _op_args()["quantize_index_k"]
+    got = indexcache.quantize_index_k(**args)
+    assert got[0].dtype == FN
+    _same(got, indexcache.quantize_index_k(**args, fp8_dtype=FN))
+
+
+def test_on_the_cpu_store_index_k_writes_e4m3fn_by_default():
+    by_default, explicit = _op_args()["store_index_k"], _op_args()["store_index_k"]
+    indexcache.store_index_k(**by_default)
+    indexcache.store_index_k(**explicit, fp8_dtype=FN)
+    assert by_default["k_cache"].any()
+    _same((by_default["k_cache"],), (explicit["k_cache"],))
+
+
+def test_on_the_cpu_gather_index_k_reads_e4m3fn_by_default():
+    args = _op_args()
+    indexcache.store_index_k(**args["store_index_k"], fp8_dtype=FN)  # the cache gather_index_k reads
+    got = indexcache.gather_index_k(**args["gather_index_k"])
+    assert got[0].dtype == FN and torch.isfinite(got[1]).all()
+    _same(got, indexcache.gather_index_k(**args["gather_index_k"], fp8_dtype=FN))
+
+
+@pytest.mark.parametrize("op", KEY_OPS)
+@pytest.mark.parametrize("bad", ["float8_e4m3fn", torch.bfloat16, 8], ids=["a str", "bfloat16", "an int"])
+def test_a_format_of_another_type_is_refused_naming_fp8_dtype(op, bad):
+    want = (r"^fp8_dtype: expected None \(the device's native fp8 format\) or float8_e4m3fn or float8_e4m3fnuz or "
+            rf"float4_e2m1fn_x2, got {re.escape(repr(bad))}$")
+    with pytest.raises(TypeError, match=want):
+        SPECS[op].check(**_op_args()[op], fp8_dtype=bad)
+    with pytest.raises(TypeError, match=want):
+        getattr(indexcache, op)(**_op_args()[op], fp8_dtype=bad)
+
+
+def test_the_three_key_ops_take_fp8_dtype():
+    assert len(KEY_OPS) == 3 and set(KEY_OPS) == set(_op_args())
+
+
+@pytest.mark.parametrize("op", KEY_OPS)
+def test_the_default_is_none_in_the_op_its_check_and_its_custom_op(op):
+    assert inspect.signature(getattr(indexcache, op)).parameters["fp8_dtype"].default is None
+    assert inspect.signature(SPECS[op].check).parameters["fp8_dtype"].default is None
+    assert "ScalarType? fp8_dtype" in library.schema(op)

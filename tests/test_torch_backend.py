@@ -187,7 +187,8 @@ def _fp4_prefill(q_fp4: bool, k_fp4: bool = True) -> tuple:
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 100)),
          r"k: expected a last dimension divisible by block=128"),
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.bfloat16),
-         r"fp8_dtype: expected float8_e4m3fn or float8_e4m3fnuz or float4_e2m1fn_x2, got torch.bfloat16"),
+         r"fp8_dtype: expected None \(the device's native fp8 format\) or float8_e4m3fn or float8_e4m3fnuz or "
+         r"float4_e2m1fn_x2, got torch.bfloat16"),
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.float4_e2m1fn_x2, block=128),
          r"block: MXFP4 keys take a scale every 32 elements, got block=128"),
         (lambda: indexcache.quantize_index_k(torch.zeros(2, 128), torch.float4_e2m1fn_x2, block=32.0),

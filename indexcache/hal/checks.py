@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from indexcache.hal import fp4
+from indexcache.hal import dispatch, fp4
 from indexcache.hal.layout import FP8_DTYPES, cache_page_size
 from indexcache.hal.shown import dims, given, shown
 
@@ -76,16 +76,21 @@ def check_page_size(page_size) -> int:
     return check_int("page_size", page_size, 1, MAX_PAGE_SIZE, " (slots are int32)")
 
 
-def check_key_format(fp8_dtype, block: int | None = None) -> None:
-    """``fp8_dtype`` is an fp8 format (any ``block`` >= 1) or MXFP4 (``torch.float4_e2m1fn_x2``, ``block`` 32);
-    ``block`` None: an op without one (the cache store)."""
-    if fp8_dtype not in (*FP8_DTYPES, fp4.FP4):
-        raise TypeError(f"fp8_dtype: expected {dtype_names((*FP8_DTYPES, fp4.FP4))}, got {fp8_dtype}")
-    if block is None:
-        return
-    check_int("block", block, 1)
-    if fp8_dtype == fp4.FP4 and block != fp4.BLOCK:
-        raise ValueError(f"block: MXFP4 keys take a scale every {fp4.BLOCK} elements, got block={shown(block)}")
+def key_format(fp8_dtype, device: torch.device, block: int | None = None) -> torch.dtype:
+    """The keys' format an op's ``fp8_dtype`` names: an fp8 format (any ``block`` >= 1), MXFP4
+    (``torch.float4_e2m1fn_x2``, ``block`` 32), or None, the fp8 format native to ``device``
+    (:func:`indexcache.hal.dispatch.native_fp8`: e4m3fnuz on an MI300, else e4m3fn); ``block`` None: an op without
+    one (the cache store)."""
+    if fp8_dtype is None:
+        fp8_dtype = dispatch.native_fp8(device)
+    elif fp8_dtype not in (*FP8_DTYPES, fp4.FP4):
+        raise TypeError(f"fp8_dtype: expected None (the device's native fp8 format) or "
+                        f"{dtype_names((*FP8_DTYPES, fp4.FP4))}, got {fp8_dtype!r}")
+    if block is not None:
+        check_int("block", block, 1)
+        if fp8_dtype == fp4.FP4 and block != fp4.BLOCK:
+            raise ValueError(f"block: MXFP4 keys take a scale every {fp4.BLOCK} elements, got block={shown(block)}")
+    return fp8_dtype
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:

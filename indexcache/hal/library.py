@@ -5,8 +5,8 @@ Every op of :data:`~indexcache.hal.specs.SPECS` is registered here from its spec
 arguments are the spec check's parameters in order (a tensor, an optional tensor where the default is None,
 ``SymInt`` / ``bool`` where the check annotates ``int`` / ``bool``, ``SymInt?`` for ``int | None`` (the prefill
 producer's ``workspace_bytes``), ``Tensor[]`` for ``torch.Tensor | Sequence[torch.Tensor]`` (the HiSparse swap-in's
-KV, one layer's or a group's: one tensor goes as a list of one), ``ScalarType`` for ``fp8_dtype``,
-``ScalarType?`` where it annotates ``torch.dtype | None``: the paged ops' ``k_format``), then
+KV, one layer's or a group's: one tensor goes as a list of one), ``ScalarType?`` where it annotates
+``torch.dtype | None``: the paged ops' ``k_format``, the key quantize, store and gather ops' ``fp8_dtype``), then
 ``str? backend``; no argument has a default (the wrapper passes them all). The outputs ``out`` / ``out_raw``
 (and ``paged_topk_translate``'s ``logits``, ``gather_index_k``'s ``out_k`` and ``out_scale``, ``quantize_index_k``'s
 ``out_scale``), a caller's ``workspace`` and ``store_index_k``'s ``k_cache`` are mutated arguments (``Tensor(a!)``): a
@@ -114,8 +114,6 @@ def _arg_type(op: str, param: inspect.Parameter, alias: str) -> str:
         return "SymInt?"
     if annotation == "bool":
         return "bool"
-    if isinstance(param.default, torch.dtype):
-        return "ScalarType"
     if annotation == "torch.dtype | None":
         return "ScalarType?"
     if param.default is None:

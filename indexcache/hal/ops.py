@@ -564,7 +564,7 @@ def mqa_topk_translate(q, k, k_scale, weights, ks, ke, topk: int, page_table, pa
                       workspace_bytes=workspace_bytes, q_scale=q_scale), sm_budget=sm_budget)
 
 
-def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = None, out=None, out_scale=None,
+def quantize_index_k(k, fp8_dtype: torch.dtype | None = None, *, block: int | None = None, out=None, out_scale=None,
                      backend=None):
     """Block-``block`` fp8 quantization with power-of-two scales, or MXFP4.
 
@@ -576,8 +576,10 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = No
     ----------
     k : torch.Tensor
         ``[N, D]`` float32, bfloat16 or float16, D a multiple of ``block``.
-    fp8_dtype : torch.dtype
-        ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2``.
+    fp8_dtype : torch.dtype, optional
+        ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2``; None (the default): the
+        native fp8 format of ``k``'s device, e4m3fnuz on an MI300 (gfx942), e4m3fn elsewhere (the CPU, NVIDIA,
+        gfx950).
     block : int, optional
         Elements a scale, ≥ 1; default 128 for fp8, and for MXFP4 32, the only size it takes.
     out, out_scale : torch.Tensor, optional
@@ -617,7 +619,7 @@ def quantize_index_k(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = No
                  dict(block=block, out=out, out_scale=out_scale))
 
 
-def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, backend=None) -> None:
+def store_index_k(k, k_cache, slot_mapping, fp8_dtype: torch.dtype | None = None, *, backend=None) -> None:
     """Quantize ``k`` (one power-of-two scale a token, as :func:`quantize_index_k` with ``block = D``; MXFP4: a scale
     every 32 elements) into the packed cache, in place.
 
@@ -634,9 +636,10 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
         ``slot % page_size``); slots < 0 or beyond the cache are skipped. Tokens mapped to one slot leave one of
         them there, which one unspecified (the GPU backends write in parallel: a token's values and its scales may
         then come from different tokens).
-    fp8_dtype : torch.dtype
+    fp8_dtype : torch.dtype, optional
         ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2`` (MXFP4, D a multiple of
-        32).
+        32); None (the default): the native fp8 format of ``k``'s device, e4m3fnuz on an MI300 (gfx942), e4m3fn
+        elsewhere (the CPU, NVIDIA, gfx950).
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 
@@ -662,8 +665,8 @@ def store_index_k(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn, *, ba
     _call("store_index_k", backend, True, (k, k_cache, slot_mapping, fp8_dtype), {})
 
 
-def gather_index_k(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dtype=torch.float8_e4m3fn, out_k=None,
-                   out_scale=None, backend=None):
+def gather_index_k(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dtype: torch.dtype | None = None,
+                   out_k=None, out_scale=None, backend=None):
     """The paged index-K cache's keys of every request, contiguous and in request order: the ``k`` and ``k_scale``
     :func:`mqa_logits` takes.
 
@@ -684,9 +687,10 @@ def gather_index_k(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dt
         ``[B]`` int32, each request's tokens.
     dim : int
         Elements a key (default 128).
-    fp8_dtype : torch.dtype
-        The cache's format: ``torch.float8_e4m3fn`` (default), ``torch.float8_e4m3fnuz`` or
-        ``torch.float4_e2m1fn_x2`` (MXFP4, docs/fp4.md).
+    fp8_dtype : torch.dtype, optional
+        The cache's format: ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2``
+        (MXFP4, docs/fp4.md); None (the default): the native fp8 format of the cache's device, e4m3fnuz on an MI300
+        (gfx942), e4m3fn elsewhere (the CPU, NVIDIA, gfx950), as :func:`store_index_k` writes it by default.
     out_k, out_scale : torch.Tensor, optional
         The outputs, written in place without allocating: ``[N, dim]`` in ``fp8_dtype`` and ``[N]`` float32 (MXFP4:
         ``[N, dim / 2]`` ``torch.float4_e2m1fn_x2`` and ``[N, dim / 32]`` ``torch.float8_e8m0fnu``). Rows at or past

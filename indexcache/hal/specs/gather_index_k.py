@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from indexcache.hal import dispatch, fp4
-from indexcache.hal.checks import INDEX, check_cache, check_int, check_key_format, check_tensor, output
+from indexcache.hal.checks import INDEX, check_cache, check_int, check_tensor, key_format, output
 from indexcache.hal.layout import new_packed_cache, scale_bytes, split_packed_cache, token_bytes
 from indexcache.hal.specs import quantize_index_k
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu, not_written
@@ -25,13 +25,13 @@ def out_shapes(rows: int, dim: int, fp8_dtype: torch.dtype) -> tuple[tuple[tuple
     return ((rows, dim), fp8_dtype), ((rows,), torch.float32)
 
 
-def check(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dtype=torch.float8_e4m3fn, out_k=None,
+def check(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dtype: torch.dtype | None = None, out_k=None,
           out_scale=None) -> dict[str, Any]:
     check_tensor("context_lens", context_lens, (INDEX,), (None,))
     device = context_lens.device
     check_tensor("block_table", block_table, (INDEX,), (context_lens.shape[0], None), device)
     check_int("dim", dim, 1)
-    check_key_format(fp8_dtype)
+    fp8_dtype = key_format(fp8_dtype, device)
     check_cache(k_cache, "dim", dim, device, fp8_dtype)
     given = out_k if out_k is not None else out_scale
     if given is not None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from indexcache.hal import dispatch, fp4
-from indexcache.hal.checks import FLOAT_INPUTS, check_key_format, check_tensor, output
+from indexcache.hal.checks import FLOAT_INPUTS, check_tensor, key_format, output
 from indexcache.hal.layout import fp8_max
 from indexcache.hal.shown import dims, shown
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, CaseList, OpSpec, Verdict, cpu, not_written
@@ -29,11 +29,12 @@ def out_shapes(rows: int, dim: int, fp8_dtype: torch.dtype, block: int) -> tuple
     return ((rows, dim), fp8_dtype), ((rows, dim // block), torch.float32)
 
 
-def check(k, fp8_dtype=torch.float8_e4m3fn, *, block: int | None = None, out=None, out_scale=None) -> dict[str, Any]:
+def check(k, fp8_dtype: torch.dtype | None = None, *, block: int | None = None, out=None,
+          out_scale=None) -> dict[str, Any]:
     check_tensor("k", k, FLOAT_INPUTS, (None, None))
+    fp8_dtype = key_format(fp8_dtype, k.device, block)
     if block is None:
         block = fp4.BLOCK if fp8_dtype == fp4.FP4 else FP8_BLOCK
-    check_key_format(fp8_dtype, block)
     if k.shape[1] % block:
         raise ValueError(f"k: expected a last dimension divisible by block={shown(block)}, got {shown(k.shape[1])}")
     (q_shape, q_dtype), (s_shape, s_dtype) = out_shapes(k.shape[0], k.shape[1], fp8_dtype, block)

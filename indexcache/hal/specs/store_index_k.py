@@ -10,17 +10,17 @@ from typing import Any
 import torch
 
 from indexcache.hal import dispatch, fp4
-from indexcache.hal.checks import FLOAT_INPUTS, INDEX, check_cache, check_key_format, check_output, check_tensor
+from indexcache.hal.checks import FLOAT_INPUTS, INDEX, check_cache, check_output, check_tensor, key_format
 from indexcache.hal.layout import new_packed_cache, split_packed_cache
 from indexcache.hal.specs import quantize_index_k
 from indexcache.hal.specs.base import E4M3, E4M3_FNUZ, I32, ODD_PAGES, CaseList, OpSpec, Verdict, cpu
 from indexcache.hal.specs.bench import DIM, PAGE, BenchCase, BenchSpec
 
 
-def check(k, k_cache, slot_mapping, fp8_dtype=torch.float8_e4m3fn) -> dict[str, Any]:
+def check(k, k_cache, slot_mapping, fp8_dtype: torch.dtype | None = None) -> dict[str, Any]:
     check_tensor("k", k, FLOAT_INPUTS, (None, None))
     device = k.device
-    check_key_format(fp8_dtype)
+    fp8_dtype = key_format(fp8_dtype, device)
     check_cache(k_cache, "k", k.shape[1], device, fp8_dtype)
     check_tensor("slot_mapping", slot_mapping, (INDEX,), (k.shape[0],), device)
     check_output("k_cache", k_cache, dict(k=k, slot_mapping=slot_mapping))
