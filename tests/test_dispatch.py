@@ -149,6 +149,18 @@ def test_explicit_choice_that_declines_raises_every_reason(plugin):
         indexcache.topk(torch.zeros(1, 4), torch.tensor([4], dtype=I32), 2)
 
 
+def test_an_explicit_choice_declining_without_a_reason_says_so(fresh_dispatch):
+    """A backend whose supports() declines with blank reasons only: the error says it gave none (not an empty tail),
+    and keeps the reasons as given (the conformance suite fails such a decline)."""
+    blank = Backend(name="blank", priority=-1, probe=lambda: Availability(True, "test"),
+                    ops={"translate": OpImpl(lambda **_: None, lambda **_: ["", "  "])})
+    fresh_dispatch.registry()["blank"] = blank
+    with pytest.raises(dispatch.BackendNotSupportedError,
+                       match=r"cannot run translate: it gave no reason \(its supports\(\) must say why\)$") as err:
+        indexcache.translate(*_translate_args(), backend="blank")
+    assert err.value.reasons == ["", "  "]
+
+
 def test_fallback_logs_every_reason(plugin, caplog):
     raw, table, seq, _ = _translate_args()
     with caplog.at_level(logging.INFO, logger="indexcache"):

@@ -254,8 +254,8 @@ def resolve_choice(op: str, args: Mapping[str, Any], chosen: tuple[str, str] | N
         name, origin = chosen
         get(name)
         if why := _why_not(name, op, args):
-            raise BackendNotSupportedError(f"backend {name!r} (chosen by {origin}) cannot run {op}: {'; '.join(why)}",
-                                           why)
+            said = "; ".join(r for r in why if r.strip()) or "it gave no reason (its supports() must say why)"
+            raise BackendNotSupportedError(f"backend {name!r} (chosen by {origin}) cannot run {op}: {said}", why)
         return name, ops_of(name)[op]
     first, _ = default_backend()
     if not (why := _why_not(first, op, args)):
