@@ -125,9 +125,6 @@ def reset() -> None:
 _native_fp8s: dict[torch.device, torch.dtype] = {}
 
 
-# Under torch.compile Dynamo calls it while tracing and keeps its answer as a constant of the graph, rather than
-# tracing the backends' imports and device queries (a graph break).
-@torch.compiler.assume_constant_result
 def native_fp8(device: torch.device) -> torch.dtype:
     """The fp8 format native to ``device``, what an op's ``fp8_dtype=None`` means: the first answer of the registered
     backends' ``device_fp8`` (highest priority first; the GPU backends read the architecture's record: e4m3fnuz on
@@ -138,6 +135,14 @@ def native_fp8(device: torch.device) -> torch.dtype:
         answers = (b.device_fp8(device) for b in sorted(registry().values(), key=lambda b: -b.priority))
         fp8 = _native_fp8s[device] = next((a for a in answers if a is not None), torch.float8_e4m3fn)
     return fp8
+
+
+# Under torch.compile Dynamo calls native_fp8 while tracing and keeps its answer as a constant of the graph, rather
+# than tracing the backends' imports and device queries (a graph break). torch.compiler.assume_constant_result sets
+# this mark, but imports torch._dynamo to do it, which imports Triton: at this module's import that made a broken
+# Triton install fail every import of the dispatcher (the torch backend must run without Triton) and cost every
+# process the import. tests/test_compile.py checks the mark still works (the default's fullgraph compile).
+native_fp8._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def available_backends() -> list[str]:
