@@ -156,3 +156,28 @@ def test_the_default_is_none_in_the_op_its_check_and_its_custom_op(op):
     assert inspect.signature(getattr(indexcache, op)).parameters["fp8_dtype"].default is None
     assert inspect.signature(SPECS[op].check).parameters["fp8_dtype"].default is None
     assert "ScalarType? fp8_dtype" in library.schema(op)
+
+
+@pytest.mark.parametrize(("props", "forced", "native"), [
+    (AMD_GPU["gfx942"], "gfx950", FN),  # an MI300 run as for gfx950: the rocm kernels then take e4m3fn only
+    (AMD_GPU["gfx950"], "gfx942:sramecc+:xnack-", FNUZ),  # an MI355 run as for gfx942 (a target ID names it)
+], ids=["gfx942 as gfx950", "gfx950 as gfx942"])
+def test_a_forced_architecture_gives_its_own_format(fake_gpu, monkeypatch, props, forced, native):
+    """INDEXCACHE_ROCM_ARCH overrides the architecture whose fp8 policy the rocm backend follows: the default is
+    the forced architecture's format, the one the backend's kernels take, not the device's own."""
+    fake_gpu("hip", props)
+    monkeypatch.setenv(AMD.arch_env, forced)
+    assert AMD.resolve(forced).fp8_dtype == native
+    assert dispatch.native_fp8(GPU) == native
+    assert key_format(None, GPU) == native
+
+
+def test_an_architecture_no_vendor_knows_leaves_the_devices_format(fake_gpu, monkeypatch):
+    """An override the vendor does not know (its backend then unavailable) is not the device's format: the device's
+    record answers, and native_fp8 does not raise."""
+    fake_gpu("hip", AMD_GPU["gfx942"])
+    monkeypatch.setenv(AMD.arch_env, "sm90")  # not an AMD name: resolve refuses it
+    with pytest.raises(ValueError, match="expected an AMD architecture"):
+        AMD.resolve("sm90")
+    assert dispatch.native_fp8(GPU) == FNUZ
+

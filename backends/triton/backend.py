@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,7 +53,16 @@ def gpu_backend(vendor: GpuVendor, priority: int, tuning: Callable[[str], Mappin
 
     def device_fp8(device: torch.device) -> torch.dtype | None:
         gpu = vendor.device_arch(device)
-        return None if gpu is None else gpu.fp8_dtype
+        if gpu is None:
+            return None
+        # the architecture forced by vendor.arch_env is the one whose fp8 policy the kernels follow (detect); one the
+        # vendor does not know leaves the backend unavailable, and the device's own record answers
+        if forced := os.environ.get(vendor.arch_env):
+            try:
+                gpu = vendor.resolve(forced)
+            except ValueError:
+                pass
+        return gpu.fp8_dtype
 
     return Backend(name=name, priority=priority, probe=probe, ops=ops, capabilities=capabilities, details=details,
                    device_fp8=device_fp8, interpretable=True, fp8_tensor_core=True)

@@ -124,11 +124,11 @@ class Backend:
     ``capabilities()`` and ``details()`` are asked only of an available backend: the typed facts of its
     target, and further display-only data (tuning table, memory budget). ``device_fp8(device)`` is asked of any
     registered backend, available or not (no Triton needed): the fp8 format native to ``device`` where it is one of
-    the backend's GPUs (from its architecture's record: e4m3fnuz on an MI300), else None; the ops whose
-    ``fp8_dtype`` is None take it (:func:`indexcache.hal.dispatch.native_fp8`). ``interpretable`` backends run
-    their Triton kernels on the CPU when ``TRITON_INTERPRET=1``. ``fp8_tensor_core`` says its fp8 logits
-    accumulate on matrix units with reduced precision when run on a GPU (conformance then bounds their fp8
-    logits' relative RMS error by 1e-3 instead of fp32 accumulation's 1e-5; docs/ops.md).
+    the backend's GPUs (from its architecture's record, or the forced architecture's: e4m3fnuz on an MI300), else
+    None; the ops whose ``fp8_dtype`` is None take it (:func:`indexcache.hal.dispatch.native_fp8`).
+    ``interpretable`` backends run their Triton kernels on the CPU when ``TRITON_INTERPRET=1``. ``fp8_tensor_core``
+    says its fp8 logits accumulate on matrix units with reduced precision when run on a GPU (conformance then bounds
+    their fp8 logits' relative RMS error by 1e-3 instead of fp32 accumulation's 1e-5; docs/ops.md).
     """
 
     name: str
