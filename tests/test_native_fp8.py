@@ -181,3 +181,16 @@ def test_an_architecture_no_vendor_knows_leaves_the_devices_format(fake_gpu, mon
         AMD.resolve("sm90")
     assert dispatch.native_fp8(GPU) == FNUZ
 
+
+def test_a_device_without_an_index_is_the_current_gpu_at_each_call(fake_gpu, monkeypatch):
+    """``torch.device("cuda")`` means the current GPU, which torch.cuda.set_device changes: its format is not kept
+    from the GPU that was current at the first call (an indexed device's is)."""
+    fake_gpu("hip", AMD_GPU["gfx942"])
+    props = {0: AMD_GPU["gfx942"], 1: AMD_GPU["gfx950"]}
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: props[index])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    assert dispatch.native_fp8(torch.device("cuda")) == FNUZ
+    current[0] = 1
+    assert dispatch.native_fp8(torch.device("cuda")) == FN
+    assert [dispatch.native_fp8(torch.device("cuda", i)) for i in (0, 1)] == [FNUZ, FN]

@@ -127,13 +127,16 @@ _native_fp8s: dict[torch.device, torch.dtype] = {}
 
 def native_fp8(device: torch.device) -> torch.dtype:
     """The fp8 format native to ``device``, what an op's ``fp8_dtype=None`` means: the first answer of the registered
-    backends' ``device_fp8`` (highest priority first; the GPU backends read the architecture's record: e4m3fnuz on
-    gfx942, MI300), else ``torch.float8_e4m3fn`` (the CPU, and any device no backend claims). Asked once a device,
-    then kept."""
+    backends' ``device_fp8`` (highest priority first; the GPU backends read the architecture's record, or the one
+    ``INDEXCACHE_CUDA_ARCH`` / ``INDEXCACHE_ROCM_ARCH`` forces: e4m3fnuz on gfx942, MI300), else
+    ``torch.float8_e4m3fn`` (the CPU, and any device no backend claims). Asked once a device, then kept; a GPU device
+    without an index (``cuda``: the current GPU, which ``torch.cuda.set_device`` changes) is asked at every call."""
     fp8 = _native_fp8s.get(device)
     if fp8 is None:
         answers = (b.device_fp8(device) for b in sorted(registry().values(), key=lambda b: -b.priority))
-        fp8 = _native_fp8s[device] = next((a for a in answers if a is not None), torch.float8_e4m3fn)
+        fp8 = next((a for a in answers if a is not None), torch.float8_e4m3fn)
+        if device.index is not None or device.type == "cpu":
+            _native_fp8s[device] = fp8
     return fp8
 
 
