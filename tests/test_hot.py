@@ -619,3 +619,37 @@ def test_a_producer_of_draft_rows_without_row_to_batch_is_refused_before_it_sele
     assert torch.equal(state.raw, before[0]) and state.hot.group is None
     assert all(torch.equal(a, b) for a, b in zip([t for s in state.hot.state.values() for t in s], before[1],
                                                   strict=True))
+
+
+def test_a_shared_layer_without_the_row_to_batch_its_producer_planned_with_is_refused():
+    """The producer planned its group with row_to_batch (rows not one a request in order); a shared layer of the
+    group swapping in without it would take row r as request r (its misses copied and its rows read for the wrong
+    requests), so it is refused naming row_to_batch; given it, the layer reads its producer's selection. A producer
+    planned without row_to_batch leaves its shared layers free to give the same rows' requests (test above)."""
+    g, plan, runner, _, layers, table = setup()
+    lens = torch.tensor([5, 20, 30], dtype=INDEX)
+    for layer in layers:
+        prefill(layer, lens)
+    lens = lens + 1
+    for layer in layers:
+        write_newest(layer, lens)
+    requests = torch.tensor([2, 0, 1], dtype=INDEX)  # row r is request requests[r]
+    raw = torch.stack([torch.randint(0, int(lens[b]), (K,), generator=g) for b in requests.tolist()]).to(INDEX)
+    state = Chosen(REQUESTS, K)
+    state.hot = HotBuffers(plan.producers, REQUESTS, HOT, REQUESTS, K)
+    state.next = raw
+    runner.begin(state, REQUESTS)
+
+    def hot(i):
+        return HotLayer(layers[i].host_kv, layers[i].device_kv, layers[i].device_loc, lens, layers[i].host_loc)
+
+    row_lens = lens[requests]
+    runner.layer(0, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=row_lens, page_table=table,
+                 row_to_batch=requests, hot=hot(0))
+    with pytest.raises(ValueError, match=r"^row_to_batch: None, but producer 0 planned this step with a row_to_batch"):
+        runner.layer(1, state, scores=None, lengths=row_lens, page_table=table, hot=hot(1))
+    rows = runner.layer(1, state, scores=None, lengths=row_lens, page_table=table, row_to_batch=requests, hot=hot(1))
+    for r, b in enumerate(requests.tolist()):
+        for j in range(K):
+            x, d = int(raw[r, j]), int(rows[r, j])
+            assert torch.equal(layers[1].device_kv[d], layers[1].host_kv[layers[1].host_loc[b, x]]), (r, b, x)

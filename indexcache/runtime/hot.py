@@ -108,6 +108,7 @@ class HotBuffers:
         self.owner: object | None = None  # what planned it (the runner's TopkState), where given
         self.rows = 0
         self.grouped = False  # whether the producer swapped in its whole group
+        self.mapped = False  # whether the plan took each row's request from a row_to_batch (swap-ins then need it)
 
     def __repr__(self) -> str:
         return f"HotBuffers(producers={sorted(self.state)}, plan of={self.group}, rows={self.rows})"
@@ -139,6 +140,7 @@ class HotBuffers:
         self.owner = None
         self.rows = 0
         self.grouped = False
+        self.mapped = False
 
     def check(self, producer: int, raw: torch.Tensor, layer: HotLayer, *,
               row_to_batch: torch.Tensor | None = None) -> None:
@@ -198,13 +200,15 @@ class HotBuffers:
         got = ops.hisparse_plan(**self._args(producer, raw, layer, row_to_batch))
         self.group, self.owner, self.rows = producer, owner, raw.shape[0]
         self.grouped = False
+        self.mapped = row_to_batch is not None
         return got
 
     def swap_in(self, producer: int, layer: HotLayer, *, row_to_batch: torch.Tensor | None = None,
                 owner: object | None = None) -> torch.Tensor:
         """Copy ``layer``'s misses of the current plan (``producer``'s, planned for ``owner``) into its device rows
         (every layer's of a group, given lists; none, given None after its producer's group swap-in); returns its
-        device rows ``[rows, k]`` int32 of the selected positions (-1 none), a view valid until the next layer."""
+        device rows ``[rows, k]`` int32 of the selected positions (-1 none), a view valid until the next layer.
+        ``row_to_batch`` None where the plan was made with one is refused (``ValueError``): row r is not request r."""
         if self.group != producer:
             raise MissingProducerError(f"the hot buffers hold the plan of {self.group}, not of producer {producer}: "
                                        "in this forward the producer has not run, or ran without hot= (its attention "
@@ -215,6 +219,10 @@ class HotBuffers:
             raise MissingProducerError(f"the hot buffers hold producer {producer}'s plan for another state: they hold "
                                        "one plan at a time, so states sharing them (micro-batches) must run each "
                                        "producer group's layers without interleaving")
+        if row_to_batch is None and self.mapped:  # row r would be taken as request r, not the plan's request
+            raise ValueError(f"row_to_batch: None, but producer {producer} planned this step with a row_to_batch: "
+                             "each layer's swap-in reads its rows' requests from it (give every layer of the group "
+                             "the producer's)")
         rows = self.rows
         row_to_batch = self._row_to_batch(rows, row_to_batch)
         if _copies_kv(layer, self._hot):

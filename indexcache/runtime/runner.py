@@ -146,7 +146,8 @@ class IndexerRunner:
         request from the ``row_to_batch`` given here, a producer's too (not from a ``PagedLogits``' own): give it
         wherever rows are not one a request in order (``next_n > 1``, ragged rows), or rows would be planned as requests
         they are not. A producer whose ``PagedLogits`` has such rows is refused without it (``ValueError``, before it
-        selects); scores given as a tensor do not say how their rows map to requests. A selection loaded by
+        selects), and so is a layer swapping in without the ``row_to_batch`` its producer planned with; scores given
+        as a tensor do not say how their rows map to requests. A selection loaded by
         :meth:`TopkState.load_carry <indexcache.runtime.state.TopkState.load_carry>` (the producer ran on the previous
         pipeline stage) is planned by the first shared layer of its group called with ``hot``, whose ``HotLayer`` must
         then bring KV (its own layer's, or lists of this stage's layers of the group); the same indices and hot-buffer
