@@ -613,8 +613,10 @@ def test_a_producer_of_draft_rows_without_row_to_batch_is_refused_before_it_sele
     lens = torch.full((rows,), 10, dtype=INDEX)
     device_loc = layers[0].device_loc.repeat(4, 1)  # the layer's tensors for the buffers' requests
     hot = HotLayer(layers[0].host_kv, layers[0].device_kv, device_loc, lens.repeat(2), layers[0].host_loc.repeat(4, 1))
-    layout = "ragged rows" if ragged else "next_n=2 rows a request"
-    with pytest.raises(ValueError, match=f"row_to_batch: None, but layer 0's PagedLogits has {layout}"):
+    layout, hint = ((r"ragged rows \(its own row_to_batch\)", "the PagedLogits' own row_to_batch") if ragged
+                    else ("next_n=2 rows a request", "row r is request r // next_n"))
+    with pytest.raises(ValueError, match=f"^row_to_batch: None, but layer 0's PagedLogits has {layout}: .*; give it "
+                                         rf"\({hint}\)$"):
         runner.layer(0, state, scores=lambda: paged, lengths=lens, page_table=table, hot=hot)
     assert torch.equal(state.raw, before[0]) and state.hot.group is None
     assert all(torch.equal(a, b) for a, b in zip([t for s in state.hot.state.values() for t in s], before[1],

@@ -197,12 +197,13 @@ class IndexerRunner:
             if isinstance(got, PagedLogits):
                 if planned and row_to_batch is None and (got.q.shape[1] > 1 or got.row_to_batch is not None):
                     # refused before the state selects: the plan would take row r as request r
-                    layout = (f"next_n={got.q.shape[1]} rows a request" if got.row_to_batch is None
-                              else "ragged rows (its own row_to_batch)")
+                    layout, hint = ((f"next_n={got.q.shape[1]} rows a request", "row r is request r // next_n")
+                                    if got.row_to_batch is None else
+                                    ("ragged rows (its own row_to_batch)", "the PagedLogits' own row_to_batch"))
                     raise ValueError(f"row_to_batch: None, but layer {layer}'s PagedLogits has {layout}: with hot= "
                                      "the HiSparse plan and every layer's swap-in read each row's request from the "
                                      "row_to_batch given to layer(), and would take row r as request r; give it "
-                                     "(row r of the next_n layout is request r // next_n)")
+                                     f"({hint})")
                 return state.produce_paged(layer, got.q, got.k_cache, got.weights, got.context_lens,
                                            got.block_table, got.max_context_len, page_table, self.page_size,
                                            logits=got.logits, k_format=got.k_format, q_scale=got.q_scale,
