@@ -448,3 +448,22 @@ def test_no_case_ran_names_the_three_most_common_reasons():
                for why in ["a", "b", "b", "c\n  d", "c d", "c d", "e", "f"]]
     assert worker.unchecked(results) == "every case was declined: c d (3); b (2); a (1); 2 other reasons"
     assert worker.unchecked([*results, {"op": "topk", "status": "failed", "detail": "x"}]) == ""
+
+
+@pytest.mark.parametrize("op", ["quantize_index_k", "store_index_k", "gather_index_k"])
+def test_a_case_leaving_fp8_dtype_out_is_judged_in_the_devices_native_format(fresh_dispatch, monkeypatch, op):
+    """A case without ``fp8_dtype`` runs the op in the device's native format (``fp8_dtype=None``): the reference
+    is given that format, not its own default e4m3fn (here the CPU's native format made e4m3fnuz, as on an MI300)."""
+    from indexcache.hal import dispatch
+    from indexcache.hal.specs.base import Case
+
+    monkeypatch.setattr(dispatch, "native_fp8", lambda device: torch.float8_e4m3fnuz)
+    base = next(c for c in cases_for(op) if c.native_fp8 or "e4m3fnuz" in c.name)
+
+    def build(gen, dev):
+        args = base.build(gen, dev, torch.float8_e4m3fnuz) if base.native_fp8 else base.build(gen, dev)
+        assert args.pop("fp8_dtype") == torch.float8_e4m3fnuz
+        return args
+
+    result = run_case(Case(op, f"{base.name}, fp8_dtype left out", build), "torch")
+    assert (result.status, result.detail) == ("passed", "")

@@ -47,8 +47,12 @@ def _judge(case: Case, args: dict, backend: str, accumulation: str) -> Verdict:
     CPU (the same tensors when they are there already): the op may write into one of them
     (``store_index_k``'s cache), and the reference never does."""
     spec = SPECS[case.op]
-    want = spec.reference(**{k: cpu(v) for k, v in args.items() if k not in _NOT_FOR_REFERENCE})
-    expected = library.result(case.op, spec.check(**args))  # the given outputs, or new ones of their form
+    checked = spec.check(**args)
+    given = {k: cpu(v) for k, v in args.items() if k not in _NOT_FOR_REFERENCE}
+    if "fp8_dtype" in checked:  # the format the op runs in: a case leaving it out, the device's native one
+        given["fp8_dtype"] = checked["fp8_dtype"]
+    want = spec.reference(**given)
+    expected = library.result(case.op, checked)  # the given outputs, or new ones of their form
     around = [(name, t, outside, _bytes(t).cpu().clone()) for name, t in _given_outputs(args, expected)
               if (outside := _outside(t)) is not None]
     got = getattr(ops, spec.name)(**args, backend=backend)
