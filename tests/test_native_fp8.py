@@ -37,9 +37,19 @@ def fake_gpu(monkeypatch, fresh_dispatch):
         monkeypatch.setattr(torch.version, "cuda", "12.8" if runtime == "cuda" else None)
         monkeypatch.setattr(torch.version, "hip", "6.4" if runtime == "hip" else None, raising=False)
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: reads.append(index) or props)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
         return reads
 
     return install
+
+
+def test_a_gpu_build_without_its_gpu_takes_e4m3fn(fake_gpu, monkeypatch):
+    """A CUDA (or ROCm) build of torch on a machine without the GPU, asked about one of its devices (fake tensors
+    traced for export): no record to read, so the default is e4m3fn, and no device query is made (it would raise)."""
+    reads = fake_gpu("hip", AMD_GPU["gfx942"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert dispatch.native_fp8(GPU) == FN
+    assert reads == []
 
 
 # AMD GPUs' device properties, as a ROCm build of torch gives them (a target ID: the processor, then feature flags).

@@ -52,6 +52,10 @@ def gpu_backend(vendor: GpuVendor, priority: int, tuning: Callable[[str], Mappin
         return {"tuning": tuning(target().arch)}
 
     def device_fp8(device: torch.device) -> torch.dtype | None:
+        # a device of this vendor's torch build on a machine without its GPU (fake tensors traced for export) has no
+        # record to read: the properties query would raise
+        if device.type != vendor.device_type or not torch.get_device_module(device).device_count():
+            return None
         gpu = vendor.device_arch(device)
         if gpu is None:
             return None
