@@ -118,6 +118,31 @@ def test_quantize_index_k_allocates_an_mi300s_format(fake_gpu):
     assert (checked["out"].dtype, checked["block"]) == (FNUZ, 128)
 
 
+@pytest.mark.parametrize("op", ["quantize_index_k", "gather_index_k"])
+@pytest.mark.parametrize("outputs", [FN, FNUZ], ids=["e4m3fn out", "e4m3fnuz out"])
+def test_a_given_keys_output_names_the_format_the_default_takes(fake_gpu, op, outputs):
+    """On an MI300 a caller's keys output in e4m3fn (or on the CPU one in e4m3fnuz) is taken as the format with
+    fp8_dtype left out, instead of the device's own format that its dtype would contradict."""
+    args = _op_args(outputs=outputs)[op]
+    if op == "quantize_index_k":
+        args.update(out=torch.empty(8, 128, dtype=outputs), out_scale=torch.empty(8, 1))
+    assert SPECS[op].check(**args)["fp8_dtype"] == outputs  # the CPU
+    fake_gpu("hip", AMD_GPU["gfx942"])
+    with FakeTensorMode():
+        args = _op_args("cuda", outputs=outputs)[op]
+        if op == "quantize_index_k":
+            args.update(out=torch.empty(8, 128, dtype=outputs, device="cuda"),
+                        out_scale=torch.empty(8, 1, device="cuda"))
+        assert SPECS[op].check(**args)["fp8_dtype"] == outputs
+
+
+def test_a_keys_output_given_on_the_cpu_gives_the_explicit_formats_result():
+    args = _op_args()["quantize_index_k"]
+    out = (torch.empty(8, 128, dtype=FNUZ), torch.empty(8, 1))
+    got = indexcache.quantize_index_k(**args, out=out[0], out_scale=out[1])
+    _same(got, indexcache.quantize_index_k(**args, fp8_dtype=FNUZ))
+
+
 def _same(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> None:
     assert [(g.dtype, g.shape) for g in got] == [(w.dtype, w.shape) for w in want]
     assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want, strict=True))

@@ -76,13 +76,16 @@ def check_page_size(page_size) -> int:
     return check_int("page_size", page_size, 1, MAX_PAGE_SIZE, " (slots are int32)")
 
 
-def key_format(fp8_dtype, device: torch.device, block: int | None = None) -> torch.dtype:
+def key_format(fp8_dtype, device: torch.device, block: int | None = None,
+               given: torch.Tensor | None = None) -> torch.dtype:
     """The keys' format an op's ``fp8_dtype`` names: an fp8 format (any ``block`` >= 1), MXFP4
-    (``torch.float4_e2m1fn_x2``, ``block`` 32), or None, the fp8 format native to ``device``
-    (:func:`indexcache.hal.dispatch.native_fp8`: e4m3fnuz on an MI300, else e4m3fn); ``block`` None: an op without
-    one (the cache store)."""
+    (``torch.float4_e2m1fn_x2``, ``block`` 32), or None: the format of the keys' output ``given`` where the caller
+    gave one in such a format, else the fp8 format native to ``device`` (:func:`indexcache.hal.dispatch.native_fp8`:
+    e4m3fnuz on an MI300, else e4m3fn); ``block`` None: an op without one (the cache store)."""
     if fp8_dtype is None:
-        fp8_dtype = dispatch.native_fp8(device)
+        formats = (*FP8_DTYPES, fp4.FP4)
+        fp8_dtype = (given.dtype if isinstance(given, torch.Tensor) and given.dtype in formats
+                     else dispatch.native_fp8(device))
     elif fp8_dtype not in (*FP8_DTYPES, fp4.FP4):
         raise TypeError(f"fp8_dtype: expected None (the device's native fp8 format) or "
                         f"{dtype_names((*FP8_DTYPES, fp4.FP4))}, got {fp8_dtype!r}")

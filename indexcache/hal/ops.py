@@ -578,8 +578,8 @@ def quantize_index_k(k, fp8_dtype: torch.dtype | None = None, *, block: int | No
         ``[N, D]`` float32, bfloat16 or float16, D a multiple of ``block``.
     fp8_dtype : torch.dtype, optional
         ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2``; None (the default): the
-        native fp8 format of ``k``'s device, e4m3fnuz on an MI300 (gfx942), e4m3fn elsewhere (the CPU, NVIDIA,
-        gfx950).
+        format of ``out`` where it is given in one of these, else the native fp8 format of ``k``'s device, e4m3fnuz
+        on an MI300 (gfx942), e4m3fn elsewhere (the CPU, NVIDIA, gfx950).
     block : int, optional
         Elements a scale, ≥ 1; default 128 for fp8, and for MXFP4 32, the only size it takes.
     out, out_scale : torch.Tensor, optional
@@ -689,8 +689,9 @@ def gather_index_k(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dt
         Elements a key (default 128).
     fp8_dtype : torch.dtype, optional
         The cache's format: ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz`` or ``torch.float4_e2m1fn_x2``
-        (MXFP4, docs/fp4.md); None (the default): the native fp8 format of the cache's device, e4m3fnuz on an MI300
-        (gfx942), e4m3fn elsewhere (the CPU, NVIDIA, gfx950), as :func:`store_index_k` writes it by default.
+        (MXFP4, docs/fp4.md); None (the default): the format of ``out_k`` where it is given in one of these, else
+        the native fp8 format of the cache's device, e4m3fnuz on an MI300 (gfx942), e4m3fn elsewhere (the CPU,
+        NVIDIA, gfx950), as :func:`store_index_k` writes it by default.
     out_k, out_scale : torch.Tensor, optional
         The outputs, written in place without allocating: ``[N, dim]`` in ``fp8_dtype`` and ``[N]`` float32 (MXFP4:
         ``[N, dim / 2]`` ``torch.float4_e2m1fn_x2`` and ``[N, dim / 32]`` ``torch.float8_e8m0fnu``). Rows at or past

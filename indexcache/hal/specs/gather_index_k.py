@@ -31,7 +31,7 @@ def check(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dtype: torc
     device = context_lens.device
     check_tensor("block_table", block_table, (INDEX,), (context_lens.shape[0], None), device)
     check_int("dim", dim, 1)
-    fp8_dtype = key_format(fp8_dtype, device)
+    fp8_dtype = key_format(fp8_dtype, device, given=out_k)
     check_cache(k_cache, "dim", dim, device, fp8_dtype)
     given = out_k if out_k is not None else out_scale
     if given is not None:

@@ -32,7 +32,7 @@ def out_shapes(rows: int, dim: int, fp8_dtype: torch.dtype, block: int) -> tuple
 def check(k, fp8_dtype: torch.dtype | None = None, *, block: int | None = None, out=None,
           out_scale=None) -> dict[str, Any]:
     check_tensor("k", k, FLOAT_INPUTS, (None, None))
-    fp8_dtype = key_format(fp8_dtype, k.device, block)
+    fp8_dtype = key_format(fp8_dtype, k.device, block, given=out)
     if block is None:
         block = fp4.BLOCK if fp8_dtype == fp4.FP4 else FP8_BLOCK
     if k.shape[1] % block:
