@@ -66,6 +66,17 @@ def write_newest(layer, seq_lens):
         layer.device_kv[layer.device_loc[b, slot]] = layer.host_kv[layer.host_loc[b, n - 1]]
 
 
+def first_decode_step(layers, prompt_lens):
+    """The engine's side of a prefill of ``prompt_lens`` tokens and one decode token, for every layer; returns the
+    requests' lengths after it."""
+    for layer in layers:
+        prefill(layer, prompt_lens)
+    lens = prompt_lens + 1
+    for layer in layers:
+        write_newest(layer, lens)
+    return lens
+
+
 def step(runner, state, layers, table, seq_lens, raw, grouped=False):
     """One decode step through the runner; the engine's side first: each request's newest token at its slot. With
     ``grouped`` a producer swaps in its group's layers at once and the shared layers copy nothing."""
@@ -118,12 +129,7 @@ def test_a_live_batch_smaller_than_max_requests_is_planned_without_row_to_batch(
     row_to_batch, exactly as with row_to_batch = 0 .. rows - 1; the requests past the rows are left alone; more rows
     than requests without row_to_batch are refused, naming it."""
     g, plan, runner, _, layers, table = setup()
-    lens = torch.tensor([5, 20, 30], dtype=INDEX)
-    for layer in layers:
-        prefill(layer, lens)
-    lens = lens + 1
-    for layer in layers:
-        write_newest(layer, lens)
+    lens = first_decode_step(layers, torch.tensor([5, 20, 30], dtype=INDEX))
     seq_lens = torch.cat([lens, torch.zeros(1, dtype=INDEX)])  # [max_requests]: the fourth request idle
     host_loc = torch.cat([layers[0].host_loc, torch.full_like(layers[0].host_loc[:1], -1)])
     raw = torch.stack([torch.randint(0, int(n), (K,), generator=g) for n in lens]).to(INDEX)
@@ -629,12 +635,7 @@ def test_a_shared_layer_without_the_row_to_batch_its_producer_planned_with_is_re
     requests), so it is refused naming row_to_batch; given it, the layer reads its producer's selection. A producer
     planned without row_to_batch leaves its shared layers free to give the same rows' requests (test above)."""
     g, plan, runner, _, layers, table = setup()
-    lens = torch.tensor([5, 20, 30], dtype=INDEX)
-    for layer in layers:
-        prefill(layer, lens)
-    lens = lens + 1
-    for layer in layers:
-        write_newest(layer, lens)
+    lens = first_decode_step(layers, torch.tensor([5, 20, 30], dtype=INDEX))
     requests = torch.tensor([2, 0, 1], dtype=INDEX)  # row r is request requests[r]
     raw = torch.stack([torch.randint(0, int(lens[b]), (K,), generator=g) for b in requests.tolist()]).to(INDEX)
     state = Chosen(REQUESTS, K)
