@@ -42,12 +42,11 @@ class CaseResult:
         return asdict(self)
 
 
-def _judge(case: Case, args: dict, backend: str, accumulation: str) -> Verdict:
-    """Run the case through the public op and judge it. The reference runs first, on the inputs moved to the
-    CPU (the same tensors when they are there already): the op may write into one of them
-    (``store_index_k``'s cache), and the reference never does."""
+def _judge(case: Case, args: dict, checked: dict, backend: str, accumulation: str) -> Verdict:
+    """Run the case through the public op and judge it (``checked``: its spec check's arguments). The reference runs
+    first, on the inputs moved to the CPU (the same tensors when they are there already): the op may write into one
+    of them (``store_index_k``'s cache), and the reference never does."""
     spec = SPECS[case.op]
-    checked = spec.check(**args)
     given = {k: cpu(v) for k, v in args.items() if k not in _NOT_FOR_REFERENCE}
     if "fp8_dtype" in checked:  # the format the op runs in: a case leaving it out, the device's native one
         given["fp8_dtype"] = checked["fp8_dtype"]
@@ -114,13 +113,13 @@ def _misshapen(got, expected) -> str:
     return ""
 
 
-def _declined(case: Case, args: dict, backend: str) -> list[str] | None:
+def _declined(case: Case, checked: dict, backend: str) -> list[str] | None:
     """The reasons the backend gives for not serving the case (None when it serves it): the dispatcher's answer for
-    the checked arguments, before anything runs (the error's message where it carries no list: a ``supports`` that
-    raised it). A :class:`~indexcache.hal.dispatch.BackendNotSupportedError` raised later, by a backend that took the
-    call, is a failure like any other exception."""
+    the checked arguments ``checked``, before anything runs (the error's message where it carries no list: a
+    ``supports`` that raised it). A :class:`~indexcache.hal.dispatch.BackendNotSupportedError` raised later, by a
+    backend that took the call, is a failure like any other exception."""
     try:
-        dispatch.resolve(case.op, SPECS[case.op].check(**args), backend)
+        dispatch.resolve(case.op, checked, backend)
     except dispatch.BackendNotSupportedError as exc:
         return [str(exc)] if exc.reasons is None else exc.reasons
     return None
@@ -150,10 +149,11 @@ def run_case(case: Case, backend: str, seed: int = 0) -> CaseResult:
     args = case.build(gen, device, native_fp8(backend)) if case.native_fp8 else case.build(gen, device)
     start = time.perf_counter()
     try:
-        if (reasons := _declined(case, args, backend)) is not None:
+        checked = SPECS[case.op].check(**args)
+        if (reasons := _declined(case, checked, backend)) is not None:
             return CaseResult(case.op, case.name, *_decline(case, backend, reasons),
                               seconds=time.perf_counter() - start)
-        detail, err, bound = _judge(case, args, backend, accumulation)
+        detail, err, bound = _judge(case, args, checked, backend, accumulation)
     except Exception as exc:  # a crash is a failure of the backend, reported, not raised
         return CaseResult(case.op, case.name, "failed", f"{type(exc).__name__}: {exc}",
                           seconds=time.perf_counter() - start)
