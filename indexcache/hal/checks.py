@@ -82,13 +82,13 @@ def key_format(fp8_dtype, device: torch.device, block: int | None = None,
     (``torch.float4_e2m1fn_x2``, ``block`` 32), or None: the format of the keys' output ``given`` where the caller
     gave one in such a format, else the fp8 format native to ``device`` (:func:`indexcache.hal.dispatch.native_fp8`:
     e4m3fnuz on an MI300, else e4m3fn); ``block`` None: an op without one (the cache store)."""
+    formats = (*FP8_DTYPES, fp4.FP4)
     if fp8_dtype is None:
-        formats = (*FP8_DTYPES, fp4.FP4)
         fp8_dtype = (given.dtype if isinstance(given, torch.Tensor) and given.dtype in formats
                      else dispatch.native_fp8(device))
-    elif fp8_dtype not in (*FP8_DTYPES, fp4.FP4):
-        raise TypeError(f"fp8_dtype: expected None (the device's native fp8 format) or "
-                        f"{dtype_names((*FP8_DTYPES, fp4.FP4))}, got {fp8_dtype!r}")
+    elif fp8_dtype not in formats:
+        raise TypeError(f"fp8_dtype: expected None (the device's native fp8 format) or {dtype_names(formats)}, got "
+                        f"{fp8_dtype!r}")
     if block is not None:
         check_int("block", block, 1)
         if fp8_dtype == fp4.FP4 and block != fp4.BLOCK:
