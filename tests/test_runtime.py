@@ -164,6 +164,50 @@ def test_a_decode_producer_takes_ragged_rows_named_by_paged_logits():
     assert (state.raw[:rows] >= 0).sum() == lengths.clamp(0, K).sum()
 
 
+@pytest.mark.parametrize("ragged", [False, True], ids=["next_n 2", "ragged rows"])
+def test_a_shared_layer_after_a_producer_of_rows_a_request_refuses_no_row_to_batch(ragged):
+    """A decode producer's ``PagedLogits`` maps its rows to requests itself (``next_n`` rows a request, or its own
+    ``row_to_batch``); a shared layer then given no ``row_to_batch`` would translate row r through page-table row r
+    (another request's pages, or none): refused, naming the argument, the physical slots left as the producer's; a
+    row_to_batch given, it translates; the next forward's producer of rows in order accepts None again."""
+    from indexcache.hal.specs.paged_mqa_logits import ragged_args
+
+    g = torch.Generator().manual_seed(0)
+    if ragged:
+        paged = ragged_args(g, "cpu", torch.float8_e4m3fn, [1, 3, 2], [30, 9, 3], page_size=PAGE, heads=4)
+        lengths, row_to_batch = paged["context_lens"], paged["row_to_batch"]
+    else:
+        paged = args_of(g, "cpu", 3, 2, 4, PAGE, [20, 13, 9])
+        seen = torch.arange(6)
+        lengths = (paged["context_lens"][seen // 2] - 1 + seen % 2).to(torch.int32)
+        row_to_batch = (seen // 2).to(torch.int32)
+    rows, cols = lengths.shape[0], paged["max_context_len"]
+    decode = PagedLogits(paged["q"], paged["k_cache"], paged["weights"], paged["context_lens"], paged["page_table"],
+                         cols, row_to_batch=paged.get("row_to_batch"))
+    tables = torch.stack([torch.randperm(30, generator=g).view(3, 10) for _ in range(3)]).to(torch.int32)
+    runner = IndexerRunner(LayerPlan(3, index_topk_freq=2, index_topk=K, page_size=PAGE))
+    assert runner.roles == "FFS"
+    state = TopkState(8, K)
+    runner.begin(state, rows)
+    for layer in (0, 1):
+        runner.layer(layer, state, scores=lambda: decode, lengths=lengths, page_table=tables[layer])
+    produced = state.physical.clone()
+    with pytest.raises(ValueError, match=r"row_to_batch: None, but producer 1's rows are .*shared layer 2"):
+        runner.layer(2, state, scores=_no_scores, lengths=lengths, page_table=tables[2])
+    assert torch.equal(state.physical, produced)
+    got = runner.layer(2, state, scores=_no_scores, lengths=lengths, page_table=tables[2], row_to_batch=row_to_batch)
+    assert torch.equal(got, reference.translate(state.raw[:rows], tables[2], lengths, PAGE, row_to_batch=row_to_batch))
+
+    one = args_of(g, "cpu", 3, 1, 4, PAGE, [20, 13, 9])
+    in_order = PagedLogits(one["q"], one["k_cache"], one["weights"], one["context_lens"], one["page_table"],
+                           one["max_context_len"])
+    runner.begin(state, 3)
+    for layer in (0, 1):
+        runner.layer(layer, state, scores=lambda: in_order, lengths=one["context_lens"], page_table=tables[layer])
+    got = runner.layer(2, state, scores=_no_scores, lengths=one["context_lens"], page_table=tables[2])
+    assert torch.equal(got, reference.translate(state.raw[:3], tables[2], one["context_lens"], PAGE))
+
+
 @pytest.mark.parametrize("mxfp4", [False, True], ids=["fp8", "MXFP4 queries and keys"])
 def test_a_prefill_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_it(mxfp4):
     """A ``scores`` callable returning :class:`PrefillLogits` makes the producer call ``mqa_topk_translate``

@@ -127,7 +127,8 @@ class IndexerRunner:
         ``lengths [rows]`` int32: each row's visible length (and, for a producer given scores, its window length in
         them); ``page_table [B, P]`` int32: this layer's own table;
         ``row_starts [rows]``: window starts in the scores; ``row_to_batch [rows]``: table row of each row
-        (identity when None). A shared layer whose producer has not run raises
+        (identity when None; a shared layer after a producer whose ``PagedLogits`` has ``next_n > 1`` or ragged rows
+        refuses None with ``ValueError``). A shared layer whose producer has not run raises
         :class:`~indexcache.runtime.state.MissingProducerError`; a state of another k than the runner's (however it
         was begun: :meth:`begin`, or a stage's ``load_carry``) raises ``ValueError``.
 

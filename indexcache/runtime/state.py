@@ -168,6 +168,9 @@ class TopkState:
         self.recorder: Recorder | None = None
         self.hot = None  # HiSparse's hot buffers (indexcache.runtime.hot.HotBuffers), where the engine attaches them
         self.carried = False  # raw loaded by load_carry and not yet planned for HiSparse (the runner plans it late)
+        # The producer's rows are not one a request in order (a PagedLogits of next_n > 1 rows a request, or ragged
+        # rows of its own row_to_batch): what layout, for reuse's refusal of a row_to_batch None; None otherwise.
+        self._rows_layout: str | None = None
 
     @property
     def max_rows(self) -> int:
@@ -191,6 +194,7 @@ class TopkState:
         self.rows = rows
         self.producer = None
         self.carried = False
+        self._rows_layout = None
         if self.hot is not None:
             self.hot.forget()
 
@@ -263,6 +267,10 @@ class TopkState:
         out = self.select_paged(q, k_cache, weights, context_lens, block_table, max_context_len, page_table,
                                 page_size, logits=logits, out=self.physical[:rows], out_raw=self.raw[:rows], **more)
         self.produced(layer)
+        if row_to_batch is not None:
+            self._rows_layout = "ragged rows (its PagedLogits' own row_to_batch)"
+        elif q.shape[1] > 1:
+            self._rows_layout = f"next_n={q.shape[1]} rows a request (row r is request r // {q.shape[1]})"
         return out
 
     def produce_prefill(self, layer: int, inputs: PrefillLogits, page_table: torch.Tensor, page_size: int, *,
@@ -316,6 +324,7 @@ class TopkState:
         (:meth:`indexcache.runtime.draft.DraftTopk.serve`)."""
         self.producer = layer
         self.carried = False
+        self._rows_layout = None
         if self.recorder is not None:
             self.recorder(layer, self.raw[: self.rows])
 
@@ -338,10 +347,16 @@ class TopkState:
         the physical slots ``[rows, k]`` int32 (-1 = empty).
 
         ``seq_lens [rows]`` int32 is each row's visible length. ``source`` (the producer the plan says
-        this layer reuses) is checked against the producer that wrote the state.
+        this layer reuses) is checked against the producer that wrote the state. After a decode producer whose rows
+        are not one a request in order (:meth:`produce_paged` with ``next_n > 1`` or ragged rows), ``row_to_batch``
+        None is refused (``ValueError``): row ``r`` would read page-table row ``r``, another request's pages.
         """
         self._check_source(layer, source)
         self._check_rows("seq_lens", seq_lens)
+        if row_to_batch is None and self._rows_layout is not None:
+            raise ValueError(f"row_to_batch: None, but producer {self.producer}'s rows are {self._rows_layout}: shared "
+                             f"layer {layer} would translate row r through page-table row r, another request's "
+                             "pages; give each row's page-table row")
         rows = self.rows
         out = ops.translate(self.raw[:rows], page_table, seq_lens, page_size, row_to_batch=row_to_batch,
                                    out=self.physical[:rows])
