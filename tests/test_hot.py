@@ -132,6 +132,7 @@ def test_a_live_batch_smaller_than_max_requests_is_planned_without_row_to_batch(
     lens = first_decode_step(layers, torch.tensor([5, 20, 30], dtype=INDEX))
     seq_lens = torch.cat([lens, torch.zeros(1, dtype=INDEX)])  # [max_requests]: the fourth request idle
     host_loc = torch.cat([layers[0].host_loc, torch.full_like(layers[0].host_loc[:1], -1)])
+    device_loc = [torch.cat([layer.device_loc, torch.full_like(layer.device_loc[:1], -1)]) for layer in layers]
     raw = torch.stack([torch.randint(0, int(n), (K,), generator=g) for n in lens]).to(INDEX)
     got = {}
     for requests in (None, torch.arange(REQUESTS, dtype=INDEX)):
@@ -141,7 +142,7 @@ def test_a_live_batch_smaller_than_max_requests_is_planned_without_row_to_batch(
         runner.begin(state, REQUESTS)
         rows = [runner.layer(i, state, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table,
                              row_to_batch=requests, hot=HotLayer(layers[i].host_kv, layers[i].device_kv,
-                                                              layers[i].device_loc, seq_lens, host_loc)).clone()
+                                                              device_loc[i], seq_lens, host_loc)).clone()
                 for i in runner.layers]
         got[requests is None] = rows, {p: [t.clone() for t in s] for p, s in state.hot.state.items()}
     assert all(torch.equal(a, b) for a, b in zip(got[True][0], got[False][0], strict=True))
@@ -240,7 +241,8 @@ def test_buffers_check_their_sizes_and_reset_empties_a_requests_rows():
 def test_a_producers_bad_hot_layer_is_named_before_the_state_changes():
     """A producer's host_kv that is no tensor or list of them is refused by name (not ``min()``'s or ``.shape``'s
     error); host_kv without device_kv, and an int64 device_loc (which the swap-in op takes but the device rows, int32,
-    cannot) and one of fewer than H + 1 columns (the newest token's slot H would read no row), are refused before the
+    cannot), one of fewer than H + 1 columns (the newest token's slot H would read no row) and one of fewer rows than
+    the buffers' requests (a request past them would be planned as holding tokens never copied), are refused before the
     plan, as is anything the producer's swap-in would refuse (KV of another dtype,
     a list beside one tensor): raised at the swap-in, they came after the state had taken the step's misses as copied
     (and the int64 one as the translation's ``page_table``)."""
@@ -258,6 +260,9 @@ def test_a_producers_bad_hot_layer_is_named_before_the_state_changes():
         hot.plan(0, raw, HotLayer(host_kv, device_kv, loc.long(), lens, host_loc))
     with pytest.raises(ValueError, match=r"hot: device_loc: expected \[B, H \+ 1\] = \[B, 5\] .*got \[2, 4\]"):
         hot.plan(0, raw, HotLayer(host_kv, device_kv, loc[:, :4], lens, host_loc))  # slot H would read no row
+    rows_of = r"hot: device_loc: expected 2 rows \(the hot buffers' max_requests, .*got \[1, 5\]"
+    with pytest.raises(ValueError, match=rows_of):  # request 1 would hold tokens no swap-in copied
+        hot.plan(0, raw[:1], HotLayer(host_kv, device_kv, loc[:1], lens, host_loc), row_to_batch=raw[:1, 0] * 0 + 1)
     with pytest.raises(TypeError, match="device_kv"):  # the swap-in's own check: another dtype than host_kv
         hot.plan(0, raw, HotLayer(host_kv, device_kv.half(), loc, lens, host_loc))
     with pytest.raises(TypeError, match="host_kv: expected one tensor, as device_kv, got a list of 1"):
@@ -270,6 +275,9 @@ def test_a_producers_bad_hot_layer_is_named_before_the_state_changes():
         hot.swap_in(0, HotLayer(host_kv, device_kv, loc.long(), lens, host_loc))
     with pytest.raises(ValueError, match=r"hot: device_loc: expected \[B, H \+ 1\]"):
         hot.swap_in(0, HotLayer(host_kv, device_kv, loc[:, :4], lens, host_loc))
+    for kv in ((host_kv, device_kv), (None, None)):  # a layer of its own KV, or of its producer's group swap-in
+        with pytest.raises(ValueError, match=rows_of):
+            hot.swap_in(0, HotLayer(*kv, loc[:1], lens, host_loc))
     assert device_kv.eq(0).all()  # refused before any copy
 
 

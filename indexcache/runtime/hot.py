@@ -55,8 +55,8 @@ class HotLayer:
     token being decoded included; ``host_loc [B, L]`` int32 or int64: the host row of each token, the same for
     every layer of a producer group (each layer's host pool laid out alike); ``host_rows``: a bound on host rows
     (default the fewest of ``host_kv``'s layers). ``B`` is the :class:`HotBuffers`' ``max_requests`` (a live batch of
-    fewer requests pads ``seq_lens`` and ``host_loc``); without ``row_to_batch``, row ``r`` of the step is request
-    ``r``.
+    fewer requests pads ``device_loc``, ``seq_lens`` and ``host_loc``); without ``row_to_batch``, row ``r`` of the
+    step is request ``r``.
 
     A group swapped in at once: the producer's ``host_kv`` and ``device_kv`` are lists of the group's layers'
     tensors (any order, the same in both; every layer's slots at the same device rows, the producer's
@@ -171,7 +171,8 @@ class HotBuffers:
             raise ValueError(f"raw: expected at most {self.slots.shape[0]} rows of {self.slots.shape[1]} positions "
                              f"(the buffers' capacity), got {list(raw.shape)}")
         row_to_batch = self._row_to_batch(rows, row_to_batch)
-        if not _copies_kv(layer, self._hot):  # the layer refused before the state changes, not at its swap-in after
+        # the layer refused before the state changes, not at its swap-in after
+        if not _copies_kv(layer, self._hot, self.max_requests):
             raise ValueError(f"hot: the HotLayer planning producer {producer}'s group has no host_kv (the layer that "
                              "plans, a producer or a carried selection's first layer, swaps in its own layer or its "
                              "whole group)")
@@ -225,7 +226,7 @@ class HotBuffers:
                              "the producer's)")
         rows = self.rows
         row_to_batch = self._row_to_batch(rows, row_to_batch)
-        if _copies_kv(layer, self._hot):
+        if _copies_kv(layer, self._hot, self.max_requests):
             ops.hisparse_swap_in(self.copy_src[:rows], self.copy_dst[:rows], self.copy_count[:rows], layer.host_kv,
                                  layer.device_kv, layer.device_loc, row_to_batch=row_to_batch)
             self.grouped |= not isinstance(layer.device_kv, torch.Tensor)
@@ -236,11 +237,12 @@ class HotBuffers:
                              out=self.device_rows[:rows])
 
 
-def _copies_kv(layer: HotLayer, hot: int) -> bool:
+def _copies_kv(layer: HotLayer, hot: int, requests: int) -> bool:
     """Whether ``layer`` brings KV tensors to swap in (not a layer of a group its producer swapped in); refuses
     ``host_kv`` without ``device_kv`` or the reverse, a ``device_loc`` that is not int32 (the device rows the
-    attention reads are int32) and one of fewer than ``hot + 1`` columns (slot ``hot``, the newest token's, would
-    read no row)."""
+    attention reads are int32), one of fewer than ``hot + 1`` columns (slot ``hot``, the newest token's, would
+    read no row) and one of other than ``requests`` rows (the buffers' ``max_requests``: a request past its rows would
+    be planned as holding tokens no swap-in copied, and read no device row)."""
     if (layer.host_kv is None) != (layer.device_kv is None):
         raise ValueError("hot: expected host_kv and device_kv both given or both None (a layer swapped in with its "
                          f"producer's group), got host_kv {type(layer.host_kv).__name__} and device_kv "
@@ -252,4 +254,7 @@ def _copies_kv(layer: HotLayer, hot: int) -> bool:
     if layer.device_loc.dim() != 2 or layer.device_loc.shape[1] < hot + 1:
         raise ValueError(f"hot: device_loc: expected [B, H + 1] = [B, {hot + 1}] (slot H holds the newest token), got "
                          f"{list(layer.device_loc.shape)}")
+    if layer.device_loc.shape[0] != requests:
+        raise ValueError(f"hot: device_loc: expected {requests} rows (the hot buffers' max_requests, as seq_lens and "
+                         f"host_loc: a smaller live batch pads them), got {list(layer.device_loc.shape)}")
     return layer.host_kv is not None
