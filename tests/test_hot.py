@@ -491,7 +491,8 @@ def test_a_group_split_across_stages_plans_the_carried_selection_in_lockstep(mon
 
 def test_a_carried_selections_refused_hot_layer_leaves_the_hot_state_as_it_was():
     """After load_carry, the first shared layer with hot= plans; a HotLayer it cannot plan with (no host_kv, seq_lens
-    of another shape) is refused before the hot state changes, and the carry is still planned by the next call."""
+    of another shape), or no row_to_batch after a producer of next_n rows a request, is refused before the hot state
+    changes, and the carry is still planned by the next call."""
     g, (_, runner_b), (_, b), layers = pipeline()
     lens = torch.tensor([20, 9, 30], dtype=INDEX)
     raw = torch.stack([torch.randint(0, int(n), (K,), generator=g) for n in lens]).to(INDEX)
@@ -512,6 +513,14 @@ def test_a_carried_selections_refused_hot_layer_leaves_the_hot_state_as_it_was()
         assert b.carried and b.hot.group is None and b.hot.rows == 0, message
         assert torch.equal(b.hot.state[0][0], tokens) and torch.equal(b.hot.state[0][1], ages), message
         assert torch.equal(layer.device_kv, kv), message
+    # a carry whose producer had next_n 3 rows a request (three rows, request 0's): no row_to_batch, refused unplanned
+    b.load_carry(raw, CarryHeader(producer=0, rows=REQUESTS, k=K, layout=3))
+    with pytest.raises(ValueError, match=r"producer 0's rows are next_n=3 rows a request .*layer 2 would plan"):
+        runner_b.layer(2, b, scores=lambda: torch.zeros(REQUESTS, 1), lengths=lens, page_table=table,
+                       hot=HotLayer(layer.host_kv, layer.device_kv, layer.device_loc, lens, layer.host_loc))
+    assert b.carried and b.hot.group is None and b.hot.rows == 0
+    assert torch.equal(b.hot.state[0][0], tokens) and torch.equal(layer.device_kv, kv)
+    b.load_carry(raw, CarryHeader(producer=0, rows=REQUESTS, k=K))
     rows = run(runner_b, b, layers, 2, lens)
     assert b.hot.group == 0 and not b.carried
     reads_its_selection(layer, rows, raw)

@@ -192,11 +192,20 @@ def test_a_shared_layer_after_a_producer_of_rows_a_request_refuses_no_row_to_bat
     for layer in (0, 1):
         runner.layer(layer, state, scores=lambda: decode, lengths=lengths, page_table=tables[layer])
     produced = state.physical.clone()
-    with pytest.raises(ValueError, match=r"row_to_batch: None, but producer 1's rows are .*shared layer 2"):
+    with pytest.raises(ValueError, match=r"row_to_batch: None, but producer 1's rows are .*layer 2 would translate"):
         runner.layer(2, state, scores=_no_scores, lengths=lengths, page_table=tables[2])
     assert torch.equal(state.physical, produced)
     got = runner.layer(2, state, scores=_no_scores, lengths=lengths, page_table=tables[2], row_to_batch=row_to_batch)
     assert torch.equal(got, reference.translate(state.raw[:rows], tables[2], lengths, PAGE, row_to_batch=row_to_batch))
+
+    # the next pipeline stage's shared layer, from the carry (its header, through the tensor transport): the same
+    raw, header = state.to_carry()
+    assert header.layout == (0 if ragged else 2)
+    stage = TopkState.from_carry(raw.clone(), CarryHeader.from_tensor(header.to_tensor()), max_rows=8)
+    with pytest.raises(ValueError, match=r"row_to_batch: None, but producer 1's rows are .*layer 2 would translate"):
+        runner.layer(2, stage, scores=_no_scores, lengths=lengths, page_table=tables[2])
+    got = runner.layer(2, stage, scores=_no_scores, lengths=lengths, page_table=tables[2], row_to_batch=row_to_batch)
+    assert torch.equal(got, reference.translate(raw, tables[2], lengths, PAGE, row_to_batch=row_to_batch))
 
     one = args_of(g, "cpu", 3, 1, 4, PAGE, [20, 13, 9])
     in_order = PagedLogits(one["q"], one["k_cache"], one["weights"], one["context_lens"], one["page_table"],
@@ -206,6 +215,7 @@ def test_a_shared_layer_after_a_producer_of_rows_a_request_refuses_no_row_to_bat
         runner.layer(layer, state, scores=lambda: in_order, lengths=one["context_lens"], page_table=tables[layer])
     got = runner.layer(2, state, scores=_no_scores, lengths=one["context_lens"], page_table=tables[2])
     assert torch.equal(got, reference.translate(state.raw[:3], tables[2], one["context_lens"], PAGE))
+    assert state.to_carry()[1].layout == 1
 
 
 @pytest.mark.parametrize("mxfp4", [False, True], ids=["fp8", "MXFP4 queries and keys"])
@@ -459,10 +469,11 @@ def test_carry_checks_its_header():
     (torch.tensor([1.0, 0.7, 3.9, 4.2]), "integer tensor"),  # truncated to producer 0, rows 3, k 4 before
     (torch.tensor([1.0, 0.0, 2.0, 4.0]), "integer tensor"),
     (torch.tensor([True, False, True, True]), "integer tensor"),
-    (torch.tensor([1, 0, 2]), r"shape \[4\]"),
-    (torch.tensor([[1, 0], [2, 4]]), r"shape \[4\]"),
-    (torch.tensor([1, -1, 2, 4]), "producer: expected an int >= 0"),
-    (torch.tensor([1, 0, -2, 4]), "rows: expected an int >= 0"),
+    (torch.tensor([1, 0, 2]), r"shape \[5\]"),
+    (torch.tensor([[1, 0], [2, 4]]), r"shape \[5\]"),
+    (torch.tensor([2, -1, 2, 4, 1]), "producer: expected an int >= 0"),
+    (torch.tensor([2, 0, -2, 4, 1]), "rows: expected an int >= 0"),
+    (torch.tensor([2, 0, 2, 4, -1]), "layout: expected an int >= 0"),
     (torch.empty(4, dtype=torch.int64, device="meta"), "meta"),
     ([1, 0, 2, 4], "expected a tensor"),
 ])
@@ -473,7 +484,16 @@ def test_carry_header_from_tensor_refuses_what_is_not_the_format(header, match):
 
 def test_carry_header_from_tensor_reads_any_integer_dtype():
     for dtype in (torch.int64, torch.int32, torch.int16):
-        assert CarryHeader.from_tensor(torch.tensor([1, 3, 2, 4], dtype=dtype)) == CarryHeader(3, 2, 4)
+        assert CarryHeader.from_tensor(torch.tensor([2, 3, 2, 4, 2], dtype=dtype)) == CarryHeader(3, 2, 4, layout=2)
+    assert CarryHeader.from_tensor(CarryHeader(3, 2, 4, layout=0).to_tensor()) == CarryHeader(3, 2, 4, layout=0)
+
+
+def test_a_version_1_header_is_refused_by_its_version():
+    """A previous release's header (4 integers, no layout) is read, then refused by its version, not its shape."""
+    header = CarryHeader.from_tensor(torch.tensor([1, 0, 2, 4]))
+    assert header.version == 1
+    with pytest.raises(CarryError, match="version 1, this library reads 2"):
+        TopkState(4, 4).load_carry(torch.zeros(2, 4, dtype=torch.int32), header)
 
 
 @pytest.mark.parametrize("fields, match", [
@@ -499,7 +519,7 @@ def test_from_carry_checks_the_header_against_the_tensor_before_allocating(monke
 
     monkeypatch.setattr(TopkState, "__init__", allocate)
     for header, match in ((CarryHeader(producer=0, rows=2**40, k=2**30), r"int32 \[1099511627776, 1073741824\]"),
-                          (CarryHeader(producer=0, rows=2, k=K, version=2), "version"),
+                          (CarryHeader(producer=0, rows=2, k=K, version=1), "version"),
                           (CarryHeader(producer=0, rows=3, k=K), r"\[3, 4\]")):
         with pytest.raises(CarryError, match=match):
             TopkState.from_carry(raw, header)

@@ -147,8 +147,9 @@ class IndexerRunner:
         request from the ``row_to_batch`` given here, a producer's too (not from a ``PagedLogits``' own): give it
         wherever rows are not one a request in order (``next_n > 1``, ragged rows), or rows would be planned as requests
         they are not. A producer whose ``PagedLogits`` has such rows is refused without it (``ValueError``, before it
-        selects), and so is a layer swapping in without the ``row_to_batch`` its producer planned with; scores given
-        as a tensor do not say how their rows map to requests. A selection loaded by
+        selects), and so is a layer swapping in without the ``row_to_batch`` its producer planned with, or the layer
+        planning a carried selection whose producer had such rows (the carry's header says); scores given as a tensor
+        do not say how their rows map to requests. A selection loaded by
         :meth:`TopkState.load_carry <indexcache.runtime.state.TopkState.load_carry>` (the producer ran on the previous
         pipeline stage) is planned by the first shared layer of its group called with ``hot``, whose ``HotLayer`` must
         then bring KV (its own layer's, or lists of this stage's layers of the group); the same indices and hot-buffer
@@ -176,6 +177,7 @@ class IndexerRunner:
                           planned=True)
             state.hot.plan(producer, raw, hot, row_to_batch=row_to_batch, owner=state)
         elif state.carried:  # the previous stage's producer: its group's step planned here, as the producer would
+            state.check_rows_named(layer, row_to_batch, "plan and swap in row r as request r")
             state.hot.check(producer, raw, hot, row_to_batch=row_to_batch)
             state.reused(layer, source=producer)
             state.hot.plan(producer, raw, hot, row_to_batch=row_to_batch, owner=state)

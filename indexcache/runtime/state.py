@@ -36,7 +36,8 @@ import torch
 from indexcache.hal import checks, ops
 from indexcache.hal.ops import INDEX
 
-CARRY_VERSION = 1
+CARRY_VERSION = 2  # 2: the header holds the producer's rows a request (``CarryHeader.layout``)
+IN_ORDER, RAGGED = 1, 0  # CarryHeader.layout: rows one a request in order; rows of the producer's own row_to_batch
 
 
 class MissingProducerError(RuntimeError):
@@ -55,36 +56,48 @@ def _check_count(name: str, value: object) -> None:
 @dataclass(frozen=True)
 class CarryHeader:
     """What travels with the carried ``raw [rows, k]`` int32 tensor across a pipeline-stage boundary: the
-    producer layer, the live rows and k, each an int >= 0, and the format's version (:class:`CarryError`
-    otherwise)."""
+    producer layer, the live rows and k, how the producer's rows map to requests (``layout``: ``IN_ORDER`` 1, one a
+    request in order, also where the producer could not tell, scores given as a tensor; ``n >= 2``, next_n rows a
+    request, row ``r`` request ``r // n``; ``RAGGED`` 0, rows of the producer's own ``row_to_batch``), each an int >=
+    0, and the format's version (:class:`CarryError` otherwise). A shared layer of the next stage given no
+    ``row_to_batch`` after a producer whose rows are not in order is refused, as on the producer's own stage
+    (:meth:`TopkState.reuse`)."""
 
     producer: int
     rows: int
     k: int
+    layout: int = IN_ORDER
     version: int = CARRY_VERSION
 
     def __post_init__(self) -> None:
-        for name in ("version", "producer", "rows", "k"):
+        for name in ("version", "producer", "rows", "k", "layout"):
             _check_count(name, getattr(self, name))
 
     def to_tensor(self) -> torch.Tensor:
-        """The header as int64 ``[4]`` (version, producer, rows, k), for tensor-only transports."""
-        return torch.tensor([self.version, self.producer, self.rows, self.k], dtype=torch.int64)
+        """The header as int64 ``[5]`` (version, producer, rows, k, layout), for tensor-only transports."""
+        return torch.tensor([self.version, self.producer, self.rows, self.k, self.layout], dtype=torch.int64)
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> CarryHeader:
-        """Inverse of :meth:`to_tensor`: ``t`` holds 4 integers (any integer dtype, as the format is int64; a
-        float tensor is refused rather than rounded); a device tensor is copied to the host."""
+        """Inverse of :meth:`to_tensor`: ``t`` holds 5 integers (any integer dtype, as the format is int64; a
+        float tensor is refused rather than rounded); a device tensor is copied to the host. A version 1 header
+        (4 integers, no layout) is read as such, for :meth:`check` to refuse by its version."""
         if not isinstance(t, torch.Tensor):
             raise CarryError(f"carry header: expected a tensor, got {type(t).__name__}")
         if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise CarryError(f"carry header: expected an integer tensor (int64 [4]), got {t.dtype}")
-        if tuple(t.shape) != (4,):
-            raise CarryError(f"carry header: expected shape [4] (version, producer, rows, k), got {list(t.shape)}")
+            raise CarryError(f"carry header: expected an integer tensor (int64 [5]), got {t.dtype}")
+        if tuple(t.shape) not in ((5,), (4,)):
+            raise CarryError("carry header: expected shape [5] (version, producer, rows, k, layout), got "
+                             f"{list(t.shape)}")
         if t.is_meta:
             raise CarryError("carry header: a meta tensor holds no values")
-        version, producer, rows, k = t.tolist()
-        return cls(producer=producer, rows=rows, k=k, version=version)
+        version, producer, rows, k, *layout = t.tolist()
+        return cls(producer=producer, rows=rows, k=k, layout=layout[0] if layout else IN_ORDER, version=version)
+
+    def layout_text(self) -> str | None:
+        """How the producer's rows map to requests, in words, where they are not one a request in order; else
+        None."""
+        return _layout_text(self.layout)
 
     def check(self, raw: torch.Tensor) -> None:
         """Raise :class:`CarryError` unless this header's format version is the library's and ``raw`` is the
@@ -170,7 +183,7 @@ class TopkState:
         self.carried = False  # raw loaded by load_carry and not yet planned for HiSparse (the runner plans it late)
         # The producer's rows are not one a request in order (a PagedLogits of next_n > 1 rows a request, or ragged
         # rows of its own row_to_batch): what layout, for reuse's refusal of a row_to_batch None; None otherwise.
-        self._rows_layout: str | None = None
+        self._layout = IN_ORDER  # the producer's rows a request (CarryHeader.layout), for reuse's row_to_batch check
 
     @property
     def max_rows(self) -> int:
@@ -194,7 +207,7 @@ class TopkState:
         self.rows = rows
         self.producer = None
         self.carried = False
-        self._rows_layout = None
+        self._layout = IN_ORDER
         if self.hot is not None:
             self.hot.forget()
 
@@ -267,10 +280,7 @@ class TopkState:
         out = self.select_paged(q, k_cache, weights, context_lens, block_table, max_context_len, page_table,
                                 page_size, logits=logits, out=self.physical[:rows], out_raw=self.raw[:rows], **more)
         self.produced(layer)
-        if row_to_batch is not None:
-            self._rows_layout = "ragged rows (its PagedLogits' own row_to_batch)"
-        elif q.shape[1] > 1:
-            self._rows_layout = f"next_n={q.shape[1]} rows a request (row r is request r // {q.shape[1]})"
+        self._layout = RAGGED if row_to_batch is not None else q.shape[1]
         return out
 
     def produce_prefill(self, layer: int, inputs: PrefillLogits, page_table: torch.Tensor, page_size: int, *,
@@ -324,7 +334,7 @@ class TopkState:
         (:meth:`indexcache.runtime.draft.DraftTopk.serve`)."""
         self.producer = layer
         self.carried = False
-        self._rows_layout = None
+        self._layout = IN_ORDER
         if self.recorder is not None:
             self.recorder(layer, self.raw[: self.rows])
 
@@ -353,10 +363,8 @@ class TopkState:
         """
         self._check_source(layer, source)
         self._check_rows("seq_lens", seq_lens)
-        if row_to_batch is None and self._rows_layout is not None:
-            raise ValueError(f"row_to_batch: None, but producer {self.producer}'s rows are {self._rows_layout}: shared "
-                             f"layer {layer} would translate row r through page-table row r, another request's "
-                             "pages; give each row's page-table row")
+        self.check_rows_named(layer, row_to_batch, "translate row r through page-table row r, another request's "
+                              "pages; give each row's page-table row")
         rows = self.rows
         out = ops.translate(self.raw[:rows], page_table, seq_lens, page_size, row_to_batch=row_to_batch,
                                    out=self.physical[:rows])
@@ -384,12 +392,20 @@ class TopkState:
                 f"layer {layer} reuses layer {source}'s top-k, but the state holds layer {self.producer}'s"
             )
 
+    def check_rows_named(self, layer: int, row_to_batch: torch.Tensor | None, would: str) -> None:
+        """Refuse (``ValueError``) a ``row_to_batch`` None given to ``layer`` after a producer whose rows are not one
+        a request in order (``next_n > 1``, ragged rows; on this stage or the one that sent the carry): ``would``
+        says what the layer would do with row ``r`` taken as request ``r``."""
+        if row_to_batch is None and (layout := _layout_text(self._layout)) is not None:
+            raise ValueError(f"row_to_batch: None, but producer {self.producer}'s rows are {layout}: layer {layer} "
+                             f"would {would}")
+
     def to_carry(self) -> tuple[torch.Tensor, CarryHeader]:
         """``(raw [rows, k] int32, header)`` to send to the next pipeline stage (a view: send it before
         the next forward reuses this state)."""
         if self.producer is None:
             raise MissingProducerError("to_carry(): no producer wrote top-k indices in this forward")
-        return self.raw[: self.rows], CarryHeader(producer=self.producer, rows=self.rows, k=self.k)
+        return self.raw[: self.rows], CarryHeader(producer=self.producer, rows=self.rows, k=self.k, layout=self._layout)
 
     def load_carry(self, raw: torch.Tensor, header: CarryHeader) -> None:
         """Begin a forward from the previous stage's carry: ``raw [header.rows, k]`` int32 is copied in
@@ -411,6 +427,7 @@ class TopkState:
         self.raw[: header.rows].copy_(raw)
         self.physical[: header.rows].fill_(-1)  # this stage's slots come from its own layers' page tables
         self.producer = header.producer
+        self._layout = header.layout
         self.carried = True
 
     @classmethod
@@ -424,6 +441,13 @@ class TopkState:
         state = cls(header.rows if max_rows is None else max_rows, header.k, raw.device)
         state.load_carry(raw, header)
         return state
+
+
+def _layout_text(layout: int) -> str | None:
+    """:attr:`CarryHeader.layout` in words where rows are not one a request in order; else None."""
+    if layout == RAGGED:
+        return "ragged rows (its PagedLogits' own row_to_batch)"
+    return f"next_n={layout} rows a request (row r is request r // {layout})" if layout > IN_ORDER else None
 
 
 def _check_header(header: object) -> None:
