@@ -42,7 +42,10 @@ def gather_index_k(k_cache, block_table, context_lens, dim, fp8_dtype, out_k, ou
     values = torch.where(hole[:, None], 0, values)
     scale = torch.where(hole[:, None], nan, scale)
     k_bytes = out_k.view(torch.uint8).view(rows, -1)
-    s_bytes = out_scale.view(torch.uint8).view(rows, -1)
     k_bytes.copy_(torch.where(written[:, None], values, k_bytes))
-    s_bytes.copy_(torch.where(written[:, None], scale, s_bytes))
+    if out_scale.dtype.itemsize == 1:  # MXFP4's e8m0 bytes
+        s_bytes = out_scale.view(torch.uint8).view(rows, -1)
+        s_bytes.copy_(torch.where(written[:, None], scale, s_bytes))
+    else:  # float32 scales: a strided out_scale has no byte view, so the bytes are read back as float32
+        out_scale.copy_(torch.where(written, scale.view(torch.float32).view(rows), out_scale))
     return out_k, out_scale

@@ -170,6 +170,17 @@ def _(gen, dev, fp8):
                 dim=128, fp8_dtype=fp8, **_outputs(90, 128, fp8, dev))
 
 
+@cases.add("given outputs as strided views: every other row of wider buffers, every other float32 scale, native fp8",
+           native_fp8=True)
+def _(gen, dev, fp8):
+    table = torch.randperm(8, generator=gen).view(2, 4).to(I32)
+    table[0, 1] = -1
+    lens = torch.tensor([70, 33], dtype=I32)
+    wide = _outputs(2 * 110, 128, fp8, dev)
+    return dict(k_cache=_cache(gen, 8, 64, 128, fp8).to(dev), block_table=table.to(dev), context_lens=lens.to(dev),
+                dim=128, fp8_dtype=fp8, out_k=wide["out_k"][::2], out_scale=wide["out_scale"][1::2])
+
+
 for _ps in ODD_PAGES:
     @cases.add(f"page {_ps}, D 64, DeepGEMM's 4-D view of the cache, native fp8", native_fp8=True)
     def _(gen, dev, fp8, ps=_ps):
