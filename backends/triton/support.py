@@ -32,13 +32,18 @@ def on_target_device(target: Target, **tensors: torch.Tensor | None) -> list[str
 
 def negated(**tensors: torch.Tensor | None) -> list[str]:
     """A reason naming the given tensors (None: absent) whose negative bit is set (lazily negated views, as
-    ``z.conj().imag`` of a complex ``z`` gives; the torch backend reads them negated), else none: a kernel reads
-    and writes memory as it lies, so it would take the values unnegated."""
-    names = [name for name, t in tensors.items() if t is not None and t.is_neg()]
-    if not names:
-        return []
-    return [f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} the negative bit set (a lazily negated view): "
-            "the Triton kernels read memory as it lies (resolve_neg() gives the values negated in memory)"]
+    ``z.conj().imag`` of a complex ``z`` gives; the torch backend reads them negated), and one naming those whose
+    conjugate bit is set (``z.conj()``: complex KV rows ``hisparse_swap_in`` copies), else none: a kernel reads and
+    writes memory as it lies, so it would take the values unnegated, unconjugated."""
+    reasons = []
+    for bit, lazy, resolve in (("negative", "negated", "resolve_neg"), ("conjugate", "conjugated", "resolve_conj")):
+        names = [name for name, t in tensors.items()
+                 if t is not None and (t.is_neg() if bit == "negative" else t.is_conj())]
+        if names:
+            reasons.append(f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} the {bit} bit set (a lazily "
+                           f"{lazy} view): the Triton kernels read memory as it lies ({resolve}() gives the values "
+                           f"{lazy} in memory)")
+    return reasons
 
 
 def launch_options(target: Target, cfg) -> dict:

@@ -5,10 +5,10 @@ and the dispatch as always, and its signature is noted; the second call with it,
 prepare the call (:attr:`~indexcache.hal.contract.OpImpl.prepare`) and the call writes only into memory the
 caller gave (``out=``, the cache of ``store_index_k``), binds its launches and keeps them under the signature
 (calls whose signature never repeats pay only for the signature): the op,
-the explicit backend choice in force, per tensor its address, shape, strides, dtype, device and negative bit (for a
-list of tensors, each one's), and every other argument's type and value. A later call with the same signature runs the
-kept launches directly: the checks read nothing but this signature, so they would pass again, and the dispatch
-would choose the same backend.
+the explicit backend choice in force, per tensor its address, shape, strides, dtype, device, negative and conjugate
+bits (for a list of tensors, each one's), and every other argument's type and value. A later call with the same
+signature runs the kept launches directly: the checks read nothing but this signature, so they would pass again, and
+the dispatch would choose the same backend.
 
 The kept launches hold addresses, not tensors (they keep no memory alive, interpreted too). At most :data:`MAX_ENTRIES`
 signatures are held (kept or seen once); a new one beyond that drops the least recently used (a look-up, a second
@@ -47,8 +47,8 @@ def signature(op: str, choice: Any, params: tuple) -> tuple | None:
 
 def _key(p: Any) -> tuple:
     """One argument's part of a signature; a list or tuple of tensors (a group's layers) by each tensor's."""
-    if isinstance(p, torch.Tensor):  # a negated view (z.conj().imag) of the same memory: the GPU backends decline it
-        return p.data_ptr(), p.shape, p.stride(), p.dtype, p.device, p.is_neg()
+    if isinstance(p, torch.Tensor):  # a negated or conjugated view of the same memory: the GPU backends decline it
+        return p.data_ptr(), p.shape, p.stride(), p.dtype, p.device, p.is_neg(), p.is_conj()
     if isinstance(p, (list, tuple)) and p and all(isinstance(t, torch.Tensor) for t in p):
         return type(p), tuple(map(_key, p))
     return type(p), p

@@ -450,6 +450,38 @@ def test_a_negated_view_is_declined_and_never_finds_the_call_kept_for_its_memory
     assert torch.equal(run(negated, "torch"), want(negated))
 
 
+@pytest.mark.parametrize("which", ["host_kv", "device_kv"])
+def test_a_conjugated_kv_view_is_declined_and_never_finds_the_call_kept_for_its_memory(which):
+    """``hisparse_swap_in`` copies rows of any dtype, complex ones too: a conjugated view (``z.conj()``) has the
+    address, shape, strides and dtype of the memory it conjugates. The Triton kernel, which copies bytes as they lie,
+    failed on it with a bare RuntimeError (no byte view of a conjugated tensor), and a call kept with the plain tensor
+    ran for it unchecked, copying unconjugated rows: it must decline it. The torch backend copies it conjugated."""
+    dispatch.reset()
+    copies = (torch.tensor([[1, 2], [4, -1]]), torch.tensor([[0, 1], [1, -1]], dtype=I32),
+              torch.tensor([2, 1], dtype=I32))
+    device_loc = torch.tensor([[5, 6, 7], [0, 1, 2]], dtype=I32)
+    rows = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)
+    host = torch.complex(rows, rows + 100)
+    device = torch.zeros(8, 3, dtype=torch.complex64)
+    want = torch.zeros(8, 3, dtype=torch.complex64)
+    want[[5, 6, 1]] = host[[1, 2, 4]]
+
+    def run(conjugated: bool, backend: str) -> torch.Tensor:
+        device.zero_()
+        kv = {"host_kv": host, "device_kv": device}
+        if conjugated:
+            kv[which] = kv[which].conj()  # either way the rows land conjugated in the device's memory
+        indexcache.hisparse_swap_in(*copies, kv["host_kv"], kv["device_kv"], device_loc, backend=backend)
+        return device.clone()
+
+    for _ in range(2):
+        assert torch.equal(run(False, "cuda"), want)
+    assert memo.size() == 1
+    with pytest.raises(dispatch.BackendNotSupportedError, match=f"{which}.*conjugate bit"):
+        run(True, "cuda")
+    assert torch.equal(run(True, "torch"), want.conj().resolve_conj())
+
+
 def test_a_cache_off_a_4_byte_boundary_is_refused_by_its_address_whatever_its_storage_offset():
     """The cache check refuses a start off a 4-byte boundary by the address, which the signature holds: by the storage
     offset alone it took a storage that itself starts off one (``torch.frombuffer`` at a buffer's third byte), kept
