@@ -54,9 +54,10 @@ def check(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dtype: torc
 
 def reference(k_cache, block_table, context_lens, *, dim=128, fp8_dtype=torch.float8_e4m3fn, out_k=None,
               out_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(keys, scales)``: copies of ``out_k`` and ``out_scale`` (of ``N`` rows; new ones of ``sum(max(len, 0))``
-    rows when not given) with request ``b``'s token ``t < context_lens[b]`` at row ``start_b + t``, ``start_b`` the
-    sum of the earlier requests' lengths (negative ones count as 0). Token ``t`` lies at slot ``t % page_size`` of
+    """``(keys, scales)``: copies of ``out_k`` and ``out_scale`` (of ``N`` rows; a missing one zeros of the given
+    one's rows, both of ``sum(max(len, 0))`` rows when neither is given) with request ``b``'s token ``t <
+    context_lens[b]`` at row ``start_b + t``, ``start_b`` the sum of the earlier requests' lengths (negative ones
+    count as 0). Token ``t`` lies at slot ``t % page_size`` of
     page ``block_table[b, t // page_size]``; a page entry < 0 or past the cache, or a token past the table's
     columns, gives zero key bytes and a NaN scale (MXFP4: scale bytes 255). Rows at or past the total stay as
     they are; tokens whose row would be N or more are not written."""
@@ -65,12 +66,12 @@ def reference(k_cache, block_table, context_lens, *, dim=128, fp8_dtype=torch.fl
     keys = keys.view(torch.uint8)
     scales = scales.view(torch.uint8).reshape(num_pages, page_size, scale_bytes(dim, fp8_dtype))
     lens = cpu(context_lens).clamp_min(0).tolist()
-    if out_k is None:
-        (k_shape, k_dtype), (s_shape, s_dtype) = out_shapes(sum(lens), dim, fp8_dtype)
-        # one-byte formats zeroed as bytes: torch fills no float4_e2m1fn_x2 tensor (NotImplementedError past a size)
-        out_k, out_scale = (torch.zeros(shape, dtype=torch.uint8).view(dtype) if dtype.itemsize == 1
-                            else torch.zeros(shape, dtype=dtype)
-                            for shape, dtype in ((k_shape, k_dtype), (s_shape, s_dtype)))
+    given = out_k if out_k is not None else out_scale
+    (k_shape, k_dtype), (s_shape, s_dtype) = out_shapes(sum(lens) if given is None else given.shape[0], dim, fp8_dtype)
+    # one-byte formats zeroed as bytes: torch fills no float4_e2m1fn_x2 tensor (NotImplementedError past a size)
+    out_k, out_scale = (out if out is not None else torch.zeros(shape, dtype=torch.uint8).view(dtype)
+                        if dtype.itemsize == 1 else torch.zeros(shape, dtype=dtype)
+                        for out, shape, dtype in ((out_k, k_shape, k_dtype), (out_scale, s_shape, s_dtype)))
     got_k, got_scale = cpu(out_k).clone(), cpu(out_scale).clone()
     k_bytes = got_k.view(torch.uint8).view(got_k.shape[0], keys.shape[2])
     s_bytes = got_scale.view(torch.uint8).view(got_scale.shape[0], scales.shape[2])
@@ -179,6 +180,16 @@ def _(gen, dev, fp8):
     wide = _outputs(2 * 110, 128, fp8, dev)
     return dict(k_cache=_cache(gen, 8, 64, 128, fp8).to(dev), block_table=table.to(dev), context_lens=lens.to(dev),
                 dim=128, fp8_dtype=fp8, out_k=wide["out_k"][::2], out_scale=wide["out_scale"][1::2])
+
+
+for _given in ("out_k", "out_scale"):
+    @cases.add(f"only {_given} given (as many rows as the tokens): the other allocated with its rows, native fp8",
+               native_fp8=True)
+    def _(gen, dev, fp8, given=_given):
+        table = torch.randperm(8, generator=gen).view(2, 4).to(I32)
+        lens = torch.tensor([41, 64], dtype=I32)
+        return dict(k_cache=_cache(gen, 8, 64, 128, fp8).to(dev), block_table=table.to(dev),
+                    context_lens=lens.to(dev), dim=128, fp8_dtype=fp8, **{given: _outputs(105, 128, fp8, dev)[given]})
 
 
 for _ps in ODD_PAGES:
