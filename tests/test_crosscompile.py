@@ -89,6 +89,37 @@ def test_mxfp4_logits_use_the_block_scaled_matrix_instruction(backend, arch, ins
         assert (fp4_queries if spec.constexprs.get("Q_FP4") else instruction) in result["matrix_instructions"]
 
 
+def test_amd_builds_each_pointer_span_a_launch_can_have():
+    """AMD's Triton builds a kernel apart for tensors under 2 GiB (buffer loads and stores) and larger ones (global
+    ones), as a launch's tensors have them: the check builds both; NVIDIA's builds no such difference."""
+    target = cc.gpu_target("rocm", "gfx942")
+    assert cc.spans(target) == ("under 2 GiB", "2 GiB or more")
+    assert cc.spans(cc.gpu_target("cuda", "sm90")) == (None,)
+    spec = specs(translate, "rocm", "gfx942")[0]
+    loads = {}
+    for span in cc.spans(target):
+        asm = cc.build(spec, target, span).asm["amdgcn"]
+        loads[span] = ("buffer_load" in asm, "global_load" in asm)
+    assert loads == {"under 2 GiB": (True, False), "2 GiB or more": (False, True)}
+
+
+def test_the_check_lists_a_build_for_each_span(fresh, monkeypatch):
+    monkeypatch.setattr(fresh, "KERNEL_MODULES", ("translate",))
+    results = fresh.check_target("rocm", "gfx942")
+    assert [r["config"]["span"] for r in results] == ["under 2 GiB", "2 GiB or more"] * len(
+        specs(translate, "rocm", "gfx942"))
+    assert all("span" not in r["config"] for r in fresh.check_target("cuda", "sm90"))
+
+
+@pytest.mark.parametrize(("allowed", "failed"), [(0, True), (64, False)])
+def test_a_spec_may_allow_more_sgpr_spills(allowed, failed):
+    spec = dataclasses.replace(specs(translate, "rocm", "gfx942")[0], sgpr_spills=allowed)
+    res = {"vgpr": 64, "agpr": 0, "sgpr": 106, "vgpr_spills": 0, "sgpr_spills": 53, "scratch_bytes": 0,
+           "shared_bytes": 0}
+    reasons = cc._rules(spec, cc.gpu_target("rocm", "gfx942"), res, [], "")
+    assert reasons == (["spills: 53 SGPRs (more than 32 into VGPR lanes)"] if failed else [])
+
+
 def test_32_warps_on_a_wave64_target_is_caught():
     spec = specs(translate, "rocm", "gfx942")[0]
     result = cc.compile_spec(dataclasses.replace(spec, options={**spec.options, "num_warps": 32}),
@@ -147,11 +178,12 @@ def test_a_stack_frame_passes_only_within_what_the_kernel_allows():
 
 def test_the_help_says_which_spills_pass():
     """`indexcache compile-check --help` said it fails on any spill; up to MAX_SGPR_SPILLS AMD SGPR spills and the
-    stack frame a kernel allows pass."""
+    stack frame a kernel allows pass (and the more SGPR spills a kernel allows); AMD builds both pointer spans."""
     parser = cli.build_parser()._subparsers._group_actions[0].choices["compile-check"]
     help_text = " ".join(parser.format_help().split())
-    assert f"up to {cc.MAX_SGPR_SPILLS} AMD SGPR spills into VGPR lanes, and the stack frame a kernel allows, pass" \
-        in help_text
+    assert (f"up to {cc.MAX_SGPR_SPILLS} AMD SGPR spills into VGPR lanes, or the more a kernel allows, and the stack "
+            "frame a kernel allows, pass") in help_text
+    assert "each for tensors under 2 GiB, buffer loads, and larger ones" in help_text
 
 
 @pytest.mark.parametrize(("instruction", "types"), [
@@ -216,7 +248,7 @@ def test_cli_writes_json_and_a_table(fresh, monkeypatch, tmp_path, capsys):
     path = tmp_path / "compile.json"
     assert cli.main(["compile-check", "--backend", "rocm", "--target", "gfx942", "--json", str(path)]) == 0
     results = json.loads(path.read_text())
-    assert len(results) == len(specs(translate, "rocm", "gfx942"))
+    assert len(results) == len(specs(translate, "rocm", "gfx942")) * len(cc.spans(cc.gpu_target("rocm", "gfx942")))
     assert {(r["backend"], r["target"], r["kernel"], r["status"]) for r in results} == {
         ("rocm", "gfx942", "translate_kernel", "passed")}
     out = capsys.readouterr().out

@@ -25,8 +25,9 @@ _COMMON: dict[str, dict[str, Any]] = {
     # HiSparse swap-in: as on NVIDIA (8 copies a step, 16-byte vectors, about 8 programs a CU; not measured).
     "hisparse_swap_in": {"BLOCK_C": 8, "CHUNK_BYTES": 2048, "PROGRAMS_PER_SM": 8, "num_warps": 4, "waves_per_eu": 2},
     # HiSparse plan: as on NVIDIA (cuda/tuning.py) with 16 waves of 64 over 4096-slot blocks (4 a lane: 104-128
-    # VGPRs, 14-25 SGPRs spilled into VGPR lanes on gfx942 with Triton 3.9; 8 waves spilled 44 SGPRs at H 16384 with
-    # row_to_batch), 6-bit digits (64 bins, a lane each). The eviction keys read back, not kept in registers
+    # VGPRs, 14-25 SGPRs spilled into VGPR lanes on gfx942 with Triton 3.9 and global loads, up to 53 with buffer
+    # loads: hisparse/plan.py, SGPR_SPILLS; 8 waves spilled 44 SGPRs at H 16384 with row_to_batch), 6-bit digits (64
+    # bins, a lane each). The eviction keys read back, not kept in registers
     # (KEEP_KEYS spilled 44 SGPRs on gfx950 at H 4096 with a slot index).
     "hisparse_plan": {"BLOCK_H": 4096, "DIGIT": 6, "BLOCK_R": 1024, "BI": 64, "BJ": 64, "KEEP_KEYS": False,
                       "num_warps": 16},

@@ -7,12 +7,15 @@ launch options). :func:`check` compiles them with ``triton.compile`` for the bac
 Triton wheel carries ptxas and the AMDGPU LLVM backend: no GPU, driver or ROCm install is needed) and
 reads back registers, spills, scratch, shared memory / LDS and the matrix instructions. A result fails
 when the kernel does not compile, spills to memory (VGPRs, a stack frame, scratch) or more than
-:data:`MAX_SGPR_SPILLS` SGPRs (those land in VGPR lanes: listed, not failed, up to that many), needs
+:data:`MAX_SGPR_SPILLS` SGPRs (those land in VGPR lanes: listed, not failed, up to that many or the more a spec
+allows), needs
 more shared memory or threads than a block may have, is a matrix kernel without the target's matrix
 instructions for its operand type, or feeds the fnuz fp8 formats to a target whose format they are not (gfx942's
 to gfx950). A kernel module without ``compile_specs``, or a ``*_kernel`` that no spec covers, fails too, so kernels
-added later are never skipped silently. The targets, their limits and how to read their builds come from each GPU
-backend's architecture records (``backends/<vendor>/arch.py``).
+added later are never skipped silently. Where the target's Triton backend compiles a pointer apart by the bytes its
+tensor spans (AMD: tensors under 2 GiB take buffer loads and stores, larger ones global ones), each spec is built for
+both (:func:`spans`), as a launch builds one or the other. The targets, their limits and how to read their builds come
+from each GPU backend's architecture records (``backends/<vendor>/arch.py``).
 
 This proves the kernels build for the target and use its matrix units; it runs nothing, so it says
 nothing about speed or numerics on the card. Triton is imported only when something is compiled.
@@ -65,7 +68,8 @@ class KernelSpec:
     matrix instructions the kernel must use ("fp8", "bf16", "fp16"; "scaled": a block-scaled one), None for kernels
     without ``tl.dot``;
     ``stack_bytes``: the NVIDIA stack frame the build may keep (0: none; a kernel that allows one says where
-    ptxas puts it and why it is cold).
+    ptxas puts it and why it is cold); ``sgpr_spills``: the AMD SGPR spills into VGPR lanes it may keep, where more
+    than :data:`MAX_SGPR_SPILLS` (0: that many; a kernel that allows more says where they are and what was tried).
     """
 
     op: str
@@ -76,6 +80,7 @@ class KernelSpec:
     matrix: str | None = None
     aligned: tuple[str, ...] = ()
     stack_bytes: int = 0
+    sgpr_spills: int = 0
 
     @property
     def kernel(self) -> str:
@@ -131,8 +136,9 @@ def _rules(spec: KernelSpec, target: Target, res: Mapping[str, int], matrix: lis
     # A few SGPR spills land in VGPR lanes (a v_writelane / v_readlane each, no memory traffic) and pass.
     if res.get("vgpr_spills"):
         reasons.append(f"spills: {res['vgpr_spills']} VGPRs")
-    if res.get("sgpr_spills", 0) > MAX_SGPR_SPILLS:
-        reasons.append(f"spills: {res['sgpr_spills']} SGPRs (more than {MAX_SGPR_SPILLS} into VGPR lanes)")
+    allowed = max(MAX_SGPR_SPILLS, spec.sgpr_spills)
+    if res.get("sgpr_spills", 0) > allowed:
+        reasons.append(f"spills: {res['sgpr_spills']} SGPRs (more than {allowed} into VGPR lanes)")
     if res.get("stack_bytes", 0) > spec.stack_bytes:
         allowed = f" (the kernel allows {spec.stack_bytes})" if spec.stack_bytes else ""
         reasons.append(f"spills: a {res['stack_bytes']}-byte stack frame in local memory{allowed}")
@@ -165,17 +171,66 @@ def _quiet_teardown() -> None:
     atexit.register(_stderr_to_devnull)
 
 
-def build(spec: KernelSpec, target: Target) -> Any:
+# The bytes a pointer's tensor spans, by the name of its class in a result's config (``span``): AMD's Triton takes
+# buffer loads and stores for a tensor whose storage spans at most 2^31 - 1 bytes (its "S" specialization).
+SPANS = {"under 2 GiB": 2**31 - 1, "2 GiB or more": 2**31}
+
+
+class _Pointer:
+    """A pointer argument as Triton's specialization rule reads it: a 16-byte aligned address whose tensor spans
+    ``span`` bytes (AMD's rule asks ``ptr_range()`` before a tensor's storage)."""
+
+    def __init__(self, span: int):
+        self.span = span
+
+    def data_ptr(self) -> int:
+        return 0
+
+    def ptr_range(self) -> int:
+        return self.span
+
+
+@functools.cache
+def _backend(target: Target) -> Any:
+    """Triton's compiler backend for ``target`` (its specialization rule and attributes)."""
+    from triton.compiler.compiler import make_backend
+
+    return make_backend(target.gpu.triton_target())
+
+
+def spans(target: Target) -> tuple[str | None, ...]:
+    """The names (:data:`SPANS`) of the pointer spans ``target``'s Triton backend builds apart, as a launch's tensors
+    have them; ``(None,)`` where the span takes no part (NVIDIA)."""
+    rule = _backend(target).get_tensor_specialization
+    keys = {name: rule(_Pointer(n), align=True) for name, n in SPANS.items()}
+    return tuple(keys) if len(set(keys.values())) > 1 else (None,)
+
+
+def build(spec: KernelSpec, target: Target, span: str | None = None) -> Any:
     """``spec`` compiled for ``target``: Triton's compiled kernel (its ``asm``: the PTX or AMDGCN, the binary, and on
     NVIDIA the SASS). Pointers are 16-byte aligned and ``aligned`` ints multiples of 16, unless the kernel
-    specializes neither (``do_not_specialize``, ``do_not_specialize_on_alignment``), as a launch does."""
+    specializes neither (``do_not_specialize``, ``do_not_specialize_on_alignment``), as a launch does; each pointer's
+    tensor spans ``span`` (a name of :data:`SPANS`; None: under 2 GiB) where the kernel specializes it, as a launch
+    reads it (Triton's rule for the target)."""
     import triton
     from triton.compiler import ASTSource
 
     signature = spec.signature()
-    free = {p.name for p in spec.fn.params if p.do_not_specialize or p.do_not_specialize_on_alignment}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(signature.items())
-             if name not in free and (ty.startswith("*") or name in spec.aligned)}
+    params = {p.name: p for p in spec.fn.params}
+    backend = _backend(target)
+    pointer_at = _Pointer(SPANS[span or "under 2 GiB"])
+    attrs = {}
+    for i, (name, ty) in enumerate(signature.items()):
+        param = params[name]
+        if ty.startswith("*") and not param.do_not_specialize:
+            found = backend.parse_attr(backend.get_tensor_specialization(
+                pointer_at, align=not param.do_not_specialize_on_alignment))
+        elif name in spec.aligned and not (param.do_not_specialize or param.do_not_specialize_on_alignment):
+            found = [["tt.divisibility", 16]]
+        else:
+            continue
+        if found:
+            attrs[(i,)] = found
     source = ASTSource
     if spec.fn.is_gluon():
         from triton.experimental.gluon._runtime import GluonASTSource as source
@@ -183,11 +238,13 @@ def build(spec: KernelSpec, target: Target) -> Any:
                           options=dict(spec.options))
 
 
-def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
-    """Compile ``spec`` for ``target`` and apply the rules: one JSON-able result."""
+def compile_spec(spec: KernelSpec, target: Target, span: str | None = None) -> dict[str, Any]:
+    """Compile ``spec`` for ``target`` (its pointers' tensors spanning ``span``: :func:`build`) and apply the rules:
+    one JSON-able result, its config naming the span where one is given."""
     _quiet_teardown()
 
-    result: dict[str, Any] = {"target": target.arch, "op": spec.op, "kernel": spec.kernel, "config": spec.config(),
+    config = spec.config() if span is None else {**spec.config(), "span": span}
+    result: dict[str, Any] = {"target": target.arch, "op": spec.op, "kernel": spec.kernel, "config": config,
                               "status": "failed", "reasons": [], "resources": {}, "matrix": spec.matrix,
                               "matrix_instructions": [], "warnings": []}
     threads = spec.options.get("num_warps", 4) * target.warp_size
@@ -199,7 +256,7 @@ def compile_spec(spec: KernelSpec, target: Target) -> dict[str, Any]:
         # ptxas failures print the whole PTX on stdout; the error itself is kept.
         with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("always")
-            compiled = build(spec, target)
+            compiled = build(spec, target, span)
     except Exception as exc:  # the compiler's error is the result
         result["seconds"] = round(time.perf_counter() - start, 2)
         result["reasons"].append(f"compile error: {type(exc).__name__}: {str(exc).strip()[:1500]}")
@@ -254,11 +311,12 @@ def check_target(backend: str, arch: str, progress: Callable[[str], None] | None
         for kernel in sorted(set(kernels) - {s.kernel for s in specs}):
             results.append(_failure(backend, arch, module, kernel, "kernel has no compile spec"))
         for spec in specs:
-            result = {"backend": backend, "module": module, **compile_spec(spec, target)}
-            results.append(result)
-            if progress:
-                progress(f"[{backend} {arch}] {result['status']:<6} {result['kernel']} {result['seconds']:.1f}s "
-                         f"{_config_text(result['config'])}")
+            for span in spans(target):
+                result = {"backend": backend, "module": module, **compile_spec(spec, target, span)}
+                results.append(result)
+                if progress:
+                    progress(f"[{backend} {arch}] {result['status']:<6} {result['kernel']} {result['seconds']:.1f}s "
+                             f"{_config_text(result['config'])}")
     _CACHE[key] = results
     return results
 

@@ -484,9 +484,10 @@ def _add_compile_check(sub) -> None:
         help="cross-compile every Triton kernel for the GPU generations of cuda/rocm; check registers, spills, "
         "shared memory and matrix instructions",
         description="Compile every kernel configuration the cuda and rocm tuning tables can choose, with Triton, "
-        "for sm80, sm89, sm90, sm100, sm120 (cuda) and gfx942, gfx950 (rocm), on this machine: no GPU needed, "
-        "nothing is run. Fails (exit 1) on a compile error, a spill or scratch use (up to 32 AMD SGPR spills into "
-        "VGPR lanes, and the stack frame a kernel allows, pass), shared memory or threads beyond a block's limit, a "
+        "for sm80, sm89, sm90, sm100, sm120 (cuda) and gfx942, gfx950 (rocm; each for tensors under 2 GiB, buffer "
+        "loads, and larger ones), on this machine: no GPU needed, nothing is run. Fails (exit 1) on a compile error, "
+        "a spill or scratch use (up to 32 AMD SGPR spills into VGPR lanes, or the more a kernel allows, and the "
+        "stack frame a kernel allows, pass), shared memory or threads beyond a block's limit, a "
         "matrix kernel without the target's matrix instructions, or fnuz fp8 on gfx950.",
     )
     p.add_argument("--backend", default="all", choices=("cuda", "rocm", "all"), help="default: all")

@@ -756,6 +756,16 @@ def plan_launch(raw, seq_lens, host_loc, slot_token, slot_age, row_to_batch, hos
     )
 
 
+# AMD SGPR spills into VGPR lanes the cross-compile check allows the plan (its default is 32): with Triton 3.9 the
+# builds for tensors under 2 GiB (buffer loads and stores) spill 33-35 at H 4096, k 2048 and 51-53 at H 16384, k 2048
+# with row_to_batch on gfx942 and gfx950 (23-29 with global loads); no VGPR spill, no scratch. gfx942, H 16384: 53
+# v_writelane and 187 v_readlane among about 6000 instructions, most in the passes' loops (VALU work, no memory
+# traffic). Tried at that shape without getting under 32: BLOCK_H 2048, 8 warps, DIGIT 5, BLOCK_R 512 with BI and BJ
+# 32, KEEP_KEYS, and the entry-at-a-time pointers (lengths, host_loc, row_to_batch, workspace) left to global loads
+# (50).
+SGPR_SPILLS = 64
+
+
 def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> list:
     """What :func:`plan_launch` builds for ``target`` (cross-compile check): H 4096 with k 512 and 2048, H 16384 with
     k 2048; int32 and int64 ``host_loc``; with and without ``row_to_batch``, with and without a slot index; unit
@@ -776,5 +786,5 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
              "KEEP_KEYS": cfg["KEEP_KEYS"],
              "HAS_R2B": r2b, "HAS_INDEX": index, "FENCE": _fence(target), "PDL": uses_pdl(target, cfg),
              "raw_s1": 1, "seq_s0": 1, "host_s1": 1, "r2b_s0": 1},
-            dict(plan_options(target, cfg)), aligned=("raw_s0", "host_s0", "idx_s0")))
+            dict(plan_options(target, cfg)), aligned=("raw_s0", "host_s0", "idx_s0"), sgpr_spills=SGPR_SPILLS))
     return specs
