@@ -600,3 +600,18 @@ def test_a_layer_count_beside_a_text_config_with_schedule_keys_is_refused():
         LayerPlan.from_config({"num_hidden_layers": 8, "text_config": {"index_topk_freq": 4}})
     plan = LayerPlan.from_config({"num_hidden_layers": 8, "index_topk_freq": 4, "text_config": {"vocab_size": 5}})
     assert plan.roles == "FFSSSFSS"
+
+
+def test_schedule_keys_beside_a_text_config_that_holds_the_layer_count_are_refused():
+    """A multimodal config read from ``text_config`` with the schedule at its top level (where merging calibrate's
+    ``{"index_topk_pattern": ...}`` into the model's config puts it): the top-level schedule was dropped without a
+    word and every layer ran as a producer."""
+    inner = {"num_hidden_layers": 8}
+    with pytest.raises(ConfigError, match=r"'index_topk_freq' at its top level and its layer count under text_config"):
+        LayerPlan.from_config({"text_config": inner, "index_topk_freq": 4})
+    with pytest.raises(ConfigError, match=r"'index_topk_pattern' at its top level"):
+        LayerPlan.from_config({"text_config": inner, "index_topk_pattern": "FSSSFSSS"})
+    with pytest.raises(ConfigError, match=r"config key 'index_topk_frq'.*did you mean 'index_topk_freq'"):
+        LayerPlan.from_config({"text_config": inner, "index_topk_frq": 4})
+    plan = LayerPlan.from_config({"text_config": {**inner, "index_topk_freq": 4}, "index_topk_freq": None})
+    assert plan.roles == "FFSSSFSS"  # null means unset, at the top level too

@@ -232,11 +232,13 @@ class LayerPlan:
         The layer count comes from ``num_hidden_layers`` or ``num_layers``; a config without one at its top level
         that holds a ``text_config`` object (a multimodal model's, as Hugging Face writes them) is read from that
         object, and one with a layer count beside a ``text_config`` holding keys this reads (``CONFIG_KEYS``) is
-        refused as ambiguous. ``overrides`` replace config keys (``None`` values are ignored); an override of a
-        schedule key also drops the config's keys of higher precedence, so the override is the one that takes
-        effect. A config key that looks like a misspelt schedule key raises :class:`ConfigError` (see the module
-        docstring); other unknown keys are ignored. A file that cannot be opened raises ``OSError``; one that is
-        not a UTF-8 JSON object of at most ``jsontext.MAX_JSON_BYTES`` raises :class:`ConfigError` naming it.
+        refused as ambiguous, as is one that reads its layer count from ``text_config`` while its top level holds such
+        keys (or a key that looks like a misspelt schedule key). ``overrides`` replace config keys (``None`` values
+        are ignored); an override of a schedule key also drops the config's keys of higher precedence, so the
+        override is the one that takes effect. A config key that looks like a misspelt schedule key raises
+        :class:`ConfigError` (see the module docstring); other unknown keys are ignored. A file that cannot be opened
+        raises ``OSError``; one that is not a UTF-8 JSON object of at most ``jsontext.MAX_JSON_BYTES`` raises
+        :class:`ConfigError` naming it.
         """
         cfg = _language_model(dict(_load(config)))
         if len(cfg) > MAX_CONFIG_KEYS:
@@ -428,6 +430,14 @@ def _language_model(cfg: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(sub, Mapping):
         return cfg
     if all(cfg.get(key) is None for key in _LAYER_COUNT_KEYS):
+        # The language model is read from text_config: a key this reads at the top level would be dropped.
+        outer = [key for key in CONFIG_KEYS if cfg.get(key) is not None]
+        if outer:
+            raise ConfigError(
+                f"config has {', '.join(map(repr, outer))} at its top level and its layer count under text_config: "
+                "ambiguous (the language model is read from text_config); move the keys into text_config"
+            )
+        _check_unknown_keys({key: value for key, value in cfg.items() if key != "text_config"})
         return dict(sub)
     nested = [key for key in CONFIG_KEYS if key in sub]
     if nested:
