@@ -96,3 +96,26 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait() == 141, err
     assert "BrokenPipeError" not in err and "Traceback" not in err
+
+
+def test_conformance_refuses_a_selected_backend_that_cannot_run_here(fresh_dispatch, monkeypatch, tmp_path, capsys):
+    """``INDEXCACHE_BACKEND=cuda`` without a GPU: the selected backend's worker ran natively and crashed with a
+    traceback (exit 1, the other backends run after it). Now one line naming the variable before any backend runs;
+    ``--backend all`` runs it interpreted, as it runs the other interpretable backends."""
+    import torch
+
+    from indexcache.conformance import suite
+
+    if torch.cuda.is_available():
+        pytest.skip("cuda can run here")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("INDEXCACHE_BACKEND", "cuda")
+    assert main(["conformance", "--op", "translate", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("indexcache conformance: error: backend 'cuda' (chosen by INDEXCACHE_BACKEND=cuda) cannot "
+                          "run here: "), err
+    assert err.count("\n") == 1
+    assert not any(tmp_path.iterdir())
+    pytest.importorskip("triton")
+    assert ("cuda", {"TRITON_INTERPRET": "1"}) in suite.plan_runs("all")
+    assert ("cuda", {}) not in suite.plan_runs("all")

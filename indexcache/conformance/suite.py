@@ -24,6 +24,9 @@ from indexcache.hal.contract import Availability
 def plan_runs(which: str | None) -> list[tuple[str, dict[str, str]]]:
     """``(backend, extra environment)`` to run: ``None`` = the selected backend plus every other
     available one; ``"all"`` = also every interpretable backend that can be interpreted here; else the one named.
+    A selected backend that is not available (``INDEXCACHE_BACKEND=cuda`` without a GPU) raises
+    :class:`~indexcache.hal.dispatch.BackendNotSupportedError` with its reason; with ``"all"``, an interpretable one
+    runs interpreted as the others do.
 
     An interpretable backend runs interpreted only where its probe under ``TRITON_INTERPRET=1`` finds it available:
     with ``"all"``, where Triton itself is absent or fails to import (a CPU, macOS or Windows install without it), the
@@ -40,8 +43,13 @@ def plan_runs(which: str | None) -> list[tuple[str, dict[str, str]]]:
                 return [(which, {INTERPRET_ENV: "1"})]
             avail = interpreted
         raise dispatch.BackendNotSupportedError(f"backend {which!r} cannot run here: {avail.reason}")
-    selected = dispatch.get_backend()
-    names = [selected] + [n for n in dispatch.available_backends() if n != selected]
+    selected, available = dispatch.get_backend(), dispatch.available_backends()
+    if selected not in available:  # only an explicit choice can be: its worker, run natively, would crash
+        avail, chosen = dispatch.availability(selected), dispatch.explicit_choice()
+        if which is None or not dispatch.get(selected).interpretable:
+            raise dispatch.BackendNotSupportedError(f"backend {selected!r} (chosen by {chosen[1]}) cannot run here: "
+                                                    f"{avail.reason}")
+    names = [n for n in available if n == selected] + [n for n in available if n != selected]
     runs = [(n, {}) for n in names]
     if which == "all":
         version, missing = triton_import()
