@@ -163,20 +163,21 @@ def test_cli_refuses_sizes_out_of_range(argv, message, capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--arch", "tpu7"], "arch: expected an NVIDIA ('sm90', ...) or AMD ('gfx942', ...) architecture, got 'tpu7'"),
-    (["--arch", "sm75"], "sms: no default multiprocessor count for 'sm75'"),
-    (["--arch", "gfxzz", "--sms", "8"], "arch: expected an AMD architecture such as 'gfx942', got 'gfxzz'"),
-    (["--arch", "sm9", "--sms", "8"], "arch: expected an NVIDIA architecture such as 'sm90', got 'sm9'"),
+    (["--arch", "tpu7"], "--arch: expected an NVIDIA ('sm90', ...) or AMD ('gfx942', ...) architecture, got 'tpu7'"),
+    (["--arch", "sm75"], "--sms: no default multiprocessor count for 'sm75'"),
+    (["--arch", "gfxzz", "--sms", "8"], "--arch: expected an AMD architecture such as 'gfx942', got 'gfxzz'"),
+    (["--arch", "sm9", "--sms", "8"], "--arch: expected an NVIDIA architecture such as 'sm90', got 'sm9'"),
 ])
 def test_cli_refuses_an_unknown_target(argv, message, capsys):
+    """The error names the flag (it named the library's argument: ``arch: ...``, ``sms: ...``)."""
     assert cli.main(["warmup", "--config", CONFIG, "--list", *argv]) == 2
-    assert message in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(f"indexcache warmup: error: {message}")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without a GPU")
 def test_without_a_gpu_the_arch_must_be_named(capsys):
     assert cli.main(["warmup", "--config", CONFIG, "--list"]) == 2
-    assert "no GPU is visible here; name the target architecture" in capsys.readouterr().err
+    assert "error: --arch: no GPU is visible here; name the target architecture" in capsys.readouterr().err
 
 
 def test_a_bf16_index_cache_is_refused_with_its_reason():

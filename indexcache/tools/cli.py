@@ -583,7 +583,7 @@ def _run_warmup(args) -> int:
 
     sizes = {name: getattr(args, name) for name in ("max_batch", "max_context", "max_next_n", "max_prefill")
              if getattr(args, name) is not None}
-    with _input_errors(ValueError):
+    with _input_errors(ValueError, flags=vars(args)):
         found = warmup(plan, arch=args.arch, sms=args.sms, compile=not args.list, load=False, jobs=args.jobs,
                        progress=progress, **sizes)
     if args.list:
