@@ -119,3 +119,15 @@ def test_conformance_refuses_a_selected_backend_that_cannot_run_here(fresh_dispa
     pytest.importorskip("triton")
     assert ("cuda", {"TRITON_INTERPRET": "1"}) in suite.plan_runs("all")
     assert ("cuda", {}) not in suite.plan_runs("all")
+
+
+def test_every_option_of_every_command_has_its_help():
+    """``indexcache demo --help`` listed ``--preset`` with no word on what it chooses or its default."""
+    import argparse
+
+    from indexcache.tools.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    silent = [f"{name} {action.option_strings[0]}" for name, command in commands.items()
+              for action in command._actions if action.option_strings and not (action.help or "").strip()]
+    assert not silent

@@ -417,7 +417,9 @@ def _add_demo(sub) -> None:
         "freq 1 and with --freq, prefill then decode, on the selected backend. Prints the time of each phase, "
         "the top-k overlap between each shared layer and its producer, and how far the outputs drift from freq 1.",
     )
-    p.add_argument("--preset", default="v32-like", choices=("v32-like", "v4-like"))
+    p.add_argument("--preset", default="v32-like", choices=("v32-like", "v4-like"),
+                   help="the small model's layout: v32-like (every layer sparse, top-k 2048) or v4-like "
+                   "(DeepSeek-V4's compress_ratios: only ratio-4 layers have an indexer, top-k 512) (default v32-like)")
     p.add_argument("--freq", type=_int_in(1, MAX_LAYERS), default=4,
                    help="index_topk_freq to compare with freq 1 (default 4)")
     p.add_argument("--backend", default=None, metavar="NAME", help="run every op on this backend (default: automatic)")
