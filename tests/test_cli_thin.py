@@ -131,3 +131,21 @@ def test_every_option_of_every_command_has_its_help():
     silent = [f"{name} {action.option_strings[0]}" for name, command in commands.items()
               for action in command._actions if action.option_strings and not (action.help or "").strip()]
     assert not silent
+
+
+@pytest.mark.parametrize("backend", [[], ["--backend", "torch"]], ids=["default", "torch"])
+def test_conformance_compile_without_a_triton_backend_is_refused(fresh_dispatch, monkeypatch, tmp_path, capsys,
+                                                                 backend):
+    """``--compile`` adds the cross-compile check to the cuda and rocm reports: on a CPU (the torch backend alone, by
+    default or named) it was silently ignored, exit 0. Now refused before any backend runs."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU backend runs here by default")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert main(["conformance", "--compile", *backend, "--op", "translate", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("indexcache conformance: error: --compile: adds the cross-compile check to the cuda and rocm "
+                   "reports, and this run has neither (backends: torch); add --backend all (interpreted where their "
+                   "GPU is absent) or name one of them\n")
+    assert not any(tmp_path.iterdir())

@@ -219,7 +219,8 @@ def _add_conformance(sub) -> None:
     p.add_argument("--out", default="reports", help="directory for conformance-<backend>.json/.md (default: reports)")
     p.add_argument("--op", default=None, help="only the cases of this op (an op of the case catalogue)")
     p.add_argument("--compile", action="store_true", help="also cross-compile the cuda/rocm kernels for each GPU "
-                   "generation (as indexcache compile-check) and add a 'compiled for' section to their reports")
+                   "generation (as indexcache compile-check) and add a 'compiled for' section to their reports (a run "
+                   "without either backend is refused)")
     p.add_argument("--jobs", type=int, default=1, help="processes each backend's cases are dealt to (default 1): "
                    "on a GPU with an empty Triton cache the kernels then compile side by side")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
@@ -228,8 +229,10 @@ def _add_conformance(sub) -> None:
 
 
 def _run_conformance(args) -> int:
+    from indexcache.backends.triton.target import vendors
     from indexcache.conformance.suite import not_passed, run_all, table, unchecked_lines
     from indexcache.conformance.worker import catalogue_ops
+    from indexcache.hal import dispatch
     from indexcache.hal.dispatch import BackendNotSupportedError, UnknownBackendError
 
     if args.op is not None and args.op not in catalogue_ops():
@@ -242,6 +245,14 @@ def _run_conformance(args) -> int:
     _check_output("--out", args.out, directory=True)
     out = Path(args.out)
     with _input_errors(UnknownBackendError, BackendNotSupportedError, flags=("backend",)):  # not one that can't run
+        if args.compile and args.backend != "all":  # "all" runs the Triton backends, interpreted without their GPU
+            if args.backend is not None:
+                dispatch.get(args.backend)  # an unknown name is that error
+            planned = dispatch.available_backends() if args.backend is None else [args.backend]
+            if not set(planned) & set(vendors()):  # it would be ignored: no report to add it to
+                raise UsageError(f"--compile: adds the cross-compile check to the {' and '.join(vendors())} reports, "
+                                 f"and this run has neither (backends: {', '.join(planned)}); add --backend all "
+                                 "(interpreted where their GPU is absent) or name one of them")
         reports, ok = run_all(args.backend, out, args.op, compile_check=args.compile, jobs=args.jobs,
                               timeout=args.timeout)
     print(table(reports))
