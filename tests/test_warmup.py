@@ -7,8 +7,10 @@ compiles two small kernels for sm90 on the CPU."""
 from __future__ import annotations
 
 import collections
+import importlib
 import itertools
 import os
+import pkgutil
 from pathlib import Path
 
 import pytest
@@ -17,24 +19,19 @@ import torch
 triton = pytest.importorskip("triton")
 
 import indexcache  # noqa: E402
+import indexcache.backends.triton as _triton_backend  # noqa: E402
 from indexcache.backends.cuda.tuning import tuning as cuda_tuning  # noqa: E402
-
-# Every kernel module imported now, at collection, before a test elsewhere sets TRITON_INTERPRET=1: Triton decides
-# at import whether a kernel is interpreted, and warmup needs them compiled.
-from indexcache.backends.triton import (  # noqa: E402, F401
-    crosscompile,
-    logits,
-    prefill_producer,
-    producer,
-    quantize,
-    topk,
-    translate,
-    variants,
-)
+from indexcache.backends.triton import crosscompile, logits, variants  # noqa: E402
 from indexcache.backends.triton.launcher import planning, settle_cache_keys  # noqa: E402
 from indexcache.plan import LayerPlan  # noqa: E402
 from indexcache.tools import cli  # noqa: E402
 from indexcache.tools.warmup import decode_calls, prefill_calls, shape_points, warmup  # noqa: E402
+
+# Every kernel module imported now, at collection, before a test elsewhere sets TRITON_INTERPRET=1: Triton decides
+# at import whether a kernel is interpreted, and warmup needs them compiled (all of them: one first imported under a
+# test that interprets, as test_public.py's do, would hand the sweep interpreted launchers).
+for _module in pkgutil.walk_packages(_triton_backend.__path__, _triton_backend.__name__ + "."):
+    importlib.import_module(_module.name)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "examples" / "configs" / "deepseek-v3.2.json")
