@@ -218,6 +218,41 @@ def test_a_shared_layer_after_a_producer_of_rows_a_request_refuses_no_row_to_bat
     assert state.to_carry()[1].layout == 1
 
 
+@pytest.mark.parametrize("ragged", [False, True], ids=["next_n 2", "ragged rows"])
+def test_a_shared_layer_with_a_page_table_of_one_row_a_row_needs_no_row_to_batch(ragged):
+    """The refusal of ``row_to_batch`` None after a producer of ``next_n`` rows a request (or ragged rows) is for a
+    table of one row a request: an engine that expands its shared layers' tables per row (``[rows, P]``, row r's
+    request's pages at row r, as ``translate`` takes them without ``row_to_batch``) was refused too, on this stage
+    and, through the carry, the next."""
+    from indexcache.hal.specs.paged_mqa_logits import ragged_args
+
+    g = torch.Generator().manual_seed(1)
+    if ragged:
+        paged = ragged_args(g, "cpu", torch.float8_e4m3fn, [1, 3, 2], [30, 9, 3], page_size=PAGE, heads=4)
+        lengths, row_to_batch = paged["context_lens"], paged["row_to_batch"]
+    else:
+        paged = args_of(g, "cpu", 3, 2, 4, PAGE, [20, 13, 9])
+        seen = torch.arange(6)
+        lengths = (paged["context_lens"][seen // 2] - 1 + seen % 2).to(torch.int32)
+        row_to_batch = (seen // 2).to(torch.int32)
+    rows = lengths.shape[0]
+    decode = PagedLogits(paged["q"], paged["k_cache"], paged["weights"], paged["context_lens"], paged["page_table"],
+                         paged["max_context_len"], row_to_batch=paged.get("row_to_batch"))
+    tables = torch.stack([torch.randperm(30, generator=g).view(3, 10) for _ in range(3)]).to(torch.int32)
+    per_row = tables[2][row_to_batch.long()]  # [rows, P]: row r holds its request's pages
+    runner = IndexerRunner(LayerPlan(3, index_topk_freq=2, index_topk=K, page_size=PAGE))
+    state = TopkState(8, K)
+    runner.begin(state, rows)
+    for layer in (0, 1):
+        runner.layer(layer, state, scores=lambda: decode, lengths=lengths, page_table=tables[layer])
+    want = reference.translate(state.raw[:rows], tables[2], lengths, PAGE, row_to_batch=row_to_batch)
+    assert torch.equal(runner.layer(2, state, scores=_no_scores, lengths=lengths, page_table=per_row), want)
+    stage = TopkState.from_carry(*state.to_carry(), max_rows=8)
+    assert torch.equal(runner.layer(2, stage, scores=_no_scores, lengths=lengths, page_table=per_row), want)
+    with pytest.raises(ValueError, match=r"row_to_batch: None, but producer 1's rows are"):  # one row a request
+        runner.layer(2, stage, scores=_no_scores, lengths=lengths, page_table=tables[2])
+
+
 @pytest.mark.parametrize("mxfp4", [False, True], ids=["fp8", "MXFP4 queries and keys"])
 def test_a_prefill_producer_scores_and_selects_in_one_op_and_shared_layers_reuse_it(mxfp4):
     """A ``scores`` callable returning :class:`PrefillLogits` makes the producer call ``mqa_topk_translate``

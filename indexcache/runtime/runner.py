@@ -128,9 +128,9 @@ class IndexerRunner:
         them); ``page_table [B, P]`` int32: this layer's own table;
         ``row_starts [rows]``: window starts in the scores; ``row_to_batch [rows]``: table row of each row
         (identity when None; a shared layer after a producer whose ``PagedLogits`` has ``next_n > 1`` or ragged rows
-        refuses None with ``ValueError``). A shared layer whose producer has not run raises
-        :class:`~indexcache.runtime.state.MissingProducerError`; a state of another k than the runner's (however it
-        was begun: :meth:`begin`, or a stage's ``load_carry``) raises ``ValueError``.
+        refuses None with ``ValueError``, unless its ``page_table`` has one row a row, ``[rows, P]``). A shared layer
+        whose producer has not run raises :class:`~indexcache.runtime.state.MissingProducerError`; a state of another k
+        than the runner's (however it was begun: :meth:`begin`, or a stage's ``load_carry``) raises ``ValueError``.
 
         ``max_length``: a host-side bound on every row's visible length (``lengths``, or in decode the lengths
         ``context_lens`` gives), or None. Where it is at most k, a producer selects every visible position without

@@ -61,7 +61,7 @@ class CarryHeader:
     request, row ``r`` request ``r // n``; ``RAGGED`` 0, rows of the producer's own ``row_to_batch``), each an int >=
     0, and the format's version (:class:`CarryError` otherwise). A shared layer of the next stage given no
     ``row_to_batch`` after a producer whose rows are not in order is refused, as on the producer's own stage
-    (:meth:`TopkState.reuse`)."""
+    (:meth:`TopkState.reuse`: unless its page table has one row a row)."""
 
     producer: int
     rows: int
@@ -359,12 +359,14 @@ class TopkState:
         ``seq_lens [rows]`` int32 is each row's visible length. ``source`` (the producer the plan says
         this layer reuses) is checked against the producer that wrote the state. After a decode producer whose rows
         are not one a request in order (:meth:`produce_paged` with ``next_n > 1`` or ragged rows), ``row_to_batch``
-        None is refused (``ValueError``): row ``r`` would read page-table row ``r``, another request's pages.
+        None is refused (``ValueError``) unless ``page_table`` has one row a row (a table the engine already expanded
+        per row, ``[rows, P]``): row ``r`` would read page-table row ``r``, another request's pages.
         """
         self._check_source(layer, source)
         self._check_rows("seq_lens", seq_lens)
-        self.check_rows_named(layer, row_to_batch, "translate row r through page-table row r, another request's "
-                              "pages; give each row's page-table row")
+        if not (isinstance(page_table, torch.Tensor) and page_table.dim() == 2 and page_table.shape[0] == self.rows):
+            self.check_rows_named(layer, row_to_batch, "translate row r through page-table row r, another request's "
+                                  "pages; give each row's page-table row (or a page table of one row a row)")
         rows = self.rows
         out = ops.translate(self.raw[:rows], page_table, seq_lens, page_size, row_to_batch=row_to_batch,
                                    out=self.physical[:rows])
