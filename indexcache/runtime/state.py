@@ -92,6 +92,9 @@ class CarryHeader:
         if t.is_meta:
             raise CarryError("carry header: a meta tensor holds no values")
         version, producer, rows, k, *layout = t.tolist()
+        if not layout and version != 1:  # 4 integers are only version 1's format: a later one's lost its layout
+            raise CarryError(f"carry header: expected shape [5] (version, producer, rows, k, layout), got [4] of "
+                             f"version {version!r}")
         return cls(producer=producer, rows=rows, k=k, layout=layout[0] if layout else IN_ORDER, version=version)
 
     def layout_text(self) -> str | None:
