@@ -697,7 +697,8 @@ def gather_index_k(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dt
         ``[N, dim / 2]`` ``torch.float4_e2m1fn_x2`` and ``[N, dim / 32]`` ``torch.float8_e8m0fnu``). Rows at or past
         the total of the lengths are left as they are; tokens whose row would be ``N`` or more are not written.
         Without them the call allocates ``N = sum(max(context_lens, 0))`` rows, which reads the lengths on the host
-        (a device sync; not under CUDA-graph capture or ``torch.compile``).
+        (a device sync; not under CUDA-graph capture or ``torch.compile``); with one of them given, the other is
+        allocated with its rows.
     backend : str, optional
         The backend to run on (default: the dispatcher's choice).
 

@@ -40,8 +40,9 @@ def check(k_cache, block_table, context_lens, *, dim: int = 128, fp8_dtype: torc
             raise TypeError(f"{name}: expected a torch.Tensor of at least one dimension, got {given!r}")
         rows = given.shape[0]
     elif torch.compiler.is_compiling() or context_lens.is_meta:
-        raise ValueError("out_k, out_scale: expected both under torch.compile (their rows are the gathered "
-                         "tokens, which the context lengths on the device decide), got neither")
+        raise ValueError("out_k, out_scale: expected one of them or both under torch.compile (their rows are the "
+                         "gathered tokens, which the context lengths on the device decide; a missing one is "
+                         "allocated with the given one's rows), got neither")
     else:
         rows = int(context_lens.clamp_min(0).sum())  # the one host sync of a call without outputs
     (k_shape, k_dtype), (s_shape, s_dtype) = out_shapes(rows, dim, fp8_dtype)
