@@ -428,7 +428,8 @@ def markdown(results: list[dict[str, Any]]) -> list[str]:
         f"Triton {triton.__version__} built every kernel configuration this backend's tuning tables can choose "
         f"for {targets} on this machine. Nothing ran on those GPUs: this shows the kernels build and use the "
         "matrix units, not their speed or numerics there. Rules: compiles; no spills to memory or scratch, at most "
-        f"{MAX_SGPR_SPILLS} SGPR spills (into VGPR lanes); shared memory "
+        f"{MAX_SGPR_SPILLS} SGPR spills (into VGPR lanes), or the more a kernel allows (its spec's sgpr_spills); "
+        "shared memory "
         f"within the target's limit a block; at most {MAX_THREADS} threads a block; matrix kernels use the "
         "target's matrix instructions for their operand type; no fnuz fp8 on gfx950.",
         "",
