@@ -42,6 +42,11 @@ from indexcache.backends.triton.topk.plan import (
 from indexcache.backends.triton.translate import page_shift
 from indexcache.hal.contract import OpImpl
 
+# AMD SGPRs the finishing kernel may spill into VGPR lanes (crosscompile.MAX_SGPR_SPILLS passes 32): built by Triton 3.6
+# (torch 2.11's) for gfx942, bf16 scores translated through a table with row_to_batch spill 33-34 (both pointer spans,
+# 2026-12-07; no scratch, no VGPR spill), where Triton 3.9 spills 11-18.
+FINISH_SGPR_SPILLS = 40
+
 
 def _supports(target: Target, scores, k, sorted, **tensors) -> list[str]:
     reasons = on_target_device(target, scores=scores, **tensors)
@@ -142,7 +147,7 @@ def compile_specs(target: Target, tuning: Mapping[str, Mapping[str, Any]]) -> li
             specs.append(KernelSpec(op, topk_finish_kernel, ptrs,
                                     dict(full, TILE=fin_tile, BLOCK_S=cfg["GATHER_CHUNKS"], BINS=cfg["FINISH_BINS"],
                                          PDL=pdl, SPREAD=spread, TIES=cfg["FINISH_TIES"], SKIM=FINISH_SKIM), fin_opts,
-                                    aligned=aligned))
+                                    aligned=aligned, sgpr_spills=FINISH_SGPR_SPILLS))
         width = MAX_SORTED_K if dtype == torch.float32 else 2048  # sorted=True at its largest k and at DSA's
         sort = {n: v for n, v in full.items() if n not in ("BITS", "TILE", "DIGIT", "k")}
         specs.append(KernelSpec(op, topk_sort_kernel, ptrs, dict(sort, K_P2=width),
