@@ -216,6 +216,8 @@ def test_payload_without_signature_is_refused():
             lambda d: d.update(sparse_layers=[0, 1], producers=[0, 5]),
             r"producers=\(0, 5\): layers \[5\] are not sparse",
         ),
+        (lambda d: d.update(producers=[]), r"producers=\(\): must include the first sparse layer \(0\)"),
+        (lambda d: d.update(producers=[1, 5]), r"producers=\(1, 5\): must include the first sparse layer \(0\)"),
     ],
 )
 def test_bad_payload(edit, message):

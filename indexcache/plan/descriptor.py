@@ -119,6 +119,11 @@ class Descriptor:
         if not set(self.producers) <= set(self.sparse_layers):
             extra = sorted(set(self.producers) - set(self.sparse_layers))
             raise DescriptorError(f"producers={shown(self.producers)}: layers {shown(extra)} are not sparse layers")
+        if self.sparse_layers and self.sparse_layers[0] not in self.producers:
+            raise DescriptorError(
+                f"producers={shown(self.producers)}: must include the first sparse layer ({self.sparse_layers[0]}), "
+                "which has no earlier producer to reuse (every LayerPlan's is a producer)"
+            )
 
     @classmethod
     def from_plan(cls, plan: LayerPlan) -> Descriptor:
