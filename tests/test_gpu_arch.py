@@ -70,6 +70,27 @@ def test_block_scaled_matrix_instructions_where_triton_emits_them(vendor, arch, 
     assert (scaled and (scaled.keys, scaled.rows)) == (keys and (keys, rows))
 
 
+@pytest.mark.parametrize(("release", "scaled"), [((3, 6), False), ((3, 8), False), ((3, 9), True), ((3, 10), True),
+                                                 (None, True)])
+def test_sm100_takes_its_block_scaled_instruction_from_triton_3_9(monkeypatch, release, scaled):
+    """Triton 3.6 and 3.8 fail to build the MXFP4 logits' tl.dot_scaled for sm100: there the keys are widened (the
+    kernels' mode, the table's 8 warps for 128-key tiles and ``indexcache info``'s row follow); sm120's and gfx950's
+    instructions need no newer Triton. None: no Triton imports (then no kernel builds), the record as it is."""
+    from indexcache.backends.triton import logits, mxfp4
+    from indexcache.backends.triton import target as targets
+
+    monkeypatch.setattr(targets, "_triton_release", lambda: release)
+    sm100 = NVIDIA.resolve("sm100")
+    assert (targets.usable_scaled_mma(sm100) is not None) == scaled
+    assert targets.usable_scaled_mma(NVIDIA.resolve("sm120")) is not None
+    assert targets.usable_scaled_mma(AMD.resolve("gfx950")) is not None
+    mode = logits._fp4_mode(torch.float8_e4m3fn, types.SimpleNamespace(gpu=sm100))
+    assert mode == (mxfp4.SCALED_E2M1 if scaled else mxfp4.WIDEN_FN).value
+    table = cuda_tuning("sm100")
+    assert ("FP4_NUM_WARPS" in table["paged_mqa_logits"]) == scaled
+    assert (table["arch"]["scaled_mma"] == "e2m1") == scaled
+
+
 @pytest.mark.parametrize(("arch", "row"), [("sm87", "sm86"), ("sm90a", "sm90"), ("sm103", "sm100"),
                                            ("sm121", "sm120"), ("sm75", "sm80")])
 def test_an_unlisted_nvidia_arch_takes_the_nearest_row_below_under_its_own_name(arch, row):

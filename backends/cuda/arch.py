@@ -85,6 +85,9 @@ ARCHS: dict[str, GpuArch] = {a.name: a for a in (
     # Block-scaled MMA (docs/fp4.md, "Scaled matrix instructions"): sm100's tcgen05 kind::mxf8f6f4 takes e2m1 keys
     # beside e4m3 queries at 128 rows on M; sm120's mma.sync kind::mxf8f6f4 takes them widened to e4m3 (its e2m1
     # form, kind::mxf4nvf4, wants e2m1 queries too).
-    _arch("sm100", 227, fp8_mma=True, tma=True, pdl=True, mma="tcgen05", scaled_mma=ScaledMma("e2m1", rows=128)),
+    # Triton 3.6 and 3.8 fail to build the MXFP4 logits' tl.dot_scaled for sm100 ("PassManager::run failed",
+    # cross-compiled 2026-12-07); 3.9 emits tcgen05 block_scale: before it sm100 widens the keys, as Hopper does.
+    _arch("sm100", 227, fp8_mma=True, tma=True, pdl=True, mma="tcgen05",
+          scaled_mma=ScaledMma("e2m1", rows=128, triton=(3, 9))),
     _arch("sm120", 99, fp8_mma=True, tma=True, pdl=True, mma="mma.sync", scaled_mma=ScaledMma("e4m3", rows=64)),
 )}

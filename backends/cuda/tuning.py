@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from indexcache.backends.cuda.arch import resolve
+from indexcache.backends.triton.target import usable_scaled_mma
 
 # translate is memory-bound: 2K indices a program, 1K contiguous along k, 4 warps (16-byte accesses).
 _COMMON: dict[str, dict[str, Any]] = {
@@ -147,7 +148,7 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         table["paged_mqa_logits"]["FP4_MAXNREG"] = table["mqa_logits"]["FP4_MAXNREG"] = 255
         # Ragged rows one a program: two (RAGGED_PAIRS, elsewhere) spill 24 bytes on sm120 at 168 registers.
         table["paged_mqa_logits"]["RAGGED_PAIRS"] = False
-    if record.scaled_mma is not None and record.scaled_mma.rows > 64:
+    if (scaled := usable_scaled_mma(record)) is not None and scaled.rows > 64:
         # MXFP4 logits on sm100's block-scaled MMA: its 128-key tiles over 8 warps, the decode's register cap 255
         # (Triton 3.9: over 4 warps the tile's accumulator, queries and key bytes left 224-288-byte stack frames at 255
         # registers; over 8 warps ptxas capped the next_n 1 decode at 128 and spilled 16 bytes).

@@ -66,7 +66,7 @@ from indexcache.backends.triton.launcher import (
     planned_sms,
 )
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
-from indexcache.backends.triton.target import Target
+from indexcache.backends.triton.target import Target, usable_scaled_mma
 from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
 from indexcache.hal.device import sm_count
@@ -597,9 +597,9 @@ def _widen_mode(dtype: torch.dtype, target: Target, cfg: Mapping[str, Any] | Non
 
 def _fp4_mode(dtype: torch.dtype, target: Target) -> int:
     """The kernels' ``MXFP4`` for fp8 queries of ``dtype`` on ``target`` (``mxfp4``'s modes): into the target's
-    block-scaled instruction (its ``scaled_mma``) with e4m3fn queries, else widened to ``dtype``'s e4m3 with one scale
-    a key."""
-    scaled = target.gpu.scaled_mma
+    block-scaled instruction (its ``scaled_mma``, where the installed Triton builds it) with e4m3fn queries, else
+    widened to ``dtype``'s e4m3 with one scale a key."""
+    scaled = usable_scaled_mma(target.gpu)
     if scaled is not None and dtype == torch.float8_e4m3fn:
         return (mxfp4.SCALED_E2M1 if scaled.keys == "e2m1" else mxfp4.SCALED_E4M3).value
     return (mxfp4.WIDEN_FNUZ if dtype == torch.float8_e4m3fnuz else mxfp4.WIDEN_FN).value
@@ -620,7 +620,7 @@ def _fp4_tile(keys: int, mode: int, target: Target, keys_on_m: bool) -> int:
     """Keys a tile of an MXFP4 launch in ``mode``: the table's ``keys``, or on a block-scaled instruction with the keys
     on M at least the rows it needs (sm100: 128)."""
     if mode >= mxfp4.SCALED_E2M1.value and keys_on_m:
-        return max(keys, target.gpu.scaled_mma.rows)
+        return max(keys, usable_scaled_mma(target.gpu).rows)
     return keys
 
 

@@ -83,6 +83,27 @@ class ScaledMma:
 
     keys: str  # the format MXFP4 keys enter it in beside e4m3 queries: "e2m1" (as stored), "e4m3" (widened, exact)
     rows: int  # key rows a tile needs (on M) for Triton to emit it; with fewer it widens both operands to bf16
+    triton: tuple[int, int] = (0, 0)  # the oldest Triton (major, minor) that builds the kernels' use of it
+
+
+def usable_scaled_mma(gpu: GpuArch) -> ScaledMma | None:
+    """``gpu``'s block-scaled instruction (its ``scaled_mma``) where the installed Triton builds the kernels' use of it
+    (its ``triton``), else None: the MXFP4 logits kernels then widen the keys, as where there is none."""
+    scaled = gpu.scaled_mma
+    if scaled is None or scaled.triton == (0, 0):
+        return scaled
+    found = _triton_release()
+    return scaled if found is None or found >= scaled.triton else None
+
+
+@functools.cache
+def _triton_release() -> tuple[int, int] | None:
+    """The installed Triton's (major, minor), None where none imports (then no kernel builds either)."""
+    version = triton_import()[0]
+    if version is None:
+        return None
+    major, minor = (int(part) for part in re.match(r"(\d+)\.(\d+)", version).groups())
+    return major, minor
 
 
 @dataclass(frozen=True)
@@ -112,7 +133,8 @@ class GpuArch:
         """The row a tuning table shows under "arch" (``indexcache info``): ``arch`` as asked for, and what this
         record has."""
         return {"name": arch, "shared_per_sm": self.shared_per_sm, "fp8_mma": self.fp8_mma, "tma": self.tma,
-                "pdl": self.pdl, "mma": self.mma, "scaled_mma": self.scaled_mma and self.scaled_mma.keys}
+                "pdl": self.pdl, "mma": self.mma,
+                "scaled_mma": (scaled := usable_scaled_mma(self)) and scaled.keys}
 
     def triton_target(self):
         """Triton's ``GPUTarget`` for this architecture (imports Triton's compiler)."""
