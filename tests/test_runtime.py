@@ -164,15 +164,12 @@ def test_a_decode_producer_takes_ragged_rows_named_by_paged_logits():
     assert (state.raw[:rows] >= 0).sum() == lengths.clamp(0, K).sum()
 
 
-@pytest.mark.parametrize("ragged", [False, True], ids=["next_n 2", "ragged rows"])
-def test_a_shared_layer_after_a_producer_of_rows_a_request_refuses_no_row_to_batch(ragged):
-    """A decode producer's ``PagedLogits`` maps its rows to requests itself (``next_n`` rows a request, or its own
-    ``row_to_batch``); a shared layer then given no ``row_to_batch`` would translate row r through page-table row r
-    (another request's pages, or none): refused, naming the argument, the physical slots left as the producer's; a
-    row_to_batch given, it translates; the next forward's producer of rows in order accepts None again."""
+def _produced_rows_a_request(g: torch.Generator, ragged: bool):
+    """A plan "FFS" whose producers 0 and 1 ran a decode step of rows that are not one a request in order (three
+    requests of next_n 2, or ragged rows of the ``PagedLogits``' own ``row_to_batch``): ``(runner, state, tables
+    [3, 3, 10] of the three layers, lengths [rows], row_to_batch [rows])``."""
     from indexcache.hal.specs.paged_mqa_logits import ragged_args
 
-    g = torch.Generator().manual_seed(0)
     if ragged:
         paged = ragged_args(g, "cpu", torch.float8_e4m3fn, [1, 3, 2], [30, 9, 3], page_size=PAGE, heads=4)
         lengths, row_to_batch = paged["context_lens"], paged["row_to_batch"]
@@ -181,16 +178,27 @@ def test_a_shared_layer_after_a_producer_of_rows_a_request_refuses_no_row_to_bat
         seen = torch.arange(6)
         lengths = (paged["context_lens"][seen // 2] - 1 + seen % 2).to(torch.int32)
         row_to_batch = (seen // 2).to(torch.int32)
-    rows, cols = lengths.shape[0], paged["max_context_len"]
     decode = PagedLogits(paged["q"], paged["k_cache"], paged["weights"], paged["context_lens"], paged["page_table"],
-                         cols, row_to_batch=paged.get("row_to_batch"))
+                         paged["max_context_len"], row_to_batch=paged.get("row_to_batch"))
     tables = torch.stack([torch.randperm(30, generator=g).view(3, 10) for _ in range(3)]).to(torch.int32)
     runner = IndexerRunner(LayerPlan(3, index_topk_freq=2, index_topk=K, page_size=PAGE))
     assert runner.roles == "FFS"
     state = TopkState(8, K)
-    runner.begin(state, rows)
+    runner.begin(state, lengths.shape[0])
     for layer in (0, 1):
         runner.layer(layer, state, scores=lambda: decode, lengths=lengths, page_table=tables[layer])
+    return runner, state, tables, lengths, row_to_batch
+
+
+@pytest.mark.parametrize("ragged", [False, True], ids=["next_n 2", "ragged rows"])
+def test_a_shared_layer_after_a_producer_of_rows_a_request_refuses_no_row_to_batch(ragged):
+    """A decode producer's ``PagedLogits`` maps its rows to requests itself (``next_n`` rows a request, or its own
+    ``row_to_batch``); a shared layer then given no ``row_to_batch`` would translate row r through page-table row r
+    (another request's pages, or none): refused, naming the argument, the physical slots left as the producer's; a
+    row_to_batch given, it translates; the next forward's producer of rows in order accepts None again."""
+    g = torch.Generator().manual_seed(0)
+    runner, state, tables, lengths, row_to_batch = _produced_rows_a_request(g, ragged)
+    rows = lengths.shape[0]
     produced = state.physical.clone()
     with pytest.raises(ValueError, match=r"row_to_batch: None, but producer 1's rows are .*layer 2 would translate"):
         runner.layer(2, state, scores=_no_scores, lengths=lengths, page_table=tables[2])
@@ -224,27 +232,9 @@ def test_a_shared_layer_with_a_page_table_of_one_row_a_row_needs_no_row_to_batch
     table of one row a request: an engine that expands its shared layers' tables per row (``[rows, P]``, row r's
     request's pages at row r, as ``translate`` takes them without ``row_to_batch``) was refused too, on this stage
     and, through the carry, the next."""
-    from indexcache.hal.specs.paged_mqa_logits import ragged_args
-
-    g = torch.Generator().manual_seed(1)
-    if ragged:
-        paged = ragged_args(g, "cpu", torch.float8_e4m3fn, [1, 3, 2], [30, 9, 3], page_size=PAGE, heads=4)
-        lengths, row_to_batch = paged["context_lens"], paged["row_to_batch"]
-    else:
-        paged = args_of(g, "cpu", 3, 2, 4, PAGE, [20, 13, 9])
-        seen = torch.arange(6)
-        lengths = (paged["context_lens"][seen // 2] - 1 + seen % 2).to(torch.int32)
-        row_to_batch = (seen // 2).to(torch.int32)
+    runner, state, tables, lengths, row_to_batch = _produced_rows_a_request(torch.Generator().manual_seed(1), ragged)
     rows = lengths.shape[0]
-    decode = PagedLogits(paged["q"], paged["k_cache"], paged["weights"], paged["context_lens"], paged["page_table"],
-                         paged["max_context_len"], row_to_batch=paged.get("row_to_batch"))
-    tables = torch.stack([torch.randperm(30, generator=g).view(3, 10) for _ in range(3)]).to(torch.int32)
     per_row = tables[2][row_to_batch.long()]  # [rows, P]: row r holds its request's pages
-    runner = IndexerRunner(LayerPlan(3, index_topk_freq=2, index_topk=K, page_size=PAGE))
-    state = TopkState(8, K)
-    runner.begin(state, rows)
-    for layer in (0, 1):
-        runner.layer(layer, state, scores=lambda: decode, lengths=lengths, page_table=tables[layer])
     want = reference.translate(state.raw[:rows], tables[2], lengths, PAGE, row_to_batch=row_to_batch)
     assert torch.equal(runner.layer(2, state, scores=_no_scores, lengths=lengths, page_table=per_row), want)
     stage = TopkState.from_carry(*state.to_carry(), max_rows=8)
