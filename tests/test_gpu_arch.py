@@ -79,7 +79,7 @@ def test_sm100_takes_its_block_scaled_instruction_from_triton_3_9(monkeypatch, r
     from indexcache.backends.triton import logits, mxfp4
     from indexcache.backends.triton import target as targets
 
-    monkeypatch.setattr(targets, "_triton_release", lambda: release)
+    monkeypatch.setattr(targets, "triton_release", lambda: release)
     sm100 = NVIDIA.resolve("sm100")
     assert (targets.usable_scaled_mma(sm100) is not None) == scaled
     assert targets.usable_scaled_mma(NVIDIA.resolve("sm120")) is not None

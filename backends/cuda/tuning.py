@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from indexcache.backends.cuda.arch import resolve
-from indexcache.backends.triton.target import usable_scaled_mma
+from indexcache.backends.triton.target import triton_release, usable_scaled_mma
 
 # translate is memory-bound: 2K indices a program, 1K contiguous along k, 4 warps (16-byte accesses).
 _COMMON: dict[str, dict[str, Any]] = {
@@ -113,10 +113,8 @@ _PREFILL_SHARED = 42 * 1024  # an fp8 prefill program's shared memory at 3 stage
 
 
 def _triton_before(major: int, minor: int) -> bool:
-    import triton
-
-    found = tuple(int(part) for part in triton.__version__.split(".")[:2])
-    return found < (major, minor)
+    found = triton_release()
+    return found is not None and found < (major, minor)
 
 
 def tuning(arch: str) -> dict[str, dict[str, Any]]:

@@ -92,12 +92,12 @@ def usable_scaled_mma(gpu: GpuArch) -> ScaledMma | None:
     scaled = gpu.scaled_mma
     if scaled is None or scaled.triton == (0, 0):
         return scaled
-    found = _triton_release()
+    found = triton_release()
     return scaled if found is None or found >= scaled.triton else None
 
 
 @functools.cache
-def _triton_release() -> tuple[int, int] | None:
+def triton_release() -> tuple[int, int] | None:
     """The installed Triton's (major, minor), None where none imports (then no kernel builds either)."""
     version = triton_import()[0]
     if version is None:
