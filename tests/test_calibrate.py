@@ -539,8 +539,14 @@ def test_cli_calibrate_dump_that_is_a_file(tmp_path, capsys):
     (tmp_path / "layer_0.npz").write_bytes(b"")
     assert main(["calibrate", "--dump", str(tmp_path / "layer_0.npz"), "--no-plots", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert f"error: {tmp_path / 'layer_0.npz'}: not a directory; expected the dump directory" in err
+    assert f"error: --dump {tmp_path / 'layer_0.npz'}: not a directory; expected the dump directory" in err
     assert "Traceback" not in err
+
+
+def test_cli_calibrate_dump_that_is_missing(tmp_path, capsys):
+    assert main(["calibrate", "--dump", str(tmp_path / "nope"), "--no-plots", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --dump {tmp_path / 'nope'}: no such directory; expected the dump directory" in err
 
 
 def test_calibrate_arrays_needs_one_array_per_layer(tmp_path):

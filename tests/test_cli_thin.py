@@ -75,7 +75,7 @@ def test_plan_never_imports_torch():
         "assert 'torch' not in sys.modules, 'import indexcache.plan imported torch'\n"
         "from indexcache.tools.cli import main\n"
         f"assert main(['plan', '--config', {V32!r}, '--json']) == 0\n"
-        f"assert main(['plan', '--config', {V32!r}, '--freq', '0']) == 2\n"
+        f"assert main(['plan', '--config', {V32!r}, '--pattern', 'FSX']) == 2\n"
         "assert main(['plan', '--config', '/nonexistent/config.json']) == 2\n"
         "loaded = sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.'))\n"
         "assert not loaded, loaded\n"

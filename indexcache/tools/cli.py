@@ -150,10 +150,11 @@ def _run_info(args) -> int:
 def _add_plan(sub) -> None:
     p = sub.add_parser("plan", help="which layers compute top-k and which reuse it, from a model config")
     p.add_argument("--config", required=True, metavar="PATH", help="the model's config.json")
-    p.add_argument("--freq", type=int, help="override index_topk_freq (a producer every N sparse layers)")
+    p.add_argument("--freq", type=_int_in(1, MAX_LAYERS),
+                   help="override index_topk_freq (a producer every N sparse layers)")
     p.add_argument("--pattern", help="override index_topk_pattern (F/S per layer or per sparse layer)")
-    p.add_argument("--offset", type=int, help="override index_skip_topk_offset")
-    p.add_argument("--page-size", type=int,
+    p.add_argument("--offset", type=_int_in(1, MAX_LAYERS), help="override index_skip_topk_offset")
+    p.add_argument("--page-size", type=_int_in(1),
                    help="index-K cache tokens a page (default: the config's page_size, else 64)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run_plan)
@@ -391,6 +392,9 @@ def _run_calibrate(args) -> int:
             raise UsageError(f"--{given[0].replace('_', '-')} only applies with --from-model")
         if args.config is not None:
             _check_input("--config", args.config)
+        if not os.path.isdir(args.dump):
+            found = "not a directory" if os.path.exists(args.dump) else "no such directory"
+            raise UsageError(f"--dump {args.dump}: {found}; expected the dump directory of layer_<id> files")
         run = partial(calibrate.calibrate_dump, args.dump, config=args.config)
         errors += (FileNotFoundError, NotADirectoryError)  # a missing, empty or not a --dump directory
     with _input_errors(*errors, flags=vars(args)):
