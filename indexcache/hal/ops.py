@@ -892,8 +892,7 @@ def workspace_bytes(op: str, *args, sm_budget: int | None = None, backend=None, 
         The call's arguments, checked as the call checks them. An output the call would allocate (``out``,
         ``logits``) is allocated here too: pass the call's own, or ask once at setup.
     sm_budget : int, optional
-        The call's SM budget (default: the setting in force): a call under a budget may take other bytes, and so
-        may one on an SM partition (``overlap``'s side function where it runs on one: ask from within it).
+        The call's SM budget (default: the setting in force): a call under a budget may take other bytes.
     backend : str, optional
         The backend the call runs on (default: the dispatcher's choice).
 
