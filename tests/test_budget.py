@@ -197,8 +197,7 @@ def test_the_torch_backend_gives_the_same_results_under_a_budget(op):
 
 @pytest.fixture
 def budgets_seen(monkeypatch):
-    """The budget in force when the backend's implementation runs, and the budget and SM partition in each memo
-    signature, per call."""
+    """The budget in force when the backend's implementation runs, and the budget in each memo signature, per call."""
     seen = collections.defaultdict(list)
     resolve, signature = dispatch.resolve_choice, memo.signature
 
@@ -208,8 +207,7 @@ def budgets_seen(monkeypatch):
         return name, dataclasses.replace(impl, fn=lambda **a: seen["run"].append(budget.current()) or fn(**a))
 
     def signing(op, choice, params):
-        seen["key"].append(params[-2])
-        seen["partition"].append(params[-1])
+        seen["key"].append(params[-1])
         return signature(op, choice, params)
 
     monkeypatch.setattr(dispatch, "resolve_choice", resolving)
@@ -233,12 +231,7 @@ def test_the_calls_budget_wins_over_the_block_and_is_in_force_where_the_backend_
             call()
     assert budget.current() is None
     assert budgets_seen["run"] == [None, 4, 9, 4, None]
-    # the budget and the SM partition are the last parts of the kept call's signature
-    assert budgets_seen["key"] == [None, 4, 9, 4, None]
-    assert budgets_seen["partition"] == [None] * 5
-    with budget.on_partition(64):
-        call()
-    assert budgets_seen["key"][-1] is None and budgets_seen["partition"][-1] == 64
+    assert budgets_seen["key"] == [None, 4, 9, 4, None]  # the budget is the last part of the kept call's signature
 
 
 # ------------------------------------------------------------------ the launched grids (Triton backends, built as data)
@@ -326,15 +319,13 @@ def _calls(fp8: torch.dtype, plan: LayerPlan = PLAN) -> list[tuple[str, dict]]:
     return calls
 
 
-def _launches(arch: str, kernel: str, n: int | None, plan: LayerPlan = PLAN, sms: int | None = None,
-              part: int | None = None) -> list[list[tuple[str, str, tuple[int, ...]]]]:
-    """Per call of :func:`_calls` (of ``plan``), its launches as ``(op, kernel, grid)``, built for ``arch`` (a GPU of
-    ``sms`` multiprocessors, None: ``SMS[arch]``) under a budget of ``n`` (None: no budget), on an SM partition of
-    ``part`` multiprocessors where given."""
+def _launches(arch: str, kernel: str, n: int | None,
+              plan: LayerPlan = PLAN) -> list[list[tuple[str, str, tuple[int, ...]]]]:
+    """Per call of :func:`_calls` (of ``plan``), its launches as ``(op, kernel, grid)``, built for ``arch`` under a
+    budget of ``n`` (None: no budget)."""
     target, table = _setup(arch, kernel)
     found = []
-    on_part = contextlib.nullcontext() if part is None else budget.on_partition(part)
-    with planning(sms or SMS[arch]), indexcache.sm_budget(n), on_part:
+    with planning(SMS[arch]), indexcache.sm_budget(n):
         for op, args in _calls(target.fp8_dtype, plan):
             found.append([(op, launch.launcher.__name__, tuple(launch.grid))
                           for launch in variants.op_launches(op, args, target, table)])
@@ -469,36 +460,6 @@ def test_without_a_budget_or_under_the_whole_device_the_grids_fill_the_device(ar
                if op == "mqa_logits" and args["q"].shape[0] == 4096]
     [[(_, name, grid)]] = prefill
     assert grid == ((sms,) if _gluon(table, "mqa_logits") else (sms * table["mqa_logits"]["PROGRAMS_PER_SM"],)), name
-
-
-@pytest.mark.parametrize(("arch", "kernel"), CONFIGS, ids=CONFIG_IDS)
-def test_on_a_partition_the_launches_are_those_of_a_gpu_of_its_multiprocessors(arch, kernel):
-    """On an SM partition of p multiprocessors (``overlap``'s side on a green context) every launch is built as for a
-    GPU of p multiprocessors: the persistent grids fill p, as many programs a multiprocessor as before (a grid sized
-    for the whole device would run there in more waves, its last part-filled); a budget still caps them; a
-    partition at or above the device's count changes nothing."""
-    sms, part = SMS[arch], 64
-    free = _launches(arch, kernel, None)
-    on_part = _launches(arch, kernel, None, part=part)
-    assert on_part == _launches(arch, kernel, None, sms=part)
-    assert on_part != free  # not vacuous: some grid followed the partition
-    assert _launches(arch, kernel, 7, part=part) == _launches(arch, kernel, 7, sms=part)
-    assert _launches(arch, kernel, None, part=sms) == free
-
-
-def test_a_partition_is_a_count_of_at_least_one_scoped_per_thread():
-    assert budget.partition() is None
-    with budget.on_partition(64):
-        assert budget.partition() == 64
-        seen = []
-        thread = threading.Thread(target=lambda: seen.append(budget.partition()))
-        thread.start()
-        thread.join()
-        assert seen == [None]
-    assert budget.partition() is None
-    for bad in BAD:
-        with pytest.raises(_error(bad), match="^n: "), budget.on_partition(bad):
-            pass
 
 
 def test_persistent_programs_are_the_budget_below_the_device_else_the_device_fill():
@@ -744,7 +705,6 @@ class _FakeStreams:
 def scheduler(monkeypatch):
     """A scheduler of the cuda backend on a 132-multiprocessor GPU, its device streams recorded."""
     monkeypatch.setattr(triton_streams, "sm_count", lambda index: 132)
-    monkeypatch.setattr(triton_streams, "granted_sms", lambda index, n: min(132, -(-n // 8) * 8))  # Hopper's rounding
     streams = triton_streams.DeviceStreams(2, "cuda", rule={"GRAPH": BANDS, "EAGER": EAGER})
     fake = _FakeStreams()
     streams._module = fake
@@ -895,29 +855,27 @@ def test_with_partitions_the_side_runs_on_one_unbudgeted_and_the_main_keeps_the_
     entered = _entered_streams(fake)
 
     def side():
-        return "side", budget.current(), torch._C._get_sm_carveout_experimental(), budget.partition()
+        return "side", budget.current(), torch._C._get_sm_carveout_experimental()
 
     def main():
-        return "main", budget.current(), torch._C._get_sm_carveout_experimental(), budget.partition()
+        return "main", budget.current(), torch._C._get_sm_carveout_experimental()
 
     fake.capturing = False
-    # the side's kernels fill the partition's 24 multiprocessors (20 asked, rounded up as the driver does)
-    assert streams(side, main, 0, gpu, side_sms=20) == (("side", None, None, 24), ("main", None, None, None))
+    assert streams(side, main, 0, gpu, side_sms=20) == (("side", None, None), ("main", None, None))
     assert entered == [parts.made[(0, 20, 0)]]
     assert fake.log == ["partition 20 waits main", "main waits side"]
     fake.log.clear()
     # eagerly the rule's EAGER band runs in order (32 x 8192), but the partition its GRAPH band names (0.5: 66) is
     # made now, so that a capture finds it; captured, the share takes it (side 3 is side stream 3 % 2 = 1)
-    in_order = (("side", None, None, None), ("main", None, None, None))
-    assert streams(side, main, 3, gpu, tokens=32, context=8192) == in_order
+    assert streams(side, main, 3, gpu, tokens=32, context=8192) == (("side", None, None), ("main", None, None))
     assert (0, 66, 1) in parts.made and fake.log == []
     fake.capturing = True
-    assert streams(side, main, 3, gpu, tokens=32, context=8192) == (("side", None, None, 72), in_order[1])
+    assert streams(side, main, 3, gpu, tokens=32, context=8192) == (("side", None, None), ("main", None, None))
     assert entered[-1] is parts.made[(0, 66, 1)] and parts.calls[-1] == (0, 66, 1, False)
     # captured, a share whose partition was never made is not made (no capture-unsafe call): no budget, as without
-    assert streams(side, main, 0, gpu, tokens=4, context=100) == in_order
+    assert streams(side, main, 0, gpu, tokens=4, context=100) == (("side", None, None), ("main", None, None))
     assert parts.calls[-1] == (0, 33, 0, False) and (0, 33, 0) not in parts.made
-    assert budget.current() is None and budget.partition() is None
+    assert budget.current() is None
 
 
 def test_an_eager_call_makes_the_partition_the_mxfp4_graph_bands_name(scheduler, monkeypatch):

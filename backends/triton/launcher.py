@@ -37,7 +37,7 @@ from triton import knobs
 from triton.runtime.jit import JITFunction
 
 from indexcache.hal import budget
-from indexcache.hal.device import resident_blocks, sm_count, sm_limits
+from indexcache.hal.device import resident_blocks, sm_limits
 
 Options = tuple[tuple[str, Any], ...]
 
@@ -105,15 +105,6 @@ def planning(sms: int) -> Iterator[None]:
 def planned_sms() -> int | None:
     """The multiprocessors of :func:`planning`'s GPU inside it, else None (the launch builders ask the device)."""
     return _PLANNING.get()
-
-
-def device_sms(index: int) -> int:
-    """Multiprocessors a persistent launch of this thread on GPU ``index`` fills: the planned GPU's inside
-    :func:`planning`, else the device's, at most those of the SM partition in force (``budget.partition``: the
-    side of ``overlap`` on a green context)."""
-    sms = planned_sms() or sm_count(index)
-    part = budget.partition()
-    return sms if part is None else min(sms, part)
 
 
 def sm_budget(sms: int) -> int | None:

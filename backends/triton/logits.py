@@ -61,14 +61,15 @@ from indexcache.backends.triton.launcher import (
     Launcher,
     Options,
     bound,
-    device_sms,
     launch_key_options,
     persistent_programs,
+    planned_sms,
 )
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, on_target_device
 from indexcache.backends.triton.target import Target, usable_scaled_mma
 from indexcache.hal import fp4
 from indexcache.hal.contract import OpImpl
+from indexcache.hal.device import sm_count
 from indexcache.hal.layout import FP8_DTYPES, cache_page_size, token_bytes
 
 NEG_INF = tl.constexpr(float("-inf"))
@@ -643,9 +644,9 @@ def _query_args(q: torch.Tensor, q_scale: torch.Tensor | None, widen: int) -> tu
 
 
 def _programs(target: Target, device: torch.device) -> int:
-    """Multiprocessors a persistent launch on the device fills (``launcher.device_sms``: the planned GPU's inside
-    ``launcher.planning``, at most an SM partition's); ``INTERPRETED_SMS`` interpreted."""
-    return INTERPRETED_SMS if target.interpreted else device_sms(device.index or 0)
+    """Multiprocessors of the device (of the planned one inside ``launcher.planning``); ``INTERPRETED_SMS``
+    interpreted."""
+    return INTERPRETED_SMS if target.interpreted else planned_sms() or sm_count(device.index or 0)
 
 
 def _check_dtype(name: str, dtype: torch.dtype, target: Target, bf16: bool) -> list[str]:

@@ -15,13 +15,10 @@ CUDA graph is being captured.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 
 import torch
-
-from indexcache.hal.device import sm_count
 
 logger = logging.getLogger("indexcache")
 
@@ -38,19 +35,6 @@ def available() -> bool:
     except ImportError:
         return False
     return bool(getattr(green_contexts, "SUPPORTED", False)) and hasattr(green_contexts.GreenContext, "Stream")
-
-
-def granted_sms(device_index: int, sms: int) -> int:
-    """The multiprocessors a partition asked for ``sms`` of GPU ``device_index`` holds: the driver rounds the count
-    up to its granularity (multiples of 8 from compute capability 9.0: CUDA's ``cuDevSmResourceSplitByCount``; below
-    it the count asked, at most what it holds), at most the device's."""
-    step = _granularity(device_index)
-    return min(sm_count(device_index), -(-sms // step) * step)
-
-
-@functools.cache
-def _granularity(device_index: int) -> int:
-    return 8 if torch.cuda.get_device_capability(device_index)[0] >= 9 else 1
 
 
 def partition_stream(device_index: int, sms: int, side: int = 0, *, make: bool = True) -> torch.cuda.Stream | None:

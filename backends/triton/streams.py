@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import torch
 
 from indexcache.backends.torch.streams import in_order, in_order_schedule
-from indexcache.backends.triton.partition import granted_sms, partition_stream
+from indexcache.backends.triton.partition import partition_stream
 from indexcache.hal import budget, fp4
 from indexcache.hal.contract import IN_ORDER, OpImpl, Schedule, side_then_main
 from indexcache.hal.device import device_name, sm_count
@@ -219,28 +219,25 @@ class DeviceStreams:
         # budget (else it keeps the whole device)
         rest = pair - n if how == "budget" or (how == "partition" and pair < sms) else None
         stream = part if part is not None else self.stream(device, side)
-        # on a partition the side's persistent kernels fill its multiprocessors, not the device's
-        within = granted_sms(self._index(device), n) if part is not None else None
-        return Schedule(functools.partial(self._run, stream, device, held, rest, sms, within), how,
+        return Schedule(functools.partial(self._run, stream, device, held, rest, sms), how,
                         None if how == "overlap" else n)
 
     def _run(self, stream: torch.Stream, device: torch.device, n: int | None, rest: int | None, sms: int,
-             within: int | None, side_fn: Callable[[], S], main_fn: Callable[[], M]) -> tuple[S, M]:
-        """``side_fn`` on ``stream`` (under a budget of ``n`` where given; on an SM partition of ``within``
-        multiprocessors where given: ``budget.on_partition``), ``main_fn`` on the current stream (under a budget of
-        ``rest`` where given), joined: also where either raises (what the side enqueued is then ordered before whatever
-        the caller does next on the current stream)."""
+             side_fn: Callable[[], S], main_fn: Callable[[], M]) -> tuple[S, M]:
+        """``side_fn`` on ``stream`` (under a budget of ``n`` where given), ``main_fn`` on the current stream (under a
+        budget of ``rest`` where given), joined: also where either raises (what the side enqueued is then ordered before
+        whatever the caller does next on the current stream)."""
         if torch.compiler.is_compiling():  # Inductor traces no streams: in order, as the join makes it appear
             return side_then_main(side_fn, main_fn)
         main = self._module.current_stream(device)
         stream.wait_stream(main)
         try:
-            if n is None and rest is None and within is None:
+            if n is None and rest is None:
                 with self._module.stream(stream):
                     side_out = side_fn()
                 main_out = main_fn()
             else:
-                with self._module.stream(stream), _held_to(n, sms), _placed_on(within):
+                with self._module.stream(stream), _held_to(n, sms):
                     side_out = side_fn()
                 with _held_to(rest, sms):
                     main_out = main_fn()
@@ -267,12 +264,6 @@ def _held_to(n: int | None, sms: int) -> Iterator[None]:
     of the ``sms`` multiprocessors; nothing changes where ``n`` is None."""
     with budget.scoped(n), _matmul_sms(n, sms):
         yield
-
-
-def _placed_on(within: int | None) -> contextlib.AbstractContextManager[None]:
-    """Within the block the persistent kernels fill an SM partition of ``within`` multiprocessors (None: nothing
-    changes)."""
-    return contextlib.nullcontext() if within is None else budget.on_partition(within)
 
 
 # The carveouts of the _matmul_sms blocks in force, in the order they were entered (each under a token of its own),

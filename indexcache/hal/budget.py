@@ -31,7 +31,6 @@ from indexcache.hal.checks import check_int
 # The largest budget taken (an int32; any count at or above the device's is the whole device).
 MAX_SM_BUDGET = 2**31 - 1
 _BUDGET: contextvars.ContextVar[int | None] = contextvars.ContextVar("indexcache_sm_budget", default=None)
-_PARTITION: contextvars.ContextVar[int | None] = contextvars.ContextVar("indexcache_sm_partition", default=None)
 
 
 def check(n: int | None, name: str = "sm_budget") -> int | None:
@@ -63,23 +62,3 @@ _UNSCOPED = contextlib.nullcontext()  # stateless: one serves every call (a gene
 def scoped(n: int | None) -> contextlib.AbstractContextManager[None]:
     """A call's ``sm_budget=`` argument in force within the block (None: the enclosing setting stays)."""
     return _UNSCOPED if n is None else sm_budget(n)
-
-
-@contextlib.contextmanager
-def on_partition(n: int) -> Iterator[None]:
-    """Within the block this thread's launches run on an SM partition of ``n`` multiprocessors (a stream whose
-    kernels the hardware holds there: ``overlap``'s side function on a green context, docs/streams.md): the
-    persistent kernels size their grids to fill ``n`` of them, as many programs a multiprocessor as fit, instead of
-    the whole device (whose grid would run there in more waves, its last part-filled). Unlike a budget, it does not
-    cap a kernel at one program a multiprocessor: the partition holds the placement. A budget in force still caps
-    the programs. For the scheduler that puts the side function on the partition, not for callers."""
-    token = _PARTITION.set(check(n, "n"))
-    try:
-        yield
-    finally:
-        _PARTITION.reset(token)
-
-
-def partition() -> int | None:
-    """The multiprocessors of the SM partition this thread's launches run on (None: the whole device)."""
-    return _PARTITION.get()

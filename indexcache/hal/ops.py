@@ -58,9 +58,8 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict, sm
     looked up first: the kept launches of an identical earlier call run instead (returning the given outputs,
     :func:`indexcache.hal.library.result`), and a call the backend can prepare is kept from the signature's second call
     on. A call on the backend's default workspace adds its owner (the calling thread and its current stream) to the
-    signature: kept launches are bound to that owner's workspace; a budgeted op adds the budget and the SM partition in
-    force. A call on a GPU other than the current one runs with that GPU current, as Triton launches on the current
-    GPU. Under
+    signature: kept launches are bound to that owner's workspace; a budgeted op adds the budget in force. A call on
+    a GPU other than the current one runs with that GPU current, as Triton launches on the current GPU. Under
     ``torch.compile``: the custom op ``torch.ops.indexcache.<op>``, which picks the backend when the graph runs."""
     if torch.compiler.is_compiling():
         if backend is not None and not isinstance(backend, str):  # the custom op's str? would fail on it unnamed
@@ -84,7 +83,7 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict, sm
         if op in OWNED_OPS and named.get("workspace") is None and isinstance(args[0], torch.Tensor):
             params += (device.workspace_owner(args[0]),)  # the default workspace: its owner is part of the key
         if budgeted:
-            params += (sm_budget, budget.partition())
+            params += (sm_budget,)
         key = memo.signature(op, chosen, params)
     if key is not None and (launch := memo.get(key)) is not None:
         launch()

@@ -14,9 +14,9 @@ from indexcache.backends.triton.launcher import (
     Launch,
     Launcher,
     Options,
-    device_sms,
     launch_key_options,
     persistent_programs,
+    planned_sms,
     sm_budget,
 )
 from indexcache.backends.triton.support import cdiv, launch_options, next_power_of_2, uses_pdl
@@ -30,6 +30,7 @@ from indexcache.backends.triton.topk.kernels import (
     topk_sort_kernel,
 )
 from indexcache.backends.triton.translate import page_shift
+from indexcache.hal.device import sm_count
 
 # A finishing program reads its next FINISH_SKIM rows' counts at once, to pass over the rows the first launch finished
 # (H200, 4096 rows of 32K all finished by the block kernel: the finishing launch 3.5 µs against 12.8 reading a row's
@@ -40,9 +41,9 @@ FINISH, SORT = Launcher(topk_finish_kernel), Launcher(topk_sort_kernel)
 
 
 def multiprocessors(target: Target, device: torch.device) -> int:
-    """Multiprocessors (CUs on AMD) a persistent launch on the device fills (``launcher.device_sms``: the planned
-    GPU's inside ``launcher.planning``, at most an SM partition's); 1 when interpreted."""
-    return 1 if target.interpreted else device_sms(device.index if device.index is not None else 0)
+    """Multiprocessors (CUs on AMD) of the device (of the planned one inside ``launcher.planning``); 1 when
+    interpreted."""
+    return 1 if target.interpreted else planned_sms() or sm_count(device.index if device.index is not None else 0)
 
 
 def rows_options(target: Target, cfg: Mapping[str, Any]) -> Options:
