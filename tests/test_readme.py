@@ -67,3 +67,18 @@ def test_the_example_configs_cite_only_files_in_the_repository():
         comment = json.loads(path.read_text()).get("_comment", "")
         for name in re.findall(r"[\w./-]+\.md\b", comment):
             assert (ROOT / name).exists(), f"{path.name} cites {name}, which is not in the repository"
+
+
+def test_the_compile_check_paragraph_names_every_kernel_allowed_more():
+    """Every kernel whose compile check allows a stack frame or more AMD SGPR spills than the default says so in a
+    module constant (``*STACK_BYTES``, ``*SGPR_SPILLS``); the README's compile-check rules name each one, so that
+    they do not say one kernel alone may keep a stack frame while others may too."""
+    triton = ROOT / "backends" / "triton"
+    allowances = [
+        f"{'.'.join(path.relative_to(triton).with_suffix('').parts)}.{name}"
+        for path in sorted(triton.rglob("*.py")) if path.name != "crosscompile.py"  # its MAX_SGPR_SPILLS: the default
+        for name in re.findall(r"^([A-Z0-9_]*(?:STACK_BYTES|SGPR_SPILLS)) *=", path.read_text(), re.M)]
+    assert len(allowances) >= 4, allowances
+    paragraph = README.split("**Cross-compiled kernel reports.**")[1].split("\n\n")[0]
+    missing = [name for name in allowances if f"`{name}`" not in paragraph]
+    assert not missing, f"the README's compile-check rules do not name {missing}"

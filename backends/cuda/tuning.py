@@ -167,8 +167,9 @@ def tuning(arch: str) -> dict[str, dict[str, Any]]:
         # Prefill, measured on the H200 with Triton 3.6 (a sweep): 4 tokens a program (256
         # dot columns), two resident a SM reach 68.5 % of the fp8 matmul rate against 60-65 % for 2 tokens and three.
         # Triton 3.7+ keeps Q in shared memory differently and spills at 256 columns, so it keeps 128. The Gluon
-        # kernel is 3-6 % faster than that one (BENCHMARKS.md); Triton 3.9 builds it with an
-        # 8-byte spill (a thread-index value hoisted across the warp groups), so later versions keep the Triton kernel.
+        # kernel is 3-6 % faster than that one (BENCHMARKS.md); Triton 3.9 builds it with a 16-24-byte stack frame
+        # (values hoisted above the warp groups' partitions; prefill_sm90.STACK_BYTES allows 8), so later versions keep
+        # the Triton kernel.
         table["mqa_logits"].update(COLS=256, PROGRAMS_PER_SM=2, KERNEL="tma-ws")
     if caps["mma"] == "wgmma":
         # overlap(tokens=, context=): measured on the H200 (bench/overlap_gpu.py, docs/streams.md): the producer's
