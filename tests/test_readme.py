@@ -82,3 +82,24 @@ def test_the_compile_check_paragraph_names_every_kernel_allowed_more():
     paragraph = README.split("**Cross-compiled kernel reports.**")[1].split("\n\n")[0]
     missing = [name for name in allowances if f"`{name}`" not in paragraph]
     assert not missing, f"the README's compile-check rules do not name {missing}"
+
+
+def test_the_pd_recipe_of_the_readme_runs():
+    """The README's "Pipeline stages and P/D": boundaries after layer 0, descriptors read back from their JSON (the
+    payload itself is refused), and the promoted plan of the stages compatible with itself, not with the plain one."""
+    import functools
+
+    from indexcache.plan import LayerPlan
+    from indexcache.plan.descriptor import Descriptor, PDIncompatibleError, check_pd_compatible
+
+    assert "`[30]` splits a 61-layer plan in two" in README
+    plan = LayerPlan.from_config(ROOT / "examples" / "configs" / "deepseek-v3.2.json")
+    stages = plan.split_stages([30], mode="promote")
+    assert [(s.start, s.stop, s.promoted) for s in stages] == [(0, 30, ()), (30, 61, (30,))]
+    staged = functools.reduce(LayerPlan.for_stage, stages, plan)
+    payload = Descriptor.from_plan(staged).to_json()
+    check_pd_compatible(Descriptor.from_json(payload), Descriptor.from_json(payload))
+    with pytest.raises(TypeError, match=r"prefill: expected a Descriptor .*got str"):
+        check_pd_compatible(payload, payload)
+    with pytest.raises(PDIncompatibleError):
+        check_pd_compatible(Descriptor.from_plan(plan), Descriptor.from_plan(staged))
