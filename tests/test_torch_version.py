@@ -26,18 +26,35 @@ def torch_version(monkeypatch):
     require_torch.cache_clear()
 
 
+NEW_ENOUGH = [torch.__version__, "2.11.0", "2.13.0+cpu", "2.11.0a0+git1234abc", "2.11.0.dev20260101+cu128",
+              "2.11.0rc1", "2.12.0.dev20260101+cu128", "2.11", "3.0.0"]
+TOO_OLD = ["2.10.0", "2.10.1+cu128", "2.9.0a0+gitabcdef", "1.13.1"]
+
+
+def _pinned() -> str:
+    (pinned,) = re.findall(r'"torch>=([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    return pinned
+
+
 def test_the_minimum_is_pyprojects():
-    (pinned,) = re.findall(r'"torch>=([\d.]+)"', (ROOT / "pyproject.toml").read_text())
-    assert TORCH_MINIMUM == tuple(int(part) for part in pinned.split("."))
+    assert _pinned() == ".".join(map(str, TORCH_MINIMUM)) + ".0.dev0"
 
 
-@pytest.mark.parametrize("version", [torch.__version__, "2.11.0", "2.13.0+cpu", "2.11.0a0+git1234abc",
-                                     "2.12.0.dev20260101+cu128", "2.11", "3.0.0"])
+@pytest.mark.parametrize("version", NEW_ENOUGH + TOO_OLD)
+def test_pip_keeps_the_torch_the_check_accepts(version):
+    """pip keeps an installed torch that pyproject's requirement admits and replaces the others: a torch the import
+    check accepts, such as a container's "2.11.0a0+git...", must satisfy it (``torch>=2.11`` did not)."""
+    specifiers = pytest.importorskip("packaging.specifiers", reason="PEP 440 comparison")
+    admitted = specifiers.SpecifierSet(f">={_pinned()}").contains(version, prereleases=True)
+    assert admitted == (version in NEW_ENOUGH), f"torch>={_pinned()} against torch {version}: {admitted}"
+
+
+@pytest.mark.parametrize("version", NEW_ENOUGH)
 def test_a_new_enough_torch_passes(version):
     check_version(version)
 
 
-@pytest.mark.parametrize("version", ["2.10.0", "2.10.1+cu128", "2.9.0a0+gitabcdef", "1.13.1", "unknown"])
+@pytest.mark.parametrize("version", [*TOO_OLD, "unknown"])
 def test_an_older_torch_is_an_import_error_naming_both_versions(version):
     with pytest.raises(ImportError) as raised:
         check_version(version)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import re
 
-# pyproject.toml's ``torch>=2.11`` (tests/test_torch_version.py holds the two equal). A pre-release or local build of
-# 2.11 ("2.11.0a0+git...") counts as 2.11: only the release's major and minor are compared.
+# pyproject.toml's ``torch>=2.11.0.dev0`` (tests/test_torch_version.py holds the two equal). A pre-release or local
+# build of 2.11 ("2.11.0a0+git...", as NVIDIA's containers carry) counts as 2.11: only the release's major and minor
+# are compared, as pyproject's lowest 2.11 version (its first dev release) lets pip keep such a torch.
 TORCH_MINIMUM = (2, 11)
 
 
