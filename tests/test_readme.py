@@ -103,3 +103,15 @@ def test_the_pd_recipe_of_the_readme_runs():
         check_pd_compatible(payload, payload)
     with pytest.raises(PDIncompatibleError):
         check_pd_compatible(Descriptor.from_plan(plan), Descriptor.from_plan(staged))
+
+
+def test_every_torch_the_readme_installs_is_new_enough():
+    """A bare ``pip install torch --index-url ...`` takes the newest torch of that index, however old: the next
+    ``pip install -e .`` then replaced it with PyPI's torch (a CUDA build). Each names a version it needs."""
+    specifiers = pytest.importorskip("packaging.specifiers", reason="PEP 440 comparison")
+    installs = [shlex.split(c) for c in _shell_lines() if c.startswith("pip install") and "--index-url" in c]
+    torches = [word for words in installs for word in words if re.match(r"torch\b", word)]
+    assert torches, installs
+    for word in torches:
+        spec = specifiers.SpecifierSet(word.removeprefix("torch"))
+        assert "2.10.0" not in spec and ("2.11.0" in spec or "2.13.0" in spec), f"the README installs {word!r}"
