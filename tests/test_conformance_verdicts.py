@@ -468,3 +468,30 @@ def test_a_case_leaving_fp8_dtype_out_is_judged_in_the_devices_native_format(fre
 
     result = run_case(Case(op, f"{base.name}, fp8_dtype left out", build), "torch")
     assert (result.status, result.detail) == ("passed", "")
+
+
+def _strict_json(text: str):
+    """``text`` parsed as RFC 8259 JSON: NaN, Infinity and -Infinity (which Python's json writes by default and jq,
+    JavaScript and Go refuse) raise."""
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_nan_logit_where_the_reference_is_finite_fails_with_no_error_measured(wrong, monkeypatch, tmp_path):
+    """A placement failure measures no error: the case's error is None (not inf), so the report stays strict JSON and
+    its tables show no error for it."""
+    def nan_everywhere(fn):
+        def run(**args):
+            return fn(**args).fill_(float("nan"))
+        return run
+
+    wrong("mqa_logits", nan_everywhere)
+    result = run_case(_case("mqa_logits", "causal prefill, H 64, bf16"), "torch")
+    assert (result.status, result.detail, result.error, result.bound) == (
+        "failed", "NaN placement differs at 7200 positions", None, 1e-5)
+    monkeypatch.setattr(worker, "cases_for", lambda op: [_case("mqa_logits", "causal prefill, H 64, bf16")])
+    assert worker.main(["--backend", "torch", "--op", "mqa_logits", "--out", str(tmp_path)]) == 1
+    report = _strict_json((tmp_path / "conformance-torch.json").read_text())
+    assert [(r["status"], r["error"]) for r in report["results"]] == [("failed", None)]
+    assert "| mqa_logits | 0 | 1 | 0 | - |" in _markdown(tmp_path)

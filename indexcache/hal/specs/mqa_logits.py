@@ -106,19 +106,20 @@ def reference(q, k, k_scale, weights, ks, ke, q_scale=None) -> torch.Tensor:
     return logits.masked_fill(~inside, float("-inf"))
 
 
-def check_logits(got: torch.Tensor, want: torch.Tensor, bound: float) -> tuple[str, float]:
+def check_logits(got: torch.Tensor, want: torch.Tensor, bound: float) -> tuple[str, float | None]:
     """``(what differs or "", relative RMS error)``: float32, NaN, -inf and +inf exactly where the reference has
     them (each judged by equality: NaN and +inf arise only where a non-finite input puts them), and the relative
     RMS error of each row's finite values, against that row's, within ``bound`` (the worst row's is returned: over
-    the whole tensor a row of small logits, or of a few finite ones, could be wrong and pass)."""
+    the whole tensor a row of small logits, or of a few finite ones, could be wrong and pass). The error is None
+    where none was measured (a wrong shape, dtype or placement), never inf: the reports are strict JSON."""
     if got.shape != want.shape:
-        return f"shape {list(got.shape)}, expected {list(want.shape)}", float("inf")
+        return f"shape {list(got.shape)}, expected {list(want.shape)}", None
     if got.dtype != torch.float32:
-        return f"dtype {got.dtype}, expected float32", float("inf")
+        return f"dtype {got.dtype}, expected float32", None
     for name, where in (("NaN", torch.isnan), ("-inf", torch.isneginf), ("+inf", torch.isposinf)):
         want_at, got_at = where(want), where(got)
         if not torch.equal(want_at, got_at):
-            return f"{name} placement differs at {int((want_at != got_at).sum())} positions", float("inf")
+            return f"{name} placement differs at {int((want_at != got_at).sum())} positions", None
     finite = torch.isfinite(want)
     rows = finite.any(-1)
     if not rows.any():
