@@ -495,3 +495,36 @@ def test_a_nan_logit_where_the_reference_is_finite_fails_with_no_error_measured(
     report = _strict_json((tmp_path / "conformance-torch.json").read_text())
     assert [(r["status"], r["error"]) for r in report["results"]] == [("failed", None)]
     assert "| mqa_logits | 0 | 1 | 0 | - |" in _markdown(tmp_path)
+
+
+def _writing_input(name, before):
+    """The op with its input ``name`` zeroed in place, ``before`` it computes (then its answer is of the zeroed
+    input) or after."""
+    def wrap(fn):
+        def run(**args):
+            if before:
+                args[name].view(torch.uint8).zero_()
+            got = fn(**args)
+            if not before:
+                args[name].view(torch.uint8).zero_()
+            return got
+        return run
+    return wrap
+
+
+@pytest.mark.parametrize(("op", "case", "name", "before"), [
+    ("translate", "random guards, page 64", "page_table", False),
+    ("topk", "random rows, k 64", "scores", False),
+    ("mqa_logits", "causal prefill, H 64, bf16", "q", False),
+    # its judge reads the inputs after the op: zeroed weights before, all-zero logits matched their own reference
+    ("paged_topk_translate", "decode, index page 64, KV page 64, out_raw, native fp8", "weights", True),
+])
+def test_a_backend_writing_into_an_input_fails(wrong, op, case, name, before):
+    """An argument the op's schema does not mark written must hold the same bytes after the op, whatever the answer
+    (an engine reads its logits, tables and queries again)."""
+    case = _case(op, case)
+    assert run_case(case, "torch").status == "passed"
+    wrong(op, _writing_input(name, before))
+    result = run_case(case, "torch")
+    assert (result.status, result.detail) == ("failed", f"wrote into its input {name} (an argument its contract only "
+                                                        "reads)")

@@ -45,7 +45,9 @@ class CaseResult:
 def _judge(case: Case, args: dict, checked: dict, backend: str, accumulation: str) -> Verdict:
     """Run the case through the public op and judge it (``checked``: its spec check's arguments). The reference runs
     first, on the inputs moved to the CPU (the same tensors when they are there already): the op may write into one
-    of them (``store_index_k``'s cache), and the reference never does."""
+    of them (``store_index_k``'s cache), and the reference never does. Every tensor argument the op's schema does
+    not mark written (:func:`~indexcache.hal.library.mutated`) must hold the same bytes after the op: a backend that
+    scribbles on its inputs fails, and a judge that reads them afterwards reads what the reference did."""
     spec = SPECS[case.op]
     given = {k: cpu(v) for k, v in args.items() if k not in _NOT_FOR_REFERENCE}
     if "fp8_dtype" in checked:  # the format the op runs in: a case leaving it out, the device's native one
@@ -54,7 +56,12 @@ def _judge(case: Case, args: dict, checked: dict, backend: str, accumulation: st
     expected = library.result(case.op, checked)  # the given outputs, or new ones of their form
     around = [(name, t, outside, _bytes(t).cpu().clone()) for name, t in _given_outputs(args, expected)
               if (outside := _outside(t)) is not None]
+    written = library.mutated(case.op)
+    inputs = [(name, t, _elements(t)) for name, t in _tensors(args) if name.partition("[")[0] not in written]
     got = getattr(ops, spec.name)(**args, backend=backend)
+    for name, t, before in inputs:
+        if not torch.equal(_elements(t), before):
+            return f"wrote into its input {name} (an argument its contract only reads)", None, None
     if detail := _misshapen(got, expected):
         return detail, None, None
     for name, t, outside, before in around:
@@ -63,17 +70,29 @@ def _judge(case: Case, args: dict, checked: dict, backend: str, accumulation: st
     return spec.judge(args, got, want, accumulation)
 
 
-def _given_outputs(args: dict, result) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` of each output the case gave: the tensors of the op's contract ``result`` that are its
-    arguments (a list argument's items named ``name[i]``)."""
-    named = {}
+def _tensors(args: dict) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of each tensor argument (a list argument's items named ``name[i]``)."""
+    found = []
     for name, value in args.items():
         if isinstance(value, torch.Tensor):
-            named[id(value)] = name, value
+            found.append((name, value))
         elif isinstance(value, list):
-            named.update({id(v): (f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)})
+            found += [(f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
+    return found
+
+
+def _given_outputs(args: dict, result) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of each output the case gave: the tensors of the op's contract ``result`` that are its
+    arguments."""
+    named = {id(t): (name, t) for name, t in _tensors(args)}
     result = [result] if isinstance(result, torch.Tensor) else list(result or ())
     return [named[id(t)] for t in result if id(t) in named]
+
+
+def _elements(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of the bytes of ``t``'s elements (not of the rest of its storage), flat (uint8): compared as bytes,
+    a NaN equals itself."""
+    return t.detach().cpu().clone().reshape(-1).view(torch.uint8)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
