@@ -242,6 +242,8 @@ def _run_conformance(args) -> int:
         raise UsageError(f"--jobs: expected an int >= 1, got {args.jobs}")
     if args.timeout is not None and not args.timeout > 0:  # NaN too
         raise UsageError(f"--timeout: expected a number of seconds > 0, got {args.timeout:g}")
+    if args.backend not in (None, "all", *dispatch.registry()):
+        raise UsageError(f"--backend: expected one of {sorted(dispatch.registry())} or 'all', got {args.backend!r}")
     _check_environment()
     _check_output("--out", args.out, directory=True)
     out = Path(args.out)

@@ -236,19 +236,21 @@ def test_conformance_markdown_keeps_a_multi_line_detail_in_its_row():
                          "third line |")
 
 
-@pytest.mark.parametrize("argv", [
-    ["conformance", "--backend", "bogus", "--out", "OUT"],
-    ["bench", "--backend", "bogus", "--op", "translate", "--quick"],
-    ["demo", "--backend", "bogus"],
-    ["calibrate", "--from-model", "v32-like", "--backend", "bogus", "--no-plots", "--out", "OUT"],
-], ids=lambda argv: argv[0])
-def test_an_unknown_backend_is_named_by_its_flag(tmp_path, capsys, fresh_dispatch, argv):
+@pytest.mark.parametrize(("argv", "also"), [
+    (["conformance", "--backend", "bogus", "--out", "OUT"], " or 'all'"),
+    (["bench", "--backend", "bogus", "--op", "translate", "--quick"], ""),
+    (["demo", "--backend", "bogus"], ""),
+    (["calibrate", "--from-model", "v32-like", "--backend", "bogus", "--no-plots", "--out", "OUT"], ""),
+], ids=lambda p: p[0] if isinstance(p, list) else None)
+def test_an_unknown_backend_is_named_by_its_flag(tmp_path, capsys, fresh_dispatch, argv, also):
     """`--backend bogus` is one line naming the flag, as `--op bogus` is (it named the library's argument,
-    "backend: expected ...")."""
+    "backend: expected ..."), and every value the flag takes (conformance's 'all' too: it listed the backends
+    alone)."""
     argv = [arg.replace("OUT", str(tmp_path / "out")) for arg in argv]
     assert main(argv) == 2
     known = sorted(dispatch.registry())
-    assert capsys.readouterr().err == f"indexcache {argv[0]}: error: --backend: expected one of {known}, got 'bogus'\n"
+    assert capsys.readouterr().err == (f"indexcache {argv[0]}: error: --backend: expected one of {known}{also}, got "
+                                       "'bogus'\n")
 
 
 def test_conformance_of_a_backend_that_cannot_run_here(tmp_path, capsys, monkeypatch, fresh_dispatch):
