@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -528,3 +531,27 @@ def test_a_backend_writing_into_an_input_fails(wrong, op, case, name, before):
     result = run_case(case, "torch")
     assert (result.status, result.detail) == ("failed", f"wrote into its input {name} (an argument its contract only "
                                                         "reads)")
+
+
+# A pytest plugin whose torch backend declines every case of translate.
+_DECLINING_PLUGIN = """
+import dataclasses
+from indexcache.hal import dispatch
+ops = dispatch.ops_of("torch")
+ops["translate"] = dataclasses.replace(ops["translate"], supports=lambda **_: ["declined on purpose"])
+"""
+
+
+@pytest.mark.parametrize(("selected", "code"), [("translate and not topk", 1), ("translate", 0)])
+def test_the_pytest_entry_fails_when_a_backend_declined_every_case(tmp_path, selected, code):
+    """tox's conformance envs run tests/conformance with pytest, where a decline is a skip: a backend that declined
+    every selected case checked nothing and fails the run (it exited 0 on skips alone), as `indexcache conformance`
+    does; an op all declined beside cases that ran is not a failure."""
+    (tmp_path / "declining_plugin.py").write_text(_DECLINING_PLUGIN)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "INDEXCACHE_CONFORMANCE_BACKENDS": "torch"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "declining_plugin",
+                          "tests/conformance", "-k", selected], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent)
+    line = ("conformance: no case ran on backend torch, nothing was checked: every case was declined (the skips say "
+            "why)")
+    assert (run.returncode, line in run.stdout.splitlines()) == (code, code == 1), run.stdout

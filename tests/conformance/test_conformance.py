@@ -2,8 +2,9 @@
 
 ``INDEXCACHE_CONFORMANCE_BACKENDS=cuda,rocm`` restricts the backends (tox's interpreted envs set
 it together with ``TRITON_INTERPRET=1``; conftest.py parametrizes ``backend``). A case a backend
-declines is a skip with its reason; a decline without a reason fails. A backend that declines every case
-shows only skips here, never a pass: ``indexcache conformance`` fails such a run (nothing was checked).
+declines is a skip with its reason; a decline without a reason fails. A backend that declines every selected case
+shows only skips here, never a pass, and fails the run (conftest.py), as ``indexcache conformance`` does (nothing
+was checked).
 """
 
 import pytest
