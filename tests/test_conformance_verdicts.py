@@ -555,3 +555,18 @@ def test_the_pytest_entry_fails_when_a_backend_declined_every_case(tmp_path, sel
     line = ("conformance: no case ran on backend torch, nothing was checked: every case was declined (the skips say "
             "why)")
     assert (run.returncode, line in run.stdout.splitlines()) == (code, code == 1), run.stdout
+
+
+def test_the_console_table_and_the_markdown_show_the_same_worst_error():
+    """A failing error just past its bound reads past it in both (the console table showed 1.04e-05 as 1.0e-05,
+    at its bound, where the .md showed 1.04e-05)."""
+    from indexcache.conformance.suite import table
+
+    report = {"backend": "torch", "mode": "CPU", "device": "cpu", "device_name": "cpu", "reason": "", "date": "",
+              "torch": "", "results": [
+                  {"op": "mqa_logits", "case": "a", "status": "passed", "detail": "", "error": 2e-7, "bound": 1e-5},
+                  {"op": "mqa_logits", "case": "b", "status": "failed", "detail": "relative RMS error 1.04e-05 > "
+                   "1e-05 (row 0)", "error": 1.04e-5, "bound": 1e-5}]}
+    assert table([report]).splitlines()[1].split() == ["torch", "CPU", "mqa_logits", "1", "1", "0", "1.04e-05", "/",
+                                                       "1e-05"]
+    assert "| mqa_logits | 1 | 1 | 0 | 1.04e-05 / 1e-05 |" in worker.to_markdown(report).splitlines()

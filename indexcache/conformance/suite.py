@@ -16,7 +16,7 @@ from typing import Any
 
 from indexcache.backends.torch.memory import env_budget
 from indexcache.backends.triton.target import INTERPRET_ENV, triton_import
-from indexcache.conformance.worker import summarize, unchecked, unchecked_ops
+from indexcache.conformance.worker import summarize, unchecked, unchecked_ops, worst_text
 from indexcache.hal import dispatch
 from indexcache.hal.contract import Availability
 
@@ -152,9 +152,8 @@ def table(reports: list[dict[str, Any]]) -> str:
     rows = [("backend", "mode", "op", "passed", "failed", "declined", "worst error / bound")]
     for report in reports:
         for op, s in summarize(report).items():
-            worst = f"{s['worst'][0]:.1e} / {s['worst'][1]:.0e}" if s["worst"] else ("exact" if s["passed"] else "-")
             rows.append((report["backend"], report["mode"], op, str(s["passed"]), str(s["failed"]),
-                         str(s["declined"]), worst))
+                         str(s["declined"]), worst_text(s)))
         if "compiled_for" in report:  # kernel builds of the cross-compile check
             bad = sum(r["status"] == "failed" for r in report["compiled_for"])
             rows.append((report["backend"], "cross-compiled", "(compile)", str(len(report["compiled_for"]) - bad),

@@ -119,6 +119,15 @@ def summarize(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return ops
 
 
+def worst_text(summary: dict[str, Any]) -> str:
+    """An op's summary's worst error against its bound, as the console table and the .md show it: three significant
+    digits (fewer could show a failing 1.04e-05 as 1.0e-05, at its bound of 1e-05); "exact" where cases passed and
+    none measured an error, "-" where none passed."""
+    if summary["worst"]:
+        return f"{summary['worst'][0]:.2e} / {summary['worst'][1]:.0e}"
+    return "exact" if summary["passed"] else "-"
+
+
 def unchecked(results: list[dict[str, Any]]) -> str:
     """Why no case of ``results`` ran ("" when one passed or failed): every case was declined, with the most common
     reasons (how many cases gave each), or there was no case."""
@@ -162,8 +171,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for op, s in summarize(report).items():
-        worst = f"{s['worst'][0]:.2e} / {s['worst'][1]:.0e}" if s["worst"] else ("exact" if s["passed"] else "-")
-        lines.append(f"| {op} | {s['passed']} | {s['failed']} | {s['declined']} | {worst} |")
+        lines.append(f"| {op} | {s['passed']} | {s['failed']} | {s['declined']} | {worst_text(s)} |")
     lines += ["", "| op | case | status | error | bound | detail |", "|---|---|---|---|---|---|"]
     for r in report["results"]:
         err = "" if r["error"] is None else f"{r['error']:.2e}"
