@@ -599,6 +599,38 @@ def test_small_model_runs_compiled_and_equals_eager():
     assert torch.equal(got.tokens, want.tokens)
 
 
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic dynamic", "dynamic=True"])
+def test_a_layer_index_passed_to_a_compiled_step_is_specialized_per_layer(dynamic):
+    """A compiled step taking the layer index as an argument: Dynamo makes that int symbolic (with ``dynamic=True``,
+    or automatic dynamic shapes at the second layer), and with ``dynamic=True`` the ends of the range of a runner the
+    step closes over too; ``runner.layer`` tested the index with ``in range(...)``, which Dynamo cannot trace on
+    symbolic ints (InternalTorchDynamoError, no fallback to eager). The runner specializes the index: one graph a
+    layer, each equal to eager."""
+    from indexcache.plan import LayerPlan
+    from indexcache.runtime.runner import IndexerRunner
+    from indexcache.runtime.state import TopkState
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    runner = IndexerRunner(LayerPlan(4, index_topk_freq=2, index_topk=4, page_size=8))  # roles F F S F
+    g = torch.Generator().manual_seed(0)
+    scores, lengths = torch.randn(5, 30, generator=g), torch.randint(0, 31, (5,), generator=g, dtype=I32)
+    tables = torch.randint(0, 50, (4, 5, 4), generator=g, dtype=I32)
+
+    def step(layer, state, table):
+        return runner.layer(layer, state, scores=lambda: scores * (layer + 1), lengths=lengths, page_table=table)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager", dynamic=dynamic)
+    eager_state, compiled_state = TopkState(8, 4), TopkState(8, 4)
+    runner.begin(eager_state, 5)
+    runner.begin(compiled_state, 5)
+    for layer in runner.layers:
+        want = step(layer, eager_state, tables[layer]).clone()
+        assert torch.equal(compiled(layer, compiled_state, tables[layer]), want)
+        assert compiled_state.producer == eager_state.producer == runner.source_of(layer)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 4
+
+
 def test_overlap_traces_without_a_graph_break():
     """Under torch.compile ``overlap`` runs side then main in the graph (no stream is traced): fullgraph works."""
     from indexcache.runtime.streams import overlap

@@ -55,6 +55,7 @@ one on the host before each replay; the short graph holds no indexer work at all
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import torch
@@ -85,19 +86,27 @@ class IndexerRunner:
         self.page_size = plan.page_size if page_size is None else checks.check_page_size(page_size)
         self.layers = range(stage.start, stage.stop) if stage is not None else range(plan.num_layers)
 
-    def _check_layer(self, layer: int) -> None:
-        if layer not in self.layers:
+    def _check_layer(self, layer: int) -> int:
+        """``layer``, checked to be run here. Traceable by Dynamo when the index or the runner's range is symbolic
+        (``dynamic=True``, or automatic dynamic shapes at a second layer's call; ``in range`` is not): an int goes
+        through ``operator.index``, which specializes it, one graph a layer (its role picks what is traced), and is
+        compared with the range's ends."""
+        if isinstance(layer, int) and not isinstance(layer, bool):
+            layer = operator.index(layer)
+            inside = self.layers.start <= layer < self.layers.stop
+        else:
+            inside = layer in self.layers
+        if not inside:
             raise IndexError(f"layer {layer!r} is not run here (layers {self.layers.start}..{self.layers.stop - 1})")
+        return layer
 
     def role(self, layer: int) -> str | None:
         """"F", "S" or None (no indexer) for ``layer`` as this runner executes it."""
-        self._check_layer(layer)
-        return self._run.role(layer)
+        return self._run.role(self._check_layer(layer))
 
     def source_of(self, layer: int) -> int | None:
         """The producer whose indices ``layer`` uses (itself for a producer; None without an indexer)."""
-        self._check_layer(layer)
-        return self._run.source_of(layer)
+        return self._run.source_of(self._check_layer(layer))
 
     def begin(self, state: TopkState, rows: int) -> None:
         """Start a forward of ``rows`` query rows on ``state`` (0 rows clears it)."""
@@ -162,6 +171,7 @@ class IndexerRunner:
         if hot is not None and not isinstance(hot, HotLayer):
             raise TypeError(f"hot: expected a HotLayer (or None), got {type(hot).__name__}")
         self._check_state(state)
+        layer = self._check_layer(layer)
         role = self.role(layer)
         if role is None:
             return None
