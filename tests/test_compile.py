@@ -576,10 +576,11 @@ def test_inductor_compiles_translate_and_topk():
     assert torch.equal(torch.compile(f, fullgraph=True)(scores, lens, table), f(scores, lens, table))
 
 
-def test_small_model_runs_compiled_and_equals_eager():
+@pytest.mark.parametrize("dynamic", [False, True], ids=["dynamic=False", "dynamic=True"])
+def test_small_model_runs_compiled_and_equals_eager(dynamic):
     """The small DSA model's forward under torch.compile (graph breaks allowed: the runner's plan lookups; the
-    stream scheduler ``overlap`` runs its two functions in order inside the graph). ``dynamic=False``: the layer
-    index is a Python int that automatic dynamic shapes would make symbolic; each layer compiles its own graph."""
+    stream scheduler ``overlap`` runs its two functions in order inside the graph). With ``dynamic=True`` the
+    runner's range of layers is symbolic, which ``runner.layer`` could not trace (InternalTorchDynamoError)."""
     from indexcache.runtime.runner import IndexerRunner
     from indexcache.tools.model import DSAModel, preset
 
@@ -592,7 +593,7 @@ def test_small_model_runs_compiled_and_equals_eager():
     want = model.generate(prompts, 2, IndexerRunner(model.plan(2)))
     compiled = DSAModel(cfg)
     with torch._dynamo.config.patch(recompile_limit=64):
-        compiled.forward = torch.compile(compiled.forward, backend="aot_eager", dynamic=False)
+        compiled.forward = torch.compile(compiled.forward, backend="aot_eager", dynamic=dynamic)
         got = compiled.generate(prompts, 2, IndexerRunner(compiled.plan(2)))
     assert torch.equal(got.prefill_logits, want.prefill_logits)
     assert torch.equal(got.decode_logits, want.decode_logits)
