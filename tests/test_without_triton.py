@@ -69,7 +69,7 @@ def test_the_torch_backend_runs_and_info_says_why(no_triton):
     assert lines[0].startswith("selected backend: torch")
     # the cuda extra brings Triton from PyPI; ROCm's (pytorch-triton-rocm) comes with torch from PyTorch's ROCm index
     installs = {"cuda": "pip install 'indexcache[cuda]'",
-                "rocm": "a ROCm/HIP build of torch brings it: pip install torch --index-url "
+                "rocm": "a ROCm/HIP build of torch brings it: pip install \"torch>=2.11\" --index-url "
                         "https://download.pytorch.org/whl/rocm6.4"}
     for name, install in installs.items():
         assert f"  {name:<8} not available: {reason} ({install})" in lines, info.stdout

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from indexcache.hal.torch_version import TORCH_MINIMUM
+
 INTERPRET_ENV = "TRITON_INTERPRET"
 
 
@@ -222,7 +224,8 @@ def detect(vendor: GpuVendor) -> tuple[bool, str, Target | None]:
     the target is ``vendor.interpreted_arch`` unless overridden.
     """
     version, missing = triton_import()
-    get_torch = f"pip install torch --index-url {vendor.torch_index}"  # only where torch_index is not None
+    # only where torch_index is not None; the version, since a bare name takes the index's newest torch however old
+    get_torch = f'pip install "torch>={".".join(map(str, TORCH_MINIMUM))}" --index-url {vendor.torch_index}'
     if version is None:
         install = (f"a {vendor.runtime_name} build of torch brings it: {get_torch}" if vendor.torch_index
                    else f"pip install 'indexcache[{vendor.backend}]'")
