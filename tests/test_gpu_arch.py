@@ -14,8 +14,10 @@ from indexcache.backends.cuda import tuning as cuda_tuning
 from indexcache.backends.cuda.arch import NVIDIA, sm_version
 from indexcache.backends.rocm.arch import AMD
 from indexcache.backends.rocm.tuning import tuning as rocm_tuning
+from indexcache.backends.triton import target as targets
 from indexcache.backends.triton.support import launch_options, uses_pdl
 from indexcache.backends.triton.target import GpuArch, detect, device_gpu, vendors
+from indexcache.hal.torch_version import TORCH_MINIMUM
 
 FN, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
 
@@ -77,7 +79,6 @@ def test_sm100_takes_its_block_scaled_instruction_from_triton_3_9(monkeypatch, r
     kernels' mode, the table's 8 warps for 128-key tiles and ``indexcache info``'s row follow); sm120's and gfx950's
     instructions need no newer Triton. None: no Triton imports (then no kernel builds), the record as it is."""
     from indexcache.backends.triton import logits, mxfp4
-    from indexcache.backends.triton import target as targets
 
     monkeypatch.setattr(targets, "triton_release", lambda: release)
     sm100 = NVIDIA.resolve("sm100")
@@ -249,7 +250,8 @@ def test_without_a_rocm_torch_the_rocm_backend_names_the_index_its_triton_comes_
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.version, "cuda", None)
-    command = f'pip install "torch>=2.11" --index-url {AMD.torch_index}'  # a version: the index's newest may be older
+    assert targets.TORCH_REQUIREMENT == f"torch>={'.'.join(map(str, TORCH_MINIMUM))}"  # the import check's minimum
+    command = f'pip install "{targets.TORCH_REQUIREMENT}" --index-url {AMD.torch_index}'  # its newest may be older
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())  # lines joined
     assert AMD.torch_index.startswith("https://download.pytorch.org/whl/rocm") and f"{command} && " in readme
     assert f'pip install -e ".[rocm]" --extra-index-url {AMD.torch_index}' in readme

@@ -23,9 +23,11 @@ from typing import Any
 
 import torch
 
-from indexcache.hal.torch_version import TORCH_MINIMUM
-
 INTERPRET_ENV = "TRITON_INTERPRET"
+# The torch a vendor's wheel index must give: a bare name takes the index's newest torch, however old (the import
+# check's indexcache.hal.torch_version.TORCH_MINIMUM, which this layer does not import; tests/test_gpu_arch.py
+# holds the two equal).
+TORCH_REQUIREMENT = "torch>=2.11"
 
 
 def interpreting() -> bool:
@@ -224,8 +226,7 @@ def detect(vendor: GpuVendor) -> tuple[bool, str, Target | None]:
     the target is ``vendor.interpreted_arch`` unless overridden.
     """
     version, missing = triton_import()
-    # only where torch_index is not None; the version, since a bare name takes the index's newest torch however old
-    get_torch = f'pip install "torch>={".".join(map(str, TORCH_MINIMUM))}" --index-url {vendor.torch_index}'
+    get_torch = f'pip install "{TORCH_REQUIREMENT}" --index-url {vendor.torch_index}'  # where torch_index is not None
     if version is None:
         install = (f"a {vendor.runtime_name} build of torch brings it: {get_torch}" if vendor.torch_index
                    else f"pip install 'indexcache[{vendor.backend}]'")
