@@ -3,8 +3,8 @@ once per device and cached), and how many blocks of a kernel an NVIDIA multiproc
 
 What an architecture has (warp size, shared memory, fp8 format, TMA, ...) is not here: each GPU backend's vendor
 package records it (docs/architecture.md, "Architectures"). :func:`workspace_owner` names who owns a call's default
-workspace (the calling thread and its current stream). Nothing here touches a device until a function that
-queries one is called.
+workspace (the calling thread and its current stream); :func:`other_gpu` says when a call must make its tensors' GPU
+current. Nothing here touches a device until a function that queries one is called.
 """
 
 from __future__ import annotations
@@ -24,6 +24,15 @@ def workspace_owner(t: torch.Tensor) -> tuple[int, int]:
     if t.is_cuda:  # the raw handle, as Triton's launcher reads it: no Stream object
         return torch._C._cuda_getCurrentRawStream(t.get_device()), threading.get_ident()
     return 0, threading.get_ident()
+
+
+def other_gpu(t: object) -> int | None:
+    """The index of the GPU tensor ``t`` lives on where another GPU is current, else None (not a GPU tensor, or on
+    the current GPU). A call on it runs with that GPU current: Triton launches on the current GPU, whose streams and
+    default workspace the call would otherwise take (docs/ops.md, "Conventions shared by every op")."""
+    if isinstance(t, torch.Tensor) and t.is_cuda and (index := t.get_device()) != torch._C._cuda_getDevice():
+        return index  # CUDA is up: a CUDA tensor exists
+    return None
 
 
 @functools.cache

@@ -32,8 +32,9 @@ How a call runs:
   shapes; its mutation annotations let AOTAutograd functionalize the in-place writes.
 - **The compiled graph runs**: the custom op's real implementation runs the spec check again on the real
   tensors (the overlap check included) and then :func:`indexcache.hal.dispatch.call`, eagerly, outside
-  anything Dynamo traced. So the backend is chosen at run time, per call, exactly as in eager mode: the
-  ``backend=`` string travels as an op argument, and :func:`indexcache.use_backend` (a ContextVar) or
+  anything Dynamo traced, with the tensors' GPU current as an eager call makes it. So the backend is chosen at run
+  time, per call, exactly as in eager mode: the ``backend=`` string travels as an op argument, and
+  :func:`indexcache.use_backend` (a ContextVar) or
   ``INDEXCACHE_BACKEND`` in force when the compiled function is *called* are honoured without recompiling.
   Nothing Dynamo traces reads the ContextVar. Functionalization (AOTAutograd: ``backend="aot_eager"``) may hand
   the op a copy of a tensor it writes, on which an overlap with the caller's other tensors cannot be seen; so the
@@ -47,13 +48,14 @@ schedules them on streams, which no operator schema can carry.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from indexcache.hal import budget, dispatch
+from indexcache.hal import budget, device, dispatch
 from indexcache.hal.specs import SPECS
 
 NAMESPACE = "indexcache"
@@ -171,6 +173,9 @@ def _unpacked(op: str, args: tuple) -> dict[str, Any]:
     return kwargs
 
 
+_HERE = contextlib.nullcontext()  # stateless: one serves every call on the current GPU
+
+
 def _real(op: str) -> Callable[..., Any]:
     check = SPECS[op].check
 
@@ -178,8 +183,11 @@ def _real(op: str) -> Callable[..., Any]:
         kwargs = _unpacked(op, args)
         backend = kwargs.pop("backend")
         # The real tensors are here: the full check (the memory-overlap one included), then the backend that
-        # dispatch picks now, at run time, under the call's SM budget (else the setting in force now).
-        with budget.scoped(kwargs.pop("sm_budget", None)):
+        # dispatch picks now, at run time, under the call's SM budget (else the setting in force now), with the
+        # tensors' GPU current, as an eager call runs (a graph run without Inductor's device guard, aot_eager, or
+        # torch.ops.indexcache.<op> called directly, may come with another GPU current).
+        index = device.other_gpu(args[0])
+        with (_HERE if index is None else torch.cuda.device(index)), budget.scoped(kwargs.pop("sm_budget", None)):
             dispatch.call(op, check(**kwargs), backend)
 
     run.__name__ = f"{op}_impl"

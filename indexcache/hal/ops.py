@@ -66,9 +66,7 @@ def _call(op: str, backend: str | None, keep: bool, args: tuple, named: dict, sm
             raise dispatch.UnknownBackendError(f"backend: expected a backend's name (a str) or None, got "
                                                f"{type(backend).__name__} {backend!r}")
         return library.compiled_call(op, SPECS[op].check(*args, **named), backend, sm_budget)
-    first = args[0]  # the op's device: a tensor's, its spec check names anything else
-    if (isinstance(first, torch.Tensor) and first.is_cuda
-            and (index := first.get_device()) != torch._C._cuda_getDevice()):  # CUDA is up: a CUDA tensor exists
+    if (index := device.other_gpu(args[0])) is not None:  # the op's device: its first tensor's
         with torch.cuda.device(index):  # the launches, their streams and the default workspace are that GPU's
             return _call(op, backend, keep, args, named, sm_budget)
     budgeted = op in library.BUDGETED_OPS
