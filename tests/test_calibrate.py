@@ -619,3 +619,28 @@ def test_cli_calibrate_from_model(tmp_path, capsys, one_thread):
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["calibrate", "--from-model", "v32-like", "--dump", str(tmp_path)])
+
+
+@pytest.mark.parametrize(("schedule", "overridden_by"), [
+    ({"cli_factor": 2}, "cli_factor"),
+    ({"indexer_types": ["full", "shared"] * 3}, "indexer_types"),
+    ({"cli_factor": 1, "index_topk_freq": 4}, None),
+])
+def test_cli_calibrate_names_a_config_key_that_would_override_the_pattern(tmp_path, capsys, schedule, overridden_by):
+    write_dump(tmp_path / "dump", planted_stack([3, 3], seed=2), list(range(6)))
+    config = tmp_path / "model.json"
+    config.write_text(json.dumps({"num_hidden_layers": 6, **schedule}))
+    args = ["calibrate", "--dump", str(tmp_path / "dump"), "--config", str(config), "--producers", "2", "--no-plots"]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    found = calibrate.calibrate_dump(tmp_path / "dump", tmp_path / "out", config=config, producers=2, plots=False)
+    assert found.overridden_by == overridden_by and found.search.producers == [0, 3]
+    merged = {**json.loads(config.read_text()), **json.loads((tmp_path / "out" / "config.json").read_text())}
+    if overridden_by is None:
+        assert "note:" not in printed and LayerPlan.from_config(merged).producers == [0, 3]
+        return
+    assert (f"note:      {config} schedules with {overridden_by}, which takes precedence over index_topk_pattern: "
+            f"remove it when you merge config.json") in printed
+    assert LayerPlan.from_config(merged).producers == [0, 2, 4]  # what the note warns of
+    del merged[overridden_by]
+    assert LayerPlan.from_config(merged).producers == [0, 3]

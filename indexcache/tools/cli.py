@@ -418,6 +418,10 @@ def _run_calibrate(args) -> int:
         )
     if found.freq_rule is None:
         print("freq rule: not compared (pass --config: the dump's layer ids are not 0..n-1)")
+    if found.overridden_by is not None:
+        print(f"note:      {args.config} schedules with {found.overridden_by}, which takes precedence over "
+              f"index_topk_pattern: remove it when you merge config.json, or the plan keeps {found.overridden_by}'s "
+              "producers")
     print(f"wrote:     {', '.join(str(path) for path in found.paths.values())}")
     if found.removed:
         removed = ", ".join(str(path) for path in found.removed)

@@ -7,6 +7,7 @@ recorded from the small model.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from indexcache.plan import LayerPlan
+from indexcache.plan import SCHEDULE_KEYS, LayerPlan
 from indexcache.tools.calibrate.dump import load_dump
 from indexcache.tools.calibrate.errors import CalibrationError, DumpError
 from indexcache.tools.calibrate.freq_rule import FreqBaseline, freq_baselines
@@ -40,7 +41,10 @@ class Calibration:
     ``overlap_seconds`` on the CPU; ``search`` is the greedy search down to the producer budget; ``freq_rule``
     the ``index_topk_freq`` baselines, or None when they could not be compared (the layers could not be placed
     in a model); ``paths`` the files written (see :func:`write_outputs`); ``removed`` an earlier calibration's plots
-    this one removed from the folder because it drew none.
+    this one removed from the folder because it drew none; ``overridden_by`` the schedule key of the model's config
+    (:func:`calibrate_dump`'s ``config``) that takes precedence over ``index_topk_pattern`` (``indexer_types``, or
+    ``cli_factor`` > 1), so that merging ``config.json`` into that config changes nothing until it is removed, else
+    None.
     """
 
     source: str
@@ -53,6 +57,7 @@ class Calibration:
     freq_rule: tuple[FreqBaseline, ...] | None
     paths: dict[str, Path]
     removed: tuple[Path, ...] = ()
+    overridden_by: str | None = None
 
     @property
     def adjacent_overlap(self) -> float:
@@ -130,9 +135,11 @@ def calibrate_dump(
     With the model's ``config`` (a dict or the path of its ``config.json``) the dump must hold exactly the
     config's main sparse layers (:class:`DumpError` otherwise; MTP layers run their own indexer and are never
     dumped) and the ``index_topk_freq`` rule is compared under that config. Without one, a dump of layers
-    0..n-1 is taken for a model whose every layer is sparse, and other layer ids leave the rule uncompared.
+    0..n-1 is taken for a model whose every layer is sparse, and other layer ids leave the rule uncompared. A config
+    whose schedule outranks ``index_topk_pattern`` is named in :attr:`Calibration.overridden_by`.
     """
     layers, arrays = load_dump(dump)
+    overridden_by = None
     if config is None:
         plan_for = partial(LayerPlan, len(layers)) if layers == list(range(len(layers))) else None
     else:
@@ -147,7 +154,10 @@ def calibrate_dump(
                 "(MTP layers always run their own indexer and do not belong in the dump)"
             )
         plan_for = partial(LayerPlan.from_config, config)
-    return calibrate_arrays(
+        if SCHEDULE_KEYS.index(plan.schedule) < SCHEDULE_KEYS.index("index_topk_pattern"):
+            overridden_by = plan.schedule
+    found = calibrate_arrays(
         layers, arrays, out, keep=keep, producers=producers, plan_for=plan_for, source=f"dump {dump}",
         info={"dump": str(dump)}, threads=threads, plots=plots,
     )
+    return dataclasses.replace(found, overridden_by=overridden_by)
