@@ -644,3 +644,34 @@ def test_cli_calibrate_names_a_config_key_that_would_override_the_pattern(tmp_pa
     assert LayerPlan.from_config(merged).producers == [0, 2, 4]  # what the note warns of
     del merged[overridden_by]
     assert LayerPlan.from_config(merged).producers == [0, 3]
+
+
+def test_calibrate_model_refuses_a_budget_before_running_the_model(tmp_path, monkeypatch):
+    def no_run(*args, **kwargs):
+        raise AssertionError("the model ran before the budget was checked")
+
+    monkeypatch.setattr("indexcache.tools.model.calibration.record_dump", no_run)
+    from indexcache.tools.model.calibration import calibrate_model
+
+    for budget, message in (
+        ({"producers": 13}, "producers=13: must be an integer in 1..12 (the sparse layers)"),
+        ({"keep": 1.5}, "keep=1.5: must be a fraction in (0, 1]"),
+        ({"keep": 0.5, "producers": 2}, "give exactly one of keep"),
+    ):
+        with pytest.raises(calibrate.CalibrationError, match=re.escape(message)):
+            calibrate_model("v32-like", tmp_path / "out", plots=False, **budget)
+    with pytest.raises(calibrate.CalibrationError, match=re.escape("producers=10: must be an integer in 1..9")):
+        calibrate_model("v4-like", tmp_path / "out", producers=10, plots=False)  # its 9 C4 layers
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("keep", ["0", "1.5", "-0.25", "nan", "inf", "half"])
+def test_cli_calibrate_refuses_a_keep_out_of_range_before_any_work(tmp_path, capsys, monkeypatch, keep):
+    monkeypatch.setattr("indexcache.tools.model.calibration.record_dump", None)  # a model run would fail
+    for source in (["--from-model", "v32-like"], ["--dump", str(tmp_path / "missing")]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["calibrate", *source, "--keep", keep, "--out", str(tmp_path / "out")])
+        assert exit_.value.code == 2
+        shown = repr(keep) if keep == "half" else keep
+        assert f"argument --keep: expected a fraction in (0, 1], got {shown}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -60,6 +60,18 @@ def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _fraction(text: str) -> float:
+    """An argparse type: a fraction in (0, 1], else the usual one-line ``error: argument --x: ...`` and exit status 2,
+    before any work (a dump read or a model run)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text[:40]!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text[:40]}")
+    return value
+
+
 def _check_environment() -> None:
     """Refuse, before any work, a bad ``INDEXCACHE_TORCH_MEMORY_BUDGET``: whatever runs ops may run the torch
     backend (the fallback of every other), and conformance's workers would each fail on it."""
@@ -343,7 +355,7 @@ def _add_calibrate(sub) -> None:
     )
     budget = p.add_mutually_exclusive_group()
     budget.add_argument(
-        "--keep", type=float, metavar="FRACTION", help="fraction of sparse layers kept as producers, rounded up "
+        "--keep", type=_fraction, metavar="FRACTION", help="fraction of sparse layers kept as producers, rounded up "
         "(default 0.25)"
     )
     budget.add_argument("--producers", type=_int_in(1), metavar="COUNT", help="number of producers to keep instead")

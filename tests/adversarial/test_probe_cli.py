@@ -211,13 +211,13 @@ def test_conformance_prints_why_each_case_was_declined_or_failed(tmp_path, capsy
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--keep", "0"], "--keep 0.0: must be a fraction in (0, 1]; use --producers for a count"),
     (["--producers", "40", "--prompt-len", "64", "--topk", "16"],
      "--producers 40: must be an integer in 1..12 (the sparse layers)"),
 ])
 def test_calibrate_errors_name_the_flag(tmp_path, capsys, args, message):
     """issue 35 item 7: an error of the calibration library names the command's flag, not the Python argument
-    (it read "keep=0.0: ...; use producers= for a count")."""
+    (it read "keep=0.0: ...; use producers= for a count"; a --keep out of (0, 1] is now refused as it is parsed,
+    tests/test_calibrate.py)."""
     assert main(["calibrate", "--from-model", "v32-like", "--no-plots", "--out", str(tmp_path), *args]) == 2
     _, err = capsys.readouterr()
     assert err == f"indexcache calibrate: error: {message}\n"

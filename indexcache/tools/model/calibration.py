@@ -14,7 +14,8 @@ from indexcache.hal import dispatch
 from indexcache.plan import LayerPlan
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import IndexRecorder, TopkState
-from indexcache.tools.calibrate.calibration import Calibration, calibrate_arrays
+from indexcache.tools.calibrate.calibration import DEFAULT_KEEP, Calibration, calibrate_arrays
+from indexcache.tools.calibrate.pattern import producer_budget
 from indexcache.tools.model.batch import Batch, random_prompts
 from indexcache.tools.model.checks import backend_setup, check_fits, check_sizes
 from indexcache.tools.model.config import ModelSettingError, preset
@@ -82,12 +83,16 @@ def calibrate_model(
     """:func:`indexcache.tools.calibrate.calibrate_arrays` on a dump :func:`record_dump` records from preset ``name``.
 
     ``backend``, ``prompt_len``, ``topk`` and ``seed`` go to :func:`record_dump` (None: its default) and, when
-    given, into ``report.json``; the ``index_topk_freq`` rule is compared on the preset's layers.
+    given, into ``report.json``; the ``index_topk_freq`` rule is compared on the preset's layers. A ``keep`` or
+    ``producers`` the preset's sparse layers cannot take raises
+    :class:`~indexcache.tools.calibrate.errors.CalibrationError` before the model runs.
     """
+    config = preset(name)
+    producer_budget(len(config.sparse_layers), keep=DEFAULT_KEEP if keep is None and producers is None else keep,
+                    producers=producers)
     given = {"backend": backend, "prompt_len": prompt_len, "topk": topk, "seed": seed}
     given = {key: value for key, value in given.items() if value is not None}
     layers, arrays = record_dump(name, **given)
-    config = preset(name)
     return calibrate_arrays(
         layers, arrays, out, keep=keep, producers=producers,
         plan_for=partial(LayerPlan, config.num_layers, compress_ratios=config.compress_ratios),
