@@ -675,3 +675,23 @@ def test_cli_calibrate_refuses_a_keep_out_of_range_before_any_work(tmp_path, cap
         shown = repr(keep) if keep == "half" else keep
         assert f"argument --keep: expected a fraction in (0, 1], got {shown}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_calibrate_names_layers_that_copy_the_previous_layer(tmp_path, capsys, v32_dump):
+    """A dump recorded with some layers shared holds the producer's rows again for them (IndexRecorder records what a
+    shared layer reused): their overlap of 1 made the freq rule that recorded it look lossless, without a word."""
+    stack = planted_stack([2, 2, 2], seed=4)
+    stack[2] = stack[1]  # layer 2 recorded shared after producer 1, layer 3 after it
+    stack[3] = stack[1]
+    write_dump(tmp_path / "dump", stack, list(range(6)))
+    assert main(["calibrate", "--dump", str(tmp_path / "dump"), "--producers", "2", "--no-plots",
+                 "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "note:      layers 2, 3 hold exactly the previous sparse layer's indices in every row" in printed
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["copies_of_previous_layer"] == [2, 3]
+    found = calibrate.calibrate_arrays([4, 6, 8, 10, 12, 14], list(stack), tmp_path / "out", producers=2, plots=False)
+    assert found.copies == (8, 10)
+    stack[3, -1, 0] = stack[3, -1, 0] + 1  # one index of one row differs: its own selection
+    assert calibrate.calibrate_arrays(range(6), list(stack), tmp_path / "out", producers=2, plots=False).copies == (2,)
+    layers, arrays = v32_dump  # every layer a producer
+    assert calibrate.calibrate_arrays(layers, arrays, tmp_path / "out", producers=3, plots=False).copies == ()

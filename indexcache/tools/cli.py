@@ -430,6 +430,10 @@ def _run_calibrate(args) -> int:
         )
     if found.freq_rule is None:
         print("freq rule: not compared (pass --config: the dump's layer ids are not 0..n-1)")
+    if found.copies:
+        print(f"note:      layers {', '.join(map(str, found.copies))} hold exactly the previous sparse layer's indices "
+              "in every row, so sharing them looks free: recorded with those layers shared, or on contexts of at "
+              "most k tokens? Record with every layer a producer, on longer contexts")
     if found.overridden_by is not None:
         print(f"note:      {args.config} schedules with {found.overridden_by}, which takes precedence over "
               f"index_topk_pattern: remove it when you merge config.json, or the plan keeps {found.overridden_by}'s "

@@ -44,7 +44,8 @@ class Calibration:
     this one removed from the folder because it drew none; ``overridden_by`` the schedule key of the model's config
     (:func:`calibrate_dump`'s ``config``) that takes precedence over ``index_topk_pattern`` (``indexer_types``, or
     ``cli_factor`` > 1), so that merging ``config.json`` into that config changes nothing until it is removed, else
-    None.
+    None; ``copies`` the layers whose indices equal the previous sparse layer's in every row (what a recording with
+    those layers shared holds: their overlap of 1 makes sharing them look free, whatever their own indexer selects).
     """
 
     source: str
@@ -58,6 +59,7 @@ class Calibration:
     paths: dict[str, Path]
     removed: tuple[Path, ...] = ()
     overridden_by: str | None = None
+    copies: tuple[int, ...] = ()
 
     @property
     def adjacent_overlap(self) -> float:
@@ -87,6 +89,8 @@ def calibrate_arrays(
     overlap proxy, compares the ``index_topk_freq`` rule when ``plan_for`` places the layers in a model (see
     :func:`freq_baselines`) and writes the outputs (:func:`write_outputs`; ``info`` and the sizes head
     ``report.json``; ``plots`` draws the PNGs). ``source`` says where the indices came from, for a summary.
+    Layers that hold exactly the previous layer's indices are listed in :attr:`Calibration.copies` and in
+    ``report.json``.
     """
     if len(layers) != len(indices):
         raise CalibrationError(
@@ -101,9 +105,12 @@ def calibrate_arrays(
     objective = CachedObjective(overlap_objective(overlap), "overlap loss")
     search = greedy_search(layers, objective, producers=budget)
     freq_rule = None if plan_for is None else freq_baselines(layers, objective, plan_for, min_producers=budget)
-    rows, k = as_rows(indices[0], "indices[0]").shape
+    arrays = [as_rows(array, f"indices[{i}]") for i, array in enumerate(indices)]
+    rows, k = arrays[0].shape
+    copies = tuple(int(layers[i]) for i in range(1, len(arrays)) if _same(arrays[i - 1], arrays[i]))
     keep = None if keep is None else float(keep)  # a numpy float too, for report.json
-    report = {**(info or {}), "rows": rows, "k": k, "keep": keep, "overlap_seconds": round(seconds, 3)}
+    report = {**(info or {}), "rows": rows, "k": k, "keep": keep, "overlap_seconds": round(seconds, 3),
+              "copies_of_previous_layer": list(copies)}
     removed = () if plots else stale_plots(out)
     paths = write_outputs(out, search, overlap, info=report, freq_rule=freq_rule or (), plots=plots)
     return Calibration(
@@ -117,7 +124,13 @@ def calibrate_arrays(
         freq_rule=None if freq_rule is None else tuple(freq_rule),
         paths=paths,
         removed=removed,
+        copies=copies,
     )
+
+
+def _same(first: np.ndarray, second: np.ndarray) -> bool:
+    """Whether two ``[rows, k]`` arrays are equal (the first row compared alone first: most pairs differ there)."""
+    return np.array_equal(first[0], second[0]) and np.array_equal(first, second)
 
 
 def calibrate_dump(
