@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from indexcache.plan import LayerPlan
+from indexcache.plan import ConfigError, LayerPlan
 from indexcache.tools import calibrate
 from indexcache.tools.calibrate.dump import load_dump
 from indexcache.tools.calibrate.freq_rule import freq_baselines
@@ -695,3 +695,20 @@ def test_calibrate_names_layers_that_copy_the_previous_layer(tmp_path, capsys, v
     assert calibrate.calibrate_arrays(range(6), list(stack), tmp_path / "out", producers=2, plots=False).copies == (2,)
     layers, arrays = v32_dump  # every layer a producer
     assert calibrate.calibrate_arrays(layers, arrays, tmp_path / "out", producers=3, plots=False).copies == ()
+
+
+def test_calibrate_dump_refuses_a_bad_config_or_budget_before_reading_the_dump(tmp_path, monkeypatch):
+    def no_read(path):
+        raise AssertionError("the dump was read before the config and the budget were checked")
+
+    monkeypatch.setattr("indexcache.tools.calibrate.calibration.load_dump", no_read)
+    config = {"num_hidden_layers": 6, "index_topk_freq": 4}
+    for model, budget, error, message in (
+        ({**config, "index_topk_freq": 0}, {}, ConfigError, "index_topk_freq=0: must be an integer >= 1"),
+        (config, {"producers": 7}, calibrate.CalibrationError, "producers=7: must be an integer in 1..6"),
+        ({**config, "num_nextn_predict_layers": 1}, {"producers": 7}, calibrate.CalibrationError,
+         "producers=7: must be an integer in 1..6"),  # the MTP layer is no dumped layer
+        (config, {"keep": 0.0}, calibrate.CalibrationError, "keep=0.0: must be a fraction in (0, 1]"),
+    ):
+        with pytest.raises(error, match=re.escape(message)):
+            calibrate.calibrate_dump(tmp_path / "dump", tmp_path / "out", config=model, plots=False, **budget)

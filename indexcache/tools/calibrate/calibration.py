@@ -98,7 +98,7 @@ def calibrate_arrays(
         )
     if keep is None and producers is None:
         keep = DEFAULT_KEEP
-    budget = producer_budget(len(layers), keep=keep, producers=producers)
+    budget = check_budget(len(layers), keep=keep, producers=producers)
     start = time.perf_counter()
     overlap = overlap_matrix(indices, threads=threads)
     seconds = time.perf_counter() - start
@@ -133,6 +133,14 @@ def _same(first: np.ndarray, second: np.ndarray) -> bool:
     return np.array_equal(first[0], second[0]) and np.array_equal(first, second)
 
 
+def check_budget(num_sparse: int, *, keep: float | None = None, producers: int | None = None) -> int:
+    """The producers :func:`calibrate_arrays` keeps among ``num_sparse`` sparse layers: :func:`producer_budget`, the
+    fraction ``DEFAULT_KEEP`` when neither ``keep`` nor ``producers`` is given; checked before any work."""
+    if keep is None and producers is None:
+        keep = DEFAULT_KEEP
+    return producer_budget(num_sparse, keep=keep, producers=producers)
+
+
 def calibrate_dump(
     dump: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -149,16 +157,19 @@ def calibrate_dump(
     config's main sparse layers (:class:`DumpError` otherwise; MTP layers run their own indexer and are never
     dumped) and the ``index_topk_freq`` rule is compared under that config. Without one, a dump of layers
     0..n-1 is taken for a model whose every layer is sparse, and other layer ids leave the rule uncompared. A config
-    whose schedule outranks ``index_topk_pattern`` is named in :attr:`Calibration.overridden_by`.
+    whose schedule outranks ``index_topk_pattern`` is named in :attr:`Calibration.overridden_by`. A bad config, or
+    with one a ``keep`` or ``producers`` its sparse layers cannot take, is refused before the dump is read.
     """
+    plan = None if config is None else LayerPlan.from_config(config)
+    expected = [] if plan is None else [layer for layer in plan.sparse_layers
+                                        if layer < plan.num_layers - plan.num_mtp_layers]
+    if plan is not None:
+        check_budget(len(expected), keep=keep, producers=producers)
     layers, arrays = load_dump(dump)
     overridden_by = None
-    if config is None:
+    if plan is None:
         plan_for = partial(LayerPlan, len(layers)) if layers == list(range(len(layers))) else None
     else:
-        plan = LayerPlan.from_config(config)
-        main_layers = plan.num_layers - plan.num_mtp_layers
-        expected = [layer for layer in plan.sparse_layers if layer < main_layers]
         if layers != expected:
             missing, extra = sorted(set(expected) - set(layers)), sorted(set(layers) - set(expected))
             named = config if isinstance(config, (str, os.PathLike)) else "the config"

@@ -14,8 +14,7 @@ from indexcache.hal import dispatch
 from indexcache.plan import LayerPlan
 from indexcache.runtime.runner import IndexerRunner
 from indexcache.runtime.state import IndexRecorder, TopkState
-from indexcache.tools.calibrate.calibration import DEFAULT_KEEP, Calibration, calibrate_arrays
-from indexcache.tools.calibrate.pattern import producer_budget
+from indexcache.tools.calibrate.calibration import Calibration, calibrate_arrays, check_budget
 from indexcache.tools.model.batch import Batch, random_prompts
 from indexcache.tools.model.checks import backend_setup, check_fits, check_sizes
 from indexcache.tools.model.config import ModelSettingError, preset
@@ -88,8 +87,7 @@ def calibrate_model(
     :class:`~indexcache.tools.calibrate.errors.CalibrationError` before the model runs.
     """
     config = preset(name)
-    producer_budget(len(config.sparse_layers), keep=DEFAULT_KEEP if keep is None and producers is None else keep,
-                    producers=producers)
+    check_budget(len(config.sparse_layers), keep=keep, producers=producers)
     given = {"backend": backend, "prompt_len": prompt_len, "topk": topk, "seed": seed}
     given = {key: value for key, value in given.items() if value is not None}
     layers, arrays = record_dump(name, **given)
