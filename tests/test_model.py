@@ -278,6 +278,23 @@ def test_captured_decode_step_replays_like_eager_without_allocating():
     assert empty_slots > 0
 
 
+def test_compare_plans_times_each_plan_after_an_untimed_run_of_both(model, monkeypatch):
+    """The plan timed first paid the kernels' compiles and first calls (on a GPU: seconds): both run once untimed
+    first, on the same prompts, then the timed runs, the baseline's tokens fed to the plan's."""
+    runs, generate = [], DSAModel.generate
+
+    def recording(self, prompts, steps, runner, **named):
+        runs.append((len(runner.plan.producers), steps, named.get("tokens") is not None))
+        return generate(self, prompts, steps, runner, **named)
+
+    monkeypatch.setattr(DSAModel, "generate", recording)
+    plan = model.plan(4)
+    compare_plans(model, plan, prompts(), 3)
+    every = len(model.plan(1).producers)
+    assert runs == [(every, 1, False), (len(plan.producers), 1, False), (every, 3, False),
+                    (len(plan.producers), 3, True)]
+
+
 def test_compare_plans_reports_overlap_and_drift(model):
     result = compare_plans(model, model.plan(4), prompts(), 2)
     assert sorted(result.overlap) == list(range(CFG.num_layers))

@@ -41,9 +41,14 @@ def _drift(got: torch.Tensor, base: torch.Tensor) -> float:
 
 
 def compare_plans(model: DSAModel, plan: LayerPlan, prompts: Sequence[torch.Tensor], steps: int) -> PlanComparison:
-    """Generate with every sparse layer a producer, then with ``plan`` fed the same tokens; compare."""
+    """Generate with every sparse layer a producer, then with ``plan`` fed the same tokens; compare. Each plan runs
+    once untimed first (the same prompts, at most one decode step), so that neither plan's times hold the kernels'
+    compiles or first calls (on a GPU the plan timed first paid them: seconds against milliseconds)."""
+    every = model.plan(1)
+    for warming in (every, plan):
+        model.generate(prompts, min(steps, 1), IndexerRunner(warming))
     recorder = IndexRecorder()
-    baseline = model.generate(prompts, steps, IndexerRunner(model.plan(1)), recorder=recorder)
+    baseline = model.generate(prompts, steps, IndexerRunner(every), recorder=recorder)
     candidate = model.generate(prompts, steps, IndexerRunner(plan), tokens=baseline.tokens)
     sparse = plan.sparse_layers
     overlap, adjacent = {}, {}
