@@ -51,6 +51,8 @@ NEXT_N = (1, 2)
 PREFILL = ((128, 128), (1000, 1000), (4096, 4096), (8192, 8192), (2048, 8192), (100, 131072))  # (tokens, keys)
 SMOKE_DECODE = ((1, 100, 1), (3, 1000, 2))  # --smoke: two decode shapes and a prefill one, small
 SMOKE_PREFILL = ((100, 300),)
+CPU_NOTICE = "not a GPU run: host-clock times of the CPU backend, checks the script only, not speed measurements"
+SMOKE_ARCH = "sm90"  # off a GPU the warm phase lists this target's variants (it compiles for a GPU only)
 # What a step's calls write: new ones make every call's signature new.
 OUTPUTS = ("out", "out_raw", "logits", "out_scale", "out_k")
 
@@ -265,10 +267,13 @@ def child(phase: str, config: str, calls: int, smoke: bool, jobs: int | None,
         import indexcache
 
         start = time.perf_counter()
-        found = indexcache.warmup(plan, jobs=jobs)
-        result["warmup"] = {"seconds": time.perf_counter() - start, "variants": len(found.variants),
-                            "compile_seconds": {v.line(): s for v, s in zip(found.variants, found.seconds,
-                                                                              strict=True)}}
+        if dev.type == "cuda":
+            found = indexcache.warmup(plan, jobs=jobs)
+            compiled = {"compile_seconds": {v.line(): s for v, s in zip(found.variants, found.seconds, strict=True)}}
+        else:  # no GPU to compile for: the variants of SMOKE_ARCH listed, none compiled
+            found = indexcache.warmup(plan, arch=SMOKE_ARCH, compile=False)
+            compiled = {"listed_only": f"{SMOKE_ARCH}, no GPU here: listed, none compiled"}
+        result["warmup"] = {"seconds": time.perf_counter() - start, "variants": len(found.variants), **compiled}
     start = time.perf_counter()
     result["shapes"] = sweep(plan, dev, calls, smoke, cold_host)
     result["sweep_seconds"] = time.perf_counter() - start
@@ -369,7 +374,9 @@ def summary(report: dict[str, Any]) -> list[str]:
             ratios = [s[key] for s in rows if key in s]
             if ratios:
                 text += f"; first / {against} median {statistics.median(ratios):.2f}"
-        if "warmup" in r:
+        if "listed_only" in r.get("warmup", {}):
+            text += f"; warmup {r['warmup']['variants']} variants ({r['warmup']['listed_only']})"
+        elif "warmup" in r:
             text += f"; warmup {r['warmup']['variants']} variants in {r['warmup']['seconds']:.1f} s"
         lines.append(f"{text}; {r.get('seconds', 0):.0f} s in all")
     return lines
@@ -381,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=CONFIG, help="the model config (default: DeepSeek-V3.2's example)")
     parser.add_argument("--calls", type=int, default=10, help="steady-state calls a shape (default 10)")
     parser.add_argument("--jobs", type=int, default=None, help="warmup's compile workers (default: the cores)")
-    parser.add_argument("--smoke", action="store_true", help="three small shapes: checks the script itself")
+    parser.add_argument("--smoke", action="store_true", help="three small shapes: checks the script itself (off a GPU: "
+                        "on the CPU, the warm phase listing sm90's variants, none compiled)")
     parser.add_argument("--phases", default="cold,warm,deepgemm", help="which phases, comma-separated (default: "
                         "cold,warm,deepgemm)")
     parser.add_argument("--cold-host", action="store_true", help="time each shape's first call right after its "
@@ -397,7 +405,10 @@ def main(argv: list[str] | None = None) -> int:
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     report: dict[str, Any] = {"date": now(), "commit": checkout_commit(), **versions(), "gpu": device_name(dev),
-                              "config": args.config, "cpus": os.cpu_count(), "cold_host": args.cold_host}
+                              "device": device_name(dev) or "cpu", "config": args.config, "cpus": os.cpu_count(),
+                              "cold_host": args.cold_host}
+    if dev.type != "cuda":
+        report["notice"] = CPU_NOTICE
     phases = args.phases.split(",")
     unknown = sorted(set(phases) - {"cold", "warm", "deepgemm"})
     if unknown:
@@ -410,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      "TRITON_CACHE_DIR": cache})
         if args.out:  # after each phase: a time limit later keeps what was measured
             write_json(report, args.out, indent=1)
-    for line in summary(report):
+    for line in ([report["notice"]] if "notice" in report else []) + summary(report):
         print(line)
     if args.out:
         print(f"results written to {args.out}")

@@ -409,6 +409,27 @@ def test_coldstart_smoke_runs_the_sweep_on_the_cpu(tmp_path):
     assert "absent" in report["deepgemm"] or report["deepgemm"]["shapes"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path")
+def test_coldstart_smoke_of_every_phase_passes_on_the_cpu_and_says_it_is_no_gpu_run(tmp_path):
+    """The default phases' smoke run failed off a GPU (its warm phase asked indexcache.warmup for this machine's GPU)
+    and printed its CPU times as a GPU run's, unlabelled; the warm phase now lists sm90's variants, none compiled."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "coldstart.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "coldstart_gpu.py"), "--smoke", "--calls", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and report["gpu"] is None and "not a GPU run" in report["notice"]
+    assert done.stdout.startswith(report["notice"] + "\n")
+    warm = report["warm"]
+    assert warm["warmup"]["variants"] > 0 and "none compiled" in warm["warmup"]["listed_only"]
+    assert "compile_seconds" not in warm["warmup"] and len(warm["shapes"]) == len(report["cold"]["shapes"])
+    assert "none compiled" in done.stdout
+
+
 def test_the_function_refuses_sizes_past_its_limits():
     with pytest.raises(ValueError, match=r"^max_next_n: expected an int in \[1, 16\], got 17"):
         warmup(PLAN, arch="sm90", compile=False, **dict(SWEEP, max_next_n=17))
