@@ -404,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     from indexcache.bench.provenance import checkout_commit, device_name, now, versions
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type != "cuda" and not args.smoke:
+        print("no GPU visible: this script measures a GPU (pass --smoke to check it on three small CPU shapes)")
+        return 2
     report: dict[str, Any] = {"date": now(), "commit": checkout_commit(), **versions(), "gpu": device_name(dev),
                               "device": device_name(dev) or "cpu", "config": args.config, "cpus": os.cpu_count(),
                               "cold_host": args.cold_host}

@@ -430,6 +430,19 @@ def test_coldstart_smoke_of_every_phase_passes_on_the_cpu_and_says_it_is_no_gpu_
     assert "none compiled" in done.stdout
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
+def test_coldstart_without_smoke_refuses_to_run_on_the_cpu(tmp_path):
+    """Off a GPU the full sweep ran on the CPU (up to a gigabyte of inputs a shape) and wrote its times as a report;
+    like the other GPU scripts it now asks for --smoke."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "coldstart.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "coldstart_gpu.py"), "--phases", "deepgemm",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "no GPU visible" in done.stdout and not out.exists(), done.stdout + done.stderr
+
+
 def test_the_function_refuses_sizes_past_its_limits():
     with pytest.raises(ValueError, match=r"^max_next_n: expected an int in \[1, 16\], got 17"):
         warmup(PLAN, arch="sm90", compile=False, **dict(SWEEP, max_next_n=17))
