@@ -195,7 +195,9 @@ def timing_section(shapes: Shapes, rounds: int, backend: str, dev: torch.device)
                 ms = median_ms(fn, dev, budget_s=0.05, min_reps=reps[0], max_reps=reps[1], warmup=2, calls=calls)
                 samples[form][name].append(1e3 * ms)
     result: dict[str, Any] = {"case": f"{shapes.batch}x{shapes.context} next_n 1 k{shapes.k}", "rounds": rounds,
-                              "workspace_bytes": given.numel(), "target_ratio": RATIO_TARGET}
+                              "workspace_bytes": given.numel(), "target_ratio": RATIO_TARGET,
+                              "clock": "CUDA events" if on_gpu(dev) else "host clock, interpreted on the CPU: not a "
+                                                                          "GPU timing"}
     for form, by_name in samples.items():
         us = {name: statistics.median(v) for name, v in by_name.items()}
         ratio = us["default"] / us["caller"]
@@ -238,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                report.get("race", []), ["lane", "call", "differing", "ok"])
     if timing := report.get("timing"):
         rows = [{"form": form, **timing[form]} for form in ("eager", "graph") if form in timing]
-        print_rows(f"timing: {timing['case']}, µs (medians of {timing['rounds']} rounds), target ratio <= "
-                   f"{RATIO_TARGET}", rows, ["form", "default_us", "caller_us", "ratio", "met"])
+        print_rows(f"timing: {timing['case']}, µs (medians of {timing['rounds']} rounds; {timing['clock']}), "
+                   f"target ratio <= {RATIO_TARGET}", rows, ["form", "default_us", "caller_us", "ratio", "met"])
     print(f"\nwrote {args.out} ({report['seconds']} s)")
     failed = report["errors"] or "race" not in report or not all(row["ok"] for row in report["race"])
     return 1 if failed else 0

@@ -805,6 +805,19 @@ def test_overlap_smoke_runs_on_the_cpu_with_either_key_format(tmp_path, keys):
         assert "copy" not in r["graph"]["modes"] and "copy overlap" not in r["graph"]["modes"]
 
 
+@no_gpu
+def test_streams_race_smoke_labels_its_interpreted_timing(tmp_path, monkeypatch):
+    """Its smoke run printed the interpreted CPU timing under the GPU target ("met False") with nothing saying it
+    was not a GPU timing; the section and its printout now name the clock."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = tmp_path / "streams-race.json"
+    done = _script("streams_race_gpu", "--smoke", "--iters", "1", "--rounds", "1", "--out", str(out))
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and not report["errors"] and all(row["ok"] for row in report["race"])
+    assert report["timing"]["clock"] == "host clock, interpreted on the CPU: not a GPU timing"
+    assert f"; {report['timing']['clock']}), target ratio" in done.stdout
+
+
 def test_short_rows_smoke_runs_on_the_cpu(tmp_path):
     """bench/short_rows_gpu.py --smoke: the four batches, the step against our two ops (the same selection) and, on
     the short batches, against translate alone; the prefill chunks against their two ops."""
