@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import datetime
 import importlib.util
 import json
 import os
@@ -573,6 +574,25 @@ def test_every_result_file_has_a_table_that_names_its_gpu_date_and_commit():
         first_line = tables.table(name).splitlines()[0]
         assert first_line.startswith(f"{gpu} · {result['date'][:10]} · commit {result['commit'][:10]}"), first_line
         assert "|---|" in tables.table(name), name
+
+
+def test_every_result_file_measured_a_commit_of_this_history_after_it_was_made():
+    """A result's commit was only checked for its form: one from another history, or a mistyped one, passed. Each
+    is a commit that this checkout's HEAD descends from, and the result is dated after it was committed."""
+    git = ["git", "-C", str(ROOT)]
+    shallow = subprocess.run([*git, "rev-parse", "--is-shallow-repository"], capture_output=True, text=True)
+    if shallow.returncode != 0 or shallow.stdout.strip() != "false":
+        pytest.skip("not a full git checkout")
+    tables = _report_tables()
+    for name in sorted(tables.TABLES):
+        result = json.loads((tables.RESULTS / name).read_text())
+        ancestor = subprocess.run([*git, "merge-base", "--is-ancestor", result["commit"], "HEAD"], capture_output=True)
+        assert ancestor.returncode == 0, (name, result["commit"], ancestor.stderr)
+        committed = subprocess.run([*git, "show", "-s", "--format=%cI", result["commit"]], capture_output=True,
+                                   text=True, check=True).stdout.strip()
+        measured = datetime.datetime.fromisoformat(result["date"])
+        measured = measured if measured.tzinfo else measured.replace(tzinfo=datetime.timezone.utc)
+        assert measured >= datetime.datetime.fromisoformat(committed), (name, result["date"], committed)
 
 
 def test_launch_overhead_writes_the_date_commit_and_versions_its_table_names(monkeypatch):
