@@ -1030,3 +1030,16 @@ def test_bench_help_lists_the_ops_its_op_option_takes_and_names_the_scripts_of_t
     text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["bench"].format_help().split())
     listed = text.split("an op to time: ")[1].split(" (repeatable")[0].split(", ")
     assert listed == [n for n in OP_NAMES if n in harness.OPS]
+
+
+def test_bench_help_names_each_ops_ceiling_as_the_harness_sets_it():
+    """The description named the ceilings of translate's, the logits' and the top-k's only: paged_topk_translate,
+    mqa_topk_translate and the index-cache ops were timed against ceilings it never named."""
+    text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["bench"].description.split())
+    clauses = text.split("torch always runs, as the speed-up baseline). ")[1].split(". Off a GPU")[0].split(";")
+    phrase = {"copy_bandwidth": ("copy bandwidth",), "read_once": ("one read of",),
+              "fp8_matmul": ("the fp8 one", "matmul rate of its dtype"), "bf16_matmul": ("matmul rate of its dtype",)}
+    for name, op in harness.OPS.items():
+        clause, = (c for c in clauses if re.search(rf"(?<![\w.]){name}\b", c))
+        for roofline in {op.roofline_of(case) for case in op.cases(False)}:
+            assert any(p in clause for p in phrase[roofline]), (name, roofline, clause)

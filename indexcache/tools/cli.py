@@ -292,13 +292,16 @@ def _add_bench(sub) -> None:
         "bench",
         help="measure the machine's ceilings, then each op per backend; print a table",
         description="Measure the ceilings the requested ops need (copy bandwidth; for the logits ops also the fp8 "
-        "torch._scaled_mm and bf16 matmul rates on 8192^3) and an empty Triton launch, then time each case of "
-        "each op on each backend (checked against the torch backend first: translate exactly, logits by -inf "
-        "placement and relative error, top-k by each row's index set; torch always runs, as the speed-up "
+        "torch._scaled_mm and bf16 matmul rates, on 8192^3 on a GPU) and an empty Triton launch, then time each "
+        "case of each op on each backend (checked against the torch backend first: translate exactly, logits by "
+        "-inf placement and relative error, top-k by each row's index set, the producer steps by their logits or "
+        "selection and translate, the index-cache ops byte for byte; torch always runs, as the speed-up "
         "baseline). mqa_logits is set against the matmul rate of its dtype (TFLOP/s of in-window pairs), "
-        "paged_mqa_logits against copy bandwidth (132 bytes a cached token, 4 a logit); topk and "
-        "topk_translate against one read of their scores, with torch.topk as an extra row. Off a GPU, times "
-        "are labelled CPU / interpreted and are not speeds. Exits 1 if a backend disagrees with torch or fails.",
+        "mqa_topk_translate against the fp8 one; paged_mqa_logits against copy bandwidth (132 bytes a cached "
+        "token, 4 a logit), as are translate, paged_topk_translate, quantize_index_k, store_index_k and "
+        "gather_index_k; topk and topk_translate against one read of their scores, with torch.topk as an extra "
+        "row. Off a GPU, times are labelled CPU / interpreted and are not speeds. Exits 1 if a backend disagrees "
+        "with torch or fails.",
     )
     p.add_argument("--op", action="append", default=None, metavar="NAME",
                    help=f"an op to time: {', '.join(n for n in OP_NAMES if n not in UNBENCHED)} (repeatable; "
