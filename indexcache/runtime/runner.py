@@ -172,7 +172,7 @@ class IndexerRunner:
             raise TypeError(f"hot: expected a HotLayer (or None), got {type(hot).__name__}")
         self._check_state(state)
         layer = self._check_layer(layer)
-        role = self.role(layer)
+        role = self._run.role(layer)
         if role is None:
             return None
         if hot is None:
@@ -180,7 +180,7 @@ class IndexerRunner:
                                  max_length, planned=False)
         if state.hot is None:
             raise ValueError("hot: given, but the state has no hot buffers (attach state.hot = HotBuffers(...))")
-        producer, raw = self.source_of(layer), state.raw[:state.rows]
+        producer, raw = self._run.source_of(layer), state.raw[:state.rows]
         if role == PRODUCER:  # its HotLayer checked before it selects: a refused one leaves the state as it was
             state.hot.check(producer, raw, hot, row_to_batch=row_to_batch)
             self._indices(layer, role, state, scores, lengths, page_table, row_starts, row_to_batch, max_length,
@@ -229,4 +229,4 @@ class IndexerRunner:
             return state.produce(layer, got, lengths, page_table, self.page_size, row_starts=row_starts,
                                  row_to_batch=row_to_batch)
         return state.reuse(layer, page_table, lengths, self.page_size, row_to_batch=row_to_batch,
-                           source=self.source_of(layer))
+                           source=self._run.source_of(layer))

@@ -413,7 +413,7 @@ def _run_calibrate(args) -> int:
             found = "not a directory" if os.path.exists(args.dump) else "no such directory"
             raise UsageError(f"--dump {args.dump}: {found}; expected the dump directory of layer_<id> files")
         run = partial(calibrate.calibrate_dump, args.dump, config=args.config)
-        errors += (FileNotFoundError, NotADirectoryError)  # a missing, empty or not a --dump directory
+        errors += (FileNotFoundError,)  # a --dump directory without layer files (missing or a file: refused above)
     with _input_errors(*errors, flags=vars(args)):
         found = run(args.out, keep=args.keep, producers=args.producers, threads=args.threads, plots=not args.no_plots)
     search, layers = found.search, found.layers
