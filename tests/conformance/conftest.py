@@ -45,10 +45,15 @@ _CHECKED = pytest.StashKey[set]()  # those of which a case passed or failed
 _UNCHECKED = pytest.StashKey[list]()  # those of which none did, in a run that was otherwise green
 
 
+def _backend_of(item) -> str | None:
+    """The backend a conformance case collected here runs on (None: not such a case)."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("backend") if callspec is not None and item.path.parent == _HERE else None
+
+
 def pytest_collection_finish(session):
     """The backends of the cases selected here (after ``-k`` and the like)."""
-    session.config.stash[_BACKENDS] = {item.callspec.params["backend"] for item in session.items
-                                       if item.path.parent == _HERE}
+    session.config.stash[_BACKENDS] = {b for item in session.items if (b := _backend_of(item)) is not None}
     session.config.stash[_CHECKED] = set()
 
 
@@ -56,8 +61,9 @@ def pytest_collection_finish(session):
 def pytest_runtest_makereport(item, call):
     """A backend checked something when a case of it passed or failed (a decline is a skip)."""
     report = (yield).get_result()
-    if item.path.parent == _HERE and ((report.passed and call.when == "call") or report.failed):
-        item.config.stash[_CHECKED].add(item.callspec.params["backend"])
+    backend = _backend_of(item)
+    if backend is not None and ((report.passed and call.when == "call") or report.failed):
+        item.config.stash[_CHECKED].add(backend)
 
 
 def pytest_sessionfinish(session, exitstatus):
